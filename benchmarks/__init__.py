@@ -1,0 +1,1 @@
+"""Benchmarks: print figures, never assert timings."""

@@ -1,0 +1,285 @@
+"""The two-device allocator: one :class:`NaiveBlockAllocator` per device, disjoint ids."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pagedkv_spec.allocator import AllocatorState, BlockRef, refcounts_match_references
+from pagedkv_spec.device import Device
+
+from pagedkv.block import NaiveBlock, NullBlock
+from pagedkv.errors import (
+    BlockWithoutIdError,
+    ForeignBlockError,
+    InvalidAllocatorConfigError,
+    InvalidSwapError,
+    InvariantViolationError,
+    NoFreeBlocksError,
+    NullBlockError,
+    StaleBlockError,
+)
+from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
+from pagedkv.naive_allocator import NaiveBlockAllocator, chain_of, fork_chain
+
+__all__ = ["CpuGpuBlockAllocator"]
+
+_GPU, _CPU = Device.GPU, Device.CPU
+
+
+class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
+    """Routes allocation by device and everything else by the block's own allocator.
+
+    Refines :mod:`pagedkv_spec.allocator`. GPU ids are ``0..G-1`` and CPU ids
+    ``G..G+C-1``. A block object knows its allocator, so ``free``/``fork`` need
+    no id→allocator table (vLLM 0.6.3 builds a dict entry per block id).
+    """
+
+    def __init__(
+        self, cpu_block_allocator: NaiveBlockAllocator, gpu_block_allocator: NaiveBlockAllocator
+    ) -> None:
+        gpu, cpu = gpu_block_allocator, cpu_block_allocator
+        if gpu is cpu:
+            raise InvalidAllocatorConfigError("the GPU and CPU allocators must be distinct objects")
+        if gpu.block_size != cpu.block_size:
+            raise InvalidAllocatorConfigError(
+                f"block sizes differ: gpu={gpu.block_size} cpu={cpu.block_size}"
+            )
+        overlap = max(gpu._first, cpu._first) < min(gpu._end, cpu._end)
+        if overlap:
+            raise InvalidAllocatorConfigError("the GPU and CPU pools must have disjoint ids")
+        self._gpu = gpu
+        self._cpu = cpu
+        self._null_block: NullBlock | None = None
+
+    @staticmethod
+    def create(
+        allocator_type: str, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
+    ) -> CpuGpuBlockAllocator:
+        """GPU ids ``0..num_gpu_blocks-1``, CPU ids after them. Only ``"naive"`` is supported."""
+        if allocator_type != "naive":
+            raise InvalidAllocatorConfigError(
+                f"allocator_type {allocator_type!r} is not supported; use 'naive' "
+                "(prefix caching is not implemented)"
+            )
+        if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 0:
+            raise InvalidAllocatorConfigError(
+                f"num_gpu_blocks must be an int >= 0, got {num_gpu_blocks!r}"
+            )
+        if not isinstance(num_cpu_blocks, int) or num_cpu_blocks < 0:
+            raise InvalidAllocatorConfigError(
+                f"num_cpu_blocks must be an int >= 0, got {num_cpu_blocks!r}"
+            )
+        gpu = NaiveBlockAllocator(num_gpu_blocks, block_size, range(num_gpu_blocks), "GPU")
+        cpu_ids = range(num_gpu_blocks, num_gpu_blocks + num_cpu_blocks)
+        cpu = NaiveBlockAllocator(num_cpu_blocks, block_size, cpu_ids, "CPU")
+        return CpuGpuBlockAllocator(cpu_block_allocator=cpu, gpu_block_allocator=gpu)
+
+    # ------------------------------------------------------------------ routing helpers
+
+    def get_allocator(self, device: Device) -> NaiveBlockAllocator:
+        """The allocator of ``device``. Complexity: O(1)."""
+        if device is _GPU:
+            return self._gpu
+        if device is _CPU:
+            return self._cpu
+        raise InvalidAllocatorConfigError(f"unknown device {device!r}; use Device.GPU or Device.CPU")
+
+    def _owner(self, block: Block, operation: str) -> NaiveBlockAllocator:
+        if type(block) is NaiveBlock:
+            owner = block._allocator
+            if owner is self._gpu or owner is self._cpu:
+                return owner
+        raise ForeignBlockError(
+            block.block_id, f"cannot {operation}: not a block of this allocator"
+        )
+
+    # ------------------------------------------------------------------ allocation
+
+    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
+        """An empty block on ``device``. Complexity: O(1)."""
+        # NOTE: identity tests, not a dict lookup: Enum.__hash__ is Python code.
+        if device is _GPU:
+            return self._gpu.allocate_mutable_block(prev_block)
+        return self.get_allocator(device).allocate_mutable_block(prev_block)
+
+    def allocate_immutable_block(
+        self, prev_block: Block | None, token_ids: list[int], device: Device
+    ) -> Block:
+        """A block on ``device`` holding ``token_ids``. Complexity: O(len(token_ids))."""
+        if device is _GPU:
+            return self._gpu.allocate_immutable_block(prev_block, token_ids)
+        return self.get_allocator(device).allocate_immutable_block(prev_block, token_ids)
+
+    def allocate_immutable_blocks(
+        self, prev_block: Block | None, block_token_ids: list[list[int]], device: Device
+    ) -> list[Block]:
+        """One block per chunk on ``device``; all or nothing. Complexity: O(total tokens)."""
+        return self.get_allocator(device).allocate_immutable_blocks(prev_block, block_token_ids)
+
+    def free(self, block: Block) -> None:
+        """Drop the block's reference; freeing the null block does nothing. Complexity: O(1)."""
+        if type(block) is NaiveBlock:
+            owner = block._allocator
+            if owner is self._gpu or owner is self._cpu:
+                owner.free(block)
+                return
+        if block is self._null_block:
+            return
+        raise ForeignBlockError(block.block_id, "cannot free: not a block of this allocator")
+
+    def fork(self, last_block: Block) -> list[Block]:
+        """New objects sharing the ids of the chain; the chain may span both devices.
+
+        Everything is validated before any refcount changes. Complexity: O(chain).
+        """
+        if isinstance(last_block, NullBlock):
+            raise NullBlockError("fork")
+        chain = chain_of(last_block)
+        owned: list[NaiveBlock] = []
+        for b in chain:
+            self._owner(b, "fork")
+        for b in chain:
+            if type(b) is NaiveBlock:  # always true after the ownership check
+                if b._freed:
+                    raise StaleBlockError("fork")
+                owned.append(b)
+        return fork_chain(owned)
+
+    def allocate_or_get_null_block(self) -> Block:
+        """The shared null block; takes one GPU id the first time. Complexity: O(1)."""
+        if self._null_block is None:
+            proxy = self._gpu.allocate_mutable_block(None)
+            if type(proxy) is NaiveBlock:  # always true; narrows the type
+                self._null_block = NullBlock(proxy)
+        if self._null_block is None:
+            raise InvariantViolationError("I1", "the null block could not be created")
+        return self._null_block
+
+    # ------------------------------------------------------------------ swapping
+
+    def swap(self, blocks: list[Block], src_device: Device, dst_device: Device) -> dict[int, int]:
+        """Move blocks to ``dst_device``; returns ``{src_absolute_id: dst_absolute_id}``.
+
+        Each distinct source id moves once (its references all follow it), so the
+        mapping is injective and refcounts and sharing are conserved (vLLM 0.6.3
+        copies a shared id once per block object). Checks, in order, before any
+        change: same devices, freed block, block without id, block not on
+        ``src_device``, too few free destination blocks. Spec: ``swap``.
+        Complexity: O(len(blocks)).
+        """
+        if src_device is dst_device:
+            raise InvalidSwapError(f"source and destination are both {src_device.name}")
+        src, dst = self.get_allocator(src_device), self.get_allocator(dst_device)
+        unique = list(dict.fromkeys(blocks))
+        owned: list[NaiveBlock] = []
+        for b in unique:
+            self._owner(b, "swap")
+            if type(b) is NaiveBlock:  # always true after the ownership check
+                owned.append(b)
+        if any(b._freed for b in owned):
+            raise StaleBlockError("swap")
+        ids: list[int] = []
+        for b in owned:
+            if b._block_id is None:
+                raise BlockWithoutIdError("swap")
+            ids.append(b._block_id)
+        for b in owned:
+            if b._allocator is not src:
+                raise ForeignBlockError(b._block_id, f"block is not on {src_device.name}")
+        num_distinct = len(set(ids))
+        if num_distinct > dst.get_num_free_blocks():
+            raise NoFreeBlocksError(num_distinct, dst.get_num_free_blocks(), dst_device.name)
+        mapping: dict[int, int] = {}
+        for b, src_id in zip(owned, ids, strict=True):
+            src._decref(src_id)
+            dst_id = mapping.get(src_id)
+            if dst_id is None:
+                dst_id = mapping[src_id] = dst._take_id()
+            else:
+                dst._incref(dst_id)
+            b._block_id = dst_id
+            b._allocator = dst
+        return mapping
+
+    # ------------------------------------------------------------------ queries
+
+    def get_num_free_blocks(self, device: Device) -> int:
+        """Complexity: O(1)."""
+        return self.get_allocator(device).get_num_free_blocks()
+
+    def get_num_total_blocks(self, device: Device) -> int:
+        """Complexity: O(1)."""
+        return self.get_allocator(device).get_num_total_blocks()
+
+    def get_physical_block_id(self, device: Device, absolute_id: int) -> int:
+        """Device-local index of an absolute id of ``device``. Complexity: O(1)."""
+        return self.get_allocator(device).get_physical_block_id(absolute_id)
+
+    def get_num_full_blocks_touched(self, blocks: list[Block], device: Device) -> int:
+        """Distinct full blocks among ``blocks`` (of either pool). Complexity: O(len)."""
+        return self.get_allocator(device).get_num_full_blocks_touched(blocks)
+
+    @property
+    def all_block_ids(self) -> frozenset[int]:
+        """Every id of both pools. Complexity: O(n)."""
+        return self._gpu.all_block_ids | self._cpu.all_block_ids
+
+    @property
+    def block_size(self) -> int:
+        """Token slots per block."""
+        return self._gpu.block_size
+
+    def clear_copy_on_writes(self) -> list[tuple[int, int]]:
+        """The GPU pool's pending CoW pairs, emptied (CPU pairs: ``get_allocator``)."""
+        return self._gpu.clear_copy_on_writes()
+
+    # ------------------------------------------------------------------ prefix caching (off)
+
+    def mark_blocks_as_accessed(self, block_ids: list[int], now: float) -> None:
+        """No-op: no prefix caching."""
+
+    def mark_blocks_as_computed(self, block_ids: list[int]) -> None:
+        """No-op: no prefix caching."""
+
+    def get_common_computed_block_ids(self, computed_seq_block_ids: list[list[int]]) -> list[int]:
+        """Always ``[]``."""
+        return []
+
+    def get_prefix_cache_hit_rate(self, device: Device) -> float:
+        """Always -1: caching is off."""
+        return -1.0
+
+    # ------------------------------------------------------------------ verification
+
+    def to_spec(self, blocks: Mapping[int, Block] | None = None) -> AllocatorState:
+        """Abstraction function: the spec state, given the caller's live block handles.
+
+        The allocator does not own block objects (callers do, as in vLLM), so the
+        caller names them: ``blocks[handle]`` is the object the spec calls
+        ``handle``. Handles must be ``0..n-1``. Complexity: O(pool size + handles).
+        """
+        blocks = blocks or {}
+        handle_of = {id(blocks[h]): h for h in range(len(blocks))}
+        refs: list[BlockRef] = []
+        for handle in range(len(blocks)):
+            b = blocks[handle]
+            if type(b) is not NaiveBlock:
+                raise ForeignBlockError(b.block_id, "to_spec takes NaiveBlock objects only")
+            device = Device.GPU if b._allocator is self._gpu else Device.CPU
+            prev = b._prev_block
+            prev_handle = None if prev is None else handle_of.get(id(prev))
+            refs.append(BlockRef(device, b._block_id, tuple(b._token_ids), prev_handle, b._freed))
+        null_id = None if self._null_block is None else self._null_block.block_id
+        return AllocatorState(
+            self._gpu.block_size, self._gpu.to_spec(), self._cpu.to_spec(), tuple(refs), null_id
+        )
+
+    def check_invariants(self, blocks: Mapping[int, Block] | None = None) -> None:
+        """Check both pools, and I1 against ``blocks`` if given. Complexity: O(n)."""
+        self._gpu.check_invariants()
+        self._cpu.check_invariants()
+        if self._gpu._end > self._cpu._first and self._cpu._end > self._gpu._first:
+            raise InvariantViolationError("I4", "GPU and CPU ids overlap")
+        if blocks is not None and not refcounts_match_references(self.to_spec(blocks)):
+            raise InvariantViolationError("I1", "a refcount differs from its live references")
+

@@ -1,0 +1,89 @@
+"""Reference counts of one pool's block ids."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pagedkv.errors import InvalidAllocatorConfigError, RefCountError
+
+__all__ = ["ReadOnlyRefCounter", "RefCounter", "contiguous_range"]
+
+
+def contiguous_range(block_ids: Iterable[int]) -> range:
+    """``block_ids`` as a ``range``; they must be contiguous and ascending.
+
+    A ``range`` is taken as it is (O(1)); any other iterable is checked in O(n).
+    """
+    if isinstance(block_ids, range) and block_ids.step == 1:
+        ids = block_ids
+    else:
+        as_list = list(block_ids)
+        ids = range(as_list[0], as_list[-1] + 1) if as_list else range(0)
+        if as_list != list(ids):
+            raise InvalidAllocatorConfigError(
+                "block ids must be contiguous and ascending (e.g. range(first, first + n))"
+            )
+    if ids and ids.start < 0:
+        raise InvalidAllocatorConfigError(f"block ids must be >= 0, got first id {ids.start}")
+    return ids
+
+
+class RefCounter:
+    """Refcounts for the contiguous ids ``all_block_indices``.
+
+    Representation: one Python list of ints indexed by ``id - first_id``
+    (no per-block objects beyond the list slot). The allocator that owns the
+    counter reads and writes that list directly on its hot path; everyone
+    else goes through the checked methods below.
+    """
+
+    __slots__ = ("_counts", "_first", "_ids")
+
+    def __init__(self, all_block_indices: Iterable[int]) -> None:
+        self._ids = contiguous_range(all_block_indices)
+        self._first = self._ids.start
+        self._counts = [0] * len(self._ids)
+
+    def _index(self, block_id: int) -> int:
+        i = block_id - self._first
+        if not 0 <= i < len(self._counts):
+            raise RefCountError(block_id, f"unknown id (this counter tracks {self._ids})")
+        return i
+
+    def incr(self, block_id: int) -> int:
+        """Add one reference; returns the new count. Complexity: O(1)."""
+        i = self._index(block_id)
+        self._counts[i] += 1
+        return self._counts[i]
+
+    def decr(self, block_id: int) -> int:
+        """Remove one reference; returns the new count. Complexity: O(1).
+
+        Raises :class:`~pagedkv.errors.RefCountError` (count unchanged) below zero.
+        """
+        i = self._index(block_id)
+        if self._counts[i] == 0:
+            raise RefCountError(block_id, "decrement below zero (the block is already free)")
+        self._counts[i] -= 1
+        return self._counts[i]
+
+    def get(self, block_id: int) -> int:
+        """Current count. Complexity: O(1)."""
+        return self._counts[self._index(block_id)]
+
+    def as_readonly(self) -> ReadOnlyRefCounter:
+        """A view that can read but not change the counts."""
+        return ReadOnlyRefCounter(self)
+
+
+class ReadOnlyRefCounter:
+    """Read-only view of a :class:`RefCounter`."""
+
+    __slots__ = ("_counter",)
+
+    def __init__(self, counter: RefCounter) -> None:
+        self._counter = counter
+
+    def get(self, block_id: int) -> int:
+        """Current count. Complexity: O(1)."""
+        return self._counter.get(block_id)

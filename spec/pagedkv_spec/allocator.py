@@ -1,0 +1,463 @@
+"""Spec of the two-device block allocator (vLLM 0.6.3 ``CpuGpuBlockAllocator``).
+
+State (:class:`AllocatorState`):
+    block_size  token slots per block
+    gpu, cpu    the two pools (:mod:`pagedkv_spec.pool`); GPU ids ``0..G-1``, CPU ``G..G+C-1``
+    blocks      every block object ever handed out, indexed by *handle* (its
+                position); a handle is the spec's name for one Python block object
+    null_id     the GPU id held by the shared null block, or ``None`` before it exists
+
+A :class:`BlockRef` is one block object: its device, id (``None`` once swapped
+out by a single-device ``swap_out`` or freed), tokens, predecessor handle, and
+whether it was freed. A live reference is a block that is not freed and has an id.
+
+Invariants (named predicates; ``state_ok`` is all of them):
+    I1 ``refcounts_match_references``  refcount[b] == number of live references to b
+                                       (+1 for the null block's id)
+    I2 ``pools_ok``                    per pool: free == ids with refcount 0, no duplicates,
+                                       refcounts >= 0 (pool P1–P3)
+    I3 (from I2)                       free + used == total, per device
+    I4 ``pools_disjoint``              CPU ids start right after the GPU ids
+    I5 ``cow_pairs_ok``                CoW pairs name two distinct ids of one pool; when
+                                       recorded, src stays shared and dst was free
+                                       (postcondition of ``append_token_ids``)
+    I6 ``blocks_ok``                   a live block's id is in its device's pool, its tokens
+                                       fit the block, its predecessor is an earlier handle
+    Policy ``lifo_choice`` (pool module): ids are handed out from the front of the free list.
+
+Operations are choice-parameterised: the caller passes the ids the implementation
+picked (``chosen``), the leading asserts judge them (free, distinct, right pool).
+Misuse raises the same typed error as the implementation, checked in the same
+order, before any choice is looked at; a raised error leaves no new state.
+
+Complexity: irrelevant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from pagedkv_spec.device import Device
+from pagedkv_spec.errors import (
+    BlockOverflowError,
+    BlockWithoutIdError,
+    DoubleFreeError,
+    ForeignBlockError,
+    InvalidAllocatorConfigError,
+    InvalidSwapError,
+    NoFreeBlocksError,
+    StaleBlockError,
+)
+from pagedkv_spec.pool import (
+    PoolState,
+    in_pool,
+    num_free,
+    pool_clear_cow,
+    pool_decref,
+    pool_incref,
+    pool_initial,
+    pool_ok,
+    pool_record_cow,
+    pool_take,
+    refcount,
+)
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    """One block object (a reference to an id while it is live)."""
+
+    device: Device
+    block_id: int | None
+    token_ids: tuple[int, ...]
+    prev: int | None
+    freed: bool = False
+
+
+@dataclass(frozen=True)
+class AllocatorState:
+    """The two pools plus every block object handed out (see module docstring)."""
+
+    block_size: int
+    gpu: PoolState
+    cpu: PoolState
+    blocks: tuple[BlockRef, ...] = ()
+    null_id: int | None = None
+
+
+# ----------------------------------------------------------------------------- predicates
+
+
+def pool_of(s: AllocatorState, device: Device) -> PoolState:
+    """The pool of ``device``."""
+    return s.gpu if device is Device.GPU else s.cpu
+
+
+def with_pool(s: AllocatorState, device: Device, p: PoolState) -> AllocatorState:
+    """``s`` with the pool of ``device`` replaced."""
+    return replace(s, gpu=p) if device is Device.GPU else replace(s, cpu=p)
+
+
+def is_live(b: BlockRef) -> bool:
+    """The block object holds a reference to an id."""
+    return not b.freed and b.block_id is not None
+
+
+def refcounts_match_references(s: AllocatorState) -> bool:
+    """I1: every refcount equals the number of live references to its id."""
+    for device in (Device.GPU, Device.CPU):
+        p = pool_of(s, device)
+        counts = [0] * len(p.refcounts)
+        for b in s.blocks:
+            if is_live(b) and b.device is device and b.block_id is not None:
+                if not in_pool(p, b.block_id):
+                    return False
+                counts[b.block_id - p.first_id] += 1
+        if device is Device.GPU and s.null_id is not None:
+            if not in_pool(p, s.null_id):
+                return False
+            counts[s.null_id - p.first_id] += 1
+        if tuple(counts) != p.refcounts:
+            return False
+    return True
+
+
+def pools_ok(s: AllocatorState) -> bool:
+    """I2: both pools satisfy the pool invariants."""
+    return pool_ok(s.gpu) and pool_ok(s.cpu)
+
+
+def pools_disjoint(s: AllocatorState) -> bool:
+    """I4: GPU ids first, CPU ids right after them."""
+    return s.gpu.first_id == 0 and s.cpu.first_id == len(s.gpu.refcounts)
+
+
+def cow_pairs_ok(s: AllocatorState) -> bool:
+    """I5 (state part): CoW pairs stay within one pool and copy between distinct ids."""
+    return all(
+        in_pool(p, src) and in_pool(p, dst) and src != dst
+        for p in (s.gpu, s.cpu)
+        for src, dst in p.cow
+    )
+
+
+def blocks_ok(s: AllocatorState) -> bool:
+    """I6: tokens fit, predecessors are earlier handles, live ids are in their pool."""
+    for h, b in enumerate(s.blocks):
+        if len(b.token_ids) > s.block_size:
+            return False
+        if b.prev is not None and not 0 <= b.prev < h:
+            return False
+        if b.freed and b.block_id is not None:
+            return False
+    return True
+
+
+def state_ok(s: AllocatorState) -> bool:
+    """All allocator invariants I1–I6."""
+    return (
+        s.block_size >= 1
+        and pools_ok(s)
+        and pools_disjoint(s)
+        and blocks_ok(s)
+        and cow_pairs_ok(s)
+        and refcounts_match_references(s)
+    )
+
+
+# ----------------------------------------------------------------------------- construction
+
+
+def initial(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> AllocatorState:
+    """A fresh allocator: GPU ids ``0..G-1``, CPU ids ``G..G+C-1``, all free."""
+    if block_size < 1:
+        raise InvalidAllocatorConfigError(f"block_size must be >= 1, got {block_size}")
+    if num_gpu_blocks < 0 or num_cpu_blocks < 0:
+        raise InvalidAllocatorConfigError(
+            f"block counts must be >= 0, got gpu={num_gpu_blocks} cpu={num_cpu_blocks}"
+        )
+    s = AllocatorState(
+        block_size, pool_initial(0, num_gpu_blocks), pool_initial(num_gpu_blocks, num_cpu_blocks)
+    )
+    assert state_ok(s)
+    return s
+
+
+# ----------------------------------------------------------------------------- queries
+
+
+def block(s: AllocatorState, handle: int) -> BlockRef:
+    """The block object named by ``handle``; an unknown handle is a foreign block."""
+    if not 0 <= handle < len(s.blocks):
+        raise ForeignBlockError(None, f"unknown block handle {handle}")
+    return s.blocks[handle]
+
+
+def get_num_free_blocks(s: AllocatorState, device: Device) -> int:
+    """Free blocks on ``device``."""
+    return num_free(pool_of(s, device))
+
+
+def get_num_total_blocks(s: AllocatorState, device: Device) -> int:
+    """Blocks owned by ``device``."""
+    return len(pool_of(s, device).refcounts)
+
+
+def get_physical_block_id(s: AllocatorState, device: Device, block_id: int) -> int:
+    """Device-local index of an absolute id of ``device``."""
+    p = pool_of(s, device)
+    if not in_pool(p, block_id):
+        raise ForeignBlockError(block_id, f"not an id of the {device.name} pool")
+    return block_id - p.first_id
+
+
+def get_num_full_blocks_touched(s: AllocatorState, handles: Sequence[int]) -> int:
+    """Number of distinct block objects among ``handles`` that are full."""
+    return len({h for h in handles if len(block(s, h).token_ids) == s.block_size})
+
+
+def chain(s: AllocatorState, last: int) -> tuple[int, ...]:
+    """Handles of the chain ending at ``last``, first block first."""
+    out: list[int] = []
+    h: int | None = last
+    while h is not None:
+        out.append(h)
+        h = s.blocks[h].prev
+    return tuple(reversed(out))
+
+
+# ----------------------------------------------------------------------------- operations
+
+
+def _check_chunks(s: AllocatorState, block_token_ids: Sequence[Sequence[int]]) -> None:
+    for chunk in block_token_ids:
+        if len(chunk) > s.block_size:
+            raise BlockOverflowError(len(chunk), s.block_size)
+
+
+def _check_capacity(s: AllocatorState, device: Device, n: int) -> None:
+    available = get_num_free_blocks(s, device)
+    if n > available:
+        raise NoFreeBlocksError(n, available, device.name)
+
+
+def allocate_immutable_blocks(
+    s: AllocatorState,
+    prev: int | None,
+    block_token_ids: Sequence[Sequence[int]],
+    device: Device,
+    chosen: Sequence[int],
+) -> tuple[AllocatorState, tuple[int, ...]]:
+    """New blocks holding the given chunks, chained after ``prev``; returns their handles.
+
+    Errors, in this order: a chunk longer than a block (BlockOverflowError);
+    fewer free blocks than chunks (NoFreeBlocksError). Nothing is taken then.
+    """
+    assert state_ok(s)
+    if prev is not None:
+        block(s, prev)
+    _check_chunks(s, block_token_ids)
+    _check_capacity(s, device, len(block_token_ids))
+    assert len(chosen) == len(block_token_ids), "one id per chunk"
+    assert len(set(chosen)) == len(chosen), "the implementation handed out an id twice"
+    p = pool_of(s, device)
+    blocks = list(s.blocks)
+    handles: list[int] = []
+    for chunk, block_id in zip(block_token_ids, chosen, strict=True):
+        p = pool_take(p, block_id)
+        handles.append(len(blocks))
+        blocks.append(BlockRef(device, block_id, tuple(chunk), prev))
+        prev = handles[-1]
+    out = replace(with_pool(s, device, p), blocks=tuple(blocks))
+    assert state_ok(out)
+    assert get_num_free_blocks(out, device) == get_num_free_blocks(s, device) - len(chosen)
+    return out, tuple(handles)
+
+
+def allocate_immutable_block(
+    s: AllocatorState, prev: int | None, token_ids: Sequence[int], device: Device, chosen: int
+) -> tuple[AllocatorState, int]:
+    """One new block holding ``token_ids``; returns its handle."""
+    out, handles = allocate_immutable_blocks(s, prev, [token_ids], device, [chosen])
+    return out, handles[0]
+
+
+def allocate_mutable_block(
+    s: AllocatorState, prev: int | None, device: Device, chosen: int
+) -> tuple[AllocatorState, int]:
+    """One new empty block; returns its handle."""
+    out, handles = allocate_immutable_blocks(s, prev, [()], device, [chosen])
+    return out, handles[0]
+
+
+def free(s: AllocatorState, handle: int) -> AllocatorState:
+    """Drop the block object's reference; at refcount 0 the id returns to the front.
+
+    Errors: a freed block (DoubleFreeError); a block without id (BlockWithoutIdError).
+    """
+    assert state_ok(s)
+    b = block(s, handle)
+    if b.freed:
+        raise DoubleFreeError()
+    if b.block_id is None:
+        raise BlockWithoutIdError("free")
+    p = pool_decref(pool_of(s, b.device), b.block_id)
+    blocks = s.blocks[:handle] + (replace(b, block_id=None, freed=True),) + s.blocks[handle + 1 :]
+    out = replace(with_pool(s, b.device, p), blocks=blocks)
+    assert state_ok(out)
+    return out
+
+
+def fork(s: AllocatorState, last: int) -> tuple[AllocatorState, tuple[int, ...]]:
+    """New block objects naming the same ids as the chain ending at ``last``.
+
+    Returns the new handles, first block first; each id's refcount goes up by one.
+    Errors: a freed block in the chain (StaleBlockError); a block without id
+    (BlockWithoutIdError).
+    """
+    assert state_ok(s)
+    block(s, last)
+    handles = chain(s, last)
+    for h in handles:
+        if s.blocks[h].freed:
+            raise StaleBlockError("fork")
+    for h in handles:
+        if s.blocks[h].block_id is None:
+            raise BlockWithoutIdError("fork")
+    blocks = list(s.blocks)
+    gpu, cpu = s.gpu, s.cpu
+    prev: int | None = None
+    new: list[int] = []
+    for h in handles:
+        b = s.blocks[h]
+        assert b.block_id is not None
+        if b.device is Device.GPU:
+            gpu = pool_incref(gpu, b.block_id)
+        else:
+            cpu = pool_incref(cpu, b.block_id)
+        new.append(len(blocks))
+        blocks.append(BlockRef(b.device, b.block_id, b.token_ids, prev))
+        prev = new[-1]
+    out = replace(s, gpu=gpu, cpu=cpu, blocks=tuple(blocks))
+    assert state_ok(out)
+    return out, tuple(new)
+
+
+def needs_cow(s: AllocatorState, handle: int) -> bool:
+    """Appending to this block would copy it first (its id is shared)."""
+    b = s.blocks[handle]
+    return b.block_id is not None and refcount(pool_of(s, b.device), b.block_id) > 1
+
+
+def append_token_ids(
+    s: AllocatorState, handle: int, token_ids: Sequence[int], chosen: int | None
+) -> AllocatorState:
+    """Append tokens to a block; copy-on-write first if its id is shared.
+
+    On CoW the block drops its reference to the shared id, takes ``chosen``
+    (a free id of the same pool) and ``(old, chosen)`` is recorded.
+    Errors, in this order: freed block (StaleBlockError); nothing to append
+    (no-op); no id (BlockWithoutIdError); too many tokens (BlockOverflowError);
+    CoW with no free block (NoFreeBlocksError).
+    """
+    assert state_ok(s)
+    b = block(s, handle)
+    if b.freed:
+        raise StaleBlockError("append to")
+    if not token_ids:
+        return s
+    if b.block_id is None:
+        raise BlockWithoutIdError("append to")
+    empty = s.block_size - len(b.token_ids)
+    if len(token_ids) > empty:
+        raise BlockOverflowError(len(token_ids), empty)
+    p = pool_of(s, b.device)
+    block_id = b.block_id
+    if needs_cow(s, handle):
+        _check_capacity(s, b.device, 1)
+        assert chosen is not None, "copy-on-write needs a fresh id"
+        assert chosen in p.free, "CoW destination must be a free id of the same pool"
+        p = pool_record_cow(pool_take(pool_decref(p, block_id), chosen), block_id, chosen)
+        assert refcount(p, block_id) >= 1, "CoW source must stay referenced"
+        block_id = chosen
+    new = replace(b, block_id=block_id, token_ids=b.token_ids + tuple(token_ids))
+    out = replace(
+        with_pool(s, b.device, p), blocks=s.blocks[:handle] + (new,) + s.blocks[handle + 1 :]
+    )
+    assert state_ok(out)
+    return out
+
+
+def clear_copy_on_writes(s: AllocatorState) -> tuple[AllocatorState, tuple[tuple[int, int], ...]]:
+    """Hand over and forget the GPU pool's pending CoW pairs."""
+    assert state_ok(s)
+    gpu, pairs = pool_clear_cow(s.gpu)
+    out = replace(s, gpu=gpu)
+    assert state_ok(out) and out.gpu.cow == ()
+    return out, pairs
+
+
+def allocate_or_get_null_block(s: AllocatorState, chosen: int | None) -> tuple[AllocatorState, int]:
+    """The id of the shared null block, taking one GPU block the first time."""
+    assert state_ok(s)
+    if s.null_id is not None:
+        return s, s.null_id
+    _check_capacity(s, Device.GPU, 1)
+    assert chosen is not None, "the null block needs a GPU id"
+    out = replace(s, gpu=pool_take(s.gpu, chosen), null_id=chosen)
+    assert state_ok(out)
+    return out, chosen
+
+
+def swap(
+    s: AllocatorState,
+    handles: Sequence[int],
+    src_device: Device,
+    dst_device: Device,
+    mapping: dict[int, int],
+) -> tuple[AllocatorState, dict[int, int]]:
+    """Move the blocks to ``dst_device``; each distinct source id moves once.
+
+    ``mapping`` is the implementation's ``{src_id: dst_id}``: it must cover
+    exactly the distinct ids of ``handles``, be injective and name free ids of
+    the destination. Blocks are processed in order: each drops its reference
+    to its source id (released to the front of the free list at 0) and names
+    the destination id, which is taken from the free list at its first use.
+    Errors, in this order: same source and destination (InvalidSwapError);
+    freed block (StaleBlockError); block without id
+    (BlockWithoutIdError); block not on ``src_device`` (ForeignBlockError);
+    too few free destination blocks (NoFreeBlocksError).
+    """
+    assert state_ok(s)
+    if src_device is dst_device:
+        raise InvalidSwapError(f"source and destination are both {src_device.name}")
+    handles = list(dict.fromkeys(handles))  # a block object listed twice moves once
+    bs = [block(s, h) for h in handles]
+    for b in bs:
+        if b.freed:
+            raise StaleBlockError("swap")
+    for b in bs:
+        if b.block_id is None:
+            raise BlockWithoutIdError("swap")
+    for b in bs:
+        if b.device is not src_device:
+            raise ForeignBlockError(b.block_id, f"block is not on {src_device.name}")
+    src_ids = list(dict.fromkeys(b.block_id for b in bs if b.block_id is not None))
+    _check_capacity(s, dst_device, len(src_ids))
+    assert set(mapping) == set(src_ids), "swap mapping must cover exactly the moved ids"
+    assert len(set(mapping.values())) == len(mapping), "swap mapping must be injective"
+    src, dst = pool_of(s, src_device), pool_of(s, dst_device)
+    blocks = list(s.blocks)
+    moved: set[int] = set()
+    for h, b in zip(handles, bs, strict=True):
+        assert b.block_id is not None
+        src = pool_decref(src, b.block_id)
+        dst_id = mapping[b.block_id]
+        dst = pool_incref(dst, dst_id) if b.block_id in moved else pool_take(dst, dst_id)
+        moved.add(b.block_id)
+        blocks[h] = replace(b, device=dst_device, block_id=dst_id)
+    out = with_pool(with_pool(s, src_device, src), dst_device, dst)
+    out = replace(out, blocks=tuple(blocks))
+    assert state_ok(out), "swap must conserve references"
+    return out, dict(mapping)

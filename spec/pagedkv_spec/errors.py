@@ -1,0 +1,277 @@
+"""Typed errors shared by the spec and the implementation.
+
+One module so that spec and implementation raise *the same* classes: the
+stateful machines check that a failing operation raises the same type on both
+sides. The public home of these names is :mod:`pagedkv.errors`, which
+re-exports this module.
+
+Every error carries the facts as fields (``NoFreeBlocksError(requested=3,
+available=1)``) and a message that says what was wrong and what to do.
+After any of these is raised by pagedkv, the state is unchanged.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BlockAllocatorError",
+    "BlockOverflowError",
+    "BlockSpaceManagerError",
+    "BlockWithoutIdError",
+    "CachingNotSupportedError",
+    "DoubleFreeError",
+    "ForeignBlockError",
+    "InvalidAllocatorConfigError",
+    "InvalidKVCacheConfigError",
+    "InvalidSequenceStateError",
+    "InvalidSwapError",
+    "InvariantViolationError",
+    "KVBlockIdError",
+    "KVCacheError",
+    "KVCopyConflictError",
+    "KVRangeError",
+    "KVTensorMismatchError",
+    "NoFreeBlocksError",
+    "NullBlockError",
+    "PagedKVError",
+    "RefCountError",
+    "SequenceAlreadyAllocatedError",
+    "StaleBlockError",
+    "UnknownSequenceError",
+]
+
+
+class PagedKVError(Exception):
+    """Base class of every error pagedkv raises on purpose."""
+
+
+# --------------------------------------------------------------------------- allocators
+
+
+class BlockAllocatorError(PagedKVError):
+    """Misuse of a block allocator, or an allocator that cannot serve a request."""
+
+
+class NoFreeBlocksError(BlockAllocatorError, ValueError):
+    """The pool has fewer free blocks than the operation needs.
+
+    Also a ``ValueError`` and reachable as ``BlockAllocator.NoFreeBlocksError``
+    (vLLM 0.6.3 compatibility). Nothing was allocated: pagedkv checks capacity
+    before it takes any id.
+    """
+
+    def __init__(self, requested: int, available: int, device: str = "") -> None:
+        self.requested = requested
+        self.available = available
+        self.device = device
+        where = f" on {device}" if device else ""
+        super().__init__(
+            f"need {requested} free block(s){where} but only {available} are free; "
+            "free or swap out some sequences, or create the allocator with more blocks"
+        )
+
+
+class BlockWithoutIdError(BlockAllocatorError):
+    """The block object has no physical id (never allocated here, or swapped out)."""
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+        super().__init__(
+            f"cannot {operation} a block that holds no block id (it was swapped out "
+            "or never allocated); swap it in or allocate a new block first"
+        )
+
+
+class StaleBlockError(BlockWithoutIdError):
+    """The block object was freed; its id may already belong to another owner."""
+
+    def __init__(self, operation: str) -> None:
+        BlockAllocatorError.__init__(
+            self,
+            f"cannot {operation} a block object that was already freed: its id may now "
+            "belong to another sequence; drop this handle and use the live block",
+        )
+        self.operation = operation
+
+
+class DoubleFreeError(StaleBlockError):
+    """``free`` was called on a block object that was already freed."""
+
+    def __init__(self) -> None:
+        super().__init__("free")
+
+
+class ForeignBlockError(BlockAllocatorError):
+    """The block (or block id) does not belong to this allocator's pool."""
+
+    def __init__(self, block_id: int | None, detail: str) -> None:
+        self.block_id = block_id
+        super().__init__(
+            f"block id {block_id} does not belong to this allocator ({detail}); "
+            "pass the block to the allocator that created it"
+        )
+
+
+class BlockOverflowError(BlockAllocatorError, ValueError):
+    """Appending more token ids than the block has empty slots."""
+
+    def __init__(self, num_tokens: int, num_empty_slots: int) -> None:
+        self.num_tokens = num_tokens
+        self.num_empty_slots = num_empty_slots
+        super().__init__(
+            f"cannot append {num_tokens} token(s) to a block with {num_empty_slots} "
+            "empty slot(s); split the tokens across blocks (BlockTable does this)"
+        )
+
+
+class RefCountError(BlockAllocatorError):
+    """A refcount would go below zero, or names an id the counter does not track."""
+
+    def __init__(self, block_id: int, detail: str) -> None:
+        self.block_id = block_id
+        super().__init__(f"refcount of block {block_id}: {detail}")
+
+
+class InvalidAllocatorConfigError(BlockAllocatorError, ValueError):
+    """Bad constructor arguments (non-positive block size, negative counts, ...)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+
+
+class InvalidSwapError(BlockAllocatorError, ValueError):
+    """A swap whose source and destination are the same device."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"invalid swap: {detail}; swap between GPU and CPU")
+
+
+class NullBlockError(BlockAllocatorError):
+    """Writing to the shared null block (sliding-window padding)."""
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+        super().__init__(
+            f"cannot {operation} the null block: it is shared sliding-window padding "
+            "and is never written; allocate a real block"
+        )
+
+
+class InvariantViolationError(PagedKVError, AssertionError):
+    """``check_invariants()`` found a broken representation invariant (a pagedkv bug)."""
+
+    def __init__(self, invariant: str, detail: str) -> None:
+        self.invariant = invariant
+        super().__init__(f"invariant {invariant} violated: {detail}; please report this")
+
+
+# --------------------------------------------------------------------------- manager
+
+
+class BlockSpaceManagerError(PagedKVError):
+    """Misuse of the block space manager."""
+
+
+class SequenceAlreadyAllocatedError(BlockSpaceManagerError):
+    """The sequence already has a block table."""
+
+    def __init__(self, seq_id: int) -> None:
+        self.seq_id = seq_id
+        super().__init__(
+            f"sequence {seq_id} already has a block table; free it first "
+            "(or fork into a fresh sequence id)"
+        )
+
+
+class UnknownSequenceError(BlockSpaceManagerError, KeyError):
+    """The sequence has no block table in this manager."""
+
+    def __init__(self, seq_id: int) -> None:
+        self.seq_id = seq_id
+        super().__init__(f"sequence {seq_id} has no block table; allocate it first")
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0])
+
+
+class InvalidSequenceStateError(BlockSpaceManagerError):
+    """The sequence group is not in the state the operation needs."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+
+
+class CachingNotSupportedError(BlockSpaceManagerError, NotImplementedError):
+    """Prefix caching (``enable_caching=True``) is not implemented."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "enable_caching=True (prefix caching) is not supported by pagedkv yet; "
+            "construct the manager with enable_caching=False"
+        )
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+class KVCacheError(PagedKVError, ValueError):
+    """Bad input to the KV cache engine (ids out of range, shape or dtype mismatch)."""
+
+
+class InvalidKVCacheConfigError(KVCacheError):
+    """Bad KV cache engine sizes (non-positive dims, no GPU block, budget below one block)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class KVRangeError(KVCacheError):
+    """A layer, slot, token count or block id lies outside what the cache holds."""
+
+    def __init__(self, what: str, value: int, valid: str, hint: str) -> None:
+        self.what = what
+        self.value = value
+        self.valid = valid
+        super().__init__(f"{what} {value} is out of range (valid: {valid}); {hint}")
+
+
+class KVBlockIdError(KVRangeError):
+    """A block id is negative or not below the block count of its tier."""
+
+    def __init__(self, block_id: int, tier: str, num_blocks: int, role: str) -> None:
+        self.block_id = block_id
+        self.tier = tier
+        self.num_blocks = num_blocks
+        self.role = role
+        super().__init__(
+            f"{role} block id",
+            block_id,
+            f"0..{num_blocks - 1} on the {tier} tier"
+            if num_blocks
+            else f"none, the {tier} tier has no blocks",
+            "pass per-tier physical ids (an allocator's global id minus the tier's offset)",
+        )
+
+
+class KVCopyConflictError(KVCacheError):
+    """One copy call names a destination twice, or a block as both source and destination."""
+
+    def __init__(self, block_id: int, detail: str) -> None:
+        self.block_id = block_id
+        self.detail = detail
+        super().__init__(
+            f"block {block_id} {detail}: the result would depend on copy order; "
+            "split the pairs into separate calls"
+        )
+
+
+class KVTensorMismatchError(KVCacheError):
+    """A tensor or list argument has the wrong shape, dtype, device or length."""
+
+    def __init__(self, name: str, expected: str, actual: str) -> None:
+        self.name = name
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"{name}: expected {expected}, got {actual}; convert the argument before the call"
+        )

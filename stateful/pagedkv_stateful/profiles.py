@@ -1,0 +1,60 @@
+"""Hypothesis settings profiles: ``ci`` (fast, deterministic), ``dev``, ``deep``.
+
+``ci`` follows verification-practice §7: no explain phase and
+``report_multiple_bugs=False`` so a failure is reported in seconds, not minutes.
+It is loaded by default when the ``CI`` environment variable is set; otherwise
+``dev``. ``HYPOTHESIS_PROFILE=deep`` (or ``pytest --hypothesis-profile=deep``)
+selects the long-run profile.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, Phase, settings
+
+__all__ = ["load_default_profile", "register_profiles"]
+
+FAST_PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
+
+
+def register_profiles() -> None:
+    """Register ``ci``, ``dev`` and ``deep`` (idempotent)."""
+    settings.register_profile(
+        "ci",
+        max_examples=150,
+        stateful_step_count=40,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        report_multiple_bugs=False,
+        phases=FAST_PHASES,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    settings.register_profile(
+        "dev",
+        max_examples=100,
+        stateful_step_count=40,
+        deadline=None,
+        report_multiple_bugs=False,
+        phases=FAST_PHASES,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    settings.register_profile(
+        "deep",
+        max_examples=5_000,
+        stateful_step_count=150,
+        deadline=None,
+        derandomize=False,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+def load_default_profile() -> str:
+    """Load ``$HYPOTHESIS_PROFILE``, else ``ci`` under CI, else ``dev``; returns the name."""
+    register_profiles()
+    name = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+    settings.load_profile(name)
+    return name
