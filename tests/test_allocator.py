@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pagedkv import (
     BlockAllocator,
     CpuGpuBlockAllocator,
@@ -275,7 +274,8 @@ def test_errors_are_raised_under_python_O() -> None:
         "b = a.allocate_mutable_block(None)\n"
         "a.free(b)\n"
         "for call, err in ((lambda: a.free(b), DoubleFreeError),\n"
-        "                  (lambda: a.allocate_immutable_block(None, [1, 2]), BlockOverflowError),\n"
+        "                  (lambda: a.allocate_immutable_block(None, [1, 2]),\n"
+        "                   BlockOverflowError),\n"
         "                  (lambda: a.allocate_immutable_blocks(None, [[1], [2]]),\n"
         "                   NoFreeBlocksError)):\n"
         "    try:\n"

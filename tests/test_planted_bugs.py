@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
-
 from pagedkv import CpuGpuBlockAllocator, NaiveBlockAllocator
 from pagedkv_stateful.allocator_machine import AllocatorMachine
 
@@ -83,7 +82,9 @@ def machine_for(allocator_cls: type[NaiveBlockAllocator]) -> type[AllocatorMachi
         (FifoReuse, "LIFO policy|GPU pool differs|CPU pool differs"),
     ],
 )
-def test_machine_catches_planted_bug(allocator_cls: type[NaiveBlockAllocator], message: str) -> None:
+def test_machine_catches_planted_bug(
+    allocator_cls: type[NaiveBlockAllocator], message: str
+) -> None:
     with pytest.raises(AssertionError, match=message):
         run_state_machine_as_test(machine_for(allocator_cls), settings=FIND_FAST)
 

@@ -159,9 +159,11 @@ class NaiveBlockAllocator(BlockAllocator):
         :class:`BlockWithoutIdError` for a swapped-out one; nothing changes then.
         """
         # NOTE: the checks of _own and _decref inlined: hot path.
-        if type(block) is not NaiveBlock or block._allocator is not self or block._freed:
-            self._own(block, "free")  # raises the right error
-        block_id = block._block_id
+        if type(block) is NaiveBlock and block._allocator is self and not block._freed:
+            blk = block
+        else:
+            blk = self._own(block, "free")  # raises the right error
+        block_id = blk._block_id
         if block_id is None:
             raise BlockWithoutIdError("free")
         i = block_id - self._first
@@ -171,8 +173,8 @@ class NaiveBlockAllocator(BlockAllocator):
             self._stack.append(block_id)
         else:
             self._decref(block_id)
-        block._block_id = None
-        block._freed = True
+        blk._block_id = None
+        blk._freed = True
 
     def fork(self, last_block: Block) -> list[Block]:
         """New objects sharing the ids of the chain ending at ``last_block`` (spec: ``fork``).

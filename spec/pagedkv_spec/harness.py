@@ -39,6 +39,11 @@ def _front(s: AllocatorState, device: Device) -> int:
     return p.free[0] if p.free else -1
 
 
+def _distinct_ids(s: AllocatorState, handles: list[int]) -> list[int]:
+    ids = (s.blocks[h].block_id for h in handles)
+    return list(dict.fromkeys(b for b in ids if b is not None))
+
+
 def prop_decref_never_corrupts(p: PoolState, block_id: int) -> None:
     """pool_decref either raises RefCountError with the pool unchanged, or keeps P1–P5."""
     assert pool_ok(p)
@@ -119,11 +124,11 @@ def prop_swap_round_trip(num_gpu: int, num_cpu: int, n_blocks: int, share: bool)
             group += list(forked)
         tokens = [s.blocks[h].token_ids for h in group]
         rcs = sorted(refcount(s.gpu, b) for b in set(s.gpu.free) ^ set(range(num_gpu)))
-        ids = list(dict.fromkeys(s.blocks[h].block_id for h in group))
+        ids = _distinct_ids(s, group)
         out_map = {b: s.cpu.free[i] for i, b in enumerate(ids) if i < len(s.cpu.free)}
         s, m1 = swap(s, group, GPU, CPU, out_map)
         assert len(set(m1.values())) == len(m1), "swap mapping must be injective"
-        cpu_ids = list(dict.fromkeys(s.blocks[h].block_id for h in group))
+        cpu_ids = _distinct_ids(s, group)
         in_map = {b: s.gpu.free[i] for i, b in enumerate(cpu_ids) if i < len(s.gpu.free)}
         s, _m2 = swap(s, group, CPU, GPU, in_map)
         assert [s.blocks[h].token_ids for h in group] == tokens
