@@ -70,6 +70,14 @@ class NaiveBlock(Block):
         return self._allocator._block_size
 
     @property
+    def is_shared(self) -> bool:
+        """Another block object names the same id: appending would copy-on-write. O(1)."""
+        block_id = self._block_id
+        if block_id is None:
+            return False
+        return self._allocator._rc[block_id - self._allocator._first] > 1
+
+    @property
     def freed(self) -> bool:
         """The object was freed; it is dead and holds no id."""
         return self._freed
@@ -115,6 +123,11 @@ class NullBlock(Block):
     @property
     def prev_block(self) -> Block | None:
         return None
+
+    @property
+    def is_shared(self) -> bool:
+        """The null block is shared padding, never written."""
+        return True
 
     @property
     def block_size(self) -> int:

@@ -145,6 +145,27 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
                 owned.append(b)
         return fork_chain(owned)
 
+    def fork_blocks(self, blocks: list[Block]) -> list[Block]:
+        """Fork an explicit list of blocks (a block table), not a ``prev_block`` chain.
+
+        The null block is passed through as is (it is shared padding); the new
+        objects are chained to each other in list order. A sliding-window table
+        needs this: its list no longer matches the chain of ``prev_block`` links
+        once leading blocks were replaced by the null block. Validated before any
+        refcount changes. Complexity: O(len(blocks)).
+        """
+        real: list[NaiveBlock] = []
+        for b in blocks:
+            if b is self._null_block:
+                continue
+            self._owner(b, "fork")
+            if type(b) is NaiveBlock:  # always true after the ownership check
+                if b._freed:
+                    raise StaleBlockError("fork")
+                real.append(b)
+        forked = iter(fork_chain(real))
+        return [b if b is self._null_block else next(forked) for b in blocks]
+
     def allocate_or_get_null_block(self) -> Block:
         """The shared null block; takes one GPU id the first time. Complexity: O(1)."""
         if self._null_block is None:

@@ -54,6 +54,11 @@ class Block(ABC):
         """Write tokens into the empty slots (copy-on-write if the id is shared)."""
 
     @property
+    def is_shared(self) -> bool:
+        """Appending would copy-on-write (another block object names the same id)."""
+        return False
+
+    @property
     def computed(self) -> bool:
         """Prefix-caching flag; always False for the naive allocator."""
         return False
