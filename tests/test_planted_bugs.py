@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
+
 from pagedkv import CpuGpuBlockAllocator, NaiveBlockAllocator
 from pagedkv_stateful.allocator_machine import AllocatorMachine
 

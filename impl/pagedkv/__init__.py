@@ -6,14 +6,13 @@ Errors live in :mod:`pagedkv.errors`. Every operation refines the executable spe
 :mod:`pagedkv_spec`; the Hypothesis machines in :mod:`pagedkv_stateful` check it.
 """
 
-from pagedkv_spec.device import Device
-
 from pagedkv import errors
 from pagedkv.block import NaiveBlock, NullBlock
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.interfaces import Block, BlockAllocator, DeviceAwareBlockAllocator
 from pagedkv.naive_allocator import NaiveBlockAllocator
 from pagedkv.refcount import RefCounter
+from pagedkv_spec.device import Device
 
 __all__ = [
     "Block",

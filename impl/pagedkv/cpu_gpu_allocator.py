@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pagedkv_spec.allocator import AllocatorState, BlockRef, refcounts_match_references
-from pagedkv_spec.device import Device
-
 from pagedkv.block import NaiveBlock, NullBlock
 from pagedkv.errors import (
     BlockWithoutIdError,
@@ -20,6 +17,8 @@ from pagedkv.errors import (
 )
 from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
 from pagedkv.naive_allocator import NaiveBlockAllocator, chain_of, fork_chain
+from pagedkv_spec.allocator import AllocatorState, BlockRef, refcounts_match_references
+from pagedkv_spec.device import Device
 
 __all__ = ["CpuGpuBlockAllocator"]
 
@@ -82,7 +81,9 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             return self._gpu
         if device is _CPU:
             return self._cpu
-        raise InvalidAllocatorConfigError(f"unknown device {device!r}; use Device.GPU or Device.CPU")
+        raise InvalidAllocatorConfigError(
+            f"unknown device {device!r}; use Device.GPU or Device.CPU"
+        )
 
     def _owner(self, block: Block, operation: str) -> NaiveBlockAllocator:
         if type(block) is NaiveBlock:

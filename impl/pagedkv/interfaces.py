@@ -9,9 +9,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
-from pagedkv_spec.device import Device
-
 from pagedkv.errors import NoFreeBlocksError
+from pagedkv_spec.device import Device
 
 __all__ = ["Block", "BlockAllocator", "DeviceAwareBlockAllocator"]
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from pagedkv_spec.pool import PoolState
-
 from pagedkv.block import NaiveBlock
 from pagedkv.errors import (
     BlockOverflowError,
@@ -20,6 +18,7 @@ from pagedkv.errors import (
 )
 from pagedkv.interfaces import Block, BlockAllocator
 from pagedkv.refcount import ReadOnlyRefCounter, RefCounter, contiguous_range
+from pagedkv_spec.pool import PoolState
 
 __all__ = ["NaiveBlockAllocator"]
 
