@@ -309,16 +309,17 @@ def free(s: AllocatorState, handle: int) -> AllocatorState:
     return out
 
 
-def fork(s: AllocatorState, last: int) -> tuple[AllocatorState, tuple[int, ...]]:
-    """New block objects naming the same ids as the chain ending at ``last``.
+def fork_blocks(
+    s: AllocatorState, handles: Sequence[int]
+) -> tuple[AllocatorState, tuple[int, ...]]:
+    """New block objects naming the same ids as ``handles``, chained in list order.
 
-    Returns the new handles, first block first; each id's refcount goes up by one.
-    Errors: a freed block in the chain (StaleBlockError); a block without id
-    (BlockWithoutIdError).
+    Returns the new handles; each id's refcount goes up by one. Errors, in
+    order: a freed block (StaleBlockError); a block without id (BlockWithoutIdError).
     """
     assert state_ok(s)
-    block(s, last)
-    handles = chain(s, last)
+    for h in handles:
+        block(s, h)
     for h in handles:
         if s.blocks[h].freed:
             raise StaleBlockError("fork")
@@ -342,6 +343,12 @@ def fork(s: AllocatorState, last: int) -> tuple[AllocatorState, tuple[int, ...]]
     out = replace(s, gpu=gpu, cpu=cpu, blocks=tuple(blocks))
     assert state_ok(out)
     return out, tuple(new)
+
+
+def fork(s: AllocatorState, last: int) -> tuple[AllocatorState, tuple[int, ...]]:
+    """Fork the chain of ``prev`` links ending at ``last`` (first block first)."""
+    block(s, last)
+    return fork_blocks(s, chain(s, last))
 
 
 def needs_cow(s: AllocatorState, handle: int) -> bool:
