@@ -16,12 +16,16 @@ __all__ = [
     "BlockAllocatorError",
     "BlockOverflowError",
     "BlockSpaceManagerError",
+    "BlockTableError",
     "BlockWithoutIdError",
     "CachingNotSupportedError",
     "DoubleFreeError",
+    "DuplicateSequenceIdError",
     "ForeignBlockError",
     "InvalidAllocatorConfigError",
+    "InvalidBlockTableArgumentError",
     "InvalidKVCacheConfigError",
+    "InvalidSequenceError",
     "InvalidSequenceStateError",
     "InvalidSwapError",
     "InvariantViolationError",
@@ -35,7 +39,10 @@ __all__ = [
     "PagedKVError",
     "RefCountError",
     "SequenceAlreadyAllocatedError",
+    "SequenceNotInGroupError",
     "StaleBlockError",
+    "TableAlreadyAllocatedError",
+    "TableNotAllocatedError",
     "UnknownSequenceError",
 ]
 
@@ -208,6 +215,74 @@ class CachingNotSupportedError(BlockSpaceManagerError, NotImplementedError):
             "enable_caching=True (prefix caching) is not supported by pagedkv yet; "
             "construct the manager with enable_caching=False"
         )
+
+
+class SequenceNotInGroupError(BlockSpaceManagerError, KeyError):
+    """A sequence group has no sequence with this id."""
+
+    def __init__(self, seq_id: int, request_id: str) -> None:
+        self.seq_id = seq_id
+        self.request_id = request_id
+        super().__init__(
+            f"request {request_id!r} has no sequence {seq_id}; "
+            "use one of the ids get_seqs() returns"
+        )
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0])
+
+
+class InvalidSequenceError(BlockSpaceManagerError, ValueError):
+    """Bad arguments for a sequence or sequence group (token id, block size, empty group)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class DuplicateSequenceIdError(InvalidSequenceError):
+    """Two sequences of one group would have the same id."""
+
+    def __init__(self, seq_id: int, request_id: str) -> None:
+        self.seq_id = seq_id
+        self.request_id = request_id
+        super().__init__(
+            f"request {request_id!r} already has a sequence {seq_id}; "
+            "give every sequence of a group its own id (fork with a fresh id)"
+        )
+
+
+class BlockTableError(BlockSpaceManagerError):
+    """Misuse of a block table."""
+
+
+class TableNotAllocatedError(BlockTableError):
+    """The operation needs an allocated (non-empty) block table."""
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+        super().__init__(
+            f"cannot {operation}: the block table holds no blocks; call allocate(token_ids) first"
+        )
+
+
+class TableAlreadyAllocatedError(BlockTableError):
+    """``allocate`` on a block table that already holds blocks."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        super().__init__(
+            f"the block table already holds {num_blocks} block(s); use append_token_ids "
+            "to add tokens, or free() it before allocating again"
+        )
+
+
+class InvalidBlockTableArgumentError(BlockTableError, ValueError):
+    """A bad argument to a block table (empty prompt, negative lookahead, missing window info)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
 
 
 # --------------------------------------------------------------------------- KV cache

@@ -1,0 +1,211 @@
+"""Tests of pagedkv.attention: per-step input tensors and the reference paged read.
+
+The oracle for the paged read is standard softmax attention
+(``torch.nn.functional.scaled_dot_product_attention``) over the contiguous K/V
+that ``KVCacheEngine.gather`` returns.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pagedkv.attention import (
+    PAD_BLOCK_ID,
+    AttentionInputs,
+    build_attention_inputs,
+    paged_attention_reference,
+)
+from pagedkv.cache import KVCacheEngine
+from pagedkv.errors import KVBlockIdError, KVCacheError, KVRangeError, KVTensorMismatchError
+
+# ---------------------------------------------------------------- build_attention_inputs
+
+
+def test_decode_inputs() -> None:
+    inputs = build_attention_inputs([[3, 1], [5]], [6, 2], block_size=4)
+    assert inputs.block_tables.dtype == torch.int32
+    assert inputs.block_tables.tolist() == [[3, 1], [5, PAD_BLOCK_ID]]
+    # seq 0 writes position 5 = block 1 offset 1; seq 1 position 1 = block 5 offset 1.
+    assert inputs.slot_mapping.dtype == torch.int64
+    assert inputs.slot_mapping.tolist() == [1 * 4 + 1, 5 * 4 + 1]
+    assert inputs.context_lens.dtype == torch.int32 and inputs.context_lens.tolist() == [6, 2]
+    assert inputs.positions.tolist() == [5, 1]
+    assert inputs.query_start_loc.tolist() == [0, 1, 2]
+    assert (inputs.max_context_len, inputs.max_query_len) == (6, 1)
+    assert inputs.is_decode and inputs.num_seqs == 2
+
+
+def test_prefill_and_chunked_prefill_inputs() -> None:
+    prefill = build_attention_inputs([[7, 2]], [5], 4, query_lens=[5])
+    assert prefill.slot_mapping.tolist() == [28, 29, 30, 31, 8]
+    assert prefill.positions.tolist() == [0, 1, 2, 3, 4]
+    assert not prefill.is_decode
+    # A chunk: positions 3..5 of a 6-token prompt, next to a decode of another sequence.
+    mixed = build_attention_inputs([[7, 2], [4]], [6, 3], 4, query_lens=[3, 1])
+    assert mixed.slot_mapping.tolist() == [31, 8, 9, 18]
+    assert mixed.positions.tolist() == [3, 4, 5, 2]
+    assert mixed.query_start_loc.tolist() == [0, 3, 4]
+    assert mixed.query_lens.tolist() == [3, 1] and mixed.max_query_len == 3
+
+
+def test_padding_and_empty_batch() -> None:
+    padded = build_attention_inputs([[1]], [1], 2, pad_to=4)
+    assert padded.slot_mapping.tolist() == [2, -1, -1, -1]
+    assert padded.positions.tolist() == [0, 0, 0, 0]
+    empty = build_attention_inputs([], [], 16)
+    assert empty.block_tables.shape == (0, 0) and empty.slot_mapping.numel() == 0
+    assert empty.num_seqs == 0 and not empty.is_decode
+
+
+Build = Callable[[], AttentionInputs]
+BUILD_ERRORS: list[tuple[str, Build, type[KVCacheError], str]] = [
+    (
+        "lens count",
+        lambda: build_attention_inputs([[0]], [1, 1], 4),
+        KVTensorMismatchError,
+        "1 entries",
+    ),
+    (
+        "ctx > blocks",
+        lambda: build_attention_inputs([[0]], [5], 4),
+        KVRangeError,
+        "context_lens[0]",
+    ),
+    (
+        "query > ctx",
+        lambda: build_attention_inputs([[0]], [2], 4, query_lens=[3]),
+        KVRangeError,
+        "query_lens[0]",
+    ),
+    ("decode empty", lambda: build_attention_inputs([[0]], [0], 4), KVRangeError, "query_lens"),
+    ("negative id", lambda: build_attention_inputs([[0, -3]], [5], 4), KVRangeError, "-3"),
+    (
+        "id too big",
+        lambda: build_attention_inputs([[9]], [1], 4, num_blocks=8),
+        KVBlockIdError,
+        "0..7",
+    ),
+    ("block size", lambda: build_attention_inputs([[0]], [1], 0), KVRangeError, "block_size"),
+    (
+        "pad too small",
+        lambda: build_attention_inputs([[0]], [2], 4, pad_to=0),
+        KVRangeError,
+        "pad_to",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "build", "error", "text"), BUILD_ERRORS, ids=[c[0] for c in BUILD_ERRORS]
+)
+def test_bad_batch_is_rejected(
+    name: str, build: Build, error: type[KVCacheError], text: str
+) -> None:
+    with pytest.raises(error, match=re.escape(text)):
+        build()
+
+
+def test_slot_mapping_drives_engine_write() -> None:
+    """A prefill written through slot_mapping reads back in token order via gather."""
+    engine = KVCacheEngine(1, 2, 8, 4, num_gpu_blocks=16, num_cpu_blocks=0, device="cpu")
+    tables = [[9, 2, 14], [5, 0]]
+    inputs = build_attention_inputs(tables, [11, 6], 4, query_lens=[11, 6], pad_to=20)
+    key, value = torch.randn(20, 2, 8), torch.randn(20, 2, 8)
+    engine.write(inputs.slot_mapping, key, value, layer=0)
+    k0, v0 = engine.gather(tables[0], 11, layer=0)
+    k1, _ = engine.gather(tables[1], 6, layer=0)
+    assert torch.equal(k0, key[:11]) and torch.equal(v0, value[:11])
+    assert torch.equal(k1, key[11:17])
+
+
+# ---------------------------------------------------------------- paged_attention_reference
+
+
+def contiguous_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> torch.Tensor:
+    """Softmax attention of one query token over (tokens, kv_heads, head) K/V, GQA by repeat."""
+    group = query.shape[0] // key.shape[1]
+    k = key.repeat_interleave(group, dim=1).transpose(0, 1)  # (heads, tokens, head)
+    v = value.repeat_interleave(group, dim=1).transpose(0, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(query[:, None], k, v)
+    return out[:, 0]
+
+
+def run_case(
+    seed: int, num_seqs: int, kv_heads: int, group: int, head_size: int, block_size: int
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 4 * block_size + 1, (num_seqs,), generator=gen).tolist()
+    need = [-(-n // block_size) for n in lens]
+    num_blocks = sum(need) + 3
+    engine = KVCacheEngine(2, kv_heads, head_size, block_size, num_blocks, 0, device="cpu")
+    # Garbage (NaN) everywhere first: slots past a context must not leak into the result.
+    engine.storage().fill_(float("nan"))
+    ids = torch.randperm(num_blocks, generator=gen).tolist()  # scattered, out of order
+    tables, start = [], 0
+    for n in need:
+        tables.append(ids[start : start + n])
+        start += n
+    inputs = build_attention_inputs(
+        tables, lens, block_size, query_lens=lens, num_blocks=num_blocks
+    )
+    total = int(inputs.slot_mapping.numel())
+    key = torch.randn(total, kv_heads, head_size, generator=gen)
+    value = torch.randn(total, kv_heads, head_size, generator=gen)
+    engine.write(inputs.slot_mapping, key, value, layer=1)
+    query = torch.randn(num_seqs, kv_heads * group, head_size, generator=gen)
+    kv = engine.kv_layer(1)
+    got = paged_attention_reference(query, kv[0], kv[1], inputs.block_tables, inputs.context_lens)
+    for i, table in enumerate(tables):
+        k, v = engine.gather(table, lens[i], layer=1)
+        torch.testing.assert_close(got[i], contiguous_attention(query[i], k, v))
+
+
+@pytest.mark.parametrize(
+    ("seed", "num_seqs", "kv_heads", "group", "head_size", "block_size"),
+    [(0, 1, 1, 1, 8, 1), (1, 3, 2, 4, 16, 4), (2, 5, 4, 1, 32, 16), (3, 4, 2, 3, 8, 8)],
+)
+def test_paged_read_equals_contiguous_attention(
+    seed: int, num_seqs: int, kv_heads: int, group: int, head_size: int, block_size: int
+) -> None:
+    run_case(seed, num_seqs, kv_heads, group, head_size, block_size)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    st.integers(0, 2**16),
+    st.integers(1, 4),
+    st.sampled_from([1, 2, 4]),
+    st.integers(1, 3),
+    st.sampled_from([4, 8, 16]),
+    st.sampled_from([1, 2, 4, 16]),
+)
+def test_paged_read_equals_contiguous_attention_random(
+    seed: int, num_seqs: int, kv_heads: int, group: int, head_size: int, block_size: int
+) -> None:
+    run_case(seed, num_seqs, kv_heads, group, head_size, block_size)
+
+
+def test_paged_read_rejects_bad_input() -> None:
+    cache = torch.zeros(4, 2, 2, 8)
+    tables = torch.tensor([[1, 2]], dtype=torch.int32)
+    ok_query, lens = torch.zeros(1, 4, 8), torch.tensor([3], dtype=torch.int32)
+    with pytest.raises(KVTensorMismatchError, match="multiple of 2"):
+        paged_attention_reference(torch.zeros(1, 3, 8), cache, cache, tables, lens)
+    with pytest.raises(KVRangeError, match="context length 0"):
+        paged_attention_reference(ok_query, cache, cache, tables, torch.tensor([0]))
+    with pytest.raises(KVRangeError, match="context length 5"):
+        paged_attention_reference(ok_query, cache, cache, tables, torch.tensor([5]))
+    with pytest.raises(KVBlockIdError, match="block id 4"):
+        paged_attention_reference(ok_query, cache, cache, tables + 2, lens)
+    with pytest.raises(KVTensorMismatchError, match="block_tables"):
+        paged_attention_reference(ok_query, cache, cache, tables[0], lens)
+    out = paged_attention_reference(ok_query.half(), cache, cache, tables, lens, scale=0.5)
+    assert out.dtype == torch.float16 and out.shape == (1, 4, 8)
