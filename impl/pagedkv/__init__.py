@@ -16,28 +16,45 @@ from pagedkv.attention import (
     paged_attention_reference,
 )
 from pagedkv.block import NaiveBlock, NullBlock
+from pagedkv.block_table import BlockTable
 from pagedkv.cache import CopyHandle, KVCacheConfig, KVCacheEngine
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.interfaces import Block, BlockAllocator, DeviceAwareBlockAllocator
+from pagedkv.manager import BlockSpaceManager, ManagerStats
 from pagedkv.naive_allocator import NaiveBlockAllocator
 from pagedkv.refcount import RefCounter
+from pagedkv.sequence import (
+    AllocDecision,
+    AllocStatus,
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+)
 from pagedkv_spec.device import Device
 
 __all__ = [
     "PAD_BLOCK_ID",
+    "AllocDecision",
+    "AllocStatus",
     "AttentionInputs",
     "Block",
     "BlockAllocator",
+    "BlockSpaceManager",
+    "BlockTable",
     "CopyHandle",
     "CpuGpuBlockAllocator",
     "Device",
     "DeviceAwareBlockAllocator",
     "KVCacheConfig",
     "KVCacheEngine",
+    "ManagerStats",
     "NaiveBlock",
     "NaiveBlockAllocator",
     "NullBlock",
     "RefCounter",
+    "Sequence",
+    "SequenceGroup",
+    "SequenceStatus",
     "build_attention_inputs",
     "errors",
     "paged_attention_reference",

@@ -6,7 +6,11 @@ the same run, so the ratio means something on any machine:
 * allocate+free pair: a bare loop that pops an id from a list, bumps a
   refcount and creates one small ``__slots__`` object, then undoes it;
 * fork of a 100k-block chain;
-* construction time and traced memory of a 1M GPU + 250k CPU block allocator.
+* construction time and traced memory of a 1M GPU + 250k CPU block allocator;
+* manager decode step: 256 sequences with 512-token prompts, 128 steps of
+  ``can_append_slots`` + ``append_slots`` each (floor: the same loop appending
+  a token to a plain list per sequence);
+* manager swap out + in of a 256-block sequence with 100k-block pools.
 """
 
 from __future__ import annotations
@@ -17,7 +21,15 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from pagedkv import CpuGpuBlockAllocator, Device, NaiveBlockAllocator
+from pagedkv import (
+    BlockSpaceManager,
+    CpuGpuBlockAllocator,
+    Device,
+    NaiveBlockAllocator,
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+)
 
 
 class _Floor:
@@ -105,6 +117,57 @@ def construction(num_gpu: int, num_cpu: int) -> tuple[float, float]:
     return seconds, peak / 2**20
 
 
+def decode_step_us(num_seqs: int, prompt_len: int, steps: int) -> tuple[float, float]:
+    """(us per sequence-append through the manager, floor us), best of 3 runs."""
+    block_size = 16
+    need = num_seqs * (-(-(prompt_len + steps) // block_size) + 1)
+    best = float("inf")
+    for _ in range(3):
+        manager = BlockSpaceManager(block_size, need, 0, watermark=0.0)
+        groups = []
+        for i in range(num_seqs):
+            seq = Sequence(i, list(range(prompt_len)))
+            group = SequenceGroup(str(i), [seq])
+            manager.allocate(group)
+            seq.status = SequenceStatus.RUNNING
+            groups.append((group, seq))
+        start = time.perf_counter()
+        for step in range(steps):
+            for group, seq in groups:
+                seq.append_token_id(step)
+                if manager.can_append_slots(group, 0):
+                    manager.append_slots(seq, 0)
+        best = min(best, time.perf_counter() - start)
+    lists: list[list[int]] = [list(range(prompt_len)) for _ in range(num_seqs)]
+
+    def floor() -> None:
+        for step in range(steps):
+            for tokens in lists:
+                tokens.append(step)
+
+    floor_s = _best_of(floor, 3)
+    n = num_seqs * steps
+    return best / n * 1e6, floor_s / n * 1e6
+
+
+def swap_round_trip_ms(num_blocks: int, pool_blocks: int) -> float:
+    """swap_out + swap_in of one sequence holding num_blocks blocks, in ms (best of 5)."""
+    block_size = 16
+    manager = BlockSpaceManager(block_size, pool_blocks, pool_blocks, watermark=0.0)
+    seq = Sequence(0, list(range(num_blocks * block_size)))
+    group = SequenceGroup("0", [seq])
+    manager.allocate(group)
+    seq.status = SequenceStatus.RUNNING
+
+    def round_trip() -> None:
+        manager.swap_out(group)
+        seq.status = SequenceStatus.SWAPPED
+        manager.swap_in(group)
+        seq.status = SequenceStatus.RUNNING
+
+    return _best_of(round_trip, 5) * 1e3
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks and print a table."""
     parser = argparse.ArgumentParser(prog="python -m pagedkv.bench", description=__doc__)
@@ -128,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<44} {value:>12.1f} {base:>12.1f} {value / base:>6.2f}x")
     print(f"  {'construct 1M GPU + 250k CPU blocks (s)':<44} {seconds:>12.4f}")
     print(f"  {'construct 1M GPU + 250k CPU blocks (MiB)':<44} {mib:>12.1f}")
+    decode_us, decode_floor = decode_step_us(256, 512, 128)
+    print(f"  {'decode: can_append+append_slots per seq (us)':<44} {decode_us:>12.2f}", end="")
+    print(f" {decode_floor:>12.2f} {decode_us / decode_floor:>6.1f}x")
+    swap_ms = swap_round_trip_ms(256, 100_000)
+    print(f"  {'swap out+in, 256 blocks, 100k pools (ms)':<44} {swap_ms:>12.3f}")
     return 0
 
 

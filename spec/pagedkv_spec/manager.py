@@ -403,7 +403,9 @@ def window_drops(s: ManagerState, t: TableRef, num_computed: int) -> tuple[int, 
     """Slot indexes a sliding-window append frees and replaces with the null block."""
     if s.window_blocks is None:
         return ()
-    end = min(num_computed // block_size(s) - s.window_blocks, len(t.handles))
+    # Capped at the block being written: the window never drops a block still to be filled.
+    size = block_size(s)
+    end = min(num_computed // size - s.window_blocks, t.num_full_slots // size)
     return tuple(i for i in range(max(0, end)) if t.handles[i] != NULL)
 
 

@@ -1,0 +1,605 @@
+"""The block table of one sequence (vLLM 0.6.3 ``BlockTable``, naive path).
+
+A table is the ordered list of blocks holding one sequence's token slots:
+slot ``s`` lives in block ``s // block_size`` at offset ``s % block_size``.
+With a sliding window, leading blocks that fell out of the window are freed
+and replaced by the allocator's shared *null block*, which stands for
+``block_size`` written slots whose tokens are no longer kept.
+
+Invariants (numbers cited by :meth:`BlockTable.check_invariants`):
+    T1 ids      ``physical_block_ids[i] == blocks[i].block_id`` (never None)
+    T2 shape    block ``i`` holds ``clamp(num_full_slots - i*block_size, 0, block_size)``
+                tokens, a null entry counting as ``block_size``
+    T3 null     null entries are exactly ``blocks[:_null_prefix]``
+    T4 distinct real entries name distinct block ids
+
+Stricter than vLLM 0.6.3 (see semantics.md, "Where pagedkv is stricter"):
+    * Failed operations change nothing: ``allocate``, ``append_token_ids`` and
+      ``ensure_num_empty_slots`` count every block they will take before they
+      take one, and raise :class:`~pagedkv.errors.NoFreeBlocksError` otherwise.
+    * Misuse raises typed errors (never ``assert``), also under ``python -O``.
+    * No recursion, no sorting; ids are cached so ``physical_block_ids`` is O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedkv.block import NaiveBlock, NullBlock
+from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
+from pagedkv.errors import (
+    BlockWithoutIdError,
+    DoubleFreeError,
+    ForeignBlockError,
+    InvalidBlockTableArgumentError,
+    InvariantViolationError,
+    NoFreeBlocksError,
+    StaleBlockError,
+    TableAlreadyAllocatedError,
+    TableNotAllocatedError,
+)
+from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
+from pagedkv_spec.device import Device
+
+__all__ = ["BlockTable"]
+
+_GPU, _CPU = Device.GPU, Device.CPU
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_count(name: str, value: int) -> None:
+    if not isinstance(value, int) or value < 0:
+        raise InvalidBlockTableArgumentError(f"{name} must be an int >= 0, got {value!r}")
+
+
+def _live_id(block: Block, operation: str) -> int:
+    """The block's id, or the typed error the allocator would raise for it."""
+    block_id = block.block_id
+    if block_id is None:
+        if isinstance(block, NaiveBlock) and block.freed:
+            raise DoubleFreeError() if operation == "free" else StaleBlockError(operation)
+        raise BlockWithoutIdError(operation)
+    return block_id
+
+
+class BlockTable:
+    """The blocks of one sequence; refines a table of the manager spec.
+
+    Representation (only this class writes it):
+        _blocks          block objects in slot order (the null block for dropped ones)
+        _block_ids       ``_blocks[i].block_id`` for every i: the cached
+                         :attr:`physical_block_ids`, patched in O(1) per block whose id
+                         changes (copy-on-write, window drop)
+        _num_full_slots  slots written so far; a null entry counts ``block_size``
+        _null_prefix     ``_blocks[:_null_prefix]`` are the null block (T3), so a window
+                         step starts where the previous one stopped
+        _null_block      the allocator's null block once this table has seen it
+    """
+
+    __slots__ = (
+        "_allocator",
+        "_block_ids",
+        "_block_size",
+        "_blocks",
+        "_max_block_sliding_window",
+        "_null_block",
+        "_null_prefix",
+        "_num_full_slots",
+    )
+
+    def __init__(
+        self,
+        block_size: int,
+        block_allocator: DeviceAwareBlockAllocator,
+        _blocks: Sequence[Block] | None = None,
+        max_block_sliding_window: int | None = None,
+    ) -> None:
+        """A table over ``_blocks`` (empty by default). Complexity: O(len(_blocks)).
+
+        ``_blocks`` must be shaped as T2–T4 say (full or null blocks, at most one
+        partial block, then empty ones); ``num_full_slots`` is read from them.
+        """
+        if not isinstance(block_size, int) or block_size < 1:
+            raise InvalidBlockTableArgumentError(
+                f"block_size must be an int >= 1, got {block_size!r}"
+            )
+        allocator_block_size = getattr(block_allocator, "block_size", block_size)
+        if allocator_block_size != block_size:
+            raise InvalidBlockTableArgumentError(
+                f"block_size={block_size} but the allocator's blocks hold "
+                f"{allocator_block_size} tokens; use the allocator's block size"
+            )
+        window = max_block_sliding_window
+        if window is not None and (not isinstance(window, int) or window < 0):
+            raise InvalidBlockTableArgumentError(
+                f"max_block_sliding_window must be None or an int >= 0, got {window!r}"
+            )
+        self._block_size = block_size
+        self._allocator = block_allocator
+        self._max_block_sliding_window = window
+        self._null_block: Block | None = None
+        self._blocks: list[Block] = []
+        self._block_ids: list[int] = []
+        self._num_full_slots = 0
+        self._null_prefix = 0
+        if _blocks:
+            self._load(list(_blocks))
+
+    def _load(self, blocks: list[Block]) -> None:
+        """Adopt ``blocks`` after checking T1–T4; nothing changes on error. Complexity: O(n)."""
+        size = self._block_size
+        ids: list[int] = []
+        num_full = 0
+        null_prefix = 0
+        partial_seen = False
+        for i, b in enumerate(blocks):
+            ids.append(_live_id(b, "put in a block table"))
+            if isinstance(b, NullBlock):
+                if i != null_prefix:
+                    raise InvalidBlockTableArgumentError(
+                        f"null block at index {i} after a real block; null entries "
+                        "must form a prefix of the table"
+                    )
+                null_prefix += 1
+                num_full += size
+                continue
+            n = len(b.token_ids)
+            if partial_seen and n:
+                raise InvalidBlockTableArgumentError(
+                    f"block {i} holds tokens after a partially filled block; "
+                    "only the last non-empty block may be partial"
+                )
+            partial_seen = partial_seen or n < size
+            num_full += n
+        if len(set(ids[null_prefix:])) != len(ids) - null_prefix:
+            raise InvalidBlockTableArgumentError("a block id appears twice in the table")
+        self._blocks = blocks
+        self._block_ids = ids
+        self._num_full_slots = num_full
+        self._null_prefix = null_prefix
+        if null_prefix:
+            self._null_block = blocks[0]
+
+    # ------------------------------------------------------------------ sizing
+
+    @staticmethod
+    def get_num_required_blocks(
+        token_ids: Sequence[int], block_size: int, num_lookahead_slots: int = 0
+    ) -> int:
+        """``ceil((len(token_ids) + num_lookahead_slots) / block_size)``. Complexity: O(1)."""
+        return _cdiv(len(token_ids) + num_lookahead_slots, block_size)
+
+    def get_num_blocks_touched_by_append_slots(
+        self, token_ids: Sequence[int], num_lookahead_slots: int
+    ) -> int:
+        """Worst-case number of blocks an append of these tokens + lookahead writes into.
+
+        vLLM 0.6.3's formula: with ``n = len(token_ids) + num_lookahead_slots`` and
+        ``first = block_size - num_full_slots % block_size`` (room in the current
+        block), ``1 + ceil((n - first) / block_size)``. The current block counts
+        even if it is full or nothing is written, except that ``n == 0`` at a block
+        boundary gives 0. Each touched block may need a fresh block (new, or a
+        copy-on-write), so this bounds what :meth:`append_token_ids` takes (plus
+        one at a sliding-window table's first append if the allocator has no null
+        block yet); :meth:`get_num_blocks_needed_by_append` is exact. Complexity: O(1).
+        """
+        _check_count("num_lookahead_slots", num_lookahead_slots)
+        n = len(token_ids) + num_lookahead_slots
+        first = self._block_size - self._num_full_slots % self._block_size
+        return 1 + _cdiv(n - first, self._block_size)
+
+    def _num_new_blocks(self, num_empty_slots: int) -> int:
+        """Blocks :meth:`ensure_num_empty_slots` would add. Complexity: O(1)."""
+        deficit = num_empty_slots - self.num_empty_slots
+        return _cdiv(deficit, self._block_size) if deficit > 0 else 0
+
+    # ------------------------------------------------------------------ operations
+
+    def allocate(self, token_ids: Sequence[int], device: Device = _GPU) -> None:
+        """Fill a fresh table with ``token_ids`` on ``device``.
+
+        Full chunks become immutable blocks (one ``allocate_immutable_blocks``
+        call), a trailing partial chunk one mutable block. All blocks are counted
+        before any is taken. Errors (nothing changes): the table already holds
+        blocks, ``token_ids`` is empty, too few free blocks on ``device``.
+        Complexity: O(len(token_ids)).
+        """
+        if self._blocks:
+            raise TableAlreadyAllocatedError(len(self._blocks))
+        if not token_ids:
+            raise InvalidBlockTableArgumentError(
+                "cannot allocate a block table for zero tokens; pass the prompt's token ids"
+            )
+        size = self._block_size
+        num_tokens = len(token_ids)
+        needed = _cdiv(num_tokens, size)
+        free = self._allocator.get_num_free_blocks(device)
+        if needed > free:
+            raise NoFreeBlocksError(needed, free, device.name)
+        num_full_blocks = num_tokens // size
+        blocks: list[Block] = []
+        if num_full_blocks:
+            chunks = [list(token_ids[i : i + size]) for i in range(0, num_full_blocks * size, size)]
+            blocks = self._allocator.allocate_immutable_blocks(None, chunks, device)
+        tail = token_ids[num_full_blocks * size :]
+        if tail:
+            prev = blocks[-1] if blocks else None
+            block = self._allocator.allocate_mutable_block(prev, device)
+            block.append_token_ids(tail)  # a fresh block: no copy-on-write, cannot fail
+            blocks.append(block)
+        self._blocks = blocks
+        self._block_ids = [_live_id(b, "allocate") for b in blocks]
+        self._num_full_slots = num_tokens
+
+    def append_token_ids(
+        self,
+        token_ids: Sequence[int],
+        num_lookahead_slots: int = 0,
+        num_computed_slots: int | None = None,
+    ) -> None:
+        """Write ``token_ids`` after the last written slot, with room for lookahead.
+
+        Steps (vLLM 0.6.3 order): (a) with a sliding window of ``w`` blocks, take
+        the null block (created on first use) and replace by it every block with
+        index ``< min(num_computed_slots // block_size - w, num_full_slots //
+        block_size)``, freeing the block; (b) add ``ceil(deficit / block_size)``
+        empty GPU blocks so that ``len(token_ids) + num_lookahead_slots`` slots are
+        empty; (c) write the tokens, filling the current block first (a write
+        into a block whose id is shared copies on write: the id changes and the
+        pair is recorded by the allocator); (d) ``num_full_slots +=
+        len(token_ids)``.
+
+        NOTE: the window bound is capped at the block being written: vLLM would
+        drop that block too and then fail writing into the null block.
+
+        Needed-blocks rule, checked before any change: GPU ids needed = (1 if
+        the null block does not exist yet) + new blocks of (b) + existing blocks
+        written in (c) that are shared (``Block.is_shared``); available = free
+        GPU blocks + blocks dropped in (a) that are not shared (their ids return
+        to the pool). The null block, taken first as in vLLM, needs one free
+        block by itself. Copies-on-write of blocks on the CPU (a table not on
+        the GPU) are counted against the CPU pool the same way.
+
+        Errors (nothing changes): empty table (:class:`TableNotAllocatedError`),
+        negative ``num_lookahead_slots``, with a window a missing or negative
+        ``num_computed_slots`` or one beyond the tokens the table will hold
+        (:class:`InvalidBlockTableArgumentError`), too few free blocks
+        (:class:`NoFreeBlocksError` with ``requested``/``available`` as above).
+        ``num_computed_slots`` is ignored without a window.
+
+        Complexity: O(len(token_ids) + blocks touched + blocks dropped) (the
+        window scan resumes after the last null entry).
+        """
+        blocks = self._blocks
+        if not blocks:
+            raise TableNotAllocatedError("append_token_ids")
+        _check_count("num_lookahead_slots", num_lookahead_slots)
+        size = self._block_size
+        num_tokens = len(token_ids)
+        num_full = self._num_full_slots
+        first_idx = num_full // size
+
+        # ---- plan: validate and count everything before the first change
+        window = self._max_block_sliding_window
+        drop_end = 0
+        null_cost = 0
+        returned_gpu = returned_cpu = 0  # unshared dropped blocks: their ids come back
+        if window is not None:
+            if num_computed_slots is None:
+                raise InvalidBlockTableArgumentError(
+                    "a sliding-window table needs num_computed_slots (the sequence's "
+                    "computed tokens) to know which blocks left the window"
+                )
+            _check_count("num_computed_slots", num_computed_slots)
+            if num_computed_slots > num_full + num_tokens:
+                raise InvalidBlockTableArgumentError(
+                    f"num_computed_slots={num_computed_slots} exceeds the {num_full + num_tokens} "
+                    "slots the table holds after this append"
+                )
+            if self._null_block_missing(may_create=True):
+                null_cost = 1
+            drop_end = min(num_computed_slots // size - window, first_idx)
+            # T3: entries from _null_prefix on are real blocks.
+            for i in range(self._null_prefix, drop_end):
+                b = blocks[i]
+                _live_id(b, "free")
+                if not b.is_shared:
+                    if self._on_gpu(b):
+                        returned_gpu += 1
+                    else:
+                        returned_cpu += 1
+        num_new = self._num_new_blocks(num_tokens + num_lookahead_slots)
+        cow_gpu, cow_cpu = self._count_copies_on_write(num_tokens)
+        needed = null_cost + num_new + cow_gpu
+        if needed:  # the common decode step into a private block skips the query
+            free_gpu = self._allocator.get_num_free_blocks(_GPU)
+            if null_cost > free_gpu:
+                raise NoFreeBlocksError(null_cost, free_gpu, "GPU")
+            available = free_gpu + returned_gpu
+            if needed > available:
+                raise NoFreeBlocksError(needed, available, "GPU")
+        if cow_cpu:
+            available = self._allocator.get_num_free_blocks(_CPU) + returned_cpu
+            if cow_cpu > available:
+                raise NoFreeBlocksError(cow_cpu, available, "CPU")
+
+        # ---- (a) window step
+        ids = self._block_ids
+        if window is not None:
+            null = self._allocator.allocate_or_get_null_block()
+            self._null_block = null
+            null_id = _live_id(null, "use")
+            for i in range(self._null_prefix, drop_end):
+                self._allocator.free(blocks[i])
+                blocks[i] = null
+                ids[i] = null_id
+            if drop_end > self._null_prefix:
+                self._null_prefix = drop_end
+        # ---- (b) room
+        self._grow(num_new)
+        # ---- (c) write: the first chunk fills the current block's remaining room
+        pos = 0
+        idx = first_idx
+        room = size - num_full % size
+        while pos < num_tokens:
+            b = blocks[idx]
+            b.append_token_ids(token_ids[pos : pos + room])
+            new_id = b.block_id
+            if new_id is not None and new_id != ids[idx]:  # copied on write
+                ids[idx] = new_id
+            pos += room
+            room = size
+            idx += 1
+        # ---- (d)
+        self._num_full_slots = num_full + num_tokens
+
+    def _count_copies_on_write(self, num_tokens: int) -> tuple[int, int]:
+        """(GPU, CPU) copies-on-write a write of ``num_tokens`` makes; checks the blocks.
+
+        The write touches the existing blocks from ``num_full_slots // block_size``
+        up to the one holding the last token; each whose id is shared is copied.
+        Complexity: O(blocks touched).
+        """
+        if not num_tokens:
+            return 0, 0
+        blocks, size, num_full = self._blocks, self._block_size, self._num_full_slots
+        cow_gpu = cow_cpu = 0
+        stop = min((num_full + num_tokens - 1) // size + 1, len(blocks))
+        for i in range(num_full // size, stop):
+            b = blocks[i]
+            _live_id(b, "append to")
+            if b.is_shared:
+                if self._on_gpu(b):
+                    cow_gpu += 1
+                else:
+                    cow_cpu += 1
+        return cow_gpu, cow_cpu
+
+    def get_num_blocks_needed_by_append(
+        self, token_ids: Sequence[int], num_lookahead_slots: int = 0
+    ) -> int:
+        """Free blocks :meth:`append_token_ids` would take, before any window step returns some.
+
+        ``new blocks + copies-on-write (+ 1 for creating the null block, with a
+        sliding window)``: the ``needed`` of the append's rule, on whichever
+        device the blocks are (a swapped-out table keeps its sharing, so this is
+        also what the append takes after a swap-in). Exact without a sliding
+        window; with one, the window step may return ids first, so it is an
+        upper bound. Errors: empty table, negative lookahead.
+        Complexity: O(blocks touched).
+        """
+        if not self._blocks:
+            raise TableNotAllocatedError("count the blocks an append needs")
+        _check_count("num_lookahead_slots", num_lookahead_slots)
+        num_tokens = len(token_ids)
+        cow_gpu, cow_cpu = self._count_copies_on_write(num_tokens)
+        null_cost = 0
+        if self._max_block_sliding_window is not None and self._null_block_missing(False):
+            null_cost = 1
+        return (
+            null_cost + self._num_new_blocks(num_tokens + num_lookahead_slots) + cow_gpu + cow_cpu
+        )
+
+    def ensure_num_empty_slots(self, num_empty_slots: int) -> None:
+        """Add empty GPU blocks until at least ``num_empty_slots`` slots are empty.
+
+        Adds ``ceil(deficit / block_size)`` blocks chained after the last one,
+        counted before any is taken. Complexity: O(blocks added).
+        """
+        if not self._blocks:
+            raise TableNotAllocatedError("ensure_num_empty_slots")
+        _check_count("num_empty_slots", num_empty_slots)
+        num_new = self._num_new_blocks(num_empty_slots)
+        free = self._allocator.get_num_free_blocks(_GPU)
+        if num_new > free:
+            raise NoFreeBlocksError(num_new, free, "GPU")
+        self._grow(num_new)
+
+    def _grow(self, num_new: int) -> None:
+        """Append ``num_new`` empty GPU blocks; capacity was checked. Complexity: O(num_new)."""
+        if not num_new:
+            return
+        blocks, ids = self._blocks, self._block_ids
+        prev = blocks[-1]
+        allocate = self._allocator.allocate_mutable_block
+        for _ in range(num_new):
+            prev = allocate(prev, _GPU)
+            blocks.append(prev)
+            ids.append(_live_id(prev, "append"))
+
+    def fork(self) -> BlockTable:
+        """A new table sharing every id of this one (refcounts + 1).
+
+        Uses the allocator's ``fork_blocks`` when it has one (it forks the table's
+        list and passes the null block through), else ``fork(last_block)``.
+        Complexity: O(blocks * block_size) (the child's block objects copy tokens).
+        """
+        if not self._blocks:
+            raise TableNotAllocatedError("fork")
+        fork_blocks = getattr(self._allocator, "fork_blocks", None)
+        forked: list[Block]
+        if callable(fork_blocks):
+            forked = fork_blocks(self._blocks)
+        else:
+            forked = self._allocator.fork(self._blocks[-1])
+        child = BlockTable(self._block_size, self._allocator, None, self._max_block_sliding_window)
+        # The fork names the same ids in the same layout, so the caches carry over.
+        child._blocks = forked
+        child._block_ids = list(self._block_ids)
+        child._num_full_slots = self._num_full_slots
+        child._null_prefix = self._null_prefix
+        child._null_block = self._null_block
+        return child
+
+    def free(self) -> None:
+        """Free every block (freeing the null block is a no-op); the table becomes empty.
+
+        Every block is checked before the first is freed, so a stale block in
+        the table raises with nothing freed. A free table stays free.
+        Complexity: O(blocks).
+        """
+        blocks = self._blocks
+        for b in blocks[self._null_prefix :]:
+            _live_id(b, "free")
+        free = self._allocator.free
+        for b in blocks:
+            free(b)
+        self._blocks = []
+        self._block_ids = []
+        self._num_full_slots = 0
+        self._null_prefix = 0
+
+    def refresh_block_ids(self) -> None:
+        """Re-read the ids of this table's own blocks (after a swap moved them).
+
+        Nothing changes on error. Complexity: O(blocks).
+        """
+        self._block_ids = [_live_id(b, "put in a block table") for b in self._blocks]
+
+    def update(self, blocks: Sequence[Block]) -> None:
+        """Re-read ``blocks`` (e.g. this table's blocks after a swap changed their ids).
+
+        Checks T1–T4 and recomputes the id cache and ``num_full_slots``; nothing
+        changes on error. Complexity: O(len(blocks)).
+        """
+        self._load(list(blocks))
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def blocks(self) -> list[Block]:
+        """The block objects in slot order. The live list: do not mutate. Complexity: O(1)."""
+        return self._blocks
+
+    @property
+    def physical_block_ids(self) -> list[int]:
+        """Absolute block ids in slot order. The live cache: do not mutate. Complexity: O(1)."""
+        return self._block_ids
+
+    @property
+    def num_full_slots(self) -> int:
+        """Slots written (null entries count ``block_size``). Complexity: O(1)."""
+        return self._num_full_slots
+
+    @property
+    def num_empty_slots(self) -> int:
+        """Allocated slots not yet written (lookahead room). Complexity: O(1)."""
+        return len(self._blocks) * self._block_size - self._num_full_slots
+
+    @property
+    def _num_empty_slots(self) -> int:
+        """vLLM 0.6.3 name of :attr:`num_empty_slots`."""
+        return self.num_empty_slots
+
+    @property
+    def _is_allocated(self) -> bool:
+        """The table holds at least one block. Complexity: O(1)."""
+        return bool(self._blocks)
+
+    @property
+    def max_block_sliding_window(self) -> int | None:
+        """Blocks a sliding-window table keeps, or None."""
+        return self._max_block_sliding_window
+
+    def get_unseen_token_ids(self, sequence_token_ids: list[int]) -> list[int]:
+        """The suffix of the sequence's tokens after ``num_full_slots``. Complexity: O(suffix)."""
+        return sequence_token_ids[self._num_full_slots :]
+
+    def get_block_token_ids(self) -> list[tuple[int, ...] | None]:
+        """Tokens per block, ``None`` for a null entry. Complexity: O(num_full_slots)."""
+        return [None if isinstance(b, NullBlock) else tuple(b.token_ids) for b in self._blocks]
+
+    def get_token_ids_written(self) -> list[int | None]:
+        """The tokens in slots ``0 .. num_full_slots-1``; ``None`` for a dropped slot.
+
+        A null entry stands for ``block_size`` slots that were written and then
+        dropped by the sliding window; their tokens are no longer known, so
+        they read as ``None``. Hence ``len(result) == num_full_slots`` always,
+        and ``result[i]`` is the sequence's token ``i`` or ``None`` (vLLM 0.6.3
+        instead skips null blocks, shifting every later token).
+        Complexity: O(num_full_slots).
+        """
+        dropped: list[int | None] = [None] * (self._null_prefix * self._block_size)
+        for b in self._blocks[self._null_prefix :]:
+            dropped.extend(b.token_ids)
+        return dropped
+
+    # ------------------------------------------------------------------ helpers
+
+    def _null_block_missing(self, may_create: bool) -> bool:
+        """Whether the allocator's null block is yet to be created (taking a free GPU id).
+
+        Complexity: O(1).
+        """
+        if self._null_block is not None:
+            return False
+        allocator = self._allocator
+        if isinstance(allocator, CpuGpuBlockAllocator):
+            # NOTE: package-internal read; DeviceAwareBlockAllocator has no way to
+            # peek at the null block, and creating it would take a free id.
+            self._null_block = allocator._null_block
+            return self._null_block is None
+        if not may_create:
+            return True  # unknown: count its creation (an upper bound)
+        # An allocator we cannot peek into: create it now. It may then outlive a
+        # failed append, the only state such an allocator keeps after an error.
+        self._null_block = allocator.allocate_or_get_null_block()
+        return False
+
+    def _on_gpu(self, block: Block) -> bool:
+        """The block's id is one of the GPU pool's. Complexity: O(1)."""
+        try:
+            self._allocator.get_physical_block_id(_GPU, _live_id(block, "locate"))
+        except ForeignBlockError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ verification
+
+    def check_invariants(self) -> None:
+        """Check T1–T4; raises :class:`InvariantViolationError`. Complexity: O(slots)."""
+        blocks, ids, size = self._blocks, self._block_ids, self._block_size
+        if len(ids) != len(blocks) or any(
+            b.block_id != i for b, i in zip(blocks, ids, strict=False)
+        ):
+            raise InvariantViolationError("T1", f"{self!r}: cached ids differ from the blocks' ids")
+        for i, b in enumerate(blocks):
+            is_null = isinstance(b, NullBlock)
+            if is_null != (i < self._null_prefix):
+                raise InvariantViolationError("T3", f"{self!r}: entry {i} breaks the null prefix")
+            held = size if is_null else len(b.token_ids)
+            want = min(max(self._num_full_slots - i * size, 0), size)
+            if held != want:
+                raise InvariantViolationError("T2", f"{self!r}: block {i} holds {held}, not {want}")
+        real = ids[self._null_prefix :]
+        if len(set(real)) != len(real):
+            raise InvariantViolationError("T4", f"{self!r}: a block id appears twice")
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockTable(block_size={self._block_size}, physical_block_ids={self._block_ids}, "
+            f"num_full_slots={self._num_full_slots})"
+        )

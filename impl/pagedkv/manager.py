@@ -1,0 +1,450 @@
+"""The block space manager: block tables for sequence groups (vLLM 0.6.3 naive path).
+
+Refines :mod:`pagedkv_spec.manager`. The scheduler asks ``can_*`` and then
+acts; pagedkv guarantees *can => do*: whenever ``can_allocate`` is OK,
+``can_append_slots`` is True, ``can_swap_out`` is True or ``can_swap_in`` is
+OK, the matching operation finds enough free blocks. A failed operation raises
+a typed error and changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pagedkv.block import NaiveBlock
+from pagedkv.block_table import BlockTable
+from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
+from pagedkv.errors import (
+    CachingNotSupportedError,
+    InvalidAllocatorConfigError,
+    InvalidSequenceStateError,
+    InvariantViolationError,
+    NoFreeBlocksError,
+    SequenceAlreadyAllocatedError,
+    UnknownSequenceError,
+)
+from pagedkv.interfaces import Block
+from pagedkv.sequence import AllocDecision, Sequence, SequenceGroup, SequenceStatus
+from pagedkv_spec.device import Device
+from pagedkv_spec.manager import ManagerView, TableView
+from pagedkv_spec.status import AllocStatus
+
+__all__ = ["BlockSpaceManager", "ManagerStats"]
+
+_GPU, _CPU = Device.GPU, Device.CPU
+_WAITING, _RUNNING, _SWAPPED = (
+    SequenceStatus.WAITING,
+    SequenceStatus.RUNNING,
+    SequenceStatus.SWAPPED,
+)
+
+
+@dataclass
+class ManagerStats:
+    """Cumulative counters since the manager was created."""
+
+    groups_allocated: int = 0
+    cow_copies: int = 0
+    swap_outs: int = 0
+    swap_ins: int = 0
+    blocks_swapped_out: int = 0
+    blocks_swapped_in: int = 0
+    blocks_freed_by_window: int = 0
+
+
+def _blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class BlockSpaceManager:
+    """Block tables of every sequence, over a :class:`CpuGpuBlockAllocator`.
+
+    Representation:
+        block_allocator  the two pools (GPU ids first)
+        block_tables     seq_id -> BlockTable of that sequence
+        cross_block_tables  request_id -> BlockTable of an encoder-decoder request
+        watermark_blocks ``int(watermark * num_gpu_blocks)`` kept free by admission
+        max_block_sliding_window  blocks a windowed table keeps, or None
+    """
+
+    def __init__(
+        self,
+        block_size: int,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int,
+        watermark: float = 0.01,
+        sliding_window: int | None = None,
+        enable_caching: bool = False,
+    ) -> None:
+        if enable_caching:
+            raise CachingNotSupportedError()
+        if not isinstance(watermark, (int, float)) or not 0.0 <= watermark < 1.0:
+            raise InvalidAllocatorConfigError(f"watermark must be in [0, 1), got {watermark!r}")
+        if sliding_window is not None and (
+            not isinstance(sliding_window, int) or sliding_window < 1
+        ):
+            raise InvalidAllocatorConfigError(
+                f"sliding_window must be an int >= 1 or None, got {sliding_window!r}"
+            )
+        self.block_size = block_size
+        self.num_total_gpu_blocks = num_gpu_blocks
+        self.num_total_cpu_blocks = num_cpu_blocks
+        self.watermark = watermark
+        self.watermark_blocks = int(watermark * num_gpu_blocks)
+        self.block_allocator = CpuGpuBlockAllocator.create(
+            "naive", num_gpu_blocks, num_cpu_blocks, block_size
+        )
+        self.max_block_sliding_window: int | None = None
+        if sliding_window is not None:
+            # +2: `//` rounds down, and a partial last block stretches the window by one.
+            self.max_block_sliding_window = sliding_window // block_size + 2
+            # NOTE: created up front (vLLM: at the first append) so no append needs a
+            # block for it; a manager with a window and no GPU block is unusable anyway.
+            if num_gpu_blocks > 0:
+                self.block_allocator.allocate_or_get_null_block()
+        self.block_tables: dict[int, BlockTable] = {}
+        self.cross_block_tables: dict[str, BlockTable] = {}
+        self.stats = ManagerStats()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _new_table(self) -> BlockTable:
+        return BlockTable(
+            self.block_size,
+            self.block_allocator,
+            max_block_sliding_window=self.max_block_sliding_window,
+        )
+
+    def _table(self, seq: Sequence) -> BlockTable:
+        table = self.block_tables.get(seq.seq_id)
+        if table is None:
+            raise UnknownSequenceError(seq.seq_id)
+        return table
+
+    def _device_of(self, table: BlockTable) -> Device | None:
+        for b in table.blocks:
+            if type(b) is NaiveBlock:
+                return _GPU if b.allocator is self.block_allocator.get_allocator(_GPU) else _CPU
+        return None
+
+    def _require_on(self, seq: Sequence, table: BlockTable, device: Device, what: str) -> None:
+        where = self._device_of(table)
+        if where is not None and where is not device:
+            raise InvalidSequenceStateError(
+                f"cannot {what} sequence {seq.seq_id}: its blocks are on {where.name}, "
+                f"not {device.name}"
+            )
+
+    # ------------------------------------------------------------------ admission
+
+    def can_allocate(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocDecision:
+        """OK / LATER / NEVER for the group's first WAITING sequence (+ encoder prompt).
+
+        Counts the whole prompt, also with a sliding window (vLLM caps it and can
+        then fail in ``allocate``). NEVER: ``num_gpu - required < watermark``; OK:
+        ``free - required >= watermark``; else LATER. Spec: ``can_allocate``.
+        Complexity: O(1) beyond finding the sequence.
+        """
+        waiting = seq_group.get_seqs(_WAITING)
+        if not waiting:
+            raise InvalidSequenceStateError(
+                f"request {seq_group.request_id!r} has no WAITING sequence to admit"
+            )
+        required = _blocks_for(waiting[0].get_len() + num_lookahead_slots, self.block_size)
+        encoder = seq_group.get_encoder_seq()
+        if encoder is not None:
+            required += _blocks_for(encoder.get_len(), self.block_size)
+        free = self.block_allocator.get_num_free_blocks(_GPU)
+        counts = dict(
+            required_blocks=required, free_blocks=free, watermark_blocks=self.watermark_blocks
+        )
+        if self.num_total_gpu_blocks - required < self.watermark_blocks:
+            reason = (
+                f"needs {required} GPU blocks but the cache has {self.num_total_gpu_blocks} "
+                f"with {self.watermark_blocks} held back as watermark: it can never fit"
+            )
+            return AllocDecision(AllocStatus.NEVER, reason, **counts)
+        if free - required >= self.watermark_blocks:
+            return AllocDecision(AllocStatus.OK, "", **counts)
+        reason = (
+            f"needs {required} GPU blocks, {free} free and {self.watermark_blocks} "
+            "kept as watermark: wait for blocks to be freed"
+        )
+        return AllocDecision(AllocStatus.LATER, reason, **counts)
+
+    def allocate(self, seq_group: SequenceGroup) -> None:
+        """Tables for the WAITING sequences: one allocated, the others fork it.
+
+        All or nothing: capacity for the decoder and cross-attention tables is
+        checked before any block is taken. Spec: ``allocate``.
+        Complexity: O(prompt blocks * number of WAITING sequences).
+        """
+        waiting = seq_group.get_seqs(_WAITING)
+        if not waiting:
+            raise InvalidSequenceStateError(
+                f"request {seq_group.request_id!r} has no WAITING sequence to allocate"
+            )
+        token_ids = waiting[0].get_token_ids()
+        if not token_ids:
+            raise InvalidSequenceStateError("cannot allocate a block table for an empty prompt")
+        for seq in waiting:
+            if seq.seq_id in self.block_tables:
+                raise SequenceAlreadyAllocatedError(seq.seq_id)
+        encoder = seq_group.get_encoder_seq()
+        if encoder is not None and seq_group.request_id in self.cross_block_tables:
+            raise InvalidSequenceStateError(
+                f"request {seq_group.request_id!r} already has a cross-attention table"
+            )
+        needed = _blocks_for(len(token_ids), self.block_size)
+        if encoder is not None:
+            needed += _blocks_for(encoder.get_len(), self.block_size)
+        free = self.block_allocator.get_num_free_blocks(_GPU)
+        if needed > free:
+            raise NoFreeBlocksError(needed, free, "GPU")
+        table = self._new_table()
+        table.allocate(token_ids)
+        self.block_tables[waiting[0].seq_id] = table
+        for seq in waiting[1:]:
+            self.block_tables[seq.seq_id] = table.fork()
+        if encoder is not None and encoder.get_len() > 0:
+            cross = self._new_table()
+            cross.allocate(encoder.get_token_ids())
+            self.cross_block_tables[seq_group.request_id] = cross
+        self.stats.groups_allocated += 1
+
+    # ------------------------------------------------------------------ decode
+
+    def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
+        """The RUNNING sequences' worst-case touched blocks fit in the free GPU blocks.
+
+        Each touched block needs at most one new block (fresh or CoW copy), so
+        True implies every ``append_slots`` of the step succeeds.
+        Complexity: O(running sequences).
+        """
+        touched = 0
+        for seq in seq_group.get_seqs(_RUNNING):
+            table = self._table(seq)
+            unseen = table.get_unseen_token_ids(seq.get_token_ids())
+            touched += table.get_num_blocks_touched_by_append_slots(unseen, num_lookahead_slots)
+        return touched <= self.block_allocator.get_num_free_blocks(_GPU)
+
+    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+        """Write the sequence's unseen tokens (+ lookahead slots); returns new CoW pairs.
+
+        The pairs are ``(src, dst)`` GPU block ids whose KV must be copied before
+        the next forward pass. Spec: ``append_slots``.
+        Complexity: O(blocks touched + tokens appended).
+        """
+        table = self._table(seq)
+        if num_lookahead_slots < 0:
+            raise InvalidSequenceStateError(
+                f"num_lookahead_slots must be >= 0, got {num_lookahead_slots}"
+            )
+        self._require_on(seq, table, _GPU, "append to")
+        unseen = table.get_unseen_token_ids(seq.get_token_ids())
+        computed = seq.get_num_computed_tokens() if self.max_block_sliding_window else None
+        table.append_token_ids(unseen, num_lookahead_slots, computed)
+        pairs = self.block_allocator.clear_copy_on_writes()
+        self.stats.cow_copies += len(pairs)
+        return pairs
+
+    # ------------------------------------------------------------------ fork and free
+
+    def fork(self, parent_seq: Sequence, child_seq: Sequence) -> None:
+        """The child gets a table sharing all of the parent's blocks. Complexity: O(blocks)."""
+        table = self._table(parent_seq)
+        if child_seq.seq_id in self.block_tables:
+            raise SequenceAlreadyAllocatedError(child_seq.seq_id)
+        self.block_tables[child_seq.seq_id] = table.fork()
+
+    def free(self, seq: Sequence) -> None:
+        """Free the sequence's table; a sequence without one is a no-op. Complexity: O(blocks)."""
+        table = self.block_tables.pop(seq.seq_id, None)
+        if table is not None:
+            table.free()
+
+    def free_cross(self, seq_group: SequenceGroup) -> None:
+        """Free the request's cross-attention table, if any. Complexity: O(blocks)."""
+        table = self.cross_block_tables.pop(seq_group.request_id, None)
+        if table is not None:
+            table.free()
+
+    # ------------------------------------------------------------------ swapping
+
+    def _swap_blocks(self, seqs: list[Sequence], device: Device, what: str) -> list[Block]:
+        if not seqs:
+            status = "RUNNING" if device is _GPU else "SWAPPED"
+            raise InvalidSequenceStateError(f"cannot {what}: the group has no {status} sequence")
+        null = self.block_allocator._null_block
+        blocks: list[Block] = []
+        for seq in seqs:
+            table = self._table(seq)
+            self._require_on(seq, table, device, what)
+            blocks.extend(b for b in table.blocks if b is not null)
+        return blocks
+
+    def can_swap_out(self, seq_group: SequenceGroup) -> bool:
+        """Exact: the CPU has room for every distinct block of the RUNNING sequences."""
+        blocks = self._swap_blocks(seq_group.get_seqs(_RUNNING), _GPU, "swap out")
+        distinct = len({b.block_id for b in blocks})
+        return distinct <= self.block_allocator.get_num_free_blocks(_CPU)
+
+    def _swap(self, seqs: list[Sequence], src: Device, dst: Device) -> list[tuple[int, int]]:
+        blocks = self._swap_blocks(seqs, src, "swap out" if src is _GPU else "swap in")
+        mapping = self.block_allocator.swap(blocks, src, dst)
+        for seq in seqs:
+            self.block_tables[seq.seq_id].refresh_block_ids()
+        phys = self.block_allocator.get_physical_block_id
+        return [(phys(src, s), phys(dst, d)) for s, d in mapping.items()]
+
+    def swap_out(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
+        """Move the RUNNING sequences' blocks to the CPU; returns (gpu, cpu) physical pairs.
+
+        Each distinct block moves once, so shared blocks stay shared.
+        Complexity: O(blocks of the group).
+        """
+        pairs = self._swap(seq_group.get_seqs(_RUNNING), _GPU, _CPU)
+        self.stats.swap_outs += 1
+        self.stats.blocks_swapped_out += len(pairs)
+        return pairs
+
+    def can_swap_in(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocDecision:
+        """Distinct blocks to move + the exact blocks the next append takes after the move.
+
+        NEVER if the GPU has fewer blocks than that, OK if ``free - needed >=
+        watermark``, else LATER. OK implies ``swap_in`` and then ``append_slots``
+        of every sequence succeed. Complexity: O(blocks of the group).
+        """
+        seqs = seq_group.get_seqs(_SWAPPED)
+        blocks = self._swap_blocks(seqs, _CPU, "swap in")
+        needed = len({b.block_id for b in blocks})
+        for seq in seqs:
+            table = self.block_tables[seq.seq_id]
+            unseen = table.get_unseen_token_ids(seq.get_token_ids())
+            needed += table.get_num_blocks_needed_by_append(unseen, num_lookahead_slots)
+        free = self.block_allocator.get_num_free_blocks(_GPU)
+        counts = dict(
+            required_blocks=needed, free_blocks=free, watermark_blocks=self.watermark_blocks
+        )
+        if self.num_total_gpu_blocks < needed:
+            reason = (
+                f"needs {needed} GPU blocks, more than the {self.num_total_gpu_blocks} there are"
+            )
+            return AllocDecision(AllocStatus.NEVER, reason, **counts)
+        if free - needed >= self.watermark_blocks:
+            return AllocDecision(AllocStatus.OK, "", **counts)
+        reason = f"needs {needed} GPU blocks, {free} free, {self.watermark_blocks} watermark"
+        return AllocDecision(AllocStatus.LATER, reason, **counts)
+
+    def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
+        """Move the SWAPPED sequences' blocks to the GPU; returns (cpu, gpu) physical pairs."""
+        pairs = self._swap(seq_group.get_seqs(_SWAPPED), _CPU, _GPU)
+        self.stats.swap_ins += 1
+        self.stats.blocks_swapped_in += len(pairs)
+        return pairs
+
+    # ------------------------------------------------------------------ queries
+
+    def get_block_table(self, seq: Sequence) -> list[int]:
+        """The sequence's block ids in order (GPU ids are physical ids). Complexity: O(1)."""
+        return self._table(seq).physical_block_ids
+
+    def get_cross_block_table(self, seq_group: SequenceGroup) -> list[int]:
+        """The request's cross-attention block ids."""
+        table = self.cross_block_tables.get(seq_group.request_id)
+        if table is None:
+            raise InvalidSequenceStateError(
+                f"request {seq_group.request_id!r} has no cross-attention table"
+            )
+        return table.physical_block_ids
+
+    def get_num_free_gpu_blocks(self) -> int:
+        """Complexity: O(1)."""
+        return self.block_allocator.get_num_free_blocks(_GPU)
+
+    def get_num_free_cpu_blocks(self) -> int:
+        """Complexity: O(1)."""
+        return self.block_allocator.get_num_free_blocks(_CPU)
+
+    def get_gpu_usage(self) -> float:
+        """Fraction of GPU blocks in use (0.0 when there are none)."""
+        total = self.num_total_gpu_blocks
+        return 0.0 if total == 0 else 1.0 - self.get_num_free_gpu_blocks() / total
+
+    def get_cpu_usage(self) -> float:
+        """Fraction of CPU blocks in use (0.0 when there are none)."""
+        total = self.num_total_cpu_blocks
+        return 0.0 if total == 0 else 1.0 - self.get_num_free_cpu_blocks() / total
+
+    # ------------------------------------------------------------------ prefix caching (off)
+
+    def access_all_blocks_in_seq(self, seq: Sequence, now: float) -> None:
+        """No-op: no prefix caching."""
+
+    def mark_blocks_as_computed(self, seq_group: SequenceGroup, token_chunk_size: int) -> None:
+        """No-op: no prefix caching."""
+
+    def get_common_computed_block_ids(self, seqs: list[Sequence]) -> list[int]:
+        """Always ``[]``: nothing is cached."""
+        return []
+
+    def get_prefix_cache_hit_rate(self, device: Device) -> float:
+        """Always -1: caching is off."""
+        return -1.0
+
+    # ------------------------------------------------------------------ verification
+
+    def _view(self, table: BlockTable) -> TableView:
+        null = self.block_allocator._null_block
+        tokens = tuple(None if b is null else tuple(b.token_ids) for b in table.blocks)
+        ids = tuple(b.block_id if b.block_id is not None else -1 for b in table.blocks)
+        return TableView(ids, table.num_full_slots, tokens)
+
+    def to_spec(self) -> ManagerView:
+        """Abstraction function: the observable state as a spec view. Complexity: O(n)."""
+        alloc = self.block_allocator
+        null = alloc._null_block
+        return ManagerView(
+            alloc.get_allocator(_GPU).to_spec(),
+            alloc.get_allocator(_CPU).to_spec(),
+            tuple(sorted((k, self._view(t)) for k, t in self.block_tables.items())),
+            tuple(sorted((k, self._view(t)) for k, t in self.cross_block_tables.items())),
+            None if null is None else null.block_id,
+        )
+
+    def check_invariants(self) -> None:
+        """Check M2 (every block object in exactly one table slot) and I1. Complexity: O(n)."""
+        alloc = self.block_allocator
+        alloc.check_invariants()
+        null = alloc._null_block
+        seen: set[int] = set()
+        counts: dict[tuple[Device, int], int] = {}
+        for table in (*self.block_tables.values(), *self.cross_block_tables.values()):
+            if table.physical_block_ids != [b.block_id for b in table.blocks]:
+                raise InvariantViolationError("M3", "a table's cached ids are stale")
+            for b in table.blocks:
+                if b is null:
+                    continue
+                if id(b) in seen:
+                    raise InvariantViolationError("M2", f"{b} sits in two table slots")
+                seen.add(id(b))
+                if b.block_id is None or type(b) is not NaiveBlock or b.freed:
+                    raise InvariantViolationError("M2", f"a table slot holds a dead block {b}")
+                key = (self._device_of_block(b), b.block_id)
+                counts[key] = counts.get(key, 0) + 1
+        if null is not None and null.block_id is not None:
+            key = (_GPU, null.block_id)
+            counts[key] = counts.get(key, 0) + 1
+        for device in (_GPU, _CPU):
+            pool = alloc.get_allocator(device)
+            for block_id in pool.all_block_ids:
+                rc = pool.refcounter.get(block_id)
+                if rc != counts.get((device, block_id), 0):
+                    raise InvariantViolationError(
+                        "I1",
+                        f"block {block_id} has refcount {rc} but "
+                        f"{counts.get((device, block_id), 0)} table references",
+                    )
+
+    def _device_of_block(self, b: NaiveBlock) -> Device:
+        return _GPU if b.allocator is self.block_allocator.get_allocator(_GPU) else _CPU

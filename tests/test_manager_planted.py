@@ -1,0 +1,83 @@
+"""Self-tests of the manager machine: planted swap and CoW bugs must be caught."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from pagedkv import BlockSpaceManager, Sequence
+from pagedkv_spec.device import Device
+from pagedkv_stateful.manager_machine import ManagerMachine
+
+FIND_FAST = settings(
+    max_examples=400,
+    stateful_step_count=30,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    report_multiple_bugs=False,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+
+
+class SwapsPerSequence(BlockSpaceManager):
+    """vLLM 0.6.3's swap accounting: one allocator.swap per sequence, so a block shared
+    between the sequences of a group is copied once per sequence."""
+
+    def _swap(self, seqs: list[Sequence], src: Device, dst: Device) -> list[tuple[int, int]]:
+        pairs: list[tuple[int, int]] = []
+        for seq in seqs:
+            pairs += super()._swap([seq], src, dst)
+        return pairs
+
+
+class DropsCowPairs(BlockSpaceManager):
+    """Forgets to report copy-on-write pairs: the child's new block never gets the KV."""
+
+    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+        super().append_slots(seq, num_lookahead_slots)
+        return []
+
+
+class WatermarkOffByOne(BlockSpaceManager):
+    """Admission ignores the last free block's watermark check (OK one block too early)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.watermark_blocks = max(0, self.watermark_blocks - 1)
+
+
+def machine_for(manager_cls: type[BlockSpaceManager]) -> type[ManagerMachine]:
+    class Planted(ManagerMachine):
+        def make_impl(
+            self,
+            block_size: int,
+            num_gpu_blocks: int,
+            num_cpu_blocks: int,
+            watermark: float,
+            sliding_window: int | None,
+        ) -> Any:
+            return manager_cls(
+                block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window
+            )
+
+    return Planted
+
+
+@pytest.mark.parametrize(
+    ("manager_cls", "message"),
+    [
+        (SwapsPerSequence, "pool differs|spec|swap"),
+        (DropsCowPairs, "CoW pairs"),
+        (WatermarkOffByOne, "can_allocate|can_swap_in"),
+    ],
+)
+def test_manager_machine_catches_planted_bug(
+    manager_cls: type[BlockSpaceManager], message: str
+) -> None:
+    with pytest.raises(AssertionError, match=message):
+        run_state_machine_as_test(machine_for(manager_cls), settings=FIND_FAST)
