@@ -274,13 +274,30 @@ class BlockTable:
         window scan resumes after the last null entry).
         """
         blocks = self._blocks
-        if not blocks:
-            raise TableNotAllocatedError("append_token_ids")
-        _check_count("num_lookahead_slots", num_lookahead_slots)
         size = self._block_size
         num_tokens = len(token_ids)
         num_full = self._num_full_slots
         first_idx = num_full // size
+        # NOTE: fast path for the common decode step: no window, the tokens fit in
+        # the current block, the lookahead slots exist and the block is private, so
+        # nothing is allocated or copied. Table blocks are live (T1), so the
+        # allocator's per-call checks can be skipped; this is the hot path.
+        if (
+            self._max_block_sliding_window is None
+            and 0 < num_tokens <= size - num_full % size
+            and 0 <= num_lookahead_slots <= len(blocks) * size - num_full - num_tokens
+        ):
+            b = blocks[first_idx]
+            if type(b) is NaiveBlock:
+                pool = b._allocator
+                block_id = b._block_id
+                if block_id is not None and pool._rc[block_id - pool._first] == 1:
+                    b._token_ids.extend(token_ids)
+                    self._num_full_slots = num_full + num_tokens
+                    return
+        if not blocks:
+            raise TableNotAllocatedError("append_token_ids")
+        _check_count("num_lookahead_slots", num_lookahead_slots)
 
         # ---- plan: validate and count everything before the first change
         window = self._max_block_sliding_window

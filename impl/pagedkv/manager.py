@@ -102,6 +102,7 @@ class BlockSpaceManager:
             # block for it; a manager with a window and no GPU block is unusable anyway.
             if num_gpu_blocks > 0:
                 self.block_allocator.allocate_or_get_null_block()
+        self._gpu_pool = self.block_allocator.get_allocator(_GPU)
         self.block_tables: dict[int, BlockTable] = {}
         self.cross_block_tables: dict[str, BlockTable] = {}
         self.stats = ManagerStats()
@@ -122,10 +123,12 @@ class BlockSpaceManager:
         return table
 
     def _device_of(self, table: BlockTable) -> Device | None:
-        for b in table.blocks:
-            if type(b) is NaiveBlock:
-                return _GPU if b.allocator is self.block_allocator.get_allocator(_GPU) else _CPU
-        return None
+        """Where the table's blocks are: its last block is always real (null slots are a
+        prefix and the block being written is never dropped). Complexity: O(1)."""
+        blocks = table._blocks
+        if not blocks or type(blocks[-1]) is not NaiveBlock:
+            return None
+        return _GPU if blocks[-1].allocator is self._gpu_pool else _CPU
 
     def _require_on(self, seq: Sequence, table: BlockTable, device: Device, what: str) -> None:
         where = self._device_of(table)
@@ -222,11 +225,14 @@ class BlockSpaceManager:
         Complexity: O(running sequences).
         """
         touched = 0
+        tables = self.block_tables
         for seq in seq_group.get_seqs(_RUNNING):
-            table = self._table(seq)
+            table = tables.get(seq.seq_id)
+            if table is None:
+                raise UnknownSequenceError(seq.seq_id)
             unseen = table.get_unseen_token_ids(seq.get_token_ids())
             touched += table.get_num_blocks_touched_by_append_slots(unseen, num_lookahead_slots)
-        return touched <= self.block_allocator.get_num_free_blocks(_GPU)
+        return touched <= self._gpu_pool.get_num_free_blocks()
 
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         """Write the sequence's unseen tokens (+ lookahead slots); returns new CoW pairs.
@@ -235,7 +241,9 @@ class BlockSpaceManager:
         the next forward pass. Spec: ``append_slots``.
         Complexity: O(blocks touched + tokens appended).
         """
-        table = self._table(seq)
+        table = self.block_tables.get(seq.seq_id)
+        if table is None:
+            raise UnknownSequenceError(seq.seq_id)
         if num_lookahead_slots < 0:
             raise InvalidSequenceStateError(
                 f"num_lookahead_slots must be >= 0, got {num_lookahead_slots}"
@@ -244,7 +252,9 @@ class BlockSpaceManager:
         unseen = table.get_unseen_token_ids(seq.get_token_ids())
         computed = seq.get_num_computed_tokens() if self.max_block_sliding_window else None
         table.append_token_ids(unseen, num_lookahead_slots, computed)
-        pairs = self.block_allocator.clear_copy_on_writes()
+        if not self._gpu_pool._cow:  # the common case: nothing was copied
+            return []
+        pairs = self._gpu_pool.clear_copy_on_writes()
         self.stats.cow_copies += len(pairs)
         return pairs
 

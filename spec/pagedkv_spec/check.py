@@ -31,6 +31,8 @@ DEFAULT_TARGETS = (
     "pagedkv_spec.harness.prop_free_everything_restores_pool",
     "pagedkv_spec.harness.prop_swap_round_trip",
     "pagedkv_spec.harness.prop_mutable_blocks_fill_in_order",
+    "pagedkv_spec.harness.prop_can_append_implies_append",
+    "pagedkv_spec.harness.prop_manager_swap_round_trip",
 )
 
 

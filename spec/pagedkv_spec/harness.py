@@ -13,6 +13,7 @@ Complexity: irrelevant.
 
 from __future__ import annotations
 
+from pagedkv_spec import manager as M
 from pagedkv_spec.allocator import (
     AllocatorState,
     allocate_immutable_blocks,
@@ -30,6 +31,7 @@ from pagedkv_spec.allocator import (
 from pagedkv_spec.device import Device
 from pagedkv_spec.errors import PagedKVError
 from pagedkv_spec.pool import PoolState, lifo_choice, pool_decref, pool_ok, refcount
+from pagedkv_spec.status import AllocStatus
 
 GPU, CPU = Device.GPU, Device.CPU
 
@@ -73,9 +75,7 @@ def prop_fork_then_cow(num_gpu: int, block_size: int, n_prompt: int, token: int)
     assert 1 <= num_gpu <= 3 and 1 <= block_size <= 3 and 0 <= n_prompt <= 3
     s = initial(num_gpu, 0, block_size)
     try:
-        s, parent = allocate_immutable_blocks(
-            s, None, [[token] * n_prompt], GPU, [_front(s, GPU)]
-        )
+        s, parent = allocate_immutable_blocks(s, None, [[token] * n_prompt], GPU, [_front(s, GPU)])
         s, child = fork(s, parent[-1])
         shared = needs_cow(s, child[-1])
         before = s.gpu.free
@@ -152,3 +152,66 @@ def prop_mutable_blocks_fill_in_order(num_gpu: int, n: int) -> None:
     except PagedKVError:
         assert get_num_free_blocks(s, GPU) == 0
     assert state_ok(s)
+
+
+# ----------------------------------------------------------------------------- manager level
+
+
+def _lifo_table_choice(
+    s: M.ManagerState, seq_id: int, num_tokens: int, lookahead: int
+) -> tuple[int, ...]:
+    """The ids a LIFO allocator ends up with after an append (no sliding window)."""
+    t = s.tables[seq_id]
+    ids = list(M.table_view(s, t).block_ids)
+    free = list(s.alloc.gpu.free)
+    new = M.new_blocks_needed(s, t, num_tokens, lookahead)
+    ids += free[:new]
+    for j, pos in enumerate(M.cow_positions(s, t, num_tokens)):
+        if new + j < len(free):
+            ids[pos] = free[new + j]
+    return tuple(ids)
+
+
+def _admit(s: M.ManagerState, seq_ids: list[int], prompt: list[int]) -> M.ManagerState:
+    need = M.blocks_for(len(prompt), s.alloc.block_size)
+    return M.allocate(s, seq_ids, prompt, list(s.alloc.gpu.free[:need]))
+
+
+def prop_can_append_implies_append(
+    num_gpu: int, block_size: int, prompt_len: int, n_seqs: int, new_tokens: int, lookahead: int
+) -> None:
+    """can_append_slots True => append_slots of every sequence succeeds (can => do)."""
+    assert 1 <= num_gpu <= 4 and 1 <= block_size <= 2 and 1 <= prompt_len <= 3
+    assert 1 <= n_seqs <= 2 and 0 <= new_tokens <= 2 and 0 <= lookahead <= 1
+    s = M.initial(block_size, num_gpu, 0, 0.0)
+    try:
+        s = _admit(s, list(range(n_seqs)), [1] * prompt_len)
+    except PagedKVError:
+        return
+    appends = [(q, new_tokens) for q in range(n_seqs)]
+    if M.can_append_slots(s, appends, lookahead):
+        for q in range(n_seqs):
+            chosen = _lifo_table_choice(s, q, new_tokens, lookahead)
+            s, _pairs = M.append_slots(s, q, [2] * new_tokens, lookahead, prompt_len, chosen)
+    assert M.manager_ok(s)
+
+
+def prop_manager_swap_round_trip(num_gpu: int, num_cpu: int, prompt_len: int, n_seqs: int) -> None:
+    """A group's swap out and back in conserves tokens, sharing and refcounts (M5)."""
+    assert 1 <= num_gpu <= 3 and 0 <= num_cpu <= 3 and 1 <= prompt_len <= 3 and 1 <= n_seqs <= 2
+    s = M.initial(2, num_gpu, num_cpu, 0.0)
+    try:
+        s = _admit(s, list(range(n_seqs)), [1] * prompt_len)
+    except PagedKVError:
+        return
+    seqs = list(range(n_seqs))
+    before = M.view(s)
+    if M.can_swap_out(s, seqs):
+        ids = list(dict.fromkeys(i for q in seqs for i in M.table_view(s, s.tables[q]).block_ids))
+        s, _ = M.swap_out(s, seqs, dict(zip(ids, s.alloc.cpu.free, strict=False)))
+        back = list(dict.fromkeys(i for q in seqs for i in M.table_view(s, s.tables[q]).block_ids))
+        assert M.can_swap_in(s, [(q, 0) for q in seqs]) is not AllocStatus.NEVER
+        s, _ = M.swap_in(s, seqs, dict(zip(back, s.alloc.gpu.free, strict=False)))
+        after = M.view(s)
+        assert [t.token_ids for _, t in after.tables] == [t.token_ids for _, t in before.tables]
+    assert M.manager_ok(s)
