@@ -5,6 +5,11 @@
 It is loaded by default when the ``CI`` environment variable is set; otherwise
 ``dev``. ``HYPOTHESIS_PROFILE=deep`` (or ``pytest --hypothesis-profile=deep``)
 selects the long-run profile.
+
+``dev`` and ``deep`` keep failing examples in the directory named by
+``PAGEDKV_EXAMPLE_DB`` when it is set (the fuzz campaign's shared database,
+see :mod:`pagedkv_stateful.fuzz`), so a failure found anywhere replays first
+here. ``ci`` has no database: it is deterministic.
 """
 
 from __future__ import annotations
@@ -12,14 +17,22 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-__all__ = ["load_default_profile", "register_profiles"]
+__all__ = ["load_default_profile", "register_profiles", "shared_database"]
 
 FAST_PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 
 
+def shared_database() -> ExampleDatabase | None:
+    """The directory database named by ``PAGEDKV_EXAMPLE_DB``, if set."""
+    path = os.environ.get("PAGEDKV_EXAMPLE_DB")
+    return DirectoryBasedExampleDatabase(path) if path else None
+
+
 def register_profiles() -> None:
     """Register ``ci``, ``dev`` and ``deep`` (idempotent)."""
+    shared = shared_database()
     settings.register_profile(
         "ci",
         max_examples=150,
@@ -32,8 +45,7 @@ def register_profiles() -> None:
         print_blob=True,
         suppress_health_check=[HealthCheck.too_slow],
     )
-    settings.register_profile(
-        "dev",
+    dev = settings(
         max_examples=100,
         stateful_step_count=40,
         deadline=None,
@@ -41,8 +53,7 @@ def register_profiles() -> None:
         phases=FAST_PHASES,
         suppress_health_check=[HealthCheck.too_slow],
     )
-    settings.register_profile(
-        "deep",
+    deep = settings(
         max_examples=5_000,
         stateful_step_count=150,
         deadline=None,
@@ -50,6 +61,10 @@ def register_profiles() -> None:
         print_blob=True,
         suppress_health_check=[HealthCheck.too_slow],
     )
+    if shared is not None:
+        dev, deep = settings(dev, database=shared), settings(deep, database=shared)
+    settings.register_profile("dev", dev)
+    settings.register_profile("deep", deep)
 
 
 def load_default_profile() -> str:
