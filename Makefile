@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch (already on disk on our machines); users with a GPU keep their own build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test lint typecheck pytest crosshair bench fuzz clean
+.PHONY: install test lint typecheck pytest crosshair bench fuzz verify clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ crosshair: $(STAMP)
 	$(BIN)/python -m pagedkv_spec.check
 
 test: lint typecheck pytest crosshair
+
+# CrossHair over every contract of the spec, with a deeper budget (CPU s per condition).
+VERIFY_TIMEOUT ?= 60
+verify: $(STAMP)
+	$(BIN)/python -m pagedkv_spec.check --all --timeout $(VERIFY_TIMEOUT)
 
 # A long fuzz campaign on all cores with a shared example database (see README).
 DURATION ?= 10m

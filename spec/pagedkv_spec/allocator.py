@@ -90,22 +90,35 @@ class AllocatorState:
 
 
 def pool_of(s: AllocatorState, device: Device) -> PoolState:
-    """The pool of ``device``."""
+    """The pool of ``device``.
+
+    Exempt: a field accessor the invariant predicates use (a contract calling
+    ``state_ok`` here would recurse).
+    """
     return s.gpu if device is Device.GPU else s.cpu
 
 
 def with_pool(s: AllocatorState, device: Device, p: PoolState) -> AllocatorState:
-    """``s`` with the pool of ``device`` replaced."""
+    """``s`` with the pool of ``device`` replaced.
+
+    Exempt: a field update inside operations, between their pre- and postconditions.
+    """
     return replace(s, gpu=p) if device is Device.GPU else replace(s, cpu=p)
 
 
 def is_live(b: BlockRef) -> bool:
-    """The block object holds a reference to an id."""
+    """The block object holds a reference to an id.
+
+    Exempt: a predicate that contracts call.
+    """
     return not b.freed and b.block_id is not None
 
 
 def refcounts_match_references(s: AllocatorState) -> bool:
-    """I1: every refcount equals the number of live references to its id."""
+    """I1: every refcount equals the number of live references to its id.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     for device in (Device.GPU, Device.CPU):
         p = pool_of(s, device)
         counts = [0] * len(p.refcounts)
@@ -124,17 +137,26 @@ def refcounts_match_references(s: AllocatorState) -> bool:
 
 
 def pools_ok(s: AllocatorState) -> bool:
-    """I2: both pools satisfy the pool invariants."""
+    """I2: both pools satisfy the pool invariants.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     return pool_ok(s.gpu) and pool_ok(s.cpu)
 
 
 def pools_disjoint(s: AllocatorState) -> bool:
-    """I4: GPU ids first, CPU ids right after them."""
+    """I4: GPU ids first, CPU ids right after them.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     return s.gpu.first_id == 0 and s.cpu.first_id == len(s.gpu.refcounts)
 
 
 def cow_pairs_ok(s: AllocatorState) -> bool:
-    """I5 (state part): CoW pairs stay within one pool and copy between distinct ids."""
+    """I5 (state part): CoW pairs stay within one pool and copy between distinct ids.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     return all(
         in_pool(p, src) and in_pool(p, dst) and src != dst
         for p in (s.gpu, s.cpu)
@@ -143,7 +165,10 @@ def cow_pairs_ok(s: AllocatorState) -> bool:
 
 
 def blocks_ok(s: AllocatorState) -> bool:
-    """I6: tokens fit, predecessors are earlier handles, live ids are in their pool."""
+    """I6: tokens fit, predecessors are earlier handles, live ids are in their pool.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     for h, b in enumerate(s.blocks):
         if len(b.token_ids) > s.block_size:
             return False
@@ -155,7 +180,10 @@ def blocks_ok(s: AllocatorState) -> bool:
 
 
 def state_ok(s: AllocatorState) -> bool:
-    """All allocator invariants I1–I6."""
+    """All allocator invariants I1–I6.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     return (
         s.block_size >= 1
         and pools_ok(s)
@@ -171,6 +199,8 @@ def state_ok(s: AllocatorState) -> bool:
 
 def initial(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> AllocatorState:
     """A fresh allocator: GPU ids ``0..G-1``, CPU ids ``G..G+C-1``, all free."""
+    assert isinstance(num_gpu_blocks, int) and isinstance(num_cpu_blocks, int)
+    assert isinstance(block_size, int)
     if block_size < 1:
         raise InvalidAllocatorConfigError(f"block_size must be >= 1, got {block_size}")
     if num_gpu_blocks < 0 or num_cpu_blocks < 0:
@@ -189,42 +219,60 @@ def initial(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> Alloca
 
 def block(s: AllocatorState, handle: int) -> BlockRef:
     """The block object named by ``handle``; an unknown handle is a foreign block."""
+    assert isinstance(handle, int)
     if not 0 <= handle < len(s.blocks):
         raise ForeignBlockError(None, f"unknown block handle {handle}")
-    return s.blocks[handle]
+    out = s.blocks[handle]
+    assert out is s.blocks[handle]
+    return out
 
 
 def get_num_free_blocks(s: AllocatorState, device: Device) -> int:
     """Free blocks on ``device``."""
-    return num_free(pool_of(s, device))
+    assert pools_ok(s)
+    out = num_free(pool_of(s, device))
+    assert 0 <= out <= len(pool_of(s, device).refcounts)
+    return out
 
 
 def get_num_total_blocks(s: AllocatorState, device: Device) -> int:
     """Blocks owned by ``device``."""
-    return len(pool_of(s, device).refcounts)
+    assert pools_ok(s)
+    out = len(pool_of(s, device).refcounts)
+    assert out >= num_free(pool_of(s, device))
+    return out
 
 
 def get_physical_block_id(s: AllocatorState, device: Device, block_id: int) -> int:
     """Device-local index of an absolute id of ``device``."""
+    assert pools_disjoint(s)
     p = pool_of(s, device)
     if not in_pool(p, block_id):
         raise ForeignBlockError(block_id, f"not an id of the {device.name} pool")
-    return block_id - p.first_id
+    out = block_id - p.first_id
+    assert 0 <= out < len(p.refcounts)
+    return out
 
 
 def get_num_full_blocks_touched(s: AllocatorState, handles: Sequence[int]) -> int:
     """Number of distinct block objects among ``handles`` that are full."""
-    return len({h for h in handles if len(block(s, h).token_ids) == s.block_size})
+    assert s.block_size >= 1
+    out = len({h for h in handles if len(block(s, h).token_ids) == s.block_size})
+    assert 0 <= out <= len(handles)
+    return out
 
 
 def chain(s: AllocatorState, last: int) -> tuple[int, ...]:
     """Handles of the chain ending at ``last``, first block first."""
+    assert blocks_ok(s) and 0 <= last < len(s.blocks), "predecessors are earlier: it ends"
     out: list[int] = []
     h: int | None = last
     while h is not None:
         out.append(h)
         h = s.blocks[h].prev
-    return tuple(reversed(out))
+    result = tuple(reversed(out))
+    assert result[-1] == last and list(result) == sorted(result)
+    return result
 
 
 # ----------------------------------------------------------------------------- operations
@@ -279,6 +327,7 @@ def allocate_immutable_block(
     s: AllocatorState, prev: int | None, token_ids: Sequence[int], device: Device, chosen: int
 ) -> tuple[AllocatorState, int]:
     """One new block holding ``token_ids``; returns its handle."""
+    assert state_ok(s)
     out, handles = allocate_immutable_blocks(s, prev, [token_ids], device, [chosen])
     return out, handles[0]
 
@@ -287,6 +336,7 @@ def allocate_mutable_block(
     s: AllocatorState, prev: int | None, device: Device, chosen: int
 ) -> tuple[AllocatorState, int]:
     """One new empty block; returns its handle."""
+    assert state_ok(s)
     out, handles = allocate_immutable_blocks(s, prev, [()], device, [chosen])
     return out, handles[0]
 
@@ -347,14 +397,18 @@ def fork_blocks(
 
 def fork(s: AllocatorState, last: int) -> tuple[AllocatorState, tuple[int, ...]]:
     """Fork the chain of ``prev`` links ending at ``last`` (first block first)."""
+    assert state_ok(s)
     block(s, last)
     return fork_blocks(s, chain(s, last))
 
 
 def needs_cow(s: AllocatorState, handle: int) -> bool:
     """Appending to this block would copy it first (its id is shared)."""
+    assert 0 <= handle < len(s.blocks) and state_ok(s)
     b = s.blocks[handle]
-    return b.block_id is not None and refcount(pool_of(s, b.device), b.block_id) > 1
+    out = b.block_id is not None and refcount(pool_of(s, b.device), b.block_id) > 1
+    assert not out or b.block_id is not None
+    return out
 
 
 def append_token_ids(

@@ -8,17 +8,31 @@ one line per target (confirmed over all paths / no counterexample within the
 time limit / FAILED with CrossHair's report) and exits 1 if any target failed.
 
 ``--timeout`` is CPU seconds per condition (default 10, ``make verify`` uses more).
+
+``--all`` (``make verify``) checks every public function of the spec modules
+that has a contract (leading ``assert``s); a public function without one must
+say why in its docstring (a line starting ``Exempt:``), else the pass fails.
+Spec operations raise typed errors on misuse by design, and CrossHair counts
+any exception as a failure, so under ``--all`` each function is checked
+through a generated wrapper with the same leading asserts that calls it and
+accepts a :class:`~pagedkv_spec.errors.PagedKVError`; the function's own pre-
+and postconditions still run inside.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
+import inspect
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 DEFAULT_TARGETS = (
     "pagedkv_spec.pool.pool_take",
@@ -36,6 +50,95 @@ DEFAULT_TARGETS = (
 )
 
 
+SPEC_MODULES = (
+    "pagedkv_spec.pool",
+    "pagedkv_spec.allocator",
+    "pagedkv_spec.manager",
+    "pagedkv_spec.harness",
+)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Public spec functions by kind: with contracts, exempt (with reason), or neither."""
+
+    contracts: list[str]
+    exempt: list[tuple[str, str]]
+    missing: list[str]
+
+
+def contract_inventory(modules: tuple[str, ...] = SPEC_MODULES) -> Inventory:
+    """Classify every public top-level function of ``modules``."""
+    inv = Inventory([], [], [])
+    for name in modules:
+        tree = ast.parse(inspect.getsource(importlib.import_module(name)))
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node) or ""
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            target = f"{name}.{node.name}"
+            if body and isinstance(body[0], ast.Assert):
+                inv.contracts.append(target)
+            elif "Exempt:" in doc:
+                inv.exempt.append((target, " ".join(doc.split("Exempt:", 1)[1].split())))
+            else:
+                inv.missing.append(target)
+    return inv
+
+
+WRAPPER_SUFFIX = "__contract"
+
+
+def _wrapper(node: ast.FunctionDef) -> str:
+    """Source of ``<name>__contract``: same signature and leading asserts, calls the
+    function and accepts its typed errors."""
+    body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+    asserts = []
+    for stmt in body:
+        if not isinstance(stmt, ast.Assert):
+            break
+        asserts.append("    " + ast.unparse(stmt))
+    args = node.args
+    names = [a.arg for a in args.posonlyargs + args.args]
+    call = ", ".join(names + [f"{a.arg}={a.arg}" for a in args.kwonlyargs])
+    return "\n".join(
+        [
+            f"def {node.name}{WRAPPER_SUFFIX}({ast.unparse(args)}) -> None:",
+            *asserts,
+            "    try:",
+            f"        _m.{node.name}({call})",
+            "    except PagedKVError:",
+            "        pass",
+            "",
+        ]
+    )
+
+
+def write_wrappers(targets: list[str], folder: Path) -> list[str]:
+    """Write one wrapper module per spec module into ``folder``; returns wrapper targets."""
+    by_module: dict[str, list[str]] = {}
+    for target in targets:
+        module_name, _, func = target.rpartition(".")
+        by_module.setdefault(module_name, []).append(func)
+    out: list[str] = []
+    for module_name, funcs in by_module.items():
+        tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
+        nodes = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        wrapper_module = "contracts_" + module_name.replace(".", "_")
+        lines = [
+            "from __future__ import annotations",
+            f"import {module_name} as _m",
+            "from pagedkv_spec.errors import PagedKVError",
+            "globals().update({k: v for k, v in vars(_m).items() if not k.startswith('__')})",
+            "",
+        ]
+        lines += [_wrapper(nodes[f]) for f in funcs]
+        (folder / f"{wrapper_module}.py").write_text("\n".join(lines))
+        out += [f"{wrapper_module}.{f}{WRAPPER_SUFFIX}" for f in funcs]
+    return out
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The outcome of one CrossHair target."""
@@ -46,7 +149,7 @@ class Verdict:
     report: str
 
 
-def check_target(target: str, timeout: float) -> Verdict:
+def check_target(target: str, timeout: float, extra_path: str = "") -> Verdict:
     """Run CrossHair on one function (``module.function`` or ``path.py:function``)."""
     cmd = [
         sys.executable,
@@ -58,8 +161,11 @@ def check_target(target: str, timeout: float) -> Verdict:
         "--report_all",
         target,
     ]
+    env = dict(os.environ)
+    if extra_path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, env.get("PYTHONPATH")) if p)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     seconds = time.perf_counter() - start
     report = (proc.stdout + proc.stderr).strip()
     if proc.returncode != 0 or ": error:" in report:
@@ -68,7 +174,11 @@ def check_target(target: str, timeout: float) -> Verdict:
         status = "confirmed"
     else:
         status = "time limit"
-    return Verdict(target, status, seconds, report)
+    name = target.removesuffix(WRAPPER_SUFFIX)
+    if name != target:  # report the spec function, not its generated wrapper
+        name = "pagedkv_spec." + name.split(".", 1)[0].removeprefix("contracts_pagedkv_spec_")
+        name += "." + target.rsplit(".", 1)[1].removesuffix(WRAPPER_SUFFIX)
+    return Verdict(name, status, seconds, report)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,10 +187,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("targets", nargs="*", help="functions to check (default: the spec's)")
     parser.add_argument("--timeout", type=float, default=10.0, help="CPU s per condition")
     parser.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    parser.add_argument("--all", action="store_true", help="every contract of the spec")
     args = parser.parse_args(argv)
     targets = args.targets or list(DEFAULT_TARGETS)
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        verdicts = list(pool.map(lambda t: check_target(t, args.timeout), targets))
+    if args.all:
+        inv = contract_inventory()
+        print(f"spec contracts: {len(inv.contracts)} checked, {len(inv.exempt)} exempt")
+        for target, reason in inv.exempt:
+            print(f"  exempt  {target}: {reason}")
+        if inv.missing:
+            print(f"FAILED: public spec functions without a contract or reason: {inv.missing}")
+            return 1
+    with tempfile.TemporaryDirectory() as folder:
+        extra = ""
+        if args.all:
+            targets = write_wrappers(inv.contracts, Path(folder))
+            extra = folder
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            verdicts = list(pool.map(lambda t: check_target(t, args.timeout, extra), targets))
     width = max(len(v.target) for v in verdicts)
     print(f"CrossHair pass: {len(verdicts)} targets, {args.timeout:g} s per condition")
     for v in verdicts:

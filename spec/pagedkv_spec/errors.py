@@ -20,11 +20,13 @@ __all__ = [
     "BlockWithoutIdError",
     "CachingNotSupportedError",
     "DoubleFreeError",
+    "DuplicateRequestError",
     "DuplicateSequenceIdError",
     "ForeignBlockError",
     "InvalidAllocatorConfigError",
     "InvalidBlockTableArgumentError",
     "InvalidKVCacheConfigError",
+    "InvalidSchedulerConfigError",
     "InvalidSequenceError",
     "InvalidSequenceStateError",
     "InvalidSwapError",
@@ -36,14 +38,17 @@ __all__ = [
     "KVTensorMismatchError",
     "NoFreeBlocksError",
     "NullBlockError",
+    "OptionalDependencyError",
     "PagedKVError",
     "RefCountError",
+    "SchedulerError",
     "SequenceAlreadyAllocatedError",
     "SequenceNotInGroupError",
     "StaleBlockError",
     "TableAlreadyAllocatedError",
     "TableNotAllocatedError",
     "UnknownSequenceError",
+    "WorkloadError",
 ]
 
 
@@ -349,4 +354,55 @@ class KVTensorMismatchError(KVCacheError):
         self.actual = actual
         super().__init__(
             f"{name}: expected {expected}, got {actual}; convert the argument before the call"
+        )
+
+
+# --------------------------------------------------------------------------- scheduler
+
+
+class SchedulerError(PagedKVError):
+    """Misuse of the scheduler, or a simulator workload that cannot be built."""
+
+
+class InvalidSchedulerConfigError(SchedulerError, ValueError):
+    """Bad scheduler or simulator settings (unknown preemption mode, negative budget, ...)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class DuplicateRequestError(SchedulerError, ValueError):
+    """``add_seq_group`` with a request id, or a sequence id, that is already queued."""
+
+    def __init__(self, request_id: str, detail: str) -> None:
+        self.request_id = request_id
+        self.detail = detail
+        super().__init__(
+            f"request {request_id!r}: {detail}; give every request and sequence a fresh id "
+            "(Scheduler.next_seq_id() hands out unused sequence ids)"
+        )
+
+
+class WorkloadError(SchedulerError, ValueError):
+    """A workload cannot be built: unknown preset, unreadable or malformed trace line."""
+
+    def __init__(self, source: str, detail: str, line: int | None = None) -> None:
+        self.source = source
+        self.line = line
+        self.detail = detail
+        where = source if line is None else f"{source}, line {line}"
+        super().__init__(f"{where}: {detail}")
+
+
+class OptionalDependencyError(SchedulerError, ImportError):
+    """A feature needs a package that is not installed (e.g. ``--plot`` needs matplotlib)."""
+
+    def __init__(self, feature: str, package: str, extra: str) -> None:
+        self.feature = feature
+        self.package = package
+        self.extra = extra
+        super().__init__(
+            f"{feature} needs {package}, which is not installed; "
+            f"install it with: pip install 'pagedkv[{extra}]'"
         )

@@ -108,11 +108,33 @@ class ManagerView:
 
 def block_size(s: ManagerState) -> int:
     """Token slots per block."""
-    return s.alloc.block_size
+    assert s.alloc.block_size >= 1
+    out = s.alloc.block_size
+    assert out >= 1
+    return out
+
+
+def table_ok(s: ManagerState, t: TableRef) -> bool:
+    """``t`` is readable in ``s``: slots are NULL (with a null block) or handles of blocks
+    holding an id, the fill fits, the block size is positive.
+
+    Exempt: a predicate that contracts call.
+    """
+    size = s.alloc.block_size
+    return (
+        size >= 1
+        and 0 <= t.num_full_slots <= len(t.handles) * size
+        and all(
+            (h == NULL and s.alloc.null_id is not None)
+            or (0 <= h < len(s.alloc.blocks) and s.alloc.blocks[h].block_id is not None)
+            for h in t.handles
+        )
+    )
 
 
 def table_view(s: ManagerState, t: TableRef) -> TableView:
     """Ids and tokens of a table."""
+    assert table_ok(s, t)
     ids: list[int] = []
     tokens: list[tuple[int, ...] | None] = []
     for h in t.handles:
@@ -125,48 +147,69 @@ def table_view(s: ManagerState, t: TableRef) -> TableView:
             assert b.block_id is not None, "table names a block without id"
             ids.append(b.block_id)
             tokens.append(b.token_ids)
-    return TableView(tuple(ids), t.num_full_slots, tuple(tokens))
+    out = TableView(tuple(ids), t.num_full_slots, tuple(tokens))
+    assert len(out.block_ids) == len(out.token_ids) == len(t.handles)
+    return out
 
 
 def view(s: ManagerState) -> ManagerView:
     """The observable state (abstraction target of the implementation)."""
-    return ManagerView(
+    assert manager_ok(s)
+    out = ManagerView(
         s.alloc.gpu,
         s.alloc.cpu,
         tuple(sorted((k, table_view(s, t)) for k, t in s.tables.items())),
         tuple(sorted((k, table_view(s, t)) for k, t in s.cross.items())),
         s.alloc.null_id,
     )
+    assert len(out.tables) == len(s.tables) and len(out.cross) == len(s.cross)
+    return out
 
 
 def table_device(s: ManagerState, t: TableRef) -> Device | None:
     """Where a table's real blocks are (None if it has none)."""
+    assert table_ok(s, t)
+    out = None
     for h in t.handles:
         if h != NULL:
-            return s.alloc.blocks[h].device
-    return None
+            out = s.alloc.blocks[h].device
+            break
+    assert (out is None) == all(h == NULL for h in t.handles)
+    return out
 
 
 def real_handles(t: TableRef) -> tuple[int, ...]:
     """The table's handles without null slots."""
-    return tuple(h for h in t.handles if h != NULL)
+    assert isinstance(t.handles, tuple)
+    out = tuple(h for h in t.handles if h != NULL)
+    assert NULL not in out and len(out) <= len(t.handles)
+    return out
 
 
 def distinct_ids(s: ManagerState, tables: Sequence[TableRef]) -> int:
     """Number of distinct block ids held by ``tables`` (null block excluded)."""
-    return len({s.alloc.blocks[h].block_id for t in tables for h in real_handles(t)})
+    assert all(table_ok(s, t) for t in tables)
+    out = len({s.alloc.blocks[h].block_id for t in tables for h in real_handles(t)})
+    assert 0 <= out <= sum(len(t.handles) for t in tables)
+    return out
 
 
 # ----------------------------------------------------------------------------- predicates
 
 
 def allocator_ok(s: ManagerState) -> bool:
-    """M1."""
+    """M1.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     return A.state_ok(s.alloc)
 
 
 def ownership_ok(s: ManagerState) -> bool:
-    """M2: live block objects and table slots correspond one to one."""
+    """M2: live block objects and table slots correspond one to one.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     slots = [h for t in (*s.tables.values(), *s.cross.values()) for h in t.handles]
     real = [h for h in slots if h != NULL]
     if len(set(real)) != len(real):
@@ -178,7 +221,10 @@ def ownership_ok(s: ManagerState) -> bool:
 
 
 def tables_shaped_ok(s: ManagerState) -> bool:
-    """M3: block fill follows num_full_slots; one device per table."""
+    """M3: block fill follows num_full_slots; one device per table.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     size = block_size(s)
     for t in (*s.tables.values(), *s.cross.values()):
         if not t.handles or not 0 <= t.num_full_slots <= len(t.handles) * size:
@@ -194,7 +240,10 @@ def tables_shaped_ok(s: ManagerState) -> bool:
 
 
 def null_prefix_ok(s: ManagerState) -> bool:
-    """M4: null slots only before every real slot."""
+    """M4: null slots only before every real slot.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     for t in (*s.tables.values(), *s.cross.values()):
         n = 0
         while n < len(t.handles) and t.handles[n] == NULL:
@@ -205,7 +254,10 @@ def null_prefix_ok(s: ManagerState) -> bool:
 
 
 def manager_ok(s: ManagerState) -> bool:
-    """M1–M4 and a sane watermark."""
+    """M1–M4 and a sane watermark.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     return (
         s.watermark_blocks >= 0
         and allocator_ok(s)
@@ -217,17 +269,26 @@ def manager_ok(s: ManagerState) -> bool:
 
 def watermark_status(num_gpu: int, free: int, required: int, watermark: int) -> AllocStatus:
     """The admission rule (see module docstring)."""
+    assert 0 <= free <= num_gpu and required >= 0 and watermark >= 0
     if num_gpu - required < watermark:
-        return AllocStatus.NEVER
-    if free - required >= watermark:
-        return AllocStatus.OK
-    return AllocStatus.LATER
+        out = AllocStatus.NEVER
+    elif free - required >= watermark:
+        out = AllocStatus.OK
+    else:
+        out = AllocStatus.LATER
+    assert out is not AllocStatus.OK or required <= free, "OK leaves the watermark free"
+    assert out is not AllocStatus.NEVER or required > num_gpu - watermark, "NEVER is final"
+    assert out is not AllocStatus.LATER or required <= num_gpu - watermark, "LATER can fit"
+    return out
 
 
 def swap_conserves(
     before: ManagerState, after: ManagerState, seq_ids: Sequence[int], mapping: Mapping[int, int]
 ) -> bool:
-    """M5: a swap moved each distinct id once and kept tokens, null slots and references."""
+    """M5: a swap moved each distinct id once and kept tokens, null slots and references.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     if len(set(mapping.values())) != len(mapping):
         return False
     src = {b.device for b in before.alloc.blocks if b.block_id in mapping}
@@ -264,6 +325,7 @@ def initial(
     sliding_window: int | None = None,
 ) -> ManagerState:
     """A manager with every block free (the null block taken when there is a window)."""
+    assert isinstance(block_size, int) and isinstance(num_gpu_blocks, int)
     if not 0.0 <= watermark < 1.0:
         raise InvalidAllocatorConfigError(f"watermark must be in [0, 1), got {watermark}")
     if sliding_window is not None and sliding_window < 1:
@@ -283,7 +345,10 @@ def initial(
 
 def blocks_for(num_tokens: int, size: int) -> int:
     """``ceil(num_tokens / size)``."""
-    return -(-num_tokens // size)
+    assert size >= 1
+    out = -(-num_tokens // size)
+    assert (out - 1) * size < num_tokens <= out * size
+    return out
 
 
 def can_allocate(
@@ -394,30 +459,40 @@ def _on(s: ManagerState, seq_id: int, t: TableRef, device: Device, operation: st
 
 def touched_by_append(s: ManagerState, t: TableRef, num_tokens: int, lookahead: int) -> int:
     """vLLM's worst case: blocks the append of ``num_tokens + lookahead`` slots writes into."""
+    assert table_ok(s, t) and num_tokens >= 0 and lookahead >= 0
     size = block_size(s)
     first = size - t.num_full_slots % size
-    return 1 + blocks_for(num_tokens + lookahead - first, size)
+    out = 1 + blocks_for(num_tokens + lookahead - first, size)
+    assert out >= 0 and (out == 0) == (num_tokens + lookahead == 0 and first == size)
+    return out
 
 
 def window_drops(s: ManagerState, t: TableRef, num_computed: int) -> tuple[int, ...]:
     """Slot indexes a sliding-window append frees and replaces with the null block."""
+    assert table_ok(s, t) and num_computed >= 0
     if s.window_blocks is None:
         return ()
     # Capped at the block being written: the window never drops a block still to be filled.
     size = block_size(s)
     end = min(num_computed // size - s.window_blocks, t.num_full_slots // size)
-    return tuple(i for i in range(max(0, end)) if t.handles[i] != NULL)
+    out = tuple(i for i in range(max(0, end)) if t.handles[i] != NULL)
+    assert all(i < t.num_full_slots // size for i in out), "never the block being written"
+    return out
 
 
 def new_blocks_needed(s: ManagerState, t: TableRef, num_tokens: int, lookahead: int) -> int:
     """Blocks ``ensure_num_empty_slots`` adds for ``num_tokens + lookahead`` slots."""
+    assert table_ok(s, t) and num_tokens >= 0 and lookahead >= 0
     size = block_size(s)
     empty = len(t.handles) * size - t.num_full_slots
-    return blocks_for(max(0, num_tokens + lookahead - empty), size)
+    out = blocks_for(max(0, num_tokens + lookahead - empty), size)
+    assert out >= 0 and empty + out * size >= num_tokens + lookahead
+    return out
 
 
 def cow_positions(s: ManagerState, t: TableRef, num_tokens: int) -> tuple[int, ...]:
     """Existing slots the write touches whose id is shared (each copies on write)."""
+    assert table_ok(s, t) and num_tokens >= 0
     if num_tokens == 0:
         return ()
     size = block_size(s)
@@ -431,7 +506,10 @@ def cow_positions(s: ManagerState, t: TableRef, num_tokens: int) -> tuple[int, .
 
 def append_need(s: ManagerState, t: TableRef, num_tokens: int, lookahead: int) -> int:
     """Exact free blocks an append needs (new blocks + copy-on-writes), before window frees."""
-    return new_blocks_needed(s, t, num_tokens, lookahead) + len(cow_positions(s, t, num_tokens))
+    assert table_ok(s, t) and num_tokens >= 0 and lookahead >= 0
+    out = new_blocks_needed(s, t, num_tokens, lookahead) + len(cow_positions(s, t, num_tokens))
+    assert out <= touched_by_append(s, t, num_tokens, lookahead), "exact need <= worst case"
+    return out
 
 
 def can_append_slots(
@@ -606,6 +684,7 @@ def swap_out(
     s: ManagerState, seq_ids: Sequence[int], mapping: Mapping[int, int]
 ) -> tuple[ManagerState, tuple[tuple[int, int], ...]]:
     """Move the RUNNING sequences' blocks GPU -> CPU; returns physical (gpu, cpu) pairs."""
+    assert manager_ok(s)
     return _swap(s, seq_ids, GPU, CPU, mapping)
 
 
@@ -613,4 +692,5 @@ def swap_in(
     s: ManagerState, seq_ids: Sequence[int], mapping: Mapping[int, int]
 ) -> tuple[ManagerState, tuple[tuple[int, int], ...]]:
     """Move the SWAPPED sequences' blocks CPU -> GPU; returns physical (cpu, gpu) pairs."""
+    assert manager_ok(s)
     return _swap(s, seq_ids, CPU, GPU, mapping)

@@ -52,12 +52,18 @@ def pool_initial(first_id: int, num_blocks: int) -> PoolState:
 
 
 def in_pool(p: PoolState, block_id: int) -> bool:
-    """``block_id`` is one of the pool's absolute ids."""
+    """``block_id`` is one of the pool's absolute ids.
+
+    Exempt: a predicate that contracts call.
+    """
     return p.first_id <= block_id < p.first_id + len(p.refcounts)
 
 
 def pool_ids_ok(p: PoolState) -> bool:
-    """P1: free and CoW ids are pool ids; the free list has no duplicates."""
+    """P1: free and CoW ids are pool ids; the free list has no duplicates.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     return (
         all(in_pool(p, b) for b in p.free)
         and len(set(p.free)) == len(p.free)
@@ -66,23 +72,35 @@ def pool_ids_ok(p: PoolState) -> bool:
 
 
 def free_is_rc_zero(p: PoolState) -> bool:
-    """P2: an id is free iff its refcount is 0."""
+    """P2: an id is free iff its refcount is 0.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     zero = {p.first_id + i for i, rc in enumerate(p.refcounts) if rc == 0}
     return set(p.free) == zero
 
 
 def refcounts_ok(p: PoolState) -> bool:
-    """P3: no negative refcount."""
+    """P3: no negative refcount.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     return all(rc >= 0 for rc in p.refcounts)
 
 
 def cow_pairs_ok(p: PoolState) -> bool:
-    """P5: a CoW pair copies between two distinct ids."""
+    """P5: a CoW pair copies between two distinct ids.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     return all(s != d for s, d in p.cow)
 
 
 def pool_ok(p: PoolState) -> bool:
-    """All pool invariants P1–P5."""
+    """All pool invariants P1–P5.
+
+    Exempt: an invariant predicate; contracts call it.
+    """
     return (
         p.first_id >= 0
         and pool_ids_ok(p)
@@ -93,7 +111,10 @@ def pool_ok(p: PoolState) -> bool:
 
 
 def lifo_choice(p: PoolState, chosen: tuple[int, ...]) -> bool:
-    """Policy: ``chosen`` (taken one after another) are the front of the free list."""
+    """Policy: ``chosen`` (taken one after another) are the front of the free list.
+
+    Exempt: a policy predicate; the machines call it.
+    """
     return chosen == p.free[: len(chosen)]
 
 
@@ -108,12 +129,18 @@ def refcount(p: PoolState, block_id: int) -> int:
 
 def num_free(p: PoolState) -> int:
     """Number of free blocks."""
-    return len(p.free)
+    assert pool_ok(p)
+    out = len(p.free)
+    assert 0 <= out <= len(p.refcounts)
+    return out
 
 
 def num_total(p: PoolState) -> int:
     """Number of blocks the pool owns."""
-    return len(p.refcounts)
+    assert pool_ok(p)
+    out = len(p.refcounts)
+    assert out >= num_free(p)
+    return out
 
 
 def physical_id(p: PoolState, block_id: int) -> int:
