@@ -1,0 +1,459 @@
+"""KV-byte conservation: :class:`pagedkv.BlockSpaceManager` + :class:`pagedkv.KVCacheEngine`.
+
+The manager decides which blocks a sequence owns and returns the copies the
+worker must make (swap-out, swap-in and copy-on-write pairs); the engine holds
+the bytes. This machine runs both together with a deterministic toy model and
+proves the property users care about:
+
+    KV1  every live sequence reads back, for each of its computed positions and
+         each layer, exactly the K/V vectors that were written for that position.
+
+The toy model writes, for token ``t`` at position ``p`` of layer ``l``, a vector
+that encodes ``(lineage, p, t, l, head)``, where the *lineage* is the id of the
+sequence that computed position ``p``: a fork shares its parent's prefix, so
+those positions keep the parent's id; a recomputed sequence owns all of its
+positions again. Any misplaced, stale, lost or never-copied byte shows up as a
+mismatch, and the failure message decodes which KV was found instead.
+
+Rules are vLLM's events: ``admit`` (can_allocate, allocate, prefill), ``fork``,
+``finish_seq``, ``preempt_by_recompute`` and the scheduler steps ``decode``,
+``swap_out`` and ``swap_in``. A step is led by its operation on one request and
+co-schedules drawn actions for the other live requests, so one step can mix
+swap-outs, swap-ins (each followed by the sequences' ``append_slots``) and
+decodes. Its copies are then applied in a fixed order
+(:meth:`KVMachine.apply_copies`):
+
+    swap-out pairs, swap-in pairs, copy-on-write pairs, then the forward-pass writes,
+
+which is the order the manager handed the blocks out in: a swap-in or a CoW
+destination may be a GPU block that a swap-out freed earlier in the same step,
+and a CoW source may be a block that was just swapped in. (vLLM 0.6.3's worker
+applies swap-in before swap-out; its scheduler never swaps in during a step that
+preempts, so it does not meet the first hazard. This machine does.)
+
+Ids: the manager's GPU ids are the engine's GPU-tier ids; absolute CPU ids are
+``num_gpu_blocks + cpu tier id``; swap pairs come back as per-tier physical ids.
+
+Reuse: override :meth:`make_manager` / :meth:`make_engine` to test other
+implementations, or :meth:`apply_swap_out`, :meth:`apply_swap_in`,
+:meth:`apply_cow` or :meth:`apply_copies` to plant bugs in the worker's side.
+Sliding windows and lookahead slots are not exercised here (the manager
+lockstep machine covers their block accounting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from hypothesis import event
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from pagedkv import (
+    BlockSpaceManager,
+    CopyHandle,
+    KVCacheEngine,
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+)
+from pagedkv.errors import KVCacheError
+from pagedkv_spec.device import Device
+from pagedkv_spec.status import AllocStatus
+
+__all__ = ["NUM_LAYERS", "KVMachine", "Pairs", "toy_kv"]
+
+NUM_LAYERS = 2
+MAX_SEQS = 3  # sequences per request (vLLM's n), forks included
+HEAD_SIZE = 4  # lineage, position, token, layer/head code
+WAITING, RUNNING, SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
+FINISHED = SequenceStatus.FINISHED_STOPPED
+
+Pairs = list[tuple[int, int]]
+
+
+def toy_kv(
+    lineages: list[int], positions: list[int], tokens: list[int], layer: int, num_heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The toy model's ``(key, value)``, each ``(n, num_heads, HEAD_SIZE)`` float32.
+
+    ``key[i, h] = (lineage + 1, position + 1, token + 1, 16 * layer + h + 1)`` and
+    ``value = -key``: small exact integers, never all zero (a block nobody wrote
+    reads as zeros), and decodable back to their origin. Complexity: O(n * heads).
+    """
+    codes = [16 * layer + h + 1 for h in range(num_heads)]
+    rows = zip(lineages, positions, tokens, strict=True)
+    key = [[[lin + 1, pos + 1, tok + 1, c] for c in codes] for lin, pos, tok in rows]
+    t = torch.tensor(key, dtype=torch.float32).reshape(len(positions), num_heads, HEAD_SIZE)
+    return t, -t
+
+
+def _describe(vector: torch.Tensor) -> str:
+    """What a stored key vector (one head) encodes, for failure messages."""
+    if not bool(vector.any()):
+        return "zeros (never written)"
+    lin, pos, tok, code = (int(x) - 1 for x in vector.tolist())
+    return f"seq {lin}'s KV of position {pos}, token {tok}, layer {code // 16}"
+
+
+class KVMachine(RuleBasedStateMachine):
+    """Drives a block manager and a KV cache engine as a scheduler and worker would.
+
+    State: ``groups`` (live request id -> group), ``writers[seq_id]`` (lineage of
+    each computed position of a live sequence; its length is the number of
+    computed tokens). The engine's bytes are never mirrored: expected K/V are
+    recomputed from ``writers`` and the tokens with :func:`toy_kv`.
+    """
+
+    def make_manager(
+        self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float
+    ) -> BlockSpaceManager:
+        """The block manager under test. Override to test another implementation."""
+        return BlockSpaceManager(block_size, num_gpu_blocks, num_cpu_blocks, watermark)
+
+    def make_engine(
+        self, num_kv_heads: int, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int
+    ) -> KVCacheEngine:
+        """The KV cache under test (float32 on the CPU). Override to test another."""
+        return KVCacheEngine(
+            NUM_LAYERS,
+            num_kv_heads,
+            HEAD_SIZE,
+            block_size,
+            num_gpu_blocks,
+            num_cpu_blocks,
+            dtype=torch.float32,
+            device="cpu",
+        )
+
+    # ------------------------------------------------------------------ worker side
+
+    def apply_swap_out(self, pairs: Pairs) -> None:
+        """Copy ``(gpu, cpu)`` blocks to the CPU tier (vLLM ``CacheEngine.swap_out``)."""
+        self._engine_call("swap-out", pairs, self.engine.swap_out)
+
+    def apply_swap_in(self, pairs: Pairs) -> None:
+        """Copy ``(cpu, gpu)`` blocks to the GPU tier (vLLM ``CacheEngine.swap_in``)."""
+        self._engine_call("swap-in", pairs, self.engine.swap_in)
+
+    def apply_cow(self, pairs: Pairs) -> None:
+        """Copy-on-write ``(src, dst)`` GPU blocks (vLLM ``CacheEngine.copy``)."""
+        self._engine_call("copy-on-write", pairs, self.engine.copy)
+
+    def apply_copies(self, swap_out: Pairs, swap_in: Pairs, cow: Pairs) -> None:
+        """One step's copies, in the order the manager handed the blocks out."""
+        self.apply_swap_out(swap_out)
+        self.apply_swap_in(swap_in)
+        self.apply_cow(cow)
+
+    def _engine_call(self, what: str, pairs: Pairs, call: Callable[[Pairs], object]) -> None:
+        # The manager's pairs must be valid engine input (ids in range, distinct
+        # destinations, no block both read and written): a refusal is a failure.
+        try:
+            handle = call(pairs)
+            if isinstance(handle, CopyHandle):
+                handle.synchronize()
+        except KVCacheError as err:
+            raise AssertionError(f"the engine refused the {what} pairs {pairs}: {err}") from err
+
+    def forward(self, seqs: list[Sequence]) -> None:
+        """The forward pass: write the KV of every uncomputed token of ``seqs``.
+
+        One ``write`` per layer for the whole batch, as vLLM's ``reshape_and_cache``.
+        Complexity: O(new tokens * heads * layers).
+        """
+        new: list[tuple[int, int, int, int]] = []  # (slot, lineage, position, token)
+        bs = self.block_size
+        for seq in seqs:
+            table, start = self.manager.get_block_table(seq), seq.get_num_computed_tokens()
+            tokens = seq.get_token_ids()
+            new += [
+                (table[p // bs] * bs + p % bs, seq.seq_id, p, tokens[p])
+                for p in range(start, len(tokens))
+            ]
+            self.writers[seq.seq_id] += [seq.seq_id] * (len(tokens) - start)
+            seq.update_num_computed_tokens(len(tokens) - start)
+        if not new:
+            return
+        slots, lineages, positions, tokens = (list(column) for column in zip(*new, strict=True))
+        assert len(set(slots)) == len(slots), f"two tokens share a slot in one pass: {slots}"
+        for layer in range(NUM_LAYERS):
+            key, value = toy_kv(lineages, positions, tokens, layer, self.num_heads)
+            self.engine.write(slots, key, value, layer)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _groups_with(self, status: SequenceStatus) -> list[str]:
+        return sorted(r for r, g in self.groups.items() if g.get_seqs(status))
+
+    def _recomputable(self) -> list[str]:
+        """Groups vLLM may preempt by recompute: one unfinished sequence, RUNNING."""
+        return sorted(
+            r
+            for r, g in self.groups.items()
+            if [s.status for s in g.get_unfinished_seqs()] == [RUNNING]
+        )
+
+    def _prefill(self, group: SequenceGroup) -> bool:
+        """Admit the WAITING sequences and write the prompt's KV once, through the
+        first sequence's table (the others share its blocks and its lineage)."""
+        decision = self.manager.can_allocate(group)
+        event(f"can_allocate: {decision.status.name}")
+        if decision != AllocStatus.OK:
+            return False
+        self.manager.allocate(group)
+        first, *others = group.get_seqs(WAITING)
+        for seq in (first, *others):
+            seq.status = RUNNING
+        self.forward([first])
+        for seq in others:
+            self.writers[seq.seq_id] = list(self.writers[first.seq_id])
+            seq.update_num_computed_tokens(first.get_num_computed_tokens())
+        return True
+
+    def _new_token(self, seq: Sequence) -> None:
+        seq.append_token_id((seq.get_len() * 7 + seq.seq_id * 13) % 1000)
+
+    # ------------------------------------------------------------------ rules
+
+    @initialize(
+        # NOTE: block size 1 never copies on write (every block is full): drawn less often.
+        block_size=st.sampled_from([1, 2, 2, 3, 4, 4]),
+        num_gpu=st.integers(2, 12),
+        num_cpu=st.integers(0, 8),
+        watermark=st.sampled_from([0.0, 0.0, 0.1, 0.2]),
+        num_heads=st.integers(1, 2),
+        n=st.integers(1, MAX_SEQS),
+        prompt_len=st.integers(1, 4),
+    )
+    def init(
+        self,
+        block_size: int,
+        num_gpu: int,
+        num_cpu: int,
+        watermark: float,
+        num_heads: int,
+        n: int,
+        prompt_len: int,
+    ) -> None:
+        self.block_size, self.num_gpu, self.num_heads = block_size, num_gpu, num_heads
+        self.manager = self.make_manager(block_size, num_gpu, num_cpu, watermark)
+        self.engine = self.make_engine(num_heads, block_size, num_gpu, num_cpu)
+        self.groups: dict[str, SequenceGroup] = {}  # live requests (an unfinished sequence)
+        self.writers: dict[int, list[int]] = {}  # unfinished seq_id -> lineage per position
+        self.next_seq_id = 0
+        self.next_request = 0
+        # One block (shared by the n sequences; partly filled if the prompt is shorter
+        # than a block): admitted under every watermark drawn, so no run starts empty.
+        self.admit(n, min(prompt_len, block_size), 0)
+
+    # NOTE: at most 3 live requests: more rarely fit in 12 blocks, and each one more
+    # makes decodes fail for want of room rather than copy on write.
+    @precondition(lambda self: len(self.groups) < 3)
+    @rule(n=st.integers(1, MAX_SEQS), prompt_len=st.integers(1, 8), token=st.integers(0, 999))
+    def admit(self, n: int, prompt_len: int, token: int) -> None:
+        """A new request: can_allocate, allocate and prefill (a step of its own).
+
+        A request that does not fit is not queued (vLLM would keep it WAITING).
+        """
+        prompt = [(token + i) % 1000 for i in range(prompt_len)]
+        seqs = [Sequence(self.next_seq_id + i, prompt, self.block_size) for i in range(n)]
+        group = SequenceGroup(f"r{self.next_request}", seqs, n=n)
+        self.writers.update((seq.seq_id, []) for seq in seqs)
+        if not self._prefill(group):
+            for seq in seqs:
+                del self.writers[seq.seq_id]
+            return
+        self.next_seq_id += n
+        self.next_request += 1
+        self.groups[group.request_id] = group
+        event(f"admit: n={n}")
+
+    def _co_schedule(self, data: st.DataObject, lead: str, action: str) -> dict[str, str]:
+        """A step's plan: ``action`` for the ``lead`` request, a drawn one for each other."""
+        plan: dict[str, str] = {}
+        for request_id in sorted(self.groups):
+            group = self.groups[request_id]
+            if request_id == lead:
+                plan[request_id] = action
+                continue
+            if group.get_seqs(RUNNING):
+                options = ["idle", "decode", "swap_out"]
+            else:
+                options = ["idle", "swap_in", "swap_in+token"]
+            plan[request_id] = data.draw(st.sampled_from(options), label=request_id)
+        event(f"step: {sum(a != 'idle' for a in plan.values())} request(s) scheduled")
+        return plan
+
+    # NOTE: three step rules (decode, swap_out, swap_in) rather than one:
+    # Hypothesis' swarm testing disables each rule in about half of the test cases,
+    # and a disabled "step" would leave nothing to copy on write or swap.
+
+    @precondition(lambda self: bool(self._groups_with(RUNNING)))
+    @rule(data=st.data())
+    def decode(self, data: st.DataObject) -> None:
+        """A step decoding a running request: one new token for each of its sequences."""
+        lead = data.draw(st.sampled_from(self._groups_with(RUNNING)), "decode")
+        self._step(self._co_schedule(data, lead, "decode"))
+
+    @precondition(lambda self: bool(self._groups_with(RUNNING)))
+    @rule(data=st.data())
+    def swap_out(self, data: st.DataObject) -> None:
+        """A step preempting a running request by swapping it out to the CPU."""
+        lead = data.draw(st.sampled_from(self._groups_with(RUNNING)), "swap_out")
+        self._step(self._co_schedule(data, lead, "swap_out"))
+
+    @precondition(lambda self: bool(self._groups_with(SWAPPED)))
+    @rule(data=st.data(), with_token=st.booleans())
+    def swap_in(self, data: st.DataObject, with_token: bool) -> None:
+        """A step swapping a request back in, with the token it sampled before the
+        preemption (not yet in its table) or without."""
+        lead = data.draw(st.sampled_from(self._groups_with(SWAPPED)), "swap_in")
+        action = "swap_in+token" if with_token else "swap_in"
+        self._step(self._co_schedule(data, lead, action))
+
+    def _step(self, plan: dict[str, str]) -> None:
+        """Run one scheduler step for ``plan`` (request id -> action).
+
+        Manager calls: swap-outs first (they free GPU blocks), then swap-ins (with
+        their appends) and decodes in request order; then the copies
+        (:meth:`apply_copies`) and one forward pass over every scheduled sequence.
+        Complexity: O(blocks and tokens of the scheduled requests).
+        """
+        out_pairs: Pairs = []
+        in_pairs: Pairs = []
+        cow_pairs: Pairs = []
+        batch: list[Sequence] = []
+        for group in (self.groups[r] for r, a in plan.items() if a == "swap_out"):
+            if not self.manager.can_swap_out(group):
+                event("swap_out: no room on the CPU")
+                continue
+            out_pairs += self.manager.swap_out(group)
+            for seq in group.get_seqs(RUNNING):
+                seq.status = SWAPPED
+        for request_id, action in plan.items():
+            group = self.groups[request_id]
+            seqs = group.get_seqs(SWAPPED if action.startswith("swap_in") else RUNNING)
+            if action in ("decode", "swap_in+token"):
+                for seq in seqs:  # for a swap-in: sampled before the preemption
+                    self._new_token(seq)
+            if action.startswith("swap_in"):
+                decision = self.manager.can_swap_in(group)
+                event(f"can_swap_in: {decision.status.name}")
+                if decision != AllocStatus.OK:
+                    continue
+                in_pairs += self.manager.swap_in(group)
+                for seq in seqs:
+                    seq.status = RUNNING
+            elif action != "decode":
+                continue
+            elif not self.manager.can_append_slots(group):
+                event("decode: no room (the tokens stay pending)")
+                continue
+            for seq in seqs:
+                cow_pairs += self.manager.append_slots(seq)
+            batch += seqs
+        self._note_hazards(out_pairs, in_pairs, cow_pairs)
+        self.apply_copies(out_pairs, in_pairs, cow_pairs)
+        self.forward(batch)
+
+    def _note_hazards(self, out_pairs: Pairs, in_pairs: Pairs, cow_pairs: Pairs) -> None:
+        """Events for the orderings that matter (their coverage shows in the statistics)."""
+        freed, swapped_in = {g for g, _ in out_pairs}, {g for _, g in in_pairs}
+        for name, hit in (
+            ("swap-out", bool(out_pairs)),
+            ("copy-on-write", bool(cow_pairs)),
+            ("a CoW destination was freed by a swap-out", freed & {d for _, d in cow_pairs}),
+            ("a swap-in destination was freed by a swap-out", freed & swapped_in),
+            ("a CoW source was swapped in", swapped_in & {s for s, _ in cow_pairs}),
+        ):
+            if hit:
+                event(f"step: {name}")
+
+    def _forkable(self) -> list[str]:
+        """Running requests with room for another sample (at most MAX_SEQS sequences)."""
+        return [
+            r
+            for r in self._groups_with(RUNNING)
+            if len(self.groups[r].get_unfinished_seqs()) < MAX_SEQS
+        ]
+
+    # NOTE: requests are capped at MAX_SEQS sequences: a larger one needs more blocks
+    # per decode than the tiny pools have, and would only ever be refused.
+    @precondition(lambda self: bool(self._forkable()))
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        """Parallel sampling: a child shares all of a running parent's blocks."""
+        group = self.groups[data.draw(st.sampled_from(self._forkable()), "group")]
+        parent = data.draw(st.sampled_from(group.get_seqs(RUNNING)), "parent")
+        child = parent.fork(self.next_seq_id)
+        self.next_seq_id += 1
+        self.manager.fork(parent, child)
+        group.add(child)
+        partly = parent.get_num_computed_tokens() % self.block_size
+        event(f"fork: {'shares a partly filled block' if partly else 'full blocks only'}")
+        self.writers[child.seq_id] = list(self.writers[parent.seq_id])
+
+    # NOTE: only while another sequence lives, so a run never ends up empty: its
+    # remaining steps would all be spent on rules with nothing to act on.
+    @precondition(lambda self: len(self.writers) >= 2)
+    @rule(data=st.data())
+    def finish_seq(self, data: st.DataObject) -> None:
+        """A sequence finishes (in any state): its blocks go back for reuse."""
+        group = self.groups[data.draw(st.sampled_from(sorted(self.groups)), "group")]
+        seq = data.draw(st.sampled_from(group.get_unfinished_seqs()), "seq")
+        event(f"finish_seq: {seq.status.name}")
+        self.manager.free(seq)
+        seq.status = FINISHED
+        del self.writers[seq.seq_id]
+        if group.is_finished():
+            del self.groups[group.request_id]
+
+    @precondition(lambda self: bool(self._recomputable()))
+    @rule(data=st.data())
+    def preempt_by_recompute(self, data: st.DataObject) -> None:
+        """Free a single-sequence request's blocks and prefill it again: all its KV is
+        recomputed, under its own lineage. One that no longer fits is dropped."""
+        group = self.groups[data.draw(st.sampled_from(self._recomputable()), "group")]
+        (seq,) = group.get_unfinished_seqs()
+        self.manager.free(seq)
+        seq.status = WAITING
+        seq.reset_state_for_recompute()
+        self.writers[seq.seq_id] = []
+        if not self._prefill(group):
+            seq.status = FINISHED
+            del self.writers[seq.seq_id], self.groups[group.request_id]
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def kv_conserved(self) -> None:
+        """KV1 for every live RUNNING (GPU tier) and SWAPPED (CPU tier) sequence."""
+        for group in self.groups.values():
+            for seq in group.get_unfinished_seqs():
+                self._check_seq(seq)
+
+    def _check_seq(self, seq: Sequence) -> None:
+        written = self.writers[seq.seq_id]
+        n = len(written)
+        assert n == seq.get_num_computed_tokens(), "harness: computed count and lineage disagree"
+        table = self.manager.get_block_table(seq)
+        if seq.status is SWAPPED:
+            tier, ids = Device.CPU, [b - self.num_gpu for b in table]
+        else:
+            tier, ids = Device.GPU, table
+        tokens = seq.get_token_ids()[:n]
+        for layer in range(NUM_LAYERS):
+            want_k, want_v = toy_kv(written, list(range(n)), tokens, layer, self.num_heads)
+            got_k, got_v = self.engine.gather(ids, n, layer, tier)
+            if torch.equal(got_k, want_k) and torch.equal(got_v, want_v):
+                continue
+            wrong = ((got_k != want_k) | (got_v != want_v)).flatten(1).any(1)
+            bad = int(wrong.nonzero()[0])
+            block = ids[bad // self.block_size]
+            raise AssertionError(
+                f"KV1: {seq.status.name} seq {seq.seq_id}, position {bad} (in {tier.name} block "
+                f"{block}), layer {layer}: expected {_describe(want_k[bad, 0])}, "
+                f"found {_describe(got_k[bad, 0])}"
+            )

@@ -1,0 +1,114 @@
+"""KV-byte conservation machine under the active profile, and its planted-bug self-tests.
+
+Each planted bug but the last breaks one of the worker's copy hooks of
+:class:`~pagedkv_stateful.kv_machine.KVMachine` (the manager and the engine stay
+correct); the last one is in the manager. The machine must fail with an
+AssertionError naming what went wrong.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from pagedkv import BlockSpaceManager, Sequence
+from pagedkv_stateful.kv_machine import KVMachine, Pairs
+
+TestKV = KVMachine.TestCase
+
+FIND_FAST = settings(
+    max_examples=300,
+    stateful_step_count=40,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    report_multiple_bugs=False,
+    phases=[Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+
+
+class CowDstOffByOne(KVMachine):
+    """Copy-on-write copies each ``(src, dst)`` into ``dst + 1``."""
+
+    def apply_cow(self, pairs: Pairs) -> None:
+        super().apply_cow([(src, dst + 1) for src, dst in pairs])
+
+
+class CowSrcDstSwapped(KVMachine):
+    """Copy-on-write copies the other way round: the fresh block over the shared one."""
+
+    def apply_cow(self, pairs: Pairs) -> None:
+        super().apply_cow([(dst, src) for src, dst in pairs])
+
+
+class SwapOutLastDstOffByOne(KVMachine):
+    """The last swap-out pair lands one CPU block further on (wrapping round)."""
+
+    def apply_swap_out(self, pairs: Pairs) -> None:
+        if pairs:
+            num_cpu = self.engine.config.num_cpu_blocks
+            *head, (gpu, cpu) = pairs
+            pairs = [*head, (gpu, (cpu + 1) % num_cpu)]
+        super().apply_swap_out(pairs)
+
+
+class SwapInDropsLastPair(KVMachine):
+    """``for i in range(len(pairs) - 1)``: the last swapped-in block is never copied."""
+
+    def apply_swap_in(self, pairs: Pairs) -> None:
+        super().apply_swap_in(pairs[:-1])
+
+
+class SwapInBeforeSwapOut(KVMachine):
+    """vLLM 0.6.3's worker order, swap-in first: wrong once a step does both and the
+    swap-in reuses a GPU block that the swap-out freed."""
+
+    def apply_copies(self, swap_out: Pairs, swap_in: Pairs, cow: Pairs) -> None:
+        self.apply_swap_in(swap_in)
+        self.apply_swap_out(swap_out)
+        self.apply_cow(cow)
+
+
+class CowBeforeSwaps(KVMachine):
+    """Copy-on-write first: wrong once a CoW reads a block swapped in by the same step
+    or writes one that a swap-out of the same step still has to read."""
+
+    def apply_copies(self, swap_out: Pairs, swap_in: Pairs, cow: Pairs) -> None:
+        self.apply_cow(cow)
+        self.apply_swap_out(swap_out)
+        self.apply_swap_in(swap_in)
+
+
+class DropsCowPairs(BlockSpaceManager):
+    """The manager forgets to report copy-on-write pairs (as in test_manager_planted)."""
+
+    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> Pairs:
+        super().append_slots(seq, num_lookahead_slots)
+        return []
+
+
+class ManagerDropsCowPairs(KVMachine):
+    def make_manager(
+        self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float
+    ) -> BlockSpaceManager:
+        return DropsCowPairs(block_size, num_gpu_blocks, num_cpu_blocks, watermark)
+
+
+@pytest.mark.parametrize(
+    ("machine", "message"),
+    [
+        (CowDstOffByOne, "KV1|refused the copy-on-write"),
+        (CowSrcDstSwapped, "KV1|refused the copy-on-write"),
+        (SwapOutLastDstOffByOne, "KV1|refused the swap-out"),
+        (SwapInDropsLastPair, "KV1"),
+        (SwapInBeforeSwapOut, "KV1"),
+        (CowBeforeSwaps, "KV1"),
+        (ManagerDropsCowPairs, "KV1"),
+    ],
+)
+def test_kv_machine_catches_planted_bug(machine: type[KVMachine], message: str) -> None:
+    with pytest.raises(AssertionError, match=message) as caught:
+        run_state_machine_as_test(machine, settings=FIND_FAST)
+    print(f"{machine.__name__}: {caught.value}")
