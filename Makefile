@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch (already on disk on our machines); users with a GPU keep their own build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test lint typecheck pytest crosshair bench fuzz verify clean
+.PHONY: install test lint typecheck pytest crosshair bench fuzz verify demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ fuzz: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pagedkv.bench
+
+demo: $(STAMP)
+	$(BIN)/python -m pagedkv simulate --preset overload
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -23,6 +23,16 @@ from pagedkv.interfaces import Block, BlockAllocator, DeviceAwareBlockAllocator
 from pagedkv.manager import BlockSpaceManager, ManagerStats
 from pagedkv.naive_allocator import NaiveBlockAllocator
 from pagedkv.refcount import RefCounter
+from pagedkv.report import SimulationResult, Summary
+from pagedkv.scheduler import (
+    Preemption,
+    PreemptionMode,
+    ScheduledSequenceGroup,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerEvent,
+    SchedulerOutputs,
+)
 from pagedkv.sequence import (
     AllocDecision,
     AllocStatus,
@@ -30,10 +40,13 @@ from pagedkv.sequence import (
     SequenceGroup,
     SequenceStatus,
 )
+from pagedkv.simulator import SimulationConfig, Simulator
+from pagedkv.workload import PRESETS, RequestSpec
 from pagedkv_spec.device import Device
 
 __all__ = [
     "PAD_BLOCK_ID",
+    "PRESETS",
     "AllocDecision",
     "AllocStatus",
     "AttentionInputs",
@@ -51,10 +64,22 @@ __all__ = [
     "NaiveBlock",
     "NaiveBlockAllocator",
     "NullBlock",
+    "Preemption",
+    "PreemptionMode",
     "RefCounter",
+    "RequestSpec",
+    "ScheduledSequenceGroup",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerEvent",
+    "SchedulerOutputs",
     "Sequence",
     "SequenceGroup",
     "SequenceStatus",
+    "SimulationConfig",
+    "SimulationResult",
+    "Simulator",
+    "Summary",
     "build_attention_inputs",
     "errors",
     "paged_attention_reference",

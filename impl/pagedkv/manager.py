@@ -103,6 +103,7 @@ class BlockSpaceManager:
             if num_gpu_blocks > 0:
                 self.block_allocator.allocate_or_get_null_block()
         self._gpu_pool = self.block_allocator.get_allocator(_GPU)
+        self._num_gpu = num_gpu_blocks
         self.block_tables: dict[int, BlockTable] = {}
         self.cross_block_tables: dict[str, BlockTable] = {}
         self.stats = ManagerStats()
@@ -224,14 +225,22 @@ class BlockSpaceManager:
         True implies every ``append_slots`` of the step succeeds.
         Complexity: O(running sequences).
         """
+        if num_lookahead_slots < 0:
+            raise InvalidSequenceStateError(
+                f"num_lookahead_slots must be >= 0, got {num_lookahead_slots}"
+            )
         touched = 0
         tables = self.block_tables
+        size = self.block_size
         for seq in seq_group.get_seqs(_RUNNING):
             table = tables.get(seq.seq_id)
             if table is None:
                 raise UnknownSequenceError(seq.seq_id)
-            unseen = table.get_unseen_token_ids(seq.get_token_ids())
-            touched += table.get_num_blocks_touched_by_append_slots(unseen, num_lookahead_slots)
+            # BlockTable.get_num_blocks_touched_by_append_slots, inlined (hot path):
+            # 1 + ceil((unseen + lookahead - room in the current block) / block_size).
+            full = table._num_full_slots
+            n = seq.get_len() - full + num_lookahead_slots
+            touched += 1 - ((size - full % size - n) // size)
         return touched <= self._gpu_pool.get_num_free_blocks()
 
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
@@ -248,7 +257,9 @@ class BlockSpaceManager:
             raise InvalidSequenceStateError(
                 f"num_lookahead_slots must be >= 0, got {num_lookahead_slots}"
             )
-        self._require_on(seq, table, _GPU, "append to")
+        blocks = table._blocks
+        if blocks and blocks[-1].block_id is not None and blocks[-1].block_id >= self._num_gpu:
+            self._require_on(seq, table, _GPU, "append to")  # raises: on the CPU
         unseen = table.get_unseen_token_ids(seq.get_token_ids())
         computed = seq.get_num_computed_tokens() if self.max_block_sliding_window else None
         table.append_token_ids(unseen, num_lookahead_slots, computed)

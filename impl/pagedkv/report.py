@@ -1,0 +1,291 @@
+"""Metrics of a simulation run and their reports: a summary table, JSON, a PNG plot.
+
+:class:`Tally` fills :class:`Summary` and :class:`Timeline` step by step; the plot
+needs matplotlib (the ``plot`` extra) and uses the Agg backend.
+
+Definitions of the figures (fields of :class:`Summary`):
+    KV usage        GPU blocks in use / GPU blocks, after each step's forward pass
+    fragmentation   token slots of used GPU blocks that hold no computed token /
+                    slots of used GPU blocks, per step, averaged over steps with
+                    a used block (partial last blocks and lookahead slots)
+    scheduler time  wall time of ``Scheduler.schedule()`` per step (mean, p99)
+    recomputed      tokens prefilled again after preemption by recompute
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pagedkv.errors import OptionalDependencyError
+from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerOutputs
+
+__all__ = [
+    "SimulationResult",
+    "Summary",
+    "Tally",
+    "Timeline",
+    "format_summary",
+    "plot",
+    "require_matplotlib",
+    "to_dict",
+    "to_json",
+]
+
+
+@dataclass
+class Summary:
+    """Totals of one run (what the summary table and ``--json`` print)."""
+
+    requests: int = 0
+    finished: int = 0
+    rejected: int = 0
+    aborted: int = 0
+    unfinished: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    recomputed_tokens: int = 0
+    steps: int = 0
+    preempted_recompute: int = 0
+    preempted_swap: int = 0
+    swap_ins: int = 0
+    blocks_swapped_out: int = 0
+    blocks_swapped_in: int = 0
+    cow_copies: int = 0
+    peak_kv_usage: float = 0.0
+    mean_kv_usage: float = 0.0
+    fragmentation: float = 0.0
+    sched_ms_mean: float = 0.0
+    sched_ms_p99: float = 0.0
+    wall_s: float = 0.0
+    checked: bool = False
+
+
+@dataclass
+class Timeline:
+    """Per executed step: KV usage (used / total GPU blocks), queue lengths (groups),
+    preemptions by mode."""
+
+    step: list[int] = field(default_factory=list)
+    kv_usage: list[float] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    running: list[int] = field(default_factory=list)
+    swapped: list[int] = field(default_factory=list)
+    preempted_recompute: list[int] = field(default_factory=list)
+    preempted_swap: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SimulationResult:
+    """Summary, timeline, and the reasons of every rejected or aborted request."""
+
+    summary: Summary
+    timeline: Timeline
+    rejected: list[tuple[str, str]]
+    aborted: list[tuple[str, str]]
+    setup: dict[str, object]
+
+
+class Tally:
+    """One run's counters, timeline and reasons, filled step by step."""
+
+    def __init__(self, num_requests: int, checked: bool) -> None:
+        self.summary = Summary(requests=num_requests, checked=checked)
+        self.timeline = Timeline()
+        self.rejected: list[tuple[str, str]] = []
+        self.aborted: list[tuple[str, str]] = []
+        self.admitted: set[str] = set()  # requests prefilled at least once
+        self.sched_seconds: list[float] = []
+        self.usage_sum = self.empty_sum = 0.0
+        self.empty_steps = 0
+
+    @property
+    def steps(self) -> int:
+        return len(self.sched_seconds)
+
+    @property
+    def done(self) -> int:
+        s = self.summary
+        return s.finished + s.rejected + s.aborted
+
+    def plan(self, out: SchedulerOutputs, seconds: float) -> None:
+        """Count what ``schedule()`` decided."""
+        s = self.summary
+        self.sched_seconds.append(seconds)
+        swaps = sum(p.mode is PreemptionMode.SWAP for p in out.preempted)
+        s.preempted_swap += swaps
+        s.preempted_recompute += len(out.preempted) - swaps
+        s.blocks_swapped_out += len(out.blocks_to_swap_out)
+        s.blocks_swapped_in += len(out.blocks_to_swap_in)
+        s.swap_ins += len(out.swapped_in)
+        self.rejected += [(e.request_id, e.reason) for e in out.rejected]
+        self.aborted += [(e.request_id, e.reason) for e in out.aborted]
+        s.rejected, s.aborted = len(self.rejected), len(self.aborted)
+        for g in out.scheduled_seq_groups:
+            if g.is_prefill and g.seq_group.request_id in self.admitted:
+                s.recomputed_tokens += g.token_chunk_size
+            elif g.is_prefill:
+                self.admitted.add(g.seq_group.request_id)
+                s.prompt_tokens += g.token_chunk_size
+
+    def usage(self, kv_usage: float, empty: float | None) -> None:
+        """KV usage and the empty share of used slots (None: no block used)."""
+        self.usage_sum += kv_usage
+        self.summary.peak_kv_usage = max(self.summary.peak_kv_usage, kv_usage)
+        self.timeline.kv_usage.append(kv_usage)
+        if empty is not None:
+            self.empty_sum += empty
+            self.empty_steps += 1
+
+    def record(self, clock: int, out: SchedulerOutputs, sched: Scheduler) -> None:
+        """The step's timeline entry (queues after the step)."""
+        line = self.timeline
+        line.step.append(clock)
+        line.waiting.append(len(sched.waiting))
+        line.running.append(len(sched.running))
+        line.swapped.append(len(sched.swapped))
+        swaps = sum(p.mode is PreemptionMode.SWAP for p in out.preempted)
+        line.preempted_swap.append(swaps)
+        line.preempted_recompute.append(len(out.preempted) - swaps)
+
+    def result(
+        self, unfinished: int, cow_copies: int, wall_s: float, setup: dict[str, object]
+    ) -> SimulationResult:
+        s, times = self.summary, sorted(self.sched_seconds)
+        s.steps, s.unfinished, s.cow_copies, s.wall_s = self.steps, unfinished, cow_copies, wall_s
+        s.mean_kv_usage = self.usage_sum / max(1, self.steps)
+        s.fragmentation = self.empty_sum / max(1, self.empty_steps)
+        if times:
+            s.sched_ms_mean = 1e3 * sum(times) / len(times)
+            s.sched_ms_p99 = 1e3 * times[min(len(times) - 1, int(0.99 * len(times)))]
+        return SimulationResult(s, self.timeline, self.rejected, self.aborted, setup)
+
+
+_LISTED = 3  # rejected / aborted requests named in the table
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def format_summary(result: SimulationResult, title: str = "") -> str:
+    """The summary as an aligned text table. Complexity: O(1)."""
+    s, cfg = result.summary, result.setup
+    checks = (
+        "manager + scheduler invariants and KV conservation after every step: all held"
+        if s.checked
+        else "off (--no-check)"
+    )
+    rows = [
+        ("workload", title or "-"),
+        (
+            "cache",
+            f"{cfg['num_gpu_blocks']} GPU + {cfg['num_cpu_blocks']} CPU blocks of "
+            f"{cfg['block_size']} tokens ({cfg['block_bytes']} B/block; {cfg['model']}, "
+            f"{cfg['dtype']} on {cfg['device']})",
+        ),
+        (
+            "requests",
+            f"{s.requests} total: {s.finished} finished, {s.rejected} rejected, "
+            f"{s.aborted} aborted, {s.unfinished} unfinished",
+        ),
+        (
+            "tokens",
+            f"{s.prompt_tokens} prompt, {s.generated_tokens} generated, "
+            f"{s.recomputed_tokens} recomputed",
+        ),
+        ("steps", str(s.steps)),
+        (
+            "preemptions",
+            f"{s.preempted_recompute} by recompute, {s.preempted_swap} by swap "
+            f"(mode {cfg['preemption']})",
+        ),
+        (
+            "blocks moved",
+            f"{s.blocks_swapped_out} swapped out, {s.blocks_swapped_in} swapped in "
+            f"({s.swap_ins} swap-ins), {s.cow_copies} copied on write",
+        ),
+        ("KV usage", f"peak {_pct(s.peak_kv_usage)}, mean {_pct(s.mean_kv_usage)} of GPU blocks"),
+        ("fragmentation", f"{_pct(s.fragmentation)} of allocated token slots empty (mean)"),
+        ("scheduler", f"{s.sched_ms_mean:.3f} ms/step mean, {s.sched_ms_p99:.3f} ms p99"),
+        ("checks", checks),
+        ("wall time", f"{s.wall_s:.2f} s"),
+    ]
+    for label, events in (("rejected", result.rejected), ("aborted", result.aborted)):
+        for rid, reason in events[:_LISTED]:
+            rows.append((label, f"{rid}: {reason}"))
+        if len(events) > _LISTED:
+            rows.append((label, f"... and {len(events) - _LISTED} more (see --json)"))
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
+
+
+def to_dict(result: SimulationResult) -> dict[str, Any]:
+    """Setup, summary and reasons as plain JSON types. Complexity: O(requests)."""
+    return {
+        "setup": result.setup,
+        "summary": dataclasses.asdict(result.summary),
+        "rejected": [{"request_id": r, "reason": why} for r, why in result.rejected],
+        "aborted": [{"request_id": r, "reason": why} for r, why in result.aborted],
+    }
+
+
+def to_json(result: SimulationResult) -> str:
+    """:func:`to_dict` as indented JSON. Complexity: O(requests)."""
+    return json.dumps(to_dict(result), indent=2)
+
+
+def require_matplotlib() -> None:
+    """Raise OptionalDependencyError unless matplotlib can be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise OptionalDependencyError("--plot", "matplotlib", "plot") from None
+
+
+def plot(result: SimulationResult, path: str | Path, title: str = "") -> None:
+    """Write a PNG: KV usage, queue lengths and preemptions over steps (Agg backend).
+
+    Complexity: O(steps).
+    """
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    line = result.timeline
+    fig, (ax_kv, ax_q, ax_p) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    ax_kv.plot(line.step, [100 * u for u in line.kv_usage], color="tab:blue", lw=1)
+    ax_kv.set_ylabel("GPU KV blocks used (%)")
+    ax_kv.set_ylim(0, 105)
+    for name, values, color in (
+        ("waiting", line.waiting, "tab:orange"),
+        ("running", line.running, "tab:green"),
+        ("swapped", line.swapped, "tab:red"),
+    ):
+        ax_q.plot(line.step, values, label=name, color=color, lw=1)
+    ax_q.set_ylabel("requests in queue")
+    ax_q.legend(loc="upper right")
+    for name, values, color in (
+        ("recompute", line.preempted_recompute, "tab:purple"),
+        ("swap", line.preempted_swap, "tab:red"),
+    ):
+        ax_p.step(
+            line.step, list(itertools.accumulate(values)), where="post", label=name, color=color
+        )
+    ax_p.set_ylabel("preemptions (cumulative)")
+    ax_p.set_xlabel("scheduler step")
+    ax_p.legend(loc="upper left")
+    s = result.summary
+    fig.suptitle(
+        f"pagedkv simulate {title}: {s.finished}/{s.requests} finished, "
+        f"{s.preempted_recompute} recompute + {s.preempted_swap} swap preemptions"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,496 @@
+"""A reference scheduler over :class:`BlockSpaceManager` (vLLM 0.6.3's policy, no chunking).
+
+Queues (deques of :class:`SequenceGroup`): ``waiting`` (no blocks; FCFS in
+``add_seq_group`` order, recompute-preempted groups back at the *front* as in
+vLLM), ``running`` (GPU blocks; admission order, swap-ins join at the back),
+``swapped`` (CPU blocks; FIFO in swap-out order).
+
+One :meth:`Scheduler.schedule` call plans one step:
+ 1. running, oldest first: while ``can_append_slots`` (with lookahead) is False,
+    preempt the *newest* remaining running group (possibly this one); then
+    ``append_slots`` for each RUNNING sequence, collecting copy-on-write pairs.
+ 2. swapped, only if nothing was preempted: from the front while ``can_swap_in``
+    is OK (``swap_in`` + ``append_slots``); NEVER, or LATER with the whole GPU
+    free (it can never fit), rejects the group; LATER stops.
+ 3. waiting, only if nothing was preempted and no group is left swapped
+    (swapped groups come back first): from the front while ``can_allocate`` is
+    OK; NEVER rejects (FINISHED_IGNORED, with the decision's reason); LATER stops.
+Budgets (``max_num_seqs``, ``max_num_batched_tokens``) cap steps 2 and 3; a
+prompt over either limit is rejected. Running groups always decode.
+
+Preemption: ``"auto"`` recomputes groups with one running sequence and swaps the
+others (vLLM's default); ``"recompute"`` / ``"swap"`` prefer that mode. When the
+preferred mode is impossible the other is used: swap needs CPU room for the
+group's distinct blocks (exact ``can_swap_out``); recompute needs the group's
+unfinished sequences to hold identical tokens, as re-admission prefills one
+stream and forks it. When neither works (diverged samples, swap space short)
+only that request is aborted, with a reason: pagedkv never aborts the engine
+(vLLM 0.6.3 raises).
+
+Parallel sampling: a group arrives with one sequence and ``n``; at its first
+admission the scheduler forks ``n - 1`` children (``BlockSpaceManager.fork``),
+so all ``n`` share the prompt's blocks from the prefill on, and the first
+decode append copies the shared partial block on write.
+
+Worker contract: apply ``blocks_to_swap_out``, ``blocks_to_swap_in``,
+``blocks_to_copy`` in that order, then write new KV at
+``block_id * block_size + offset``; a prefill computes the group's shared prompt
+once, through its first sequence.
+
+Invariants (:meth:`Scheduler.check_invariants`; the scheduler machine checks them too):
+    Q1 each queued group is in one queue; finished groups only in ``running``
+       until :meth:`Scheduler.free_finished_seq_groups`
+    Q2 unfinished sequences of waiting / running / swapped groups are WAITING /
+       RUNNING / SWAPPED
+    Q3 RUNNING sequences have a GPU table, SWAPPED a CPU table, others none
+    Q4 groups never admitted form a suffix of ``waiting``, in arrival order
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from pagedkv.errors import (
+    DuplicateRequestError,
+    InvalidSchedulerConfigError,
+    InvalidSequenceError,
+    InvalidSequenceStateError,
+    InvariantViolationError,
+)
+from pagedkv.manager import BlockSpaceManager
+from pagedkv.sequence import AllocStatus, Sequence, SequenceGroup, SequenceStatus
+
+__all__ = [
+    "Preemption",
+    "PreemptionMode",
+    "ScheduledSequenceGroup",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerEvent",
+    "SchedulerOutputs",
+]
+
+_WAITING = SequenceStatus.WAITING
+_RUNNING = SequenceStatus.RUNNING
+_SWAPPED = SequenceStatus.SWAPPED
+_MODES = ("auto", "recompute", "swap")
+
+
+class PreemptionMode(enum.Enum):
+    """How a running group gave up its GPU blocks (vLLM names)."""
+
+    SWAP = enum.auto()
+    RECOMPUTE = enum.auto()
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler settings; validated on construction (InvalidSchedulerConfigError).
+
+    preemption_mode         "auto" | "recompute" | "swap" (see the module docstring)
+    num_lookahead_slots     extra empty slots reserved per sequence at each decode append
+    max_num_seqs            most sequences in one step, or None for no limit
+    max_num_batched_tokens  most tokens computed in one step, or None; a prompt
+                            longer than this is rejected (vLLM's prompt limit)
+    """
+
+    preemption_mode: str = "auto"
+    num_lookahead_slots: int = 0
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.preemption_mode not in _MODES:
+            raise InvalidSchedulerConfigError(
+                f"preemption_mode must be one of {', '.join(_MODES)}, got {self.preemption_mode!r}"
+            )
+        _check_int("num_lookahead_slots", self.num_lookahead_slots, 0)
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(name, value, 1)
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidSchedulerConfigError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ScheduledSequenceGroup:
+    """A group computing ``token_chunk_size`` tokens per RUNNING sequence (a prefill: once)."""
+
+    seq_group: SequenceGroup
+    token_chunk_size: int
+    is_prefill: bool
+
+
+@dataclass(frozen=True)
+class SchedulerEvent:
+    """A request the scheduler rejected or aborted, and why."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """A running group that lost its GPU blocks this step."""
+
+    request_id: str
+    mode: PreemptionMode
+    reason: str
+
+
+@dataclass
+class SchedulerOutputs:
+    """The plan of one step; block pairs are physical ids ``(src, dst)``. ``rejected``:
+    now FINISHED_IGNORED; ``aborted``: FINISHED_ABORTED by preemption; ``swapped_in``,
+    ``admitted``: request ids in placement order."""
+
+    scheduled_seq_groups: list[ScheduledSequenceGroup] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Preemption] = field(default_factory=list)
+    rejected: list[SchedulerEvent] = field(default_factory=list)
+    aborted: list[SchedulerEvent] = field(default_factory=list)
+    swapped_in: list[str] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)
+    num_lookahead_slots: int = 0
+    num_batched_seqs: int = 0  # sequences that compute tokens this step
+    num_batched_tokens: int = 0  # tokens computed: each prefill once, each decode per sequence
+
+
+class Scheduler:
+    """Waiting / running / swapped queues over a block space manager (see module docstring).
+
+    Representation:
+        block_manager    the manager every block decision goes through
+        config           a :class:`SchedulerConfig`
+        waiting, running, swapped  the queues (deques of groups); read them, do not edit
+        _groups          request_id -> group, for every queued group (Q1)
+        _admitted        request ids of queued groups admitted at least once (Q4)
+        _finished        finished groups dropped from ``running``, not yet returned
+        _seq_ids         ids of the sequences of queued groups
+        _next_seq_id     above every sequence id seen; forks take ids from here
+    """
+
+    def __init__(
+        self, block_manager: BlockSpaceManager, config: SchedulerConfig | None = None
+    ) -> None:
+        self.block_manager = block_manager
+        self.config = config or SchedulerConfig()
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: deque[SequenceGroup] = deque()
+        self.swapped: deque[SequenceGroup] = deque()
+        self._groups: dict[str, SequenceGroup] = {}
+        self._admitted: set[str] = set()
+        self._finished: list[SequenceGroup] = []
+        self._seq_ids: set[int] = set()
+        self._next_seq_id = 0
+
+    # ------------------------------------------------------------------ requests
+
+    def next_seq_id(self) -> int:
+        """A sequence id no queued or forked sequence uses. Complexity: O(1)."""
+        seq_id, self._next_seq_id = self._next_seq_id, self._next_seq_id + 1
+        return seq_id
+
+    def add_seq_group(self, seq_group: SequenceGroup) -> None:
+        """Queue a new request at the back of ``waiting``. Complexity: O(its sequences).
+
+        Its sequences must be WAITING without block tables, hold the same tokens
+        (admission allocates the first and forks the others), and have request and
+        sequence ids unused by queued groups (DuplicateRequestError otherwise).
+        """
+        rid = seq_group.request_id
+        if rid in self._groups:
+            raise DuplicateRequestError(rid, "a request with this id is already queued")
+        seqs = seq_group.get_seqs()
+        for seq in seqs:
+            if seq.seq_id in self._seq_ids or seq.seq_id in self.block_manager.block_tables:
+                raise DuplicateRequestError(rid, f"sequence id {seq.seq_id} is already in use")
+            if seq.status is not _WAITING:
+                raise InvalidSequenceStateError(
+                    f"request {rid!r}: sequence {seq.seq_id} is {seq.status.name}, not WAITING"
+                )
+            if seq.get_token_ids() != seqs[0].get_token_ids():
+                raise InvalidSequenceStateError(
+                    f"request {rid!r}: sequences {seqs[0].seq_id} and {seq.seq_id} differ; "
+                    "a group arrives with one prompt (give n= for parallel samples)"
+                )
+        self._next_seq_id = max(self._next_seq_id, 1 + max(s.seq_id for s in seqs))
+        self._groups[rid] = seq_group
+        self._seq_ids.update(s.seq_id for s in seqs)
+        self.waiting.append(seq_group)
+
+    def abort_seq_group(self, request_id: str) -> bool:
+        """Abort a queued request: free its blocks, FINISHED_ABORTED. Unknown id: False.
+
+        Complexity: O(queued groups + the group's blocks).
+        """
+        group = self._groups.get(request_id)
+        if group is None:
+            return False
+        for queue in (self.waiting, self.running, self.swapped):
+            if group in queue:
+                queue.remove(group)
+        self._finish_group(group, SequenceStatus.FINISHED_ABORTED)
+        return True
+
+    def finish_seq(
+        self, seq: Sequence, status: SequenceStatus = SequenceStatus.FINISHED_LENGTH_CAPPED
+    ) -> None:
+        """Mark a sequence finished with ``status`` and free its blocks (the output
+        processor's job in vLLM). The group leaves ``running`` at the next
+        :meth:`free_finished_seq_groups`. Complexity: O(the sequence's blocks)."""
+        if not SequenceStatus.is_finished(status):
+            raise InvalidSequenceError(f"finish_seq needs a FINISHED_* status, got {status!r}")
+        if seq.status is not _RUNNING:
+            raise InvalidSequenceStateError(
+                f"only RUNNING sequences finish; sequence {seq.seq_id} is {seq.status.name} "
+                "(use abort_seq_group to drop a queued request)"
+            )
+        seq.status = status
+        self.block_manager.free(seq)
+
+    def free_finished_seq_groups(self) -> list[SequenceGroup]:
+        """Drop finished groups from ``running``; returns them. Complexity: O(running)."""
+        self._drop_finished_running()
+        done, self._finished = self._finished, []
+        return done
+
+    def has_unfinished_seqs(self) -> bool:
+        """Some group is still queued. Complexity: O(1)."""
+        return bool(self.waiting or self.running or self.swapped)
+
+    def get_num_unfinished_seq_groups(self) -> int:
+        """Queued groups. Complexity: O(1)."""
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    # ------------------------------------------------------------------ one step
+
+    def schedule(self) -> SchedulerOutputs:
+        """Plan one step (see the module docstring). Complexity: O(queued sequences +
+        blocks touched, swapped or freed) plus the manager's work."""
+        out = SchedulerOutputs(num_lookahead_slots=self.config.num_lookahead_slots)
+        self._drop_finished_running()
+        self._schedule_running(out)
+        if not out.preempted and not out.aborted:
+            self._schedule_swapped(out)
+            if not self.swapped:
+                self._schedule_waiting(out)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutputs) -> None:
+        manager, lookahead = self.block_manager, self.config.num_lookahead_slots
+        queue, kept = self.running, deque[SequenceGroup]()
+        while queue:
+            group = queue.popleft()
+            fits = True
+            while not manager.can_append_slots(group, lookahead):
+                if queue:
+                    self._preempt(queue.pop(), out)
+                else:
+                    self._preempt(group, out)
+                    fits = False
+                    break
+            if fits:
+                self._append(group, out)
+                kept.append(group)
+        self.running = kept
+
+    def _schedule_swapped(self, out: SchedulerOutputs) -> None:
+        manager, lookahead = self.block_manager, self.config.num_lookahead_slots
+        while self.swapped:
+            group = self.swapped[0]
+            num_seqs = group.num_seqs(_SWAPPED)
+            if not self._fits(out, num_seqs, num_seqs):
+                break
+            decision = manager.can_swap_in(group, lookahead)
+            whole_gpu_free = manager.get_num_free_gpu_blocks() == manager.num_total_gpu_blocks
+            if decision == AllocStatus.NEVER or (decision == AllocStatus.LATER and whole_gpu_free):
+                self.swapped.popleft()
+                self._reject(group, f"cannot be swapped back in: {decision.reason}", out)
+                continue
+            if decision != AllocStatus.OK:
+                break
+            self.swapped.popleft()
+            out.blocks_to_swap_in.extend(manager.swap_in(group))
+            for seq in group.get_seqs(_SWAPPED):
+                seq.status = _RUNNING
+            self._append(group, out)
+            self.running.append(group)
+            out.swapped_in.append(group.request_id)
+
+    def _schedule_waiting(self, out: SchedulerOutputs) -> None:
+        manager, max_tokens = self.block_manager, self.config.max_num_batched_tokens
+        max_seqs = self.config.max_num_seqs
+        while self.waiting:
+            group = self.waiting[0]
+            num_tokens = group.get_seqs(_WAITING)[0].get_num_uncomputed_tokens()
+            num_seqs = group.get_max_num_running_seqs()
+            reason = ""
+            if max_tokens is not None and num_tokens > max_tokens:
+                reason = (
+                    f"{num_tokens} tokens to prefill exceed max_num_batched_tokens={max_tokens}"
+                )
+            elif max_seqs is not None and num_seqs > max_seqs:
+                reason = f"{num_seqs} sequences exceed max_num_seqs={max_seqs}"
+            else:
+                decision = manager.can_allocate(group)
+                if decision == AllocStatus.NEVER:
+                    reason = decision.reason
+            if reason:
+                self.waiting.popleft()
+                self._reject(group, reason, out)
+                continue
+            if decision != AllocStatus.OK or not self._fits(out, num_seqs, num_tokens):
+                break
+            self.waiting.popleft()
+            manager.allocate(group)
+            first = group.get_seqs(_WAITING)[0]
+            for seq in group.get_seqs(_WAITING):
+                seq.status = _RUNNING
+            for _ in range(group.n - len(group.get_seqs())):  # first admission: sample n
+                child = first.fork(self.next_seq_id())
+                self._seq_ids.add(child.seq_id)
+                group.add(child)
+                manager.fork(first, child)
+            self._admitted.add(group.request_id)
+            self.running.append(group)
+            out.admitted.append(group.request_id)
+            out.scheduled_seq_groups.append(ScheduledSequenceGroup(group, num_tokens, True))
+            out.num_batched_seqs += group.num_seqs(_RUNNING)
+            out.num_batched_tokens += num_tokens
+
+    # ------------------------------------------------------------------ helpers
+
+    def _fits(self, out: SchedulerOutputs, num_seqs: int, num_tokens: int) -> bool:
+        max_seqs, max_tokens = self.config.max_num_seqs, self.config.max_num_batched_tokens
+        return (max_seqs is None or out.num_batched_seqs + num_seqs <= max_seqs) and (
+            max_tokens is None or out.num_batched_tokens + num_tokens <= max_tokens
+        )
+
+    def _append(self, group: SequenceGroup, out: SchedulerOutputs) -> None:
+        """Decode: slots for each RUNNING sequence's unseen tokens, CoW pairs collected."""
+        seqs = group.get_seqs(_RUNNING)
+        for seq in seqs:
+            out.blocks_to_copy.extend(
+                self.block_manager.append_slots(seq, self.config.num_lookahead_slots)
+            )
+        chunk = seqs[0].get_num_uncomputed_tokens()
+        out.scheduled_seq_groups.append(ScheduledSequenceGroup(group, chunk, False))
+        out.num_batched_seqs += len(seqs)
+        out.num_batched_tokens += chunk * len(seqs)
+
+    def _preempt(self, group: SequenceGroup, out: SchedulerOutputs) -> None:
+        """Take a running group off the GPU: preferred mode, else the other, else abort.
+
+        Complexity: O(the group's tokens + blocks).
+        """
+        manager, rid = self.block_manager, group.request_id
+        seqs = group.get_seqs(_RUNNING)
+        mode = self.config.preemption_mode
+        prefer_swap = mode == "swap" or (mode == "auto" and group.get_max_num_running_seqs() > 1)
+        tokens = seqs[0].get_token_ids()
+        can_recompute = all(s.get_token_ids() == tokens for s in seqs[1:])
+        if manager.can_swap_out(group) and (prefer_swap or not can_recompute):
+            pairs = manager.swap_out(group)
+            out.blocks_to_swap_out.extend(pairs)
+            for seq in seqs:
+                seq.status = _SWAPPED
+            self.swapped.append(group)
+            why = "" if prefer_swap else "; its sequences diverged, so it cannot be recomputed"
+            reason = f"out of GPU blocks: {len(pairs)} blocks swapped out{why}"
+            out.preempted.append(Preemption(rid, PreemptionMode.SWAP, reason))
+        elif can_recompute:
+            for seq in seqs:
+                manager.free(seq)
+                seq.status = _WAITING
+                seq.reset_state_for_recompute()
+            manager.free_cross(group)
+            self.waiting.appendleft(group)
+            why = "; swap space short" if prefer_swap else ""
+            reason = f"out of GPU blocks: {len(tokens)} tokens to recompute{why}"
+            out.preempted.append(Preemption(rid, PreemptionMode.RECOMPUTE, reason))
+        else:
+            needed = len({b for s in seqs for b in manager.get_block_table(s)})
+            reason = (
+                f"preempted with {len(seqs)} diverged sequences: recompute cannot rebuild them "
+                f"and swapping out needs {needed} CPU blocks, "
+                f"{manager.get_num_free_cpu_blocks()} free"
+            )
+            self._finish_group(group, SequenceStatus.FINISHED_ABORTED)
+            out.aborted.append(SchedulerEvent(rid, reason))
+
+    def _reject(self, group: SequenceGroup, reason: str, out: SchedulerOutputs) -> None:
+        self._finish_group(group, SequenceStatus.FINISHED_IGNORED)
+        out.rejected.append(SchedulerEvent(group.request_id, reason))
+
+    def _finish_group(self, group: SequenceGroup, status: SequenceStatus) -> None:
+        """Finish every unfinished sequence with ``status``; the group leaves the scheduler."""
+        for seq in group.get_unfinished_seqs():
+            seq.status = status
+            self.block_manager.free(seq)
+        self.block_manager.free_cross(group)
+        self._forget(group)
+
+    def _forget(self, group: SequenceGroup) -> None:
+        self._groups.pop(group.request_id, None)
+        self._admitted.discard(group.request_id)
+        self._seq_ids.difference_update(s.seq_id for s in group.get_seqs())
+
+    def _drop_finished_running(self) -> None:
+        if any(g.is_finished() for g in self.running):
+            kept = deque[SequenceGroup]()
+            for group in self.running:
+                if group.is_finished():
+                    self._finished.append(group)
+                    self._forget(group)
+                else:
+                    kept.append(group)
+            self.running = kept
+
+    # ------------------------------------------------------------------ verification
+
+    def check_invariants(self) -> None:
+        """Check Q1–Q4 (module docstring). Complexity: O(queued sequences + their blocks)."""
+        tables, num_gpu = self.block_manager.block_tables, self.block_manager.num_total_gpu_blocks
+        queues = [("waiting", self.waiting, _WAITING), ("running", self.running, _RUNNING)]
+        queues.append(("swapped", self.swapped, _SWAPPED))
+        rids = [g.request_id for _, queue, _ in queues for g in queue]
+        if len(set(rids)) != len(rids) or set(rids) != set(self._groups):
+            _fail("Q1", f"queued {rids}, tracked {sorted(self._groups)}")
+        for name, queue, status in queues:
+            for group in queue:
+                if group.is_finished() and name != "running":
+                    _fail("Q1", f"finished request {group.request_id!r} is still {name}")
+                for seq in group.get_seqs():
+                    expect: set[bool] | None = None  # devices (on GPU?) of its blocks
+                    if not seq.is_finished():
+                        if seq.status is not status:
+                            _fail("Q2", f"{seq} of {group.request_id!r} is in {name}")
+                        expect = None if status is _WAITING else {status is _RUNNING}
+                    table = tables.get(seq.seq_id)
+                    got = None if table is None else {b < num_gpu for b in table.physical_block_ids}
+                    if got != expect:
+                        where = "none" if got is None else "/".join(sorted(_WHERE[g] for g in got))
+                        _fail("Q3", f"{seq} of {group.request_id!r} in {name}: blocks on {where}")
+        arrival = {rid: i for i, rid in enumerate(self._groups)}  # dicts keep insertion order
+        fresh = [g.request_id not in self._admitted for g in self.waiting]
+        if True in fresh and not all(fresh[fresh.index(True) :]):
+            _fail("Q4", "an admitted group waits behind a group never admitted")
+        order = [arrival[g.request_id] for g, f in zip(self.waiting, fresh, strict=True) if f]
+        if order != sorted(order):
+            _fail("Q4", "groups never admitted are not in arrival order")
+
+
+_WHERE = {True: "GPU", False: "CPU"}
+
+
+def _fail(invariant: str, detail: str) -> None:
+    raise InvariantViolationError(invariant, detail)

@@ -1,0 +1,311 @@
+"""Serve a workload with the scheduler, the block manager, the KV cache engine and a toy model.
+
+Each step: requests that arrived are added; :meth:`Scheduler.schedule` plans
+the step; the worker applies swap-outs, swap-ins and copy-on-writes to the real
+:class:`KVCacheEngine`, then the toy model writes the KV of every token it
+computes at ``block_id * block_size + offset``. A token's KV is a pure function
+of (request, position, token id, layer, key/value), an integer exactly
+representable in the cache dtype. The model then samples one token per running
+sequence (a function of the seed, sequence id and position) and finishes the
+sequences that reached their output length.
+
+With checking on (the default), after every step: ``check_invariants()`` of
+manager and scheduler, and **KV conservation**: for every RUNNING (GPU tier)
+and SWAPPED (CPU tier) sequence the cache holds exactly the KV of each computed
+token, through fork, copy-on-write, swap and recompute (InvariantViolationError
+``"KV"`` otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from pagedkv.attention import build_attention_inputs
+from pagedkv.cache import KVCacheEngine
+from pagedkv.errors import (
+    InvalidKVCacheConfigError,
+    InvalidSchedulerConfigError,
+    InvariantViolationError,
+)
+from pagedkv.manager import BlockSpaceManager
+from pagedkv.report import SimulationResult, Tally
+from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedkv.workload import RequestSpec
+from pagedkv_spec.device import Device
+
+__all__ = ["SimulationConfig", "Simulator"]
+
+_RUNNING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
+_VOCAB = 32_000
+_MASK = (1 << 64) - 1
+#: Called after every step with (step, requests done, requests total).
+ProgressFn = Callable[[int, int, int], None]
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """Cache shape and run settings. Give block counts or byte budgets per tier
+    (``num_gpu_blocks`` / ``gpu_memory``; the block count wins if both are set)."""
+
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    num_cpu_blocks: int | None = None
+    gpu_memory: int | None = None
+    cpu_memory: int | None = None
+    num_layers: int = 2
+    num_kv_heads: int = 2
+    head_size: int = 8
+    dtype: torch.dtype | None = None  # engine default: float16 on CUDA, float32 on CPU
+    device: str | None = None  # engine default: CUDA when available
+    watermark: float = 0.01
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    max_steps: int = 100_000
+    check: bool = True
+    seed: int = 0
+
+
+def _mix(a: int, b: int, c: int) -> int:
+    """A 64-bit hash of three ints (splitmix-style); deterministic across runs."""
+    x = (a * 0x9E3779B97F4A7C15 + b * 0xBF58476D1CE4E5B9 + c * 0x94D049BB133111EB) & _MASK
+    x ^= x >> 31
+    return (x * 0xD6E8FEB86659FD93) & _MASK
+
+
+class Simulator:
+    """Owns engine, manager and scheduler for one run; :meth:`run` serves a workload.
+
+    Construction validates the configuration (InvalidKVCacheConfigError,
+    InvalidSchedulerConfigError, InvalidAllocatorConfigError) and allocates the
+    cache tensors: O(cache bytes).
+    """
+
+    def __init__(self, config: SimulationConfig) -> None:
+        self.config = c = config
+        for name in ("max_steps", "block_size"):
+            if isinstance(getattr(c, name), bool) or getattr(c, name) < 1:
+                raise InvalidSchedulerConfigError(f"{name} must be >= 1, got {getattr(c, name)}")
+        if c.num_gpu_blocks is None and c.gpu_memory is None:
+            raise InvalidKVCacheConfigError("give a GPU cache size: num_gpu_blocks or gpu_memory")
+        if c.num_gpu_blocks is not None and c.num_gpu_blocks < 1:
+            raise InvalidKVCacheConfigError(
+                f"the GPU cache needs >= 1 block, got {c.num_gpu_blocks}"
+            )
+        dtype = c.dtype or (torch.float16 if _cuda(c.device) else torch.float32)
+        per_block = KVCacheEngine.block_bytes(
+            c.num_layers, c.block_size, c.num_kv_heads, c.head_size, dtype
+        )
+        gpu = c.gpu_memory if c.num_gpu_blocks is None else c.num_gpu_blocks * per_block
+        cpu = c.cpu_memory if c.num_cpu_blocks is None else c.num_cpu_blocks * per_block
+        if cpu is not None and cpu < 0:
+            raise InvalidKVCacheConfigError(f"the CPU cache size must be >= 0, got {cpu}")
+        self.engine = KVCacheEngine.from_memory_budget(
+            gpu or 0,
+            cpu or 0,
+            num_layers=c.num_layers,
+            num_kv_heads=c.num_kv_heads,
+            head_size=c.head_size,
+            block_size=c.block_size,
+            dtype=dtype,
+            device=c.device,
+        )
+        cfg = self.engine.config
+        self.num_gpu_blocks, self.num_cpu_blocks = cfg.num_gpu_blocks, cfg.num_cpu_blocks
+        self.manager = BlockSpaceManager(
+            c.block_size, self.num_gpu_blocks, self.num_cpu_blocks, c.watermark
+        )
+        self.scheduler = Scheduler(self.manager, c.scheduler)
+        mantissa_bits = round(-math.log2(torch.finfo(cfg.dtype).eps))
+        self._code_range = 2 ** min(24, mantissa_bits + 1)  # ints the dtype holds exactly
+        self._request_index: dict[str, int] = {}
+        self._specs: dict[str, RequestSpec] = {}
+
+    # ------------------------------------------------------------------ the run
+
+    def run(
+        self, requests: list[RequestSpec], progress: ProgressFn | None = None
+    ) -> SimulationResult:
+        """Serve ``requests`` (sorted by arrival) until all are done or ``max_steps``.
+
+        Complexity: per step O(scheduled tokens + live blocks), plus O(live
+        tokens) tensor work for the KV check when checking is on.
+        """
+        sched, tally = self.scheduler, Tally(len(requests), self.config.check)
+        pending = deque(sorted(requests, key=lambda r: r.arrival_time))
+        clock, start = 0, time.perf_counter()
+        while (pending or sched.has_unfinished_seqs()) and tally.steps < self.config.max_steps:
+            if not sched.has_unfinished_seqs():  # idle: skip ahead to the next arrival
+                clock = max(clock, math.ceil(pending[0].arrival_time))
+            while pending and pending[0].arrival_time <= clock:
+                self._add(pending.popleft())
+            t0 = time.perf_counter()
+            out = sched.schedule()
+            tally.plan(out, time.perf_counter() - t0)
+            self._forward(out)
+            used = self.num_gpu_blocks - self.manager.get_num_free_gpu_blocks()
+            empty = 1.0 - self._filled_slots() / (used * self.config.block_size) if used else None
+            tally.usage(used / self.num_gpu_blocks, empty)
+            tally.summary.generated_tokens += self._sample(out)
+            tally.summary.finished += len(sched.free_finished_seq_groups())
+            if self.config.check:
+                self.manager.check_invariants()
+                sched.check_invariants()
+                self.check_kv()
+            tally.record(clock, out, sched)
+            clock += 1
+            if progress is not None:
+                progress(tally.steps, tally.done, len(requests))
+        unfinished = sched.get_num_unfinished_seq_groups() + len(pending)
+        wall = time.perf_counter() - start
+        return tally.result(unfinished, self.manager.stats.cow_copies, wall, self.setup())
+
+    def setup(self) -> dict[str, object]:
+        """The resolved cache and scheduler settings, for reports. Complexity: O(1)."""
+        c, e = self.config, self.engine.config
+        return {
+            "block_size": c.block_size,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "num_cpu_blocks": self.num_cpu_blocks,
+            "block_bytes": e.block_bytes,
+            "model": f"{c.num_layers} layers x {c.num_kv_heads} KV heads x head size {c.head_size}",
+            "dtype": str(e.dtype).removeprefix("torch."),
+            "device": str(self.engine.device),
+            "watermark": c.watermark,
+            "preemption": c.scheduler.preemption_mode,
+            "lookahead": c.scheduler.num_lookahead_slots,
+            "seed": c.seed,
+        }
+
+    def _add(self, spec: RequestSpec) -> None:
+        index = self._request_index.setdefault(spec.request_id, len(self._request_index))
+        self._specs[spec.request_id] = spec
+        prompt = [_mix(self.config.seed, index, p) % _VOCAB for p in range(spec.prompt_len)]
+        seq = Sequence(self.scheduler.next_seq_id(), prompt, self.config.block_size)
+        group = SequenceGroup(spec.request_id, [seq], spec.arrival_time, n=spec.n)
+        self.scheduler.add_seq_group(group)
+
+    # ------------------------------------------------------------------ worker and toy model
+
+    def _forward(self, out: SchedulerOutputs) -> None:
+        """Apply the block moves in the worker's order, then write the new tokens' KV."""
+        engine = self.engine
+        if out.blocks_to_swap_out:
+            engine.swap_out(out.blocks_to_swap_out)
+        if out.blocks_to_swap_in:
+            engine.swap_in(out.blocks_to_swap_in)
+        if out.blocks_to_copy:
+            engine.copy(out.blocks_to_copy)
+        tables: list[list[int]] = []
+        ctx: list[int] = []
+        qry: list[int] = []
+        reqs: list[int] = []
+        positions: list[int] = []
+        tokens: list[int] = []
+        for scheduled in out.scheduled_seq_groups:
+            group = scheduled.seq_group
+            seqs = group.get_seqs(_RUNNING)
+            # A prefill computes the group's shared prompt once, through its first sequence.
+            for seq in seqs[:1] if scheduled.is_prefill else seqs:
+                n0, n1 = seq.get_num_computed_tokens(), seq.get_len()
+                tables.append(self.manager.get_block_table(seq))
+                ctx.append(n1)
+                qry.append(n1 - n0)
+                reqs.extend([self._request_index[group.request_id]] * (n1 - n0))
+                positions.extend(range(n0, n1))
+                tokens.extend(seq.get_token_ids()[n0:n1])
+            for seq in seqs:
+                seq.update_num_computed_tokens(seq.get_num_uncomputed_tokens())
+        if not tables:
+            return
+        inputs = build_attention_inputs(
+            tables,
+            ctx,
+            self.config.block_size,
+            query_lens=qry,
+            num_blocks=self.num_gpu_blocks,
+            device=engine.device,
+        )
+        values = self._kv(torch.tensor(reqs), torch.tensor(positions), torch.tensor(tokens))
+        values = values.to(engine.device)
+        for layer in range(self.config.num_layers):
+            engine.write(inputs.slot_mapping, values[:, layer, 0], values[:, layer, 1], layer)
+
+    def _kv(self, reqs: torch.Tensor, pos: torch.Tensor, toks: torch.Tensor) -> torch.Tensor:
+        """KV of tokens, ``(N, layers, 2, heads, head_size)`` in the cache dtype (CPU)."""
+        c = self.config
+        base = (reqs * 1_000_003 + pos * 7_919 + toks * 31 + 1).view(-1, 1, 1)
+        layer = torch.arange(c.num_layers).view(1, -1, 1) * 101
+        kv = torch.arange(2).view(1, 1, 2) * 53
+        codes = ((base + layer + kv) % self._code_range).to(self.engine.dtype)
+        full: torch.Tensor = codes[:, :, :, None, None]
+        return full.expand(-1, -1, -1, c.num_kv_heads, c.head_size)
+
+    def _sample(self, out: SchedulerOutputs) -> int:
+        """One token per RUNNING sequence; finish those at their output length."""
+        seed, count = self.config.seed, 0
+        for scheduled in out.scheduled_seq_groups:
+            group = scheduled.seq_group
+            limit = self._specs[group.request_id].output_len
+            for seq in group.get_seqs(_RUNNING):
+                seq.append_token_id(_mix(seed + 1, seq.seq_id, seq.get_len()) % _VOCAB)
+                count += 1
+                if seq.get_output_len() >= limit:
+                    self.scheduler.finish_seq(seq)
+        return count
+
+    def _filled_slots(self) -> int:
+        """GPU token slots holding a computed token (each shared block counted once)."""
+        size, filled = self.config.block_size, dict[int, int]()
+        for group in self.scheduler.running:
+            for seq in group.get_seqs(_RUNNING):
+                n = seq.get_num_computed_tokens()
+                for i, block in enumerate(self.manager.get_block_table(seq)):
+                    filled[block] = max(filled.get(block, 0), min(size, max(0, n - i * size)))
+        return sum(filled.values())
+
+    # ------------------------------------------------------------------ checking
+
+    def check_kv(self) -> None:
+        """KV conservation (module docstring). Complexity: O(live tokens) tensor work."""
+        self.engine.synchronize()
+        size = self.config.block_size
+        for tier, status, queue, first in (
+            (Device.GPU, _RUNNING, self.scheduler.running, 0),
+            (Device.CPU, _SWAPPED, self.scheduler.swapped, self.num_gpu_blocks),
+        ):
+            seqs = [(g, q) for g in queue for q in g.get_seqs(status)]
+            lens = [q.get_num_computed_tokens() for _, q in seqs]
+            if not sum(lens):
+                continue
+            tables = [self.manager.get_block_table(q) for _, q in seqs]
+            width = max(len(t) for t in tables)
+            table = torch.tensor([[b - first for b in t] + [0] * (width - len(t)) for t in tables])
+            lens_t = torch.tensor(lens)
+            owner = torch.repeat_interleave(torch.arange(len(seqs)), lens_t)
+            pos = torch.arange(int(lens_t.sum())) - (torch.cumsum(lens_t, 0) - lens_t)[owner]
+            blocks, offsets = table[owner, pos // size], pos % size
+            reqs = torch.tensor([self._request_index[g.request_id] for g, _ in seqs])[owner]
+            toks = torch.tensor(
+                [t for (_, q), n in zip(seqs, lens, strict=True) for t in q.get_token_ids()[:n]]
+            )
+            store = self.engine.storage(tier)
+            got = store[blocks.to(store.device), :, :, offsets.to(store.device)].cpu()
+            want = self._kv(reqs, pos, toks)
+            if not torch.equal(got, want):
+                bad = int((got != want).flatten(1).any(1).nonzero()[0])
+                group, seq = seqs[int(owner[bad])]
+                raise InvariantViolationError(
+                    "KV",
+                    f"{tier.name} cache lost the KV of request {group.request_id!r} sequence "
+                    f"{seq.seq_id} position {int(pos[bad])} (block {int(blocks[bad])})",
+                )
+
+
+def _cuda(device: str | None) -> bool:
+    return torch.device(device).type == "cuda" if device else torch.cuda.is_available()
