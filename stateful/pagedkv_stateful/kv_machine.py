@@ -61,40 +61,16 @@ from pagedkv import (
 from pagedkv.errors import KVCacheError
 from pagedkv_spec.device import Device
 from pagedkv_spec.status import AllocStatus
+from pagedkv_stateful.toy_model import HEAD_SIZE, describe_kv, toy_kv
 
 __all__ = ["NUM_LAYERS", "KVMachine", "Pairs", "toy_kv"]
 
 NUM_LAYERS = 2
 MAX_SEQS = 3  # sequences per request (vLLM's n), forks included
-HEAD_SIZE = 4  # lineage, position, token, layer/head code
 WAITING, RUNNING, SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 FINISHED = SequenceStatus.FINISHED_STOPPED
 
 Pairs = list[tuple[int, int]]
-
-
-def toy_kv(
-    lineages: list[int], positions: list[int], tokens: list[int], layer: int, num_heads: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The toy model's ``(key, value)``, each ``(n, num_heads, HEAD_SIZE)`` float32.
-
-    ``key[i, h] = (lineage + 1, position + 1, token + 1, 16 * layer + h + 1)`` and
-    ``value = -key``: small exact integers, never all zero (a block nobody wrote
-    reads as zeros), and decodable back to their origin. Complexity: O(n * heads).
-    """
-    codes = [16 * layer + h + 1 for h in range(num_heads)]
-    rows = zip(lineages, positions, tokens, strict=True)
-    key = [[[lin + 1, pos + 1, tok + 1, c] for c in codes] for lin, pos, tok in rows]
-    t = torch.tensor(key, dtype=torch.float32).reshape(len(positions), num_heads, HEAD_SIZE)
-    return t, -t
-
-
-def _describe(vector: torch.Tensor) -> str:
-    """What a stored key vector (one head) encodes, for failure messages."""
-    if not bool(vector.any()):
-        return "zeros (never written)"
-    lin, pos, tok, code = (int(x) - 1 for x in vector.tolist())
-    return f"seq {lin}'s KV of position {pos}, token {tok}, layer {code // 16}"
 
 
 class KVMachine(RuleBasedStateMachine):
@@ -454,6 +430,6 @@ class KVMachine(RuleBasedStateMachine):
             block = ids[bad // self.block_size]
             raise AssertionError(
                 f"KV1: {seq.status.name} seq {seq.seq_id}, position {bad} (in {tier.name} block "
-                f"{block}), layer {layer}: expected {_describe(want_k[bad, 0])}, "
-                f"found {_describe(got_k[bad, 0])}"
+                f"{block}), layer {layer}: expected {describe_kv(want_k[bad, 0])}, "
+                f"found {describe_kv(got_k[bad, 0])}"
             )

@@ -1,0 +1,110 @@
+"""The scheduler's configuration and per-step outputs (plain data).
+
+:class:`SchedulerConfig` validates itself on construction; the scheduler
+itself is in :mod:`pagedkv.scheduler`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from pagedkv.errors import InvalidSchedulerConfigError
+from pagedkv.sequence import SequenceGroup
+
+__all__ = [
+    "Preemption",
+    "PreemptionMode",
+    "ScheduledSequenceGroup",
+    "SchedulerConfig",
+    "SchedulerEvent",
+    "SchedulerOutputs",
+]
+
+_MODES = ("auto", "recompute", "swap")
+
+
+class PreemptionMode(enum.Enum):
+    """How a running group gave up its GPU blocks (vLLM names)."""
+
+    SWAP = enum.auto()
+    RECOMPUTE = enum.auto()
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler settings; validated on construction (InvalidSchedulerConfigError).
+
+    preemption_mode         "auto" | "recompute" | "swap" (see the module docstring)
+    num_lookahead_slots     extra empty slots reserved per sequence at each decode append
+    max_num_seqs            most sequences in one step, or None for no limit
+    max_num_batched_tokens  most tokens computed in one step, or None; a prompt
+                            longer than this is rejected (vLLM's prompt limit)
+    """
+
+    preemption_mode: str = "auto"
+    num_lookahead_slots: int = 0
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.preemption_mode not in _MODES:
+            raise InvalidSchedulerConfigError(
+                f"preemption_mode must be one of {', '.join(_MODES)}, got {self.preemption_mode!r}"
+            )
+        _check_int("num_lookahead_slots", self.num_lookahead_slots, 0)
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_int(name, value, 1)
+
+
+def _check_int(name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidSchedulerConfigError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ScheduledSequenceGroup:
+    """A group computing ``token_chunk_size`` tokens per RUNNING sequence (a prefill: once)."""
+
+    seq_group: SequenceGroup
+    token_chunk_size: int
+    is_prefill: bool
+
+
+@dataclass(frozen=True)
+class SchedulerEvent:
+    """A request the scheduler rejected or aborted, and why."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """A running group that lost its GPU blocks this step."""
+
+    request_id: str
+    mode: PreemptionMode
+    reason: str
+
+
+@dataclass
+class SchedulerOutputs:
+    """The plan of one step; block pairs are physical ids ``(src, dst)``. ``rejected``:
+    now FINISHED_IGNORED; ``aborted``: FINISHED_ABORTED by preemption; ``swapped_in``,
+    ``admitted``: request ids in placement order."""
+
+    scheduled_seq_groups: list[ScheduledSequenceGroup] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[Preemption] = field(default_factory=list)
+    rejected: list[SchedulerEvent] = field(default_factory=list)
+    aborted: list[SchedulerEvent] = field(default_factory=list)
+    swapped_in: list[str] = field(default_factory=list)
+    admitted: list[str] = field(default_factory=list)
+    num_lookahead_slots: int = 0
+    num_batched_seqs: int = 0  # sequences that compute tokens this step
+    num_batched_tokens: int = 0  # tokens computed: each prefill once, each decode per sequence
