@@ -210,3 +210,13 @@ def test_console_script_errors_have_no_traceback() -> None:
     done = _run(*command, "simulate", "--preset", "nope", "--gpu-blocks", "0")
     assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
     assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("pagedkv: error: ")
+
+
+def test_pagedkv_conform_is_wired_into_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    """`pagedkv conform` reaches the conformance kit: a faulty allocator exits 1."""
+    from pagedkv import cli
+
+    code = cli.main(["conform", "faulty_allocators:shared_free_allocator", "--max-examples", "60"])
+    out = capsys.readouterr().out
+    assert code == 1 and "free count" in out
+    assert cli.main(["conform", "no_such_module:factory"]) == 2

@@ -124,15 +124,26 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print the results as JSON")
     sim.add_argument("--plot", metavar="FILE.png", help="plot usage, queues and preemptions")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
+    # Parsed by pagedkv_stateful.conform itself, imported only when used: it needs
+    # Hypothesis, which the library does not (pip install 'pagedkv[conform]').
+    conform = commands.add_parser(
+        "conform",
+        help="check a block allocator or manager against the spec (see docs/conformance.md)",
+        add_help=False,
+    )
+    conform.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 ok, 1 failed check, 2 bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["conform"]:  # conform parses its own arguments
+            return _conform(argv[1:])
         args = build_parser().parse_args(argv)
         if args.command is None:
-            raise _UsageError("choose a command: simulate (see pagedkv --help)")
+            raise _UsageError("choose a command: simulate or conform (see pagedkv --help)")
         return _simulate(args)
     except _UsageError as err:
         return _fail(str(err), 2)
@@ -144,6 +155,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return done.code if isinstance(done.code, int) else 0
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
+
+
+def _conform(argv: list[str]) -> int:
+    try:
+        from pagedkv_stateful import conform
+    except ImportError as err:
+        raise _UsageError(
+            f"pagedkv conform needs the test tools ({err}); pip install 'pagedkv[conform]'"
+        ) from None
+    return conform.main(argv)
 
 
 def _fail(message: str, code: int) -> int:

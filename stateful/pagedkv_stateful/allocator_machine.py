@@ -1,25 +1,33 @@
 """Lockstep machine: a two-device block allocator against :mod:`pagedkv_spec.allocator`.
 
 Every public operation of the allocator is a rule, error paths included. Each
-rule has one shape: call the implementation; if it raised, the spec must raise
-the same error type for the same call (and, since the model does not move, the
-next invariant check proves the implementation changed nothing); otherwise feed
-the implementation's choices (ids, mappings) to the spec, which judges them, and
-compare results. After every step ``observables_agree`` compares the
-implementation's abstraction (``to_spec``) with the model state.
+rule has one shape: call the target through its adapter
+(:class:`~pagedkv_stateful.adapters.AllocatorAdapter`); if it raised, the spec
+must reject the same call (with the same error type when the target promises
+typed errors) and nothing observable may have changed; otherwise feed the
+target's choices (ids, mappings) to the spec, which judges them, and compare
+results. After every step ``observables_agree`` compares the target with the
+model: its full abstraction when the adapter has ``to_spec``, else what the
+vLLM API shows (ids and tokens of live blocks, free and total counts).
 
-Reuse: subclass and override :meth:`make_impl` (and :meth:`abstract` for an
-allocator without ``to_spec``); set ``check_lifo = False`` for allocators that
-do not promise vLLM's LIFO reuse order.
+Every failed check raises a :class:`~pagedkv_stateful.adapters.Violation`
+naming it, and every call to the target is also written to ``self.program``
+as a line of Python against the target's own API (``alloc``), so a failing run
+reads back as a runnable program.
+
+Reuse: subclass and override :meth:`make_impl` (a target; pagedkv's
+``CpuGpuBlockAllocator`` by default) or :meth:`make_adapter`; set
+``check_lifo = False`` to skip the LIFO policy check even for a target that
+promises it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
-from hypothesis import event, note
+from hypothesis import event, note, reject
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -28,28 +36,197 @@ from hypothesis.stateful import (
     initialize,
     invariant,
     multiple,
+    precondition,
     rule,
 )
 
 from pagedkv import CpuGpuBlockAllocator
 from pagedkv.errors import ForeignBlockError, NullBlockError, PagedKVError
-from pagedkv.interfaces import Block
 from pagedkv_spec import allocator as spec
 from pagedkv_spec.device import Device
-from pagedkv_spec.pool import PoolState, lifo_choice
+from pagedkv_spec.pool import (
+    PoolState,
+    cow_pairs_ok,
+    free_is_rc_zero,
+    in_pool,
+    lifo_choice,
+    pool_ids_ok,
+    refcounts_ok,
+)
+from pagedkv_stateful.adapters import (
+    INVARIANT_NAMES,
+    AllocatorAdapter,
+    Capabilities,
+    Violation,
+    as_allocator_adapter,
+)
 
-__all__ = ["AllocatorMachine"]
+__all__ = ["AllocatorMachine", "LockstepMachine", "choice_fault"]
 
 T = TypeVar("T")
-devices = st.sampled_from([Device.GPU, Device.CPU])
+GPU, CPU = Device.GPU, Device.CPU
+devices = st.sampled_from([GPU, CPU])
 # Mostly real moves, sometimes a same-device swap (an error path).
-swap_directions = st.sampled_from(
-    [(Device.GPU, Device.CPU)] * 3 + [(Device.CPU, Device.GPU)] * 3 + [(Device.GPU, Device.GPU)]
+swap_directions = st.sampled_from([(GPU, CPU)] * 3 + [(CPU, GPU)] * 3 + [(GPU, GPU)])
+
+# Spec assertion messages (judging a target's choice) -> the check they stand for.
+SPEC_ASSERTIONS = (
+    ("not free", "P2 free_is_rc_zero"),
+    ("id twice", "I1 refcounts_match_references"),
+    ("one id per chunk", "I6 blocks_ok"),
+    ("CoW", "I5 cow_pairs_ok"),
+    ("copy-on-write", "I5 cow_pairs_ok"),
+    ("swap", "M5 swap_conserves"),
+    ("chosen ids must match the table", "M3 tables_shaped_ok"),
 )
 
 
-class AllocatorMachine(RuleBasedStateMachine):
-    """Drives an allocator and the spec in lockstep (see the module docstring)."""
+class LockstepMachine(RuleBasedStateMachine):
+    """Plumbing shared by the lockstep machines: verdicts, error judging, the program.
+
+    ``known``: check names already reported; a run that fails one of them is
+    discarded (``reject``), so a search can look for the *other* violations.
+    """
+
+    known: frozenset[str] = frozenset()
+    caps: Capabilities
+    program: list[str]
+
+    def _violate(
+        self,
+        invariant: str,
+        detail: str,
+        check_line: str | None = None,
+        replace_last: bool = False,
+    ) -> NoReturn:
+        """Raise the Violation (or discard the run if it is ``known``). ``check_line``
+        ends the program (replacing its last line when that line made the same call)."""
+        if invariant in self.known:
+            reject()
+        if check_line:
+            if replace_last:
+                self.program.pop()
+            self.program.append(f"{check_line}  # {invariant}")
+        raise Violation(invariant, detail, check_line)
+
+    def _log(self, line: str) -> None:
+        self.program.append(line)
+
+    def _attempt(self, call: Callable[[], T]) -> T | Exception:
+        """Call the target; an exception is returned, to be judged against the spec."""
+        try:
+            return call()
+        except Exception as err:
+            return err
+
+    def _compare(self) -> None:
+        """Compare every observable with the model; raise a Violation on the first mismatch."""
+        raise NotImplementedError
+
+    def _error_name(self, err: BaseException) -> str:
+        """The second argument of the program's ``expect_error`` (none for untyped targets)."""
+        return f", {type(err).__name__!r}" if self.caps.typed_errors else ""
+
+    def _expect_same_error(self, err: Exception, spec_call: Callable[[], object], src: str) -> None:
+        """The target rejected ``src``: the spec must reject it too, and nothing may change."""
+        try:
+            spec_call()
+        except PagedKVError as expected:
+            if self.caps.typed_errors and type(err) is not type(expected):
+                self._log(f"{src}  # raises {type(err).__name__}")
+                self._violate(
+                    "same error as spec",
+                    f"{src} raised {err!r}; the spec raises {type(expected).__name__}",
+                )
+            self._log(f"expect_error(lambda: {src}{self._error_name(expected)})")
+            event(f"error: {type(expected).__name__}")
+            self._check_unchanged(src, err)
+            return
+        except Exception:  # the spec accepted the call but had no valid choice to judge
+            pass
+        self._log(f"{src}  # raises {type(err).__name__}")
+        self._violate("same error as spec", f"{src} raised {err!r} but the spec accepts the call")
+
+    def _expect_rejected(
+        self, res: object, spec_call: Callable[[], object], src: str, expected: str = ""
+    ) -> None:
+        """A call the spec rejects: the target must raise (``expected``: the error's name)."""
+        if isinstance(res, Exception):
+            self._expect_same_error(res, spec_call, src)
+            return
+        if not expected:
+            try:
+                spec_call()
+            except PagedKVError as err:
+                expected = type(err).__name__
+            except Exception:  # accepted, but no valid choice to judge: no name to give
+                pass
+        name = f", {expected!r}" if self.caps.typed_errors and expected else ""
+        self._violate(
+            "same error as spec",
+            f"{src} was accepted; the spec rejects it ({expected or 'an error'})",
+            f"expect_error(lambda: {src}{name})",
+        )
+
+    def _check_unchanged(self, src: str, err: Exception) -> None:
+        try:
+            self._compare()
+        except Violation as changed:
+            self._violate(
+                "failed call changes nothing",
+                f"{src} raised {type(err).__name__} (the spec rejects it too) but changed "
+                f"the state: [{changed.invariant}] {changed.detail}",
+                changed.check_line,
+            )
+
+    def _judge(
+        self,
+        site: str,
+        spec_call: Callable[[], T],
+        src: str,
+        lhs: str = "",
+        explain: Callable[[], None] | None = None,
+    ) -> T:
+        """Advance the spec with the target's results of an accepted call ``src``.
+
+        The spec raising a typed error means the target accepted a call it must
+        reject; a spec assertion means it rejects the target's choice: ``explain``
+        may name the fault precisely, else the assertion message is mapped to a
+        check (``site`` when unknown).
+        """
+        try:
+            out = spec_call()
+        except PagedKVError as expected:
+            self._violate(
+                "same error as spec",
+                f"{src} was accepted; the spec raises {expected!r}",
+                f"expect_error(lambda: {src}{self._error_name(expected)})",
+            )
+        except Violation:
+            raise
+        except Exception as why:  # an assertion, or a result too malformed to index
+            self._log(f"{lhs}{src}")
+            if explain is not None:
+                explain()
+            message = str(why) or "a postcondition failed"
+            if not isinstance(why, AssertionError):
+                message = f"{type(why).__name__}: {message}"
+            name = next((n for key, n in SPEC_ASSERTIONS if key in message), site)
+            self._violate(name, f"the spec rejects the result of {src}: {message}")
+        self._log(f"{lhs}{src}")
+        return out
+
+    def _check_target_invariants(self, check: Callable[[], None]) -> None:
+        try:
+            check()
+        except Exception as err:
+            number = getattr(err, "invariant", None)
+            name = INVARIANT_NAMES.get(str(number), "check_invariants")
+            self._violate(name, f"the target's check_invariants() failed: {err}")
+
+
+class AllocatorMachine(LockstepMachine):
+    """Drives an allocator adapter and the spec in lockstep (see the module docstring)."""
 
     check_lifo = True
     blocks = Bundle("blocks")
@@ -58,55 +235,64 @@ class AllocatorMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ extension points
 
     def make_impl(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> Any:
-        """The allocator under test. Override to test another implementation."""
+        """The allocator under test (a target). Override to test another implementation."""
         return CpuGpuBlockAllocator.create("naive", num_gpu_blocks, num_cpu_blocks, block_size)
 
-    def abstract(self) -> spec.AllocatorState:
-        """The implementation's state as a spec state (its abstraction function)."""
-        state: spec.AllocatorState = self.impl.to_spec(dict(enumerate(self.objs)))
-        return state
+    def make_adapter(
+        self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
+    ) -> AllocatorAdapter:
+        """The adapter the rules call: :meth:`make_impl`'s target, adapted."""
+        return as_allocator_adapter(self.make_impl(num_gpu_blocks, num_cpu_blocks, block_size))
+
+    def setup_source(self, var: str, num_gpu: int, num_cpu: int, block_size: int) -> str:
+        """The program line that creates a target named ``var``."""
+        return f'{var} = CpuGpuBlockAllocator.create("naive", {num_gpu}, {num_cpu}, {block_size})'
+
+    def abstract(self) -> spec.AllocatorState | None:
+        """The target's state as a spec state (its abstraction function), if it has one."""
+        return self.adapter.to_spec(dict(enumerate(self.objs)))
 
     def check_impl_invariants(self) -> None:
-        """The implementation's own representation check, if it has one."""
-        self.impl.check_invariants(dict(enumerate(self.objs)))
+        """The target's own representation check, if it has one."""
+        self.adapter.check_invariants(dict(enumerate(self.objs)))
 
     # ------------------------------------------------------------------ plumbing
 
-    def _attempt(self, call: Callable[[], T]) -> T | PagedKVError:
-        try:
-            return call()
-        except PagedKVError as err:
-            return err
+    @property
+    def _lifo(self) -> bool:
+        return self.check_lifo and self.caps.lifo
 
-    def _expect_same_error(self, err: PagedKVError, spec_call: Callable[[], object]) -> None:
-        """The spec must reject the call with the implementation's error type."""
-        try:
-            spec_call()
-        except PagedKVError as expected:
-            assert type(err) is type(expected), f"impl raised {err!r}, spec raised {expected!r}"
-            event(f"error: {type(err).__name__}")
-            return
-        except AssertionError as why:  # the spec accepted the call but had no valid choice
-            raise AssertionError(f"impl raised {err!r} but the spec allows the call") from why
-        raise AssertionError(f"impl raised {err!r} but the spec allows the call")
+    def _dev(self, device: Device) -> str:
+        return self.adapter.source_device(device)
 
-    def _adopt(self, new: Sequence[Block]) -> None:
-        """Name the implementation's new block objects with the spec's next handles."""
-        self.objs.extend(new)
+    def _holders(self, device: Device, block_id: int, exclude: int | None = None) -> str:
+        return holders(self.model, device, block_id, exclude)
 
-    def _check_lifo(self, pool: PoolState, chosen: Sequence[int]) -> None:
-        if self.check_lifo:
-            assert lifo_choice(pool, tuple(chosen)), (
-                f"LIFO policy: handed out {list(chosen)}, front of free list is "
-                f"{list(pool.free[: len(chosen)])}"
+    def _explain_choice(self, device: Device, chosen: Sequence[int | None], src: str) -> None:
+        """Name what is wrong with ids the target handed out for ``device`` (if anything)."""
+        fault = choice_fault(self.model, device, chosen, src)
+        if fault is not None:
+            self._violate(*fault)
+
+    def _check_lifo(self, pool: PoolState, chosen: Sequence[int], src: str) -> None:
+        if self._lifo and not lifo_choice(pool, tuple(chosen)):
+            self._violate(
+                "LIFO policy",
+                f"LIFO policy: {src} handed out {list(chosen)}, front of free list is "
+                f"{list(pool.free[: len(chosen)])}",
             )
 
-    def _ids(self, blocks: Sequence[Block]) -> list[int]:
-        out = []
-        for b in blocks:
-            assert b.block_id is not None, "a new block must hold an id"
-            out.append(b.block_id)
-        return out
+    def _new_blocks(self, n: int) -> tuple[str, list[int]]:
+        """``(lhs, handles)`` for ``n`` new block objects: ``"b3, b4 = "``, ``[3, 4]``."""
+        handles = list(range(len(self.objs), len(self.objs) + n))
+        names = ", ".join(f"b{h}" for h in handles)
+        lhs = "" if n == 0 else f"[{names}] = " if n == 1 else f"{names} = "
+        return lhs, handles
+
+    def _allocated(self, res: Sequence[Any], before: PoolState, src: str) -> None:
+        """The target's new block objects: LIFO order, then adopted under the next handles."""
+        self._check_lifo(before, [_or_bad(self.adapter.block_id(b)) for b in res], src)
+        self.objs.extend(res)
 
     # ------------------------------------------------------------------ rules
 
@@ -117,27 +303,39 @@ class AllocatorMachine(RuleBasedStateMachine):
         block_size=st.integers(1, 4),
     )
     def init(self, num_gpu: int, num_cpu: int, block_size: int) -> object:
-        self.impl = self.make_impl(num_gpu, num_cpu, block_size)
+        self.program = []
+        self.adapter = self.make_adapter(num_gpu, num_cpu, block_size)
+        self.impl = self.adapter.target
+        self.caps = self.adapter.capabilities
         self.model = spec.initial(num_gpu, num_cpu, block_size)
-        self.objs: list[Block] = []
-        self.other = self.make_impl(1, 1, block_size)
-        self.foreign = self.other.allocate_mutable_block(None, Device.GPU)
-        self.null: Block | None = None
-        return self.allocate_mutable_block(None, Device.GPU)
+        self.objs: list[Any] = []
+        self.other: AllocatorAdapter | None = None
+        self.foreign: Any = None
+        self.null: Any = None
+        self._log(self.setup_source("alloc", num_gpu, num_cpu, block_size))
+        return self.allocate_mutable_block(None, GPU)
 
     @rule(target=blocks, prev=st.none() | blocks, device=devices)
     def allocate_mutable_block(self, prev: int | None, device: Device) -> object:
         prev_obj = None if prev is None else self.objs[prev]
-        res = self._attempt(lambda: self.impl.allocate_mutable_block(prev_obj, device))
-        if isinstance(res, PagedKVError):
+        src = f"alloc.allocate_mutable_block({self._name(prev)}, {self._dev(device)})"
+        res = self._attempt(lambda: self.adapter.allocate_mutable_block(prev_obj, device))
+        if isinstance(res, Exception):
             self._expect_same_error(
-                res, lambda: spec.allocate_mutable_block(self.model, prev, device, -1)
+                res, lambda: spec.allocate_mutable_block(self.model, prev, device, -1), src
             )
             return multiple()
-        (chosen,) = self._ids([res])
-        self._check_lifo(spec.pool_of(self.model, device), [chosen])
-        self.model, handle = spec.allocate_mutable_block(self.model, prev, device, chosen)
-        self._adopt([res])
+        chosen = self.adapter.block_id(res)
+        before = spec.pool_of(self.model, device)
+        _, (handle,) = self._new_blocks(1)
+        self.model, _ = self._judge(
+            "I6 blocks_ok",
+            lambda: spec.allocate_mutable_block(self.model, prev, device, _or_bad(chosen)),
+            src,
+            f"b{handle} = ",
+            lambda: self._explain_choice(device, [chosen], src),
+        )
+        self._allocated([res], before, src)
         return handle
 
     @rule(
@@ -155,97 +353,178 @@ class AllocatorMachine(RuleBasedStateMachine):
         # Chunks fit the block unless this step tests the overflow error path.
         chunks = [list(range(token, token + (n if overflow else min(n, size)))) for n in lengths]
         prev_obj = None if prev is None else self.objs[prev]
+        dev = self._dev(device)
         if len(chunks) == 1:  # the single-block entry point
-            res: list[Block] | PagedKVError = self._attempt(
-                lambda: [self.impl.allocate_immutable_block(prev_obj, chunks[0], device)]
+            src = f"alloc.allocate_immutable_block({self._name(prev)}, {chunks[0]}, {dev})"
+            res: list[Any] | Exception = self._attempt(
+                lambda: [self.adapter.allocate_immutable_block(prev_obj, chunks[0], device)]
             )
         else:
+            src = f"alloc.allocate_immutable_blocks({self._name(prev)}, {chunks}, {dev})"
             res = self._attempt(
-                lambda: self.impl.allocate_immutable_blocks(prev_obj, chunks, device)
+                lambda: self.adapter.allocate_immutable_blocks(prev_obj, chunks, device)
             )
-        if isinstance(res, PagedKVError):
+        if isinstance(res, Exception):
             self._expect_same_error(
                 res,
                 lambda: spec.allocate_immutable_blocks(
                     self.model, prev, chunks, device, [-1] * len(chunks)
                 ),
+                src,
             )
             return multiple()
-        chosen = self._ids(res)
-        self._check_lifo(spec.pool_of(self.model, device), chosen)
-        self.model, handles = spec.allocate_immutable_blocks(
-            self.model, prev, chunks, device, chosen
+        lhs, handles = self._new_blocks(len(res))
+        if len(chunks) == 1:
+            lhs = f"b{handles[0]} = "
+        if len(res) != len(chunks):
+            self._log(f"{lhs}{src}")
+            self._violate("I6 blocks_ok", f"{src} returned {len(res)} blocks for {len(chunks)}")
+        chosen = [self.adapter.block_id(b) for b in res]
+        before = spec.pool_of(self.model, device)
+        self.model, _ = self._judge(
+            "I6 blocks_ok",
+            lambda: spec.allocate_immutable_blocks(
+                self.model, prev, chunks, device, [_or_bad(b) for b in chosen]
+            ),
+            src,
+            lhs,
+            lambda: self._explain_choice(device, chosen, src),
         )
-        assert [b.token_ids for b in res] == chunks
-        self._adopt(res)
+        for h, b, chunk in zip(handles, res, chunks, strict=True):
+            if self.adapter.token_ids(b) != chunk:
+                got = self.adapter.token_ids(b)
+                self._violate(
+                    "token ids",
+                    f"b{h} holds {got}, allocated with {chunk}",
+                    f"assert {self.adapter.source_token_ids(f'b{h}')} == {chunk}",
+                )
+        self._allocated(res, before, src)
         event(f"allocate_immutable_blocks: {len(chunks)} chunk(s)")
         return multiple(*handles)
 
     @rule(target=dead, handle=consumes(blocks))
     def free(self, handle: int) -> int:
-        res = self._attempt(lambda: self.impl.free(self.objs[handle]))
-        if isinstance(res, PagedKVError):
-            self._expect_same_error(res, lambda: spec.free(self.model, handle))
+        src = f"alloc.free(b{handle})"
+        res = self._attempt(lambda: self.adapter.free(self.objs[handle]))
+        if isinstance(res, Exception):
+            self._expect_same_error(res, lambda: spec.free(self.model, handle), src)
         else:
-            self.model = spec.free(self.model, handle)
+            self.model = self._judge(
+                "I1 refcounts_match_references", lambda: spec.free(self.model, handle), src
+            )
         return handle
 
+    @precondition(lambda self: self.caps.misuse)
     @rule(handle=dead)
     def free_again(self, handle: int) -> None:
         """Double free: a dead handle must raise and change nothing."""
-        res = self._attempt(lambda: self.impl.free(self.objs[handle]))
-        assert isinstance(res, PagedKVError), "double free was accepted"
-        self._expect_same_error(res, lambda: spec.free(self.model, handle))
+        src = f"alloc.free(b{handle})"
+        res = self._attempt(lambda: self.adapter.free(self.objs[handle]))
+        self._expect_rejected(res, lambda: spec.free(self.model, handle), src)
 
+    @precondition(lambda self: self.caps.misuse)
     @rule(handle=dead, token=st.integers(0, 9))
     def use_stale_handle(self, handle: int, token: int) -> None:
         """A freed object must never append to or fork another owner's block."""
         obj = self.objs[handle]
-        res = self._attempt(lambda: obj.append_token_ids([token]))
-        assert isinstance(res, PagedKVError), "append through a freed block was accepted"
-        self._expect_same_error(res, lambda: spec.append_token_ids(self.model, handle, [token], -1))
-        res = self._attempt(lambda: self.impl.fork(obj))
-        assert isinstance(res, PagedKVError), "fork of a freed block was accepted"
-        self._expect_same_error(res, lambda: spec.fork(self.model, handle))
+        src = self.adapter.source_append(f"b{handle}", f"[{token}]")
+        res = self._attempt(lambda: self.adapter.append_token_ids(obj, [token]))
+        self._expect_rejected(
+            res, lambda: spec.append_token_ids(self.model, handle, [token], -1), src
+        )
+        src = f"alloc.fork(b{handle})"
+        forked = self._attempt(lambda: self.adapter.fork(obj))
+        self._expect_rejected(forked, lambda: spec.fork(self.model, handle), src)
 
     @rule(target=blocks, last=blocks)
     def fork(self, last: int) -> object:
-        res = self._attempt(lambda: self.impl.fork(self.objs[last]))
-        if isinstance(res, PagedKVError):
-            self._expect_same_error(res, lambda: spec.fork(self.model, last))
+        if not self.caps.misuse and any(
+            self.model.blocks[h].freed for h in spec.chain(self.model, last)
+        ):
+            event("fork: skipped (the chain holds a freed block: misuse)")
             return multiple()
-        self.model, handles = spec.fork(self.model, last)
-        assert [b.block_id for b in res] == [self.model.blocks[h].block_id for h in handles]
-        self._adopt(res)
-        event(f"fork: chain of {min(len(handles), 3)}{'+' if len(handles) > 3 else ''}")
+        src = f"alloc.fork(b{last})"
+        res = self._attempt(lambda: self.adapter.fork(self.objs[last]))
+        if isinstance(res, Exception):
+            self._expect_same_error(res, lambda: spec.fork(self.model, last), src)
+            return multiple()
+        lhs, handles = self._new_blocks(len(res))
+        self.model, want = self._judge(
+            "I1 refcounts_match_references", lambda: spec.fork(self.model, last), src, lhs
+        )
+        got_ids = [self.adapter.block_id(b) for b in res]
+        want_ids = [self.model.blocks[h].block_id for h in want]
+        if got_ids != want_ids:
+            shown = ", ".join(self.adapter.source_block_id(f"b{h}") for h in handles)
+            self._violate(
+                "block ids",
+                f"{src} returned blocks with ids {got_ids}; a fork shares the chain's ids "
+                f"{want_ids}",
+                f"assert [{shown}] == {want_ids}",
+            )
+        self.objs.extend(res)
+        event(f"fork: chain of {min(len(want), 3)}{'+' if len(want) > 3 else ''}")
         return multiple(*handles)
 
     @rule(handle=blocks, n=st.integers(0, 3), token=st.integers(0, 50))
     def append_token_ids(self, handle: int, n: int, token: int) -> None:
         tokens = list(range(token, token + n))
-        obj = self.objs[handle]
-        cow = spec.needs_cow(self.model, handle) if not self.model.blocks[handle].freed else False
-        res = self._attempt(lambda: obj.append_token_ids(tokens))
-        if isinstance(res, PagedKVError):
+        obj, ref = self.objs[handle], self.model.blocks[handle]
+        cow = spec.needs_cow(self.model, handle) if not ref.freed else False
+        if cow and tokens and not self.caps.cow:
+            event("append: skipped (copy-on-write not supported)")
+            return
+        src = self.adapter.source_append(f"b{handle}", repr(tokens))
+        res = self._attempt(lambda: self.adapter.append_token_ids(obj, tokens))
+        if isinstance(res, Exception):
             self._expect_same_error(
-                res, lambda: spec.append_token_ids(self.model, handle, tokens, -1)
+                res, lambda: spec.append_token_ids(self.model, handle, tokens, -1), src
             )
             return
-        chosen = obj.block_id
+        chosen = self.adapter.block_id(obj)
+        before = spec.pool_of(self.model, ref.device)
+
+        def explain() -> None:
+            if chosen == ref.block_id:
+                self._violate(
+                    "I5 cow_pairs_ok",
+                    f"{src}: id {ref.block_id} is shared (also held by "
+                    f"{self._holders(ref.device, _or_bad(chosen), handle)}), but the target "
+                    "wrote into it "
+                    "instead of copying it first",
+                    f"assert {self.adapter.source_block_id(f'b{handle}')} != {chosen}",
+                )
+            self._explain_choice(ref.device, [chosen], src)
+
+        self.model = self._judge(
+            "I5 cow_pairs_ok",
+            lambda: spec.append_token_ids(self.model, handle, tokens, chosen),
+            src,
+            explain=explain if cow else None,
+        )
         if cow and tokens:
-            assert chosen is not None
-            self._check_lifo(spec.pool_of(self.model, self.model.blocks[handle].device), [chosen])
+            self._check_lifo(before, [_or_bad(chosen)], src)
             event("append: copy-on-write")
-        self.model = spec.append_token_ids(self.model, handle, tokens, chosen)
 
     @rule()
     def clear_copy_on_writes(self) -> None:
-        pairs = self.impl.clear_copy_on_writes()
+        src = "alloc.clear_copy_on_writes()"
+        res = self._attempt(self.adapter.clear_copy_on_writes)
+        if isinstance(res, Exception):
+            self._log(src)
+            self._violate("same error as spec", f"{src} raised {res!r}")
         self.model, expected = spec.clear_copy_on_writes(self.model)
-        assert [tuple(p) for p in pairs] == list(expected), f"CoW pairs {pairs} != {expected}"
+        if [tuple(p) for p in res] != list(expected):
+            self._violate(
+                "CoW pairs",
+                f"CoW pairs {res} != spec {list(expected)}",
+                f"assert {src} == {list(expected)}",
+            )
+        self._log(src)
         if expected:
             event("clear_copy_on_writes: non-empty")
 
+    @precondition(lambda self: self.caps.swap)
     @rule(
         handles=st.lists(blocks, min_size=1, max_size=6),
         direction=swap_directions,
@@ -259,81 +538,304 @@ class AllocatorMachine(RuleBasedStateMachine):
                 event("swap: no block on the source device")
                 return
         objs = [self.objs[h] for h in handles]
+        code = f"alloc.swap([{', '.join(f'b{h}' for h in handles)}], {self._dev(src)}, "
+        code += f"{self._dev(dst)})"
         before = spec.pool_of(self.model, dst)
-        res = self._attempt(lambda: self.impl.swap(objs, src, dst))
-        if isinstance(res, PagedKVError):
-            self._expect_same_error(res, lambda: spec.swap(self.model, handles, src, dst, {}))
+        res = self._attempt(lambda: self.adapter.swap(objs, src, dst))
+        if isinstance(res, Exception):
+            self._expect_same_error(res, lambda: spec.swap(self.model, handles, src, dst, {}), code)
             return
-        self._check_lifo(before, list(res.values()))  # dst ids in first-use order
-        self.model, mapping = spec.swap(self.model, handles, src, dst, dict(res))
+        mapping = dict(res)
+
+        def explain() -> None:
+            moved = {self.model.blocks[h].block_id for h in handles}
+            if set(mapping) != moved:
+                self._violate(
+                    "M5 swap_conserves",
+                    f"{code} returned {mapping}; it must map each distinct source id "
+                    f"{sorted(b for b in moved if b is not None)} exactly once",
+                )
+            if len(set(mapping.values())) != len(mapping):
+                self._violate(
+                    "M5 swap_conserves", f"{code} returned {mapping}: two ids share a destination"
+                )
+            self._explain_choice(dst, list(mapping.values()), code)
+
+        self.model, _ = self._judge(
+            "M5 swap_conserves",
+            lambda: spec.swap(self.model, handles, src, dst, mapping),
+            code,
+            explain=explain,
+        )
+        self._check_lifo(before, list(mapping.values()), code)  # dst ids in first-use order
         shared = len(set(handles)) > len(mapping)
         event(f"swap {src.name}->{dst.name}: {'shared ids' if shared else 'distinct ids'}")
 
+    @precondition(lambda self: self.caps.null_block)
     @rule()
     def null_block(self) -> None:
-        res = self._attempt(self.impl.allocate_or_get_null_block)
-        if isinstance(res, PagedKVError):
-            self._expect_same_error(res, lambda: spec.allocate_or_get_null_block(self.model, -1))
+        src = "alloc.allocate_or_get_null_block()"
+        res = self._attempt(self.adapter.allocate_or_get_null_block)
+        if isinstance(res, Exception):
+            self._expect_same_error(
+                res, lambda: spec.allocate_or_get_null_block(self.model, -1), src
+            )
             return
-        self.model, null_id = spec.allocate_or_get_null_block(self.model, res.block_id)
-        assert res.block_id == null_id
-        assert self.null is None or self.null is res, "the null block must be a singleton"
+        null_id = self.adapter.block_id(res)
+        before, first = self.model.gpu, self.model.null_id is None
+        self.model, want = self._judge(
+            "null block",
+            lambda: spec.allocate_or_get_null_block(self.model, null_id),
+            src,
+            "null = ",
+            lambda: self._explain_choice(GPU, [null_id], src) if first else None,
+        )
+        if null_id != want:
+            self._violate(
+                "null block",
+                f"the null block has id {null_id}; the spec's null block is {want}",
+                f"assert {self.adapter.source_block_id('null')} == {want}",
+            )
+        if self.null is not None and self.null is not res:
+            self._violate("null block", "allocate_or_get_null_block returned a new object")
+        if first:
+            self._check_lifo(before, [_or_bad(null_id)], src)
         self.null = res
-        self.impl.free(res)  # freeing the null block is a no-op
-        err = self._attempt(lambda: res.append_token_ids([1]))
-        assert isinstance(err, NullBlockError), "the null block accepted a write"
+        err = self._attempt(lambda: self.adapter.free(res))
+        if isinstance(err, Exception):
+            self._log("alloc.free(null)")
+            self._violate("null block", f"alloc.free(null) raised {err!r}; it must be a no-op")
+        self._log("alloc.free(null)  # a no-op")
+        src = self.adapter.source_append("null", "[1]")
+        err = self._attempt(lambda: self.adapter.append_token_ids(res, [1]))
+        typed = self.caps.typed_errors
+        if not isinstance(err, Exception) or (typed and not isinstance(err, NullBlockError)):
+            name = ", 'NullBlockError'" if typed else ""
+            self._violate(
+                "null block",
+                f"writing to the null block gave {err!r}; it must raise"
+                + (" NullBlockError" if typed else ""),
+                f"expect_error(lambda: {src}{name})",
+            )
+        self._log(f"expect_error(lambda: {src}{self._error_name(err)})")
 
+    @precondition(lambda self: self.caps.misuse)
     @rule(token=st.integers(0, 9))
     def foreign_block(self, token: int) -> None:
         """Blocks of another allocator are rejected by every operation."""
-        for call in (
-            lambda: self.impl.free(self.foreign),
-            lambda: self.impl.fork(self.foreign),
-            lambda: self.impl.swap([self.foreign], Device.GPU, Device.CPU),
-        ):
+        if self.other is None:
+            self.other = self.make_adapter(1, 1, self.model.block_size)
+            self.foreign = self.other.allocate_mutable_block(None, GPU)
+            self._log(self.setup_source("other", 1, 1, self.model.block_size))
+            self._log(f"foreign = other.allocate_mutable_block(None, {self._dev(GPU)})")
+        calls: list[tuple[str, Callable[[], object]]] = [
+            ("alloc.free(foreign)", lambda: self.adapter.free(self.foreign)),
+            ("alloc.fork(foreign)", lambda: self.adapter.fork(self.foreign)),
+        ]
+        if self.caps.swap:
+            code = f"alloc.swap([foreign], {self._dev(GPU)}, {self._dev(CPU)})"
+            calls.append((code, lambda: self.adapter.swap([self.foreign], GPU, CPU)))
+        typed = self.caps.typed_errors
+        name = ", 'ForeignBlockError'" if typed else ""
+        for src, call in calls:
             res = self._attempt(call)
-            assert isinstance(res, ForeignBlockError), f"foreign block accepted: {res!r}"
+            if not isinstance(res, Exception) or (typed and not isinstance(res, ForeignBlockError)):
+                self._violate(
+                    "same error as spec",
+                    f"{src} gave {res!r}: a block of another allocator must be rejected"
+                    + (" with ForeignBlockError" if typed else ""),
+                    f"expect_error(lambda: {src}{name})",
+                )
+            self._log(f"expect_error(lambda: {src}{name})")
+            self._check_unchanged(src, res)
 
+    @precondition(lambda self: self.caps.queries)
     @rule(handles=st.lists(blocks, max_size=5), device=devices)
     def get_num_full_blocks_touched(self, handles: list[int], device: Device) -> None:
-        got = self.impl.get_num_full_blocks_touched([self.objs[h] for h in handles], device)
-        assert got == spec.get_num_full_blocks_touched(self.model, handles)
+        names = ", ".join(f"b{h}" for h in handles)
+        src = f"alloc.get_num_full_blocks_touched([{names}], {self._dev(device)})"
+        got = self._attempt(
+            lambda: self.adapter.get_num_full_blocks_touched(
+                [self.objs[h] for h in handles], device
+            )
+        )
+        if isinstance(got, Exception):
+            self._expect_same_error(
+                got, lambda: spec.get_num_full_blocks_touched(self.model, handles), src
+            )
+            return
+        want = spec.get_num_full_blocks_touched(self.model, handles)
+        if got != want:
+            self._violate(
+                "full blocks touched", f"{src} == {got}, spec {want}", f"assert {src} == {want}"
+            )
 
+    @precondition(lambda self: self.caps.queries)
     @rule(device=devices, offset=st.integers(-1, 6))
     def get_physical_block_id(self, device: Device, offset: int) -> None:
         absolute = spec.pool_of(self.model, device).first_id + offset
-        res = self._attempt(lambda: self.impl.get_physical_block_id(device, absolute))
-        if isinstance(res, PagedKVError):
+        src = f"alloc.get_physical_block_id({self._dev(device)}, {absolute})"
+        res = self._attempt(lambda: self.adapter.get_physical_block_id(device, absolute))
+        if isinstance(res, Exception):
             self._expect_same_error(
-                res, lambda: spec.get_physical_block_id(self.model, device, absolute)
+                res, lambda: spec.get_physical_block_id(self.model, device, absolute), src
             )
-        else:
-            assert res == spec.get_physical_block_id(self.model, device, absolute)
+            return
+        try:
+            want = spec.get_physical_block_id(self.model, device, absolute)
+        except PagedKVError as expected:
+            self._violate(
+                "same error as spec",
+                f"{src} returned {res}; the spec raises {expected!r}",
+                f"expect_error(lambda: {src}{self._error_name(expected)})",
+            )
+        if res != want:
+            self._violate(
+                "physical block id", f"{src} == {res}, spec {want}", f"assert {src} == {want}"
+            )
 
     # ------------------------------------------------------------------ invariants
 
+    def _name(self, handle: int | None) -> str:
+        return "None" if handle is None else f"b{handle}"
+
+    def _compare(self) -> None:
+        got = self.abstract()
+        if got is not None:
+            self._compare_abstraction(got)
+        for device in (GPU, CPU):
+            free = self.adapter.get_num_free_blocks(device)
+            want = spec.get_num_free_blocks(self.model, device)
+            if free != want:
+                reading = (
+                    "an id that still has live references was released"
+                    if free > want
+                    else "an id without live references was not released (a leak)"
+                )
+                raise Violation(
+                    f"free count ({device.name})",
+                    f"the target has {free} free {device.name} blocks, the spec {want}: "
+                    f"{reading} (I1 refcounts_match_references)",
+                    f"assert alloc.get_num_free_blocks({self._dev(device)}) == {want}",
+                )
+            total = self.adapter.get_num_total_blocks(device)
+            want = spec.get_num_total_blocks(self.model, device)
+            if total != want:
+                raise Violation(
+                    f"total count ({device.name})",
+                    f"the target has {total} {device.name} blocks in all, the spec {want}",
+                    f"assert alloc.get_num_total_blocks({self._dev(device)}) == {want}",
+                )
+        if got is None:  # only the API: every live block object's id and tokens
+            for h, ref in enumerate(self.model.blocks):
+                if not spec.is_live(ref):
+                    continue
+                block_id = self.adapter.block_id(self.objs[h])
+                if block_id != ref.block_id:
+                    raise Violation(
+                        "block ids",
+                        f"b{h} names id {block_id}; the spec says {ref.block_id}",
+                        f"assert {self.adapter.source_block_id(f'b{h}')} == {ref.block_id}",
+                    )
+                tokens = self.adapter.token_ids(self.objs[h])
+                if tokens != list(ref.token_ids):
+                    raise Violation(
+                        "token ids",
+                        f"b{h} holds {tokens}; the spec says {list(ref.token_ids)}",
+                        f"assert {self.adapter.source_token_ids(f'b{h}')} == {list(ref.token_ids)}",
+                    )
+
+    def _compare_abstraction(self, got: spec.AllocatorState) -> None:
+        want = self.model
+        if not self._lifo:  # compare free pools as sets
+            got, want = _free_as_set(got), _free_as_set(want)
+        if got == want:  # then it satisfies every invariant the model does
+            return
+        note(f"impl: {got}\nspec: {want}")
+        diff = _diff(got, want)
+        pool_checks: list[tuple[str, Callable[[PoolState], bool]]] = [
+            ("P1 pool_ids_ok", pool_ids_ok),
+            ("P3 refcounts_ok", refcounts_ok),
+            ("P2 free_is_rc_zero", free_is_rc_zero),
+            ("P5 cow_pairs_ok", cow_pairs_ok),
+        ]
+        for label, pool in (("GPU", got.gpu), ("CPU", got.cpu)):
+            for name, ok in pool_checks:
+                if not ok(pool):
+                    raise Violation(name, f"to_spec() {label} pool breaks {name}: {diff}")
+        state_checks: list[tuple[str, Callable[[spec.AllocatorState], bool]]] = [
+            ("I4 pools_disjoint", spec.pools_disjoint),
+            ("I6 blocks_ok", spec.blocks_ok),
+            ("I5 cow_pairs_ok", spec.cow_pairs_ok),
+            ("I1 refcounts_match_references", spec.refcounts_match_references),
+        ]
+        for name, state_ok in state_checks:
+            if not state_ok(got):
+                raise Violation(name, f"to_spec() breaks {name}: {diff}")
+        for label, g, w in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu)):
+            if g != w:
+                order_only = replace(g, free=tuple(sorted(g.free))) == replace(
+                    w, free=tuple(sorted(w.free))
+                )
+                name = "LIFO policy" if order_only else f"abstraction ({label} pool)"
+                raise Violation(name, f"{label} pool differs: impl {g} spec {w}")
+        raise Violation("abstraction (blocks)", f"block objects differ from the spec: {diff}")
+
     @invariant()
     def observables_agree(self) -> None:
-        got, want = self.abstract(), self.model
-        if not self.check_lifo:  # compare free pools as sets
-            got, want = _free_as_set(got), _free_as_set(want)
-        if got != want:
-            note(f"impl: {got}\nspec: {want}")
-        assert got.gpu == want.gpu, f"GPU pool differs: impl {got.gpu} spec {want.gpu}"
-        assert got.cpu == want.cpu, f"CPU pool differs: impl {got.cpu} spec {want.cpu}"
-        assert got == want, "block objects differ from the spec"
-        for device in (Device.GPU, Device.CPU):
-            assert self.impl.get_num_free_blocks(device) == spec.get_num_free_blocks(
-                self.model, device
-            )
-            assert self.impl.get_num_total_blocks(device) == spec.get_num_total_blocks(
-                self.model, device
-            )
+        try:
+            self._compare()
+        except Violation as v:
+            self._violate(v.invariant, v.detail, v.check_line)
 
     @invariant()
     def spec_invariants_hold(self) -> None:
-        assert spec.state_ok(self.model), "spec state broke I1–I6"
-        self.check_impl_invariants()
+        if not spec.state_ok(self.model):
+            self._violate("spec self-check", "spec state broke I1–I6")
+        self._check_target_invariants(self.check_impl_invariants)
+
+
+def holders(
+    s: spec.AllocatorState, device: Device, block_id: int, exclude: int | None = None
+) -> str:
+    """Names of the live block objects (and the null block) that hold ``block_id``."""
+    names = [
+        f"b{h}"
+        for h, b in enumerate(s.blocks)
+        if spec.is_live(b) and b.device is device and b.block_id == block_id and h != exclude
+    ]
+    if device is GPU and s.null_id == block_id:
+        names.append("the null block")
+    return ", ".join(names) or "nobody"
+
+
+def choice_fault(
+    s: spec.AllocatorState, device: Device, chosen: Sequence[int | None], src: str
+) -> tuple[str, str] | None:
+    """``(check, detail)`` for ids a target handed out on ``device`` that the spec
+    cannot accept (no id, another pool's id, an id in use, an id twice), else None."""
+    pool = spec.pool_of(s, device)
+    for b in chosen:
+        if b is None:
+            return "I6 blocks_ok", f"{src} returned a block that holds no id"
+        if not in_pool(pool, b):
+            end = pool.first_id + len(pool.refcounts) - 1
+            where = f"{pool.first_id}..{end}" if pool.refcounts else "none"
+            return "P1 pool_ids_ok", f"{src} handed out id {b}, not a {device.name} id ({where})"
+        if b not in pool.free:
+            return (
+                "P2 free_is_rc_zero",
+                f"{src} handed out id {b}, which is still in use (held by {holders(s, device, b)})",
+            )
+    dup = next((b for i, b in enumerate(chosen) if b in chosen[:i]), None)
+    if dup is not None:
+        return "I1 refcounts_match_references", f"{src} handed out id {dup} twice"
+    return None
+
+
+def _or_bad(block_id: int | None) -> int:
+    """An id for the spec to judge; a missing id becomes one no pool owns."""
+    return -1 if block_id is None else block_id
 
 
 def _free_as_set(s: spec.AllocatorState) -> spec.AllocatorState:
@@ -342,3 +844,19 @@ def _free_as_set(s: spec.AllocatorState) -> spec.AllocatorState:
         gpu=replace(s.gpu, free=tuple(sorted(s.gpu.free))),
         cpu=replace(s.cpu, free=tuple(sorted(s.cpu.free))),
     )
+
+
+def _diff(got: spec.AllocatorState, want: spec.AllocatorState) -> str:
+    """Where two allocator states differ, in words (pools first)."""
+    parts = [
+        f"{label} pool differs: impl {g} spec {w}"
+        for label, g, w in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu))
+        if g != w
+    ]
+    for h, (g_ref, w_ref) in enumerate(zip(got.blocks, want.blocks, strict=False)):
+        if g_ref != w_ref:
+            parts.append(f"b{h}: impl {g_ref} spec {w_ref}")
+            break
+    if got.null_id != want.null_id:
+        parts.append(f"null block: impl {got.null_id} spec {want.null_id}")
+    return "; ".join(parts) or "(the states are equal)"

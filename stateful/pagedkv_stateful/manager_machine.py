@@ -1,53 +1,59 @@
-"""Lockstep machine: :class:`pagedkv.BlockSpaceManager` against :mod:`pagedkv_spec.manager`.
+"""Lockstep machine: a block space manager against :mod:`pagedkv_spec.manager`.
 
 Groups of 1–4 sequences with random prompts are admitted, decoded with random
 lookahead, forked, swapped out and in, preempted by recompute and freed; every
 error path is a rule too. Each rule asks the ``can_*`` question of both sides
 (answers must agree), then acts: when the answer was yes the operation must
-succeed (*can => do*); when it fails, both sides must raise the same error and
-the next invariant check proves nothing changed. After every step the
-implementation's ``to_spec()`` equals the spec's ``view`` (tables, tokens,
-refcounts, free lists, CoW pairs) and all invariants hold.
+succeed (*can => do*); when it fails, both sides must reject it and nothing
+observable may change. After every step the target is compared with the spec:
+its ``to_spec()`` view (tables, tokens, refcounts, free lists) when the adapter
+has one, else block tables and free counts through the vLLM API.
 
-Reuse: override :meth:`make_impl`; the machine drives the manager only through
-vLLM 0.6.3's method names plus ``to_spec``/``check_invariants``.
+The target is driven through a :class:`~pagedkv_stateful.adapters.ManagerAdapter`
+(pagedkv's ``BlockSpaceManager`` by default) with pagedkv's ``Sequence`` /
+``SequenceGroup`` objects; rules for what the target's capabilities lack are
+skipped. Reuse: override :meth:`make_impl` or :meth:`make_adapter`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import Any
 
-from hypothesis import event
+from hypothesis import event, note
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    multiple,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import Bundle, initialize, invariant, multiple, precondition, rule
 
 from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
-from pagedkv.errors import PagedKVError
 from pagedkv_spec import manager as spec
 from pagedkv_spec.device import Device
+from pagedkv_spec.pool import (
+    PoolState,
+    cow_pairs_ok,
+    free_is_rc_zero,
+    pool_ids_ok,
+    refcounts_ok,
+)
 from pagedkv_spec.status import AllocStatus
+from pagedkv_stateful.adapters import Capabilities, ManagerAdapter, Violation, as_manager_adapter
+from pagedkv_stateful.allocator_machine import LockstepMachine, choice_fault
 
 __all__ = ["ManagerMachine"]
 
-T = TypeVar("T")
 WAITING, RUNNING, SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 FINISHED = SequenceStatus.FINISHED_STOPPED
+GPU, CPU = Device.GPU, Device.CPU
 
 
-class ManagerMachine(RuleBasedStateMachine):
-    """Drives a block space manager and the manager spec in lockstep."""
+class ManagerMachine(LockstepMachine):
+    """Drives a block space manager adapter and the manager spec in lockstep."""
 
     groups = Bundle("groups")
     model: spec.ManagerState
+    #: What the target supports, when known before it is built (sliding window, ...);
+    #: None: everything (the adapter's own flags still apply once it exists).
+    capabilities: Capabilities | None = None
 
     def make_impl(
         self,
@@ -57,63 +63,138 @@ class ManagerMachine(RuleBasedStateMachine):
         watermark: float,
         sliding_window: int | None,
     ) -> Any:
-        """The manager under test. Override to test another implementation."""
+        """The manager under test (a target). Override to test another implementation."""
         return BlockSpaceManager(
             block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window
         )
 
+    def make_adapter(
+        self,
+        block_size: int,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int,
+        watermark: float,
+        sliding_window: int | None,
+    ) -> ManagerAdapter:
+        """The adapter the rules call: :meth:`make_impl`'s target, adapted."""
+        target = self.make_impl(
+            block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window
+        )
+        return as_manager_adapter(target)
+
+    def setup_source(self, args: str) -> str:
+        """The program line that creates the target from its constructor arguments."""
+        return f"mgr = BlockSpaceManager({args})"
+
     # ------------------------------------------------------------------ plumbing
 
-    def _attempt(self, call: Callable[[], T]) -> T | PagedKVError:
-        try:
-            return call()
-        except PagedKVError as err:
-            return err
-
-    def _expect_same_error(self, err: PagedKVError, spec_call: Callable[[], object]) -> None:
-        try:
-            spec_call()
-        except PagedKVError as expected:
-            assert type(err) is type(expected), f"impl raised {err!r}, spec raised {expected!r}"
-            event(f"error: {type(err).__name__}")
-            return
-        except AssertionError as why:
-            raise AssertionError(f"impl raised {err!r} but the spec allows the call") from why
-        raise AssertionError(f"impl raised {err!r} but the spec allows the call")
+    def _la(self, lookahead: int) -> int:
+        return lookahead if self.caps.lookahead else 0
 
     def _new_seq(self, tokens: list[int]) -> Sequence:
         seq = Sequence(self.next_seq_id, tokens, self.block_size)
+        self._log(f"s{seq.seq_id} = Sequence({seq.seq_id}, {tokens}, {self.block_size})")
+        self.seqs[seq.seq_id] = seq
         self.next_seq_id += 1
         return seq
+
+    def _set_status(self, seqs: list[Sequence], status: SequenceStatus) -> None:
+        for seq in seqs:
+            seq.status = status
+        if seqs:
+            names = " = ".join(f"s{s.seq_id}.status" for s in seqs)
+            self._log(f"{names} = SequenceStatus.{status.name}")
+
+    def _computed(self, seq: Sequence) -> None:
+        """The forward pass computed the KV of every token of ``seq``."""
+        n = seq.get_len() - seq.get_num_computed_tokens()
+        seq.update_num_computed_tokens(n)
+        if n:
+            self._log(f"s{seq.seq_id}.update_num_computed_tokens({n})")
 
     def _unseen(self, seq: Sequence) -> list[int]:
         return seq.get_token_ids()[self.model.tables[seq.seq_id].num_full_slots :]
 
     def _abs(self, pairs: list[tuple[int, int]], src: Device, dst: Device) -> dict[int, int]:
-        first = {Device.GPU: 0, Device.CPU: self.num_gpu}
+        first = {GPU: 0, CPU: self.num_gpu}
         return {s + first[src]: d + first[dst] for s, d in pairs}
 
-    def _append(self, seq: Sequence, lookahead: int, must_succeed: bool) -> bool:
-        """append_slots on both sides; returns whether it succeeded."""
+    def _g(self, group: SequenceGroup) -> str:
+        return f"g{group.request_id[1:]}"
+
+    def _query(self, src: str, call: Callable[[], Any], spec_call: Callable[[], object]) -> Any:
+        """A ``can_*`` question: the spec answers it, so the target may not raise."""
+        res = self._attempt(call)
+        if isinstance(res, Exception):
+            self._expect_same_error(res, spec_call, src)
+            raise AssertionError("unreachable: the spec answers every question it is asked")
+        return res
+
+    def _explain_table(self, before: tuple[int, ...], after: list[int], src: str) -> None:
+        """Name a fault in the ids a table took (new or copied slots), if any."""
+        new = [
+            b
+            for i, b in enumerate(after)
+            if (i >= len(before) or b != before[i]) and b != self.model.alloc.null_id
+        ]
+        fault = choice_fault(self.model.alloc, GPU, new, src)
+        if fault is not None:
+            self._violate(*fault)
+
+    def _explain_swap(
+        self, pairs: list[tuple[int, int]], src: Device, dst: Device, code: str
+    ) -> None:
+        sources = [s for s, _ in pairs]
+        dup = next((s for i, s in enumerate(sources) if s in sources[:i]), None)
+        if dup is not None:
+            self._violate(
+                "M5 swap_conserves",
+                f"{code} moved block {dup} twice ({pairs}): a shared block must move once",
+            )
+        mapping = self._abs(pairs, src, dst)
+        fault = choice_fault(self.model.alloc, dst, list(mapping.values()), code)
+        if fault is not None:
+            self._violate(*fault)
+
+    def _append(self, seq: Sequence, lookahead: int, can: str | None) -> bool:
+        """append_slots on both sides; returns whether it succeeded.
+
+        ``can``: the ``can_*`` question that answered yes for this append, if any.
+        """
         unseen = self._unseen(seq)
         computed = seq.get_num_computed_tokens()
-        res = self._attempt(lambda: self.impl.append_slots(seq, lookahead))
-        if isinstance(res, PagedKVError):
-            assert not must_succeed, f"can said yes but append_slots raised {res!r}"
+        src = f"mgr.append_slots(s{seq.seq_id}, {lookahead})"
+        res = self._attempt(lambda: self.adapter.append_slots(seq, lookahead))
+        if isinstance(res, Exception):
+            if can is not None:
+                self._log(f"{src}  # raises {type(res).__name__}")
+                self._violate(f"can => do ({can})", f"{can} said yes but {src} raised {res!r}")
             self._expect_same_error(
                 res,
                 lambda: spec.append_slots(self.model, seq.seq_id, unseen, lookahead, computed, ()),
+                src,
             )
             return False
-        chosen = self.impl.get_block_table(seq)
-        self.model, pairs = spec.append_slots(
-            self.model, seq.seq_id, unseen, lookahead, computed, chosen
+        chosen = self.adapter.get_block_table(seq)
+        old = self.model.tables[seq.seq_id]  # explain runs before the model moves
+        self.model, pairs = self._judge(
+            "M3 tables_shaped_ok",
+            lambda: spec.append_slots(self.model, seq.seq_id, unseen, lookahead, computed, chosen),
+            src,
+            explain=lambda: self._explain_table(
+                spec.table_view(self.model, old).block_ids, chosen, src
+            ),
         )
-        assert [tuple(p) for p in res] == list(pairs), f"CoW pairs {res} != spec {pairs}"
+        if [tuple(p) for p in res] != list(pairs):
+            self._violate(
+                "CoW pairs",
+                f"{src} returned CoW pairs {res} != spec {list(pairs)}",
+                f"assert {src} == {list(pairs)}",
+                replace_last=True,
+            )
         if pairs:
             event("append_slots: copy-on-write")
-        # The forward pass computes the KV of everything appended.
-        seq.update_num_computed_tokens(seq.get_len() - seq.get_num_computed_tokens())
+        self._computed(seq)
         return True
 
     def _admit(self, group: SequenceGroup, lookahead: int) -> bool:
@@ -121,30 +202,50 @@ class ManagerMachine(RuleBasedStateMachine):
         first = group.get_seqs(WAITING)[0]
         encoder = group.get_encoder_seq()
         enc_len = 0 if encoder is None else encoder.get_len()
-        answer = self.impl.can_allocate(group, lookahead)
+        src = f"mgr.can_allocate({self._g(group)}, {lookahead})"
         expected = spec.can_allocate(self.model, first.get_len(), enc_len, lookahead)
-        assert answer == expected, f"can_allocate: impl {answer} spec {expected}"
+        answer = self._query(
+            src, lambda: self.adapter.can_allocate(group, lookahead), lambda: expected
+        )
+        if answer != expected:
+            self._violate(
+                "admission (can_allocate)",
+                f"can_allocate: impl {answer.name} spec {expected.name}",
+                f"assert status({src}) == {expected.name!r}",
+            )
+        self._log(f"{src}  # {expected.name}")
         event(f"can_allocate: {expected.name}")
         waiting = [s.seq_id for s in group.get_seqs(WAITING)]
         tokens = list(first.get_token_ids())
-        res = self._attempt(lambda: self.impl.allocate(group))
+        src = f"mgr.allocate({self._g(group)})"
+        res = self._attempt(lambda: self.adapter.allocate(group))
         cross: tuple[str, list[int], list[int]] | None = None
-        if isinstance(res, PagedKVError):
-            assert expected is not AllocStatus.OK, f"can_allocate OK but allocate raised {res!r}"
+        if isinstance(res, Exception):
+            if expected is AllocStatus.OK:
+                self._log(f"{src}  # raises {type(res).__name__}")
+                self._violate(
+                    "can => do (can_allocate)", f"can_allocate OK but allocate raised {res!r}"
+                )
             if encoder is not None:
                 cross = (group.request_id, list(encoder.get_token_ids()), [])
             self._expect_same_error(
-                res, lambda: spec.allocate(self.model, waiting, tokens, (), cross)
+                res, lambda: spec.allocate(self.model, waiting, tokens, (), cross), src
             )
             return False
-        chosen = self.impl.get_block_table(first)
+        chosen = self.adapter.get_block_table(first)
         if encoder is not None:
-            cross_ids = self.impl.get_cross_block_table(group) if enc_len else []
+            cross_ids = self.adapter.get_cross_block_table(group) if enc_len else []
             cross = (group.request_id, list(encoder.get_token_ids()), cross_ids)
-        self.model = spec.allocate(self.model, waiting, tokens, chosen, cross)
-        for seq in group.get_seqs(WAITING):
-            seq.status = RUNNING
-            seq.update_num_computed_tokens(seq.get_len() - seq.get_num_computed_tokens())
+        self.model = self._judge(
+            "M3 tables_shaped_ok",
+            lambda: spec.allocate(self.model, waiting, tokens, chosen, cross),
+            src,
+            explain=lambda: self._explain_table((), chosen + (cross[2] if cross else []), src),
+        )
+        waiting_seqs = group.get_seqs(WAITING)
+        self._set_status(waiting_seqs, RUNNING)
+        for seq in waiting_seqs:
+            self._computed(seq)
         return True
 
     # ------------------------------------------------------------------ rules
@@ -159,12 +260,20 @@ class ManagerMachine(RuleBasedStateMachine):
     def init(
         self, block_size: int, num_gpu: int, num_cpu: int, watermark: float, window: int | None
     ) -> None:
+        known = self.capabilities
+        if known is not None and not (known.sliding_window and known.null_block):
+            window = None
+        self.program = []
         self.block_size, self.num_gpu = block_size, num_gpu
-        self.impl = self.make_impl(block_size, num_gpu, num_cpu, watermark, window)
+        self.adapter = self.make_adapter(block_size, num_gpu, num_cpu, watermark, window)
+        self.impl = self.adapter.target
+        self.caps = self.adapter.capabilities
         self.model = spec.initial(block_size, num_gpu, num_cpu, watermark, window)
         self.live: dict[str, SequenceGroup] = {}
+        self.seqs: dict[int, Sequence] = {}
         self.next_seq_id = 0
         self.next_request = 0
+        self._log(self.setup_source(f"{block_size}, {num_gpu}, {num_cpu}, {watermark}, {window}"))
 
     @rule(
         target=groups,
@@ -177,13 +286,18 @@ class ManagerMachine(RuleBasedStateMachine):
     def new_group(
         self, n: int, prompt_len: int, encoder_len: int | None, lookahead: int, token: int
     ) -> object:
+        n = n if self.caps.cow else 1  # n > 1 shares the prompt: appends copy on write
+        encoder_len = encoder_len if self.caps.encoder_decoder else None
         prompt = [(token + i) % 1000 for i in range(prompt_len)]
         seqs = [self._new_seq(prompt) for _ in range(n)]
         encoder = None if encoder_len is None else self._new_seq(list(range(encoder_len)))
         request_id = f"r{self.next_request}"
         self.next_request += 1
         group = SequenceGroup(request_id, seqs, encoder_seq=encoder, n=n)
-        if not self._admit(group, lookahead):
+        names = ", ".join(f"s{s.seq_id}" for s in seqs)
+        enc = "" if encoder is None else f", encoder_seq=s{encoder.seq_id}"
+        self._log(f'{self._g(group)} = SequenceGroup("{request_id}", [{names}]{enc}, n={n})')
+        if not self._admit(group, self._la(lookahead)):
             return multiple()
         event(f"new_group: n={n}" + ("" if encoder is None else ", encoder-decoder"))
         self.live[request_id] = group
@@ -191,24 +305,37 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @rule(request_id=groups, lookahead=st.integers(0, 2), new_tokens=st.integers(1, 2))
     def decode(self, request_id: str, lookahead: int, new_tokens: int) -> None:
+        lookahead = self._la(lookahead)
         group = self.live.get(request_id)
         if group is None or not group.get_seqs(RUNNING):
             event("decode: no running sequence")
             return
         for seq in group.get_seqs(RUNNING):
             for i in range(new_tokens):
-                seq.append_token_id((seq.get_len() * 7 + i) % 1000)
-        answer = self.impl.can_append_slots(group, lookahead)
+                token = (seq.get_len() * 7 + i) % 1000
+                seq.append_token_id(token)
+                self._log(f"s{seq.seq_id}.append_token_id({token})")
         appends = [(s.seq_id, len(self._unseen(s))) for s in group.get_seqs(RUNNING)]
+        src = f"mgr.can_append_slots({self._g(group)}, {lookahead})"
         expected = spec.can_append_slots(self.model, appends, lookahead)
-        assert answer == expected, f"can_append_slots: impl {answer} spec {expected}"
+        answer = self._query(
+            src, lambda: self.adapter.can_append_slots(group, lookahead), lambda: expected
+        )
+        if answer != expected:
+            self._violate(
+                "admission (can_append_slots)",
+                f"can_append_slots: impl {answer} spec {expected}",
+                f"assert {src} == {expected}",
+            )
+        self._log(f"{src}  # {expected}")
         event(f"can_append_slots: {expected}")
         for seq in group.get_seqs(RUNNING):
-            if not self._append(seq, lookahead, must_succeed=expected):
+            if not self._append(seq, lookahead, "can_append_slots" if expected else None):
                 break
         if any(spec.NULL in t.handles for t in self.model.tables.values()):
             event("decode: sliding window dropped blocks")
 
+    @precondition(lambda self: self.caps.cow)
     @rule(request_id=groups)
     def fork(self, request_id: str) -> None:
         group = self.live.get(request_id)
@@ -217,11 +344,25 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         parent = group.get_seqs(RUNNING)[0]
         child = parent.fork(self.next_seq_id)
+        self.seqs[child.seq_id] = child
+        self._log(f"s{child.seq_id} = s{parent.seq_id}.fork({child.seq_id})")
         self.next_seq_id += 1
-        self.impl.fork(parent, child)
-        self.model = spec.fork(self.model, parent.seq_id, child.seq_id)
+        src = f"mgr.fork(s{parent.seq_id}, s{child.seq_id})"
+        res = self._attempt(lambda: self.adapter.fork(parent, child))
+        if isinstance(res, Exception):
+            self._expect_same_error(
+                res, lambda: spec.fork(self.model, parent.seq_id, child.seq_id), src
+            )
+            return
+        self.model = self._judge(
+            "I1 refcounts_match_references",
+            lambda: spec.fork(self.model, parent.seq_id, child.seq_id),
+            src,
+        )
         group.add(child)
+        self._log(f"{self._g(group)}.add(s{child.seq_id})")
 
+    @precondition(lambda self: self.caps.swap)
     @rule(request_id=groups)
     def swap_out(self, request_id: str) -> None:
         group = self.live.get(request_id)
@@ -229,48 +370,112 @@ class ManagerMachine(RuleBasedStateMachine):
             event("swap_out: no running sequence")
             return
         running = [s.seq_id for s in group.get_seqs(RUNNING)]
-        answer = self.impl.can_swap_out(group)
-        assert answer == spec.can_swap_out(self.model, running), "can_swap_out disagrees"
-        res = self._attempt(lambda: self.impl.swap_out(group))
-        if isinstance(res, PagedKVError):
-            assert not answer, f"can_swap_out True but swap_out raised {res!r}"
-            self._expect_same_error(res, lambda: spec.swap_out(self.model, running, {}))
-            return
-        self.model, pairs = spec.swap_out(
-            self.model, running, self._abs(res, Device.GPU, Device.CPU)
+        g = self._g(group)
+        expected = spec.can_swap_out(self.model, running)
+        answer = self._query(
+            f"mgr.can_swap_out({g})", lambda: self.adapter.can_swap_out(group), lambda: expected
         )
-        assert [tuple(p) for p in res] == list(pairs)
-        for seq in group.get_seqs(RUNNING):
-            seq.status = SWAPPED
+        if answer != expected:
+            self._violate(
+                "admission (can_swap_out)",
+                f"can_swap_out disagrees: impl {answer} spec {expected}",
+                f"assert mgr.can_swap_out({g}) == {expected}",
+            )
+        self._log(f"mgr.can_swap_out({g})  # {expected}")
+        src = f"mgr.swap_out({g})"
+        res = self._attempt(lambda: self.adapter.swap_out(group))
+        if isinstance(res, Exception):
+            if answer:
+                self._log(f"{src}  # raises {type(res).__name__}")
+                self._violate(
+                    "can => do (can_swap_out)", f"can_swap_out True but swap_out raised {res!r}"
+                )
+            self._expect_same_error(res, lambda: spec.swap_out(self.model, running, {}), src)
+            return
+        self.model, pairs = self._judge(
+            "M5 swap_conserves",
+            lambda: spec.swap_out(self.model, running, self._abs(res, GPU, CPU)),
+            src,
+            explain=lambda: self._explain_swap(res, GPU, CPU, src),
+        )
+        if [tuple(p) for p in res] != list(pairs):
+            self._violate("M5 swap_conserves", f"{src} returned {res}; the spec moved {pairs}")
+        self._set_status(group.get_seqs(RUNNING), SWAPPED)
         slots = sum(len(spec.real_handles(self.model.tables[q])) for q in running)
         event(f"swap_out: {'shared blocks move once' if len(pairs) < slots else 'no sharing'}")
 
+    @precondition(lambda self: self.caps.swap)
     @rule(request_id=groups, lookahead=st.integers(0, 2))
     def swap_in(self, request_id: str, lookahead: int) -> None:
+        lookahead = self._la(lookahead)
         group = self.live.get(request_id)
         if group is None or not group.get_seqs(SWAPPED):
             event("swap_in: no swapped sequence")
             return
         swapped = group.get_seqs(SWAPPED)
         ids = [s.seq_id for s in swapped]
-        answer = self.impl.can_swap_in(group, lookahead)
+        g = self._g(group)
         appends = [(s.seq_id, len(self._unseen(s))) for s in swapped]
         expected = spec.can_swap_in(self.model, appends, lookahead)
-        assert answer == expected, f"can_swap_in: impl {answer} spec {expected}"
+        src = f"mgr.can_swap_in({g}, {lookahead})"
+        answer = self._query(
+            src, lambda: self.adapter.can_swap_in(group, lookahead), lambda: expected
+        )
+        if answer != expected:
+            self._violate(
+                "admission (can_swap_in)",
+                f"can_swap_in: impl {answer.name} spec {expected.name}",
+                f"assert status({src}) == {expected.name!r}",
+            )
+        self._log(f"{src}  # {expected.name}")
         event(f"can_swap_in: {expected.name}")
-        res = self._attempt(lambda: self.impl.swap_in(group))
-        if isinstance(res, PagedKVError):
-            assert expected is not AllocStatus.OK, f"can_swap_in OK but swap_in raised {res!r}"
-            self._expect_same_error(res, lambda: spec.swap_in(self.model, ids, {}))
+        src = f"mgr.swap_in({g})"
+        res = self._attempt(lambda: self.adapter.swap_in(group))
+        if isinstance(res, Exception):
+            if expected is AllocStatus.OK:
+                self._log(f"{src}  # raises {type(res).__name__}")
+                self._violate(
+                    "can => do (can_swap_in)", f"can_swap_in OK but swap_in raised {res!r}"
+                )
+            self._expect_same_error(res, lambda: spec.swap_in(self.model, ids, {}), src)
             return
-        self.model, pairs = spec.swap_in(self.model, ids, self._abs(res, Device.CPU, Device.GPU))
-        assert [tuple(p) for p in res] == list(pairs)
-        for seq in swapped:
-            seq.status = RUNNING
+        self.model, pairs = self._judge(
+            "M5 swap_conserves",
+            lambda: spec.swap_in(self.model, ids, self._abs(res, CPU, GPU)),
+            src,
+            explain=lambda: self._explain_swap(res, CPU, GPU, src),
+        )
+        if [tuple(p) for p in res] != list(pairs):
+            self._violate("M5 swap_conserves", f"{src} returned {res}; the spec moved {pairs}")
+        self._set_status(swapped, RUNNING)
         # The scheduler appends right after a swap-in; OK must have covered it.
+        can = "can_swap_in" if expected is AllocStatus.OK else None
         for seq in swapped:
-            if not self._append(seq, lookahead, must_succeed=expected is AllocStatus.OK):
+            if not self._append(seq, lookahead, can):
                 break
+
+    def _free(self, seq: Sequence) -> None:
+        src = f"mgr.free(s{seq.seq_id})"
+        res = self._attempt(lambda: self.adapter.free(seq))
+        if isinstance(res, Exception):
+            self._expect_same_error(res, lambda: spec.free(self.model, seq.seq_id), src)
+            return
+        self.model = self._judge(
+            "I1 refcounts_match_references", lambda: spec.free(self.model, seq.seq_id), src
+        )
+
+    def _free_cross(self, group: SequenceGroup) -> None:
+        if not self.caps.encoder_decoder:
+            return
+        src = f"mgr.free_cross({self._g(group)})"
+        res = self._attempt(lambda: self.adapter.free_cross(group))
+        rid = group.request_id
+        if isinstance(res, Exception):
+            self._expect_same_error(res, lambda: spec.free_cross(self.model, rid), src)
+            return
+        self.model = self._judge(
+            "I1 refcounts_match_references", lambda: spec.free_cross(self.model, rid), src
+        )
 
     @rule(request_id=groups, which=st.integers(0, 3))
     def finish_seq(self, request_id: str, which: int) -> None:
@@ -279,13 +484,11 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         seqs = group.get_unfinished_seqs()
         seq = seqs[which % len(seqs)]
-        self.impl.free(seq)
-        self.model = spec.free(self.model, seq.seq_id)
-        seq.status = FINISHED
-        self.impl.free(seq)  # idempotent
+        self._free(seq)
+        self._set_status([seq], FINISHED)
+        self._free(seq)  # idempotent
         if group.is_finished():
-            self.impl.free_cross(group)
-            self.model = spec.free_cross(self.model, request_id)
+            self._free_cross(group)
             del self.live[request_id]
             event("finish_seq: group finished")
 
@@ -298,65 +501,64 @@ class ManagerMachine(RuleBasedStateMachine):
         (seq,) = group.get_unfinished_seqs()
         if seq.status is not RUNNING:
             return
-        self.impl.free(seq)
-        self.model = spec.free(self.model, seq.seq_id)
-        self.impl.free_cross(group)
-        self.model = spec.free_cross(self.model, request_id)
-        seq.status = WAITING
+        self._free(seq)
+        self._free_cross(group)
+        self._set_status([seq], WAITING)
         seq.reset_state_for_recompute()
-        if not self._admit(group, lookahead):
+        self._log(f"s{seq.seq_id}.reset_state_for_recompute()")
+        if not self._admit(group, self._la(lookahead)):
             # stays WAITING without blocks; drop it from the live set
-            seq.status = FINISHED
+            self._set_status([seq], FINISHED)
             del self.live[request_id]
             event("preempt_by_recompute: could not re-admit")
 
     # ------------------------------------------------------------------ error paths
 
-    @precondition(lambda self: bool(self.live))
+    @precondition(lambda self: bool(self.live) and self.caps.misuse)
     @rule(data=st.data())
     def misuse(self, data: st.DataObject) -> None:
         """Allocate twice, fork onto a table, unknown sequence, swap in the wrong state."""
         group = self.live[data.draw(st.sampled_from(sorted(self.live)))]
         seq = group.get_unfinished_seqs()[0]
         kind = data.draw(st.sampled_from(["allocate", "fork", "unknown", "swap_in", "swap_out"]))
+        g = self._g(group)
         if kind == "allocate":
             twin = Sequence(seq.seq_id, seq.get_token_ids())
-            self._misuse(
-                kind,
-                lambda: self.impl.allocate(SequenceGroup("dup", [twin])),
+            src = f'mgr.allocate(SequenceGroup("dup", [Sequence({seq.seq_id}, '
+            src += f"{seq.get_token_ids()})]))"
+            self._expect_rejected(
+                self._attempt(lambda: self.adapter.allocate(SequenceGroup("dup", [twin]))),
                 lambda: spec.allocate(self.model, [seq.seq_id], seq.get_token_ids(), ()),
+                src,
             )
         elif kind == "fork":
             other = group.get_unfinished_seqs()[-1]
-            self._misuse(
-                kind,
-                lambda: self.impl.fork(seq, other),
+            self._expect_rejected(
+                self._attempt(lambda: self.adapter.fork(seq, other)),
                 lambda: spec.fork(self.model, seq.seq_id, other.seq_id),
+                f"mgr.fork(s{seq.seq_id}, s{other.seq_id})",
             )
         elif kind == "unknown":
             ghost = Sequence(10**6 + self.next_seq_id, [1])
-            self._misuse(
-                kind,
-                lambda: self.impl.append_slots(ghost, 0),
+            self._expect_rejected(
+                self._attempt(lambda: self.adapter.append_slots(ghost, 0)),
                 lambda: spec.append_slots(self.model, ghost.seq_id, [], 0, 0, ()),
+                f"mgr.append_slots(Sequence({ghost.seq_id}, [1]), 0)",
             )
-        elif kind == "swap_in" and not group.get_seqs(SWAPPED):
-            self._misuse(
-                kind, lambda: self.impl.swap_in(group), lambda: spec.swap_in(self.model, [], {})
+        elif kind == "swap_in" and self.caps.swap and not group.get_seqs(SWAPPED):
+            self._expect_rejected(
+                self._attempt(lambda: self.adapter.swap_in(group)),
+                lambda: spec.swap_in(self.model, [], {}),
+                f"mgr.swap_in({g})",
             )
-        elif kind == "swap_out" and not group.get_seqs(RUNNING):
-            self._misuse(
-                kind, lambda: self.impl.swap_out(group), lambda: spec.swap_out(self.model, [], {})
+        elif kind == "swap_out" and self.caps.swap and not group.get_seqs(RUNNING):
+            self._expect_rejected(
+                self._attempt(lambda: self.adapter.swap_out(group)),
+                lambda: spec.swap_out(self.model, [], {}),
+                f"mgr.swap_out({g})",
             )
 
-    def _misuse(
-        self, kind: str, call: Callable[[], object], spec_call: Callable[[], object]
-    ) -> None:
-        res = self._attempt(call)
-        assert isinstance(res, PagedKVError), f"misuse '{kind}' was accepted"
-        self._expect_same_error(res, spec_call)
-
-    @precondition(lambda self: bool(self.live))
+    @precondition(lambda self: bool(self.live) and self.caps.misuse)
     @rule(data=st.data())
     def wrong_device(self, data: st.DataObject) -> None:
         """A sequence whose blocks are on the CPU cannot be appended to."""
@@ -365,26 +567,138 @@ class ManagerMachine(RuleBasedStateMachine):
         if not swapped:
             return
         seq = swapped[0]
-        res = self._attempt(lambda: self.impl.append_slots(seq, 0))
-        assert isinstance(res, PagedKVError), "append to a swapped-out sequence was accepted"
-        self._expect_same_error(
-            res, lambda: spec.append_slots(self.model, seq.seq_id, self._unseen(seq), 0, 0, ())
+        self._expect_rejected(
+            self._attempt(lambda: self.adapter.append_slots(seq, 0)),
+            lambda: spec.append_slots(self.model, seq.seq_id, self._unseen(seq), 0, 0, ()),
+            f"mgr.append_slots(s{seq.seq_id}, 0)",
         )
 
     # ------------------------------------------------------------------ invariants
 
+    def _compare(self) -> None:
+        want = spec.view(self.model)
+        got = self.adapter.to_spec()
+        if got is not None:
+            self._compare_view(got, want)
+        for label, free, pool in (
+            ("GPU", self.adapter.get_num_free_gpu_blocks, want.gpu),
+            ("CPU", self.adapter.get_num_free_cpu_blocks, want.cpu),
+        ):
+            n = free()
+            if n != len(pool.free):
+                reading = (
+                    "a block that still has references was released"
+                    if n > len(pool.free)
+                    else "a block without references was not released (a leak)"
+                )
+                raise Violation(
+                    f"free count ({label})",
+                    f"the target has {n} free {label} blocks, the spec {len(pool.free)}: "
+                    f"{reading} (I1 refcounts_match_references)",
+                    f"assert mgr.get_num_free_{label.lower()}_blocks() == {len(pool.free)}",
+                )
+        if got is None:  # only the API: every table
+            if self.caps.encoder_decoder:
+                for request_id, table in want.cross:
+                    ids = self.adapter.get_cross_block_table(self.live[request_id])
+                    if ids != list(table.block_ids):
+                        raise Violation(
+                            "block table",
+                            f"get_cross_block_table(g{request_id[1:]}) == {ids}; the spec's "
+                            f"table is {list(table.block_ids)}",
+                            f"assert mgr.get_cross_block_table(g{request_id[1:]}) == "
+                            f"{list(table.block_ids)}",
+                        )
+            for seq_id, table in want.tables:
+                ids = self.adapter.get_block_table(self.seqs[seq_id])
+                if ids != list(table.block_ids):
+                    raise Violation(
+                        "block table",
+                        f"get_block_table(s{seq_id}) == {ids}; the spec's table is "
+                        f"{list(table.block_ids)}",
+                        f"assert mgr.get_block_table(s{seq_id}) == {list(table.block_ids)}",
+                    )
+
+    def _compare_view(self, got: spec.ManagerView, want: spec.ManagerView) -> None:
+        lifo = self.caps.lifo
+        if not lifo:
+            got, want = _free_as_set(got), _free_as_set(want)
+        if got == want:
+            return
+        note(f"impl: {got}\nspec: {want}")
+        pool_checks: list[tuple[str, Callable[[PoolState], bool]]] = [
+            ("P1 pool_ids_ok", pool_ids_ok),
+            ("P3 refcounts_ok", refcounts_ok),
+            ("P2 free_is_rc_zero", free_is_rc_zero),
+            ("P5 cow_pairs_ok", cow_pairs_ok),
+        ]
+        for label, pool, other in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu)):
+            for name, ok in pool_checks:
+                if not ok(pool):
+                    raise Violation(name, f"{label} pool differs: impl {pool} spec {other}")
+        fault = _view_fault(got, self.block_size)
+        if fault is not None:
+            raise Violation(*fault)
+        for label, g, w in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu)):
+            if g != w:
+                order_only = replace(g, free=tuple(sorted(g.free))) == replace(
+                    w, free=tuple(sorted(w.free))
+                )
+                name = "LIFO policy" if order_only else f"abstraction ({label} pool)"
+                raise Violation(name, f"{label} pool differs: impl {g} spec {w}")
+        if got.tables != want.tables:
+            raise Violation("block table", f"tables differ:\nimpl {got.tables}\nspec {want.tables}")
+        raise Violation(
+            "abstraction (manager view)", f"manager views differ:\nimpl {got}\nspec {want}"
+        )
+
     @invariant()
     def observables_agree(self) -> None:
-        got, want = self.impl.to_spec(), spec.view(self.model)
-        assert got.gpu == want.gpu, f"GPU pool differs: impl {got.gpu} spec {want.gpu}"
-        assert got.cpu == want.cpu, f"CPU pool differs: impl {got.cpu} spec {want.cpu}"
-        assert got.tables == want.tables, f"tables differ:\nimpl {got.tables}\nspec {want.tables}"
-        assert got == want, f"manager views differ:\nimpl {got}\nspec {want}"
-        assert self.impl.get_num_free_gpu_blocks() == len(want.gpu.free)
-        assert self.impl.get_num_free_cpu_blocks() == len(want.cpu.free)
+        try:
+            self._compare()
+        except Violation as v:
+            self._violate(v.invariant, v.detail, v.check_line)
 
     @invariant()
     def invariants_hold(self) -> None:
-        assert spec.manager_ok(self.model), "spec state broke M1–M4"
-        self.impl.check_invariants()
+        if not spec.manager_ok(self.model):
+            self._violate("spec self-check", "spec state broke M1–M4")
+        self._check_target_invariants(self.adapter.check_invariants)
 
+
+def _free_as_set(v: spec.ManagerView) -> spec.ManagerView:
+    return replace(
+        v,
+        gpu=replace(v.gpu, free=tuple(sorted(v.gpu.free))),
+        cpu=replace(v.cpu, free=tuple(sorted(v.cpu.free))),
+    )
+
+
+def _view_fault(v: spec.ManagerView, block_size: int) -> tuple[str, str] | None:
+    """``(check, detail)`` for a view that breaks I1, M2, M3 or M4 by itself, else None."""
+    counts: dict[int, int] = {}
+    for _, t in (*v.tables, *v.cross):
+        nulls = 0
+        while nulls < len(t.token_ids) and t.token_ids[nulls] is None:
+            nulls += 1
+        if None in t.token_ids[nulls:]:
+            return "M4 null_prefix_ok", f"a null slot after a real one: {t}"
+        for i, (b, tokens) in enumerate(zip(t.block_ids, t.token_ids, strict=True)):
+            fill = min(block_size, max(0, t.num_full_slots - i * block_size))
+            if tokens is not None:
+                counts[b] = counts.get(b, 0) + 1
+                if len(tokens) != fill:
+                    return "M3 tables_shaped_ok", f"block {i} holds {len(tokens)} tokens: {t}"
+    if v.null_id is not None:
+        counts[v.null_id] = counts.get(v.null_id, 0) + 1
+    for pool in (v.gpu, v.cpu):
+        for i, rc in enumerate(pool.refcounts):
+            b = pool.first_id + i
+            if b in pool.free and counts.get(b, 0):
+                return "M2 ownership_ok", f"a table names block {b}, which is free"
+            if rc != counts.get(b, 0):
+                return (
+                    "I1 refcounts_match_references",
+                    f"block {b} has refcount {rc} but {counts.get(b, 0)} table references",
+                )
+    return None

@@ -1,0 +1,548 @@
+"""Adapters: how the lockstep machines drive a block allocator or manager under test.
+
+A *target* is an object with vLLM 0.6.3's method names: a two-device block
+allocator (``CpuGpuBlockAllocator``'s API) or a block space manager
+(``BlockSpaceManager``'s API). An adapter wraps it and is the only thing the
+machines call, so pagedkv's own implementation is one target among others.
+
+- :class:`AllocatorAdapter` / :class:`ManagerAdapter` forward every call to
+  ``target`` under the same name; a target with other names or types is
+  adapted by subclassing and overriding the methods that differ.
+- :class:`Capabilities` says what the target supports and promises; the
+  machines skip what it lacks and relax what it does not promise (LIFO reuse,
+  typed errors).
+- Without ``to_spec()`` (an abstraction function into the spec's state) the
+  machines compare what the vLLM API shows: ids and tokens of every live
+  block, free counts per device, CoW pairs, swap mappings, block tables.
+- :class:`Violation` is how a machine reports a failed check: ``invariant``
+  names it (one of :data:`CHECKS`), ``detail`` says what was seen.
+
+``pagedkv_allocator`` / ``pagedkv_manager`` are conformance factories for
+pagedkv itself (``pagedkv conform pagedkv_stateful.adapters:pagedkv_allocator``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from enum import Enum
+from typing import Any
+
+from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator
+from pagedkv import Sequence as Seq
+from pagedkv.sequence import AllocDecision, SequenceGroup
+from pagedkv_spec.allocator import AllocatorState
+from pagedkv_spec.device import Device
+from pagedkv_spec.manager import ManagerView
+from pagedkv_spec.status import AllocStatus
+
+__all__ = [
+    "CHECKS",
+    "AllocatorAdapter",
+    "Capabilities",
+    "ManagerAdapter",
+    "PagedKVAllocatorAdapter",
+    "PagedKVManagerAdapter",
+    "Violation",
+    "as_allocator_adapter",
+    "as_manager_adapter",
+    "pagedkv_allocator",
+    "pagedkv_manager",
+]
+
+# --------------------------------------------------------------------------- verdicts
+
+#: Every check name a machine reports, with what it means. Spec invariants keep the
+#: spec's numbers and predicate names (pagedkv_spec.pool / .allocator / .manager).
+CHECKS: dict[str, str] = {
+    "I1 refcounts_match_references": "an id's refcount equals its live references",
+    "I4 pools_disjoint": "GPU ids 0..G-1, CPU ids G..G+C-1",
+    "I5 cow_pairs_ok": "a write to a shared block copies it to a fresh id of the same pool",
+    "I6 blocks_ok": "a new block holds an id and at most block_size tokens",
+    "P1 pool_ids_ok": "an id handed out belongs to the device's pool; free ids distinct",
+    "P2 free_is_rc_zero": "an id is free iff nothing references it (never hand out a used id)",
+    "P3 refcounts_ok": "no refcount below zero",
+    "P5 cow_pairs_ok": "a CoW pair names two distinct ids of one pool",
+    "M2 ownership_ok": "every table slot names a live block",
+    "M3 tables_shaped_ok": "a table's blocks hold exactly its tokens, in order, on one device",
+    "M4 null_prefix_ok": "sliding-window null slots form a prefix of the table",
+    "M5 swap_conserves": "a swap moves each distinct id once; sharing and tokens survive",
+    "LIFO policy": "a freed id is reused first (only for targets that promise it)",
+    "same error as spec": "the target rejects exactly the calls the spec rejects",
+    "failed call changes nothing": "after a rejected call every observable is as before",
+    "admission (can_allocate)": "can_allocate answers as the spec (OK / LATER / NEVER)",
+    "admission (can_append_slots)": "can_append_slots answers as the spec",
+    "admission (can_swap_out)": "can_swap_out answers as the spec",
+    "admission (can_swap_in)": "can_swap_in answers as the spec",
+    "can => do (can_allocate)": "after OK, allocate succeeds",
+    "can => do (can_append_slots)": "after True, append_slots succeeds",
+    "can => do (can_swap_out)": "after True, swap_out succeeds",
+    "can => do (can_swap_in)": "after OK, swap_in and the next append succeed",
+    "free count (GPU)": "get_num_free_blocks(GPU) equals the spec's",
+    "free count (CPU)": "get_num_free_blocks(CPU) equals the spec's",
+    "total count (GPU)": "get_num_total_blocks(GPU) equals the spec's",
+    "total count (CPU)": "get_num_total_blocks(CPU) equals the spec's",
+    "block ids": "every live block object names the spec's id",
+    "token ids": "every live block object holds the spec's tokens",
+    "block table": "get_block_table returns the spec's ids",
+    "CoW pairs": "clear_copy_on_writes / append_slots report exactly the spec's pairs",
+    "null block": "one shared null block: never freed, never written",
+    "full blocks touched": "get_num_full_blocks_touched equals the spec's count",
+    "physical block id": "get_physical_block_id equals absolute id minus the pool's first id",
+    "abstraction (GPU pool)": "to_spec(): the GPU pool equals the spec's",
+    "abstraction (CPU pool)": "to_spec(): the CPU pool equals the spec's",
+    "abstraction (blocks)": "to_spec(): the block objects equal the spec's",
+    "abstraction (manager view)": "to_spec(): tables and null block equal the spec's",
+    "check_invariants": "the target's own representation check passes",
+    "spec self-check": "the spec's state satisfies its invariants (a pagedkv_spec bug otherwise)",
+    "unexpected exception": "the target crashed where the machine could not judge the call",
+    "deterministic replay": "the same calls give the same results when replayed",
+}
+
+#: Full names of the spec's invariants by number, for errors that carry only the number.
+INVARIANT_NAMES: dict[str, str] = {name.split()[0]: name for name in CHECKS if name[1:2].isdigit()}
+
+
+class Violation(AssertionError):
+    """A failed check. ``str()`` is ``"[<invariant>] <detail>"``, parseable by :meth:`parse`.
+
+    Fields:
+        invariant   the check's name, a key of :data:`CHECKS`
+        detail      what the machine saw, in words
+        check_line  a Python statement (against the program's ``alloc`` / ``mgr``)
+                    that fails on the target, or None
+    """
+
+    def __init__(self, invariant: str, detail: str, check_line: str | None = None) -> None:
+        super().__init__(f"[{invariant}] {detail}")
+        self.invariant = invariant
+        self.detail = detail
+        self.check_line = check_line
+
+    @staticmethod
+    def parse(message: str) -> tuple[str, str] | None:
+        """``(invariant, detail)`` of a message made by a Violation, else None."""
+        if not message.startswith("[") or "] " not in message:
+            return None
+        invariant, _, detail = message[1:].partition("] ")
+        return invariant, detail
+
+
+# --------------------------------------------------------------------------- capabilities
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a target supports (rules for the rest are skipped) and what it promises.
+
+    Fields:
+        cow              appending to a shared block copies it (fork, n > 1 groups)
+        swap             ``swap`` (allocator) / ``swap_out`` + ``swap_in`` (manager)
+        null_block       ``allocate_or_get_null_block``
+        misuse           rejects double free, freed and foreign block objects, and
+                         manager misuse (allocate twice, unknown sequence, ...)
+        queries          ``get_physical_block_id`` and ``get_num_full_blocks_touched``
+        lookahead        manager: ``num_lookahead_slots > 0``
+        sliding_window   manager: a ``sliding_window`` (needs ``null_block``)
+        encoder_decoder  manager: cross-attention tables (``get_cross_block_table``,
+                         ``free_cross``)
+        lifo             promises vLLM's LIFO reuse order; checked only if True
+        typed_errors     promises pagedkv's error types (``pagedkv.errors``). If False,
+                         any exception on a call the spec rejects is the right answer;
+                         an exception on a call the spec accepts is always a violation.
+    """
+
+    cow: bool = True
+    swap: bool = True
+    null_block: bool = True
+    misuse: bool = True
+    queries: bool = True
+    lookahead: bool = True
+    sliding_window: bool = True
+    encoder_decoder: bool = False
+    lifo: bool = False
+    typed_errors: bool = False
+
+    def describe(self, level: str = "manager") -> str:
+        """One line: the features of ``level`` that are supported, then the promises."""
+        skip = {"lifo", "typed_errors"}
+        if level == "allocator":
+            skip |= {"lookahead", "sliding_window", "encoder_decoder"}
+        else:
+            skip |= {"queries"}
+        features = [f.name for f in fields(self) if f.name not in skip and getattr(self, f.name)]
+        lifo = "LIFO promised" if self.lifo else "LIFO not promised"
+        errors = "typed errors" if self.typed_errors else "any exception as rejection"
+        return f"{' '.join(features) or 'no optional feature'}; {lifo}; {errors}"
+
+
+_FULL = Capabilities(encoder_decoder=True, lifo=True, typed_errors=True)
+
+# --------------------------------------------------------------------------- allocator
+
+
+class AllocatorAdapter:
+    """Drives a two-device block allocator with vLLM 0.6.3's ``CpuGpuBlockAllocator`` API.
+
+    Every method forwards to ``target`` under the same name; blocks are the
+    target's own block objects, opaque to the machine except through
+    :meth:`block_id` and :meth:`token_ids`. ``devices`` maps the spec's
+    :class:`~pagedkv_spec.device.Device` to the target's device values (default:
+    the target takes pagedkv's ``Device``). Override a method to adapt a target
+    whose names or types differ; override :meth:`to_spec` to give the machine
+    the target's full state.
+
+    ``devices`` may also be the target's own device enum: its members are then
+    matched to pagedkv's by name (``GPU``, ``CPU``).
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        capabilities: Capabilities | None = None,
+        devices: Mapping[Device, Any] | type[Enum] | None = None,
+    ) -> None:
+        self.target = target
+        self.capabilities = capabilities or Capabilities()
+        if isinstance(devices, type):
+            devices = {d: devices[d.name] for d in Device}
+        self.devices: Mapping[Device, Any] = devices or {d: d for d in Device}
+
+    def device(self, device: Device) -> Any:
+        """The target's value for ``device``."""
+        return self.devices[device]
+
+    # -- allocation
+    def allocate_mutable_block(self, prev_block: Any | None, device: Device) -> Any:
+        """An empty block on ``device``, chained after ``prev_block``."""
+        return self.target.allocate_mutable_block(prev_block, self.device(device))
+
+    def allocate_immutable_block(
+        self, prev_block: Any | None, token_ids: list[int], device: Device
+    ) -> Any:
+        """A block holding ``token_ids``."""
+        return self.target.allocate_immutable_block(prev_block, token_ids, self.device(device))
+
+    def allocate_immutable_blocks(
+        self, prev_block: Any | None, block_token_ids: list[list[int]], device: Device
+    ) -> list[Any]:
+        """One block per chunk, chained; the spec requires all or nothing."""
+        return list(
+            self.target.allocate_immutable_blocks(prev_block, block_token_ids, self.device(device))
+        )
+
+    def free(self, block: Any) -> None:
+        """Drop the block object's reference."""
+        self.target.free(block)
+
+    def fork(self, last_block: Any) -> list[Any]:
+        """New block objects sharing the ids of the chain ending at ``last_block``."""
+        return list(self.target.fork(last_block))
+
+    def append_token_ids(self, block: Any, token_ids: list[int]) -> None:
+        """Write tokens into the block (vLLM: a method of the block)."""
+        block.append_token_ids(token_ids)
+
+    def clear_copy_on_writes(self) -> list[tuple[int, int]]:
+        """Pending GPU ``(src, dst)`` copy-on-write pairs, emptied."""
+        return [(int(s), int(d)) for s, d in self.target.clear_copy_on_writes()]
+
+    def swap(self, blocks: list[Any], src_device: Device, dst_device: Device) -> dict[int, int]:
+        """Move blocks between devices; ``{src_id: dst_id}``."""
+        return dict(self.target.swap(blocks, self.device(src_device), self.device(dst_device)))
+
+    def allocate_or_get_null_block(self) -> Any:
+        """The shared null block."""
+        return self.target.allocate_or_get_null_block()
+
+    # -- queries
+    def get_num_free_blocks(self, device: Device) -> int:
+        """Free blocks on ``device``."""
+        return int(self.target.get_num_free_blocks(self.device(device)))
+
+    def get_num_total_blocks(self, device: Device) -> int:
+        """Blocks owned by ``device``."""
+        return int(self.target.get_num_total_blocks(self.device(device)))
+
+    def get_physical_block_id(self, device: Device, absolute_id: int) -> int:
+        """Device-local index of an absolute id (``capabilities.queries``)."""
+        return int(self.target.get_physical_block_id(self.device(device), absolute_id))
+
+    def get_num_full_blocks_touched(self, blocks: list[Any], device: Device) -> int:
+        """Distinct full blocks among ``blocks`` (``capabilities.queries``)."""
+        return int(self.target.get_num_full_blocks_touched(blocks, self.device(device)))
+
+    def block_id(self, block: Any) -> int | None:
+        """The block object's id (None once freed)."""
+        block_id = block.block_id
+        return None if block_id is None else int(block_id)
+
+    def token_ids(self, block: Any) -> list[int]:
+        """The block object's tokens."""
+        return list(block.token_ids)
+
+    # -- optional verification hooks
+    def to_spec(self, blocks: Mapping[int, Any]) -> AllocatorState | None:
+        """The target's full state as a spec state, ``blocks[handle]`` naming its objects.
+
+        None (the default): the machine compares only what the API shows.
+        """
+        return None
+
+    def check_invariants(self, blocks: Mapping[int, Any]) -> None:
+        """The target's own representation check (raise AssertionError); default: none."""
+
+    # -- how calls read in a printed program (``alloc`` is the target or this adapter)
+    def source_device(self, device: Device) -> str:
+        """Source text of ``device`` in a program (the target's value when it is called)."""
+        value = self.device(device) if _transparent(self) else device
+        return f"Device.{value.name}" if isinstance(value, Enum) else repr(value)
+
+    def source_device_import(self) -> str:
+        """The import that makes ``Device`` mean the device type calls take ("" if none)."""
+        value = self.device(Device.GPU) if _transparent(self) else Device.GPU
+        if not isinstance(value, Enum):
+            return ""
+        cls = type(value)
+        alias = "" if cls.__qualname__ == "Device" else " as Device"
+        return f"from {cls.__module__} import {cls.__qualname__}{alias}"
+
+    def source_append(self, block: str, tokens: str) -> str:
+        """A program line that appends ``tokens`` to ``block``."""
+        if _transparent(self):
+            return f"{block}.append_token_ids({tokens})"
+        return f"alloc.append_token_ids({block}, {tokens})"
+
+    def source_block_id(self, block: str) -> str:
+        """A program expression for the id of ``block``."""
+        return f"{block}.block_id" if _transparent(self) else f"alloc.block_id({block})"
+
+    def source_token_ids(self, block: str) -> str:
+        """A program expression for the tokens of ``block``."""
+        return f"list({block}.token_ids)" if _transparent(self) else f"alloc.token_ids({block})"
+
+
+class PagedKVAllocatorAdapter(AllocatorAdapter):
+    """pagedkv's :class:`~pagedkv.CpuGpuBlockAllocator`: every capability, full abstraction."""
+
+    def __init__(self, target: CpuGpuBlockAllocator, capabilities: Capabilities = _FULL) -> None:
+        super().__init__(target, capabilities)
+        self.target: CpuGpuBlockAllocator = target
+
+    def to_spec(self, blocks: Mapping[int, Any]) -> AllocatorState:
+        """``CpuGpuBlockAllocator.to_spec``."""
+        return self.target.to_spec(blocks)
+
+    def check_invariants(self, blocks: Mapping[int, Any]) -> None:
+        """``CpuGpuBlockAllocator.check_invariants`` (P1–P5, I1, I4)."""
+        self.target.check_invariants(blocks)
+
+
+def as_allocator_adapter(obj: Any) -> AllocatorAdapter:
+    """What an allocator factory returned, as an adapter.
+
+    Accepts an :class:`AllocatorAdapter`; a ``(target, Capabilities)`` pair; a
+    pagedkv ``CpuGpuBlockAllocator``; or any vLLM-style allocator (default
+    :class:`Capabilities`: no LIFO promise, untyped errors).
+    """
+    if isinstance(obj, AllocatorAdapter):
+        return obj
+    if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], Capabilities):
+        target, caps = obj
+        if isinstance(target, CpuGpuBlockAllocator):
+            return PagedKVAllocatorAdapter(target, caps)
+        return AllocatorAdapter(target, caps)
+    if isinstance(obj, CpuGpuBlockAllocator):
+        return PagedKVAllocatorAdapter(obj)
+    return AllocatorAdapter(obj)
+
+
+#: Methods a vLLM-style allocator target needs when it is wrapped by AllocatorAdapter.
+ALLOCATOR_METHODS = (
+    "allocate_mutable_block",
+    "allocate_immutable_block",
+    "allocate_immutable_blocks",
+    "free",
+    "fork",
+    "get_num_free_blocks",
+    "get_num_total_blocks",
+)
+
+
+def pagedkv_allocator(
+    num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
+) -> PagedKVAllocatorAdapter:
+    """Conformance factory for pagedkv's own allocator."""
+    target = CpuGpuBlockAllocator.create("naive", num_gpu_blocks, num_cpu_blocks, block_size)
+    return PagedKVAllocatorAdapter(target)
+
+
+# --------------------------------------------------------------------------- manager
+
+
+def as_status(answer: Any) -> AllocStatus:
+    """An admission answer as the spec's AllocStatus (pagedkv's, an AllocDecision, or any
+    enum with the names OK / LATER / NEVER)."""
+    if isinstance(answer, AllocStatus):
+        return answer
+    if isinstance(answer, AllocDecision):
+        return answer.status
+    return AllocStatus[str(getattr(answer, "name", answer))]
+
+
+class ManagerAdapter:
+    """Drives a block space manager with vLLM 0.6.3's ``BlockSpaceManager`` API.
+
+    Sequences and groups are pagedkv's :class:`~pagedkv.Sequence` /
+    :class:`~pagedkv.SequenceGroup` (vLLM's method names: ``get_seqs(status)``,
+    ``get_token_ids()``, ``seq_id``, ...); a target with its own sequence types
+    converts them in an overriding method. Admission answers are converted by
+    :func:`as_status`.
+    """
+
+    def __init__(self, target: Any, capabilities: Capabilities | None = None) -> None:
+        self.target = target
+        self.capabilities = capabilities or Capabilities()
+
+    def can_allocate(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocStatus:
+        """OK / LATER / NEVER for the group's first WAITING sequence."""
+        return as_status(self.target.can_allocate(seq_group, num_lookahead_slots))
+
+    def allocate(self, seq_group: SequenceGroup) -> None:
+        """Tables for the group's WAITING sequences."""
+        self.target.allocate(seq_group)
+
+    def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
+        """The RUNNING sequences' next appends fit."""
+        return bool(self.target.can_append_slots(seq_group, num_lookahead_slots))
+
+    def append_slots(self, seq: Seq, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+        """Append the unseen tokens; the CoW pairs produced."""
+        pairs = self.target.append_slots(seq, num_lookahead_slots)
+        return [(int(s), int(d)) for s, d in pairs]
+
+    def fork(self, parent_seq: Seq, child_seq: Seq) -> None:
+        """The child shares the parent's table."""
+        self.target.fork(parent_seq, child_seq)
+
+    def free(self, seq: Seq) -> None:
+        """Free the sequence's table (no table: no-op)."""
+        self.target.free(seq)
+
+    def can_swap_out(self, seq_group: SequenceGroup) -> bool:
+        """The RUNNING sequences' blocks fit on the CPU."""
+        return bool(self.target.can_swap_out(seq_group))
+
+    def swap_out(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
+        """GPU -> CPU; ``(gpu_physical, cpu_physical)`` pairs."""
+        return [(int(s), int(d)) for s, d in self.target.swap_out(seq_group)]
+
+    def can_swap_in(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocStatus:
+        """OK / LATER / NEVER for moving the SWAPPED sequences back."""
+        return as_status(self.target.can_swap_in(seq_group, num_lookahead_slots))
+
+    def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
+        """CPU -> GPU; ``(cpu_physical, gpu_physical)`` pairs."""
+        return [(int(s), int(d)) for s, d in self.target.swap_in(seq_group)]
+
+    def get_block_table(self, seq: Seq) -> list[int]:
+        """The sequence's block ids in order."""
+        return [int(b) for b in self.target.get_block_table(seq)]
+
+    def get_cross_block_table(self, seq_group: SequenceGroup) -> list[int]:
+        """The request's cross-attention block ids (``capabilities.encoder_decoder``)."""
+        return [int(b) for b in self.target.get_cross_block_table(seq_group)]
+
+    def free_cross(self, seq_group: SequenceGroup) -> None:
+        """Free the request's cross-attention table (``capabilities.encoder_decoder``)."""
+        self.target.free_cross(seq_group)
+
+    def get_num_free_gpu_blocks(self) -> int:
+        """Free GPU blocks."""
+        return int(self.target.get_num_free_gpu_blocks())
+
+    def get_num_free_cpu_blocks(self) -> int:
+        """Free CPU blocks."""
+        return int(self.target.get_num_free_cpu_blocks())
+
+    def to_spec(self) -> ManagerView | None:
+        """The target's full observable state as the spec's view; None: API only."""
+        return None
+
+    def check_invariants(self) -> None:
+        """The target's own representation check (raise AssertionError); default: none."""
+
+
+class PagedKVManagerAdapter(ManagerAdapter):
+    """pagedkv's :class:`~pagedkv.BlockSpaceManager`: every capability, full abstraction."""
+
+    def __init__(self, target: BlockSpaceManager, capabilities: Capabilities = _FULL) -> None:
+        super().__init__(target, capabilities)
+        self.target: BlockSpaceManager = target
+
+    def to_spec(self) -> ManagerView:
+        """``BlockSpaceManager.to_spec``."""
+        return self.target.to_spec()
+
+    def check_invariants(self) -> None:
+        """``BlockSpaceManager.check_invariants`` (M2, M3, I1 and the pools)."""
+        self.target.check_invariants()
+
+
+def as_manager_adapter(obj: Any) -> ManagerAdapter:
+    """What a manager factory returned, as an adapter (same rules as for allocators)."""
+    if isinstance(obj, ManagerAdapter):
+        return obj
+    if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], Capabilities):
+        target, caps = obj
+        if isinstance(target, BlockSpaceManager):
+            return PagedKVManagerAdapter(target, caps)
+        return ManagerAdapter(target, caps)
+    if isinstance(obj, BlockSpaceManager):
+        return PagedKVManagerAdapter(obj)
+    return ManagerAdapter(obj)
+
+
+#: Methods a vLLM-style manager target needs when it is wrapped by ManagerAdapter.
+MANAGER_METHODS = (
+    "can_allocate",
+    "allocate",
+    "can_append_slots",
+    "append_slots",
+    "fork",
+    "free",
+    "get_block_table",
+    "get_num_free_gpu_blocks",
+    "get_num_free_cpu_blocks",
+)
+
+
+def pagedkv_manager(
+    block_size: int,
+    num_gpu_blocks: int,
+    num_cpu_blocks: int,
+    watermark: float,
+    sliding_window: int | None,
+) -> PagedKVManagerAdapter:
+    """Conformance factory for pagedkv's own manager."""
+    target = BlockSpaceManager(
+        block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window
+    )
+    return PagedKVManagerAdapter(target)
+
+
+def _transparent(adapter: object) -> bool:
+    """A printed program can call the target itself: the adapter only forwards."""
+    return type(adapter) in (AllocatorAdapter, PagedKVAllocatorAdapter)
+
+
+def required_methods(adapter: AllocatorAdapter | ManagerAdapter) -> Sequence[str]:
+    """Target methods missing for a forwarding adapter (empty for custom adapters)."""
+    names: Sequence[str]
+    if isinstance(adapter, AllocatorAdapter):
+        names, plain = ALLOCATOR_METHODS, type(adapter) is AllocatorAdapter
+    else:
+        names, plain = MANAGER_METHODS, type(adapter) is ManagerAdapter
+    if not plain:
+        return ()
+    return [n for n in names if not callable(getattr(adapter.target, n, None))]

@@ -1,0 +1,279 @@
+"""Targets written for the conformance-kit tests (not part of pagedkv).
+
+:class:`FifoAllocator` is a *correct* third-party-style two-device allocator with
+vLLM 0.6.3's method names: its own block class and device enum, FIFO reuse (a
+freed id goes to the back, so it does not promise LIFO) and a plain
+``ValueError`` for every misuse. The others each plant one bug:
+
+- :class:`LeakyAllocator`: ``allocate_immutable_blocks`` takes ids one by one
+  and keeps those it took when it runs out midway (vLLM 0.6.3's behaviour);
+- :class:`SharedFreeAllocator`: ``free`` releases the id at once, ignoring the
+  other block objects (forks) that still reference it;
+- :class:`DropsCowPairsManager`: pagedkv's manager, but ``append_slots``
+  forgets to report copy-on-write pairs (checked through the API only).
+
+Each ``*_allocator`` / ``*_manager`` function is a conformance factory.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from typing import Any
+
+from pagedkv import BlockSpaceManager, Sequence
+from pagedkv_stateful.adapters import AllocatorAdapter, Capabilities, ManagerAdapter
+
+
+class Device(enum.Enum):
+    """This allocator's own device names (matched to pagedkv's by name)."""
+
+    GPU = "cuda"
+    CPU = "cpu"
+
+
+class Block:
+    """One block object: a reference to an id of one pool, and its tokens."""
+
+    def __init__(
+        self, owner: FifoAllocator, pool: Pool, block_id: int, token_ids: list[int], prev: Any
+    ) -> None:
+        self.owner = owner
+        self.pool = pool
+        self.block_id: int | None = block_id
+        self.token_ids = token_ids
+        self.prev_block: Block | None = prev
+        self.freed = False
+
+    def append_token_ids(self, token_ids: list[int]) -> None:
+        """Write tokens (copy-on-write when the id is shared)."""
+        self.owner.append(self, token_ids)
+
+
+class Pool:
+    """One device's ids: FIFO free queue and refcounts of the used ids."""
+
+    def __init__(self, first: int, num_blocks: int) -> None:
+        self.first = first
+        self.num_blocks = num_blocks
+        self.free = deque(range(first, first + num_blocks))
+        self.refs: dict[int, int] = {}
+        self.cow: list[tuple[int, int]] = []
+
+    def take(self) -> int:
+        if not self.free:
+            raise ValueError("no free block")
+        block_id = self.free.popleft()
+        self.refs[block_id] = 1
+        return block_id
+
+    def release(self, block_id: int) -> None:
+        self.refs[block_id] -= 1
+        if self.refs[block_id] == 0:
+            del self.refs[block_id]
+            self.free.append(block_id)
+
+
+class FifoAllocator:
+    """A correct allocator that reuses ids first-in first-out."""
+
+    def __init__(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> None:
+        self.block_size = block_size
+        self.pools = {
+            Device.GPU: Pool(0, num_gpu_blocks),
+            Device.CPU: Pool(num_gpu_blocks, num_cpu_blocks),
+        }
+        self.null: Block | None = None
+
+    def _check(self, block: Any, what: str) -> Block:
+        if not isinstance(block, Block) or block.owner is not self:
+            raise ValueError(f"cannot {what}: not a block of this allocator")
+        if block.freed or block.block_id is None:
+            raise ValueError(f"cannot {what}: the block was freed")
+        return block
+
+    def _check_chunk(self, token_ids: list[int]) -> None:
+        if len(token_ids) > self.block_size:
+            raise ValueError(f"{len(token_ids)} tokens do not fit a block of {self.block_size}")
+
+    def _new(self, prev: Any, token_ids: list[int], device: Device) -> Block:
+        pool = self.pools[device]
+        return Block(self, pool, pool.take(), list(token_ids), prev)
+
+    def allocate_mutable_block(self, prev_block: Any, device: Device) -> Block:
+        return self._new(prev_block, [], device)
+
+    def allocate_immutable_block(
+        self, prev_block: Any, token_ids: list[int], device: Device
+    ) -> Block:
+        self._check_chunk(token_ids)
+        return self._new(prev_block, token_ids, device)
+
+    def allocate_immutable_blocks(
+        self, prev_block: Any, block_token_ids: list[list[int]], device: Device
+    ) -> list[Block]:
+        for chunk in block_token_ids:
+            self._check_chunk(chunk)
+        if len(block_token_ids) > len(self.pools[device].free):
+            raise ValueError("not enough free blocks")
+        blocks = []
+        for chunk in block_token_ids:
+            prev_block = self._new(prev_block, chunk, device)
+            blocks.append(prev_block)
+        return blocks
+
+    def free(self, block: Any) -> None:
+        if block is self.null:
+            return
+        b = self._check(block, "free")
+        assert b.block_id is not None
+        b.pool.release(b.block_id)
+        b.block_id, b.freed = None, True
+
+    def fork(self, last_block: Any) -> list[Block]:
+        chain: list[Block] = []
+        b: Any = last_block
+        while b is not None:
+            chain.append(self._check(b, "fork"))
+            b = b.prev_block
+        forked: list[Block] = []
+        prev: Block | None = None
+        for b in reversed(chain):
+            b.pool.refs[b.block_id] += 1
+            prev = Block(self, b.pool, b.block_id, list(b.token_ids), prev)
+            forked.append(prev)
+        return forked
+
+    def append(self, block: Block, token_ids: list[int]) -> None:
+        if block is self.null:
+            raise ValueError("the null block is never written")
+        self._check(block, "append to")
+        if not token_ids:
+            return
+        if len(block.token_ids) + len(token_ids) > self.block_size:
+            raise ValueError("the tokens do not fit the block")
+        pool, old = block.pool, block.block_id
+        assert old is not None
+        if pool.refs[old] > 1:  # shared: copy on write
+            new = pool.take()
+            pool.release(old)
+            pool.cow.append((old, new))
+            block.block_id = new
+        block.token_ids.extend(token_ids)
+
+    def clear_copy_on_writes(self) -> list[tuple[int, int]]:
+        gpu = self.pools[Device.GPU]
+        pairs, gpu.cow = gpu.cow, []
+        return pairs
+
+    def swap(self, blocks: list[Any], src_device: Device, dst_device: Device) -> dict[int, int]:
+        if src_device is dst_device:
+            raise ValueError("swap between two devices")
+        unique = [self._check(b, "swap") for b in dict.fromkeys(blocks)]
+        src, dst = self.pools[src_device], self.pools[dst_device]
+        if any(b.pool is not src for b in unique):
+            raise ValueError("a block is not on the source device")
+        if len({b.block_id for b in unique}) > len(dst.free):
+            raise ValueError("not enough free blocks on the destination")
+        mapping: dict[int, int] = {}
+        for b in unique:
+            old = b.block_id
+            assert old is not None
+            src.release(old)
+            if old in mapping:
+                dst.refs[mapping[old]] += 1
+            else:
+                mapping[old] = dst.take()
+            b.block_id, b.pool = mapping[old], dst
+        return mapping
+
+    def allocate_or_get_null_block(self) -> Block:
+        if self.null is None:
+            self.null = self._new(None, [], Device.GPU)
+        return self.null
+
+    def get_num_free_blocks(self, device: Device) -> int:
+        return len(self.pools[device].free)
+
+    def get_num_total_blocks(self, device: Device) -> int:
+        return self.pools[device].num_blocks
+
+    def get_physical_block_id(self, device: Device, absolute_id: int) -> int:
+        pool = self.pools[device]
+        if not pool.first <= absolute_id < pool.first + pool.num_blocks:
+            raise ValueError(f"{absolute_id} is not an id of {device}")
+        return absolute_id - pool.first
+
+    def get_num_full_blocks_touched(self, blocks: list[Any], device: Device) -> int:
+        return len({id(b) for b in blocks if len(b.token_ids) == self.block_size})
+
+
+class LeakyAllocator(FifoAllocator):
+    """Planted bug (vLLM 0.6.3): running out midway keeps the ids already taken."""
+
+    def allocate_immutable_blocks(
+        self, prev_block: Any, block_token_ids: list[list[int]], device: Device
+    ) -> list[Block]:
+        blocks = []
+        for chunk in block_token_ids:
+            prev_block = self.allocate_immutable_block(prev_block, chunk, device)
+            blocks.append(prev_block)
+        return blocks
+
+
+class SharedFreeAllocator(FifoAllocator):
+    """Planted bug: ``free`` releases the id even though a fork still references it."""
+
+    def free(self, block: Any) -> None:
+        if block is self.null:
+            return
+        b = self._check(block, "free")
+        assert b.block_id is not None
+        b.pool.refs.pop(b.block_id, None)
+        if b.block_id not in b.pool.free:
+            b.pool.free.append(b.block_id)
+        b.block_id, b.freed = None, True
+
+
+def fifo_allocator(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> AllocatorAdapter:
+    """Conformance factory: the correct FIFO allocator, its devices mapped by name."""
+    return AllocatorAdapter(
+        FifoAllocator(num_gpu_blocks, num_cpu_blocks, block_size), devices=Device
+    )
+
+
+def leaky_allocator(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> AllocatorAdapter:
+    """Conformance factory for :class:`LeakyAllocator`."""
+    return AllocatorAdapter(
+        LeakyAllocator(num_gpu_blocks, num_cpu_blocks, block_size), devices=Device
+    )
+
+
+def shared_free_allocator(
+    num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
+) -> AllocatorAdapter:
+    """Conformance factory for :class:`SharedFreeAllocator`."""
+    target = SharedFreeAllocator(num_gpu_blocks, num_cpu_blocks, block_size)
+    return AllocatorAdapter(target, devices=Device)
+
+
+class DropsCowPairsManager(BlockSpaceManager):
+    """Planted bug: ``append_slots`` does the copy-on-write but reports no pair."""
+
+    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+        super().append_slots(seq, num_lookahead_slots)
+        return []
+
+
+def drops_cow_pairs_manager(
+    block_size: int,
+    num_gpu_blocks: int,
+    num_cpu_blocks: int,
+    watermark: float,
+    sliding_window: int | None,
+) -> ManagerAdapter:
+    """Conformance factory: the plain forwarding adapter, so only the API is compared."""
+    target = DropsCowPairsManager(
+        block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window
+    )
+    return ManagerAdapter(target, Capabilities(encoder_decoder=True))

@@ -1,0 +1,243 @@
+"""The conformance kit: faulty allocators are flagged by name, correct ones pass.
+
+The targets live in ``faulty_allocators`` (this directory): a correct FIFO
+allocator that promises neither LIFO nor typed errors, one that leaks the ids a
+failed ``allocate_immutable_blocks`` took (vLLM 0.6.3), one whose ``free``
+ignores refcounts, and a manager that drops CoW pairs. Searches are kept small
+(tens of examples) so the whole file runs in well under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pagedkv_stateful
+from pagedkv_stateful import adapters, conform
+from pagedkv_stateful.adapters import CHECKS, AllocatorAdapter, Capabilities, Violation
+from pagedkv_stateful.allocator_machine import SPEC_ASSERTIONS
+from pagedkv_stateful.conform import ConformanceReport, Finding, run_conformance
+
+# tests/ is on sys.path under pytest (not on mypy's path, hence the import by name).
+fa: Any = importlib.import_module("faulty_allocators")
+ROOT = Path(__file__).parent.parent
+TESTS = Path(__file__).parent
+
+
+def check(factory: Callable[..., Any], examples: int = 40, **kwargs: Any) -> ConformanceReport:
+    name = factory.__name__
+    return run_conformance(
+        factory,
+        name=f"faulty_allocators:{name}",
+        import_line=f"from faulty_allocators import {name}",
+        call=name,
+        max_examples=examples,
+        **kwargs,
+    )
+
+
+def replay(finding: Finding) -> BaseException:
+    """Run the printed program; it must fail (on its last line). Returns the error."""
+    source = "\n".join(finding.program)
+    with pytest.raises(BaseException) as caught:
+        exec(compile(source, "<conformance program>", "exec"), {})
+    return caught.value
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def test_fifo_allocator_conforms_without_promising_lifo() -> None:
+    report = check(fa.fifo_allocator, examples=60)
+    assert report.ok, report.render()
+    assert "PASS" in report.render()
+
+
+def test_leaky_allocator_is_flagged_as_changing_state_on_failure() -> None:
+    report = check(fa.leaky_allocator, max_violations=1)
+    assert [f.invariant for f in report.findings] == ["failed call changes nothing"]
+    finding = report.findings[0]
+    assert "allocate_immutable_blocks" in finding.detail
+    assert "[free count (GPU)]" in finding.detail
+    assert isinstance(replay(finding), AssertionError)
+    assert finding.program[-1].endswith("# failed call changes nothing")
+
+
+def test_refcount_ignoring_free_is_flagged_by_free_count() -> None:
+    report = check(fa.shared_free_allocator, max_violations=1)
+    (finding,) = report.findings
+    assert finding.invariant == "free count (GPU)"
+    assert "I1 refcounts_match_references" in finding.detail
+    body = "\n".join(finding.program)
+    assert "alloc.fork(b" in body and "alloc.free(b" in body
+    assert isinstance(replay(finding), AssertionError)
+
+
+def test_each_check_is_reported_once_across_rounds() -> None:
+    """Round 2 discards test cases that fail the check round 1 reported."""
+
+    def also_claims_lifo(g: int, c: int, size: int) -> AllocatorAdapter:
+        target = fa.SharedFreeAllocator(g, c, size)
+        return AllocatorAdapter(target, Capabilities(lifo=True), fa.Device)
+
+    report = run_conformance(also_claims_lifo, max_examples=40, max_violations=2)
+    names = [f.invariant for f in report.findings]
+    assert len(names) == len(set(names)) == 2, report.render()
+    assert set(names) <= {"LIFO policy", "free count (GPU)", "free count (CPU)"}
+    assert report.ended == "reached --max-violations 2"
+
+
+def test_broken_promises_are_checked() -> None:
+    """The FIFO allocator is correct, but not if it claims LIFO order or typed errors."""
+
+    def claims_lifo(g: int, c: int, size: int) -> AllocatorAdapter:
+        return AllocatorAdapter(fa.FifoAllocator(g, c, size), Capabilities(lifo=True), fa.Device)
+
+    def claims_typed_errors(g: int, c: int, size: int) -> AllocatorAdapter:
+        caps = Capabilities(typed_errors=True)
+        return AllocatorAdapter(fa.FifoAllocator(g, c, size), caps, fa.Device)
+
+    lifo = run_conformance(claims_lifo, max_examples=40, max_violations=1)
+    assert [f.invariant for f in lifo.findings] == ["LIFO policy"]
+    typed = run_conformance(claims_typed_errors, max_examples=40, max_violations=1)
+    assert [f.invariant for f in typed.findings] == ["same error as spec"]
+    assert "ValueError" in typed.findings[0].detail
+
+
+def test_manager_compared_through_the_api_only() -> None:
+    report = check(fa.drops_cow_pairs_manager, level="manager", max_violations=1)
+    (finding,) = report.findings
+    assert finding.invariant == "CoW pairs"
+    assert isinstance(replay(finding), AssertionError)
+
+
+def test_pagedkv_itself_is_one_adapter_among_others() -> None:
+    for factory, level in (
+        (adapters.pagedkv_allocator, "allocator"),
+        (adapters.pagedkv_manager, "manager"),
+    ):
+        report = run_conformance(factory, level=level, max_examples=15)
+        assert report.ok, report.render()
+        assert "LIFO promised; typed errors" in report.render()
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_main_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert conform.main(["faulty_allocators:fifo_allocator", "--max-examples", "10"]) == 0
+    assert "result: PASS" in capsys.readouterr().out
+    args = ["faulty_allocators:shared_free_allocator", "--max-examples", "20"]
+    assert conform.main([*args, "--max-violations", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "violation 1: free count (GPU)" in out
+    assert "alloc = shared_free_allocator(1, 0, 1).target" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["no_colon"], "expected MODULE:FACTORY"),
+        (["no_such_module_xyz:f"], "cannot import 'no_such_module_xyz'"),
+        (["faulty_allocators:nope"], "has no attribute 'nope'"),
+        (["faulty_allocators:Pool", "--level", "manager"], "a manager-level factory takes"),
+        (["builtins:max"], "lacks allocate_mutable_block"),
+        (["faulty_allocators:fifo_allocator", "--level", "neither"], "invalid choice"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert conform.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith("pagedkv conform: error: ")
+    assert message in captured.err
+
+
+def test_module_entry_point() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pagedkv_stateful.conform",
+            "faulty_allocators:shared_free_allocator",
+            "--max-examples",
+            "20",
+            "--max-violations",
+            "1",
+        ],
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "violation 1: free count (GPU)" in proc.stdout
+    assert "Traceback" not in proc.stderr
+
+
+def test_add_subcommand_wires_into_a_parent_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser(prog="pagedkv")
+    conform.add_subcommand(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        ["conform", "pagedkv_stateful.adapters:pagedkv_allocator", "--max-examples", "5"]
+    )
+    assert args.func(args) == 0
+    assert "result: PASS" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- vocabulary
+
+
+def test_violation_message_is_parseable() -> None:
+    v = Violation("free count (GPU)", "the target has 3 free GPU blocks, the spec 2")
+    assert isinstance(v, AssertionError)
+    assert str(v) == "[free count (GPU)] the target has 3 free GPU blocks, the spec 2"
+    assert Violation.parse(str(v)) == (v.invariant, v.detail)
+    assert Violation.parse("plain assertion") is None
+
+
+def test_spec_assertion_keys_occur_in_the_spec() -> None:
+    """The machines map spec assertion messages to checks: the messages must exist."""
+    source = "".join(p.read_text() for p in (ROOT / "spec" / "pagedkv_spec").glob("*.py"))
+    for key, name in SPEC_ASSERTIONS:
+        assert key in source, key
+        assert name in CHECKS
+
+
+def test_docs_list_every_check() -> None:
+    text = (ROOT / "docs" / "conformance.md").read_text()
+    for name in CHECKS:
+        short = name.split(" (")[0] if name.startswith(("admission", "can =>")) else name
+        assert f"`{short}" in text or short in text, name
+    for number in ["P1", "P2", "P3", "P4", "P5", "I1", "I2", "I3", "I4", "I5", "I6"]:
+        assert f"| {number} " in text, number
+    for number in ["M1", "M2", "M3", "M4", "M5"]:
+        assert f"| {number} " in text, number
+
+
+def test_docs_example_runs_as_written() -> None:
+    text = (ROOT / "docs" / "conformance.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 1, "docs/conformance.md should hold exactly one python example"
+    exec(compile(blocks[0], "docs/conformance.md", "exec"), {"__name__": "conformance_doc"})
+
+
+def test_package_exports() -> None:
+    assert getattr(pagedkv_stateful, "__file__", None) is not None, (
+        "stale editable install (namespace package): rerun `pip install -e .`"
+    )
+    for name in pagedkv_stateful.__all__:
+        assert getattr(pagedkv_stateful, name) is not None
+    assert pagedkv_stateful.run_conformance is run_conformance
