@@ -19,6 +19,10 @@ Stricter than vLLM 0.6.3 (see semantics.md, "Where pagedkv is stricter"):
       take one, and raise :class:`~pagedkv.errors.NoFreeBlocksError` otherwise.
     * Misuse raises typed errors (never ``assert``), also under ``python -O``.
     * No recursion, no sorting; ids are cached so ``physical_block_ids`` is O(1).
+
+Sizing and the plan of an append (the counting before any change) are in
+:mod:`pagedkv.block_table_plan`; the argument and T1–T4 checks in
+:mod:`pagedkv.block_table_checks`.
 """
 
 from __future__ import annotations
@@ -26,15 +30,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv.block import NaiveBlock, NullBlock
-from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
+from pagedkv.block_table_checks import (
+    check_count,
+    check_table_args,
+    check_table_invariants,
+    live_id,
+    load_blocks,
+)
+from pagedkv.block_table_plan import BlockTablePlanning, cdiv
 from pagedkv.errors import (
-    BlockWithoutIdError,
-    DoubleFreeError,
-    ForeignBlockError,
     InvalidBlockTableArgumentError,
-    InvariantViolationError,
     NoFreeBlocksError,
-    StaleBlockError,
     TableAlreadyAllocatedError,
     TableNotAllocatedError,
 )
@@ -43,29 +49,10 @@ from pagedkv_spec.device import Device
 
 __all__ = ["BlockTable"]
 
-_GPU, _CPU = Device.GPU, Device.CPU
+_GPU = Device.GPU
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _check_count(name: str, value: int) -> None:
-    if not isinstance(value, int) or value < 0:
-        raise InvalidBlockTableArgumentError(f"{name} must be an int >= 0, got {value!r}")
-
-
-def _live_id(block: Block, operation: str) -> int:
-    """The block's id, or the typed error the allocator would raise for it."""
-    block_id = block.block_id
-    if block_id is None:
-        if isinstance(block, NaiveBlock) and block.freed:
-            raise DoubleFreeError() if operation == "free" else StaleBlockError(operation)
-        raise BlockWithoutIdError(operation)
-    return block_id
-
-
-class BlockTable:
+class BlockTable(BlockTablePlanning):
     """The blocks of one sequence; refines a table of the manager spec.
 
     Representation (only this class writes it):
@@ -85,7 +72,6 @@ class BlockTable:
         "_block_size",
         "_blocks",
         "_max_block_sliding_window",
-        "_null_block",
         "_null_prefix",
         "_num_full_slots",
     )
@@ -102,26 +88,12 @@ class BlockTable:
         ``_blocks`` must be shaped as T2–T4 say (full or null blocks, at most one
         partial block, then empty ones); ``num_full_slots`` is read from them.
         """
-        if not isinstance(block_size, int) or block_size < 1:
-            raise InvalidBlockTableArgumentError(
-                f"block_size must be an int >= 1, got {block_size!r}"
-            )
-        allocator_block_size = getattr(block_allocator, "block_size", block_size)
-        if allocator_block_size != block_size:
-            raise InvalidBlockTableArgumentError(
-                f"block_size={block_size} but the allocator's blocks hold "
-                f"{allocator_block_size} tokens; use the allocator's block size"
-            )
-        window = max_block_sliding_window
-        if window is not None and (not isinstance(window, int) or window < 0):
-            raise InvalidBlockTableArgumentError(
-                f"max_block_sliding_window must be None or an int >= 0, got {window!r}"
-            )
+        check_table_args(block_size, block_allocator, max_block_sliding_window)
         self._block_size = block_size
         self._allocator = block_allocator
-        self._max_block_sliding_window = window
-        self._null_block: Block | None = None
-        self._blocks: list[Block] = []
+        self._max_block_sliding_window = max_block_sliding_window
+        self._null_block = None
+        self._blocks = []
         self._block_ids: list[int] = []
         self._num_full_slots = 0
         self._null_prefix = 0
@@ -130,71 +102,13 @@ class BlockTable:
 
     def _load(self, blocks: list[Block]) -> None:
         """Adopt ``blocks`` after checking T1–T4; nothing changes on error. Complexity: O(n)."""
-        size = self._block_size
-        ids: list[int] = []
-        num_full = 0
-        null_prefix = 0
-        partial_seen = False
-        for i, b in enumerate(blocks):
-            ids.append(_live_id(b, "put in a block table"))
-            if isinstance(b, NullBlock):
-                if i != null_prefix:
-                    raise InvalidBlockTableArgumentError(
-                        f"null block at index {i} after a real block; null entries "
-                        "must form a prefix of the table"
-                    )
-                null_prefix += 1
-                num_full += size
-                continue
-            n = len(b.token_ids)
-            if partial_seen and n:
-                raise InvalidBlockTableArgumentError(
-                    f"block {i} holds tokens after a partially filled block; "
-                    "only the last non-empty block may be partial"
-                )
-            partial_seen = partial_seen or n < size
-            num_full += n
-        if len(set(ids[null_prefix:])) != len(ids) - null_prefix:
-            raise InvalidBlockTableArgumentError("a block id appears twice in the table")
+        ids, num_full, null_prefix = load_blocks(blocks, self._block_size)
         self._blocks = blocks
         self._block_ids = ids
         self._num_full_slots = num_full
         self._null_prefix = null_prefix
         if null_prefix:
             self._null_block = blocks[0]
-
-    # ------------------------------------------------------------------ sizing
-
-    @staticmethod
-    def get_num_required_blocks(
-        token_ids: Sequence[int], block_size: int, num_lookahead_slots: int = 0
-    ) -> int:
-        """``ceil((len(token_ids) + num_lookahead_slots) / block_size)``. Complexity: O(1)."""
-        return _cdiv(len(token_ids) + num_lookahead_slots, block_size)
-
-    def get_num_blocks_touched_by_append_slots(
-        self, token_ids: Sequence[int], num_lookahead_slots: int
-    ) -> int:
-        """Worst-case number of blocks an append of these tokens + lookahead writes into.
-
-        vLLM 0.6.3's formula: with ``n = len(token_ids) + num_lookahead_slots`` and
-        ``first = block_size - num_full_slots % block_size`` (room in the current
-        block), ``1 + ceil((n - first) / block_size)``. The current block counts
-        even if it is full or nothing is written, except that ``n == 0`` at a block
-        boundary gives 0. Each touched block may need a fresh block (new, or a
-        copy-on-write), so this bounds what :meth:`append_token_ids` takes (plus
-        one at a sliding-window table's first append if the allocator has no null
-        block yet); :meth:`get_num_blocks_needed_by_append` is exact. Complexity: O(1).
-        """
-        _check_count("num_lookahead_slots", num_lookahead_slots)
-        n = len(token_ids) + num_lookahead_slots
-        first = self._block_size - self._num_full_slots % self._block_size
-        return 1 + _cdiv(n - first, self._block_size)
-
-    def _num_new_blocks(self, num_empty_slots: int) -> int:
-        """Blocks :meth:`ensure_num_empty_slots` would add. Complexity: O(1)."""
-        deficit = num_empty_slots - self.num_empty_slots
-        return _cdiv(deficit, self._block_size) if deficit > 0 else 0
 
     # ------------------------------------------------------------------ operations
 
@@ -215,7 +129,7 @@ class BlockTable:
             )
         size = self._block_size
         num_tokens = len(token_ids)
-        needed = _cdiv(num_tokens, size)
+        needed = cdiv(num_tokens, size)
         free = self._allocator.get_num_free_blocks(device)
         if needed > free:
             raise NoFreeBlocksError(needed, free, device.name)
@@ -231,7 +145,7 @@ class BlockTable:
             block.append_token_ids(tail)  # a fresh block: no copy-on-write, cannot fail
             blocks.append(block)
         self._blocks = blocks
-        self._block_ids = [_live_id(b, "allocate") for b in blocks]
+        self._block_ids = [live_id(b, "allocate") for b in blocks]
         self._num_full_slots = num_tokens
 
     def append_token_ids(
@@ -295,60 +209,15 @@ class BlockTable:
                     b._token_ids.extend(token_ids)
                     self._num_full_slots = num_full + num_tokens
                     return
-        if not blocks:
-            raise TableNotAllocatedError("append_token_ids")
-        _check_count("num_lookahead_slots", num_lookahead_slots)
-
         # ---- plan: validate and count everything before the first change
-        window = self._max_block_sliding_window
-        drop_end = 0
-        null_cost = 0
-        returned_gpu = returned_cpu = 0  # unshared dropped blocks: their ids come back
-        if window is not None:
-            if num_computed_slots is None:
-                raise InvalidBlockTableArgumentError(
-                    "a sliding-window table needs num_computed_slots (the sequence's "
-                    "computed tokens) to know which blocks left the window"
-                )
-            _check_count("num_computed_slots", num_computed_slots)
-            if num_computed_slots > num_full + num_tokens:
-                raise InvalidBlockTableArgumentError(
-                    f"num_computed_slots={num_computed_slots} exceeds the {num_full + num_tokens} "
-                    "slots the table holds after this append"
-                )
-            if self._null_block_missing(may_create=True):
-                null_cost = 1
-            drop_end = min(num_computed_slots // size - window, first_idx)
-            # T3: entries from _null_prefix on are real blocks.
-            for i in range(self._null_prefix, drop_end):
-                b = blocks[i]
-                _live_id(b, "free")
-                if not b.is_shared:
-                    if self._on_gpu(b):
-                        returned_gpu += 1
-                    else:
-                        returned_cpu += 1
-        num_new = self._num_new_blocks(num_tokens + num_lookahead_slots)
-        cow_gpu, cow_cpu = self._count_copies_on_write(num_tokens)
-        needed = null_cost + num_new + cow_gpu
-        if needed:  # the common decode step into a private block skips the query
-            free_gpu = self._allocator.get_num_free_blocks(_GPU)
-            if null_cost > free_gpu:
-                raise NoFreeBlocksError(null_cost, free_gpu, "GPU")
-            available = free_gpu + returned_gpu
-            if needed > available:
-                raise NoFreeBlocksError(needed, available, "GPU")
-        if cow_cpu:
-            available = self._allocator.get_num_free_blocks(_CPU) + returned_cpu
-            if cow_cpu > available:
-                raise NoFreeBlocksError(cow_cpu, available, "CPU")
+        drop_end, num_new = self._plan_append(num_tokens, num_lookahead_slots, num_computed_slots)
 
         # ---- (a) window step
         ids = self._block_ids
-        if window is not None:
+        if self._max_block_sliding_window is not None:
             null = self._allocator.allocate_or_get_null_block()
             self._null_block = null
-            null_id = _live_id(null, "use")
+            null_id = live_id(null, "use")
             for i in range(self._null_prefix, drop_end):
                 self._allocator.free(blocks[i])
                 blocks[i] = null
@@ -373,53 +242,6 @@ class BlockTable:
         # ---- (d)
         self._num_full_slots = num_full + num_tokens
 
-    def _count_copies_on_write(self, num_tokens: int) -> tuple[int, int]:
-        """(GPU, CPU) copies-on-write a write of ``num_tokens`` makes; checks the blocks.
-
-        The write touches the existing blocks from ``num_full_slots // block_size``
-        up to the one holding the last token; each whose id is shared is copied.
-        Complexity: O(blocks touched).
-        """
-        if not num_tokens:
-            return 0, 0
-        blocks, size, num_full = self._blocks, self._block_size, self._num_full_slots
-        cow_gpu = cow_cpu = 0
-        stop = min((num_full + num_tokens - 1) // size + 1, len(blocks))
-        for i in range(num_full // size, stop):
-            b = blocks[i]
-            _live_id(b, "append to")
-            if b.is_shared:
-                if self._on_gpu(b):
-                    cow_gpu += 1
-                else:
-                    cow_cpu += 1
-        return cow_gpu, cow_cpu
-
-    def get_num_blocks_needed_by_append(
-        self, token_ids: Sequence[int], num_lookahead_slots: int = 0
-    ) -> int:
-        """Free blocks :meth:`append_token_ids` would take, before any window step returns some.
-
-        ``new blocks + copies-on-write (+ 1 for creating the null block, with a
-        sliding window)``: the ``needed`` of the append's rule, on whichever
-        device the blocks are (a swapped-out table keeps its sharing, so this is
-        also what the append takes after a swap-in). Exact without a sliding
-        window; with one, the window step may return ids first, so it is an
-        upper bound. Errors: empty table, negative lookahead.
-        Complexity: O(blocks touched).
-        """
-        if not self._blocks:
-            raise TableNotAllocatedError("count the blocks an append needs")
-        _check_count("num_lookahead_slots", num_lookahead_slots)
-        num_tokens = len(token_ids)
-        cow_gpu, cow_cpu = self._count_copies_on_write(num_tokens)
-        null_cost = 0
-        if self._max_block_sliding_window is not None and self._null_block_missing(False):
-            null_cost = 1
-        return (
-            null_cost + self._num_new_blocks(num_tokens + num_lookahead_slots) + cow_gpu + cow_cpu
-        )
-
     def ensure_num_empty_slots(self, num_empty_slots: int) -> None:
         """Add empty GPU blocks until at least ``num_empty_slots`` slots are empty.
 
@@ -428,7 +250,7 @@ class BlockTable:
         """
         if not self._blocks:
             raise TableNotAllocatedError("ensure_num_empty_slots")
-        _check_count("num_empty_slots", num_empty_slots)
+        check_count("num_empty_slots", num_empty_slots)
         num_new = self._num_new_blocks(num_empty_slots)
         free = self._allocator.get_num_free_blocks(_GPU)
         if num_new > free:
@@ -445,7 +267,7 @@ class BlockTable:
         for _ in range(num_new):
             prev = allocate(prev, _GPU)
             blocks.append(prev)
-            ids.append(_live_id(prev, "append"))
+            ids.append(live_id(prev, "append"))
 
     def fork(self) -> BlockTable:
         """A new table sharing every id of this one (refcounts + 1).
@@ -480,7 +302,7 @@ class BlockTable:
         """
         blocks = self._blocks
         for b in blocks[self._null_prefix :]:
-            _live_id(b, "free")
+            live_id(b, "free")
         free = self._allocator.free
         for b in blocks:
             free(b)
@@ -494,7 +316,7 @@ class BlockTable:
 
         Nothing changes on error. Complexity: O(blocks).
         """
-        self._block_ids = [_live_id(b, "put in a block table") for b in self._blocks]
+        self._block_ids = [live_id(b, "put in a block table") for b in self._blocks]
 
     def update(self, blocks: Sequence[Block]) -> None:
         """Re-read ``blocks`` (e.g. this table's blocks after a swap changed their ids).
@@ -564,56 +386,18 @@ class BlockTable:
             dropped.extend(b.token_ids)
         return dropped
 
-    # ------------------------------------------------------------------ helpers
-
-    def _null_block_missing(self, may_create: bool) -> bool:
-        """Whether the allocator's null block is yet to be created (taking a free GPU id).
-
-        Complexity: O(1).
-        """
-        if self._null_block is not None:
-            return False
-        allocator = self._allocator
-        if isinstance(allocator, CpuGpuBlockAllocator):
-            # NOTE: package-internal read; DeviceAwareBlockAllocator has no way to
-            # peek at the null block, and creating it would take a free id.
-            self._null_block = allocator._null_block
-            return self._null_block is None
-        if not may_create:
-            return True  # unknown: count its creation (an upper bound)
-        # An allocator we cannot peek into: create it now. It may then outlive a
-        # failed append, the only state such an allocator keeps after an error.
-        self._null_block = allocator.allocate_or_get_null_block()
-        return False
-
-    def _on_gpu(self, block: Block) -> bool:
-        """The block's id is one of the GPU pool's. Complexity: O(1)."""
-        try:
-            self._allocator.get_physical_block_id(_GPU, _live_id(block, "locate"))
-        except ForeignBlockError:
-            return False
-        return True
-
     # ------------------------------------------------------------------ verification
 
     def check_invariants(self) -> None:
         """Check T1–T4; raises :class:`InvariantViolationError`. Complexity: O(slots)."""
-        blocks, ids, size = self._blocks, self._block_ids, self._block_size
-        if len(ids) != len(blocks) or any(
-            b.block_id != i for b, i in zip(blocks, ids, strict=False)
-        ):
-            raise InvariantViolationError("T1", f"{self!r}: cached ids differ from the blocks' ids")
-        for i, b in enumerate(blocks):
-            is_null = isinstance(b, NullBlock)
-            if is_null != (i < self._null_prefix):
-                raise InvariantViolationError("T3", f"{self!r}: entry {i} breaks the null prefix")
-            held = size if is_null else len(b.token_ids)
-            want = min(max(self._num_full_slots - i * size, 0), size)
-            if held != want:
-                raise InvariantViolationError("T2", f"{self!r}: block {i} holds {held}, not {want}")
-        real = ids[self._null_prefix :]
-        if len(set(real)) != len(real):
-            raise InvariantViolationError("T4", f"{self!r}: a block id appears twice")
+        check_table_invariants(
+            self,
+            self._blocks,
+            self._block_ids,
+            self._block_size,
+            self._num_full_slots,
+            self._null_prefix,
+        )
 
     def __repr__(self) -> str:
         return (

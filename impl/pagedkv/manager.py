@@ -5,11 +5,12 @@ acts; pagedkv guarantees *can => do*: whenever ``can_allocate`` is OK,
 ``can_append_slots`` is True, ``can_swap_out`` is True or ``can_swap_in`` is
 OK, the matching operation finds enough free blocks. A failed operation raises
 a typed error and changes nothing.
+
+The counters (:class:`ManagerStats`), the abstraction function and the
+representation check are in :mod:`pagedkv.manager_checks`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from pagedkv.block import NaiveBlock
 from pagedkv.block_table import BlockTable
@@ -18,15 +19,15 @@ from pagedkv.errors import (
     CachingNotSupportedError,
     InvalidAllocatorConfigError,
     InvalidSequenceStateError,
-    InvariantViolationError,
     NoFreeBlocksError,
     SequenceAlreadyAllocatedError,
     UnknownSequenceError,
 )
 from pagedkv.interfaces import Block
+from pagedkv.manager_checks import ManagerStats, check_manager_invariants, manager_view
 from pagedkv.sequence import AllocDecision, Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec.device import Device
-from pagedkv_spec.manager import ManagerView, TableView
+from pagedkv_spec.manager import ManagerView
 from pagedkv_spec.status import AllocStatus
 
 __all__ = ["BlockSpaceManager", "ManagerStats"]
@@ -37,19 +38,6 @@ _WAITING, _RUNNING, _SWAPPED = (
     SequenceStatus.RUNNING,
     SequenceStatus.SWAPPED,
 )
-
-
-@dataclass
-class ManagerStats:
-    """Cumulative counters since the manager was created."""
-
-    groups_allocated: int = 0
-    cow_copies: int = 0
-    swap_outs: int = 0
-    swap_ins: int = 0
-    blocks_swapped_out: int = 0
-    blocks_swapped_in: int = 0
-    blocks_freed_by_window: int = 0
 
 
 def _blocks_for(num_tokens: int, block_size: int) -> int:
@@ -415,57 +403,10 @@ class BlockSpaceManager:
 
     # ------------------------------------------------------------------ verification
 
-    def _view(self, table: BlockTable) -> TableView:
-        null = self.block_allocator._null_block
-        tokens = tuple(None if b is null else tuple(b.token_ids) for b in table.blocks)
-        ids = tuple(b.block_id if b.block_id is not None else -1 for b in table.blocks)
-        return TableView(ids, table.num_full_slots, tokens)
-
     def to_spec(self) -> ManagerView:
         """Abstraction function: the observable state as a spec view. Complexity: O(n)."""
-        alloc = self.block_allocator
-        null = alloc._null_block
-        return ManagerView(
-            alloc.get_allocator(_GPU).to_spec(),
-            alloc.get_allocator(_CPU).to_spec(),
-            tuple(sorted((k, self._view(t)) for k, t in self.block_tables.items())),
-            tuple(sorted((k, self._view(t)) for k, t in self.cross_block_tables.items())),
-            None if null is None else null.block_id,
-        )
+        return manager_view(self)
 
     def check_invariants(self) -> None:
         """Check M2 (every block object in exactly one table slot) and I1. Complexity: O(n)."""
-        alloc = self.block_allocator
-        alloc.check_invariants()
-        null = alloc._null_block
-        seen: set[int] = set()
-        counts: dict[tuple[Device, int], int] = {}
-        for table in (*self.block_tables.values(), *self.cross_block_tables.values()):
-            if table.physical_block_ids != [b.block_id for b in table.blocks]:
-                raise InvariantViolationError("M3", "a table's cached ids are stale")
-            for b in table.blocks:
-                if b is null:
-                    continue
-                if id(b) in seen:
-                    raise InvariantViolationError("M2", f"{b} sits in two table slots")
-                seen.add(id(b))
-                if b.block_id is None or type(b) is not NaiveBlock or b.freed:
-                    raise InvariantViolationError("M2", f"a table slot holds a dead block {b}")
-                key = (self._device_of_block(b), b.block_id)
-                counts[key] = counts.get(key, 0) + 1
-        if null is not None and null.block_id is not None:
-            key = (_GPU, null.block_id)
-            counts[key] = counts.get(key, 0) + 1
-        for device in (_GPU, _CPU):
-            pool = alloc.get_allocator(device)
-            for block_id in pool.all_block_ids:
-                rc = pool.refcounter.get(block_id)
-                if rc != counts.get((device, block_id), 0):
-                    raise InvariantViolationError(
-                        "I1",
-                        f"block {block_id} has refcount {rc} but "
-                        f"{counts.get((device, block_id), 0)} table references",
-                    )
-
-    def _device_of_block(self, b: NaiveBlock) -> Device:
-        return _GPU if b.allocator is self.block_allocator.get_allocator(_GPU) else _CPU
+        check_manager_invariants(self)

@@ -1,19 +1,26 @@
 """Lockstep machine: a two-device block allocator against :mod:`pagedkv_spec.allocator`.
 
 Every public operation of the allocator is a rule, error paths included. Each
-rule has one shape: call the target through its adapter
-(:class:`~pagedkv_stateful.adapters.AllocatorAdapter`); if it raised, the spec
-must reject the same call (with the same error type when the target promises
-typed errors) and nothing observable may have changed; otherwise feed the
-target's choices (ids, mappings) to the spec, which judges them, and compare
-results. After every step ``observables_agree`` compares the target with the
-model: its full abstraction when the adapter has ``to_spec``, else what the
-vLLM API shows (ids and tokens of live blocks, free and total counts).
+rule has one shape (:mod:`pagedkv_stateful.lockstep`): call the target through
+its adapter (:class:`~pagedkv_stateful.adapters.AllocatorAdapter`); if it
+raised, the spec must reject the same call (with the same error type when the
+target promises typed errors) and nothing observable may have changed;
+otherwise feed the target's choices (ids, mappings) to the spec, which judges
+them, and compare results. After every step ``observables_agree`` compares the
+target with the model: its full abstraction when the adapter has ``to_spec``,
+else what the vLLM API shows (ids and tokens of live blocks, free and total
+counts).
 
 Every failed check raises a :class:`~pagedkv_stateful.adapters.Violation`
 naming it, and every call to the target is also written to ``self.program``
 as a line of Python against the target's own API (``alloc``), so a failing run
 reads back as a runnable program.
+
+Layout: this module holds the rules of the allocator's operations; the rules
+for misuse and the null block are in :mod:`pagedkv_stateful.allocator_misuse`,
+the target's construction, plumbing and the checks after every step in
+:mod:`pagedkv_stateful.allocator_base`, the lockstep shape in
+:mod:`pagedkv_stateful.lockstep`.
 
 Reuse: subclass and override :meth:`make_impl` (a target; pagedkv's
 ``CpuGpuBlockAllocator`` by default) or :meth:`make_adapter`; set
@@ -23,276 +30,35 @@ promises it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import Any, NoReturn, TypeVar
+from typing import Any
 
-from hypothesis import event, note, reject
+from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    Bundle,
-    RuleBasedStateMachine,
-    consumes,
-    initialize,
-    invariant,
-    multiple,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import consumes, initialize, multiple, precondition, rule
 
-from pagedkv import CpuGpuBlockAllocator
-from pagedkv.errors import ForeignBlockError, NullBlockError, PagedKVError
+from pagedkv.errors import PagedKVError
 from pagedkv_spec import allocator as spec
 from pagedkv_spec.device import Device
-from pagedkv_spec.pool import (
-    PoolState,
-    cow_pairs_ok,
-    free_is_rc_zero,
-    in_pool,
-    lifo_choice,
-    pool_ids_ok,
-    refcounts_ok,
-)
-from pagedkv_stateful.adapters import (
-    INVARIANT_NAMES,
-    AllocatorAdapter,
-    Capabilities,
-    Violation,
-    as_allocator_adapter,
-)
+from pagedkv_stateful.allocator_base import AllocatorMachineBase, or_bad
+from pagedkv_stateful.allocator_misuse import AllocatorMisuseRules
+from pagedkv_stateful.lockstep import SPEC_ASSERTIONS, LockstepMachine, choice_fault, holders
 
-__all__ = ["AllocatorMachine", "LockstepMachine", "choice_fault"]
+__all__ = ["SPEC_ASSERTIONS", "AllocatorMachine", "LockstepMachine", "choice_fault", "holders"]
 
-T = TypeVar("T")
 GPU, CPU = Device.GPU, Device.CPU
 devices = st.sampled_from([GPU, CPU])
 # Mostly real moves, sometimes a same-device swap (an error path).
 swap_directions = st.sampled_from([(GPU, CPU)] * 3 + [(CPU, GPU)] * 3 + [(GPU, GPU)])
-
-# Spec assertion messages (judging a target's choice) -> the check they stand for.
-SPEC_ASSERTIONS = (
-    ("not free", "P2 free_is_rc_zero"),
-    ("id twice", "I1 refcounts_match_references"),
-    ("one id per chunk", "I6 blocks_ok"),
-    ("CoW", "I5 cow_pairs_ok"),
-    ("copy-on-write", "I5 cow_pairs_ok"),
-    ("swap", "M5 swap_conserves"),
-    ("chosen ids must match the table", "M3 tables_shaped_ok"),
-)
+blocks, dead = AllocatorMachineBase.blocks, AllocatorMachineBase.dead
 
 
-class LockstepMachine(RuleBasedStateMachine):
-    """Plumbing shared by the lockstep machines: verdicts, error judging, the program.
+class AllocatorMachine(AllocatorMisuseRules):
+    """Drives an allocator adapter and the spec in lockstep (see the module docstring).
 
-    ``known``: check names already reported; a run that fails one of them is
-    discarded (``reject``), so a search can look for the *other* violations.
+    The rules here cover the allocator's operations; the misuse rules come from
+    :class:`~pagedkv_stateful.allocator_misuse.AllocatorMisuseRules`, the target,
+    plumbing and checks from :class:`~pagedkv_stateful.allocator_base.AllocatorMachineBase`.
     """
-
-    known: frozenset[str] = frozenset()
-    caps: Capabilities
-    program: list[str]
-
-    def _violate(
-        self,
-        invariant: str,
-        detail: str,
-        check_line: str | None = None,
-        replace_last: bool = False,
-    ) -> NoReturn:
-        """Raise the Violation (or discard the run if it is ``known``). ``check_line``
-        ends the program (replacing its last line when that line made the same call)."""
-        if invariant in self.known:
-            reject()
-        if check_line:
-            if replace_last:
-                self.program.pop()
-            self.program.append(f"{check_line}  # {invariant}")
-        raise Violation(invariant, detail, check_line)
-
-    def _log(self, line: str) -> None:
-        self.program.append(line)
-
-    def _attempt(self, call: Callable[[], T]) -> T | Exception:
-        """Call the target; an exception is returned, to be judged against the spec."""
-        try:
-            return call()
-        except Exception as err:
-            return err
-
-    def _compare(self) -> None:
-        """Compare every observable with the model; raise a Violation on the first mismatch."""
-        raise NotImplementedError
-
-    def _error_name(self, err: BaseException) -> str:
-        """The second argument of the program's ``expect_error`` (none for untyped targets)."""
-        return f", {type(err).__name__!r}" if self.caps.typed_errors else ""
-
-    def _expect_same_error(self, err: Exception, spec_call: Callable[[], object], src: str) -> None:
-        """The target rejected ``src``: the spec must reject it too, and nothing may change."""
-        try:
-            spec_call()
-        except PagedKVError as expected:
-            if self.caps.typed_errors and type(err) is not type(expected):
-                self._log(f"{src}  # raises {type(err).__name__}")
-                self._violate(
-                    "same error as spec",
-                    f"{src} raised {err!r}; the spec raises {type(expected).__name__}",
-                )
-            self._log(f"expect_error(lambda: {src}{self._error_name(expected)})")
-            event(f"error: {type(expected).__name__}")
-            self._check_unchanged(src, err)
-            return
-        except Exception:  # the spec accepted the call but had no valid choice to judge
-            pass
-        self._log(f"{src}  # raises {type(err).__name__}")
-        self._violate("same error as spec", f"{src} raised {err!r} but the spec accepts the call")
-
-    def _expect_rejected(
-        self, res: object, spec_call: Callable[[], object], src: str, expected: str = ""
-    ) -> None:
-        """A call the spec rejects: the target must raise (``expected``: the error's name)."""
-        if isinstance(res, Exception):
-            self._expect_same_error(res, spec_call, src)
-            return
-        if not expected:
-            try:
-                spec_call()
-            except PagedKVError as err:
-                expected = type(err).__name__
-            except Exception:  # accepted, but no valid choice to judge: no name to give
-                pass
-        name = f", {expected!r}" if self.caps.typed_errors and expected else ""
-        self._violate(
-            "same error as spec",
-            f"{src} was accepted; the spec rejects it ({expected or 'an error'})",
-            f"expect_error(lambda: {src}{name})",
-        )
-
-    def _check_unchanged(self, src: str, err: Exception) -> None:
-        try:
-            self._compare()
-        except Violation as changed:
-            self._violate(
-                "failed call changes nothing",
-                f"{src} raised {type(err).__name__} (the spec rejects it too) but changed "
-                f"the state: [{changed.invariant}] {changed.detail}",
-                changed.check_line,
-            )
-
-    def _judge(
-        self,
-        site: str,
-        spec_call: Callable[[], T],
-        src: str,
-        lhs: str = "",
-        explain: Callable[[], None] | None = None,
-    ) -> T:
-        """Advance the spec with the target's results of an accepted call ``src``.
-
-        The spec raising a typed error means the target accepted a call it must
-        reject; a spec assertion means it rejects the target's choice: ``explain``
-        may name the fault precisely, else the assertion message is mapped to a
-        check (``site`` when unknown).
-        """
-        try:
-            out = spec_call()
-        except PagedKVError as expected:
-            self._violate(
-                "same error as spec",
-                f"{src} was accepted; the spec raises {expected!r}",
-                f"expect_error(lambda: {src}{self._error_name(expected)})",
-            )
-        except Violation:
-            raise
-        except Exception as why:  # an assertion, or a result too malformed to index
-            self._log(f"{lhs}{src}")
-            if explain is not None:
-                explain()
-            message = str(why) or "a postcondition failed"
-            if not isinstance(why, AssertionError):
-                message = f"{type(why).__name__}: {message}"
-            name = next((n for key, n in SPEC_ASSERTIONS if key in message), site)
-            self._violate(name, f"the spec rejects the result of {src}: {message}")
-        self._log(f"{lhs}{src}")
-        return out
-
-    def _check_target_invariants(self, check: Callable[[], None]) -> None:
-        try:
-            check()
-        except Exception as err:
-            number = getattr(err, "invariant", None)
-            name = INVARIANT_NAMES.get(str(number), "check_invariants")
-            self._violate(name, f"the target's check_invariants() failed: {err}")
-
-
-class AllocatorMachine(LockstepMachine):
-    """Drives an allocator adapter and the spec in lockstep (see the module docstring)."""
-
-    check_lifo = True
-    blocks = Bundle("blocks")
-    dead = Bundle("dead")
-
-    # ------------------------------------------------------------------ extension points
-
-    def make_impl(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> Any:
-        """The allocator under test (a target). Override to test another implementation."""
-        return CpuGpuBlockAllocator.create("naive", num_gpu_blocks, num_cpu_blocks, block_size)
-
-    def make_adapter(
-        self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
-    ) -> AllocatorAdapter:
-        """The adapter the rules call: :meth:`make_impl`'s target, adapted."""
-        return as_allocator_adapter(self.make_impl(num_gpu_blocks, num_cpu_blocks, block_size))
-
-    def setup_source(self, var: str, num_gpu: int, num_cpu: int, block_size: int) -> str:
-        """The program line that creates a target named ``var``."""
-        return f'{var} = CpuGpuBlockAllocator.create("naive", {num_gpu}, {num_cpu}, {block_size})'
-
-    def abstract(self) -> spec.AllocatorState | None:
-        """The target's state as a spec state (its abstraction function), if it has one."""
-        return self.adapter.to_spec(dict(enumerate(self.objs)))
-
-    def check_impl_invariants(self) -> None:
-        """The target's own representation check, if it has one."""
-        self.adapter.check_invariants(dict(enumerate(self.objs)))
-
-    # ------------------------------------------------------------------ plumbing
-
-    @property
-    def _lifo(self) -> bool:
-        return self.check_lifo and self.caps.lifo
-
-    def _dev(self, device: Device) -> str:
-        return self.adapter.source_device(device)
-
-    def _holders(self, device: Device, block_id: int, exclude: int | None = None) -> str:
-        return holders(self.model, device, block_id, exclude)
-
-    def _explain_choice(self, device: Device, chosen: Sequence[int | None], src: str) -> None:
-        """Name what is wrong with ids the target handed out for ``device`` (if anything)."""
-        fault = choice_fault(self.model, device, chosen, src)
-        if fault is not None:
-            self._violate(*fault)
-
-    def _check_lifo(self, pool: PoolState, chosen: Sequence[int], src: str) -> None:
-        if self._lifo and not lifo_choice(pool, tuple(chosen)):
-            self._violate(
-                "LIFO policy",
-                f"LIFO policy: {src} handed out {list(chosen)}, front of free list is "
-                f"{list(pool.free[: len(chosen)])}",
-            )
-
-    def _new_blocks(self, n: int) -> tuple[str, list[int]]:
-        """``(lhs, handles)`` for ``n`` new block objects: ``"b3, b4 = "``, ``[3, 4]``."""
-        handles = list(range(len(self.objs), len(self.objs) + n))
-        names = ", ".join(f"b{h}" for h in handles)
-        lhs = "" if n == 0 else f"[{names}] = " if n == 1 else f"{names} = "
-        return lhs, handles
-
-    def _allocated(self, res: Sequence[Any], before: PoolState, src: str) -> None:
-        """The target's new block objects: LIFO order, then adopted under the next handles."""
-        self._check_lifo(before, [_or_bad(self.adapter.block_id(b)) for b in res], src)
-        self.objs.extend(res)
 
     # ------------------------------------------------------------------ rules
 
@@ -308,10 +74,10 @@ class AllocatorMachine(LockstepMachine):
         self.impl = self.adapter.target
         self.caps = self.adapter.capabilities
         self.model = spec.initial(num_gpu, num_cpu, block_size)
-        self.objs: list[Any] = []
-        self.other: AllocatorAdapter | None = None
-        self.foreign: Any = None
-        self.null: Any = None
+        self.objs = []
+        self.other = None
+        self.foreign = None
+        self.null = None
         self._log(self.setup_source("alloc", num_gpu, num_cpu, block_size))
         return self.allocate_mutable_block(None, GPU)
 
@@ -330,7 +96,7 @@ class AllocatorMachine(LockstepMachine):
         _, (handle,) = self._new_blocks(1)
         self.model, _ = self._judge(
             "I6 blocks_ok",
-            lambda: spec.allocate_mutable_block(self.model, prev, device, _or_bad(chosen)),
+            lambda: spec.allocate_mutable_block(self.model, prev, device, or_bad(chosen)),
             src,
             f"b{handle} = ",
             lambda: self._explain_choice(device, [chosen], src),
@@ -384,7 +150,7 @@ class AllocatorMachine(LockstepMachine):
         self.model, _ = self._judge(
             "I6 blocks_ok",
             lambda: spec.allocate_immutable_blocks(
-                self.model, prev, chunks, device, [_or_bad(b) for b in chosen]
+                self.model, prev, chunks, device, [or_bad(b) for b in chosen]
             ),
             src,
             lhs,
@@ -413,28 +179,6 @@ class AllocatorMachine(LockstepMachine):
                 "I1 refcounts_match_references", lambda: spec.free(self.model, handle), src
             )
         return handle
-
-    @precondition(lambda self: self.caps.misuse)
-    @rule(handle=dead)
-    def free_again(self, handle: int) -> None:
-        """Double free: a dead handle must raise and change nothing."""
-        src = f"alloc.free(b{handle})"
-        res = self._attempt(lambda: self.adapter.free(self.objs[handle]))
-        self._expect_rejected(res, lambda: spec.free(self.model, handle), src)
-
-    @precondition(lambda self: self.caps.misuse)
-    @rule(handle=dead, token=st.integers(0, 9))
-    def use_stale_handle(self, handle: int, token: int) -> None:
-        """A freed object must never append to or fork another owner's block."""
-        obj = self.objs[handle]
-        src = self.adapter.source_append(f"b{handle}", f"[{token}]")
-        res = self._attempt(lambda: self.adapter.append_token_ids(obj, [token]))
-        self._expect_rejected(
-            res, lambda: spec.append_token_ids(self.model, handle, [token], -1), src
-        )
-        src = f"alloc.fork(b{handle})"
-        forked = self._attempt(lambda: self.adapter.fork(obj))
-        self._expect_rejected(forked, lambda: spec.fork(self.model, handle), src)
 
     @rule(target=blocks, last=blocks)
     def fork(self, last: int) -> object:
@@ -489,7 +233,7 @@ class AllocatorMachine(LockstepMachine):
                 self._violate(
                     "I5 cow_pairs_ok",
                     f"{src}: id {ref.block_id} is shared (also held by "
-                    f"{self._holders(ref.device, _or_bad(chosen), handle)}), but the target "
+                    f"{self._holders(ref.device, or_bad(chosen), handle)}), but the target "
                     "wrote into it "
                     "instead of copying it first",
                     f"assert {self.adapter.source_block_id(f'b{handle}')} != {chosen}",
@@ -503,7 +247,7 @@ class AllocatorMachine(LockstepMachine):
             explain=explain if cow else None,
         )
         if cow and tokens:
-            self._check_lifo(before, [_or_bad(chosen)], src)
+            self._check_lifo(before, [or_bad(chosen)], src)
             event("append: copy-on-write")
 
     @rule()
@@ -571,84 +315,6 @@ class AllocatorMachine(LockstepMachine):
         shared = len(set(handles)) > len(mapping)
         event(f"swap {src.name}->{dst.name}: {'shared ids' if shared else 'distinct ids'}")
 
-    @precondition(lambda self: self.caps.null_block)
-    @rule()
-    def null_block(self) -> None:
-        src = "alloc.allocate_or_get_null_block()"
-        res = self._attempt(self.adapter.allocate_or_get_null_block)
-        if isinstance(res, Exception):
-            self._expect_same_error(
-                res, lambda: spec.allocate_or_get_null_block(self.model, -1), src
-            )
-            return
-        null_id = self.adapter.block_id(res)
-        before, first = self.model.gpu, self.model.null_id is None
-        self.model, want = self._judge(
-            "null block",
-            lambda: spec.allocate_or_get_null_block(self.model, null_id),
-            src,
-            "null = ",
-            lambda: self._explain_choice(GPU, [null_id], src) if first else None,
-        )
-        if null_id != want:
-            self._violate(
-                "null block",
-                f"the null block has id {null_id}; the spec's null block is {want}",
-                f"assert {self.adapter.source_block_id('null')} == {want}",
-            )
-        if self.null is not None and self.null is not res:
-            self._violate("null block", "allocate_or_get_null_block returned a new object")
-        if first:
-            self._check_lifo(before, [_or_bad(null_id)], src)
-        self.null = res
-        err = self._attempt(lambda: self.adapter.free(res))
-        if isinstance(err, Exception):
-            self._log("alloc.free(null)")
-            self._violate("null block", f"alloc.free(null) raised {err!r}; it must be a no-op")
-        self._log("alloc.free(null)  # a no-op")
-        src = self.adapter.source_append("null", "[1]")
-        err = self._attempt(lambda: self.adapter.append_token_ids(res, [1]))
-        typed = self.caps.typed_errors
-        if not isinstance(err, Exception) or (typed and not isinstance(err, NullBlockError)):
-            name = ", 'NullBlockError'" if typed else ""
-            self._violate(
-                "null block",
-                f"writing to the null block gave {err!r}; it must raise"
-                + (" NullBlockError" if typed else ""),
-                f"expect_error(lambda: {src}{name})",
-            )
-        self._log(f"expect_error(lambda: {src}{self._error_name(err)})")
-
-    @precondition(lambda self: self.caps.misuse)
-    @rule(token=st.integers(0, 9))
-    def foreign_block(self, token: int) -> None:
-        """Blocks of another allocator are rejected by every operation."""
-        if self.other is None:
-            self.other = self.make_adapter(1, 1, self.model.block_size)
-            self.foreign = self.other.allocate_mutable_block(None, GPU)
-            self._log(self.setup_source("other", 1, 1, self.model.block_size))
-            self._log(f"foreign = other.allocate_mutable_block(None, {self._dev(GPU)})")
-        calls: list[tuple[str, Callable[[], object]]] = [
-            ("alloc.free(foreign)", lambda: self.adapter.free(self.foreign)),
-            ("alloc.fork(foreign)", lambda: self.adapter.fork(self.foreign)),
-        ]
-        if self.caps.swap:
-            code = f"alloc.swap([foreign], {self._dev(GPU)}, {self._dev(CPU)})"
-            calls.append((code, lambda: self.adapter.swap([self.foreign], GPU, CPU)))
-        typed = self.caps.typed_errors
-        name = ", 'ForeignBlockError'" if typed else ""
-        for src, call in calls:
-            res = self._attempt(call)
-            if not isinstance(res, Exception) or (typed and not isinstance(res, ForeignBlockError)):
-                self._violate(
-                    "same error as spec",
-                    f"{src} gave {res!r}: a block of another allocator must be rejected"
-                    + (" with ForeignBlockError" if typed else ""),
-                    f"expect_error(lambda: {src}{name})",
-                )
-            self._log(f"expect_error(lambda: {src}{name})")
-            self._check_unchanged(src, res)
-
     @precondition(lambda self: self.caps.queries)
     @rule(handles=st.lists(blocks, max_size=5), device=devices)
     def get_num_full_blocks_touched(self, handles: list[int], device: Device) -> None:
@@ -693,170 +359,3 @@ class AllocatorMachine(LockstepMachine):
             self._violate(
                 "physical block id", f"{src} == {res}, spec {want}", f"assert {src} == {want}"
             )
-
-    # ------------------------------------------------------------------ invariants
-
-    def _name(self, handle: int | None) -> str:
-        return "None" if handle is None else f"b{handle}"
-
-    def _compare(self) -> None:
-        got = self.abstract()
-        if got is not None:
-            self._compare_abstraction(got)
-        for device in (GPU, CPU):
-            free = self.adapter.get_num_free_blocks(device)
-            want = spec.get_num_free_blocks(self.model, device)
-            if free != want:
-                reading = (
-                    "an id that still has live references was released"
-                    if free > want
-                    else "an id without live references was not released (a leak)"
-                )
-                raise Violation(
-                    f"free count ({device.name})",
-                    f"the target has {free} free {device.name} blocks, the spec {want}: "
-                    f"{reading} (I1 refcounts_match_references)",
-                    f"assert alloc.get_num_free_blocks({self._dev(device)}) == {want}",
-                )
-            total = self.adapter.get_num_total_blocks(device)
-            want = spec.get_num_total_blocks(self.model, device)
-            if total != want:
-                raise Violation(
-                    f"total count ({device.name})",
-                    f"the target has {total} {device.name} blocks in all, the spec {want}",
-                    f"assert alloc.get_num_total_blocks({self._dev(device)}) == {want}",
-                )
-        if got is None:  # only the API: every live block object's id and tokens
-            for h, ref in enumerate(self.model.blocks):
-                if not spec.is_live(ref):
-                    continue
-                block_id = self.adapter.block_id(self.objs[h])
-                if block_id != ref.block_id:
-                    raise Violation(
-                        "block ids",
-                        f"b{h} names id {block_id}; the spec says {ref.block_id}",
-                        f"assert {self.adapter.source_block_id(f'b{h}')} == {ref.block_id}",
-                    )
-                tokens = self.adapter.token_ids(self.objs[h])
-                if tokens != list(ref.token_ids):
-                    raise Violation(
-                        "token ids",
-                        f"b{h} holds {tokens}; the spec says {list(ref.token_ids)}",
-                        f"assert {self.adapter.source_token_ids(f'b{h}')} == {list(ref.token_ids)}",
-                    )
-
-    def _compare_abstraction(self, got: spec.AllocatorState) -> None:
-        want = self.model
-        if not self._lifo:  # compare free pools as sets
-            got, want = _free_as_set(got), _free_as_set(want)
-        if got == want:  # then it satisfies every invariant the model does
-            return
-        note(f"impl: {got}\nspec: {want}")
-        diff = _diff(got, want)
-        pool_checks: list[tuple[str, Callable[[PoolState], bool]]] = [
-            ("P1 pool_ids_ok", pool_ids_ok),
-            ("P3 refcounts_ok", refcounts_ok),
-            ("P2 free_is_rc_zero", free_is_rc_zero),
-            ("P5 cow_pairs_ok", cow_pairs_ok),
-        ]
-        for label, pool in (("GPU", got.gpu), ("CPU", got.cpu)):
-            for name, ok in pool_checks:
-                if not ok(pool):
-                    raise Violation(name, f"to_spec() {label} pool breaks {name}: {diff}")
-        state_checks: list[tuple[str, Callable[[spec.AllocatorState], bool]]] = [
-            ("I4 pools_disjoint", spec.pools_disjoint),
-            ("I6 blocks_ok", spec.blocks_ok),
-            ("I5 cow_pairs_ok", spec.cow_pairs_ok),
-            ("I1 refcounts_match_references", spec.refcounts_match_references),
-        ]
-        for name, state_ok in state_checks:
-            if not state_ok(got):
-                raise Violation(name, f"to_spec() breaks {name}: {diff}")
-        for label, g, w in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu)):
-            if g != w:
-                order_only = replace(g, free=tuple(sorted(g.free))) == replace(
-                    w, free=tuple(sorted(w.free))
-                )
-                name = "LIFO policy" if order_only else f"abstraction ({label} pool)"
-                raise Violation(name, f"{label} pool differs: impl {g} spec {w}")
-        raise Violation("abstraction (blocks)", f"block objects differ from the spec: {diff}")
-
-    @invariant()
-    def observables_agree(self) -> None:
-        try:
-            self._compare()
-        except Violation as v:
-            self._violate(v.invariant, v.detail, v.check_line)
-
-    @invariant()
-    def spec_invariants_hold(self) -> None:
-        if not spec.state_ok(self.model):
-            self._violate("spec self-check", "spec state broke I1–I6")
-        self._check_target_invariants(self.check_impl_invariants)
-
-
-def holders(
-    s: spec.AllocatorState, device: Device, block_id: int, exclude: int | None = None
-) -> str:
-    """Names of the live block objects (and the null block) that hold ``block_id``."""
-    names = [
-        f"b{h}"
-        for h, b in enumerate(s.blocks)
-        if spec.is_live(b) and b.device is device and b.block_id == block_id and h != exclude
-    ]
-    if device is GPU and s.null_id == block_id:
-        names.append("the null block")
-    return ", ".join(names) or "nobody"
-
-
-def choice_fault(
-    s: spec.AllocatorState, device: Device, chosen: Sequence[int | None], src: str
-) -> tuple[str, str] | None:
-    """``(check, detail)`` for ids a target handed out on ``device`` that the spec
-    cannot accept (no id, another pool's id, an id in use, an id twice), else None."""
-    pool = spec.pool_of(s, device)
-    for b in chosen:
-        if b is None:
-            return "I6 blocks_ok", f"{src} returned a block that holds no id"
-        if not in_pool(pool, b):
-            end = pool.first_id + len(pool.refcounts) - 1
-            where = f"{pool.first_id}..{end}" if pool.refcounts else "none"
-            return "P1 pool_ids_ok", f"{src} handed out id {b}, not a {device.name} id ({where})"
-        if b not in pool.free:
-            return (
-                "P2 free_is_rc_zero",
-                f"{src} handed out id {b}, which is still in use (held by {holders(s, device, b)})",
-            )
-    dup = next((b for i, b in enumerate(chosen) if b in chosen[:i]), None)
-    if dup is not None:
-        return "I1 refcounts_match_references", f"{src} handed out id {dup} twice"
-    return None
-
-
-def _or_bad(block_id: int | None) -> int:
-    """An id for the spec to judge; a missing id becomes one no pool owns."""
-    return -1 if block_id is None else block_id
-
-
-def _free_as_set(s: spec.AllocatorState) -> spec.AllocatorState:
-    return replace(
-        s,
-        gpu=replace(s.gpu, free=tuple(sorted(s.gpu.free))),
-        cpu=replace(s.cpu, free=tuple(sorted(s.cpu.free))),
-    )
-
-
-def _diff(got: spec.AllocatorState, want: spec.AllocatorState) -> str:
-    """Where two allocator states differ, in words (pools first)."""
-    parts = [
-        f"{label} pool differs: impl {g} spec {w}"
-        for label, g, w in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu))
-        if g != w
-    ]
-    for h, (g_ref, w_ref) in enumerate(zip(got.blocks, want.blocks, strict=False)):
-        if g_ref != w_ref:
-            parts.append(f"b{h}: impl {g_ref} spec {w_ref}")
-            break
-    if got.null_id != want.null_id:
-        parts.append(f"null block: impl {got.null_id} spec {want.null_id}")
-    return "; ".join(parts) or "(the states are equal)"

@@ -1,4 +1,4 @@
-"""Hypothesis settings profiles: ``ci`` (fast, deterministic), ``dev``, ``deep``.
+"""Hypothesis profiles: ``ci`` (fast, deterministic), ``dev``, ``deep``, ``deep-crosshair``.
 
 ``ci`` follows verification-practice §7: no explain phase and
 ``report_multiple_bugs=False`` so a failure is reported in seconds, not minutes.
@@ -65,6 +65,12 @@ def register_profiles() -> None:
         dev, deep = settings(dev, database=shared), settings(deep, database=shared)
     settings.register_profile("dev", dev)
     settings.register_profile("deep", deep)
+    # The deep run with CrossHair's symbolic backend (hypothesis-crosshair). Measured
+    # in docs/assurance.md: 3-8x the cost per example; it found our planted bugs no
+    # sooner, as they need a sequence of steps rather than one special value.
+    settings.register_profile(
+        "deep-crosshair", settings(deep, backend="crosshair", max_examples=500)
+    )
 
 
 def load_default_profile() -> str:

@@ -1,0 +1,310 @@
+"""The lockstep shape shared by the allocator and manager machines.
+
+A lockstep machine holds a target (driven through an adapter) and a spec
+state, and every rule has one shape: call the target; if it raised, the spec
+must reject the same call (with the same error type when the target promises
+typed errors) and nothing observable may have changed; otherwise feed the
+target's choices (ids, mappings, tables) to the spec, which judges them, and
+compare results. :class:`LockstepMachine` holds that shape (``_attempt``,
+``_expect_same_error``, ``_expect_rejected``, ``_judge``), the invariant
+``observables_agree`` (a subclass's ``_compare`` after every step) and the
+verdicts: every failed check raises a
+:class:`~pagedkv_stateful.adapters.Violation` naming it, and every call to the
+target is also written to ``self.program`` as a line of Python, so a failing
+run reads back as a runnable program.
+
+Also here: what both machines say about a target's choices
+(:func:`choice_fault`, :func:`holders`, :data:`SPEC_ASSERTIONS`) and how both
+compare a target's pools with the spec's (:func:`pool_fault`,
+:func:`check_same_pools`, :func:`free_as_set`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import NoReturn, Protocol, TypeVar
+
+from hypothesis import event, reject
+from hypothesis.stateful import RuleBasedStateMachine, invariant
+
+from pagedkv.errors import PagedKVError
+from pagedkv_spec import allocator as spec
+from pagedkv_spec.device import Device
+from pagedkv_spec.manager import ManagerView
+from pagedkv_spec.pool import (
+    PoolState,
+    cow_pairs_ok,
+    free_is_rc_zero,
+    in_pool,
+    pool_ids_ok,
+    refcounts_ok,
+)
+from pagedkv_stateful.adapters import INVARIANT_NAMES, Capabilities, Violation
+
+__all__ = [
+    "POOL_CHECKS",
+    "SPEC_ASSERTIONS",
+    "LockstepMachine",
+    "check_same_pools",
+    "choice_fault",
+    "free_as_set",
+    "holders",
+    "pool_fault",
+]
+
+T = TypeVar("T")
+#: A spec state with two pools whose free lists can be compared as sets.
+S = TypeVar("S", spec.AllocatorState, ManagerView)
+GPU = Device.GPU
+
+# Spec assertion messages (judging a target's choice) -> the check they stand for.
+SPEC_ASSERTIONS = (
+    ("not free", "P2 free_is_rc_zero"),
+    ("id twice", "I1 refcounts_match_references"),
+    ("one id per chunk", "I6 blocks_ok"),
+    ("CoW", "I5 cow_pairs_ok"),
+    ("copy-on-write", "I5 cow_pairs_ok"),
+    ("swap", "M5 swap_conserves"),
+    ("chosen ids must match the table", "M3 tables_shaped_ok"),
+)
+
+
+class LockstepMachine(RuleBasedStateMachine):
+    """Plumbing shared by the lockstep machines: verdicts, error judging, the program.
+
+    ``known``: check names already reported; a run that fails one of them is
+    discarded (``reject``), so a search can look for the *other* violations.
+    """
+
+    known: frozenset[str] = frozenset()
+    caps: Capabilities
+    program: list[str]
+
+    def _violate(
+        self,
+        invariant: str,
+        detail: str,
+        check_line: str | None = None,
+        replace_last: bool = False,
+    ) -> NoReturn:
+        """Raise the Violation (or discard the run if it is ``known``). ``check_line``
+        ends the program (replacing its last line when that line made the same call)."""
+        if invariant in self.known:
+            reject()
+        if check_line:
+            if replace_last:
+                self.program.pop()
+            self.program.append(f"{check_line}  # {invariant}")
+        raise Violation(invariant, detail, check_line)
+
+    def _log(self, line: str) -> None:
+        self.program.append(line)
+
+    def _attempt(self, call: Callable[[], T]) -> T | Exception:
+        """Call the target; an exception is returned, to be judged against the spec."""
+        try:
+            return call()
+        except Exception as err:
+            return err
+
+    def _compare(self) -> None:
+        """Compare every observable with the model; raise a Violation on the first mismatch."""
+        raise NotImplementedError
+
+    @invariant()
+    def observables_agree(self) -> None:
+        """After every step: the target's observables match the model (:meth:`_compare`)."""
+        try:
+            self._compare()
+        except Violation as v:
+            self._violate(v.invariant, v.detail, v.check_line)
+
+    def _error_name(self, err: BaseException) -> str:
+        """The second argument of the program's ``expect_error`` (none for untyped targets)."""
+        return f", {type(err).__name__!r}" if self.caps.typed_errors else ""
+
+    def _expect_same_error(self, err: Exception, spec_call: Callable[[], object], src: str) -> None:
+        """The target rejected ``src``: the spec must reject it too, and nothing may change."""
+        try:
+            spec_call()
+        except PagedKVError as expected:
+            if self.caps.typed_errors and type(err) is not type(expected):
+                self._log(f"{src}  # raises {type(err).__name__}")
+                self._violate(
+                    "same error as spec",
+                    f"{src} raised {err!r}; the spec raises {type(expected).__name__}",
+                )
+            self._log(f"expect_error(lambda: {src}{self._error_name(expected)})")
+            event(f"error: {type(expected).__name__}")
+            self._check_unchanged(src, err)
+            return
+        except Exception:  # the spec accepted the call but had no valid choice to judge
+            pass
+        self._log(f"{src}  # raises {type(err).__name__}")
+        self._violate("same error as spec", f"{src} raised {err!r} but the spec accepts the call")
+
+    def _expect_rejected(
+        self, res: object, spec_call: Callable[[], object], src: str, expected: str = ""
+    ) -> None:
+        """A call the spec rejects: the target must raise (``expected``: the error's name)."""
+        if isinstance(res, Exception):
+            self._expect_same_error(res, spec_call, src)
+            return
+        if not expected:
+            try:
+                spec_call()
+            except PagedKVError as err:
+                expected = type(err).__name__
+            except Exception:  # accepted, but no valid choice to judge: no name to give
+                pass
+        name = f", {expected!r}" if self.caps.typed_errors and expected else ""
+        self._violate(
+            "same error as spec",
+            f"{src} was accepted; the spec rejects it ({expected or 'an error'})",
+            f"expect_error(lambda: {src}{name})",
+        )
+
+    def _check_unchanged(self, src: str, err: Exception) -> None:
+        try:
+            self._compare()
+        except Violation as changed:
+            self._violate(
+                "failed call changes nothing",
+                f"{src} raised {type(err).__name__} (the spec rejects it too) but changed "
+                f"the state: [{changed.invariant}] {changed.detail}",
+                changed.check_line,
+            )
+
+    def _judge(
+        self,
+        site: str,
+        spec_call: Callable[[], T],
+        src: str,
+        lhs: str = "",
+        explain: Callable[[], None] | None = None,
+    ) -> T:
+        """Advance the spec with the target's results of an accepted call ``src``.
+
+        The spec raising a typed error means the target accepted a call it must
+        reject; a spec assertion means it rejects the target's choice: ``explain``
+        may name the fault precisely, else the assertion message is mapped to a
+        check (``site`` when unknown).
+        """
+        try:
+            out = spec_call()
+        except PagedKVError as expected:
+            self._violate(
+                "same error as spec",
+                f"{src} was accepted; the spec raises {expected!r}",
+                f"expect_error(lambda: {src}{self._error_name(expected)})",
+            )
+        except Violation:
+            raise
+        except Exception as why:  # an assertion, or a result too malformed to index
+            self._log(f"{lhs}{src}")
+            if explain is not None:
+                explain()
+            message = str(why) or "a postcondition failed"
+            if not isinstance(why, AssertionError):
+                message = f"{type(why).__name__}: {message}"
+            name = next((n for key, n in SPEC_ASSERTIONS if key in message), site)
+            self._violate(name, f"the spec rejects the result of {src}: {message}")
+        self._log(f"{lhs}{src}")
+        return out
+
+    def _check_target_invariants(self, check: Callable[[], None]) -> None:
+        try:
+            check()
+        except Exception as err:
+            number = getattr(err, "invariant", None)
+            name = INVARIANT_NAMES.get(str(number), "check_invariants")
+            self._violate(name, f"the target's check_invariants() failed: {err}")
+
+
+# --------------------------------------------------------------------------- choices
+
+
+def holders(
+    s: spec.AllocatorState, device: Device, block_id: int, exclude: int | None = None
+) -> str:
+    """Names of the live block objects (and the null block) that hold ``block_id``."""
+    names = [
+        f"b{h}"
+        for h, b in enumerate(s.blocks)
+        if spec.is_live(b) and b.device is device and b.block_id == block_id and h != exclude
+    ]
+    if device is GPU and s.null_id == block_id:
+        names.append("the null block")
+    return ", ".join(names) or "nobody"
+
+
+def choice_fault(
+    s: spec.AllocatorState, device: Device, chosen: Sequence[int | None], src: str
+) -> tuple[str, str] | None:
+    """``(check, detail)`` for ids a target handed out on ``device`` that the spec
+    cannot accept (no id, another pool's id, an id in use, an id twice), else None."""
+    pool = spec.pool_of(s, device)
+    for b in chosen:
+        if b is None:
+            return "I6 blocks_ok", f"{src} returned a block that holds no id"
+        if not in_pool(pool, b):
+            end = pool.first_id + len(pool.refcounts) - 1
+            where = f"{pool.first_id}..{end}" if pool.refcounts else "none"
+            return "P1 pool_ids_ok", f"{src} handed out id {b}, not a {device.name} id ({where})"
+        if b not in pool.free:
+            return (
+                "P2 free_is_rc_zero",
+                f"{src} handed out id {b}, which is still in use (held by {holders(s, device, b)})",
+            )
+    dup = next((b for i, b in enumerate(chosen) if b in chosen[:i]), None)
+    if dup is not None:
+        return "I1 refcounts_match_references", f"{src} handed out id {dup} twice"
+    return None
+
+
+# --------------------------------------------------------------------------- pools
+
+#: The pool invariants a target's abstraction must satisfy, in the order they are checked.
+POOL_CHECKS: tuple[tuple[str, Callable[[PoolState], bool]], ...] = (
+    ("P1 pool_ids_ok", pool_ids_ok),
+    ("P3 refcounts_ok", refcounts_ok),
+    ("P2 free_is_rc_zero", free_is_rc_zero),
+    ("P5 cow_pairs_ok", cow_pairs_ok),
+)
+
+
+class Pools(Protocol):
+    """A state with a GPU and a CPU pool (an allocator state or a manager view)."""
+
+    @property
+    def gpu(self) -> PoolState: ...
+
+    @property
+    def cpu(self) -> PoolState: ...
+
+
+def pool_fault(pool: PoolState) -> str | None:
+    """The name of the first of :data:`POOL_CHECKS` that ``pool`` breaks, else None."""
+    return next((name for name, ok in POOL_CHECKS if not ok(pool)), None)
+
+
+def check_same_pools(got: Pools, want: Pools) -> None:
+    """Raise a Violation naming the first pool that differs (``LIFO policy`` when only
+    the order of its free list does)."""
+    for label, g, w in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu)):
+        if g != w:
+            order_only = replace(g, free=tuple(sorted(g.free))) == replace(
+                w, free=tuple(sorted(w.free))
+            )
+            name = "LIFO policy" if order_only else f"abstraction ({label} pool)"
+            raise Violation(name, f"{label} pool differs: impl {g} spec {w}")
+
+
+def free_as_set(s: S) -> S:
+    """``s`` with both free lists sorted, to compare them as sets."""
+    return replace(
+        s,
+        gpu=replace(s.gpu, free=tuple(sorted(s.gpu.free))),
+        cpu=replace(s.cpu, free=tuple(sorted(s.cpu.free))),
+    )
