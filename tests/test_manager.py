@@ -187,3 +187,39 @@ def test_spec_and_impl_expose_the_same_operations() -> None:
     ]  # fmt: skip
     for name in operations:
         assert callable(getattr(spec, name)) and callable(getattr(BlockSpaceManager, name))
+
+
+def test_can_append_slots_boundary_matches_block_table_formula() -> None:
+    """Regression: the inlined touched-blocks formula in can_append_slots once had a sign
+    error (caught by the conformance kit mid-edit). It must agree with
+    BlockTable.get_num_blocks_touched_by_append_slots exactly at the free-block boundary."""
+    import itertools
+
+    for size, prompt, new, lookahead in itertools.product(
+        range(1, 5), range(1, 10), range(0, 4), range(0, 3)
+    ):
+        probe = BlockSpaceManager(size, 64, 0, watermark=0.0)
+        g = group_of("p", list(range(prompt)))
+        admit(probe, g)
+        (seq,) = g.get_seqs()
+        for t in range(new):
+            seq.append_token_id(t)
+        table = probe.block_tables[seq.seq_id]
+        touched = table.get_num_blocks_touched_by_append_slots(
+            table.get_unseen_token_ids(seq.get_token_ids()), lookahead
+        )
+        prompt_blocks = -(-prompt // size)
+        for spare in {max(0, touched - 1), touched}:
+            m = BlockSpaceManager(size, prompt_blocks + spare, 0, watermark=0.0)
+            g2 = group_of("q", list(range(prompt)))
+            admit(m, g2)
+            (s2,) = g2.get_seqs()
+            for t in range(new):
+                s2.append_token_id(t)
+            assert m.can_append_slots(g2, lookahead) == (touched <= spare), (
+                size,
+                prompt,
+                new,
+                lookahead,
+                spare,
+            )
