@@ -229,7 +229,8 @@ class BlockSpaceManager:
             full = table._num_full_slots
             n = seq.get_len() - full + num_lookahead_slots
             touched += 1 - ((size - full % size - n) // size)
-        return touched <= self._gpu_pool.get_num_free_blocks()
+        pool = self._gpu_pool  # get_num_free_blocks, inlined
+        return touched <= len(pool._stack) + pool._end - pool._next_fresh
 
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         """Write the sequence's unseen tokens (+ lookahead slots); returns new CoW pairs.
@@ -248,7 +249,7 @@ class BlockSpaceManager:
         blocks = table._blocks
         if blocks and blocks[-1].block_id is not None and blocks[-1].block_id >= self._num_gpu:
             self._require_on(seq, table, _GPU, "append to")  # raises: on the CPU
-        unseen = table.get_unseen_token_ids(seq.get_token_ids())
+        unseen = seq.get_token_ids()[table._num_full_slots :]  # get_unseen_token_ids
         computed = seq.get_num_computed_tokens() if self.max_block_sliding_window else None
         table.append_token_ids(unseen, num_lookahead_slots, computed)
         if not self._gpu_pool._cow:  # the common case: nothing was copied
