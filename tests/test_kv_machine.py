@@ -9,24 +9,15 @@ AssertionError naming what went wrong.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv import BlockSpaceManager, Sequence
 from pagedkv_stateful.kv_machine import KVMachine, Pairs
+from pagedkv_stateful.profiles import find_fast
 
 TestKV = KVMachine.TestCase
 
-FIND_FAST = settings(
-    max_examples=300,
-    stateful_step_count=40,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    report_multiple_bugs=False,
-    phases=[Phase.generate],
-    suppress_health_check=list(HealthCheck),
-)
+FIND_FAST = find_fast(max_examples=300, steps=40)
 
 
 class CowDstOffByOne(KVMachine):

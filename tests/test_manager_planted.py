@@ -5,23 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv import BlockSpaceManager, Sequence
 from pagedkv_spec.device import Device
 from pagedkv_stateful.manager_machine import ManagerMachine
+from pagedkv_stateful.profiles import find_fast
 
-FIND_FAST = settings(
-    max_examples=400,
-    stateful_step_count=30,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    report_multiple_bugs=False,
-    phases=[Phase.generate],
-    suppress_health_check=list(HealthCheck),
-)
+FIND_FAST = find_fast(max_examples=400, steps=30)
 
 
 class SwapsPerSequence(BlockSpaceManager):

@@ -14,22 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv import CpuGpuBlockAllocator, NaiveBlockAllocator
 from pagedkv_stateful.allocator_machine import AllocatorMachine
+from pagedkv_stateful.profiles import find_fast
 
-FIND_FAST = settings(
-    max_examples=300,
-    stateful_step_count=30,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    report_multiple_bugs=False,
-    phases=[Phase.generate],
-    suppress_health_check=list(HealthCheck),
-)
+FIND_FAST = find_fast(max_examples=300, steps=30)
 
 
 class SkipsDecrement(NaiveBlockAllocator):

@@ -19,7 +19,7 @@ import os
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
-__all__ = ["load_default_profile", "register_profiles", "shared_database"]
+__all__ = ["find_fast", "load_default_profile", "register_profiles", "shared_database"]
 
 FAST_PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 
@@ -70,6 +70,21 @@ def register_profiles() -> None:
     # sooner, as they need a sequence of steps rather than one special value.
     settings.register_profile(
         "deep-crosshair", settings(deep, backend="crosshair", max_examples=500)
+    )
+
+
+def find_fast(max_examples: int = 300, steps: int = 30) -> settings:
+    """Settings for planted-bug self-tests: generate only, derandomised, no database,
+    first bug reported at once. A planted bug must be found within these."""
+    return settings(
+        max_examples=max_examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        report_multiple_bugs=False,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
     )
 
 
