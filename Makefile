@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch (already on disk on our machines); users with a GPU keep their own build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test lint typecheck pytest crosshair bench fuzz verify demo clean
+.PHONY: install test lint typecheck pytest crosshair bench fuzz verify demo mutate clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,33 @@ bench: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m pagedkv simulate --preset overload
+
+# Mutation testing of the allocator and manager layers (docs/mutation.md); not part of
+# `make test` (about an hour on 2 cores). mutmut 3.8.1 names a mutant after its path
+# relative to the working directory, so it runs in $(MUTATE_DIR), where links make
+# impl/pagedkv look like ./pagedkv. Always a fresh run: mutmut keeps old verdicts of
+# surviving mutants even after new tests are added. Fails below MUTATE_MIN percent.
+MUTATE_DIR  := build/mutmut
+MUTATE_JOBS ?= 2
+MUTATE_MIN  ?= 95
+mutate: $(STAMP)
+	rm -rf $(MUTATE_DIR) && mkdir -p $(MUTATE_DIR)
+	ln -s ../../impl/pagedkv ../../spec/pagedkv_spec ../../stateful/pagedkv_stateful \
+	  ../../tests ../../setup.cfg ../../pyproject.toml $(MUTATE_DIR)/
+	printf '%s\n' '# Written by make mutate: unit tests first, the machines last (mutmut runs -x).' \
+	  'def pytest_collection_modifyitems(items):' \
+	  '    items.sort(key=lambda item: "_machine.py" in item.nodeid)' > $(MUTATE_DIR)/conftest.py
+	cd $(MUTATE_DIR) && CI=true HYPOTHESIS_PROFILE=ci \
+	  $(CURDIR)/$(BIN)/mutmut run --max-children $(MUTATE_JOBS)
+	cd $(MUTATE_DIR) && $(CURDIR)/$(BIN)/mutmut results --all=true | awk -v min=$(MUTATE_MIN) ' \
+	  { key = $$1; sub(/:$$/, "", key); mod = key; sub(/\.x(_|ǁ).*/, "", mod); \
+	    st = $$2; for (i = 3; i <= NF; i++) st = st " " $$i; \
+	    tot[mod]++; all++; \
+	    if (st == "killed" || st == "timeout") { hit[mod]++; kills++ } \
+	    else print "not killed (" st "): " key } \
+	  END { for (m in tot) printf "%-28s %4d / %4d killed  %5.1f %%\n", m, hit[m], tot[m], 100 * hit[m] / tot[m]; \
+	    printf "%-28s %4d / %4d killed  %5.1f %%  (killed = killed or timed out)\n", "TOTAL", kills, all, 100 * kills / all; \
+	    if (100 * kills < min * all) { printf "mutation score below %s %%\n", min; exit 1 } }'
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
