@@ -124,6 +124,29 @@ def _check_capacity(s: AllocatorState, device: Device, n: int) -> None:
         raise NoFreeBlocksError(n, available, device.name)
 
 
+def _alloc_rejected(
+    s: AllocatorState, prev: int | None, chunks: Sequence[Sequence[int]], device: Device
+) -> bool:
+    """The allocation raises a typed error (so no choice is judged)."""
+    return (
+        (prev is not None and not 0 <= prev < len(s.blocks))
+        or any(len(c) > s.block_size for c in chunks)
+        or len(chunks) > len(pool_of(s, device).free)
+    )
+
+
+def _alloc_choice_ok(
+    s: AllocatorState, chunks: Sequence[Sequence[int]], device: Device, chosen: Sequence[int]
+) -> bool:
+    """The implementation's ids: one per chunk, distinct, free on ``device``."""
+    free_ids = pool_of(s, device).free
+    return (
+        len(chosen) == len(chunks)
+        and len(set(chosen)) == len(chosen)
+        and all(c in free_ids for c in chosen)
+    )
+
+
 def allocate_immutable_blocks(
     s: AllocatorState,
     prev: int | None,
@@ -137,6 +160,9 @@ def allocate_immutable_blocks(
     fewer free blocks than chunks (NoFreeBlocksError). Nothing is taken then.
     """
     assert state_ok(s)
+    assert _alloc_rejected(s, prev, block_token_ids, device) or _alloc_choice_ok(
+        s, block_token_ids, device, chosen
+    ), "the implementation handed out an id that is not free (or not one id per chunk)"
     if prev is not None:
         block(s, prev)
     _check_chunks(s, block_token_ids)
@@ -162,6 +188,9 @@ def allocate_immutable_block(
 ) -> tuple[AllocatorState, int]:
     """One new block holding ``token_ids``; returns its handle."""
     assert state_ok(s)
+    assert _alloc_rejected(s, prev, [token_ids], device) or _alloc_choice_ok(
+        s, [token_ids], device, [chosen]
+    ), "the implementation handed out an id that is not free"
     out, handles = allocate_immutable_blocks(s, prev, [token_ids], device, [chosen])
     return out, handles[0]
 
@@ -171,6 +200,9 @@ def allocate_mutable_block(
 ) -> tuple[AllocatorState, int]:
     """One new empty block; returns its handle."""
     assert state_ok(s)
+    assert _alloc_rejected(s, prev, [()], device) or _alloc_choice_ok(s, [()], device, [chosen]), (
+        "the implementation handed out an id that is not free"
+    )
     out, handles = allocate_immutable_blocks(s, prev, [()], device, [chosen])
     return out, handles[0]
 
@@ -305,6 +337,31 @@ def allocate_or_get_null_block(s: AllocatorState, chosen: int | None) -> tuple[A
     return out, chosen
 
 
+def _swap_rejected(
+    s: AllocatorState, handles: Sequence[int], src_device: Device, dst_device: Device
+) -> bool:
+    """The swap raises a typed error (so the mapping is not judged)."""
+    if src_device is dst_device or any(not 0 <= h < len(s.blocks) for h in handles):
+        return True
+    bs = [s.blocks[h] for h in handles]
+    if any(b.freed or b.block_id is None or b.device is not src_device for b in bs):
+        return True
+    return len({b.block_id for b in bs}) > len(pool_of(s, dst_device).free)
+
+
+def _swap_mapping_ok(
+    s: AllocatorState, handles: Sequence[int], dst_device: Device, mapping: dict[int, int]
+) -> bool:
+    """The implementation's mapping: covers the moved ids, injective, onto free ids."""
+    ids = {s.blocks[h].block_id for h in handles}
+    free_ids = pool_of(s, dst_device).free
+    return (
+        set(mapping) == ids
+        and len(set(mapping.values())) == len(mapping)
+        and all(d in free_ids for d in mapping.values())
+    )
+
+
 def swap(
     s: AllocatorState,
     handles: Sequence[int],
@@ -325,6 +382,9 @@ def swap(
     too few free destination blocks (NoFreeBlocksError).
     """
     assert state_ok(s)
+    assert _swap_rejected(s, handles, src_device, dst_device) or _swap_mapping_ok(
+        s, handles, dst_device, mapping
+    ), "swap mapping must cover the moved ids, injectively, onto free ids"
     if src_device is dst_device:
         raise InvalidSwapError(f"source and destination are both {src_device.name}")
     handles = list(dict.fromkeys(handles))  # a block object listed twice moves once

@@ -353,7 +353,7 @@ def new_blocks_needed(s: ManagerState, t: TableRef, num_tokens: int, lookahead: 
 
 def cow_positions(s: ManagerState, t: TableRef, num_tokens: int) -> tuple[int, ...]:
     """Existing slots the write touches whose id is shared (each copies on write)."""
-    assert table_ok(s, t) and num_tokens >= 0
+    assert A.state_ok(s.alloc) and table_ok(s, t) and num_tokens >= 0
     if num_tokens == 0:
         return ()
     size = block_size(s)
@@ -367,7 +367,7 @@ def cow_positions(s: ManagerState, t: TableRef, num_tokens: int) -> tuple[int, .
 
 def append_need(s: ManagerState, t: TableRef, num_tokens: int, lookahead: int) -> int:
     """Exact free blocks an append needs (new blocks + copy-on-writes), before window frees."""
-    assert table_ok(s, t) and num_tokens >= 0 and lookahead >= 0
+    assert A.state_ok(s.alloc) and table_ok(s, t) and num_tokens >= 0 and lookahead >= 0
     out = new_blocks_needed(s, t, num_tokens, lookahead) + len(cow_positions(s, t, num_tokens))
     assert out <= touched_by_append(s, t, num_tokens, lookahead), "exact need <= worst case"
     return out
