@@ -29,6 +29,7 @@ from pagedkv import (
 from pagedkv.block_table import BlockTable
 from pagedkv.errors import (
     BlockWithoutIdError,
+    DoubleFreeError,
     DuplicateSequenceIdError,
     InvalidAllocatorConfigError,
     InvalidBlockTableArgumentError,
@@ -214,7 +215,7 @@ def test_ensure_num_empty_slots_boundaries() -> None:
     assert t.physical_block_ids == [0, 1]
     t.ensure_num_empty_slots(5)  # 2 more blocks: exactly the free ones
     assert t.physical_block_ids == [0, 1, 2, 3] and t.num_empty_slots == 5
-    assert t.blocks[3].prev_block is t.blocks[2]
+    assert t.blocks[3].prev_block is t.blocks[2] and t.blocks[2].prev_block is t.blocks[1]
     err = raised(NoFreeBlocksError, t.ensure_num_empty_slots, 6)
     assert (err.requested, err.available, err.device) == (1, 0, "GPU")
     assert str(err) == f"need 1 free block(s) on GPU but only 0 are free{NO_FREE_HINT}"
@@ -691,3 +692,117 @@ def test_manager_invariant_message_counts_zero_references() -> None:
     assert err.invariant == "I1" and str(err) == (
         "invariant I1 violated: block 1 has refcount 1 but 0 table references; please report this"
     )
+
+
+def test_sequence_and_group_validation_messages() -> None:
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: Sequence("0", [1]), "seq_id must be an int, got '0'"),  # type: ignore[arg-type]
+        (lambda: Sequence(0, [1, -2]), "token ids must be ints >= 0, got -2"),
+        (lambda: Sequence(0, [1], block_size=0), "block_size must be an int >= 1 or None, got 0"),
+        (
+            lambda: SequenceGroup("r", []),
+            "request 'r': a sequence group needs at least one sequence",
+        ),
+        (lambda: SequenceGroup("r", [Sequence(0, [1])], n=0), "n must be an int >= 1, got 0"),
+    ]
+    for call, message in cases:
+        assert str(raised(InvalidSequenceError, call)) == message
+    dup = raised(DuplicateSequenceIdError, SequenceGroup, "r", [Sequence(4, [1]), Sequence(4, [2])])
+    assert (dup.seq_id, dup.request_id) == (4, "r")
+    g = SequenceGroup("r", [Sequence(0, [1])])
+    assert g.arrival_time == 0.0 and g.n == 1 and g.get_max_num_running_seqs() == 1
+
+
+def test_freed_table_is_empty_and_reusable() -> None:
+    alloc = make(num_gpu=4, block_size=2)
+    t = BlockTable(2, alloc, max_block_sliding_window=1)
+    t.allocate([1, 2, 3, 4, 5])
+    t.append_token_ids([6], 0, 6)  # drops block 0 and 1 for the null block
+    assert t.physical_block_ids[:2] == [3, 3] and alloc.get_num_free_blocks(GPU) == 2
+    t.free()
+    assert (t.blocks, t.physical_block_ids, t.num_full_slots, t.num_empty_slots) == ([], [], 0, 0)
+    t.free()  # a free table stays free
+    t.allocate([7, 8, 9])
+    assert t.num_full_slots == 3 and t.get_token_ids_written() == [7, 8, 9]
+    t.check_invariants()
+
+
+def test_windowed_fork_keeps_the_window() -> None:
+    m = BlockSpaceManager(1, 16, 0, watermark=0.0, sliding_window=1)  # keeps 3 blocks
+    g = SequenceGroup("a", [Sequence(0, [1, 2, 3, 4, 5]), Sequence(1, [1, 2, 3, 4, 5])], n=2)
+    admit(m, g)
+    assert m.block_tables[1].max_block_sliding_window == 3
+    for seq in g.get_seqs():
+        seq.update_num_computed_tokens(5)
+        seq.append_token_id(6)
+        m.append_slots(seq)
+    for seq_id in (0, 1):
+        assert m.block_tables[seq_id].get_token_ids_written() == [None, None, 3, 4, 5, 6]
+    m.check_invariants()
+
+
+def test_window_step_names_a_dead_block_it_would_drop() -> None:
+    alloc = make(num_gpu=6, block_size=2)
+    t = BlockTable(2, alloc, max_block_sliding_window=1)
+    t.allocate([1, 2, 3, 4, 5])
+    alloc.free(t.blocks[0])  # corrupt: the table still holds the freed object
+    err = raised(DoubleFreeError, t.append_token_ids, [6], 0, 6)
+    assert type(err) is DoubleFreeError and err.operation == "free"
+
+
+def test_null_block_creation_error_names_the_gpu() -> None:
+    alloc = make(num_gpu=3, block_size=2)
+    t = BlockTable(2, alloc, max_block_sliding_window=1)
+    t.allocate([1, 2, 3, 4, 5, 6])  # every GPU block, no null block yet
+    err = raised(NoFreeBlocksError, t.append_token_ids, [7], 0, 7)
+    assert (err.requested, err.available, err.device) == (1, 0, "GPU")
+    assert t.num_full_slots == 6 and alloc._null_block is None
+    plain = BlockTable(2, make(num_gpu=1, block_size=2))
+    plain.allocate([1, 2])
+    err = raised(NoFreeBlocksError, plain.append_token_ids, [3])
+    assert (err.requested, err.available, err.device) == (1, 0, "GPU")
+
+
+def test_windowed_append_on_the_cpu_counts_cpu_blocks() -> None:
+    def cpu_table() -> tuple[CpuGpuBlockAllocator, BlockTable]:
+        alloc = make(num_gpu=2, num_cpu=5, block_size=2)
+        alloc.allocate_or_get_null_block()
+        b0 = alloc.allocate_immutable_block(None, [1, 2], CPU)
+        b1 = alloc.allocate_immutable_block(b0, [3, 4], CPU)
+        b2 = alloc.allocate_immutable_block(b1, [5], CPU)
+        b3 = alloc.allocate_mutable_block(b2, CPU)
+        b4 = alloc.allocate_mutable_block(b3, CPU)
+        alloc.fork_blocks([b2, b3, b4])  # the blocks the append writes are shared
+        return alloc, BlockTable(2, alloc, [b0, b1, b2, b3, b4], max_block_sliding_window=1)
+
+    # the window drops b0 and b1 (private: 2 CPU ids come back); each write copies
+    alloc, t = cpu_table()
+    err = raised(NoFreeBlocksError, t.append_token_ids, [6, 7, 8, 9], 0, 6)
+    assert (err.requested, err.available, err.device) == (3, 2, "CPU")
+    assert t.num_full_slots == 5 and alloc.get_num_free_blocks(CPU) == 0
+    alloc, t = cpu_table()
+    t.append_token_ids([6, 7], 0, 6)  # 2 copies, 2 ids returned
+    assert t.get_token_ids_written() == [None] * 4 + [5, 6, 7]
+    assert alloc.get_num_free_blocks(CPU) == 0 and alloc.get_num_free_blocks(GPU) == 1
+    assert len(alloc.get_allocator(CPU).clear_copy_on_writes()) == 2
+
+
+def test_opaque_allocator_null_block_bookkeeping() -> None:
+    inner = make(num_gpu=4, block_size=2)
+    inner.allocate_or_get_null_block()  # id 0
+    opaque = Opaque(inner)
+    t = BlockTable(2, opaque, max_block_sliding_window=1)
+    t.allocate([1, 2, 3, 4, 5, 6])  # the other 3 GPU blocks
+    t.append_token_ids([], 0, 2)  # no block needed: the null block exists already
+    assert t.physical_block_ids == [1, 2, 3]  # nothing left the window yet
+    child = t.fork()  # the child knows the null block too
+    assert child.get_num_blocks_needed_by_append([]) == 0
+    u = BlockTable(2, Opaque(make(num_gpu=2, block_size=2)), max_block_sliding_window=1)
+    u.allocate([1, 2])
+    full = raised(NoFreeBlocksError, u.append_token_ids, [3], 0, 3)  # null + 1 new > 1 free
+    assert (full.requested, full.available) == (1, 0)  # the null block was created first
+    assert u.get_num_blocks_needed_by_append([]) == 0  # and the table knows it
+    v = BlockTable(2, Opaque(make(num_gpu=6, block_size=2)))
+    v.allocate([1, 2, 3, 4, 5])
+    forked = v.fork()  # through fork(last_block): the whole chain
+    assert forked.physical_block_ids == v.physical_block_ids == [0, 1, 2]
