@@ -145,9 +145,9 @@ def test_null_block_properties_and_write_error() -> None:
 def test_allocator_config_errors() -> None:
     cases: list[tuple[Callable[[], object], str]] = [
         (lambda: NaiveBlockAllocator(2, 0), "block_size must be an int >= 1, got 0"),
-        (lambda: NaiveBlockAllocator(2, "2"), "block_size must be an int >= 1, got '2'"),  # type: ignore[arg-type]
+        (lambda: NaiveBlockAllocator(2, "2"), "block_size must be an int >= 1, got '2'"),  # type: ignore[arg-type]  # wrong type on purpose
         (lambda: NaiveBlockAllocator(-1, 2), "num_blocks must be an int >= 0, got -1"),
-        (lambda: NaiveBlockAllocator(1.0, 2), "num_blocks must be an int >= 0, got 1.0"),  # type: ignore[arg-type]
+        (lambda: NaiveBlockAllocator(1.0, 2), "num_blocks must be an int >= 0, got 1.0"),  # type: ignore[arg-type]  # wrong type on purpose
         (
             lambda: NaiveBlockAllocator(3, 2, block_ids=range(2)),
             "num_blocks=3 but block_ids has 2 ids",
@@ -446,9 +446,9 @@ def test_create_errors_and_layout() -> None:
 
 def test_unknown_device_and_foreign_blocks() -> None:
     c = make()
-    err = raised(InvalidAllocatorConfigError, lambda: c.get_allocator("GPU"))  # type: ignore[arg-type]
+    err = raised(InvalidAllocatorConfigError, lambda: c.get_allocator("GPU"))  # type: ignore[arg-type]  # wrong type on purpose
     assert str(err) == "unknown device 'GPU'; use Device.GPU or Device.CPU"
-    err2 = raised(InvalidAllocatorConfigError, lambda: c.allocate_mutable_block(None, "CPU"))  # type: ignore[arg-type]
+    err2 = raised(InvalidAllocatorConfigError, lambda: c.allocate_mutable_block(None, "CPU"))  # type: ignore[arg-type]  # wrong type on purpose
     assert "unknown device 'CPU'" in str(err2)
     other = make()
     foreign = other.allocate_mutable_block(None, GPU)

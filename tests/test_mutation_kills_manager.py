@@ -696,7 +696,7 @@ def test_manager_invariant_message_counts_zero_references() -> None:
 
 def test_sequence_and_group_validation_messages() -> None:
     cases: list[tuple[Callable[[], object], str]] = [
-        (lambda: Sequence("0", [1]), "seq_id must be an int, got '0'"),  # type: ignore[arg-type]
+        (lambda: Sequence("0", [1]), "seq_id must be an int, got '0'"),  # type: ignore[arg-type]  # wrong type on purpose
         (lambda: Sequence(0, [1, -2]), "token ids must be ints >= 0, got -2"),
         (lambda: Sequence(0, [1], block_size=0), "block_size must be an int >= 1 or None, got 0"),
         (
