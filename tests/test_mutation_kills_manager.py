@@ -806,3 +806,51 @@ def test_opaque_allocator_null_block_bookkeeping() -> None:
     v.allocate([1, 2, 3, 4, 5])
     forked = v.fork()  # through fork(last_block): the whole chain
     assert forked.physical_block_ids == v.physical_block_ids == [0, 1, 2]
+
+
+def test_failed_windowed_append_over_an_opaque_allocator_changes_nothing() -> None:
+    inner = make(num_gpu=4, block_size=2)
+    t = BlockTable(2, Opaque(inner), max_block_sliding_window=1)
+    t.allocate([1, 2, 3, 4])  # blocks 0 and 1
+    child = t.fork()  # both shared: dropping block 0 returns no id
+    inner.allocate_mutable_block(None, GPU)  # 1 free block left, the null block takes it
+    err = raised(NoFreeBlocksError, t.append_token_ids, [5], 0, 5)
+    assert (err.requested, err.available) == (1, 0)
+    assert t.physical_block_ids == child.physical_block_ids == [0, 1]
+    assert t.num_full_slots == 4 and inner.get_allocator(GPU).refcounter.get(0) == 2
+
+
+def test_fast_append_stays_within_the_current_block() -> None:
+    for size, prompt, tokens, want in (
+        (2, [1], [2, 3], [(1, 2), (3,)]),
+        (4, [1, 2, 3], [4, 5], [(1, 2, 3, 4), (5,)]),
+    ):
+        t = BlockTable(size, make(num_gpu=4, block_size=size))
+        t.allocate(prompt)
+        t.ensure_num_empty_slots(size + 1)  # a spare block after the current one
+        t.append_token_ids(tokens)
+        assert t.get_block_token_ids() == want
+        t.check_invariants()
+    alloc = make(num_gpu=4, num_cpu=2, block_size=2)
+    on_cpu = BlockTable(2, alloc)
+    on_cpu.allocate([1, 2, 3], CPU)  # CPU ids 4 and 5; the write goes to block 5
+    on_cpu.append_token_ids([4])
+    assert on_cpu.get_block_token_ids() == [(1, 2), (3, 4)]
+    assert on_cpu.physical_block_ids == [4, 5]
+
+
+def test_one_token_encoder_gets_a_cross_table() -> None:
+    m = BlockSpaceManager(2, 4, 0, watermark=0.0)
+    g = SequenceGroup("ed", [Sequence(0, [1, 2])], encoder_seq=Sequence(9, [7]))
+    m.allocate(g)
+    assert m.get_cross_block_table(g) == [1] and m.get_num_free_gpu_blocks() == 2
+
+
+def test_append_names_a_dead_block_it_would_write() -> None:
+    alloc = make(num_gpu=4, block_size=2)
+    t = BlockTable(2, alloc)
+    t.allocate([1, 2, 3])
+    alloc.free(t.blocks[1])  # corrupt: the table still holds the freed object
+    err = raised(StaleBlockError, t.append_token_ids, [4])
+    assert type(err) is StaleBlockError and err.operation == "append to"
+    assert t.num_full_slots == 3
