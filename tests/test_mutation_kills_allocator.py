@@ -262,6 +262,23 @@ def test_swapped_out_block_has_no_id_errors() -> None:
         assert type(err) is BlockWithoutIdError and err.operation == op
         assert str(err) == f"cannot {op}{NO_ID_HINT}"
     assert b.token_ids == [1] and a.get_num_free_blocks() == 2
+    c = make()
+    moved = c.allocate_mutable_block(None, GPU)
+    c.get_allocator(GPU).swap_out([moved])
+    err = raised(BlockWithoutIdError, c.free, moved)
+    assert type(err) is BlockWithoutIdError and err.operation == "free"
+    null = c.allocate_or_get_null_block()
+    foreign = raised(ForeignBlockError, c.get_allocator(GPU).free, null)
+    assert foreign.block_id == 0 and "cannot free: not a block of" in str(foreign)
+
+
+def test_decrement_below_zero_is_reported() -> None:
+    a = NaiveBlockAllocator(2, 1)
+    b = a.allocate_mutable_block(None)
+    a._rc[0] = 0  # corrupt: a live block whose count says it is free
+    err = raised(RefCountError, a.free, b)
+    assert err.block_id == 0
+    assert str(err) == "refcount of block 0: decrement below zero (the block is already free)"
 
 
 def test_fork_of_a_chain_shares_ids_and_copies_tokens() -> None:
@@ -603,7 +620,9 @@ def test_two_pool_check_invariants() -> None:
     )
     c._cpu = NaiveBlockAllocator(2, 2, block_ids=range(1, 3))
     err = raised(InvariantViolationError, c.check_invariants)
-    assert err.invariant == "I4" and "GPU and CPU ids overlap" in str(err)
+    assert err.invariant == "I4" and str(err) == (
+        "invariant I4 violated: GPU and CPU ids overlap; please report this"
+    )
     c.get_allocator(GPU)._rc[1] = -1
     assert raised(InvariantViolationError, c.check_invariants).invariant == "P3"
     d = make(num_gpu=2, num_cpu=2)

@@ -108,6 +108,13 @@ class Opaque(DeviceAwareBlockAllocator):
         return self.inner.allocate_or_get_null_block()
 
 
+class Sizeless(Opaque):
+    """An allocator that does not say its block size."""
+
+    def __init__(self, inner: CpuGpuBlockAllocator) -> None:
+        self.inner = inner
+
+
 # ---------------------------------------------------------------------------- sequence.py
 
 
@@ -164,6 +171,7 @@ def test_table_argument_errors() -> None:
     for call, message in cases:
         assert str(raised(InvalidBlockTableArgumentError, call)) == message
     assert BlockTable(2, alloc, max_block_sliding_window=0).max_block_sliding_window == 0
+    assert BlockTable(2, Sizeless(alloc)).num_full_slots == 0  # nothing to compare with
     empty = BlockTable(2, alloc)
     for op, call in (
         ("append_token_ids", lambda: empty.append_token_ids([1])),
@@ -257,7 +265,7 @@ def test_table_over_prepared_blocks() -> None:
     moved = alloc.allocate_mutable_block(None, GPU)
     alloc.get_allocator(GPU).swap_out([moved])
     no_id = raised(BlockWithoutIdError, BlockTable, 2, alloc, [moved])
-    assert no_id.operation == "put in a block table"
+    assert type(no_id) is BlockWithoutIdError and no_id.operation == "put in a block table"
     t2 = BlockTable(2, alloc, [null, full])
     with pytest.raises(InvalidBlockTableArgumentError):
         t2.update([full, null])
@@ -680,7 +688,7 @@ def test_refresh_block_ids_reports_a_block_without_id() -> None:
     t.allocate([1, 2, 3])
     alloc.get_allocator(GPU).swap_out([t.blocks[1]])
     err = raised(BlockWithoutIdError, t.refresh_block_ids)
-    assert err.operation == "put in a block table"
+    assert type(err) is BlockWithoutIdError and err.operation == "put in a block table"
     assert t.physical_block_ids == [0, 1]
 
 
