@@ -434,7 +434,9 @@ def test_two_pool_config_errors() -> None:
     above = NaiveBlockAllocator(2, 2, block_ids=range(2, 4))
     both = CpuGpuBlockAllocator(cpu_block_allocator=below, gpu_block_allocator=above)
     assert both.get_allocator(CPU) is below and both.get_allocator(GPU) is above
-    both.check_invariants()
+    g = both.allocate_mutable_block(None, GPU)  # GPU ids start at 2 here
+    assert g.block_id == 2 and above.refcounter.get(2) == 1 and below.refcounter.get(0) == 0
+    both.check_invariants({0: g})
     assert CpuGpuBlockAllocator(above, below).get_allocator(GPU) is below
 
 
@@ -483,6 +485,15 @@ def test_unknown_device_and_foreign_blocks() -> None:
             f"block id {block_id} does not belong to this allocator ({detail}){FOREIGN_HINT}"
         )
     assert other.get_num_free_blocks(GPU) == 2 and c.get_num_free_blocks(GPU) == 4
+
+
+def test_gpu_pool_exhaustion_is_reported_by_the_two_pool_allocator() -> None:
+    c = make(num_gpu=1, num_cpu=1)
+    c.allocate_mutable_block(None, GPU)
+    err = raised(NoFreeBlocksError, c.allocate_mutable_block, None, GPU)
+    assert (err.requested, err.available, err.device) == (1, 0, "GPU")
+    assert str(err) == f"need 1 free block(s) on GPU but only 0 are free{NO_FREE_HINT}"
+    assert c.allocate_mutable_block(None, CPU).block_id == 1
 
 
 def test_routing_by_device() -> None:
