@@ -10,6 +10,7 @@ docs/mutation.md lists the mutants that remain and why they are equivalent.
 
 from __future__ import annotations
 
+import collections.abc
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -26,6 +27,7 @@ from pagedkv import (
     SequenceGroup,
     SequenceStatus,
 )
+from pagedkv.block import NaiveBlock
 from pagedkv.block_table import BlockTable
 from pagedkv.errors import (
     BlockWithoutIdError,
@@ -862,3 +864,116 @@ def test_append_names_a_dead_block_it_would_write() -> None:
     err = raised(StaleBlockError, t.append_token_ids, [4])
     assert type(err) is StaleBlockError and err.operation == "append to"
     assert t.num_full_slots == 3
+
+
+class IdLess(Opaque):
+    """Hands out blocks without an id for the calls named in ``strip``: a broken allocator."""
+
+    def __init__(self, inner: CpuGpuBlockAllocator, strip: set[str]) -> None:
+        super().__init__(inner)
+        self.strip = strip
+
+    def _maybe_strip(self, call: str, block: Block) -> Block:
+        if call in self.strip:
+            assert isinstance(block, NaiveBlock)
+            block._block_id = None  # the fault under test
+        return block
+
+    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
+        return self._maybe_strip("mutable", super().allocate_mutable_block(prev_block, device))
+
+    def allocate_immutable_blocks(
+        self, prev_block: Block | None, block_token_ids: list[list[int]], device: Device
+    ) -> list[Block]:
+        blocks = super().allocate_immutable_blocks(prev_block, block_token_ids, device)
+        return [self._maybe_strip("immutable", b) for b in blocks]
+
+    def allocate_or_get_null_block(self) -> Block:
+        if "null" in self.strip:  # a plain block object without an id stands in for it
+            return self._maybe_strip("null", self.inner.allocate_mutable_block(None, GPU))
+        return super().allocate_or_get_null_block()
+
+
+def test_a_block_without_id_from_the_allocator_names_the_operation() -> None:
+    cases: list[tuple[set[str], Callable[[BlockTable], None], str]] = [
+        ({"immutable"}, lambda t: t.allocate([1, 2, 3]), "allocate"),
+        ({"mutable"}, lambda t: t.append_token_ids([5, 6, 7], 0, 0), "append"),
+        ({"null"}, lambda t: t.append_token_ids([5], 0, 5), "use"),
+    ]
+    for strip, call, operation in cases:
+        t = BlockTable(2, IdLess(make(block_size=2), set()), max_block_sliding_window=1)
+        if operation != "allocate":
+            t.allocate([1, 2, 3, 4])
+        t._allocator = IdLess(t._allocator.inner, strip)  # type: ignore[attr-defined]  # Opaque's
+        err = raised(BlockWithoutIdError, call, t)
+        assert type(err) is BlockWithoutIdError and err.operation == operation
+        assert str(err).startswith(f"cannot {operation} a block that holds no block id")
+
+
+class CountingBlock(NaiveBlock):
+    """A NaiveBlock subclass that counts writes: not the exact type the fast path knows."""
+
+    __slots__ = ()
+    writes: list[list[int]] = []  # noqa: RUF012  # shared log, reset by the test
+
+    def append_token_ids(self, token_ids: collections.abc.Sequence[int]) -> None:
+        CountingBlock.writes.append(list(token_ids))
+        self._token_ids.extend(token_ids)  # private and with room in this test
+
+
+class Relabelling(Opaque):
+    """Hands out its mutable blocks as :class:`CountingBlock` objects."""
+
+    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
+        block = super().allocate_mutable_block(prev_block, device)
+        block.__class__ = CountingBlock  # same slots, so the object keeps its state
+        return block
+
+
+def test_blocks_of_another_type_are_written_through_their_own_method() -> None:
+    CountingBlock.writes = []
+    t = BlockTable(4, Relabelling(make(block_size=4)))
+    t.allocate([1, 2])  # one partial block: a CountingBlock
+    t.append_token_ids([3])  # a decode step: private block with room
+    assert CountingBlock.writes == [[1, 2], [3]] and t.get_block_token_ids() == [(1, 2, 3)]
+
+
+class RecordingFrees(Opaque):
+    """Records the block objects the table frees."""
+
+    def __init__(self, inner: CpuGpuBlockAllocator) -> None:
+        super().__init__(inner)
+        self.freed: list[Block] = []
+
+    def free(self, block: Block) -> None:
+        self.freed.append(block)
+        super().free(block)
+
+
+def test_the_window_step_frees_each_dropped_block_once_and_never_the_null_block() -> None:
+    alloc = RecordingFrees(make(num_gpu=8, block_size=2))
+    t = BlockTable(2, alloc, max_block_sliding_window=1)
+    t.allocate([1, 2, 3, 4, 5, 6])
+    first, second = t.blocks[0], t.blocks[1]
+    t.append_token_ids([7], 0, 4)  # block 0 leaves the window
+    assert alloc.freed == [first]
+    t.append_token_ids([8], 0, 6)  # block 1 leaves; slot 0 already holds the null block
+    assert alloc.freed == [first, second]
+    null = alloc.inner._null_block
+    assert null is not None and t.blocks[:2] == [null, null]
+
+
+def test_manager_check_invariants_catches_a_table_block_holding_the_null_id() -> None:
+    m = BlockSpaceManager(2, 6, 2, watermark=0.0, sliding_window=4)
+    admit(m, group("b", [4, 5], seq_id=1))  # the null block is 0; b: [1]
+    m.check_invariants()
+    t = m.block_tables[1]
+    b = t._blocks[0]
+    assert isinstance(b, NaiveBlock) and b.block_id == 1
+    pool = m.block_allocator.get_allocator(GPU)
+    pool._rc[1] = 0  # id 1 is given back to the pool, consistently...
+    pool._stack.append(1)
+    b._block_id = 0  # ...while the table's block claims the null block's id
+    t._block_ids[0] = 0
+    err = raised(InvariantViolationError, m.check_invariants)
+    assert err.invariant == "I1" and "block 0 has refcount 1 but 2 table references" in str(err)

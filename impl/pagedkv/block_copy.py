@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DIRECT_RUN_BYTES", "BlockCopier", "Rows", "gather_host", "runs", "wide"]
+__all__ = ["DIRECT_RUN_BYTES", "BlockCopier", "Rows", "runs", "wide"]
 
 # NOTE: on the CPU, torch's gather (index_select of contiguous rows) runs at memcpy
 # speed but its scatter (index_copy_) is element-wise, ~1/3 of that, and staging
@@ -102,12 +102,6 @@ class BlockCopier:
         ):
             self._staging = torch.empty(numel, dtype=like.dtype)
         return self._staging[:numel].view(n, like.shape[1])
-
-
-def gather_host(rows: torch.Tensor, ids: list[int], pin: bool) -> torch.Tensor:
-    """A fresh host tensor of ``rows[ids]`` (pinned if ``pin``). Complexity: O(n) + the copy."""
-    out = torch.empty((len(ids), rows.shape[1]), dtype=rows.dtype, pin_memory=pin)
-    return torch.index_select(rows, 0, torch.tensor(ids, dtype=torch.long), out=out)
 
 
 def runs(src_ids: list[int], dst_ids: list[int]) -> list[tuple[int, int, int]]:

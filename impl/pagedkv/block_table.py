@@ -233,8 +233,8 @@ class BlockTable(BlockTablePlanning):
         while pos < num_tokens:
             b = blocks[idx]
             b.append_token_ids(token_ids[pos : pos + room])
-            new_id = b.block_id
-            if new_id is not None and new_id != ids[idx]:  # copied on write
+            new_id = b.block_id  # a new id if the write copied on write
+            if new_id is not None:
                 ids[idx] = new_id
             pos += room
             room = size

@@ -158,9 +158,9 @@ class BlockTablePlanning:
             # T3: entries from _null_prefix on are real blocks.
             for i in range(self._null_prefix, drop_end):
                 b = blocks[i]
-                live_id(b, "free")
+                block_id = live_id(b, "free")
                 if not b.is_shared:
-                    if self._on_gpu(b):
+                    if self._on_gpu(block_id):
                         returned_gpu += 1
                     else:
                         returned_cpu += 1
@@ -194,9 +194,9 @@ class BlockTablePlanning:
         stop = min((num_full + num_tokens - 1) // size + 1, len(blocks))
         for i in range(num_full // size, stop):
             b = blocks[i]
-            live_id(b, "append to")
+            block_id = live_id(b, "append to")
             if b.is_shared:
-                if self._on_gpu(b):
+                if self._on_gpu(block_id):
                     cow_gpu += 1
                 else:
                     cow_cpu += 1
@@ -222,10 +222,10 @@ class BlockTablePlanning:
         self._null_block = allocator.allocate_or_get_null_block()
         return False
 
-    def _on_gpu(self, block: Block) -> bool:
-        """The block's id is one of the GPU pool's. Complexity: O(1)."""
+    def _on_gpu(self, block_id: int) -> bool:
+        """``block_id`` is one of the GPU pool's. Complexity: O(1)."""
         try:
-            self._allocator.get_physical_block_id(_GPU, live_id(block, "locate"))
+            self._allocator.get_physical_block_id(_GPU, block_id)
         except ForeignBlockError:
             return False
         return True

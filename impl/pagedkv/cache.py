@@ -20,19 +20,22 @@ reads the cache tensors directly must ``wait()`` on the handle first.
 
 The parts live in their own modules and are re-exported here:
 :mod:`pagedkv.kv_config` (:class:`KVCacheConfig`, tiers), :mod:`pagedkv.copy_handle`
-(:class:`CopyHandle`, the side-stream queue), :mod:`pagedkv.block_copy` (row copies)
-and :mod:`pagedkv.kv_args` (argument validation, :data:`BlockPairs`).
+(:class:`CopyHandle`, the side-stream queue), :mod:`pagedkv.block_copy` (row copies),
+:mod:`pagedkv.kv_args` (argument validation, :data:`BlockPairs`) and
+:mod:`pagedkv.cuda_swap` (the swaps on the CUDA side stream: code that runs only
+with a CUDA device, kept apart so mutation runs on CPU-only machines leave it out).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from pagedkv.block_copy import BlockCopier, Rows, gather_host, wide
+from pagedkv.block_copy import BlockCopier, Rows
 from pagedkv.copy_handle import CopyHandle, SwapQueue
+from pagedkv.cuda_swap import swap_on_side_stream
 from pagedkv.errors import InvalidKVCacheConfigError, KVRangeError, KVTensorMismatchError
 from pagedkv.kv_args import BlockPairs, as_id, check_ids, check_pairs, id_list, slot_tensor
 from pagedkv.kv_config import KVCacheConfig, TierLike, as_tier, block_bytes, resolve_device
@@ -304,7 +307,8 @@ class KVCacheEngine:
     def _swap(
         self, src: list[int], dst: list[int], src_tier: Device, dst_tier: Device
     ) -> CopyHandle:
-        """Copy validated rows between tiers; synchronous unless on CUDA.
+        """Copy validated rows between tiers; synchronous unless on CUDA (then queued
+        on the side stream by :func:`~pagedkv.cuda_swap.swap_on_side_stream`).
 
         Complexity: O(n log n) host work plus the copies.
         """
@@ -313,36 +317,15 @@ class KVCacheEngine:
         if self._stream is None:  # both tiers in host memory: a synchronous copy
             self._copier.move(self._rows[src_tier], self._rows[dst_tier], src, dst)
             return CopyHandle()
-        return self._swap_cuda(self._stream, src, dst, to_host=dst_tier is Device.CPU)
-
-    def _swap_cuda(
-        self, stream: torch.cuda.Stream, src: list[int], dst: list[int], to_host: bool
-    ) -> CopyHandle:
-        """Queue a swap on the side stream. Complexity: O(n) host work plus the copies."""
-        gpu_rows, cpu_rows = self._rows[Device.GPU].data, self._rows[Device.CPU]
-        dev = self.device
-        stream.wait_stream(torch.cuda.current_stream(dev))  # see earlier writes of the blocks
-        host_step: Callable[[], None] | None = None
-        if to_host:
-            src_host = torch.tensor(src, dtype=torch.long).pin_memory()
-            staged = torch.empty((len(src), gpu_rows.shape[1]), dtype=self.dtype, pin_memory=True)
-            with torch.cuda.stream(stream):
-                gathered = gpu_rows.index_select(0, src_host.to(dev, non_blocking=True))
-                staged.copy_(gathered, non_blocking=True)
-
-            def host_step() -> None:
-                self._copier.move(Rows(staged), cpu_rows, list(range(len(dst))), dst)
-
-            keepalive = (src_host, staged)
-        else:
-            self._pending.settle_host_writes()  # swap-outs still to write CPU rows we read now
-            staged = gather_host(cpu_rows.data, src, pin=True)
-            dst_host = torch.tensor(dst, dtype=torch.long).pin_memory()
-            with torch.cuda.stream(stream):
-                on_device = staged.to(dev, non_blocking=True)
-                index = dst_host.to(dev, non_blocking=True)
-                wide(gpu_rows).index_copy_(0, index, wide(on_device))
-            keepalive = (staged, dst_host)
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
-        event.record(stream)
-        return self._pending.push(event, host_step, keepalive)
+        return swap_on_side_stream(
+            self._rows[Device.GPU].data,
+            self._rows[Device.CPU],
+            self._copier,
+            self._pending,
+            self.device,
+            self.dtype,
+            self._stream,
+            src,
+            dst,
+            to_host=dst_tier is Device.CPU,
+        )

@@ -1,4 +1,5 @@
-"""Hypothesis profiles: ``ci`` (fast, deterministic), ``dev``, ``deep``, ``deep-crosshair``.
+"""Hypothesis profiles: ``ci`` (fast, deterministic), ``mutate``, ``dev``, ``deep``,
+``deep-crosshair``.
 
 ``ci`` follows verification-practice §7: no explain phase and
 ``report_multiple_bugs=False`` so a failure is reported in seconds, not minutes.
@@ -9,7 +10,10 @@ selects the long-run profile.
 ``dev`` and ``deep`` keep failing examples in the directory named by
 ``PAGEDKV_EXAMPLE_DB`` when it is set (the fuzz campaign's shared database,
 see :mod:`pagedkv_stateful.fuzz`), so a failure found anywhere replays first
-here. ``ci`` has no database: it is deterministic.
+here. ``ci`` has no database: it is deterministic. ``mutate`` is ``ci`` without the
+shrink phase, for ``make mutate``: a mutant is killed by the first failing
+example, and shrinking it (seconds to minutes under mutmut's trampolines) would
+only turn the kill into a timeout.
 """
 
 from __future__ import annotations
@@ -31,10 +35,9 @@ def shared_database() -> ExampleDatabase | None:
 
 
 def register_profiles() -> None:
-    """Register ``ci``, ``dev`` and ``deep`` (idempotent)."""
+    """Register ``ci``, ``mutate``, ``dev``, ``deep`` and ``deep-crosshair`` (idempotent)."""
     shared = shared_database()
-    settings.register_profile(
-        "ci",
+    ci = settings(
         max_examples=150,
         stateful_step_count=40,
         deadline=None,
@@ -45,6 +48,9 @@ def register_profiles() -> None:
         print_blob=True,
         suppress_health_check=[HealthCheck.too_slow],
     )
+    settings.register_profile("ci", ci)
+    no_shrink = [p for p in FAST_PHASES if p is not Phase.shrink]
+    settings.register_profile("mutate", settings(ci, phases=no_shrink))
     dev = settings(
         max_examples=100,
         stateful_step_count=40,
