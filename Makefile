@@ -61,7 +61,7 @@ mutate: $(STAMP)
 	printf '%s\n' '# Written by make mutate: unit tests first, the machines last (mutmut runs -x).' \
 	  'def pytest_collection_modifyitems(items):' \
 	  '    items.sort(key=lambda item: "_machine.py" in item.nodeid)' > $(MUTATE_DIR)/conftest.py
-	cd $(MUTATE_DIR) && CI=true HYPOTHESIS_PROFILE=mutate \
+	cd $(MUTATE_DIR) && OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 CI=true HYPOTHESIS_PROFILE=mutate \
 	  $(CURDIR)/$(BIN)/mutmut run --max-children $(MUTATE_JOBS)
 	cd $(MUTATE_DIR) && $(CURDIR)/$(BIN)/mutmut results --all=true | awk -v min=$(MUTATE_MIN) ' \
 	  { key = $$1; sub(/:$$/, "", key); mod = key; sub(/\.x(_|ǁ).*/, "", mod); \
