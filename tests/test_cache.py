@@ -350,3 +350,16 @@ def test_cuda_write_gather_round_trip() -> None:
     k, _ = engine.gather([3, 1], 5, layer=1, tier="cpu")
     assert torch.equal(k[1:4], key[:3].cpu()) and torch.equal(k[4], key[3].cpu())
     assert not k[0].any()  # offset 0 of GPU block 2 was never written
+
+
+def test_the_cpu_tier_stays_in_host_memory_under_a_default_device() -> None:
+    # e.g. an engine built where a model is being built on the meta device
+    with torch.device("meta"):  # torch's default device for new tensors
+        engine = KVCacheEngine(**SMALL, num_gpu_blocks=4, num_cpu_blocks=4, device="cpu")
+    gpu, cpu = engine.storage(Device.GPU), engine.storage(Device.CPU)
+    assert cpu.device.type == "cpu"
+    gpu.copy_(torch.arange(gpu.numel(), dtype=gpu.dtype).view_as(gpu))
+    want = gpu.clone()
+    engine.swap_out([(0, 2), (1, 0), (3, 1)])
+    assert torch.equal(cpu[2], want[0]) and torch.equal(cpu[0], want[1])
+    assert torch.equal(cpu[1], want[3])

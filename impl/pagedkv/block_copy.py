@@ -100,7 +100,7 @@ class BlockCopier:
             or self._staging.numel() < numel
             or self._staging.dtype != like.dtype
         ):
-            self._staging = torch.empty(numel, dtype=like.dtype)
+            self._staging = torch.empty(numel, dtype=like.dtype, device=like.device)
         return self._staging[:numel].view(n, like.shape[1])
 
 

@@ -88,7 +88,11 @@ class KVCacheEngine:
         shape = self.config.block_shape
         self._storage = {
             Device.GPU: torch.zeros((num_gpu_blocks, *shape), dtype=dtype, device=dev),
-            Device.CPU: torch.zeros((num_cpu_blocks, *shape), dtype=dtype, pin_memory=pin),
+            # NOTE: device="cpu" explicitly: under `with torch.device(...)` a bare
+            # torch.zeros would follow torch's default device, not host memory.
+            Device.CPU: torch.zeros(
+                (num_cpu_blocks, *shape), dtype=dtype, device="cpu", pin_memory=pin
+            ),
         }
         row = math.prod(shape)
         self._rows = {t: Rows(s.view(s.shape[0], row)) for t, s in self._storage.items()}
