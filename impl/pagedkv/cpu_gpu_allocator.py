@@ -192,13 +192,10 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
 
     def allocate_or_get_null_block(self) -> Block:
         """The shared null block; takes one GPU id the first time. Complexity: O(1)."""
-        if self._null_block is None:
-            proxy = self._gpu.allocate_mutable_block(None)
-            if type(proxy) is NaiveBlock:  # always true; narrows the type
-                self._null_block = NullBlock(proxy)
-        if self._null_block is None:
-            raise InvariantViolationError("I1", "the null block could not be created")
-        return self._null_block
+        null = self._null_block
+        if null is None:
+            null = self._null_block = NullBlock(self._gpu.allocate_mutable_block(None))
+        return null
 
     # ------------------------------------------------------------------ swapping
 

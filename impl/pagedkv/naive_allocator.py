@@ -113,7 +113,7 @@ class NaiveBlockAllocator(BlockAllocator):
 
     # ------------------------------------------------------------------ allocation
 
-    def allocate_mutable_block(self, prev_block: Block | None) -> Block:
+    def allocate_mutable_block(self, prev_block: Block | None) -> NaiveBlock:
         """An empty block, refcount 1 (spec: ``allocate_mutable_block``). Complexity: O(1)."""
         # NOTE: _take_id inlined: this is the hottest path of a serving step.
         stack = self._stack
