@@ -403,3 +403,11 @@ def test_copier_serves_rows_of_another_dtype() -> None:
     src32, dst32 = numbered(3, 4), torch.zeros(3, 4)
     copier.move(Rows(src32), Rows(dst32), [1], [0])  # fewer elements, another dtype
     assert dst32[:, 0].tolist() == [11.0, 0.0, 0.0] and dst32.dtype == torch.float32
+
+
+def test_copier_staging_buffer_is_host_memory_under_a_default_device() -> None:
+    copier = BlockCopier()
+    like = numbered(3, 4)
+    with torch.device("meta"):  # torch's default device for new tensors
+        rows = copier._staging_rows(like, 2)
+    assert rows is not None and rows.device.type == "cpu" and rows.shape == (2, 4)
