@@ -13,12 +13,12 @@ The scheduler mutants this leaves alive are equivalent (no test can tell them ap
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TypeVar
 
 import pytest
 
-from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
+from pagedkv import Sequence, SequenceGroup, SequenceStatus
 from pagedkv.errors import (
     DuplicateRequestError,
     InvalidSchedulerConfigError,
@@ -26,7 +26,8 @@ from pagedkv.errors import (
     InvalidSequenceStateError,
     InvariantViolationError,
 )
-from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerConfig
+from scheduler_helpers import add, ids, make, step
 
 E = TypeVar("E", bound=BaseException)
 RUNNING, WAITING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED
@@ -42,44 +43,6 @@ def raised(err_type: type[E], call: Callable[..., object], *args: object) -> E:
     with pytest.raises(err_type) as info:
         call(*args)
     return info.value
-
-
-def make(
-    num_gpu: int,
-    num_cpu: int = 0,
-    block_size: int = 4,
-    watermark: float = 0.0,
-    preemption_mode: str = "auto",
-    lookahead: int = 0,
-    max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
-) -> Scheduler:
-    manager = BlockSpaceManager(block_size, num_gpu, num_cpu, watermark)
-    config = SchedulerConfig(preemption_mode, lookahead, max_num_seqs, max_num_batched_tokens)
-    return Scheduler(manager, config)
-
-
-def add(sched: Scheduler, rid: str, prompt_len: int, n: int = 1) -> SequenceGroup:
-    seq = Sequence(sched.next_seq_id(), [7] * prompt_len, sched.block_manager.block_size)
-    group = SequenceGroup(rid, [seq], n=n)
-    sched.add_seq_group(group)
-    return group
-
-
-def step(sched: Scheduler) -> SchedulerOutputs:
-    """schedule() plus a toy forward pass: compute, then one distinct token per sequence."""
-    out = sched.schedule()
-    for scheduled in out.scheduled_seq_groups:
-        for seq in scheduled.seq_group.get_seqs(RUNNING):
-            seq.update_num_computed_tokens(seq.get_num_uncomputed_tokens())
-            seq.append_token_id(seq.seq_id)
-    sched.check_invariants()
-    sched.block_manager.check_invariants()
-    return out
-
-
-def ids(queue: Iterable[SequenceGroup]) -> list[str]:
-    return [g.request_id for g in queue]
 
 
 def first(group: SequenceGroup) -> Sequence:

@@ -1,0 +1,51 @@
+"""Helpers shared by the scheduler's test files: a scheduler, a request, one step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
+from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
+
+__all__ = ["add", "ids", "make", "step"]
+
+
+def make(
+    num_gpu: int,
+    num_cpu: int = 0,
+    block_size: int = 4,
+    watermark: float = 0.0,
+    preemption_mode: str = "auto",
+    lookahead: int = 0,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+) -> Scheduler:
+    """A scheduler over a fresh BlockSpaceManager of ``num_gpu`` + ``num_cpu`` blocks."""
+    manager = BlockSpaceManager(block_size, num_gpu, num_cpu, watermark)
+    config = SchedulerConfig(preemption_mode, lookahead, max_num_seqs, max_num_batched_tokens)
+    return Scheduler(manager, config)
+
+
+def add(sched: Scheduler, rid: str, prompt_len: int, n: int = 1) -> SequenceGroup:
+    """Queue request ``rid``: a prompt of ``prompt_len`` tokens, ``n`` samples."""
+    seq = Sequence(sched.next_seq_id(), [7] * prompt_len, sched.block_manager.block_size)
+    group = SequenceGroup(rid, [seq], n=n)
+    sched.add_seq_group(group)
+    return group
+
+
+def step(sched: Scheduler) -> SchedulerOutputs:
+    """schedule() plus a toy forward pass: compute, then one distinct token per sequence."""
+    out = sched.schedule()
+    for scheduled in out.scheduled_seq_groups:
+        for seq in scheduled.seq_group.get_seqs(SequenceStatus.RUNNING):
+            seq.update_num_computed_tokens(seq.get_num_uncomputed_tokens())
+            seq.append_token_id(seq.seq_id)
+    sched.check_invariants()
+    sched.block_manager.check_invariants()
+    return out
+
+
+def ids(queue: Iterable[SequenceGroup]) -> list[str]:
+    """The request ids of a queue, in order."""
+    return [g.request_id for g in queue]
