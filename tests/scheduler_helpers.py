@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
 from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 
-__all__ = ["add", "ids", "make", "step"]
+__all__ = ["add", "ids", "make", "one_in_each_queue", "step"]
 
 
 def make(
@@ -49,3 +49,14 @@ def step(sched: Scheduler) -> SchedulerOutputs:
 def ids(queue: Iterable[SequenceGroup]) -> list[str]:
     """The request ids of a queue, in order."""
     return [g.request_id for g in queue]
+
+
+def one_in_each_queue() -> tuple[Scheduler, SequenceGroup, SequenceGroup, SequenceGroup]:
+    """A scheduler with request "a" running, "b" (two samples) swapped out and "c" waiting."""
+    sched = make(num_gpu=6, num_cpu=8)
+    a = add(sched, "a", 8)
+    b = add(sched, "b", 6, n=2)
+    step(sched)
+    step(sched)  # b forks into two samples; no room for both groups: b is swapped out
+    c = add(sched, "c", 1)
+    return sched, a, b, c

@@ -27,7 +27,7 @@ from pagedkv.errors import (
     InvariantViolationError,
 )
 from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerConfig
-from scheduler_helpers import add, ids, make, step
+from scheduler_helpers import add, ids, make, one_in_each_queue, step
 
 E = TypeVar("E", bound=BaseException)
 RUNNING, WAITING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED
@@ -147,12 +147,7 @@ def test_finish_seq_errors_have_exact_messages() -> None:
 
 
 def test_unfinished_groups_are_counted_over_all_three_queues() -> None:
-    sched = make(num_gpu=6, num_cpu=8)
-    add(sched, "a", 8)
-    add(sched, "b", 6, n=2)
-    step(sched)
-    step(sched)  # b swapped out
-    add(sched, "c", 1)
+    sched, _, _, _ = one_in_each_queue()
     assert (ids(sched.waiting), ids(sched.running), ids(sched.swapped)) == (["c"], ["a"], ["b"])
     assert sched.get_num_unfinished_seq_groups() == 3 and sched.has_unfinished_seqs()
 
@@ -401,12 +396,7 @@ def test_a_rejected_swapped_group_does_not_hold_back_the_next_one() -> None:
 
 def test_scheduler_check_invariants_catches_each_corruption() -> None:
     def fresh() -> tuple[Scheduler, SequenceGroup, SequenceGroup, SequenceGroup]:
-        sched = make(num_gpu=6, num_cpu=8)
-        a = add(sched, "a", 8)
-        b = add(sched, "b", 6, n=2)
-        step(sched)
-        step(sched)  # b swapped out
-        c = add(sched, "c", 1)
+        sched, a, b, c = one_in_each_queue()
         sched.check_invariants()
         return sched, a, b, c
 

@@ -14,7 +14,7 @@ from pagedkv.errors import (
     InvariantViolationError,
 )
 from pagedkv.scheduler import PreemptionMode, SchedulerConfig
-from scheduler_helpers import add, ids, make, step
+from scheduler_helpers import add, ids, make, one_in_each_queue, step
 
 RUNNING, WAITING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED
 
@@ -174,12 +174,7 @@ def test_a_swapped_group_that_can_never_return_is_rejected() -> None:
 
 
 def test_swapped_groups_come_back_before_new_admissions() -> None:
-    sched = make(num_gpu=6, num_cpu=8)
-    add(sched, "a", 8)
-    add(sched, "b", 6, n=2)
-    step(sched)
-    step(sched)  # b swapped out
-    add(sched, "c", 1)
+    sched, _, _, _ = one_in_each_queue()
     out = step(sched)  # b cannot come back yet: c must not overtake it
     assert ids(sched.swapped) == ["b"] and not out.admitted and ids(sched.waiting) == ["c"]
 
