@@ -23,8 +23,8 @@ import pytest
 import pagedkv_stateful
 from pagedkv_stateful import adapters, conform
 from pagedkv_stateful.adapters import CHECKS, AllocatorAdapter, Capabilities, Violation
-from pagedkv_stateful.allocator_machine import SPEC_ASSERTIONS
 from pagedkv_stateful.conform import ConformanceReport, Finding, run_conformance
+from pagedkv_stateful.lockstep import SPEC_ASSERTIONS
 
 # tests/ is on sys.path under pytest (not on mypy's path, hence the import by name).
 fa: Any = importlib.import_module("faulty_allocators")

@@ -1,4 +1,4 @@
-"""Targeted tests for pagedkv.attention and pagedkv.block_copy, written against mutants
+"""Targeted tests for pagedkv.attention and pagedkv._block_copy, written against mutants
 that survived mutation testing of the engine.
 
 ``tests/test_attention.py`` checks the tensors of ordinary batches and the
@@ -12,7 +12,7 @@ paged read against SDPA; these tests pin what it does not observe:
 * dtypes and devices of every returned tensor of :func:`build_attention_inputs`
   (``device="meta"`` stands in for an accelerator on a CPU-only machine), and
   ``max_*_len`` of an empty batch;
-* :mod:`pagedkv.block_copy` used directly: :class:`Rows` views and their cache,
+* :mod:`pagedkv._block_copy` used directly: :class:`Rows` views and their cache,
   :func:`runs` merging, :func:`wide` views, and :class:`BlockCopier` moves that
   take every row, take the first rows of a narrow tier, grow the staging buffer
   or change dtype between calls.
@@ -26,8 +26,8 @@ from typing import TypeVar
 import pytest
 import torch
 
+from pagedkv._block_copy import BlockCopier, Rows, runs, wide
 from pagedkv.attention import build_attention_inputs, paged_attention_reference
-from pagedkv.block_copy import BlockCopier, Rows, runs, wide
 from pagedkv.errors import KVBlockIdError, KVRangeError, KVTensorMismatchError
 
 E = TypeVar("E", bound=BaseException)

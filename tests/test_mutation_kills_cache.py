@@ -7,7 +7,7 @@ documented inputs (int-likes such as torch scalars, not bools, floats or bool
 tensors; destinations validated as well as sources), which slot or block an
 error names when several are wrong, the device and dtype defaults on a machine
 without CUDA, the ``"gpu"`` tier name, ``from_memory_budget`` passing its dtype
-on, and :func:`~pagedkv.kv_args.slot_tensor` returning int64.
+on, and :func:`~pagedkv._kv_args.slot_tensor` returning int64.
 Mutants that differ only with a CUDA device are left to the CUDA tests.
 """
 
@@ -19,6 +19,7 @@ from typing import TypeVar
 import pytest
 import torch
 
+from pagedkv._kv_args import slot_tensor
 from pagedkv.cache import KVCacheConfig, KVCacheEngine
 from pagedkv.errors import (
     InvalidKVCacheConfigError,
@@ -27,7 +28,6 @@ from pagedkv.errors import (
     KVRangeError,
     KVTensorMismatchError,
 )
-from pagedkv.kv_args import slot_tensor
 from pagedkv_spec.device import Device
 
 E = TypeVar("E", bound=BaseException)

@@ -27,7 +27,6 @@ from pagedkv import (
     SequenceGroup,
     SequenceStatus,
 )
-from pagedkv.block import NaiveBlock
 from pagedkv.block_table import BlockTable
 from pagedkv.errors import (
     BlockWithoutIdError,
@@ -46,6 +45,7 @@ from pagedkv.errors import (
     TableNotAllocatedError,
     UnknownSequenceError,
 )
+from pagedkv.naive_allocator import NaiveBlock
 
 E = TypeVar("E", bound=BaseException)
 GPU, CPU = Device.GPU, Device.CPU

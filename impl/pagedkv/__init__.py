@@ -15,13 +15,12 @@ from pagedkv.attention import (
     build_attention_inputs,
     paged_attention_reference,
 )
-from pagedkv.block import NaiveBlock, NullBlock
 from pagedkv.block_table import BlockTable
 from pagedkv.cache import CopyHandle, KVCacheConfig, KVCacheEngine
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.interfaces import Block, BlockAllocator, DeviceAwareBlockAllocator
 from pagedkv.manager import BlockSpaceManager, ManagerStats
-from pagedkv.naive_allocator import NaiveBlockAllocator
+from pagedkv.naive_allocator import NaiveBlock, NaiveBlockAllocator, NullBlock
 from pagedkv.refcount import RefCounter
 from pagedkv.report import SimulationResult, Summary
 from pagedkv.scheduler import (

@@ -20,39 +20,139 @@ Stricter than vLLM 0.6.3 (see semantics.md, "Where pagedkv is stricter"):
     * Misuse raises typed errors (never ``assert``), also under ``python -O``.
     * No recursion, no sorting; ids are cached so ``physical_block_ids`` is O(1).
 
-Sizing and the plan of an append (the counting before any change) are in
-:mod:`pagedkv.block_table_plan`; the argument and T1–T4 checks in
-:mod:`pagedkv.block_table_checks`.
+Every operation is planned before its first change: an append is validated
+and every block it needs is counted against the free blocks of each pool
+(``_plan_append``), so a failed append changes nothing. The same rules check
+the blocks a table adopts (``load_blocks``, raising
+:class:`~pagedkv.errors.InvalidBlockTableArgumentError`) and the table's own
+representation (:meth:`BlockTable.check_invariants`, raising
+:class:`~pagedkv.errors.InvariantViolationError` with the invariant's id).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pagedkv.block import NaiveBlock, NullBlock
-from pagedkv.block_table_checks import (
-    check_count,
-    check_table_args,
-    check_table_invariants,
-    live_id,
-    load_blocks,
-)
-from pagedkv.block_table_plan import BlockTablePlanning, cdiv
+from pagedkv._arith import cdiv
+from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.errors import (
+    BlockWithoutIdError,
+    DoubleFreeError,
+    ForeignBlockError,
     InvalidBlockTableArgumentError,
+    InvariantViolationError,
     NoFreeBlocksError,
+    StaleBlockError,
     TableAlreadyAllocatedError,
     TableNotAllocatedError,
 )
 from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
+from pagedkv.naive_allocator import NaiveBlock, NullBlock
 from pagedkv_spec.device import Device
 
 __all__ = ["BlockTable"]
 
-_GPU = Device.GPU
+_GPU, _CPU = Device.GPU, Device.CPU
 
 
-class BlockTable(BlockTablePlanning):
+def check_table_args(
+    block_size: int, block_allocator: object, max_block_sliding_window: int | None
+) -> None:
+    """Raise unless ``block_size`` is an int >= 1 equal to the allocator's block size
+    and ``max_block_sliding_window`` is None or an int >= 0. Complexity: O(1)."""
+    if not isinstance(block_size, int) or block_size < 1:
+        raise InvalidBlockTableArgumentError(f"block_size must be an int >= 1, got {block_size!r}")
+    allocator_block_size = getattr(block_allocator, "block_size", block_size)
+    if allocator_block_size != block_size:
+        raise InvalidBlockTableArgumentError(
+            f"block_size={block_size} but the allocator's blocks hold "
+            f"{allocator_block_size} tokens; use the allocator's block size"
+        )
+    window = max_block_sliding_window
+    if window is not None and (not isinstance(window, int) or window < 0):
+        raise InvalidBlockTableArgumentError(
+            f"max_block_sliding_window must be None or an int >= 0, got {window!r}"
+        )
+
+
+def check_count(name: str, value: int) -> None:
+    """Raise unless ``value`` is an int >= 0 (a count of slots or tokens). Complexity: O(1)."""
+    if not isinstance(value, int) or value < 0:
+        raise InvalidBlockTableArgumentError(f"{name} must be an int >= 0, got {value!r}")
+
+
+def live_id(block: Block, operation: str) -> int:
+    """The block's id, or the typed error the allocator would raise for it."""
+    block_id = block.block_id
+    if block_id is None:
+        if isinstance(block, NaiveBlock) and block.freed:
+            raise DoubleFreeError() if operation == "free" else StaleBlockError(operation)
+        raise BlockWithoutIdError(operation)
+    return block_id
+
+
+def load_blocks(blocks: Sequence[Block], block_size: int) -> tuple[list[int], int, int]:
+    """``(ids, num_full_slots, null_prefix)`` of ``blocks`` after checking T1–T4.
+
+    The blocks must be full or null blocks, at most one partial block, then
+    empty ones, with the null blocks a prefix and no id twice. Complexity: O(n).
+    """
+    size = block_size
+    ids: list[int] = []
+    num_full = 0
+    null_prefix = 0
+    partial_seen = False
+    for i, b in enumerate(blocks):
+        ids.append(live_id(b, "put in a block table"))
+        if isinstance(b, NullBlock):
+            if i != null_prefix:
+                raise InvalidBlockTableArgumentError(
+                    f"null block at index {i} after a real block; null entries "
+                    "must form a prefix of the table"
+                )
+            null_prefix += 1
+            num_full += size
+            continue
+        n = len(b.token_ids)
+        if partial_seen and n:
+            raise InvalidBlockTableArgumentError(
+                f"block {i} holds tokens after a partially filled block; "
+                "only the last non-empty block may be partial"
+            )
+        partial_seen = partial_seen or n < size
+        num_full += n
+    if len(set(ids[null_prefix:])) != len(ids) - null_prefix:
+        raise InvalidBlockTableArgumentError("a block id appears twice in the table")
+    return ids, num_full, null_prefix
+
+
+def check_table_invariants(
+    table: object,
+    blocks: Sequence[Block],
+    ids: Sequence[int],
+    size: int,
+    num_full_slots: int,
+    null_prefix: int,
+) -> None:
+    """Check T1–T4 of ``table``'s representation (its blocks, cached ids, block size,
+    written slots and null prefix); raises :class:`InvariantViolationError` naming
+    ``table``. Complexity: O(slots)."""
+    if len(ids) != len(blocks) or any(b.block_id != i for b, i in zip(blocks, ids, strict=False)):
+        raise InvariantViolationError("T1", f"{table!r}: cached ids differ from the blocks' ids")
+    for i, b in enumerate(blocks):
+        is_null = isinstance(b, NullBlock)
+        if is_null != (i < null_prefix):
+            raise InvariantViolationError("T3", f"{table!r}: entry {i} breaks the null prefix")
+        held = size if is_null else len(b.token_ids)
+        want = min(max(num_full_slots - i * size, 0), size)
+        if held != want:
+            raise InvariantViolationError("T2", f"{table!r}: block {i} holds {held}, not {want}")
+    real = ids[null_prefix:]
+    if len(set(real)) != len(real):
+        raise InvariantViolationError("T4", f"{table!r}: a block id appears twice")
+
+
+class BlockTable:
     """The blocks of one sequence; refines a table of the manager spec.
 
     Representation (only this class writes it):
@@ -72,6 +172,7 @@ class BlockTable(BlockTablePlanning):
         "_block_size",
         "_blocks",
         "_max_block_sliding_window",
+        "_null_block",
         "_null_prefix",
         "_num_full_slots",
     )
@@ -92,8 +193,8 @@ class BlockTable(BlockTablePlanning):
         self._block_size = block_size
         self._allocator = block_allocator
         self._max_block_sliding_window = max_block_sliding_window
-        self._null_block = None
-        self._blocks = []
+        self._null_block: Block | None = None
+        self._blocks: list[Block] = []
         self._block_ids: list[int] = []
         self._num_full_slots = 0
         self._null_prefix = 0
@@ -325,6 +426,179 @@ class BlockTable(BlockTablePlanning):
         changes on error. Complexity: O(len(blocks)).
         """
         self._load(list(blocks))
+
+    # ------------------------------------------------------------------ sizing
+
+    @staticmethod
+    def get_num_required_blocks(
+        token_ids: Sequence[int], block_size: int, num_lookahead_slots: int = 0
+    ) -> int:
+        """``ceil((len(token_ids) + num_lookahead_slots) / block_size)``. Complexity: O(1)."""
+        return cdiv(len(token_ids) + num_lookahead_slots, block_size)
+
+    def get_num_blocks_touched_by_append_slots(
+        self, token_ids: Sequence[int], num_lookahead_slots: int
+    ) -> int:
+        """Worst-case number of blocks an append of these tokens + lookahead writes into.
+
+        vLLM 0.6.3's formula: with ``n = len(token_ids) + num_lookahead_slots`` and
+        ``first = block_size - num_full_slots % block_size`` (room in the current
+        block), ``1 + ceil((n - first) / block_size)``. The current block counts
+        even if it is full or nothing is written, except that ``n == 0`` at a block
+        boundary gives 0. Each touched block may need a fresh block (new, or a
+        copy-on-write), so this bounds what :meth:`append_token_ids` takes (plus
+        one at a sliding-window table's first append if the allocator has no null
+        block yet); :meth:`get_num_blocks_needed_by_append` is exact. Complexity: O(1).
+        """
+        check_count("num_lookahead_slots", num_lookahead_slots)
+        n = len(token_ids) + num_lookahead_slots
+        first = self._block_size - self._num_full_slots % self._block_size
+        return 1 + cdiv(n - first, self._block_size)
+
+    def _num_new_blocks(self, num_empty_slots: int) -> int:
+        """Blocks :meth:`ensure_num_empty_slots` would add. Complexity: O(1)."""
+        empty = len(self._blocks) * self._block_size - self._num_full_slots
+        deficit = num_empty_slots - empty
+        return cdiv(deficit, self._block_size) if deficit > 0 else 0
+
+    def get_num_blocks_needed_by_append(
+        self, token_ids: Sequence[int], num_lookahead_slots: int = 0
+    ) -> int:
+        """Free blocks :meth:`append_token_ids` would take, before any window step returns some.
+
+        ``new blocks + copies-on-write (+ 1 for creating the null block, with a
+        sliding window)``: the ``needed`` of the append's rule, on whichever
+        device the blocks are (a swapped-out table keeps its sharing, so this is
+        also what the append takes after a swap-in). Exact without a sliding
+        window; with one, the window step may return ids first, so it is an
+        upper bound. Errors: empty table, negative lookahead.
+        Complexity: O(blocks touched).
+        """
+        if not self._blocks:
+            raise TableNotAllocatedError("count the blocks an append needs")
+        check_count("num_lookahead_slots", num_lookahead_slots)
+        num_tokens = len(token_ids)
+        cow_gpu, cow_cpu = self._count_copies_on_write(num_tokens)
+        null_cost = 0
+        if self._max_block_sliding_window is not None and self._null_block_missing(False):
+            null_cost = 1
+        return (
+            null_cost + self._num_new_blocks(num_tokens + num_lookahead_slots) + cow_gpu + cow_cpu
+        )
+
+    # ------------------------------------------------------------------ append plan
+
+    def _plan_append(
+        self, num_tokens: int, num_lookahead_slots: int, num_computed_slots: int | None
+    ) -> tuple[int, int]:
+        """Validate an append of ``num_tokens`` tokens and count every block it takes.
+
+        Returns ``(drop_end, num_new)``: the window step drops the entries from
+        the null prefix up to ``drop_end`` (0 without a window), and ``num_new``
+        empty GPU blocks are added. Raises what :meth:`append_token_ids` says,
+        before any change (an allocator this table cannot peek into may get its
+        null block created). Complexity: O(blocks touched + blocks dropped).
+        """
+        blocks = self._blocks
+        if not blocks:
+            raise TableNotAllocatedError("append_token_ids")
+        check_count("num_lookahead_slots", num_lookahead_slots)
+        size = self._block_size
+        num_full = self._num_full_slots
+        first_idx = num_full // size
+        window = self._max_block_sliding_window
+        drop_end = 0
+        null_cost = 0
+        returned_gpu = returned_cpu = 0  # unshared dropped blocks: their ids come back
+        if window is not None:
+            if num_computed_slots is None:
+                raise InvalidBlockTableArgumentError(
+                    "a sliding-window table needs num_computed_slots (the sequence's "
+                    "computed tokens) to know which blocks left the window"
+                )
+            check_count("num_computed_slots", num_computed_slots)
+            if num_computed_slots > num_full + num_tokens:
+                raise InvalidBlockTableArgumentError(
+                    f"num_computed_slots={num_computed_slots} exceeds the {num_full + num_tokens} "
+                    "slots the table holds after this append"
+                )
+            if self._null_block_missing(may_create=True):
+                null_cost = 1
+            drop_end = min(num_computed_slots // size - window, first_idx)
+            # T3: entries from _null_prefix on are real blocks.
+            for i in range(self._null_prefix, drop_end):
+                b = blocks[i]
+                block_id = live_id(b, "free")
+                if not b.is_shared:
+                    if self._on_gpu(block_id):
+                        returned_gpu += 1
+                    else:
+                        returned_cpu += 1
+        num_new = self._num_new_blocks(num_tokens + num_lookahead_slots)
+        cow_gpu, cow_cpu = self._count_copies_on_write(num_tokens)
+        needed = null_cost + num_new + cow_gpu
+        if needed:  # the common decode step into a private block skips the query
+            free_gpu = self._allocator.get_num_free_blocks(_GPU)
+            if null_cost > free_gpu:
+                raise NoFreeBlocksError(null_cost, free_gpu, "GPU")
+            available = free_gpu + returned_gpu
+            if needed > available:
+                raise NoFreeBlocksError(needed, available, "GPU")
+        if cow_cpu:
+            available = self._allocator.get_num_free_blocks(_CPU) + returned_cpu
+            if cow_cpu > available:
+                raise NoFreeBlocksError(cow_cpu, available, "CPU")
+        return drop_end, num_new
+
+    def _count_copies_on_write(self, num_tokens: int) -> tuple[int, int]:
+        """(GPU, CPU) copies-on-write a write of ``num_tokens`` makes; checks the blocks.
+
+        The write touches the existing blocks from ``num_full_slots // block_size``
+        up to the one holding the last token; each whose id is shared is copied.
+        Complexity: O(blocks touched).
+        """
+        if not num_tokens:
+            return 0, 0
+        blocks, size, num_full = self._blocks, self._block_size, self._num_full_slots
+        cow_gpu = cow_cpu = 0
+        stop = min((num_full + num_tokens - 1) // size + 1, len(blocks))
+        for i in range(num_full // size, stop):
+            b = blocks[i]
+            block_id = live_id(b, "append to")
+            if b.is_shared:
+                if self._on_gpu(block_id):
+                    cow_gpu += 1
+                else:
+                    cow_cpu += 1
+        return cow_gpu, cow_cpu
+
+    def _null_block_missing(self, may_create: bool) -> bool:
+        """Whether the allocator's null block is yet to be created (taking a free GPU id).
+
+        Complexity: O(1).
+        """
+        if self._null_block is not None:
+            return False
+        allocator = self._allocator
+        if isinstance(allocator, CpuGpuBlockAllocator):
+            # NOTE: package-internal read; DeviceAwareBlockAllocator has no way to
+            # peek at the null block, and creating it would take a free id.
+            self._null_block = allocator._null_block
+            return self._null_block is None
+        if not may_create:
+            return True  # unknown: count its creation (an upper bound)
+        # An allocator we cannot peek into: create it now. It may then outlive a
+        # failed append, the only state such an allocator keeps after an error.
+        self._null_block = allocator.allocate_or_get_null_block()
+        return False
+
+    def _on_gpu(self, block_id: int) -> bool:
+        """``block_id`` is one of the GPU pool's. Complexity: O(1)."""
+        try:
+            self._allocator.get_physical_block_id(_GPU, block_id)
+        except ForeignBlockError:
+            return False
+        return True
 
     # ------------------------------------------------------------------ queries
 

@@ -20,9 +20,9 @@ reads the cache tensors directly must ``wait()`` on the handle first.
 
 The parts live in their own modules and are re-exported here:
 :mod:`pagedkv.kv_config` (:class:`KVCacheConfig`, tiers), :mod:`pagedkv.copy_handle`
-(:class:`CopyHandle`, the side-stream queue), :mod:`pagedkv.block_copy` (row copies),
-:mod:`pagedkv.kv_args` (argument validation, :data:`BlockPairs`) and
-:mod:`pagedkv.cuda_swap` (the swaps on the CUDA side stream: code that runs only
+(:class:`CopyHandle`, the side-stream queue), :mod:`pagedkv._block_copy` (row copies),
+:mod:`pagedkv._kv_args` (argument validation, :data:`BlockPairs`) and
+:mod:`pagedkv._cuda_swap` (the swaps on the CUDA side stream: code that runs only
 with a CUDA device, kept apart so mutation runs on CPU-only machines leave it out).
 """
 
@@ -33,11 +33,11 @@ from collections.abc import Sequence
 
 import torch
 
-from pagedkv.block_copy import BlockCopier, Rows
+from pagedkv._block_copy import BlockCopier, Rows
+from pagedkv._cuda_swap import swap_on_side_stream
+from pagedkv._kv_args import BlockPairs, as_id, check_ids, check_pairs, id_list, slot_tensor
 from pagedkv.copy_handle import CopyHandle, SwapQueue
-from pagedkv.cuda_swap import swap_on_side_stream
 from pagedkv.errors import InvalidKVCacheConfigError, KVRangeError, KVTensorMismatchError
-from pagedkv.kv_args import BlockPairs, as_id, check_ids, check_pairs, id_list, slot_tensor
 from pagedkv.kv_config import KVCacheConfig, TierLike, as_tier, block_bytes, resolve_device
 from pagedkv_spec.device import Device
 
@@ -312,7 +312,7 @@ class KVCacheEngine:
         self, src: list[int], dst: list[int], src_tier: Device, dst_tier: Device
     ) -> CopyHandle:
         """Copy validated rows between tiers; synchronous unless on CUDA (then queued
-        on the side stream by :func:`~pagedkv.cuda_swap.swap_on_side_stream`).
+        on the side stream by :func:`~pagedkv._cuda_swap.swap_on_side_stream`).
 
         Complexity: O(n log n) host work plus the copies.
         """

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pagedkv.block import NaiveBlock, NullBlock
 from pagedkv.errors import (
     BlockWithoutIdError,
     ForeignBlockError,
@@ -16,7 +15,7 @@ from pagedkv.errors import (
     StaleBlockError,
 )
 from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
-from pagedkv.naive_allocator import NaiveBlockAllocator, chain_of, fork_chain
+from pagedkv.naive_allocator import NaiveBlock, NaiveBlockAllocator, NullBlock, chain_of, fork_chain
 from pagedkv_spec.allocator import AllocatorState, BlockRef, refcounts_match_references
 from pagedkv_spec.device import Device
 

@@ -6,28 +6,33 @@ acts; pagedkv guarantees *can => do*: whenever ``can_allocate`` is OK,
 OK, the matching operation finds enough free blocks. A failed operation raises
 a typed error and changes nothing.
 
-The counters (:class:`ManagerStats`), the abstraction function and the
-representation check are in :mod:`pagedkv.manager_checks`.
+Beyond the vLLM API: :class:`ManagerStats` (cumulative counters, ``manager.stats``),
+``to_spec()`` (the abstraction function: pools, every table's ids and tokens, the
+null block, as a :class:`~pagedkv_spec.manager.ManagerView`) and
+``check_invariants()`` (the representation check, O(n), for tests).
 """
 
 from __future__ import annotations
 
-from pagedkv.block import NaiveBlock
+from dataclasses import dataclass
+
+from pagedkv._arith import cdiv
 from pagedkv.block_table import BlockTable
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.errors import (
     CachingNotSupportedError,
     InvalidAllocatorConfigError,
     InvalidSequenceStateError,
+    InvariantViolationError,
     NoFreeBlocksError,
     SequenceAlreadyAllocatedError,
     UnknownSequenceError,
 )
 from pagedkv.interfaces import Block
-from pagedkv.manager_checks import ManagerStats, check_manager_invariants, manager_view
+from pagedkv.naive_allocator import NaiveBlock
 from pagedkv.sequence import AllocDecision, Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec.device import Device
-from pagedkv_spec.manager import ManagerView
+from pagedkv_spec.manager import ManagerView, TableView
 from pagedkv_spec.status import AllocStatus
 
 __all__ = ["BlockSpaceManager", "ManagerStats"]
@@ -40,8 +45,17 @@ _WAITING, _RUNNING, _SWAPPED = (
 )
 
 
-def _blocks_for(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
+@dataclass
+class ManagerStats:
+    """Cumulative counters since the manager was created (written by the manager only)."""
+
+    groups_allocated: int = 0
+    cow_copies: int = 0
+    swap_outs: int = 0
+    swap_ins: int = 0
+    blocks_swapped_out: int = 0
+    blocks_swapped_in: int = 0
+    blocks_freed_by_window: int = 0
 
 
 class BlockSpaceManager:
@@ -142,10 +156,10 @@ class BlockSpaceManager:
             raise InvalidSequenceStateError(
                 f"request {seq_group.request_id!r} has no WAITING sequence to admit"
             )
-        required = _blocks_for(waiting[0].get_len() + num_lookahead_slots, self.block_size)
+        required = cdiv(waiting[0].get_len() + num_lookahead_slots, self.block_size)
         encoder = seq_group.get_encoder_seq()
         if encoder is not None:
-            required += _blocks_for(encoder.get_len(), self.block_size)
+            required += cdiv(encoder.get_len(), self.block_size)
         free = self.block_allocator.get_num_free_blocks(_GPU)
         counts = dict(
             required_blocks=required, free_blocks=free, watermark_blocks=self.watermark_blocks
@@ -187,9 +201,9 @@ class BlockSpaceManager:
             raise InvalidSequenceStateError(
                 f"request {seq_group.request_id!r} already has a cross-attention table"
             )
-        needed = _blocks_for(len(token_ids), self.block_size)
+        needed = cdiv(len(token_ids), self.block_size)
         if encoder is not None:
-            needed += _blocks_for(encoder.get_len(), self.block_size)
+            needed += cdiv(encoder.get_len(), self.block_size)
         free = self.block_allocator.get_num_free_blocks(_GPU)
         if needed > free:
             raise NoFreeBlocksError(needed, free, "GPU")
@@ -404,10 +418,55 @@ class BlockSpaceManager:
 
     # ------------------------------------------------------------------ verification
 
+    def _table_view(self, table: BlockTable) -> TableView:
+        null = self.block_allocator._null_block
+        tokens = tuple(None if b is null else tuple(b.token_ids) for b in table.blocks)
+        ids = tuple(b.block_id if b.block_id is not None else -1 for b in table.blocks)
+        return TableView(ids, table.num_full_slots, tokens)
+
     def to_spec(self) -> ManagerView:
         """Abstraction function: the observable state as a spec view. Complexity: O(n)."""
-        return manager_view(self)
+        alloc = self.block_allocator
+        null = alloc._null_block
+        return ManagerView(
+            alloc.get_allocator(_GPU).to_spec(),
+            alloc.get_allocator(_CPU).to_spec(),
+            tuple(sorted((k, self._table_view(t)) for k, t in self.block_tables.items())),
+            tuple(sorted((k, self._table_view(t)) for k, t in self.cross_block_tables.items())),
+            None if null is None else null.block_id,
+        )
 
     def check_invariants(self) -> None:
         """Check M2 (every block object in exactly one table slot) and I1. Complexity: O(n)."""
-        check_manager_invariants(self)
+        alloc = self.block_allocator
+        alloc.check_invariants()
+        gpu = alloc.get_allocator(_GPU)
+        null = alloc._null_block
+        seen: set[int] = set()
+        counts: dict[tuple[Device, int], int] = {}
+        for table in (*self.block_tables.values(), *self.cross_block_tables.values()):
+            if table.physical_block_ids != [b.block_id for b in table.blocks]:
+                raise InvariantViolationError("M3", "a table's cached ids are stale")
+            for b in table.blocks:
+                if b is null:
+                    continue
+                if id(b) in seen:
+                    raise InvariantViolationError("M2", f"{b} sits in two table slots")
+                seen.add(id(b))
+                if b.block_id is None or type(b) is not NaiveBlock or b.freed:
+                    raise InvariantViolationError("M2", f"a table slot holds a dead block {b}")
+                key = (_GPU if b.allocator is gpu else _CPU, b.block_id)
+                counts[key] = counts.get(key, 0) + 1
+        if null is not None and null.block_id is not None:
+            key = (_GPU, null.block_id)
+            counts[key] = counts.get(key, 0) + 1
+        for device in (_GPU, _CPU):
+            pool = alloc.get_allocator(device)
+            for block_id in pool.all_block_ids:
+                rc = pool.refcounter.get(block_id)
+                if rc != counts.get((device, block_id), 0):
+                    raise InvariantViolationError(
+                        "I1",
+                        f"block {block_id} has refcount {rc} but "
+                        f"{counts.get((device, block_id), 0)} table references",
+                    )

@@ -52,9 +52,7 @@ DEFAULT_TARGETS = (
 
 SPEC_MODULES = (
     "pagedkv_spec.pool",
-    "pagedkv_spec.allocator_state",
     "pagedkv_spec.allocator",
-    "pagedkv_spec.manager_state",
     "pagedkv_spec.manager",
     "pagedkv_spec.harness",
 )

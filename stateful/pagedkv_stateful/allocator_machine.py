@@ -16,11 +16,20 @@ naming it, and every call to the target is also written to ``self.program``
 as a line of Python against the target's own API (``alloc``), so a failing run
 reads back as a runnable program.
 
-Layout: this module holds the rules of the allocator's operations; the rules
-for misuse and the null block are in :mod:`pagedkv_stateful.allocator_misuse`,
-the target's construction, plumbing and the checks after every step in
-:mod:`pagedkv_stateful.allocator_base`, the lockstep shape in
+Layout of the class: extension points that build the target (``make_impl``,
+``make_adapter``, ``setup_source``); helpers that judge the ids a target hands
+out (LIFO order, :func:`~pagedkv_stateful.lockstep.choice_fault`); the rules of
+the allocator's operations; the misuse rules, error paths by design
+(``free_again``, ``use_stale_handle``, ``foreign_block``, ``null_block``); and
+the checks after every step (``_compare`` through the lockstep invariant
+``observables_agree``, ``spec_invariants_hold``). The lockstep shape is in
 :mod:`pagedkv_stateful.lockstep`.
+
+State (set by the ``init`` rule): ``adapter`` / ``impl`` the target, ``caps``
+its capabilities, ``model`` the spec state, ``objs`` the target's block
+objects by handle (handle ``h`` is ``model.blocks[h]``, ``b{h}`` in the
+program), ``other`` / ``foreign`` a second allocator and one of its blocks,
+``null`` the null block once taken.
 
 Reuse: subclass and override :meth:`make_impl` (a target; pagedkv's
 ``CpuGpuBlockAllocator`` by default) or :meth:`make_adapter`; set
@@ -30,35 +39,302 @@ promises it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from hypothesis import event
+from hypothesis import event, note
 from hypothesis import strategies as st
-from hypothesis.stateful import consumes, initialize, multiple, precondition, rule
+from hypothesis.stateful import (
+    Bundle,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
 
-from pagedkv.errors import PagedKVError
+from pagedkv import CpuGpuBlockAllocator
+from pagedkv.errors import ForeignBlockError, NullBlockError, PagedKVError
 from pagedkv_spec import allocator as spec
 from pagedkv_spec.device import Device
-from pagedkv_stateful.allocator_base import AllocatorMachineBase, or_bad
-from pagedkv_stateful.allocator_misuse import AllocatorMisuseRules
-from pagedkv_stateful.lockstep import SPEC_ASSERTIONS, LockstepMachine, choice_fault, holders
+from pagedkv_spec.pool import PoolState, lifo_choice
+from pagedkv_stateful.adapters import AllocatorAdapter, Violation, as_allocator_adapter
+from pagedkv_stateful.lockstep import (
+    LockstepMachine,
+    check_same_pools,
+    choice_fault,
+    free_as_set,
+    holders,
+    pool_fault,
+)
 
-__all__ = ["SPEC_ASSERTIONS", "AllocatorMachine", "LockstepMachine", "choice_fault", "holders"]
+__all__ = ['AllocatorMachine', 'or_bad']
 
+blocks = Bundle("blocks")  # handles of live block objects
+dead = Bundle("dead")  # handles of freed ones (for the misuse rules)
 GPU, CPU = Device.GPU, Device.CPU
 devices = st.sampled_from([GPU, CPU])
-# Mostly real moves, sometimes a same-device swap (an error path).
 swap_directions = st.sampled_from([(GPU, CPU)] * 3 + [(CPU, GPU)] * 3 + [(GPU, GPU)])
-blocks, dead = AllocatorMachineBase.blocks, AllocatorMachineBase.dead
 
 
-class AllocatorMachine(AllocatorMisuseRules):
-    """Drives an allocator adapter and the spec in lockstep (see the module docstring).
+class AllocatorMachine(LockstepMachine):
+    """Drives the target and the spec in lockstep (see the module docstring)."""
 
-    The rules here cover the allocator's operations; the misuse rules come from
-    :class:`~pagedkv_stateful.allocator_misuse.AllocatorMisuseRules`, the target,
-    plumbing and checks from :class:`~pagedkv_stateful.allocator_base.AllocatorMachineBase`.
-    """
+    check_lifo = True
+
+    adapter: AllocatorAdapter
+    impl: Any
+    model: spec.AllocatorState
+    objs: list[Any]
+    other: AllocatorAdapter | None
+    foreign: Any
+    null: Any
+
+    # ------------------------------------------------------------------ extension points
+
+    def make_impl(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> Any:
+        """The allocator under test (a target). Override to test another implementation."""
+        return CpuGpuBlockAllocator.create("naive", num_gpu_blocks, num_cpu_blocks, block_size)
+
+    def make_adapter(
+        self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
+    ) -> AllocatorAdapter:
+        """The adapter the rules call: :meth:`make_impl`'s target, adapted."""
+        return as_allocator_adapter(self.make_impl(num_gpu_blocks, num_cpu_blocks, block_size))
+
+    def setup_source(self, var: str, num_gpu: int, num_cpu: int, block_size: int) -> str:
+        """The program line that creates a target named ``var``."""
+        return f'{var} = CpuGpuBlockAllocator.create("naive", {num_gpu}, {num_cpu}, {block_size})'
+
+    def abstract(self) -> spec.AllocatorState | None:
+        """The target's state as a spec state (its abstraction function), if it has one."""
+        return self.adapter.to_spec(dict(enumerate(self.objs)))
+
+    def check_impl_invariants(self) -> None:
+        """The target's own representation check, if it has one."""
+        self.adapter.check_invariants(dict(enumerate(self.objs)))
+
+    # ------------------------------------------------------------------ plumbing
+
+    @property
+    def _lifo(self) -> bool:
+        return self.check_lifo and self.caps.lifo
+
+    def _dev(self, device: Device) -> str:
+        return self.adapter.source_device(device)
+
+    def _holders(self, device: Device, block_id: int, exclude: int | None = None) -> str:
+        return holders(self.model, device, block_id, exclude)
+
+    def _explain_choice(self, device: Device, chosen: Sequence[int | None], src: str) -> None:
+        """Name what is wrong with ids the target handed out for ``device`` (if anything)."""
+        fault = choice_fault(self.model, device, chosen, src)
+        if fault is not None:
+            self._violate(*fault)
+
+    def _check_lifo(self, pool: PoolState, chosen: Sequence[int], src: str) -> None:
+        if self._lifo and not lifo_choice(pool, tuple(chosen)):
+            self._violate(
+                "LIFO policy",
+                f"LIFO policy: {src} handed out {list(chosen)}, front of free list is "
+                f"{list(pool.free[: len(chosen)])}",
+            )
+
+    def _new_blocks(self, n: int) -> tuple[str, list[int]]:
+        """``(lhs, handles)`` for ``n`` new block objects: ``"b3, b4 = "``, ``[3, 4]``."""
+        handles = list(range(len(self.objs), len(self.objs) + n))
+        names = ", ".join(f"b{h}" for h in handles)
+        lhs = "" if n == 0 else f"[{names}] = " if n == 1 else f"{names} = "
+        return lhs, handles
+
+    def _allocated(self, res: Sequence[Any], before: PoolState, src: str) -> None:
+        """The target's new block objects: LIFO order, then adopted under the next handles."""
+        self._check_lifo(before, [or_bad(self.adapter.block_id(b)) for b in res], src)
+        self.objs.extend(res)
+
+    def _name(self, handle: int | None) -> str:
+        return "None" if handle is None else f"b{handle}"
+
+    # ------------------------------------------------------------------ checks
+
+    def _compare(self) -> None:
+        got = self.abstract()
+        if got is not None:
+            self._compare_abstraction(got)
+        for device in (GPU, CPU):
+            free = self.adapter.get_num_free_blocks(device)
+            want = spec.get_num_free_blocks(self.model, device)
+            if free != want:
+                reading = (
+                    "an id that still has live references was released"
+                    if free > want
+                    else "an id without live references was not released (a leak)"
+                )
+                raise Violation(
+                    f"free count ({device.name})",
+                    f"the target has {free} free {device.name} blocks, the spec {want}: "
+                    f"{reading} (I1 refcounts_match_references)",
+                    f"assert alloc.get_num_free_blocks({self._dev(device)}) == {want}",
+                )
+            total = self.adapter.get_num_total_blocks(device)
+            want = spec.get_num_total_blocks(self.model, device)
+            if total != want:
+                raise Violation(
+                    f"total count ({device.name})",
+                    f"the target has {total} {device.name} blocks in all, the spec {want}",
+                    f"assert alloc.get_num_total_blocks({self._dev(device)}) == {want}",
+                )
+        if got is None:  # only the API: every live block object's id and tokens
+            for h, ref in enumerate(self.model.blocks):
+                if not spec.is_live(ref):
+                    continue
+                block_id = self.adapter.block_id(self.objs[h])
+                if block_id != ref.block_id:
+                    raise Violation(
+                        "block ids",
+                        f"b{h} names id {block_id}; the spec says {ref.block_id}",
+                        f"assert {self.adapter.source_block_id(f'b{h}')} == {ref.block_id}",
+                    )
+                tokens = self.adapter.token_ids(self.objs[h])
+                if tokens != list(ref.token_ids):
+                    raise Violation(
+                        "token ids",
+                        f"b{h} holds {tokens}; the spec says {list(ref.token_ids)}",
+                        f"assert {self.adapter.source_token_ids(f'b{h}')} == {list(ref.token_ids)}",
+                    )
+
+    def _compare_abstraction(self, got: spec.AllocatorState) -> None:
+        want = self.model
+        if not self._lifo:  # compare free pools as sets
+            got, want = free_as_set(got), free_as_set(want)
+        if got == want:  # then it satisfies every invariant the model does
+            return
+        note(f"impl: {got}\nspec: {want}")
+        diff = _diff(got, want)
+        for label, pool in (("GPU", got.gpu), ("CPU", got.cpu)):
+            broken = pool_fault(pool)
+            if broken is not None:
+                raise Violation(broken, f"to_spec() {label} pool breaks {broken}: {diff}")
+        state_checks: list[tuple[str, Callable[[spec.AllocatorState], bool]]] = [
+            ("I4 pools_disjoint", spec.pools_disjoint),
+            ("I6 blocks_ok", spec.blocks_ok),
+            ("I5 cow_pairs_ok", spec.cow_pairs_ok),
+            ("I1 refcounts_match_references", spec.refcounts_match_references),
+        ]
+        for name, state_ok in state_checks:
+            if not state_ok(got):
+                raise Violation(name, f"to_spec() breaks {name}: {diff}")
+        check_same_pools(got, want)
+        raise Violation("abstraction (blocks)", f"block objects differ from the spec: {diff}")
+
+    @invariant()
+    def spec_invariants_hold(self) -> None:
+        if not spec.state_ok(self.model):
+            self._violate("spec self-check", "spec state broke I1–I6")
+        self._check_target_invariants(self.check_impl_invariants)
+
+
+    @precondition(lambda self: self.caps.misuse)
+    @rule(handle=dead)
+    def free_again(self, handle: int) -> None:
+        """Double free: a dead handle must raise and change nothing."""
+        src = f"alloc.free(b{handle})"
+        res = self._attempt(lambda: self.adapter.free(self.objs[handle]))
+        self._expect_rejected(res, lambda: spec.free(self.model, handle), src)
+
+    @precondition(lambda self: self.caps.misuse)
+    @rule(handle=dead, token=st.integers(0, 9))
+    def use_stale_handle(self, handle: int, token: int) -> None:
+        """A freed object must never append to or fork another owner's block."""
+        obj = self.objs[handle]
+        src = self.adapter.source_append(f"b{handle}", f"[{token}]")
+        res = self._attempt(lambda: self.adapter.append_token_ids(obj, [token]))
+        self._expect_rejected(
+            res, lambda: spec.append_token_ids(self.model, handle, [token], -1), src
+        )
+        src = f"alloc.fork(b{handle})"
+        forked = self._attempt(lambda: self.adapter.fork(obj))
+        self._expect_rejected(forked, lambda: spec.fork(self.model, handle), src)
+
+    @precondition(lambda self: self.caps.null_block)
+    @rule()
+    def null_block(self) -> None:
+        src = "alloc.allocate_or_get_null_block()"
+        res = self._attempt(self.adapter.allocate_or_get_null_block)
+        if isinstance(res, Exception):
+            self._expect_same_error(
+                res, lambda: spec.allocate_or_get_null_block(self.model, -1), src
+            )
+            return
+        null_id = self.adapter.block_id(res)
+        before, first = self.model.gpu, self.model.null_id is None
+        self.model, want = self._judge(
+            "null block",
+            lambda: spec.allocate_or_get_null_block(self.model, null_id),
+            src,
+            "null = ",
+            lambda: self._explain_choice(GPU, [null_id], src) if first else None,
+        )
+        if null_id != want:
+            self._violate(
+                "null block",
+                f"the null block has id {null_id}; the spec's null block is {want}",
+                f"assert {self.adapter.source_block_id('null')} == {want}",
+            )
+        if self.null is not None and self.null is not res:
+            self._violate("null block", "allocate_or_get_null_block returned a new object")
+        if first:
+            self._check_lifo(before, [or_bad(null_id)], src)
+        self.null = res
+        err = self._attempt(lambda: self.adapter.free(res))
+        if isinstance(err, Exception):
+            self._log("alloc.free(null)")
+            self._violate("null block", f"alloc.free(null) raised {err!r}; it must be a no-op")
+        self._log("alloc.free(null)  # a no-op")
+        src = self.adapter.source_append("null", "[1]")
+        err = self._attempt(lambda: self.adapter.append_token_ids(res, [1]))
+        typed = self.caps.typed_errors
+        if not isinstance(err, Exception) or (typed and not isinstance(err, NullBlockError)):
+            name = ", 'NullBlockError'" if typed else ""
+            self._violate(
+                "null block",
+                f"writing to the null block gave {err!r}; it must raise"
+                + (" NullBlockError" if typed else ""),
+                f"expect_error(lambda: {src}{name})",
+            )
+        self._log(f"expect_error(lambda: {src}{self._error_name(err)})")
+
+    @precondition(lambda self: self.caps.misuse)
+    @rule(token=st.integers(0, 9))
+    def foreign_block(self, token: int) -> None:
+        """Blocks of another allocator are rejected by every operation."""
+        if self.other is None:
+            self.other = self.make_adapter(1, 1, self.model.block_size)
+            self.foreign = self.other.allocate_mutable_block(None, GPU)
+            self._log(self.setup_source("other", 1, 1, self.model.block_size))
+            self._log(f"foreign = other.allocate_mutable_block(None, {self._dev(GPU)})")
+        calls: list[tuple[str, Callable[[], object]]] = [
+            ("alloc.free(foreign)", lambda: self.adapter.free(self.foreign)),
+            ("alloc.fork(foreign)", lambda: self.adapter.fork(self.foreign)),
+        ]
+        if self.caps.swap:
+            code = f"alloc.swap([foreign], {self._dev(GPU)}, {self._dev(CPU)})"
+            calls.append((code, lambda: self.adapter.swap([self.foreign], GPU, CPU)))
+        typed = self.caps.typed_errors
+        name = ", 'ForeignBlockError'" if typed else ""
+        for src, call in calls:
+            res = self._attempt(call)
+            if not isinstance(res, Exception) or (typed and not isinstance(res, ForeignBlockError)):
+                self._violate(
+                    "same error as spec",
+                    f"{src} gave {res!r}: a block of another allocator must be rejected"
+                    + (" with ForeignBlockError" if typed else ""),
+                    f"expect_error(lambda: {src}{name})",
+                )
+            self._log(f"expect_error(lambda: {src}{name})")
+            self._check_unchanged(src, res)
+
 
     # ------------------------------------------------------------------ rules
 
@@ -359,3 +635,24 @@ class AllocatorMachine(AllocatorMisuseRules):
             self._violate(
                 "physical block id", f"{src} == {res}, spec {want}", f"assert {src} == {want}"
             )
+
+
+def or_bad(block_id: int | None) -> int:
+    """An id for the spec to judge; a missing id becomes one no pool owns."""
+    return -1 if block_id is None else block_id
+
+
+def _diff(got: spec.AllocatorState, want: spec.AllocatorState) -> str:
+    """Where two allocator states differ, in words (pools first)."""
+    parts = [
+        f"{label} pool differs: impl {g} spec {w}"
+        for label, g, w in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu))
+        if g != w
+    ]
+    for h, (g_ref, w_ref) in enumerate(zip(got.blocks, want.blocks, strict=False)):
+        if g_ref != w_ref:
+            parts.append(f"b{h}: impl {g_ref} spec {w_ref}")
+            break
+    if got.null_id != want.null_id:
+        parts.append(f"null block: impl {got.null_id} spec {want.null_id}")
+    return "; ".join(parts) or "(the states are equal)"

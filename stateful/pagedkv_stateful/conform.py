@@ -51,7 +51,8 @@ from pagedkv_stateful.adapters import (
     as_manager_adapter,
     required_methods,
 )
-from pagedkv_stateful.allocator_machine import AllocatorMachine, LockstepMachine
+from pagedkv_stateful.allocator_machine import AllocatorMachine
+from pagedkv_stateful.lockstep import LockstepMachine
 from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import register_profiles
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from pagedkv.block_copy import BlockCopier, Rows, wide
+from pagedkv._block_copy import BlockCopier, Rows, wide
 from pagedkv.copy_handle import CopyHandle, SwapQueue
 
 __all__ = ["gather_host", "swap_on_side_stream"]
