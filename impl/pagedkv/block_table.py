@@ -40,7 +40,6 @@ from pagedkv.errors import (
     DoubleFreeError,
     ForeignBlockError,
     InvalidBlockTableArgumentError,
-    InvariantViolationError,
     NoFreeBlocksError,
     StaleBlockError,
     TableAlreadyAllocatedError,
@@ -49,6 +48,8 @@ from pagedkv.errors import (
 from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
 from pagedkv.naive_allocator import NaiveBlock, NullBlock
 from pagedkv_spec.device import Device
+from pagedkv_spec.invariants import check
+from pagedkv_spec.table import TableRep, fill_ok, ids_distinct, null_prefix_exact
 
 __all__ = ["BlockTable"]
 
@@ -92,64 +93,33 @@ def live_id(block: Block, operation: str) -> int:
 
 
 def load_blocks(blocks: Sequence[Block], block_size: int) -> tuple[list[int], int, int]:
-    """``(ids, num_full_slots, null_prefix)`` of ``blocks`` after checking T1–T4.
-
-    The blocks must be full or null blocks, at most one partial block, then
-    empty ones, with the null blocks a prefix and no id twice. Complexity: O(n).
+    """``(ids, num_full_slots, null_prefix)`` of ``blocks``, after checking that they
+    make a well-formed table (T2–T4 with the spec's predicates): full or null blocks,
+    at most one partial block, then empty ones; null blocks a prefix; no id twice.
+    Raises :class:`InvalidBlockTableArgumentError`. Complexity: O(n).
     """
-    size = block_size
-    ids: list[int] = []
-    num_full = 0
+    ids = [live_id(b, "put in a block table") for b in blocks]
+    fills = tuple(None if isinstance(b, NullBlock) else len(b.token_ids) for b in blocks)
     null_prefix = 0
-    partial_seen = False
-    for i, b in enumerate(blocks):
-        ids.append(live_id(b, "put in a block table"))
-        if isinstance(b, NullBlock):
-            if i != null_prefix:
-                raise InvalidBlockTableArgumentError(
-                    f"null block at index {i} after a real block; null entries "
-                    "must form a prefix of the table"
-                )
-            null_prefix += 1
-            num_full += size
-            continue
-        n = len(b.token_ids)
-        if partial_seen and n:
-            raise InvalidBlockTableArgumentError(
-                f"block {i} holds tokens after a partially filled block; "
-                "only the last non-empty block may be partial"
-            )
-        partial_seen = partial_seen or n < size
-        num_full += n
-    if len(set(ids[null_prefix:])) != len(ids) - null_prefix:
+    while null_prefix < len(fills) and fills[null_prefix] is None:
+        null_prefix += 1
+    num_full = sum(block_size if f is None else f for f in fills)
+    rep = TableRep(block_size, tuple(ids), tuple(ids), fills, num_full, null_prefix)
+    if not null_prefix_exact(rep):
+        raise InvalidBlockTableArgumentError(
+            f"null block at index {fills.index(None, null_prefix)} after a real block; null "
+            "entries must form a prefix of the table"
+        )
+    if not fill_ok(rep):
+        partial = next(i for i, f in enumerate(fills) if f is not None and f < block_size)
+        bad = next(i for i in range(partial + 1, len(fills)) if fills[i])
+        raise InvalidBlockTableArgumentError(
+            f"block {bad} holds tokens after a partially filled block; "
+            "only the last non-empty block may be partial"
+        )
+    if not ids_distinct(rep):
         raise InvalidBlockTableArgumentError("a block id appears twice in the table")
     return ids, num_full, null_prefix
-
-
-def check_table_invariants(
-    table: object,
-    blocks: Sequence[Block],
-    ids: Sequence[int],
-    size: int,
-    num_full_slots: int,
-    null_prefix: int,
-) -> None:
-    """Check T1–T4 of ``table``'s representation (its blocks, cached ids, block size,
-    written slots and null prefix); raises :class:`InvariantViolationError` naming
-    ``table``. Complexity: O(slots)."""
-    if len(ids) != len(blocks) or any(b.block_id != i for b, i in zip(blocks, ids, strict=False)):
-        raise InvariantViolationError("T1", f"{table!r}: cached ids differ from the blocks' ids")
-    for i, b in enumerate(blocks):
-        is_null = isinstance(b, NullBlock)
-        if is_null != (i < null_prefix):
-            raise InvariantViolationError("T3", f"{table!r}: entry {i} breaks the null prefix")
-        held = size if is_null else len(b.token_ids)
-        want = min(max(num_full_slots - i * size, 0), size)
-        if held != want:
-            raise InvariantViolationError("T2", f"{table!r}: block {i} holds {held}, not {want}")
-    real = ids[null_prefix:]
-    if len(set(real)) != len(real):
-        raise InvariantViolationError("T4", f"{table!r}: a block id appears twice")
 
 
 class BlockTable:
@@ -662,16 +632,23 @@ class BlockTable:
 
     # ------------------------------------------------------------------ verification
 
-    def check_invariants(self) -> None:
-        """Check T1–T4; raises :class:`InvariantViolationError`. Complexity: O(slots)."""
-        check_table_invariants(
-            self,
-            self._blocks,
-            self._block_ids,
+    def to_spec(self) -> TableRep:
+        """Abstraction function: this table's representation as a spec
+        :class:`~pagedkv_spec.table.TableRep`. Complexity: O(blocks)."""
+        blocks = self._blocks
+        return TableRep(
             self._block_size,
+            tuple(b.block_id for b in blocks),
+            tuple(self._block_ids),
+            tuple(None if isinstance(b, NullBlock) else len(b.token_ids) for b in blocks),
             self._num_full_slots,
             self._null_prefix,
         )
+
+    def check_invariants(self) -> None:
+        """Check T1–T4 on :meth:`to_spec` with the spec's predicates; raises
+        :class:`InvariantViolationError` carrying the id. Complexity: O(slots)."""
+        check("table", self.to_spec(), repr(self))
 
     def __repr__(self) -> str:
         return (

@@ -9,15 +9,15 @@ from pagedkv.errors import (
     ForeignBlockError,
     InvalidAllocatorConfigError,
     InvalidSwapError,
-    InvariantViolationError,
     NoFreeBlocksError,
     NullBlockError,
     StaleBlockError,
 )
 from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
 from pagedkv.naive_allocator import NaiveBlock, NaiveBlockAllocator, NullBlock, chain_of, fork_chain
-from pagedkv_spec.allocator import AllocatorState, BlockRef, refcounts_match_references
+from pagedkv_spec.allocator import AllocatorState, BlockRef
 from pagedkv_spec.device import Device
+from pagedkv_spec.invariants import check
 
 __all__ = ["CpuGpuBlockAllocator"]
 
@@ -196,6 +196,11 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             null = self._null_block = NullBlock(self._gpu.allocate_mutable_block(None))
         return null
 
+    @property
+    def null_block(self) -> Block | None:
+        """The shared null block, or None before it is first taken. Complexity: O(1)."""
+        return self._null_block
+
     # ------------------------------------------------------------------ swapping
 
     def swap(self, blocks: list[Block], src_device: Device, dst_device: Device) -> dict[int, int]:
@@ -316,11 +321,12 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         )
 
     def check_invariants(self, blocks: Mapping[int, Block] | None = None) -> None:
-        """Check both pools, and I1 against ``blocks`` if given. Complexity: O(n)."""
+        """Check both pools (P1–P5), then I4–I6 and, given the live ``blocks``
+        (as for :meth:`to_spec`), I1, with the spec's predicates. Complexity: O(n)."""
         self._gpu.check_invariants()
         self._cpu.check_invariants()
-        if self._gpu._end > self._cpu._first and self._cpu._end > self._gpu._first:
-            raise InvariantViolationError("I4", "GPU and CPU ids overlap")
-        if blocks is not None and not refcounts_match_references(self.to_spec(blocks)):
-            raise InvariantViolationError("I1", "a refcount differs from its live references")
+        ids = ["I4", "I5", "I6"] if blocks is None else ["I1", "I4", "I5", "I6"]
+        check("allocator", self.to_spec(blocks), repr(self), ids)
 
+    def __repr__(self) -> str:
+        return f"CpuGpuBlockAllocator(gpu={self._gpu!r}, cpu={self._cpu!r})"

@@ -21,9 +21,9 @@ from pagedkv.block_table import BlockTable
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.errors import (
     CachingNotSupportedError,
+    InvariantViolationError,
     InvalidAllocatorConfigError,
     InvalidSequenceStateError,
-    InvariantViolationError,
     NoFreeBlocksError,
     SequenceAlreadyAllocatedError,
     UnknownSequenceError,
@@ -32,7 +32,8 @@ from pagedkv.interfaces import Block
 from pagedkv.naive_allocator import NaiveBlock
 from pagedkv.sequence import AllocDecision, Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec.device import Device
-from pagedkv_spec.manager import ManagerView, TableView
+from pagedkv_spec.invariants import check
+from pagedkv_spec.manager import NULL, ManagerState, ManagerView, TableRef, TableView
 from pagedkv_spec.status import AllocStatus
 
 __all__ = ["BlockSpaceManager", "ManagerStats"]
@@ -436,37 +437,55 @@ class BlockSpaceManager:
             None if null is None else null.block_id,
         )
 
-    def check_invariants(self) -> None:
-        """Check M2 (every block object in exactly one table slot) and I1. Complexity: O(n)."""
-        alloc = self.block_allocator
-        alloc.check_invariants()
-        gpu = alloc.get_allocator(_GPU)
-        null = alloc._null_block
-        seen: set[int] = set()
-        counts: dict[tuple[Device, int], int] = {}
-        for table in (*self.block_tables.values(), *self.cross_block_tables.values()):
-            if table.physical_block_ids != [b.block_id for b in table.blocks]:
-                raise InvariantViolationError("M3", "a table's cached ids are stale")
+    def _spec_state(self) -> ManagerState:
+        """The full spec state (allocator handles for every table's block objects, in
+        table order), for :meth:`check_invariants`. Complexity: O(pool size + slots)."""
+        null = self.block_allocator.null_block
+        handles: dict[int, int] = {}  # id(block object) -> handle
+        objects: dict[int, Block] = {}
+
+        def ref(table: BlockTable) -> TableRef:
+            slots: list[int] = []
             for b in table.blocks:
                 if b is null:
+                    slots.append(NULL)
                     continue
-                if id(b) in seen:
-                    raise InvariantViolationError("M2", f"{b} sits in two table slots")
-                seen.add(id(b))
-                if b.block_id is None or type(b) is not NaiveBlock or b.freed:
-                    raise InvariantViolationError("M2", f"a table slot holds a dead block {b}")
-                key = (_GPU if b.allocator is gpu else _CPU, b.block_id)
-                counts[key] = counts.get(key, 0) + 1
-        if null is not None and null.block_id is not None:
-            key = (_GPU, null.block_id)
-            counts[key] = counts.get(key, 0) + 1
-        for device in (_GPU, _CPU):
-            pool = alloc.get_allocator(device)
-            for block_id in pool.all_block_ids:
-                rc = pool.refcounter.get(block_id)
-                if rc != counts.get((device, block_id), 0):
-                    raise InvariantViolationError(
-                        "I1",
-                        f"block {block_id} has refcount {rc} but "
-                        f"{counts.get((device, block_id), 0)} table references",
-                    )
+                if type(b) is not NaiveBlock:
+                    raise InvariantViolationError("M2", f"a table slot holds {b!r}, not a block")
+                h = handles.setdefault(id(b), len(handles))
+                objects[h] = b
+                slots.append(h)
+            return TableRef(tuple(slots), table.num_full_slots)
+
+        tables = {k: ref(t) for k, t in self.block_tables.items()}
+        cross = {k: ref(t) for k, t in self.cross_block_tables.items()}
+        return ManagerState(
+            self.block_allocator.to_spec(objects),
+            self.watermark_blocks,
+            self.max_block_sliding_window,
+            tables,
+            cross,
+        )
+
+    def check_invariants(self) -> None:
+        """Check the pools (P1–P5), then on the full spec state M2–M4 and I1, I4–I6, then
+        every table's representation (T1–T4), all with the spec's predicates; raises
+        :class:`~pagedkv.errors.InvariantViolationError` carrying the id of the first
+        broken one. Complexity: O(pool size + slots).
+        """
+        alloc = self.block_allocator
+        alloc.get_allocator(_GPU).check_invariants()
+        alloc.get_allocator(_CPU).check_invariants()
+        state = self._spec_state()
+        check("manager", state, repr(self))
+        check("allocator", state.alloc, repr(self))
+        for table in (*self.block_tables.values(), *self.cross_block_tables.values()):
+            table.check_invariants()
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockSpaceManager(block_size={self.block_size}, "
+            f"{len(self.block_tables)} tables, "
+            f"{self.get_num_free_gpu_blocks()}/{self.num_total_gpu_blocks} GPU and "
+            f"{self.get_num_free_cpu_blocks()}/{self.num_total_cpu_blocks} CPU blocks free)"
+        )

@@ -16,7 +16,6 @@ from pagedkv.errors import (
     DoubleFreeError,
     ForeignBlockError,
     InvalidAllocatorConfigError,
-    InvariantViolationError,
     NoFreeBlocksError,
     NullBlockError,
     RefCountError,
@@ -24,6 +23,7 @@ from pagedkv.errors import (
 )
 from pagedkv.interfaces import Block, BlockAllocator
 from pagedkv.refcount import ReadOnlyRefCounter, RefCounter, contiguous_range
+from pagedkv_spec.invariants import check
 from pagedkv_spec.pool import PoolState
 
 __all__ = ["NaiveBlock", "NaiveBlockAllocator", "NullBlock"]
@@ -457,22 +457,12 @@ class NaiveBlockAllocator(BlockAllocator):
         return PoolState(self._first, tuple(self._rc), free, tuple(self._cow))
 
     def check_invariants(self) -> None:
-        """Check the representation (pool invariants P1–P5). Complexity: O(n).
+        """Check the pool invariants P1–P5 on :meth:`to_spec`, with the spec's predicates.
 
-        Raises :class:`~pagedkv.errors.InvariantViolationError` naming the invariant.
+        Raises :class:`~pagedkv.errors.InvariantViolationError` carrying the id of
+        the first broken one. Complexity: O(n).
         """
-        if any(rc < 0 for rc in self._rc):
-            raise InvariantViolationError("P3", f"{self}: negative refcount")
-        if len(set(self._stack)) != len(self._stack):
-            raise InvariantViolationError("P1", f"{self}: an id is twice on the free list")
-        if any(not self._first <= b < self._next_fresh for b in self._stack):
-            raise InvariantViolationError("P1", f"{self}: a returned id is out of range")
-        zero = {self._first + i for i, rc in enumerate(self._rc) if rc == 0}
-        if zero != set(self._stack) | set(range(self._next_fresh, self._end)):
-            raise InvariantViolationError("P2", f"{self}: free ids != ids with refcount 0")
-        for src, dst in self._cow:
-            if src == dst or not (self.owns_block_id(src) and self.owns_block_id(dst)):
-                raise InvariantViolationError("P5", f"{self}: bad CoW pair {(src, dst)}")
+        check("pool", self.to_spec(), repr(self))
 
     def __repr__(self) -> str:
         name = f"{self._name} " if self._name else ""

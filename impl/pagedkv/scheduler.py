@@ -37,13 +37,15 @@ Worker contract: apply ``blocks_to_swap_out``, ``blocks_to_swap_in``,
 ``block_id * block_size + offset``; a prefill computes the group's shared prompt
 once, through its first sequence.
 
-Invariants (:meth:`Scheduler.check_invariants`; the scheduler machine checks them too):
+Invariants (:mod:`pagedkv_spec.scheduler`, registered in :mod:`pagedkv_spec.invariants`;
+:meth:`Scheduler.check_invariants` checks the state ones, the scheduler machine all):
     Q1 each queued group is in one queue; finished groups only in ``running``
        until :meth:`Scheduler.free_finished_seq_groups`
     Q2 unfinished sequences of waiting / running / swapped groups are WAITING /
        RUNNING / SWAPPED
     Q3 RUNNING sequences have a GPU table, SWAPPED a CPU table, others none
     Q4 groups never admitted form a suffix of ``waiting``, in arrival order
+    Q5–Q7 (per step) first come, first served; budgets; every queue drains
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ from pagedkv.errors import (
     DuplicateRequestError,
     InvalidSequenceError,
     InvalidSequenceStateError,
-    InvariantViolationError,
 )
 from pagedkv.manager import BlockSpaceManager
 from pagedkv.scheduler_types import (
@@ -66,6 +67,9 @@ from pagedkv.scheduler_types import (
     SchedulerOutputs,
 )
 from pagedkv.sequence import AllocStatus, Sequence, SequenceGroup, SequenceStatus
+from pagedkv_spec.device import Device
+from pagedkv_spec.invariants import check
+from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef
 
 __all__ = [
     "Preemption",
@@ -77,6 +81,7 @@ __all__ = [
     "SchedulerOutputs",
 ]
 
+_GPU, _CPU = Device.GPU, Device.CPU
 _WAITING = SequenceStatus.WAITING
 _RUNNING = SequenceStatus.RUNNING
 _SWAPPED = SequenceStatus.SWAPPED
@@ -373,40 +378,43 @@ class Scheduler:
 
     # ------------------------------------------------------------------ verification
 
-    def check_invariants(self) -> None:
-        """Check Q1–Q4 (module docstring). Complexity: O(queued sequences + their blocks)."""
+    def to_spec(self) -> SchedulerView:
+        """Abstraction function: the queues as a spec :class:`SchedulerView`.
+
+        Complexity: O(queued sequences + their blocks and tokens).
+        """
         tables, num_gpu = self.block_manager.block_tables, self.block_manager.num_total_gpu_blocks
-        queues = [("waiting", self.waiting, _WAITING), ("running", self.running, _RUNNING)]
-        queues.append(("swapped", self.swapped, _SWAPPED))
-        rids = [g.request_id for _, queue, _ in queues for g in queue]
-        if len(set(rids)) != len(rids) or set(rids) != set(self._groups):
-            _fail("Q1", f"queued {rids}, tracked {sorted(self._groups)}")
-        for name, queue, status in queues:
-            for group in queue:
-                if group.is_finished() and name != "running":
-                    _fail("Q1", f"finished request {group.request_id!r} is still {name}")
-                for seq in group.get_seqs():
-                    expect: set[bool] | None = None  # devices (on GPU?) of its blocks
-                    if not seq.is_finished():
-                        if seq.status is not status:
-                            _fail("Q2", f"{seq} of {group.request_id!r} is in {name}")
-                        expect = None if status is _WAITING else {status is _RUNNING}
-                    table = tables.get(seq.seq_id)
-                    got = None if table is None else {b < num_gpu for b in table.physical_block_ids}
-                    if got != expect:
-                        where = "none" if got is None else "/".join(sorted(_WHERE[g] for g in got))
-                        _fail("Q3", f"{seq} of {group.request_id!r} in {name}: blocks on {where}")
         arrival = {rid: i for i, rid in enumerate(self._groups)}  # dicts keep insertion order
-        fresh = [g.request_id not in self._admitted for g in self.waiting]
-        if True in fresh and not all(fresh[fresh.index(True) :]):
-            _fail("Q4", "an admitted group waits behind a group never admitted")
-        order = [arrival[g.request_id] for g, f in zip(self.waiting, fresh, strict=True) if f]
-        if order != sorted(order):
-            _fail("Q4", "groups never admitted are not in arrival order")
 
+        def seq_ref(seq: Sequence) -> SeqRef:
+            table = tables.get(seq.seq_id)
+            if table is None:
+                return SeqRef(seq.seq_id, seq.status.name, None, tuple(seq.get_token_ids()))
+            devices = frozenset(_GPU if b < num_gpu else _CPU for b in table.physical_block_ids)
+            written = tuple(table.get_token_ids_written())
+            return SeqRef(seq.seq_id, seq.status.name, devices, tuple(seq.get_token_ids()), written)
 
-_WHERE = {True: "GPU", False: "CPU"}
+        def group_ref(group: SequenceGroup) -> GroupRef:
+            rid = group.request_id
+            seqs = tuple(seq_ref(q) for q in group.get_seqs())
+            order = arrival.get(rid, len(arrival))  # an untracked group (a Q1 fault) sorts last
+            return GroupRef(rid, order, group.is_finished(), rid in self._admitted, seqs)
 
+        return SchedulerView(
+            tuple(group_ref(g) for g in self.waiting),
+            tuple(group_ref(g) for g in self.running),
+            tuple(group_ref(g) for g in self.swapped),
+            tuple(self._groups),
+        )
 
-def _fail(invariant: str, detail: str) -> None:
-    raise InvariantViolationError(invariant, detail)
+    def check_invariants(self) -> None:
+        """Check Q1–Q4 on :meth:`to_spec` with the spec's predicates; raises
+        :class:`~pagedkv.errors.InvariantViolationError` carrying the id.
+        Complexity: O(queued sequences + their blocks and tokens)."""
+        check("scheduler", self.to_spec(), repr(self))
+
+    def __repr__(self) -> str:
+        return (
+            f"Scheduler({len(self.waiting)} waiting, {len(self.running)} running, "
+            f"{len(self.swapped)} swapped)"
+        )

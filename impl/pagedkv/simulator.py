@@ -12,8 +12,8 @@ sequences that reached their output length.
 With checking on (the default), after every step: ``check_invariants()`` of
 manager and scheduler, and **KV conservation**: for every RUNNING (GPU tier)
 and SWAPPED (CPU tier) sequence the cache holds exactly the KV of each computed
-token, through fork, copy-on-write, swap and recompute (InvariantViolationError
-``"KV"`` otherwise).
+token, through fork, copy-on-write, swap and recompute (invariant KV1 of
+:mod:`pagedkv_spec.invariants`; InvariantViolationError otherwise).
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ class Simulator:
                 bad = int((got != want).flatten(1).any(1).nonzero()[0])
                 group, seq = seqs[int(owner[bad])]
                 raise InvariantViolationError(
-                    "KV",
+                    "KV1",
                     f"{tier.name} cache lost the KV of request {group.request_id!r} sequence "
                     f"{seq.seq_id} position {int(pos[bad])} (block {int(blocks[bad])})",
                 )

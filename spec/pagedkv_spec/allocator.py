@@ -17,7 +17,7 @@ Invariants (named predicates; ``state_ok`` is all of them):
     I2 ``pools_ok``                    per pool: free == ids with refcount 0, no duplicates,
                                        refcounts >= 0 (pool P1–P3)
     I3 (from I2)                       free + used == total, per device
-    I4 ``pools_disjoint``              CPU ids start right after the GPU ids
+    I4 ``pools_disjoint``              the GPU and CPU id ranges do not overlap
     I5 ``cow_pairs_ok``                CoW pairs name two distinct ids of one pool; when
                                        recorded, src stays shared and dst was free
                                        (postcondition of ``append_token_ids``)
@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from pagedkv_spec.contracts import exempt
 from pagedkv_spec.device import Device
 from pagedkv_spec.errors import (
     BlockOverflowError,
@@ -89,74 +90,72 @@ class AllocatorState:
 # ----------------------------------------------------------------------------- predicates
 
 
+@exempt("a field accessor of the invariant predicates (a contract calling them would recurse)")
 def pool_of(s: AllocatorState, device: Device) -> PoolState:
-    """The pool of ``device``.
-
-    Exempt: a field accessor the invariant predicates use (a contract calling
-    ``state_ok`` here would recurse).
-    """
+    """The pool of ``device``."""
     return s.gpu if device is Device.GPU else s.cpu
 
 
+@exempt("a field update inside operations, between their pre- and postconditions.")
 def with_pool(s: AllocatorState, device: Device, p: PoolState) -> AllocatorState:
-    """``s`` with the pool of ``device`` replaced.
-
-    Exempt: a field update inside operations, between their pre- and postconditions.
-    """
+    """``s`` with the pool of ``device`` replaced."""
     return replace(s, gpu=p) if device is Device.GPU else replace(s, cpu=p)
 
 
+@exempt("a predicate that contracts call.")
 def is_live(b: BlockRef) -> bool:
-    """The block object holds a reference to an id.
-
-    Exempt: a predicate that contracts call.
-    """
+    """The block object holds a reference to an id."""
     return not b.freed and b.block_id is not None
 
 
-def refcounts_match_references(s: AllocatorState) -> bool:
-    """I1: every refcount equals the number of live references to its id.
+@exempt("a counting helper of I1 (refcounts_match_references), which contracts call")
+def references(s: AllocatorState, device: Device) -> tuple[int, ...] | None:
+    """Live references to each id of ``device``'s pool (+1 for the null block's id), by
+    pool index; None if a live reference names an id outside the pool."""
+    p = pool_of(s, device)
+    counts = [0] * len(p.refcounts)
+    held = [b.block_id for b in s.blocks if is_live(b) and b.device is device]
+    if device is Device.GPU and s.null_id is not None:
+        held.append(s.null_id)
+    for block_id in held:
+        if block_id is None or not in_pool(p, block_id):
+            return None
+        counts[block_id - p.first_id] += 1
+    return tuple(counts)
 
-    Exempt: an invariant predicate; contracts call it.
-    """
+
+def refcounts_match_references(s: AllocatorState) -> bool:
+    """I1: every refcount equals the number of live references to its id."""
+    return all(references(s, d) == pool_of(s, d).refcounts for d in (Device.GPU, Device.CPU))
+
+
+@exempt("a report helper of I1: it explains a violation, it judges nothing")
+def explain_references(s: AllocatorState) -> str:
+    """The first id whose refcount differs from its live references, in words."""
     for device in (Device.GPU, Device.CPU):
-        p = pool_of(s, device)
-        counts = [0] * len(p.refcounts)
-        for b in s.blocks:
-            if is_live(b) and b.device is device and b.block_id is not None:
-                if not in_pool(p, b.block_id):
-                    return False
-                counts[b.block_id - p.first_id] += 1
-        if device is Device.GPU and s.null_id is not None:
-            if not in_pool(p, s.null_id):
-                return False
-            counts[s.null_id - p.first_id] += 1
-        if tuple(counts) != p.refcounts:
-            return False
-    return True
+        p, counts = pool_of(s, device), references(s, device)
+        if counts is None:
+            return f"a live {device.name} block names an id outside the {device.name} pool"
+        for i, (rc, n) in enumerate(zip(p.refcounts, counts, strict=True)):
+            if rc != n:
+                return f"block {p.first_id + i} has refcount {rc} but {n} references"
+    return "every refcount equals its references"
 
 
 def pools_ok(s: AllocatorState) -> bool:
-    """I2: both pools satisfy the pool invariants.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """I2: both pools satisfy the pool invariants."""
     return pool_ok(s.gpu) and pool_ok(s.cpu)
 
 
 def pools_disjoint(s: AllocatorState) -> bool:
-    """I4: GPU ids first, CPU ids right after them.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
-    return s.gpu.first_id == 0 and s.cpu.first_id == len(s.gpu.refcounts)
+    """I4: the two pools' id ranges do not overlap (``initial``: GPU first, CPU after)."""
+    gpu_end = s.gpu.first_id + len(s.gpu.refcounts)
+    cpu_end = s.cpu.first_id + len(s.cpu.refcounts)
+    return gpu_end <= s.cpu.first_id or cpu_end <= s.gpu.first_id
 
 
 def cow_pairs_ok(s: AllocatorState) -> bool:
-    """I5 (state part): CoW pairs stay within one pool and copy between distinct ids.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """I5 (state part): CoW pairs stay within one pool and copy between distinct ids."""
     return all(
         in_pool(p, src) and in_pool(p, dst) and src != dst
         for p in (s.gpu, s.cpu)
@@ -165,10 +164,7 @@ def cow_pairs_ok(s: AllocatorState) -> bool:
 
 
 def blocks_ok(s: AllocatorState) -> bool:
-    """I6: tokens fit, predecessors are earlier handles, live ids are in their pool.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """I6: tokens fit, predecessors are earlier handles, live ids are in their pool."""
     for h, b in enumerate(s.blocks):
         if len(b.token_ids) > s.block_size:
             return False
@@ -179,11 +175,9 @@ def blocks_ok(s: AllocatorState) -> bool:
     return True
 
 
+@exempt("the conjunction of the layer's registered invariants; contracts call it.")
 def state_ok(s: AllocatorState) -> bool:
-    """All allocator invariants I1–I6.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """All allocator invariants I1–I6."""
     return (
         s.block_size >= 1
         and pools_ok(s)
@@ -253,7 +247,6 @@ def chain(s: AllocatorState, last: int) -> tuple[int, ...]:
     result = tuple(reversed(out))
     assert result[-1] == last and list(result) == sorted(result)
     return result
-
 
 
 # ----------------------------------------------------------------------------- construction
@@ -335,7 +328,7 @@ def allocate_immutable_blocks(
     _check_chunks(s, block_token_ids)
     _check_capacity(s, device, len(block_token_ids))
     assert len(chosen) == len(block_token_ids), "one id per chunk"
-    assert len(set(chosen)) == len(chosen), "the implementation handed out an id twice"
+    assert len(set(chosen)) == len(chosen), "I1: the implementation handed out an id twice"
     p = pool_of(s, device)
     blocks = list(s.blocks)
     handles: list[int] = []
@@ -470,10 +463,10 @@ def append_token_ids(
     block_id = b.block_id
     if needs_cow(s, handle):
         _check_capacity(s, b.device, 1)
-        assert chosen is not None, "copy-on-write needs a fresh id"
-        assert chosen in p.free, "CoW destination must be a free id of the same pool"
+        assert chosen is not None, "I5: copy-on-write needs a fresh id"
+        assert chosen in p.free, "I5: CoW destination must be a free id of the same pool"
         p = pool_record_cow(pool_take(pool_decref(p, block_id), chosen), block_id, chosen)
-        assert refcount(p, block_id) >= 1, "CoW source must stay referenced"
+        assert refcount(p, block_id) >= 1, "I5: CoW source must stay referenced"
         block_id = chosen
     new = replace(b, block_id=block_id, token_ids=b.token_ids + tuple(token_ids))
     out = replace(
@@ -567,8 +560,8 @@ def swap(
             raise ForeignBlockError(b.block_id, f"block is not on {src_device.name}")
     src_ids = list(dict.fromkeys(b.block_id for b in bs if b.block_id is not None))
     _check_capacity(s, dst_device, len(src_ids))
-    assert set(mapping) == set(src_ids), "swap mapping must cover exactly the moved ids"
-    assert len(set(mapping.values())) == len(mapping), "swap mapping must be injective"
+    assert set(mapping) == set(src_ids), "M5: swap mapping must cover exactly the moved ids"
+    assert len(set(mapping.values())) == len(mapping), "M5: swap mapping must be injective"
     src, dst = pool_of(s, src_device), pool_of(s, dst_device)
     blocks = list(s.blocks)
     moved: set[int] = set()
@@ -581,5 +574,5 @@ def swap(
         blocks[h] = replace(b, device=dst_device, block_id=dst_id)
     out = with_pool(with_pool(s, src_device, src), dst_device, dst)
     out = replace(out, blocks=tuple(blocks))
-    assert state_ok(out), "swap must conserve references"
+    assert state_ok(out), "M5: swap must conserve references"
     return out, dict(mapping)

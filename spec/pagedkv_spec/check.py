@@ -11,7 +11,8 @@ time limit / FAILED with CrossHair's report) and exits 1 if any target failed.
 
 ``--all`` (``make verify``) checks every public function of the spec modules
 that has a contract (leading ``assert``s); a public function without one must
-say why in its docstring (a line starting ``Exempt:``), else the pass fails.
+be a registered invariant predicate (:mod:`pagedkv_spec.invariants`) or say
+why with :func:`pagedkv_spec.contracts.exempt`, else the pass fails.
 Spec operations raise typed errors on misuse by design, and CrossHair counts
 any exception as a failure, so under ``--all`` each function is checked
 through a generated wrapper with the same leading asserts that calls it and
@@ -54,6 +55,9 @@ SPEC_MODULES = (
     "pagedkv_spec.pool",
     "pagedkv_spec.allocator",
     "pagedkv_spec.manager",
+    "pagedkv_spec.table",
+    "pagedkv_spec.scheduler",
+    "pagedkv_spec.kv",
     "pagedkv_spec.harness",
 )
 
@@ -67,21 +71,42 @@ class Inventory:
     missing: list[str]
 
 
+def _exempt_reason(node: ast.FunctionDef) -> str | None:
+    """The reason of an ``@exempt("...")`` decorator on ``node``, if any."""
+    for deco in node.decorator_list:
+        if (
+            isinstance(deco, ast.Call)
+            and isinstance(deco.func, ast.Name)
+            and deco.func.id == "exempt"
+            and deco.args
+            and isinstance(deco.args[0], ast.Constant)
+            and isinstance(deco.args[0].value, str)
+        ):
+            return deco.args[0].value
+    return None
+
+
 def contract_inventory(modules: tuple[str, ...] = SPEC_MODULES) -> Inventory:
     """Classify every public top-level function of ``modules``."""
+    from pagedkv_spec.invariants import REGISTRY
+
+    registered = {f"{i.module}.{i.name}": i for i in REGISTRY.values()}
     inv = Inventory([], [], [])
     for name in modules:
         tree = ast.parse(inspect.getsource(importlib.import_module(name)))
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
                 continue
-            doc = ast.get_docstring(node) or ""
             body = node.body[1:] if ast.get_docstring(node) is not None else node.body
             target = f"{name}.{node.name}"
+            reason = _exempt_reason(node)
             if body and isinstance(body[0], ast.Assert):
                 inv.contracts.append(target)
-            elif "Exempt:" in doc:
-                inv.exempt.append((target, " ".join(doc.split("Exempt:", 1)[1].split())))
+            elif target in registered:
+                entry = registered[target]
+                inv.exempt.append((target, f"registered invariant {entry.id} ({entry.layer})"))
+            elif reason:
+                inv.exempt.append((target, reason))
             else:
                 inv.missing.append(target)
     return inv

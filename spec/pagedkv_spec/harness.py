@@ -164,7 +164,7 @@ def _lifo_table_choice(
     t = s.tables[seq_id]
     ids = list(M.table_view(s, t).block_ids)
     free = list(s.alloc.gpu.free)
-    new = M.new_blocks_needed(s, t, num_tokens, lookahead)
+    new = M.num_new_blocks(s, t, num_tokens, lookahead)
     ids += free[:new]
     for j, pos in enumerate(M.cow_positions(s, t, num_tokens)):
         if new + j < len(free):
@@ -173,7 +173,7 @@ def _lifo_table_choice(
 
 
 def _admit(s: M.ManagerState, seq_ids: list[int], prompt: list[int]) -> M.ManagerState:
-    need = M.blocks_for(len(prompt), s.alloc.block_size)
+    need = M.cdiv(len(prompt), s.alloc.block_size)
     return M.allocate(s, seq_ids, prompt, list(s.alloc.gpu.free[:need]))
 
 

@@ -49,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pagedkv_spec import allocator as A
+from pagedkv_spec.contracts import exempt
 from pagedkv_spec.device import Device
 from pagedkv_spec.errors import (
     InvalidAllocatorConfigError,
@@ -59,6 +60,7 @@ from pagedkv_spec.errors import (
 )
 from pagedkv_spec.pool import PoolState, refcount
 from pagedkv_spec.status import AllocStatus
+from pagedkv_spec.table import slot_fill
 
 NULL = -1
 GPU, CPU = Device.GPU, Device.CPU
@@ -114,11 +116,10 @@ def block_size(s: ManagerState) -> int:
     return out
 
 
+@exempt("a predicate that contracts call.")
 def table_ok(s: ManagerState, t: TableRef) -> bool:
     """``t`` is readable in ``s``: slots are NULL (with a null block) or handles of blocks
     holding an id, the fill fits, the block size is positive.
-
-    Exempt: a predicate that contracts call.
     """
     size = s.alloc.block_size
     return (
@@ -198,18 +199,12 @@ def distinct_ids(s: ManagerState, tables: Sequence[TableRef]) -> int:
 
 
 def allocator_ok(s: ManagerState) -> bool:
-    """M1.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """M1."""
     return A.state_ok(s.alloc)
 
 
 def ownership_ok(s: ManagerState) -> bool:
-    """M2: live block objects and table slots correspond one to one.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """M2: live block objects and table slots correspond one to one."""
     slots = [h for t in (*s.tables.values(), *s.cross.values()) for h in t.handles]
     real = [h for h in slots if h != NULL]
     if len(set(real)) != len(real):
@@ -221,10 +216,7 @@ def ownership_ok(s: ManagerState) -> bool:
 
 
 def tables_shaped_ok(s: ManagerState) -> bool:
-    """M3: block fill follows num_full_slots; one device per table.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """M3: block fill follows num_full_slots; one device per table."""
     size = block_size(s)
     for t in (*s.tables.values(), *s.cross.values()):
         if not t.handles or not 0 <= t.num_full_slots <= len(t.handles) * size:
@@ -233,17 +225,15 @@ def tables_shaped_ok(s: ManagerState) -> bool:
         if len(devices) > 1:
             return False
         for i, h in enumerate(t.handles):
-            fill = min(size, max(0, t.num_full_slots - i * size))
-            if h != NULL and len(s.alloc.blocks[h].token_ids) != fill:
+            if h != NULL and len(s.alloc.blocks[h].token_ids) != slot_fill(
+                t.num_full_slots, i, size
+            ):
                 return False
     return True
 
 
 def null_prefix_ok(s: ManagerState) -> bool:
-    """M4: null slots only before every real slot.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """M4: null slots only before every real slot."""
     for t in (*s.tables.values(), *s.cross.values()):
         n = 0
         while n < len(t.handles) and t.handles[n] == NULL:
@@ -253,11 +243,9 @@ def null_prefix_ok(s: ManagerState) -> bool:
     return True
 
 
+@exempt("the conjunction of the layer's registered invariants; contracts call it.")
 def manager_ok(s: ManagerState) -> bool:
-    """M1–M4 and a sane watermark.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """M1–M4 and a sane watermark."""
     return (
         s.watermark_blocks >= 0
         and allocator_ok(s)
@@ -285,10 +273,7 @@ def watermark_status(num_gpu: int, free: int, required: int, watermark: int) -> 
 def swap_conserves(
     before: ManagerState, after: ManagerState, seq_ids: Sequence[int], mapping: Mapping[int, int]
 ) -> bool:
-    """M5: a swap moved each distinct id once and kept tokens, null slots and references.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """M5: a swap moved each distinct id once and kept tokens, null slots and references."""
     if len(set(mapping.values())) != len(mapping):
         return False
     src = {b.device for b in before.alloc.blocks if b.block_id in mapping}
@@ -317,7 +302,7 @@ def swap_conserves(
 # ----------------------------------------------------------------------------- planning an append
 
 
-def blocks_for(num_tokens: int, size: int) -> int:
+def cdiv(num_tokens: int, size: int) -> int:
     """``ceil(num_tokens / size)``."""
     assert size >= 1
     out = -(-num_tokens // size)
@@ -325,12 +310,14 @@ def blocks_for(num_tokens: int, size: int) -> int:
     return out
 
 
-def touched_by_append(s: ManagerState, t: TableRef, num_tokens: int, lookahead: int) -> int:
+def get_num_blocks_touched_by_append_slots(
+    s: ManagerState, t: TableRef, num_tokens: int, lookahead: int
+) -> int:
     """vLLM's worst case: blocks the append of ``num_tokens + lookahead`` slots writes into."""
     assert table_ok(s, t) and num_tokens >= 0 and lookahead >= 0
     size = block_size(s)
     first = size - t.num_full_slots % size
-    out = 1 + blocks_for(num_tokens + lookahead - first, size)
+    out = 1 + cdiv(num_tokens + lookahead - first, size)
     assert out >= 0 and (out == 0) == (num_tokens + lookahead == 0 and first == size)
     return out
 
@@ -348,12 +335,12 @@ def window_drops(s: ManagerState, t: TableRef, num_computed: int) -> tuple[int, 
     return out
 
 
-def new_blocks_needed(s: ManagerState, t: TableRef, num_tokens: int, lookahead: int) -> int:
+def num_new_blocks(s: ManagerState, t: TableRef, num_tokens: int, lookahead: int) -> int:
     """Blocks ``ensure_num_empty_slots`` adds for ``num_tokens + lookahead`` slots."""
     assert table_ok(s, t) and num_tokens >= 0 and lookahead >= 0
     size = block_size(s)
     empty = len(t.handles) * size - t.num_full_slots
-    out = blocks_for(max(0, num_tokens + lookahead - empty), size)
+    out = cdiv(max(0, num_tokens + lookahead - empty), size)
     assert out >= 0 and empty + out * size >= num_tokens + lookahead
     return out
 
@@ -372,13 +359,16 @@ def cow_positions(s: ManagerState, t: TableRef, num_tokens: int) -> tuple[int, .
     )
 
 
-def append_need(s: ManagerState, t: TableRef, num_tokens: int, lookahead: int) -> int:
+def get_num_blocks_needed_by_append(
+    s: ManagerState, t: TableRef, num_tokens: int, lookahead: int
+) -> int:
     """Exact free blocks an append needs (new blocks + copy-on-writes), before window frees."""
     assert A.state_ok(s.alloc) and table_ok(s, t) and num_tokens >= 0 and lookahead >= 0
-    out = new_blocks_needed(s, t, num_tokens, lookahead) + len(cow_positions(s, t, num_tokens))
-    assert out <= touched_by_append(s, t, num_tokens, lookahead), "exact need <= worst case"
+    out = num_new_blocks(s, t, num_tokens, lookahead) + len(cow_positions(s, t, num_tokens))
+    assert out <= get_num_blocks_touched_by_append_slots(s, t, num_tokens, lookahead), (
+        "exact need <= worst case"
+    )
     return out
-
 
 
 # ----------------------------------------------------------------------------- construction
@@ -416,11 +406,11 @@ def can_allocate(
     """Admission of a group whose first WAITING sequence has ``prompt_len`` tokens."""
     assert manager_ok(s)
     size = block_size(s)
-    required = blocks_for(prompt_len + num_lookahead_slots, size) + blocks_for(encoder_len, size)
+    required = cdiv(prompt_len + num_lookahead_slots, size) + cdiv(encoder_len, size)
     num_gpu = A.get_num_total_blocks(s.alloc, GPU)
     free = A.get_num_free_blocks(s.alloc, GPU)
     out = watermark_status(num_gpu, free, required, s.watermark_blocks)
-    exact = blocks_for(prompt_len, size) + blocks_for(encoder_len, size)
+    exact = cdiv(prompt_len, size) + cdiv(encoder_len, size)
     assert out is not AllocStatus.OK or exact <= free, "can_allocate OK => allocate succeeds"
     return out
 
@@ -431,7 +421,7 @@ def _new_table(
     size = block_size(s)
     full = [list(token_ids[i : i + size]) for i in range(0, len(token_ids) - size + 1, size)]
     tail = list(token_ids[len(full) * size :])
-    assert len(chosen) == len(full) + (1 if tail else 0), "chosen ids must match the table"
+    assert len(chosen) == len(full) + (1 if tail else 0), "M3: chosen ids must match the table"
     alloc, handles = A.allocate_immutable_blocks(s.alloc, None, full, GPU, chosen[: len(full)])
     if tail:
         prev = handles[-1] if handles else None
@@ -468,9 +458,7 @@ def allocate(
     if cross is not None and cross[0] in s.cross:
         raise InvalidSequenceStateError(f"request {cross[0]!r} already has a cross-attention table")
     size = block_size(s)
-    needed = blocks_for(len(token_ids), size) + (
-        0 if cross is None else blocks_for(len(cross[1]), size)
-    )
+    needed = cdiv(len(token_ids), size) + (0 if cross is None else cdiv(len(cross[1]), size))
     free = A.get_num_free_blocks(s.alloc, GPU)
     if needed > free:
         raise NoFreeBlocksError(needed, free, "GPU")
@@ -522,10 +510,12 @@ def can_append_slots(
     """``appends`` = (seq_id, number of unseen tokens) of the group's RUNNING sequences."""
     assert manager_ok(s)
     tables = [(_table(s, seq_id), n) for seq_id, n in appends]
-    touched = sum(touched_by_append(s, t, n, num_lookahead_slots) for t, n in tables)
+    touched = sum(
+        get_num_blocks_touched_by_append_slots(s, t, n, num_lookahead_slots) for t, n in tables
+    )
     free = A.get_num_free_blocks(s.alloc, GPU)
     out = touched <= free
-    exact = sum(append_need(s, t, n, num_lookahead_slots) for t, n in tables)
+    exact = sum(get_num_blocks_needed_by_append(s, t, n, num_lookahead_slots) for t, n in tables)
     assert not out or exact <= free, "can_append_slots => append_slots succeeds"
     return out
 
@@ -556,7 +546,7 @@ def append_slots(
     _on(s, seq_id, t, GPU, "append to")
     drops = window_drops(s, t, num_computed_slots)
     gain = sum(1 for i in drops if not A.needs_cow(s.alloc, t.handles[i]))
-    needed = append_need(s, t, len(token_ids), num_lookahead_slots)
+    needed = get_num_blocks_needed_by_append(s, t, len(token_ids), num_lookahead_slots)
     available = A.get_num_free_blocks(s.alloc, GPU) + gain
     if needed > available:
         raise NoFreeBlocksError(needed, available, "GPU")
@@ -564,7 +554,7 @@ def append_slots(
     for i in drops:
         alloc = A.free(alloc, handles[i])
         handles[i] = NULL
-    for _ in range(new_blocks_needed(s, t, len(token_ids), num_lookahead_slots)):
+    for _ in range(num_new_blocks(s, t, len(token_ids), num_lookahead_slots)):
         prev = handles[-1] if handles[-1] != NULL else None
         alloc, h = A.allocate_mutable_block(alloc, prev, GPU, chosen[len(handles)])
         handles.append(h)
@@ -645,7 +635,7 @@ def can_swap_in(
     assert manager_ok(s)
     tables = [(_table(s, q), n) for q, n in appends]
     needed = distinct_ids(s, [t for t, _ in tables]) + sum(
-        append_need(s, t, n, num_lookahead_slots) for t, n in tables
+        get_num_blocks_needed_by_append(s, t, n, num_lookahead_slots) for t, n in tables
     )
     free = A.get_num_free_blocks(s.alloc, GPU)
     if A.get_num_total_blocks(s.alloc, GPU) < needed:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedkv_spec.contracts import exempt
 from pagedkv_spec.errors import RefCountError
 
 
@@ -51,19 +52,14 @@ def pool_initial(first_id: int, num_blocks: int) -> PoolState:
 # ----------------------------------------------------------------------------- predicates
 
 
+@exempt("a predicate that contracts call.")
 def in_pool(p: PoolState, block_id: int) -> bool:
-    """``block_id`` is one of the pool's absolute ids.
-
-    Exempt: a predicate that contracts call.
-    """
+    """``block_id`` is one of the pool's absolute ids."""
     return p.first_id <= block_id < p.first_id + len(p.refcounts)
 
 
 def pool_ids_ok(p: PoolState) -> bool:
-    """P1: free and CoW ids are pool ids; the free list has no duplicates.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """P1: free and CoW ids are pool ids; the free list has no duplicates."""
     return (
         all(in_pool(p, b) for b in p.free)
         and len(set(p.free)) == len(p.free)
@@ -72,35 +68,24 @@ def pool_ids_ok(p: PoolState) -> bool:
 
 
 def free_is_rc_zero(p: PoolState) -> bool:
-    """P2: an id is free iff its refcount is 0.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """P2: an id is free iff its refcount is 0."""
     zero = {p.first_id + i for i, rc in enumerate(p.refcounts) if rc == 0}
     return set(p.free) == zero
 
 
 def refcounts_ok(p: PoolState) -> bool:
-    """P3: no negative refcount.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """P3: no negative refcount."""
     return all(rc >= 0 for rc in p.refcounts)
 
 
 def cow_pairs_ok(p: PoolState) -> bool:
-    """P5: a CoW pair copies between two distinct ids.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """P5: a CoW pair copies between two distinct ids."""
     return all(s != d for s, d in p.cow)
 
 
+@exempt("the conjunction of the layer's registered invariants; contracts call it.")
 def pool_ok(p: PoolState) -> bool:
-    """All pool invariants P1–P5.
-
-    Exempt: an invariant predicate; contracts call it.
-    """
+    """All pool invariants P1–P5."""
     return (
         p.first_id >= 0
         and pool_ids_ok(p)
@@ -110,11 +95,9 @@ def pool_ok(p: PoolState) -> bool:
     )
 
 
+@exempt("a policy predicate; the machines call it.")
 def lifo_choice(p: PoolState, chosen: tuple[int, ...]) -> bool:
-    """Policy: ``chosen`` (taken one after another) are the front of the free list.
-
-    Exempt: a policy predicate; the machines call it.
-    """
+    """Policy: ``chosen`` (taken one after another) are the front of the free list."""
     return chosen == p.free[: len(chosen)]
 
 
@@ -160,7 +143,7 @@ def _with_rc(p: PoolState, block_id: int, rc: int) -> tuple[int, ...]:
 def pool_take(p: PoolState, chosen: int) -> PoolState:
     """Hand out the free id ``chosen`` (refcount 0 -> 1)."""
     assert pool_ok(p)
-    assert chosen in p.free, "the implementation handed out an id that is not free"
+    assert chosen in p.free, "P2: the implementation handed out an id that is not free"
     out = PoolState(
         p.first_id, _with_rc(p, chosen, 1), tuple(b for b in p.free if b != chosen), p.cow
     )

@@ -1,0 +1,269 @@
+"""The invariant registry: every invariant of pagedkv, one id and one predicate each.
+
+Every layer cites these ids and never matches text: the implementation's
+``check_invariants()`` raises :class:`~pagedkv_spec.errors.InvariantViolationError`
+carrying the id (:func:`require`, :func:`check`), the machines report a
+:class:`~pagedkv_stateful.adapters.Violation` named by :func:`label`, a spec
+assertion that judges a target's choice starts its message with the id
+(``"P2: ..."``, read back by :func:`cited`), and the docs use the same ids.
+
+An :class:`Invariant` has:
+    id         ``P1``.., ``I1``.., ``M1``.., ``T1``.., ``Q1``.., ``KV1`` (the layer's letter)
+    name       its predicate's name (``label`` is ``"<id> <name>"``)
+    meaning    one line: what it protects
+    layer      ``pool``, ``allocator``, ``manager``, ``table``, ``scheduler`` or ``kv``
+    kind       ``state``: a predicate over one state, checked after every step;
+               ``step``: over one transition, checked after each step making it
+    predicate  the spec function that decides it
+    parts      for a composite (I2, M1), the ids it is the conjunction of
+    explain    optionally, a function saying where a state breaks it (for reports)
+
+Not registered, because they follow from registered ones: P4 / I3 (``num_free +
+num_used == num_total`` per device) follow from P2 (the free ids are exactly the
+ids with refcount 0); the conjunctions ``pool_ok``, ``state_ok`` and
+``manager_ok`` are "all of the layer's invariants".
+
+Policies (``lifo_choice``) and the admission rule (``watermark_status``) are not
+invariants of a state: the machines check them as named checks
+(:data:`pagedkv_stateful.adapters.CHECKS`).
+
+How to add one: write the predicate in the spec module of its layer, register
+it here, check it in the implementation's ``check_invariants()`` (via
+:func:`check`) and in a machine after every step, and plant a bug that breaks it
+(tests/test_invariant_registry.py asserts all three).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pagedkv_spec import allocator, kv, manager, pool, scheduler, table
+from pagedkv_spec.errors import InvariantViolationError
+
+__all__ = [
+    "REGISTRY",
+    "Invariant",
+    "check",
+    "cited",
+    "first_broken",
+    "invariant",
+    "label",
+    "require",
+]
+
+LAYERS = ("pool", "allocator", "manager", "table", "scheduler", "kv")
+
+
+@dataclass(frozen=True)
+class Invariant:
+    """One registered invariant (see the module docstring)."""
+
+    id: str
+    name: str
+    meaning: str
+    layer: str
+    kind: str
+    predicate: Callable[..., bool]
+    parts: tuple[str, ...] = ()
+    explain: Callable[..., str] | None = None
+
+    @property
+    def label(self) -> str:
+        """``"<id> <name>"``, how reports and docs name it."""
+        return f"{self.id} {self.name}"
+
+    @property
+    def module(self) -> str:
+        """The spec module that defines the predicate."""
+        return self.predicate.__module__
+
+
+def _entries() -> Iterable[Invariant]:
+    def inv(
+        id_: str,
+        fn: Callable[..., bool],
+        meaning: str,
+        layer: str,
+        kind: str = "state",
+        parts: tuple[str, ...] = (),
+        explain: Callable[..., str] | None = None,
+    ) -> Invariant:
+        return Invariant(id_, fn.__name__, meaning, layer, kind, fn, parts, explain)
+
+    yield inv(
+        "P1", pool.pool_ids_ok, "free and CoW ids belong to the pool; no free id twice", "pool"
+    )
+    # NOTE: P3 before P2: a negative refcount also breaks P2, and is the cause to report.
+    yield inv("P3", pool.refcounts_ok, "no refcount below zero", "pool")
+    yield inv("P2", pool.free_is_rc_zero, "an id is free iff its refcount is 0", "pool")
+    yield inv("P5", pool.cow_pairs_ok, "a CoW pair copies between two distinct ids", "pool")
+    yield inv(
+        "I1",
+        allocator.refcounts_match_references,
+        "an id's refcount equals its live references (+1 for the null block)",
+        "allocator",
+        explain=allocator.explain_references,
+    )
+    yield inv(
+        "I2",
+        allocator.pools_ok,
+        "both pools satisfy the pool invariants",
+        "allocator",
+        parts=("P1", "P2", "P3", "P5"),
+    )
+    yield inv(
+        "I4", allocator.pools_disjoint, "the GPU and CPU id ranges do not overlap", "allocator"
+    )
+    yield inv(
+        "I5",
+        allocator.cow_pairs_ok,
+        "CoW pairs stay within one pool and copy between distinct ids",
+        "allocator",
+    )
+    yield inv(
+        "I6",
+        allocator.blocks_ok,
+        "a block holds at most block_size tokens, chains to an earlier block, "
+        "and holds no id once freed",
+        "allocator",
+    )
+    yield inv(
+        "M1",
+        manager.allocator_ok,
+        "the allocator invariants hold under the manager",
+        "manager",
+        parts=("I1", "I2", "I4", "I5", "I6"),
+    )
+    yield inv(
+        "M2",
+        manager.ownership_ok,
+        "every live block object sits in exactly one table slot; no slot names a dead block",
+        "manager",
+    )
+    yield inv(
+        "M3",
+        manager.tables_shaped_ok,
+        "a table's blocks hold exactly its written slots, in order, on one device",
+        "manager",
+    )
+    yield inv("M4", manager.null_prefix_ok, "sliding-window null slots form a prefix", "manager")
+    yield inv(
+        "M5",
+        manager.swap_conserves,
+        "a swap moves each distinct id once; sharing, tokens and null slots survive",
+        "manager",
+        "step",
+    )
+    yield inv("T1", table.ids_cached_ok, "a table's id cache equals its blocks' ids", "table")
+    yield inv("T2", table.fill_ok, "block i holds slot_fill(num_full_slots, i) tokens", "table")
+    yield inv("T3", table.null_prefix_exact, "null entries are exactly the null prefix", "table")
+    yield inv("T4", table.ids_distinct, "a table names each real id once", "table")
+    yield inv(
+        "Q1",
+        scheduler.queues_ok,
+        "each queued request is in one queue; finished ones only in running",
+        "scheduler",
+        explain=scheduler.explain_queues,
+    )
+    yield inv(
+        "Q2",
+        scheduler.statuses_ok,
+        "sequences carry their queue's status",
+        "scheduler",
+        explain=scheduler.explain_statuses,
+    )
+    yield inv(
+        "Q3",
+        scheduler.tables_ok,
+        "RUNNING sequences have a GPU table, SWAPPED a CPU table, others none",
+        "scheduler",
+        explain=scheduler.explain_tables,
+    )
+    yield inv(
+        "Q4",
+        scheduler.fcfs_ok,
+        "never-admitted requests are a suffix of waiting, in arrival order",
+        "scheduler",
+    )
+    yield inv(
+        "Q5",
+        scheduler.step_order_ok,
+        "a step takes work first come, first served; victims are the newest",
+        "scheduler",
+        "step",
+    )
+    yield inv(
+        "Q6",
+        scheduler.step_budget_ok,
+        "a step stays within its sequence and token budgets",
+        "scheduler",
+        "step",
+    )
+    yield inv(
+        "Q7",
+        scheduler.drained,
+        "with nothing unfinished, queues are empty and blocks free",
+        "scheduler",
+        "step",
+    )
+    yield inv(
+        "KV1",
+        kv.kv_conserved,
+        "every computed position holds the KV written for it (fork, CoW, swap, recompute)",
+        "kv",
+        "step",
+    )
+
+
+#: Every invariant by id, in the order above (layer by layer).
+REGISTRY: dict[str, Invariant] = {i.id: i for i in _entries()}
+
+
+def invariant(id_: str) -> Invariant:
+    """The registered invariant ``id_``; a ``KeyError`` names an unregistered id."""
+    try:
+        return REGISTRY[id_]
+    except KeyError:
+        raise KeyError(f"{id_!r} is not a registered invariant") from None
+
+
+def label(id_: str) -> str:
+    """``"<id> <name>"`` of a registered invariant."""
+    return invariant(id_).label
+
+
+def cited(message: str) -> str | None:
+    """The registered id a spec assertion message starts with (``"P2: ..."``), else None."""
+    head, sep, _ = message.partition(":")
+    return head if sep and head in REGISTRY else None
+
+
+def require(id_: str, holds: bool, detail: str) -> None:
+    """Raise :class:`InvariantViolationError` for ``id_`` unless ``holds``."""
+    if not holds:
+        raise InvariantViolationError(invariant(id_).id, detail)
+
+
+def first_broken(layer: str, state: Any, ids: Iterable[str] | None = None) -> Invariant | None:
+    """The first state invariant of ``layer`` (or of ``ids``) that ``state`` breaks.
+
+    Composites are skipped: their parts are checked on their own states.
+    """
+    chosen = (
+        [invariant(i) for i in ids]
+        if ids is not None
+        else [i for i in REGISTRY.values() if i.layer == layer and i.kind == "state"]
+    )
+    return next((i for i in chosen if not i.parts and not i.predicate(state)), None)
+
+
+def check(layer: str, state: Any, where: str, ids: Iterable[str] | None = None) -> None:
+    """Raise :class:`InvariantViolationError` naming the first invariant ``state`` breaks."""
+    broken = first_broken(layer, state, ids)
+    if broken is not None:
+        detail = f" ({broken.explain(state)})" if broken.explain is not None else ""
+        raise InvariantViolationError(
+            broken.id, f"{where} breaks {broken.label}: {broken.meaning}{detail}"
+        )
