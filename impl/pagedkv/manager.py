@@ -21,9 +21,9 @@ from pagedkv.block_table import BlockTable
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.errors import (
     CachingNotSupportedError,
-    InvariantViolationError,
     InvalidAllocatorConfigError,
     InvalidSequenceStateError,
+    InvariantViolationError,
     NoFreeBlocksError,
     SequenceAlreadyAllocatedError,
     UnknownSequenceError,
