@@ -15,7 +15,8 @@ An :class:`Invariant` has:
     kind       ``state``: a predicate over one state, checked after every step;
                ``step``: over one transition, checked after each step making it
     predicate  the spec function that decides it
-    parts      for a composite (I2, M1), the ids it is the conjunction of
+    parts      for a composite (I2, I5, M1), the ids that together imply it: it is
+               checked (and planted) through them
     explain    optionally, a function saying where a state breaks it (for reports)
 
 Not registered, because they follow from registered ones: P4 / I3 (``num_free +
@@ -48,8 +49,10 @@ __all__ = [
     "check",
     "cited",
     "first_broken",
+    "holds",
     "invariant",
     "label",
+    "observe",
     "require",
 ]
 
@@ -121,6 +124,7 @@ def _entries() -> Iterable[Invariant]:
         allocator.cow_pairs_ok,
         "CoW pairs stay within one pool and copy between distinct ids",
         "allocator",
+        parts=("P1", "P5"),
     )
     yield inv(
         "I6",
@@ -246,6 +250,26 @@ def require(id_: str, holds: bool, detail: str) -> None:
         raise InvariantViolationError(invariant(id_).id, detail)
 
 
+#: Callbacks told the id of every invariant evaluated through this module (tests use it
+#: to prove which invariants a machine checks after every step); empty in normal use.
+_observers: list[Callable[[str], None]] = []
+
+
+def observe(callback: Callable[[str], None] | None) -> None:
+    """Tell ``callback`` the id of every invariant evaluated from now on (None: stop)."""
+    _observers.clear()
+    if callback is not None:
+        _observers.append(callback)
+
+
+def holds(id_: str, *args: Any) -> bool:
+    """Evaluate the predicate of invariant ``id_`` on ``args`` (a state or a transition)."""
+    inv = invariant(id_)
+    for callback in _observers:
+        callback(id_)
+    return inv.predicate(*args)
+
+
 def first_broken(layer: str, state: Any, ids: Iterable[str] | None = None) -> Invariant | None:
     """The first state invariant of ``layer`` (or of ``ids``) that ``state`` breaks.
 
@@ -256,7 +280,7 @@ def first_broken(layer: str, state: Any, ids: Iterable[str] | None = None) -> In
         if ids is not None
         else [i for i in REGISTRY.values() if i.layer == layer and i.kind == "state"]
     )
-    return next((i for i in chosen if not i.parts and not i.predicate(state)), None)
+    return next((i for i in chosen if not i.parts and not holds(i.id, state)), None)
 
 
 def check(layer: str, state: Any, where: str, ids: Iterable[str] | None = None) -> None:

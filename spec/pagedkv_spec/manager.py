@@ -58,7 +58,7 @@ from pagedkv_spec.errors import (
     SequenceAlreadyAllocatedError,
     UnknownSequenceError,
 )
-from pagedkv_spec.pool import PoolState, refcount
+from pagedkv_spec.pool import PoolState, in_pool, refcount
 from pagedkv_spec.status import AllocStatus
 from pagedkv_spec.table import slot_fill
 
@@ -164,6 +164,32 @@ def view(s: ManagerState) -> ManagerView:
         s.alloc.null_id,
     )
     assert len(out.tables) == len(s.tables) and len(out.cross) == len(s.cross)
+    return out
+
+
+def state_of_view(v: ManagerView, block_size: int) -> ManagerState:
+    """A state whose view is ``v``: one block object per real table slot (its device is
+    the pool holding its id), ``NULL`` for a slot without tokens. Lets the registry's
+    predicates judge a target that shows only its view (``to_spec()``)."""
+    assert block_size >= 1
+    blocks: list[A.BlockRef] = []
+
+    def ref(t: TableView) -> TableRef:
+        handles: list[int] = []
+        for block_id, tokens in zip(t.block_ids, t.token_ids, strict=True):
+            if tokens is None:
+                handles.append(NULL)
+                continue
+            device = GPU if in_pool(v.gpu, block_id) else CPU
+            handles.append(len(blocks))
+            blocks.append(A.BlockRef(device, block_id, tokens, None))
+        return TableRef(tuple(handles), t.num_full_slots)
+
+    tables = {k: ref(t) for k, t in v.tables}
+    cross = {k: ref(t) for k, t in v.cross}
+    alloc = A.AllocatorState(block_size, v.gpu, v.cpu, tuple(blocks), v.null_id)
+    out = ManagerState(alloc, 0, None, tables, cross)
+    assert len(out.tables) == len(v.tables) and len(out.alloc.blocks) == len(blocks)
     return out
 
 

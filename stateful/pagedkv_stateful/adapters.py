@@ -33,6 +33,7 @@ from pagedkv import Sequence as Seq
 from pagedkv.sequence import AllocDecision, SequenceGroup
 from pagedkv_spec.allocator import AllocatorState
 from pagedkv_spec.device import Device
+from pagedkv_spec.invariants import REGISTRY
 from pagedkv_spec.manager import ManagerView
 from pagedkv_spec.status import AllocStatus
 
@@ -52,21 +53,11 @@ __all__ = [
 
 # --------------------------------------------------------------------------- verdicts
 
-#: Every check name a machine reports, with what it means. Spec invariants keep the
-#: spec's numbers and predicate names (pagedkv_spec.pool / .allocator / .manager).
+#: Every check name a machine reports, with what it means: every registered invariant
+#: by its label (:mod:`pagedkv_spec.invariants`), then the checks that are not invariants
+#: of a state (results, policies, admission answers, the abstraction, ...).
 CHECKS: dict[str, str] = {
-    "I1 refcounts_match_references": "an id's refcount equals its live references",
-    "I4 pools_disjoint": "GPU ids 0..G-1, CPU ids G..G+C-1",
-    "I5 cow_pairs_ok": "a write to a shared block copies it to a fresh id of the same pool",
-    "I6 blocks_ok": "a new block holds an id and at most block_size tokens",
-    "P1 pool_ids_ok": "an id handed out belongs to the device's pool; free ids distinct",
-    "P2 free_is_rc_zero": "an id is free iff nothing references it (never hand out a used id)",
-    "P3 refcounts_ok": "no refcount below zero",
-    "P5 cow_pairs_ok": "a CoW pair names two distinct ids of one pool",
-    "M2 ownership_ok": "every table slot names a live block",
-    "M3 tables_shaped_ok": "a table's blocks hold exactly its tokens, in order, on one device",
-    "M4 null_prefix_ok": "sliding-window null slots form a prefix of the table",
-    "M5 swap_conserves": "a swap moves each distinct id once; sharing and tokens survive",
+    **{inv.label: inv.meaning for inv in REGISTRY.values()},
     "LIFO policy": "a freed id is reused first (only for targets that promise it)",
     "same error as spec": "the target rejects exactly the calls the spec rejects",
     "failed call changes nothing": "after a rejected call every observable is as before",
@@ -98,10 +89,6 @@ CHECKS: dict[str, str] = {
     "unexpected exception": "the target crashed where the machine could not judge the call",
     "deterministic replay": "the same calls give the same results when replayed",
 }
-
-#: Full names of the spec's invariants by number, for errors that carry only the number.
-INVARIANT_NAMES: dict[str, str] = {name.split()[0]: name for name in CHECKS if name[1:2].isdigit()}
-
 
 class Violation(AssertionError):
     """A failed check. ``str()`` is ``"[<invariant>] <detail>"``, parseable by :meth:`parse`.

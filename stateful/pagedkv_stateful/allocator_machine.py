@@ -58,6 +58,7 @@ from pagedkv import CpuGpuBlockAllocator
 from pagedkv.errors import ForeignBlockError, NullBlockError, PagedKVError
 from pagedkv_spec import allocator as spec
 from pagedkv_spec.device import Device
+from pagedkv_spec.invariants import first_broken, label
 from pagedkv_spec.pool import PoolState, lifo_choice
 from pagedkv_stateful.adapters import AllocatorAdapter, Violation, as_allocator_adapter
 from pagedkv_stateful.lockstep import (
@@ -212,26 +213,28 @@ class AllocatorMachine(LockstepMachine):
             return
         note(f"impl: {got}\nspec: {want}")
         diff = _diff(got, want)
-        for label, pool in (("GPU", got.gpu), ("CPU", got.cpu)):
+        for device, pool in (("GPU", got.gpu), ("CPU", got.cpu)):
             broken = pool_fault(pool)
             if broken is not None:
-                raise Violation(broken, f"to_spec() {label} pool breaks {broken}: {diff}")
-        state_checks: list[tuple[str, Callable[[spec.AllocatorState], bool]]] = [
-            ("I4 pools_disjoint", spec.pools_disjoint),
-            ("I6 blocks_ok", spec.blocks_ok),
-            ("I5 cow_pairs_ok", spec.cow_pairs_ok),
-            ("I1 refcounts_match_references", spec.refcounts_match_references),
-        ]
-        for name, state_ok in state_checks:
-            if not state_ok(got):
-                raise Violation(name, f"to_spec() breaks {name}: {diff}")
+                raise Violation(broken, f"to_spec() {device} pool breaks {broken}: {diff}")
+        state_broken = first_broken("allocator", got)
+        if state_broken is not None:
+            name = state_broken.label
+            raise Violation(name, f"to_spec() breaks {name}: {diff}")
         check_same_pools(got, want)
         raise Violation("abstraction (blocks)", f"block objects differ from the spec: {diff}")
 
     @invariant()
     def spec_invariants_hold(self) -> None:
-        if not spec.state_ok(self.model):
-            self._violate("spec self-check", "spec state broke I1–I6")
+        """After every step: the model keeps every pool and allocator invariant (P, I) and
+        the target's own ``check_invariants()`` passes."""
+        for state, layer in ((self.model.gpu, "pool"), (self.model.cpu, "pool")):
+            broken = first_broken(layer, state)
+            if broken is not None:
+                self._violate("spec self-check", f"the spec's pool breaks {broken.label}")
+        broken = first_broken("allocator", self.model)
+        if broken is not None:
+            self._violate("spec self-check", f"the spec's state breaks {broken.label}")
         self._check_target_invariants(self.check_impl_invariants)
 
 
@@ -259,7 +262,7 @@ class AllocatorMachine(LockstepMachine):
 
     @precondition(lambda self: self.caps.null_block)
     @rule()
-    def null_block(self) -> None:
+    def allocate_or_get_null_block(self) -> None:
         src = "alloc.allocate_or_get_null_block()"
         res = self._attempt(self.adapter.allocate_or_get_null_block)
         if isinstance(res, Exception):
@@ -371,7 +374,7 @@ class AllocatorMachine(LockstepMachine):
         before = spec.pool_of(self.model, device)
         _, (handle,) = self._new_blocks(1)
         self.model, _ = self._judge(
-            "I6 blocks_ok",
+            "block ids",
             lambda: spec.allocate_mutable_block(self.model, prev, device, or_bad(chosen)),
             src,
             f"b{handle} = ",
@@ -420,11 +423,11 @@ class AllocatorMachine(LockstepMachine):
             lhs = f"b{handles[0]} = "
         if len(res) != len(chunks):
             self._log(f"{lhs}{src}")
-            self._violate("I6 blocks_ok", f"{src} returned {len(res)} blocks for {len(chunks)}")
+            self._violate("block ids", f"{src} returned {len(res)} blocks for {len(chunks)}")
         chosen = [self.adapter.block_id(b) for b in res]
         before = spec.pool_of(self.model, device)
         self.model, _ = self._judge(
-            "I6 blocks_ok",
+            "block ids",
             lambda: spec.allocate_immutable_blocks(
                 self.model, prev, chunks, device, [or_bad(b) for b in chosen]
             ),
@@ -452,7 +455,7 @@ class AllocatorMachine(LockstepMachine):
             self._expect_same_error(res, lambda: spec.free(self.model, handle), src)
         else:
             self.model = self._judge(
-                "I1 refcounts_match_references", lambda: spec.free(self.model, handle), src
+                label("I1"), lambda: spec.free(self.model, handle), src
             )
         return handle
 
@@ -470,7 +473,7 @@ class AllocatorMachine(LockstepMachine):
             return multiple()
         lhs, handles = self._new_blocks(len(res))
         self.model, want = self._judge(
-            "I1 refcounts_match_references", lambda: spec.fork(self.model, last), src, lhs
+            label("I1"), lambda: spec.fork(self.model, last), src, lhs
         )
         got_ids = [self.adapter.block_id(b) for b in res]
         want_ids = [self.model.blocks[h].block_id for h in want]
@@ -507,7 +510,7 @@ class AllocatorMachine(LockstepMachine):
         def explain() -> None:
             if chosen == ref.block_id:
                 self._violate(
-                    "I5 cow_pairs_ok",
+                    label("I5"),
                     f"{src}: id {ref.block_id} is shared (also held by "
                     f"{self._holders(ref.device, or_bad(chosen), handle)}), but the target "
                     "wrote into it "
@@ -517,7 +520,7 @@ class AllocatorMachine(LockstepMachine):
             self._explain_choice(ref.device, [chosen], src)
 
         self.model = self._judge(
-            "I5 cow_pairs_ok",
+            label("I5"),
             lambda: spec.append_token_ids(self.model, handle, tokens, chosen),
             src,
             explain=explain if cow else None,
@@ -571,18 +574,18 @@ class AllocatorMachine(LockstepMachine):
             moved = {self.model.blocks[h].block_id for h in handles}
             if set(mapping) != moved:
                 self._violate(
-                    "M5 swap_conserves",
+                    label("M5"),
                     f"{code} returned {mapping}; it must map each distinct source id "
                     f"{sorted(b for b in moved if b is not None)} exactly once",
                 )
             if len(set(mapping.values())) != len(mapping):
                 self._violate(
-                    "M5 swap_conserves", f"{code} returned {mapping}: two ids share a destination"
+                    label("M5"), f"{code} returned {mapping}: two ids share a destination"
                 )
             self._explain_choice(dst, list(mapping.values()), code)
 
         self.model, _ = self._judge(
-            "M5 swap_conserves",
+            label("M5"),
             lambda: spec.swap(self.model, handles, src, dst, mapping),
             code,
             explain=explain,

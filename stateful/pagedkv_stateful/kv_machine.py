@@ -15,8 +15,8 @@ those positions keep the parent's id; a recomputed sequence owns all of its
 positions again. Any misplaced, stale, lost or never-copied byte shows up as a
 mismatch, and the failure message decodes which KV was found instead.
 
-Rules are vLLM's events: ``admit`` (can_allocate, allocate, prefill), ``fork``,
-``finish_seq``, ``preempt_by_recompute`` and the scheduler steps ``decode``,
+Rules are vLLM's events: ``allocate`` (can_allocate, allocate, prefill), ``fork``,
+``free``, ``preempt_by_recompute`` and the scheduler steps ``append_slots``,
 ``swap_out`` and ``swap_in``. A step is led by its operation on one request and
 co-schedules drawn actions for the other live requests, so one step can mix
 swap-outs, swap-ins (each followed by the sequences' ``append_slots``) and
@@ -43,7 +43,7 @@ lockstep machine covers their block accounting).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import torch
 from hypothesis import event
@@ -60,6 +60,8 @@ from pagedkv import (
 )
 from pagedkv.errors import KVCacheError
 from pagedkv_spec.device import Device
+from pagedkv_spec.invariants import holds, label
+from pagedkv_spec.kv import first_lost
 from pagedkv_spec.status import AllocStatus
 from pagedkv_stateful.toy_model import HEAD_SIZE, describe_kv, toy_kv
 
@@ -222,13 +224,13 @@ class KVMachine(RuleBasedStateMachine):
         self.next_request = 0
         # One block (shared by the n sequences; partly filled if the prompt is shorter
         # than a block): admitted under every watermark drawn, so no run starts empty.
-        self.admit(n, min(prompt_len, block_size), 0)
+        self.allocate(n, min(prompt_len, block_size), 0)
 
     # NOTE: at most 3 live requests: more rarely fit in 12 blocks, and each one more
     # makes decodes fail for want of room rather than copy on write.
     @precondition(lambda self: len(self.groups) < 3)
     @rule(n=st.integers(1, MAX_SEQS), prompt_len=st.integers(1, 8), token=st.integers(0, 999))
-    def admit(self, n: int, prompt_len: int, token: int) -> None:
+    def allocate(self, n: int, prompt_len: int, token: int) -> None:
         """A new request: can_allocate, allocate and prefill (a step of its own).
 
         A request that does not fit is not queued (vLLM would keep it WAITING).
@@ -244,7 +246,7 @@ class KVMachine(RuleBasedStateMachine):
         self.next_seq_id += n
         self.next_request += 1
         self.groups[group.request_id] = group
-        event(f"admit: n={n}")
+        event(f"allocate: n={n}")
 
     def _co_schedule(self, data: st.DataObject, lead: str, action: str) -> dict[str, str]:
         """A step's plan: ``action`` for the ``lead`` request, a drawn one for each other."""
@@ -255,23 +257,23 @@ class KVMachine(RuleBasedStateMachine):
                 plan[request_id] = action
                 continue
             if group.get_seqs(RUNNING):
-                options = ["idle", "decode", "swap_out"]
+                options = ["idle", "append_slots", "swap_out"]
             else:
                 options = ["idle", "swap_in", "swap_in+token"]
             plan[request_id] = data.draw(st.sampled_from(options), label=request_id)
         event(f"step: {sum(a != 'idle' for a in plan.values())} request(s) scheduled")
         return plan
 
-    # NOTE: three step rules (decode, swap_out, swap_in) rather than one:
+    # NOTE: three step rules (append_slots, swap_out, swap_in) rather than one:
     # Hypothesis' swarm testing disables each rule in about half of the test cases,
     # and a disabled "step" would leave nothing to copy on write or swap.
 
     @precondition(lambda self: bool(self._groups_with(RUNNING)))
     @rule(data=st.data())
-    def decode(self, data: st.DataObject) -> None:
+    def append_slots(self, data: st.DataObject) -> None:
         """A step decoding a running request: one new token for each of its sequences."""
-        lead = data.draw(st.sampled_from(self._groups_with(RUNNING)), "decode")
-        self._step(self._co_schedule(data, lead, "decode"))
+        lead = data.draw(st.sampled_from(self._groups_with(RUNNING)), "append_slots")
+        self._step(self._co_schedule(data, lead, "append_slots"))
 
     @precondition(lambda self: bool(self._groups_with(RUNNING)))
     @rule(data=st.data())
@@ -311,7 +313,7 @@ class KVMachine(RuleBasedStateMachine):
         for request_id, action in plan.items():
             group = self.groups[request_id]
             seqs = group.get_seqs(SWAPPED if action.startswith("swap_in") else RUNNING)
-            if action in ("decode", "swap_in+token"):
+            if action in ("append_slots", "swap_in+token"):
                 for seq in seqs:  # for a swap-in: sampled before the preemption
                     self._new_token(seq)
             if action.startswith("swap_in"):
@@ -322,10 +324,10 @@ class KVMachine(RuleBasedStateMachine):
                 in_pairs += self.manager.swap_in(group)
                 for seq in seqs:
                     seq.status = RUNNING
-            elif action != "decode":
+            elif action != "append_slots":
                 continue
             elif not self.manager.can_append_slots(group):
-                event("decode: no room (the tokens stay pending)")
+                event("append_slots: no room (the tokens stay pending)")
                 continue
             for seq in seqs:
                 cow_pairs += self.manager.append_slots(seq)
@@ -375,11 +377,11 @@ class KVMachine(RuleBasedStateMachine):
     # remaining steps would all be spent on rules with nothing to act on.
     @precondition(lambda self: len(self.writers) >= 2)
     @rule(data=st.data())
-    def finish_seq(self, data: st.DataObject) -> None:
+    def free(self, data: st.DataObject) -> None:
         """A sequence finishes (in any state): its blocks go back for reuse."""
         group = self.groups[data.draw(st.sampled_from(sorted(self.groups)), "group")]
         seq = data.draw(st.sampled_from(group.get_unfinished_seqs()), "seq")
-        event(f"finish_seq: {seq.status.name}")
+        event(f"free: {seq.status.name}")
         self.manager.free(seq)
         seq.status = FINISHED
         del self.writers[seq.seq_id]
@@ -405,12 +407,25 @@ class KVMachine(RuleBasedStateMachine):
 
     @invariant()
     def kv_conserved(self) -> None:
-        """KV1 for every live RUNNING (GPU tier) and SWAPPED (CPU tier) sequence."""
+        """KV1 (the registry's ``kv_conserved``) for every live RUNNING (GPU tier) and
+        SWAPPED (CPU tier) sequence, over every computed position and layer."""
+        cells: list[tuple[int, int, Hashable, Hashable]] = []
+        where: dict[tuple[int, int], str] = {}
         for group in self.groups.values():
             for seq in group.get_unfinished_seqs():
-                self._check_seq(seq)
+                cells += self._cells(seq, where)
+        kv = tuple(cells)
+        if holds("KV1", kv):
+            return
+        lost = first_lost(kv)
+        assert lost is not None
+        raise AssertionError(f"{label('KV1')}: {where[lost[0], lost[1]]}")
 
-    def _check_seq(self, seq: Sequence) -> None:
+    def _cells(
+        self, seq: Sequence, where: dict[tuple[int, int], str]
+    ) -> list[tuple[int, int, Hashable, Hashable]]:
+        """``(seq_id, position, written, held)`` per computed position (all layers' K and V
+        bytes); ``where`` gets a description of each position that differs."""
         written = self.writers[seq.seq_id]
         n = len(written)
         assert n == seq.get_num_computed_tokens(), "harness: computed count and lineage disagree"
@@ -420,16 +435,18 @@ class KVMachine(RuleBasedStateMachine):
         else:
             tier, ids = Device.GPU, table
         tokens = seq.get_token_ids()[:n]
+        want: list[list[bytes]] = [[] for _ in range(n)]
+        got: list[list[bytes]] = [[] for _ in range(n)]
         for layer in range(NUM_LAYERS):
             want_k, want_v = toy_kv(written, list(range(n)), tokens, layer, self.num_heads)
             got_k, got_v = self.engine.gather(ids, n, layer, tier)
-            if torch.equal(got_k, want_k) and torch.equal(got_v, want_v):
-                continue
-            wrong = ((got_k != want_k) | (got_v != want_v)).flatten(1).any(1)
-            bad = int(wrong.nonzero()[0])
-            block = ids[bad // self.block_size]
-            raise AssertionError(
-                f"KV1: {seq.status.name} seq {seq.seq_id}, position {bad} (in {tier.name} block "
-                f"{block}), layer {layer}: expected {describe_kv(want_k[bad, 0])}, "
-                f"found {describe_kv(got_k[bad, 0])}"
-            )
+            for p in range(n):
+                want[p] += [want_k[p].numpy().tobytes(), want_v[p].numpy().tobytes()]
+                got[p] += [got_k[p].numpy().tobytes(), got_v[p].numpy().tobytes()]
+                if (seq.seq_id, p) not in where and want[p] != got[p]:
+                    where[seq.seq_id, p] = (
+                        f"{seq.status.name} seq {seq.seq_id}, position {p} (in {tier.name} block "
+                        f"{ids[p // self.block_size]}), layer {layer}: expected "
+                        f"{describe_kv(want_k[p, 0])}, found {describe_kv(got_k[p, 0])}"
+                    )
+        return [(seq.seq_id, p, tuple(want[p]), tuple(got[p])) for p in range(n)]

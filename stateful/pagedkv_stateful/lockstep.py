@@ -14,9 +14,11 @@ target is also written to ``self.program`` as a line of Python, so a failing
 run reads back as a runnable program.
 
 Also here: what both machines say about a target's choices
-(:func:`choice_fault`, :func:`holders`, :data:`SPEC_ASSERTIONS`) and how both
-compare a target's pools with the spec's (:func:`pool_fault`,
-:func:`check_same_pools`, :func:`free_as_set`).
+(:func:`choice_fault`, :func:`holders`; a spec assertion judging a choice names
+its invariant by a leading id, read by :func:`~pagedkv_spec.invariants.cited`)
+and how both compare a target's pools with the spec's (:func:`pool_fault`,
+:func:`check_same_pools`, :func:`free_as_set`). Invariants are named by the
+registry (:mod:`pagedkv_spec.invariants`), never by matching text.
 """
 
 from __future__ import annotations
@@ -31,20 +33,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant
 from pagedkv.errors import PagedKVError
 from pagedkv_spec import allocator as spec
 from pagedkv_spec.device import Device
+from pagedkv_spec.invariants import REGISTRY, cited, first_broken, label
 from pagedkv_spec.manager import ManagerView
-from pagedkv_spec.pool import (
-    PoolState,
-    cow_pairs_ok,
-    free_is_rc_zero,
-    in_pool,
-    pool_ids_ok,
-    refcounts_ok,
-)
-from pagedkv_stateful.adapters import INVARIANT_NAMES, Capabilities, Violation
+from pagedkv_spec.pool import PoolState, in_pool
+from pagedkv_stateful.adapters import Capabilities, Violation
 
 __all__ = [
-    "POOL_CHECKS",
-    "SPEC_ASSERTIONS",
     "LockstepMachine",
     "check_same_pools",
     "choice_fault",
@@ -57,18 +51,6 @@ T = TypeVar("T")
 #: A spec state with two pools whose free lists can be compared as sets.
 S = TypeVar("S", spec.AllocatorState, ManagerView)
 GPU = Device.GPU
-
-# Spec assertion messages (judging a target's choice) -> the check they stand for.
-SPEC_ASSERTIONS = (
-    ("not free", "P2 free_is_rc_zero"),
-    ("id twice", "I1 refcounts_match_references"),
-    ("one id per chunk", "I6 blocks_ok"),
-    ("CoW", "I5 cow_pairs_ok"),
-    ("copy-on-write", "I5 cow_pairs_ok"),
-    ("swap", "M5 swap_conserves"),
-    ("chosen ids must match the table", "M3 tables_shaped_ok"),
-)
-
 
 class LockstepMachine(RuleBasedStateMachine):
     """Plumbing shared by the lockstep machines: verdicts, error judging, the program.
@@ -208,7 +190,8 @@ class LockstepMachine(RuleBasedStateMachine):
             message = str(why) or "a postcondition failed"
             if not isinstance(why, AssertionError):
                 message = f"{type(why).__name__}: {message}"
-            name = next((n for key, n in SPEC_ASSERTIONS if key in message), site)
+            cited_id = cited(message)
+            name = site if cited_id is None else label(cited_id)
             self._violate(name, f"the spec rejects the result of {src}: {message}")
         self._log(f"{lhs}{src}")
         return out
@@ -217,8 +200,8 @@ class LockstepMachine(RuleBasedStateMachine):
         try:
             check()
         except Exception as err:
-            number = getattr(err, "invariant", None)
-            name = INVARIANT_NAMES.get(str(number), "check_invariants")
+            number = str(getattr(err, "invariant", ""))
+            name = label(number) if number in REGISTRY else "check_invariants"
             self._violate(name, f"the target's check_invariants() failed: {err}")
 
 
@@ -247,32 +230,23 @@ def choice_fault(
     pool = spec.pool_of(s, device)
     for b in chosen:
         if b is None:
-            return "I6 blocks_ok", f"{src} returned a block that holds no id"
+            return "block ids", f"{src} returned a block that holds no id"
         if not in_pool(pool, b):
             end = pool.first_id + len(pool.refcounts) - 1
             where = f"{pool.first_id}..{end}" if pool.refcounts else "none"
-            return "P1 pool_ids_ok", f"{src} handed out id {b}, not a {device.name} id ({where})"
+            return label("P1"), f"{src} handed out id {b}, not a {device.name} id ({where})"
         if b not in pool.free:
             return (
-                "P2 free_is_rc_zero",
+                label("P2"),
                 f"{src} handed out id {b}, which is still in use (held by {holders(s, device, b)})",
             )
     dup = next((b for i, b in enumerate(chosen) if b in chosen[:i]), None)
     if dup is not None:
-        return "I1 refcounts_match_references", f"{src} handed out id {dup} twice"
+        return label("I1"), f"{src} handed out id {dup} twice"
     return None
 
 
 # --------------------------------------------------------------------------- pools
-
-#: The pool invariants a target's abstraction must satisfy, in the order they are checked.
-POOL_CHECKS: tuple[tuple[str, Callable[[PoolState], bool]], ...] = (
-    ("P1 pool_ids_ok", pool_ids_ok),
-    ("P3 refcounts_ok", refcounts_ok),
-    ("P2 free_is_rc_zero", free_is_rc_zero),
-    ("P5 cow_pairs_ok", cow_pairs_ok),
-)
-
 
 class Pools(Protocol):
     """A state with a GPU and a CPU pool (an allocator state or a manager view)."""
@@ -285,20 +259,21 @@ class Pools(Protocol):
 
 
 def pool_fault(pool: PoolState) -> str | None:
-    """The name of the first of :data:`POOL_CHECKS` that ``pool`` breaks, else None."""
-    return next((name for name, ok in POOL_CHECKS if not ok(pool)), None)
+    """The label of the first pool invariant ``pool`` breaks, else None."""
+    broken = first_broken("pool", pool)
+    return None if broken is None else broken.label
 
 
 def check_same_pools(got: Pools, want: Pools) -> None:
     """Raise a Violation naming the first pool that differs (``LIFO policy`` when only
     the order of its free list does)."""
-    for label, g, w in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu)):
+    for where, g, w in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu)):
         if g != w:
             order_only = replace(g, free=tuple(sorted(g.free))) == replace(
                 w, free=tuple(sorted(w.free))
             )
-            name = "LIFO policy" if order_only else f"abstraction ({label} pool)"
-            raise Violation(name, f"{label} pool differs: impl {g} spec {w}")
+            name = "LIFO policy" if order_only else f"abstraction ({where} pool)"
+            raise Violation(name, f"{where} pool differs: impl {g} spec {w}")
 
 
 def free_as_set(s: S) -> S:

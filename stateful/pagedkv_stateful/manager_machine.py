@@ -41,6 +41,7 @@ from hypothesis.stateful import Bundle, initialize, invariant, multiple, precond
 from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec import manager as spec
 from pagedkv_spec.device import Device
+from pagedkv_spec.invariants import first_broken, holds, label
 from pagedkv_spec.status import AllocStatus
 from pagedkv_stateful.adapters import Capabilities, ManagerAdapter, Violation, as_manager_adapter
 from pagedkv_stateful.lockstep import (
@@ -51,7 +52,7 @@ from pagedkv_stateful.lockstep import (
     pool_fault,
 )
 
-__all__ = ['ManagerMachine']
+__all__ = ["ManagerMachine", "view_fault"]
 
 groups = Bundle("groups")  # request ids of admitted groups
 GPU, CPU = Device.GPU, Device.CPU
@@ -172,7 +173,7 @@ class ManagerMachine(LockstepMachine):
         dup = next((s for i, s in enumerate(sources) if s in sources[:i]), None)
         if dup is not None:
             self._violate(
-                "M5 swap_conserves",
+                label("M5"),
                 f"{code} moved block {dup} twice ({pairs}): a shared block must move once",
             )
         mapping = self._abs(pairs, src, dst)
@@ -187,7 +188,7 @@ class ManagerMachine(LockstepMachine):
             self._expect_same_error(res, lambda: spec.free(self.model, seq.seq_id), src)
             return
         self.model = self._judge(
-            "I1 refcounts_match_references", lambda: spec.free(self.model, seq.seq_id), src
+            label("I1"), lambda: spec.free(self.model, seq.seq_id), src
         )
 
     def _free_cross(self, group: SequenceGroup) -> None:
@@ -200,7 +201,7 @@ class ManagerMachine(LockstepMachine):
             self._expect_same_error(res, lambda: spec.free_cross(self.model, rid), src)
             return
         self.model = self._judge(
-            "I1 refcounts_match_references", lambda: spec.free_cross(self.model, rid), src
+            label("I1"), lambda: spec.free_cross(self.model, rid), src
         )
 
     # ------------------------------------------------------------------ checks
@@ -210,7 +211,7 @@ class ManagerMachine(LockstepMachine):
         got = self.adapter.to_spec()
         if got is not None:
             self._compare_view(got, want)
-        for label, free, pool in (
+        for where, free, pool in (
             ("GPU", self.adapter.get_num_free_gpu_blocks, want.gpu),
             ("CPU", self.adapter.get_num_free_cpu_blocks, want.cpu),
         ):
@@ -222,10 +223,10 @@ class ManagerMachine(LockstepMachine):
                     else "a block without references was not released (a leak)"
                 )
                 raise Violation(
-                    f"free count ({label})",
-                    f"the target has {n} free {label} blocks, the spec {len(pool.free)}: "
+                    f"free count ({where})",
+                    f"the target has {n} free {where} blocks, the spec {len(pool.free)}: "
                     f"{reading} (I1 refcounts_match_references)",
-                    f"assert mgr.get_num_free_{label.lower()}_blocks() == {len(pool.free)}",
+                    f"assert mgr.get_num_free_{where.lower()}_blocks() == {len(pool.free)}",
                 )
         if got is None:  # only the API: every table
             if self.caps.encoder_decoder:
@@ -256,11 +257,11 @@ class ManagerMachine(LockstepMachine):
         if got == want:
             return
         note(f"impl: {got}\nspec: {want}")
-        for label, pool, other in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu)):
+        for where, pool, other in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu)):
             broken = pool_fault(pool)
             if broken is not None:
-                raise Violation(broken, f"{label} pool differs: impl {pool} spec {other}")
-        fault = _view_fault(got, self.block_size)
+                raise Violation(broken, f"{where} pool differs: impl {pool} spec {other}")
+        fault = view_fault(got, self.block_size)
         if fault is not None:
             raise Violation(*fault)
         check_same_pools(got, want)
@@ -272,14 +273,21 @@ class ManagerMachine(LockstepMachine):
 
     @invariant()
     def invariants_hold(self) -> None:
-        if not spec.manager_ok(self.model):
-            self._violate("spec self-check", "spec state broke M1–M4")
+        """After every step: the model keeps every pool, allocator and manager invariant
+        (P, I, M) and the target's own ``check_invariants()`` passes."""
+        model = self.model
+        checks: list[tuple[str, object]] = [("pool", model.alloc.gpu), ("pool", model.alloc.cpu)]
+        checks += [("allocator", model.alloc), ("manager", model)]
+        for layer, state in checks:
+            broken = first_broken(layer, state)
+            if broken is not None:
+                self._violate("spec self-check", f"the spec's state breaks {broken.label}")
         self._check_target_invariants(self.adapter.check_invariants)
 
 
     # ------------------------------------------------------------------ steps
 
-    def _append(self, seq: Sequence, lookahead: int, can: str | None) -> bool:
+    def _append_slots(self, seq: Sequence, lookahead: int, can: str | None) -> bool:
         """append_slots on both sides; returns whether it succeeded.
 
         ``can``: the ``can_*`` question that answered yes for this append, if any.
@@ -301,7 +309,7 @@ class ManagerMachine(LockstepMachine):
         chosen = self.adapter.get_block_table(seq)
         old = self.model.tables[seq.seq_id]  # explain runs before the model moves
         self.model, pairs = self._judge(
-            "M3 tables_shaped_ok",
+            label("M3"),
             lambda: spec.append_slots(self.model, seq.seq_id, unseen, lookahead, computed, chosen),
             src,
             explain=lambda: self._explain_table(
@@ -320,7 +328,7 @@ class ManagerMachine(LockstepMachine):
         self._computed(seq)
         return True
 
-    def _admit(self, group: SequenceGroup, lookahead: int) -> bool:
+    def _allocate(self, group: SequenceGroup, lookahead: int) -> bool:
         """can_allocate + allocate on both sides; returns whether the group was placed."""
         first = group.get_seqs(WAITING)[0]
         encoder = group.get_encoder_seq()
@@ -360,7 +368,7 @@ class ManagerMachine(LockstepMachine):
             cross_ids = self.adapter.get_cross_block_table(group) if enc_len else []
             cross = (group.request_id, list(encoder.get_token_ids()), cross_ids)
         self.model = self._judge(
-            "M3 tables_shaped_ok",
+            label("M3"),
             lambda: spec.allocate(self.model, waiting, tokens, chosen, cross),
             src,
             explain=lambda: self._explain_table((), chosen + (cross[2] if cross else []), src),
@@ -406,7 +414,7 @@ class ManagerMachine(LockstepMachine):
         lookahead=st.integers(0, 2),
         token=st.integers(0, 1000),
     )
-    def new_group(
+    def allocate(
         self, n: int, prompt_len: int, encoder_len: int | None, lookahead: int, token: int
     ) -> object:
         n = n if self.caps.cow else 1  # n > 1 shares the prompt: appends copy on write
@@ -420,18 +428,18 @@ class ManagerMachine(LockstepMachine):
         names = ", ".join(f"s{s.seq_id}" for s in seqs)
         enc = "" if encoder is None else f", encoder_seq=s{encoder.seq_id}"
         self._log(f'{self._g(group)} = SequenceGroup("{request_id}", [{names}]{enc}, n={n})')
-        if not self._admit(group, self._la(lookahead)):
+        if not self._allocate(group, self._la(lookahead)):
             return multiple()
-        event(f"new_group: n={n}" + ("" if encoder is None else ", encoder-decoder"))
+        event(f"allocate: n={n}" + ("" if encoder is None else ", encoder-decoder"))
         self.live[request_id] = group
         return request_id
 
     @rule(request_id=groups, lookahead=st.integers(0, 2), new_tokens=st.integers(1, 2))
-    def decode(self, request_id: str, lookahead: int, new_tokens: int) -> None:
+    def append_slots(self, request_id: str, lookahead: int, new_tokens: int) -> None:
         lookahead = self._la(lookahead)
         group = self.live.get(request_id)
         if group is None or not group.get_seqs(RUNNING):
-            event("decode: no running sequence")
+            event("append_slots: no running sequence")
             return
         for seq in group.get_seqs(RUNNING):
             for i in range(new_tokens):
@@ -453,10 +461,10 @@ class ManagerMachine(LockstepMachine):
         self._log(f"{src}  # {expected}")
         event(f"can_append_slots: {expected}")
         for seq in group.get_seqs(RUNNING):
-            if not self._append(seq, lookahead, "can_append_slots" if expected else None):
+            if not self._append_slots(seq, lookahead, "can_append_slots" if expected else None):
                 break
         if any(spec.NULL in t.handles for t in self.model.tables.values()):
-            event("decode: sliding window dropped blocks")
+            event("append_slots: sliding window dropped blocks")
 
     @precondition(lambda self: self.caps.cow)
     @rule(request_id=groups)
@@ -478,7 +486,7 @@ class ManagerMachine(LockstepMachine):
             )
             return
         self.model = self._judge(
-            "I1 refcounts_match_references",
+            label("I1"),
             lambda: spec.fork(self.model, parent.seq_id, child.seq_id),
             src,
         )
@@ -515,14 +523,17 @@ class ManagerMachine(LockstepMachine):
                 )
             self._expect_same_error(res, lambda: spec.swap_out(self.model, running, {}), src)
             return
+        before = self.model
         self.model, pairs = self._judge(
-            "M5 swap_conserves",
+            label("M5"),
             lambda: spec.swap_out(self.model, running, self._abs(res, GPU, CPU)),
             src,
             explain=lambda: self._explain_swap(res, GPU, CPU, src),
         )
         if [tuple(p) for p in res] != list(pairs):
-            self._violate("M5 swap_conserves", f"{src} returned {res}; the spec moved {pairs}")
+            self._violate(label("M5"), f"{src} returned {res}; the spec moved {pairs}")
+        if not holds("M5", before, self.model, running, self._abs(res, GPU, CPU)):
+            self._violate(label("M5"), f"{src} returned {res}, which does not conserve the tables")
         self._set_status(group.get_seqs(RUNNING), SWAPPED)
         slots = sum(len(spec.real_handles(self.model.tables[q])) for q in running)
         event(f"swap_out: {'shared blocks move once' if len(pairs) < slots else 'no sharing'}")
@@ -562,23 +573,26 @@ class ManagerMachine(LockstepMachine):
                 )
             self._expect_same_error(res, lambda: spec.swap_in(self.model, ids, {}), src)
             return
+        before = self.model
         self.model, pairs = self._judge(
-            "M5 swap_conserves",
+            label("M5"),
             lambda: spec.swap_in(self.model, ids, self._abs(res, CPU, GPU)),
             src,
             explain=lambda: self._explain_swap(res, CPU, GPU, src),
         )
         if [tuple(p) for p in res] != list(pairs):
-            self._violate("M5 swap_conserves", f"{src} returned {res}; the spec moved {pairs}")
+            self._violate(label("M5"), f"{src} returned {res}; the spec moved {pairs}")
+        if not holds("M5", before, self.model, ids, self._abs(res, CPU, GPU)):
+            self._violate(label("M5"), f"{src} returned {res}, which does not conserve the tables")
         self._set_status(swapped, RUNNING)
         # The scheduler appends right after a swap-in; OK must have covered it.
         can = "can_swap_in" if expected is AllocStatus.OK else None
         for seq in swapped:
-            if not self._append(seq, lookahead, can):
+            if not self._append_slots(seq, lookahead, can):
                 break
 
     @rule(request_id=groups, which=st.integers(0, 3))
-    def finish_seq(self, request_id: str, which: int) -> None:
+    def free(self, request_id: str, which: int) -> None:
         group = self.live.get(request_id)
         if group is None:
             return
@@ -590,7 +604,7 @@ class ManagerMachine(LockstepMachine):
         if group.is_finished():
             self._free_cross(group)
             del self.live[request_id]
-            event("finish_seq: group finished")
+            event("free: group finished")
 
     @rule(request_id=groups, lookahead=st.integers(0, 1))
     def preempt_by_recompute(self, request_id: str, lookahead: int) -> None:
@@ -606,7 +620,7 @@ class ManagerMachine(LockstepMachine):
         self._set_status([seq], WAITING)
         seq.reset_state_for_recompute()
         self._log(f"s{seq.seq_id}.reset_state_for_recompute()")
-        if not self._admit(group, self._la(lookahead)):
+        if not self._allocate(group, self._la(lookahead)):
             # stays WAITING without blocks; drop it from the live set
             self._set_status([seq], FINISHED)
             del self.live[request_id]
@@ -673,31 +687,17 @@ class ManagerMachine(LockstepMachine):
         )
 
 
-def _view_fault(v: spec.ManagerView, block_size: int) -> tuple[str, str] | None:
-    """``(check, detail)`` for a view that breaks I1, M2, M3 or M4 by itself, else None."""
-    counts: dict[int, int] = {}
-    for _, t in (*v.tables, *v.cross):
-        nulls = 0
-        while nulls < len(t.token_ids) and t.token_ids[nulls] is None:
-            nulls += 1
-        if None in t.token_ids[nulls:]:
-            return "M4 null_prefix_ok", f"a null slot after a real one: {t}"
-        for i, (b, tokens) in enumerate(zip(t.block_ids, t.token_ids, strict=True)):
-            fill = min(block_size, max(0, t.num_full_slots - i * block_size))
-            if tokens is not None:
-                counts[b] = counts.get(b, 0) + 1
-                if len(tokens) != fill:
-                    return "M3 tables_shaped_ok", f"block {i} holds {len(tokens)} tokens: {t}"
-    if v.null_id is not None:
-        counts[v.null_id] = counts.get(v.null_id, 0) + 1
+def view_fault(v: spec.ManagerView, block_size: int) -> tuple[str, str] | None:
+    """``(check, detail)`` for a view that breaks a pool, allocator or manager invariant
+    by itself (judged by the registry's predicates on :func:`spec.state_of_view`), else None."""
     for pool in (v.gpu, v.cpu):
-        for i, rc in enumerate(pool.refcounts):
-            b = pool.first_id + i
-            if b in pool.free and counts.get(b, 0):
-                return "M2 ownership_ok", f"a table names block {b}, which is free"
-            if rc != counts.get(b, 0):
-                return (
-                    "I1 refcounts_match_references",
-                    f"block {b} has refcount {rc} but {counts.get(b, 0)} table references",
-                )
+        broken = first_broken("pool", pool)
+        if broken is not None:
+            return broken.label, f"a pool breaks it: {pool}"
+    state = spec.state_of_view(v, block_size)
+    for layer, layer_state in (("manager", state), ("allocator", state.alloc)):
+        broken = first_broken(layer, layer_state)
+        if broken is not None:
+            why = f" ({broken.explain(layer_state)})" if broken.explain is not None else ""
+            return broken.label, f"the target's view breaks it{why}: {v}"
     return None

@@ -7,31 +7,27 @@ order (swap-out, swap-in, copy-on-write), writes each computed token as
 one token per running sequence and finishes sequences at their output length;
 sequences stop early; requests are aborted; duplicate requests are refused.
 
-Checked after every rule (invariants) or step (transition checks):
-    S1 queues   every queued request is in exactly one queue, finished ones in
-                none; statuses match the queue (WAITING / RUNNING / SWAPPED)
-    S2 blocks   RUNNING sequences have a GPU table, SWAPPED a CPU table,
-                WAITING and finished ones none; manager ``check_invariants()``
-                and the spec view (:func:`view_ok`) hold; table tokens are the
-                sequence's tokens
-    S3 KV       the shadow cache holds, for every RUNNING (GPU) and SWAPPED (CPU)
-                sequence, exactly what was written for each computed token
-    S4 FCFS     (a) requests never admitted form a suffix of ``waiting`` in arrival
-                order; per step (b) admissions and rejections of waiting requests
-                take a prefix of ``waiting``, swap-ins and rejections of swapped
-                requests a prefix of ``swapped``; (c) victims are the newest running
-                requests; (d) recompute victims go to the front of ``waiting`` in
-                their running order, swap victims to the back of ``swapped``;
-                (e) after a preemption nothing is swapped in or admitted, and
-                nothing is admitted while a request stays swapped
-    S5 budget   a step that swaps in or admits stays within max_num_seqs / tokens
-    S6 drain    at teardown, stepping empties every queue and frees every block
+Checked, with the registry's predicates (:mod:`pagedkv_spec.invariants`), after
+every rule (state invariants) or every ``schedule()`` (step invariants):
+    Q1–Q4   the scheduler's queues (:mod:`pagedkv_spec.scheduler`) over a view the
+            machine builds from its own bookkeeping (so requests the scheduler let go
+            of are checked too: finished, no blocks), and the scheduler's own
+            ``check_invariants()``
+    P, I, M the manager's ``check_invariants()`` and its ``to_spec()`` view judged by
+            the pool, allocator and manager predicates
+    KV1     the shadow cache holds, for every RUNNING (GPU) and SWAPPED (CPU)
+            sequence, exactly what was written for each computed token
+    Q5, Q6  each step takes work first come, first served and within its budgets
+    Q7      at teardown, stepping empties every queue and frees every block
+
+Rules are named after the scheduler operation they drive: ``add_seq_group``,
+``schedule``, ``finish_seq``, ``abort_seq_group``, and ``add_seq_group_twice``
+(the misuse: a request id that is already queued).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 
 from hypothesis import event
 from hypothesis import strategies as st
@@ -39,37 +35,18 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
 from pagedkv.errors import DuplicateRequestError
-from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutputs
-from pagedkv_spec.manager import ManagerView
-from pagedkv_spec.pool import pool_ok, refcount
+from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv_spec.device import Device
+from pagedkv_spec.invariants import first_broken, holds, label
+from pagedkv_spec.kv import first_lost
+from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef, StepRecord
+from pagedkv_stateful.manager_machine import view_fault
 
-__all__ = ["SchedulerMachine", "view_ok"]
+__all__ = ["SchedulerMachine"]
 
 WAITING, RUNNING, SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
+GPU, CPU = Device.GPU, Device.CPU
 Slot = tuple[str, int, int] | None  # (request, position, token) written there, or nothing
-
-
-def view_ok(v: ManagerView, num_gpu: int, block_size: int) -> str:
-    """Spec-level checks on ``to_spec()``: "" if fine, else what broke (manager_ok style).
-
-    P1–P5 per pool; refcount == table references (I2); each table on one device
-    with block fill following ``num_full_slots`` (M3).
-    """
-    if not pool_ok(v.gpu) or not pool_ok(v.cpu):
-        return "a pool breaks P1-P5"
-    refs = Counter(b for _, t in (*v.tables, *v.cross) for b in t.block_ids)
-    for pool in (v.gpu, v.cpu):
-        for b in range(pool.first_id, pool.first_id + len(pool.refcounts)):
-            if refcount(pool, b) != refs.get(b, 0):
-                return f"block {b}: refcount {refcount(pool, b)}, {refs.get(b, 0)} references"
-    for seq_id, t in v.tables:
-        if len({b < num_gpu for b in t.block_ids}) > 1:
-            return f"table of {seq_id} spans both devices"
-        for i, toks in enumerate(t.token_ids):
-            fill = min(block_size, max(0, t.num_full_slots - i * block_size))
-            if toks is not None and len(toks) != fill:
-                return f"table of {seq_id}: block {i} holds {len(toks)} tokens, expected {fill}"
-    return ""
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -110,14 +87,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.groups: dict[str, SequenceGroup] = {}
         self.output_len: dict[str, int] = {}
         self.admitted: set[str] = set()
-        self.arrive(prompt_len=block_size + 1, output_len=2, n=1)  # every rule is enabled
+        self.add_seq_group(prompt_len=block_size + 1, output_len=2, n=1)  # every rule is enabled
 
     # ------------------------------------------------------------------ rules
 
     @rule(
         prompt_len=st.integers(1, 12), output_len=st.integers(1, 8), n=st.sampled_from([1, 1, 2, 3])
     )
-    def arrive(self, prompt_len: int, output_len: int, n: int) -> None:
+    def add_seq_group(self, prompt_len: int, output_len: int, n: int) -> None:
         rid = f"r{len(self.arrival)}"
         tokens = [(len(self.arrival) * 31 + i) % 97 for i in range(prompt_len)]
         seq = Sequence(self.scheduler.next_seq_id(), tokens, self.block_size)
@@ -130,33 +107,32 @@ class SchedulerMachine(RuleBasedStateMachine):
         )
 
     @rule()
-    def step(self) -> None:
-        sched = self.scheduler
-        w0, r0, s0 = (self._ids(q) for q in (sched.waiting, sched.running, sched.swapped))
-        out = sched.schedule()
-        self._check_transition(out, w0, r0, s0)
+    def schedule(self) -> None:
+        before = self._view()
+        out = self.scheduler.schedule()
+        self._check_transition(out, before)
         self._apply(out)
         self._forward_and_sample(out)
         self._free_finished()
 
     @rule(data=st.data())
-    def stop_seq(self, data: st.DataObject) -> None:
+    def finish_seq(self, data: st.DataObject) -> None:
         """A sequence emits its stop token (finishes before its output length)."""
         seqs = [q for g in self.scheduler.running for q in g.get_seqs(RUNNING)]
         if not seqs:
-            event("stop_seq: nothing running")
+            event("finish_seq: nothing running")
             return
         seq = data.draw(st.sampled_from(seqs))
         self.scheduler.finish_seq(seq, SequenceStatus.FINISHED_STOPPED)
         self._free_finished()
 
     @rule(data=st.data())
-    def abort(self, data: st.DataObject) -> None:
+    def abort_seq_group(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from([*sorted(self.arrival), "unknown"]))
         queued = any(g.request_id == rid for g in self._queued())
         assert self.scheduler.abort_seq_group(rid) == queued, "abort_seq_group's answer"
         if queued:
-            event("abort: queued request")
+            event("abort_seq_group: queued request")
             group = self.groups[rid]
             assert group.is_finished() and not any(
                 q.seq_id in self.manager.block_tables for q in group.get_seqs()
@@ -164,7 +140,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert SequenceStatus.FINISHED_ABORTED in {q.status for q in group.get_seqs()}
 
     @rule(data=st.data())
-    def add_duplicate(self, data: st.DataObject) -> None:
+    def add_seq_group_twice(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(sorted(self.arrival)))
         before = self._ids(self.scheduler.waiting)
         twin = SequenceGroup(rid, [Sequence(self.scheduler.next_seq_id(), [1], self.block_size)])
@@ -172,7 +148,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             try:
                 self.scheduler.add_seq_group(twin)
             except DuplicateRequestError:
-                event("add_duplicate: refused")
+                event("add_seq_group_twice: refused")
             else:
                 raise AssertionError(f"a second request {rid!r} was queued")
             assert self._ids(self.scheduler.waiting) == before, "a refused add changed waiting"
@@ -186,42 +162,27 @@ class SchedulerMachine(RuleBasedStateMachine):
         s = self.scheduler
         return [*s.waiting, *s.running, *s.swapped]
 
-    def _check_transition(
-        self, out: SchedulerOutputs, w0: list[str], r0: list[str], s0: list[str]
-    ) -> None:
-        sched = self.scheduler
-        victims = [p.request_id for p in out.preempted] + [a.request_id for a in out.aborted]
-        rejected = {e.request_id for e in out.rejected}
-        reasons = [e.reason for e in (*out.rejected, *out.aborted)]
-        assert all(reasons + [p.reason for p in out.preempted]), "an event without a reason"
-        # (c) victims are the newest running requests
-        assert sorted(victims) == sorted(r0[len(r0) - len(victims) :]), f"victims {victims} of {r0}"
-        # (b) prefixes of waiting and swapped
-        gone_w = [r for r in w0 if r in rejected or r in out.admitted]
-        gone_s = [r for r in s0 if r in rejected or r in out.swapped_in]
-        assert gone_w == w0[: len(gone_w)] and gone_s == s0[: len(gone_s)], "FCFS skipped"
-        assert out.admitted == [r for r in gone_w if r not in rejected], "admission order"
-        assert out.swapped_in == [r for r in gone_s if r not in rejected], "swap-in order"
-        # (e) no swap-in or admission after a preemption; swapped requests come first
-        if victims:
-            assert not out.admitted and not out.swapped_in, "placed work after a preemption"
-            event(f"step: {len(victims)} victim(s)")
-        if out.admitted:
-            assert not sched.swapped, "admitted while a request stays swapped"
-        # (d) where victims went
-        recompute = [p.request_id for p in out.preempted if p.mode is PreemptionMode.RECOMPUTE]
-        swap = [p.request_id for p in out.preempted if p.mode is PreemptionMode.SWAP]
-        assert self._ids(sched.waiting) == recompute[::-1] + w0[len(gone_w) :], "waiting queue"
-        assert self._ids(sched.swapped) == s0[len(gone_s) :] + swap, "swapped queue"
-        kept = [r for r in r0 if r not in victims]
-        assert self._ids(sched.running) == kept + out.swapped_in + out.admitted, "running queue"
-        # (f) budget
-        if out.admitted or out.swapped_in:
-            seqs = sum(g.seq_group.num_seqs(RUNNING) for g in out.scheduled_seq_groups)
-            c = self.config
-            assert c.max_num_seqs is None or seqs <= c.max_num_seqs, "max_num_seqs exceeded"
-            tokens = out.num_batched_tokens
-            assert c.max_num_batched_tokens is None or tokens <= c.max_num_batched_tokens
+    def _check_transition(self, out: SchedulerOutputs, before: SchedulerView) -> None:
+        """Q5 and Q6 over this step, with the registry's predicates."""
+        c = self.config
+        step = StepRecord(
+            admitted=tuple(out.admitted),
+            swapped_in=tuple(out.swapped_in),
+            rejected=tuple(e.request_id for e in out.rejected),
+            preempted=tuple((p.request_id, p.mode.name) for p in out.preempted),
+            aborted=tuple(e.request_id for e in out.aborted),
+            reasons_given=all(e.reason for e in (*out.rejected, *out.aborted))
+            and all(p.reason for p in out.preempted),
+            num_running_seqs=sum(g.seq_group.num_seqs(RUNNING) for g in out.scheduled_seq_groups),
+            num_batched_tokens=out.num_batched_tokens,
+            max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+        )
+        after = self._view()
+        for id_, args in (("Q5", (before, step, after)), ("Q6", (step,))):
+            assert holds(id_, *args), f"{label(id_)}: {step}\nbefore {before}\nafter {after}"
+        if out.preempted or out.aborted:
+            event(f"step: {len(out.preempted) + len(out.aborted)} victim(s)")
         for rid in out.admitted:
             group = self.groups[rid]
             assert group.num_seqs() == group.n, f"{rid} admitted without its {group.n} samples"
@@ -279,64 +240,64 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ invariants
 
+    def _view(self) -> SchedulerView:
+        """The queues as the spec sees them, from this machine's own bookkeeping."""
+        tables, size = self.manager.block_tables, self.block_size
+        views = dict(self.manager.to_spec().tables)
+
+        def seq_ref(seq: Sequence) -> SeqRef:
+            tokens = tuple(seq.get_token_ids())
+            if seq.seq_id not in tables:
+                return SeqRef(seq.seq_id, seq.status.name, None, tokens)
+            t = views[seq.seq_id]
+            devices = frozenset(GPU if b < self.num_gpu else CPU for b in t.block_ids)
+            written = [x for blk in t.token_ids for x in ((None,) * size if blk is None else blk)]
+            return SeqRef(seq.seq_id, seq.status.name, devices, tokens, tuple(written))
+
+        def group_ref(group: SequenceGroup) -> GroupRef:
+            rid = group.request_id
+            seqs = tuple(seq_ref(q) for q in group.get_seqs())
+            return GroupRef(rid, self.arrival[rid], group.is_finished(), rid in self.admitted, seqs)
+
+        sched = self.scheduler
+        queued = {g.request_id for g in self._queued()}
+        return SchedulerView(
+            tuple(group_ref(g) for g in sched.waiting),
+            tuple(group_ref(g) for g in sched.running),
+            tuple(group_ref(g) for g in sched.swapped),
+            tuple(rid for rid in self.arrival if rid in queued),
+            tuple(group_ref(g) for rid, g in self.groups.items() if rid not in queued),
+        )
+
     @invariant()
     def queues_and_blocks(self) -> None:
-        """S1, S2, S4 (a)."""
-        sched, tables = self.scheduler, self.manager.block_tables
+        """Q1–Q4 on the machine's view; the scheduler's own check_invariants()."""
         self.scheduler.check_invariants()
-        seen: set[str] = set()
-        for queue, status in (
-            (sched.waiting, WAITING),
-            (sched.running, RUNNING),
-            (sched.swapped, SWAPPED),
-        ):
-            for group in queue:
-                assert group.request_id not in seen, f"{group.request_id} queued twice"
-                seen.add(group.request_id)
-                for seq in group.get_unfinished_seqs():
-                    assert seq.status is status, f"{seq} in the {status.name} queue"
-                    ids = self.manager.get_block_table(seq) if seq.seq_id in tables else None
-                    if status is WAITING:
-                        assert ids is None, f"waiting {seq} holds blocks"
-                    else:
-                        on_gpu = status is RUNNING
-                        assert ids and all((b < self.num_gpu) == on_gpu for b in ids), f"{seq}"
-        for rid, group in self.groups.items():
-            if rid not in seen:
-                assert group.is_finished(), f"{rid} is in no queue but not finished"
-                assert not any(q.seq_id in tables for q in group.get_seqs()), f"{rid} leaks blocks"
-        fresh = [g.request_id not in self.admitted for g in sched.waiting]
-        cut = fresh.index(True) if True in fresh else len(fresh)
-        assert all(fresh[cut:]), "an admitted request waits behind a new one"
-        order = [self.arrival[g.request_id] for g in list(sched.waiting)[cut:]]
-        assert order == sorted(order), "new requests out of arrival order"
+        view = self._view()
+        broken = first_broken("scheduler", view)
+        assert broken is None, f"{broken.label if broken else ''}: {view}"
 
     @invariant()
     def manager_view(self) -> None:
-        """S2 at the spec level."""
+        """P, I and M: the manager's check_invariants() and its view, by the registry."""
         self.manager.check_invariants()
-        view = self.manager.to_spec()
-        problem = view_ok(view, self.num_gpu, self.block_size)
-        assert not problem, problem
-        tables = dict(view.tables)
-        for group in self._queued():
-            for seq in group.get_seqs(RUNNING) + group.get_seqs(SWAPPED):
-                t = tables[seq.seq_id]
-                held = [tok for block in t.token_ids if block is not None for tok in block]
-                assert held == seq.get_token_ids()[: t.num_full_slots], f"tokens of {seq}"
+        fault = view_fault(self.manager.to_spec(), self.block_size)
+        assert fault is None, fault
 
     @invariant()
     def kv_conserved(self) -> None:
-        """S3."""
+        """KV1 over every computed position of every RUNNING and SWAPPED sequence."""
         size = self.block_size
+        cells: list[tuple[int, int, Hashable, Hashable]] = []
         for group in self._queued():
             for seq in group.get_seqs(RUNNING) + group.get_seqs(SWAPPED):
                 cache, first = (self.gpu, 0) if seq.status is RUNNING else (self.cpu, self.num_gpu)
                 table, tokens = self.manager.get_block_table(seq), seq.get_token_ids()
                 for p in range(seq.get_num_computed_tokens()):
-                    got = cache[table[p // size] - first][p % size]
-                    want = (group.request_id, p, tokens[p])
-                    assert got == want, f"{seq} position {p}: cache holds {got}, wrote {want}"
+                    held = cache[table[p // size] - first][p % size]
+                    cells.append((seq.seq_id, p, (group.request_id, p, tokens[p]), held))
+        kv = tuple(cells)
+        assert holds("KV1", kv), f"{label('KV1')}: (seq, position, wrote, holds) {first_lost(kv)}"
 
     def teardown(self) -> None:
         """S6: the queues drain and every block comes back."""
@@ -346,9 +307,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         for _ in range(limit):
             if not self.scheduler.has_unfinished_seqs():
                 break
-            self.step()
+            self.schedule()
             self.queues_and_blocks()
             self.kv_conserved()
         assert not self.scheduler.has_unfinished_seqs(), f"not drained in {limit} steps"
-        assert self.manager.get_num_free_gpu_blocks() == self.num_gpu, "GPU blocks leaked"
-        assert self.manager.get_num_free_cpu_blocks() == len(self.cpu), "CPU blocks leaked"
+        m = self.manager
+        assert holds(
+            "Q7",
+            self.scheduler.to_spec(),
+            m.get_num_free_gpu_blocks(),
+            self.num_gpu,
+            m.get_num_free_cpu_blocks(),
+            len(self.cpu),
+        ), f"{label('Q7')}: {self.scheduler!r}, {m!r}"
