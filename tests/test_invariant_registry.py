@@ -114,7 +114,7 @@ def test_check_reports_the_first_broken_invariant_with_its_id() -> None:
         invariants.invariant("Z1")
 
 
-# --------------------------------------------------------------------------- checked after every step
+# ------------------------------------------------------------------------ checked after every step
 
 
 def _probe(
