@@ -1,4 +1,4 @@
-"""The tree's shape: no import cycles among the project's own modules."""
+"""The tree's shape: no import cycles, no module reaching into another's private fields."""
 
 from __future__ import annotations
 
@@ -63,3 +63,73 @@ def test_cycle_finder_finds_a_cycle() -> None:
 def test_no_import_cycles() -> None:
     cycles = find_cycles(import_graph())
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+# Private names of other libraries the package uses on purpose, with the reason.
+FOREIGN_PRIVATE_OK = {
+    ("_block_copy.py", "_foreach_copy_"),  # torch's one-launch batched copy, no public name
+}
+
+
+def private_names_defined(tree: ast.Module) -> set[str]:
+    """``_names`` the module's classes define: ``self._x = ...``, ``__slots__``, methods."""
+    names: set[str] = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for node in ast.walk(cls):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+            ):
+                names.add(node.attr)
+            elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets
+            ):
+                names.update(
+                    c.value
+                    for c in ast.walk(node.value)
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                )
+        names.update(f.name for f in cls.body if isinstance(f, ast.FunctionDef))
+    return names
+
+
+def foreign_private_accesses(path: Path) -> list[str]:
+    """``obj._x`` in ``path`` (obj not self/cls) where no class of the module defines ``_x``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    own = private_names_defined(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        attr = node.attr
+        if not attr.startswith("_") or attr.startswith("__") or attr in own:
+            continue
+        if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            continue
+        if (path.name, attr) not in FOREIGN_PRIVATE_OK:
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_touches_another_modules_private_fields() -> None:
+    """A field is read and written by the class that owns it (and its module's classes).
+
+    A heuristic: an access counts as the module's own when any class of the
+    module defines that name (so two modules defining the same private name are
+    not told apart), but it catches the fast paths that reach into a class of
+    another module.
+    """
+    found = [
+        hit
+        for path in sorted((ROOT / "impl").rglob("*.py"))
+        for hit in foreign_private_accesses(path)
+    ]
+    assert not found, "private fields of another module's class: " + "; ".join(found)
+
+
+def test_the_private_access_finder_finds_one(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("class A:\n    def f(self, b):\n        self._x = b._y\n        return b._x\n")
+    assert foreign_private_accesses(src) == ["m.py:3: b._y"]

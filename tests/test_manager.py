@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedkv import AllocStatus, BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
 from pagedkv.errors import (
@@ -223,3 +225,117 @@ def test_can_append_slots_boundary_matches_block_table_formula() -> None:
                 lookahead,
                 spare,
             )
+
+
+# ---------------------------------------------------------------- append_slots_batch
+
+
+def per_group_step(
+    m: BlockSpaceManager, groups: list[SequenceGroup], lookahead: int
+) -> tuple[int, list[tuple[int, int]]]:
+    """What append_slots_batch promises: can_append_slots + append_slots, stopping at False."""
+    pairs: list[tuple[int, int]] = []
+    for k, g in enumerate(groups):
+        if not m.can_append_slots(g, lookahead):
+            return k, pairs
+        for seq in g.get_seqs(RUNNING):
+            pairs.extend(m.append_slots(seq, lookahead))
+    return len(groups), pairs
+
+
+def test_append_slots_batch_stops_at_the_first_group_that_does_not_fit() -> None:
+    m = BlockSpaceManager(2, 5, 0, watermark=0.0)
+    a, b, c = (
+        group_of("a", [1, 2]),
+        group_of("b", [1, 2], first_id=1),
+        group_of("c", [1], first_id=2),
+    )
+    for g in (a, b, c):
+        admit(m, g)  # a: [0], b: [1], c: [2]; 2 free
+    for g, tokens in ((a, [3]), (b, [3, 4, 5]), (c, [2])):
+        for t in tokens:
+            g.get_seqs()[0].append_token_id(t)
+    before_b = m.get_block_table(b.get_seqs()[0])[:]
+    done = m.append_slots_batch([a, b, c], 0)
+    assert done.num_appended == 1 and done.blocks_to_copy == []  # b needs 2, 1 left after a
+    assert m.get_block_table(b.get_seqs()[0]) == before_b and m.get_num_free_gpu_blocks() == 1
+    assert m.append_slots_batch([c], 0).num_appended == 1  # c writes into its own block
+    m.check_invariants()
+
+
+def test_append_slots_batch_returns_copy_on_write_pairs_in_order() -> None:
+    m = BlockSpaceManager(4, 8, 0, watermark=0.0)
+    g = group_of("a", [1, 2, 3, 4, 5, 6], n=2)
+    admit(m, g)
+    for seq, token in zip(g.get_seqs(), (7, 8), strict=True):
+        seq.append_token_id(token)
+    done = m.append_slots_batch([g])
+    assert done == (1, [(1, 2)]) and m.stats.cow_copies == 1
+
+
+def test_append_slots_batch_errors_change_nothing() -> None:
+    m = BlockSpaceManager(2, 8, 8, watermark=0.0)
+    a, b = group_of("a", [1, 2, 3]), group_of("b", [1, 2, 3], first_id=1)
+    admit(m, a)
+    admit(m, b)
+    for g in (a, b):
+        g.get_seqs()[0].append_token_id(4)
+    stranger = group_of("x", [1], first_id=9)
+    stranger.get_seqs()[0].status = RUNNING
+    before = m.to_spec()
+    with pytest.raises(UnknownSequenceError):
+        m.append_slots_batch([a, b, stranger])
+    with pytest.raises(InvalidSequenceStateError):
+        m.append_slots_batch([a, b], -1)
+    m.swap_out(b)  # b stays RUNNING but its blocks are on the CPU
+    before = m.to_spec()
+    with pytest.raises(InvalidSequenceStateError, match="on CPU"):
+        m.append_slots_batch([a, b])
+    assert m.to_spec() == before
+
+
+@given(
+    prompts=st.lists(st.tuples(st.integers(1, 9), st.integers(1, 3)), min_size=1, max_size=5),
+    steps=st.lists(
+        st.tuples(st.lists(st.integers(0, 2), min_size=5, max_size=5), st.integers(0, 2)),
+        max_size=8,
+    ),
+    num_gpu_blocks=st.integers(4, 24),
+    block_size=st.integers(1, 4),
+)
+@settings(max_examples=150, deadline=None)
+def test_append_slots_batch_matches_the_per_group_calls(
+    prompts: list[tuple[int, int]],
+    steps: list[tuple[list[int], int]],
+    num_gpu_blocks: int,
+    block_size: int,
+) -> None:
+    """Random decode workloads (forks share blocks, so CoW happens): the batch and the
+    per-group calls leave equal states and return the same counts and CoW pairs."""
+    managers = [BlockSpaceManager(block_size, num_gpu_blocks, 0, watermark=0.0) for _ in range(2)]
+    sides: list[list[SequenceGroup]] = [[], []]
+    for side, m in enumerate(managers):
+        next_id = 0
+        for i, (length, n) in enumerate(prompts):
+            g = group_of(str(i), list(range(length)), n=n, first_id=next_id)
+            next_id += n
+            if m.can_allocate(g) == AllocStatus.OK:
+                admit(m, g)
+                sides[side].append(g)
+    assert len(sides[0]) == len(sides[1])
+    for new_tokens, lookahead in steps:
+        for groups in sides:
+            for i, g in enumerate(groups):
+                for seq in g.get_seqs():
+                    for t in range(new_tokens[i % 5]):
+                        seq.append_token_id(t + seq.seq_id)
+        want = per_group_step(managers[0], sides[0], lookahead)
+        got = managers[1].append_slots_batch(sides[1], lookahead)
+        assert (got.num_appended, got.blocks_to_copy) == want
+        assert managers[1].to_spec() == managers[0].to_spec()
+        managers[1].check_invariants()
+        for side, (m, groups) in enumerate(zip(managers, sides, strict=True)):
+            for g in groups[want[0] :]:  # the groups left out stop decoding
+                for seq in g.get_seqs():
+                    m.free(seq)
+            sides[side] = groups[: want[0]]

@@ -11,7 +11,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagedkv import SequenceGroup
 from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError, WorkloadError
 from pagedkv.report import SimulationResult
 from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
@@ -132,10 +131,10 @@ def test_kv_check_catches_a_corrupted_block() -> None:
 
 
 class _DropsCopies(Scheduler):
-    def _append(self, group: SequenceGroup, out: SchedulerOutputs) -> None:
-        known = len(out.blocks_to_copy)
-        super()._append(group, out)
-        del out.blocks_to_copy[known:]
+    def schedule(self) -> SchedulerOutputs:
+        out = super().schedule()
+        out.blocks_to_copy.clear()  # the planted bug: the worker never copies on write
+        return out
 
 
 def test_kv_check_catches_a_scheduler_that_loses_copy_on_write() -> None:

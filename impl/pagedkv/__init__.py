@@ -19,7 +19,7 @@ from pagedkv.block_table import BlockTable
 from pagedkv.cache import CopyHandle, KVCacheConfig, KVCacheEngine
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.interfaces import Block, BlockAllocator, DeviceAwareBlockAllocator
-from pagedkv.manager import BlockSpaceManager, ManagerStats
+from pagedkv.manager import AppendSlotsBatch, BlockSpaceManager, ManagerStats
 from pagedkv.naive_allocator import NaiveBlock, NaiveBlockAllocator, NullBlock
 from pagedkv.refcount import RefCounter
 from pagedkv.report import SimulationResult, Summary
@@ -48,6 +48,7 @@ __all__ = [
     "PRESETS",
     "AllocDecision",
     "AllocStatus",
+    "AppendSlotsBatch",
     "AttentionInputs",
     "Block",
     "BlockAllocator",

@@ -265,21 +265,17 @@ class BlockTable:
         first_idx = num_full // size
         # NOTE: fast path for the common decode step: no window, the tokens fit in
         # the current block, the lookahead slots exist and the block is private, so
-        # nothing is allocated or copied. Table blocks are live (T1), so the
-        # allocator's per-call checks can be skipped; this is the hot path.
+        # nothing is allocated or copied; the block itself says whether it is
+        # private (NaiveBlock.append_token_ids_if_private). This is the hot path.
         if (
             self._max_block_sliding_window is None
             and 0 < num_tokens <= size - num_full % size
             and 0 <= num_lookahead_slots <= len(blocks) * size - num_full - num_tokens
         ):
             b = blocks[first_idx]
-            if type(b) is NaiveBlock:
-                pool = b._allocator
-                block_id = b._block_id
-                if block_id is not None and pool._rc[block_id - pool._first] == 1:
-                    b._token_ids.extend(token_ids)
-                    self._num_full_slots = num_full + num_tokens
-                    return
+            if type(b) is NaiveBlock and b.append_token_ids_if_private(token_ids):
+                self._num_full_slots = num_full + num_tokens
+                return
         # ---- plan: validate and count everything before the first change
         drop_end, num_new = self._plan_append(num_tokens, num_lookahead_slots, num_computed_slots)
 
@@ -382,10 +378,46 @@ class BlockTable:
         self._num_full_slots = 0
         self._null_prefix = 0
 
-    def refresh_block_ids(self) -> None:
-        """Re-read the ids of this table's own blocks (after a swap moved them).
+    @staticmethod
+    def swap_tables(
+        tables: Sequence[BlockTable], src_device: Device, dst_device: Device
+    ) -> dict[int, int]:
+        """Move the blocks of ``tables`` to ``dst_device``; returns ``{src_id: dst_id}``.
 
-        Nothing changes on error. Complexity: O(blocks).
+        Blocks layout (two forked tables sharing ids 7 and 8, null entries stay)::
+
+            table a: [null, 7, 8, 9]        table a: [null, 3, 4, 5]
+            table b: [null, 7, 8, 2]   ->   table b: [null, 3, 4, 6]
+                       src ids                        dst ids
+
+        Stages: collect every real block of every table (the null block is GPU
+        padding and never moves); one allocator ``swap`` of them all, so an id
+        shared between the tables moves once and stays shared; then each
+        table re-reads its cached ids (T1). All tables must share one
+        allocator. Errors are the allocator's ``swap`` errors, raised before
+        any change. Complexity: O(blocks of the tables).
+        """
+        if not tables:
+            return {}
+        allocator = tables[0]._allocator
+        blocks: list[Block] = []
+        for table in tables:
+            if table._allocator is not allocator:
+                raise InvalidBlockTableArgumentError(
+                    "swap_tables needs tables of one allocator; swap each allocator's apart"
+                )
+            blocks.extend(table._blocks[table._null_prefix :])
+        mapping = allocator.swap(blocks, src_device, dst_device)
+        for table in tables:
+            table._block_ids = [live_id(b, "put in a block table") for b in table._blocks]
+        return mapping
+
+    def refresh_block_ids(self) -> None:
+        """Re-read the ids of this table's own blocks, after the allocator moved them.
+
+        :meth:`swap_tables` keeps the ids right by itself; this is for a caller
+        that swapped the blocks through the allocator directly. Nothing changes
+        on error. Complexity: O(blocks).
         """
         self._block_ids = [live_id(b, "put in a block table") for b in self._blocks]
 
@@ -424,6 +456,20 @@ class BlockTable:
         n = len(token_ids) + num_lookahead_slots
         first = self._block_size - self._num_full_slots % self._block_size
         return 1 + cdiv(n - first, self._block_size)
+
+    def get_num_blocks_touched_to_hold(self, num_tokens: int, num_lookahead_slots: int) -> int:
+        """Blocks touched by an append that makes the table hold ``num_tokens`` tokens.
+
+        :meth:`get_num_blocks_touched_by_append_slots` for the ``num_tokens -
+        num_full_slots`` unseen tokens of a sequence of ``num_tokens`` tokens,
+        without building that list: the manager's decode-step query.
+        ``num_lookahead_slots`` must be >= 0 (the caller checks it once per
+        step). Complexity: O(1).
+        """
+        size = self._block_size
+        full = self._num_full_slots
+        n = num_tokens - full + num_lookahead_slots
+        return 1 - ((size - full % size - n) // size)
 
     def _num_new_blocks(self, num_empty_slots: int) -> int:
         """Blocks :meth:`ensure_num_empty_slots` would add. Complexity: O(1)."""
@@ -551,9 +597,9 @@ class BlockTable:
             return False
         allocator = self._allocator
         if isinstance(allocator, CpuGpuBlockAllocator):
-            # NOTE: package-internal read; DeviceAwareBlockAllocator has no way to
-            # peek at the null block, and creating it would take a free id.
-            self._null_block = allocator._null_block
+            # DeviceAwareBlockAllocator has no way to peek at the null block, and
+            # creating it would take a free id; CpuGpuBlockAllocator has one.
+            self._null_block = allocator.null_block
             return self._null_block is None
         if not may_create:
             return True  # unknown: count its creation (an upper bound)

@@ -5,16 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pagedkv.errors import (
-    BlockWithoutIdError,
     ForeignBlockError,
     InvalidAllocatorConfigError,
     InvalidSwapError,
-    NoFreeBlocksError,
     NullBlockError,
     StaleBlockError,
 )
 from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
-from pagedkv.naive_allocator import NaiveBlock, NaiveBlockAllocator, NullBlock, chain_of, fork_chain
+from pagedkv.naive_allocator import NaiveBlock, NaiveBlockAllocator, NullBlock, chain_of
 from pagedkv_spec.allocator import AllocatorState, BlockRef
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
@@ -30,7 +28,14 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
     Refines :mod:`pagedkv_spec.allocator`. GPU ids are ``0..G-1`` and CPU ids
     ``G..G+C-1``. A block object knows its allocator, so ``free``/``fork`` need
     no id→allocator table (vLLM 0.6.3 builds a dict entry per block id).
+
+    Representation:
+        _gpu, _cpu   the two pools; this class only calls their public methods
+                     (the blocks and ids are theirs to change)
+        _null_block  the shared sliding-window padding, None until first asked for
     """
+
+    __slots__ = ("_cpu", "_gpu", "_null_block")
 
     def __init__(
         self, cpu_block_allocator: NaiveBlockAllocator, gpu_block_allocator: NaiveBlockAllocator
@@ -42,7 +47,8 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             raise InvalidAllocatorConfigError(
                 f"block sizes differ: gpu={gpu.block_size} cpu={cpu.block_size}"
             )
-        overlap = max(gpu._first, cpu._first) < min(gpu._end, cpu._end)
+        gpu_ids, cpu_ids = gpu.block_ids, cpu.block_ids
+        overlap = max(gpu_ids.start, cpu_ids.start) < min(gpu_ids.stop, cpu_ids.stop)
         if overlap:
             raise InvalidAllocatorConfigError("the GPU and CPU pools must have disjoint ids")
         self._gpu = gpu
@@ -86,7 +92,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
 
     def _owner(self, block: Block, operation: str) -> NaiveBlockAllocator:
         if type(block) is NaiveBlock:
-            owner = block._allocator
+            owner = block.allocator
             if owner is self._gpu or owner is self._cpu:
                 return owner
         raise ForeignBlockError(
@@ -97,21 +103,10 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
 
     def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
         """An empty block on ``device``. Complexity: O(1)."""
-        # NOTE: the GPU case is NaiveBlockAllocator.allocate_mutable_block inlined (the
-        # hottest call of a serving step; one call less is a third of its cost), and
-        # devices are told apart by identity: Enum.__hash__ is Python code.
+        # NOTE: devices are told apart by identity, GPU first (the hot case): a dict
+        # keyed by Device would call Enum.__hash__, which is Python code.
         if device is _GPU:
-            pool = self._gpu
-            stack = pool._stack
-            if stack:
-                block_id = stack.pop()
-            else:
-                block_id = pool._next_fresh
-                if block_id >= pool._end:
-                    raise NoFreeBlocksError(1, 0, "GPU")
-                pool._next_fresh = block_id + 1
-            pool._rc[block_id - pool._first] = 1
-            return NaiveBlock(pool, block_id, [], prev_block)
+            return self._gpu.allocate_mutable_block(prev_block)
         return self.get_allocator(device).allocate_mutable_block(prev_block)
 
     def allocate_immutable_block(
@@ -129,23 +124,12 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         return self.get_allocator(device).allocate_immutable_blocks(prev_block, block_token_ids)
 
     def free(self, block: Block) -> None:
-        """Drop the block's reference; freeing the null block does nothing. Complexity: O(1)."""
-        if type(block) is NaiveBlock:
-            owner = block._allocator
-            if owner is self._gpu or owner is self._cpu:
-                block_id = block._block_id
-                # NOTE: the common case of NaiveBlockAllocator.free inlined (hot path):
-                # a live block holding the last reference to its id.
-                if block_id is not None and not block._freed:
-                    i = block_id - owner._first
-                    if owner._rc[i] == 1:
-                        owner._rc[i] = 0
-                        owner._stack.append(block_id)
-                        block._block_id = None
-                        block._freed = True
-                        return
-                owner.free(block)  # shared ids, and every error
-                return
+        """Drop the block's reference; freeing the null block does nothing. Complexity: O(1).
+
+        The block's own pool frees it (errors as :meth:`NaiveBlockAllocator.free`).
+        """
+        if self._gpu.try_free(block) or self._cpu.try_free(block):
+            return
         if block is self._null_block:
             return
         raise ForeignBlockError(block.block_id, "cannot free: not a block of this allocator")
@@ -163,10 +147,10 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             self._owner(b, "fork")
         for b in chain:
             if type(b) is NaiveBlock:  # always true after the ownership check
-                if b._freed:
+                if b.freed:
                     raise StaleBlockError("fork")
                 owned.append(b)
-        return fork_chain(owned)
+        return NaiveBlockAllocator.fork_chain(owned)
 
     def fork_blocks(self, blocks: list[Block]) -> list[Block]:
         """Fork an explicit list of blocks (a block table), not a ``prev_block`` chain.
@@ -183,10 +167,10 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
                 continue
             self._owner(b, "fork")
             if type(b) is NaiveBlock:  # always true after the ownership check
-                if b._freed:
+                if b.freed:
                     raise StaleBlockError("fork")
                 real.append(b)
-        forked = iter(fork_chain(real))
+        forked = iter(NaiveBlockAllocator.fork_chain(real))
         return [b if b is self._null_block else next(forked) for b in blocks]
 
     def allocate_or_get_null_block(self) -> Block:
@@ -197,8 +181,8 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         return null
 
     @property
-    def null_block(self) -> Block | None:
-        """The shared null block, or None before it is first taken. Complexity: O(1)."""
+    def null_block(self) -> NullBlock | None:
+        """The shared null block, or None until :meth:`allocate_or_get_null_block`. O(1)."""
         return self._null_block
 
     # ------------------------------------------------------------------ swapping
@@ -216,36 +200,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         if src_device is dst_device:
             raise InvalidSwapError(f"source and destination are both {src_device.name}")
         src, dst = self.get_allocator(src_device), self.get_allocator(dst_device)
-        unique = list(dict.fromkeys(blocks))
-        owned: list[NaiveBlock] = []
-        for b in unique:
-            self._owner(b, "swap")
-            if type(b) is NaiveBlock:  # always true after the ownership check
-                owned.append(b)
-        if any(b._freed for b in owned):
-            raise StaleBlockError("swap")
-        ids: list[int] = []
-        for b in owned:
-            if b._block_id is None:
-                raise BlockWithoutIdError("swap")
-            ids.append(b._block_id)
-        for b in owned:
-            if b._allocator is not src:
-                raise ForeignBlockError(b._block_id, f"block is not on {src_device.name}")
-        num_distinct = len(set(ids))
-        if num_distinct > dst.get_num_free_blocks():
-            raise NoFreeBlocksError(num_distinct, dst.get_num_free_blocks(), dst_device.name)
-        mapping: dict[int, int] = {}
-        for b, src_id in zip(owned, ids, strict=True):
-            src._decref(src_id)
-            dst_id = mapping.get(src_id)
-            if dst_id is None:
-                dst_id = mapping[src_id] = dst._take_id()
-            else:
-                dst._incref(dst_id)
-            b._block_id = dst_id
-            b._allocator = dst
-        return mapping
+        return src.swap_blocks_to(dst, blocks, src_device.name, dst_device.name)
 
     # ------------------------------------------------------------------ queries
 
@@ -311,21 +266,21 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             b = blocks[handle]
             if type(b) is not NaiveBlock:
                 raise ForeignBlockError(b.block_id, "to_spec takes NaiveBlock objects only")
-            device = Device.GPU if b._allocator is self._gpu else Device.CPU
-            prev = b._prev_block
+            device = Device.GPU if b.allocator is self._gpu else Device.CPU
+            prev = b.prev_block
             prev_handle = None if prev is None else handle_of.get(id(prev))
-            refs.append(BlockRef(device, b._block_id, tuple(b._token_ids), prev_handle, b._freed))
+            refs.append(BlockRef(device, b.block_id, tuple(b.token_ids), prev_handle, b.freed))
         null_id = None if self._null_block is None else self._null_block.block_id
         return AllocatorState(
             self._gpu.block_size, self._gpu.to_spec(), self._cpu.to_spec(), tuple(refs), null_id
         )
 
     def check_invariants(self, blocks: Mapping[int, Block] | None = None) -> None:
-        """Check both pools (P1–P5), then I4–I6 and, given the live ``blocks``
+        """Check both pools (P1–P5), then I4 and I6 and, given the live ``blocks``
         (as for :meth:`to_spec`), I1, with the spec's predicates. Complexity: O(n)."""
         self._gpu.check_invariants()
         self._cpu.check_invariants()
-        ids = ["I4", "I5", "I6"] if blocks is None else ["I1", "I4", "I5", "I6"]
+        ids = ["I4", "I6"] if blocks is None else ["I1", "I4", "I6"]
         check("allocator", self.to_spec(blocks), repr(self), ids)
 
     def __repr__(self) -> str:

@@ -18,6 +18,10 @@ __all__ = ["Block", "BlockAllocator", "DeviceAwareBlockAllocator"]
 class Block(ABC):
     """A block object: one reference to a physical block id plus its token ids."""
 
+    # No instance dict, so subclasses with __slots__ are as small (and as quick to
+    # create) as their slots say.
+    __slots__ = ()
+
     @property
     @abstractmethod
     def block_id(self) -> int | None:
@@ -70,6 +74,8 @@ class Block(ABC):
 
 class BlockAllocator(ABC):
     """Allocates the blocks of one device."""
+
+    __slots__ = ()
 
     NoFreeBlocksError = NoFreeBlocksError
 
@@ -147,6 +153,8 @@ class BlockAllocator(ABC):
 
 class DeviceAwareBlockAllocator(ABC):
     """Allocates blocks on several devices (GPU and CPU) with disjoint ids."""
+
+    __slots__ = ()
 
     NoFreeBlocksError = NoFreeBlocksError
 

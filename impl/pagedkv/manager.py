@@ -14,7 +14,9 @@ null block, as a :class:`~pagedkv_spec.manager.ManagerView`) and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pagedkv._arith import cdiv
 from pagedkv.block_table import BlockTable
@@ -36,7 +38,7 @@ from pagedkv_spec.invariants import check
 from pagedkv_spec.manager import NULL, ManagerState, ManagerView, TableRef, TableView
 from pagedkv_spec.status import AllocStatus
 
-__all__ = ["BlockSpaceManager", "ManagerStats"]
+__all__ = ["AppendSlotsBatch", "BlockSpaceManager", "ManagerStats"]
 
 _GPU, _CPU = Device.GPU, Device.CPU
 _WAITING, _RUNNING, _SWAPPED = (
@@ -57,6 +59,15 @@ class ManagerStats:
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
     blocks_freed_by_window: int = 0
+
+
+class AppendSlotsBatch(NamedTuple):
+    """What :meth:`BlockSpaceManager.append_slots_batch` did."""
+
+    num_appended: int
+    """The leading groups that were appended; the rest were not touched."""
+    blocks_to_copy: list[tuple[int, int]]
+    """Copy-on-write ``(src, dst)`` GPU block ids of those appends, in order."""
 
 
 class BlockSpaceManager:
@@ -129,7 +140,7 @@ class BlockSpaceManager:
     def _device_of(self, table: BlockTable) -> Device | None:
         """Where the table's blocks are: its last block is always real (null slots are a
         prefix and the block being written is never dropped). Complexity: O(1)."""
-        blocks = table._blocks
+        blocks = table.blocks
         if not blocks or type(blocks[-1]) is not NaiveBlock:
             return None
         return _GPU if blocks[-1].allocator is self._gpu_pool else _CPU
@@ -234,18 +245,12 @@ class BlockSpaceManager:
             )
         touched = 0
         tables = self.block_tables
-        size = self.block_size
         for seq in seq_group.get_seqs(_RUNNING):
             table = tables.get(seq.seq_id)
             if table is None:
                 raise UnknownSequenceError(seq.seq_id)
-            # BlockTable.get_num_blocks_touched_by_append_slots, inlined (hot path):
-            # 1 + ceil((unseen + lookahead - room in the current block) / block_size).
-            full = table._num_full_slots
-            n = seq.get_len() - full + num_lookahead_slots
-            touched += 1 - ((size - full % size - n) // size)
-        pool = self._gpu_pool  # get_num_free_blocks, inlined
-        return touched <= len(pool._stack) + pool._end - pool._next_fresh
+            touched += table.get_num_blocks_touched_to_hold(seq.get_len(), num_lookahead_slots)
+        return touched <= self._gpu_pool.get_num_free_blocks()
 
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         """Write the sequence's unseen tokens (+ lookahead slots); returns new CoW pairs.
@@ -261,17 +266,74 @@ class BlockSpaceManager:
             raise InvalidSequenceStateError(
                 f"num_lookahead_slots must be >= 0, got {num_lookahead_slots}"
             )
-        blocks = table._blocks
-        if blocks and blocks[-1].block_id is not None and blocks[-1].block_id >= self._num_gpu:
+        ids = table.physical_block_ids
+        if ids and ids[-1] >= self._num_gpu:  # the last block is real, so it tells the device
             self._require_on(seq, table, _GPU, "append to")  # raises: on the CPU
-        unseen = seq.get_token_ids()[table._num_full_slots :]  # get_unseen_token_ids
+        unseen = table.get_unseen_token_ids(seq.get_token_ids())
         computed = seq.get_num_computed_tokens() if self.max_block_sliding_window else None
         table.append_token_ids(unseen, num_lookahead_slots, computed)
-        if not self._gpu_pool._cow:  # the common case: nothing was copied
-            return []
         pairs = self._gpu_pool.clear_copy_on_writes()
-        self.stats.cow_copies += len(pairs)
+        if pairs:
+            self.stats.cow_copies += len(pairs)
         return pairs
+
+    def append_slots_batch(
+        self, seq_groups: Iterable[SequenceGroup], num_lookahead_slots: int = 0
+    ) -> AppendSlotsBatch:
+        """One decode step for several groups: ``can_append_slots`` + ``append_slots`` each.
+
+        Goes through ``seq_groups`` in order and, for each group, checks
+        :meth:`can_append_slots` against the free blocks left by the groups
+        before it; if the group fits, appends every RUNNING sequence (as
+        :meth:`append_slots`), else stops there. Returns
+        ``AppendSlotsBatch(num_appended, blocks_to_copy)``: the first
+        ``num_appended`` groups were appended, the others are untouched (group
+        ``num_appended``, if any, is the first that does not fit: preempt and
+        call again with the rest), and the CoW pairs of all appends, in order.
+        Exactly what the per-group calls, stopping at the first False, would do.
+
+        Errors (raised before any change, for every group): negative
+        ``num_lookahead_slots``, a RUNNING sequence without a table
+        (:class:`UnknownSequenceError`) or with its table on the CPU
+        (:class:`InvalidSequenceStateError`).
+
+        Complexity: O(running sequences + blocks touched + tokens appended).
+        """
+        if num_lookahead_slots < 0:
+            raise InvalidSequenceStateError(
+                f"num_lookahead_slots must be >= 0, got {num_lookahead_slots}"
+            )
+        tables, num_gpu = self.block_tables, self._num_gpu
+        plan: list[list[tuple[Sequence, BlockTable]]] = []
+        for group in seq_groups:
+            entries: list[tuple[Sequence, BlockTable]] = []
+            for seq in group.get_seqs(_RUNNING):
+                table = tables.get(seq.seq_id)
+                if table is None:
+                    raise UnknownSequenceError(seq.seq_id)
+                ids = table.physical_block_ids
+                if ids and ids[-1] >= num_gpu:
+                    self._require_on(seq, table, _GPU, "append to")  # raises: on the CPU
+                entries.append((seq, table))
+            plan.append(entries)
+        pool = self._gpu_pool
+        window = self.max_block_sliding_window
+        num_appended = 0
+        for entries in plan:
+            touched = 0
+            for seq, table in entries:
+                touched += table.get_num_blocks_touched_to_hold(seq.get_len(), num_lookahead_slots)
+            if touched > pool.get_num_free_blocks():
+                break
+            for seq, table in entries:
+                unseen = table.get_unseen_token_ids(seq.get_token_ids())
+                computed = seq.get_num_computed_tokens() if window else None
+                table.append_token_ids(unseen, num_lookahead_slots, computed)
+            num_appended += 1
+        pairs = pool.clear_copy_on_writes()
+        if pairs:
+            self.stats.cow_copies += len(pairs)
+        return AppendSlotsBatch(num_appended, pairs)
 
     # ------------------------------------------------------------------ fork and free
 
@@ -300,7 +362,7 @@ class BlockSpaceManager:
         if not seqs:
             status = "RUNNING" if device is _GPU else "SWAPPED"
             raise InvalidSequenceStateError(f"cannot {what}: the group has no {status} sequence")
-        null = self.block_allocator._null_block
+        null = self.block_allocator.null_block
         blocks: list[Block] = []
         for seq in seqs:
             table = self._table(seq)
@@ -315,10 +377,24 @@ class BlockSpaceManager:
         return distinct <= self.block_allocator.get_num_free_blocks(_CPU)
 
     def _swap(self, seqs: list[Sequence], src: Device, dst: Device) -> list[tuple[int, int]]:
-        blocks = self._swap_blocks(seqs, src, "swap out" if src is _GPU else "swap in")
-        mapping = self.block_allocator.swap(blocks, src, dst)
+        """Move the tables of ``seqs`` from ``src`` to ``dst``; (src, dst) physical pairs.
+
+        Stages: check that there is a sequence and every table is on ``src``;
+        :meth:`BlockTable.swap_tables` moves all the tables' blocks in one
+        allocator swap (ids shared between forked tables move once) and keeps
+        the tables' cached ids right; the absolute id mapping is then turned
+        into device-local pairs for the worker. Complexity: O(blocks moved).
+        """
+        what = "swap out" if src is _GPU else "swap in"
+        if not seqs:
+            status = "RUNNING" if src is _GPU else "SWAPPED"
+            raise InvalidSequenceStateError(f"cannot {what}: the group has no {status} sequence")
+        tables: list[BlockTable] = []
         for seq in seqs:
-            self.block_tables[seq.seq_id].refresh_block_ids()
+            table = self._table(seq)
+            self._require_on(seq, table, src, what)
+            tables.append(table)
+        mapping = BlockTable.swap_tables(tables, src, dst)
         phys = self.block_allocator.get_physical_block_id
         return [(phys(src, s), phys(dst, d)) for s, d in mapping.items()]
 
@@ -420,7 +496,7 @@ class BlockSpaceManager:
     # ------------------------------------------------------------------ verification
 
     def _table_view(self, table: BlockTable) -> TableView:
-        null = self.block_allocator._null_block
+        null = self.block_allocator.null_block
         tokens = tuple(None if b is null else tuple(b.token_ids) for b in table.blocks)
         ids = tuple(b.block_id if b.block_id is not None else -1 for b in table.blocks)
         return TableView(ids, table.num_full_slots, tokens)
@@ -428,7 +504,7 @@ class BlockSpaceManager:
     def to_spec(self) -> ManagerView:
         """Abstraction function: the observable state as a spec view. Complexity: O(n)."""
         alloc = self.block_allocator
-        null = alloc._null_block
+        null = alloc.null_block
         return ManagerView(
             alloc.get_allocator(_GPU).to_spec(),
             alloc.get_allocator(_CPU).to_spec(),

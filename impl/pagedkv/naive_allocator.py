@@ -22,11 +22,14 @@ from pagedkv.errors import (
     StaleBlockError,
 )
 from pagedkv.interfaces import Block, BlockAllocator
-from pagedkv.refcount import ReadOnlyRefCounter, RefCounter, contiguous_range
+from pagedkv.refcount import ReadOnlyRefCounter, contiguous_range
 from pagedkv_spec.invariants import check
 from pagedkv_spec.pool import PoolState
 
 __all__ = ["NaiveBlock", "NaiveBlockAllocator", "NullBlock"]
+
+# Builds a NaiveBlock without running __init__ (see allocate_mutable_block).
+_new_block = object.__new__
 
 
 class NaiveBlock(Block):
@@ -106,6 +109,25 @@ class NaiveBlock(Block):
         """Append tokens; copy-on-write first if the id is shared. Complexity: O(len(token_ids))."""
         self._allocator.append_token_ids(self, token_ids)
 
+    def append_token_ids_if_private(self, token_ids: Sequence[int]) -> bool:
+        """Append tokens if no copy-on-write is needed; else change nothing, return False.
+
+        True means the tokens were written: the block is live, holds an id no
+        other object names (refcount 1) and has room for them. This is the
+        decode step's fast path (the block table calls it before the general
+        :meth:`append_token_ids`), so the allocator's checks are the three above
+        and no more. Complexity: O(len(token_ids)).
+        """
+        block_id = self._block_id
+        if block_id is None:
+            return False
+        pool = self._allocator
+        tokens = self._token_ids
+        if pool._rc[block_id - pool._first] != 1 or len(tokens) + len(token_ids) > pool._block_size:
+            return False
+        tokens.extend(token_ids)
+        return True
+
     def __repr__(self) -> str:
         state = "freed" if self._freed else f"id={self._block_id}"
         return f"NaiveBlock({state}, tokens={self._token_ids!r})"
@@ -159,9 +181,10 @@ class NullBlock(Block):
 class NaiveBlockAllocator(BlockAllocator):
     """Allocates the blocks of one pool of contiguous ids; refines :mod:`pagedkv_spec.pool`.
 
-    Representation (all private; only this class writes them):
-        _rc          refcount per id, a list indexed by ``id - first_id`` (shared with
-                     :attr:`refcounter`)
+    Representation (all private; only this class writes them, and its blocks'
+    fields too: :class:`NaiveBlock` objects change only through their allocator):
+        _rc          refcount per id, a list indexed by ``id - first_id`` (read by the
+                     :attr:`refcounter` view)
         _stack       ids returned to the pool, most recent last: the *front* of the
                      spec's free list is ``_stack[-1]``
         _next_fresh  ids ``_next_fresh .. end-1`` were never handed out; they follow
@@ -173,6 +196,8 @@ class NaiveBlockAllocator(BlockAllocator):
     one Python object per block up front (O(1) construction apart from the
     refcount list; memory O(blocks in use) beyond it).
     """
+
+    __slots__ = ("_block_size", "_cow", "_end", "_first", "_name", "_next_fresh", "_rc", "_stack")
 
     def __init__(
         self,
@@ -194,8 +219,7 @@ class NaiveBlockAllocator(BlockAllocator):
         self._name = name
         self._first = ids.start
         self._end = self._first + num_blocks
-        self._refcounter = RefCounter(range(self._first, self._end))
-        self._rc = self._refcounter._counts
+        self._rc = [0] * num_blocks
         self._stack: list[int] = []
         self._next_fresh = self._first
         self._cow: list[tuple[int, int]] = []
@@ -248,7 +272,10 @@ class NaiveBlockAllocator(BlockAllocator):
 
     def allocate_mutable_block(self, prev_block: Block | None) -> NaiveBlock:
         """An empty block, refcount 1 (spec: ``allocate_mutable_block``). Complexity: O(1)."""
-        # NOTE: _take_id inlined: this is the hottest path of a serving step.
+        # NOTE: the hottest path of a serving step, so _take_id is inlined and the
+        # block is built without calling NaiveBlock.__init__ (a call through
+        # type.__call__ costs as much as the rest of this method). Keep the fields
+        # below in step with NaiveBlock.__init__.
         stack = self._stack
         if stack:
             block_id = stack.pop()
@@ -258,7 +285,13 @@ class NaiveBlockAllocator(BlockAllocator):
                 raise NoFreeBlocksError(1, 0, self._name)
             self._next_fresh = block_id + 1
         self._rc[block_id - self._first] = 1
-        return NaiveBlock(self, block_id, [], prev_block)
+        block: NaiveBlock = _new_block(NaiveBlock)
+        block._allocator = self
+        block._block_id = block_id
+        block._token_ids = []
+        block._prev_block = prev_block
+        block._freed = False
+        return block
 
     def allocate_immutable_block(self, prev_block: Block | None, token_ids: list[int]) -> Block:
         """A block holding ``token_ids`` (at most ``block_size``). Complexity: O(len(token_ids))."""
@@ -290,23 +323,53 @@ class NaiveBlockAllocator(BlockAllocator):
         Raises :class:`DoubleFreeError` for a freed object and
         :class:`BlockWithoutIdError` for a swapped-out one; nothing changes then.
         """
-        # NOTE: the checks of _own and _decref inlined: hot path.
-        if type(block) is NaiveBlock and block._allocator is self and not block._freed:
-            blk = block
-        else:
-            blk = self._own(block, "free")  # raises the right error
+        # NOTE: the common case (a live block of this pool holding the last reference
+        # to its id) first, without calls; try_free repeats these lines. A freed
+        # object holds no id, so ``_block_id is not None`` also says it is live.
+        if type(block) is NaiveBlock and block._allocator is self:
+            block_id = block._block_id
+            if block_id is not None:
+                i = block_id - self._first
+                if self._rc[i] == 1:
+                    self._rc[i] = 0
+                    self._stack.append(block_id)
+                    block._block_id = None
+                    block._freed = True
+                    return
+        self._free_checked(block)
+
+    def _free_checked(self, block: Block) -> None:
+        """:meth:`free`'s general case: every check, then a shared or last reference."""
+        blk = self._own(block, "free")  # raises for foreign and freed objects
         block_id = blk._block_id
         if block_id is None:
             raise BlockWithoutIdError("free")
-        i = block_id - self._first
-        rc = self._rc[i]
-        if rc == 1:
-            self._rc[i] = 0
-            self._stack.append(block_id)
-        else:
-            self._decref(block_id)
+        self._decref(block_id)
         blk._block_id = None
         blk._freed = True
+
+    def try_free(self, block: Block) -> bool:
+        """:meth:`free` ``block`` if it is one of this pool's objects; else False, nothing changed.
+
+        For a device-aware allocator that routes a free to one of its pools:
+        an object of this pool (live, freed or swapped out) is handled exactly
+        as :meth:`free` handles it, errors included; any other object returns
+        False. Complexity: O(1).
+        """
+        if type(block) is not NaiveBlock or block._allocator is not self:
+            return False
+        # NOTE: free's fast path, repeated: this is the free of every finished block.
+        block_id = block._block_id
+        if block_id is not None:
+            i = block_id - self._first
+            if self._rc[i] == 1:
+                self._rc[i] = 0
+                self._stack.append(block_id)
+                block._block_id = None
+                block._freed = True
+                return True
+        self._free_checked(block)
+        return True
 
     def fork(self, last_block: Block) -> list[Block]:
         """New objects sharing the ids of the chain ending at ``last_block`` (spec: ``fork``).
@@ -316,7 +379,29 @@ class NaiveBlockAllocator(BlockAllocator):
         """
         chain = chain_of(last_block)
         owned = [self._own(b, "fork") for b in chain]
-        return fork_chain(owned)
+        return NaiveBlockAllocator.fork_chain(owned)
+
+    @staticmethod
+    def fork_chain(chain: list[NaiveBlock]) -> list[Block]:
+        """New objects sharing the ids of ``chain`` (blocks of any pools), chained in order.
+
+        The caller has checked that the blocks are live objects of its pools;
+        this checks that each holds an id, then bumps the refcounts (each in
+        its block's own pool) and copies the objects. Nothing changes on error.
+        Complexity: O(len(chain) * block_size) (tokens are copied).
+        """
+        ids: list[int] = []
+        for b in chain:
+            if b._block_id is None:
+                raise BlockWithoutIdError("fork")
+            ids.append(b._block_id)
+        forked: list[Block] = []
+        prev: Block | None = None
+        for b, block_id in zip(chain, ids, strict=True):
+            b._allocator._incref(block_id)
+            prev = NaiveBlock(b._allocator, block_id, list(b._token_ids), prev)
+            forked.append(prev)
+        return forked
 
     def append_token_ids(self, block: Block, token_ids: Sequence[int]) -> None:
         """Write tokens into ``block``; copy-on-write first when its id is shared.
@@ -379,6 +464,52 @@ class NaiveBlockAllocator(BlockAllocator):
             b._block_id = self._take_id()
             b._allocator = self
 
+    def swap_blocks_to(
+        self, dst: NaiveBlockAllocator, blocks: list[Block], src_name: str, dst_name: str
+    ) -> dict[int, int]:
+        """Move blocks of this pool to pool ``dst``; returns ``{src_id: dst_id}``.
+
+        Each distinct source id moves once and all its references follow it,
+        so the mapping is injective and refcounts and sharing are conserved
+        (vLLM 0.6.3 copies a shared id once per block object). Checks, in
+        order, before any change: an object of neither pool
+        (:class:`ForeignBlockError`), a freed object (:class:`StaleBlockError`),
+        one without id (:class:`BlockWithoutIdError`), one on ``dst``
+        (:class:`ForeignBlockError`), fewer free ids on ``dst`` than distinct
+        ids to move (:class:`NoFreeBlocksError`). ``src_name`` / ``dst_name``
+        name the pools in those errors (the devices, for a
+        :class:`~pagedkv.CpuGpuBlockAllocator`). Complexity: O(len(blocks)).
+        """
+        owned: list[NaiveBlock] = []
+        for b in dict.fromkeys(blocks):
+            if type(b) is not NaiveBlock or (b._allocator is not self and b._allocator is not dst):
+                raise ForeignBlockError(b.block_id, "cannot swap: not a block of this allocator")
+            owned.append(b)
+        if any(b._freed for b in owned):
+            raise StaleBlockError("swap")
+        ids: list[int] = []
+        for b in owned:
+            if b._block_id is None:
+                raise BlockWithoutIdError("swap")
+            ids.append(b._block_id)
+        for b in owned:
+            if b._allocator is not self:
+                raise ForeignBlockError(b._block_id, f"block is not on {src_name}")
+        num_distinct = len(set(ids))
+        if num_distinct > dst.get_num_free_blocks():
+            raise NoFreeBlocksError(num_distinct, dst.get_num_free_blocks(), dst_name)
+        mapping: dict[int, int] = {}
+        for b, src_id in zip(owned, ids, strict=True):
+            self._decref(src_id)
+            dst_id = mapping.get(src_id)
+            if dst_id is None:
+                dst_id = mapping[src_id] = dst._take_id()
+            else:
+                dst._incref(dst_id)
+            b._block_id = dst_id
+            b._allocator = dst
+        return mapping
+
     # ------------------------------------------------------------------ queries
 
     def get_num_total_blocks(self) -> int:
@@ -394,6 +525,11 @@ class NaiveBlockAllocator(BlockAllocator):
         if not self._first <= absolute_id < self._end:
             raise ForeignBlockError(absolute_id, f"not an id of {self}")
         return absolute_id - self._first
+
+    @property
+    def block_ids(self) -> range:
+        """The pool's ids, ``first_id .. first_id + num_blocks - 1``. Complexity: O(1)."""
+        return range(self._first, self._end)
 
     def owns_block_id(self, block_id: int) -> bool:
         """``block_id`` is one of this pool's ids. Complexity: O(1)."""
@@ -412,11 +548,14 @@ class NaiveBlockAllocator(BlockAllocator):
     @property
     def refcounter(self) -> ReadOnlyRefCounter:
         """Read-only view of the refcounts."""
-        return self._refcounter.as_readonly()
+        return ReadOnlyRefCounter(self._rc, range(self._first, self._end))
 
     def clear_copy_on_writes(self) -> list[tuple[int, int]]:
-        """Pending CoW pairs, in the order recorded; emptied. Complexity: O(pairs)."""
-        pairs, self._cow = self._cow, []
+        """Pending CoW pairs, in the order recorded; emptied. Complexity: O(1)."""
+        pairs = self._cow
+        if not pairs:
+            return []  # a fresh list: the caller may keep or change it
+        self._cow = []
         return pairs
 
     def get_num_full_blocks_touched(self, blocks: list[Block]) -> int:
@@ -482,19 +621,3 @@ def chain_of(last_block: Block) -> list[Block]:
         b = b.prev_block
     chain.reverse()
     return chain
-
-
-def fork_chain(chain: list[NaiveBlock]) -> list[Block]:
-    """Fork already-validated blocks: check ids, then bump refcounts and copy objects."""
-    ids: list[int] = []
-    for b in chain:
-        if b._block_id is None:
-            raise BlockWithoutIdError("fork")
-        ids.append(b._block_id)
-    forked: list[Block] = []
-    prev: Block | None = None
-    for b, block_id in zip(chain, ids, strict=True):
-        b._allocator._incref(block_id)
-        prev = NaiveBlock(b._allocator, block_id, list(b._token_ids), prev)
-        forked.append(prev)
-    return forked

@@ -32,9 +32,9 @@ class RefCounter:
     """Refcounts for the contiguous ids ``all_block_indices``.
 
     Representation: one Python list of ints indexed by ``id - first_id``
-    (no per-block objects beyond the list slot). The allocator that owns the
-    counter reads and writes that list directly on its hot path; everyone
-    else goes through the checked methods below.
+    (no per-block objects beyond the list slot), written only by the checked
+    methods below. (:class:`~pagedkv.NaiveBlockAllocator` keeps its own list and
+    hands out a :class:`ReadOnlyRefCounter` over it.)
     """
 
     __slots__ = ("_counts", "_first", "_ids")
@@ -73,17 +73,25 @@ class RefCounter:
 
     def as_readonly(self) -> ReadOnlyRefCounter:
         """A view that can read but not change the counts."""
-        return ReadOnlyRefCounter(self)
+        return ReadOnlyRefCounter(self._counts, self._ids)
 
 
 class ReadOnlyRefCounter:
-    """Read-only view of a :class:`RefCounter`."""
+    """Read-only view of a list of refcounts, ``counts[id - ids.start]`` for ``id in ids``.
 
-    __slots__ = ("_counter",)
+    The list belongs to whoever made the view (a :class:`RefCounter` or an
+    allocator); the view only reads it, so it always shows the current counts.
+    """
 
-    def __init__(self, counter: RefCounter) -> None:
-        self._counter = counter
+    __slots__ = ("_counts", "_ids")
+
+    def __init__(self, counts: list[int], ids: range) -> None:
+        self._counts = counts
+        self._ids = ids
 
     def get(self, block_id: int) -> int:
         """Current count. Complexity: O(1)."""
-        return self._counter.get(block_id)
+        i = block_id - self._ids.start
+        if not 0 <= i < len(self._counts):
+            raise RefCountError(block_id, f"unknown id (this counter tracks {self._ids})")
+        return self._counts[i]

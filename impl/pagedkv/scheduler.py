@@ -85,6 +85,8 @@ _GPU, _CPU = Device.GPU, Device.CPU
 _WAITING = SequenceStatus.WAITING
 _RUNNING = SequenceStatus.RUNNING
 _SWAPPED = SequenceStatus.SWAPPED
+
+
 class Scheduler:
     """Waiting / running / swapped queues over a block space manager (see module docstring).
 
@@ -207,10 +209,25 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutputs) -> None:
+        """Step 1: decode the running groups, oldest first, preempting the newest.
+
+        One ``append_slots_batch`` appends the longest prefix of groups that fit;
+        the group it stops at preempts from the back until it fits (or itself),
+        then the batch goes on with the rest. The same groups, order and CoW
+        pairs as a ``can_append_slots`` / ``append_slots`` loop, in fewer calls.
+        """
         manager, lookahead = self.block_manager, self.config.num_lookahead_slots
         queue, kept = self.running, deque[SequenceGroup]()
         while queue:
-            group = queue.popleft()
+            batch = manager.append_slots_batch(queue, lookahead)
+            out.blocks_to_copy.extend(batch.blocks_to_copy)
+            for _ in range(batch.num_appended):
+                group = queue.popleft()
+                self._record_decode(group, out)
+                kept.append(group)
+            if not queue:
+                break
+            group = queue.popleft()  # it does not fit
             fits = True
             while not manager.can_append_slots(group, lookahead):
                 if queue:
@@ -298,11 +315,15 @@ class Scheduler:
 
     def _append(self, group: SequenceGroup, out: SchedulerOutputs) -> None:
         """Decode: slots for each RUNNING sequence's unseen tokens, CoW pairs collected."""
-        seqs = group.get_seqs(_RUNNING)
-        for seq in seqs:
+        for seq in group.get_seqs(_RUNNING):
             out.blocks_to_copy.extend(
                 self.block_manager.append_slots(seq, self.config.num_lookahead_slots)
             )
+        self._record_decode(group, out)
+
+    def _record_decode(self, group: SequenceGroup, out: SchedulerOutputs) -> None:
+        """Count an appended group's decode step in ``out`` (batch, sequences, tokens)."""
+        seqs = group.get_seqs(_RUNNING)
         chunk = seqs[0].get_num_uncomputed_tokens()
         out.scheduled_seq_groups.append(ScheduledSequenceGroup(group, chunk, False))
         out.num_batched_seqs += len(seqs)
