@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import pytest
 
-__all__ = ["raised"]
+__all__ = ["raised", "raised_exactly"]
 
 E = TypeVar("E", bound=BaseException)
 
@@ -17,3 +17,10 @@ def raised(err_type: type[E], call: Callable[..., object], *args: object) -> E:
     with pytest.raises(err_type) as info:
         call(*args)
     return info.value
+
+
+def raised_exactly(err_type: type[E], call: Callable[[], object]) -> E:
+    """The error ``call()`` raises, which must be exactly an ``err_type`` (no subclass)."""
+    err = raised(err_type, call)
+    assert type(err) is err_type
+    return err

@@ -687,8 +687,8 @@ def test_table_argument_errors() -> None:
         (lambda: BlockTable(2, alloc).allocate([]), "zero tokens"),
     ]
     for call, fragment in cases:
-        err = raised(InvalidBlockTableArgumentError, call)
-        assert fragment in str(err) and err.detail == str(err)
+        bad = raised(InvalidBlockTableArgumentError, call)
+        assert fragment in str(bad) and bad.detail == str(bad)
     assert BlockTable(2, alloc, max_block_sliding_window=0).max_block_sliding_window == 0
     assert BlockTable(2, Sizeless(alloc)).num_full_slots == 0  # nothing to compare with
     empty = BlockTable(2, alloc)
