@@ -2,7 +2,12 @@
 
 The oracle for the paged read is standard softmax attention
 (``torch.nn.functional.scaled_dot_product_attention``) over the contiguous K/V
-that ``KVCacheEngine.gather`` returns.
+that ``KVCacheEngine.gather`` returns. Beyond ordinary batches these pin every
+error of :func:`build_attention_inputs` and :func:`paged_attention_reference` (exact
+type and fields; which bad entry is reported when several are bad; each shape check
+on its own), the edges of argument validation, and the dtype and device of every
+returned tensor (``device="meta"`` stands in for an accelerator on a CPU-only
+machine). Full error messages are pinned once, in tests/test_error_messages.py.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers import raised_exactly
 from pagedkv.attention import (
     PAD_BLOCK_ID,
     AttentionInputs,
@@ -209,3 +215,245 @@ def test_paged_read_rejects_bad_input() -> None:
         paged_attention_reference(ok_query, cache, cache, tables[0], lens)
     out = paged_attention_reference(ok_query.half(), cache, cache, tables, lens, scale=0.5)
     assert out.dtype == torch.float16 and out.shape == (1, 4, 8)
+
+
+PAGED_SHAPES = "(seqs, heads, head_size) and two equal (blocks, block_size, kv_heads, head_size)"
+
+
+# ---------------------------------------------------------------- build_attention_inputs: errors
+
+
+def test_context_lens_count_mismatch_names_the_argument() -> None:
+    err = raised_exactly(KVTensorMismatchError, lambda: build_attention_inputs([[0], [1]], [1], 4))
+    assert (err.name, err.expected, err.actual) == (
+        "context_lens",
+        "2 entries (one per sequence)",
+        "1",
+    )
+
+
+def test_query_lens_count_mismatch_names_the_argument() -> None:
+    err = raised_exactly(
+        KVTensorMismatchError, lambda: build_attention_inputs([[0]], [1], 4, query_lens=[1, 1])
+    )
+    assert (err.name, err.expected, err.actual) == (
+        "query_lens",
+        "1 entries (one per sequence)",
+        "2",
+    )
+
+
+def test_bad_block_size_message() -> None:
+    err = raised_exactly(KVRangeError, lambda: build_attention_inputs([[0]], [1], 0))
+    assert (err.what, err.value, err.valid) == ("block_size", 0, ">= 1")
+
+
+def test_context_len_beyond_table_message() -> None:
+    err = raised_exactly(KVRangeError, lambda: build_attention_inputs([[0], [3, 1]], [1, 9], 4))
+    assert (err.what, err.value, err.valid) == ("context_lens[1]", 9, "0..8 (2 blocks)")
+
+
+def test_query_len_beyond_context_message() -> None:
+    err = raised_exactly(
+        KVRangeError, lambda: build_attention_inputs([[0], [1]], [1, 2], 4, query_lens=[1, 3])
+    )
+    assert (err.what, err.value, err.valid) == ("query_lens[1]", 3, "0..2 (its context length)")
+
+
+def test_block_id_equal_to_num_blocks_is_rejected() -> None:
+    err = raised_exactly(
+        KVBlockIdError, lambda: build_attention_inputs([[0], [2, 8]], [1, 5], 4, num_blocks=8)
+    )
+    assert (err.block_id, err.tier, err.num_blocks, err.role) == (8, "gpu", 8, "block_tables[1]")
+
+
+def test_last_block_id_is_accepted() -> None:
+    inputs = build_attention_inputs([[7]], [1], 4, num_blocks=8)
+    assert inputs.block_tables.tolist() == [[7]]
+    assert inputs.slot_mapping.tolist() == [28]
+
+
+def test_negative_block_id_without_num_blocks_message() -> None:
+    err = raised_exactly(KVRangeError, lambda: build_attention_inputs([[0], [1, -3]], [1, 5], 4))
+    assert (err.what, err.value, err.valid) == ("block_tables[1] id", -3, ">= 0")
+
+
+def test_pad_to_below_token_count_message() -> None:
+    err = raised_exactly(
+        KVRangeError, lambda: build_attention_inputs([[1]], [2], 4, query_lens=[2], pad_to=1)
+    )
+    assert (err.what, err.value, err.valid) == ("pad_to", 1, ">= 2 new tokens")
+
+
+# ---------------------------------------------------------------- build_attention_inputs: edges
+
+
+def test_sequence_with_no_new_tokens_is_accepted() -> None:
+    inputs = build_attention_inputs([[7], [2]], [3, 1], 4, query_lens=[0, 1])
+    assert inputs.slot_mapping.tolist() == [8]
+    assert inputs.positions.tolist() == [0]
+    assert inputs.query_lens.tolist() == [0, 1]
+    assert inputs.query_start_loc.tolist() == [0, 0, 1]
+    assert (inputs.max_context_len, inputs.max_query_len) == (3, 1)
+    assert not inputs.is_decode
+
+
+def test_pad_to_equal_to_token_count_adds_no_padding() -> None:
+    inputs = build_attention_inputs([[1]], [2], 4, query_lens=[2], pad_to=2)
+    assert inputs.slot_mapping.tolist() == [4, 5]
+    assert inputs.positions.tolist() == [0, 1]
+
+
+def test_padding_keeps_int64_slots_and_positions() -> None:
+    inputs = build_attention_inputs([[1]], [1], 2, pad_to=3)
+    assert inputs.slot_mapping.dtype == torch.int64
+    assert inputs.positions.dtype == torch.int64
+    assert inputs.positions.tolist() == [0, 0, 0]
+
+
+def test_every_tensor_has_its_documented_dtype() -> None:
+    inputs = build_attention_inputs([[3, 1], [5]], [6, 2], 4, query_lens=[2, 1], pad_to=4)
+    dtypes = {
+        "block_tables": inputs.block_tables.dtype,
+        "slot_mapping": inputs.slot_mapping.dtype,
+        "context_lens": inputs.context_lens.dtype,
+        "query_lens": inputs.query_lens.dtype,
+        "query_start_loc": inputs.query_start_loc.dtype,
+        "positions": inputs.positions.dtype,
+    }
+    assert dtypes == {
+        "block_tables": torch.int32,
+        "slot_mapping": torch.int64,
+        "context_lens": torch.int32,
+        "query_lens": torch.int32,
+        "query_start_loc": torch.int32,
+        "positions": torch.int64,
+    }
+
+
+def test_every_tensor_is_on_the_requested_device() -> None:
+    inputs = build_attention_inputs(
+        [[3, 1], [5]], [6, 2], 4, query_lens=[2, 1], pad_to=4, device="meta"
+    )
+    meta = torch.device("meta")
+    tensors = [
+        inputs.block_tables,
+        inputs.slot_mapping,
+        inputs.context_lens,
+        inputs.query_lens,
+        inputs.query_start_loc,
+        inputs.positions,
+    ]
+    assert [t.device for t in tensors] == [meta] * 6
+    assert [tuple(t.shape) for t in tensors] == [(2, 2), (4,), (2,), (2,), (3,), (4,)]
+    assert (inputs.max_context_len, inputs.max_query_len) == (6, 2)
+
+
+def test_empty_batch_has_zero_max_lengths() -> None:
+    empty = build_attention_inputs([], [], 16)
+    assert empty.max_context_len == 0 and isinstance(empty.max_context_len, int)
+    assert empty.max_query_len == 0 and isinstance(empty.max_query_len, int)
+
+
+# ---------------------------------------------------------------- paged_attention_reference
+
+
+CACHE = torch.zeros(4, 2, 2, 8)  # 4 blocks of 2 slots, 2 kv heads, head_size 8
+QUERY = torch.zeros(1, 4, 8)
+TABLES = torch.tensor([[1, 2]], dtype=torch.int32)
+LENS = torch.tensor([3], dtype=torch.int32)
+
+
+def test_query_of_wrong_rank_is_rejected() -> None:
+    err = raised_exactly(
+        KVTensorMismatchError,
+        lambda: paged_attention_reference(torch.zeros(1, 8), CACHE, CACHE, TABLES, LENS),
+    )
+    assert (err.name, err.expected) == ("query/key_cache/value_cache", PAGED_SHAPES)
+    assert err.actual == "(1, 8), (4, 2, 2, 8), (4, 2, 2, 8)"
+
+
+def test_caches_of_wrong_rank_are_rejected() -> None:
+    cache3 = torch.zeros(4, 2, 8)
+    err = raised_exactly(
+        KVTensorMismatchError,
+        lambda: paged_attention_reference(QUERY, cache3, cache3, TABLES, LENS),
+    )
+    assert (err.name, err.expected) == ("query/key_cache/value_cache", PAGED_SHAPES)
+    assert err.actual == "(1, 4, 8), (4, 2, 8), (4, 2, 8)"
+
+
+def test_key_and_value_caches_of_different_shapes_are_rejected() -> None:
+    value = torch.zeros(5, 2, 2, 8)
+    err = raised_exactly(
+        KVTensorMismatchError,
+        lambda: paged_attention_reference(QUERY, CACHE, value, TABLES, LENS),
+    )
+    assert (err.name, err.expected) == ("query/key_cache/value_cache", PAGED_SHAPES)
+    assert err.actual == "(1, 4, 8), (4, 2, 2, 8), (5, 2, 2, 8)"
+
+
+def test_query_head_size_mismatch_message() -> None:
+    err = raised_exactly(
+        KVTensorMismatchError,
+        lambda: paged_attention_reference(torch.zeros(1, 4, 6), CACHE, CACHE, TABLES, LENS),
+    )
+    assert (err.name, err.expected, err.actual) == (
+        "query",
+        "head_size 8 and heads a multiple of 2",
+        "(1, 4, 6)",
+    )
+
+
+def tables_error(tables: torch.Tensor, lens: torch.Tensor, query: torch.Tensor) -> tuple[str, str]:
+    """What a bad block_tables/context_lens pair expected and got."""
+    err = raised_exactly(
+        KVTensorMismatchError,
+        lambda: paged_attention_reference(query, CACHE, CACHE, tables, lens),
+    )
+    assert err.name == "block_tables/context_lens"
+    return err.expected, err.actual
+
+
+def test_one_dimensional_block_tables_are_rejected() -> None:
+    query = torch.zeros(2, 4, 8)
+    tables = torch.tensor([1, 2], dtype=torch.int32)
+    lens = torch.tensor([1, 1], dtype=torch.int32)
+    assert tables_error(tables, lens, query) == ("(2, max_blocks) and (2,)", "(2,), (2,)")
+
+
+def test_block_tables_with_wrong_row_count_are_rejected() -> None:
+    tables = torch.tensor([[1, 2], [3, 0]], dtype=torch.int32)
+    assert tables_error(tables, LENS, QUERY) == ("(1, max_blocks) and (1,)", "(2, 2), (1,)")
+
+
+def test_context_lens_of_wrong_shape_are_rejected() -> None:
+    lens = torch.tensor([3, 3], dtype=torch.int32)
+    assert tables_error(TABLES, lens, QUERY) == ("(1, max_blocks) and (1,)", "(1, 2), (2,)")
+
+
+def paged_two_seqs(lens: list[int], tables: list[list[int]]) -> Callable[[], object]:
+    return lambda: paged_attention_reference(
+        torch.zeros(2, 4, 8),
+        CACHE,
+        CACHE,
+        torch.tensor(tables, dtype=torch.int32),
+        torch.tensor(lens, dtype=torch.int32),
+    )
+
+
+def test_first_bad_context_length_is_reported_not_a_valid_one() -> None:
+    # Sequence 0 holds one token (valid); sequence 1 none.
+    err = raised_exactly(KVRangeError, paged_two_seqs([1, 0], [[1, 2], [3, 0]]))
+    assert (err.what, err.value, err.valid) == ("context length", 0, "1..4")
+
+
+def test_context_length_past_table_is_reported_not_a_full_one() -> None:
+    # Sequence 0 fills its two blocks (valid); sequence 1 claims one token more.
+    err = raised_exactly(KVRangeError, paged_two_seqs([4, 5], [[1, 2], [3, 0]]))
+    assert (err.what, err.value, err.valid) == ("context length", 5, "1..4")
+
+
+def test_bad_block_id_is_reported_not_block_zero() -> None:
+    err = raised_exactly(KVBlockIdError, paged_two_seqs([1, 1], [[0, 1], [9, 2]]))
+    assert (err.block_id, err.tier, err.num_blocks, err.role) == (9, "gpu", 4, "block table")

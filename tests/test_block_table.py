@@ -1,23 +1,38 @@
-"""Unit and property tests for BlockTable (vLLM 0.6.3 semantics, pagedkv's stricter rules)."""
+"""Unit and property tests for pagedkv.block_table: BlockTable (vLLM 0.6.3 semantics,
+pagedkv's stricter rules), its sliding window and its ``check_invariants``.
+
+Every test of the window step is here (section "sliding window"), also those over
+an allocator the table cannot peek into; what the manager adds to the window
+(its size, the null block reserved up front, swap and fork of windowed tables) is
+in tests/test_manager.py. Full error messages are pinned once, in
+tests/test_error_messages.py.
+"""
 
 from __future__ import annotations
 
+import collections.abc
 import time
+from collections.abc import Callable
 
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from pagedkv import CpuGpuBlockAllocator, Device, NullBlock
+from helpers import raised
+from pagedkv import Block, CpuGpuBlockAllocator, Device, DeviceAwareBlockAllocator, NullBlock
 from pagedkv.block_table import BlockTable
 from pagedkv.errors import (
     BlockSpaceManagerError,
+    BlockWithoutIdError,
     DoubleFreeError,
     InvalidBlockTableArgumentError,
+    InvariantViolationError,
     NoFreeBlocksError,
+    StaleBlockError,
     TableAlreadyAllocatedError,
     TableNotAllocatedError,
 )
+from pagedkv.naive_allocator import NaiveBlock
 
 GPU, CPU = Device.GPU, Device.CPU
 
@@ -46,6 +61,121 @@ def snapshot(alloc: CpuGpuBlockAllocator, *tables: BlockTable) -> object:
             for t in tables
         ],
     )
+
+
+# ---------------------------------------------------------------------------- test doubles
+
+
+class Opaque(DeviceAwareBlockAllocator):
+    """A device-aware allocator a table cannot peek into and that has no ``fork_blocks``."""
+
+    def __init__(self, inner: CpuGpuBlockAllocator) -> None:
+        self.inner = inner
+        self.block_size = inner.block_size
+
+    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
+        return self.inner.allocate_mutable_block(prev_block, device)
+
+    def allocate_immutable_block(
+        self, prev_block: Block | None, token_ids: list[int], device: Device
+    ) -> Block:
+        return self.inner.allocate_immutable_block(prev_block, token_ids, device)
+
+    def allocate_immutable_blocks(
+        self, prev_block: Block | None, block_token_ids: list[list[int]], device: Device
+    ) -> list[Block]:
+        return self.inner.allocate_immutable_blocks(prev_block, block_token_ids, device)
+
+    def free(self, block: Block) -> None:
+        self.inner.free(block)
+
+    def fork(self, last_block: Block) -> list[Block]:
+        return self.inner.fork(last_block)
+
+    def get_num_free_blocks(self, device: Device) -> int:
+        return self.inner.get_num_free_blocks(device)
+
+    def get_num_total_blocks(self, device: Device) -> int:
+        return self.inner.get_num_total_blocks(device)
+
+    def get_physical_block_id(self, device: Device, absolute_id: int) -> int:
+        return self.inner.get_physical_block_id(device, absolute_id)
+
+    def swap(self, blocks: list[Block], src_device: Device, dst_device: Device) -> dict[int, int]:
+        return self.inner.swap(blocks, src_device, dst_device)
+
+    def clear_copy_on_writes(self) -> list[tuple[int, int]]:
+        return self.inner.clear_copy_on_writes()
+
+    def allocate_or_get_null_block(self) -> Block:
+        return self.inner.allocate_or_get_null_block()
+
+
+class Sizeless(Opaque):
+    """An allocator that does not say its block size."""
+
+    def __init__(self, inner: CpuGpuBlockAllocator) -> None:
+        self.inner = inner
+
+
+class IdLess(Opaque):
+    """Hands out blocks without an id for the calls named in ``strip``: a broken allocator."""
+
+    def __init__(self, inner: CpuGpuBlockAllocator, strip: set[str]) -> None:
+        super().__init__(inner)
+        self.strip = strip
+
+    def _maybe_strip(self, call: str, block: Block) -> Block:
+        if call in self.strip:
+            assert isinstance(block, NaiveBlock)
+            block._block_id = None  # the fault under test
+        return block
+
+    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
+        return self._maybe_strip("mutable", super().allocate_mutable_block(prev_block, device))
+
+    def allocate_immutable_blocks(
+        self, prev_block: Block | None, block_token_ids: list[list[int]], device: Device
+    ) -> list[Block]:
+        blocks = super().allocate_immutable_blocks(prev_block, block_token_ids, device)
+        return [self._maybe_strip("immutable", b) for b in blocks]
+
+    def allocate_or_get_null_block(self) -> Block:
+        if "null" in self.strip:  # a plain block object without an id stands in for it
+            return self._maybe_strip("null", self.inner.allocate_mutable_block(None, GPU))
+        return super().allocate_or_get_null_block()
+
+
+class CountingBlock(NaiveBlock):
+    """A NaiveBlock subclass that counts writes: not the exact type the fast path knows."""
+
+    __slots__ = ()
+    writes: list[list[int]] = []  # noqa: RUF012  # shared log, reset by the test
+
+    def append_token_ids(self, token_ids: collections.abc.Sequence[int]) -> None:
+        CountingBlock.writes.append(list(token_ids))
+        self._token_ids.extend(token_ids)  # private and with room in this test
+
+
+class Relabelling(Opaque):
+    """Hands out its mutable blocks as :class:`CountingBlock` objects."""
+
+    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
+        block = super().allocate_mutable_block(prev_block, device)
+        block.__class__ = CountingBlock  # same slots, so the object keeps its state
+        return block
+
+
+class RecordingFrees(Opaque):
+    """Records the block objects the table frees."""
+
+    def __init__(self, inner: CpuGpuBlockAllocator) -> None:
+        super().__init__(inner)
+        self.freed: list[Block] = []
+
+    def free(self, block: Block) -> None:
+        self.freed.append(block)
+        super().free(block)
 
 
 # ---------------------------------------------------------------------------- sizing
@@ -190,6 +320,49 @@ def test_append_out_of_blocks_changes_nothing() -> None:
     assert t.physical_block_ids == [0, 1, 2] and alloc.get_num_free_blocks(GPU) == 0
 
 
+def test_ensure_num_empty_slots_boundaries() -> None:
+    alloc = make(num_gpu=4, block_size=2)
+    t = BlockTable(2, alloc)
+    t.allocate([1, 2, 3])  # 2 blocks, 1 empty slot
+    t.ensure_num_empty_slots(1)
+    assert t.physical_block_ids == [0, 1]
+    t.ensure_num_empty_slots(5)  # 2 more blocks: exactly the free ones
+    assert t.physical_block_ids == [0, 1, 2, 3] and t.num_empty_slots == 5
+    assert t.blocks[3].prev_block is t.blocks[2] and t.blocks[2].prev_block is t.blocks[1]
+    err = raised(NoFreeBlocksError, t.ensure_num_empty_slots, 6)
+    assert (err.requested, err.available, err.device) == (1, 0, "GPU")
+    assert t.physical_block_ids == [0, 1, 2, 3]
+
+
+def test_fast_append_stays_within_the_current_block() -> None:
+    for size, prompt, tokens, want in (
+        (2, [1], [2, 3], [(1, 2), (3,)]),
+        (4, [1, 2, 3], [4, 5], [(1, 2, 3, 4), (5,)]),
+    ):
+        t = BlockTable(size, make(num_gpu=4, block_size=size))
+        t.allocate(prompt)
+        t.ensure_num_empty_slots(size + 1)  # a spare block after the current one
+        t.append_token_ids(tokens)
+        assert t.get_block_token_ids() == want
+        t.check_invariants()
+    alloc = make(num_gpu=4, num_cpu=2, block_size=2)
+    on_cpu = BlockTable(2, alloc)
+    on_cpu.allocate([1, 2, 3], CPU)  # CPU ids 4 and 5; the write goes to block 5
+    on_cpu.append_token_ids([4])
+    assert on_cpu.get_block_token_ids() == [(1, 2), (3, 4)]
+    assert on_cpu.physical_block_ids == [4, 5]
+
+
+def test_append_names_a_dead_block_it_would_write() -> None:
+    alloc = make(num_gpu=4, block_size=2)
+    t = BlockTable(2, alloc)
+    t.allocate([1, 2, 3])
+    alloc.free(t.blocks[1])  # corrupt: the table still holds the freed object
+    err = raised(StaleBlockError, t.append_token_ids, [4])
+    assert type(err) is StaleBlockError and err.operation == "append to"
+    assert t.num_full_slots == 3
+
+
 # ---------------------------------------------------------------------------- fork and CoW
 
 
@@ -272,9 +445,12 @@ def test_sliding_window_needs_num_computed_slots() -> None:
     assert "num_computed_slots" in str(info.value)
     with pytest.raises(InvalidBlockTableArgumentError):
         t.append_token_ids([3], num_computed_slots=-1)
-    with pytest.raises(InvalidBlockTableArgumentError):
+    with pytest.raises(InvalidBlockTableArgumentError) as info:
         t.append_token_ids([3], num_computed_slots=5)  # more than the 4 tokens it will hold
+    assert "num_computed_slots=5 exceeds the 4 slots" in str(info.value)
     assert snapshot(alloc, t) == before
+    t.append_token_ids([3], num_computed_slots=4)  # exactly the slots it holds: fine
+    assert t.num_full_slots == 4
     table(alloc, [0, 1, 2]).append_token_ids([3], num_computed_slots=99)  # ignored: no window
 
 
@@ -335,6 +511,112 @@ def test_fork_and_free_of_a_windowed_table() -> None:
     assert alloc.get_num_free_blocks(GPU) == 7
 
 
+def test_freed_table_is_empty_and_reusable() -> None:
+    alloc = make(num_gpu=4, block_size=2)
+    t = BlockTable(2, alloc, max_block_sliding_window=1)
+    t.allocate([1, 2, 3, 4, 5])
+    t.append_token_ids([6], 0, 6)  # drops block 0 and 1 for the null block
+    assert t.physical_block_ids[:2] == [3, 3] and alloc.get_num_free_blocks(GPU) == 2
+    t.free()
+    assert (t.blocks, t.physical_block_ids, t.num_full_slots, t.num_empty_slots) == ([], [], 0, 0)
+    t.free()  # a free table stays free
+    t.allocate([7, 8, 9])
+    assert t.num_full_slots == 3 and t.get_token_ids_written() == [7, 8, 9]
+    t.check_invariants()
+
+
+def test_window_step_names_a_dead_block_it_would_drop() -> None:
+    alloc = make(num_gpu=6, block_size=2)
+    t = BlockTable(2, alloc, max_block_sliding_window=1)
+    t.allocate([1, 2, 3, 4, 5])
+    alloc.free(t.blocks[0])  # corrupt: the table still holds the freed object
+    err = raised(DoubleFreeError, t.append_token_ids, [6], 0, 6)
+    assert type(err) is DoubleFreeError and err.operation == "free"
+
+
+def test_null_block_creation_error_names_the_gpu() -> None:
+    alloc = make(num_gpu=3, block_size=2)
+    t = BlockTable(2, alloc, max_block_sliding_window=1)
+    t.allocate([1, 2, 3, 4, 5, 6])  # every GPU block, no null block yet
+    err = raised(NoFreeBlocksError, t.append_token_ids, [7], 0, 7)
+    assert (err.requested, err.available, err.device) == (1, 0, "GPU")
+    assert t.num_full_slots == 6 and alloc._null_block is None
+    plain = BlockTable(2, make(num_gpu=1, block_size=2))
+    plain.allocate([1, 2])
+    err = raised(NoFreeBlocksError, plain.append_token_ids, [3])
+    assert (err.requested, err.available, err.device) == (1, 0, "GPU")
+
+
+def test_windowed_append_on_the_cpu_counts_cpu_blocks() -> None:
+    def cpu_table() -> tuple[CpuGpuBlockAllocator, BlockTable]:
+        alloc = make(num_gpu=2, num_cpu=5, block_size=2)
+        alloc.allocate_or_get_null_block()
+        b0 = alloc.allocate_immutable_block(None, [1, 2], CPU)
+        b1 = alloc.allocate_immutable_block(b0, [3, 4], CPU)
+        b2 = alloc.allocate_immutable_block(b1, [5], CPU)
+        b3 = alloc.allocate_mutable_block(b2, CPU)
+        b4 = alloc.allocate_mutable_block(b3, CPU)
+        alloc.fork_blocks([b2, b3, b4])  # the blocks the append writes are shared
+        return alloc, BlockTable(2, alloc, [b0, b1, b2, b3, b4], max_block_sliding_window=1)
+
+    # the window drops b0 and b1 (private: 2 CPU ids come back); each write copies
+    alloc, t = cpu_table()
+    err = raised(NoFreeBlocksError, t.append_token_ids, [6, 7, 8, 9], 0, 6)
+    assert (err.requested, err.available, err.device) == (3, 2, "CPU")
+    assert t.num_full_slots == 5 and alloc.get_num_free_blocks(CPU) == 0
+    alloc, t = cpu_table()
+    t.append_token_ids([6, 7], 0, 6)  # 2 copies, 2 ids returned
+    assert t.get_token_ids_written() == [None] * 4 + [5, 6, 7]
+    assert alloc.get_num_free_blocks(CPU) == 0 and alloc.get_num_free_blocks(GPU) == 1
+    assert len(alloc.get_allocator(CPU).clear_copy_on_writes()) == 2
+
+
+def test_opaque_allocator_null_block_bookkeeping() -> None:
+    inner = make(num_gpu=4, block_size=2)
+    inner.allocate_or_get_null_block()  # id 0
+    opaque = Opaque(inner)
+    t = BlockTable(2, opaque, max_block_sliding_window=1)
+    t.allocate([1, 2, 3, 4, 5, 6])  # the other 3 GPU blocks
+    t.append_token_ids([], 0, 2)  # no block needed: the null block exists already
+    assert t.physical_block_ids == [1, 2, 3]  # nothing left the window yet
+    child = t.fork()  # the child knows the null block too
+    assert child.get_num_blocks_needed_by_append([]) == 0
+    u = BlockTable(2, Opaque(make(num_gpu=2, block_size=2)), max_block_sliding_window=1)
+    u.allocate([1, 2])
+    full = raised(NoFreeBlocksError, u.append_token_ids, [3], 0, 3)  # null + 1 new > 1 free
+    assert (full.requested, full.available) == (1, 0)  # the null block was created first
+    assert u.get_num_blocks_needed_by_append([]) == 0  # and the table knows it
+    v = BlockTable(2, Opaque(make(num_gpu=6, block_size=2)))
+    v.allocate([1, 2, 3, 4, 5])
+    forked = v.fork()  # through fork(last_block): the whole chain
+    assert forked.physical_block_ids == v.physical_block_ids == [0, 1, 2]
+
+
+def test_failed_windowed_append_over_an_opaque_allocator_changes_nothing() -> None:
+    inner = make(num_gpu=4, block_size=2)
+    t = BlockTable(2, Opaque(inner), max_block_sliding_window=1)
+    t.allocate([1, 2, 3, 4])  # blocks 0 and 1
+    child = t.fork()  # both shared: dropping block 0 returns no id
+    inner.allocate_mutable_block(None, GPU)  # 1 free block left, the null block takes it
+    err = raised(NoFreeBlocksError, t.append_token_ids, [5], 0, 5)
+    assert (err.requested, err.available) == (1, 0)
+    assert t.physical_block_ids == child.physical_block_ids == [0, 1]
+    assert t.num_full_slots == 4 and inner.get_allocator(GPU).refcounter.get(0) == 2
+
+
+def test_the_window_step_frees_each_dropped_block_once_and_never_the_null_block() -> None:
+    alloc = RecordingFrees(make(num_gpu=8, block_size=2))
+    t = BlockTable(2, alloc, max_block_sliding_window=1)
+    t.allocate([1, 2, 3, 4, 5, 6])
+    first, second = t.blocks[0], t.blocks[1]
+    t.append_token_ids([7], 0, 4)  # block 0 leaves the window
+    assert alloc.freed == [first]
+    t.append_token_ids([8], 0, 6)  # block 1 leaves; slot 0 already holds the null block
+    assert alloc.freed == [first, second]
+    null = alloc.inner._null_block
+    assert null is not None and t.blocks[:2] == [null, null]
+
+
 # ---------------------------------------------------------------------------- free, update, _blocks
 
 
@@ -384,6 +666,170 @@ def test_constructor_validation() -> None:
     t = BlockTable(2, alloc, [null, full, partial])
     assert t.num_full_slots == 5 and t.get_token_ids_written() == [None, None, 2, 3, 1]
     t.check_invariants()
+
+
+def test_refresh_block_ids_reports_a_block_without_id() -> None:
+    alloc = make(num_gpu=4, block_size=2)
+    t = BlockTable(2, alloc)
+    t.allocate([1, 2, 3])
+    alloc.get_allocator(GPU).swap_out([t.blocks[1]])
+    err = raised(BlockWithoutIdError, t.refresh_block_ids)
+    assert type(err) is BlockWithoutIdError and err.operation == "put in a block table"
+    assert t.physical_block_ids == [0, 1]
+
+
+def test_table_argument_errors() -> None:
+    alloc = make(block_size=2)
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: BlockTable(0, alloc), "block_size must be"),
+        (lambda: BlockTable(4, alloc), "block_size=4 but the allocator's blocks hold 2"),
+        (lambda: BlockTable(2, alloc, max_block_sliding_window=-1), "max_block_sliding_window"),
+        (lambda: BlockTable(2, alloc).allocate([]), "zero tokens"),
+    ]
+    for call, fragment in cases:
+        bad = raised(InvalidBlockTableArgumentError, call)
+        assert fragment in str(bad) and bad.detail == str(bad)
+    assert BlockTable(2, alloc, max_block_sliding_window=0).max_block_sliding_window == 0
+    assert BlockTable(2, Sizeless(alloc)).num_full_slots == 0  # nothing to compare with
+    empty = BlockTable(2, alloc)
+    for op, call in (
+        ("append_token_ids", lambda: empty.append_token_ids([1])),
+        ("ensure_num_empty_slots", lambda: empty.ensure_num_empty_slots(1)),
+        ("fork", empty.fork),
+        ("count the blocks an append needs", lambda: empty.get_num_blocks_needed_by_append([1])),
+    ):
+        err = raised(TableNotAllocatedError, call)
+        assert err.operation == op
+    t = BlockTable(2, alloc)
+    t.allocate([1, 2, 3])
+    again = raised(TableAlreadyAllocatedError, t.allocate, [1])
+    assert again.num_blocks == 2
+    for name, call in (
+        ("num_lookahead_slots", lambda: t.get_num_blocks_touched_by_append_slots([], -1)),
+        ("num_empty_slots", lambda: t.ensure_num_empty_slots(-1)),
+        ("num_lookahead_slots", lambda: t.append_token_ids([1], -1)),
+        ("num_lookahead_slots", lambda: t.get_num_blocks_needed_by_append([1], -1)),
+    ):
+        err2 = raised(InvalidBlockTableArgumentError, call)
+        assert err2.detail.startswith(f"{name} must be an int >= 0")
+    assert repr(t) == "BlockTable(block_size=2, physical_block_ids=[0, 1], num_full_slots=3)"
+
+
+def test_table_over_prepared_blocks() -> None:
+    alloc = make(num_gpu=6, block_size=2)
+    null = alloc.allocate_or_get_null_block()
+    full = alloc.allocate_immutable_block(None, [1, 2], GPU)
+    part = alloc.allocate_immutable_block(full, [3], GPU)
+    empty = alloc.allocate_mutable_block(part, GPU)
+    t = BlockTable(2, alloc, [null, null, full, part, empty], max_block_sliding_window=2)
+    assert t.num_full_slots == 7 and t.physical_block_ids == [0, 0, 1, 2, 3]
+    assert t.get_token_ids_written() == [None, None, None, None, 1, 2, 3]
+    assert t.get_block_token_ids() == [None, None, (1, 2), (3,), ()]
+    t.check_invariants()
+    for blocks, fragment in (
+        ([full, null], "null block at index 1 after a real block"),
+        ([part, full], "block 1 holds tokens after a partially filled block"),
+        ([null, full, full], "a block id appears twice"),
+    ):
+        err = raised(InvalidBlockTableArgumentError, BlockTable, 2, alloc, blocks)
+        assert fragment in str(err)
+    only_null = BlockTable(2, alloc, [null])
+    assert only_null.num_full_slots == 2 and only_null.get_token_ids_written() == [None, None]
+    dead = alloc.allocate_mutable_block(None, GPU)
+    alloc.free(dead)
+    stale = raised(StaleBlockError, BlockTable, 2, alloc, [full, dead])
+    assert stale.operation == "put in a block table"
+    moved = alloc.allocate_mutable_block(None, GPU)
+    alloc.get_allocator(GPU).swap_out([moved])
+    no_id = raised(BlockWithoutIdError, BlockTable, 2, alloc, [moved])
+    assert type(no_id) is BlockWithoutIdError and no_id.operation == "put in a block table"
+    t2 = BlockTable(2, alloc, [null, full])
+    with pytest.raises(InvalidBlockTableArgumentError):
+        t2.update([full, null])
+    assert t2.physical_block_ids == [0, 1] and t2.num_full_slots == 4
+
+
+def test_table_over_an_allocator_it_cannot_peek_into() -> None:
+    inner = make(num_gpu=6, block_size=2)
+    opaque = Opaque(inner)
+    null = inner.allocate_or_get_null_block()
+    full = inner.allocate_immutable_block(None, [1, 2], GPU)
+    loaded = BlockTable(2, opaque, [null, full], max_block_sliding_window=1)
+    assert loaded.get_num_blocks_needed_by_append([]) == 0  # it knows the null block
+    fresh = BlockTable(2, opaque, max_block_sliding_window=1)
+    fresh.allocate([1, 2, 3])
+    assert fresh.get_num_blocks_needed_by_append([]) == 1  # unknown: counted once
+    child = fresh.fork()  # through fork(last_block): no fork_blocks
+    assert child.physical_block_ids == fresh.physical_block_ids == [2, 3]
+    assert inner.get_allocator(GPU).refcounter.get(3) == 2
+    fresh.append_token_ids([4], 0, 4)  # creates/gets the null block, drops block 0
+    assert fresh.physical_block_ids == [0, 4]
+    assert fresh.get_num_blocks_needed_by_append([]) == 0
+
+
+def test_a_block_without_id_from_the_allocator_names_the_operation() -> None:
+    cases: list[tuple[set[str], Callable[[BlockTable], None], str]] = [
+        ({"immutable"}, lambda t: t.allocate([1, 2, 3]), "allocate"),
+        ({"mutable"}, lambda t: t.append_token_ids([5, 6, 7], 0, 0), "append"),
+        ({"null"}, lambda t: t.append_token_ids([5], 0, 5), "use"),
+    ]
+    for strip, call, operation in cases:
+        t = BlockTable(2, IdLess(make(block_size=2), set()), max_block_sliding_window=1)
+        if operation != "allocate":
+            t.allocate([1, 2, 3, 4])
+        t._allocator = IdLess(t._allocator.inner, strip)  # type: ignore[attr-defined]  # Opaque's
+        err = raised(BlockWithoutIdError, call, t)
+        assert type(err) is BlockWithoutIdError and err.operation == operation
+        assert str(err).startswith(f"cannot {operation} a block that holds no block id")
+
+
+def test_blocks_of_another_type_are_written_through_their_own_method() -> None:
+    CountingBlock.writes = []
+    t = BlockTable(4, Relabelling(make(block_size=4)))
+    t.allocate([1, 2])  # one partial block: a CountingBlock
+    t.append_token_ids([3])  # a decode step: private block with room
+    assert CountingBlock.writes == [[1, 2], [3]] and t.get_block_token_ids() == [(1, 2, 3)]
+
+
+# ---------------------------------------------------------------------------- check_invariants
+
+
+def test_table_check_invariants_catches_each_corruption() -> None:
+    def fresh() -> BlockTable:
+        t = BlockTable(2, make(num_gpu=4, block_size=2))
+        t.allocate([1, 2, 3])
+        t.check_invariants()
+        return t
+
+    def failure(t: BlockTable) -> InvariantViolationError:
+        return raised(InvariantViolationError, t.check_invariants)
+
+    t = fresh()
+    t._block_ids[1] = 5
+    err = failure(t)
+    assert err.invariant == "T1" and "physical_block_ids=[0, 5]" in str(err)
+    assert "breaks T1 ids_cached_ok" in str(err)
+    t = fresh()
+    t._block_ids.append(5)
+    assert failure(t).invariant == "T1"
+    t = fresh()
+    t._null_prefix = 1
+    err = failure(t)
+    assert err.invariant == "T3" and "T3 null_prefix_exact" in str(err)
+    t = fresh()
+    t._num_full_slots = 2
+    err = failure(t)
+    assert err.invariant == "T2" and "T2 fill_ok" in str(err)
+    t = fresh()
+    t._blocks[1] = t._blocks[0]
+    t._block_ids[1] = t._block_ids[0]
+    t._num_full_slots = 4
+    err = failure(t)
+    assert err.invariant == "T4" and "T4 ids_distinct" in str(err)
+    for i in (-1, 2):  # T2 bounds: no block holds less than 0 or more than block_size
+        t = fresh()
+        t._num_full_slots = 3 + i
+        assert failure(t).invariant == "T2"
 
 
 # ---------------------------------------------------------------------------- scale

@@ -1,7 +1,14 @@
-"""Tests of the KV cache engine (pagedkv.cache): sizing, swaps, copies, writes, errors.
+"""Tests of the KV cache engine (pagedkv.cache): sizing, swaps, copies, writes, errors,
+and of the internal modules it uses: argument validation (pagedkv._kv_args) and block
+copies (pagedkv._block_copy: ``Rows``, ``runs``, ``wide``, ``BlockCopier``).
 
 Storage is filled with random *bytes* (NaN and denormal patterns included) and
-compared as bytes, so "restores exactly" means bit for bit.
+compared as bytes, so "restores exactly" means bit for bit. The validation tests pin
+which inputs are accepted (int-likes such as torch scalars, not bools, floats or bool
+tensors; destinations validated as well as sources), which slot or block an error
+names when several are wrong, and that a failed call changes nothing. Full error
+messages are pinned once, in tests/test_error_messages.py; KVCacheConfig and device
+resolution are tested in tests/test_kv_config.py.
 """
 
 from __future__ import annotations
@@ -15,7 +22,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedkv.cache import KVCacheConfig, KVCacheEngine
+from helpers import raised
+from pagedkv._block_copy import BlockCopier, Rows, runs, wide
+from pagedkv._kv_args import slot_tensor
+from pagedkv.cache import KVCacheEngine
 from pagedkv.errors import (
     InvalidKVCacheConfigError,
     KVBlockIdError,
@@ -74,6 +84,44 @@ def assert_unchanged(engine: KVCacheEngine, before: dict[Device, torch.Tensor]) 
         assert torch.equal(engine.storage(tier).view(torch.uint8), raw), f"{tier} changed"
 
 
+def numbered_engine(gpu: int = 8, cpu: int = 6) -> KVCacheEngine:
+    """SMALL float32 blocks on the CPU whose values say where they are: GPU block b holds
+    b + 1, CPU block b holds b + 101."""
+    engine = KVCacheEngine(**SMALL, num_gpu_blocks=gpu, num_cpu_blocks=cpu, device="cpu")
+    for tier, base in ((Device.GPU, 1.0), (Device.CPU, 101.0)):
+        s = engine.storage(tier)  # read-only by contract; written here to seed contents
+        for b in range(s.shape[0]):
+            s[b] = base + b
+    return engine
+
+
+def mismatch(
+    engine: KVCacheEngine, call: Callable[..., object], *args: object
+) -> KVTensorMismatchError:
+    """The KVTensorMismatchError ``call(*args)`` raises, checked to leave ``engine`` unchanged."""
+    before = snapshot(engine)
+    err = raised(KVTensorMismatchError, call, *args)
+    assert_unchanged(engine, before)
+    return err
+
+
+def fields(err: KVTensorMismatchError) -> tuple[str, str, str]:
+    return err.name, err.expected, err.actual
+
+
+def gather(engine: KVCacheEngine) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """``engine.gather`` typed to take the int-likes it accepts beyond its annotation."""
+    return engine.gather
+
+
+#: ``slot_tensor`` typed to take the int-likes it accepts beyond its annotation.
+as_slots: Callable[..., torch.Tensor] = slot_tensor
+GPU, CPU = Device.GPU, Device.CPU
+K2 = torch.zeros(2, 2, 4)
+WRITE_EXPECTED = "(num_tokens, 2, 4) torch.float32 on cpu"
+PAIRS_EXPECTED = "(src, dst) pairs of int block ids"
+
+
 # ---------------------------------------------------------------- sizing
 
 
@@ -99,22 +147,6 @@ def test_from_memory_budget_floors_per_tier() -> None:
     assert none_on_cpu.dtype == torch.float32  # the CPU default
     with pytest.raises(InvalidKVCacheConfigError, match="raise the GPU budget"):
         KVCacheEngine.from_memory_budget(per_block - 1, 10**9, **SMALL, device="cpu")
-
-
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"num_layers": 0},
-        {"block_size": -1},
-        {"num_gpu_blocks": 0},
-        {"num_cpu_blocks": -1},
-        {"head_size": 2.0},
-    ],
-)
-def test_bad_config_is_rejected(kwargs: dict[str, object]) -> None:
-    args: dict[str, object] = {**SMALL, "num_gpu_blocks": 4, "num_cpu_blocks": 2, **kwargs}
-    with pytest.raises(InvalidKVCacheConfigError):
-        KVCacheConfig(**args, dtype=torch.float32)  # type: ignore[arg-type]  # bad on purpose
 
 
 def test_repr_and_cpu_defaults() -> None:
@@ -318,6 +350,365 @@ def test_swap_with_no_cpu_blocks_says_so() -> None:
     engine = make_engine(cpu=0)
     with pytest.raises(KVBlockIdError, match="has no blocks"):
         engine.swap_out([(0, 0)])
+
+
+# ---------------------------------------------------------------- validation: sizing
+
+
+def test_from_memory_budget_keeps_the_dtype_it_sized_blocks_for() -> None:
+    engine = KVCacheEngine.from_memory_budget(
+        2 * 512,
+        512,
+        num_layers=2,
+        num_kv_heads=2,
+        head_size=4,
+        block_size=4,
+        dtype=torch.float16,
+        device="cpu",
+    )
+    assert engine.dtype == torch.float16 and engine.storage(CPU).dtype == torch.float16
+    assert (engine.config.num_gpu_blocks, engine.config.num_cpu_blocks) == (4, 2)
+
+
+def test_from_memory_budget_below_one_block_says_all_remedies() -> None:
+    with pytest.raises(InvalidKVCacheConfigError) as info:
+        KVCacheEngine.from_memory_budget(
+            511, 0, num_layers=2, num_kv_heads=2, head_size=4, block_size=4, device="cpu"
+        )
+    assert info.value.detail.startswith("budgets gpu_bytes=511, cpu_bytes=0")
+    assert "one block needs 512 bytes" in info.value.detail
+
+
+# ---------------------------------------------------------------- validation: layers
+
+
+def test_a_bad_layer_error_gives_the_valid_range_and_hint() -> None:
+    engine = numbered_engine()
+    for layer in (2, -1):
+        err = raised(KVRangeError, engine.gather, [0], 1, layer)
+        assert (err.what, err.value, err.valid) == ("layer", layer, "0..1")
+
+
+# ---------------------------------------------------------------- validation: write
+
+
+def test_write_rejects_a_key_or_value_that_is_not_a_tensor() -> None:
+    engine = numbered_engine()
+    key = mismatch(engine, engine.write, [0, 1], [[0.0]], K2, 0)
+    assert fields(key) == ("key", f"a tensor {WRITE_EXPECTED}", "list")
+    value = mismatch(engine, engine.write, [0, 1], K2, None, 0)
+    assert fields(value) == ("value", f"a tensor {WRITE_EXPECTED}", "NoneType")
+
+
+def test_write_rejects_a_3d_key_with_the_wrong_heads() -> None:
+    engine = numbered_engine()
+    bad = torch.zeros(2, 3, 4)
+    key = mismatch(engine, engine.write, [0, 1], bad, bad, 0)
+    assert fields(key) == ("key", f"shape {WRITE_EXPECTED}", "(2, 3, 4)")
+    value = mismatch(engine, engine.write, [0, 1], K2, torch.zeros(2, 8), 0)
+    assert fields(value) == ("value", f"shape {WRITE_EXPECTED}", "(2, 8)")
+
+
+def test_write_rejects_the_wrong_dtype() -> None:
+    engine = numbered_engine()
+    key = mismatch(engine, engine.write, [0, 1], K2.double(), K2, 0)
+    assert fields(key) == ("key", WRITE_EXPECTED, "torch.float64 on cpu")
+    value = mismatch(engine, engine.write, [0, 1], K2, K2.half(), 0)
+    assert fields(value) == ("value", WRITE_EXPECTED, "torch.float16 on cpu")
+
+
+def test_write_rejects_key_and_value_of_different_lengths() -> None:
+    engine = numbered_engine()
+    err = mismatch(engine, engine.write, [0], K2[:1], K2, 0)
+    assert fields(err) == ("value", "key's shape (1, 2, 4)", "(2, 2, 4)")
+
+
+def test_a_slot_out_of_range_error_gives_range_and_hint() -> None:
+    engine = numbered_engine()
+    for slot in (32, -2):
+        before = snapshot(engine)
+        err = raised(KVRangeError, engine.write, [0, slot], K2, K2, 0)
+        assert_unchanged(engine, before)
+        assert (err.what, err.value, err.valid) == ("slot", slot, "-1 (skip) or 0..31")
+
+
+def test_a_duplicate_slot_names_the_repeated_slot() -> None:
+    engine = numbered_engine()
+    three = torch.zeros(3, 2, 4)
+    err = mismatch(engine, engine.write, [0, 5, 5], three, three, 1)
+    assert fields(err) == ("slot_mapping", "distinct slots (or -1)", "5 twice")
+
+
+def test_slot_mapping_errors() -> None:
+    engine = numbered_engine()
+    float_tensor = mismatch(engine, engine.write, torch.zeros(2), K2, K2, 0)
+    assert fields(float_tensor) == ("slot_mapping", "integer slots", "torch.float32")
+    bools = mismatch(engine, engine.write, torch.tensor([True, False]), K2, K2, 0)
+    assert fields(bools) == ("slot_mapping", "integer slots", "torch.bool")
+    float_item = mismatch(engine, engine.write, [0, 1.5], K2, K2, 0)
+    assert fields(float_item) == ("slot_mapping", "int slots", "1.5")
+    bool_item = mismatch(engine, engine.write, [0, True], K2, K2, 0)
+    assert fields(bool_item) == ("slot_mapping", "int slots", "True")
+    count = mismatch(engine, engine.write, [0, 1, 2], K2, K2, 0)
+    assert fields(count) == ("slot_mapping", "one slot per token, shape (2,)", "(3,)")
+    shape = mismatch(engine, engine.write, torch.tensor([[0, 1]]), K2, K2, 0)
+    assert fields(shape) == ("slot_mapping", "one slot per token, shape (2,)", "(1, 2)")
+
+
+def test_slot_tensor_is_int64_on_the_cpu() -> None:
+    for mapping in (torch.tensor([3, -1], dtype=torch.int32), [3, -1], [torch.tensor(3), -1]):
+        slots = as_slots(mapping, 2)
+        assert slots.dtype == torch.int64 and slots.device == torch.device("cpu")
+        assert slots.tolist() == [3, -1]
+    empty = as_slots([], 0)
+    assert empty.dtype == torch.int64 and empty.shape == (0,)
+
+
+def test_write_accepts_torch_integer_scalars_as_slots() -> None:
+    engine = numbered_engine()
+    key = torch.full((2, 2, 4), 7.0)
+    write: Callable[..., object] = engine.write  # int-likes, beyond the annotation
+    write([torch.tensor(5), torch.tensor(-1)], key, -key, 1)
+    assert torch.equal(engine.storage(GPU)[1, 1, 0, 1], key[0])
+    assert torch.equal(engine.storage(GPU)[1, 1, 1, 1], -key[0])
+
+
+# ---------------------------------------------------------------- validation: gather
+
+
+def test_gather_block_id_errors_name_the_block_table() -> None:
+    engine = numbered_engine()
+    err = raised(KVBlockIdError, engine.gather, [0, 6], 1, 0, "cpu")
+    assert (err.block_id, err.tier, err.num_blocks, err.role) == (6, "cpu", 6, "block table")
+
+
+def test_gather_names_the_first_bad_block_id() -> None:
+    engine = numbered_engine()
+    for ids, bad in (([0, 9, -1], 9), ([0, -1, 9], -1), ([3, 8], 8)):
+        err = raised(KVBlockIdError, engine.gather, ids, 1, 0)
+        assert err.block_id == bad and err.value == bad
+
+
+def test_gather_rejects_block_ids_that_are_not_ints() -> None:
+    engine = numbered_engine()
+    seq = "a sequence of int block ids"
+    tensor = "a 1-D integer tensor"
+    cases: list[tuple[object, tuple[str, str, str]]] = [
+        ([0.5], ("block_ids", seq, "0.5")),
+        ([0, True], ("block_ids", seq, "True")),
+        ([torch.tensor(0.5)], ("block_ids", seq, "tensor(0.5000)")),
+        ([torch.tensor([0, 1])], ("block_ids", seq, "tensor([0, 1])")),
+        (torch.tensor([0.0]), ("block_ids", tensor, "torch.float32 (1,)")),
+        (torch.tensor([True]), ("block_ids", tensor, "torch.bool (1,)")),
+        (torch.tensor([[0]]), ("block_ids", tensor, "torch.int64 (1, 1)")),
+    ]
+    for ids, expected in cases:
+        assert fields(raised(KVTensorMismatchError, engine.gather, ids, 1, 0)) == expected
+
+
+def test_gather_accepts_torch_integer_scalars_as_block_ids() -> None:
+    engine = numbered_engine()
+    k, v = gather(engine)([torch.tensor(3), torch.tensor(1, dtype=torch.int32)], 5, 0)
+    assert k.shape == (5, 2, 4)
+    assert bool((k[:4] == 4.0).all()) and bool((k[4] == 2.0).all())
+    assert bool((v[:4] == 4.0).all())
+
+
+def test_gather_num_tokens_errors() -> None:
+    engine = numbered_engine()
+    for n in (1.5, True):
+        err = raised(KVTensorMismatchError, engine.gather, [0], n, 0)
+        assert fields(err) == ("num_tokens", "an int", repr(n))
+    for n in (9, -1):
+        rng = raised(KVRangeError, engine.gather, [0, 1], n, 0)
+        assert (rng.what, rng.value, rng.valid) == ("num_tokens", n, "0..8 for 2 block(s)")
+    k, _ = gather(engine)([2], torch.tensor(3), 0)
+    assert k.shape == (3, 2, 4)
+
+
+# ---------------------------------------------------------------- validation: pairs (_kv_args)
+
+
+def test_pairs_tensor_must_be_integer_of_shape_n_by_2() -> None:
+    engine = numbered_engine()
+    expected = "an integer tensor of shape (n, 2)"
+    for pairs, actual in (
+        (torch.ones(2, 2), "torch.float32 (2, 2)"),
+        (torch.tensor([[True, False]]), "torch.bool (1, 2)"),
+        (torch.tensor([0, 1]), "torch.int64 (2,)"),
+        (torch.zeros(1, 2, 2, dtype=torch.long), "torch.int64 (1, 2, 2)"),
+        (torch.zeros(2, 3, dtype=torch.long), "torch.int64 (2, 3)"),
+    ):
+        for call in (engine.copy, engine.swap_out, engine.swap_in):
+            assert fields(mismatch(engine, call, pairs)) == ("pairs", expected, actual)
+
+
+def test_a_pair_that_is_not_a_pair_is_named() -> None:
+    engine = numbered_engine()
+    for pairs, actual in (([(0, 1), 5], "5"), ([(0, 1), (2, 3, 4)], "(2, 3, 4)")):
+        assert fields(mismatch(engine, engine.swap_out, pairs)) == (
+            "pairs",
+            PAIRS_EXPECTED,
+            actual,
+        )
+
+
+def test_non_int_sources_and_destinations_are_rejected() -> None:
+    engine = numbered_engine()
+    cases: list[tuple[object, str]] = [
+        ([(0.5, 1)], "0.5"),
+        ([(0, 1.5)], "1.5"),
+        ([(0, True)], "True"),
+        ([(True, 0)], "True"),
+        ([(0, 1), (2, False)], "False"),
+        ([(torch.tensor(0.5), 1)], "tensor(0.5000)"),
+        ([(0, torch.tensor(1.5))], "tensor(1.5000)"),
+    ]
+    for pairs, actual in cases:
+        for call in (engine.swap_out, engine.swap_in):
+            assert fields(mismatch(engine, call, pairs)) == ("pairs", PAIRS_EXPECTED, actual)
+
+
+def test_pairs_of_torch_integer_scalars_are_accepted() -> None:
+    for pairs in (
+        [(torch.tensor(1), torch.tensor(2))],
+        [(1, torch.tensor(2))],
+        [(torch.tensor(1), 2)],
+    ):
+        engine = numbered_engine()
+        before = {t: engine.storage(t).clone() for t in Device}
+        swap_out: Callable[..., object] = engine.swap_out  # int-likes, beyond the annotation
+        swap_out(pairs)
+        cpu = engine.storage(CPU)
+        assert torch.equal(cpu[2], before[GPU][1])
+        assert torch.equal(cpu[:2], before[CPU][:2]) and torch.equal(cpu[3:], before[CPU][3:])
+        assert torch.equal(engine.storage(GPU), before[GPU])
+
+
+def test_out_of_range_destination_error_says_destination() -> None:
+    engine = numbered_engine()
+    before = snapshot(engine)
+    err = raised(KVBlockIdError, engine.swap_out, {0: 1, 2: 6})
+    assert_unchanged(engine, before)
+    assert (err.block_id, err.tier, err.num_blocks, err.role) == (6, "cpu", 6, "destination")
+    src = raised(KVBlockIdError, engine.swap_in, [(1, 0), (0, 8)])
+    assert (src.block_id, src.role, src.tier) == (8, "destination", "gpu")
+
+
+def test_swap_names_the_first_bad_source() -> None:
+    engine = numbered_engine()
+    for pairs, bad in (([(0, 0), (8, 1), (-1, 2)], 8), ([(0, 0), (-1, 1), (8, 2)], -1)):
+        err = raised(KVBlockIdError, engine.swap_out, pairs)
+        assert (err.block_id, err.role) == (bad, "source")
+
+
+def test_a_destination_named_twice_is_the_one_reported() -> None:
+    engine = numbered_engine()
+    before = snapshot(engine)
+    err = raised(KVCopyConflictError, engine.swap_out, [(0, 3), (1, 4), (2, 4)])
+    assert_unchanged(engine, before)
+    assert (err.block_id, err.detail) == (4, "is named as a destination twice")
+    copy_err = raised(KVCopyConflictError, engine.copy, [(0, 3), (1, 5), (2, 5)])
+    assert copy_err.block_id == 5
+
+
+def test_a_block_both_source_and_destination_is_reported() -> None:
+    engine = numbered_engine()
+    before = snapshot(engine)
+    err = raised(KVCopyConflictError, engine.copy, [(5, 6), (6, 1), (1, 7)])
+    assert_unchanged(engine, before)
+    assert (err.block_id, err.detail) == (1, "is both a source and a destination")
+
+
+# ---------------------------------------------------------------- _block_copy: Rows, runs, wide
+
+
+def test_rows_span_reaches_every_row_of_a_narrow_tier() -> None:
+    rows = Rows(torch.arange(8.0).view(4, 2))  # more rows than columns
+    assert rows.span(3, 1).tolist() == [6.0, 7.0]
+    assert rows.span(2, 1).tolist() == [4.0, 5.0]
+    assert rows.span(1, 2).tolist() == [[2.0, 3.0], [4.0, 5.0]]
+
+
+def test_rows_span_caches_one_view_per_row() -> None:
+    data = torch.zeros(3, 4)
+    rows = Rows(data)
+    view = rows.span(1, 1)
+    assert rows.span(1, 1) is view
+    view.fill_(5.0)  # a view of the tier, not a copy
+    assert data[1].tolist() == [5.0] * 4 and data[0].tolist() == [0.0] * 4
+
+
+def test_runs_are_sorted_by_destination_and_merged() -> None:
+    assert runs([1, 0], [1, 0]) == [(0, 0, 2)]
+    assert runs([0, 1], [5, 6]) == [(0, 5, 2)]
+    assert runs([3, 4, 9], [0, 1, 2]) == [(3, 0, 2), (9, 2, 1)]
+    assert runs([5, 1], [3, 2]) == [(1, 2, 1), (5, 3, 1)]
+
+
+def test_wide_views_sixteen_byte_rows_as_complex128() -> None:
+    rows = torch.arange(12.0).view(3, 4)  # 16-byte float32 rows
+    view = wide(rows)
+    assert view.dtype == torch.complex128 and view.shape == (3, 1)
+    assert view.data_ptr() == rows.data_ptr()
+    double = torch.zeros(2, 4, dtype=torch.float64)  # 32-byte rows
+    assert wide(double).dtype == torch.complex128 and wide(double).shape == (2, 2)
+
+
+def test_wide_keeps_rows_that_do_not_allow_it() -> None:
+    odd = torch.zeros(3, 3)  # 12-byte rows
+    assert wide(odd) is odd
+    strided = torch.zeros(4, 8)[:, :4]  # 16-byte rows, not contiguous
+    assert wide(strided) is strided
+
+
+# ---------------------------------------------------------------- _block_copy: BlockCopier.move
+
+
+def numbered(num_rows: int, width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows whose every element is ``row * 10 + 1`` (so row 0 is not all zeros)."""
+    return (torch.arange(num_rows, dtype=dtype) * 10 + 1)[:, None].repeat(1, width)
+
+
+def test_move_of_every_source_row() -> None:
+    src, dst = numbered(3, 4), torch.zeros(5, 4)
+    BlockCopier().move(Rows(src), Rows(dst), [0, 1, 2], [4, 0, 2])
+    assert dst[:, 0].tolist() == [11.0, 0.0, 21.0, 0.0, 1.0]
+    assert torch.equal(src, numbered(3, 4))
+
+
+def test_move_of_leading_rows_of_a_narrow_tier() -> None:
+    # Two columns, four rows: the leading rows [0, 1] are not every row.
+    src, dst = numbered(4, 2), torch.zeros(4, 2)
+    BlockCopier().move(Rows(src), Rows(dst), [0, 1], [3, 1])
+    assert dst[:, 0].tolist() == [0.0, 11.0, 0.0, 1.0]
+
+
+def test_copier_grows_its_buffer_for_a_larger_copy() -> None:
+    src = numbered(5, 4)
+    copier = BlockCopier()
+    dst = torch.zeros(5, 4)
+    copier.move(Rows(src), Rows(dst), [1], [0])
+    copier.move(Rows(src), Rows(dst), [2, 0, 4], [1, 2, 4])
+    assert dst[:, 0].tolist() == [11.0, 21.0, 1.0, 0.0, 41.0]
+
+
+def test_copier_serves_rows_of_another_dtype() -> None:
+    copier = BlockCopier()
+    src64, dst64 = numbered(3, 4, torch.float64), torch.zeros(3, 4, dtype=torch.float64)
+    copier.move(Rows(src64), Rows(dst64), [2, 1], [0, 2])
+    assert dst64[:, 0].tolist() == [21.0, 0.0, 11.0]
+    src32, dst32 = numbered(3, 4), torch.zeros(3, 4)
+    copier.move(Rows(src32), Rows(dst32), [1], [0])  # fewer elements, another dtype
+    assert dst32[:, 0].tolist() == [11.0, 0.0, 0.0] and dst32.dtype == torch.float32
+
+
+def test_copier_staging_buffer_is_host_memory_under_a_default_device() -> None:
+    copier = BlockCopier()
+    like = numbered(3, 4)
+    with torch.device("meta"):  # torch's default device for new tensors
+        rows = copier._staging_rows(like, 2)
+    assert rows is not None and rows.device.type == "cpu" and rows.shape == (2, 4)
 
 
 # ---------------------------------------------------------------- CUDA

@@ -1,4 +1,9 @@
-"""Unit tests for BlockSpaceManager corner cases (the manager machine covers sequences)."""
+"""Unit tests for pagedkv.manager: BlockSpaceManager corner cases (the manager machine
+covers sequences), its stats and usage figures, its sliding-window part and its
+``check_invariants`` on corrupted states.
+
+Full error messages are pinned once, in tests/test_error_messages.py.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +11,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedkv import AllocStatus, BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
+from helpers import raised
+from pagedkv import (
+    AllocStatus,
+    BlockSpaceManager,
+    Device,
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+)
+from pagedkv.block_table import BlockTable
 from pagedkv.errors import (
     CachingNotSupportedError,
     InvalidAllocatorConfigError,
     InvalidSequenceStateError,
+    InvariantViolationError,
     NoFreeBlocksError,
     SequenceAlreadyAllocatedError,
     UnknownSequenceError,
 )
+from pagedkv.naive_allocator import NaiveBlock
 from pagedkv_spec import manager as spec
 
+GPU, CPU = Device.GPU, Device.CPU
 RUNNING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 
 
@@ -29,6 +46,35 @@ def admit(manager: BlockSpaceManager, group: SequenceGroup) -> None:
     manager.allocate(group)
     for seq in group.get_seqs():
         seq.status = RUNNING
+
+
+# ---------------------------------------------------------------------------- configuration
+
+
+def test_manager_configuration() -> None:
+    m = BlockSpaceManager(2, 200, 0)
+    assert m.watermark == 0.01 and m.watermark_blocks == 2
+    assert m.max_block_sliding_window is None and m.block_allocator._null_block is None
+    for kwargs, name in (
+        ({"watermark": 1.0}, "watermark"),
+        ({"watermark": -0.1}, "watermark"),
+        ({"watermark": "0"}, "watermark"),
+        ({"sliding_window": 0}, "sliding_window"),
+        ({"sliding_window": 1.5}, "sliding_window"),
+    ):
+        err = raised(
+            InvalidAllocatorConfigError, lambda kw=kwargs: BlockSpaceManager(2, 4, 0, **kw)
+        )
+        assert str(err).startswith(f"{name} must be")
+    w = BlockSpaceManager(4, 1, 0, watermark=0.0, sliding_window=1)
+    assert w.max_block_sliding_window == 2  # 1 // 4 + 2
+    assert w.get_num_free_gpu_blocks() == 0  # the null block took the only GPU block
+    assert BlockSpaceManager(4, 8, 0, sliding_window=9).max_block_sliding_window == 4
+    none = BlockSpaceManager(4, 0, 0, watermark=0.0, sliding_window=4)
+    assert none.block_allocator._null_block is None and none.get_num_free_gpu_blocks() == 0
+
+
+# ---------------------------------------------------------------------------- admission
 
 
 def test_parallel_sampling_shares_prompt_and_cows_on_decode() -> None:
@@ -57,12 +103,120 @@ def test_watermark_admission_and_reasons() -> None:
     assert later == AllocStatus.LATER and later.free_blocks == 2 and "wait" in later.reason
 
 
+def test_admission_reasons_and_counts() -> None:
+    m = BlockSpaceManager(2, 10, 8, watermark=0.2)  # 2 blocks held back
+    never = m.can_allocate(group_of("a", list(range(17))))
+    assert never == AllocStatus.NEVER
+    assert (never.required_blocks, never.free_blocks, never.watermark_blocks) == (9, 10, 2)
+    assert never.reason == (
+        "needs 9 GPU blocks but the cache has 10 with 2 held back as watermark: it can never fit"
+    )
+    edge = m.can_allocate(group_of("a", list(range(16))))  # 8 = 10 - 2: fits exactly
+    assert edge == AllocStatus.OK and edge.reason == "" and edge.required_blocks == 8
+    assert m.can_allocate(group_of("a", list(range(16))), 1) == AllocStatus.NEVER
+    g = group_of("a", list(range(11)))
+    admit(m, g)  # 6 blocks, 4 free
+    fits = m.can_allocate(group_of("b", [1, 2, 3, 4], first_id=1))  # 4 - 2 >= 2
+    assert fits == AllocStatus.OK and fits.free_blocks == 4
+    later = m.can_allocate(group_of("b", [1, 2, 3, 4, 5], first_id=1))
+    assert later == AllocStatus.LATER
+    assert (later.required_blocks, later.free_blocks, later.watermark_blocks) == (3, 4, 2)
+    assert later.reason == (
+        "needs 3 GPU blocks, 4 free and 2 kept as watermark: wait for blocks to be freed"
+    )
+    assert m.can_allocate(group_of("b", [1, 2, 3], first_id=1), 1) == AllocStatus.OK
+    assert m.can_allocate(group_of("b", [1, 2, 3], first_id=1), 2) == AllocStatus.LATER
+    m.swap_out(g)
+    g.get_seqs()[0].status = SWAPPED
+    ok = m.can_swap_in(g)
+    assert ok == AllocStatus.OK and ok.reason == "" and ok.required_blocks == 6
+    filler = group_of("c", [1, 2, 3, 4, 5], first_id=2)
+    admit(m, filler)  # 3 blocks, 7 free: 7 - 6 < 2
+    swap_later = m.can_swap_in(g)
+    assert swap_later == AllocStatus.LATER
+    assert (swap_later.required_blocks, swap_later.free_blocks) == (6, 7)
+    assert swap_later.reason == "needs 6 GPU blocks, 7 free, 2 watermark"
+    assert swap_later.watermark_blocks == 2 and ok.watermark_blocks == 2
+    m.free(filler.get_seqs()[0])
+    # 6 blocks to move; the last has 1 empty slot, so lookahead L needs ceil((L - 1) / 2) more
+    for lookahead, status, required in (
+        (5, AllocStatus.OK, 8),
+        (6, AllocStatus.LATER, 9),
+        (9, AllocStatus.LATER, 10),
+        (10, AllocStatus.NEVER, 11),
+    ):
+        decision = m.can_swap_in(g, lookahead)
+        assert (decision.status, decision.required_blocks) == (status, required)
+
+
+def test_default_lookahead_is_zero() -> None:
+    m = BlockSpaceManager(4, 1, 2, watermark=0.0)
+    g = group_of("a", [1, 2, 3, 4])  # one full block; the GPU has no free block left
+    admit(m, g)
+    assert m.can_append_slots(g) and not m.can_append_slots(g, 1)
+    m.swap_out(g)
+    g.get_seqs()[0].status = SWAPPED
+    assert m.can_swap_in(g) == AllocStatus.OK
+    never = m.can_swap_in(g, 1)
+    assert never == AllocStatus.NEVER and never.required_blocks == 2
+    assert never.reason == "needs 2 GPU blocks, more than the 1 there are"
+
+
+def test_allocate_errors() -> None:
+    m = BlockSpaceManager(2, 4, 0, watermark=0.0)
+    running = group_of("a", [1])
+    running.get_seqs()[0].status = RUNNING
+    for call, what in ((m.can_allocate, "admit"), (m.allocate, "allocate")):
+        err = raised(InvalidSequenceStateError, call, running)
+        assert str(err).endswith(f"no WAITING sequence to {what}")
+    err = raised(InvalidSequenceStateError, m.allocate, group_of("e", []))
+    assert "empty prompt" in str(err)
+    full = raised(NoFreeBlocksError, m.allocate, group_of("b", list(range(9))))
+    assert (full.requested, full.available, full.device) == (5, 4, "GPU")
+    m.allocate(group_of("c", list(range(8))))  # exactly the free blocks
+    assert m.get_num_free_gpu_blocks() == 0 and m.stats.groups_allocated == 1
+
+
+def test_encoder_prompt_counts_for_admission() -> None:
+    m = BlockSpaceManager(2, 6, 0, watermark=0.0)
+    enc = Sequence(100, [9, 9, 9])
+    g = SequenceGroup("ed", [Sequence(0, [1, 2])], encoder_seq=enc)
+    assert m.can_allocate(g).required_blocks == 3
+    m.allocate(g)
+    assert m.get_num_free_gpu_blocks() == 3 and m.get_cross_block_table(g) == [1, 2]
+    again = SequenceGroup("ed", [Sequence(1, [1])], encoder_seq=Sequence(101, [9]))
+    err = raised(InvalidSequenceStateError, m.allocate, again)
+    assert "already has a cross-attention table" in str(err)
+    later = SequenceGroup("l", [Sequence(2, [1, 2])], encoder_seq=Sequence(102, [9] * 5))
+    assert m.can_allocate(later) == AllocStatus.LATER  # 1 + 3 blocks, 3 free
+    big = SequenceGroup("big", [Sequence(2, [1, 2])], encoder_seq=Sequence(102, [9] * 11))
+    assert m.can_allocate(big) == AllocStatus.NEVER  # 1 + 6 blocks of 6
+    full = raised(NoFreeBlocksError, m.allocate, big)
+    assert (full.requested, full.available, full.device) == (7, 3, "GPU")
+    empty_enc = SequenceGroup("e0", [Sequence(3, [1])], encoder_seq=Sequence(103, []))
+    m.allocate(empty_enc)
+    assert "e0" not in m.cross_block_tables and m.get_num_free_gpu_blocks() == 2
+    m.free_cross(g)
+    m.free_cross(g)  # already freed: a no-op
+    assert m.get_num_free_gpu_blocks() == 4
+
+
+def test_one_token_encoder_gets_a_cross_table() -> None:
+    m = BlockSpaceManager(2, 4, 0, watermark=0.0)
+    g = SequenceGroup("ed", [Sequence(0, [1, 2])], encoder_seq=Sequence(9, [7]))
+    m.allocate(g)
+    assert m.get_cross_block_table(g) == [1] and m.get_num_free_gpu_blocks() == 2
+
+
 def test_failed_allocate_changes_nothing() -> None:
     m = BlockSpaceManager(2, 3, 0, watermark=0.0)
     before = m.to_spec()
     with pytest.raises(NoFreeBlocksError):
         m.allocate(group_of("x", list(range(7))))
     assert m.to_spec() == before and not m.block_tables
+
+
+# ---------------------------------------------------------------------------- append, fork, free
 
 
 def test_failed_append_changes_nothing() -> None:
@@ -103,6 +257,53 @@ def test_misuse_raises_typed_errors() -> None:
         BlockSpaceManager(2, 8, 8, watermark=1.5)
 
 
+def test_can_append_slots_counts_whole_blocks_per_sequence() -> None:
+    m = BlockSpaceManager(4, 3, 0, watermark=0.0)
+    g = SequenceGroup("a", [Sequence(0, [1, 2, 3, 4, 5]), Sequence(1, [1, 2, 3, 4, 5])], n=2)
+    admit(m, g)  # 2 shared blocks, 1 free
+    for seq in g.get_seqs():
+        seq.append_token_id(6)
+    # each append writes into a shared partial block: one copy each, 2 > 1 free
+    assert not m.can_append_slots(g)
+    g.remove(1)
+    assert m.can_append_slots(g)
+    err = raised(InvalidSequenceStateError, m.can_append_slots, g, -1)
+    assert str(err).startswith("num_lookahead_slots must be >= 0")
+
+
+def test_manager_errors_name_the_sequence() -> None:
+    m = BlockSpaceManager(2, 4, 2, watermark=0.0)
+    g = group_of("a", [1, 2, 3])
+    admit(m, g)
+    s0 = g.get_seqs()[0]
+    twin = raised(SequenceAlreadyAllocatedError, m.fork, s0, s0)
+    assert twin.seq_id == 0
+    ghost = SequenceGroup("b", [Sequence(7, [1])])
+    ghost.get_seqs()[0].status = RUNNING
+    unknown = raised(UnknownSequenceError, m.can_append_slots, ghost)
+    assert unknown.seq_id == 7 and str(unknown).startswith("sequence 7 ")
+    cross = raised(InvalidSequenceStateError, m.get_cross_block_table, g)
+    assert "request 'a'" in str(cross)
+    err = raised(InvalidSequenceStateError, m.can_swap_in, g)
+    assert "no SWAPPED sequence" in str(err)
+
+
+def test_unknown_and_duplicate_sequences_are_named() -> None:
+    m = BlockSpaceManager(2, 4, 0, watermark=0.0)
+    g = group_of("a", [1])
+    admit(m, g)
+    ghost = Sequence(7, [1])
+    for call in (m.get_block_table, m.append_slots):
+        assert raised(UnknownSequenceError, call, ghost).seq_id == 7
+    assert raised(UnknownSequenceError, m.fork, ghost, Sequence(8, [1])).seq_id == 7
+    twin = SequenceGroup("b", [Sequence(5, [1]), Sequence(0, [1])], n=2)
+    assert raised(SequenceAlreadyAllocatedError, m.allocate, twin).seq_id == 0
+    assert m.get_num_free_gpu_blocks() == 3
+
+
+# ---------------------------------------------------------------------------- swap
+
+
 def test_swap_round_trip_moves_shared_blocks_once() -> None:
     m = BlockSpaceManager(2, 8, 8, watermark=0.0)
     g = group_of("a", [1, 2, 3, 4, 5], n=3)
@@ -132,6 +333,104 @@ def test_can_swap_out_is_exact_about_sharing() -> None:
     assert m.get_num_free_cpu_blocks() == 0
 
 
+def test_swap_errors_name_the_operation_and_device() -> None:
+    m = BlockSpaceManager(2, 4, 4, watermark=0.0)
+    g = group_of("a", [1])  # one block: on the CPU it gets the first CPU id, 4
+    admit(m, g)
+    (seq,) = g.get_seqs()
+    seq.status = SWAPPED  # but its blocks are still on the GPU
+    on_gpu = "swap in sequence 0: its blocks are on GPU, not CPU"
+    assert on_gpu in str(raised(InvalidSequenceStateError, m.can_swap_in, g))
+    assert on_gpu in str(raised(InvalidSequenceStateError, m.swap_in, g))
+    seq.status = RUNNING
+    m.swap_out(g)  # the status stays RUNNING: the blocks are on the CPU now
+    assert m.block_tables[0].physical_block_ids == [4]
+    on_cpu = "swap out sequence 0: its blocks are on CPU, not GPU"
+    assert on_cpu in str(raised(InvalidSequenceStateError, m.can_swap_out, g))
+    assert on_cpu in str(raised(InvalidSequenceStateError, m.swap_out, g))
+    err = raised(InvalidSequenceStateError, m.append_slots, seq)
+    assert "append to sequence 0: its blocks are on CPU, not GPU" in str(err)
+    assert m.get_num_free_gpu_blocks() == 4 and m.block_tables[0].physical_block_ids == [4]
+
+
+# ---------------------------------------------------------------------------- stats and usage
+
+
+def test_stats_count_what_happened() -> None:
+    m = BlockSpaceManager(2, 8, 8, watermark=0.0)
+    g = SequenceGroup("a", [Sequence(0, [1, 2, 3]), Sequence(1, [1, 2, 3])], n=2)
+    admit(m, g)
+    s0, s1 = g.get_seqs()
+    s0.append_token_id(4)
+    assert m.append_slots(s0) == [(1, 2)]
+    s1.append_token_id(5)
+    assert m.append_slots(s1) == []
+    assert m.stats.cow_copies == 1 and m.stats.groups_allocated == 1
+    assert m.swap_out(g) == [(0, 0), (2, 1), (1, 2)]
+    for seq in g.get_seqs():
+        seq.status = SWAPPED
+    err = raised(InvalidSequenceStateError, m.append_slots, s0)
+    assert "on CPU, not GPU" in str(err)
+    assert m.swap_in(g) == [(0, 1), (1, 0), (2, 2)]  # GPU ids 1, 0, 2 were freed last
+    assert (m.stats.swap_outs, m.stats.swap_ins) == (1, 1)
+    assert (m.stats.blocks_swapped_out, m.stats.blocks_swapped_in) == (3, 3)
+    assert m.stats.blocks_freed_by_window == 0
+    err = raised(InvalidSequenceStateError, m.append_slots, s0, -1)
+    assert str(err).startswith("num_lookahead_slots must be >= 0")
+    err = raised(InvalidSequenceStateError, m.can_swap_out, group_of("x", [1], first_id=9))
+    assert str(err).startswith("cannot swap out:")
+    m.check_invariants()
+
+
+def test_counters_accumulate() -> None:
+    m = BlockSpaceManager(2, 8, 8, watermark=0.0)
+    groups = [
+        SequenceGroup(r, [Sequence(2 * i, [1]), Sequence(2 * i + 1, [1])], n=2)
+        for i, r in enumerate(("a", "b"))
+    ]
+    for g in groups:
+        admit(m, g)
+        s0, _ = g.get_seqs()
+        s0.append_token_id(2)
+        assert len(m.append_slots(s0)) == 1  # the shared block is copied
+    assert m.stats.cow_copies == 2 and m.stats.groups_allocated == 2
+    for g in groups:
+        assert len(m.swap_out(g)) == 2
+        for seq in g.get_seqs():
+            seq.status = SWAPPED
+    for g in groups:
+        assert len(m.swap_in(g)) == 2
+    assert (m.stats.swap_outs, m.stats.swap_ins) == (2, 2)
+    assert m.stats.blocks_swapped_out == m.stats.blocks_swapped_in == 4
+
+
+def test_usage_and_inert_prefix_caching() -> None:
+    m = BlockSpaceManager(2, 4, 2, watermark=0.0)
+    assert m.get_gpu_usage() == 0.0 and m.get_cpu_usage() == 0.0
+    g = group_of("a", [1, 2, 3])
+    admit(m, g)
+    assert m.get_gpu_usage() == 0.5 and m.get_cpu_usage() == 0.0
+    m.swap_out(g)
+    assert m.get_gpu_usage() == 0.0 and m.get_cpu_usage() == 1.0
+    empty = BlockSpaceManager(2, 0, 0)
+    assert empty.get_gpu_usage() == 0.0 and empty.get_cpu_usage() == 0.0
+    assert m.get_prefix_cache_hit_rate(GPU) == -1.0
+    assert m.get_common_computed_block_ids(g.get_seqs()) == []
+
+
+def test_to_spec_shows_a_block_without_id_as_minus_one() -> None:
+    m = BlockSpaceManager(2, 4, 2, watermark=0.0)
+    g = group_of("a", [1, 2, 3])
+    admit(m, g)
+    table = m.block_tables[0]
+    m.block_allocator.get_allocator(GPU).swap_out([table.blocks[1]])  # corrupt: no id
+    (view,) = (v for _, v in m.to_spec().tables)
+    assert view.block_ids == (0, -1) and view.token_ids == ((1, 2), (3,))
+
+
+# ---------------------------------------------------------------------------- sliding window
+
+
 def test_sliding_window_frees_old_blocks() -> None:
     m = BlockSpaceManager(2, 16, 0, watermark=0.0, sliding_window=2)  # keeps 3 blocks
     assert m.get_num_free_gpu_blocks() == 15  # the null block is taken up front
@@ -148,6 +447,44 @@ def test_sliding_window_frees_old_blocks() -> None:
     m.check_invariants()
 
 
+def test_swap_of_a_windowed_table_keeps_its_null_entries() -> None:
+    m = BlockSpaceManager(1, 8, 8, watermark=0.0, sliding_window=1)  # keeps 3 blocks
+    g = group_of("a", [1, 2, 3, 4, 5])
+    admit(m, g)
+    (seq,) = g.get_seqs()
+    seq.update_num_computed_tokens(5)
+    seq.append_token_id(6)
+    m.append_slots(seq)
+    table = m.block_tables[0]
+    assert table.physical_block_ids == [0, 0, 3, 4, 5, 2]  # 0 is the null block
+    assert m.can_swap_out(g)
+    assert m.swap_out(g) == [(3, 0), (4, 1), (5, 2), (2, 3)]  # the real blocks only
+    seq.status = SWAPPED
+    assert table.physical_block_ids == [0, 0, 8, 9, 10, 11]
+    assert m.can_swap_in(g).required_blocks == 4
+    assert m.swap_in(g) == [(0, 2), (1, 5), (2, 4), (3, 3)]
+    assert table.physical_block_ids == [0, 0, 2, 5, 4, 3]
+    assert table.get_token_ids_written() == [None, None, 3, 4, 5, 6]
+    m.check_invariants()
+
+
+def test_windowed_fork_keeps_the_window() -> None:
+    m = BlockSpaceManager(1, 16, 0, watermark=0.0, sliding_window=1)  # keeps 3 blocks
+    g = SequenceGroup("a", [Sequence(0, [1, 2, 3, 4, 5]), Sequence(1, [1, 2, 3, 4, 5])], n=2)
+    admit(m, g)
+    assert m.block_tables[1].max_block_sliding_window == 3
+    for seq in g.get_seqs():
+        seq.update_num_computed_tokens(5)
+        seq.append_token_id(6)
+        m.append_slots(seq)
+    for seq_id in (0, 1):
+        assert m.block_tables[seq_id].get_token_ids_written() == [None, None, 3, 4, 5, 6]
+    m.check_invariants()
+
+
+# ---------------------------------------------------------------------------- encoder-decoder
+
+
 def test_encoder_decoder_cross_table() -> None:
     m = BlockSpaceManager(2, 8, 0, watermark=0.0)
     enc = Sequence(100, [9, 9, 9])
@@ -160,6 +497,9 @@ def test_encoder_decoder_cross_table() -> None:
     assert m.get_num_free_gpu_blocks() == 8
     with pytest.raises(InvalidSequenceStateError):
         m.get_cross_block_table(g)
+
+
+# ---------------------------------------------------------------------------- scale
 
 
 def test_fork_and_swap_100k_token_sequence() -> None:
@@ -179,6 +519,9 @@ def test_fork_and_swap_100k_token_sequence() -> None:
     assert m.get_block_table(child) == m.get_block_table(seq)
     assert m.get_num_free_gpu_blocks() == 20_000 - 6250
     assert m.to_spec().tables[0][1].token_ids[-1] == tuple(range(99_984, 100_000))
+
+
+# ---------------------------------------------------------------------------- spec parity
 
 
 def test_spec_and_impl_expose_the_same_operations() -> None:
@@ -339,3 +682,83 @@ def test_append_slots_batch_matches_the_per_group_calls(
                 for seq in g.get_seqs():
                     m.free(seq)
             sides[side] = groups[: want[0]]
+
+
+# ---------------------------------------------------------------------------- check_invariants
+
+
+def test_manager_check_invariants_catches_each_corruption() -> None:
+    def fresh() -> tuple[BlockSpaceManager, BlockTable, BlockTable]:
+        m = BlockSpaceManager(2, 6, 2, watermark=0.0, sliding_window=4)
+        a, b = group_of("a", [1, 2, 3]), group_of("b", [4, 5], first_id=1)
+        admit(m, a)
+        admit(m, b)
+        m.check_invariants()
+        return m, m.block_tables[0], m.block_tables[1]
+
+    def failure(m: BlockSpaceManager) -> InvariantViolationError:
+        return raised(InvariantViolationError, m.check_invariants)
+
+    m, t0, _ = fresh()  # the null block is 0; a: [1, 2], b: [3]
+    t0._block_ids[0] = 5
+    err = failure(m)
+    assert err.invariant == "T1" and "breaks T1 ids_cached_ok" in str(err)
+    m, t0, t1 = fresh()
+    t1._blocks.append(t0._blocks[0])
+    t1._block_ids.append(t0._block_ids[0])
+    err = failure(m)
+    assert err.invariant == "M2" and "M2 ownership_ok" in str(err)
+    m, t0, _ = fresh()
+    m.block_allocator.get_allocator(GPU).swap_out([t0._blocks[1]])
+    t0._block_ids[1] = None  # type: ignore[call-overload]  # the corruption under test
+    err = failure(m)
+    assert err.invariant == "M2" and "M2 ownership_ok" in str(err)
+    m, _, t1 = fresh()
+    other_null = BlockSpaceManager(2, 2, 0, sliding_window=2).block_allocator.null_block
+    assert other_null is not None and other_null.block_id == 0
+    t1._blocks.append(other_null)  # live and holding an id, but not a NaiveBlock
+    t1._block_ids.append(0)
+    err = failure(m)
+    assert err.invariant == "M2" and "a table slot holds NullBlock(id=0), not a block" in str(err)
+    m, _, _ = fresh()
+    m.block_allocator.get_allocator(GPU)._rc[3] += 1
+    err = failure(m)
+    assert err.invariant == "I1" and "(block 3 has refcount 2 but 1 references)" in str(err)
+    m, _, _ = fresh()
+    m.block_allocator.get_allocator(GPU)._rc[0] = 2  # the null block is referenced once
+    assert failure(m).invariant == "I1"
+    m, _, _ = fresh()
+    m.block_allocator.get_allocator(GPU)._stack.append(5)  # a pool fault only
+    assert failure(m).invariant == "P1"
+    m, _, _ = fresh()
+    b = group_of("b", [1], first_id=1)
+    b.get_seqs()[0].status = RUNNING
+    m.swap_out(b)
+    m.check_invariants()  # a table on the CPU counts against the CPU pool
+    m.block_allocator.get_allocator(CPU)._rc[0] += 1
+    err = failure(m)
+    assert err.invariant == "I1" and "(block 6 has refcount 2 but 1 references)" in str(err)
+
+
+def test_manager_invariant_message_counts_zero_references() -> None:
+    m = BlockSpaceManager(2, 4, 0, watermark=0.0)
+    admit(m, group_of("a", [1]))
+    m.block_allocator.allocate_mutable_block(None, GPU)  # a block no table holds
+    err = raised(InvariantViolationError, m.check_invariants)
+    assert err.invariant == "I1" and "(block 1 has refcount 1 but 0 references)" in str(err)
+
+
+def test_manager_check_invariants_catches_a_table_block_holding_the_null_id() -> None:
+    m = BlockSpaceManager(2, 6, 2, watermark=0.0, sliding_window=4)
+    admit(m, group_of("b", [4, 5], first_id=1))  # the null block is 0; b: [1]
+    m.check_invariants()
+    t = m.block_tables[1]
+    b = t._blocks[0]
+    assert isinstance(b, NaiveBlock) and b.block_id == 1
+    pool = m.block_allocator.get_allocator(GPU)
+    pool._rc[1] = 0  # id 1 is given back to the pool, consistently...
+    pool._stack.append(1)
+    b._block_id = 0  # ...while the table's block claims the null block's id
+    t._block_ids[0] = 0
+    err = raised(InvariantViolationError, m.check_invariants)
+    assert err.invariant == "I1" and "(block 0 has refcount 1 but 2 references)" in str(err)

@@ -1,9 +1,13 @@
-"""Unit tests for Sequence, SequenceGroup and the admission answer types."""
+"""Unit tests for pagedkv.sequence: Sequence, SequenceGroup and the admission answer types.
+
+Full error messages are pinned once, in tests/test_error_messages.py.
+"""
 
 from __future__ import annotations
 
 import pytest
 
+from helpers import raised
 from pagedkv.errors import (
     BlockSpaceManagerError,
     DuplicateSequenceIdError,
@@ -191,3 +195,34 @@ def test_encoder_decoder_group() -> None:
     enc = Sequence(0, [9, 9, 9, 9])  # vLLM gives the encoder sequence the decoder's id
     g = SequenceGroup("r", [Sequence(0, [1])], encoder_seq=enc)
     assert g.is_encoder_decoder() and g.get_encoder_seq() is enc and g.num_seqs() == 1
+
+
+def test_sequence_errors_carry_fields_and_reprs() -> None:
+    c = Sequence(2, [1, 2])
+    raised(InvalidSequenceError, c.update_num_computed_tokens, -1)
+    c.update_num_computed_tokens(1)
+    err0 = raised(InvalidSequenceError, c.update_num_computed_tokens, 2)
+    assert "would have 3 computed tokens but only 2 tokens" in str(err0)
+    assert c.get_num_computed_tokens() == 1
+    dup = raised(DuplicateSequenceIdError, SequenceGroup("q", [c]).add, Sequence(2, [1]))
+    assert (dup.seq_id, dup.request_id) == (2, "q")
+    s = Sequence(3, [])
+    err = raised(InvalidSequenceError, s.get_last_token_id)
+    assert "sequence 3" in str(err) and err.detail == str(err)
+    err = raised(InvalidSequenceError, s.fork, "1")
+    assert err.detail == str(err) and "got '1'" in err.detail
+    assert repr(s) == "Sequence(seq_id=3, status=WAITING, num_tokens=0)"
+    g = SequenceGroup("r", [Sequence(0, [1]), Sequence(4, [1])], n=2)
+    assert repr(g) == "SequenceGroup(request_id='r', seq_ids=[0, 4], n=2)"
+    for call in (g.find, g.remove):
+        missing = raised(SequenceNotInGroupError, call, 9)
+        assert (missing.seq_id, missing.request_id) == (9, "r")
+    g.remove(4)
+    assert [q.seq_id for q in g.get_seqs()] == [0] and g.find(0).seq_id == 0
+
+
+def test_group_defaults_and_duplicate_ids() -> None:
+    dup = raised(DuplicateSequenceIdError, SequenceGroup, "r", [Sequence(4, [1]), Sequence(4, [2])])
+    assert (dup.seq_id, dup.request_id) == (4, "r")
+    g = SequenceGroup("r", [Sequence(0, [1])])
+    assert g.arrival_time == 0.0 and g.n == 1 and g.get_max_num_running_seqs() == 1

@@ -1,5 +1,6 @@
 """Simulator: presets run with every check on, runs are reproducible, the KV check
-catches corruption and a scheduler that loses copies, workloads parse."""
+catches corruption and a scheduler that loses copies. (Workload parsing:
+tests/test_workload.py.)"""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError, WorkloadError
+from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError
 from pagedkv.report import SimulationResult
 from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv.simulator import SimulationConfig, Simulator
-from pagedkv.workload import PRESETS, Preset, RequestSpec, generate, parse_trace, preset
+from pagedkv.workload import PRESETS, Preset, RequestSpec, generate, preset
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -194,17 +195,3 @@ def test_random_workloads_conserve_kv(
     named = [dataclasses.replace(r, request_id=f"r{i}") for i, r in enumerate(requests)]
     result = run(named, num_gpu, num_cpu, dtype=dtype, scheduler=SchedulerConfig(mode, lookahead))
     assert accounted(result) and result.summary.unfinished == 0
-
-
-def test_trace_parsing_names_the_line() -> None:
-    lines = ['{"arrival_time": 2, "prompt_len": 3, "output_len": 1}', "", "# comment"]
-    lines.append(
-        '{"arrival_time": 0.5, "prompt_len": 4, "output_len": 2, "n": 2, "request_id": "q"}'
-    )
-    parsed = parse_trace(lines, "t.jsonl")
-    assert [r.request_id for r in parsed] == ["q", "r0"] and parsed[0].n == 2
-    with pytest.raises(WorkloadError, match=r"t\.jsonl, line 2: missing 'output_len'"):
-        parse_trace(["", '{"arrival_time": 0, "prompt_len": 3}'], "t.jsonl")
-    with pytest.raises(WorkloadError, match="unknown preset"):
-        preset("nope")
-    assert RequestSpec("a", 1.0, 2, 3).to_json().startswith('{"request_id": "a"')

@@ -1,0 +1,1312 @@
+"""Every full error message pagedkv's tests pin, once: one table of (the call that fails,
+the error type, the exact message).
+
+Messages are part of the contract (each says what was wrong and what to do), so
+each is pinned; but once, here, so that rewording a message changes one row.
+Elsewhere tests assert the error's type, its fields (``err.requested == 3``) and at
+most a short fragment. The error classes, and the templates that compose a message
+from the fields, live in :mod:`pagedkv_spec.errors`; the details that fill them
+(``InvalidSequenceStateError("cannot allocate ...")``, operation names, the checkers'
+details) are written by the module that raises them, so each code path that writes
+its own text has its own row. Rows are grouped by that module.
+
+A new message gets a row here; tests/README.md says where everything else goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+
+import pytest
+import torch
+from _pytest.mark.structures import ParameterSet
+
+from pagedkv import (
+    Block,
+    BlockSpaceManager,
+    CpuGpuBlockAllocator,
+    Device,
+    NaiveBlockAllocator,
+    RefCounter,
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+)
+from pagedkv.attention import build_attention_inputs, paged_attention_reference
+from pagedkv.block_table import BlockTable
+from pagedkv.cache import KVCacheConfig, KVCacheEngine
+from pagedkv.errors import (
+    BlockOverflowError,
+    BlockWithoutIdError,
+    CachingNotSupportedError,
+    DoubleFreeError,
+    DuplicateRequestError,
+    ForeignBlockError,
+    InvalidAllocatorConfigError,
+    InvalidBlockTableArgumentError,
+    InvalidKVCacheConfigError,
+    InvalidSchedulerConfigError,
+    InvalidSequenceError,
+    InvalidSequenceStateError,
+    InvalidSwapError,
+    InvariantViolationError,
+    KVBlockIdError,
+    KVCopyConflictError,
+    KVRangeError,
+    KVTensorMismatchError,
+    NoFreeBlocksError,
+    NullBlockError,
+    RefCountError,
+    SequenceAlreadyAllocatedError,
+    SequenceNotInGroupError,
+    StaleBlockError,
+    TableAlreadyAllocatedError,
+    TableNotAllocatedError,
+    UnknownSequenceError,
+    WorkloadError,
+)
+from pagedkv.refcount import contiguous_range
+from pagedkv.scheduler import Scheduler, SchedulerConfig
+from pagedkv.workload import parse_trace
+from scheduler_helpers import add, one_in_each_queue, step
+from scheduler_helpers import make as make_scheduler
+
+GPU, CPU = Device.GPU, Device.CPU
+RUNNING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+
+# The fixed endings of the spec's templates.
+FOREIGN_HINT = "; pass the block to the allocator that created it"
+NO_ID_HINT = (
+    " a block that holds no block id (it was swapped out or never allocated); "
+    "swap it in or allocate a new block first"
+)
+STALE_HINT = (
+    " a block object that was already freed: its id may now belong to another "
+    "sequence; drop this handle and use the live block"
+)
+NO_FREE_HINT = "; free or swap out some sequences, or create the allocator with more blocks"
+FRESH_ID_HINT = (
+    "; give every request and sequence a fresh id "
+    "(Scheduler.next_seq_id() hands out unused sequence ids)"
+)
+CONVERT = "; convert the argument before the call"
+SPLIT = ": the result would depend on copy order; split the pairs into separate calls"
+PHYSICAL = "; pass per-tier physical ids (an allocator's global id minus the tier's offset)"
+
+
+def case(
+    name: str,
+    call: Callable[[], object],
+    error: type[BaseException],
+    message: str,
+    marks: pytest.MarkDecorator | Collection[pytest.MarkDecorator] = (),
+) -> ParameterSet:
+    """One row: ``call()`` raises exactly ``error``, and ``str()`` of it is ``message``."""
+    return pytest.param(call, error, message, id=name, marks=marks)
+
+
+# ---------------------------------------------------------------------------- refcount.py
+
+
+def _refcounter() -> RefCounter:
+    return RefCounter([10, 11, 12])
+
+
+# ---------------------------------------------------------------------------- naive_allocator.py
+
+
+def _stale_pool() -> tuple[NaiveBlockAllocator, Block]:
+    """A GPU pool and a block object it already freed."""
+    a = NaiveBlockAllocator(2, 2, name="GPU")
+    dead = a.allocate_mutable_block(None)
+    a.free(dead)
+    return a, dead
+
+
+def _foreign_free() -> None:
+    foreign = NaiveBlockAllocator(2, 2).allocate_mutable_block(None)
+    NaiveBlockAllocator(2, 2, name="GPU").free(foreign)
+
+
+def _double_free() -> None:
+    a, dead = _stale_pool()
+    a.free(dead)
+
+
+def _stale_append() -> None:
+    _, dead = _stale_pool()
+    dead.append_token_ids([1])
+
+
+def _free_without_id() -> None:
+    a = NaiveBlockAllocator(2, 2)
+    b = a.allocate_immutable_block(None, [1])
+    a.swap_out([b])
+    a.free(b)
+
+
+def _free_with_corrupt_refcount() -> None:
+    a = NaiveBlockAllocator(2, 1)
+    b = a.allocate_mutable_block(None)
+    a._rc[0] = 0  # a live block whose count says it is free
+    a.free(b)
+
+
+def _exhausted() -> NaiveBlockAllocator:
+    a = NaiveBlockAllocator(1, 2, name="CPU")
+    a.allocate_mutable_block(None)
+    return a
+
+
+def _promote() -> None:
+    a = NaiveBlockAllocator(1, 1)
+    a.promote_to_immutable_block(a.allocate_mutable_block(None))
+
+
+def _swap_in_the_null_block() -> None:
+    c = CpuGpuBlockAllocator.create("naive", 5, 1, 2)
+    c.get_allocator(CPU).swap_in([c.allocate_or_get_null_block()])
+
+
+def _swap_in_a_live_block() -> None:
+    c = CpuGpuBlockAllocator.create("naive", 5, 1, 2)
+    c.get_allocator(CPU).swap_in([c.allocate_mutable_block(None, GPU)])
+
+
+def _corrupt_pool(corrupt: Callable[[NaiveBlockAllocator], None]) -> Callable[[], None]:
+    """check_invariants of a pool of ids 2..5 (3 and 2 free, 4 used) after ``corrupt``."""
+
+    def call() -> None:
+        a = NaiveBlockAllocator(4, 1, block_ids=range(2, 6), name="GPU")
+        b0 = a.allocate_immutable_block(None, [1])
+        b1 = a.allocate_immutable_block(None, [2])
+        a.allocate_immutable_block(None, [3])
+        a.free(b1)
+        a.free(b0)
+        corrupt(a)
+        a.check_invariants()
+
+    return call
+
+
+# ---------------------------------------------------------------------------- cpu_gpu_allocator.py
+
+
+def _two_pools(num_gpu: int = 4, num_cpu: int = 2) -> CpuGpuBlockAllocator:
+    return CpuGpuBlockAllocator.create("naive", num_gpu, num_cpu, 2)
+
+
+def _same_pool_twice() -> None:
+    pool = NaiveBlockAllocator(2, 2)
+    CpuGpuBlockAllocator(pool, pool)
+
+
+def _two_pools_exhausted() -> None:
+    c = _two_pools(1, 1)
+    c.allocate_mutable_block(None, GPU)
+    c.allocate_mutable_block(None, GPU)
+
+
+def _swap_from_the_wrong_device() -> None:
+    c = _two_pools(4, 1)
+    c.swap([c.allocate_mutable_block(None, GPU)], CPU, GPU)
+
+
+def _to_spec_of_the_null_block() -> None:
+    c = _two_pools()
+    c.to_spec({0: c.allocate_or_get_null_block()})
+
+
+def _overlapping_pools() -> None:
+    c = _two_pools(2, 2)
+    c._cpu = NaiveBlockAllocator(2, 2, block_ids=range(1, 3))
+    c.check_invariants()
+
+
+def _unreferenced_block() -> None:
+    c = _two_pools(2, 2)
+    c.allocate_mutable_block(None, GPU)
+    c.check_invariants({})
+
+
+ALLOCATOR_MESSAGES = [
+    # refcount.py
+    case(
+        "contiguous_range gap",
+        lambda: contiguous_range([0, 2]),
+        InvalidAllocatorConfigError,
+        "block ids must be contiguous and ascending (e.g. range(first, first + n))",
+    ),
+    case(
+        "contiguous_range negative",
+        lambda: contiguous_range([-1, 0]),
+        InvalidAllocatorConfigError,
+        "block ids must be >= 0, got first id -1",
+    ),
+    case(
+        "refcount unknown id",
+        lambda: _refcounter().get(13),
+        RefCountError,
+        "refcount of block 13: unknown id (this counter tracks range(10, 13))",
+    ),
+    case(
+        "refcount below zero",
+        lambda: _refcounter().decr(10),
+        RefCountError,
+        "refcount of block 10: decrement below zero (the block is already free)",
+    ),
+    # naive_allocator.py
+    case(
+        "block_size 0",
+        lambda: NaiveBlockAllocator(2, 0),
+        InvalidAllocatorConfigError,
+        "block_size must be an int >= 1, got 0",
+    ),
+    case(
+        "block_size str",
+        lambda: NaiveBlockAllocator(2, "2"),  # type: ignore[arg-type]  # wrong type on purpose
+        InvalidAllocatorConfigError,
+        "block_size must be an int >= 1, got '2'",
+    ),
+    case(
+        "num_blocks negative",
+        lambda: NaiveBlockAllocator(-1, 2),
+        InvalidAllocatorConfigError,
+        "num_blocks must be an int >= 0, got -1",
+    ),
+    case(
+        "num_blocks float",
+        lambda: NaiveBlockAllocator(1.0, 2),  # type: ignore[arg-type]  # wrong type on purpose
+        InvalidAllocatorConfigError,
+        "num_blocks must be an int >= 0, got 1.0",
+    ),
+    case(
+        "num_blocks vs block_ids",
+        lambda: NaiveBlockAllocator(3, 2, block_ids=range(2)),
+        InvalidAllocatorConfigError,
+        "num_blocks=3 but block_ids has 2 ids",
+    ),
+    case(
+        "pool foreign id",
+        lambda: NaiveBlockAllocator(3, 2, block_ids=[5, 6, 7], name="CPU").get_physical_block_id(4),
+        ForeignBlockError,
+        "block id 4 does not belong to this allocator "
+        f"(not an id of NaiveBlockAllocator(CPU ids 5..7)){FOREIGN_HINT}",
+    ),
+    case(
+        "pool foreign block",
+        _foreign_free,
+        ForeignBlockError,
+        "block id 0 does not belong to this allocator "
+        f"(cannot free: not a block of NaiveBlockAllocator(GPU ids 0..1)){FOREIGN_HINT}",
+    ),
+    case(
+        "pool no free block on a device",
+        lambda: _exhausted().allocate_mutable_block(None),
+        NoFreeBlocksError,
+        f"need 1 free block(s) on CPU but only 0 are free{NO_FREE_HINT}",
+    ),
+    case(
+        "pool no free block, no device",
+        lambda: NaiveBlockAllocator(2, 1).allocate_immutable_blocks(None, [[1], [2], [3]]),
+        NoFreeBlocksError,
+        f"need 3 free block(s) but only 2 are free{NO_FREE_HINT}",
+    ),
+    case(
+        "block overflow",
+        lambda: NaiveBlockAllocator(2, 2).allocate_immutable_block(None, [1, 2, 3]),
+        BlockOverflowError,
+        "cannot append 3 token(s) to a block with 2 empty slot(s); "
+        "split the tokens across blocks (BlockTable does this)",
+    ),
+    case("double free", _double_free, DoubleFreeError, f"cannot free{STALE_HINT}"),
+    case("stale block", _stale_append, StaleBlockError, f"cannot append to{STALE_HINT}"),
+    case("block without id", _free_without_id, BlockWithoutIdError, f"cannot free{NO_ID_HINT}"),
+    case(
+        "pool refcount below zero",
+        _free_with_corrupt_refcount,
+        RefCountError,
+        "refcount of block 0: decrement below zero (the block is already free)",
+    ),
+    case(
+        "swap in a null block",
+        _swap_in_the_null_block,
+        ForeignBlockError,
+        f"block id 0 does not belong to this allocator (swap in: not a NaiveBlock){FOREIGN_HINT}",
+    ),
+    case(
+        "swap in a live block",
+        _swap_in_a_live_block,
+        ForeignBlockError,
+        "block id 0 does not belong to this allocator "
+        f"(swap in: the block still holds an id){FOREIGN_HINT}",
+    ),
+    case(
+        "null block write",
+        lambda: _two_pools().allocate_or_get_null_block().append_token_ids([1]),
+        NullBlockError,
+        "cannot append to the null block: it is shared sliding-window padding and is "
+        "never written; allocate a real block",
+    ),
+    case(
+        "prefix caching",
+        _promote,
+        NotImplementedError,
+        "promote_to_immutable_block needs prefix caching",
+    ),
+    case(
+        "pool invariant P3",
+        _corrupt_pool(lambda a: a._rc.__setitem__(2, -1)),
+        InvariantViolationError,
+        'invariant P3 violated: NaiveBlockAllocator(GPU ids 2..5) breaks P3 refcounts_ok: no '
+        'refcount below zero; please report this',
+    ),
+    case(
+        "pool invariant P2",
+        _corrupt_pool(lambda a: a._rc.__setitem__(2, 0)),
+        InvariantViolationError,
+        'invariant P2 violated: NaiveBlockAllocator(GPU ids 2..5) breaks P2 free_is_rc_zero: '
+        'an id is free iff its refcount is 0; please report this',
+    ),
+    # cpu_gpu_allocator.py
+    case(
+        "same pool twice",
+        _same_pool_twice,
+        InvalidAllocatorConfigError,
+        "the GPU and CPU allocators must be distinct objects",
+    ),
+    case(
+        "block sizes differ",
+        lambda: CpuGpuBlockAllocator(
+            NaiveBlockAllocator(2, 4, block_ids=range(2, 4)), NaiveBlockAllocator(2, 2)
+        ),
+        InvalidAllocatorConfigError,
+        "block sizes differ: gpu=2 cpu=4",
+    ),
+    case(
+        "pools overlap",
+        lambda: CpuGpuBlockAllocator(
+            NaiveBlockAllocator(2, 2, block_ids=range(1, 3)), NaiveBlockAllocator(2, 2)
+        ),
+        InvalidAllocatorConfigError,
+        "the GPU and CPU pools must have disjoint ids",
+    ),
+    case(
+        "allocator_type",
+        lambda: CpuGpuBlockAllocator.create("x", 1, 1, 1),
+        InvalidAllocatorConfigError,
+        "allocator_type 'x' is not supported; use 'naive' (prefix caching is not implemented)",
+    ),
+    case(
+        "num_gpu_blocks negative",
+        lambda: CpuGpuBlockAllocator.create("naive", -1, 1, 2),
+        InvalidAllocatorConfigError,
+        "num_gpu_blocks must be an int >= 0, got -1",
+    ),
+    case(
+        "num_gpu_blocks float",
+        lambda: CpuGpuBlockAllocator.create("naive", 1.0, 1, 2),  # type: ignore[arg-type]  # wrong type on purpose
+        InvalidAllocatorConfigError,
+        "num_gpu_blocks must be an int >= 0, got 1.0",
+    ),
+    case(
+        "num_cpu_blocks negative",
+        lambda: CpuGpuBlockAllocator.create("naive", 1, -1, 2),
+        InvalidAllocatorConfigError,
+        "num_cpu_blocks must be an int >= 0, got -1",
+    ),
+    case(
+        "num_cpu_blocks str",
+        lambda: CpuGpuBlockAllocator.create("naive", 1, "1", 2),  # type: ignore[arg-type]  # wrong type on purpose
+        InvalidAllocatorConfigError,
+        "num_cpu_blocks must be an int >= 0, got '1'",
+    ),
+    case(
+        "unknown device",
+        lambda: _two_pools().get_allocator("GPU"),  # type: ignore[arg-type]  # wrong type on purpose
+        InvalidAllocatorConfigError,
+        "unknown device 'GPU'; use Device.GPU or Device.CPU",
+    ),
+    case(
+        "two-pool foreign block",
+        lambda: _two_pools().free(_two_pools().allocate_mutable_block(None, GPU)),
+        ForeignBlockError,
+        f"block id 0 does not belong to this allocator "
+        f"(cannot free: not a block of this allocator){FOREIGN_HINT}",
+    ),
+    case(
+        "two-pool no free GPU block",
+        _two_pools_exhausted,
+        NoFreeBlocksError,
+        f"need 1 free block(s) on GPU but only 0 are free{NO_FREE_HINT}",
+    ),
+    case(
+        "swap within one device",
+        lambda: _two_pools().swap([], CPU, CPU),
+        InvalidSwapError,
+        "invalid swap: source and destination are both CPU; swap between GPU and CPU",
+    ),
+    case(
+        "swap from the wrong device",
+        _swap_from_the_wrong_device,
+        ForeignBlockError,
+        f"block id 0 does not belong to this allocator (block is not on CPU){FOREIGN_HINT}",
+    ),
+    case(
+        "to_spec of the null block",
+        _to_spec_of_the_null_block,
+        ForeignBlockError,
+        "block id 0 does not belong to this allocator (to_spec takes NaiveBlock objects only)"
+        f"{FOREIGN_HINT}",
+    ),
+    case(
+        "allocator invariant I1",
+        _unreferenced_block,
+        InvariantViolationError,
+        'invariant I1 violated: CpuGpuBlockAllocator(gpu=NaiveBlockAllocator(GPU ids 0..1), '
+        "cpu=NaiveBlockAllocator(CPU ids 2..3)) breaks I1 refcounts_match_references: an id's"
+        ' refcount equals its live references (+1 for the null block) (block 0 has refcount 1'
+        ' but 0 references); please report this',
+    ),
+    case(
+        "allocator invariant I4",
+        _overlapping_pools,
+        InvariantViolationError,
+        'invariant I4 violated: CpuGpuBlockAllocator(gpu=NaiveBlockAllocator(GPU ids 0..1), '
+        'cpu=NaiveBlockAllocator(ids 1..2)) breaks I4 pools_disjoint: the GPU and CPU id '
+        'ranges do not overlap; please report this',
+    ),
+]
+
+
+# ---------------------------------------------------------------------------- sequence.py
+
+
+def _computed_beyond_the_tokens() -> None:
+    seq = Sequence(2, [1, 2])
+    seq.update_num_computed_tokens(1)
+    seq.update_num_computed_tokens(2)
+
+
+SEQUENCE_MESSAGES = [
+    case(
+        "computed tokens negative",
+        lambda: Sequence(2, [1, 2]).update_num_computed_tokens(-1),
+        InvalidSequenceError,
+        "num_new_computed_tokens must be an int >= 0, got -1",
+    ),
+    case(
+        "computed tokens beyond the tokens",
+        _computed_beyond_the_tokens,
+        InvalidSequenceError,
+        "sequence 2 would have 3 computed tokens but only 2 tokens; append the tokens first",
+    ),
+    case(
+        "no tokens",
+        lambda: Sequence(3, []).get_last_token_id(),
+        InvalidSequenceError,
+        "sequence 3 has no tokens",
+    ),
+    case(
+        "fork seq_id",
+        lambda: Sequence(3, []).fork("1"),  # type: ignore[arg-type]  # wrong type on purpose
+        InvalidSequenceError,
+        "seq_id must be an int, got '1'",
+    ),
+    case(
+        "seq_id",
+        lambda: Sequence("0", [1]),  # type: ignore[arg-type]  # wrong type on purpose
+        InvalidSequenceError,
+        "seq_id must be an int, got '0'",
+    ),
+    case(
+        "token id",
+        lambda: Sequence(0, [1, -2]),
+        InvalidSequenceError,
+        "token ids must be ints >= 0, got -2",
+    ),
+    case(
+        "sequence block_size",
+        lambda: Sequence(0, [1], block_size=0),
+        InvalidSequenceError,
+        "block_size must be an int >= 1 or None, got 0",
+    ),
+    case(
+        "empty group",
+        lambda: SequenceGroup("r", []),
+        InvalidSequenceError,
+        "request 'r': a sequence group needs at least one sequence",
+    ),
+    case(
+        "group n",
+        lambda: SequenceGroup("r", [Sequence(0, [1])], n=0),
+        InvalidSequenceError,
+        "n must be an int >= 1, got 0",
+    ),
+    case(
+        "sequence not in group",
+        lambda: SequenceGroup("r", [Sequence(0, [1])]).find(9),
+        SequenceNotInGroupError,
+        "request 'r' has no sequence 9; use one of the ids get_seqs() returns",
+    ),
+]
+
+
+# ---------------------------------------------------------------------------- block_table.py
+
+
+def _allocated_table(window: int | None = None, tokens: int = 3) -> BlockTable:
+    alloc = CpuGpuBlockAllocator.create("naive", 8, 4, 2)
+    t = BlockTable(2, alloc, max_block_sliding_window=window)
+    t.allocate(list(range(1, tokens + 1)))
+    return t
+
+
+def _prepared(order: str) -> Callable[[], object]:
+    """BlockTable over prepared blocks in a bad ``order``: 'full null', 'part full' or
+    'null full full'."""
+
+    def call() -> object:
+        alloc = CpuGpuBlockAllocator.create("naive", 6, 4, 2)
+        null = alloc.allocate_or_get_null_block()
+        full = alloc.allocate_immutable_block(None, [1, 2], GPU)
+        part = alloc.allocate_immutable_block(full, [3], GPU)
+        named = {"null": null, "full": full, "part": part}
+        return BlockTable(2, alloc, [named[w] for w in order.split()])
+
+    return call
+
+
+def _stale_cached_id() -> None:
+    t = _allocated_table()
+    t._block_ids[1] = 5
+    t.check_invariants()
+
+
+# ---------------------------------------------------------------------------- manager.py
+
+
+def _manager_with(
+    prompt: list[int], status: SequenceStatus = RUNNING
+) -> tuple[BlockSpaceManager, SequenceGroup]:
+    """A manager of 4 GPU and 4 CPU blocks of 2 tokens holding request 'a' (sequence 0)."""
+    m = BlockSpaceManager(2, 4, 4, watermark=0.0)
+    g = SequenceGroup("a", [Sequence(0, prompt)])
+    m.allocate(g)
+    g.get_seqs()[0].status = status
+    return m, g
+
+
+def _on_group(
+    call: Callable[[BlockSpaceManager, SequenceGroup], object],
+    status: SequenceStatus = RUNNING,
+    swapped_out: bool = False,
+) -> Callable[[], object]:
+    """``call(manager, group)`` on request 'a' of one block, its sequence in ``status``;
+    ``swapped_out``: its block moved to the CPU first (the status stays)."""
+
+    def run() -> object:
+        m, g = _manager_with([1], status)
+        if swapped_out:
+            m.swap_out(g)
+        return call(m, g)
+
+    return run
+
+
+def _second_cross_table() -> None:
+    m = BlockSpaceManager(2, 6, 0, watermark=0.0)
+    m.allocate(SequenceGroup("ed", [Sequence(0, [1, 2])], encoder_seq=Sequence(100, [9])))
+    m.allocate(SequenceGroup("ed", [Sequence(1, [1])], encoder_seq=Sequence(101, [9])))
+
+
+def _stale_manager_table() -> None:
+    m, _ = _manager_with([1, 2, 3])
+    m.block_tables[0]._block_ids[0] = 3
+    m.check_invariants()
+
+
+def _refcount_without_reference(extra: bool) -> Callable[[], None]:
+    """A manager whose block 1 has one reference too many (``extra``) or a refcount no
+    table explains (a block nobody holds)."""
+
+    def call() -> None:
+        m, _ = _manager_with([1, 2, 3])  # blocks 0 and 1
+        if extra:
+            m.block_allocator.get_allocator(GPU)._rc[1] += 1
+        else:
+            m.block_allocator.allocate_mutable_block(None, GPU)  # block 2
+        m.check_invariants()
+
+    return call
+
+
+MANAGER_MESSAGES = [
+    # block_table.py
+    case(
+        "table block_size",
+        lambda: BlockTable(-1, CpuGpuBlockAllocator.create("naive", 2, 0, 2)),
+        InvalidBlockTableArgumentError,
+        "block_size must be an int >= 1, got -1",
+    ),
+    case(
+        "table block_size vs allocator",
+        lambda: BlockTable(4, CpuGpuBlockAllocator.create("naive", 2, 0, 2)),
+        InvalidBlockTableArgumentError,
+        "block_size=4 but the allocator's blocks hold 2 tokens; use the allocator's block size",
+    ),
+    case(
+        "table window",
+        lambda: BlockTable(
+            2, CpuGpuBlockAllocator.create("naive", 2, 0, 2), max_block_sliding_window=-1
+        ),
+        InvalidBlockTableArgumentError,
+        "max_block_sliding_window must be None or an int >= 0, got -1",
+    ),
+    case(
+        "table of zero tokens",
+        lambda: BlockTable(2, CpuGpuBlockAllocator.create("naive", 2, 0, 2)).allocate([]),
+        InvalidBlockTableArgumentError,
+        "cannot allocate a block table for zero tokens; pass the prompt's token ids",
+    ),
+    case(
+        "table count",
+        lambda: _allocated_table().append_token_ids([1], -3),
+        InvalidBlockTableArgumentError,
+        "num_lookahead_slots must be an int >= 0, got -3",
+    ),
+    case(
+        "table not allocated",
+        lambda: BlockTable(2, CpuGpuBlockAllocator.create("naive", 2, 0, 2)).append_token_ids([1]),
+        TableNotAllocatedError,
+        "cannot append_token_ids: the block table holds no blocks; call allocate(token_ids) first",
+    ),
+    case(
+        "table already allocated",
+        lambda: _allocated_table().allocate([1]),
+        TableAlreadyAllocatedError,
+        "the block table already holds 2 block(s); use append_token_ids to add tokens, "
+        "or free() it before allocating again",
+    ),
+    case(
+        "window without num_computed_slots",
+        lambda: _allocated_table(window=1, tokens=1).append_token_ids([1]),
+        InvalidBlockTableArgumentError,
+        "a sliding-window table needs num_computed_slots (the sequence's computed tokens) "
+        "to know which blocks left the window",
+    ),
+    case(
+        "window num_computed_slots negative",
+        lambda: _allocated_table(window=1, tokens=1).append_token_ids([1], 0, -1),
+        InvalidBlockTableArgumentError,
+        "num_computed_slots must be an int >= 0, got -1",
+    ),
+    case(
+        "window num_computed_slots too large",
+        lambda: _allocated_table(window=1, tokens=1).append_token_ids([1], 0, 3),
+        InvalidBlockTableArgumentError,
+        "num_computed_slots=3 exceeds the 2 slots the table holds after this append",
+    ),
+    case(
+        "prepared null after a real block",
+        _prepared("full null"),
+        InvalidBlockTableArgumentError,
+        "null block at index 1 after a real block; null entries must form a prefix of the table",
+    ),
+    case(
+        "prepared tokens after a partial block",
+        _prepared("part full"),
+        InvalidBlockTableArgumentError,
+        "block 1 holds tokens after a partially filled block; only the last non-empty "
+        "block may be partial",
+    ),
+    case(
+        "prepared id twice",
+        _prepared("null full full"),
+        InvalidBlockTableArgumentError,
+        "a block id appears twice in the table",
+    ),
+    case(
+        "table invariant T1",
+        _stale_cached_id,
+        InvariantViolationError,
+        'invariant T1 violated: BlockTable(block_size=2, physical_block_ids=[0, 5], '
+        "num_full_slots=3) breaks T1 ids_cached_ok: a table's id cache equals its blocks' "
+        'ids; please report this',
+    ),
+    # manager.py
+    case(
+        "watermark 1.0",
+        lambda: BlockSpaceManager(2, 4, 0, watermark=1.0),
+        InvalidAllocatorConfigError,
+        "watermark must be in [0, 1), got 1.0",
+    ),
+    case(
+        "watermark negative",
+        lambda: BlockSpaceManager(2, 4, 0, watermark=-0.1),
+        InvalidAllocatorConfigError,
+        "watermark must be in [0, 1), got -0.1",
+    ),
+    case(
+        "watermark str",
+        lambda: BlockSpaceManager(2, 4, 0, watermark="0"),  # type: ignore[arg-type]  # wrong type on purpose
+        InvalidAllocatorConfigError,
+        "watermark must be in [0, 1), got '0'",
+    ),
+    case(
+        "sliding_window 0",
+        lambda: BlockSpaceManager(2, 4, 0, sliding_window=0),
+        InvalidAllocatorConfigError,
+        "sliding_window must be an int >= 1 or None, got 0",
+    ),
+    case(
+        "sliding_window float",
+        lambda: BlockSpaceManager(2, 4, 0, sliding_window=1.5),  # type: ignore[arg-type]  # wrong type on purpose
+        InvalidAllocatorConfigError,
+        "sliding_window must be an int >= 1 or None, got 1.5",
+    ),
+    case(
+        "sequence already allocated",
+        _on_group(lambda m, g: m.fork(g.get_seqs()[0], g.get_seqs()[0])),
+        SequenceAlreadyAllocatedError,
+        "sequence 0 already has a block table; free it first (or fork into a fresh sequence id)",
+    ),
+    case(
+        "unknown sequence",
+        lambda: _manager_with([1])[0].get_block_table(Sequence(7, [1])),
+        UnknownSequenceError,
+        "sequence 7 has no block table; allocate it first",
+    ),
+    case(
+        "no cross-attention table",
+        _on_group(lambda m, g: m.get_cross_block_table(g)),
+        InvalidSequenceStateError,
+        "request 'a' has no cross-attention table",
+    ),
+    case(
+        "second cross-attention table",
+        _second_cross_table,
+        InvalidSequenceStateError,
+        "request 'ed' already has a cross-attention table",
+    ),
+    case(
+        "no SWAPPED sequence",
+        _on_group(lambda m, g: m.can_swap_in(g)),
+        InvalidSequenceStateError,
+        "cannot swap in: the group has no SWAPPED sequence",
+    ),
+    case(
+        "no RUNNING sequence",
+        _on_group(lambda m, g: m.can_swap_out(g), SequenceStatus.WAITING),
+        InvalidSequenceStateError,
+        "cannot swap out: the group has no RUNNING sequence",
+    ),
+    case(
+        "no WAITING sequence to admit",
+        _on_group(lambda m, g: m.can_allocate(g)),
+        InvalidSequenceStateError,
+        "request 'a' has no WAITING sequence to admit",
+    ),
+    case(
+        "no WAITING sequence to allocate",
+        _on_group(lambda m, g: m.allocate(g)),
+        InvalidSequenceStateError,
+        "request 'a' has no WAITING sequence to allocate",
+    ),
+    case(
+        "empty prompt",
+        lambda: BlockSpaceManager(2, 4, 0).allocate(SequenceGroup("e", [Sequence(0, [])])),
+        InvalidSequenceStateError,
+        "cannot allocate a block table for an empty prompt",
+    ),
+    case(
+        "can_append_slots lookahead",
+        _on_group(lambda m, g: m.can_append_slots(g, -1)),
+        InvalidSequenceStateError,
+        "num_lookahead_slots must be >= 0, got -1",
+    ),
+    case(
+        "append_slots lookahead",
+        _on_group(lambda m, g: m.append_slots(g.get_seqs()[0], -2)),
+        InvalidSequenceStateError,
+        "num_lookahead_slots must be >= 0, got -2",
+    ),
+    case(
+        "swap in from the GPU",
+        _on_group(lambda m, g: m.swap_in(g), SWAPPED),
+        InvalidSequenceStateError,
+        "cannot swap in sequence 0: its blocks are on GPU, not CPU",
+    ),
+    case(
+        "swap out from the CPU",
+        _on_group(lambda m, g: m.can_swap_out(g), swapped_out=True),
+        InvalidSequenceStateError,
+        "cannot swap out sequence 0: its blocks are on CPU, not GPU",
+    ),
+    case(
+        "append on the CPU",
+        _on_group(lambda m, g: m.append_slots(g.get_seqs()[0]), swapped_out=True),
+        InvalidSequenceStateError,
+        "cannot append to sequence 0: its blocks are on CPU, not GPU",
+    ),
+    case(
+        "caching",
+        lambda: BlockSpaceManager(2, 8, 8, enable_caching=True),
+        CachingNotSupportedError,
+        "enable_caching=True (prefix caching) is not supported by pagedkv yet; "
+        "construct the manager with enable_caching=False",
+    ),
+    case(
+        "manager table invariant T1",
+        _stale_manager_table,
+        InvariantViolationError,
+        'invariant T1 violated: BlockTable(block_size=2, physical_block_ids=[3, 1], '
+        "num_full_slots=3) breaks T1 ids_cached_ok: a table's id cache equals its blocks' "
+        'ids; please report this',
+    ),
+    case(
+        "manager invariant I1, a reference too many",
+        _refcount_without_reference(extra=True),
+        InvariantViolationError,
+        'invariant I1 violated: BlockSpaceManager(block_size=2, 1 tables, 2/4 GPU and 4/4 CPU'
+        " blocks free) breaks I1 refcounts_match_references: an id's refcount equals its live"
+        ' references (+1 for the null block) (block 1 has refcount 2 but 1 references); '
+        'please report this',
+    ),
+    case(
+        "manager invariant I1, no reference",
+        _refcount_without_reference(extra=False),
+        InvariantViolationError,
+        'invariant I1 violated: BlockSpaceManager(block_size=2, 1 tables, 1/4 GPU and 4/4 CPU'
+        " blocks free) breaks I1 refcounts_match_references: an id's refcount equals its live"
+        ' references (+1 for the null block) (block 2 has refcount 1 but 0 references); '
+        'please report this',
+    ),
+]
+
+
+# ---------------------------------------------------------------- scheduler.py, workload.py
+
+
+def _scheduler_with(rid: str) -> Scheduler:
+    """A scheduler of 8 GPU blocks with request ``rid`` (sequence 0) waiting."""
+    sched = make_scheduler(num_gpu=8)
+    add(sched, rid, 2)
+    return sched
+
+
+def _finish(status: SequenceStatus | None) -> None:
+    sched = make_scheduler(num_gpu=8)
+    seq = add(sched, "a", 2).get_seqs()[0]
+    if status is None:
+        sched.finish_seq(seq)
+    else:
+        sched.finish_seq(seq, status)
+
+
+def _sequence_of_another_request() -> None:
+    _scheduler_with("a").add_seq_group(SequenceGroup("b", [Sequence(0, [1])]))
+
+
+def _running_arrival() -> None:
+    running = Sequence(5, [1])
+    running.status = RUNNING
+    make_scheduler(num_gpu=8).add_seq_group(SequenceGroup("c", [running]))
+
+
+def _queue_corruption(corrupt: Callable[[Scheduler], None]) -> Callable[[], None]:
+    def call() -> None:
+        sched, _, _, _ = one_in_each_queue()
+        corrupt(sched)
+        sched.check_invariants()
+
+    return call
+
+
+def _admitted_behind_new() -> None:
+    sched = make_scheduler(num_gpu=4)
+    for rid, prompt_len in (("a", 8), ("b", 8), ("c", 4)):
+        add(sched, rid, prompt_len)
+    step(sched)
+    step(sched)  # b is recomputed: back in front of c, which was never admitted
+    sched.waiting.reverse()
+    sched.check_invariants()
+
+
+def _late_arrival_first() -> None:
+    sched, _, _, _ = one_in_each_queue()
+    add(sched, "d", 1)
+    sched.waiting.reverse()
+    sched.check_invariants()
+
+
+SCHEDULER_MESSAGES = [
+    case(
+        "preemption_mode",
+        lambda: SchedulerConfig(preemption_mode="never"),
+        InvalidSchedulerConfigError,
+        "preemption_mode must be one of auto, recompute, swap, got 'never'",
+    ),
+    case(
+        "num_lookahead_slots",
+        lambda: SchedulerConfig(num_lookahead_slots=-1),
+        InvalidSchedulerConfigError,
+        "num_lookahead_slots must be an int >= 0, got -1",
+    ),
+    case(
+        "max_num_seqs",
+        lambda: SchedulerConfig(max_num_seqs=0),
+        InvalidSchedulerConfigError,
+        "max_num_seqs must be an int >= 1, got 0",
+    ),
+    case(
+        "max_num_batched_tokens bool",
+        lambda: SchedulerConfig(max_num_batched_tokens=True),
+        InvalidSchedulerConfigError,
+        "max_num_batched_tokens must be an int >= 1, got True",
+    ),
+    case(
+        "max_num_batched_tokens float",
+        lambda: SchedulerConfig(max_num_batched_tokens=2.0),  # type: ignore[arg-type]  # wrong type on purpose
+        InvalidSchedulerConfigError,
+        "max_num_batched_tokens must be an int >= 1, got 2.0",
+    ),
+    case(
+        "request queued twice",
+        lambda: add(_scheduler_with("a"), "a", 2),
+        DuplicateRequestError,
+        f"request 'a': a request with this id is already queued{FRESH_ID_HINT}",
+    ),
+    case(
+        "sequence id in use",
+        _sequence_of_another_request,
+        DuplicateRequestError,
+        f"request 'b': sequence id 0 is already in use{FRESH_ID_HINT}",
+    ),
+    case(
+        "arrives RUNNING",
+        _running_arrival,
+        InvalidSequenceStateError,
+        "request 'c': sequence 5 is RUNNING, not WAITING",
+    ),
+    case(
+        "arrives with different prompts",
+        lambda: make_scheduler(num_gpu=8).add_seq_group(
+            SequenceGroup("d", [Sequence(6, [1]), Sequence(7, [2])])
+        ),
+        InvalidSequenceStateError,
+        "request 'd': sequences 6 and 7 differ; "
+        "a group arrives with one prompt (give n= for parallel samples)",
+    ),
+    case(
+        "finish_seq status",
+        lambda: _finish(RUNNING),
+        InvalidSequenceError,
+        f"finish_seq needs a FINISHED_* status, got {RUNNING!r}",
+    ),
+    case(
+        "finish_seq of a waiting sequence",
+        lambda: _finish(None),
+        InvalidSequenceStateError,
+        "only RUNNING sequences finish; sequence 0 is WAITING "
+        "(use abort_seq_group to drop a queued request)",
+    ),
+    case(
+        "scheduler invariant Q1",
+        _queue_corruption(lambda sched: sched.waiting.append(sched.waiting[0])),
+        InvariantViolationError,
+        'invariant Q1 violated: Scheduler(2 waiting, 1 running, 1 swapped) breaks Q1 '
+        'queues_ok: each queued request is in one queue; finished ones only in running '
+        "(queued ['c', 'c', 'a', 'b'], tracked ['a', 'b', 'c']); please report this",
+    ),
+    case(
+        "scheduler invariant Q4, arrival order",
+        _late_arrival_first,
+        InvariantViolationError,
+        'invariant Q4 violated: Scheduler(2 waiting, 1 running, 1 swapped) breaks Q4 fcfs_ok:'
+        ' never-admitted requests are a suffix of waiting, in arrival order; please report '
+        'this',
+    ),
+    case(
+        "scheduler invariant Q4, admitted behind new",
+        _admitted_behind_new,
+        InvariantViolationError,
+        'invariant Q4 violated: Scheduler(2 waiting, 1 running, 0 swapped) breaks Q4 fcfs_ok:'
+        ' never-admitted requests are a suffix of waiting, in arrival order; please report '
+        'this',
+    ),
+    # workload.py
+    case(
+        "trace line",
+        lambda: parse_trace(["", '{"arrival_time": 0, "prompt_len": 3}'], "t.jsonl"),
+        WorkloadError,
+        "t.jsonl, line 2: missing 'output_len'",
+    ),
+]
+
+
+# ---------------------------------------------------------------- kv_config.py, cache.py
+
+
+def _config(**bad: object) -> KVCacheConfig:
+    good: dict[str, object] = {
+        "num_layers": 1,
+        "num_kv_heads": 1,
+        "head_size": 1,
+        "block_size": 1,
+        "num_gpu_blocks": 1,
+        "num_cpu_blocks": 0,
+        "dtype": torch.float32,
+    }
+    return KVCacheConfig(**{**good, **bad})  # type: ignore[arg-type]  # bad on purpose
+
+
+def _engine(cpu: int = 6) -> KVCacheEngine:
+    """2 layers, 2 heads of 4, blocks of 4 tokens, float32 on the CPU; 8 GPU blocks."""
+    return KVCacheEngine(2, 2, 4, 4, 8, cpu, dtype=torch.float32, device="cpu")
+
+
+K2 = torch.zeros(2, 2, 4)
+
+
+KV_MESSAGES = [
+    case(
+        "num_layers",
+        lambda: _config(num_layers=0),
+        InvalidKVCacheConfigError,
+        "num_layers must be an int >= 1, got 0",
+    ),
+    case(
+        "head_size bool",
+        lambda: _config(head_size=True),
+        InvalidKVCacheConfigError,
+        "head_size must be an int >= 1, got True",
+    ),
+    case(
+        "num_cpu_blocks",
+        lambda: _config(num_cpu_blocks=-1),
+        InvalidKVCacheConfigError,
+        "num_cpu_blocks must be an int >= 0 (0 disables swapping), got -1",
+    ),
+    case(
+        "dtype",
+        lambda: _config(dtype="float"),
+        InvalidKVCacheConfigError,
+        "dtype must be a torch.dtype, got 'float'",
+    ),
+    case(
+        "device type",
+        lambda: KVCacheEngine(1, 1, 2, 2, 3, 0, None, "meta"),
+        InvalidKVCacheConfigError,
+        "device must be 'cpu' or 'cuda[:N]', got meta",
+    ),
+    case(
+        "cuda without cuda",
+        lambda: KVCacheEngine(1, 1, 2, 2, 3, 0, None, "cuda"),
+        InvalidKVCacheConfigError,
+        "device cuda requested but CUDA is not available; pass device='cpu'",
+        marks=no_cuda,
+    ),
+    case(
+        "budget below one block",
+        lambda: KVCacheEngine.from_memory_budget(
+            511, 0, num_layers=2, num_kv_heads=2, head_size=4, block_size=4, device="cpu"
+        ),
+        InvalidKVCacheConfigError,
+        "budgets gpu_bytes=511, cpu_bytes=0 but one block needs 512 bytes; raise the GPU "
+        "budget to >= 512 (CPU may be 0), or shrink block_size, layers or heads",
+    ),
+    case(
+        "tier",
+        lambda: _engine().storage("tpu"),  # type: ignore[arg-type]  # bad on purpose
+        KVTensorMismatchError,
+        f"tier: expected Device.GPU, Device.CPU, 'gpu' or 'cpu', got 'tpu'{CONVERT}",
+    ),
+    case(
+        "write key not a tensor",
+        lambda: _engine().write([0, 1], [[0.0]], K2, 0),  # type: ignore[arg-type]  # bad on purpose
+        KVTensorMismatchError,
+        f"key: expected a tensor (num_tokens, 2, 4) torch.float32 on cpu, got list{CONVERT}",
+    ),
+    case(
+        "layer",
+        lambda: _engine().gather([0], 1, 2),
+        KVRangeError,
+        "layer 2 is out of range (valid: 0..1); layers are numbered from 0",
+    ),
+    case(
+        "slot",
+        lambda: _engine().write([0, 32], K2, K2, 0),
+        KVRangeError,
+        "slot 32 is out of range (valid: -1 (skip) or 0..31); "
+        "slot = block_id * block_size + offset for a GPU-tier block",
+    ),
+    case(
+        "gather block id",
+        lambda: _engine().gather([0, 6], 1, 0, "cpu"),
+        KVBlockIdError,
+        f"block table block id 6 is out of range (valid: 0..5 on the cpu tier){PHYSICAL}",
+    ),
+    case(
+        "gather num_tokens",
+        lambda: _engine().gather([0, 1], 9, 0),
+        KVRangeError,
+        "num_tokens 9 is out of range (valid: 0..8 for 2 block(s)); pass more block ids",
+    ),
+    case(
+        "swap destination",
+        lambda: _engine().swap_out({0: 1, 2: 6}),
+        KVBlockIdError,
+        f"destination block id 6 is out of range (valid: 0..5 on the cpu tier){PHYSICAL}",
+    ),
+    case(
+        "swap into an empty tier",
+        lambda: _engine(cpu=0).swap_out([(0, 0)]),
+        KVBlockIdError,
+        "destination block id 0 is out of range (valid: none, the cpu tier has no blocks)"
+        f"{PHYSICAL}",
+    ),
+    case(
+        "destination twice",
+        lambda: _engine().swap_out([(0, 3), (1, 4), (2, 4)]),
+        KVCopyConflictError,
+        f"block 4 is named as a destination twice{SPLIT}",
+    ),
+    case(
+        "source and destination",
+        lambda: _engine().copy([(5, 6), (6, 1), (1, 7)]),
+        KVCopyConflictError,
+        f"block 1 is both a source and a destination{SPLIT}",
+    ),
+]
+
+
+# ---------------------------------------------------------------------------- attention.py
+
+CACHE = torch.zeros(4, 2, 2, 8)  # 4 blocks of 2 slots, 2 kv heads, head_size 8
+QUERY = torch.zeros(1, 4, 8)
+TABLES = torch.tensor([[1, 2]], dtype=torch.int32)
+LENS = torch.tensor([3], dtype=torch.int32)
+
+
+def _paged_two_seqs(lens: list[int], tables: list[list[int]]) -> Callable[[], object]:
+    return lambda: paged_attention_reference(
+        torch.zeros(2, 4, 8),
+        CACHE,
+        CACHE,
+        torch.tensor(tables, dtype=torch.int32),
+        torch.tensor(lens, dtype=torch.int32),
+    )
+
+
+ATTENTION_MESSAGES = [
+    case(
+        "context_lens count",
+        lambda: build_attention_inputs([[0], [1]], [1], 4),
+        KVTensorMismatchError,
+        f"context_lens: expected 2 entries (one per sequence), got 1{CONVERT}",
+    ),
+    case(
+        "query_lens count",
+        lambda: build_attention_inputs([[0]], [1], 4, query_lens=[1, 1]),
+        KVTensorMismatchError,
+        f"query_lens: expected 1 entries (one per sequence), got 2{CONVERT}",
+    ),
+    case(
+        "attention block_size",
+        lambda: build_attention_inputs([[0]], [1], 0),
+        KVRangeError,
+        "block_size 0 is out of range (valid: >= 1); use the block manager's block size",
+    ),
+    case(
+        "context_len beyond the table",
+        lambda: build_attention_inputs([[0], [3, 1]], [1, 9], 4),
+        KVRangeError,
+        "context_lens[1] 9 is out of range (valid: 0..8 (2 blocks)); append slots first",
+    ),
+    case(
+        "query_len beyond the context",
+        lambda: build_attention_inputs([[0], [1]], [1, 2], 4, query_lens=[1, 3]),
+        KVRangeError,
+        "query_lens[1] 3 is out of range (valid: 0..2 (its context length)); "
+        "new tokens are cached ones",
+    ),
+    case(
+        "block id equal to num_blocks",
+        lambda: build_attention_inputs([[0], [2, 8]], [1, 5], 4, num_blocks=8),
+        KVBlockIdError,
+        f"block_tables[1] block id 8 is out of range (valid: 0..7 on the gpu tier){PHYSICAL}",
+    ),
+    case(
+        "negative block id",
+        lambda: build_attention_inputs([[0], [1, -3]], [1, 5], 4),
+        KVRangeError,
+        "block_tables[1] id -3 is out of range (valid: >= 0); pass physical ids",
+    ),
+    case(
+        "pad_to",
+        lambda: build_attention_inputs([[1]], [2], 4, query_lens=[2], pad_to=1),
+        KVRangeError,
+        "pad_to 1 is out of range (valid: >= 2 new tokens); raise it",
+    ),
+    case(
+        "paged query rank",
+        lambda: paged_attention_reference(torch.zeros(1, 8), CACHE, CACHE, TABLES, LENS),
+        KVTensorMismatchError,
+        "query/key_cache/value_cache: expected (seqs, heads, head_size) and two equal "
+        "(blocks, block_size, kv_heads, head_size), got (1, 8), (4, 2, 2, 8), (4, 2, 2, 8)"
+        f"{CONVERT}",
+    ),
+    case(
+        "paged query head size",
+        lambda: paged_attention_reference(torch.zeros(1, 4, 6), CACHE, CACHE, TABLES, LENS),
+        KVTensorMismatchError,
+        f"query: expected head_size 8 and heads a multiple of 2, got (1, 4, 6){CONVERT}",
+    ),
+    case(
+        "paged block tables shape",
+        lambda: paged_attention_reference(QUERY, CACHE, CACHE, TABLES, torch.tensor([3, 3])),
+        KVTensorMismatchError,
+        f"block_tables/context_lens: expected (1, max_blocks) and (1,), got (1, 2), (2,){CONVERT}",
+    ),
+    case(
+        "paged context length",
+        _paged_two_seqs([1, 0], [[1, 2], [3, 0]]),
+        KVRangeError,
+        "context length 0 is out of range (valid: 1..4); decode needs a cached token",
+    ),
+    case(
+        "paged block id",
+        _paged_two_seqs([1, 1], [[0, 1], [9, 2]]),
+        KVBlockIdError,
+        f"block table block id 9 is out of range (valid: 0..3 on the gpu tier){PHYSICAL}",
+    ),
+]
+
+
+MESSAGES = [
+    *ALLOCATOR_MESSAGES,
+    *SEQUENCE_MESSAGES,
+    *MANAGER_MESSAGES,
+    *SCHEDULER_MESSAGES,
+    *KV_MESSAGES,
+    *ATTENTION_MESSAGES,
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), MESSAGES)
+def test_error_message(
+    call: Callable[[], object], error: type[BaseException], message: str
+) -> None:
+    with pytest.raises(error) as info:
+        call()
+    assert type(info.value) is error
+    assert str(info.value) == message
+
+
+def test_each_message_is_pinned_once() -> None:
+    messages = [row.values[2] for row in MESSAGES]
+    assert len(set(messages)) == len(messages)
+    names = [row.id for row in MESSAGES]
+    assert len(set(names)) == len(names)
