@@ -193,6 +193,43 @@ def state_of_view(v: ManagerView, block_size: int) -> ManagerState:
     return out
 
 
+def get_block_table(s: ManagerState, seq_id: int) -> tuple[int, ...]:
+    """The block ids of sequence ``seq_id``'s table, in order (what vLLM's
+    ``get_block_table`` returns)."""
+    assert manager_ok(s)
+    t = _table(s, seq_id)
+    out = table_view(s, t).block_ids
+    assert len(out) == len(t.handles)
+    return out
+
+
+def get_cross_block_table(s: ManagerState, request_id: str) -> tuple[int, ...]:
+    """The block ids of request ``request_id``'s cross-attention table, in order."""
+    assert manager_ok(s)
+    t = s.cross.get(request_id)
+    if t is None:
+        raise InvalidSequenceStateError(f"request {request_id!r} has no cross-attention table")
+    out = table_view(s, t).block_ids
+    assert len(out) == len(t.handles)
+    return out
+
+
+def get_num_free_gpu_blocks(s: ManagerState) -> int:
+    """Free GPU blocks."""
+    assert manager_ok(s)
+    out = A.get_num_free_blocks(s.alloc, GPU)
+    assert out == len(s.alloc.gpu.free)
+    return out
+
+
+def get_num_free_cpu_blocks(s: ManagerState) -> int:
+    """Free CPU blocks."""
+    assert manager_ok(s)
+    out = A.get_num_free_blocks(s.alloc, CPU)
+    assert out == len(s.alloc.cpu.free)
+    return out
+
+
 def table_device(s: ManagerState, t: TableRef) -> Device | None:
     """Where a table's real blocks are (None if it has none)."""
     assert table_ok(s, t)

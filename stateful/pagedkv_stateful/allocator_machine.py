@@ -394,12 +394,38 @@ class AllocatorMachine(LockstepMachine):
     def allocate_immutable_blocks(
         self, prev: int | None, lengths: list[int], overflow: bool, device: Device, token: int
     ) -> object:
+        return self._allocate_immutable(prev, lengths, overflow, device, token, single=False)
+
+    @rule(
+        target=blocks,
+        prev=st.none() | blocks,
+        length=st.integers(0, 4),
+        overflow=st.sampled_from([False] * 7 + [True]),
+        device=devices,
+        token=st.integers(0, 50),
+    )
+    def allocate_immutable_block(
+        self, prev: int | None, length: int, overflow: bool, device: Device, token: int
+    ) -> object:
+        return self._allocate_immutable(prev, [length], overflow, device, token, single=True)
+
+    def _allocate_immutable(
+        self,
+        prev: int | None,
+        lengths: list[int],
+        overflow: bool,
+        device: Device,
+        token: int,
+        single: bool,
+    ) -> object:
+        """``allocate_immutable_block`` (``single``, one chunk) or ``allocate_immutable_blocks``
+        on both sides; the spec models the single call as a one-chunk batch."""
         size = self.model.block_size
         # Chunks fit the block unless this step tests the overflow error path.
         chunks = [list(range(token, token + (n if overflow else min(n, size)))) for n in lengths]
         prev_obj = None if prev is None else self.objs[prev]
         dev = self._dev(device)
-        if len(chunks) == 1:  # the single-block entry point
+        if single:
             src = f"alloc.allocate_immutable_block({self._name(prev)}, {chunks[0]}, {dev})"
             res: list[Any] | Exception = self._attempt(
                 lambda: [self.adapter.allocate_immutable_block(prev_obj, chunks[0], device)]
@@ -419,7 +445,7 @@ class AllocatorMachine(LockstepMachine):
             )
             return multiple()
         lhs, handles = self._new_blocks(len(res))
-        if len(chunks) == 1:
+        if single and handles:
             lhs = f"b{handles[0]} = "
         if len(res) != len(chunks):
             self._log(f"{lhs}{src}")
@@ -444,7 +470,7 @@ class AllocatorMachine(LockstepMachine):
                     f"assert {self.adapter.source_token_ids(f'b{h}')} == {chunk}",
                 )
         self._allocated(res, before, src)
-        event(f"allocate_immutable_blocks: {len(chunks)} chunk(s)")
+        event(f"allocate_immutable_block{'' if single else 's'}: {len(chunks)} chunk(s)")
         return multiple(*handles)
 
     @rule(target=dead, handle=consumes(blocks))

@@ -1,0 +1,194 @@
+"""One name per operation: an operation has the same name in the implementation, the
+spec and the rule of the machine that drives it.
+
+Every public attribute of the implementation's classes is classified below; a new
+one must be classified (the tests fail otherwise), and each class of entry is
+checked for what it promises:
+
+- ``RULE``: the spec has a function of that name and the machine a rule of that name;
+- ``CAN``: an admission question: the spec has it, and the machine asks it (in the rule
+  of the operation it guards; its answer is compared with the spec's, and a yes must
+  mean the operation succeeds);
+- ``OBSERVED``: the spec has it and the machine calls it: a query compared after every
+  step, or a step of a rule (``free_cross`` when a group finishes);
+- ``EXTENSION``: a pagedkv operation beyond vLLM 0.6.3's API, checked where the entry
+  says (vLLM-shaped targets of the conformance kit do not have it);
+- ``CACHING``: a prefix-caching method, a no-op until prefix caching lands;
+- ``SUPPORT``: construction, routing, verification (``to_spec``, ``check_invariants``).
+
+Machine rules that drive no operation of their own are error paths or scenarios, and
+are listed too (``EXTRA_RULES``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from types import ModuleType
+
+import pytest
+from hypothesis.stateful import RuleBasedStateMachine
+
+import pagedkv_spec.allocator as spec_allocator
+import pagedkv_spec.manager as spec_manager
+from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Scheduler
+from pagedkv_stateful.allocator_machine import AllocatorMachine
+from pagedkv_stateful.kv_machine import KVMachine
+from pagedkv_stateful.manager_machine import ManagerMachine
+from pagedkv_stateful.scheduler_machine import SchedulerMachine
+
+RULE, CAN, OBSERVED, EXTENSION, CACHING, SUPPORT = (
+    "rule", "can", "observed", "extension", "caching", "support"
+)  # fmt: skip
+
+ALLOCATOR: dict[str, str] = {
+    "allocate_mutable_block": RULE,
+    "allocate_immutable_block": RULE,
+    "allocate_immutable_blocks": RULE,
+    "free": RULE,
+    "fork": RULE,
+    "swap": RULE,
+    "clear_copy_on_writes": RULE,
+    "allocate_or_get_null_block": RULE,
+    "get_num_full_blocks_touched": RULE,
+    "get_physical_block_id": RULE,
+    "get_num_free_blocks": OBSERVED,
+    "get_num_total_blocks": OBSERVED,
+    "fork_blocks": EXTENSION,  # the manager machine drives it through BlockTable.fork
+    "mark_blocks_as_accessed": CACHING,
+    "mark_blocks_as_computed": CACHING,
+    "get_common_computed_block_ids": CACHING,
+    "get_prefix_cache_hit_rate": CACHING,
+    "create": SUPPORT,
+    "get_allocator": SUPPORT,
+    "all_block_ids": SUPPORT,
+    "block_size": SUPPORT,
+    "null_block": SUPPORT,
+    "NoFreeBlocksError": SUPPORT,  # vLLM's interface names the error class here
+    "to_spec": SUPPORT,
+    "check_invariants": SUPPORT,
+}
+
+MANAGER: dict[str, str] = {
+    "allocate": RULE,
+    "append_slots": RULE,
+    "fork": RULE,
+    "free": RULE,
+    "swap_out": RULE,
+    "swap_in": RULE,
+    "can_allocate": CAN,
+    "can_append_slots": CAN,
+    "can_swap_out": CAN,
+    "can_swap_in": CAN,
+    "free_cross": OBSERVED,  # the free rule frees a finished group's cross table
+    "get_block_table": OBSERVED,
+    "get_cross_block_table": OBSERVED,
+    "get_num_free_gpu_blocks": OBSERVED,
+    "get_num_free_cpu_blocks": OBSERVED,
+    # the scheduler machine drives it (Scheduler.schedule); test_manager.py compares it
+    # with the per-group can_append_slots + append_slots on random workloads
+    "append_slots_batch": EXTENSION,
+    "get_gpu_usage": EXTENSION,  # a ratio of the free count: test_manager.py
+    "get_cpu_usage": EXTENSION,
+    "access_all_blocks_in_seq": CACHING,
+    "mark_blocks_as_computed": CACHING,
+    "get_common_computed_block_ids": CACHING,
+    "get_prefix_cache_hit_rate": CACHING,
+    "to_spec": SUPPORT,
+    "check_invariants": SUPPORT,
+}
+
+SCHEDULER: dict[str, str] = {
+    "add_seq_group": RULE,
+    "schedule": RULE,
+    "finish_seq": RULE,
+    "abort_seq_group": RULE,
+    "free_finished_seq_groups": OBSERVED,  # after every step of the schedule rule
+    "has_unfinished_seqs": OBSERVED,  # the teardown drains the queues (Q7)
+    "get_num_unfinished_seq_groups": EXTENSION,  # test_scheduler.py
+    "next_seq_id": SUPPORT,
+    "to_spec": SUPPORT,
+    "check_invariants": SUPPORT,
+}
+
+#: Rules that are error paths (misuse) or scenarios, by machine.
+EXTRA_RULES: dict[type[RuleBasedStateMachine], set[str]] = {
+    AllocatorMachine: {"free_again", "use_stale_handle", "foreign_block"},
+    ManagerMachine: {"misuse", "wrong_device", "preempt_by_recompute"},
+    KVMachine: {"preempt_by_recompute"},
+    SchedulerMachine: {"add_seq_group_twice"},
+}
+
+
+def public(cls: type) -> set[str]:
+    return {n for n in dir(cls) if not n.startswith("_")}
+
+
+def rules(machine: type[RuleBasedStateMachine]) -> set[str]:
+    """The names of ``machine``'s rules (initialize rules excluded)."""
+    return {
+        name
+        for klass in machine.__mro__
+        for name, fn in vars(klass).items()
+        if hasattr(fn, "hypothesis_stateful_rule")
+    }
+
+
+def spec_functions(module: ModuleType) -> set[str]:
+    return {n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")}
+
+
+LEVELS = [
+    (CpuGpuBlockAllocator, ALLOCATOR, spec_allocator, AllocatorMachine),
+    (BlockSpaceManager, MANAGER, spec_manager, ManagerMachine),
+    (Scheduler, SCHEDULER, None, SchedulerMachine),
+]
+
+
+@pytest.mark.parametrize(("cls", "table", "spec", "machine"), LEVELS)
+def test_every_public_operation_is_classified(
+    cls: type, table: dict[str, str], spec: ModuleType | None, machine: type
+) -> None:
+    assert public(cls) == set(table), sorted(public(cls) ^ set(table))
+
+
+@pytest.mark.parametrize(("cls", "table", "spec", "machine"), LEVELS)
+def test_operations_keep_their_name_in_spec_and_machine(
+    cls: type, table: dict[str, str], spec: ModuleType | None, machine: type
+) -> None:
+    have = rules(machine)
+    source = inspect.getsource(machine)
+    for name, kind in table.items():
+        if kind == RULE:
+            assert name in have, f"{machine.__name__} has no rule {name!r}"
+        if kind in (RULE, CAN, OBSERVED) and spec is not None:
+            assert name in spec_functions(spec), f"{spec.__name__} has no {name!r}"
+        if kind in (CAN, OBSERVED):
+            assert re.search(rf"\.(adapter|scheduler)\.{name}\b", source), name
+
+
+def test_machines_name_their_other_rules() -> None:
+    """A machine's rules are its operations' names plus its listed error paths and
+    scenarios: a renamed rule fails here."""
+    operations = {
+        # append_token_ids is the blocks' operation (Block.append_token_ids)
+        AllocatorMachine: {n for n, k in ALLOCATOR.items() if k == RULE} | {"append_token_ids"},
+        ManagerMachine: {n for n, k in MANAGER.items() if k == RULE},
+        KVMachine: {"allocate", "append_slots", "fork", "free", "swap_out", "swap_in"},
+        SchedulerMachine: {n for n, k in SCHEDULER.items() if k == RULE},
+    }
+    for machine, ops in operations.items():
+        assert rules(machine) == ops | EXTRA_RULES[machine], (
+            machine.__name__,
+            sorted(rules(machine) ^ (ops | EXTRA_RULES[machine])),
+        )
+    for op in operations[KVMachine]:
+        assert MANAGER[op] == RULE, op  # the KV machine's rules are manager operations
+    assert "append_token_ids" in spec_functions(spec_allocator)
+
+
+def test_spec_and_impl_share_the_append_planning_names() -> None:
+    from pagedkv import BlockTable
+
+    for name in ("get_num_blocks_touched_by_append_slots", "get_num_blocks_needed_by_append"):
+        assert name in spec_functions(spec_manager) and hasattr(BlockTable, name), name
