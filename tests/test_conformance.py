@@ -72,7 +72,7 @@ def test_leaky_allocator_is_flagged_as_changing_state_on_failure() -> None:
 
 
 def test_refcount_ignoring_free_is_flagged_by_free_count() -> None:
-    report = check(fa.shared_free_allocator, max_violations=1)
+    report = check(fa.shared_free_allocator, examples=100, max_violations=1)
     (finding,) = report.findings
     assert finding.invariant == "free count (GPU)"
     assert "I1 refcounts_match_references" in finding.detail
@@ -135,7 +135,7 @@ def test_pagedkv_itself_is_one_adapter_among_others() -> None:
 def test_main_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert conform.main(["faulty_allocators:fifo_allocator", "--max-examples", "10"]) == 0
     assert "result: PASS" in capsys.readouterr().out
-    args = ["faulty_allocators:shared_free_allocator", "--max-examples", "20"]
+    args = ["faulty_allocators:shared_free_allocator", "--max-examples", "100"]
     assert conform.main([*args, "--max-violations", "1"]) == 1
     out = capsys.readouterr().out
     assert "violation 1: free count (GPU)" in out
@@ -172,7 +172,7 @@ def test_module_entry_point() -> None:
             "pagedkv_stateful.conform",
             "faulty_allocators:shared_free_allocator",
             "--max-examples",
-            "20",
+            "100",
             "--max-violations",
             "1",
         ],
