@@ -11,7 +11,9 @@ the same run, so the ratio means something on any machine:
   ``can_append_slots`` + ``append_slots`` per sequence, and of one
   ``append_slots_batch`` over all groups (floor: :class:`MinimalDecode`, the
   same two calls over a dict and a free-id list, on the same sequences,
-  timed step by step in turn with the manager so a load spike hits both);
+  timed step by step in turn with the manager so a load spike hits both; and
+  :class:`BareDecode`, the same without Sequence objects at all, the issue's
+  "minimal dict-and-list implementation");
 * manager swap out + in of a 256-block sequence with 100k-block pools.
 """
 
@@ -22,6 +24,7 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable
+from typing import Any
 
 from pagedkv import (
     AppendSlotsBatch,
@@ -159,24 +162,61 @@ class MinimalDecode:
         return []
 
 
+class BareDecode:
+    """The bare decode floor: the same two calls with no Sequence objects at all.
+
+    A group is a list of ``(seq_id, tokens)`` pairs and a table ``[block ids, tokens
+    held]``: what any manager must at least read and write per sequence (the
+    issue's "minimal dict-and-list implementation"). :class:`MinimalDecode` is the
+    same over pagedkv's ``SequenceGroup`` / ``Sequence`` API.
+    """
+
+    def __init__(self, block_size: int, num_blocks: int) -> None:
+        self.block_size = block_size
+        self.free = list(range(num_blocks))
+        self.tables: dict[int, list[Any]] = {}
+
+    def allocate(self, seq_id: int, tokens: list[int]) -> None:
+        """Blocks for the prompt. Complexity: O(prompt blocks)."""
+        ids = [self.free.pop() for _ in range(-(-len(tokens) // self.block_size))]
+        self.tables[seq_id] = [ids, len(tokens)]
+
+    def can_append_slots(self, group: list[tuple[int, list[int]]]) -> bool:
+        """Complexity: O(sequences of the group)."""
+        size, touched = self.block_size, 0
+        for seq_id, tokens in group:
+            held = self.tables[seq_id][1]
+            touched += 1 - ((size - held % size - (len(tokens) - held)) // size)
+        return touched <= len(self.free)
+
+    def append_slots(self, seq_id: int, tokens: list[int]) -> None:
+        """Complexity: O(blocks added)."""
+        table = self.tables[seq_id]
+        n = len(tokens)
+        while len(table[0]) * self.block_size < n:
+            table[0].append(self.free.pop())
+        table[1] = n
+
+
 _RUNNING = SequenceStatus.RUNNING
 
 
-def decode_step_us(num_seqs: int, prompt_len: int, steps: int) -> tuple[float, float, float]:
-    """us per sequence-step: (per-sequence calls, append_slots_batch, MinimalDecode floor).
-
-    Best total of 3 runs of :func:`decode_run` each.
-    """
-    best = [float("inf")] * 3
+def decode_step_us(
+    num_seqs: int, prompt_len: int, steps: int
+) -> tuple[float, float, float, float]:
+    """us per sequence-step: (per-sequence calls, append_slots_batch, MinimalDecode floor,
+    BareDecode floor). Best total of 3 runs of :func:`decode_run` each."""
+    best = [float("inf")] * 4
     for _ in range(3):
         totals = decode_run(num_seqs, prompt_len, steps)
         best = [min(b, t) for b, t in zip(best, totals, strict=True)]
     n = num_seqs * steps
-    return best[0] / n * 1e6, best[1] / n * 1e6, best[2] / n * 1e6
+    per_seq, batch, floor, bare = (b / n * 1e6 for b in best)
+    return per_seq, batch, floor, bare
 
 
 def decode_run(num_seqs: int, prompt_len: int, steps: int) -> list[float]:
-    """Seconds of (per-sequence calls, append_slots_batch, floor) over ``steps`` steps.
+    """Seconds of (per-sequence calls, append_slots_batch, floor, bare floor) over ``steps``.
 
     The three run on the same sequences; each step appends one token to every
     sequence (untimed), then times each implementation's pass over all groups
@@ -187,6 +227,7 @@ def decode_run(num_seqs: int, prompt_len: int, steps: int) -> list[float]:
     per_seq = BlockSpaceManager(block_size, need, 0, watermark=0.0)
     batched = BlockSpaceManager(block_size, need, 0, watermark=0.0)
     floor = MinimalDecode(block_size, need)
+    bare = BareDecode(block_size, need)
     groups: list[tuple[SequenceGroup, Sequence]] = []
     for i in range(num_seqs):
         seq = Sequence(i, list(range(prompt_len)))
@@ -194,9 +235,12 @@ def decode_run(num_seqs: int, prompt_len: int, steps: int) -> list[float]:
         per_seq.allocate(group)
         batched.allocate(group)
         floor.allocate(seq)
+        bare.allocate(i, seq.get_token_ids())
         seq.status = SequenceStatus.RUNNING
         groups.append((group, seq))
     seq_groups = [g for g, _ in groups]
+    # the bare floor's groups: (seq_id, the sequence's live token list), one each
+    bare_groups = [[(seq.seq_id, seq.get_token_ids())] for _, seq in groups]
 
     def run_per_seq() -> None:
         for group, seq in groups:
@@ -213,13 +257,19 @@ def decode_run(num_seqs: int, prompt_len: int, steps: int) -> list[float]:
             if floor.can_append_slots(group, 0):
                 floor.append_slots(seq, 0)
 
-    runs = (run_per_seq, run_batch, run_floor)
-    totals = [0.0] * 3
+    def run_bare() -> None:
+        for group in bare_groups:
+            if bare.can_append_slots(group):
+                for seq_id, tokens in group:
+                    bare.append_slots(seq_id, tokens)
+
+    runs = (run_per_seq, run_batch, run_floor, run_bare)
+    totals = [0.0] * len(runs)
     for step in range(steps):
         for _, seq in groups:
             seq.append_token_id(step)
-        for k in range(3):
-            j = (step + k) % 3
+        for k in range(len(runs)):
+            j = (step + k) % len(runs)
             start = time.perf_counter()
             runs[j]()
             totals[j] += time.perf_counter() - start
@@ -270,12 +320,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<44} {value:>12.1f} {base:>12.1f} {value / base:>6.2f}x")
     print(f"  {'construct 1M GPU + 250k CPU blocks (s)':<44} {seconds:>12.4f}")
     print(f"  {'construct 1M GPU + 250k CPU blocks (MiB)':<44} {mib:>12.1f}")
-    decode_us, batch_us, decode_floor = decode_step_us(256, 512, 128)
-    for name, value in [
-        ("decode: can_append+append_slots per seq (us)", decode_us),
-        ("decode: append_slots_batch per seq (us)", batch_us),
+    decode_us, batch_us, decode_floor, bare_floor = decode_step_us(256, 512, 128)
+    for name, value, base in [
+        ("decode: can_append+append_slots per seq (us)", decode_us, decode_floor),
+        ("decode: append_slots_batch per seq (us)", batch_us, decode_floor),
+        ("  the same against the bare floor (us)", decode_us, bare_floor),
+        ("  append_slots_batch, bare floor (us)", batch_us, bare_floor),
     ]:
-        print(f"  {name:<44} {value:>12.2f} {decode_floor:>12.2f} {value / decode_floor:>6.2f}x")
+        print(f"  {name:<44} {value:>12.2f} {base:>12.2f} {value / base:>6.2f}x")
     swap_ms = swap_round_trip_ms(256, 100_000)
     print(f"  {'swap out+in, 256 blocks, 100k pools (ms)':<44} {swap_ms:>12.3f}")
     return 0

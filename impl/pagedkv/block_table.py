@@ -309,6 +309,27 @@ class BlockTable:
         # ---- (d)
         self._num_full_slots = num_full + num_tokens
 
+    def append_next_token(self, sequence_token_ids: Sequence[int]) -> bool:
+        """The decode step's fast path: write the one unseen token of a sequence whose
+        tokens are ``sequence_token_ids`` (``num_full_slots + 1`` of them) into the
+        current block, if that takes no block: no window, the block private with room.
+
+        Returns False, with nothing changed, when the general
+        :meth:`append_token_ids` is needed (more or fewer unseen tokens, a window,
+        a full or shared block). No lookahead slots. Complexity: O(1).
+        """
+        full = self._num_full_slots
+        if len(sequence_token_ids) != full + 1 or self._max_block_sliding_window is not None:
+            return False
+        size = self._block_size
+        if full % size == 0 and full // size >= len(self._blocks):
+            return False  # the last block is full: a new one is needed
+        b = self._blocks[full // size]
+        if type(b) is not NaiveBlock or not b.append_token_id_if_private(sequence_token_ids[full]):
+            return False
+        self._num_full_slots = full + 1
+        return True
+
     def ensure_num_empty_slots(self, num_empty_slots: int) -> None:
         """Add empty GPU blocks until at least ``num_empty_slots`` slots are empty.
 

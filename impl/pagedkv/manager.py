@@ -269,9 +269,13 @@ class BlockSpaceManager:
         ids = table.physical_block_ids
         if ids and ids[-1] >= self._num_gpu:  # the last block is real, so it tells the device
             self._require_on(seq, table, _GPU, "append to")  # raises: on the CPU
-        unseen = table.get_unseen_token_ids(seq.get_token_ids())
-        computed = seq.get_num_computed_tokens() if self.max_block_sliding_window else None
-        table.append_token_ids(unseen, num_lookahead_slots, computed)
+        tokens = seq.get_token_ids()
+        window = self.max_block_sliding_window
+        # NOTE: the common decode step (one token into a private block with room) first.
+        if num_lookahead_slots or window is not None or not table.append_next_token(tokens):
+            computed = seq.get_num_computed_tokens() if window else None
+            unseen = table.get_unseen_token_ids(tokens)
+            table.append_token_ids(unseen, num_lookahead_slots, computed)
         pairs = self._gpu_pool.clear_copy_on_writes()
         if pairs:
             self.stats.cow_copies += len(pairs)
@@ -304,9 +308,12 @@ class BlockSpaceManager:
                 f"num_lookahead_slots must be >= 0, got {num_lookahead_slots}"
             )
         tables, num_gpu = self.block_tables, self._num_gpu
-        plan: list[list[tuple[Sequence, BlockTable]]] = []
+        la = num_lookahead_slots
+        # Pass 1, before any change: validate every group and count the blocks each touches.
+        plan: list[tuple[list[tuple[Sequence, BlockTable, list[int]]], int]] = []
         for group in seq_groups:
-            entries: list[tuple[Sequence, BlockTable]] = []
+            entries: list[tuple[Sequence, BlockTable, list[int]]] = []
+            touched = 0
             for seq in group.get_seqs(_RUNNING):
                 table = tables.get(seq.seq_id)
                 if table is None:
@@ -314,21 +321,30 @@ class BlockSpaceManager:
                 ids = table.physical_block_ids
                 if ids and ids[-1] >= num_gpu:
                     self._require_on(seq, table, _GPU, "append to")  # raises: on the CPU
-                entries.append((seq, table))
-            plan.append(entries)
+                tokens = seq.get_token_ids()
+                touched += table.get_num_blocks_touched_to_hold(len(tokens), la)
+                entries.append((seq, table, tokens))
+            plan.append((entries, touched))
+        # Pass 2: append group by group while the next one fits.
         pool = self._gpu_pool
         window = self.max_block_sliding_window
+        fast = la == 0 and window is None
         num_appended = 0
-        for entries in plan:
-            touched = 0
-            for seq, table in entries:
-                touched += table.get_num_blocks_touched_to_hold(seq.get_len(), num_lookahead_slots)
-            if touched > pool.get_num_free_blocks():
+        free = pool.get_num_free_blocks()
+        for entries, touched in plan:
+            if touched > free:
                 break
-            for seq, table in entries:
-                unseen = table.get_unseen_token_ids(seq.get_token_ids())
+            took = False  # whether this group took blocks (then re-read the free count)
+            for seq, table, tokens in entries:
+                # NOTE: BlockTable.append_next_token is the common decode step (one token
+                # into a private block with room); the general path handles the rest.
+                if fast and table.append_next_token(tokens):
+                    continue
                 computed = seq.get_num_computed_tokens() if window else None
-                table.append_token_ids(unseen, num_lookahead_slots, computed)
+                table.append_token_ids(table.get_unseen_token_ids(tokens), la, computed)
+                took = True
+            if took:
+                free = pool.get_num_free_blocks()
             num_appended += 1
         pairs = pool.clear_copy_on_writes()
         if pairs:

@@ -128,6 +128,18 @@ class NaiveBlock(Block):
         tokens.extend(token_ids)
         return True
 
+    def append_token_id_if_private(self, token_id: int) -> bool:
+        """:meth:`append_token_ids_if_private` for one token (no list built). O(1)."""
+        block_id = self._block_id
+        if block_id is None:
+            return False
+        pool = self._allocator
+        tokens = self._token_ids
+        if pool._rc[block_id - pool._first] != 1 or len(tokens) >= pool._block_size:
+            return False
+        tokens.append(token_id)
+        return True
+
     def __repr__(self) -> str:
         state = "freed" if self._freed else f"id={self._block_id}"
         return f"NaiveBlock({state}, tokens={self._token_ids!r})"
