@@ -954,3 +954,36 @@ def test_block_table_matches_list_of_lists_model(
         f.free()
     t.free()
     assert alloc.get_num_free_blocks(GPU) == num_gpu - (1 if null_exists else 0)
+
+
+# ---------------------------------------------------------------------------- append_next_token
+
+
+def test_append_next_token_writes_one_token_into_a_private_block() -> None:
+    t = BlockTable(4, make(block_size=4))
+    t.allocate([1, 2, 3])
+    assert t.append_next_token([1, 2, 3, 9])
+    assert t.num_full_slots == 4 and t.get_block_token_ids() == [(1, 2, 3, 9)]
+    t.check_invariants()
+
+
+def test_append_next_token_declines_what_needs_the_general_path() -> None:
+    alloc = make(block_size=2)
+    t = BlockTable(2, alloc)
+    t.allocate([1, 2])
+    before = (t.num_full_slots, t.physical_block_ids[:], alloc.get_num_free_blocks(Device.GPU))
+    assert not t.append_next_token([1, 2, 3])  # the last block is full: a new block is needed
+    assert not t.append_next_token([1, 2])  # no unseen token
+    t.append_token_ids([3])
+    assert not t.append_next_token([1, 2, 3, 4, 5])  # two unseen tokens
+    child = t.fork()
+    assert not t.append_next_token([1, 2, 3, 4])  # the partial block is shared: copy on write
+    assert child.num_full_slots == t.num_full_slots == 3
+    assert (before[1][0], before[2] - 1) == (
+        t.physical_block_ids[0],
+        alloc.get_num_free_blocks(Device.GPU),
+    )
+    windowed = BlockTable(2, make(block_size=2), max_block_sliding_window=2)
+    windowed.allocate([1])
+    assert not windowed.append_next_token([1, 2])  # a window step is the general path's
+    assert windowed.num_full_slots == 1
