@@ -39,6 +39,7 @@ from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedkv.workload import RequestSpec
 from pagedkv_spec.device import Device
+from pagedkv_spec.table import slot_fill
 
 __all__ = ["SimulationConfig", "Simulator"]
 
@@ -266,7 +267,7 @@ class Simulator:
             for seq in group.get_seqs(_RUNNING):
                 n = seq.get_num_computed_tokens()
                 for i, block in enumerate(self.manager.get_block_table(seq)):
-                    filled[block] = max(filled.get(block, 0), min(size, max(0, n - i * size)))
+                    filled[block] = max(filled.get(block, 0), slot_fill(n, i, size))
         return sum(filled.values())
 
     # ------------------------------------------------------------------ checking
