@@ -172,6 +172,7 @@ def state_of_view(v: ManagerView, block_size: int) -> ManagerState:
     the pool holding its id), ``NULL`` for a slot without tokens. Lets the registry's
     predicates judge a target that shows only its view (``to_spec()``)."""
     assert block_size >= 1
+    assert all(len(t.block_ids) == len(t.token_ids) for _, t in (*v.tables, *v.cross))
     blocks: list[A.BlockRef] = []
 
     def ref(t: TableView) -> TableRef:
