@@ -23,6 +23,7 @@ from pagedkv import (
 from pagedkv.block_table import BlockTable
 from pagedkv.errors import (
     CachingNotSupportedError,
+    DoubleFreeError,
     InvalidAllocatorConfigError,
     InvalidSequenceStateError,
     InvariantViolationError,
@@ -762,3 +763,33 @@ def test_manager_check_invariants_catches_a_table_block_holding_the_null_id() ->
     t._block_ids[0] = 0
     err = raised(InvariantViolationError, m.check_invariants)
     assert err.invariant == "I1" and "(block 0 has refcount 1 but 2 references)" in str(err)
+
+
+# ---------------------------------------------------------------------------- free
+
+
+def test_free_of_a_table_holding_a_block_freed_behind_the_manager_changes_nothing() -> None:
+    m = BlockSpaceManager(2, 8, 0, watermark=0.0)
+    g = group_of("a", [1, 2, 3], n=2)
+    admit(m, g)
+    first, second = g.get_seqs()
+    shared = m.block_tables[first.seq_id].blocks[0]
+    m.block_allocator.free(m.block_tables[second.seq_id].blocks[0])  # behind the manager
+    before = m.to_spec()
+    raised(DoubleFreeError, m.free, second)
+    assert second.seq_id in m.block_tables and m.to_spec() == before
+    m.free(first)  # the other table is untouched and frees as usual
+    assert first.seq_id not in m.block_tables
+    assert isinstance(shared, NaiveBlock) and shared.freed
+
+
+def test_free_cross_of_a_table_holding_a_freed_block_changes_nothing() -> None:
+    m = BlockSpaceManager(2, 8, 0, watermark=0.0)
+    encoder = Sequence(9, [5, 6, 7])
+    g = SequenceGroup("x", [Sequence(0, [1, 2])], encoder_seq=encoder)
+    admit(m, g)
+    cross = m.cross_block_tables["x"]
+    m.block_allocator.free(cross.blocks[0])
+    before = m.to_spec()
+    raised(DoubleFreeError, m.free_cross, g)
+    assert "x" in m.cross_block_tables and m.to_spec() == before

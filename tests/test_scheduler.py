@@ -321,7 +321,13 @@ def test_add_seq_group_errors_carry_the_request_and_the_fault() -> None:
     different = SequenceGroup("d", [Sequence(6, [1]), Sequence(7, [2])])
     state_err = raised(InvalidSequenceStateError, sched.add_seq_group, different)
     assert "sequences 6 and 7 differ" in str(state_err)
+    empty = SequenceGroup("e", [Sequence(8, [])])
+    state_err = raised(InvalidSequenceStateError, sched.add_seq_group, empty)
+    assert "'e' has an empty prompt" in str(state_err)
     assert ids(sched.waiting) == ["a"]
+    sched.check_invariants()
+    sched.add_seq_group(SequenceGroup("e", [Sequence(8, [1])]))  # nothing of the refused one
+    assert ids(sched.waiting) == ["a", "e"]
 
 
 def test_a_forked_sample_keeps_its_id_reserved_after_it_finishes() -> None:

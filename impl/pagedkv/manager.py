@@ -361,16 +361,23 @@ class BlockSpaceManager:
         self.block_tables[child_seq.seq_id] = table.fork()
 
     def free(self, seq: Sequence) -> None:
-        """Free the sequence's table; a sequence without one is a no-op. Complexity: O(blocks)."""
-        table = self.block_tables.pop(seq.seq_id, None)
+        """Free the sequence's table; a sequence without one is a no-op. Complexity: O(blocks).
+
+        The table checks every block before freeing any, so an error (a block freed
+        behind the manager's back) leaves the manager as it was.
+        """
+        table = self.block_tables.get(seq.seq_id)
         if table is not None:
             table.free()
+            del self.block_tables[seq.seq_id]
 
     def free_cross(self, seq_group: SequenceGroup) -> None:
-        """Free the request's cross-attention table, if any. Complexity: O(blocks)."""
-        table = self.cross_block_tables.pop(seq_group.request_id, None)
+        """Free the request's cross-attention table, if any (an error changes nothing, as
+        for :meth:`free`). Complexity: O(blocks)."""
+        table = self.cross_block_tables.get(seq_group.request_id)
         if table is not None:
             table.free()
+            del self.cross_block_tables[seq_group.request_id]
 
     # ------------------------------------------------------------------ swapping
 

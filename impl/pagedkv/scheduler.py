@@ -126,13 +126,18 @@ class Scheduler:
         """Queue a new request at the back of ``waiting``. Complexity: O(its sequences).
 
         Its sequences must be WAITING without block tables, hold the same tokens
-        (admission allocates the first and forks the others), and have request and
+        (admission allocates the first and forks the others), a prompt of at least
+        one token (InvalidSequenceStateError otherwise), and have request and
         sequence ids unused by queued groups (DuplicateRequestError otherwise).
         """
         rid = seq_group.request_id
         if rid in self._groups:
             raise DuplicateRequestError(rid, "a request with this id is already queued")
         seqs = seq_group.get_seqs()
+        if not seqs[0].get_token_ids():
+            raise InvalidSequenceStateError(
+                f"request {rid!r} has an empty prompt; a request needs at least one token"
+            )
         for seq in seqs:
             if seq.seq_id in self._seq_ids or seq.seq_id in self.block_manager.block_tables:
                 raise DuplicateRequestError(rid, f"sequence id {seq.seq_id} is already in use")
@@ -288,8 +293,8 @@ class Scheduler:
                 continue
             if decision != AllocStatus.OK or not self._fits(out, num_seqs, num_tokens):
                 break
+            manager.allocate(group)  # before popleft: an error leaves the group queued
             self.waiting.popleft()
-            manager.allocate(group)
             first = group.get_seqs(_WAITING)[0]
             for seq in group.get_seqs(_WAITING):
                 seq.status = _RUNNING
