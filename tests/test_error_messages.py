@@ -991,6 +991,12 @@ SCHEDULER_MESSAGES = [
         "request 'c': sequence 5 is RUNNING, not WAITING",
     ),
     case(
+        "arrives with an empty prompt",
+        lambda: make_scheduler(num_gpu=8).add_seq_group(SequenceGroup("e", [Sequence(8, [])])),
+        InvalidSequenceStateError,
+        "request 'e' has an empty prompt; a request needs at least one token",
+    ),
+    case(
         "arrives with different prompts",
         lambda: make_scheduler(num_gpu=8).add_seq_group(
             SequenceGroup("d", [Sequence(6, [1]), Sequence(7, [2])])
