@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch (already on disk on our machines); users with a GPU keep their own build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test lint typecheck pytest crosshair bench fuzz verify demo mutate clean
+.PHONY: install test lint typecheck pytest crosshair bench fuzz verify demo mutate gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,15 @@ bench: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m pagedkv simulate --preset overload
+
+# On a machine with CUDA: the @pytest.mark.cuda tests and the KV swap/copy benchmark
+# (GB/s beside raw contiguous copies and the pinned PCIe bandwidth of the same run), one
+# table, within --budget-s (default 8 minutes). Without CUDA it says so and exits 0. Not
+# part of `make test`. Needs a CUDA build of torch in the venv (TORCH_PIN=torch==X+cuY
+# with your index, or an existing venv); e.g. GPU_CHECK_ARGS="--json gpu-check.json".
+GPU_CHECK_ARGS ?=
+gpu-check: $(STAMP)
+	$(BIN)/python -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
 # Mutation testing of the allocator, manager, KV-engine and scheduler layers
 # (docs/mutation.md); not part of `make test` (an hour or more on 2 cores). mutmut

@@ -60,9 +60,10 @@ def make_engine(
     cpu: int = 6,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    device: str = "cpu",
 ) -> KVCacheEngine:
     engine = KVCacheEngine(
-        **shape, num_gpu_blocks=gpu, num_cpu_blocks=cpu, dtype=dtype, device="cpu"
+        **shape, num_gpu_blocks=gpu, num_cpu_blocks=cpu, dtype=dtype, device=device
     )
     gen = torch.Generator().manual_seed(seed)
     for tier in Device:
@@ -741,6 +742,94 @@ def test_cuda_write_gather_round_trip() -> None:
     k, _ = engine.gather([3, 1], 5, layer=1, tier="cpu")
     assert torch.equal(k[1:4], key[:3].cpu()) and torch.equal(k[4], key[3].cpu())
     assert not k[0].any()  # offset 0 of GPU block 2 was never written
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_tiers_pinned_host_and_device_memory_also_from_a_budget() -> None:
+    per_block = KVCacheEngine.block_bytes(1, 16, 8, 128, torch.float16)
+    engine = KVCacheEngine.from_memory_budget(3 * per_block, 2 * per_block, **LARGE, device="cuda")
+    gpu, cpu = engine.storage(Device.GPU), engine.storage(Device.CPU)
+    assert engine.dtype == torch.float16 and engine.device.type == "cuda"
+    assert gpu.device.type == "cuda" and gpu.shape[0] == 3
+    assert cpu.device.type == "cpu" and cpu.is_pinned() and cpu.shape[0] == 2
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("shape", [SMALL, LARGE, ODD], ids=["small", "large", "odd"])
+def test_cuda_swap_round_trip_conserves_kv_bytes(shape: Shape) -> None:
+    """Random bytes (NaN patterns included) through swap-out and swap-in on the side
+    stream: every destination gets its source's bytes, every other block keeps its own."""
+    engine = make_engine(shape, gpu=16, cpu=12, dtype=torch.float16, seed=3, device="cuda")
+    want = {t: raw.cpu() for t, raw in snapshot(engine).items()}
+    out = [(3, 7), (0, 2), (9, 10), (4, 0), (5, 1)]  # scattered, with a run (4, 5 -> 0, 1)
+    back = [(7, 12), (2, 15), (10, 13), (0, 14), (1, 11)]
+    for pairs, src, dst in ((out, Device.GPU, Device.CPU), (back, Device.CPU, Device.GPU)):
+        handle = (engine.swap_out if src is Device.GPU else engine.swap_in)(pairs)
+        handle.synchronize()
+        assert handle.done
+        for s, d in pairs:
+            want[dst][d] = want[src][s]
+        for tier in Device:
+            got = engine.storage(tier).view(torch.uint8).cpu()
+            assert torch.equal(got, want[tier]), f"{tier} after swapping {pairs}"
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_writes_after_an_unsettled_swap_out_do_not_reach_it() -> None:
+    engine = KVCacheEngine(**LARGE, num_gpu_blocks=256, num_cpu_blocks=256, device="cuda")
+    engine.storage("gpu").normal_()
+    original = engine.storage("gpu")[:256].clone()
+    handle = engine.swap_out([(i, 255 - i) for i in range(256)])  # long enough to overlap
+    key = torch.full((16, 8, 128), 7.0, dtype=torch.float16, device="cuda")
+    engine.write(torch.arange(16, device="cuda"), key, key, layer=0)  # block 0, after the swap
+    handle.synchronize()
+    assert torch.equal(engine.storage("cpu")[255].cuda(), original[0])
+    assert bool((engine.storage("gpu")[0] == 7).all())
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_swap_in_reads_what_an_unsettled_swap_out_wrote() -> None:
+    engine = KVCacheEngine(**LARGE, num_gpu_blocks=64, num_cpu_blocks=64, device="cuda")
+    engine.storage("gpu").normal_()
+    original = engine.storage("gpu")[:32].clone()
+    engine.swap_out([(i, i + 32) for i in range(32)])  # no wait: its host step is pending
+    engine.swap_in([(i + 32, i + 32) for i in range(32)]).synchronize()
+    assert torch.equal(engine.storage("gpu")[32:], original)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_swap_outs_settle_in_issue_order() -> None:
+    engine = KVCacheEngine(**LARGE, num_gpu_blocks=4, num_cpu_blocks=2, device="cuda")
+    for b in range(4):
+        engine.storage("gpu")[b] = b + 1  # read-only by contract; seeded here
+    first = engine.swap_out([(1, 0)])
+    second = engine.swap_out([(2, 0)])  # the same CPU block: the later swap must win
+    second.synchronize()  # settles `first` before `second`
+    assert first.done and second.done
+    first.synchronize()  # already settled: must not write block 0 again
+    assert bool((engine.storage("cpu")[0] == 3).all())
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_swaps_work_under_a_default_cuda_device() -> None:
+    # The swap's host buffers (ids, staging) must be made in host memory, not on the
+    # default device, or pinning them fails.
+    with torch.device("cuda"):
+        engine = KVCacheEngine(**SMALL, num_gpu_blocks=4, num_cpu_blocks=4, device="cuda")
+        gpu, cpu = engine.storage(Device.GPU), engine.storage(Device.CPU)
+        assert cpu.device.type == "cpu" and cpu.is_pinned()
+        gpu.copy_(torch.arange(gpu.numel(), dtype=gpu.dtype).view_as(gpu))
+        want = gpu.clone()
+        engine.swap_out([(0, 2), (1, 0), (3, 1)]).synchronize()
+        engine.swap_in([(2, 3), (0, 2)]).synchronize()
+    assert torch.equal(cpu[2].cuda(), want[0]) and torch.equal(cpu[0].cuda(), want[1])
+    assert torch.equal(gpu[3], want[0]) and torch.equal(gpu[2], want[1])
 
 
 def test_the_cpu_tier_stays_in_host_memory_under_a_default_device() -> None:

@@ -4,6 +4,8 @@
 ``event.query()``, ``event.synchronize()``, ``stream.wait_event(event)`` and
 ``torch.cuda.current_stream(device)``; the fakes below log every such call (and
 every host step) to one list, so each test asserts the exact calls, in order.
+The last section (``@pytest.mark.cuda``, skipped without CUDA) does the same with
+real events and streams: handles of the engine's side-stream swaps.
 """
 
 from __future__ import annotations
@@ -379,3 +381,69 @@ def test_cpu_engine_swaps_are_complete_and_touch_no_stream(log: Log) -> None:
     engine.copy([(0, 3)])
     engine.synchronize()
     assert log == []  # no current stream asked for, no event
+
+
+# ---------------------------------------------------------------- real events (CUDA)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def cuda_engine(blocks: int = 256) -> KVCacheEngine:
+    """64 KiB float16 blocks, GPU tier filled with distinct normal values."""
+    engine = KVCacheEngine(1, 8, 128, 16, blocks, blocks, device="cuda")
+    engine.storage(Device.GPU).normal_()  # read-only by contract; seeded here
+    return engine
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_event_done_polls_a_real_event() -> None:
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
+    event.record(torch.cuda.current_stream())
+    event.synchronize()
+    assert event_done(event) is True
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_done_becomes_true_and_runs_the_host_step() -> None:
+    engine = cuda_engine()
+    want = engine.storage(Device.GPU).clone()
+    handle = engine.swap_out([(i, 255 - i) for i in range(256)])
+    while not handle.done:  # polls the event; once done, runs the host scatter
+        pass
+    assert handle.done and not engine._pending  # settled: nothing queued
+    assert torch.equal(engine.storage(Device.CPU).flip(0).cuda(), want)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_wait_orders_a_side_stream_after_a_swap_in() -> None:
+    engine = cuda_engine()
+    want = engine.storage(Device.GPU).clone()
+    engine.swap_out([(i, i) for i in range(256)]).synchronize()
+    engine.storage(Device.GPU).zero_()
+    handle = engine.swap_in([(i, i) for i in range(256)])
+    reader = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
+    handle.wait(reader)  # the host does not block; `reader` waits for the swap's event
+    with torch.cuda.stream(reader):
+        seen = engine.storage(Device.GPU).clone()
+    reader.synchronize()
+    assert torch.equal(seen, want)
+    handle.synchronize()
+    assert handle.done
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_engine_synchronize_settles_every_handle() -> None:
+    engine = cuda_engine(64)
+    want = engine.storage(Device.GPU)[:32].clone()
+    handles = [engine.swap_out([(i, i)]) for i in range(32)]
+    handles.append(engine.swap_in([(i, 32 + i) for i in range(16)]))  # reads settled rows
+    engine.synchronize()
+    assert not engine._pending and all(h.done for h in handles)
+    assert torch.equal(engine.storage(Device.CPU)[:32].cuda(), want)
+    assert torch.equal(engine.storage(Device.GPU)[32:48], want[:16])
+    empty = engine.swap_out([])
+    assert empty.done  # an empty call is complete at once

@@ -36,12 +36,13 @@ def run(
     scheduler: SchedulerConfig | None = None,
     dtype: torch.dtype | None = None,
     max_steps: int = 100_000,
+    device: str = "cpu",
 ) -> SimulationResult:
     config = SimulationConfig(
         block_size=block_size,
         num_gpu_blocks=num_gpu,
         num_cpu_blocks=num_cpu,
-        device="cpu",
+        device=device,
         dtype=dtype,
         scheduler=scheduler or SchedulerConfig(),
         max_steps=max_steps,
@@ -95,6 +96,28 @@ def test_pressure_exercises_swap_recompute_and_copy_on_write() -> None:
     assert s.preempted_recompute and s.preempted_swap and s.cow_copies
     assert s.finished == 16 and accounted(result) and s.recomputed_tokens > 0
     assert s.blocks_swapped_out == s.blocks_swapped_in > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pressure_on_cuda_conserves_kv_and_matches_the_cpu_run() -> None:
+    """The engine on the GPU (pinned CPU tier, side-stream swaps) under the scheduler:
+    KV checked after every step, and the same run, step for step, as on the CPU."""
+    lookahead = SchedulerConfig(num_lookahead_slots=1)
+    results = {
+        device: run(generate(_PRESSURE, 3), 40, 24, 8, lookahead, torch.float16, device=device)
+        for device in ("cpu", "cuda")
+    }
+    timing = {"sched_ms_mean", "sched_ms_p99", "wall_s"}
+
+    def strip(r: SimulationResult) -> dict[str, object]:
+        return {k: v for k, v in dataclasses.asdict(r.summary).items() if k not in timing}
+
+    on_gpu = results["cuda"]
+    s = on_gpu.summary
+    assert s.checked and s.preempted_swap and s.blocks_swapped_out == s.blocks_swapped_in > 0
+    assert str(on_gpu.setup["device"]).startswith("cuda") and accounted(on_gpu)
+    assert strip(on_gpu) == strip(results["cpu"]) and on_gpu.timeline == results["cpu"].timeline
 
 
 def test_short_swap_space_aborts_only_diverged_requests() -> None:

@@ -50,10 +50,14 @@ def swap_on_side_stream(
     Complexity: O(n) host work plus the copies.
     """
     stream.wait_stream(torch.cuda.current_stream(dev))  # see earlier writes of the blocks
+    # NOTE: every host tensor below says device="cpu": under `with torch.device("cuda")`
+    # a bare factory call would make it on the GPU, and pinning would fail.
     host_step: Callable[[], None] | None = None
     if to_host:
-        src_host = torch.tensor(src, dtype=torch.long).pin_memory()
-        staged = torch.empty((len(src), gpu_rows.shape[1]), dtype=dtype, pin_memory=True)
+        src_host = torch.tensor(src, dtype=torch.long, device="cpu").pin_memory()
+        staged = torch.empty(
+            (len(src), gpu_rows.shape[1]), dtype=dtype, device="cpu", pin_memory=True
+        )
         with torch.cuda.stream(stream):
             gathered = gpu_rows.index_select(0, src_host.to(dev, non_blocking=True))
             staged.copy_(gathered, non_blocking=True)
@@ -65,7 +69,7 @@ def swap_on_side_stream(
     else:
         pending.settle_host_writes()  # swap-outs still to write CPU rows we read now
         staged = gather_host(cpu_rows.data, src, pin=True)
-        dst_host = torch.tensor(dst, dtype=torch.long).pin_memory()
+        dst_host = torch.tensor(dst, dtype=torch.long, device="cpu").pin_memory()
         with torch.cuda.stream(stream):
             on_device = staged.to(dev, non_blocking=True)
             index = dst_host.to(dev, non_blocking=True)
@@ -78,5 +82,6 @@ def swap_on_side_stream(
 
 def gather_host(rows: torch.Tensor, ids: list[int], pin: bool) -> torch.Tensor:
     """A fresh host tensor of ``rows[ids]`` (pinned if ``pin``). Complexity: O(n) + the copy."""
-    out = torch.empty((len(ids), rows.shape[1]), dtype=rows.dtype, pin_memory=pin)
-    return torch.index_select(rows, 0, torch.tensor(ids, dtype=torch.long), out=out)
+    out = torch.empty((len(ids), rows.shape[1]), dtype=rows.dtype, device="cpu", pin_memory=pin)
+    index = torch.tensor(ids, dtype=torch.long, device="cpu")
+    return torch.index_select(rows, 0, index, out=out)
