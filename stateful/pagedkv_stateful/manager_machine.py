@@ -229,25 +229,30 @@ class ManagerMachine(LockstepMachine):
                     f"assert mgr.get_num_free_{where.lower()}_blocks() == {wanted}",
                 )
         if got is None:  # only the API: every table
+            tables: list[tuple[str, list[int], tuple[int, ...]]] = []
             if self.caps.encoder_decoder:
-                for request_id, table in want.cross:
-                    ids = self.adapter.get_cross_block_table(self.live[request_id])
-                    if ids != list(spec.get_cross_block_table(self.model, request_id)):
-                        raise Violation(
-                            "block table",
-                            f"get_cross_block_table(g{request_id[1:]}) == {ids}; the spec's "
-                            f"table is {list(table.block_ids)}",
-                            f"assert mgr.get_cross_block_table(g{request_id[1:]}) == "
-                            f"{list(table.block_ids)}",
+                for rid in sorted(self.model.cross):
+                    tables.append(
+                        (
+                            f"get_cross_block_table(g{rid[1:]})",
+                            self.adapter.get_cross_block_table(self.live[rid]),
+                            spec.get_cross_block_table(self.model, rid),
                         )
-            for seq_id, table in want.tables:
-                ids = self.adapter.get_block_table(self.seqs[seq_id])
-                if ids != list(spec.get_block_table(self.model, seq_id)):
+                    )
+            for seq_id in sorted(self.model.tables):
+                tables.append(
+                    (
+                        f"get_block_table(s{seq_id})",
+                        self.adapter.get_block_table(self.seqs[seq_id]),
+                        spec.get_block_table(self.model, seq_id),
+                    )
+                )
+            for call, ids, want_ids in tables:
+                if ids != list(want_ids):
                     raise Violation(
                         "block table",
-                        f"get_block_table(s{seq_id}) == {ids}; the spec's table is "
-                        f"{list(table.block_ids)}",
-                        f"assert mgr.get_block_table(s{seq_id}) == {list(table.block_ids)}",
+                        f"{call} == {ids}; the spec's table is {list(want_ids)}",
+                        f"assert mgr.{call} == {list(want_ids)}",
                     )
 
     def _compare_view(self, got: spec.ManagerView, want: spec.ManagerView) -> None:
