@@ -15,6 +15,7 @@ A new message gets a row here; tests/README.md says where everything else goes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection
 
 import pytest
@@ -35,6 +36,7 @@ from pagedkv import (
 from pagedkv.attention import build_attention_inputs, paged_attention_reference
 from pagedkv.block_table import BlockTable
 from pagedkv.cache import KVCacheConfig, KVCacheEngine
+from pagedkv.cli import parse_size
 from pagedkv.errors import (
     BlockOverflowError,
     BlockWithoutIdError,
@@ -67,7 +69,8 @@ from pagedkv.errors import (
 )
 from pagedkv.refcount import contiguous_range
 from pagedkv.scheduler import Scheduler, SchedulerConfig
-from pagedkv.workload import parse_trace
+from pagedkv.simulator import SimulationConfig, Simulator
+from pagedkv.workload import parse_trace, preset
 from scheduler_helpers import add, one_in_each_queue, step
 from scheduler_helpers import make as make_scheduler
 
@@ -934,6 +937,14 @@ def _admitted_behind_new() -> None:
     sched.check_invariants()
 
 
+TRACE_LINE = '{"arrival_time": 0, "prompt_len": 3, "output_len": 2}'
+
+
+def _trace(bad: str) -> object:
+    """Parse ``t.jsonl`` of a good line and ``bad``."""
+    return parse_trace([TRACE_LINE, bad], "t.jsonl")
+
+
 def _late_arrival_first() -> None:
     sched, _, _, _ = one_in_each_queue()
     add(sched, "d", 1)
@@ -1048,6 +1059,162 @@ SCHEDULER_MESSAGES = [
         lambda: parse_trace(["", '{"arrival_time": 0, "prompt_len": 3}'], "t.jsonl"),
         WorkloadError,
         "t.jsonl, line 2: missing 'output_len'",
+    ),
+    case(
+        "trace arrival_time missing",
+        lambda: _trace('{"prompt_len": 3, "output_len": 2}'),
+        WorkloadError,
+        "t.jsonl, line 2: missing 'arrival_time'",
+    ),
+    case(
+        "trace not JSON",
+        lambda: _trace("{oops"),
+        WorkloadError,
+        "t.jsonl, line 2: not valid JSON (Expecting property name enclosed in double quotes)",
+    ),
+    case(
+        "trace nested too deeply",
+        lambda: _trace("[" * 100_000 + "]" * 100_000),
+        WorkloadError,
+        "t.jsonl, line 2: not valid JSON (nested too deeply)",
+    ),
+    case(
+        "trace number too long",
+        lambda: _trace('{"arrival_time": 0, "prompt_len": ' + "9" * 5000 + "}"),
+        WorkloadError,
+        "t.jsonl, line 2: not valid JSON (a number is too long)",
+    ),
+    case(
+        "trace not an object",
+        lambda: _trace("[1, 2]"),
+        WorkloadError,
+        "t.jsonl, line 2: expected a JSON object {...}, got [1, 2]",
+    ),
+    case(
+        "trace key twice",
+        lambda: _trace('{"n": 1, "arrival_time": 0, "n": 2}'),
+        WorkloadError,
+        "t.jsonl, line 2: key(s) given twice: ['n']",
+    ),
+    case(
+        "trace unknown key",
+        lambda: _trace('{"arrival_time": 0, "prompt_len": 3, "output_len": 2, "x": 1}'),
+        WorkloadError,
+        "t.jsonl, line 2: unknown key(s) ['x']; "
+        "allowed: ['arrival_time', 'n', 'output_len', 'prompt_len', 'request_id']",
+    ),
+    case(
+        "trace request_id type",
+        lambda: _trace('{"arrival_time": 0, "prompt_len": 3, "output_len": 2, "request_id": 7}'),
+        WorkloadError,
+        "t.jsonl, line 2: request_id must be a non-empty string, got 7",
+    ),
+    case(
+        "trace duplicate id",
+        lambda: _trace('{"arrival_time": 0, "prompt_len": 3, "output_len": 2, "request_id": "r0"}'),
+        WorkloadError,
+        "t.jsonl, line 2: duplicate request_id 'r0', also on line 1; give each request its own id",
+    ),
+    case(
+        "trace duplicate default id",
+        lambda: parse_trace([TRACE_LINE.replace("}", ', "request_id": "r1"}'), TRACE_LINE], "t"),
+        WorkloadError,
+        "t, line 2: duplicate request_id 'r1' (the default id of this line), also on line 1; "
+        "give each request its own id",
+    ),
+    case(
+        "trace arrival_time range",
+        lambda: _trace('{"arrival_time": -1, "prompt_len": 3, "output_len": 2}'),
+        WorkloadError,
+        "t.jsonl, line 2: arrival_time must be a number in 0..2**53 (steps), got -1",
+    ),
+    case(
+        "trace token count",
+        lambda: _trace('{"arrival_time": 0, "prompt_len": 3, "output_len": 16777217}'),
+        WorkloadError,
+        "t.jsonl, line 2: output_len must be an int in 1..2**24, got 16777217",
+    ),
+    case(
+        "trace n",
+        lambda: _trace('{"arrival_time": 0, "prompt_len": 3, "output_len": 2, "n": null}'),
+        WorkloadError,
+        "t.jsonl, line 2: n must be an int in 1..1024, got None",
+    ),
+    case(
+        "trace value cut",
+        lambda: _trace('{"arrival_time": 0, "prompt_len": "' + "x" * 99 + '", "output_len": 2}'),
+        WorkloadError,
+        "t.jsonl, line 2: prompt_len must be an int in 1..2**24, got "
+        "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...",
+    ),
+    case(
+        "preset rate",
+        lambda: dataclasses.replace(preset("chat"), rate=0.0),
+        WorkloadError,
+        "preset 'chat': rate must be a finite number > 0, got 0.0",
+    ),
+    case(
+        "preset lengths",
+        lambda: dataclasses.replace(preset("chat"), output_len=(4, 3)),
+        WorkloadError,
+        "preset 'chat': output_len must be a range (low, high) with 1 <= low <= high, got (4, 3)",
+    ),
+    case(
+        "preset n_weights",
+        lambda: dataclasses.replace(preset("chat"), n_weights=((0, 1.0),)),
+        WorkloadError,
+        "preset 'chat': n_weights must be (n >= 1, weight > 0) pairs, got ((0, 1.0),)",
+    ),
+]
+
+
+# ---------------------------------------------------------------- cli.py, simulator.py
+
+SIZE_HINT = "; use B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)"
+
+DRIVER_MESSAGES = [
+    case(
+        "size syntax",
+        lambda: parse_size("lots"),
+        InvalidKVCacheConfigError,
+        "expected a size like 4096, 64MiB or 1.5GB (a number >= 0 and an optional unit), "
+        "got 'lots'",
+    ),
+    case(
+        "size unit",
+        lambda: parse_size("12XB"),
+        InvalidKVCacheConfigError,
+        f"unknown size unit 'XB' in '12XB'{SIZE_HINT}",
+    ),
+    case(
+        "size digits",
+        lambda: parse_size("1" + "0" * 19),
+        InvalidKVCacheConfigError,
+        "size '10000000000000000000' is too large: at most 9223372036854775807 bytes (2**63 - 1)",
+    ),
+    case(
+        "size product",
+        lambda: parse_size("8388608TiB"),
+        InvalidKVCacheConfigError,
+        "size '8388608TiB' is too large: at most 9223372036854775807 bytes (2**63 - 1)",
+    ),
+    case(
+        "simulator cache over torch's sizes",
+        lambda: Simulator(
+            SimulationConfig(block_size=4, num_gpu_blocks=2**62, num_cpu_blocks=1, device="cpu")
+        ),
+        InvalidKVCacheConfigError,
+        "cannot allocate a KV cache of 4611686018427387904 GPU + 1 CPU blocks "
+        "(4722366482869645214720 bytes at 1024 B/block) on cpu; "
+        "give fewer blocks or smaller memory budgets",
+    ),
+    case(
+        "simulator cache torch cannot allocate",
+        lambda: Simulator(SimulationConfig(block_size=4, num_gpu_blocks=2**45, device="cpu")),
+        InvalidKVCacheConfigError,
+        "cannot allocate a KV cache of 35184372088832 GPU + 0 CPU blocks "
+        "(36028797018963968 bytes at 1024 B/block) on cpu; "
+        "give fewer blocks or smaller memory budgets",
     ),
 ]
 
@@ -1296,6 +1463,7 @@ MESSAGES = [
     *SEQUENCE_MESSAGES,
     *MANAGER_MESSAGES,
     *SCHEDULER_MESSAGES,
+    *DRIVER_MESSAGES,
     *KV_MESSAGES,
     *ATTENTION_MESSAGES,
 ]

@@ -1,11 +1,16 @@
 """Simulator: presets run with every check on, runs are reproducible, the KV check
-catches corruption and a scheduler that loses copies. (Workload parsing:
-tests/test_workload.py.)"""
+catches corruption and a scheduler that loses copies, and every figure a run reports
+(report.Tally's summary and timeline) matches an independent recount from the per-step
+state. (Workload parsing: tests/test_workload.py; how the summary table and the JSON
+print the figures: tests/test_cli.py.)"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import statistics
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -13,9 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError
-from pagedkv.report import SimulationResult
+from pagedkv.manager import BlockSpaceManager
+from pagedkv.report import SimulationResult, Summary
 from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
-from pagedkv.simulator import SimulationConfig, Simulator
+from pagedkv.sequence import SequenceGroup, SequenceStatus
+from pagedkv.simulator import SimulationConfig, Simulator, StepObservation
 from pagedkv.workload import PRESETS, Preset, RequestSpec, generate, preset
 
 
@@ -218,3 +225,268 @@ def test_random_workloads_conserve_kv(
     named = [dataclasses.replace(r, request_id=f"r{i}") for i, r in enumerate(requests)]
     result = run(named, num_gpu, num_cpu, dtype=dtype, scheduler=SchedulerConfig(mode, lookahead))
     assert accounted(result) and result.summary.unfinished == 0
+
+
+# ---- reported figures, recomputed from the per-step state
+#
+# A run is observed step by step (Simulator.run's ``observe`` hook, after the forward
+# pass, and its ``progress`` hook, at the end of a step), and every figure of the
+# summary and the timeline is recomputed here from the manager's and scheduler's state
+# by a plain computation that shares nothing with report.Tally: used blocks are the
+# distinct ids in the running tables (not the free count), preemptions and swap-ins
+# are queue moves between steps (not SchedulerOutputs.preempted), blocks swapped out
+# the blocks the newly swapped groups hold, copy-on-writes the steps' copy pairs (not
+# the manager's counter), generated tokens the sequences' output lengths at the end,
+# request outcomes their final statuses, the scheduler's p99 torch.quantile's.
+
+
+class _RecordingScheduler(Scheduler):
+    """Keeps every request it is given (rejected ones never reach a queue the hooks see)."""
+
+    def __init__(self, manager: BlockSpaceManager, config: SchedulerConfig) -> None:
+        super().__init__(manager, config)
+        self.added: dict[str, SequenceGroup] = {}
+
+    def add_seq_group(self, seq_group: SequenceGroup) -> None:
+        super().add_seq_group(seq_group)
+        self.added[seq_group.request_id] = seq_group
+
+
+@dataclass
+class _Observed:
+    """What the hooks saw, one entry per step."""
+
+    clocks: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    usage: list[float] = field(default_factory=list)
+    empty: list[float] = field(default_factory=list)  # steps with a used block only
+    prefill_lens: list[tuple[str, int]] = field(default_factory=list)  # (request, tokens)
+    preempted_recompute: list[int] = field(default_factory=list)
+    preempted_swap: list[int] = field(default_factory=list)
+    swap_ins: int = 0
+    swapped_out: int = 0
+    swapped_in: int = 0
+    copies: int = 0
+    queues_after: list[tuple[int, int, int]] = field(default_factory=list)
+    done_after: list[int] = field(default_factory=list)
+
+
+def _queue_ids(sched: Scheduler) -> tuple[set[str], set[str], set[str]]:
+    """Request ids in waiting, running, swapped."""
+    waiting, running, swapped = (
+        {g.request_id for g in queue} for queue in (sched.waiting, sched.running, sched.swapped)
+    )
+    return waiting, running, swapped
+
+
+def observed_run(
+    requests: list[RequestSpec], config: SimulationConfig
+) -> tuple[SimulationResult, _Observed, _RecordingScheduler]:
+    sim = Simulator(config)
+    sched = _RecordingScheduler(sim.manager, config.scheduler)
+    sim.scheduler = sched
+    seen = _Observed()
+    before: list[tuple[set[str], set[str], set[str]]] = [(set(), set(), set())]
+
+    def observe(obs: StepObservation) -> None:
+        assert obs.step == len(seen.clocks)
+        seen.clocks.append(obs.clock)
+        seen.seconds.append(obs.schedule_seconds)
+        size, num_gpu = config.block_size, sim.num_gpu_blocks
+        fill: dict[int, int] = {}
+        for group in sched.running:
+            for seq in group.get_seqs(SequenceStatus.RUNNING):
+                computed = seq.get_num_computed_tokens()
+                for i, block in enumerate(sim.manager.get_block_table(seq)):
+                    in_block = min(size, max(0, computed - i * size))
+                    fill[block] = max(fill.get(block, 0), in_block)
+        seen.usage.append(len(fill) / num_gpu)
+        if fill:
+            seen.empty.append(1 - sum(fill.values()) / (len(fill) * size))
+        waiting, running, swapped = _queue_ids(sched)
+        _, was_running, was_swapped = before[0]
+        seen.preempted_recompute.append(len(was_running & waiting))
+        seen.preempted_swap.append(len(was_running & swapped))
+        for group in sched.swapped:  # swapped out this step: the CPU blocks they now hold
+            if group.request_id in was_running:
+                tables = [sim.manager.get_block_table(s) for s in group.get_seqs()]
+                seen.swapped_out += len({b for t in tables for b in t})
+        seen.swap_ins += len(was_swapped & running)
+        before[0] = (waiting, running, swapped)
+        out = obs.outputs
+        for scheduled in out.scheduled_seq_groups:
+            if scheduled.is_prefill:
+                first = scheduled.seq_group.get_seqs(SequenceStatus.RUNNING)[0]
+                seen.prefill_lens.append((scheduled.seq_group.request_id, first.get_len()))
+        seen.swapped_in += len(out.blocks_to_swap_in)
+        seen.copies += len(out.blocks_to_copy)
+
+    def progress(step: int, done: int, total: int) -> None:
+        assert (step, total) == (len(seen.clocks), len(requests))
+        waiting, running, swapped = _queue_ids(sched)
+        seen.queues_after.append((len(waiting), len(running), len(swapped)))
+        queued = waiting | running | swapped
+        seen.done_after.append(sum(rid not in queued for rid in sched.added))
+        assert done == seen.done_after[-1]
+
+    result = sim.run(requests, progress, observe)
+    return result, seen, sched
+
+
+def recomputed_summary(
+    requests: list[RequestSpec],
+    config: SimulationConfig,
+    seen: _Observed,
+    added: dict[str, SequenceGroup],
+) -> Summary:
+    """The summary the run should report, from the observations alone."""
+    outcome: dict[str, str] = {}
+    for rid, group in added.items():
+        statuses = {seq.status for seq in group.get_seqs()}
+        if SequenceStatus.FINISHED_IGNORED in statuses:
+            outcome[rid] = "rejected"
+        elif SequenceStatus.FINISHED_ABORTED in statuses:
+            outcome[rid] = "aborted"
+        elif all(SequenceStatus.is_finished(s) for s in statuses):
+            outcome[rid] = "finished"
+        else:
+            outcome[rid] = "unfinished"
+    outcomes = [
+        outcome.get(r.request_id, "unfinished") for r in requests
+    ]  # never added: unfinished
+    prompt_len = {r.request_id: r.prompt_len for r in requests}
+    first_prefill = {rid for rid, _ in seen.prefill_lens}
+    total_prefilled = sum(n for _, n in seen.prefill_lens)
+    prompt_tokens = sum(prompt_len[rid] for rid in first_prefill)
+    samples = sorted(seen.seconds)
+    p99 = (
+        float(
+            torch.quantile(torch.tensor(samples, dtype=torch.float64), 0.99, interpolation="higher")
+        )
+        if samples
+        else 0.0
+    )
+    return Summary(
+        requests=len(requests),
+        finished=outcomes.count("finished"),
+        rejected=outcomes.count("rejected"),
+        aborted=outcomes.count("aborted"),
+        unfinished=outcomes.count("unfinished"),
+        prompt_tokens=prompt_tokens,
+        generated_tokens=sum(s.get_output_len() for g in added.values() for s in g.get_seqs()),
+        recomputed_tokens=total_prefilled - prompt_tokens,
+        steps=len(seen.clocks),
+        preempted_recompute=sum(seen.preempted_recompute),
+        preempted_swap=sum(seen.preempted_swap),
+        swap_ins=seen.swap_ins,
+        blocks_swapped_out=seen.swapped_out,
+        blocks_swapped_in=seen.swapped_in,
+        cow_copies=seen.copies,
+        peak_kv_usage=max(seen.usage, default=0.0),
+        mean_kv_usage=statistics.fmean(seen.usage) if seen.usage else 0.0,
+        fragmentation=statistics.fmean(seen.empty) if seen.empty else 0.0,
+        sched_ms_mean=1e3 * statistics.fmean(samples) if samples else 0.0,
+        sched_ms_p99=1e3 * p99,
+        wall_s=0.0,  # compared separately: not recomputable
+        checked=config.check,
+    )
+
+
+def _config(preset_like: Preset, **changes: object) -> SimulationConfig:
+    base = SimulationConfig(
+        block_size=preset_like.block_size,
+        num_gpu_blocks=preset_like.num_gpu_blocks,
+        num_cpu_blocks=preset_like.num_cpu_blocks,
+        device="cpu",
+        check=False,  # the checks are the other tests' business; these read the state
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+# (name, requests, config): together they make every figure nonzero somewhere.
+_FIGURE_RUNS: list[tuple[str, list[RequestSpec], SimulationConfig]] = [
+    *(
+        (f"{name} seed {seed}", generate(preset(name), seed, 8), _config(preset(name)))
+        for name, seed in (
+            ("chat", 1),
+            ("long-context", 2),
+            ("parallel-sampling", 3),
+            ("overload", 4),
+        )
+    ),
+    (
+        "overload, 48 GPU blocks",
+        generate(preset("overload"), 5, 12),
+        _config(preset("overload"), num_gpu_blocks=48),
+    ),
+    (
+        "pressure, lookahead",
+        generate(_PRESSURE, 3),
+        _config(_PRESSURE, scheduler=SchedulerConfig(num_lookahead_slots=1)),
+    ),
+    (
+        "pressure, swap mode",
+        generate(_PRESSURE, 4),
+        _config(_PRESSURE, scheduler=SchedulerConfig("swap")),
+    ),
+    (
+        "pressure, recompute mode, token budget",
+        generate(_PRESSURE, 5),
+        _config(_PRESSURE, scheduler=SchedulerConfig("recompute", max_num_batched_tokens=48)),
+    ),
+    (
+        "short swap space: aborts",
+        generate(_PRESSURE, 3),
+        _config(_PRESSURE, block_size=4, num_gpu_blocks=24, num_cpu_blocks=16),
+    ),
+    (
+        "a prompt that never fits, an idle gap",
+        [
+            RequestSpec("big", 0.0, 500, 4),
+            RequestSpec("ok", 0.0, 8, 4),
+            RequestSpec("late", 50.5, 6, 3),
+        ],
+        _config(_PRESSURE, block_size=4, num_gpu_blocks=8, num_cpu_blocks=0, check=True),
+    ),
+    (
+        "cut by max_steps, one request not yet arrived",
+        [*generate(_PRESSURE, 6), RequestSpec("later", 1e6, 4, 2)],
+        _config(_PRESSURE, max_steps=25),
+    ),
+    (
+        "the peak in the first step",
+        [RequestSpec("whole-cache", 0.0, 40, 1), RequestSpec("small", 3.0, 4, 3)],
+        _config(_PRESSURE, block_size=4, num_gpu_blocks=10, num_cpu_blocks=0),
+    ),
+]
+
+
+@functools.cache
+def _figure_run(index: int) -> tuple[SimulationResult, _Observed, _RecordingScheduler]:
+    _, requests, config = _FIGURE_RUNS[index]
+    return observed_run(requests, config)
+
+
+@pytest.mark.parametrize("index", range(len(_FIGURE_RUNS)), ids=[r[0] for r in _FIGURE_RUNS])
+def test_every_reported_figure_matches_an_independent_recount(index: int) -> None:
+    _, requests, config = _FIGURE_RUNS[index]
+    result, seen, sched = _figure_run(index)
+    want = dataclasses.asdict(recomputed_summary(requests, config, seen, sched.added))
+    got = dataclasses.asdict(result.summary)
+    assert got["wall_s"] >= sum(seen.seconds)
+    got["wall_s"] = 0.0
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+    line = result.timeline
+    assert line.step == seen.clocks and line.kv_usage == pytest.approx(seen.usage, abs=1e-12)
+    assert line.preempted_recompute == seen.preempted_recompute
+    assert line.preempted_swap == seen.preempted_swap
+    assert list(zip(line.waiting, line.running, line.swapped, strict=True)) == seen.queues_after
+
+
+def test_the_recount_runs_reach_every_figure() -> None:
+    """Each figure is nonzero in some run above, so no comparison is of zeros only."""
+    nonzero: set[str] = set()
+    for index in range(len(_FIGURE_RUNS)):
+        result, _, _ = _figure_run(index)
+        nonzero |= {k for k, v in dataclasses.asdict(result.summary).items() if v}
+    assert nonzero == {f.name for f in dataclasses.fields(Summary)}

@@ -1,25 +1,351 @@
-"""Unit tests for pagedkv.workload: presets and trace parsing (the command line's view of
-bad traces is in tests/test_cli.py)."""
+"""Unit tests for pagedkv.workload: the presets' random process (arrivals, lengths, n)
+checked statistically, seeds, preset validation, and trace parsing, table-driven
+(the command line's view of bad traces is in tests/test_cli.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import itertools
+import json
+import math
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from helpers import raised
 from pagedkv.errors import WorkloadError
-from pagedkv.workload import RequestSpec, parse_trace, preset
+from pagedkv.workload import (
+    PRESETS,
+    Preset,
+    RequestSpec,
+    generate,
+    load_trace,
+    parse_trace,
+    preset,
+)
+
+# ---- the arrival process
+#
+# A preset's arrivals are a Poisson process of ``rate`` per step: the gaps between
+# consecutive arrivals are exponential with mean 1 / rate and variance 1 / rate**2
+# (coefficient of variation 1), independent of each other. Each test below draws
+# N gaps with fixed seeds (so it cannot flake) and allows Z standard errors of the
+# statistic at that N, plus the 0.001-step rounding of arrival times.
+
+N = 20_000
+Z = 5.0
+ROUNDING = 1e-3  # arrival times are rounded to 3 decimals
 
 
-def test_trace_parsing_names_the_line() -> None:
-    lines = ['{"arrival_time": 2, "prompt_len": 3, "output_len": 1}', "", "# comment"]
-    lines.append(
-        '{"arrival_time": 0.5, "prompt_len": 4, "output_len": 2, "n": 2, "request_id": "q"}'
+def _preset(rate: float, **changes: object) -> Preset:
+    fields: dict[str, object] = {
+        "name": "t",
+        "description": "",
+        "num_requests": N + 1,
+        "rate": rate,
+        "prompt_len": (1, 1),
+        "output_len": (1, 1),
+        "n_weights": ((1, 1.0),),
+        "block_size": 1,
+        "num_gpu_blocks": 1,
+        "num_cpu_blocks": 0,
+    }
+    return Preset(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+@functools.cache
+def _gaps(rate: float, seed: int) -> list[float]:
+    times = [r.arrival_time for r in generate(_preset(rate), seed)]
+    assert times[0] == 0.0 and times == sorted(times)
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+RATES = [0.08, 0.6, 1.5, 25.0]  # the presets' range and a fast one
+
+
+@pytest.mark.parametrize("rate", RATES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gaps_have_the_exponential_mean(rate: float, seed: int) -> None:
+    mean = 1 / rate
+    got = statistics.fmean(_gaps(rate, seed))
+    assert abs(got - mean) <= Z * mean / math.sqrt(N) + ROUNDING
+
+
+@pytest.mark.parametrize("rate", RATES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gaps_have_the_exponential_spread(rate: float, seed: int) -> None:
+    """Variance 1/rate**2 (the sample variance of exponentials has standard error
+    sqrt(8/N)/rate**2: fourth central moment 9/rate**4) and coefficient of variation 1."""
+    gaps = _gaps(rate, seed)
+    variance = statistics.variance(gaps)
+    slack = ROUNDING * 4 / rate  # rounding moves each gap by < 2e-3, its square by less
+    assert abs(variance - rate**-2) <= Z * math.sqrt(8 / N) / rate**2 + slack
+    cv = statistics.stdev(gaps) / statistics.fmean(gaps)
+    assert abs(cv - 1) <= Z * 1.0 / math.sqrt(N) + ROUNDING * rate  # CV's SE ~ 1/sqrt(N)
+
+
+@pytest.mark.parametrize("rate", [0.6, 1.5])
+def test_gaps_follow_the_exponential_distribution(rate: float) -> None:
+    """Kolmogorov-Smirnov distance to Exp(rate) below the 0.001 critical value
+    (1.95 / sqrt(N)), and consecutive gaps uncorrelated (|r| < Z / sqrt(N))."""
+    gaps = sorted(_gaps(rate, 2))  # (a sorted copy: _gaps is cached)
+    distance = max(
+        max(abs((i + 1) / N - cdf), abs(cdf - i / N))
+        for i, gap in enumerate(gaps)
+        for cdf in (1 - math.exp(-rate * gap),)
     )
-    parsed = parse_trace(lines, "t.jsonl")
-    assert [r.request_id for r in parsed] == ["q", "r0"] and parsed[0].n == 2
-    with pytest.raises(WorkloadError) as info:
-        parse_trace(["", '{"arrival_time": 0, "prompt_len": 3}'], "t.jsonl")
-    err = info.value
-    assert (err.source, err.line) == ("t.jsonl", 2) and "'output_len'" in err.detail
-    with pytest.raises(WorkloadError, match="unknown preset"):
-        preset("nope")
+    assert distance <= 1.95 / math.sqrt(N) + ROUNDING * rate
+    ordered = _gaps(rate, 2)
+    r = statistics.correlation(ordered[:-1], ordered[1:])
+    assert abs(r) <= Z / math.sqrt(N)
+
+
+def test_arrivals_are_rounded_to_a_thousandth_of_a_step() -> None:
+    times = [r.arrival_time for r in generate(_preset(0.6), 3, 200)]
+    assert all(t == round(t, 3) for t in times)
+
+
+# ---- lengths and n
+
+
+def test_lengths_are_uniform_over_the_inclusive_ranges() -> None:
+    spec = _preset(1.0, prompt_len=(16, 192), output_len=(1, 4))
+    requests = generate(spec, 4)
+    for key, (low, high) in (("prompt_len", spec.prompt_len), ("output_len", spec.output_len)):
+        values = [getattr(r, key) for r in requests]
+        assert min(values) == low and max(values) == high  # both ends drawn
+        mean, sd = (low + high) / 2, math.sqrt(((high - low + 1) ** 2 - 1) / 12)
+        assert abs(statistics.fmean(values) - mean) <= Z * sd / math.sqrt(len(values))
+    counts = Counter(r.output_len for r in requests)
+    for value in range(1, 5):  # each of 4 values with probability 1/4
+        assert abs(counts[value] / len(requests) - 0.25) <= Z * math.sqrt(0.25 * 0.75 / N)
+
+
+def test_n_follows_the_weights() -> None:
+    weights = ((1, 0.7), (2, 0.2), (4, 0.1))
+    requests = generate(_preset(1.0, n_weights=weights), 5)
+    counts = Counter(r.n for r in requests)
+    assert set(counts) == {1, 2, 4}
+    for n, p in weights:
+        assert abs(counts[n] / len(requests) - p) <= Z * math.sqrt(p * (1 - p) / len(requests))
+
+
+# ---- seeds
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_a_seed_reproduces_its_workload_and_seeds_differ(name: str) -> None:
+    spec = preset(name)
+    first = generate(spec, 11)
+    assert generate(spec, 11) == first and len(first) == spec.num_requests
+    assert [r.request_id for r in first] == [f"r{i}" for i in range(spec.num_requests)]
+    others = [generate(spec, seed) for seed in (12, 13)]
+    for other in others:
+        assert [r.arrival_time for r in other] != [r.arrival_time for r in first]
+        assert [r.prompt_len for r in other] != [r.prompt_len for r in first]
+    assert generate(spec, 11, 5) == first[:5]  # a shorter run is a prefix
+
+
+def test_num_requests_and_preset_names_are_checked() -> None:
+    err = raised(WorkloadError, generate, preset("chat"), 0, 0)
+    assert err.source == "--num-requests"
+    assert raised(WorkloadError, preset, "nope").source == "--preset"
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        ({"rate": 0.0}, "rate must be a finite number > 0"),
+        ({"rate": -1.0}, "rate must be"),
+        ({"rate": math.inf}, "rate must be"),
+        ({"rate": math.nan}, "rate must be"),
+        ({"prompt_len": (0, 4)}, "prompt_len must be a range"),
+        ({"output_len": (5, 4)}, "output_len must be a range"),
+        ({"n_weights": ()}, "n_weights must be"),
+        ({"n_weights": ((0, 1.0),)}, "n_weights must be"),
+        ({"n_weights": ((1, 0.0),)}, "n_weights must be"),
+    ],
+)
+def test_a_preset_that_cannot_be_sampled_is_rejected(
+    changes: dict[str, Any], fragment: str
+) -> None:
+    err = raised(WorkloadError, lambda: dataclasses.replace(_preset(1.0), **changes))
+    assert err.source == "preset 't'" and fragment in err.detail
+
+
+# ---- trace parsing: what is accepted
+
+LINE = '{"arrival_time": 1, "prompt_len": 3, "output_len": 2}'
+
+
+def _req(
+    rid: str, arrival: float = 1.0, prompt: int = 3, output: int = 2, n: int = 1
+) -> RequestSpec:
+    return RequestSpec(rid, arrival, prompt, output, n)
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        ([LINE], [_req("r0")]),
+        (["", "   ", "# a comment", "  # indented", LINE, ""], [_req("r0")]),
+        (["\ufeff" + LINE], [_req("r0")]),  # a byte-order mark on the first line
+        (["\ufeff# commented BOM line", LINE], [_req("r0")]),
+        ([LINE + "\r\n", "\t" + LINE + "  "], [_req("r0"), _req("r1")]),
+        # optional keys left out first, in the middle, last; defaults count requests only
+        (
+            [
+                LINE,
+                "# skipped lines do not count",
+                '{"arrival_time": 1, "prompt_len": 3, "output_len": 2, "n": 3, "request_id": "x"}',
+                LINE,
+            ],
+            [_req("r0"), _req("x", n=3), _req("r2")],
+        ),
+        (
+            ['{"request_id": "a", "n": 2, "output_len": 2, "prompt_len": 3, "arrival_time": 1}'],
+            [_req("a", n=2)],  # any key order
+        ),
+        # sorted by arrival time; ties keep file order
+        (
+            [
+                '{"arrival_time": 2.5, "prompt_len": 3, "output_len": 2}',
+                '{"arrival_time": 0, "prompt_len": 3, "output_len": 2}',
+                '{"arrival_time": 2.5, "prompt_len": 3, "output_len": 2}',
+            ],
+            [_req("r1", 0.0), _req("r0", 2.5), _req("r2", 2.5)],
+        ),
+        # the bounds themselves
+        (
+            [
+                '{"arrival_time": 9007199254740992, "prompt_len": 16777216, '
+                '"output_len": 16777216, "n": 1024}'
+            ],
+            [_req("r0", 2.0**53, 2**24, 2**24, 1024)],
+        ),
+        (['{"arrival_time": 0.0, "prompt_len": 1, "output_len": 1}'], [_req("r0", 0.0, 1, 1)]),
+        (['{"arrival_time": 1e-3, "prompt_len": 1, "output_len": 1}'], [_req("r0", 0.001, 1, 1)]),
+        (['{"arrival_time": 1, "prompt_len": 3, "output_len": 2, "request_id": " "}'], [_req(" ")]),
+    ],
+)
+def test_trace_lines_accepted(lines: list[str], expected: list[RequestSpec]) -> None:
+    assert parse_trace(lines) == expected
+
+
+def test_to_json_lines_parse_back() -> None:
+    requests = generate(preset("parallel-sampling"), 1, 20)
+    assert parse_trace([r.to_json() for r in requests]) == requests
+
+
+def test_load_trace_reads_a_file_with_a_byte_order_mark(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text("\ufeff# header\n" + LINE + "\n", encoding="utf-8")
+    assert load_trace(path) == [_req("r0")]
+
+
+# ---- trace parsing: what is rejected, with the line
+
+
+def _with(**values: object) -> str:
+    """LINE with ``values`` changed (``...``: the key left out)."""
+    obj: dict[str, object] = {"arrival_time": 1, "prompt_len": 3, "output_len": 2}
+    obj.update(values)
+    return json.dumps({k: v for k, v in obj.items() if v is not ...})
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+HUGE = "9" * 5000  # over Python's 4300-digit limit for int parsing
+
+
+@pytest.mark.parametrize(
+    ("bad", "fragment"),
+    [
+        # not one JSON object
+        ("{not json", "not valid JSON (Expecting property name"),
+        (LINE + " " + LINE, "not valid JSON (Extra data)"),
+        (LINE[:-1], "not valid JSON"),
+        ("[1, 2]", "expected a JSON object {...}, got [1, 2]"),
+        ('"text"', "expected a JSON object {...}, got 'text'"),
+        ("3", "expected a JSON object {...}, got 3"),
+        ("null", "expected a JSON object {...}, got None"),
+        ("\ufeff" + LINE, "Unexpected UTF-8 BOM"),  # a BOM after the first line
+        (DEEP, "not valid JSON (nested too deeply)"),
+        ('{"arrival_time": 1, "prompt_len": 3, "output_len": 2, "x": ' + DEEP + "}", "nested too"),
+        (
+            '{"arrival_time": 1, "prompt_len": ' + HUGE + ', "output_len": 2}',
+            "a number is too long",
+        ),
+        # keys
+        (_with(x=1), "unknown key(s) ['x']"),
+        (_with(Prompt_Len=3), "unknown key(s) ['Prompt_Len']"),  # keys are case-sensitive
+        ('{"arrival_time": 1, "prompt_len": 3, "prompt_len": 4, "output_len": 2}', "given twice"),
+        (_with(arrival_time=...), "missing 'arrival_time'"),
+        (_with(prompt_len=...), "missing 'prompt_len'"),
+        (_with(output_len=...), "missing 'output_len'"),
+        ("{}", "missing 'arrival_time'"),
+        # arrival_time
+        (_with(arrival_time=-1), "arrival_time must be a number in 0..2**53 (steps), got -1"),
+        (_with(arrival_time=-0.001), "arrival_time must be a number in 0..2**53"),
+        (_with(arrival_time=2**53 + 1), "got 9007199254740993"),
+        (_with(arrival_time=float("nan")), "got nan"),
+        (_with(arrival_time=float("inf")), "got inf"),
+        (_with(arrival_time="0"), "got '0'"),
+        (_with(arrival_time=True), "got True"),
+        (_with(arrival_time=None), "got None"),  # null is a wrong type, not a missing key
+        (_with(arrival_time=[1]), "got [1]"),
+        ('{"arrival_time": 1e400, "prompt_len": 3, "output_len": 2}', "got inf"),
+        ('{"arrival_time": ' + "9" * 400 + ', "prompt_len": 3, "output_len": 2}', "got 999"),
+        # the ints
+        (_with(prompt_len=0), "prompt_len must be an int in 1..2**24, got 0"),
+        (_with(prompt_len=-3), "prompt_len must be an int in 1..2**24, got -3"),
+        (_with(prompt_len=2**24 + 1), "got 16777217"),
+        (_with(prompt_len=10**30), "got 1000000000000000000000000000000"),
+        (_with(prompt_len=2.0), "prompt_len must be an int in 1..2**24, got 2.0"),
+        (_with(prompt_len=2.5), "got 2.5"),
+        (_with(prompt_len="3"), "got '3'"),
+        (_with(prompt_len=True), "got True"),
+        (_with(prompt_len=None), "got None"),
+        (_with(prompt_len={"a": 1}), "got {'a': 1}"),
+        (_with(output_len=0), "output_len must be an int in 1..2**24, got 0"),
+        (_with(output_len=False), "output_len must be an int in 1..2**24, got False"),
+        (_with(output_len=1e3), "got 1000.0"),
+        (_with(n=0), "n must be an int in 1..1024, got 0"),
+        (_with(n=1025), "n must be an int in 1..1024, got 1025"),
+        (_with(n=None), "n must be an int in 1..1024, got None"),
+        (_with(n=1.0), "got 1.0"),
+        (_with(prompt_len="x" * 1000), "got 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx..."),  # cut
+        # request_id
+        (_with(request_id=""), "request_id must be a non-empty string, got ''"),
+        (_with(request_id=7), "request_id must be a non-empty string, got 7"),
+        (_with(request_id=None), "got None"),
+        (_with(request_id="r0"), "duplicate request_id 'r0', also on line 1"),
+    ],
+)
+def test_trace_lines_rejected_with_the_line(bad: str, fragment: str) -> None:
+    """The bad line is line 3, after a good line and a comment."""
+    err = raised(WorkloadError, parse_trace, [LINE, "# ok so far", bad], "t.jsonl")
+    assert (err.source, err.line) == ("t.jsonl", 3) and fragment in err.detail, err.detail
+    assert isinstance(err, ValueError)
+
+
+def test_a_default_id_taken_by_an_earlier_line() -> None:
+    lines = [_with(request_id="r1"), LINE]  # the second line's default id is r1
+    err = raised(WorkloadError, parse_trace, lines, "t.jsonl")
+    assert err.line == 2 and "'r1' (the default id of this line), also on line 1" in err.detail
+
+
+def test_an_empty_or_unreadable_trace(tmp_path: Path) -> None:
+    assert raised(WorkloadError, parse_trace, ["", "# only comments"]).line is None
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert "not UTF-8" in raised(WorkloadError, load_trace, binary).detail
+    missing = raised(WorkloadError, load_trace, tmp_path / "missing.jsonl")
+    assert "cannot read the trace" in missing.detail
+
+
+def test_request_spec_to_json() -> None:
     assert RequestSpec("a", 1.0, 2, 3).to_json().startswith('{"request_id": "a"')

@@ -12,6 +12,7 @@ exits 2. A failed invariant or KV check (a pagedkv bug) exits 1.
 from __future__ import annotations
 
 import argparse
+import decimal
 import re
 import sys
 import time
@@ -21,7 +22,7 @@ from typing import NoReturn, TextIO
 import torch
 
 from pagedkv import report, workload
-from pagedkv.errors import InvariantViolationError, PagedKVError
+from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError, PagedKVError
 from pagedkv.scheduler import SchedulerConfig
 from pagedkv.simulator import SimulationConfig, Simulator
 
@@ -29,7 +30,11 @@ __all__ = ["build_parser", "main", "parse_size"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3}
-_UNITS |= {"gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_UNITS |= {"gb": 1000**3, "t": 1000**4, "tb": 1000**4}
+_UNITS |= {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_SIZE = re.compile(r"\s*(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?P<unit>[A-Za-z]*)\s*")
+_MAX_SIZE = 2**63 - 1
+_MAX_SIZE_DIGITS = len(str(_MAX_SIZE))  # longer whole parts are too large in any unit
 _TRACE_DEFAULTS = {"block_size": 16, "num_gpu_blocks": 256, "num_cpu_blocks": 64}
 
 
@@ -43,12 +48,48 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_size(text: str) -> int:
-    """Bytes from ``"4096"``, ``"64MiB"``, ``"1.5GB"`` (k/M/G: 1000s; KiB/MiB/GiB: 1024s)."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"expected a size like 4096, 64MiB or 1.5GB, got {text!r}")
-    return int(float(match.group(1)) * _UNITS[unit])
+    """Bytes from a size: a number >= 0 (``4096``, ``1.5``, ``.5``) and an optional unit.
+
+    Units, case-insensitive: ``B``; ``k``/``kB``, ``M``/``MB``, ``G``/``GB``,
+    ``T``/``TB`` (powers of 1000); ``KiB``, ``MiB``, ``GiB``, ``TiB`` (powers of
+    1024). Whitespace around and between number and unit is allowed. Decimal
+    arithmetic is exact (``"2.01kB"`` is 2010); a fraction of a byte is dropped.
+    At most ``2**63 - 1`` bytes (torch's size limit). InvalidKVCacheConfigError (a
+    ValueError) otherwise. Complexity: O(len(text)).
+    """
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise InvalidKVCacheConfigError(
+            f"expected a size like 4096, 64MiB or 1.5GB (a number >= 0 and an optional unit), "
+            f"got {text!r}"
+        )
+    number, unit = match["number"], match["unit"]
+    if unit.lower() not in _UNITS:
+        raise InvalidKVCacheConfigError(
+            f"unknown size unit {unit!r} in {text!r}; use B, kB, MB, GB, TB (powers of 1000) "
+            "or KiB, MiB, GiB, TiB (powers of 1024)"
+        )
+    too_large = InvalidKVCacheConfigError(
+        f"size {text!r} is too large: at most {_MAX_SIZE} bytes (2**63 - 1)"
+    )
+    if len(number.partition(".")[0].lstrip("0")) > _MAX_SIZE_DIGITS:
+        raise too_large  # too large in any unit; checked first to keep the product small
+    # NOTE: decimal.Decimal, not float: floats round 2.01 * 1000 down to 2009. The
+    # precision holds the exact product (a unit has at most 13 digits).
+    with decimal.localcontext() as ctx:
+        ctx.prec = len(number) + 16
+        size = int(decimal.Decimal(number) * _UNITS[unit.lower()])
+    if size > _MAX_SIZE:
+        raise too_large
+    return size
+
+
+def _size(text: str) -> int:
+    """:func:`parse_size` for argparse (its message after ``argument --gpu-memory:``)."""
+    try:
+        return parse_size(text)
+    except InvalidKVCacheConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _int_at_least(low: int) -> Callable[[str], int]:
@@ -94,10 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--block-size", type=_int_at_least(1), help="tokens per block")
     gpu = sim.add_mutually_exclusive_group()
     gpu.add_argument("--gpu-blocks", type=_int_at_least(1), help="GPU KV blocks")
-    gpu.add_argument("--gpu-memory", type=parse_size, help="GPU KV bytes, e.g. 64MiB")
+    gpu.add_argument("--gpu-memory", type=_size, help="GPU KV bytes, e.g. 64MiB")
     cpu = sim.add_mutually_exclusive_group()
     cpu.add_argument("--cpu-blocks", type=_int_at_least(0), help="CPU swap blocks")
-    cpu.add_argument("--cpu-memory", type=parse_size, help="CPU swap bytes, e.g. 16MiB")
+    cpu.add_argument("--cpu-memory", type=_size, help="CPU swap bytes, e.g. 16MiB")
     sim.add_argument("--num-layers", type=_int_at_least(1), default=2)
     sim.add_argument("--num-kv-heads", type=_int_at_least(1), default=2)
     sim.add_argument("--head-size", type=_int_at_least(1), default=8)

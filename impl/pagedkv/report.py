@@ -8,7 +8,9 @@ Definitions of the figures (fields of :class:`Summary`):
     fragmentation   token slots of used GPU blocks that hold no computed token /
                     slots of used GPU blocks, per step, averaged over steps with
                     a used block (partial last blocks and lookahead slots)
-    scheduler time  wall time of ``Scheduler.schedule()`` per step (mean, p99)
+    scheduler time  wall time of ``Scheduler.schedule()`` per step: mean, and p99 =
+                    the sample at rank ceil(0.99 (steps - 1)) in sorted order
+                    (numpy's and torch's ``higher`` quantile)
     recomputed      tokens prefilled again after preemption by recompute
 """
 

@@ -41,13 +41,35 @@ from pagedkv.workload import RequestSpec
 from pagedkv_spec.device import Device
 from pagedkv_spec.table import slot_fill
 
-__all__ = ["SimulationConfig", "Simulator"]
+__all__ = ["ObserveFn", "SimulationConfig", "Simulator", "StepObservation"]
 
 _RUNNING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 _VOCAB = 32_000
 _MASK = (1 << 64) - 1
+_MAX_TENSOR_BYTES = 2**63 - 1  # torch sizes are int64; larger shapes overflow, not fail cleanly
 #: Called after every step with (step, requests done, requests total).
 ProgressFn = Callable[[int, int, int], None]
+
+
+@dataclass(frozen=True)
+class StepObservation:
+    """One step as :meth:`Simulator.run` hands it to an ``observe`` callback.
+
+    The callback runs after the step's forward pass, before its tokens are
+    sampled: the state the KV usage and fragmentation figures are read from
+    (the step's KV written, finished sequences of earlier steps freed). It may
+    read the simulator's ``manager``, ``scheduler`` and ``engine``, not change them.
+    """
+
+    step: int  # index among executed steps, from 0
+    clock: int  # the step's time in steps (``Timeline.step``); jumps over idle gaps
+    outputs: SchedulerOutputs  # what ``schedule()`` returned this step
+    schedule_seconds: float  # wall time of that ``schedule()`` call (the scheduler figures)
+
+
+#: Called once per step with the step's :class:`StepObservation` (tests recompute
+#: the reported figures from it independently).
+ObserveFn = Callable[[StepObservation], None]
 
 
 @dataclass(frozen=True)
@@ -106,16 +128,22 @@ class Simulator:
         cpu = c.cpu_memory if c.num_cpu_blocks is None else c.num_cpu_blocks * per_block
         if cpu is not None and cpu < 0:
             raise InvalidKVCacheConfigError(f"the CPU cache size must be >= 0, got {cpu}")
-        self.engine = KVCacheEngine.from_memory_budget(
-            gpu or 0,
-            cpu or 0,
-            num_layers=c.num_layers,
-            num_kv_heads=c.num_kv_heads,
-            head_size=c.head_size,
-            block_size=c.block_size,
-            dtype=dtype,
-            device=c.device,
-        )
+        num_gpu, num_cpu = (gpu or 0) // per_block, (cpu or 0) // per_block
+        if (num_gpu + num_cpu) * per_block > _MAX_TENSOR_BYTES:
+            raise _too_big(num_gpu, num_cpu, per_block, c.device)
+        try:
+            self.engine = KVCacheEngine.from_memory_budget(
+                gpu or 0,
+                cpu or 0,
+                num_layers=c.num_layers,
+                num_kv_heads=c.num_kv_heads,
+                head_size=c.head_size,
+                block_size=c.block_size,
+                dtype=dtype,
+                device=c.device,
+            )
+        except RuntimeError as err:  # torch could not allocate (torch.OutOfMemoryError on CUDA)
+            raise _too_big(num_gpu, num_cpu, per_block, c.device) from err
         cfg = self.engine.config
         self.num_gpu_blocks, self.num_cpu_blocks = cfg.num_gpu_blocks, cfg.num_cpu_blocks
         self.manager = BlockSpaceManager(
@@ -130,9 +158,15 @@ class Simulator:
     # ------------------------------------------------------------------ the run
 
     def run(
-        self, requests: list[RequestSpec], progress: ProgressFn | None = None
+        self,
+        requests: list[RequestSpec],
+        progress: ProgressFn | None = None,
+        observe: ObserveFn | None = None,
     ) -> SimulationResult:
         """Serve ``requests`` (sorted by arrival) until all are done or ``max_steps``.
+
+        ``progress`` is called at the end of every step, ``observe`` after every
+        step's forward pass (:class:`StepObservation`).
 
         Complexity: per step O(scheduled tokens + live blocks), plus O(live
         tokens) tensor work for the KV check when checking is on.
@@ -147,11 +181,14 @@ class Simulator:
                 self._add(pending.popleft())
             t0 = time.perf_counter()
             out = sched.schedule()
-            tally.plan(out, time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            tally.plan(out, seconds)
             self._forward(out)
             used = self.num_gpu_blocks - self.manager.get_num_free_gpu_blocks()
             empty = 1.0 - self._filled_slots() / (used * self.config.block_size) if used else None
             tally.usage(used / self.num_gpu_blocks, empty)
+            if observe is not None:
+                observe(StepObservation(tally.steps - 1, clock, out, seconds))
             tally.summary.generated_tokens += self._sample(out)
             tally.summary.finished += len(sched.free_finished_seq_groups())
             if self.config.check:
@@ -306,6 +343,16 @@ class Simulator:
                     f"{tier.name} cache lost the KV of request {group.request_id!r} sequence "
                     f"{seq.seq_id} position {int(pos[bad])} (block {int(blocks[bad])})",
                 )
+
+
+def _too_big(
+    num_gpu: int, num_cpu: int, per_block: int, device: str | None
+) -> InvalidKVCacheConfigError:
+    return InvalidKVCacheConfigError(
+        f"cannot allocate a KV cache of {num_gpu} GPU + {num_cpu} CPU blocks "
+        f"({(num_gpu + num_cpu) * per_block} bytes at {per_block} B/block) on "
+        f"{device or 'the default device'}; give fewer blocks or smaller memory budgets"
+    )
 
 
 def _cuda(device: str | None) -> bool:

@@ -6,14 +6,20 @@ their order). Time is counted in *scheduler steps*: a request with
 ``s >= t`` (steps are numbered from 0; an idle simulator skips ahead to the
 next arrival).
 
-Trace format: one JSON object per line; blank lines and lines starting with
-``#`` are skipped. Keys:
-    arrival_time  number >= 0, in steps (see above)
-    prompt_len    int >= 1, prompt tokens
-    output_len    int >= 1, tokens each sequence generates before it finishes
-    n             int >= 1, optional (default 1): parallel samples sharing the prompt
-    request_id    string, optional (default ``"r<index>"``, index in file order); unique
-Any other key, a wrong type or a duplicate id is an error naming the line.
+Trace format: UTF-8 text (a byte-order mark is allowed), one JSON object per
+line; blank lines and lines starting with ``#`` (after spaces) are skipped. Keys:
+    arrival_time  number in 0..2**53 (an int or a finite float), in steps (see above)
+    prompt_len    int in 1..2**24, prompt tokens
+    output_len    int in 1..2**24, tokens each sequence generates before it finishes
+    n             int in 1..1024, optional (default 1): parallel samples sharing the prompt
+    request_id    non-empty string, optional (default ``"r<index>"``, index among the
+                  trace's requests in file order); unique
+"Int" means a JSON integer: ``2.0``, ``"2"`` and ``true`` are not ints; ``null`` is a
+wrong type, not a missing key. Any other key, a key given twice, a wrong type, a
+value out of range, a duplicate id or a line that is not one JSON object is an
+error (WorkloadError) naming the line. The bounds keep a trace from asking for
+more than the simulator can hold: it builds every prompt in memory and forks
+``n`` sequences, and arrival times beyond 2**53 are not exact floats.
 
 Presets (:data:`PRESETS`) also carry the cache size they are meant for, so
 ``pagedkv simulate --preset NAME`` is illustrative without more flags.
@@ -24,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +83,22 @@ class Preset:
     block_size: int
     num_gpu_blocks: int
     num_cpu_blocks: int
+
+    def __post_init__(self) -> None:
+        where = f"preset {self.name!r}"
+        if not (isinstance(self.rate, (int, float)) and 0 < self.rate < math.inf):
+            raise WorkloadError(where, f"rate must be a finite number > 0, got {self.rate!r}")
+        for key in ("prompt_len", "output_len"):
+            low, high = getattr(self, key)
+            if not 1 <= low <= high:
+                raise WorkloadError(
+                    where,
+                    f"{key} must be a range (low, high) with 1 <= low <= high, got {(low, high)!r}",
+                )
+        if not self.n_weights or any(n < 1 or not w > 0 for n, w in self.n_weights):
+            raise WorkloadError(
+                where, f"n_weights must be (n >= 1, weight > 0) pairs, got {self.n_weights!r}"
+            )
 
 
 PRESETS: dict[str, Preset] = {
@@ -142,6 +165,9 @@ def generate(spec: Preset, seed: int, num_requests: int | None = None) -> list[R
 
 
 _KEYS = {"arrival_time", "prompt_len", "output_len", "n", "request_id"}
+MAX_ARRIVAL_TIME = 2**53  # floats hold every int up to here
+MAX_TOKENS = 2**24  # prompt_len, output_len
+MAX_N = 1024
 
 
 def parse_trace(lines: Iterable[str], source: str = "<trace>") -> list[RequestSpec]:
@@ -150,57 +176,102 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> list[RequestSp
     Complexity: O(total length) plus a sort by arrival time.
     """
     requests: list[RequestSpec] = []
-    seen: set[str] = set()
+    first_line: dict[str, int] = {}  # request id -> the line that has it
     for number, raw in enumerate(lines, start=1):
-        text = raw.strip()
+        text = raw.strip().removeprefix("\ufeff") if number == 1 else raw.strip()
         if not text or text.startswith("#"):
             continue
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise WorkloadError(source, f"not valid JSON ({err.msg})", number) from None
-        if not isinstance(obj, dict):
-            raise WorkloadError(source, "expected a JSON object {...}", number)
+        obj = _json_object(text, source, number)
         unknown = sorted(set(obj) - _KEYS)
         if unknown:
             raise WorkloadError(
-                source, f"unknown key(s) {unknown}; allowed: {sorted(_KEYS)}", number
+                source, f"unknown key(s) {_show(unknown)}; allowed: {sorted(_KEYS)}", number
             )
-        rid = obj.get("request_id", f"r{len(requests)}")
+        default = f"r{len(requests)}"
+        rid = obj.get("request_id", default)
         if not isinstance(rid, str) or not rid:
             raise WorkloadError(
-                source, f"request_id must be a non-empty string, got {rid!r}", number
+                source, f"request_id must be a non-empty string, got {_show(rid)}", number
             )
-        if rid in seen:
-            raise WorkloadError(source, f"duplicate request_id {rid!r}", number)
-        seen.add(rid)
-        arrival = obj.get("arrival_time")
-        if isinstance(arrival, bool) or not isinstance(arrival, (int, float)):
-            raise WorkloadError(source, f"arrival_time must be a number, got {arrival!r}", number)
-        if not math.isfinite(arrival) or arrival < 0:
-            raise WorkloadError(source, f"arrival_time must be >= 0, got {arrival!r}", number)
-        ints = [_positive(obj, key, source, number) for key in ("prompt_len", "output_len")]
-        n = _positive(obj, "n", source, number) if "n" in obj else 1
-        requests.append(RequestSpec(rid, float(arrival), ints[0], ints[1], n))
+        if rid in first_line:
+            given = "" if "request_id" in obj else " (the default id of this line)"
+            raise WorkloadError(
+                source,
+                f"duplicate request_id {rid!r}{given}, also on line {first_line[rid]}; "
+                "give each request its own id",
+                number,
+            )
+        first_line[rid] = number
+        if "arrival_time" not in obj:
+            raise WorkloadError(source, "missing 'arrival_time'", number)
+        arrival = obj["arrival_time"]
+        if (
+            isinstance(arrival, bool)
+            or not isinstance(arrival, (int, float))
+            or not 0 <= arrival <= MAX_ARRIVAL_TIME  # False for NaN
+        ):
+            raise WorkloadError(
+                source,
+                f"arrival_time must be a number in 0..2**53 (steps), got {_show(arrival)}",
+                number,
+            )
+        prompt_len = _int_in(obj, "prompt_len", MAX_TOKENS, source, number)
+        output_len = _int_in(obj, "output_len", MAX_TOKENS, source, number)
+        n = _int_in(obj, "n", MAX_N, source, number) if "n" in obj else 1
+        requests.append(RequestSpec(rid, float(arrival), prompt_len, output_len, n))
     if not requests:
         raise WorkloadError(source, "the trace holds no request")
     requests.sort(key=lambda r: r.arrival_time)
     return requests
 
 
-def _positive(obj: dict[str, object], key: str, source: str, line: int) -> int:
-    value = obj.get(key)
-    if value is None:
+def _json_object(text: str, source: str, line: int) -> dict[str, object]:
+    """The line's JSON object; a key given twice, or any other value, is an error."""
+
+    def no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        obj = dict(pairs)
+        if len(obj) < len(pairs):
+            twice = sorted(k for k, count in Counter(k for k, _ in pairs).items() if count > 1)
+            raise WorkloadError(source, f"key(s) given twice: {_show(twice)}", line)
+        return obj
+
+    try:
+        obj = json.loads(text, object_pairs_hook=no_duplicates)
+    except WorkloadError:
+        raise
+    except RecursionError:
+        raise WorkloadError(source, "not valid JSON (nested too deeply)", line) from None
+    except ValueError as err:  # JSONDecodeError, or an int of more than 4300 digits
+        detail = err.msg if isinstance(err, json.JSONDecodeError) else "a number is too long"
+        raise WorkloadError(source, f"not valid JSON ({detail})", line) from None
+    if not isinstance(obj, dict):
+        raise WorkloadError(source, f"expected a JSON object {{...}}, got {_show(obj)}", line)
+    return obj
+
+
+def _int_in(obj: dict[str, object], key: str, high: int, source: str, line: int) -> int:
+    if key not in obj:
         raise WorkloadError(source, f"missing {key!r}", line)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise WorkloadError(source, f"{key} must be an int >= 1, got {value!r}", line)
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        bound = "2**24" if high == MAX_TOKENS else str(high)
+        raise WorkloadError(source, f"{key} must be an int in 1..{bound}, got {_show(value)}", line)
     return value
+
+
+def _show(value: object) -> str:
+    """``repr(value)``, cut to 40 characters (a bad value may be huge or deep)."""
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):  # deep nesting; an int over 4300 digits
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def load_trace(path: str | Path) -> list[RequestSpec]:
     """Read a JSONL trace file. Complexity: O(file size)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:  # a BOM is dropped by parse_trace
             return parse_trace(f, str(path))
     except OSError as err:
         raise WorkloadError(str(path), f"cannot read the trace ({err.strerror})") from None
