@@ -11,7 +11,6 @@ tests/test_error_messages.py.
 from __future__ import annotations
 
 import collections.abc
-import time
 from collections.abc import Callable
 
 import pytest
@@ -836,9 +835,10 @@ def test_table_check_invariants_catches_each_corruption() -> None:
 
 
 def test_100k_token_table_fork_and_free() -> None:
+    """No size cliff: a 100k-block table forks and frees (vLLM 0.6.3 recurses per block).
+    Its speed is make bench's to measure, not a test's."""
     n = 100_000
     alloc = make(num_gpu=2 * n, num_cpu=0, block_size=1)
-    start = time.perf_counter()
     t = table(alloc, list(range(n)))
     child = t.fork()
     assert len(child.physical_block_ids) == n and child.physical_block_ids[-1] == n - 1
@@ -847,7 +847,6 @@ def test_100k_token_table_fork_and_free() -> None:
     child.free()
     t.free()
     assert alloc.get_num_free_blocks(GPU) == 2 * n
-    assert time.perf_counter() - start < 5.0
 
 
 # ---------------------------------------------------------------------------- model
