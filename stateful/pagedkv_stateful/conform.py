@@ -283,7 +283,7 @@ class ConformanceReport:
             "seed": self.seed,
             "search": self.search,
             "findings": [f.to_dict() for f in self.findings],
-            "counts": asdict(self.counts),
+            "counts": {**asdict(self.counts), "seconds": round(self.counts.seconds, 3)},
             "interrupted": self.interrupted,
             "ended": self.ended,
             "warnings": list(self.warnings),
