@@ -12,6 +12,12 @@ freed id goes to the back, so it does not promise LIFO) and a plain
 - :class:`DropsCowPairsManager`: pagedkv's manager, but ``append_slots``
   forgets to report copy-on-write pairs (checked through the API only).
 
+Setup mistakes, which the kit reports as usage errors before judging anything:
+``bare_fifo_allocator`` returns :class:`FifoAllocator` without ``devices=`` (its
+device enum is not pagedkv's), and :class:`OwnTypesManager` reads groups with its
+own sequence status, as vLLM's manager does. :class:`InterruptAt` wraps a factory
+and raises KeyboardInterrupt on its Nth call (a simulated Ctrl-C).
+
 Each ``*_allocator`` / ``*_manager`` function is a conformance factory.
 """
 
@@ -19,9 +25,11 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
-from pagedkv import BlockSpaceManager, Sequence
+from pagedkv import BlockSpaceManager, Sequence, SequenceGroup
+from pagedkv.sequence import AllocDecision
 from pagedkv_stateful.adapters import AllocatorAdapter, Capabilities, ManagerAdapter
 
 
@@ -277,3 +285,55 @@ def drops_cow_pairs_manager(
         block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window
     )
     return ManagerAdapter(target, Capabilities(encoder_decoder=True))
+
+
+# --------------------------------------------------------------------------- setup mistakes
+
+
+def bare_fifo_allocator(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> FifoAllocator:
+    """Setup mistake: a one-line factory for an allocator whose device enum is its own."""
+    return FifoAllocator(num_gpu_blocks, num_cpu_blocks, block_size)
+
+
+class OwnStatus(enum.Enum):
+    """A manager's own sequence statuses (vLLM has its own ``SequenceStatus``)."""
+
+    WAITING = 0
+
+
+class OwnTypesManager(BlockSpaceManager):
+    """Setup mistake: reads a group with its own status enum, so a pagedkv group has no
+    waiting sequence (vLLM's ``can_allocate`` fails the same way, with IndexError)."""
+
+    def can_allocate(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocDecision:
+        seq_group.get_seqs(OwnStatus.WAITING)[0]  # type: ignore[arg-type]
+        return super().can_allocate(seq_group, num_lookahead_slots)
+
+
+def own_types_manager(
+    block_size: int,
+    num_gpu_blocks: int,
+    num_cpu_blocks: int,
+    watermark: float,
+    sliding_window: int | None,
+) -> OwnTypesManager:
+    """Conformance factory for :class:`OwnTypesManager`, without a ManagerAdapter."""
+    return OwnTypesManager(block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window)
+
+
+class InterruptAt:
+    """A factory that builds with ``factory`` and raises KeyboardInterrupt on call ``n``
+    (call 1 is the kit's probe): Ctrl-C in the middle of a search."""
+
+    def __init__(self, n: int, factory: Callable[..., Any]) -> None:
+        self.n, self.factory, self.calls = n, factory, 0
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.n:
+            raise KeyboardInterrupt
+        return self.factory(*args)
+
+
+#: Interrupted on call 10 (replaced by the tests with their own InterruptAt).
+interrupted_allocator = InterruptAt(10, fifo_allocator)

@@ -3,14 +3,17 @@
 The targets live in ``faulty_allocators`` (this directory): a correct FIFO
 allocator that promises neither LIFO nor typed errors, one that leaks the ids a
 failed ``allocate_immutable_blocks`` took (vLLM 0.6.3), one whose ``free``
-ignores refcounts, and a manager that drops CoW pairs. Searches are kept small
-(tens of examples) so the whole file runs in well under a minute.
+ignores refcounts, and a manager that drops CoW pairs; also the setup mistakes
+the probe turns into usage errors and a factory that simulates Ctrl-C. Searches are
+kept small (tens of examples) so the whole file runs in about a minute.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
 import re
 import subprocess
 import sys
@@ -30,6 +33,16 @@ from pagedkv_stateful.conform import ConformanceReport, Finding, run_conformance
 fa: Any = importlib.import_module("faulty_allocators")
 ROOT = Path(__file__).parent.parent
 TESTS = Path(__file__).parent
+#: This checkout's packages first, for the subprocesses (not an installed copy).
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        [
+            *(str(ROOT / d) for d in ("impl", "spec", "stateful", "tests")),
+            os.environ.get("PYTHONPATH", ""),
+        ]
+    ),
+}
 
 
 def check(factory: Callable[..., Any], examples: int = 40, **kwargs: Any) -> ConformanceReport:
@@ -151,6 +164,12 @@ def test_main_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
         (["faulty_allocators:Pool", "--level", "manager"], "a manager-level factory takes"),
         (["builtins:max"], "lacks allocate_mutable_block"),
         (["faulty_allocators:fifo_allocator", "--level", "neither"], "invalid choice"),
+        (["faulty_allocators:bare_fifo_allocator"], "the target's device type differs: pass"),
+        (
+            ["faulty_allocators:own_types_manager", "--level", "manager"],
+            "raised IndexError: list index out of range; the manager could not take a pagedkv",
+        ),
+        (["faulty_allocators:fifo_allocator", "--duration", "0"], "positive number of seconds"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(
@@ -162,6 +181,136 @@ def test_usage_errors_exit_2_with_one_line(
     assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
     assert captured.err.startswith("pagedkv conform: error: ")
     assert message in captured.err
+
+
+# --------------------------------------------------------------------------- streaming, budgets
+
+
+def test_findings_stream_before_the_summary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each finding is printed when found; --json PATH leaves the text on stdout."""
+    before_summary: list[str] = []
+    finished = conform._Printer.finished
+
+    def snapshot(self: Any, report: ConformanceReport) -> None:
+        before_summary.append(capsys.readouterr().out)
+        finished(self, report)
+
+    monkeypatch.setattr(conform._Printer, "finished", snapshot)
+    path = tmp_path / "report.json"
+    args = ["faulty_allocators:shared_free_allocator", "--max-examples", "100"]
+    assert conform.main([*args, "--max-violations", "1", "--json", str(path)]) == 1
+    (streamed,) = before_summary
+    assert streamed.startswith("pagedkv conform faulty_allocators:shared_free_allocator")
+    assert "violation 1: free count (GPU)" in streamed and "result:" not in streamed
+    summary = capsys.readouterr().out
+    assert summary.lstrip().startswith("result: FAIL - 1 violation(s): free count (GPU)")
+    assert "searched: 1 round, " in summary
+
+    data = json.loads(path.read_text())
+    assert data["target"] == "faulty_allocators:shared_free_allocator"
+    assert (data["level"], data["profile"], data["seed"]) == ("allocator", "ci", None)
+    assert data["capabilities"]["cow"] is True and data["capabilities"]["lifo"] is False
+    assert (data["result"], data["exit_status"], data["interrupted"]) == ("violations", 1, False)
+    (finding,) = data["findings"]
+    assert finding["check"] == "free count (GPU)" and finding["shrunk"] is True
+    assert "I1 refcounts_match_references" in finding["detail"]
+    assert finding["program"][-1].endswith("# free count (GPU)")
+    assert finding["calls"] == len(finding["program"]) - finding["program"].index("") - 1
+    counts = data["counts"]
+    assert counts["rounds"] == 1 and counts["seconds"] > 0
+    assert counts["examples"] > 0 and 0 < counts["steps"] <= 40 * counts["examples"]
+
+
+def test_json_on_stdout_sends_the_text_to_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["faulty_allocators:fifo_allocator", "--max-examples", "10", "--json", "--progress"]
+    assert conform.main(argv) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert (data["result"], data["findings"], data["interrupted"]) == ("pass", [], False)
+    assert "result: PASS" in captured.err
+    assert "\r" not in captured.err  # no progress line with --json on stdout
+
+
+def test_progress_line_counts_examples_and_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["faulty_allocators:fifo_allocator", "--max-examples", "10", "--progress"]
+    assert conform.main(argv) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"\rround 1 \| \d+ examples \| [\d,]+ steps \| 0 findings \| [\d.]+ s", err)
+
+
+def test_duration_stops_the_search(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["faulty_allocators:fifo_allocator", "--max-examples", "100000", "--duration", "0.5"]
+    assert conform.main([*argv, "--json"]) == conform.EXIT_STOPPED == 3
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert (data["result"], data["interrupted"], data["exit_status"]) == ("stopped", True, 3)
+    assert data["ended"] == "stopped: the --duration budget of 0.5 s was spent"
+    assert 0.5 <= data["counts"]["seconds"] < 10 and data["counts"]["examples"] < 100000
+    assert "result: STOPPED" in captured.err and "at most 0.5 s" in captured.err
+
+
+def test_ctrl_c_prints_what_was_found(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A KeyboardInterrupt well after the first failure: it is printed, exit 1. (Whether
+    the search is still shrinking it or in round 2 by then depends on timing.)"""
+    monkeypatch.setattr(fa, "interrupted_allocator", fa.InterruptAt(450, fa.shared_free_allocator))
+    argv = ["faulty_allocators:interrupted_allocator", "--max-examples", "100"]
+    assert conform.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "violation 1: free count (" in out
+    assert "search ended: stopped: interrupted (KeyboardInterrupt)" in out
+    assert "result: FAIL - " in out
+
+
+def test_ctrl_c_before_any_finding_exits_3(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(fa, "interrupted_allocator", fa.InterruptAt(10, fa.fifo_allocator))
+    assert conform.main(["faulty_allocators:interrupted_allocator"]) == 3
+    out = capsys.readouterr().out
+    assert "result: STOPPED - no violation found before the search was stopped" in out
+
+
+def test_ctrl_c_while_shrinking_reports_the_shortest_program_seen() -> None:
+    """Interrupted between the first failure and the end of shrinking: the finding is the
+    shortest failing program seen so far, marked as not fully shrunk, and it runs."""
+    report = run_conformance(
+        fa.InterruptAt(150, fa.shared_free_allocator),
+        import_line="from faulty_allocators import shared_free_allocator",
+        call="shared_free_allocator",
+        max_examples=100,
+    )
+    assert report.interrupted and report.exit_status == 1
+    (finding,) = report.findings
+    assert finding.invariant == "free count (GPU)" and not finding.shrunk
+    assert "the search stopped while shrinking it" in report.render()
+    assert isinstance(replay(finding), AssertionError)
+
+
+def test_optimize_flag_warns_that_contracts_are_off() -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-O",
+            "-m",
+            "pagedkv_stateful.conform",
+            "faulty_allocators:fifo_allocator",
+            "--max-examples",
+            "5",
+        ],
+        cwd=TESTS,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("pagedkv conform: warning: running under python -O")
+    assert "postconditions are not checked" in proc.stderr
 
 
 def test_module_entry_point() -> None:
@@ -177,6 +326,7 @@ def test_module_entry_point() -> None:
             "1",
         ],
         cwd=TESTS,
+        env=ENV,
         capture_output=True,
         text=True,
         check=False,

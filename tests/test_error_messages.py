@@ -16,6 +16,7 @@ A new message gets a row here; tests/README.md says where everything else goes.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Collection
 
 import pytest
@@ -71,6 +72,7 @@ from pagedkv.refcount import contiguous_range
 from pagedkv.scheduler import Scheduler, SchedulerConfig
 from pagedkv.simulator import SimulationConfig, Simulator
 from pagedkv.workload import parse_trace, preset
+from pagedkv_stateful.conform import UsageError, run_conformance
 from scheduler_helpers import add, one_in_each_queue, step
 from scheduler_helpers import make as make_scheduler
 
@@ -1458,6 +1460,33 @@ ATTENTION_MESSAGES = [
 ]
 
 
+# ---------------------------------------------------------------- pagedkv_stateful/conform.py
+
+# tests/ is on sys.path under pytest (not on mypy's path, hence the import by name).
+faulty = importlib.import_module("faulty_allocators")
+
+CONFORM_MESSAGES = [
+    case(
+        "conform: allocator whose device type differs",
+        lambda: run_conformance(faulty.bare_fifo_allocator, call="bare_fifo_allocator"),
+        UsageError,
+        "bare_fifo_allocator(4, 2, 2): get_num_free_blocks(Device.GPU) raised KeyError: "
+        "<Device.GPU: 1>; the target's device type differs: pass devices={Device.GPU: <its "
+        "GPU value>, Device.CPU: <its CPU value>} (or its device enum class) to "
+        "AllocatorAdapter, see docs/conformance.md",
+    ),
+    case(
+        "conform: manager that cannot take a SequenceGroup",
+        lambda: run_conformance(faulty.own_types_manager, level="manager", call="mgr"),
+        UsageError,
+        "mgr(2, 8, 4, 0.0, None): can_allocate(<a SequenceGroup of one 3-token Sequence>) "
+        "raised IndexError: list index out of range; the manager could not take a pagedkv "
+        "SequenceGroup: adapt sequences/groups in a ManagerAdapter subclass, see "
+        "docs/conformance.md",
+    ),
+]
+
+
 MESSAGES = [
     *ALLOCATOR_MESSAGES,
     *SEQUENCE_MESSAGES,
@@ -1466,6 +1495,7 @@ MESSAGES = [
     *DRIVER_MESSAGES,
     *KV_MESSAGES,
     *ATTENTION_MESSAGES,
+    *CONFORM_MESSAGES,
 ]
 
 

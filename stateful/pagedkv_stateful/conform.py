@@ -1,7 +1,8 @@
 """Conformance kit: check any paged block allocator (or block manager) against pagedkv's spec.
 
     pagedkv conform MODULE:FACTORY [--level allocator|manager] [--profile ci|deep]
-                    [--max-examples N] [--seed S]
+                    [--max-examples N] [--seed S] [--max-violations K]
+                    [--duration SECONDS] [--json [PATH]] [--progress]
     python -m pagedkv_stateful.conform MODULE:FACTORY ...
 
 ``FACTORY`` builds a fresh target per test case:
@@ -14,32 +15,59 @@
 
 It may return the target itself (default :class:`~pagedkv_stateful.adapters.Capabilities`:
 no LIFO promise, any exception counts as a rejection), a ``(target, Capabilities)``
-pair, or an adapter. The lockstep machine runs under Hypothesis; every violated
-check is reported by name with the shortest failing program Hypothesis found,
-printed as Python against the target's own API. Each check is reported once:
-after a violation the search runs again, discarding test cases that hit a check
-already reported, until a round finds nothing (or ``--max-violations``).
+pair, or an adapter. Before the search, one probe target is built and its cheap
+entry points are called (allocator: the free and total counts of both devices;
+manager: ``can_allocate`` of a one-sequence group), so that a factory whose
+objects lack the API, take other device values or other sequence types is a
+usage error with a hint, not a violation.
 
-Exit status: 0 no violation found, 1 violations, 2 usage error (bad
-``MODULE:FACTORY``, import error, a factory that cannot be called).
+The lockstep machine runs under Hypothesis; every violated check is reported by
+name with the shortest failing program Hypothesis found, printed as Python
+against the target's own API. Each check is reported once: after a violation
+the search runs again, discarding test cases that hit a check already reported,
+until a round finds nothing (or ``--max-violations``).
+
+Streaming: the report's header is printed when the search starts, each finding
+as soon as it is found (the same block the final report holds), then the
+summary. ``--duration`` (a wall-clock budget for the whole run) and Ctrl-C stop
+the search cleanly: everything found so far is printed (a failure Hypothesis
+was still shrinking is printed as the shortest program seen) and the report is
+marked as stopped. ``--json`` writes a machine-readable report (to stdout,
+the human text then going to stderr; or to PATH). ``--progress`` (the default
+when stderr is a terminal, never with ``--json`` on stdout) keeps one line on
+stderr: round, examples, steps, findings, elapsed time. Under ``python -O`` a
+warning says that the spec's contracts (``assert`` statements) are off.
+
+Exit status:
+    0  the search finished and found no violation
+    1  violations found (also when the search was stopped after finding some)
+    2  usage error (bad ``MODULE:FACTORY`` or option, import error, a factory
+       that cannot be called or whose objects fail the probe)
+    3  the search was stopped (``--duration`` spent, Ctrl-C) before it finished,
+       with no violation found so far
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, NoReturn, TextIO
 
 from hypothesis import HealthCheck, Phase, Verbosity, seed, settings
 from hypothesis.control import current_build_context
-from hypothesis.errors import Flaky, Unsatisfiable
+from hypothesis.errors import Flaky, HypothesisException, Unsatisfiable
 from hypothesis.stateful import run_state_machine_as_test
 
+from pagedkv import Sequence as Seq
+from pagedkv import SequenceGroup
+from pagedkv_spec.device import Device
 from pagedkv_stateful.adapters import (
     AllocatorAdapter,
     Capabilities,
@@ -57,8 +85,14 @@ from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import register_profiles
 
 __all__ = [
+    "EXIT_PASS",
+    "EXIT_STOPPED",
+    "EXIT_USAGE",
+    "EXIT_VIOLATIONS",
     "ConformanceReport",
     "Finding",
+    "Listener",
+    "SearchCounts",
     "UsageError",
     "add_subcommand",
     "load_factory",
@@ -67,6 +101,8 @@ __all__ = [
     "run_from_args",
 ]
 
+#: Exit statuses (module docstring).
+EXIT_PASS, EXIT_VIOLATIONS, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 DESCRIPTION = "Check a paged block allocator (or block manager) against pagedkv's spec."
 LEVELS = ("allocator", "manager")
 #: Arguments of the one call that checks a factory before the search starts.
@@ -95,6 +131,15 @@ class UsageError(Exception):
     """Bad ``MODULE:FACTORY`` or options; :func:`main` prints it on one line and exits 2."""
 
 
+#: What ``python -O`` turns off (printed at the start of a run under -O).
+OPTIMIZE_WARNING = (
+    "running under python -O: the spec's contracts are assert statements and are off, "
+    "so the spec operations no longer judge the target's choices (the ids, CoW pairs, swap "
+    "mappings and tables it hands out) and the spec's postconditions are not checked; "
+    "only the comparisons after each step remain. Run without -O for a full check"
+)
+
+
 @dataclass(frozen=True)
 class Finding:
     """One violated check and the shortest failing program found for it.
@@ -104,17 +149,59 @@ class Finding:
         detail      what was seen
         program     a runnable Python program against the target, one line per item
         calls       statements in the program's body (after the imports and helpers)
+        shrunk      False when the search was stopped while Hypothesis was still
+                    shrinking it: the program is the shortest seen, not the shortest
     """
 
     invariant: str
     detail: str
     program: tuple[str, ...]
     calls: int
+    shrunk: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """The finding as JSON-ready data (``check`` is :attr:`invariant`)."""
+        return {
+            "check": self.invariant,
+            "detail": self.detail,
+            "program": list(self.program),
+            "calls": self.calls,
+            "shrunk": self.shrunk,
+        }
+
+
+@dataclass
+class SearchCounts:
+    """What a search ran, counted as it runs (not estimated).
+
+    Fields:
+        rounds     searches started (one per finding, plus the last)
+        examples   test cases run: machines built, generation and shrinking alike
+        steps      rules the machines ran to completion (initialize rules included)
+        seconds    wall-clock time since the run started (probe included)
+    """
+
+    rounds: int = 0
+    examples: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        """One line: ``"2 rounds, 301 examples, 11,873 steps in 4.2 s"``."""
+        return (
+            f"{self.rounds} round{'s' * (self.rounds != 1)}, {self.examples:,} examples, "
+            f"{self.steps:,} steps in {self.seconds:.1f} s"
+        )
 
 
 @dataclass
 class ConformanceReport:
-    """What a conformance run found; :meth:`render` is the text the CLI prints."""
+    """What a conformance run found; :meth:`render` is the text the CLI prints.
+
+    The text is three parts, so that it can be printed as the search goes:
+    :meth:`render_header` when it starts, :meth:`render_finding` for each
+    finding as it is found, :meth:`render_summary` at the end.
+    """
 
     target: str
     level: str
@@ -122,31 +209,104 @@ class ConformanceReport:
     search: str
     findings: list[Finding] = field(default_factory=list)
     ended: str = ""
+    profile: str = "ci"
+    seed: int | None = None
+    counts: SearchCounts = field(default_factory=SearchCounts)
+    interrupted: bool = False
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """No violation was found."""
         return not self.findings
 
-    def render(self) -> str:
-        """The report as text."""
-        lines = [
-            f"pagedkv conform {self.target} ({self.level} level)",
-            f"capabilities: {self.capabilities.describe(self.level)}",
-            f"search: {self.search}",
-        ]
-        for i, f in enumerate(self.findings, 1):
-            lines += ["", f"violation {i}: {f.invariant}", f"  {f.detail}"]
-            lines.append(f"  shortest failing program ({f.calls} statements):")
-            lines += ["", *(f"    {line}" if line else "" for line in f.program)]
-        lines.append("")
-        if self.ok:
-            lines.append("result: PASS - no violation found (a bounded random search, not a proof)")
-        else:
+    @property
+    def result(self) -> str:
+        """``"violations"``, ``"pass"`` (a finished search), or ``"stopped"`` (neither)."""
+        if self.findings:
+            return "violations"
+        return "stopped" if self.interrupted else "pass"
+
+    @property
+    def exit_status(self) -> int:
+        """The CLI's exit status for this report (module docstring)."""
+        codes = {"pass": EXIT_PASS, "violations": EXIT_VIOLATIONS, "stopped": EXIT_STOPPED}
+        return codes[self.result]
+
+    def render_header(self) -> str:
+        """What is checked, and how."""
+        return "\n".join(
+            [
+                f"pagedkv conform {self.target} ({self.level} level)",
+                f"capabilities: {self.capabilities.describe(self.level)}",
+                f"search: {self.search}",
+            ]
+        )
+
+    @staticmethod
+    def render_finding(number: int, f: Finding) -> str:
+        """Finding ``number`` (from 1), after a blank line."""
+        shrunk = "" if f.shrunk else "; the search stopped while shrinking it"
+        lines = ["", f"violation {number}: {f.invariant}", f"  {f.detail}"]
+        lines.append(f"  shortest failing program ({f.calls} statements{shrunk}):")
+        lines += ["", *(f"    {line}" if line else "" for line in f.program)]
+        return "\n".join(lines)
+
+    def render_summary(self) -> str:
+        """The verdict, why the search ended and what it ran, after a blank line."""
+        lines = [""]
+        if self.findings:
             names = ", ".join(f.invariant for f in self.findings)
             lines.append(f"result: FAIL - {len(self.findings)} violation(s): {names}")
+        elif self.interrupted:
+            lines.append("result: STOPPED - no violation found before the search was stopped")
+        else:
+            lines.append("result: PASS - no violation found (a bounded random search, not a proof)")
+        if self.findings or self.interrupted:
             lines.append(f"search ended: {self.ended}")
+        lines.append(f"searched: {self.counts.describe()}")
         return "\n".join(lines)
+
+    def render(self) -> str:
+        """The report as text."""
+        parts = [self.render_header()]
+        parts += [self.render_finding(i, f) for i, f in enumerate(self.findings, 1)]
+        return "\n".join([*parts, self.render_summary()])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready data (the format is in docs/conformance.md)."""
+        return {
+            "target": self.target,
+            "level": self.level,
+            "capabilities": asdict(self.capabilities),
+            "profile": self.profile,
+            "seed": self.seed,
+            "search": self.search,
+            "findings": [f.to_dict() for f in self.findings],
+            "counts": {**asdict(self.counts), "seconds": round(self.counts.seconds, 3)},
+            "interrupted": self.interrupted,
+            "ended": self.ended,
+            "warnings": list(self.warnings),
+            "result": self.result,
+            "exit_status": self.exit_status,
+        }
+
+
+class Listener:
+    """What a caller of :func:`run_conformance` hears while the search runs.
+
+    Every method does nothing here; the CLI's listener prints. Called from
+    inside the search, so a method should be quick.
+    """
+
+    def started(self, report: ConformanceReport) -> None:
+        """The probe passed and the search starts (``report`` has its header)."""
+
+    def found(self, report: ConformanceReport, finding: Finding) -> None:
+        """``finding`` was just appended to ``report.findings``."""
+
+    def progress(self, report: ConformanceReport) -> None:
+        """A test case ended (``report.counts`` is up to date)."""
 
 
 # --------------------------------------------------------------------------- loading
@@ -175,7 +335,7 @@ def load_factory(spec: str) -> tuple[Callable[..., Any], str, str]:
 
 
 def _probe(factory: Callable[..., Any], level: str, call: str) -> AllocatorAdapter | ManagerAdapter:
-    """Build one target to check the factory and read its capabilities."""
+    """Build one target to check the factory, its API and arguments; read its capabilities."""
     args = PROBE_ARGS[level]
     shown = f"{call}{args}"
     try:
@@ -193,7 +353,43 @@ def _probe(factory: Callable[..., Any], level: str, call: str) -> AllocatorAdapt
             f"{shown} returned {type(adapter.target).__name__}, which lacks "
             f"{', '.join(missing)}; adapt it with a {kind} subclass (docs/conformance.md)"
         )
+    if isinstance(adapter, AllocatorAdapter):
+        _probe_devices(adapter, shown)
+    else:
+        _probe_groups(adapter, shown)
     return adapter
+
+
+def _probe_devices(adapter: AllocatorAdapter, shown: str) -> None:
+    """The free and total counts of both devices: the machine's first calls after every
+    step, so a device value the target does not take fails here, not as a violation."""
+    for query in (adapter.get_num_free_blocks, adapter.get_num_total_blocks):
+        for device in Device:
+            try:
+                query(device)
+            except (KeyError, TypeError, AttributeError, ValueError) as err:
+                raise UsageError(
+                    f"{shown}: {query.__name__}(Device.{device.name}) raised "
+                    f"{type(err).__name__}: {err}; the target's device type differs: pass "
+                    "devices={Device.GPU: <its GPU value>, Device.CPU: <its CPU value>} (or its "
+                    "device enum class) to AllocatorAdapter, see docs/conformance.md"
+                ) from None
+
+
+def _probe_groups(adapter: ManagerAdapter, shown: str) -> None:
+    """``can_allocate`` of a one-sequence pagedkv group: a manager that expects its own
+    sequence types (vLLM's) fails here, not as a violation."""
+    block_size = PROBE_ARGS["manager"][0]
+    group = SequenceGroup("probe", [Seq(0, [1, 2, 3], block_size)])
+    try:
+        adapter.can_allocate(group)
+    except Exception as err:
+        raise UsageError(
+            f"{shown}: can_allocate(<a SequenceGroup of one 3-token Sequence>) raised "
+            f"{type(err).__name__}: {err}; the manager could not take a pagedkv "
+            "SequenceGroup: adapt sequences/groups in a ManagerAdapter subclass, see "
+            "docs/conformance.md"
+        ) from None
 
 
 def _suffix(result: object) -> str:
@@ -287,16 +483,25 @@ def run_conformance(
     max_examples: int | None = None,
     seed_value: int | None = None,
     max_violations: int = 4,
+    duration: float | None = None,
+    listener: Listener | None = None,
 ) -> ConformanceReport:
     """Run the ``level`` machine against targets built by ``factory``.
 
     ``import_line`` / ``call``: how the printed programs import and call the
-    factory. Raises :class:`UsageError` if the factory cannot be used.
+    factory. ``duration``: a wall-clock budget in seconds for the whole run;
+    when it is spent, or on KeyboardInterrupt, the search stops and the report
+    (``interrupted=True``) holds what was found. ``listener`` hears the start,
+    each finding and each test case as they happen. Raises :class:`UsageError`
+    if the factory cannot be used.
     """
+    began = time.monotonic()
     if level not in LEVELS:
         raise UsageError(f"--level must be one of {', '.join(LEVELS)}, got {level!r}")
     if profile not in ("ci", "deep"):
         raise UsageError(f"--profile must be ci or deep, got {profile!r}")
+    if duration is not None and not duration > 0:
+        raise UsageError(f"--duration must be a positive number of seconds, got {duration!r}")
     probe = _probe(factory, level, call)
     caps = probe.capabilities
     run_settings = _settings(profile, max_examples, seed_value)
@@ -307,27 +512,111 @@ def run_conformance(
         f"profile {profile}, {run_settings.max_examples} examples x "
         f"{run_settings.stateful_step_count} steps per round, {how}"
     )
-    report = ConformanceReport(name or call, level, caps, search)
+    if duration is not None:
+        search += f", at most {duration:g} s"
+    report = ConformanceReport(name or call, level, caps, search, profile=profile, seed=seed_value)
+    if not __debug__:
+        report.warnings.append(OPTIMIZE_WARNING)
     if isinstance(probe, AllocatorAdapter):
         first = probe.source_device_import()
     else:
         first = "from pagedkv import Sequence, SequenceGroup, SequenceStatus"
     imports = [line for line in (first, import_line) if line]
     machine = _machine(factory, level, call, caps)
+    deadline = None if duration is None else began + duration
+    run = _Search(report, listener or Listener(), imports, began, deadline)
+    run.listener.started(report)
     known: set[str] = set()
-    while True:
-        finding, ended = _round(machine, frozenset(known), run_settings, seed_value, imports)
-        if finding is None:
-            report.ended = ended
-            return report
-        report.findings.append(finding)
-        known.add(finding.invariant)
-        if ended:
-            report.ended = ended
-            return report
-        if len(report.findings) >= max_violations:
+    try:
+        while len(report.findings) < max_violations:
+            report.counts.rounds += 1
+            run.failures = []
+            finding, ended = _round(machine, frozenset(known), run_settings, seed_value, run)
+            if finding is None:
+                report.ended = ended
+                break
+            run.add(finding)
+            known.add(finding.invariant)
+            if ended:
+                report.ended = ended
+                break
+        else:
             report.ended = f"reached --max-violations {max_violations}"
-            return report
+    except KeyboardInterrupt as stop:
+        partial = run.partial()
+        if partial is not None:
+            run.add(partial)
+        report.interrupted = True
+        report.ended = (
+            f"stopped: the --duration budget of {duration:g} s was spent"
+            if isinstance(stop, _BudgetSpent)
+            else "stopped: interrupted (KeyboardInterrupt)"
+        )
+    finally:
+        report.counts.seconds = time.monotonic() - began
+    return report
+
+
+class _BudgetSpent(KeyboardInterrupt):
+    """``--duration`` is spent. A KeyboardInterrupt because Hypothesis lets exactly that
+    through at once (any other exception is a test failure, shrunk and replayed)."""
+
+
+@dataclass
+class _Search:
+    """One run's state shared by its rounds: counts, budget, the failures seen this round."""
+
+    report: ConformanceReport
+    listener: Listener
+    imports: list[str]
+    began: float
+    deadline: float | None
+    #: ``(error, program body)`` of every failing test case of this round, in order.
+    failures: list[tuple[Exception, list[str]]] = field(default_factory=list)
+
+    def tick(self) -> None:
+        """Update the elapsed time; stop the search if the budget is spent."""
+        now = time.monotonic()
+        self.report.counts.seconds = now - self.began
+        if self.deadline is not None and now >= self.deadline:
+            raise _BudgetSpent
+
+    def case_ended(self, err: BaseException | None, program: list[str]) -> None:
+        """A test case ended (``err``: what it raised); record a failure, report progress."""
+        if isinstance(err, Exception) and not isinstance(err, HypothesisException):
+            self.failures.append((err, list(program)))
+        self.report.counts.seconds = time.monotonic() - self.began
+        self.listener.progress(self.report)
+
+    def add(self, finding: Finding) -> None:
+        self.report.findings.append(finding)
+        self.listener.found(self.report, finding)
+
+    def partial(self) -> Finding | None:
+        """The round's failure Hypothesis was shrinking when the search stopped: the
+        shortest program seen that fails like the first failure of the round."""
+        if not self.failures:
+            return None
+        first = _check_name(self.failures[0][0])
+        same = [(e, p) for e, p in self.failures if _check_name(e) == first]
+        err, body = min(same, key=lambda failure: len(failure[1]))
+        return replace(_finding(err, body, self.imports), shrunk=False)
+
+
+def _check_name(err: Exception) -> str:
+    return err.invariant if isinstance(err, Violation) else "unexpected exception"
+
+
+def _finding(err: Exception, body: list[str], imports: list[str]) -> Finding:
+    """The finding for a test case that raised ``err`` after writing ``body``."""
+    program, calls = _program(body, imports)
+    if isinstance(err, Violation):
+        return Finding(err.invariant, err.detail, program, calls)
+    frames = traceback.extract_tb(err.__traceback__)
+    where = f" (in {frames[-1].name}, {frames[-1].filename}:{frames[-1].lineno})"
+    detail = f"{type(err).__name__}: {err}{where if frames else ''}"
+    program = (*program, f"# the machine's next call to the target raised {detail}")
+    return Finding("unexpected exception", detail, program, calls)
 
 
 def _round(
@@ -335,18 +624,51 @@ def _round(
     known: frozenset[str],
     run_settings: settings,
     seed_value: int | None,
-    imports: list[str],
+    run: _Search,
 ) -> tuple[Finding | None, str]:
-    """One search; ``(finding, why the search must end)``."""
+    """One search; ``(finding, why the search must end)``.
+
+    The machine is subclassed to count test cases (``__init__``) and completed
+    steps (the invariant check Hypothesis runs after each one), to check the
+    budget at both, and to record failing test cases (``teardown``, which
+    Hypothesis calls in a ``finally``: ``sys.exc_info()`` is what the test case
+    raised).
+    """
     final: list[LockstepMachine] = []
+    counts = run.report.counts
+    begun = [False]  # the running test case has had its first invariant check
 
     def record_final(self: LockstepMachine) -> None:
+        run.tick()
+        counts.examples += 1
         machine.__init__(self)
+        begun[0] = False
         if current_build_context().is_final:  # the replay Hypothesis reports
             final.append(self)
 
+    def count_step(self: LockstepMachine, *args: Any) -> None:
+        if begun[0]:  # the first check follows __init__, not a step
+            counts.steps += 1
+        begun[0] = True
+        run.tick()
+        machine.check_invariants(self, *args)
+
+    def record_failure(self: LockstepMachine) -> None:
+        err = sys.exc_info()[1]
+        try:
+            machine.teardown(self)
+        finally:
+            run.case_ended(err, getattr(self, "program", []))
+
     cls: type[LockstepMachine] = type(
-        machine.__name__, (machine,), {"known": known, "__init__": record_final}
+        machine.__name__,
+        (machine,),
+        {
+            "known": known,
+            "__init__": record_final,
+            "check_invariants": count_step,
+            "teardown": record_failure,
+        },
     )
     if seed_value is not None:
         cls = seed(seed_value)(cls)
@@ -354,24 +676,30 @@ def _round(
     try:
         run_state_machine_as_test(cls, settings=run_settings)
     except Violation as v:
-        program, calls = _program(final[-1].program if final else [], imports)
+        program, calls = _program(final[-1].program if final else [], run.imports)
         return Finding(v.invariant, v.detail, program, calls), ""
     except Unsatisfiable:
         return None, f"{more} (most test cases hit a check already reported)"
     except Flaky as err:
         return Finding("deterministic replay", f"{type(err).__name__}: {err}", (), 0), "flaky"
     except Exception as err:
-        body = final[-1].program if final else []
-        program, calls = _program(body, imports)
-        frames = traceback.extract_tb(err.__traceback__)
-        where = f" (in {frames[-1].name}, {frames[-1].filename}:{frames[-1].lineno})"
-        detail = f"{type(err).__name__}: {err}{where if frames else ''}"
-        program = (*program, f"# the machine's next call to the target raised {detail}")
-        return Finding("unexpected exception", detail, program, calls), "an unexpected exception"
+        finding = _finding(err, final[-1].program if final else [], run.imports)
+        return finding, "an unexpected exception"
     return None, more
 
 
 # --------------------------------------------------------------------------- command line
+
+
+def _seconds(text: str) -> float:
+    """``--duration``'s type: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -382,6 +710,29 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, metavar="S")
     parser.add_argument(
         "--max-violations", type=int, default=4, metavar="K", help="stop after K violations"
+    )
+    parser.add_argument(
+        "--duration",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="wall-clock budget for the whole run; when spent, print what was found (exit 3 "
+        "if nothing)",
+    )
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="PATH",
+        help="also write the report as JSON to PATH; without PATH (or '-') to stdout, the "
+        "text then going to stderr",
+    )
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="a progress line on stderr (the default when stderr is a terminal; never with "
+        "--json on stdout)",
     )
 
 
@@ -397,8 +748,61 @@ def add_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+class _Printer(Listener):
+    """The CLI's listener: the report's text as it grows, and a progress line.
+
+    ``out`` gets the text; ``bar`` (stderr, or None) the progress line, redrawn
+    in place at most every :attr:`EVERY` seconds and erased before any text.
+    """
+
+    EVERY = 0.1
+
+    def __init__(self, out: TextIO, bar: TextIO | None) -> None:
+        self.out, self.bar = out, bar
+        self.drawn_at: float | None = None  # when the line on screen was drawn; None: none
+
+    def started(self, report: ConformanceReport) -> None:
+        self._print(report.render_header())
+
+    def found(self, report: ConformanceReport, finding: Finding) -> None:
+        self._print(report.render_finding(len(report.findings), finding))
+
+    def progress(self, report: ConformanceReport) -> None:
+        now = time.monotonic()
+        if self.bar is None or (self.drawn_at is not None and now - self.drawn_at < self.EVERY):
+            return
+        c = report.counts
+        line = (
+            f"round {c.rounds} | {c.examples:,} examples | {c.steps:,} steps | "
+            f"{len(report.findings)} findings | {c.seconds:.1f} s"
+        )
+        self.bar.write(f"\r{line}\x1b[K")
+        self.bar.flush()
+        self.drawn_at = now
+
+    def finished(self, report: ConformanceReport) -> None:
+        self._print(report.render_summary())
+
+    def _print(self, text: str) -> None:
+        if self.bar is not None and self.drawn_at is not None:
+            self.bar.write("\r\x1b[K")
+            self.bar.flush()
+            self.drawn_at = None
+        print(text, file=self.out, flush=True)
+
+
+def _usage(err: UsageError) -> int:
+    print(f"pagedkv conform: error: {err}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def run_from_args(args: argparse.Namespace) -> int:
-    """Run ``conform`` for parsed arguments; returns the exit status (0, 1 or 2)."""
+    """Run ``conform`` for parsed arguments; returns the exit status (0, 1, 2 or 3)."""
+    if not __debug__:
+        print(f"pagedkv conform: warning: {OPTIMIZE_WARNING}", file=sys.stderr)
+    to_stdout = args.json == "-"
+    show_bar = not to_stdout and (args.progress or sys.stderr.isatty())
+    printer = _Printer(sys.stderr if to_stdout else sys.stdout, sys.stderr if show_bar else None)
     try:
         factory, import_line, call = load_factory(args.target)
         report = run_conformance(
@@ -411,12 +815,23 @@ def run_from_args(args: argparse.Namespace) -> int:
             max_examples=args.max_examples,
             seed_value=args.seed,
             max_violations=args.max_violations,
+            duration=args.duration,
+            listener=printer,
         )
     except UsageError as err:
-        print(f"pagedkv conform: error: {err}", file=sys.stderr)
-        return 2
-    print(report.render())
-    return 0 if report.ok else 1
+        return _usage(err)
+    printer.finished(report)
+    if args.json is not None:
+        text = json.dumps(report.to_dict(), indent=2)
+        if to_stdout:
+            print(text, flush=True)
+        else:
+            try:
+                with open(args.json, "w", encoding="utf-8") as file:
+                    file.write(text + "\n")
+            except OSError as err:
+                return _usage(UsageError(f"cannot write --json {args.json}: {err}"))
+    return report.exit_status
 
 
 class _Parser(argparse.ArgumentParser):
@@ -425,14 +840,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``pagedkv conform ...``; returns the exit status (0 pass, 1 violations, 2 usage)."""
+    """``pagedkv conform ...``; returns the exit status (0 pass, 1 violations, 2 usage,
+    3 stopped before finishing with nothing found)."""
     parser = _Parser(prog="pagedkv conform", description=DESCRIPTION)
     _add_arguments(parser)
     try:
         args = parser.parse_args(argv)
     except UsageError as err:
-        print(f"pagedkv conform: error: {err}", file=sys.stderr)
-        return 2
+        return _usage(err)
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else 0
     return run_from_args(args)
