@@ -793,3 +793,19 @@ def test_free_cross_of_a_table_holding_a_freed_block_changes_nothing() -> None:
     before = m.to_spec()
     raised(DoubleFreeError, m.free_cross, g)
     assert "x" in m.cross_block_tables and m.to_spec() == before
+
+
+# ---------------------------------------------------------------------------- stats
+
+
+def test_stats_count_the_blocks_the_window_drops() -> None:
+    m = BlockSpaceManager(2, 8, 0, watermark=0.0, sliding_window=2)  # keeps 3 blocks
+    seq = Sequence(0, [1, 2, 3])
+    admit(m, SequenceGroup("w", [seq]))
+    for token in range(4, 12):
+        seq.append_token_id(token)
+        seq.update_num_computed_tokens(seq.get_num_uncomputed_tokens())
+        m.append_slots(seq)
+    table = m.block_tables[0]
+    assert table.num_null_blocks > 0
+    assert m.stats.blocks_freed_by_window == table.num_null_blocks

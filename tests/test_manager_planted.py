@@ -42,6 +42,25 @@ class WatermarkOffByOne(BlockSpaceManager):
         self.watermark_blocks = max(0, self.watermark_blocks - 1)
 
 
+class CountsSwapInBlocksAsOut(BlockSpaceManager):
+    """A statistic counting the wrong thing: swap-in blocks added to blocks_swapped_out."""
+
+    def swap_in(self, seq_group: Any) -> list[tuple[int, int]]:
+        pairs = super().swap_in(seq_group)
+        self.stats.blocks_swapped_in -= len(pairs)
+        self.stats.blocks_swapped_out += len(pairs)
+        return pairs
+
+
+class MissesWindowDrops(BlockSpaceManager):
+    """Never counts the blocks the sliding window dropped."""
+
+    def _append_general(self, *args: Any) -> None:
+        before = self.stats.blocks_freed_by_window
+        super()._append_general(*args)
+        self.stats.blocks_freed_by_window = before
+
+
 def machine_for(manager_cls: type[BlockSpaceManager]) -> type[ManagerMachine]:
     class Planted(ManagerMachine):
         def make_impl(
@@ -65,6 +84,8 @@ def machine_for(manager_cls: type[BlockSpaceManager]) -> type[ManagerMachine]:
         (SwapsPerSequence, "pool differs|spec|swap"),
         (DropsCowPairs, "CoW pairs"),
         (WatermarkOffByOne, "can_allocate|can_swap_in"),
+        (CountsSwapInBlocksAsOut, "manager stats"),
+        (MissesWindowDrops, "manager stats"),
     ],
 )
 def test_manager_machine_catches_planted_bug(

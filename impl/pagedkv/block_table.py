@@ -670,6 +670,11 @@ class BlockTable:
         return bool(self._blocks)
 
     @property
+    def num_null_blocks(self) -> int:
+        """Leading entries the sliding window replaced by the null block. Complexity: O(1)."""
+        return self._null_prefix
+
+    @property
     def max_block_sliding_window(self) -> int | None:
         """Blocks a sliding-window table keeps, or None."""
         return self._max_block_sliding_window

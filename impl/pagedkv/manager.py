@@ -58,7 +58,7 @@ class ManagerStats:
     swap_ins: int = 0
     blocks_swapped_out: int = 0
     blocks_swapped_in: int = 0
-    blocks_freed_by_window: int = 0
+    blocks_freed_by_window: int = 0  # table entries the sliding window replaced by the null block
 
 
 class AppendSlotsBatch(NamedTuple):
@@ -273,13 +273,23 @@ class BlockSpaceManager:
         window = self.max_block_sliding_window
         # NOTE: the common decode step (one token into a private block with room) first.
         if num_lookahead_slots or window is not None or not table.append_next_token(tokens):
-            computed = seq.get_num_computed_tokens() if window else None
-            unseen = table.get_unseen_token_ids(tokens)
-            table.append_token_ids(unseen, num_lookahead_slots, computed)
+            self._append_general(seq, table, tokens, num_lookahead_slots)
         pairs = self._gpu_pool.clear_copy_on_writes()
         if pairs:
             self.stats.cow_copies += len(pairs)
         return pairs
+
+    def _append_general(
+        self, seq: Sequence, table: BlockTable, tokens: list[int], num_lookahead_slots: int
+    ) -> None:
+        """The general append of ``seq``'s unseen tokens; counts the window's drops."""
+        if self.max_block_sliding_window is None:
+            table.append_token_ids(table.get_unseen_token_ids(tokens), num_lookahead_slots)
+            return
+        before = table.num_null_blocks
+        unseen = table.get_unseen_token_ids(tokens)
+        table.append_token_ids(unseen, num_lookahead_slots, seq.get_num_computed_tokens())
+        self.stats.blocks_freed_by_window += table.num_null_blocks - before
 
     def append_slots_batch(
         self, seq_groups: Iterable[SequenceGroup], num_lookahead_slots: int = 0
@@ -340,8 +350,7 @@ class BlockSpaceManager:
                 # into a private block with room); the general path handles the rest.
                 if fast and table.append_next_token(tokens):
                     continue
-                computed = seq.get_num_computed_tokens() if window else None
-                table.append_token_ids(table.get_unseen_token_ids(tokens), la, computed)
+                self._append_general(seq, table, tokens, la)
                 took = True
             if took:
                 free = pool.get_num_free_blocks()

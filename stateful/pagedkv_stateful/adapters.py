@@ -76,6 +76,7 @@ CHECKS: dict[str, str] = {
     "block ids": "every live block object names the spec's id",
     "token ids": "every live block object holds the spec's tokens",
     "block table": "get_block_table returns the spec's ids",
+    "manager stats": "a manager's stats counters (if it has pagedkv's) count what happened",
     "CoW pairs": "clear_copy_on_writes / append_slots report exactly the spec's pairs",
     "null block": "one shared null block: never freed, never written",
     "full blocks touched": "get_num_full_blocks_touched equals the spec's count",

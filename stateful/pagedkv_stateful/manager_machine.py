@@ -31,6 +31,7 @@ request id (``g{n}`` in the program), ``seqs`` every sequence by id
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,7 @@ from hypothesis import event, note
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, initialize, invariant, multiple, precondition, rule
 
-from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
+from pagedkv import BlockSpaceManager, ManagerStats, Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec import manager as spec
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds, label
@@ -228,6 +229,18 @@ class ManagerMachine(LockstepMachine):
                     f"{reading} ({label('I1')})",
                     f"assert mgr.get_num_free_{where.lower()}_blocks() == {wanted}",
                 )
+        stats = getattr(self.impl, "stats", None)
+        if isinstance(stats, ManagerStats) and stats != self.stats:
+            diff = {
+                f.name: (getattr(stats, f.name), getattr(self.stats, f.name))
+                for f in dataclasses.fields(ManagerStats)
+                if getattr(stats, f.name) != getattr(self.stats, f.name)
+            }
+            raise Violation(
+                "manager stats",
+                f"manager.stats (target, expected) differ: {diff}",
+                f"assert mgr.stats == {self.stats!r}",
+            )
         if got is None:  # only the API: every table
             tables: list[tuple[str, list[int], tuple[int, ...]]] = []
             if self.caps.encoder_decoder:
@@ -328,6 +341,9 @@ class ManagerMachine(LockstepMachine):
                 f"assert {src} == {list(pairs)}",
                 replace_last=True,
             )
+        self.stats.cow_copies += len(pairs)
+        nulls = self.model.tables[seq.seq_id].handles.count(spec.NULL)
+        self.stats.blocks_freed_by_window += nulls - old.handles.count(spec.NULL)
         if pairs:
             event("append_slots: copy-on-write")
         self._computed(seq)
@@ -378,6 +394,7 @@ class ManagerMachine(LockstepMachine):
             src,
             explain=lambda: self._explain_table((), chosen + (cross[2] if cross else []), src),
         )
+        self.stats.groups_allocated += 1
         waiting_seqs = group.get_seqs(WAITING)
         self._set_status(waiting_seqs, RUNNING)
         for seq in waiting_seqs:
@@ -409,6 +426,7 @@ class ManagerMachine(LockstepMachine):
         self.seqs = {}
         self.next_seq_id = 0
         self.next_request = 0
+        self.stats = ManagerStats()  # what the target's counters must say (if it has them)
         self._log(self.setup_source(f"{block_size}, {num_gpu}, {num_cpu}, {watermark}, {window}"))
 
     @rule(
@@ -539,6 +557,8 @@ class ManagerMachine(LockstepMachine):
             self._violate(label("M5"), f"{src} returned {res}; the spec moved {pairs}")
         if not holds("M5", before, self.model, running, self._abs(res, GPU, CPU)):
             self._violate(label("M5"), f"{src} returned {res}, which does not conserve the tables")
+        self.stats.swap_outs += 1
+        self.stats.blocks_swapped_out += len(pairs)
         self._set_status(group.get_seqs(RUNNING), SWAPPED)
         slots = sum(len(spec.real_handles(self.model.tables[q])) for q in running)
         event(f"swap_out: {'shared blocks move once' if len(pairs) < slots else 'no sharing'}")
@@ -589,6 +609,8 @@ class ManagerMachine(LockstepMachine):
             self._violate(label("M5"), f"{src} returned {res}; the spec moved {pairs}")
         if not holds("M5", before, self.model, ids, self._abs(res, CPU, GPU)):
             self._violate(label("M5"), f"{src} returned {res}, which does not conserve the tables")
+        self.stats.swap_ins += 1
+        self.stats.blocks_swapped_in += len(pairs)
         self._set_status(swapped, RUNNING)
         # The scheduler appends right after a swap-in; OK must have covered it.
         can = "can_swap_in" if expected is AllocStatus.OK else None
