@@ -1,0 +1,341 @@
+"""The spec's invariant predicates tested themselves: each registered predicate accepts a
+well-formed state and rejects a bad state built for each clause it states, so a
+weakened predicate (one that stopped checking part of what it names) fails here, not
+only in the CrossHair pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from pagedkv_spec import allocator as A
+from pagedkv_spec import manager as M
+from pagedkv_spec.device import Device
+from pagedkv_spec.invariants import REGISTRY
+from pagedkv_spec.pool import PoolState
+from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef, StepRecord
+from pagedkv_spec.table import TableRep
+
+GPU, CPU = Device.GPU, Device.CPU
+
+# ---------------------------------------------------------------- well-formed states
+
+POOL = PoolState(0, (1, 0, 2), (1,), ((0, 2),))
+ALLOC = A.AllocatorState(
+    2,
+    PoolState(0, (1, 1, 0), (2,)),
+    PoolState(3, (1, 0, 0, 0), (4, 5, 6)),
+    (
+        A.BlockRef(GPU, 0, (1, 2), None),
+        A.BlockRef(GPU, 1, (3,), 0),
+        A.BlockRef(CPU, 3, (5,), None),
+    ),
+)
+MGR = M.ManagerState(ALLOC, 0, None, {0: M.TableRef((0, 1), 3), 1: M.TableRef((2,), 1)}, {})
+SWAPPED_OUT = M.swap_out(MGR, [0], {0: 4, 1: 5})[0]
+TABLE = TableRep(2, (5, 6), (5, 6), (2, 1), 3, 0)
+
+
+def _seq(seq_id: int, status: str, table: frozenset[Device] | None) -> SeqRef:
+    tokens = (1, 2)
+    return SeqRef(seq_id, status, table, tokens, tokens if table else ())
+
+
+A_RUN = GroupRef("a", 0, False, True, (_seq(0, "RUNNING", frozenset({GPU})),))
+B_SWP = GroupRef("b", 1, False, True, (_seq(1, "SWAPPED", frozenset({CPU})),))
+C_NEW = GroupRef("c", 2, False, False, (_seq(2, "WAITING", None),))
+D_NEW = GroupRef("d", 3, False, False, (_seq(3, "WAITING", None),))
+SCHED = SchedulerView((C_NEW,), (A_RUN,), (B_SWP,), ("a", "b", "c"))
+# one step: c admitted next to a (nothing swapped, so admission may proceed)
+BEFORE = SchedulerView((C_NEW,), (A_RUN,), (), ("a", "c"))
+C_RUN = replace(C_NEW, admitted=True, seqs=(_seq(2, "RUNNING", frozenset({GPU})),))
+AFTER = SchedulerView((), (A_RUN, C_RUN), (), ("a", "c"))
+STEP = StepRecord(("c",), (), (), (), (), True, 2, 4, 2, 8)
+
+GOOD: dict[str, tuple[Any, ...]] = {
+    "P1": (POOL,),
+    "P2": (POOL,),
+    "P3": (POOL,),
+    "P5": (POOL,),
+    "I1": (ALLOC,),
+    "I4": (ALLOC,),
+    "I6": (ALLOC,),
+    "M2": (MGR,),
+    "M3": (MGR,),
+    "M4": (MGR,),
+    "M5": (MGR, SWAPPED_OUT, [0], {0: 4, 1: 5}),
+    "T1": (TABLE,),
+    "T2": (TABLE,),
+    "T3": (TABLE,),
+    "T4": (TABLE,),
+    "Q1": (SCHED,),
+    "Q2": (SCHED,),
+    "Q3": (SCHED,),
+    "Q4": (SCHED,),
+    "Q5": (BEFORE, STEP, AFTER),
+    "Q6": (STEP,),
+    "Q7": (SchedulerView((), (), (), ()), 4, 4, 2, 2),
+    "KV1": (((0, 0, "kv", "kv"),),),
+}
+
+
+def _blocks(*changes: tuple[int, A.BlockRef]) -> A.AllocatorState:
+    blocks = list(ALLOC.blocks)
+    for i, b in changes:
+        blocks[i] = b
+    return replace(ALLOC, blocks=tuple(blocks))
+
+
+def _mgr_tables(**tables: M.TableRef) -> M.ManagerState:
+    return replace(MGR, tables={int(k[1:]): t for k, t in tables.items()})
+
+
+_b0, _b1, _b2 = ALLOC.blocks
+_t0, _t1 = MGR.tables[0], MGR.tables[1]
+
+#: (invariant, clause, bad arguments): each must be rejected.
+BAD: list[tuple[str, str, tuple[Any, ...]]] = [
+    ("P1", "free id outside the pool", (replace(POOL, free=(1, 3), refcounts=(1, 0, 2)),)),
+    ("P1", "a free id twice", (replace(POOL, free=(1, 1)),)),
+    ("P1", "CoW source outside the pool", (replace(POOL, cow=((7, 2),)),)),
+    ("P1", "CoW destination outside the pool", (replace(POOL, cow=((0, 9),)),)),
+    ("P2", "a free id with a reference", (replace(POOL, free=(1, 2)),)),
+    ("P2", "an unreferenced id not free", (replace(POOL, free=()),)),
+    ("P3", "a negative refcount", (replace(POOL, refcounts=(1, 0, -1)),)),
+    ("P5", "a CoW pair onto itself", (replace(POOL, cow=((2, 2),)),)),
+    ("I1", "a refcount above its references", (replace(ALLOC, gpu=PoolState(0, (2, 1, 0), (2,))),)),
+    (
+        "I1",
+        "a refcount below its references",
+        (_blocks((2, replace(_b2, device=GPU, block_id=1))),),
+    ),
+    ("I1", "a live block outside its pool", (_blocks((2, replace(_b2, block_id=9))),)),
+    ("I1", "the null block's reference uncounted", (replace(ALLOC, null_id=2),)),
+    ("I4", "the id ranges overlap", (replace(ALLOC, cpu=PoolState(2, (1, 0, 0, 0), (3, 4, 5))),)),
+    ("I6", "more tokens than the block size", (_blocks((0, replace(_b0, token_ids=(1, 2, 3)))),)),
+    ("I6", "a predecessor that is not earlier", (_blocks((0, replace(_b0, prev=1))),)),
+    ("I6", "a freed block holding an id", (_blocks((1, replace(_b1, freed=True))),)),
+    ("M2", "one block in two slots", (_mgr_tables(t0=_t0, t1=M.TableRef((0,), 1)),)),
+    (
+        "M2",
+        "a slot naming a freed block",
+        (replace(MGR, alloc=_blocks((1, replace(_b1, block_id=None, freed=True)))),),
+    ),
+    ("M2", "a live block in no slot (a leak)", (_mgr_tables(t0=_t0),)),
+    (
+        "M2",
+        "a null slot without a null block",
+        (_mgr_tables(t0=M.TableRef((M.NULL, 0, 1), 5), t1=_t1),),
+    ),
+    ("M3", "an empty table", (_mgr_tables(t0=_t0, t1=_t1, t2=M.TableRef((), 0)),)),
+    (
+        "M3",
+        "more slots written than the table holds",
+        (_mgr_tables(t0=M.TableRef((0, 1), 5), t1=_t1),),
+    ),
+    (
+        "M3",
+        "a block holding the wrong number of tokens",
+        (_mgr_tables(t0=M.TableRef((0, 1), 4), t1=_t1),),
+    ),
+    ("M3", "one table on two devices", (_mgr_tables(t0=M.TableRef((0, 1, 2), 5)),)),
+    (
+        "M4",
+        "a null slot after a real one",
+        (
+            replace(
+                _mgr_tables(t0=M.TableRef((0, M.NULL), 4), t1=M.TableRef((1, 2), 3)),
+                alloc=replace(
+                    _blocks((1, replace(_b1, token_ids=(3, 4)))),
+                    null_id=2,
+                    gpu=PoolState(0, (1, 1, 1), ()),
+                ),
+            ),
+        ),
+    ),
+    ("M5", "one destination for two ids", (MGR, SWAPPED_OUT, [0], {0: 4, 1: 4})),
+    (
+        "M5",
+        "tokens changed by the swap",
+        (
+            MGR,
+            replace(
+                SWAPPED_OUT,
+                alloc=replace(
+                    SWAPPED_OUT.alloc,
+                    blocks=tuple(
+                        replace(b, token_ids=(9,)) if b.block_id == 5 else b
+                        for b in SWAPPED_OUT.alloc.blocks
+                    ),
+                ),
+            ),
+            [0],
+            {0: 4, 1: 5},
+        ),
+    ),
+    (
+        "M5",
+        "a reference lost by the swap",
+        (
+            MGR,
+            replace(
+                SWAPPED_OUT,
+                alloc=replace(
+                    SWAPPED_OUT.alloc, cpu=replace(SWAPPED_OUT.alloc.cpu, refcounts=(1, 0, 1, 0))
+                ),
+            ),
+            [0],
+            {0: 4, 1: 5},
+        ),
+    ),
+    ("T1", "a stale id cache", (replace(TABLE, cached_ids=(5, 7)),)),
+    ("T1", "a block without an id", (replace(TABLE, block_ids=(5, None), cached_ids=(5, 6)),)),
+    ("T2", "a block holding the wrong number of tokens", (replace(TABLE, fills=(2, 2)),)),
+    ("T2", "more slots written than the table holds", (replace(TABLE, num_full_slots=5),)),
+    ("T3", "a null entry outside the prefix", (replace(TABLE, fills=(2, None), num_full_slots=4),)),
+    ("T3", "a prefix longer than the null entries", (replace(TABLE, null_prefix=1),)),
+    ("T4", "an id in two entries", (replace(TABLE, block_ids=(5, 5), cached_ids=(5, 5)),)),
+    ("Q1", "a request queued twice", (replace(SCHED, waiting=(C_NEW, C_NEW)),)),
+    ("Q1", "a queued request not tracked", (replace(SCHED, tracked=("a", "b")),)),
+    (
+        "Q1",
+        "a finished request still waiting",
+        (replace(SCHED, waiting=(replace(C_NEW, finished=True),)),),
+    ),
+    ("Q1", "a released request unfinished", (replace(SCHED, released=(D_NEW,)),)),
+    (
+        "Q2",
+        "a sequence with another queue's status",
+        (replace(SCHED, running=(replace(A_RUN, seqs=(_seq(0, "WAITING", frozenset({GPU})),)),)),),
+    ),
+    (
+        "Q3",
+        "a RUNNING sequence without a table",
+        (replace(SCHED, running=(replace(A_RUN, seqs=(_seq(0, "RUNNING", None),)),)),),
+    ),
+    (
+        "Q3",
+        "a RUNNING sequence on the CPU",
+        (replace(SCHED, running=(replace(A_RUN, seqs=(_seq(0, "RUNNING", frozenset({CPU})),)),)),),
+    ),
+    (
+        "Q3",
+        "a WAITING sequence with a table",
+        (replace(SCHED, waiting=(replace(C_NEW, seqs=(_seq(2, "WAITING", frozenset({GPU})),)),)),),
+    ),
+    (
+        "Q3",
+        "a table holding other tokens",
+        (
+            replace(
+                SCHED,
+                running=(
+                    replace(
+                        A_RUN,
+                        seqs=(replace(_seq(0, "RUNNING", frozenset({GPU})), table_tokens=(1, 9)),),
+                    ),
+                ),
+            ),
+        ),
+    ),
+    (
+        "Q3",
+        "a released request holding a table",
+        (
+            replace(
+                SCHED,
+                released=(
+                    replace(
+                        A_RUN, finished=True, seqs=(_seq(0, "FINISHED_STOPPED", frozenset({GPU})),)
+                    ),
+                ),
+            ),
+        ),
+    ),
+    (
+        "Q4",
+        "an admitted request behind a new one",
+        (replace(SCHED, waiting=(C_NEW, replace(D_NEW, admitted=True))),),
+    ),
+    (
+        "Q4",
+        "new requests out of arrival order",
+        (replace(SCHED, waiting=(D_NEW, C_NEW), tracked=("a", "b", "c", "d")),),
+    ),
+    ("Q5", "an event without a reason", (BEFORE, replace(STEP, reasons_given=False), AFTER)),
+    (
+        "Q5",
+        "a waiting request skipped",
+        (replace(BEFORE, waiting=(D_NEW, C_NEW)), STEP, replace(AFTER, waiting=(D_NEW,))),
+    ),
+    (
+        "Q5",
+        "a victim that is not the newest",
+        (
+            replace(BEFORE, running=(A_RUN, C_RUN), waiting=()),
+            replace(STEP, admitted=(), preempted=(("a", "RECOMPUTE"),)),
+            SchedulerView((A_RUN,), (C_RUN,), (), ("a", "c")),
+        ),
+    ),
+    (
+        "Q5",
+        "work placed after a preemption",
+        (
+            replace(BEFORE, running=(A_RUN, C_RUN), waiting=(D_NEW,)),
+            replace(STEP, admitted=("d",), preempted=(("c", "RECOMPUTE"),)),
+            SchedulerView((C_NEW,), (A_RUN, D_NEW), (), ("a", "c", "d")),
+        ),
+    ),
+    (
+        "Q5",
+        "admitted while a request stays swapped",
+        (replace(BEFORE, swapped=(B_SWP,)), STEP, replace(AFTER, swapped=(B_SWP,))),
+    ),
+    (
+        "Q5",
+        "a recompute victim at the back of waiting",
+        (
+            replace(BEFORE, running=(A_RUN, C_RUN), waiting=(D_NEW,)),
+            replace(STEP, admitted=(), preempted=(("c", "RECOMPUTE"),)),
+            SchedulerView((D_NEW, C_NEW), (A_RUN,), (), ("a", "c", "d")),
+        ),
+    ),
+    (
+        "Q5",
+        "a swap victim not at the back of swapped",
+        (
+            replace(BEFORE, running=(A_RUN, C_RUN), waiting=(), swapped=(B_SWP,)),
+            replace(STEP, admitted=(), preempted=(("c", "SWAP"),)),
+            SchedulerView((), (A_RUN,), (C_RUN, B_SWP), ("a", "b", "c")),
+        ),
+    ),
+    ("Q6", "more sequences than max_num_seqs", (replace(STEP, num_running_seqs=3),)),
+    ("Q6", "more tokens than max_num_batched_tokens", (replace(STEP, num_batched_tokens=9),)),
+    ("Q7", "a request still queued", (SCHED, 4, 4, 2, 2)),
+    ("Q7", "a GPU block not returned", (SchedulerView((), (), (), ()), 3, 4, 2, 2)),
+    ("Q7", "a CPU block not returned", (SchedulerView((), (), (), ()), 4, 4, 1, 2)),
+    ("KV1", "a position holding other KV", (((0, 0, "kv", "kv"), (0, 1, "kv", "stale")),)),
+]
+
+
+@pytest.mark.parametrize("invariant_id", sorted(GOOD))
+def test_predicate_accepts_a_well_formed_state(invariant_id: str) -> None:
+    assert REGISTRY[invariant_id].predicate(*GOOD[invariant_id])
+
+
+@pytest.mark.parametrize(
+    ("invariant_id", "clause", "args"), BAD, ids=[f"{i}: {c}" for i, c, _ in BAD]
+)
+def test_predicate_rejects_a_state_breaking_one_clause(
+    invariant_id: str, clause: str, args: tuple[Any, ...]
+) -> None:
+    assert not REGISTRY[invariant_id].predicate(*args), clause
+
+
+def test_every_registered_predicate_is_tested_here() -> None:
+    leaves = {i.id for i in REGISTRY.values() if not i.parts}
+    assert set(GOOD) == leaves
+    assert {i for i, _, _ in BAD} == leaves
