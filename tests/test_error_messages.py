@@ -615,6 +615,13 @@ def _on_group(
     return run
 
 
+def _running_group(request_id: str, seq_id: int) -> SequenceGroup:
+    """A group of one RUNNING sequence that no manager has a table for."""
+    g = SequenceGroup(request_id, [Sequence(seq_id, [1])])
+    g.get_seqs()[0].status = RUNNING
+    return g
+
+
 def _second_cross_table() -> None:
     m = BlockSpaceManager(2, 6, 0, watermark=0.0)
     m.allocate(SequenceGroup("ed", [Sequence(0, [1, 2])], encoder_seq=Sequence(100, [9])))
@@ -831,6 +838,18 @@ MANAGER_MESSAGES = [
         _on_group(lambda m, g: m.append_slots(g.get_seqs()[0], -2)),
         InvalidSequenceStateError,
         "num_lookahead_slots must be >= 0, got -2",
+    ),
+    case(
+        "append_slots_batch lookahead",
+        _on_group(lambda m, g: m.append_slots_batch([g], -4)),
+        InvalidSequenceStateError,
+        "num_lookahead_slots must be >= 0, got -4",
+    ),
+    case(
+        "append_slots_batch unknown sequence",
+        _on_group(lambda m, g: m.append_slots_batch([g, _running_group("x", 8)])),
+        UnknownSequenceError,
+        "sequence 8 has no block table; allocate it first",
     ),
     case(
         "swap in from the GPU",

@@ -616,6 +616,15 @@ def test_append_slots_batch_returns_copy_on_write_pairs_in_order() -> None:
     assert done == (1, [(1, 2)]) and m.stats.cow_copies == 1
 
 
+def test_append_slots_batch_reserves_no_lookahead_by_default() -> None:
+    m = BlockSpaceManager(2, 4, 0, watermark=0.0)
+    g = group_of("a", [1])
+    admit(m, g)
+    g.get_seqs()[0].append_token_id(2)  # fills block 0: no new block without lookahead
+    assert m.append_slots_batch([g]) == (1, []) and m.get_num_free_gpu_blocks() == 3
+    assert m.get_block_table(g.get_seqs()[0]) == [0]
+
+
 def test_append_slots_batch_errors_change_nothing() -> None:
     m = BlockSpaceManager(2, 8, 8, watermark=0.0)
     a, b = group_of("a", [1, 2, 3]), group_of("b", [1, 2, 3], first_id=1)
