@@ -459,6 +459,19 @@ def test_lookahead_slots_count_when_a_swapped_group_comes_back() -> None:
     assert sched.block_manager.get_num_free_gpu_blocks() == 1
 
 
+def test_lookahead_slots_are_reserved_when_a_swapped_group_comes_back() -> None:
+    sched = make(num_gpu=3, num_cpu=8, block_size=2, preemption_mode="swap", lookahead=1)
+    add(sched, "a", 1)
+    b = add(sched, "b", 1)
+    step(sched)
+    assert [p.request_id for p in step(sched).preempted] == ["b"]
+    sched.abort_seq_group("a")
+    out = sched.schedule()
+    assert out.swapped_in == ["b"] and len(first(b).get_token_ids()) == 2
+    # 2 tokens + 1 lookahead slot: b's full block and one more
+    assert len(sched.block_manager.get_block_table(first(b))) == 2
+
+
 # ---------------------------------------------------------------------------- preemption
 
 
