@@ -288,6 +288,18 @@ def test_manager_errors_name_the_sequence() -> None:
     assert "no SWAPPED sequence" in str(err)
 
 
+def test_swaps_without_a_sequence_to_move_say_which_status_is_missing() -> None:
+    # swap_in / swap_out check on their own (not through can_swap_in / can_swap_out)
+    m = BlockSpaceManager(2, 4, 4, watermark=0.0)
+    g = group_of("a", [1])
+    admit(m, g)
+    err = raised(InvalidSequenceStateError, m.swap_in, g)
+    assert str(err) == "cannot swap in: the group has no SWAPPED sequence"
+    g.get_seqs()[0].status = SequenceStatus.WAITING
+    err = raised(InvalidSequenceStateError, m.swap_out, g)
+    assert str(err) == "cannot swap out: the group has no RUNNING sequence"
+
+
 def test_unknown_and_duplicate_sequences_are_named() -> None:
     m = BlockSpaceManager(2, 4, 0, watermark=0.0)
     g = group_of("a", [1])
