@@ -57,4 +57,6 @@ def test_readonly_view_rejects_ids_outside_its_range() -> None:
     for bad in (9, 13):  # 13 is the range's stop: one past the last id
         err = raised(RefCountError, view.get, bad)
         assert err.block_id == bad
-        assert str(err) == f"refcount of block {bad}: unknown id (this counter tracks range(10, 13))"
+        assert (
+            str(err) == f"refcount of block {bad}: unknown id (this counter tracks range(10, 13))"
+        )
