@@ -748,6 +748,21 @@ def test_table_over_prepared_blocks() -> None:
     assert t2.physical_block_ids == [0, 1] and t2.num_full_slots == 4
 
 
+def test_prepared_blocks_errors_name_the_offending_block() -> None:
+    alloc = make(num_gpu=6, block_size=2)
+    null = alloc.allocate_or_get_null_block()
+    full = alloc.allocate_immutable_block(None, [1, 2], GPU)
+    part = alloc.allocate_immutable_block(full, [3], GPU)
+    full2 = alloc.allocate_immutable_block(part, [4, 5], GPU)
+    for blocks, fragment in (
+        ([null, full, null], "null block at index 2 after a real block"),  # not the prefix's 0
+        ([full, part, full2], "block 2 holds tokens after a partially filled block"),
+        ([null, full, part, full2], "block 3 holds tokens after a partially filled block"),
+    ):
+        err = raised(InvalidBlockTableArgumentError, BlockTable, 2, alloc, blocks)
+        assert str(err).startswith(fragment), (blocks, str(err))
+
+
 def test_table_over_an_allocator_it_cannot_peek_into() -> None:
     inner = make(num_gpu=6, block_size=2)
     opaque = Opaque(inner)

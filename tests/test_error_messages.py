@@ -620,6 +620,23 @@ def _on_group(
     return run
 
 
+def _running_group(request_id: str, seq_id: int) -> SequenceGroup:
+    """A group of one RUNNING sequence that no manager has a table for."""
+    g = SequenceGroup(request_id, [Sequence(seq_id, [1])])
+    g.get_seqs()[0].status = RUNNING
+    return g
+
+
+def _batch_with_a_group_on_the_cpu() -> None:
+    """append_slots_batch over request 'a' (on the GPU) and 'b' (swapped out, RUNNING)."""
+    m, a = _manager_with([1])
+    b = SequenceGroup("b", [Sequence(1, [1])])
+    m.allocate(b)
+    b.get_seqs()[0].status = RUNNING
+    m.swap_out(b)  # the status stays RUNNING
+    m.append_slots_batch([a, b])
+
+
 def _second_cross_table() -> None:
     m = BlockSpaceManager(2, 6, 0, watermark=0.0)
     m.allocate(SequenceGroup("ed", [Sequence(0, [1, 2])], encoder_seq=Sequence(100, [9])))
@@ -836,6 +853,24 @@ MANAGER_MESSAGES = [
         _on_group(lambda m, g: m.append_slots(g.get_seqs()[0], -2)),
         InvalidSequenceStateError,
         "num_lookahead_slots must be >= 0, got -2",
+    ),
+    case(
+        "append_slots_batch lookahead",
+        _on_group(lambda m, g: m.append_slots_batch([g], -4)),
+        InvalidSequenceStateError,
+        "num_lookahead_slots must be >= 0, got -4",
+    ),
+    case(
+        "append_slots_batch unknown sequence",
+        _on_group(lambda m, g: m.append_slots_batch([g, _running_group("x", 8)])),
+        UnknownSequenceError,
+        "sequence 8 has no block table; allocate it first",
+    ),
+    case(
+        "append_slots_batch on the CPU",
+        _batch_with_a_group_on_the_cpu,
+        InvalidSequenceStateError,
+        "cannot append to sequence 1: its blocks are on CPU, not GPU",
     ),
     case(
         "swap in from the GPU",

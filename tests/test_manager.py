@@ -289,6 +289,18 @@ def test_manager_errors_name_the_sequence() -> None:
     assert "no SWAPPED sequence" in str(err)
 
 
+def test_swaps_without_a_sequence_to_move_say_which_status_is_missing() -> None:
+    # swap_in / swap_out check on their own (not through can_swap_in / can_swap_out)
+    m = BlockSpaceManager(2, 4, 4, watermark=0.0)
+    g = group_of("a", [1])
+    admit(m, g)
+    err = raised(InvalidSequenceStateError, m.swap_in, g)
+    assert str(err) == "cannot swap in: the group has no SWAPPED sequence"
+    g.get_seqs()[0].status = SequenceStatus.WAITING
+    err = raised(InvalidSequenceStateError, m.swap_out, g)
+    assert str(err) == "cannot swap out: the group has no RUNNING sequence"
+
+
 def test_unknown_and_duplicate_sequences_are_named() -> None:
     m = BlockSpaceManager(2, 4, 0, watermark=0.0)
     g = group_of("a", [1])
@@ -615,6 +627,15 @@ def test_append_slots_batch_returns_copy_on_write_pairs_in_order() -> None:
         seq.append_token_id(token)
     done = m.append_slots_batch([g])
     assert done == (1, [(1, 2)]) and m.stats.cow_copies == 1
+
+
+def test_append_slots_batch_reserves_no_lookahead_by_default() -> None:
+    m = BlockSpaceManager(2, 4, 0, watermark=0.0)
+    g = group_of("a", [1])
+    admit(m, g)
+    g.get_seqs()[0].append_token_id(2)  # fills block 0: no new block without lookahead
+    assert m.append_slots_batch([g]) == (1, []) and m.get_num_free_gpu_blocks() == 3
+    assert m.get_block_table(g.get_seqs()[0]) == [0]
 
 
 def test_append_slots_batch_errors_change_nothing() -> None:

@@ -245,6 +245,43 @@ def test_foreign_block_rejected() -> None:
         a.get_physical_block_id(7)
 
 
+def test_append_if_private_writes_only_a_live_private_block_with_room() -> None:
+    a = NaiveBlockAllocator(4, 2)
+    b = a.allocate_mutable_block(None)
+    assert b.append_token_ids_if_private([1]) is True and b.token_ids == [1]
+    assert b.append_token_ids_if_private([2]) is True and b.token_ids == [1, 2]  # exact fit
+    assert b.append_token_ids_if_private([3]) is False and b.token_ids == [1, 2]  # full
+    c = a.allocate_mutable_block(None)
+    assert c.append_token_ids_if_private([1]) is True
+    assert c.append_token_ids_if_private([2, 3]) is False and c.token_ids == [1]  # no room
+    (fork,) = a.fork(c)
+    assert c.append_token_ids_if_private([2]) is False and c.token_ids == [1]  # shared
+    assert fork.token_ids == [1]
+    a.free(b)
+    assert b.append_token_ids_if_private([1]) is False  # freed
+
+
+def test_foreign_block_rejected_when_its_id_is_live_here_too() -> None:
+    a, b = NaiveBlockAllocator(2, 2), NaiveBlockAllocator(2, 2)
+    mine, theirs = a.allocate_mutable_block(None), b.allocate_mutable_block(None)
+    assert mine.block_id == theirs.block_id  # the same id, live in both pools
+    with pytest.raises(ForeignBlockError):
+        a.free(theirs)
+    assert a.refcounter.get(mine.block_id or 0) == 1 and a.get_num_free_blocks() == 1
+    assert b.refcounter.get(theirs.block_id or 0) == 1 and theirs.block_id is not None
+
+
+def test_free_of_a_shared_block_drops_one_reference() -> None:
+    a = NaiveBlockAllocator(2, 2)
+    blk = a.allocate_mutable_block(None)
+    (fork,) = a.fork(blk)
+    a.free(blk)
+    assert blk.block_id is None and fork.block_id == 0
+    assert a.refcounter.get(0) == 1 and a.get_num_free_blocks() == 1
+    a.free(fork)
+    assert a.refcounter.get(0) == 0 and a.get_num_free_blocks() == 2
+
+
 def test_misuse_errors_name_the_operation() -> None:
     a = NaiveBlockAllocator(2, 2, name="GPU")
     other = NaiveBlockAllocator(2, 2)

@@ -47,3 +47,16 @@ def test_refcounter_counts_and_errors() -> None:
     view = rc.as_readonly()
     assert view.get(12) == 2 and not hasattr(view, "incr")
     assert RefCounter(range(10, 13)).get(11) == 0
+
+
+def test_readonly_view_rejects_ids_outside_its_range() -> None:
+    rc = RefCounter([10, 11, 12])
+    rc.incr(12)
+    view = rc.as_readonly()
+    assert view.get(10) == 0 and view.get(12) == 1
+    for bad in (9, 13):  # 13 is the range's stop: one past the last id
+        err = raised(RefCountError, view.get, bad)
+        assert err.block_id == bad
+        assert (
+            str(err) == f"refcount of block {bad}: unknown id (this counter tracks range(10, 13))"
+        )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import raised
-from pagedkv import Sequence, SequenceGroup, SequenceStatus
+from pagedkv import Device, Sequence, SequenceGroup, SequenceStatus
 from pagedkv.errors import (
     DuplicateRequestError,
     InvalidSchedulerConfigError,
@@ -22,6 +22,7 @@ from pagedkv.errors import (
 )
 from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerConfig
 from pagedkv_spec.invariants import REGISTRY
+from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef
 from scheduler_helpers import add, ids, make, one_in_each_queue, step
 
 RUNNING, WAITING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.WAITING, SequenceStatus.SWAPPED
@@ -465,6 +466,19 @@ def test_lookahead_slots_count_when_a_swapped_group_comes_back() -> None:
     assert sched.block_manager.get_num_free_gpu_blocks() == 1
 
 
+def test_lookahead_slots_are_reserved_when_a_swapped_group_comes_back() -> None:
+    sched = make(num_gpu=3, num_cpu=8, block_size=2, preemption_mode="swap", lookahead=1)
+    add(sched, "a", 1)
+    b = add(sched, "b", 1)
+    step(sched)
+    assert [p.request_id for p in step(sched).preempted] == ["b"]
+    sched.abort_seq_group("a")
+    out = sched.schedule()
+    assert out.swapped_in == ["b"] and len(first(b).get_token_ids()) == 2
+    # 2 tokens + 1 lookahead slot: b's full block and one more
+    assert len(sched.block_manager.get_block_table(first(b))) == 2
+
+
 # ---------------------------------------------------------------------------- preemption
 
 
@@ -682,3 +696,42 @@ def test_check_invariants_accepts_finished_groups_still_running() -> None:
     sched.finish_seq(a.get_seqs()[1])
     sched.check_invariants()  # a finished group waits in running for free_finished_seq_groups
     assert ids(sched.running) == ["a", "b"]
+
+
+# ---------------------------------------------------------------------------- to_spec
+
+
+def test_to_spec_describes_each_queue() -> None:
+    sched, _, _, _ = one_in_each_queue()
+    gpu, cpu = frozenset({Device.GPU}), frozenset({Device.CPU})
+    prompt_a, prompt_b = (7,) * 8, (7,) * 6
+    assert sched.to_spec() == SchedulerView(
+        waiting=(GroupRef("c", 2, False, False, (SeqRef(3, "WAITING", None, (7,)),)),),
+        running=(
+            GroupRef(
+                "a", 0, False, True, (SeqRef(0, "RUNNING", gpu, (*prompt_a, 0, 0), (*prompt_a, 0)),)
+            ),
+        ),
+        swapped=(
+            GroupRef(
+                "b",
+                1,
+                False,
+                True,
+                (
+                    SeqRef(1, "SWAPPED", cpu, (*prompt_b, 1), prompt_b),
+                    SeqRef(2, "SWAPPED", cpu, (*prompt_b, 2), prompt_b),
+                ),
+            ),
+        ),
+        tracked=("a", "b", "c"),
+    )
+    view = sched.to_spec()
+    assert view.waiting[0].admitted is False and view.running[0].admitted is True
+
+
+def test_to_spec_sorts_an_untracked_group_last() -> None:
+    sched, _, _, _ = one_in_each_queue()
+    del sched._groups["c"]  # a Q1 fault: c is queued but not tracked
+    view = sched.to_spec()
+    assert view.tracked == ("a", "b") and view.waiting[0].arrival == 2
