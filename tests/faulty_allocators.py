@@ -306,7 +306,7 @@ class OwnTypesManager(BlockSpaceManager):
     waiting sequence (vLLM's ``can_allocate`` fails the same way, with IndexError)."""
 
     def can_allocate(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocDecision:
-        seq_group.get_seqs(OwnStatus.WAITING)[0]  # type: ignore[arg-type]
+        seq_group.get_seqs(OwnStatus.WAITING)[0]  # type: ignore[arg-type]  # the mistake planted
         return super().can_allocate(seq_group, num_lookahead_slots)
 
 

@@ -400,7 +400,7 @@ def _config(preset_like: Preset, **changes: object) -> SimulationConfig:
         device="cpu",
         check=False,  # the checks are the other tests' business; these read the state
     )
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]  # fields vary by key
 
 
 # (name, requests, config): together they make every figure nonzero somewhere.

@@ -54,7 +54,7 @@ def _preset(rate: float, **changes: object) -> Preset:
         "num_gpu_blocks": 1,
         "num_cpu_blocks": 0,
     }
-    return Preset(**{**fields, **changes})  # type: ignore[arg-type]
+    return Preset(**{**fields, **changes})  # type: ignore[arg-type]  # fields vary by key
 
 
 @functools.cache
