@@ -638,6 +638,38 @@ def test_append_slots_batch_reserves_no_lookahead_by_default() -> None:
     assert m.get_block_table(g.get_seqs()[0]) == [0]
 
 
+def test_append_slots_batch_with_a_sliding_window_drops_blocks_like_append_slots() -> None:
+    managers = [BlockSpaceManager(2, 8, 0, watermark=0.0, sliding_window=4) for _ in range(2)]
+    sides = [[group_of("a", list(range(1, 11)))] for _ in range(2)]  # 5 blocks
+    for m, (g,) in zip(managers, sides, strict=True):
+        admit(m, g)
+        seq = g.get_seqs()[0]
+        seq.update_num_computed_tokens(10)
+        seq.append_token_id(11)
+    want = per_group_step(managers[0], sides[0], 0)
+    got = managers[1].append_slots_batch(sides[1], 0)
+    assert (got.num_appended, got.blocks_to_copy) == want == (1, [])
+    assert managers[1].to_spec() == managers[0].to_spec()
+    table = managers[1].get_block_table(sides[1][0].get_seqs()[0])
+    null = managers[1].block_allocator.null_block
+    assert null is not None and table[0] == null.block_id  # block 0 left the window
+    assert null.block_id not in table[1:]
+
+
+def test_append_slots_batch_counts_copy_on_writes_across_calls() -> None:
+    m = BlockSpaceManager(4, 16, 0, watermark=0.0)
+    g = group_of("a", [1, 2, 3, 4, 5, 6], n=2)
+    admit(m, g)
+    for seq in g.get_seqs():
+        seq.append_token_id(7 + seq.seq_id)
+    assert len(m.append_slots_batch([g]).blocks_to_copy) == 1
+    first = g.get_seqs()[0]
+    m.fork(first, Sequence(5, first.get_token_ids()))  # shares first's last block again
+    first.append_token_id(9)
+    assert len(m.append_slots_batch([g]).blocks_to_copy) == 1
+    assert m.stats.cow_copies == 2
+
+
 def test_append_slots_batch_errors_change_nothing() -> None:
     m = BlockSpaceManager(2, 8, 8, watermark=0.0)
     a, b = group_of("a", [1, 2, 3]), group_of("b", [1, 2, 3], first_id=1)
