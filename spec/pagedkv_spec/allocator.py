@@ -35,7 +35,7 @@ Complexity: irrelevant.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pagedkv_spec.contracts import exempt
@@ -522,6 +522,20 @@ def _swap_mapping_ok(
     )
 
 
+@exempt("the choice judgement of swap, shared with the manager's swap preconditions")
+def swap_choice_ok(
+    s: AllocatorState,
+    handles: Sequence[int],
+    src_device: Device,
+    dst_device: Device,
+    mapping: Mapping[int, int],
+) -> bool:
+    """``mapping`` is a legal choice for this swap, or the swap raises a typed error first."""
+    return _swap_rejected(s, handles, src_device, dst_device) or _swap_mapping_ok(
+        s, handles, dst_device, dict(mapping)
+    )
+
+
 def swap(
     s: AllocatorState,
     handles: Sequence[int],
@@ -542,9 +556,9 @@ def swap(
     too few free destination blocks (NoFreeBlocksError).
     """
     assert state_ok(s)
-    assert _swap_rejected(s, handles, src_device, dst_device) or _swap_mapping_ok(
-        s, handles, dst_device, mapping
-    ), "swap mapping must cover the moved ids, injectively, onto free ids"
+    assert swap_choice_ok(s, handles, src_device, dst_device, mapping), (
+        "M5: swap mapping must cover the moved ids, injectively, onto free ids"
+    )
     if src_device is dst_device:
         raise InvalidSwapError(f"source and destination are both {src_device.name}")
     handles = list(dict.fromkeys(handles))  # a block object listed twice moves once

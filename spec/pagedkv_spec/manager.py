@@ -712,6 +712,17 @@ def can_swap_in(
     return out
 
 
+def _swap_choice_ok(
+    s: ManagerState, seq_ids: Sequence[int], src: Device, dst: Device, mapping: Mapping[int, int]
+) -> bool:
+    """The allocator's swap judgement for these sequences' blocks (True when the call
+    raises a typed error before any choice is looked at)."""
+    if not seq_ids or any(q not in s.tables for q in seq_ids):
+        return True
+    handles = [h for q in seq_ids for h in real_handles(s.tables[q])]
+    return A.swap_choice_ok(s.alloc, handles, src, dst, mapping)
+
+
 def _swap(
     s: ManagerState,
     seq_ids: Sequence[int],
@@ -743,6 +754,7 @@ def swap_out(
 ) -> tuple[ManagerState, tuple[tuple[int, int], ...]]:
     """Move the RUNNING sequences' blocks GPU -> CPU; returns physical (gpu, cpu) pairs."""
     assert manager_ok(s)
+    assert _swap_choice_ok(s, seq_ids, GPU, CPU, mapping), "M5: not a legal swap mapping"
     return _swap(s, seq_ids, GPU, CPU, mapping)
 
 
@@ -751,4 +763,5 @@ def swap_in(
 ) -> tuple[ManagerState, tuple[tuple[int, int], ...]]:
     """Move the SWAPPED sequences' blocks CPU -> GPU; returns physical (cpu, gpu) pairs."""
     assert manager_ok(s)
+    assert _swap_choice_ok(s, seq_ids, CPU, GPU, mapping), "M5: not a legal swap mapping"
     return _swap(s, seq_ids, CPU, GPU, mapping)
