@@ -290,17 +290,10 @@ def test_ctrl_c_while_shrinking_reports_the_shortest_program_seen() -> None:
     assert isinstance(replay(finding), AssertionError)
 
 
-def test_optimize_flag_warns_that_contracts_are_off() -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-O",
-            "-m",
-            "pagedkv_stateful.conform",
-            "faulty_allocators:fifo_allocator",
-            "--max-examples",
-            "5",
-        ],
+def run_conform_module(*args: str, flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """``python [flags] -m pagedkv_stateful.conform ARGS`` in tests/, this tree on the path."""
+    return subprocess.run(
+        [sys.executable, *flags, "-m", "pagedkv_stateful.conform", *args],
         cwd=TESTS,
         env=ENV,
         capture_output=True,
@@ -308,29 +301,20 @@ def test_optimize_flag_warns_that_contracts_are_off() -> None:
         check=False,
         timeout=300,
     )
+
+
+def test_optimize_flag_warns_that_contracts_are_off() -> None:
+    proc = run_conform_module(
+        "faulty_allocators:fifo_allocator", "--max-examples", "5", flags=("-O",)
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stderr.startswith("pagedkv conform: warning: running under python -O")
     assert "postconditions are not checked" in proc.stderr
 
 
 def test_module_entry_point() -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pagedkv_stateful.conform",
-            "faulty_allocators:shared_free_allocator",
-            "--max-examples",
-            "100",
-            "--max-violations",
-            "1",
-        ],
-        cwd=TESTS,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
+    proc = run_conform_module(
+        "faulty_allocators:shared_free_allocator", "--max-examples", "100", "--max-violations", "1"
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "violation 1: free count (GPU)" in proc.stdout
