@@ -62,7 +62,7 @@ def test_two_pool_config_errors() -> None:
 
 def test_create_rejects_unknown_type_and_sizes() -> None:
     with pytest.raises(InvalidAllocatorConfigError, match="naive"):
-        CpuGpuBlockAllocator.create("prefix_caching", 4, 4, 16)
+        CpuGpuBlockAllocator.create("lru", 4, 4, 16)
     with pytest.raises(InvalidAllocatorConfigError):
         CpuGpuBlockAllocator.create("naive", -1, 4, 16)
     with pytest.raises(InvalidAllocatorConfigError):

@@ -401,7 +401,7 @@ ALLOCATOR_MESSAGES = [
         "allocator_type",
         lambda: CpuGpuBlockAllocator.create("x", 1, 1, 1),
         InvalidAllocatorConfigError,
-        "allocator_type 'x' is not supported; use 'naive' (prefix caching is not implemented)",
+        "allocator_type 'x' is not supported; use 'naive' or 'prefix_caching'",
     ),
     case(
         "num_gpu_blocks negative",

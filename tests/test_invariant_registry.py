@@ -30,10 +30,13 @@ from pagedkv import (
     SequenceStatus,
 )
 from pagedkv.errors import InvariantViolationError
+from pagedkv.evictor import LRUEvictor
+from pagedkv.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv_spec import invariants
 from pagedkv_spec.invariants import LAYERS, REGISTRY, observe
 from pagedkv_stateful.allocator_machine import AllocatorMachine
+from pagedkv_stateful.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.kv_machine import KVMachine
 from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import find_fast
@@ -48,7 +51,7 @@ RUNNING, WAITING = SequenceStatus.RUNNING, SequenceStatus.WAITING
 
 
 def test_registry_is_well_formed() -> None:
-    prefixes = {"pool": "P", "allocator": "I", "manager": "M", "table": "T"}
+    prefixes = {"pool": "P", "allocator": "I", "caching": "C", "manager": "M", "table": "T"}
     prefixes |= {"scheduler": "Q", "kv": "KV"}
     for id_, inv in REGISTRY.items():
         assert inv.id == id_ and inv.layer in LAYERS and inv.kind in ("state", "step")
@@ -148,6 +151,7 @@ def _probe(
 #: those it checks per object (every table): after every step with such objects.
 AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] = {
     AllocatorMachine: ({"P1", "P2", "P3", "P5", "I1", "I4", "I6"}, set()),
+    CachingAllocatorMachine: ({"C1", "C2", "C3", "C4", "C5", "C6", "C7"}, set()),
     ManagerMachine: (
         {"P1", "P2", "P3", "P5", "I1", "I4", "I6", "M2", "M3", "M4"},
         {"T1", "T2", "T3", "T4"},
@@ -401,7 +405,61 @@ def _planted_kv1() -> str:
 
 
 #: One planted bug per registered invariant (composites are planted through their parts).
+def _planted_caching(corrupt: Callable[[Any, list[Any]], None]) -> Callable[[], str]:
+    """A prefix-caching allocator with a cached chain, a mutable block and an evictable
+    block, corrupted by ``corrupt(gpu_pool, blocks)``, then checked."""
+
+    def run() -> str:
+        a = CpuGpuBlockAllocator.create("prefix_caching", 6, 2, 2)
+        chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], GPU)
+        tail = a.allocate_mutable_block(chain[-1], GPU)
+        gone = a.allocate_immutable_blocks(None, [[7, 7]], GPU)
+        a.free(gone[0])  # now in the evictor
+        live = [*chain, tail]
+        corrupt(a.get_allocator(GPU), live)
+        return _violation(lambda: a.check_invariants(dict(enumerate(live))))
+
+    return run
+
+
+def _c2(pool: Any, live: list[Any]) -> None:  # a free-pool id entered in the map
+    pool._cached[b"not a block"] = 5
+
+
+def _c3(pool: Any, live: list[Any]) -> None:  # a cached block's tokens no longer its key's
+    live[1]._token_ids[0] = 9
+
+
+class _NewestFirstEvictor(LRUEvictor):
+    """Evicts the most recently used block: the wrong end of the order (C8)."""
+
+    def evict(self) -> tuple[int, Any]:
+        block_id, key, _, _ = self.entries()[-1]
+        self.remove(block_id)
+        return block_id, key
+
+
+def _planted_c8() -> str:
+    class Planted(CachingAllocatorMachine):
+        def make_impl(self, *args: Any) -> Any:
+            a = CpuGpuBlockAllocator.create("prefix_caching", *args)
+            pool = a.get_allocator(GPU)
+            assert isinstance(pool, PrefixCachingBlockAllocator)
+            pool._evictor = _NewestFirstEvictor()
+            return a
+
+    return _machine_failure(Planted, 600)
+
+
 PLANTED: dict[str, Callable[[], str]] = {
+    "C1": _planted_caching(lambda p, live: p._stack.append(live[0].block_id)),  # free and used
+    "C2": _planted_caching(_c2),
+    "C3": _planted_caching(_c3),
+    "C4": _planted_caching(lambda p, live: p._rc.__setitem__(live[0].block_id, 3)),
+    "C5": _planted_caching(lambda p, live: p._computed.__setitem__(live[2].block_id, 1)),
+    "C6": _planted_caching(lambda p, live: p._cow.append((0, 0))),
+    "C7": _planted_caching(lambda p, live: setattr(p, "_hits", 9)),
+    "C8": _planted_c8,
     "P1": _planted_pool(lambda a: a._stack.append(3)),  # id 3 twice on the free list
     "P2": _planted_pool(lambda a: a._rc.__setitem__(3, 1)),  # a free id with a reference
     "P3": _planted_pool(lambda a: a._rc.__setitem__(0, -1)),

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pagedkv_spec import allocator as A
+from pagedkv_spec import caching as C
 from pagedkv_spec import manager as M
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import REGISTRY
@@ -22,6 +23,29 @@ from pagedkv_spec.table import TableRep
 GPU, CPU = Device.GPU, Device.CPU
 
 # ---------------------------------------------------------------- well-formed states
+
+# a caching state: id 0 cached and in use, id 1 cached in the evictor, id 2 free
+_K0 = C.content_key(None, (1, 2), ())
+_K1 = C.content_key(_K0, (3, 4), ())
+CACHE = C.CachingState(
+    2,
+    C.CachePool(
+        0,
+        (1, 0, 0),
+        (2,),
+        frozenset({1}),
+        ((_K0, 0), (_K1, 1)),
+        frozenset({0, 1}),
+        frozenset(),
+        (-1.0, 3.0, -1.0),
+        (),
+        1,
+        2,
+        0,
+    ),
+    C.CachePool(3, (), (), last_accessed=()),
+    (C.CBlock(GPU, 0, (1, 2), None, (), _K0),),
+)
 
 POOL = PoolState(0, (1, 0, 2), (1,), ((0, 2),))
 ALLOC = A.AllocatorState(
@@ -56,6 +80,14 @@ AFTER = SchedulerView((), (A_RUN, C_RUN), (), ("a", "c"))
 STEP = StepRecord(("c",), (), (), (), (), True, 2, 4, 2, 8)
 
 GOOD: dict[str, tuple[Any, ...]] = {
+    "C1": (CACHE,),
+    "C2": (CACHE,),
+    "C3": (CACHE,),
+    "C4": (CACHE,),
+    "C5": (CACHE,),
+    "C6": (CACHE,),
+    "C7": (CACHE,),
+    "C8": (CACHE, CACHE),
     "P1": (POOL,),
     "P2": (POOL,),
     "P3": (POOL,),
@@ -96,8 +128,70 @@ def _mgr_tables(**tables: M.TableRef) -> M.ManagerState:
 _b0, _b1, _b2 = ALLOC.blocks
 _t0, _t1 = MGR.tables[0], MGR.tables[1]
 
+
 #: (invariant, clause, bad arguments): each must be rejected.
+def _gpu(**kw: Any) -> C.CachingState:
+    return replace(CACHE, gpu=replace(CACHE.gpu, **kw))
+
+
 BAD: list[tuple[str, str, tuple[Any, ...]]] = [
+    ("C1", "an id both free and in the evictor", (_gpu(free=(2, 1)),)),
+    ("C1", "an id in no place", (_gpu(free=()),)),
+    ("C1", "a negative refcount", (_gpu(refcounts=(1, 0, -1)),)),
+    ("C2", "an evictor id not in the map", (_gpu(cached=((_K0, 0),)),)),
+    (
+        "C2",
+        "a free id in the map",
+        (_gpu(cached=((_K0, 0), (_K1, 1), (C.content_key(None, (9, 9), ()), 2))),),
+    ),
+    ("C2", "two keys on one id", (_gpu(cached=((_K0, 0), (_K1, 0))),)),
+    (
+        "C3",
+        "a key that ignores the tokens",
+        (replace(CACHE, blocks=(C.CBlock(GPU, 0, (1, 9), None, (), _K0),)),),
+    ),
+    (
+        "C3",
+        "a key that ignores the extra keys",
+        (replace(CACHE, blocks=(C.CBlock(GPU, 0, (1, 2), None, ("salt",), _K0),)),),
+    ),
+    (
+        "C3",
+        "a keyed block naming another id",
+        (
+            replace(
+                CACHE,
+                blocks=(C.CBlock(GPU, 2, (1, 2), None, (), _K0),),
+                gpu=replace(CACHE.gpu, refcounts=(0, 0, 1), free=(0,)),
+            ),
+        ),
+    ),
+    ("C4", "a refcount without a reference", (_gpu(refcounts=(2, 0, 0)),)),
+    ("C5", "a computed id not cached", (_gpu(computed=frozenset({0, 2})),)),
+    ("C5", "a touched id computed", (_gpu(touched=frozenset({0})),)),
+    ("C5", "a touched id in the evictor", (_gpu(touched=frozenset({1}), computed=frozenset({0})),)),
+    ("C6", "a CoW pair onto itself", (_gpu(cow=((0, 0),)),)),
+    ("C7", "more hits than queries", (_gpu(hits=3),)),
+    (
+        "C8",
+        "the newer id evicted, the older kept",
+        (
+            _gpu(
+                refcounts=(1, 0, 0),
+                evictor=frozenset({1, 2}),
+                cached=((_K0, 0), (_K1, 1), (C.content_key(None, (5, 5), ()), 2)),
+                free=(),
+                last_accessed=(-1.0, 3.0, 1.0),
+            ),
+            _gpu(
+                refcounts=(1, 1, 0),
+                evictor=frozenset({2}),
+                cached=((_K0, 0), (C.content_key(None, (5, 5), ()), 2)),
+                free=(),
+                last_accessed=(-1.0, -1.0, 1.0),
+            ),
+        ),
+    ),
     ("P1", "free id outside the pool", (replace(POOL, free=(1, 3), refcounts=(1, 0, 2)),)),
     ("P1", "a free id twice", (replace(POOL, free=(1, 1)),)),
     ("P1", "CoW source outside the pool", (replace(POOL, cow=((7, 2),)),)),

@@ -21,6 +21,11 @@ from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.interfaces import Block, BlockAllocator, DeviceAwareBlockAllocator
 from pagedkv.manager import AppendSlotsBatch, BlockSpaceManager, ManagerStats
 from pagedkv.naive_allocator import NaiveBlock, NaiveBlockAllocator, NullBlock
+from pagedkv.prefix_caching_allocator import (
+    CacheStats,
+    PrefixCachingBlock,
+    PrefixCachingBlockAllocator,
+)
 from pagedkv.refcount import RefCounter
 from pagedkv.report import SimulationResult, Summary
 from pagedkv.scheduler import (
@@ -54,6 +59,7 @@ __all__ = [
     "BlockAllocator",
     "BlockSpaceManager",
     "BlockTable",
+    "CacheStats",
     "CopyHandle",
     "CpuGpuBlockAllocator",
     "Device",
@@ -66,6 +72,8 @@ __all__ = [
     "NullBlock",
     "Preemption",
     "PreemptionMode",
+    "PrefixCachingBlock",
+    "PrefixCachingBlockAllocator",
     "RefCounter",
     "RequestSpec",
     "ScheduledSequenceGroup",

@@ -1,9 +1,10 @@
-"""The two-device allocator: one :class:`NaiveBlockAllocator` per device, disjoint ids."""
+"""The two-device allocator: one pool per device (naive or prefix-caching), disjoint ids."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pagedkv.content_key import ExtraKeys
 from pagedkv.errors import (
     ForeignBlockError,
     InvalidAllocatorConfigError,
@@ -13,7 +14,13 @@ from pagedkv.errors import (
 )
 from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
 from pagedkv.naive_allocator import NaiveBlock, NaiveBlockAllocator, NullBlock, chain_of
+from pagedkv.prefix_caching_allocator import (
+    CacheStats,
+    PrefixCachingBlock,
+    PrefixCachingBlockAllocator,
+)
 from pagedkv_spec.allocator import AllocatorState, BlockRef
+from pagedkv_spec.caching import CachingState, CBlock
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
 
@@ -35,7 +42,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         _null_block  the shared sliding-window padding, None until first asked for
     """
 
-    __slots__ = ("_cpu", "_gpu", "_null_block")
+    __slots__ = ("_caching", "_cpu", "_gpu", "_null_block")
 
     def __init__(
         self, cpu_block_allocator: NaiveBlockAllocator, gpu_block_allocator: NaiveBlockAllocator
@@ -47,6 +54,11 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             raise InvalidAllocatorConfigError(
                 f"block sizes differ: gpu={gpu.block_size} cpu={cpu.block_size}"
             )
+        if type(gpu) is not type(cpu):
+            raise InvalidAllocatorConfigError(
+                "the GPU and CPU allocators must be of one kind (both naive or both "
+                f"prefix-caching), got {type(gpu).__name__} and {type(cpu).__name__}"
+            )
         gpu_ids, cpu_ids = gpu.block_ids, cpu.block_ids
         overlap = max(gpu_ids.start, cpu_ids.start) < min(gpu_ids.stop, cpu_ids.stop)
         if overlap:
@@ -54,16 +66,26 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         self._gpu = gpu
         self._cpu = cpu
         self._null_block: NullBlock | None = None
+        self._caching = isinstance(gpu, PrefixCachingBlockAllocator)
 
     @staticmethod
     def create(
-        allocator_type: str, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
+        allocator_type: str,
+        num_gpu_blocks: int,
+        num_cpu_blocks: int,
+        block_size: int,
+        key_function: str = "sha256",
     ) -> CpuGpuBlockAllocator:
-        """GPU ids ``0..num_gpu_blocks-1``, CPU ids after them. Only ``"naive"`` is supported."""
-        if allocator_type != "naive":
+        """GPU ids ``0..num_gpu_blocks-1``, CPU ids after them.
+
+        ``allocator_type`` is ``"naive"`` or ``"prefix_caching"`` (then
+        ``key_function`` names the content key: ``"sha256"``, or the faster,
+        collision-prone ``"builtin"``).
+        """
+        if allocator_type not in ("naive", "prefix_caching"):
             raise InvalidAllocatorConfigError(
-                f"allocator_type {allocator_type!r} is not supported; use 'naive' "
-                "(prefix caching is not implemented)"
+                f"allocator_type {allocator_type!r} is not supported; use 'naive' or "
+                "'prefix_caching'"
             )
         if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 0:
             raise InvalidAllocatorConfigError(
@@ -73,10 +95,33 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             raise InvalidAllocatorConfigError(
                 f"num_cpu_blocks must be an int >= 0, got {num_cpu_blocks!r}"
             )
-        gpu = NaiveBlockAllocator(num_gpu_blocks, block_size, range(num_gpu_blocks), "GPU")
+        gpu_ids = range(num_gpu_blocks)
         cpu_ids = range(num_gpu_blocks, num_gpu_blocks + num_cpu_blocks)
-        cpu = NaiveBlockAllocator(num_cpu_blocks, block_size, cpu_ids, "CPU")
+        if allocator_type == "prefix_caching":
+            gpu: NaiveBlockAllocator = PrefixCachingBlockAllocator(
+                num_gpu_blocks, block_size, gpu_ids, "GPU", key_function
+            )
+            cpu: NaiveBlockAllocator = PrefixCachingBlockAllocator(
+                num_cpu_blocks, block_size, cpu_ids, "CPU", key_function
+            )
+        else:
+            gpu = NaiveBlockAllocator(num_gpu_blocks, block_size, gpu_ids, "GPU")
+            cpu = NaiveBlockAllocator(num_cpu_blocks, block_size, cpu_ids, "CPU")
         return CpuGpuBlockAllocator(cpu_block_allocator=cpu, gpu_block_allocator=gpu)
+
+    @property
+    def enable_caching(self) -> bool:
+        """The pools do prefix caching (``create("prefix_caching", ...)``)."""
+        return self._caching
+
+    def _caching_pool(self, device: Device) -> PrefixCachingBlockAllocator:
+        pool = self.get_allocator(device)
+        if not isinstance(pool, PrefixCachingBlockAllocator):
+            raise InvalidAllocatorConfigError(
+                "this operation needs prefix caching; create the allocator with "
+                "CpuGpuBlockAllocator.create('prefix_caching', ...)"
+            )
+        return pool
 
     # ------------------------------------------------------------------ routing helpers
 
@@ -91,8 +136,8 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         )
 
     def _owner(self, block: Block, operation: str) -> NaiveBlockAllocator:
-        if type(block) is NaiveBlock:
-            owner = block.allocator
+        if type(block) is NaiveBlock or type(block) is PrefixCachingBlock:
+            owner: NaiveBlockAllocator = block.allocator
             if owner is self._gpu or owner is self._cpu:
                 return owner
         raise ForeignBlockError(
@@ -101,27 +146,48 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
 
     # ------------------------------------------------------------------ allocation
 
-    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
-        """An empty block on ``device``. Complexity: O(1)."""
+    def allocate_mutable_block(
+        self, prev_block: Block | None, device: Device, extra_keys: ExtraKeys | None = None
+    ) -> Block:
+        """An empty block on ``device``; ``extra_keys`` (LoRA id, cache salt, ...) enter
+        its content key with caching and are ignored without. Complexity: O(1)."""
         # NOTE: devices are told apart by identity, GPU first (the hot case): a dict
         # keyed by Device would call Enum.__hash__, which is Python code.
-        if device is _GPU:
-            return self._gpu.allocate_mutable_block(prev_block)
-        return self.get_allocator(device).allocate_mutable_block(prev_block)
+        if not self._caching:
+            if device is _GPU:
+                return self._gpu.allocate_mutable_block(prev_block)
+            return self.get_allocator(device).allocate_mutable_block(prev_block)
+        return self._caching_pool(device).allocate_mutable_block(prev_block, extra_keys)
 
     def allocate_immutable_block(
-        self, prev_block: Block | None, token_ids: list[int], device: Device
+        self,
+        prev_block: Block | None,
+        token_ids: list[int],
+        device: Device,
+        extra_keys: ExtraKeys | None = None,
     ) -> Block:
-        """A block on ``device`` holding ``token_ids``. Complexity: O(len(token_ids))."""
-        if device is _GPU:
-            return self._gpu.allocate_immutable_block(prev_block, token_ids)
-        return self.get_allocator(device).allocate_immutable_block(prev_block, token_ids)
+        """A block on ``device`` holding ``token_ids`` (a cache hit with caching).
+        Complexity: O(len(token_ids))."""
+        if not self._caching:
+            if device is _GPU:
+                return self._gpu.allocate_immutable_block(prev_block, token_ids)
+            return self.get_allocator(device).allocate_immutable_block(prev_block, token_ids)
+        pool = self._caching_pool(device)
+        return pool.allocate_immutable_block(prev_block, token_ids, extra_keys)
 
     def allocate_immutable_blocks(
-        self, prev_block: Block | None, block_token_ids: list[list[int]], device: Device
+        self,
+        prev_block: Block | None,
+        block_token_ids: list[list[int]],
+        device: Device,
+        extra_keys: ExtraKeys | None = None,
     ) -> list[Block]:
         """One block per chunk on ``device``; all or nothing. Complexity: O(total tokens)."""
-        return self.get_allocator(device).allocate_immutable_blocks(prev_block, block_token_ids)
+        if not self._caching:
+            pool = self.get_allocator(device)
+            return pool.allocate_immutable_blocks(prev_block, block_token_ids)
+        caching = self._caching_pool(device)
+        return caching.allocate_immutable_blocks(prev_block, block_token_ids, extra_keys)
 
     def free(self, block: Block) -> None:
         """Drop the block's reference; freeing the null block does nothing. Complexity: O(1).
@@ -145,6 +211,8 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         owned: list[NaiveBlock] = []
         for b in chain:
             self._owner(b, "fork")
+        if self._caching:
+            return PrefixCachingBlockAllocator.fork_chain_of(chain)
         for b in chain:
             if type(b) is NaiveBlock:  # always true after the ownership check
                 if b.freed:
@@ -162,15 +230,20 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         refcount changes. Complexity: O(len(blocks)).
         """
         real: list[NaiveBlock] = []
+        cached: list[Block] = []
         for b in blocks:
             if b is self._null_block:
                 continue
             self._owner(b, "fork")
-            if type(b) is NaiveBlock:  # always true after the ownership check
+            cached.append(b)
+            if type(b) is NaiveBlock:  # always true after the ownership check, naive pools
                 if b.freed:
                     raise StaleBlockError("fork")
                 real.append(b)
-        forked = iter(NaiveBlockAllocator.fork_chain(real))
+        if self._caching:
+            forked = iter(PrefixCachingBlockAllocator.fork_chain_of(cached))
+        else:
+            forked = iter(NaiveBlockAllocator.fork_chain(real))
         return [b if b is self._null_block else next(forked) for b in blocks]
 
     def allocate_or_get_null_block(self) -> Block:
@@ -217,7 +290,8 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         return self.get_allocator(device).get_physical_block_id(absolute_id)
 
     def get_num_full_blocks_touched(self, blocks: list[Block], device: Device) -> int:
-        """Distinct full blocks among ``blocks`` (of either pool). Complexity: O(len)."""
+        """Distinct full blocks among ``blocks`` (of either pool) that moving them to
+        ``device`` would copy (with caching: not those cached and in use there). O(len)."""
         return self.get_allocator(device).get_num_full_blocks_touched(blocks)
 
     @property
@@ -234,21 +308,42 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         """The GPU pool's pending CoW pairs, emptied (CPU pairs: ``get_allocator``)."""
         return self._gpu.clear_copy_on_writes()
 
-    # ------------------------------------------------------------------ prefix caching (off)
+    # ------------------------------------------------------------------ prefix caching
 
     def mark_blocks_as_accessed(self, block_ids: list[int], now: float) -> None:
-        """No-op: no prefix caching."""
+        """``last_accessed = now`` for GPU ids (no-op without caching). O(len * log n)."""
+        self._gpu.mark_blocks_as_accessed(block_ids, now)
 
     def mark_blocks_as_computed(self, block_ids: list[int]) -> None:
-        """No-op: no prefix caching."""
+        """The batch ran: the GPU ids it promoted are computed (no-op without caching)."""
+        self._gpu.mark_blocks_as_computed(block_ids)
+
+    def get_computed_block_ids(
+        self, prev_computed_block_ids: list[int], block_ids: list[int], skip_last_block_id: bool
+    ) -> list[int]:
+        """The longest computed prefix of GPU ``block_ids`` (``[]`` without caching)."""
+        return self._gpu.get_computed_block_ids(
+            prev_computed_block_ids, block_ids, skip_last_block_id
+        )
 
     def get_common_computed_block_ids(self, computed_seq_block_ids: list[list[int]]) -> list[int]:
-        """Always ``[]``."""
-        return []
+        """The common prefix of the lists, empty if any is (``[]`` without caching)."""
+        return self._gpu.get_common_computed_block_ids(computed_seq_block_ids)
 
     def get_prefix_cache_hit_rate(self, device: Device) -> float:
-        """Always -1: caching is off."""
-        return -1.0
+        """Hits / queries on ``device`` (0.0 before any); -1 without caching."""
+        return self.get_allocator(device).get_prefix_cache_hit_rate()
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every evictable cached block of both pools; returns how many. Needs caching."""
+        return (
+            self._caching_pool(_GPU).reset_prefix_cache()
+            + self._caching_pool(_CPU).reset_prefix_cache()
+        )
+
+    def cache_stats(self, device: Device) -> CacheStats:
+        """Hits, queries, evictions, cached and evictable blocks of ``device``'s pool."""
+        return self._caching_pool(device).cache_stats()
 
     # ------------------------------------------------------------------ verification
 
@@ -275,11 +370,39 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             self._gpu.block_size, self._gpu.to_spec(), self._cpu.to_spec(), tuple(refs), null_id
         )
 
+    def to_caching_spec(self, blocks: Mapping[int, Block] | None = None) -> CachingState:
+        """Abstraction function with caching: the spec's :class:`CachingState`, given the
+        caller's block handles as for :meth:`to_spec`. Complexity: O(pool size + handles)."""
+        gpu, cpu = self._caching_pool(_GPU), self._caching_pool(_CPU)
+        blocks = blocks or {}
+        handle_of = {id(blocks[h]): h for h in range(len(blocks))}
+        refs: list[CBlock] = []
+        for handle in range(len(blocks)):
+            b = blocks[handle]
+            if type(b) is not PrefixCachingBlock:
+                raise ForeignBlockError(b.block_id, "to_caching_spec takes PrefixCachingBlocks")
+            device = Device.GPU if b.allocator is gpu else Device.CPU
+            prev = b.prev_block
+            prev_handle = None if prev is None else handle_of.get(id(prev))
+            key = None if b.cache_key is None else b.cache_key.to_spec()
+            refs.append(
+                CBlock(
+                    device, b.block_id, tuple(b.token_ids), prev_handle, b.extra_keys, key, b.freed
+                )
+            )
+        null_id = None if self._null_block is None else self._null_block.block_id
+        return CachingState(gpu.block_size, gpu.to_spec(), cpu.to_spec(), tuple(refs), null_id)
+
     def check_invariants(self, blocks: Mapping[int, Block] | None = None) -> None:
-        """Check both pools (P1–P5), then I4 and I6 and, given the live ``blocks``
-        (as for :meth:`to_spec`), I1, with the spec's predicates. Complexity: O(n)."""
+        """Check both pools (P1–P5, or their caching invariants), then I4 and I6 and, given
+        the live ``blocks`` (as for :meth:`to_spec`), I1 (with caching: C1–C7), with the
+        spec's predicates. Complexity: O(n)."""
         self._gpu.check_invariants()
         self._cpu.check_invariants()
+        if self._caching:
+            if blocks is not None:
+                check("caching", self.to_caching_spec(blocks), repr(self))
+            return
         ids = ["I4", "I6"] if blocks is None else ["I1", "I4", "I6"]
         check("allocator", self.to_spec(blocks), repr(self), ids)
 

@@ -7,7 +7,7 @@ interfaces reads the same here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from pagedkv.errors import NoFreeBlocksError
 from pagedkv_spec.device import Device
@@ -67,8 +67,8 @@ class Block(ABC):
         return False
 
     @property
-    def content_hash(self) -> int | None:
-        """Prefix-caching hash; always None for the naive allocator."""
+    def content_hash(self) -> Hashable | None:
+        """Prefix-caching content key; always None for the naive allocator."""
         return None
 
 

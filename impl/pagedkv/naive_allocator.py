@@ -150,7 +150,7 @@ class NullBlock(Block):
 
     __slots__ = ("_proxy",)
 
-    def __init__(self, proxy: NaiveBlock) -> None:
+    def __init__(self, proxy: Block) -> None:
         self._proxy = proxy
 
     @property

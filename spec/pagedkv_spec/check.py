@@ -48,12 +48,14 @@ DEFAULT_TARGETS = (
     "pagedkv_spec.harness.prop_mutable_blocks_fill_in_order",
     "pagedkv_spec.harness.prop_can_append_implies_append",
     "pagedkv_spec.harness.prop_manager_swap_round_trip",
+    "pagedkv_spec.harness.prop_caching_alloc_is_all_or_nothing",
 )
 
 
 SPEC_MODULES = (
     "pagedkv_spec.pool",
     "pagedkv_spec.allocator",
+    "pagedkv_spec.caching",
     "pagedkv_spec.manager",
     "pagedkv_spec.table",
     "pagedkv_spec.scheduler",

@@ -13,7 +13,9 @@ After any of these is raised by pagedkv, the state is unchanged.
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentTypeError",
     "BlockAllocatorError",
+    "BlockNotInUseError",
     "BlockOverflowError",
     "BlockSpaceManagerError",
     "BlockTableError",
@@ -22,9 +24,12 @@ __all__ = [
     "DoubleFreeError",
     "DuplicateRequestError",
     "DuplicateSequenceIdError",
+    "EvictorError",
     "ForeignBlockError",
+    "ImmutableBlockError",
     "InvalidAllocatorConfigError",
     "InvalidBlockTableArgumentError",
+    "InvalidExtraKeysError",
     "InvalidKVCacheConfigError",
     "InvalidSchedulerConfigError",
     "InvalidSequenceError",
@@ -40,6 +45,7 @@ __all__ = [
     "NullBlockError",
     "OptionalDependencyError",
     "PagedKVError",
+    "PromotionError",
     "RefCountError",
     "SchedulerError",
     "SequenceAlreadyAllocatedError",
@@ -54,6 +60,17 @@ __all__ = [
 
 class PagedKVError(Exception):
     """Base class of every error pagedkv raises on purpose."""
+
+
+class ArgumentTypeError(PagedKVError, TypeError):
+    """An argument of the wrong type (``bool`` is not an int here)."""
+
+    def __init__(self, parameter: str, value: object, expected: str) -> None:
+        self.parameter = parameter
+        self.expected = expected
+        super().__init__(
+            f"{parameter} must be {expected}, got {type(value).__name__} {value!r:.60}"
+        )
 
 
 # --------------------------------------------------------------------------- allocators
@@ -166,6 +183,57 @@ class NullBlockError(BlockAllocatorError):
             f"cannot {operation} the null block: it is shared sliding-window padding "
             "and is never written; allocate a real block"
         )
+
+
+class ImmutableBlockError(BlockAllocatorError, ValueError):
+    """Appending to a cached (immutable) block of a prefix-caching allocator."""
+
+    def __init__(self, block_id: int | None) -> None:
+        self.block_id = block_id
+        super().__init__(
+            f"cannot append to block {block_id}: it is full and cached (immutable); "
+            "append to a new mutable block after it (BlockTable does this)"
+        )
+
+
+class BlockNotInUseError(BlockAllocatorError, ValueError):
+    """Marking (accessed, computed) a block id that is neither in use nor cached."""
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        super().__init__(
+            f"block id {block_id} is free (not in use and not cached); mark only the ids "
+            "of blocks a sequence holds"
+        )
+
+
+class PromotionError(BlockAllocatorError, ValueError):
+    """Promoting a block that cannot be cached: not full, or its predecessor is not cached."""
+
+    def __init__(self, block_id: int | None, detail: str) -> None:
+        self.block_id = block_id
+        super().__init__(
+            f"cannot cache block {block_id}: {detail}; only a full block whose "
+            "predecessor is cached (or that is first) can be promoted"
+        )
+
+
+class InvalidExtraKeysError(BlockAllocatorError, TypeError):
+    """Extra cache keys (LoRA id, cache salt, multimodal hashes) of the wrong type."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(
+            f"invalid extra cache keys: {detail}; pass a tuple of int, str or bytes "
+            "(e.g. (lora_id, cache_salt))"
+        )
+
+
+class EvictorError(BlockAllocatorError, ValueError):
+    """Misuse of an evictor: adding an id it holds, or touching one it does not hold."""
+
+    def __init__(self, block_id: int, detail: str) -> None:
+        self.block_id = block_id
+        super().__init__(f"evictor, block {block_id}: {detail}")
 
 
 class InvariantViolationError(PagedKVError, AssertionError):

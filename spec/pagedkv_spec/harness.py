@@ -13,6 +13,7 @@ Complexity: irrelevant.
 
 from __future__ import annotations
 
+from pagedkv_spec import caching as C
 from pagedkv_spec import manager as M
 from pagedkv_spec.allocator import (
     AllocatorState,
@@ -215,3 +216,30 @@ def prop_manager_swap_round_trip(num_gpu: int, num_cpu: int, prompt_len: int, n_
         after = M.view(s)
         assert [t.token_ids for _, t in after.tables] == [t.token_ids for _, t in before.tables]
     assert M.manager_ok(s)
+
+
+def prop_caching_alloc_is_all_or_nothing(num_gpu: int, n_shared: int, n_new: int) -> None:
+    """Prefix caching: a prompt sharing ``n_shared`` cached blocks and adding ``n_new`` new
+    ones either raises (state unchanged) or takes exactly ``blocks_needed`` ids; every
+    hit then names the cached id (stricter-than-vLLM 2 and 4)."""
+    assert 1 <= num_gpu <= 3 and 0 <= n_shared <= 2 and 0 <= n_new <= 2
+    s = C.initial(num_gpu, 0, 1)
+    first = [[t] for t in range(n_shared)]
+    if len(first) > num_gpu:
+        return
+    s, old = C.allocate_immutable_blocks(s, None, first, (), GPU, list(range(len(first))))
+    if old:
+        s = C.free(s, old[-1])  # the last shared block goes to the evictor
+    chunks = [*first, *[[9 + t] for t in range(n_new)]]
+    need = C.blocks_needed(s, None, chunks, (), GPU)
+    free_before = C.get_num_free_blocks(s, GPU)
+    hits = C.plan_hits(s, None, chunks, (), GPU)
+    fresh = [i for i in s.gpu.free][: sum(1 for h in hits if h is None)]
+    try:
+        out, handles = C.allocate_immutable_blocks(s, None, chunks, (), GPU, fresh)
+    except PagedKVError:
+        assert need > free_before and C.state_ok(s)
+        return
+    assert C.get_num_free_blocks(out, GPU) == free_before - need
+    for h, hit in zip(handles, hits, strict=True):
+        assert hit is None or out.blocks[h].block_id == hit

@@ -8,10 +8,12 @@ assertion that judges a target's choice starts its message with the id
 (``"P2: ..."``, read back by :func:`cited`), and the docs use the same ids.
 
 An :class:`Invariant` has:
-    id         ``P1``.., ``I1``.., ``M1``.., ``T1``.., ``Q1``.., ``KV1`` (the layer's letter)
+    id         ``P1``.., ``I1``.., ``C1``.., ``M1``.., ``T1``.., ``Q1``.., ``KV1`` (the layer's
+               letter; ``C`` is the prefix-caching allocator)
     name       its predicate's name (``label`` is ``"<id> <name>"``)
     meaning    one line: what it protects
-    layer      ``pool``, ``allocator``, ``manager``, ``table``, ``scheduler`` or ``kv``
+    layer      ``pool``, ``allocator``, ``caching``, ``manager``, ``table``, ``scheduler``
+               or ``kv``
     kind       ``state``: a predicate over one state, checked after every step;
                ``step``: over one transition, checked after each step making it
     predicate  the spec function that decides it
@@ -40,7 +42,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv_spec import allocator, kv, manager, pool, scheduler, table
+from pagedkv_spec import allocator, caching, kv, manager, pool, scheduler, table
 from pagedkv_spec.errors import InvariantViolationError
 
 __all__ = [
@@ -56,7 +58,7 @@ __all__ = [
     "require",
 ]
 
-LAYERS = ("pool", "allocator", "manager", "table", "scheduler", "kv")
+LAYERS = ("pool", "allocator", "caching", "manager", "table", "scheduler", "kv")
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,51 @@ def _entries() -> Iterable[Invariant]:
         "a block holds at most block_size tokens, chains to an earlier block, "
         "and holds no id once freed",
         "allocator",
+    )
+    yield inv(
+        "C1",
+        caching.cache_partition_ok,
+        "free pool, evictor and in-use ids partition each caching pool",
+        "caching",
+    )
+    yield inv(
+        "C2",
+        caching.cache_map_ok,
+        "the key -> id map is injective; evictor ids are mapped, free-pool ids are not",
+        "caching",
+    )
+    yield inv(
+        "C3",
+        caching.keys_ok,
+        "a cached block is full, chained to a cached parent, keyed by (parent key, tokens, "
+        "extra keys), and names its key's id",
+        "caching",
+    )
+    yield inv(
+        "C4",
+        caching.cache_refcounts_ok,
+        "a caching pool's refcounts equal live references (dedup moves one, never copies)",
+        "caching",
+    )
+    yield inv(
+        "C5",
+        caching.computed_ok,
+        "only cached ids are computed; ids promoted in the running batch are not yet",
+        "caching",
+    )
+    yield inv(
+        "C6",
+        caching.cache_cow_ok,
+        "a caching pool's CoW pairs copy between two distinct ids of the pool",
+        "caching",
+    )
+    yield inv("C7", caching.cache_stats_ok, "cache hits never exceed queries", "caching")
+    yield inv(
+        "C8",
+        caching.eviction_order_ok,
+        "the evicted ids are the oldest last_accessed, then the deepest",
+        "caching",
+        "step",
     )
     yield inv(
         "M1",

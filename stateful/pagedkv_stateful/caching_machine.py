@@ -1,0 +1,474 @@
+"""Lockstep machine: the prefix-caching two-device allocator against :mod:`pagedkv_spec.caching`.
+
+Drives ``CpuGpuBlockAllocator.create("prefix_caching", ...)`` and the spec step
+by step, in the shape of :mod:`pagedkv_stateful.lockstep`: a call the target
+rejects must be rejected by the spec with the same error type and change
+nothing; an accepted call's choices (the fresh ids it took, the ids it copied
+in a swap, the order of a reset) are fed to the spec, which judges them. After
+every step the target's full abstraction (``to_caching_spec``) must equal the
+model (free pool in order, evictor, key -> id map, computed and touched ids,
+last-accessed times, CoW pairs, statistics), the model must keep C1–C7, the
+target's own ``check_invariants()`` must pass, and a step that evicted must
+have evicted in order (C8).
+
+Tokens come from a three-letter alphabet, block sizes are 1–3 and extra keys
+are drawn from near-colliding values (``1``, ``"1"``, ``b"1"``, salts), so
+shared prefixes, hits on in-use and evictable blocks, near-collisions, dedup on
+promotion and eviction under pressure all happen within a few steps.
+
+Reuse: override :meth:`make_impl` to test another prefix-caching allocator with
+pagedkv's ``CpuGpuBlockAllocator`` API and ``to_caching_spec``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import event
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, initialize, invariant, multiple, precondition, rule
+
+from pagedkv import CpuGpuBlockAllocator
+from pagedkv_spec import caching as spec
+from pagedkv_spec.device import Device
+from pagedkv_spec.invariants import first_broken, holds
+from pagedkv_stateful.adapters import Capabilities, Violation
+from pagedkv_stateful.lockstep import LockstepMachine
+
+__all__ = ["CachingAllocatorMachine", "normalised"]
+
+blocks = Bundle("cblocks")  # handles of block objects (live or not)
+GPU, CPU = Device.GPU, Device.CPU
+devices = st.sampled_from([GPU, GPU, GPU, CPU])
+extras = st.sampled_from(
+    [(), (), (), (1,), ("1",), (b"1",), ("salt-a",), ("salt-b",), (1, "salt-a")]
+)
+
+
+def normalised(s: spec.CachingState) -> spec.CachingState:
+    """``s`` with each map in id order (the map is a set of pairs; order is not state)."""
+
+    def pool(p: spec.CachePool) -> spec.CachePool:
+        return replace(p, cached=tuple(sorted(p.cached, key=lambda pair: pair[1])))
+
+    return replace(s, gpu=pool(s.gpu), cpu=pool(s.cpu))
+
+
+def _dev(device: Device) -> str:
+    return f"Device.{device.name}"
+
+
+class CachingAllocatorMachine(LockstepMachine):
+    """Drives the target and the caching spec in lockstep (see the module docstring)."""
+
+    impl: Any
+    model: spec.CachingState
+    before: spec.CachingState
+    objs: list[Any]
+    null: Any
+
+    def make_impl(self, num_gpu: int, num_cpu: int, block_size: int) -> Any:
+        """The allocator under test. Override to test another implementation."""
+        return CpuGpuBlockAllocator.create("prefix_caching", num_gpu, num_cpu, block_size)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _name(self, handle: int | None) -> str:
+        return "None" if handle is None else f"b{handle}"
+
+    def _obj(self, handle: int | None) -> Any:
+        return None if handle is None else self.objs[handle]
+
+    def _abstract(self) -> spec.CachingState:
+        return normalised(self.impl.to_caching_spec(dict(enumerate(self.objs))))
+
+    def _compare(self) -> None:
+        got, want = self._abstract(), normalised(self.model)
+        if got == want:
+            return
+        broken = first_broken("caching", got)
+        for field in ("gpu", "cpu"):
+            g, w = getattr(got, field), getattr(want, field)
+            if g != w:
+                diffs = [
+                    f"{f}: target {getattr(g, f)!r} spec {getattr(w, f)!r}"
+                    for f in g.__dataclass_fields__
+                    if getattr(g, f) != getattr(w, f)
+                ]
+                name = broken.label if broken is not None else f"abstraction ({field})"
+                raise Violation(name, f"{field.upper()} pool differs: " + "; ".join(diffs))
+        diffs = [
+            f"b{h}: target {g} spec {w}"
+            for h, (g, w) in enumerate(zip(got.blocks, want.blocks, strict=False))
+            if g != w
+        ]
+        raise Violation("abstraction (blocks)", "; ".join(diffs) or f"{got} != {want}")
+
+    def _ids(self, objs: Sequence[Any]) -> list[int]:
+        return [-1 if b.block_id is None else b.block_id for b in objs]
+
+    def _accepted(self, site: str, spec_call: Callable[[], Any], src: str, lhs: str = "") -> Any:
+        return self._judge(site, spec_call, src, lhs)
+
+    # ------------------------------------------------------------------ checks
+
+    @invariant()
+    def caching_invariants_hold(self) -> None:
+        """After every step: the model keeps C1–C7, the step kept C8 (eviction order),
+        and the target's own ``check_invariants()`` passes."""
+        broken = first_broken("caching", self.model)
+        if broken is not None:
+            self._violate("spec self-check", f"the spec's state breaks {broken.label}")
+        if not holds("C8", self.before, self.model):
+            self._violate(
+                "C8 eviction_order_ok",
+                "an id was evicted while an id with an older last_accessed (or, at equal "
+                "times, a deeper one) stayed in the evictor",
+            )
+        self.before = self.model
+        self._check_target_invariants(
+            lambda: self.impl.check_invariants(dict(enumerate(self.objs)))
+        )
+
+    # ------------------------------------------------------------------ rules
+
+    @initialize(
+        target=blocks,
+        num_gpu=st.integers(1, 8),
+        num_cpu=st.integers(0, 4),
+        block_size=st.integers(1, 3),
+    )
+    def init(self, num_gpu: int, num_cpu: int, block_size: int) -> object:
+        self.program = []
+        self.caps = Capabilities(typed_errors=True, lifo=True)
+        self.impl = self.make_impl(num_gpu, num_cpu, block_size)
+        self.model = self.before = spec.initial(num_gpu, num_cpu, block_size)
+        self.objs = []
+        self.null = None
+        self.last_computed: dict[tuple[int, ...], list[int]] = {}
+        self._log(
+            f'alloc = CpuGpuBlockAllocator.create("prefix_caching", {num_gpu}, {num_cpu}, '
+            f"{block_size})"
+        )
+        # a first cached block, so the rules that take blocks can run from the start
+        return self._allocate_immutable(None, [[0] * block_size], (), GPU, single=True)
+
+    def _adopt(self, res: Sequence[Any]) -> list[int]:
+        handles = list(range(len(self.objs), len(self.objs) + len(res)))
+        self.objs.extend(res)
+        return handles
+
+    def _lhs(self, n: int) -> str:
+        names = ", ".join(f"b{h}" for h in range(len(self.objs), len(self.objs) + n))
+        return f"[{names}] = " if n else ""
+
+    @rule(target=blocks, prev=st.none() | blocks, extra=extras, device=devices)
+    def allocate_mutable_block(
+        self, prev: int | None, extra: spec.ExtraKeys, device: Device
+    ) -> object:
+        src = f"alloc.allocate_mutable_block({self._name(prev)}, {_dev(device)}, {extra!r})"
+        res = self._attempt(
+            lambda: self.impl.allocate_mutable_block(self._obj(prev), device, extra)
+        )
+        if isinstance(res, Exception):
+            self._expect_same_error(
+                res, lambda: spec.allocate_mutable_block(self.model, prev, extra, device, -1), src
+            )
+            return multiple()
+        (chosen,) = self._ids([res])
+        self.model, handle = self._accepted(
+            "block ids",
+            lambda: spec.allocate_mutable_block(self.model, prev, extra, device, chosen),
+            src,
+            self._lhs(1),
+        )
+        self._adopt([res])
+        return handle
+
+    def _chunk(self, data: st.DataObject) -> list[int]:
+        """Mostly a full block from a two-letter alphabet (so keys repeat and nearly
+        collide), sometimes a partial or an overflowing one."""
+        size = self.model.block_size
+        kind = data.draw(st.sampled_from(["full"] * 8 + ["partial", "overflow"]), label="kind")
+        n = size if kind == "full" else size + 1 if kind == "overflow" else size - 1
+        letters = data.draw(st.sampled_from([0, 0, 1]), label="alphabet")
+        return data.draw(st.lists(st.integers(0, letters), min_size=n, max_size=n), label="chunk")
+
+    @rule(
+        target=blocks,
+        prev=st.none() | blocks,
+        data=st.data(),
+        n=st.integers(0, 3),
+        extra=extras,
+        device=devices,
+    )
+    def allocate_immutable_blocks(
+        self, prev: int | None, data: st.DataObject, n: int, extra: spec.ExtraKeys, device: Device
+    ) -> object:
+        chunks = [self._chunk(data) for _ in range(n)]
+        return self._allocate_immutable(prev, chunks, extra, device, single=False)
+
+    @rule(target=blocks, prev=st.none() | blocks, data=st.data(), extra=extras, device=devices)
+    def allocate_immutable_block(
+        self, prev: int | None, data: st.DataObject, extra: spec.ExtraKeys, device: Device
+    ) -> object:
+        return self._allocate_immutable(prev, [self._chunk(data)], extra, device, single=True)
+
+    def _allocate_immutable(
+        self,
+        prev: int | None,
+        chunks: list[list[int]],
+        extra: spec.ExtraKeys,
+        device: Device,
+        single: bool,
+    ) -> object:
+        if single:
+            src = (
+                f"alloc.allocate_immutable_block({self._name(prev)}, {chunks[0]}, "
+                f"{_dev(device)}, {extra!r})"
+            )
+            call: Callable[[], Any] = lambda: [  # noqa: E731
+                self.impl.allocate_immutable_block(self._obj(prev), chunks[0], device, extra)
+            ]
+        else:
+            src = (
+                f"alloc.allocate_immutable_blocks({self._name(prev)}, {chunks}, "
+                f"{_dev(device)}, {extra!r})"
+            )
+            call = lambda: self.impl.allocate_immutable_blocks(  # noqa: E731
+                self._obj(prev), chunks, device, extra
+            )
+        res = self._attempt(call)
+        if isinstance(res, Exception):
+            self._expect_same_error(
+                res,
+                lambda: spec.allocate_immutable_blocks(self.model, prev, chunks, extra, device, []),
+                src,
+            )
+            return multiple()
+        ids = self._ids(res)
+        hits = spec.plan_hits(self.model, prev, chunks, extra, device)
+        for i, (got, hit) in enumerate(zip(ids, hits, strict=False)):
+            if hit is not None and got != hit:
+                self._log(f"{self._lhs(len(res))}{src}")
+                self._violate(
+                    "C2 cache_map_ok",
+                    f"chunk {i} is cached as id {hit} (a hit), but the target gave id {got}",
+                )
+        chosen = [got for got, hit in zip(ids, hits, strict=False) if hit is None]
+        event(f"immutable: {sum(h is not None for h in hits)} hit(s), {len(chosen)} miss(es)")
+        self.model, handles = self._accepted(
+            "block ids",
+            lambda: spec.allocate_immutable_blocks(self.model, prev, chunks, extra, device, chosen),
+            src,
+            self._lhs(len(res)),
+        )
+        self._adopt(res)
+        return multiple(*handles)
+
+    @rule(handle=blocks)
+    def free(self, handle: int) -> None:
+        src = f"alloc.free(b{handle})"
+        res = self._attempt(lambda: self.impl.free(self.objs[handle]))
+        if isinstance(res, Exception):
+            self._expect_same_error(res, lambda: spec.free(self.model, handle), src)
+            return
+        self.model = self._accepted("free", lambda: spec.free(self.model, handle), src)
+
+    @rule(target=blocks, handle=blocks)
+    def fork(self, handle: int) -> object:
+        src = f"alloc.fork(b{handle})"
+        res = self._attempt(lambda: self.impl.fork(self.objs[handle]))
+        if isinstance(res, Exception):
+            self._expect_same_error(res, lambda: spec.fork(self.model, handle), src)
+            return multiple()
+        self.model, handles = self._accepted(
+            "fork", lambda: spec.fork(self.model, handle), src, self._lhs(len(res))
+        )
+        self._adopt(res)
+        return multiple(*handles)
+
+    @rule(handle=blocks, data=st.data())
+    def append_token_ids(self, handle: int, data: st.DataObject) -> None:
+        room = self.model.block_size - len(self.model.blocks[handle].token_ids)
+        n = data.draw(st.sampled_from([room, room, max(room - 1, 0), room + 1]), label="n")
+        new = data.draw(st.lists(st.integers(0, 1), min_size=n, max_size=n), label="tokens")
+        obj = self.objs[handle]
+        before_id = obj.block_id
+        before_cow = len(self.model.gpu.cow) + len(self.model.cpu.cow)
+        src = f"b{handle}.append_token_ids({new})"
+        res = self._attempt(lambda: obj.append_token_ids(new))
+        if isinstance(res, Exception):
+            self._expect_same_error(
+                res, lambda: spec.append_token_ids(self.model, handle, new, -1), src
+            )
+            return
+        after = self.impl.to_caching_spec(dict(enumerate(self.objs)))
+        cow = len(after.gpu.cow) + len(after.cpu.cow) > before_cow
+        chosen = obj.block_id if cow else None
+        event("append: copy-on-write" if cow else "append")
+        if obj.block_id != before_id and not cow:
+            event("append: promoted onto a cached id (dedup)")
+        self.model = self._accepted(
+            "append", lambda: spec.append_token_ids(self.model, handle, new, chosen), src
+        )
+
+    @rule(handle=blocks)
+    def promote_to_immutable_block(self, handle: int) -> None:
+        obj = self.objs[handle]
+        pool = obj.allocator
+        src = f"b{handle}.allocator.promote_to_immutable_block(b{handle})"
+        res = self._attempt(lambda: pool.promote_to_immutable_block(obj))
+        if isinstance(res, Exception):
+            self._expect_same_error(
+                res, lambda: spec.promote_to_immutable_block(self.model, handle), src
+            )
+            return
+        self.model = self._accepted(
+            "promote", lambda: spec.promote_to_immutable_block(self.model, handle), src
+        )
+        if res != obj.block_id:
+            self._violate("promote", f"promote returned {res}, the block names {obj.block_id}")
+
+    @rule(data=st.data(), now=st.integers(0, 6))
+    def mark_blocks_as_accessed(self, data: st.DataObject, now: int) -> None:
+        total = len(self.model.gpu.refcounts) + len(self.model.cpu.refcounts)
+        ids = data.draw(st.lists(st.integers(0, total), max_size=3), label="ids")
+        src = f"alloc.mark_blocks_as_accessed({ids}, {float(now)})"
+        res = self._attempt(lambda: self.impl.mark_blocks_as_accessed(ids, float(now)))
+        call = lambda: spec.mark_blocks_as_accessed(self.model, GPU, ids, float(now))  # noqa: E731
+        if isinstance(res, Exception):
+            self._expect_same_error(res, call, src)
+            return
+        self.model = self._accepted("accessed", call, src)
+
+    @precondition(lambda self: len(self.objs) > 1)
+    @rule()
+    def mark_blocks_as_computed(self) -> None:
+        src = "alloc.mark_blocks_as_computed([])"
+        self.impl.mark_blocks_as_computed([])
+        self.model = self._accepted(
+            "computed", lambda: spec.mark_blocks_as_computed(self.model, GPU), src
+        )
+
+    @rule(data=st.data(), skip_last=st.booleans())
+    def get_computed_block_ids(self, data: st.DataObject, skip_last: bool) -> None:
+        # NOTE: any GPU ids, so one list recurs while its ids change hands (freed,
+        # evicted, reused): the case where a remembered answer goes stale.
+        num_gpu = len(self.model.gpu.refcounts)
+        ids = data.draw(st.lists(st.integers(0, num_gpu - 1), max_size=3), label="ids")
+        handles = ids
+        # NOTE: the previous answer for the same ids is passed back, as a serving engine
+        # does each step; the answer must still be recomputed (vLLM's goes stale).
+        prev = list(self.last_computed.get((*ids, skip_last), []))
+        got = self.impl.get_computed_block_ids(list(prev), ids, skip_last)
+        want = list(spec.get_computed_block_ids(self.model, GPU, ids, skip_last))
+        self._log(f"alloc.get_computed_block_ids({prev}, {ids}, {skip_last})")
+        if got != want:
+            self._violate(
+                "C5 computed_ok",
+                f"computed prefix of {ids} is {got}; the spec says {want}",
+                f"assert alloc.get_computed_block_ids({prev}, {ids}, {skip_last}) == {want}",
+                replace_last=True,
+            )
+        self.last_computed[(*ids, skip_last)] = want
+        lists = [want, list(ids[: len(want) // 2 + 1]), []][: 1 + len(handles) % 3]
+        common = self.impl.get_common_computed_block_ids(lists)
+        if common != list(spec.get_common_computed_block_ids(lists)):
+            self._violate("C5 computed_ok", f"common computed prefix of {lists} is {common}")
+
+    @precondition(lambda self: len(self.model.cpu.refcounts) > 0)
+    @rule(handles=st.lists(blocks, min_size=1, max_size=4), to_cpu=st.booleans())
+    def swap(self, handles: list[int], to_cpu: bool) -> None:
+        src_dev, dst_dev = (GPU, CPU) if to_cpu else (CPU, GPU)
+        objs = [self.objs[h] for h in handles]
+        names = ", ".join(f"b{h}" for h in handles)
+        src = f"alloc.swap([{names}], {_dev(src_dev)}, {_dev(dst_dev)})"
+        touched = self._attempt(lambda: self.impl.get_num_full_blocks_touched(objs, dst_dev))
+        res = self._attempt(lambda: self.impl.swap(objs, src_dev, dst_dev))
+        if isinstance(res, Exception):
+            self._expect_same_error(
+                res, lambda: spec.swap(self.model, handles, src_dev, dst_dev, []), src
+            )
+            return
+        want_touched = spec.get_num_full_blocks_touched(self.model, handles, dst_dev)
+        before = self.model
+        order = list(dict.fromkeys(b.block_id for b in (self.model.blocks[h] for h in handles)))
+        hit_ids = set()
+        for i in order:
+            assert i is not None
+            key = spec.key_of_id(spec.pool_of(before, src_dev), i)
+            if key is not None and spec.lookup(spec.pool_of(before, dst_dev), key) is not None:
+                hit_ids.add(i)
+        chosen = [res[i] for i in order if i not in hit_ids and i in res]
+        self.model, mapping = self._accepted(
+            "swap", lambda: spec.swap(self.model, handles, src_dev, dst_dev, chosen), src
+        )
+        if res != mapping:
+            self._violate("swap", f"swap returned {res}; the spec copies {mapping}")
+        if touched != want_touched:
+            self._violate(
+                "swap",
+                f"get_num_full_blocks_touched gave {touched}; the spec says {want_touched}",
+            )
+
+    @precondition(lambda self: len(self.objs) > 1)
+    @rule()
+    def reset_prefix_cache(self) -> None:
+        src = "alloc.reset_prefix_cache()"
+        n = self.impl.reset_prefix_cache()
+        got = self.impl.to_caching_spec(dict(enumerate(self.objs)))
+        total = 0
+        for device in (GPU, CPU):
+            k = len(spec.pool_of(self.model, device).evictor)
+            order = spec.pool_of(got, device).free[:k]
+            self.model, released = self._accepted(
+                "reset",
+                lambda d=device, o=order: spec.reset_prefix_cache(self.model, d, o),  # type: ignore[misc]  # default args bind the loop variables
+                src,
+            )
+            total += released
+        if n != total:
+            self._violate("reset", f"reset_prefix_cache returned {n}; it released {total}")
+
+    @precondition(lambda self: len(self.objs) > 1)
+    @rule()
+    def clear_copy_on_writes(self) -> None:
+        got = self.impl.clear_copy_on_writes()
+        self.model, want = self._accepted(
+            "CoW", lambda: spec.clear_copy_on_writes(self.model), "alloc.clear_copy_on_writes()"
+        )
+        if [tuple(p) for p in got] != list(want):
+            self._violate("C6 cache_cow_ok", f"CoW pairs {got}; the spec recorded {list(want)}")
+
+    @precondition(lambda self: len(self.objs) > 1)
+    @rule()
+    def allocate_or_get_null_block(self) -> None:
+        src = "null = alloc.allocate_or_get_null_block()"
+        res = self._attempt(self.impl.allocate_or_get_null_block)
+        if isinstance(res, Exception):
+            self._expect_same_error(
+                res, lambda: spec.allocate_or_get_null_block(self.model, -1), src
+            )
+            return
+        self.model, want = self._accepted(
+            "null block", lambda: spec.allocate_or_get_null_block(self.model, res.block_id), src
+        )
+        if res.block_id != want:
+            self._violate("null block", f"null block id {res.block_id}; the spec says {want}")
+
+    @rule(device=devices)
+    def get_prefix_cache_hit_rate(self, device: Device) -> None:
+        got = self.impl.get_prefix_cache_hit_rate(device)
+        want = spec.get_prefix_cache_hit_rate(self.model, device)
+        self._log(f"alloc.get_prefix_cache_hit_rate({_dev(device)})")
+        if abs(got - want) > 1e-12:
+            self._violate("C7 cache_stats_ok", f"hit rate {got}; the spec says {want}")
+        stats = self.impl.cache_stats(device)
+        p = spec.pool_of(self.model, device)
+        if (stats.hits, stats.queries, stats.evictions) != (p.hits, p.queries, p.evictions):
+            self._violate("C7 cache_stats_ok", f"{stats}; the spec counts {p}")
+        if stats.cached_blocks != spec.num_cached_blocks(self.model, device):
+            self._violate("C7 cache_stats_ok", f"{stats.cached_blocks} cached blocks")

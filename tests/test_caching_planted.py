@@ -1,0 +1,131 @@
+"""Planted prefix-caching bugs, each run through the caching machine, which must catch it.
+
+The issue's list: a key ignoring the parent, a key ignoring the salt, an evicted
+block left in the map, computed set at promotion instead of after the batch, a
+an evictor scanning in the wrong order, a hit refcount not rolled back on failure.
+Each is a small subclass or patch of the real allocator. (A stale computed prefix is
+a per-sequence bug of the manager's tracker; the allocator's answer is pinned by
+tests/test_prefix_caching_allocator.py.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from hypothesis.stateful import run_state_machine_as_test
+
+from pagedkv import CpuGpuBlockAllocator, Device
+from pagedkv.content_key import ExtraKeys, check_extra_keys, sha256_key
+from pagedkv.evictor import LRUEvictor
+from pagedkv.prefix_caching_allocator import CacheKey, PrefixCachingBlockAllocator
+from pagedkv_stateful.adapters import Violation
+from pagedkv_stateful.caching_machine import CachingAllocatorMachine
+from pagedkv_stateful.profiles import find_fast
+
+GPU, CPU = Device.GPU, Device.CPU
+
+
+def _patched(patch: Callable[[PrefixCachingBlockAllocator], None]) -> type[CachingAllocatorMachine]:
+    class Planted(CachingAllocatorMachine):
+        def make_impl(self, *args: Any) -> Any:
+            a = CpuGpuBlockAllocator.create("prefix_caching", *args)
+            for device in (GPU, CPU):
+                pool = a.get_allocator(device)
+                assert isinstance(pool, PrefixCachingBlockAllocator)
+                patch(pool)
+            return a
+
+    return Planted
+
+
+def _key_without_parent(pool: PrefixCachingBlockAllocator) -> None:
+    def key(parent: Any, tokens: Sequence[int], extra: ExtraKeys) -> bytes:
+        return sha256_key(None, tokens, extra)
+
+    pool._key_fn = key
+
+
+def _key_without_salt(pool: PrefixCachingBlockAllocator) -> None:
+    def key(parent: Any, tokens: Sequence[int], extra: ExtraKeys) -> bytes:
+        return sha256_key(parent, tokens, ())
+
+    pool._key_fn = key
+
+
+class _KeepsEvictedKeys(PrefixCachingBlockAllocator):
+    def _take_id(self) -> int:
+        if not self._stack and self._next_fresh >= self._end and len(self._evictor):
+            block_id, _ = self._evictor.evict()  # the key stays in the map: the bug
+            i = block_id - self._first
+            self._computed[i] = 0
+            self._key_of[i] = None
+            self._evictions += 1
+            self._rc[i] = 1
+            return block_id
+        return super()._take_id()
+
+
+class _ComputedAtPromotion(PrefixCachingBlockAllocator):
+    def _promote(self, block_id: int, key: CacheKey) -> None:
+        super()._promote(block_id, key)
+        self._set_computed(block_id)  # before the batch has written it: the bug
+
+
+class _NewestFirst(LRUEvictor):
+    def evict(self) -> tuple[int, Any]:
+        block_id, key, _, _ = self.entries()[-1]
+        self.remove(block_id)
+        return block_id, key
+
+
+class _HitsNotRolledBack(PrefixCachingBlockAllocator):
+    def allocate_immutable_blocks(
+        self, prev_block: Any, block_token_ids: list[list[int]], extra_keys: Any = None
+    ) -> list[Any]:
+        extra = check_extra_keys(extra_keys)
+        parent = None if prev_block is None else prev_block.cache_key
+        keyed = prev_block is None or parent is not None
+        taken: list[int] = []
+        for chunk in block_token_ids:
+            full = keyed and len(chunk) == self._block_size
+            key = self._key(parent, chunk, extra) if full else None
+            if key is not None and key.digest in self._cached:
+                taken.append(self._cached[key.digest])
+                self._hit(taken[-1])  # taken before the capacity check: the bug
+            parent, keyed = key, key is not None
+        out = super().allocate_immutable_blocks(prev_block, block_token_ids, extra_keys)
+        for block_id in taken:  # on success the early hits are given back; on failure not
+            self._decref(block_id)
+        return out
+
+
+def _subclassed(cls: type[PrefixCachingBlockAllocator]) -> type[CachingAllocatorMachine]:
+    class Planted(CachingAllocatorMachine):
+        def make_impl(self, num_gpu: int, num_cpu: int, block_size: int) -> Any:
+            gpu = cls(num_gpu, block_size, range(num_gpu), "GPU")
+            cpu = cls(num_cpu, block_size, range(num_gpu, num_gpu + num_cpu), "CPU")
+            return CpuGpuBlockAllocator(cpu_block_allocator=cpu, gpu_block_allocator=gpu)
+
+    return Planted
+
+
+def _evictor_patch(pool: PrefixCachingBlockAllocator) -> None:
+    pool._evictor = _NewestFirst()
+
+
+PLANTED: dict[str, type[CachingAllocatorMachine]] = {
+    "key ignoring the parent": _patched(_key_without_parent),
+    "key ignoring the salt": _patched(_key_without_salt),
+    "evicted block left in the map": _subclassed(_KeepsEvictedKeys),
+    "computed set at promotion": _subclassed(_ComputedAtPromotion),
+    "evictor scanning in the wrong order": _patched(_evictor_patch),
+    "hit refcount not rolled back on failure": _subclassed(_HitsNotRolledBack),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED))
+def test_the_caching_machine_catches(bug: str) -> None:
+    with pytest.raises((Violation, AssertionError)):
+        run_state_machine_as_test(PLANTED[bug], settings=find_fast(800, 40))

@@ -1,0 +1,264 @@
+"""PrefixCachingBlockAllocator (through CpuGpuBlockAllocator): behaviour, by scenario.
+
+The caching machine (tests/test_caching_machine.py) checks every step against the
+spec; these pin the behaviours a serving engine relies on, one readable case each,
+including where pagedkv is stricter than vLLM 0.6.3.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pagedkv import CpuGpuBlockAllocator, Device
+from pagedkv.errors import (
+    ArgumentTypeError,
+    BlockNotInUseError,
+    ForeignBlockError,
+    ImmutableBlockError,
+    InvalidAllocatorConfigError,
+    InvalidExtraKeysError,
+    NoFreeBlocksError,
+    PromotionError,
+)
+from pagedkv_spec.caching import CachingState
+
+GPU, CPU = Device.GPU, Device.CPU
+
+
+def make(num_gpu: int = 4, num_cpu: int = 2, block_size: int = 2, **kw: Any) -> Any:
+    return CpuGpuBlockAllocator.create("prefix_caching", num_gpu, num_cpu, block_size, **kw)
+
+
+def state(a: Any, blocks: list[Any]) -> CachingState:
+    a.check_invariants(dict(enumerate(blocks)))
+    out: CachingState = a.to_caching_spec(dict(enumerate(blocks)))
+    return out
+
+
+def test_a_shared_prompt_prefix_is_a_hit_on_the_same_ids() -> None:
+    a = make()
+    first = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], GPU)
+    second = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], GPU)
+    assert [b.block_id for b in second] == [b.block_id for b in first] == [0, 1]
+    assert a.get_num_free_blocks(GPU) == 2
+    assert a.get_prefix_cache_hit_rate(GPU) == 0.5
+    stats = a.cache_stats(GPU)
+    assert (stats.hits, stats.misses, stats.queries, stats.cached_blocks) == (2, 2, 4, 2)
+    third = a.allocate_immutable_blocks(None, [[1, 2], [9, 9]], GPU)  # same first block only
+    assert [b.block_id for b in third] == [0, 2]
+    state(a, [*first, *second, *third])
+
+
+@pytest.mark.parametrize("extra", [(1,), ("1",), (b"1",), ("salt",), (1, "salt")])
+def test_extra_keys_separate_otherwise_equal_blocks(extra: tuple[Any, ...]) -> None:
+    a = make()
+    plain = a.allocate_immutable_block(None, [1, 2], GPU)
+    salted = a.allocate_immutable_block(None, [1, 2], GPU, extra)
+    again = a.allocate_immutable_block(None, [1, 2], GPU, extra)
+    assert plain.block_id != salted.block_id == again.block_id
+    state(a, [plain, salted, again])
+
+
+def test_near_colliding_extra_keys_never_share() -> None:
+    a = make(num_gpu=6)
+    ids = {
+        a.allocate_immutable_block(None, [1, 2], GPU, e).block_id
+        for e in [(), (1,), ("1",), (b"1",), (1, 2), ((1 << 70),)]
+    }
+    assert len(ids) == 6
+
+
+def test_a_freed_cached_block_stays_findable_until_the_free_pool_is_empty() -> None:
+    a = make(num_gpu=2, num_cpu=0)
+    b = a.allocate_immutable_block(None, [1, 2], GPU)
+    a.free(b)
+    assert a.get_num_free_blocks(GPU) == 2 and a.cache_stats(GPU).evictable_blocks == 1
+    m = a.allocate_mutable_block(None, GPU)  # takes the free id, not the cached one
+    assert m.block_id == 1
+    hit = a.allocate_immutable_block(None, [1, 2], GPU)
+    assert hit.block_id == 0 and a.cache_stats(GPU).evictable_blocks == 0
+    a.free(hit)
+    fresh = a.allocate_mutable_block(None, GPU)  # free pool empty: evicts id 0
+    assert fresh.block_id == 0 and a.cache_stats(GPU).evictions == 1
+    assert not a.get_allocator(GPU).is_block_cached(hit)
+    state(a, [m, fresh])
+
+
+def test_eviction_takes_the_oldest_then_the_deepest_whatever_the_arrival_order() -> None:
+    a = make(num_gpu=4, num_cpu=0, block_size=1)
+    chain = a.allocate_immutable_blocks(None, [[1], [2], [3]], GPU)  # ids 0, 1, 2
+    other = a.allocate_immutable_block(None, [7], GPU)  # id 3
+    a.mark_blocks_as_accessed([0, 1, 2], 5.0)
+    a.mark_blocks_as_accessed([3], 9.0)
+    for b in (other, chain[0], chain[2], chain[1]):  # reach the evictor out of time order
+        a.free(b)
+    evicted = [a.allocate_mutable_block(None, GPU).block_id for _ in range(4)]
+    assert evicted == [2, 1, 0, 3]  # the chain's tail first (same time), the newest last
+
+
+def test_a_failed_allocation_changes_nothing_not_even_hit_refcounts() -> None:
+    a = make(num_gpu=3, num_cpu=0)
+    cached = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], GPU)
+    before = state(a, cached)
+    with pytest.raises(NoFreeBlocksError):  # 2 hits + 2 misses, 1 free block
+        a.allocate_immutable_blocks(None, [[1, 2], [3, 4], [5, 6], [7, 8]], GPU)
+    assert state(a, cached) == before
+
+
+def test_admission_counts_a_hit_in_the_evictor_as_taking_a_free_block() -> None:
+    a = make(num_gpu=2, num_cpu=0)
+    b = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], GPU)
+    a.free(b[1])  # id 1 evictable: free count 1
+    with pytest.raises(NoFreeBlocksError):  # hit on id 0 (in use: takes none), hit on
+        a.allocate_immutable_blocks(None, [[1, 2], [3, 4], [5, 6]], GPU)  # 1 + a miss
+    ok = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], GPU)
+    assert [x.block_id for x in ok] == [0, 1] and a.get_num_free_blocks(GPU) == 0
+
+
+def test_a_block_is_computed_only_after_the_batch_that_wrote_it() -> None:
+    a = make()
+    b = a.allocate_immutable_block(None, [1, 2], GPU)
+    assert not b.computed and a.get_computed_block_ids([], [0], False) == []
+    a.mark_blocks_as_computed([])
+    assert b.computed and a.get_computed_block_ids([], [0], False) == [0]
+
+
+def test_a_block_freed_before_its_batch_ran_is_cached_uncomputed() -> None:
+    a = make()
+    b = a.allocate_immutable_block(None, [1, 2], GPU)
+    block_id = b.block_id
+    a.free(b)  # promoted, never written, freed: vLLM 0.6.3 later reports it computed
+    a.mark_blocks_as_computed([])
+    hit = a.allocate_immutable_block(None, [1, 2], GPU)
+    assert hit.block_id == block_id and not hit.computed
+    a.mark_blocks_as_computed([])  # the hitting sequence's batch writes it
+    assert hit.computed
+
+
+def test_the_computed_prefix_is_recomputed_not_remembered() -> None:
+    a = make(num_gpu=1, num_cpu=0)
+    b = a.allocate_immutable_block(None, [1, 2], GPU)
+    a.mark_blocks_as_computed([])
+    remembered = a.get_computed_block_ids([], [0, 0], True)
+    assert remembered == [0]
+    a.free(b)
+    a.reset_prefix_cache()
+    m = a.allocate_mutable_block(None, GPU)  # id 0 again, now unwritten
+    assert m.block_id == 0
+    assert a.get_computed_block_ids(remembered, [0, 0], True) == []
+
+
+def test_a_common_computed_prefix_is_empty_when_any_sequence_has_none() -> None:
+    a = make()
+    assert a.get_common_computed_block_ids([[0, 1], [0, 1, 2], []]) == []
+    assert a.get_common_computed_block_ids([[0, 1], [0, 1, 2]]) == [0, 1]
+    assert a.get_common_computed_block_ids([[0, 2], [0, 1]]) == [0]
+    assert a.get_common_computed_block_ids([]) == []
+
+
+def test_a_full_shared_block_whose_key_is_cached_is_shared_without_a_copy() -> None:
+    a = make(num_gpu=4, num_cpu=0)
+    cached = a.allocate_immutable_block(None, [1, 2], GPU)
+    partial = a.allocate_immutable_block(None, [1], GPU)
+    forked = a.get_allocator(GPU).fork(partial)[0]
+    forked.append_token_ids([2])  # shared and now full: the cached id, no CoW
+    assert forked.block_id == cached.block_id and a.clear_copy_on_writes() == []
+    partial.append_token_ids([3])  # private again: promoted in place
+    assert partial.block_id == 1 and partial.content_hash is not None
+    state(a, [cached, partial, forked])
+
+
+def test_copy_on_write_still_applies_to_mutable_blocks() -> None:
+    a = make(num_gpu=4, num_cpu=0, block_size=3)
+    b = a.allocate_immutable_block(None, [1], GPU)
+    child = a.get_allocator(GPU).fork(b)[0]
+    child.append_token_ids([5])
+    assert child.block_id != b.block_id
+    assert a.clear_copy_on_writes() == [(b.block_id, child.block_id)]
+
+
+def test_swapping_a_cached_block_to_a_pool_that_has_it_copies_nothing() -> None:
+    a = make(num_gpu=4, num_cpu=2)
+    on_cpu = a.allocate_immutable_block(None, [1, 2], CPU)
+    a.get_allocator(CPU).mark_blocks_as_computed([])
+    gpu = a.allocate_immutable_block(None, [1, 2], GPU)
+    assert a.get_num_full_blocks_touched([gpu], CPU) == 0
+    assert a.swap([gpu], GPU, CPU) == {}
+    assert gpu.block_id == on_cpu.block_id
+    state(a, [on_cpu, gpu])
+
+
+@pytest.mark.parametrize("key_function", ["sha256", "builtin"])
+def test_both_key_functions_cache(key_function: str) -> None:
+    a = make(key_function=key_function)
+    x = a.allocate_immutable_block(None, [1, 2], GPU)
+    y = a.allocate_immutable_block(None, [1, 2], GPU)
+    assert x.block_id == y.block_id
+    assert a.get_allocator(GPU).key_function == key_function
+
+
+def test_reset_prefix_cache_drops_only_unused_cached_blocks() -> None:
+    a = make(num_gpu=3, num_cpu=0)
+    keep = a.allocate_immutable_block(None, [1, 2], GPU)
+    drop = a.allocate_immutable_block(None, [3, 4], GPU)
+    a.free(drop)
+    assert a.reset_prefix_cache() == 1
+    assert a.cache_stats(GPU).cached_blocks == 1
+    assert a.allocate_immutable_block(None, [1, 2], GPU).block_id == keep.block_id
+    assert a.allocate_immutable_block(None, [3, 4], GPU).block_id != keep.block_id
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _unchanged(a: Any, blocks: list[Any], call: Any, error: type[Exception]) -> None:
+    before = state(a, blocks)
+    with pytest.raises(error):
+        call()
+    assert state(a, blocks) == before
+
+
+def test_appending_to_a_cached_block_is_a_typed_error() -> None:
+    a = make()
+    b = a.allocate_immutable_block(None, [1, 2], GPU)
+    _unchanged(a, [b], lambda: b.append_token_ids([3]), ImmutableBlockError)
+    assert issubclass(ImmutableBlockError, ValueError)
+
+
+def test_promoting_a_block_that_cannot_be_cached_is_a_typed_error() -> None:
+    a = make(block_size=2)
+    pool = a.get_allocator(GPU)
+    part = a.allocate_immutable_block(None, [1], GPU)
+    _unchanged(a, [part], lambda: pool.promote_to_immutable_block(part), PromotionError)
+    full = a.allocate_immutable_block(None, [1, 2], GPU)
+    _unchanged(a, [part, full], lambda: pool.promote_to_immutable_block(full), PromotionError)
+
+
+def test_marking_ids_that_are_not_held_is_a_typed_error() -> None:
+    a = make(num_gpu=4, num_cpu=2)
+    b = a.allocate_immutable_block(None, [1, 2], GPU)
+    _unchanged(a, [b], lambda: a.mark_blocks_as_accessed([0, 4], 1.0), ForeignBlockError)
+    _unchanged(a, [b], lambda: a.mark_blocks_as_accessed([0, 3], 1.0), BlockNotInUseError)
+    for now in (True, "1", float("nan"), None):
+        _unchanged(a, [b], lambda n=now: a.mark_blocks_as_accessed([0], n), ArgumentTypeError)
+    _unchanged(a, [b], lambda: a.mark_blocks_as_accessed([False], 1.0), ArgumentTypeError)
+    assert issubclass(ArgumentTypeError, TypeError)
+
+
+@pytest.mark.parametrize("extra", [True, 1, "salt", [1.5], (None,), ((1,),), (True,)])
+def test_extra_keys_of_the_wrong_type_are_a_typed_error(extra: Any) -> None:
+    a = make()
+    b = a.allocate_immutable_block(None, [1, 2], GPU)
+    _unchanged(
+        a, [b], lambda: a.allocate_immutable_block(None, [1, 2], GPU, extra), InvalidExtraKeysError
+    )
+    assert issubclass(InvalidExtraKeysError, TypeError)
+
+
+def test_unknown_allocator_types_and_key_functions_are_rejected() -> None:
+    with pytest.raises(InvalidAllocatorConfigError, match="'naive' or 'prefix_caching'"):
+        CpuGpuBlockAllocator.create("lru", 1, 1, 1)
+    with pytest.raises(InvalidAllocatorConfigError):
+        make(key_function="md5")
