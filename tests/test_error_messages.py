@@ -39,14 +39,18 @@ from pagedkv.block_table import BlockTable
 from pagedkv.cache import KVCacheConfig, KVCacheEngine
 from pagedkv.cli import parse_size
 from pagedkv.errors import (
+    ArgumentTypeError,
+    BlockNotInUseError,
     BlockOverflowError,
     BlockWithoutIdError,
     CachingNotSupportedError,
     DoubleFreeError,
     DuplicateRequestError,
     ForeignBlockError,
+    ImmutableBlockError,
     InvalidAllocatorConfigError,
     InvalidBlockTableArgumentError,
+    InvalidExtraKeysError,
     InvalidKVCacheConfigError,
     InvalidSchedulerConfigError,
     InvalidSequenceError,
@@ -59,6 +63,7 @@ from pagedkv.errors import (
     KVTensorMismatchError,
     NoFreeBlocksError,
     NullBlockError,
+    PromotionError,
     RefCountError,
     SequenceAlreadyAllocatedError,
     SequenceNotInGroupError,
@@ -68,6 +73,7 @@ from pagedkv.errors import (
     UnknownSequenceError,
     WorkloadError,
 )
+from pagedkv.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv.refcount import contiguous_range
 from pagedkv.scheduler import Scheduler, SchedulerConfig
 from pagedkv.simulator import SimulationConfig, Simulator
@@ -233,6 +239,69 @@ def _unreferenced_block() -> None:
     c = _two_pools(2, 2)
     c.allocate_mutable_block(None, GPU)
     c.check_invariants({})
+
+
+# ---------------------------------------------------------------------------- prefix caching
+
+
+def _caching() -> tuple[CpuGpuBlockAllocator, Block, Block]:
+    """A caching allocator with a cached block (id 0) and a partial one (id 1)."""
+    a = CpuGpuBlockAllocator.create("prefix_caching", 4, 2, 2)
+    return a, a.allocate_immutable_block(None, [1, 2], GPU), a.allocate_immutable_block(
+        None, [1], GPU
+    )
+
+
+def _caching_promote(which: int) -> None:
+    a, cached, partial = _caching()
+    pool = a.get_allocator(GPU)
+    assert isinstance(pool, PrefixCachingBlockAllocator)
+    pool.promote_to_immutable_block(cached if which == 0 else partial)
+
+
+CACHING_MESSAGES = [
+    case(
+        "append to a cached block",
+        lambda: _caching()[1].append_token_ids([3]),
+        ImmutableBlockError,
+        "cannot append to block 0: it is full and cached (immutable); append to a new "
+        "mutable block after it (BlockTable does this)",
+    ),
+    case(
+        "promote a cached block",
+        lambda: _caching_promote(0),
+        PromotionError,
+        "cannot cache block 0: it is already cached; only a full block whose predecessor "
+        "is cached (or that is first) can be promoted",
+    ),
+    case(
+        "promote a partial block",
+        lambda: _caching_promote(1),
+        PromotionError,
+        "cannot cache block 1: it holds 1 of 2 tokens; only a full block whose predecessor "
+        "is cached (or that is first) can be promoted",
+    ),
+    case(
+        "mark a free id accessed",
+        lambda: _caching()[0].mark_blocks_as_accessed([3], 1.0),
+        BlockNotInUseError,
+        "block id 3 is free (not in use and not cached); mark only the ids of blocks a "
+        "sequence holds",
+    ),
+    case(
+        "accessed at a bool time",
+        lambda: _caching()[0].mark_blocks_as_accessed([0], True),
+        ArgumentTypeError,
+        "now must be a finite int or float (a time), got bool True",
+    ),
+    case(
+        "extra key of the wrong type",
+        lambda: _caching()[0].allocate_immutable_block(None, [1, 2], GPU, (1.5,)),  # type: ignore[arg-type]  # a float extra key on purpose
+        InvalidExtraKeysError,
+        "invalid extra cache keys: item 0 has type float (1.5); pass a tuple of int, str "
+        "or bytes (e.g. (lora_id, cache_salt))",
+    ),
+]
 
 
 ALLOCATOR_MESSAGES = [
@@ -1524,6 +1593,7 @@ CONFORM_MESSAGES = [
 
 MESSAGES = [
     *ALLOCATOR_MESSAGES,
+    *CACHING_MESSAGES,
     *SEQUENCE_MESSAGES,
     *MANAGER_MESSAGES,
     *SCHEDULER_MESSAGES,
