@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TypeVar
 
 from pagedkv.content_key import ExtraKeys
 from pagedkv.errors import (
@@ -25,6 +26,8 @@ from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
 
 __all__ = ["CpuGpuBlockAllocator"]
+
+_B = TypeVar("_B", NaiveBlock, PrefixCachingBlock)
 
 _GPU, _CPU = Device.GPU, Device.CPU
 
@@ -152,10 +155,13 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         """An empty block on ``device``; ``extra_keys`` (LoRA id, cache salt, ...) enter
         its content key with caching and are ignored without. Complexity: O(1)."""
         # NOTE: devices are told apart by identity, GPU first (the hot case): a dict
-        # keyed by Device would call Enum.__hash__, which is Python code.
-        if not self._caching:
+        # keyed by Device would call Enum.__hash__, which is Python code. Without extra
+        # keys both kinds of pool take the same call, so the hot case asks nothing else.
+        if extra_keys is None:
             if device is _GPU:
                 return self._gpu.allocate_mutable_block(prev_block)
+            return self.get_allocator(device).allocate_mutable_block(prev_block)
+        if not self._caching:
             return self.get_allocator(device).allocate_mutable_block(prev_block)
         return self._caching_pool(device).allocate_mutable_block(prev_block, extra_keys)
 
@@ -168,7 +174,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
     ) -> Block:
         """A block on ``device`` holding ``token_ids`` (a cache hit with caching).
         Complexity: O(len(token_ids))."""
-        if not self._caching:
+        if extra_keys is None or not self._caching:
             if device is _GPU:
                 return self._gpu.allocate_immutable_block(prev_block, token_ids)
             return self.get_allocator(device).allocate_immutable_block(prev_block, token_ids)
@@ -208,11 +214,15 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         if isinstance(last_block, NullBlock):
             raise NullBlockError("fork")
         chain = chain_of(last_block)
-        owned: list[NaiveBlock] = []
         for b in chain:
             self._owner(b, "fork")
+        return self._fork_owned(chain)
+
+    def _fork_owned(self, chain: list[Block]) -> list[Block]:
+        """Fork blocks that passed :meth:`_owner`, with the fork of their kind of pool."""
         if self._caching:
             return PrefixCachingBlockAllocator.fork_chain_of(chain)
+        owned: list[NaiveBlock] = []
         for b in chain:
             if type(b) is NaiveBlock:  # always true after the ownership check
                 if b.freed:
@@ -229,21 +239,10 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         once leading blocks were replaced by the null block. Validated before any
         refcount changes. Complexity: O(len(blocks)).
         """
-        real: list[NaiveBlock] = []
-        cached: list[Block] = []
-        for b in blocks:
-            if b is self._null_block:
-                continue
+        real = [b for b in blocks if b is not self._null_block]
+        for b in real:
             self._owner(b, "fork")
-            cached.append(b)
-            if type(b) is NaiveBlock:  # always true after the ownership check, naive pools
-                if b.freed:
-                    raise StaleBlockError("fork")
-                real.append(b)
-        if self._caching:
-            forked = iter(PrefixCachingBlockAllocator.fork_chain_of(cached))
-        else:
-            forked = iter(NaiveBlockAllocator.fork_chain(real))
+        forked = iter(self._fork_owned(real))
         return [b if b is self._null_block else next(forked) for b in blocks]
 
     def allocate_or_get_null_block(self) -> Block:
@@ -347,6 +346,25 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
 
     # ------------------------------------------------------------------ verification
 
+    def _rows(
+        self, blocks: Mapping[int, Block] | None, block_type: type[_B], caller: str
+    ) -> list[tuple[_B, Device, int | None]]:
+        """Per handle ``0..n-1`` of ``blocks``: the object, its device and its predecessor's
+        handle (None if it has none, or one not among ``blocks``). O(handles)."""
+        blocks = blocks or {}
+        handle_of = {id(blocks[h]): h for h in range(len(blocks))}
+        rows: list[tuple[_B, Device, int | None]] = []
+        for handle in range(len(blocks)):
+            b = blocks[handle]
+            if not isinstance(b, block_type):
+                raise ForeignBlockError(
+                    b.block_id, f"{caller} takes {block_type.__name__} objects only"
+                )
+            device = _GPU if b.allocator is self._gpu else _CPU
+            prev = b.prev_block
+            rows.append((b, device, None if prev is None else handle_of.get(id(prev))))
+        return rows
+
     def to_spec(self, blocks: Mapping[int, Block] | None = None) -> AllocatorState:
         """Abstraction function: the spec state, given the caller's live block handles.
 
@@ -354,17 +372,10 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         caller names them: ``blocks[handle]`` is the object the spec calls
         ``handle``. Handles must be ``0..n-1``. Complexity: O(pool size + handles).
         """
-        blocks = blocks or {}
-        handle_of = {id(blocks[h]): h for h in range(len(blocks))}
-        refs: list[BlockRef] = []
-        for handle in range(len(blocks)):
-            b = blocks[handle]
-            if type(b) is not NaiveBlock:
-                raise ForeignBlockError(b.block_id, "to_spec takes NaiveBlock objects only")
-            device = Device.GPU if b.allocator is self._gpu else Device.CPU
-            prev = b.prev_block
-            prev_handle = None if prev is None else handle_of.get(id(prev))
-            refs.append(BlockRef(device, b.block_id, tuple(b.token_ids), prev_handle, b.freed))
+        refs = [
+            BlockRef(device, b.block_id, tuple(b.token_ids), prev, b.freed)
+            for b, device, prev in self._rows(blocks, NaiveBlock, "to_spec")
+        ]
         null_id = None if self._null_block is None else self._null_block.block_id
         return AllocatorState(
             self._gpu.block_size, self._gpu.to_spec(), self._cpu.to_spec(), tuple(refs), null_id
@@ -374,21 +385,11 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         """Abstraction function with caching: the spec's :class:`CachingState`, given the
         caller's block handles as for :meth:`to_spec`. Complexity: O(pool size + handles)."""
         gpu, cpu = self._caching_pool(_GPU), self._caching_pool(_CPU)
-        blocks = blocks or {}
-        handle_of = {id(blocks[h]): h for h in range(len(blocks))}
         refs: list[CBlock] = []
-        for handle in range(len(blocks)):
-            b = blocks[handle]
-            if type(b) is not PrefixCachingBlock:
-                raise ForeignBlockError(b.block_id, "to_caching_spec takes PrefixCachingBlocks")
-            device = Device.GPU if b.allocator is gpu else Device.CPU
-            prev = b.prev_block
-            prev_handle = None if prev is None else handle_of.get(id(prev))
+        for b, device, prev in self._rows(blocks, PrefixCachingBlock, "to_caching_spec"):
             key = None if b.cache_key is None else b.cache_key.to_spec()
             refs.append(
-                CBlock(
-                    device, b.block_id, tuple(b.token_ids), prev_handle, b.extra_keys, key, b.freed
-                )
+                CBlock(device, b.block_id, tuple(b.token_ids), prev, b.extra_keys, key, b.freed)
             )
         null_id = None if self._null_block is None else self._null_block.block_id
         return CachingState(gpu.block_size, gpu.to_spec(), cpu.to_spec(), tuple(refs), null_id)

@@ -108,20 +108,28 @@ def is_live(b: BlockRef) -> bool:
     return not b.freed and b.block_id is not None
 
 
+@exempt("a counting helper of I1 and C4, which contracts call")
+def count_references(
+    held: Sequence[int | None], device: Device, first_id: int, size: int, null_id: int | None
+) -> tuple[int, ...] | None:
+    """References to each of ``size`` ids from ``first_id`` by the ids ``held`` (+1 for
+    the null block's id on the GPU), by pool index; None if one is outside the pool."""
+    counts = [0] * size
+    ids = [*held, null_id] if device is Device.GPU and null_id is not None else held
+    for block_id in ids:
+        if block_id is None or not first_id <= block_id < first_id + size:
+            return None
+        counts[block_id - first_id] += 1
+    return tuple(counts)
+
+
 @exempt("a counting helper of I1 (refcounts_match_references), which contracts call")
 def references(s: AllocatorState, device: Device) -> tuple[int, ...] | None:
     """Live references to each id of ``device``'s pool (+1 for the null block's id), by
     pool index; None if a live reference names an id outside the pool."""
     p = pool_of(s, device)
-    counts = [0] * len(p.refcounts)
     held = [b.block_id for b in s.blocks if is_live(b) and b.device is device]
-    if device is Device.GPU and s.null_id is not None:
-        held.append(s.null_id)
-    for block_id in held:
-        if block_id is None or not in_pool(p, block_id):
-            return None
-        counts[block_id - p.first_id] += 1
-    return tuple(counts)
+    return count_references(held, device, p.first_id, len(p.refcounts), s.null_id)
 
 
 def refcounts_match_references(s: AllocatorState) -> bool:

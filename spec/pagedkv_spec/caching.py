@@ -64,6 +64,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from pagedkv_spec.allocator import count_references
 from pagedkv_spec.contracts import exempt
 from pagedkv_spec.device import Device
 from pagedkv_spec.errors import (
@@ -260,15 +261,8 @@ def keys_ok(s: CachingState) -> bool:
 def references(s: CachingState, device: Device) -> tuple[int, ...] | None:
     """Live references to each id of ``device``'s pool (+1 for the null block's id)."""
     p = pool_of(s, device)
-    counts = [0] * len(p.refcounts)
     held = [b.block_id for b in s.blocks if is_live(b) and b.device is device]
-    if device is Device.GPU and s.null_id is not None:
-        held.append(s.null_id)
-    for block_id in held:
-        if block_id is None or not in_pool(p, block_id):
-            return None
-        counts[block_id - p.first_id] += 1
-    return tuple(counts)
+    return count_references(held, device, p.first_id, len(p.refcounts), s.null_id)
 
 
 def cache_refcounts_ok(s: CachingState) -> bool:
@@ -625,9 +619,8 @@ def blocks_needed(
     """Ids an allocation of ``chunks`` takes from the free count: misses, plus hits that
     come out of the evictor (a hit on an in-use id takes none)."""
     assert state_ok(s) and (prev is None or 0 <= prev < len(s.blocks))
-    _, hits = _plan(s, prev, chunks, extra, device)
     p = pool_of(s, device)
-    out = sum(1 for h in hits if h is None or h in p.evictor)
+    out = sum(1 for h in plan_hits(s, prev, chunks, extra, device) if h is None or h in p.evictor)
     assert 0 <= out <= len(chunks)
     return out
 
