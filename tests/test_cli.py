@@ -60,6 +60,33 @@ def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert data["setup"]["block_size"] == 16 and data["setup"]["seed"] == 3
 
 
+def test_enable_caching_reports_the_prefix_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shared = '"prefix": "sys", "prefix_len": 48'
+    trace = write_trace(
+        tmp_path,
+        *(
+            f'{{"arrival_time": {t}, "prompt_len": 60, "output_len": 4, {shared}}}'
+            for t in (0, 10, 20)
+        ),
+    )
+    argv = ["simulate", "--trace", trace, "--gpu-blocks", "32", "--cpu-blocks", "0"]
+    assert cli.main([*argv, "--enable-caching", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    # 3 blocks of the shared 48 tokens are skipped by the 2nd and 3rd request: 6 of 9 lookups
+    assert "hit rate 66.7 % (6/9 block lookups), 96 prompt tokens skipped" in out
+    assert cli.main([*argv, "--enable-caching", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["setup"]["prefix_caching"] is True
+    summary = data["summary"]
+    assert (summary["cache_hits"], summary["cached_prompt_tokens"]) == (6, 96)
+    assert summary["prompt_tokens"] == 3 * 60 - 96
+    assert cli.main([*argv, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["summary"]
+    assert plain["prefix_caching"] is False and plain["prompt_tokens"] == 180
+
+
 def test_sizes_from_memory_and_model_shape(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [*SMALL, "--json", "--gpu-memory", "1MiB", "--cpu-memory", "64KiB", "--dtype"]
     argv += ["float16", "--num-layers", "1", "--block-size", "8", "--head-size", "4"]

@@ -43,7 +43,6 @@ from pagedkv.errors import (
     BlockNotInUseError,
     BlockOverflowError,
     BlockWithoutIdError,
-    CachingNotSupportedError,
     DoubleFreeError,
     DuplicateRequestError,
     ForeignBlockError,
@@ -960,11 +959,17 @@ MANAGER_MESSAGES = [
         "cannot append to sequence 0: its blocks are on CPU, not GPU",
     ),
     case(
-        "caching",
-        lambda: BlockSpaceManager(2, 8, 8, enable_caching=True),
-        CachingNotSupportedError,
-        "enable_caching=True (prefix caching) is not supported by pagedkv yet; "
-        "construct the manager with enable_caching=False",
+        "caching with a sliding window",
+        lambda: BlockSpaceManager(2, 8, 8, sliding_window=4, enable_caching=True),
+        InvalidAllocatorConfigError,
+        "prefix caching with a sliding window is not supported (a windowed table drops the "
+        "blocks a cache would share); pass one of the two",
+    ),
+    case(
+        "enable_caching not a bool",
+        lambda: BlockSpaceManager(2, 8, 8, enable_caching=1),  # type: ignore[arg-type]  # a wrong type on purpose
+        ArgumentTypeError,
+        "enable_caching must be a bool, got int 1",
     ),
     case(
         "manager table invariant T1",
@@ -1207,7 +1212,28 @@ SCHEDULER_MESSAGES = [
         lambda: _trace('{"arrival_time": 0, "prompt_len": 3, "output_len": 2, "x": 1}'),
         WorkloadError,
         "t.jsonl, line 2: unknown key(s) ['x']; "
-        "allowed: ['arrival_time', 'n', 'output_len', 'prompt_len', 'request_id']",
+        "allowed: ['arrival_time', 'n', 'output_len', 'prefix', 'prefix_len', 'prompt_len', "
+        "'request_id']",
+    ),
+    case(
+        "trace prefix type",
+        lambda: _trace('{"arrival_time": 0, "prompt_len": 3, "output_len": 2, "prefix": 7}'),
+        WorkloadError,
+        "t.jsonl, line 2: prefix must be a non-empty string, got 7",
+    ),
+    case(
+        "trace prefix_len without prefix",
+        lambda: _trace('{"arrival_time": 0, "prompt_len": 3, "output_len": 2, "prefix_len": 2}'),
+        WorkloadError,
+        "t.jsonl, line 2: prefix_len needs a 'prefix' (its name)",
+    ),
+    case(
+        "trace prefix_len beyond the prompt",
+        lambda: _trace(
+            '{"arrival_time": 0, "prompt_len": 3, "output_len": 2, "prefix": "s", "prefix_len": 4}'
+        ),
+        WorkloadError,
+        "t.jsonl, line 2: prefix_len must be an int in 0..3, got 4",
     ),
     case(
         "trace request_id type",

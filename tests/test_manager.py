@@ -22,7 +22,6 @@ from pagedkv import (
 )
 from pagedkv.block_table import BlockTable
 from pagedkv.errors import (
-    CachingNotSupportedError,
     DoubleFreeError,
     InvalidAllocatorConfigError,
     InvalidSequenceStateError,
@@ -252,8 +251,10 @@ def test_misuse_raises_typed_errors() -> None:
         m.append_slots(seq, -1)
     assert m.to_spec() == before
     m.free(Sequence(123, [1]))  # no table: a no-op
-    with pytest.raises(CachingNotSupportedError):
-        BlockSpaceManager(2, 8, 8, enable_caching=True)
+    with pytest.raises(InvalidAllocatorConfigError, match="sliding window"):
+        BlockSpaceManager(2, 8, 8, sliding_window=4, enable_caching=True)
+    with pytest.raises(TypeError):
+        BlockSpaceManager(2, 8, 8, enable_caching=1)  # type: ignore[arg-type]  # a bool is required
     with pytest.raises(InvalidAllocatorConfigError):
         BlockSpaceManager(2, 8, 8, watermark=1.5)
 

@@ -63,6 +63,8 @@ ALLOCATOR: dict[str, str] = {
     "reset_prefix_cache": CACHING,
     "cache_stats": CACHING,
     "enable_caching": CACHING,
+    "get_num_blocks_to_allocate": CACHING,
+    "get_num_cached_prefix_tokens": CACHING,
     "to_caching_spec": SUPPORT,
     "create": SUPPORT,
     "get_allocator": SUPPORT,
@@ -99,6 +101,9 @@ MANAGER: dict[str, str] = {
     "mark_blocks_as_computed": CACHING,
     "get_common_computed_block_ids": CACHING,
     "get_prefix_cache_hit_rate": CACHING,
+    "get_num_cached_prefix_tokens": CACHING,
+    "reset_prefix_cache": CACHING,
+    "cache_stats": CACHING,
     "to_spec": SUPPORT,
     "check_invariants": SUPPORT,
 }

@@ -10,18 +10,23 @@ import dataclasses
 import functools
 import statistics
 from collections.abc import Iterator
+from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
+from unittest import mock
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pagedkv import Device
+from pagedkv.content_key import ExtraKeys, sha256_key
 from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError
 from pagedkv.manager import BlockSpaceManager
+from pagedkv.prefix_caching_allocator import CacheKey, PrefixCachingBlockAllocator
 from pagedkv.report import SimulationResult, Summary
 from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
-from pagedkv.sequence import SequenceGroup, SequenceStatus
+from pagedkv.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedkv.simulator import SimulationConfig, Simulator, StepObservation
 from pagedkv.workload import PRESETS, Preset, RequestSpec, generate, preset
 
@@ -161,6 +166,92 @@ def test_kv_check_catches_a_corrupted_block() -> None:
         sim.check_kv()
 
 
+# ---- prefix caching: skipped prefill, same outputs, and the KV check catches bad sharing
+
+
+def _caching_run(
+    name: str, enable_caching: bool, num_gpu_blocks: int = 96, **changes: object
+) -> tuple[SimulationResult, dict[str, list[list[int]]]]:
+    config = _config(
+        preset(name), enable_caching=enable_caching, num_gpu_blocks=num_gpu_blocks, check=True
+    )
+    config = dataclasses.replace(config, **changes)  # type: ignore[arg-type]  # fields vary by key
+    result, _, sched = observed_run(generate(preset(name), 11, 20), config)
+    outputs = {rid: [s.get_token_ids() for s in g.get_seqs()] for rid, g in sched.added.items()}
+    return result, outputs
+
+
+@pytest.mark.parametrize(("name", "num_gpu_blocks"), [("system-prompt", 96), ("multi-turn", 40)])
+def test_prefix_caching_skips_prefill_and_changes_no_output(name: str, num_gpu_blocks: int) -> None:
+    """With checks on (KV conservation after every step, against KV that depends on the
+    whole prefix), caching skips prompt tokens and every request ends with exactly the
+    tokens of the run without caching."""
+    cached, cached_outputs = _caching_run(name, True, num_gpu_blocks)
+    plain, plain_outputs = _caching_run(name, False, num_gpu_blocks)
+    assert cached.summary.cached_prompt_tokens > 0 and cached.summary.cache_hits > 0
+    assert plain.summary.cached_prompt_tokens == 0 and not plain.summary.prefix_caching
+    assert cached.summary.prompt_tokens < plain.summary.prompt_tokens
+    assert cached_outputs == plain_outputs
+    assert cached.summary.finished == plain.summary.finished == 20
+
+
+class _GivenPrompts(Simulator):
+    """A simulator whose requests have the prompts named in ``prompts``."""
+
+    def __init__(self, config: SimulationConfig, prompts: dict[str, list[int]]) -> None:
+        super().__init__(config)
+        self.prompts = prompts
+
+    def _add(self, spec: RequestSpec) -> None:
+        self._request_index.setdefault(spec.request_id, len(self._request_index))
+        self._specs[spec.request_id] = spec
+        prompt = self.prompts[spec.request_id]
+        seq = Sequence(self.scheduler.next_seq_id(), prompt, self.config.block_size)
+        self.scheduler.add_seq_group(SequenceGroup(spec.request_id, [seq], spec.arrival_time))
+
+
+def test_the_kv_check_catches_a_cache_key_that_ignores_the_parent() -> None:
+    """Blocks with the same tokens after different prefixes share an id; the second
+    request's prefill writes its KV over the first's, and the byte-level check sees it."""
+
+    def key(parent: object, tokens: Sequence_[int], extra: ExtraKeys) -> bytes:
+        return sha256_key(None, tokens, extra)  # the bug: the parent is left out
+
+    config = SimulationConfig(
+        block_size=2, num_gpu_blocks=32, num_cpu_blocks=0, enable_caching=True, device="cpu"
+    )
+    sim = _GivenPrompts(config, {"a": [1, 2, 3, 4, 5], "b": [9, 9, 3, 4, 5]})
+    for device in (Device.GPU, Device.CPU):
+        pool = sim.manager.block_allocator.get_allocator(device)
+        assert isinstance(pool, PrefixCachingBlockAllocator)
+        pool._key_fn = key
+    # the manager's own check reports C3 first; without it the bytes tell
+    no_check = mock.patch.object(BlockSpaceManager, "check_invariants", lambda self: None)
+    with no_check, pytest.raises(InvariantViolationError) as info:
+        sim.run([RequestSpec("a", 0.0, 5, 12), RequestSpec("b", 3.0, 5, 4)])
+    assert info.value.invariant == "KV1"
+
+
+def test_the_kv_check_catches_blocks_reported_computed_before_they_were_written() -> None:
+    """A block marked computed at promotion (before its batch ran) is skipped by a later
+    prefill of the same step, before the forward pass has written it: the check of the
+    skipped positions, before the forward pass, reads it as never written."""
+
+    def promote(self: PrefixCachingBlockAllocator, block_id: int, key: CacheKey) -> None:
+        self._cache_under(block_id, key)
+        self._set_computed(block_id)  # the bug: computed before the forward pass
+
+    requests = [RequestSpec(f"r{i}", 0.0, 64, 4, 1, "system", 48) for i in range(3)]
+    config = _config(preset("system-prompt"), enable_caching=True, num_gpu_blocks=96, check=True)
+    sim = Simulator(config)
+    with (
+        mock.patch.object(PrefixCachingBlockAllocator, "_promote", promote),
+        pytest.raises(InvariantViolationError) as info,
+    ):
+        sim.run(requests)
+    assert info.value.invariant == "KV1"
+
+
 class _DropsCopies(Scheduler):
     def schedule(self) -> SchedulerOutputs:
         out = super().schedule()
@@ -260,7 +351,10 @@ class _Observed:
     seconds: list[float] = field(default_factory=list)
     usage: list[float] = field(default_factory=list)
     empty: list[float] = field(default_factory=list)  # steps with a used block only
-    prefill_lens: list[tuple[str, int]] = field(default_factory=list)  # (request, tokens)
+    prefill_lens: list[tuple[str, int, int]] = field(default_factory=list)  # (request,
+    # prompt length, tokens the prefill computed)
+    cached_blocks: list[int] = field(default_factory=list)  # GPU ids findable by key
+    cache_counts: tuple[int, int, int] = (0, 0, 0)  # hits, queries, evictions (the pool's)
     preempted_recompute: list[int] = field(default_factory=list)
     preempted_swap: list[int] = field(default_factory=list)
     swap_ins: int = 0
@@ -317,7 +411,13 @@ def observed_run(
         for scheduled in out.scheduled_seq_groups:
             if scheduled.is_prefill:
                 first = scheduled.seq_group.get_seqs(SequenceStatus.RUNNING)[0]
-                seen.prefill_lens.append((scheduled.seq_group.request_id, first.get_len()))
+                seen.prefill_lens.append(
+                    (scheduled.seq_group.request_id, first.get_len(), scheduled.token_chunk_size)
+                )
+        if config.enable_caching:  # the cache as the spec abstraction sees it
+            pool = sim.manager.block_allocator.to_caching_spec().gpu
+            seen.cached_blocks.append(len(pool.cached))
+            seen.cache_counts = (pool.hits, pool.queries, pool.evictions)
         seen.swapped_in += len(out.blocks_to_swap_in)
         seen.copies += len(out.blocks_to_copy)
 
@@ -355,9 +455,15 @@ def recomputed_summary(
         outcome.get(r.request_id, "unfinished") for r in requests
     ]  # never added: unfinished
     prompt_len = {r.request_id: r.prompt_len for r in requests}
-    first_prefill = {rid for rid, _ in seen.prefill_lens}
-    total_prefilled = sum(n for _, n in seen.prefill_lens)
-    prompt_tokens = sum(prompt_len[rid] for rid in first_prefill)
+    first_prefill: dict[str, int] = {}  # request -> prompt tokens its first prefill skipped
+    skipped = 0
+    for rid, length, chunk in seen.prefill_lens:
+        assert config.enable_caching or chunk == length  # only a prefix cache skips tokens
+        skipped += length - chunk
+        first_prefill.setdefault(rid, length - chunk)
+    total_prefilled = sum(n for _, n, _ in seen.prefill_lens) - skipped
+    prompt_tokens = sum(prompt_len[rid] - first_prefill[rid] for rid in first_prefill)
+    hits, queries, evictions = seen.cache_counts
     samples = sorted(seen.seconds)
     p99 = (
         float(
@@ -389,6 +495,13 @@ def recomputed_summary(
         sched_ms_p99=1e3 * p99,
         wall_s=0.0,  # compared separately: not recomputable
         checked=config.check,
+        prefix_caching=config.enable_caching,
+        cached_prompt_tokens=skipped,
+        cache_hits=hits,
+        cache_queries=queries,
+        cache_hit_rate=hits / queries if queries else 0.0,
+        cache_evictions=evictions,
+        peak_cached_blocks=max(seen.cached_blocks, default=0),
     )
 
 
@@ -454,6 +567,16 @@ _FIGURE_RUNS: list[tuple[str, list[RequestSpec], SimulationConfig]] = [
         _config(_PRESSURE, max_steps=25),
     ),
     (
+        "system prompt, prefix caching",
+        generate(preset("system-prompt"), 7, 16),
+        _config(preset("system-prompt"), enable_caching=True, num_gpu_blocks=96),
+    ),
+    (
+        "multi-turn, prefix caching, recompute under pressure",
+        generate(preset("multi-turn"), 8, 16),
+        _config(preset("multi-turn"), enable_caching=True, num_gpu_blocks=48),
+    ),
+    (
         "the peak in the first step",
         [RequestSpec("whole-cache", 0.0, 40, 1), RequestSpec("small", 3.0, 4, 3)],
         _config(_PRESSURE, block_size=4, num_gpu_blocks=10, num_cpu_blocks=0),
@@ -481,6 +604,7 @@ def test_every_reported_figure_matches_an_independent_recount(index: int) -> Non
     assert line.preempted_recompute == seen.preempted_recompute
     assert line.preempted_swap == seen.preempted_swap
     assert list(zip(line.waiting, line.running, line.swapped, strict=True)) == seen.queues_after
+    assert line.cached_blocks == seen.cached_blocks
 
 
 def test_the_recount_runs_reach_every_figure() -> None:

@@ -14,12 +14,18 @@ the same run, so the ratio means something on any machine:
   timed step by step in turn with the manager so a load spike hits both; and
   :class:`BareDecode`, the same without Sequence objects at all, the issue's
   "minimal dict-and-list implementation");
-* manager swap out + in of a 256-block sequence with 100k-block pools.
+* manager swap out + in of a 256-block sequence with 100k-block pools;
+* prefix caching: the decode step above with caching on beside the same step
+  with caching off (same sequences, interleaved); allocating a 4,096-token prompt
+  whose every block is a cache hit beside the same prompt cold and beside its
+  SHA-256 keys alone; an allocation that must evict, per evicted block, with 1k,
+  10k and 100k evictable blocks (should grow like log n, not n).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
 import tracemalloc
@@ -32,10 +38,12 @@ from pagedkv import (
     CpuGpuBlockAllocator,
     Device,
     NaiveBlockAllocator,
+    PrefixCachingBlockAllocator,
     Sequence,
     SequenceGroup,
     SequenceStatus,
 )
+from pagedkv.content_key import sha256_key
 
 
 class _Floor:
@@ -201,9 +209,7 @@ class BareDecode:
 _RUNNING = SequenceStatus.RUNNING
 
 
-def decode_step_us(
-    num_seqs: int, prompt_len: int, steps: int
-) -> tuple[float, float, float, float]:
+def decode_step_us(num_seqs: int, prompt_len: int, steps: int) -> tuple[float, float, float, float]:
     """us per sequence-step: (per-sequence calls, append_slots_batch, MinimalDecode floor,
     BareDecode floor). Best total of 3 runs of :func:`decode_run` each."""
     best = [float("inf")] * 4
@@ -294,6 +300,88 @@ def swap_round_trip_ms(num_blocks: int, pool_blocks: int) -> float:
     return _best_of(round_trip, 5) * 1e3
 
 
+def caching_decode_us(num_seqs: int, prompt_len: int, steps: int) -> tuple[float, float]:
+    """us per sequence-step of ``append_slots_batch``: (caching on, caching off), the
+    same sequences (distinct prompts), timed step by step in turn. Best of 3 runs."""
+    block_size = 16
+    need = num_seqs * (-(-(prompt_len + steps) // block_size) + 1)
+    best = [float("inf")] * 2
+    for _ in range(3):
+        managers = [
+            BlockSpaceManager(block_size, need, 0, watermark=0.0, enable_caching=on)
+            for on in (True, False)
+        ]
+        seqs = [Sequence(i, [i * 100_000 + t for t in range(prompt_len)]) for i in range(num_seqs)]
+        groups = [SequenceGroup(str(i), [seq]) for i, seq in enumerate(seqs)]
+        for manager in managers:
+            for group in groups:
+                manager.allocate(group)
+        for seq in seqs:
+            seq.status = SequenceStatus.RUNNING
+        totals = [0.0, 0.0]
+        for step in range(steps):
+            for seq in seqs:
+                seq.append_token_id(step)
+            for k in range(2):
+                j = (step + k) % 2
+                start = time.perf_counter()
+                managers[j].append_slots_batch(groups, 0)
+                totals[j] += time.perf_counter() - start
+        best = [min(b, t) for b, t in zip(best, totals, strict=True)]
+    on, off = (b / (num_seqs * steps) * 1e6 for b in best)
+    return on, off
+
+
+def prompt_allocation_ms(num_tokens: int) -> tuple[float, float, float]:
+    """ms to allocate a ``num_tokens`` prompt (block size 16) whose blocks are all cache
+    hits, the same prompt cold, and the SHA-256 keys of its blocks alone (best of 20)."""
+    block_size = 16
+    tokens = list(range(num_tokens))
+    chunks = [tokens[i : i + block_size] for i in range(0, num_tokens, block_size)]
+    num_blocks = len(chunks)
+
+    def cold() -> None:
+        PrefixCachingBlockAllocator(num_blocks, block_size).allocate_immutable_blocks(None, chunks)
+
+    warm = PrefixCachingBlockAllocator(num_blocks, block_size)
+    held = warm.allocate_immutable_blocks(None, chunks)
+
+    def hot() -> None:
+        for block in warm.allocate_immutable_blocks(None, chunks):
+            warm.free(block)
+
+    def keys() -> None:
+        parent = None
+        for chunk in chunks:
+            parent = sha256_key(parent, chunk, ())
+
+    out = tuple(_best_of(fn, 20) * 1e3 for fn in (hot, cold, keys))
+    del held
+    return out[0], out[1], out[2]
+
+
+def eviction_us(num_evictable: int, num_allocations: int = 1000) -> float:
+    """us per allocation that must evict, with ``num_evictable`` cached blocks at
+    refcount 0 (random last-access times) and an empty free pool (best of 3)."""
+    rng = random.Random(0)
+    best = float("inf")
+    for _ in range(3):
+        pool = PrefixCachingBlockAllocator(num_evictable, 1)
+        blocks = [pool.allocate_immutable_block(None, [i]) for i in range(num_evictable)]
+        for block in blocks:
+            block_id = block.block_id
+            assert block_id is not None  # a fresh allocation holds an id
+            pool.mark_blocks_as_accessed([block_id], rng.random())
+        for block in blocks:
+            pool.free(block)
+        n = min(num_allocations, num_evictable)
+        start = time.perf_counter()
+        for _ in range(n):
+            pool.allocate_mutable_block(None)
+        best = min(best, (time.perf_counter() - start) / n)
+    return best * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks and print a table."""
     parser = argparse.ArgumentParser(prog="python -m pagedkv.bench", description=__doc__)
@@ -330,6 +418,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<44} {value:>12.2f} {base:>12.2f} {value / base:>6.2f}x")
     swap_ms = swap_round_trip_ms(256, 100_000)
     print(f"  {'swap out+in, 256 blocks, 100k pools (ms)':<44} {swap_ms:>12.3f}")
+    on_us, off_us = caching_decode_us(256, 512, 128)
+    print(
+        f"  {'decode with caching, batch per seq (us)':<44} {on_us:>12.2f} {off_us:>12.2f}"
+        f" {on_us / off_us:>6.2f}x  (floor: caching off)"
+    )
+    hot_ms, cold_ms, keys_ms = prompt_allocation_ms(4096)
+    print(
+        f"  {'4096-token prompt, all hits (ms)':<44} {hot_ms:>12.3f} {cold_ms:>12.3f}"
+        f" {hot_ms / cold_ms:>6.2f}x  (floor: cold)"
+    )
+    print(
+        f"  {'  its SHA-256 keys alone (ms)':<44} {keys_ms:>12.3f} {hot_ms:>12.3f}"
+        f" {keys_ms / hot_ms:>6.2f}x  (of the all-hit allocation)"
+    )
+    base = eviction_us(1_000)
+    for n in (1_000, 10_000, 100_000):
+        us = base if n == 1_000 else eviction_us(n)
+        print(
+            f"  {f'allocation that evicts, {n} evictable (us)':<44} {us:>12.2f} {base:>12.2f}"
+            f" {us / base:>6.2f}x  (floor: 1k evictable)"
+        )
     return 0
 
 

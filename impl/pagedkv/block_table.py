@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv._arith import cdiv
+from pagedkv.content_key import ExtraKeys, check_extra_keys
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.errors import (
     BlockWithoutIdError,
@@ -47,6 +48,7 @@ from pagedkv.errors import (
 )
 from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
 from pagedkv.naive_allocator import NaiveBlock, NullBlock
+from pagedkv.prefix_caching_allocator import PrefixCachingBlock
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
 from pagedkv_spec.table import TableRep, fill_ok, ids_distinct, null_prefix_exact
@@ -86,7 +88,7 @@ def live_id(block: Block, operation: str) -> int:
     """The block's id, or the typed error the allocator would raise for it."""
     block_id = block.block_id
     if block_id is None:
-        if isinstance(block, NaiveBlock) and block.freed:
+        if isinstance(block, NaiveBlock | PrefixCachingBlock) and block.freed:
             raise DoubleFreeError() if operation == "free" else StaleBlockError(operation)
         raise BlockWithoutIdError(operation)
     return block_id
@@ -134,6 +136,8 @@ class BlockTable:
         _null_prefix     ``_blocks[:_null_prefix]`` are the null block (T3), so a window
                          step starts where the previous one stopped
         _null_block      the allocator's null block once this table has seen it
+        _extra_keys      the sequence's extra prefix-cache keys, passed with every block
+                         the table takes (None when there are none)
     """
 
     __slots__ = (
@@ -141,6 +145,7 @@ class BlockTable:
         "_block_ids",
         "_block_size",
         "_blocks",
+        "_extra_keys",
         "_max_block_sliding_window",
         "_null_block",
         "_null_prefix",
@@ -153,6 +158,7 @@ class BlockTable:
         block_allocator: DeviceAwareBlockAllocator,
         _blocks: Sequence[Block] | None = None,
         max_block_sliding_window: int | None = None,
+        extra_keys: ExtraKeys | None = None,
     ) -> None:
         """A table over ``_blocks`` (empty by default). Complexity: O(len(_blocks)).
 
@@ -160,6 +166,8 @@ class BlockTable:
         partial block, then empty ones); ``num_full_slots`` is read from them.
         """
         check_table_args(block_size, block_allocator, max_block_sliding_window)
+        # NOTE: None when empty, so the allocator is called exactly as without caching
+        self._extra_keys = check_extra_keys(extra_keys) or None
         self._block_size = block_size
         self._allocator = block_allocator
         self._max_block_sliding_window = max_block_sliding_window
@@ -200,7 +208,9 @@ class BlockTable:
             )
         size = self._block_size
         num_tokens = len(token_ids)
-        needed = cdiv(num_tokens, size)
+        extra = self._extra_keys
+        count = getattr(self._allocator, "get_num_blocks_to_allocate", None)
+        needed = count(token_ids, device, extra) if callable(count) else cdiv(num_tokens, size)
         free = self._allocator.get_num_free_blocks(device)
         if needed > free:
             raise NoFreeBlocksError(needed, free, device.name)
@@ -208,11 +218,16 @@ class BlockTable:
         blocks: list[Block] = []
         if num_full_blocks:
             chunks = [list(token_ids[i : i + size]) for i in range(0, num_full_blocks * size, size)]
-            blocks = self._allocator.allocate_immutable_blocks(None, chunks, device)
+            if extra is None:
+                blocks = self._allocator.allocate_immutable_blocks(None, chunks, device)
+            else:
+                blocks = self._allocator.allocate_immutable_blocks(  # type: ignore[call-arg]  # extra keys: an allocator with prefix caching
+                    None, chunks, device, extra
+                )
         tail = token_ids[num_full_blocks * size :]
         if tail:
             prev = blocks[-1] if blocks else None
-            block = self._allocator.allocate_mutable_block(prev, device)
+            block = self._new_block(prev, device)
             block.append_token_ids(tail)  # a fresh block: no copy-on-write, cannot fail
             blocks.append(block)
         self._blocks = blocks
@@ -273,7 +288,9 @@ class BlockTable:
             and 0 <= num_lookahead_slots <= len(blocks) * size - num_full - num_tokens
         ):
             b = blocks[first_idx]
-            if type(b) is NaiveBlock and b.append_token_ids_if_private(token_ids):
+            if (type(b) is NaiveBlock or type(b) is PrefixCachingBlock) and (
+                b.append_token_ids_if_private(token_ids)
+            ):
                 self._num_full_slots = num_full + num_tokens
                 return
         # ---- plan: validate and count everything before the first change
@@ -325,7 +342,13 @@ class BlockTable:
         if full % size == 0 and full // size >= len(self._blocks):
             return False  # the last block is full: a new one is needed
         b = self._blocks[full // size]
-        if type(b) is not NaiveBlock or not b.append_token_id_if_private(sequence_token_ids[full]):
+        # NOTE: NaiveBlock first: the type checks cost nothing on the common path
+        if type(b) is NaiveBlock:
+            if not b.append_token_id_if_private(sequence_token_ids[full]):
+                return False
+        elif type(b) is not PrefixCachingBlock or not b.append_token_id_if_private(
+            sequence_token_ids[full]
+        ):
             return False
         self._num_full_slots = full + 1
         return True
@@ -345,15 +368,22 @@ class BlockTable:
             raise NoFreeBlocksError(num_new, free, "GPU")
         self._grow(num_new)
 
+    def _new_block(self, prev: Block | None, device: Device) -> Block:
+        """An empty block after ``prev``, carrying the table's extra keys. O(1)."""
+        if self._extra_keys is None:
+            return self._allocator.allocate_mutable_block(prev, device)
+        return self._allocator.allocate_mutable_block(  # type: ignore[call-arg]  # extra keys: an allocator with prefix caching
+            prev, device, self._extra_keys
+        )
+
     def _grow(self, num_new: int) -> None:
         """Append ``num_new`` empty GPU blocks; capacity was checked. Complexity: O(num_new)."""
         if not num_new:
             return
         blocks, ids = self._blocks, self._block_ids
         prev = blocks[-1]
-        allocate = self._allocator.allocate_mutable_block
         for _ in range(num_new):
-            prev = allocate(prev, _GPU)
+            prev = self._new_block(prev, _GPU)
             blocks.append(prev)
             ids.append(live_id(prev, "append"))
 
@@ -372,7 +402,13 @@ class BlockTable:
             forked = fork_blocks(self._blocks)
         else:
             forked = self._allocator.fork(self._blocks[-1])
-        child = BlockTable(self._block_size, self._allocator, None, self._max_block_sliding_window)
+        child = BlockTable(
+            self._block_size,
+            self._allocator,
+            None,
+            self._max_block_sliding_window,
+            self._extra_keys,
+        )
         # The fork names the same ids in the same layout, so the caches carry over.
         child._blocks = forked
         child._block_ids = list(self._block_ids)

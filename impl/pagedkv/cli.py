@@ -161,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--max-num-seqs", type=_int_at_least(1))
     sim.add_argument("--max-num-batched-tokens", type=_int_at_least(1))
     sim.add_argument("--max-steps", type=_int_at_least(1), default=100_000)
+    sim.add_argument(
+        "--enable-caching",
+        action="store_true",
+        help="prefix caching: requests sharing a prompt prefix share its KV blocks",
+    )
     sim.add_argument("--no-check", action="store_true", help="skip per-step invariant/KV checks")
     sim.add_argument("--json", action="store_true", help="print the results as JSON")
     sim.add_argument("--plot", metavar="FILE.png", help="plot usage, queues and preemptions")
@@ -251,6 +256,7 @@ def _simulate(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         check=not args.no_check,
         seed=args.seed,
+        enable_caching=args.enable_caching,
     )
     simulator = Simulator(config)
     bar = _ProgressBar(sys.stderr, enabled=not args.quiet and sys.stderr.isatty())

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
+from pagedkv._arith import cdiv
 from pagedkv.content_key import ExtraKeys
 from pagedkv.errors import (
     ForeignBlockError,
@@ -164,6 +165,35 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         if not self._caching:
             return self.get_allocator(device).allocate_mutable_block(prev_block)
         return self._caching_pool(device).allocate_mutable_block(prev_block, extra_keys)
+
+    def get_num_blocks_to_allocate(
+        self, token_ids: Sequence[int], device: Device, extra_keys: ExtraKeys | None = None
+    ) -> int:
+        """Free blocks a table of ``token_ids`` takes on ``device``: one per block without
+        caching; with caching, the misses and evictor hits of its full blocks, plus one
+        for a partial last block (what can_allocate must count). O(len(token_ids))."""
+        size = self.block_size
+        num_blocks = cdiv(len(token_ids), size)
+        if not self._caching:
+            return num_blocks
+        full = len(token_ids) // size
+        chunks = [token_ids[i * size : (i + 1) * size] for i in range(full)]
+        pool = self._caching_pool(device)
+        return pool.get_num_blocks_needed(None, chunks, extra_keys) + (num_blocks - full)
+
+    def get_num_cached_prefix_tokens(
+        self, token_ids: Sequence[int], extra_keys: ExtraKeys | None = None
+    ) -> int:
+        """Leading tokens of a prompt whose KV is cached and computed on the GPU, in whole
+        blocks and never the last block (its last token must be computed): what a
+        prefill may skip. 0 without caching. O(len(token_ids))."""
+        if not self._caching:
+            return 0
+        size = self.block_size
+        skippable = cdiv(len(token_ids), size) - 1
+        chunks = [token_ids[i * size : (i + 1) * size] for i in range(skippable)]
+        pool = self._caching_pool(_GPU)
+        return pool.get_num_computed_prefix_blocks(chunks, extra_keys) * size
 
     def allocate_immutable_block(
         self,

@@ -20,9 +20,10 @@ from typing import NamedTuple
 
 from pagedkv._arith import cdiv
 from pagedkv.block_table import BlockTable
+from pagedkv.content_key import ExtraKeys
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.errors import (
-    CachingNotSupportedError,
+    ArgumentTypeError,
     InvalidAllocatorConfigError,
     InvalidSequenceStateError,
     InvariantViolationError,
@@ -32,10 +33,14 @@ from pagedkv.errors import (
 )
 from pagedkv.interfaces import Block
 from pagedkv.naive_allocator import NaiveBlock
+from pagedkv.prefix_caching_allocator import CacheStats, PrefixCachingBlock
 from pagedkv.sequence import AllocDecision, Sequence, SequenceGroup, SequenceStatus
+from pagedkv_spec.allocator import AllocatorState, BlockRef
+from pagedkv_spec.caching import CachingState
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
 from pagedkv_spec.manager import NULL, ManagerState, ManagerView, TableRef, TableView
+from pagedkv_spec.pool import PoolState
 from pagedkv_spec.status import AllocStatus
 
 __all__ = ["AppendSlotsBatch", "BlockSpaceManager", "ManagerStats"]
@@ -89,9 +94,15 @@ class BlockSpaceManager:
         watermark: float = 0.01,
         sliding_window: int | None = None,
         enable_caching: bool = False,
+        cache_key_function: str = "sha256",
     ) -> None:
-        if enable_caching:
-            raise CachingNotSupportedError()
+        if not isinstance(enable_caching, bool):
+            raise ArgumentTypeError("enable_caching", enable_caching, "a bool")
+        if enable_caching and sliding_window is not None:
+            raise InvalidAllocatorConfigError(
+                "prefix caching with a sliding window is not supported (a windowed table "
+                "drops the blocks a cache would share); pass one of the two"
+            )
         if not isinstance(watermark, (int, float)) or not 0.0 <= watermark < 1.0:
             raise InvalidAllocatorConfigError(f"watermark must be in [0, 1), got {watermark!r}")
         if sliding_window is not None and (
@@ -105,8 +116,13 @@ class BlockSpaceManager:
         self.num_total_cpu_blocks = num_cpu_blocks
         self.watermark = watermark
         self.watermark_blocks = int(watermark * num_gpu_blocks)
+        self.enable_caching = enable_caching
         self.block_allocator = CpuGpuBlockAllocator.create(
-            "naive", num_gpu_blocks, num_cpu_blocks, block_size
+            "prefix_caching" if enable_caching else "naive",
+            num_gpu_blocks,
+            num_cpu_blocks,
+            block_size,
+            cache_key_function,
         )
         self.max_block_sliding_window: int | None = None
         if sliding_window is not None:
@@ -124,12 +140,21 @@ class BlockSpaceManager:
 
     # ------------------------------------------------------------------ helpers
 
-    def _new_table(self) -> BlockTable:
+    def _new_table(self, extra_keys: ExtraKeys = ()) -> BlockTable:
         return BlockTable(
             self.block_size,
             self.block_allocator,
             max_block_sliding_window=self.max_block_sliding_window,
+            extra_keys=extra_keys,
         )
+
+    def _blocks_to_allocate(self, seq: Sequence) -> int:
+        """GPU blocks a table of ``seq``'s tokens takes: with caching, cache hits on
+        blocks in use take none (spec: ``blocks_needed``). O(len) with caching, else O(1)."""
+        if not self.enable_caching:
+            return cdiv(seq.get_len(), self.block_size)
+        alloc = self.block_allocator
+        return alloc.get_num_blocks_to_allocate(seq.get_token_ids(), _GPU, seq.extra_keys)
 
     def _table(self, seq: Sequence) -> BlockTable:
         table = self.block_tables.get(seq.seq_id)
@@ -141,7 +166,7 @@ class BlockSpaceManager:
         """Where the table's blocks are: its last block is always real (null slots are a
         prefix and the block being written is never dropped). Complexity: O(1)."""
         blocks = table.blocks
-        if not blocks or type(blocks[-1]) is not NaiveBlock:
+        if not blocks or not isinstance(blocks[-1], NaiveBlock | PrefixCachingBlock):
             return None
         return _GPU if blocks[-1].allocator is self._gpu_pool else _CPU
 
@@ -168,10 +193,13 @@ class BlockSpaceManager:
             raise InvalidSequenceStateError(
                 f"request {seq_group.request_id!r} has no WAITING sequence to admit"
             )
-        required = cdiv(waiting[0].get_len() + num_lookahead_slots, self.block_size)
+        required = self._blocks_to_allocate(waiting[0]) + (
+            cdiv(waiting[0].get_len() + num_lookahead_slots, self.block_size)
+            - cdiv(waiting[0].get_len(), self.block_size)
+        )
         encoder = seq_group.get_encoder_seq()
         if encoder is not None:
-            required += cdiv(encoder.get_len(), self.block_size)
+            required += self._blocks_to_allocate(encoder)
         free = self.block_allocator.get_num_free_blocks(_GPU)
         counts = dict(
             required_blocks=required, free_blocks=free, watermark_blocks=self.watermark_blocks
@@ -213,19 +241,19 @@ class BlockSpaceManager:
             raise InvalidSequenceStateError(
                 f"request {seq_group.request_id!r} already has a cross-attention table"
             )
-        needed = cdiv(len(token_ids), self.block_size)
+        needed = self._blocks_to_allocate(waiting[0])
         if encoder is not None:
-            needed += cdiv(encoder.get_len(), self.block_size)
+            needed += self._blocks_to_allocate(encoder)
         free = self.block_allocator.get_num_free_blocks(_GPU)
         if needed > free:
             raise NoFreeBlocksError(needed, free, "GPU")
-        table = self._new_table()
+        table = self._new_table(waiting[0].extra_keys)
         table.allocate(token_ids)
         self.block_tables[waiting[0].seq_id] = table
         for seq in waiting[1:]:
             self.block_tables[seq.seq_id] = table.fork()
         if encoder is not None and encoder.get_len() > 0:
-            cross = self._new_table()
+            cross = self._new_table(encoder.extra_keys)
             cross.allocate(encoder.get_token_ids())
             self.cross_block_tables[seq_group.request_id] = cross
         self.stats.groups_allocated += 1
@@ -509,21 +537,58 @@ class BlockSpaceManager:
         total = self.num_total_cpu_blocks
         return 0.0 if total == 0 else 1.0 - self.get_num_free_cpu_blocks() / total
 
-    # ------------------------------------------------------------------ prefix caching (off)
+    # ------------------------------------------------------------------ prefix caching
 
     def access_all_blocks_in_seq(self, seq: Sequence, now: float) -> None:
-        """No-op: no prefix caching."""
+        """Record ``now`` as the last access of every GPU block of ``seq`` (the evictor's
+        order). No-op without caching. Complexity: O(blocks * log n)."""
+        if not self.enable_caching:
+            return
+        table = self._table(seq)
+        self._require_on(seq, table, _GPU, "mark as accessed")
+        null = self.block_allocator.null_block
+        ids = [b.block_id for b in table.blocks if b is not null and b.block_id is not None]
+        self.block_allocator.mark_blocks_as_accessed(ids, now)
 
-    def mark_blocks_as_computed(self, seq_group: SequenceGroup, token_chunk_size: int) -> None:
-        """No-op: no prefix caching."""
+    def mark_blocks_as_computed(self, seq_group: SequenceGroup, token_chunk_size: int = 0) -> None:
+        """The batch ran: every block promoted while scheduling it is now computed (the
+        allocator knows which; the arguments are vLLM's). No-op without caching. O(promoted)."""
+        self.block_allocator.mark_blocks_as_computed([])
 
     def get_common_computed_block_ids(self, seqs: list[Sequence]) -> list[int]:
-        """Always ``[]``: nothing is cached."""
-        return []
+        """The GPU block ids every sequence may skip: the common prefix of their computed
+        blocks, never a last block, recomputed from the cache's state (vLLM 0.6.3 keeps a
+        per-sequence answer that goes stale), empty if any sequence has none.
+        ``[]`` without caching. Complexity: O(blocks of the sequences)."""
+        if not self.enable_caching:
+            return []
+        alloc = self.block_allocator
+        lists = [
+            alloc.get_computed_block_ids([], self._table(seq).physical_block_ids, True)
+            for seq in seqs
+        ]
+        return alloc.get_common_computed_block_ids(lists)
+
+    def get_num_cached_prefix_tokens(self, seq: Sequence) -> int:
+        """Leading tokens of ``seq`` whose KV the GPU cache holds, written (whole blocks,
+        never the last): what its prefill may skip once allocated. 0 without caching.
+        Complexity: O(prompt length) with caching."""
+        return self.block_allocator.get_num_cached_prefix_tokens(
+            seq.get_token_ids(), seq.extra_keys
+        )
 
     def get_prefix_cache_hit_rate(self, device: Device) -> float:
-        """Always -1: caching is off."""
-        return -1.0
+        """Cache hits / queries on ``device`` (0.0 before any); -1 without caching."""
+        return self.block_allocator.get_prefix_cache_hit_rate(device)
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block no sequence uses; returns how many (0 without caching)."""
+        return self.block_allocator.reset_prefix_cache() if self.enable_caching else 0
+
+    def cache_stats(self, device: Device = _GPU) -> CacheStats | None:
+        """Hits, queries, evictions, cached and evictable blocks on ``device``; None
+        without caching. Complexity: O(1)."""
+        return self.block_allocator.cache_stats(device) if self.enable_caching else None
 
     # ------------------------------------------------------------------ verification
 
@@ -534,7 +599,14 @@ class BlockSpaceManager:
         return TableView(ids, table.num_full_slots, tokens)
 
     def to_spec(self) -> ManagerView:
-        """Abstraction function: the observable state as a spec view. Complexity: O(n)."""
+        """Abstraction function: the observable state as a spec view. Complexity: O(n).
+
+        For the naive manager; with caching, :meth:`check_invariants` checks C1–C7."""
+        if self.enable_caching:
+            raise InvalidAllocatorConfigError(
+                "to_spec() is the naive manager's abstraction; with caching use "
+                "check_invariants() or block_allocator.to_caching_spec()"
+            )
         alloc = self.block_allocator
         null = alloc.null_block
         return ManagerView(
@@ -545,9 +617,10 @@ class BlockSpaceManager:
             None if null is None else null.block_id,
         )
 
-    def _spec_state(self) -> ManagerState:
+    def _spec_state(self) -> tuple[ManagerState, CachingState | None]:
         """The full spec state (allocator handles for every table's block objects, in
-        table order), for :meth:`check_invariants`. Complexity: O(pool size + slots)."""
+        table order), for :meth:`check_invariants`, and with caching the caching
+        allocator's state of the same handles. Complexity: O(pool size + slots)."""
         null = self.block_allocator.null_block
         handles: dict[int, int] = {}  # id(block object) -> handle
         objects: dict[int, Block] = {}
@@ -558,7 +631,7 @@ class BlockSpaceManager:
                 if b is null:
                     slots.append(NULL)
                     continue
-                if type(b) is not NaiveBlock:
+                if not isinstance(b, NaiveBlock | PrefixCachingBlock):
                     raise InvariantViolationError("M2", f"a table slot holds {b!r}, not a block")
                 h = handles.setdefault(id(b), len(handles))
                 objects[h] = b
@@ -567,16 +640,26 @@ class BlockSpaceManager:
 
         tables = {k: ref(t) for k, t in self.block_tables.items()}
         cross = {k: ref(t) for k, t in self.cross_block_tables.items()}
-        return ManagerState(
+        if self.enable_caching:
+            c = self.block_allocator.to_caching_spec(objects)
+            # M2–M4 read the blocks only: the caching blocks as the manager spec's blocks
+            refs = (BlockRef(b.device, b.block_id, b.token_ids, b.prev, b.freed) for b in c.blocks)
+            empty = PoolState(0, (), ())
+            alloc = AllocatorState(c.block_size, empty, empty, tuple(refs), c.null_id)
+            window = self.max_block_sliding_window
+            return ManagerState(alloc, self.watermark_blocks, window, tables, cross), c
+        state = ManagerState(
             self.block_allocator.to_spec(objects),
             self.watermark_blocks,
             self.max_block_sliding_window,
             tables,
             cross,
         )
+        return state, None
 
     def check_invariants(self) -> None:
-        """Check the pools (P1–P5), then on the full spec state M2–M4 and I1, I4–I6, then
+        """Check the pools (P1–P5; with caching their C invariants), then on the full spec
+        state M2–M4 and I1, I4–I6 (with caching C1–C7), then
         every table's representation (T1–T4), all with the spec's predicates; raises
         :class:`~pagedkv.errors.InvariantViolationError` carrying the id of the first
         broken one. Complexity: O(pool size + slots).
@@ -584,9 +667,13 @@ class BlockSpaceManager:
         alloc = self.block_allocator
         alloc.get_allocator(_GPU).check_invariants()
         alloc.get_allocator(_CPU).check_invariants()
-        state = self._spec_state()
-        check("manager", state, repr(self))
-        check("allocator", state.alloc, repr(self))
+        state, caching = self._spec_state()
+        if caching is not None:
+            check("manager", state, repr(self), ["M2", "M3", "M4"])
+            check("caching", caching, repr(self))
+        else:
+            check("manager", state, repr(self))
+            check("allocator", state.alloc, repr(self))
         for table in (*self.block_tables.values(), *self.cross_block_tables.values()):
             table.check_invariants()
 

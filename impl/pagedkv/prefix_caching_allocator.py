@@ -53,7 +53,7 @@ class CacheKey:
     memory is one small object per cached block, shared by every block naming it.
     """
 
-    __slots__ = ("depth", "digest", "extra", "parent", "tokens")
+    __slots__ = ("_spec", "depth", "digest", "extra", "parent", "tokens")
 
     def __init__(
         self, digest: Hashable, parent: CacheKey | None, tokens: tuple[int, ...], extra: ExtraKeys
@@ -63,17 +63,22 @@ class CacheKey:
         self.tokens = tokens
         self.extra = extra
         self.depth: int = len(tokens) + (parent.depth if parent is not None else 0)
+        self._spec: ContentKey | None = None
 
     def to_spec(self) -> ContentKey:
-        """The structural key of the spec (iterative: a long chain is fine). O(depth)."""
+        """The structural key of the spec, built once per key (keys never change), so
+        the spec keys of one chain are shared objects and compare by identity first.
+        Iterative: a long chain is fine. O(depth) the first time, then O(1)."""
         chain: list[CacheKey] = []
         k: CacheKey | None = self
-        while k is not None:
+        while k is not None and k._spec is None:
             chain.append(k)
             k = k.parent
-        out: ContentKey | None = None
+        out = None if k is None else k._spec
         for node in reversed(chain):
-            out = ContentKey(out, node.tokens, node.extra, node.depth)
+            out = node._spec = ContentKey(
+                depth=node.depth, tokens=node.tokens, extra=node.extra, parent=out
+            )
         assert out is not None  # the chain holds self
         return out
 
@@ -203,6 +208,18 @@ class PrefixCachingBlock(Block):
         """Append tokens (CoW if shared; promoted when full). O(len(token_ids) + block_size)."""
         self._allocator.append_token_ids(self, token_ids)
 
+    def append_token_ids_if_private(self, token_ids: Sequence[int]) -> bool:
+        """Append tokens if that needs neither a copy-on-write nor a promotion: the block
+        is live, its id private (refcount 1) and the tokens leave it not full; else
+        change nothing and return False (the general :meth:`append_token_ids` then
+        runs). The decode step's fast path, as :meth:`NaiveBlock.append_token_ids_if_private`.
+        Complexity: O(len(token_ids))."""
+        return self._allocator._append_if_private(self, token_ids)
+
+    def append_token_id_if_private(self, token_id: int) -> bool:
+        """:meth:`append_token_ids_if_private` for one token (no list built). O(1)."""
+        return self._allocator._append_one_if_private(self, token_id)
+
     def __repr__(self) -> str:
         state = "freed" if self._freed else f"id={self._block_id}"
         cached = ", cached" if self._key is not None else ""
@@ -315,6 +332,33 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         if not self._computed[block_id - self._first]:
             self._touched.add(block_id)
 
+    def _append_if_private(self, block: PrefixCachingBlock, token_ids: Sequence[int]) -> bool:
+        """:meth:`PrefixCachingBlock.append_token_ids_if_private` (the fields are this
+        class's). O(len(token_ids))."""
+        block_id = block._block_id
+        tokens = block._token_ids
+        if (
+            block_id is None
+            or len(tokens) + len(token_ids) >= self._block_size
+            or self._rc[block_id - self._first] != 1
+        ):
+            return False
+        tokens.extend(token_ids)
+        return True
+
+    def _append_one_if_private(self, block: PrefixCachingBlock, token_id: int) -> bool:
+        """:meth:`PrefixCachingBlock.append_token_id_if_private`. O(1)."""
+        block_id = block._block_id
+        tokens = block._token_ids
+        if (
+            block_id is None
+            or len(tokens) + 1 >= self._block_size
+            or self._rc[block_id - self._first] != 1
+        ):
+            return False
+        tokens.append(token_id)
+        return True
+
     def _set_computed(self, block_id: int) -> None:
         self._computed[block_id - self._first] = 1
         self._touched.discard(block_id)
@@ -364,6 +408,62 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         extra = check_extra_keys(extra_keys)
         return PrefixCachingBlock(self, self._take_id(), [], prev, extra, None)
 
+    def _plan(
+        self,
+        prev: PrefixCachingBlock | None,
+        block_token_ids: Sequence[Sequence[int]],
+        extra: ExtraKeys,
+    ) -> tuple[list[CacheKey | None], list[int | None], int]:
+        """Each chunk's key (None: not cacheable) and cached id (None: a miss), and the
+        free blocks an allocation of them takes (misses + hits in the evictor).
+        Raises :class:`BlockOverflowError` for a chunk longer than a block. O(total tokens)."""
+        size = self._block_size
+        parent = None if prev is None else prev._key
+        parent_keyed = prev is None or parent is not None
+        keys: list[CacheKey | None] = []
+        hits: list[int | None] = []
+        need = 0
+        for chunk in block_token_ids:
+            if len(chunk) > size:
+                raise BlockOverflowError(len(chunk), size)
+            key = self._key(parent, chunk, extra) if parent_keyed and len(chunk) == size else None
+            hit = None if key is None else self._cached.get(key.digest)
+            if hit is None or self._rc[hit - self._first] == 0:
+                need += 1
+            keys.append(key)
+            hits.append(hit)
+            parent, parent_keyed = key, key is not None
+        return keys, hits, need
+
+    def get_num_blocks_needed(
+        self,
+        prev_block: Block | None,
+        block_token_ids: Sequence[Sequence[int]],
+        extra_keys: ExtraKeys | None = None,
+    ) -> int:
+        """The free blocks :meth:`allocate_immutable_blocks` of these chunks would take:
+        misses, plus hits that come out of the evictor (a hit on an in-use id takes
+        none). Spec: ``blocks_needed``. Complexity: O(total tokens)."""
+        return self._plan(self._prev(prev_block), block_token_ids, check_extra_keys(extra_keys))[2]
+
+    def get_num_computed_prefix_blocks(
+        self, block_token_ids: Sequence[Sequence[int]], extra_keys: ExtraKeys | None = None
+    ) -> int:
+        """How many leading chunks (a sequence's first blocks) are cached here *and*
+        computed: the blocks allocating them would let the sequence skip. O(total tokens)."""
+        extra = check_extra_keys(extra_keys)
+        parent: CacheKey | None = None
+        n = 0
+        for chunk in block_token_ids:  # stops at the first miss: no key is made past it
+            if len(chunk) != self._block_size:
+                break
+            parent = self._key(parent, chunk, extra)
+            hit = self._cached.get(parent.digest)
+            if hit is None or not self._computed[hit - self._first]:
+                break
+            n += 1
+        return n
+
     def allocate_immutable_block(
         self,
         prev_block: Block | None,
@@ -393,22 +493,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         """
         prev = self._prev(prev_block)
         extra = check_extra_keys(extra_keys)
-        size = self._block_size
-        parent = None if prev is None else prev._key
-        parent_keyed = prev is None or parent is not None
-        keys: list[CacheKey | None] = []
-        hits: list[int | None] = []
-        need = 0
-        for chunk in block_token_ids:
-            if len(chunk) > size:
-                raise BlockOverflowError(len(chunk), size)
-            key = self._key(parent, chunk, extra) if parent_keyed and len(chunk) == size else None
-            hit = None if key is None else self._cached.get(key.digest)
-            if hit is None or self._rc[hit - self._first] == 0:
-                need += 1
-            keys.append(key)
-            hits.append(hit)
-            parent, parent_keyed = key, key is not None
+        keys, hits, need = self._plan(prev, block_token_ids, extra)
         self._check_capacity(need)
         for hit in hits:  # hits first: a miss must not evict an id this call shares
             if hit is not None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import OptionalDependencyError
+from pagedkv.prefix_caching_allocator import CacheStats
 from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerOutputs
 
 __all__ = [
@@ -65,6 +66,13 @@ class Summary:
     sched_ms_p99: float = 0.0
     wall_s: float = 0.0
     checked: bool = False
+    prefix_caching: bool = False
+    cached_prompt_tokens: int = 0  # prompt tokens admissions skipped (KV found in the cache)
+    cache_hits: int = 0  # GPU block queries that found a cached block
+    cache_queries: int = 0
+    cache_hit_rate: float = 0.0  # hits / queries (0.0 before any query)
+    cache_evictions: int = 0
+    peak_cached_blocks: int = 0  # GPU blocks findable by content key, at most
 
 
 @dataclass
@@ -79,6 +87,7 @@ class Timeline:
     swapped: list[int] = field(default_factory=list)
     preempted_recompute: list[int] = field(default_factory=list)
     preempted_swap: list[int] = field(default_factory=list)
+    cached_blocks: list[int] = field(default_factory=list)  # with prefix caching only
 
 
 @dataclass
@@ -127,12 +136,28 @@ class Tally:
         self.rejected += [(e.request_id, e.reason) for e in out.rejected]
         self.aborted += [(e.request_id, e.reason) for e in out.aborted]
         s.rejected, s.aborted = len(self.rejected), len(self.aborted)
+        s.cached_prompt_tokens += out.num_cached_tokens
         for g in out.scheduled_seq_groups:
             if g.is_prefill and g.seq_group.request_id in self.admitted:
                 s.recomputed_tokens += g.token_chunk_size
             elif g.is_prefill:
                 self.admitted.add(g.seq_group.request_id)
                 s.prompt_tokens += g.token_chunk_size
+
+    def cache(self, stats: CacheStats | None) -> None:
+        """Prefix-cache counters after the step (cumulative) and its cached blocks."""
+        if stats is None:
+            return
+        s = self.summary
+        s.prefix_caching = True
+        s.cache_hits, s.cache_queries, s.cache_evictions = (
+            stats.hits,
+            stats.queries,
+            stats.evictions,
+        )
+        s.cache_hit_rate = stats.hit_rate
+        s.peak_cached_blocks = max(s.peak_cached_blocks, stats.cached_blocks)
+        self.timeline.cached_blocks.append(stats.cached_blocks)
 
     def usage(self, kv_usage: float, empty: float | None) -> None:
         """KV usage and the empty share of used slots (None: no block used)."""
@@ -212,6 +237,18 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
             f"({s.swap_ins} swap-ins), {s.cow_copies} copied on write",
         ),
         ("KV usage", f"peak {_pct(s.peak_kv_usage)}, mean {_pct(s.mean_kv_usage)} of GPU blocks"),
+        *(
+            [
+                (
+                    "prefix cache",
+                    f"hit rate {_pct(s.cache_hit_rate)} ({s.cache_hits}/{s.cache_queries} "
+                    f"block lookups), {s.cached_prompt_tokens} prompt tokens skipped, "
+                    f"{s.cache_evictions} evictions, peak {s.peak_cached_blocks} cached blocks",
+                )
+            ]
+            if s.prefix_caching
+            else []
+        ),
         ("fragmentation", f"{_pct(s.fragmentation)} of allocated token slots empty (mean)"),
         ("scheduler", f"{s.sched_ms_mean:.3f} ms/step mean, {s.sched_ms_p99:.3f} ms p99"),
         ("checks", checks),
@@ -262,7 +299,12 @@ def plot(result: SimulationResult, path: str | Path, title: str = "") -> None:
 
     line = result.timeline
     fig, (ax_kv, ax_q, ax_p) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
-    ax_kv.plot(line.step, [100 * u for u in line.kv_usage], color="tab:blue", lw=1)
+    ax_kv.plot(line.step, [100 * u for u in line.kv_usage], color="tab:blue", lw=1, label="used")
+    if line.cached_blocks:
+        total = max(1, int(str(result.setup["num_gpu_blocks"])))
+        cached = [100 * c / total for c in line.cached_blocks]
+        ax_kv.plot(line.step, cached, color="tab:cyan", lw=1, label="cached (prefix cache)")
+        ax_kv.legend(loc="upper right")
     ax_kv.set_ylabel("GPU KV blocks used (%)")
     ax_kv.set_ylim(0, 105)
     for name, values, color in (

@@ -274,7 +274,14 @@ class Scheduler:
         max_seqs = self.config.max_num_seqs
         while self.waiting:
             group = self.waiting[0]
-            num_tokens = group.get_seqs(_WAITING)[0].get_num_uncomputed_tokens()
+            first = group.get_seqs(_WAITING)[0]
+            # NOTE: with prefix caching, the prompt's leading blocks whose KV is cached
+            # and written are skipped: the prefill computes (and is budgeted) the rest.
+            skip = 0
+            if manager.enable_caching:
+                cached = manager.get_num_cached_prefix_tokens(first)
+                skip = max(0, cached - first.get_num_computed_tokens())
+            num_tokens = first.get_num_uncomputed_tokens() - skip
             num_seqs = group.get_max_num_running_seqs()
             reason = ""
             if max_tokens is not None and num_tokens > max_tokens:
@@ -295,8 +302,9 @@ class Scheduler:
                 break
             manager.allocate(group)  # before popleft: an error leaves the group queued
             self.waiting.popleft()
-            first = group.get_seqs(_WAITING)[0]
             for seq in group.get_seqs(_WAITING):
+                if skip:
+                    seq.update_num_computed_tokens(skip)
                 seq.status = _RUNNING
             for _ in range(group.n - len(group.get_seqs())):  # first admission: sample n
                 child = first.fork(self.next_seq_id())
@@ -309,6 +317,7 @@ class Scheduler:
             out.scheduled_seq_groups.append(ScheduledSequenceGroup(group, num_tokens, True))
             out.num_batched_seqs += group.num_seqs(_RUNNING)
             out.num_batched_tokens += num_tokens
+            out.num_cached_tokens += skip
 
     # ------------------------------------------------------------------ helpers
 

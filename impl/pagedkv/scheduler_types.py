@@ -108,3 +108,4 @@ class SchedulerOutputs:
     num_lookahead_slots: int = 0
     num_batched_seqs: int = 0  # sequences that compute tokens this step
     num_batched_tokens: int = 0  # tokens computed: each prefill once, each decode per sequence
+    num_cached_tokens: int = 0  # prompt tokens admissions skipped: their KV was in the prefix cache

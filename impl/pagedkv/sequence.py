@@ -19,6 +19,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pagedkv.content_key import ExtraKeys, check_extra_keys
 from pagedkv.errors import (
     DuplicateSequenceIdError,
     InvalidSequenceError,
@@ -123,9 +124,12 @@ class Sequence:
         _num_computed_tokens  leading tokens whose KV is computed, ``0..len``
         block_size            tokens per block, only needed for :attr:`n_blocks`
         _status               a :class:`SequenceStatus`
+        _extra_keys           what else a block's KV depends on (LoRA id, cache salt,
+                              multimodal hashes): part of every prefix-cache key
     """
 
     __slots__ = (
+        "_extra_keys",
         "_num_computed_tokens",
         "_prompt_token_ids",
         "_status",
@@ -135,7 +139,11 @@ class Sequence:
     )
 
     def __init__(
-        self, seq_id: int, prompt_token_ids: Iterable[int], block_size: int | None = None
+        self,
+        seq_id: int,
+        prompt_token_ids: Iterable[int],
+        block_size: int | None = None,
+        extra_keys: ExtraKeys | None = None,
     ) -> None:
         """Validate and copy the prompt. Complexity: O(prompt length)."""
         if not isinstance(seq_id, int):
@@ -150,6 +158,12 @@ class Sequence:
         self._token_ids = list(prompt)
         self._num_computed_tokens = 0
         self._status = SequenceStatus.WAITING
+        self._extra_keys = check_extra_keys(extra_keys)
+
+    @property
+    def extra_keys(self) -> ExtraKeys:
+        """The sequence's extra prefix-cache keys (``()`` if none). Complexity: O(1)."""
+        return self._extra_keys
 
     # ------------------------------------------------------------------ tokens
 
@@ -272,6 +286,7 @@ class Sequence:
         child._token_ids = list(self._token_ids)
         child._num_computed_tokens = self._num_computed_tokens
         child._status = self._status
+        child._extra_keys = self._extra_keys
         return child
 
     def __repr__(self) -> str:

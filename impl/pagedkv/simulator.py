@@ -4,10 +4,15 @@ Each step: requests that arrived are added; :meth:`Scheduler.schedule` plans
 the step; the worker applies swap-outs, swap-ins and copy-on-writes to the real
 :class:`KVCacheEngine`, then the toy model writes the KV of every token it
 computes at ``block_id * block_size + offset``. A token's KV is a pure function
-of (request, position, token id, layer, key/value), an integer exactly
-representable in the cache dtype. The model then samples one token per running
-sequence (a function of the seed, sequence id and position) and finishes the
-sequences that reached their output length.
+of (the whole prefix up to and including it, position, token id, layer,
+key/value), an integer exactly representable in the cache dtype: two requests
+with the same prefix write the same KV (so a prefix cache may share it), and a
+block reused under another prefix, or skipped before it was written, reads wrong.
+The model then samples one token per running sequence (a function of the seed,
+sequence id and position) and finishes the sequences that reached their output
+length. With prefix caching, each step also marks the scheduled sequences'
+blocks accessed (the step number is the time) and, after the forward pass, the
+blocks it promoted as computed.
 
 With checking on (the default), after every step: ``check_invariants()`` of
 manager and scheduler, and **KV conservation**: for every RUNNING (GPU tier)
@@ -28,6 +33,7 @@ import torch
 
 from pagedkv.attention import build_attention_inputs
 from pagedkv.cache import KVCacheEngine
+from pagedkv.content_key import sha256_key
 from pagedkv.errors import (
     InvalidKVCacheConfigError,
     InvalidSchedulerConfigError,
@@ -46,6 +52,8 @@ __all__ = ["ObserveFn", "SimulationConfig", "Simulator", "StepObservation"]
 _RUNNING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 _VOCAB = 32_000
 _MASK = (1 << 64) - 1
+_PREFIX_STREAM = 1 << 40  # token streams of shared prefixes, apart from requests' own
+_CODE_MOD = 1_000_003  # prefix codes are reduced to this before they enter the KV
 _MAX_TENSOR_BYTES = 2**63 - 1  # torch sizes are int64; larger shapes overflow, not fail cleanly
 #: Called after every step with (step, requests done, requests total).
 ProgressFn = Callable[[int, int, int], None]
@@ -92,6 +100,7 @@ class SimulationConfig:
     max_steps: int = 100_000
     check: bool = True
     seed: int = 0
+    enable_caching: bool = False  # prefix caching in the block manager
 
 
 def _mix(a: int, b: int, c: int) -> int:
@@ -147,13 +156,20 @@ class Simulator:
         cfg = self.engine.config
         self.num_gpu_blocks, self.num_cpu_blocks = cfg.num_gpu_blocks, cfg.num_cpu_blocks
         self.manager = BlockSpaceManager(
-            c.block_size, self.num_gpu_blocks, self.num_cpu_blocks, c.watermark
+            c.block_size,
+            self.num_gpu_blocks,
+            self.num_cpu_blocks,
+            c.watermark,
+            enable_caching=c.enable_caching,
         )
         self.scheduler = Scheduler(self.manager, c.scheduler)
         mantissa_bits = round(-math.log2(torch.finfo(cfg.dtype).eps))
         self._code_range = 2 ** min(24, mantissa_bits + 1)  # ints the dtype holds exactly
         self._request_index: dict[str, int] = {}
+        self._prefix_index: dict[str, int] = {}
         self._specs: dict[str, RequestSpec] = {}
+        self._codes: dict[int, list[int]] = {}  # seq_id -> prefix code of each position
+        self._code_state: dict[int, int] = {}  # seq_id -> the running hash after them
 
     # ------------------------------------------------------------------ the run
 
@@ -183,7 +199,13 @@ class Simulator:
             out = sched.schedule()
             seconds = time.perf_counter() - t0
             tally.plan(out, seconds)
+            if self.manager.enable_caching:
+                self._access(out, clock)
             self._forward(out)
+            if self.manager.enable_caching:
+                for scheduled in out.scheduled_seq_groups[:1]:  # one call marks the batch
+                    self.manager.mark_blocks_as_computed(scheduled.seq_group)
+                tally.cache(self.manager.cache_stats())
             used = self.num_gpu_blocks - self.manager.get_num_free_gpu_blocks()
             empty = 1.0 - self._filled_slots() / (used * self.config.block_size) if used else None
             tally.usage(used / self.num_gpu_blocks, empty)
@@ -218,12 +240,22 @@ class Simulator:
             "preemption": c.scheduler.preemption_mode,
             "lookahead": c.scheduler.num_lookahead_slots,
             "seed": c.seed,
+            "prefix_caching": c.enable_caching,
         }
 
     def _add(self, spec: RequestSpec) -> None:
         index = self._request_index.setdefault(spec.request_id, len(self._request_index))
         self._specs[spec.request_id] = spec
-        prompt = [_mix(self.config.seed, index, p) % _VOCAB for p in range(spec.prompt_len)]
+        seed, shared = self.config.seed, spec.prefix_len if spec.prefix else 0
+        stream = 0
+        if spec.prefix:  # a shared prefix's tokens come from its own stream
+            stream = self._prefix_index.setdefault(spec.prefix, len(self._prefix_index))
+        prompt = [
+            _mix(seed, _PREFIX_STREAM + stream, p) % _VOCAB
+            if p < shared
+            else _mix(seed, index, p) % _VOCAB
+            for p in range(spec.prompt_len)
+        ]
         seq = Sequence(self.scheduler.next_seq_id(), prompt, self.config.block_size)
         group = SequenceGroup(spec.request_id, [seq], spec.arrival_time, n=spec.n)
         self.scheduler.add_seq_group(group)
@@ -239,10 +271,12 @@ class Simulator:
             engine.swap_in(out.blocks_to_swap_in)
         if out.blocks_to_copy:
             engine.copy(out.blocks_to_copy)
+        if self.config.check and out.num_cached_tokens:
+            self.check_skipped(out)
         tables: list[list[int]] = []
         ctx: list[int] = []
         qry: list[int] = []
-        reqs: list[int] = []
+        codes: list[int] = []
         positions: list[int] = []
         tokens: list[int] = []
         for scheduled in out.scheduled_seq_groups:
@@ -254,7 +288,7 @@ class Simulator:
                 tables.append(self.manager.get_block_table(seq))
                 ctx.append(n1)
                 qry.append(n1 - n0)
-                reqs.extend([self._request_index[group.request_id]] * (n1 - n0))
+                codes.extend(self._prefix_codes(seq, n1)[n0:n1])
                 positions.extend(range(n0, n1))
                 tokens.extend(seq.get_token_ids()[n0:n1])
             for seq in seqs:
@@ -269,20 +303,49 @@ class Simulator:
             num_blocks=self.num_gpu_blocks,
             device=engine.device,
         )
-        values = self._kv(torch.tensor(reqs), torch.tensor(positions), torch.tensor(tokens))
+        values = self._kv(torch.tensor(codes), torch.tensor(positions), torch.tensor(tokens))
+        slots = inputs.slot_mapping
+        if self.manager.enable_caching:
+            slots, values = _one_write_per_slot(slots, values)
         values = values.to(engine.device)
         for layer in range(self.config.num_layers):
-            engine.write(inputs.slot_mapping, values[:, layer, 0], values[:, layer, 1], layer)
+            engine.write(slots, values[:, layer, 0], values[:, layer, 1], layer)
 
-    def _kv(self, reqs: torch.Tensor, pos: torch.Tensor, toks: torch.Tensor) -> torch.Tensor:
+    def _prefix_codes(self, seq: Sequence, n: int) -> list[int]:
+        """The prefix code of each of ``seq``'s first ``n`` positions: a hash of every
+        token up to and including it (and of the sequence's extra keys), reduced to
+        ``_CODE_MOD``. Kept per sequence and extended as it grows. O(new positions)."""
+        codes = self._codes.get(seq.seq_id)
+        if codes is None:
+            codes = self._codes[seq.seq_id] = []
+        if len(codes) < n:
+            tokens, seed = seq.get_token_ids(), self.config.seed
+            h = self._code_state.get(seq.seq_id)
+            if h is None:
+                extra = seq.extra_keys
+                salt = int.from_bytes(sha256_key(None, (), extra)[:8]) if extra else 0
+                h = _mix(seed, len(extra), salt)
+            for p in range(len(codes), n):
+                h = _mix(h, tokens[p], p)
+                codes.append(h % _CODE_MOD)
+            self._code_state[seq.seq_id] = h
+        return codes
+
+    def _kv(self, codes: torch.Tensor, pos: torch.Tensor, toks: torch.Tensor) -> torch.Tensor:
         """KV of tokens, ``(N, layers, 2, heads, head_size)`` in the cache dtype (CPU)."""
         c = self.config
-        base = (reqs * 1_000_003 + pos * 7_919 + toks * 31 + 1).view(-1, 1, 1)
+        base = (codes * 31 + pos * 7_919 + toks + 1).view(-1, 1, 1)
         layer = torch.arange(c.num_layers).view(1, -1, 1) * 101
         kv = torch.arange(2).view(1, 1, 2) * 53
         codes = ((base + layer + kv) % self._code_range).to(self.engine.dtype)
         full: torch.Tensor = codes[:, :, :, None, None]
         return full.expand(-1, -1, -1, c.num_kv_heads, c.head_size)
+
+    def _access(self, out: SchedulerOutputs, clock: int) -> None:
+        """Prefix caching: the scheduled sequences' blocks were used at ``clock``."""
+        for scheduled in out.scheduled_seq_groups:
+            for seq in scheduled.seq_group.get_seqs(_RUNNING):
+                self.manager.access_all_blocks_in_seq(seq, float(clock))
 
     def _sample(self, out: SchedulerOutputs) -> int:
         """One token per RUNNING sequence; finish those at their output length."""
@@ -295,6 +358,8 @@ class Simulator:
                 count += 1
                 if seq.get_output_len() >= limit:
                     self.scheduler.finish_seq(seq)
+                    self._codes.pop(seq.seq_id, None)
+                    self._code_state.pop(seq.seq_id, None)
         return count
 
     def _filled_slots(self) -> int:
@@ -311,38 +376,78 @@ class Simulator:
 
     def check_kv(self) -> None:
         """KV conservation (module docstring). Complexity: O(live tokens) tensor work."""
-        self.engine.synchronize()
-        size = self.config.block_size
-        for tier, status, queue, first in (
-            (Device.GPU, _RUNNING, self.scheduler.running, 0),
-            (Device.CPU, _SWAPPED, self.scheduler.swapped, self.num_gpu_blocks),
+        for tier, status, queue in (
+            (Device.GPU, _RUNNING, self.scheduler.running),
+            (Device.CPU, _SWAPPED, self.scheduler.swapped),
         ):
             seqs = [(g, q) for g in queue for q in g.get_seqs(status)]
-            lens = [q.get_num_computed_tokens() for _, q in seqs]
-            if not sum(lens):
-                continue
-            tables = [self.manager.get_block_table(q) for _, q in seqs]
-            width = max(len(t) for t in tables)
-            table = torch.tensor([[b - first for b in t] + [0] * (width - len(t)) for t in tables])
-            lens_t = torch.tensor(lens)
-            owner = torch.repeat_interleave(torch.arange(len(seqs)), lens_t)
-            pos = torch.arange(int(lens_t.sum())) - (torch.cumsum(lens_t, 0) - lens_t)[owner]
-            blocks, offsets = table[owner, pos // size], pos % size
-            reqs = torch.tensor([self._request_index[g.request_id] for g, _ in seqs])[owner]
-            toks = torch.tensor(
-                [t for (_, q), n in zip(seqs, lens, strict=True) for t in q.get_token_ids()[:n]]
+            self._verify(tier, [(g, q, q.get_num_computed_tokens()) for g, q in seqs], "lost")
+
+    def check_skipped(self, out: SchedulerOutputs) -> None:
+        """Before a step's forward pass: every prompt position a prefill skips (its KV
+        was found in the prefix cache) already holds exactly the KV the model writes for
+        that prefix. Complexity: O(skipped tokens) tensor work."""
+        seqs = [
+            (s.seq_group, q, q.get_num_computed_tokens())
+            for s in out.scheduled_seq_groups
+            if s.is_prefill
+            for q in s.seq_group.get_seqs(_RUNNING)[:1]
+        ]
+        self._verify(Device.GPU, seqs, "was told to skip unwritten or foreign KV for")
+
+    def _verify(
+        self, tier: Device, seqs: list[tuple[SequenceGroup, Sequence, int]], what: str
+    ) -> None:
+        """Each sequence's first ``n`` positions hold their KV on ``tier``, else KV1."""
+        seqs = [entry for entry in seqs if entry[2]]
+        if not seqs:
+            return
+        self.engine.synchronize()
+        size = self.config.block_size
+        first = 0 if tier is Device.GPU else self.num_gpu_blocks
+        lens = [n for _, _, n in seqs]
+        tables = [self.manager.get_block_table(q) for _, q, _ in seqs]
+        width = max(len(t) for t in tables)
+        table = torch.tensor([[b - first for b in t] + [0] * (width - len(t)) for t in tables])
+        lens_t = torch.tensor(lens)
+        owner = torch.repeat_interleave(torch.arange(len(seqs)), lens_t)
+        pos = torch.arange(int(lens_t.sum())) - (torch.cumsum(lens_t, 0) - lens_t)[owner]
+        blocks, offsets = table[owner, pos // size], pos % size
+        codes = torch.tensor([c for _, q, n in seqs for c in self._prefix_codes(q, n)[:n]])
+        toks = torch.tensor([t for _, q, n in seqs for t in q.get_token_ids()[:n]])
+        store = self.engine.storage(tier)
+        got = store[blocks.to(store.device), :, :, offsets.to(store.device)].cpu()
+        want = self._kv(codes, pos, toks)
+        if not torch.equal(got, want):
+            bad = int((got != want).flatten(1).any(1).nonzero()[0])
+            group, seq, _ = seqs[int(owner[bad])]
+            raise InvariantViolationError(
+                "KV1",
+                f"{tier.name} cache {what} the KV of request {group.request_id!r} sequence "
+                f"{seq.seq_id} position {int(pos[bad])} (block {int(blocks[bad])})",
             )
-            store = self.engine.storage(tier)
-            got = store[blocks.to(store.device), :, :, offsets.to(store.device)].cpu()
-            want = self._kv(reqs, pos, toks)
-            if not torch.equal(got, want):
-                bad = int((got != want).flatten(1).any(1).nonzero()[0])
-                group, seq = seqs[int(owner[bad])]
-                raise InvariantViolationError(
-                    "KV1",
-                    f"{tier.name} cache lost the KV of request {group.request_id!r} sequence "
-                    f"{seq.seq_id} position {int(pos[bad])} (block {int(blocks[bad])})",
-                )
+
+
+def _one_write_per_slot(
+    slots: torch.Tensor, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """With prefix caching two prefills of one step may share a block neither has
+    written yet (the second found it cached, not computed): both compute its tokens.
+    Their KV must be equal (same prefix), and one write per slot is kept; different KV
+    for one slot is two owners of one block (KV1). O(tokens log tokens)."""
+    unique, inverse = torch.unique(slots.cpu(), return_inverse=True)
+    if len(unique) == len(slots):
+        return slots, values
+    index = torch.arange(len(slots))
+    first = torch.full((len(unique),), len(slots)).scatter_reduce(0, inverse, index, "amin")
+    kept = values[first[inverse]]  # per token, the KV of its slot's first writer
+    if not torch.equal(values, kept):
+        row = int((values != kept).flatten(1).any(1).nonzero()[0])
+        bad = int(unique[inverse[row]])
+        raise InvariantViolationError(
+            "KV1", f"two sequences write different KV into one slot ({bad}) in one step"
+        )
+    return slots[first.to(slots.device)], values[first]
 
 
 def _too_big(

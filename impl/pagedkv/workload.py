@@ -12,6 +12,11 @@ line; blank lines and lines starting with ``#`` (after spaces) are skipped. Keys
     prompt_len    int in 1..2**24, prompt tokens
     output_len    int in 1..2**24, tokens each sequence generates before it finishes
     n             int in 1..1024, optional (default 1): parallel samples sharing the prompt
+    prefix        non-empty string, optional: the name of a shared prefix (a system prompt,
+                  a conversation); requests naming the same prefix start with the same
+                  tokens (what prefix caching shares)
+    prefix_len    int in 0..prompt_len, optional (default 0; needs ``prefix``): how many
+                  leading prompt tokens come from the named prefix
     request_id    non-empty string, optional (default ``"r<index>"``, index among the
                   trace's requests in file order); unique
 "Int" means a JSON integer: ``2.0``, ``"2"`` and ``true`` are not ints; ``null`` is a
@@ -27,6 +32,7 @@ Presets (:data:`PRESETS`) also carry the cache size they are meant for, so
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import random
@@ -49,18 +55,21 @@ class RequestSpec:
     prompt_len: int
     output_len: int
     n: int = 1
+    prefix: str | None = None
+    prefix_len: int = 0
 
     def to_json(self) -> str:
         """One trace line. Complexity: O(1)."""
-        return json.dumps(
-            {
-                "request_id": self.request_id,
-                "arrival_time": self.arrival_time,
-                "prompt_len": self.prompt_len,
-                "output_len": self.output_len,
-                "n": self.n,
-            }
-        )
+        line: dict[str, object] = {
+            "request_id": self.request_id,
+            "arrival_time": self.arrival_time,
+            "prompt_len": self.prompt_len,
+            "output_len": self.output_len,
+            "n": self.n,
+        }
+        if self.prefix is not None:
+            line |= {"prefix": self.prefix, "prefix_len": self.prefix_len}
+        return json.dumps(line)
 
 
 @dataclass(frozen=True)
@@ -71,6 +80,10 @@ class Preset:
     prompt_len/output_len  inclusive uniform ranges
     n_weights              ``((n, weight), ...)``
     block_size, num_gpu_blocks, num_cpu_blocks  the cache the preset is sized for
+    system_prompt_len      tokens of one system prompt every request starts with (0: none);
+                           ``prompt_len`` is then what follows it
+    turns                  > 1: multi-turn chat; each request is a turn of a conversation
+                           whose prompt extends the previous turn's by ``prompt_len`` tokens
     """
 
     name: str
@@ -83,6 +96,8 @@ class Preset:
     block_size: int
     num_gpu_blocks: int
     num_cpu_blocks: int
+    system_prompt_len: int = 0
+    turns: int = 1
 
     def __post_init__(self) -> None:
         where = f"preset {self.name!r}"
@@ -124,6 +139,16 @@ PRESETS: dict[str, Preset] = {
             "arrivals far above capacity and a mix of n: recompute and swap preemption",
             64, 1.5, (32, 256), (24, 160), ((1, 0.7), (2, 0.2), (4, 0.1)), 16, 160, 48,
         ),
+        Preset(
+            "system-prompt",
+            "one 512-token system prompt before every request: prefix caching shares it",
+            96, 0.8, (16, 128), (8, 64), ((1, 1.0),), 16, 192, 64, 512,
+        ),
+        Preset(
+            "multi-turn",
+            "chats of 4 turns, each prompt extending the last: a cache reuses the history",
+            96, 0.5, (32, 128), (8, 48), ((1, 1.0),), 16, 192, 64, 0, 4,
+        ),
     )
 }  # fmt: skip
 
@@ -150,21 +175,52 @@ def generate(spec: Preset, seed: int, num_requests: int | None = None) -> list[R
     choices, weights = zip(*spec.n_weights, strict=True)
     requests: list[RequestSpec] = []
     clock = 0.0
+    # multi-turn: turns waiting for their time, (arrival, order, chat, prompt so far, turn)
+    pending: list[tuple[float, int, int, int, int]] = []
+    next_chat = 0
     for i in range(count):
-        requests.append(
-            RequestSpec(
-                f"r{i}",
-                round(clock, 3),
-                rng.randint(*spec.prompt_len),
-                rng.randint(*spec.output_len),
-                rng.choices(choices, weights)[0],
+        if spec.turns > 1:
+            # requests come out in arrival order: the next pending turn, or a new chat
+            if pending and pending[0][0] <= clock:
+                at, _, chat, before, turn = heapq.heappop(pending)
+            else:
+                at, chat, before, turn = clock, next_chat, 0, 0
+                next_chat += 1
+                clock += rng.expovariate(spec.rate / spec.turns)
+            own = rng.randint(*spec.prompt_len)
+            output_len = rng.randint(*spec.output_len)
+            n = rng.choices(choices, weights)[0]
+            prompt = before + own
+            if turn + 1 < spec.turns:  # the next turn after this one's answer
+                later = at + output_len + rng.expovariate(0.2)
+                heapq.heappush(pending, (later, i, chat, prompt + output_len, turn + 1))
+            requests.append(
+                RequestSpec(f"r{i}", round(at, 3), prompt, output_len, n, f"chat{chat}", prompt)
             )
-        )
+            continue
+        own = rng.randint(*spec.prompt_len)
+        output_len = rng.randint(*spec.output_len)
+        n = rng.choices(choices, weights)[0]
+        if spec.system_prompt_len:
+            total = spec.system_prompt_len + own
+            requests.append(
+                RequestSpec(
+                    f"r{i}",
+                    round(clock, 3),
+                    total,
+                    output_len,
+                    n,
+                    "system",
+                    spec.system_prompt_len,
+                )
+            )
+        else:
+            requests.append(RequestSpec(f"r{i}", round(clock, 3), own, output_len, n))
         clock += rng.expovariate(spec.rate)
     return requests
 
 
-_KEYS = {"arrival_time", "prompt_len", "output_len", "n", "request_id"}
+_KEYS = {"arrival_time", "prompt_len", "output_len", "n", "request_id", "prefix", "prefix_len"}
 MAX_ARRIVAL_TIME = 2**53  # floats hold every int up to here
 MAX_TOKENS = 2**24  # prompt_len, output_len
 MAX_N = 1024
@@ -218,7 +274,31 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> list[RequestSp
         prompt_len = _int_in(obj, "prompt_len", MAX_TOKENS, source, number)
         output_len = _int_in(obj, "output_len", MAX_TOKENS, source, number)
         n = _int_in(obj, "n", MAX_N, source, number) if "n" in obj else 1
-        requests.append(RequestSpec(rid, float(arrival), prompt_len, output_len, n))
+        raw_prefix = obj.get("prefix")
+        prefix = raw_prefix if isinstance(raw_prefix, str) else None
+        if "prefix" in obj and not prefix:
+            raise WorkloadError(
+                source, f"prefix must be a non-empty string, got {_show(raw_prefix)}", number
+            )
+        prefix_len = 0
+        if "prefix_len" in obj:
+            if prefix is None:
+                raise WorkloadError(source, "prefix_len needs a 'prefix' (its name)", number)
+            value = obj["prefix_len"]
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= prompt_len
+            ):
+                raise WorkloadError(
+                    source,
+                    f"prefix_len must be an int in 0..{prompt_len}, got {_show(value)}",
+                    number,
+                )
+            prefix_len = value
+        requests.append(
+            RequestSpec(rid, float(arrival), prompt_len, output_len, n, prefix, prefix_len)
+        )
     if not requests:
         raise WorkloadError(source, "the trace holds no request")
     requests.sort(key=lambda r: r.arrival_time)

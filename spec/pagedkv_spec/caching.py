@@ -89,12 +89,16 @@ NEVER_ACCESSED = -1.0
 
 @dataclass(frozen=True)
 class ContentKey:
-    """A full block's content: its parent's key (None for a first block), tokens, extras."""
+    """A full block's content: its parent's key (None for a first block), tokens, extras.
 
-    parent: ContentKey | None
+    Fields are compared in this order, the recursive ``parent`` last, so keys of
+    different blocks usually differ in O(1) (depth, then the block's own tokens).
+    """
+
+    depth: int  # tokens up to and including this block (the eviction tie-break)
     tokens: tuple[int, ...]
     extra: ExtraKeys
-    depth: int  # tokens up to and including this block (the eviction tie-break)
+    parent: ContentKey | None
 
 
 @dataclass(frozen=True)
@@ -146,9 +150,8 @@ def content_key(parent: ContentKey | None, tokens: Sequence[int], extra: ExtraKe
     """The key of a full block after ``parent`` (None: a first block)."""
     assert all(isinstance(t, int) for t in tokens)
     assert parent is None or parent.depth >= len(parent.tokens)
-    out = ContentKey(
-        parent, tuple(tokens), tuple(extra), len(tokens) + (parent.depth if parent else 0)
-    )
+    depth = len(tokens) + (parent.depth if parent else 0)
+    out = ContentKey(depth=depth, tokens=tuple(tokens), extra=tuple(extra), parent=parent)
     assert out.depth >= len(tokens)
     return out
 

@@ -20,7 +20,6 @@ __all__ = [
     "BlockSpaceManagerError",
     "BlockTableError",
     "BlockWithoutIdError",
-    "CachingNotSupportedError",
     "DoubleFreeError",
     "DuplicateRequestError",
     "DuplicateSequenceIdError",
@@ -278,16 +277,6 @@ class InvalidSequenceStateError(BlockSpaceManagerError):
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
-
-
-class CachingNotSupportedError(BlockSpaceManagerError, NotImplementedError):
-    """Prefix caching (``enable_caching=True``) is not implemented."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "enable_caching=True (prefix caching) is not supported by pagedkv yet; "
-            "construct the manager with enable_caching=False"
-        )
 
 
 class SequenceNotInGroupError(BlockSpaceManagerError, KeyError):

@@ -261,7 +261,7 @@ def explain_tables(v: SchedulerView) -> str:
     groups += [("no queue (released)", g) for g in v.released]
     for name, g in groups:
         for s in g.seqs:
-            if (s.table is not None if name.startswith("no queue") else not _table_ok(s)):
+            if s.table is not None if name.startswith("no queue") else not _table_ok(s):
                 where = "none" if s.table is None else "/".join(sorted(d.name for d in s.table))
                 head = f"sequence {s.seq_id} ({s.status}) of {g.request_id!r} in {name}"
                 if name.startswith("no queue") or s.table != _table_devices(s.status):
