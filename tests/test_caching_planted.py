@@ -3,9 +3,9 @@
 The issue's list: a key ignoring the parent, a key ignoring the salt, an evicted
 block left in the map, computed set at promotion instead of after the batch, a
 an evictor scanning in the wrong order, a hit refcount not rolled back on failure.
-Each is a small subclass or patch of the real allocator. (A stale computed prefix is
-a per-sequence bug of the manager's tracker; the allocator's answer is pinned by
-tests/test_prefix_caching_allocator.py.)
+Each is a small subclass or patch of the real allocator. A stale computed prefix is
+a per-sequence bug of the manager's tracker: the caching manager machine catches it
+(and admission that does not count hits exactly), below.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from pagedkv import CpuGpuBlockAllocator, Device
+from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Device
+from pagedkv import Sequence as Seq
 from pagedkv.content_key import ExtraKeys, check_extra_keys, sha256_key
 from pagedkv.evictor import LRUEvictor
 from pagedkv.prefix_caching_allocator import CacheKey, PrefixCachingBlockAllocator
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.caching_machine import CachingAllocatorMachine
+from pagedkv_stateful.caching_manager_machine import CachingManagerMachine
 from pagedkv_stateful.profiles import find_fast
 
 GPU, CPU = Device.GPU, Device.CPU
@@ -129,3 +131,49 @@ PLANTED: dict[str, type[CachingAllocatorMachine]] = {
 def test_the_caching_machine_catches(bug: str) -> None:
     with pytest.raises((Violation, AssertionError)):
         run_state_machine_as_test(PLANTED[bug], settings=find_fast(800, 40))
+
+
+# --------------------------------------------------------------------------- manager level
+
+
+class _StaleComputedTracker(BlockSpaceManager):
+    """Remembers each sequence's computed prefix and only extends it (vllm#18957)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.remembered: dict[int, list[int]] = {}
+
+    def get_common_computed_block_ids(self, seqs: list[Seq]) -> list[int]:
+        for seq in seqs:
+            fresh = super().get_common_computed_block_ids([seq])
+            if len(fresh) > len(self.remembered.get(seq.seq_id, [])):
+                self.remembered[seq.seq_id] = fresh
+        lists = [self.remembered.get(seq.seq_id, []) for seq in seqs]
+        return self.block_allocator.get_common_computed_block_ids(lists)
+
+
+class _CountsPromptsNotHits(BlockSpaceManager):
+    """``can_allocate`` counts every prompt block, as vLLM 0.6.3 does (not exact)."""
+
+    def _blocks_to_allocate(self, seq: Seq) -> int:
+        return -(-seq.get_len() // self.block_size)
+
+
+def _manager_machine(cls: type[BlockSpaceManager]) -> type[CachingManagerMachine]:
+    class Planted(CachingManagerMachine):
+        def make_manager(self, block_size: int, num_gpu: int, num_cpu: int) -> BlockSpaceManager:
+            return cls(block_size, num_gpu, num_cpu, 0.0, enable_caching=True)
+
+    return Planted
+
+
+MANAGER_PLANTED: dict[str, type[CachingManagerMachine]] = {
+    "stale computed prefix (per-sequence tracker)": _manager_machine(_StaleComputedTracker),
+    "admission counting prompt blocks, not hits": _manager_machine(_CountsPromptsNotHits),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(MANAGER_PLANTED))
+def test_the_caching_manager_machine_catches(bug: str) -> None:
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(MANAGER_PLANTED[bug], settings=find_fast(800, 40))

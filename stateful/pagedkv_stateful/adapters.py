@@ -91,6 +91,7 @@ CHECKS: dict[str, str] = {
     "deterministic replay": "the same calls give the same results when replayed",
 }
 
+
 class Violation(AssertionError):
     """A failed check. ``str()`` is ``"[<invariant>] <detail>"``, parseable by :meth:`parse`.
 

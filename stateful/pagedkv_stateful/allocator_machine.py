@@ -70,7 +70,7 @@ from pagedkv_stateful.lockstep import (
     pool_fault,
 )
 
-__all__ = ['AllocatorMachine', 'or_bad']
+__all__ = ["AllocatorMachine", "or_bad"]
 
 blocks = Bundle("blocks")  # handles of live block objects
 dead = Bundle("dead")  # handles of freed ones (for the misuse rules)
@@ -237,7 +237,6 @@ class AllocatorMachine(LockstepMachine):
             self._violate("spec self-check", f"the spec's state breaks {broken.label}")
         self._check_target_invariants(self.check_impl_invariants)
 
-
     @precondition(lambda self: self.caps.misuse)
     @rule(handle=dead)
     def free_again(self, handle: int) -> None:
@@ -337,7 +336,6 @@ class AllocatorMachine(LockstepMachine):
                 )
             self._log(f"expect_error(lambda: {src}{name})")
             self._check_unchanged(src, res)
-
 
     # ------------------------------------------------------------------ rules
 
@@ -480,9 +478,7 @@ class AllocatorMachine(LockstepMachine):
         if isinstance(res, Exception):
             self._expect_same_error(res, lambda: spec.free(self.model, handle), src)
         else:
-            self.model = self._judge(
-                label("I1"), lambda: spec.free(self.model, handle), src
-            )
+            self.model = self._judge(label("I1"), lambda: spec.free(self.model, handle), src)
         return handle
 
     @rule(target=blocks, last=blocks)
@@ -498,9 +494,7 @@ class AllocatorMachine(LockstepMachine):
             self._expect_same_error(res, lambda: spec.fork(self.model, last), src)
             return multiple()
         lhs, handles = self._new_blocks(len(res))
-        self.model, want = self._judge(
-            label("I1"), lambda: spec.fork(self.model, last), src, lhs
-        )
+        self.model, want = self._judge(label("I1"), lambda: spec.fork(self.model, last), src, lhs)
         got_ids = [self.adapter.block_id(b) for b in res]
         want_ids = [self.model.blocks[h].block_id for h in want]
         if got_ids != want_ids:

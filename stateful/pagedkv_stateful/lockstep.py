@@ -52,6 +52,7 @@ T = TypeVar("T")
 S = TypeVar("S", spec.AllocatorState, ManagerView)
 GPU = Device.GPU
 
+
 class LockstepMachine(RuleBasedStateMachine):
     """Plumbing shared by the lockstep machines: verdicts, error judging, the program.
 
@@ -247,6 +248,7 @@ def choice_fault(
 
 
 # --------------------------------------------------------------------------- pools
+
 
 class Pools(Protocol):
     """A state with a GPU and a CPU pool (an allocator state or a manager view)."""

@@ -188,9 +188,7 @@ class ManagerMachine(LockstepMachine):
         if isinstance(res, Exception):
             self._expect_same_error(res, lambda: spec.free(self.model, seq.seq_id), src)
             return
-        self.model = self._judge(
-            label("I1"), lambda: spec.free(self.model, seq.seq_id), src
-        )
+        self.model = self._judge(label("I1"), lambda: spec.free(self.model, seq.seq_id), src)
 
     def _free_cross(self, group: SequenceGroup) -> None:
         if not self.caps.encoder_decoder:
@@ -201,9 +199,7 @@ class ManagerMachine(LockstepMachine):
         if isinstance(res, Exception):
             self._expect_same_error(res, lambda: spec.free_cross(self.model, rid), src)
             return
-        self.model = self._judge(
-            label("I1"), lambda: spec.free_cross(self.model, rid), src
-        )
+        self.model = self._judge(label("I1"), lambda: spec.free_cross(self.model, rid), src)
 
     # ------------------------------------------------------------------ checks
 
@@ -301,7 +297,6 @@ class ManagerMachine(LockstepMachine):
             if broken is not None:
                 self._violate("spec self-check", f"the spec's state breaks {broken.label}")
         self._check_target_invariants(self.adapter.check_invariants)
-
 
     # ------------------------------------------------------------------ steps
 
@@ -652,7 +647,6 @@ class ManagerMachine(LockstepMachine):
             self._set_status([seq], FINISHED)
             del self.live[request_id]
             event("preempt_by_recompute: could not re-admit")
-
 
     @precondition(lambda self: bool(self.live) and self.caps.misuse)
     @rule(data=st.data())

@@ -1,0 +1,280 @@
+"""A machine for ``BlockSpaceManager(enable_caching=True)``: every manager operation as a
+rule, with the manager's own invariants and the caching promises checked after every step.
+
+There is no manager-level caching spec yet (the allocator-level one is
+:mod:`pagedkv_spec.caching`, driven by :mod:`pagedkv_stateful.caching_machine`);
+this machine checks what the manager adds on top of it, from the state alone:
+
+* after every step, ``check_invariants()``: C1–C7 over the tables' block
+  objects (through the caching spec's predicates), M2–M4 and T1–T4;
+* **can ⇒ do, exactly**: ``can_allocate`` OK means ``allocate`` succeeds and
+  takes exactly ``required_blocks`` free blocks (hits on blocks in use take
+  none, hits in the evictor one); ``can_append_slots`` True means every
+  ``append_slots`` of the group succeeds; ``can_swap_in`` OK means ``swap_in``
+  and the appends succeed;
+* a failed call changes nothing (the caching abstraction before and after);
+* **the computed prefix is never stale**: ``get_common_computed_block_ids`` of a
+  group equals the prefix recomputed from scratch from the abstraction (every
+  table's leading computed ids, never its last block, the common part, empty if
+  any sequence has none), and ``get_num_cached_prefix_tokens`` of a prompt is the
+  computed prefix its allocation then really shares.
+
+Prompts are drawn from a few shared prefixes over a two-letter alphabet and
+extra keys from near-colliding values, so hits, dedup on promotion, eviction
+under pressure, fork and CoW of partial blocks and swaps of cached blocks all
+happen within a few steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import event
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from pagedkv import BlockSpaceManager, Device, Sequence, SequenceGroup, SequenceStatus
+from pagedkv.errors import PagedKVError
+from pagedkv.sequence import AllocStatus
+from pagedkv_spec.caching import CachingState
+
+__all__ = ["CachingManagerMachine"]
+
+GPU = Device.GPU
+RUNNING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
+WAITING = SequenceStatus.WAITING
+PREFIXES = ((), (0, 0, 0, 0), (0, 1, 0, 1, 0, 1), (1, 1, 1, 1, 1, 1, 1, 1))
+extras = st.sampled_from([()] * 5 + [(1,), ("1",), ("salt",)])
+
+
+class CachingManagerMachine(RuleBasedStateMachine):
+    """Drives a caching manager and checks its promises (module docstring)."""
+
+    manager: BlockSpaceManager
+    groups: dict[str, SequenceGroup]
+
+    def make_manager(self, block_size: int, num_gpu: int, num_cpu: int) -> BlockSpaceManager:
+        """The manager under test. Override to test another implementation."""
+        return BlockSpaceManager(block_size, num_gpu, num_cpu, 0.0, enable_caching=True)
+
+    @initialize(block_size=st.integers(1, 4), num_gpu=st.integers(2, 12), num_cpu=st.integers(0, 8))
+    def init(self, block_size: int, num_gpu: int, num_cpu: int) -> None:
+        self.manager = self.make_manager(block_size, num_gpu, num_cpu)
+        self.block_size = block_size
+        self.groups = {}
+        self.waiting: dict[str, SequenceGroup] = {}
+        self.next_id = 0
+
+    # ------------------------------------------------------------------ helpers
+
+    def _state(self) -> CachingState:
+        tables = [t for t in self.manager.block_tables.values()]
+        objects = {id(b): b for t in tables for b in t.blocks}
+        return self.manager.block_allocator.to_caching_spec(dict(enumerate(objects.values())))
+
+    def _seqs(self, status: SequenceStatus) -> list[tuple[SequenceGroup, Sequence]]:
+        return [(g, s) for g in self.groups.values() for s in g.get_seqs(status)]
+
+    def _unchanged(self, before: CachingState, what: str, err: Exception) -> None:
+        after = self._state()
+        assert after == before, f"{what} raised {err!r} and changed the cache state"
+
+    def _group(self, data: st.DataObject, status: SequenceStatus) -> SequenceGroup | None:
+        groups = [g for g in self.groups.values() if g.get_seqs(status)]
+        return data.draw(st.sampled_from(groups), label="group") if groups else None
+
+    def _recomputed_prefix(self, seqs: list[Sequence]) -> list[int]:
+        """The common computed prefix, from the abstraction alone."""
+        pool = self.manager.block_allocator.to_caching_spec().gpu
+        lists = []
+        for seq in seqs:
+            ids = self.manager.get_block_table(seq)[:-1]
+            prefix: list[int] = []
+            for block_id in ids:
+                if block_id not in pool.computed:
+                    break
+                prefix.append(block_id)
+            lists.append(prefix)
+        common: list[int] = []
+        for column in zip(*lists, strict=False):
+            if any(c != column[0] for c in column):
+                break
+            common.append(column[0])
+        return common if lists and all(lists) else []
+
+    # ------------------------------------------------------------------ rules
+
+    @rule(
+        data=st.data(),
+        prefix=st.sampled_from(PREFIXES),
+        extra=extras,
+        n=st.integers(1, 2),
+    )
+    def allocate(
+        self, data: st.DataObject, prefix: tuple[int, ...], extra: tuple[Any, ...], n: int
+    ) -> None:
+        own = data.draw(st.lists(st.integers(0, 1), min_size=0 if prefix else 1, max_size=5))
+        prompt = [*prefix, *own]
+        seqs = [Sequence(self.next_id + i, prompt, self.block_size, extra) for i in range(n)]
+        self.next_id += n
+        group = SequenceGroup(f"g{self.next_id}", seqs)
+        self._admit(group)
+        if data.draw(st.booleans(), label="the batch runs now"):
+            self.manager.mark_blocks_as_computed(group)
+
+    def _admit(self, group: SequenceGroup) -> None:
+        """``can_allocate`` + ``allocate`` of a WAITING group, judged; RUNNING if it fit."""
+        manager = self.manager
+        seqs = group.get_seqs(WAITING)
+        decision = manager.can_allocate(group)
+        cached = manager.get_num_cached_prefix_tokens(seqs[0])
+        free = manager.get_num_free_gpu_blocks()
+        before = self._state()
+        try:
+            manager.allocate(group)
+        except PagedKVError as err:
+            assert decision.status != AllocStatus.OK, f"can_allocate OK but allocate raised {err!r}"
+            self._unchanged(before, "allocate", err)
+            self.waiting[group.request_id] = group
+            return
+        taken = free - manager.get_num_free_gpu_blocks()
+        assert taken == decision.required_blocks, (
+            f"can_allocate counted {decision.required_blocks} blocks, allocate took {taken}"
+        )
+        computed = self.manager.get_common_computed_block_ids(seqs[:1])
+        assert len(computed) * self.block_size == cached, (
+            f"get_num_cached_prefix_tokens said {cached}, the table shares {computed}"
+        )
+        event(f"allocate: {cached // self.block_size} cached block(s) skipped")
+        for seq in seqs:
+            seq.status = RUNNING
+        self.waiting.pop(group.request_id, None)
+        self.groups[group.request_id] = group
+
+    @rule(data=st.data())
+    def preempt_by_recompute(self, data: st.DataObject) -> None:
+        """Free a running group's tables and queue it again, as the scheduler does."""
+        group = self._group(data, RUNNING)
+        if group is None:
+            return
+        for seq in group.get_seqs():
+            self.manager.free(seq)
+            seq.reset_state_for_recompute()
+            seq.status = WAITING
+        del self.groups[group.request_id]
+        self.waiting[group.request_id] = group
+
+    @precondition(lambda self: bool(self.waiting))
+    @rule(data=st.data())
+    def readmit(self, data: st.DataObject) -> None:
+        """A recomputed group comes back: the same sequences get new tables."""
+        rid = data.draw(st.sampled_from(sorted(self.waiting)), label="waiting group")
+        group = self.waiting[rid]
+        self._admit(group)
+        if data.draw(st.booleans(), label="the batch runs now"):
+            self.manager.mark_blocks_as_computed(group)
+
+    @rule(data=st.data(), token=st.integers(0, 1))
+    def append_slots(self, data: st.DataObject, token: int) -> None:
+        group = self._group(data, RUNNING)
+        if group is None:
+            return
+        for seq in group.get_seqs(RUNNING):
+            seq.append_token_id(token)
+        can = self.manager.can_append_slots(group)
+        before = self._state()
+        for i, seq in enumerate(group.get_seqs(RUNNING)):
+            try:
+                self.manager.append_slots(seq)
+                seq.update_num_computed_tokens(seq.get_num_uncomputed_tokens())
+            except PagedKVError as err:
+                assert not can, f"can_append_slots True but append_slots raised {err!r}"
+                if i == 0:
+                    self._unchanged(before, "append_slots", err)
+                self._drop(group)  # the engine would preempt it
+                return
+
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        group = self._group(data, RUNNING)
+        if group is None:
+            return
+        parent = group.get_seqs(RUNNING)[0]
+        child = parent.fork(self.next_id)
+        self.next_id += 1
+        self.manager.fork(parent, child)
+        group.add(child)
+
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        group = self._group(data, RUNNING) or self._group(data, SWAPPED)
+        if group is not None:
+            self._drop(group)
+
+    def _drop(self, group: SequenceGroup) -> None:
+        for seq in group.get_seqs():
+            self.manager.free(seq)
+        del self.groups[group.request_id]
+
+    @rule(data=st.data())
+    def swap_out(self, data: st.DataObject) -> None:
+        group = self._group(data, RUNNING)
+        if group is None or not self.manager.can_swap_out(group):
+            return
+        self.manager.swap_out(group)
+        for seq in group.get_seqs(RUNNING):
+            seq.status = SWAPPED
+
+    @rule(data=st.data())
+    def swap_in(self, data: st.DataObject) -> None:
+        group = self._group(data, SWAPPED)
+        if group is None:
+            return
+        decision = self.manager.can_swap_in(group)
+        before = self._state()
+        try:
+            self.manager.swap_in(group)
+        except PagedKVError as err:
+            assert decision.status != AllocStatus.OK, f"can_swap_in OK but swap_in raised {err!r}"
+            self._unchanged(before, "swap_in", err)
+            return
+        for seq in group.get_seqs(SWAPPED):
+            seq.status = RUNNING
+        if decision.status == AllocStatus.OK:
+            for seq in group.get_seqs(RUNNING):
+                self.manager.append_slots(seq)  # can_swap_in OK covers these appends
+        event("swap_in")
+
+    @rule()
+    def mark_blocks_as_computed(self) -> None:
+        for group in list(self.groups.values())[:1]:
+            self.manager.mark_blocks_as_computed(group)
+
+    @rule(data=st.data(), now=st.integers(0, 5))
+    def access_all_blocks_in_seq(self, data: st.DataObject, now: int) -> None:
+        group = self._group(data, RUNNING)
+        if group is not None:
+            for seq in group.get_seqs(RUNNING):
+                self.manager.access_all_blocks_in_seq(seq, float(now))
+
+    @rule()
+    def reset_prefix_cache(self) -> None:
+        self.manager.reset_prefix_cache()
+
+    @precondition(lambda self: bool(self.groups))
+    @rule(data=st.data())
+    def get_common_computed_block_ids(self, data: st.DataObject) -> None:
+        group = self._group(data, RUNNING)
+        if group is None:
+            return
+        seqs = group.get_seqs(RUNNING)
+        got = self.manager.get_common_computed_block_ids(seqs)
+        want = self._recomputed_prefix(seqs)
+        assert got == want, f"common computed prefix {got}; recomputed from scratch {want}"
+
+    # ------------------------------------------------------------------ checks
+
+    @invariant()
+    def manager_invariants_hold(self) -> None:
+        """After every step: the manager's ``check_invariants()`` (C1–C7, M2–M4, T1–T4)."""
+        self.manager.check_invariants()
