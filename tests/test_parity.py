@@ -64,6 +64,7 @@ ALLOCATOR: dict[str, str] = {
     "cache_stats": CACHING,
     "enable_caching": CACHING,
     "get_num_blocks_to_allocate": CACHING,
+    "get_num_blocks_to_swap": SUPPORT,
     "get_num_cached_prefix_tokens": CACHING,
     "to_caching_spec": SUPPORT,
     "create": SUPPORT,

@@ -49,8 +49,10 @@ def run(
     dtype: torch.dtype | None = None,
     max_steps: int = 100_000,
     device: str = "cpu",
+    enable_caching: bool = False,
 ) -> SimulationResult:
     config = SimulationConfig(
+        enable_caching=enable_caching,
         block_size=block_size,
         num_gpu_blocks=num_gpu,
         num_cpu_blocks=num_cpu,
@@ -315,6 +317,38 @@ def test_random_workloads_conserve_kv(
     """Every step checks invariants and KV conservation; every request is accounted for."""
     named = [dataclasses.replace(r, request_id=f"r{i}") for i, r in enumerate(requests)]
     result = run(named, num_gpu, num_cpu, dtype=dtype, scheduler=SchedulerConfig(mode, lookahead))
+    assert accounted(result) and result.summary.unfinished == 0
+
+
+@st.composite
+def _shared_prefix_request(draw: st.DrawFn) -> RequestSpec:
+    prompt_len = draw(st.integers(1, 24))
+    prefix = draw(st.sampled_from([None, "a", "a", "b"]))
+    shared = draw(st.integers(0, prompt_len)) if prefix else 0
+    arrival = float(draw(st.integers(0, 8)))
+    return RequestSpec("x", arrival, prompt_len, draw(st.integers(1, 10)), 1, prefix, shared)
+
+
+@settings(
+    max_examples=60,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    requests=st.lists(_shared_prefix_request(), min_size=1, max_size=10),
+    num_gpu=st.integers(6, 24),
+    num_cpu=st.sampled_from([0, 8]),
+    mode=st.sampled_from(["auto", "recompute", "swap"]),
+)
+def test_random_shared_prefix_workloads_conserve_kv_with_caching(
+    requests: list[RequestSpec], num_gpu: int, num_cpu: int, mode: str
+) -> None:
+    """Prefix caching under random shared prefixes, preemption and swaps: every step
+    checks the invariants (C1–C7 included), that each skipped prompt position already
+    holds its prefix's KV, and KV conservation; every request is accounted for."""
+    named = [dataclasses.replace(r, request_id=f"r{i}") for i, r in enumerate(requests)]
+    result = run(named, num_gpu, num_cpu, scheduler=SchedulerConfig(mode), enable_caching=True)
     assert accounted(result) and result.summary.unfinished == 0
 
 

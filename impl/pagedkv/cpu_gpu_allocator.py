@@ -318,6 +318,14 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         """Device-local index of an absolute id of ``device``. Complexity: O(1)."""
         return self.get_allocator(device).get_physical_block_id(absolute_id)
 
+    def get_num_blocks_to_swap(self, blocks: list[Block], dst_device: Device) -> int:
+        """Free blocks of ``dst_device`` a :meth:`swap` of ``blocks`` there takes: one per
+        distinct id, without caching; with caching not those whose key is cached and in
+        use there. Exact. O(len(blocks))."""
+        if not self._caching:
+            return len({b.block_id for b in blocks})
+        return self._caching_pool(dst_device).get_num_blocks_to_swap_in(blocks)
+
     def get_num_full_blocks_touched(self, blocks: list[Block], device: Device) -> int:
         """Distinct full blocks among ``blocks`` (of either pool) that moving them to
         ``device`` would copy (with caching: not those cached and in use there). O(len)."""

@@ -431,10 +431,11 @@ class BlockSpaceManager:
         return blocks
 
     def can_swap_out(self, seq_group: SequenceGroup) -> bool:
-        """Exact: the CPU has room for every distinct block of the RUNNING sequences."""
+        """Exact: the CPU has room for every distinct block of the RUNNING sequences (with
+        caching, those whose key is not cached and in use there)."""
         blocks = self._swap_blocks(seq_group.get_seqs(_RUNNING), _GPU, "swap out")
-        distinct = len({b.block_id for b in blocks})
-        return distinct <= self.block_allocator.get_num_free_blocks(_CPU)
+        needed = self.block_allocator.get_num_blocks_to_swap(blocks, _CPU)
+        return needed <= self.block_allocator.get_num_free_blocks(_CPU)
 
     def _swap(self, seqs: list[Sequence], src: Device, dst: Device) -> list[tuple[int, int]]:
         """Move the tables of ``seqs`` from ``src`` to ``dst``; (src, dst) physical pairs.
@@ -470,7 +471,8 @@ class BlockSpaceManager:
         return pairs
 
     def can_swap_in(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocDecision:
-        """Distinct blocks to move + the exact blocks the next append takes after the move.
+        """Blocks the move takes (distinct ids; with caching not those whose key is cached
+        and in use on the GPU) + the exact blocks the next append takes after the move.
 
         NEVER if the GPU has fewer blocks than that, OK if ``free - needed >=
         watermark``, else LATER. OK implies ``swap_in`` and then ``append_slots``
@@ -478,7 +480,7 @@ class BlockSpaceManager:
         """
         seqs = seq_group.get_seqs(_SWAPPED)
         blocks = self._swap_blocks(seqs, _CPU, "swap in")
-        needed = len({b.block_id for b in blocks})
+        needed = self.block_allocator.get_num_blocks_to_swap(blocks, _GPU)
         for seq in seqs:
             table = self.block_tables[seq.seq_id]
             unseen = table.get_unseen_token_ids(seq.get_token_ids())

@@ -793,6 +793,23 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
                 count += 1
         return count
 
+    def get_num_blocks_to_swap_in(self, blocks: list[Block]) -> int:
+        """Free blocks moving ``blocks`` (of the other pool) here takes: one per distinct
+        id, except ids whose key is cached *and in use* here (shared, nothing taken); a
+        hit in the evictor takes one. Exact for :meth:`swap_blocks_to`. O(len(blocks))."""
+        seen: set[int | None] = set()
+        count = 0
+        for b in blocks:
+            block_id = b.block_id
+            if block_id in seen:
+                continue
+            seen.add(block_id)
+            key = b.cache_key if type(b) is PrefixCachingBlock else None
+            hit = None if key is None else self._cached.get(key.digest)
+            if hit is None or self._rc[hit - self._first] == 0:
+                count += 1
+        return count
+
     def is_block_cached(self, block: Block) -> bool:
         """The block's key is in this pool's map. O(1)."""
         key = block.cache_key if type(block) is PrefixCachingBlock else None

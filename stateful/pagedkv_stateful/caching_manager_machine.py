@@ -221,7 +221,14 @@ class CachingManagerMachine(RuleBasedStateMachine):
         group = self._group(data, RUNNING)
         if group is None or not self.manager.can_swap_out(group):
             return
+        cpu_free = self.manager.get_num_free_cpu_blocks()
+        blocks = [
+            b for s in group.get_seqs(RUNNING) for b in self.manager.block_tables[s.seq_id].blocks
+        ]
+        want = self.manager.block_allocator.get_num_blocks_to_swap(blocks, Device.CPU)
         self.manager.swap_out(group)
+        taken = cpu_free - self.manager.get_num_free_cpu_blocks()
+        assert taken == want, f"swap_out took {taken} CPU blocks; it was counted as {want}"
         for seq in group.get_seqs(RUNNING):
             seq.status = SWAPPED
 
