@@ -28,7 +28,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from pagedkv import BlockSpaceManager, Sequence, SequenceGroup
+from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Sequence, SequenceGroup
+from pagedkv import Device as PagedKVDevice
+from pagedkv.content_key import sha256_key
+from pagedkv.evictor import LRUEvictor
 from pagedkv.sequence import AllocDecision
 from pagedkv_stateful.adapters import AllocatorAdapter, Capabilities, ManagerAdapter
 
@@ -337,3 +340,59 @@ class InterruptAt:
 
 #: Interrupted on call 10 (replaced by the tests with their own InterruptAt).
 interrupted_allocator = InterruptAt(10, fifo_allocator)
+
+
+# --------------------------------------------------------------------------- prefix caching
+
+
+def caching_allocator(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> Any:
+    """pagedkv's own prefix-caching allocator (a conforming caching-level target)."""
+    return CpuGpuBlockAllocator.create("prefix_caching", num_gpu_blocks, num_cpu_blocks, block_size)
+
+
+def salt_blind_caching_allocator(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> Any:
+    """Planted: the content key ignores the extra keys (two tenants share blocks)."""
+    alloc = caching_allocator(num_gpu_blocks, num_cpu_blocks, block_size)
+    for device in (PagedKVDevice.GPU, PagedKVDevice.CPU):
+        pool = alloc.get_allocator(device)
+
+        def key(parent: Any, tokens: Any, extra: Any) -> bytes:
+            return sha256_key(parent, tokens, ())
+
+        pool._key_fn = key
+    return alloc
+
+
+class ApiOnlyCaching:
+    """A third-party-looking prefix-caching allocator: vLLM 0.6.3's API and nothing more
+    (no abstraction, no own check, no extra keys, no reset or statistics)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("to_caching_spec", "check_invariants", "reset_prefix_cache", "cache_stats"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def api_only_caching_allocator(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> Any:
+    """pagedkv's caching allocator behind the bare vLLM API (conforming)."""
+    return ApiOnlyCaching(caching_allocator(num_gpu_blocks, num_cpu_blocks, block_size))
+
+
+def newest_first_caching_allocator(
+    num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
+) -> Any:
+    """Planted, behind the bare API: the evictor gives up the most recently used block."""
+    alloc = caching_allocator(num_gpu_blocks, num_cpu_blocks, block_size)
+    for device in (PagedKVDevice.GPU, PagedKVDevice.CPU):
+        alloc.get_allocator(device)._evictor = _NewestFirstEvictor()
+    return ApiOnlyCaching(alloc)
+
+
+class _NewestFirstEvictor(LRUEvictor):
+    def evict(self) -> tuple[int, Any]:
+        block_id, key, _, _ = self.entries()[-1]
+        self.remove(block_id)
+        return block_id, key

@@ -155,7 +155,7 @@ class Capabilities:
     def describe(self, level: str = "manager") -> str:
         """One line: the features of ``level`` that are supported, then the promises."""
         skip = {"lifo", "typed_errors"}
-        if level == "allocator":
+        if level in ("allocator", "caching"):
             skip |= {"lookahead", "sliding_window", "encoder_decoder"}
         else:
             skip |= {"queries"}

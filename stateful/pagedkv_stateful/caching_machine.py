@@ -16,8 +16,13 @@ are drawn from near-colliding values (``1``, ``"1"``, ``b"1"``, salts), so
 shared prefixes, hits on in-use and evictable blocks, near-collisions, dedup on
 promotion and eviction under pressure all happen within a few steps.
 
-Reuse: override :meth:`make_impl` to test another prefix-caching allocator with
-pagedkv's ``CpuGpuBlockAllocator`` API and ``to_caching_spec``.
+Reuse (``pagedkv conform --level caching``): override :meth:`make_impl` to test
+another prefix-caching allocator with vLLM 0.6.3's ``CpuGpuBlockAllocator`` API.
+Without ``to_caching_spec`` the machine compares what the API shows instead (each
+live block's id and tokens, free counts, the hit rate); rules for calls the target
+lacks (``reset_prefix_cache``, ``cache_stats``, ``promote_to_immutable_block``,
+extra keys) are skipped; ``capabilities`` says whether it promises pagedkv's
+typed errors and LIFO reuse (then the free pool's order is judged too).
 """
 
 from __future__ import annotations
@@ -63,6 +68,11 @@ def _dev(device: Device) -> str:
 class CachingAllocatorMachine(LockstepMachine):
     """Drives the target and the caching spec in lockstep (see the module docstring)."""
 
+    #: What the target promises (pagedkv's own allocator: typed errors and LIFO reuse).
+    capabilities = Capabilities(typed_errors=True, lifo=True)
+    #: The target takes extra keys (``allocate_*(..., device, extra_keys)``).
+    extra_keys = True
+
     impl: Any
     model: spec.CachingState
     before: spec.CachingState
@@ -73,6 +83,13 @@ class CachingAllocatorMachine(LockstepMachine):
         """The allocator under test. Override to test another implementation."""
         return CpuGpuBlockAllocator.create("prefix_caching", num_gpu, num_cpu, block_size)
 
+    def setup_source(self, num_gpu: int, num_cpu: int, block_size: int) -> str:
+        """The program line that creates the target ``alloc``."""
+        return (
+            f'alloc = CpuGpuBlockAllocator.create("prefix_caching", {num_gpu}, {num_cpu}, '
+            f"{block_size})"
+        )
+
     # ------------------------------------------------------------------ plumbing
 
     def _name(self, handle: int | None) -> str:
@@ -81,10 +98,16 @@ class CachingAllocatorMachine(LockstepMachine):
     def _obj(self, handle: int | None) -> Any:
         return None if handle is None else self.objs[handle]
 
+    def _has(self, name: str) -> bool:
+        return callable(getattr(self.impl, name, None))
+
     def _abstract(self) -> spec.CachingState:
         return normalised(self.impl.to_caching_spec(dict(enumerate(self.objs))))
 
     def _compare(self) -> None:
+        if not self._has("to_caching_spec"):
+            self._compare_observables()
+            return
         got, want = self._abstract(), normalised(self.model)
         if got == want:
             return
@@ -105,6 +128,42 @@ class CachingAllocatorMachine(LockstepMachine):
             if g != w
         ]
         raise Violation("abstraction (blocks)", "; ".join(diffs) or f"{got} != {want}")
+
+    def _compare_observables(self) -> None:
+        """Without an abstraction: every live block's id and tokens, the free counts."""
+        for h, ref in enumerate(self.model.blocks):
+            if not spec.is_live(ref):
+                continue
+            obj = self.objs[h]
+            if obj.block_id != ref.block_id:
+                raise Violation(
+                    "block ids",
+                    f"b{h} names id {obj.block_id}; the spec says {ref.block_id}",
+                    f"assert b{h}.block_id == {ref.block_id}",
+                )
+            if list(obj.token_ids) != list(ref.token_ids):
+                raise Violation(
+                    "token ids",
+                    f"b{h} holds {list(obj.token_ids)}; the spec says {list(ref.token_ids)}",
+                    f"assert b{h}.token_ids == {list(ref.token_ids)}",
+                )
+        for device in (GPU, CPU):
+            free = self.impl.get_num_free_blocks(device)
+            want = spec.get_num_free_blocks(self.model, device)
+            if free != want:
+                raise Violation(
+                    f"free count ({device.name})",
+                    f"the target has {free} free {device.name} blocks (free + evictable), "
+                    f"the spec {want} (C1 cache_partition_ok)",
+                    f"assert alloc.get_num_free_blocks({_dev(device)}) == {want}",
+                )
+
+    def _extra(self, extra: spec.ExtraKeys) -> spec.ExtraKeys:
+        return extra if self.extra_keys else ()
+
+    def _call_extra(self, name: str, *args: Any, extra: spec.ExtraKeys) -> Any:
+        method = getattr(self.impl, name)
+        return method(*args, extra) if self.extra_keys else method(*args)
 
     def _ids(self, objs: Sequence[Any]) -> list[int]:
         return [-1 if b.block_id is None else b.block_id for b in objs]
@@ -128,9 +187,10 @@ class CachingAllocatorMachine(LockstepMachine):
                 "times, a deeper one) stayed in the evictor",
             )
         self.before = self.model
-        self._check_target_invariants(
-            lambda: self.impl.check_invariants(dict(enumerate(self.objs)))
-        )
+        if self._has("check_invariants"):
+            self._check_target_invariants(
+                lambda: self.impl.check_invariants(dict(enumerate(self.objs)))
+            )
 
     # ------------------------------------------------------------------ rules
 
@@ -142,16 +202,13 @@ class CachingAllocatorMachine(LockstepMachine):
     )
     def init(self, num_gpu: int, num_cpu: int, block_size: int) -> object:
         self.program = []
-        self.caps = Capabilities(typed_errors=True, lifo=True)
+        self.caps = self.capabilities
         self.impl = self.make_impl(num_gpu, num_cpu, block_size)
         self.model = self.before = spec.initial(num_gpu, num_cpu, block_size)
         self.objs = []
         self.null = None
         self.last_computed: dict[tuple[int, ...], list[int]] = {}
-        self._log(
-            f'alloc = CpuGpuBlockAllocator.create("prefix_caching", {num_gpu}, {num_cpu}, '
-            f"{block_size})"
-        )
+        self._log(self.setup_source(num_gpu, num_cpu, block_size))
         # a first cached block, so the rules that take blocks can run from the start
         return self._allocate_immutable(None, [[0] * block_size], (), GPU, single=True)
 
@@ -160,17 +217,22 @@ class CachingAllocatorMachine(LockstepMachine):
         self.objs.extend(res)
         return handles
 
-    def _lhs(self, n: int) -> str:
+    def _lhs(self, n: int, single: bool = False) -> str:
+        """``"b3 = "`` for one block object, ``"[b3, b4] = "`` for a list of them."""
         names = ", ".join(f"b{h}" for h in range(len(self.objs), len(self.objs) + n))
+        if single:
+            return f"{names} = "
         return f"[{names}] = " if n else ""
 
     @rule(target=blocks, prev=st.none() | blocks, extra=extras, device=devices)
     def allocate_mutable_block(
         self, prev: int | None, extra: spec.ExtraKeys, device: Device
     ) -> object:
-        src = f"alloc.allocate_mutable_block({self._name(prev)}, {_dev(device)}, {extra!r})"
+        extra = self._extra(extra)
+        shown = f", {extra!r}" if self.extra_keys else ""
+        src = f"alloc.allocate_mutable_block({self._name(prev)}, {_dev(device)}{shown})"
         res = self._attempt(
-            lambda: self.impl.allocate_mutable_block(self._obj(prev), device, extra)
+            lambda: self._call_extra("allocate_mutable_block", self._obj(prev), device, extra=extra)
         )
         if isinstance(res, Exception):
             self._expect_same_error(
@@ -182,7 +244,7 @@ class CachingAllocatorMachine(LockstepMachine):
             "block ids",
             lambda: spec.allocate_mutable_block(self.model, prev, extra, device, chosen),
             src,
-            self._lhs(1),
+            self._lhs(1, single=True),
         )
         self._adopt([res])
         return handle
@@ -224,21 +286,26 @@ class CachingAllocatorMachine(LockstepMachine):
         device: Device,
         single: bool,
     ) -> object:
+        extra = self._extra(extra)
+        shown = f", {extra!r}" if self.extra_keys else ""
+        prev_obj = self._obj(prev)
         if single:
             src = (
                 f"alloc.allocate_immutable_block({self._name(prev)}, {chunks[0]}, "
-                f"{_dev(device)}, {extra!r})"
+                f"{_dev(device)}{shown})"
             )
             call: Callable[[], Any] = lambda: [  # noqa: E731
-                self.impl.allocate_immutable_block(self._obj(prev), chunks[0], device, extra)
+                self._call_extra(
+                    "allocate_immutable_block", prev_obj, chunks[0], device, extra=extra
+                )
             ]
         else:
             src = (
                 f"alloc.allocate_immutable_blocks({self._name(prev)}, {chunks}, "
-                f"{_dev(device)}, {extra!r})"
+                f"{_dev(device)}{shown})"
             )
-            call = lambda: self.impl.allocate_immutable_blocks(  # noqa: E731
-                self._obj(prev), chunks, device, extra
+            call = lambda: self._call_extra(  # noqa: E731
+                "allocate_immutable_blocks", prev_obj, chunks, device, extra=extra
             )
         res = self._attempt(call)
         if isinstance(res, Exception):
@@ -252,7 +319,7 @@ class CachingAllocatorMachine(LockstepMachine):
         hits = spec.plan_hits(self.model, prev, chunks, extra, device)
         for i, (got, hit) in enumerate(zip(ids, hits, strict=False)):
             if hit is not None and got != hit:
-                self._log(f"{self._lhs(len(res))}{src}")
+                self._log(f"{self._lhs(len(res), single)}{src}")
                 self._violate(
                     "C2 cache_map_ok",
                     f"chunk {i} is cached as id {hit} (a hit), but the target gave id {got}",
@@ -263,7 +330,7 @@ class CachingAllocatorMachine(LockstepMachine):
             "block ids",
             lambda: spec.allocate_immutable_blocks(self.model, prev, chunks, extra, device, chosen),
             src,
-            self._lhs(len(res)),
+            self._lhs(len(res), single),
         )
         self._adopt(res)
         return multiple(*handles)
@@ -297,7 +364,7 @@ class CachingAllocatorMachine(LockstepMachine):
         new = data.draw(st.lists(st.integers(0, 1), min_size=n, max_size=n), label="tokens")
         obj = self.objs[handle]
         before_id = obj.block_id
-        before_cow = len(self.model.gpu.cow) + len(self.model.cpu.cow)
+        cow = self._spec_copies_on_write(handle, new)
         src = f"b{handle}.append_token_ids({new})"
         res = self._attempt(lambda: obj.append_token_ids(new))
         if isinstance(res, Exception):
@@ -305,9 +372,7 @@ class CachingAllocatorMachine(LockstepMachine):
                 res, lambda: spec.append_token_ids(self.model, handle, new, -1), src
             )
             return
-        after = self.impl.to_caching_spec(dict(enumerate(self.objs)))
-        cow = len(after.gpu.cow) + len(after.cpu.cow) > before_cow
-        chosen = obj.block_id if cow else None
+        chosen = obj.block_id if cow else None  # the fresh id a copy-on-write took
         event("append: copy-on-write" if cow else "append")
         if obj.block_id != before_id and not cow:
             event("append: promoted onto a cached id (dedup)")
@@ -315,10 +380,27 @@ class CachingAllocatorMachine(LockstepMachine):
             "append", lambda: spec.append_token_ids(self.model, handle, new, chosen), src
         )
 
+    def _spec_copies_on_write(self, handle: int, new: list[int]) -> bool:
+        """The spec's append would copy on write: the id is shared and the filled block
+        (if it fills) does not find its key cached."""
+        b = self.model.blocks[handle]
+        if not spec.is_live(b) or b.key is not None or b.block_id is None or not new:
+            return False
+        tokens = b.token_ids + tuple(new)
+        if len(tokens) > self.model.block_size:
+            return False
+        pool = spec.pool_of(self.model, b.device)
+        key = spec.block_key(self.model, b.prev, tokens, b.extra)
+        if key is not None and spec.lookup(pool, key) is not None:
+            return False
+        return spec.rc(pool, b.block_id) > 1
+
     @rule(handle=blocks)
     def promote_to_immutable_block(self, handle: int) -> None:
         obj = self.objs[handle]
-        pool = obj.allocator
+        pool: Any = getattr(obj, "allocator", None)
+        if not callable(getattr(pool, "promote_to_immutable_block", None)):
+            return
         src = f"b{handle}.allocator.promote_to_immutable_block(b{handle})"
         res = self._attempt(lambda: pool.promote_to_immutable_block(obj))
         if isinstance(res, Exception):
@@ -414,16 +496,19 @@ class CachingAllocatorMachine(LockstepMachine):
                 f"get_num_full_blocks_touched gave {touched}; the spec says {want_touched}",
             )
 
-    @precondition(lambda self: len(self.objs) > 1)
+    @precondition(lambda self: len(self.objs) > 1 and self._has("reset_prefix_cache"))
     @rule()
     def reset_prefix_cache(self) -> None:
         src = "alloc.reset_prefix_cache()"
         n = self.impl.reset_prefix_cache()
-        got = self.impl.to_caching_spec(dict(enumerate(self.objs)))
         total = 0
         for device in (GPU, CPU):
-            k = len(spec.pool_of(self.model, device).evictor)
-            order = spec.pool_of(got, device).free[:k]
+            pool = spec.pool_of(self.model, device)
+            if self._has("to_caching_spec"):  # the target's order, judged (C8)
+                got = self.impl.to_caching_spec(dict(enumerate(self.objs)))
+                order = spec.pool_of(got, device).free[: len(pool.evictor)]
+            else:  # only the counts are observable: the spec's own order
+                order = tuple(sorted(pool.evictor, key=lambda i: (spec.eviction_rank(pool, i), i)))
             self.model, released = self._accepted(
                 "reset",
                 lambda d=device, o=order: spec.reset_prefix_cache(self.model, d, o),  # type: ignore[misc]  # default args bind the loop variables
@@ -466,6 +551,8 @@ class CachingAllocatorMachine(LockstepMachine):
         self._log(f"alloc.get_prefix_cache_hit_rate({_dev(device)})")
         if abs(got - want) > 1e-12:
             self._violate("C7 cache_stats_ok", f"hit rate {got}; the spec says {want}")
+        if not self._has("cache_stats"):
+            return
         stats = self.impl.cache_stats(device)
         p = spec.pool_of(self.model, device)
         if (stats.hits, stats.queries, stats.evictions) != (p.hits, p.queries, p.evictions):

@@ -1,6 +1,6 @@
 """Conformance kit: check any paged block allocator (or block manager) against pagedkv's spec.
 
-    pagedkv conform MODULE:FACTORY [--level allocator|manager] [--profile ci|deep]
+    pagedkv conform MODULE:FACTORY [--level allocator|manager|caching] [--profile ci|deep]
                     [--max-examples N] [--seed S] [--max-violations K]
                     [--duration SECONDS] [--json [PATH]] [--progress]
     python -m pagedkv_stateful.conform MODULE:FACTORY ...
@@ -11,7 +11,13 @@
   two-device allocator with vLLM 0.6.3's ``CpuGpuBlockAllocator`` API (GPU ids
   ``0..G-1``, CPU ids ``G..G+C-1``);
 * manager level: ``FACTORY(block_size, num_gpu_blocks, num_cpu_blocks, watermark,
-  sliding_window)``, a manager with ``BlockSpaceManager``'s API.
+  sliding_window)``, a manager with ``BlockSpaceManager``'s API;
+* caching level: ``FACTORY(num_gpu_blocks, num_cpu_blocks, block_size)``, a
+  two-device *prefix-caching* allocator with vLLM 0.6.3's API, driven by
+  :class:`~pagedkv_stateful.caching_machine.CachingAllocatorMachine` against
+  :mod:`pagedkv_spec.caching` (C1–C8). It may return the target or a ``(target,
+  Capabilities)`` pair; pagedkv's own allocator promises typed errors and LIFO
+  reuse and takes extra keys, any other target is judged on what the API shows.
 
 It may return the target itself (default :class:`~pagedkv_stateful.adapters.Capabilities`:
 no LIFO promise, any exception counts as a rejection), a ``(target, Capabilities)``
@@ -80,6 +86,7 @@ from pagedkv_stateful.adapters import (
     required_methods,
 )
 from pagedkv_stateful.allocator_machine import AllocatorMachine
+from pagedkv_stateful.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.lockstep import LockstepMachine
 from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import register_profiles
@@ -104,16 +111,47 @@ __all__ = [
 #: Exit statuses (module docstring).
 EXIT_PASS, EXIT_VIOLATIONS, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 DESCRIPTION = "Check a paged block allocator (or block manager) against pagedkv's spec."
-LEVELS = ("allocator", "manager")
+LEVELS = ("allocator", "manager", "caching")
 #: Arguments of the one call that checks a factory before the search starts.
 PROBE_ARGS: dict[str, tuple[Any, ...]] = {
     "allocator": (4, 2, 2),
     "manager": (2, 8, 4, 0.0, None),
+    "caching": (4, 2, 2),
 }
 SIGNATURES = {
     "allocator": "(num_gpu_blocks, num_cpu_blocks, block_size)",
     "manager": "(block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window)",
+    "caching": "(num_gpu_blocks, num_cpu_blocks, block_size)",
 }
+#: What a caching-level target must have (vLLM 0.6.3's prefix-caching API).
+CACHING_METHODS = (
+    "allocate_mutable_block",
+    "allocate_immutable_block",
+    "allocate_immutable_blocks",
+    "free",
+    "fork",
+    "swap",
+    "clear_copy_on_writes",
+    "allocate_or_get_null_block",
+    "get_num_free_blocks",
+    "get_num_full_blocks_touched",
+    "mark_blocks_as_accessed",
+    "mark_blocks_as_computed",
+    "get_computed_block_ids",
+    "get_common_computed_block_ids",
+    "get_prefix_cache_hit_rate",
+)
+
+
+@dataclass(frozen=True)
+class CachingProbe:
+    """The probe of a caching-level factory: its target and what it promises."""
+
+    target: Any
+    capabilities: Capabilities
+    extra_keys: bool
+
+
 EXPECT_ERROR = '''def expect_error(call, name=None):
     """The spec rejects this call: it must raise (an error named `name`, if given)."""
     try:
@@ -334,7 +372,9 @@ def load_factory(spec: str) -> tuple[Callable[..., Any], str, str]:
     return obj, f"from {module_name} import {head}", attr
 
 
-def _probe(factory: Callable[..., Any], level: str, call: str) -> AllocatorAdapter | ManagerAdapter:
+def _probe(
+    factory: Callable[..., Any], level: str, call: str
+) -> AllocatorAdapter | ManagerAdapter | CachingProbe:
     """Build one target to check the factory, its API and arguments; read its capabilities."""
     args = PROBE_ARGS[level]
     shown = f"{call}{args}"
@@ -345,6 +385,8 @@ def _probe(factory: Callable[..., Any], level: str, call: str) -> AllocatorAdapt
             f"{shown} raised {type(err).__name__}: {err}; a {level}-level factory takes "
             f"{SIGNATURES[level]}"
         ) from None
+    if level == "caching":
+        return _probe_caching(result, shown)
     adapter = as_allocator_adapter(result) if level == "allocator" else as_manager_adapter(result)
     missing = required_methods(adapter)
     if missing:
@@ -358,6 +400,37 @@ def _probe(factory: Callable[..., Any], level: str, call: str) -> AllocatorAdapt
     else:
         _probe_groups(adapter, shown)
     return adapter
+
+
+def _caching_target(result: object) -> tuple[Any, Capabilities | None]:
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Capabilities):
+        return result[0], result[1]
+    return result, None
+
+
+def _probe_caching(result: object, shown: str) -> CachingProbe:
+    """The caching-level target's API and devices; pagedkv's own promises more."""
+    from pagedkv import CpuGpuBlockAllocator
+
+    target, caps = _caching_target(result)
+    missing = [m for m in CACHING_METHODS if not callable(getattr(target, m, None))]
+    if missing:
+        raise UsageError(
+            f"{shown} returned {type(target).__name__}, which lacks {', '.join(missing)}; "
+            "a caching-level target has vLLM 0.6.3's prefix-caching CpuGpuBlockAllocator API"
+        )
+    for device in Device:
+        try:
+            target.get_num_free_blocks(device)
+        except Exception as err:
+            raise UsageError(
+                f"{shown}: get_num_free_blocks(Device.{device.name}) raised "
+                f"{type(err).__name__}: {err}; the caching level passes pagedkv's Device values"
+            ) from None
+    own = isinstance(target, CpuGpuBlockAllocator) and target.enable_caching
+    if caps is None:
+        caps = Capabilities(typed_errors=own, lifo=own)
+    return CachingProbe(target, caps, extra_keys=own)
 
 
 def _probe_devices(adapter: AllocatorAdapter, shown: str) -> None:
@@ -401,8 +474,28 @@ def _suffix(result: object) -> str:
 
 
 def _machine(
-    factory: Callable[..., Any], level: str, call: str, caps: Capabilities
+    factory: Callable[..., Any],
+    level: str,
+    call: str,
+    caps: Capabilities,
+    probe: AllocatorAdapter | ManagerAdapter | CachingProbe | None = None,
 ) -> type[LockstepMachine]:
+    if level == "caching":
+        takes_extra = isinstance(probe, CachingProbe) and probe.extra_keys
+
+        class ConformCaching(CachingAllocatorMachine):
+            capabilities = caps
+            extra_keys = takes_extra
+
+            def make_impl(self, g: int, c: int, block_size: int) -> Any:
+                self._result = factory(g, c, block_size)
+                return _caching_target(self._result)[0]
+
+            def setup_source(self, g: int, c: int, block_size: int) -> str:
+                suffix = "[0]" if isinstance(self._result, tuple) else ""
+                return f"alloc = {call}({g}, {c}, {block_size}){suffix}"
+
+        return ConformCaching
     if level == "allocator":
 
         class ConformAllocator(AllocatorMachine):
@@ -519,10 +612,12 @@ def run_conformance(
         report.warnings.append(OPTIMIZE_WARNING)
     if isinstance(probe, AllocatorAdapter):
         first = probe.source_device_import()
+    elif isinstance(probe, CachingProbe):
+        first = "from pagedkv import Device"
     else:
         first = "from pagedkv import Sequence, SequenceGroup, SequenceStatus"
     imports = [line for line in (first, import_line) if line]
-    machine = _machine(factory, level, call, caps)
+    machine = _machine(factory, level, call, caps, probe)
     deadline = None if duration is None else began + duration
     run = _Search(report, listener or Listener(), imports, began, deadline)
     run.listener.started(report)
