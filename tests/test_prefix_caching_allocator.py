@@ -7,6 +7,8 @@ including where pagedkv is stricter than vLLM 0.6.3.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -262,3 +264,39 @@ def test_unknown_allocator_types_and_key_functions_are_rejected() -> None:
         CpuGpuBlockAllocator.create("lru", 1, 1, 1)
     with pytest.raises(InvalidAllocatorConfigError):
         make(key_function="md5")
+
+
+def test_bad_input_is_a_typed_error_with_state_unchanged_under_python_minus_o() -> None:
+    """The checks are not asserts: under ``python -O`` the same errors, nothing changed."""
+    code = """
+from pagedkv import CpuGpuBlockAllocator, Device
+from pagedkv.errors import (ArgumentTypeError, BlockNotInUseError, ForeignBlockError,
+    ImmutableBlockError, InvalidExtraKeysError, NoFreeBlocksError, PromotionError)
+G = Device.GPU
+a = CpuGpuBlockAllocator.create("prefix_caching", 3, 2, 2)
+full = a.allocate_immutable_block(None, [1, 2], G)
+part = a.allocate_immutable_block(None, [1], G)
+blocks = {0: full, 1: part}
+before = a.to_caching_spec(blocks)
+pool = a.get_allocator(G)
+for call, err in (
+    (lambda: full.append_token_ids([3]), ImmutableBlockError),
+    (lambda: pool.promote_to_immutable_block(part), PromotionError),
+    (lambda: a.mark_blocks_as_accessed([0, 3], 1.0), ForeignBlockError),
+    (lambda: a.mark_blocks_as_accessed([2], 1.0), BlockNotInUseError),
+    (lambda: a.mark_blocks_as_accessed([0], True), ArgumentTypeError),
+    (lambda: a.allocate_immutable_block(None, [1, 2], G, (1.5,)), InvalidExtraKeysError),
+    (lambda: a.allocate_immutable_blocks(None, [[1, 2], [5, 6], [7, 8]], G), NoFreeBlocksError),
+):
+    try:
+        call()
+    except err:
+        pass
+    else:
+        raise SystemExit(f"{err.__name__} not raised under -O")
+    if a.to_caching_spec(blocks) != before:
+        raise SystemExit(f"{err.__name__}: the state changed")
+assert False, "asserts are on"
+"""
+    proc = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
