@@ -241,12 +241,15 @@ class BlockSpaceManager:
             raise InvalidSequenceStateError(
                 f"request {seq_group.request_id!r} already has a cross-attention table"
             )
-        needed = self._blocks_to_allocate(waiting[0])
-        if encoder is not None:
-            needed += self._blocks_to_allocate(encoder)
-        free = self.block_allocator.get_num_free_blocks(_GPU)
-        if needed > free:
-            raise NoFreeBlocksError(needed, free, "GPU")
+        # NOTE: with caching and no encoder the table's own check is the same exact count
+        # (all or nothing), so the prompt's keys are not computed one more time here.
+        if encoder is not None or not self.enable_caching:
+            needed = self._blocks_to_allocate(waiting[0])
+            if encoder is not None:
+                needed += self._blocks_to_allocate(encoder)
+            free = self.block_allocator.get_num_free_blocks(_GPU)
+            if needed > free:
+                raise NoFreeBlocksError(needed, free, "GPU")
         table = self._new_table(waiting[0].extra_keys)
         table.allocate(token_ids)
         self.block_tables[waiting[0].seq_id] = table
