@@ -343,13 +343,21 @@ class BlockTable:
             return False  # the last block is full: a new one is needed
         b = self._blocks[full // size]
         # NOTE: NaiveBlock first: the type checks cost nothing on the common path
+        token = sequence_token_ids[full]
         if type(b) is NaiveBlock:
-            if not b.append_token_id_if_private(sequence_token_ids[full]):
+            if not b.append_token_id_if_private(token):
                 return False
-        elif type(b) is not PrefixCachingBlock or not b.append_token_id_if_private(
-            sequence_token_ids[full]
-        ):
+        elif type(b) is not PrefixCachingBlock:
             return False
+        elif not b.append_token_id_if_private(token):
+            # the token fills a private block: it is promoted (cached, or shares the id
+            # its key is cached under, giving its own back), which takes no block
+            if len(b.token_ids) != size - 1 or b.is_shared:
+                return False
+            b.append_token_ids([token])
+            block_id = b.block_id
+            if block_id is not None:
+                self._block_ids[full // size] = block_id
         self._num_full_slots = full + 1
         return True
 
