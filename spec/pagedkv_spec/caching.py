@@ -245,9 +245,11 @@ def cache_map_ok(s: CachingState) -> bool:
 
 def keys_ok(s: CachingState) -> bool:
     """C3: keys are complete and chained, and a keyed live block names its key's id."""
-    for b in s.blocks:
+    for h, b in enumerate(s.blocks):
         if b.key is None or b.freed:
             continue
+        if b.prev is not None and not 0 <= b.prev < h:
+            return False
         parent = s.blocks[b.prev] if b.prev is not None else None
         if len(b.token_ids) != s.block_size:
             return False
@@ -325,6 +327,9 @@ def state_ok(s: CachingState) -> bool:
     """All caching invariants C1–C7 (C8 is a step)."""
     return (
         s.block_size >= 1
+        and all(len(b.token_ids) <= s.block_size for b in s.blocks)
+        and all(b.prev is None or 0 <= b.prev < h for h, b in enumerate(s.blocks))
+        and all(b.block_id is None for b in s.blocks if b.freed)
         and cache_partition_ok(s)
         and cache_map_ok(s)
         and keys_ok(s)
@@ -332,9 +337,6 @@ def state_ok(s: CachingState) -> bool:
         and computed_ok(s)
         and cache_cow_ok(s)
         and cache_stats_ok(s)
-        and all(len(b.token_ids) <= s.block_size for b in s.blocks)
-        and all(b.prev is None or 0 <= b.prev < h for h, b in enumerate(s.blocks))
-        and all(b.block_id is None for b in s.blocks if b.freed)
     )
 
 
