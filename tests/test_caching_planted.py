@@ -176,4 +176,4 @@ MANAGER_PLANTED: dict[str, type[CachingManagerMachine]] = {
 @pytest.mark.parametrize("bug", sorted(MANAGER_PLANTED))
 def test_the_caching_manager_machine_catches(bug: str) -> None:
     with pytest.raises(AssertionError):
-        run_state_machine_as_test(MANAGER_PLANTED[bug], settings=find_fast(800, 40))
+        run_state_machine_as_test(MANAGER_PLANTED[bug], settings=find_fast(1500, 40))

@@ -448,7 +448,7 @@ def _planted_c8() -> str:
             pool._evictor = _NewestFirstEvictor()
             return a
 
-    return _machine_failure(Planted, 600)
+    return _machine_failure(Planted, 1500)
 
 
 PLANTED: dict[str, Callable[[], str]] = {
