@@ -172,7 +172,9 @@ def test_the_caching_level_passes_conforming_prefix_caching_allocators(
 def test_the_caching_level_finds_planted_bugs(
     factory: Callable[..., Any], names: tuple[str, ...], examples: int
 ) -> None:
-    report = check(factory, examples=examples, level="caching", max_violations=1)
+    # Seed 2 reaches both findings early (5-15 s; derandomized runs took 23-27 s): the
+    # seed only changes how soon, the budget still decides whether.
+    report = check(factory, examples=examples, level="caching", max_violations=1, seed_value=2)
     assert report.findings, report.render()
     (finding,) = report.findings
     assert finding.invariant in names, report.render()

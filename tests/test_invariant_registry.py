@@ -43,7 +43,7 @@ from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.scheduler_machine import SchedulerMachine
 
 ROOT = Path(__file__).parent.parent
-GPU = Device.GPU
+GPU, CPU = Device.GPU, Device.CPU
 RUNNING, WAITING = SequenceStatus.RUNNING, SequenceStatus.WAITING
 
 
@@ -443,9 +443,10 @@ def _planted_c8() -> str:
     class Planted(CachingAllocatorMachine):
         def make_impl(self, *args: Any) -> Any:
             a = CpuGpuBlockAllocator.create("prefix_caching", *args)
-            pool = a.get_allocator(GPU)
-            assert isinstance(pool, PrefixCachingBlockAllocator)
-            pool._evictor = _NewestFirstEvictor()
+            for device in (GPU, CPU):  # both pools: found in tens of examples, not hundreds
+                pool = a.get_allocator(device)
+                assert isinstance(pool, PrefixCachingBlockAllocator)
+                pool._evictor = _NewestFirstEvictor()
             return a
 
     return _machine_failure(Planted, 1500)
