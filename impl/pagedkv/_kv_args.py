@@ -62,6 +62,8 @@ def check_pairs(
         items: list[object] = pairs.tolist()
     elif isinstance(pairs, Mapping):
         items = list(pairs.items())
+    elif isinstance(pairs, str | bytes) or not isinstance(pairs, Iterable):
+        raise KVTensorMismatchError("pairs", "(src, dst) pairs of int block ids", repr(pairs))
     else:
         items = list(pairs)
     expected = "(src, dst) pairs of int block ids"
@@ -113,6 +115,8 @@ def id_list(ids: Sequence[int] | torch.Tensor, name: str) -> list[int]:
                 name, "a 1-D integer tensor", f"{ids.dtype} {tuple(ids.shape)}"
             )
         return [int(i) for i in ids.tolist()]
+    if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        raise KVTensorMismatchError(name, "a sequence of int block ids", repr(ids))
     return [as_id(i, name, "a sequence of int block ids") for i in ids]
 
 

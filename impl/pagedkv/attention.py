@@ -26,7 +26,15 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedkv.errors import KVBlockIdError, KVRangeError, KVTensorMismatchError
+from pagedkv._kv_args import id_list
+from pagedkv._validate import require_int
+from pagedkv.errors import (
+    ArgumentTypeError,
+    InvalidKVCacheConfigError,
+    KVBlockIdError,
+    KVRangeError,
+    KVTensorMismatchError,
+)
 
 __all__ = ["PAD_BLOCK_ID", "AttentionInputs", "build_attention_inputs", "paged_attention_reference"]
 
@@ -80,15 +88,20 @@ def build_attention_inputs(
     Complexity: O(num_seqs * max_blocks + new tokens), one host-to-device copy
     per tensor.
     """
+    if isinstance(block_tables, str | bytes) or not isinstance(block_tables, Sequence):
+        raise ArgumentTypeError("block_tables", block_tables, "a list of block-id lists")
+    tables_in = [_ids(f"block_tables[{i}]", t) for i, t in enumerate(block_tables)]
+    block_tables = tables_in
     num_seqs = len(block_tables)
-    ctx = [int(n) for n in context_lens]
-    qry = [1] * num_seqs if query_lens is None else [int(n) for n in query_lens]
+    ctx = _ids("context_lens", context_lens)
+    qry = [1] * num_seqs if query_lens is None else _ids("query_lens", query_lens)
     for name, values in (("context_lens", ctx), ("query_lens", qry)):
         if len(values) != num_seqs:
             raise KVTensorMismatchError(
                 name, f"{num_seqs} entries (one per sequence)", f"{len(values)}"
             )
-    if not isinstance(block_size, int) or block_size < 1:
+    require_int("block_size", block_size, InvalidKVCacheConfigError, None)
+    if block_size < 1:
         raise KVRangeError("block_size", block_size, ">= 1", "use the block manager's block size")
     for i, (table, n, q) in enumerate(zip(block_tables, ctx, qry, strict=True)):
         capacity = len(table) * block_size
@@ -205,3 +218,11 @@ def paged_attention_reference(
     values = values.masked_fill(past_end[:, :, None, None], 0.0)
     out = torch.einsum("skgt,stkd->skgd", torch.softmax(scores, dim=-1), values)
     return out.reshape(num_seqs, num_heads, head_size).to(query.dtype)
+
+
+def _ids(name: str, values: object) -> list[int]:
+    """``values`` (a sequence or 1-D int tensor of ints) as a list of ints; bools, floats
+    and strings are a TypeError. Complexity: O(len)."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | torch.Tensor):
+        raise ArgumentTypeError(name, values, "a sequence of ints")
+    return id_list(values, name)

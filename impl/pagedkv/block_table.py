@@ -34,9 +34,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv._arith import cdiv
+from pagedkv._validate import require_int, require_optional_int, require_token_ids
 from pagedkv.content_key import ExtraKeys, check_extra_keys
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.errors import (
+    ArgumentTypeError,
     BlockWithoutIdError,
     DoubleFreeError,
     ForeignBlockError,
@@ -47,7 +49,7 @@ from pagedkv.errors import (
     TableNotAllocatedError,
 )
 from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
-from pagedkv.naive_allocator import NaiveBlock, NullBlock
+from pagedkv.naive_allocator import NaiveBlock, NullBlock, require_blocks
 from pagedkv.prefix_caching_allocator import PrefixCachingBlock
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
@@ -63,25 +65,25 @@ def check_table_args(
 ) -> None:
     """Raise unless ``block_size`` is an int >= 1 equal to the allocator's block size
     and ``max_block_sliding_window`` is None or an int >= 0. Complexity: O(1)."""
-    if not isinstance(block_size, int) or block_size < 1:
-        raise InvalidBlockTableArgumentError(f"block_size must be an int >= 1, got {block_size!r}")
+    require_int("block_size", block_size, InvalidBlockTableArgumentError, 1)
+    if not hasattr(block_allocator, "allocate_mutable_block"):
+        raise ArgumentTypeError(
+            "block_allocator", block_allocator, "a block allocator (e.g. CpuGpuBlockAllocator)"
+        )
     allocator_block_size = getattr(block_allocator, "block_size", block_size)
     if allocator_block_size != block_size:
         raise InvalidBlockTableArgumentError(
             f"block_size={block_size} but the allocator's blocks hold "
             f"{allocator_block_size} tokens; use the allocator's block size"
         )
-    window = max_block_sliding_window
-    if window is not None and (not isinstance(window, int) or window < 0):
-        raise InvalidBlockTableArgumentError(
-            f"max_block_sliding_window must be None or an int >= 0, got {window!r}"
-        )
+    require_optional_int(
+        "max_block_sliding_window", max_block_sliding_window, InvalidBlockTableArgumentError, 0
+    )
 
 
 def check_count(name: str, value: int) -> None:
     """Raise unless ``value`` is an int >= 0 (a count of slots or tokens). Complexity: O(1)."""
-    if not isinstance(value, int) or value < 0:
-        raise InvalidBlockTableArgumentError(f"{name} must be an int >= 0, got {value!r}")
+    require_int(name, value, InvalidBlockTableArgumentError, 0)
 
 
 def live_id(block: Block, operation: str) -> int:
@@ -200,6 +202,7 @@ class BlockTable:
         blocks, ``token_ids`` is empty, too few free blocks on ``device``.
         Complexity: O(len(token_ids)).
         """
+        require_token_ids("token_ids", token_ids, InvalidBlockTableArgumentError)
         if self._blocks:
             raise TableAlreadyAllocatedError(len(self._blocks))
         if not token_ids:
@@ -273,6 +276,8 @@ class BlockTable:
         Complexity: O(len(token_ids) + blocks touched + blocks dropped) (the
         window scan resumes after the last null entry).
         """
+        require_token_ids("token_ids", token_ids, InvalidBlockTableArgumentError)
+        check_count("num_lookahead_slots", num_lookahead_slots)
         blocks = self._blocks
         size = self._block_size
         num_tokens = len(token_ids)
@@ -492,7 +497,7 @@ class BlockTable:
         Checks T1–T4 and recomputes the id cache and ``num_full_slots``; nothing
         changes on error. Complexity: O(len(blocks)).
         """
-        self._load(list(blocks))
+        self._load(require_blocks(blocks))
 
     # ------------------------------------------------------------------ sizing
 
@@ -500,7 +505,11 @@ class BlockTable:
     def get_num_required_blocks(
         token_ids: Sequence[int], block_size: int, num_lookahead_slots: int = 0
     ) -> int:
-        """``ceil((len(token_ids) + num_lookahead_slots) / block_size)``. Complexity: O(1)."""
+        """``ceil((len(token_ids) + num_lookahead_slots) / block_size)``. Complexity: O(1)
+        beyond checking the arguments (O(len) in C)."""
+        require_token_ids("token_ids", token_ids, InvalidBlockTableArgumentError)
+        require_int("block_size", block_size, InvalidBlockTableArgumentError, 1)
+        check_count("num_lookahead_slots", num_lookahead_slots)
         return cdiv(len(token_ids) + num_lookahead_slots, block_size)
 
     def get_num_blocks_touched_by_append_slots(
@@ -518,6 +527,7 @@ class BlockTable:
         block yet); :meth:`get_num_blocks_needed_by_append` is exact. Complexity: O(1).
         """
         check_count("num_lookahead_slots", num_lookahead_slots)
+        require_token_ids("token_ids", token_ids, InvalidBlockTableArgumentError)
         n = len(token_ids) + num_lookahead_slots
         first = self._block_size - self._num_full_slots % self._block_size
         return 1 + cdiv(n - first, self._block_size)

@@ -36,8 +36,14 @@ import torch
 from pagedkv._block_copy import BlockCopier, Rows
 from pagedkv._cuda_swap import swap_on_side_stream
 from pagedkv._kv_args import BlockPairs, as_id, check_ids, check_pairs, id_list, slot_tensor
+from pagedkv._validate import require_fits_in_memory, require_int
 from pagedkv.copy_handle import CopyHandle, SwapQueue
-from pagedkv.errors import InvalidKVCacheConfigError, KVRangeError, KVTensorMismatchError
+from pagedkv.errors import (
+    ArgumentTypeError,
+    InvalidKVCacheConfigError,
+    KVRangeError,
+    KVTensorMismatchError,
+)
 from pagedkv.kv_config import KVCacheConfig, TierLike, as_tier, block_bytes, resolve_device
 from pagedkv_spec.device import Device
 
@@ -84,6 +90,7 @@ class KVCacheEngine:
             num_layers, num_kv_heads, head_size, block_size, num_gpu_blocks, num_cpu_blocks, dtype
         )
         self.device = dev
+        _require_room(self.config, dev)
         pin = dev.type == "cuda"  # pinned host memory makes non-blocking H2D/D2H possible
         shape = self.config.block_shape
         self._storage = {
@@ -130,6 +137,8 @@ class KVCacheEngine:
         dev = resolve_device(device)
         if dtype is None:
             dtype = torch.float16 if dev.type == "cuda" else torch.float32
+        require_int("gpu_bytes", gpu_bytes, InvalidKVCacheConfigError, 0)
+        require_int("cpu_bytes", cpu_bytes, InvalidKVCacheConfigError, 0)
         per_block = cls.block_bytes(num_layers, block_size, num_kv_heads, head_size, dtype)
         if gpu_bytes < per_block or cpu_bytes < 0:
             raise InvalidKVCacheConfigError(
@@ -305,7 +314,9 @@ class KVCacheEngine:
     def _check_layer(self, layer: int) -> None:
         """KVRangeError unless ``layer`` is an int in ``0..num_layers-1``. Complexity: O(1)."""
         n = self.config.num_layers
-        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n:
+        if type(layer) is not int and (isinstance(layer, bool) or not isinstance(layer, int)):
+            raise ArgumentTypeError("layer", layer, "an int")
+        if not 0 <= layer < n:
             raise KVRangeError("layer", layer, f"0..{n - 1}", "layers are numbered from 0")
 
     def _swap(
@@ -333,3 +344,19 @@ class KVCacheEngine:
             dst,
             to_host=dst_tier is Device.CPU,
         )
+
+
+def _require_room(config: KVCacheConfig, dev: torch.device) -> None:
+    """Raise InvalidKVCacheConfigError, before any tensor exists, when the tiers cannot
+    fit: the host tier (and a CPU "GPU" tier) in this machine's memory, a CUDA tier in
+    the device's memory. Complexity: O(1)."""
+    per_block = config.block_bytes
+    gpu, cpu = config.num_gpu_blocks * per_block, config.num_cpu_blocks * per_block
+    what = f"a KV cache of {config.num_gpu_blocks} GPU + {config.num_cpu_blocks} CPU blocks"
+    if dev.type == "cuda":
+        total = torch.cuda.mem_get_info(dev)[1]
+        require_fits_in_memory(f"{what} (GPU tier on {dev})", gpu, InvalidKVCacheConfigError,
+                               total)
+        require_fits_in_memory(f"{what} (CPU tier)", cpu, InvalidKVCacheConfigError)
+    else:
+        require_fits_in_memory(what, gpu + cpu, InvalidKVCacheConfigError)

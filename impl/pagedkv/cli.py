@@ -23,6 +23,7 @@ import torch
 
 from pagedkv import report, workload
 from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError, PagedKVError
+from pagedkv.output_files import check_output_path, write_atomically
 from pagedkv.scheduler import SchedulerConfig
 from pagedkv.simulator import SimulationConfig, Simulator
 
@@ -36,6 +37,7 @@ _SIZE = re.compile(r"\s*(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?P<unit>[A-Z
 _MAX_SIZE = 2**63 - 1
 _MAX_SIZE_DIGITS = len(str(_MAX_SIZE))  # longer whole parts are too large in any unit
 _TRACE_DEFAULTS = {"block_size": 16, "num_gpu_blocks": 256, "num_cpu_blocks": 64}
+PLOT_FORMATS = (".png", ".pdf", ".svg")  # what the plot's writer (matplotlib) is asked for
 
 
 class _UsageError(Exception):
@@ -124,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--preset",
         choices=sorted(workload.PRESETS),
-        default="overload",
+        # NOTE: None, not "overload": argparse does not see a conflict with --trace
+        # when the value given is the default object itself.
+        default=None,
         help="synthetic workload with its cache size (default: overload)",
     )
     source.add_argument(
@@ -168,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--no-check", action="store_true", help="skip per-step invariant/KV checks")
     sim.add_argument("--json", action="store_true", help="print the results as JSON")
-    sim.add_argument("--plot", metavar="FILE.png", help="plot usage, queues and preemptions")
+    sim.add_argument(
+        "--plot", metavar="FILE.png", help="plot usage, queues and preemptions (.png, .pdf, .svg)"
+    )
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     # Parsed by pagedkv_stateful.conform itself, imported only when used: it needs
     # Hypothesis, which the library does not (pip install 'pagedkv[conform]').
@@ -219,12 +225,15 @@ def _fail(message: str, code: int) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    if args.plot:
+    if args.plot:  # checked before any work: a typo must not cost a simulation
         report.require_matplotlib()
+        problem = check_output_path(args.plot, "--plot", PLOT_FORMATS)
+        if problem:
+            raise _UsageError(problem)
     if args.trace:
         requests, title, sizes = workload.load_trace(args.trace), args.trace, _TRACE_DEFAULTS
     else:
-        spec = workload.preset(args.preset)
+        spec = workload.preset(args.preset or "overload")
         requests = workload.generate(spec, args.seed, args.num_requests)
         title = f"--preset {spec.name}"
         sizes = {
@@ -272,8 +281,12 @@ def _simulate(args: argparse.Namespace) -> int:
     result.setup["workload"] = title
     print(report.to_json(result) if args.json else report.format_summary(result, title))
     if args.plot:
-        report.plot(result, args.plot, title)
-        print(f"pagedkv: plot written to {args.plot}", file=sys.stderr)
+        plot_path = args.plot
+        try:
+            write_atomically(plot_path, lambda tmp: report.plot(result, tmp, title))
+        except OSError as err:  # e.g. the disk filled up: no partial file is left
+            raise _UsageError(f"cannot write --plot {plot_path!r}: {err.strerror or err}") from None
+        print(f"pagedkv: plot written to {plot_path}", file=sys.stderr)
     return 0
 
 

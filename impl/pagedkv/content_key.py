@@ -43,7 +43,7 @@ import struct
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, TypeAlias
 
-from pagedkv.errors import InvalidAllocatorConfigError, InvalidExtraKeysError
+from pagedkv.errors import ArgumentTypeError, InvalidAllocatorConfigError, InvalidExtraKeysError
 
 __all__ = [
     "KEY_FUNCTIONS",
@@ -158,9 +158,12 @@ KEY_FUNCTIONS: Final[dict[str, KeyFunction]] = {"sha256": sha256_key, "builtin":
 def get_key_function(name: str) -> KeyFunction:
     """The key function called ``name`` (see :data:`KEY_FUNCTIONS`). Complexity: O(1).
 
-    Raises :class:`InvalidAllocatorConfigError` (a ``ValueError``) for an unknown name.
+    Raises :class:`ArgumentTypeError` (a ``TypeError``) for a name that is not a str
+    and :class:`InvalidAllocatorConfigError` (a ``ValueError``) for an unknown name.
     """
-    fn = KEY_FUNCTIONS.get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        raise ArgumentTypeError("key_function", name, "a str naming a key function")
+    fn = KEY_FUNCTIONS.get(name)
     if fn is None:
         valid = ", ".join(repr(k) for k in sorted(KEY_FUNCTIONS))
         raise InvalidAllocatorConfigError(f"unknown key function {name!r}; choose one of {valid}")

@@ -6,16 +6,35 @@ from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from pagedkv._arith import cdiv
+from pagedkv._validate import (
+    require_bool,
+    require_device,
+    require_fits_in_memory,
+    require_id_lists,
+    require_ids,
+    require_int,
+    require_real,
+    require_str,
+)
 from pagedkv.content_key import ExtraKeys
 from pagedkv.errors import (
+    ArgumentTypeError,
     ForeignBlockError,
     InvalidAllocatorConfigError,
+    InvalidArgumentError,
     InvalidSwapError,
     NullBlockError,
     StaleBlockError,
 )
 from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
-from pagedkv.naive_allocator import NaiveBlock, NaiveBlockAllocator, NullBlock, chain_of
+from pagedkv.naive_allocator import (
+    NaiveBlock,
+    NaiveBlockAllocator,
+    NullBlock,
+    chain_of,
+    require_block,
+    require_blocks,
+)
 from pagedkv.prefix_caching_allocator import (
     CacheStats,
     PrefixCachingBlock,
@@ -86,19 +105,19 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         ``key_function`` names the content key: ``"sha256"``, or the faster,
         collision-prone ``"builtin"``).
         """
+        require_str("allocator_type", allocator_type, InvalidAllocatorConfigError)
         if allocator_type not in ("naive", "prefix_caching"):
             raise InvalidAllocatorConfigError(
                 f"allocator_type {allocator_type!r} is not supported; use 'naive' or "
                 "'prefix_caching'"
             )
-        if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 0:
-            raise InvalidAllocatorConfigError(
-                f"num_gpu_blocks must be an int >= 0, got {num_gpu_blocks!r}"
-            )
-        if not isinstance(num_cpu_blocks, int) or num_cpu_blocks < 0:
-            raise InvalidAllocatorConfigError(
-                f"num_cpu_blocks must be an int >= 0, got {num_cpu_blocks!r}"
-            )
+        require_int("num_gpu_blocks", num_gpu_blocks, InvalidAllocatorConfigError, 0)
+        require_int("num_cpu_blocks", num_cpu_blocks, InvalidAllocatorConfigError, 0)
+        require_fits_in_memory(
+            f"{num_gpu_blocks} GPU + {num_cpu_blocks} CPU blocks",
+            8 * (num_gpu_blocks + num_cpu_blocks),
+            InvalidAllocatorConfigError,
+        )
         gpu_ids = range(num_gpu_blocks)
         cpu_ids = range(num_gpu_blocks, num_gpu_blocks + num_cpu_blocks)
         if allocator_type == "prefix_caching":
@@ -135,15 +154,14 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             return self._gpu
         if device is _CPU:
             return self._cpu
-        raise InvalidAllocatorConfigError(
-            f"unknown device {device!r}; use Device.GPU or Device.CPU"
-        )
+        raise ArgumentTypeError("device", device, "Device.GPU or Device.CPU")
 
     def _owner(self, block: Block, operation: str) -> NaiveBlockAllocator:
         if type(block) is NaiveBlock or type(block) is PrefixCachingBlock:
             owner: NaiveBlockAllocator = block.allocator
             if owner is self._gpu or owner is self._cpu:
                 return owner
+        require_block("block", block)
         raise ForeignBlockError(
             block.block_id, f"cannot {operation}: not a block of this allocator"
         )
@@ -232,8 +250,9 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         """
         if self._gpu.try_free(block) or self._cpu.try_free(block):
             return
-        if block is self._null_block:
+        if block is not None and block is self._null_block:
             return
+        require_block("block", block)
         raise ForeignBlockError(block.block_id, "cannot free: not a block of this allocator")
 
     def fork(self, last_block: Block) -> list[Block]:
@@ -243,6 +262,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         """
         if isinstance(last_block, NullBlock):
             raise NullBlockError("fork")
+        require_block("last_block", last_block)
         chain = chain_of(last_block)
         for b in chain:
             self._owner(b, "fork")
@@ -269,7 +289,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         once leading blocks were replaced by the null block. Validated before any
         refcount changes. Complexity: O(len(blocks)).
         """
-        real = [b for b in blocks if b is not self._null_block]
+        real = [b for b in require_blocks(blocks) if b is not self._null_block]
         for b in real:
             self._owner(b, "fork")
         forked = iter(self._fork_owned(real))
@@ -299,6 +319,8 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         ``src_device``, too few free destination blocks. Spec: ``swap``.
         Complexity: O(len(blocks)).
         """
+        require_device("src_device", src_device)
+        require_device("dst_device", dst_device)
         if src_device is dst_device:
             raise InvalidSwapError(f"source and destination are both {src_device.name}")
         src, dst = self.get_allocator(src_device), self.get_allocator(dst_device)
@@ -322,6 +344,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         """Free blocks of ``dst_device`` a :meth:`swap` of ``blocks`` there takes: one per
         distinct id, without caching; with caching not those whose key is cached and in
         use there. Exact. O(len(blocks))."""
+        require_blocks(blocks)
         if not self._caching:
             return len({b.block_id for b in blocks})
         return self._caching_pool(dst_device).get_num_blocks_to_swap_in(blocks)
@@ -349,22 +372,29 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
 
     def mark_blocks_as_accessed(self, block_ids: list[int], now: float) -> None:
         """``last_accessed = now`` for GPU ids (no-op without caching). O(len * log n)."""
+        require_ids("block_ids", block_ids)
+        require_real("now", now, InvalidArgumentError)
         self._gpu.mark_blocks_as_accessed(block_ids, now)
 
     def mark_blocks_as_computed(self, block_ids: list[int]) -> None:
         """The batch ran: the GPU ids it promoted are computed (no-op without caching)."""
+        require_ids("block_ids", block_ids)
         self._gpu.mark_blocks_as_computed(block_ids)
 
     def get_computed_block_ids(
         self, prev_computed_block_ids: list[int], block_ids: list[int], skip_last_block_id: bool
     ) -> list[int]:
         """The longest computed prefix of GPU ``block_ids`` (``[]`` without caching)."""
+        require_ids("prev_computed_block_ids", prev_computed_block_ids)
+        require_ids("block_ids", block_ids)
+        require_bool("skip_last_block_id", skip_last_block_id)
         return self._gpu.get_computed_block_ids(
             prev_computed_block_ids, block_ids, skip_last_block_id
         )
 
     def get_common_computed_block_ids(self, computed_seq_block_ids: list[list[int]]) -> list[int]:
         """The common prefix of the lists, empty if any is (``[]`` without caching)."""
+        require_id_lists("computed_seq_block_ids", computed_seq_block_ids)
         return self._gpu.get_common_computed_block_ids(computed_seq_block_ids)
 
     def get_prefix_cache_hit_rate(self, device: Device) -> float:

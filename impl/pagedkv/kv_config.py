@@ -17,7 +17,8 @@ from typing import Literal
 
 import torch
 
-from pagedkv.errors import InvalidKVCacheConfigError, KVTensorMismatchError
+from pagedkv._validate import require_int
+from pagedkv.errors import ArgumentTypeError, InvalidKVCacheConfigError, KVTensorMismatchError
 from pagedkv_spec.device import Device
 
 __all__ = ["KVCacheConfig", "TierLike", "as_tier", "block_bytes", "resolve_device"]
@@ -47,16 +48,17 @@ class KVCacheConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_size", "block_size", "num_gpu_blocks"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidKVCacheConfigError(f"{name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.num_cpu_blocks, int) or self.num_cpu_blocks < 0:
-            raise InvalidKVCacheConfigError(
-                f"num_cpu_blocks must be an int >= 0 (0 disables swapping), "
-                f"got {self.num_cpu_blocks!r}"
-            )
+            require_int(name, getattr(self, name), InvalidKVCacheConfigError, 1)
+        require_int(
+            "num_cpu_blocks", self.num_cpu_blocks, InvalidKVCacheConfigError, 0,
+            hint=" (0 disables swapping)",
+        )
         if not isinstance(self.dtype, torch.dtype):
-            raise InvalidKVCacheConfigError(f"dtype must be a torch.dtype, got {self.dtype!r}")
+            raise ArgumentTypeError("dtype", self.dtype, "a torch.dtype")
+        if not self.dtype.is_floating_point:
+            raise InvalidKVCacheConfigError(
+                f"dtype must be a floating-point torch.dtype (KV values), got {self.dtype}"
+            )
 
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:
@@ -91,7 +93,14 @@ def resolve_device(device: torch.device | str | None) -> torch.device:
     index for CUDA (tensors report ``cuda:N``; compare like with like). Complexity: O(1)."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    if not isinstance(device, str | torch.device):
+        raise ArgumentTypeError("device", device, "a torch.device, 'cpu', 'cuda[:N]' or None")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise InvalidKVCacheConfigError(
+            f"device must be 'cpu' or 'cuda[:N]', got {device!r}"
+        ) from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise InvalidKVCacheConfigError(

@@ -19,12 +19,20 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pagedkv._arith import cdiv
+from pagedkv._validate import (
+    require_bool,
+    require_instance,
+    require_int,
+    require_optional_int,
+    require_real,
+)
 from pagedkv.block_table import BlockTable
 from pagedkv.content_key import ExtraKeys
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.errors import (
     ArgumentTypeError,
     InvalidAllocatorConfigError,
+    InvalidArgumentError,
     InvalidSequenceStateError,
     InvariantViolationError,
     NoFreeBlocksError,
@@ -46,6 +54,22 @@ from pagedkv_spec.status import AllocStatus
 __all__ = ["AppendSlotsBatch", "BlockSpaceManager", "ManagerStats"]
 
 _GPU, _CPU = Device.GPU, Device.CPU
+
+
+def _group(seq_group: object) -> SequenceGroup:
+    """``seq_group`` if it is a :class:`SequenceGroup` (else a TypeError). O(1)."""
+    return require_instance("seq_group", seq_group, SequenceGroup, "a SequenceGroup")
+
+
+def _seq(seq: object, name: str = "seq") -> Sequence:
+    """``seq`` if it is a :class:`Sequence` (else a TypeError). O(1)."""
+    return require_instance(name, seq, Sequence, "a Sequence")
+
+
+def _lookahead(num_lookahead_slots: object) -> int:
+    return require_int("num_lookahead_slots", num_lookahead_slots, InvalidArgumentError, 0)
+
+
 _WAITING, _RUNNING, _SWAPPED = (
     SequenceStatus.WAITING,
     SequenceStatus.RUNNING,
@@ -96,20 +120,16 @@ class BlockSpaceManager:
         enable_caching: bool = False,
         cache_key_function: str = "sha256",
     ) -> None:
-        if not isinstance(enable_caching, bool):
-            raise ArgumentTypeError("enable_caching", enable_caching, "a bool")
+        require_bool("enable_caching", enable_caching)
+        require_int("block_size", block_size, InvalidAllocatorConfigError, 1)
+        require_int("num_gpu_blocks", num_gpu_blocks, InvalidAllocatorConfigError, 0)
+        require_int("num_cpu_blocks", num_cpu_blocks, InvalidAllocatorConfigError, 0)
+        require_real("watermark", watermark, InvalidAllocatorConfigError, 0.0, 1.0, high_open=True)
+        require_optional_int("sliding_window", sliding_window, InvalidAllocatorConfigError, 1)
         if enable_caching and sliding_window is not None:
             raise InvalidAllocatorConfigError(
                 "prefix caching with a sliding window is not supported (a windowed table "
                 "drops the blocks a cache would share); pass one of the two"
-            )
-        if not isinstance(watermark, (int, float)) or not 0.0 <= watermark < 1.0:
-            raise InvalidAllocatorConfigError(f"watermark must be in [0, 1), got {watermark!r}")
-        if sliding_window is not None and (
-            not isinstance(sliding_window, int) or sliding_window < 1
-        ):
-            raise InvalidAllocatorConfigError(
-                f"sliding_window must be an int >= 1 or None, got {sliding_window!r}"
             )
         self.block_size = block_size
         self.num_total_gpu_blocks = num_gpu_blocks
@@ -188,7 +208,8 @@ class BlockSpaceManager:
         ``free - required >= watermark``; else LATER. Spec: ``can_allocate``.
         Complexity: O(1) beyond finding the sequence.
         """
-        waiting = seq_group.get_seqs(_WAITING)
+        waiting = _group(seq_group).get_seqs(_WAITING)
+        _lookahead(num_lookahead_slots)
         if not waiting:
             raise InvalidSequenceStateError(
                 f"request {seq_group.request_id!r} has no WAITING sequence to admit"
@@ -225,7 +246,7 @@ class BlockSpaceManager:
         checked before any block is taken. Spec: ``allocate``.
         Complexity: O(prompt blocks * number of WAITING sequences).
         """
-        waiting = seq_group.get_seqs(_WAITING)
+        waiting = _group(seq_group).get_seqs(_WAITING)
         if not waiting:
             raise InvalidSequenceStateError(
                 f"request {seq_group.request_id!r} has no WAITING sequence to allocate"
@@ -270,10 +291,8 @@ class BlockSpaceManager:
         True implies every ``append_slots`` of the step succeeds.
         Complexity: O(running sequences).
         """
-        if num_lookahead_slots < 0:
-            raise InvalidSequenceStateError(
-                f"num_lookahead_slots must be >= 0, got {num_lookahead_slots}"
-            )
+        _group(seq_group)
+        _lookahead(num_lookahead_slots)
         touched = 0
         tables = self.block_tables
         for seq in seq_group.get_seqs(_RUNNING):
@@ -290,13 +309,10 @@ class BlockSpaceManager:
         the next forward pass. Spec: ``append_slots``.
         Complexity: O(blocks touched + tokens appended).
         """
-        table = self.block_tables.get(seq.seq_id)
+        table = self.block_tables.get(_seq(seq).seq_id)
         if table is None:
             raise UnknownSequenceError(seq.seq_id)
-        if num_lookahead_slots < 0:
-            raise InvalidSequenceStateError(
-                f"num_lookahead_slots must be >= 0, got {num_lookahead_slots}"
-            )
+        _lookahead(num_lookahead_slots)
         ids = table.physical_block_ids
         if ids and ids[-1] >= self._num_gpu:  # the last block is real, so it tells the device
             self._require_on(seq, table, _GPU, "append to")  # raises: on the CPU
@@ -344,10 +360,7 @@ class BlockSpaceManager:
 
         Complexity: O(running sequences + blocks touched + tokens appended).
         """
-        if num_lookahead_slots < 0:
-            raise InvalidSequenceStateError(
-                f"num_lookahead_slots must be >= 0, got {num_lookahead_slots}"
-            )
+        _lookahead(num_lookahead_slots)
         tables, num_gpu = self.block_tables, self._num_gpu
         la = num_lookahead_slots
         # Pass 1, before any change: validate every group and count the blocks each touches.
@@ -355,7 +368,7 @@ class BlockSpaceManager:
         for group in seq_groups:
             entries: list[tuple[Sequence, BlockTable, list[int]]] = []
             touched = 0
-            for seq in group.get_seqs(_RUNNING):
+            for seq in _group(group).get_seqs(_RUNNING):
                 table = tables.get(seq.seq_id)
                 if table is None:
                     raise UnknownSequenceError(seq.seq_id)
@@ -395,7 +408,8 @@ class BlockSpaceManager:
 
     def fork(self, parent_seq: Sequence, child_seq: Sequence) -> None:
         """The child gets a table sharing all of the parent's blocks. Complexity: O(blocks)."""
-        table = self._table(parent_seq)
+        _seq(child_seq, "child_seq")
+        table = self._table(_seq(parent_seq, "parent_seq"))
         if child_seq.seq_id in self.block_tables:
             raise SequenceAlreadyAllocatedError(child_seq.seq_id)
         self.block_tables[child_seq.seq_id] = table.fork()
@@ -406,7 +420,7 @@ class BlockSpaceManager:
         The table checks every block before freeing any, so an error (a block freed
         behind the manager's back) leaves the manager as it was.
         """
-        table = self.block_tables.get(seq.seq_id)
+        table = self.block_tables.get(_seq(seq).seq_id)
         if table is not None:
             table.free()
             del self.block_tables[seq.seq_id]
@@ -414,7 +428,7 @@ class BlockSpaceManager:
     def free_cross(self, seq_group: SequenceGroup) -> None:
         """Free the request's cross-attention table, if any (an error changes nothing, as
         for :meth:`free`). Complexity: O(blocks)."""
-        table = self.cross_block_tables.get(seq_group.request_id)
+        table = self.cross_block_tables.get(_group(seq_group).request_id)
         if table is not None:
             table.free()
             del self.cross_block_tables[seq_group.request_id]
@@ -436,7 +450,7 @@ class BlockSpaceManager:
     def can_swap_out(self, seq_group: SequenceGroup) -> bool:
         """Exact: the CPU has room for every distinct block of the RUNNING sequences (with
         caching, those whose key is not cached and in use there)."""
-        blocks = self._swap_blocks(seq_group.get_seqs(_RUNNING), _GPU, "swap out")
+        blocks = self._swap_blocks(_group(seq_group).get_seqs(_RUNNING), _GPU, "swap out")
         needed = self.block_allocator.get_num_blocks_to_swap(blocks, _CPU)
         return needed <= self.block_allocator.get_num_free_blocks(_CPU)
 
@@ -468,7 +482,7 @@ class BlockSpaceManager:
         Each distinct block moves once, so shared blocks stay shared.
         Complexity: O(blocks of the group).
         """
-        pairs = self._swap(seq_group.get_seqs(_RUNNING), _GPU, _CPU)
+        pairs = self._swap(_group(seq_group).get_seqs(_RUNNING), _GPU, _CPU)
         self.stats.swap_outs += 1
         self.stats.blocks_swapped_out += len(pairs)
         return pairs
@@ -481,7 +495,8 @@ class BlockSpaceManager:
         watermark``, else LATER. OK implies ``swap_in`` and then ``append_slots``
         of every sequence succeed. Complexity: O(blocks of the group).
         """
-        seqs = seq_group.get_seqs(_SWAPPED)
+        seqs = _group(seq_group).get_seqs(_SWAPPED)
+        _lookahead(num_lookahead_slots)
         blocks = self._swap_blocks(seqs, _CPU, "swap in")
         needed = self.block_allocator.get_num_blocks_to_swap(blocks, _GPU)
         for seq in seqs:
@@ -504,7 +519,7 @@ class BlockSpaceManager:
 
     def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
         """Move the SWAPPED sequences' blocks to the GPU; returns (cpu, gpu) physical pairs."""
-        pairs = self._swap(seq_group.get_seqs(_SWAPPED), _CPU, _GPU)
+        pairs = self._swap(_group(seq_group).get_seqs(_SWAPPED), _CPU, _GPU)
         self.stats.swap_ins += 1
         self.stats.blocks_swapped_in += len(pairs)
         return pairs
@@ -513,11 +528,11 @@ class BlockSpaceManager:
 
     def get_block_table(self, seq: Sequence) -> list[int]:
         """The sequence's block ids in order (GPU ids are physical ids). Complexity: O(1)."""
-        return self._table(seq).physical_block_ids
+        return self._table(_seq(seq)).physical_block_ids
 
     def get_cross_block_table(self, seq_group: SequenceGroup) -> list[int]:
         """The request's cross-attention block ids."""
-        table = self.cross_block_tables.get(seq_group.request_id)
+        table = self.cross_block_tables.get(_group(seq_group).request_id)
         if table is None:
             raise InvalidSequenceStateError(
                 f"request {seq_group.request_id!r} has no cross-attention table"
@@ -547,6 +562,8 @@ class BlockSpaceManager:
     def access_all_blocks_in_seq(self, seq: Sequence, now: float) -> None:
         """Record ``now`` as the last access of every GPU block of ``seq`` (the evictor's
         order). No-op without caching. Complexity: O(blocks * log n)."""
+        _seq(seq)
+        require_real("now", now, InvalidArgumentError)
         if not self.enable_caching:
             return
         table = self._table(seq)
@@ -558,6 +575,8 @@ class BlockSpaceManager:
     def mark_blocks_as_computed(self, seq_group: SequenceGroup, token_chunk_size: int = 0) -> None:
         """The batch ran: every block promoted while scheduling it is now computed (the
         allocator knows which; the arguments are vLLM's). No-op without caching. O(promoted)."""
+        _group(seq_group)
+        require_int("token_chunk_size", token_chunk_size, InvalidArgumentError, 0)
         self.block_allocator.mark_blocks_as_computed([])
 
     def get_common_computed_block_ids(self, seqs: list[Sequence]) -> list[int]:
@@ -565,6 +584,10 @@ class BlockSpaceManager:
         blocks, never a last block, recomputed from the cache's state (vLLM 0.6.3 keeps a
         per-sequence answer that goes stale), empty if any sequence has none.
         ``[]`` without caching. Complexity: O(blocks of the sequences)."""
+        if not isinstance(seqs, list | tuple):
+            raise ArgumentTypeError("seqs", seqs, "a list of Sequences")
+        for seq in seqs:
+            _seq(seq, "seqs (each sequence)")
         if not self.enable_caching:
             return []
         alloc = self.block_allocator
@@ -579,7 +602,7 @@ class BlockSpaceManager:
         never the last): what its prefill may skip once allocated. 0 without caching.
         Complexity: O(prompt length) with caching."""
         return self.block_allocator.get_num_cached_prefix_tokens(
-            seq.get_token_ids(), seq.extra_keys
+            _seq(seq).get_token_ids(), seq.extra_keys
         )
 
     def get_prefix_cache_hit_rate(self, device: Device) -> float:
@@ -593,6 +616,7 @@ class BlockSpaceManager:
     def cache_stats(self, device: Device = _GPU) -> CacheStats | None:
         """Hits, queries, evictions, cached and evictable blocks on ``device``; None
         without caching. Complexity: O(1)."""
+        self.block_allocator.get_allocator(device)  # a TypeError for a non-Device
         return self.block_allocator.cache_stats(device) if self.enable_caching else None
 
     # ------------------------------------------------------------------ verification

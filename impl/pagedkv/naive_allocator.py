@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from pagedkv._validate import require_fits_in_memory, require_int, require_token_ids
 from pagedkv.errors import (
+    ArgumentTypeError,
     BlockOverflowError,
     BlockWithoutIdError,
     DoubleFreeError,
     ForeignBlockError,
     InvalidAllocatorConfigError,
+    InvalidSwapError,
+    InvalidTokenIdsError,
     NoFreeBlocksError,
     NullBlockError,
     RefCountError,
@@ -218,10 +222,11 @@ class NaiveBlockAllocator(BlockAllocator):
         block_ids: Iterable[int] | None = None,
         name: str = "",
     ) -> None:
-        if not isinstance(block_size, int) or block_size < 1:
-            raise InvalidAllocatorConfigError(f"block_size must be an int >= 1, got {block_size!r}")
-        if not isinstance(num_blocks, int) or num_blocks < 0:
-            raise InvalidAllocatorConfigError(f"num_blocks must be an int >= 0, got {num_blocks!r}")
+        require_int("block_size", block_size, InvalidAllocatorConfigError, 1)
+        require_int("num_blocks", num_blocks, InvalidAllocatorConfigError, 0)
+        # One refcount slot (a pointer) per block, taken up front.
+        require_fits_in_memory(f"an allocator of {num_blocks} blocks", 8 * num_blocks,
+                               InvalidAllocatorConfigError)
         ids = range(num_blocks) if block_ids is None else contiguous_range(block_ids)
         if len(ids) != num_blocks:
             raise InvalidAllocatorConfigError(
@@ -273,6 +278,7 @@ class NaiveBlockAllocator(BlockAllocator):
     def _own(self, block: Block, operation: str) -> NaiveBlock:
         """``block`` as one of this pool's live-or-swapped objects, or raise."""
         if type(block) is not NaiveBlock or block._allocator is not self:
+            require_block("block", block)
             raise ForeignBlockError(block.block_id, f"cannot {operation}: not a block of {self}")
         if block._freed:
             if operation == "free":
@@ -288,6 +294,8 @@ class NaiveBlockAllocator(BlockAllocator):
         # block is built without calling NaiveBlock.__init__ (a call through
         # type.__call__ costs as much as the rest of this method). Keep the fields
         # below in step with NaiveBlock.__init__.
+        if prev_block is not None and (type(prev_block) is not NaiveBlock or prev_block._freed):
+            check_prev_block(prev_block)
         stack = self._stack
         if stack:
             block_id = stack.pop()
@@ -307,6 +315,8 @@ class NaiveBlockAllocator(BlockAllocator):
 
     def allocate_immutable_block(self, prev_block: Block | None, token_ids: list[int]) -> Block:
         """A block holding ``token_ids`` (at most ``block_size``). Complexity: O(len(token_ids))."""
+        check_prev_block(prev_block)
+        require_token_ids("token_ids", token_ids, InvalidTokenIdsError)
         if len(token_ids) > self._block_size:
             raise BlockOverflowError(len(token_ids), self._block_size)
         return NaiveBlock(self, self._take_id(), list(token_ids), prev_block)
@@ -319,6 +329,8 @@ class NaiveBlockAllocator(BlockAllocator):
         Capacity is checked before any id is taken (vLLM 0.6.3 leaks the ids it
         took when it runs out midway). Complexity: O(total tokens).
         """
+        check_prev_block(prev_block)
+        check_chunks(block_token_ids)
         for chunk in block_token_ids:
             if len(chunk) > self._block_size:
                 raise BlockOverflowError(len(chunk), self._block_size)
@@ -422,6 +434,7 @@ class NaiveBlockAllocator(BlockAllocator):
         object, no id, overflow, and (for CoW) a free id. Complexity: O(len(token_ids)).
         """
         blk = self._own(block, "append to")
+        require_token_ids("token_ids", token_ids, InvalidTokenIdsError)
         if not token_ids:
             return
         block_id = blk._block_id
@@ -445,7 +458,7 @@ class NaiveBlockAllocator(BlockAllocator):
 
         Each distinct object is released once. Complexity: O(len(blocks)).
         """
-        owned = [self._own(b, "swap out") for b in dict.fromkeys(blocks)]
+        owned = [self._own(b, "swap out") for b in dict.fromkeys(require_blocks(blocks))]
         ids: list[int] = []
         for b in owned:
             if b._block_id is None:
@@ -465,11 +478,15 @@ class NaiveBlockAllocator(BlockAllocator):
         moved: list[NaiveBlock] = []
         for b in unique:
             if type(b) is not NaiveBlock:
+                require_block("block", b)
                 raise ForeignBlockError(b.block_id, "swap in: not a NaiveBlock")
             if b._freed:
                 raise StaleBlockError("swap in")
             if b._block_id is not None:
-                raise ForeignBlockError(b._block_id, "swap in: the block still holds an id")
+                raise InvalidSwapError(
+                    f"block id {b._block_id} is live (it was never swapped out), so it "
+                    "cannot be swapped in; swap in only blocks a swap out released"
+                )
             moved.append(b)
         self._check_capacity(len(moved))
         for b in moved:
@@ -493,8 +510,9 @@ class NaiveBlockAllocator(BlockAllocator):
         :class:`~pagedkv.CpuGpuBlockAllocator`). Complexity: O(len(blocks)).
         """
         owned: list[NaiveBlock] = []
-        for b in dict.fromkeys(blocks):
+        for b in dict.fromkeys(require_blocks(blocks)):
             if type(b) is not NaiveBlock or (b._allocator is not self and b._allocator is not dst):
+                require_block("block", b)
                 raise ForeignBlockError(b.block_id, "cannot swap: not a block of this allocator")
             owned.append(b)
         if any(b._freed for b in owned):
@@ -506,7 +524,10 @@ class NaiveBlockAllocator(BlockAllocator):
             ids.append(b._block_id)
         for b in owned:
             if b._allocator is not self:
-                raise ForeignBlockError(b._block_id, f"block is not on {src_name}")
+                raise InvalidSwapError(
+                    f"block id {b._block_id} is on {dst_name}, not on {src_name}; pass the "
+                    "device it is on as the source"
+                )
         num_distinct = len(set(ids))
         if num_distinct > dst.get_num_free_blocks():
             raise NoFreeBlocksError(num_distinct, dst.get_num_free_blocks(), dst_name)
@@ -534,6 +555,7 @@ class NaiveBlockAllocator(BlockAllocator):
 
     def get_physical_block_id(self, absolute_id: int) -> int:
         """``absolute_id - first_id``. Complexity: O(1) (vLLM 0.6.3 sorts all ids per call)."""
+        require_int("absolute_id", absolute_id, InvalidAllocatorConfigError, None)
         if not self._first <= absolute_id < self._end:
             raise ForeignBlockError(absolute_id, f"not an id of {self}")
         return absolute_id - self._first
@@ -572,7 +594,7 @@ class NaiveBlockAllocator(BlockAllocator):
 
     def get_num_full_blocks_touched(self, blocks: list[Block]) -> int:
         """Distinct full blocks among ``blocks`` (blocks of any pool). Complexity: O(len)."""
-        return len({b for b in blocks if b.is_full})
+        return len({b for b in require_blocks(blocks) if b.is_full})
 
     # ------------------------------------------------------------------ prefix caching (off)
 
@@ -618,6 +640,40 @@ class NaiveBlockAllocator(BlockAllocator):
     def __repr__(self) -> str:
         name = f"{self._name} " if self._name else ""
         return f"NaiveBlockAllocator({name}ids {self._first}..{self._end - 1})"
+
+
+def require_block(name: str, value: object) -> Block:
+    """``value`` if it is a :class:`Block`, else :class:`ArgumentTypeError`. O(1)."""
+    if not isinstance(value, Block):
+        raise ArgumentTypeError(name, value, "a Block (from this allocator)")
+    return value
+
+
+def require_blocks(blocks: object) -> list[Block]:
+    """``blocks`` if it is a list or tuple of :class:`Block` objects. O(len)."""
+    if not isinstance(blocks, list | tuple):
+        raise ArgumentTypeError("blocks", blocks, "a list of Blocks")
+    for b in blocks:
+        require_block("blocks (each block)", b)
+    return list(blocks)
+
+
+def check_prev_block(prev_block: object) -> None:
+    """Raise unless ``prev_block`` is None or a block a new block may follow: a Block
+    that was not freed (its id may be another owner's now). O(1)."""
+    if prev_block is None:
+        return
+    require_block("prev_block", prev_block)
+    if getattr(prev_block, "freed", False):
+        raise StaleBlockError("chain a new block after")
+
+
+def check_chunks(block_token_ids: object) -> None:
+    """Raise unless ``block_token_ids`` is a list of token-id lists. O(total tokens)."""
+    if not isinstance(block_token_ids, list | tuple):
+        raise ArgumentTypeError("block_token_ids", block_token_ids, "a list of token-id lists")
+    for chunk in block_token_ids:
+        require_token_ids("block_token_ids (each chunk)", chunk, InvalidTokenIdsError)
 
 
 def chain_of(last_block: Block) -> list[Block]:

@@ -18,10 +18,16 @@ current state; a group's common prefix is empty when any sequence has none.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
+from pagedkv._validate import (
+    require_bool,
+    require_id_lists,
+    require_ids,
+    require_real,
+    require_token_ids,
+)
 from pagedkv.content_key import ExtraKeys, KeyFunction, check_extra_keys, get_key_function
 from pagedkv.errors import (
     ArgumentTypeError,
@@ -31,6 +37,9 @@ from pagedkv.errors import (
     DoubleFreeError,
     ForeignBlockError,
     ImmutableBlockError,
+    InvalidArgumentError,
+    InvalidSwapError,
+    InvalidTokenIdsError,
     NoFreeBlocksError,
     PromotionError,
     RefCountError,
@@ -38,7 +47,13 @@ from pagedkv.errors import (
 )
 from pagedkv.evictor import LRUEvictor
 from pagedkv.interfaces import Block
-from pagedkv.naive_allocator import NaiveBlockAllocator, chain_of
+from pagedkv.naive_allocator import (
+    NaiveBlockAllocator,
+    chain_of,
+    check_chunks,
+    require_block,
+    require_blocks,
+)
 from pagedkv_spec.caching import NEVER_ACCESSED, CachePool, CachingState, ContentKey
 from pagedkv_spec.invariants import check, require
 
@@ -379,6 +394,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
 
     def _mine(self, block: Block, operation: str) -> PrefixCachingBlock:
         if type(block) is not PrefixCachingBlock or block._allocator is not self:
+            require_block("block", block)
             raise ForeignBlockError(block.block_id, f"cannot {operation}: not a block of {self}")
         if block._freed:
             if operation == "free":
@@ -391,6 +407,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         if prev_block is None:
             return None
         if type(prev_block) is not PrefixCachingBlock:
+            require_block("prev_block", prev_block)
             raise ForeignBlockError(
                 prev_block.block_id, "prev_block must be a block of a prefix-caching allocator"
             )
@@ -493,6 +510,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         """
         prev = self._prev(prev_block)
         extra = check_extra_keys(extra_keys)
+        check_chunks(block_token_ids)
         keys, hits, need = self._plan(prev, block_token_ids, extra)
         self._check_capacity(need)
         for hit in hits:  # hits first: a miss must not evict an id this call shares
@@ -578,6 +596,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         Complexity: O(len(token_ids)), plus the key (O(block_size)) when it fills.
         """
         blk = self._mine(block, "append to")
+        require_token_ids("token_ids", token_ids, InvalidTokenIdsError)
         if not token_ids:
             return
         block_id = blk._block_id
@@ -713,7 +732,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         if not isinstance(dst, PrefixCachingBlockAllocator):
             raise ForeignBlockError(None, "cannot swap between a caching and a naive pool")
         owned: list[PrefixCachingBlock] = []
-        for b in dict.fromkeys(blocks):
+        for b in dict.fromkeys(require_blocks(blocks)):
             if type(b) is not PrefixCachingBlock or (
                 b._allocator is not self and b._allocator is not dst
             ):
@@ -728,7 +747,10 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
             ids.append(b._block_id)
         for b in owned:
             if b._allocator is not self:
-                raise ForeignBlockError(b._block_id, f"block is not on {src_name}")
+                raise InvalidSwapError(
+                    f"block id {b._block_id} is on {dst_name}, not on {src_name}; pass the "
+                    "device it is on as the source"
+                )
         src_ids = list(dict.fromkeys(ids))
         hit: dict[int, int] = {}
         for i in src_ids:
@@ -784,7 +806,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         """Distinct full blocks that moving here would copy: all but those whose key is
         cached *and in use* on this pool (they are shared). Complexity: O(len)."""
         count = 0
-        for b in dict.fromkeys(blocks):
+        for b in dict.fromkeys(require_blocks(blocks)):
             if not b.is_full:
                 continue
             key = b.cache_key if type(b) is PrefixCachingBlock else None
@@ -833,13 +855,13 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
     def mark_blocks_as_accessed(self, block_ids: list[int], now: float) -> None:
         """``last_accessed = now`` for ids in use or evictable (all checked first).
 
-        Raises :class:`ArgumentTypeError` for a ``now`` that is not a finite real
-        number, :class:`ForeignBlockError` for an id of another pool and
+        Raises :class:`ArgumentTypeError` for a ``now`` that is not a real number,
+        :class:`InvalidArgumentError` for one that is not finite,
+        :class:`ForeignBlockError` for an id of another pool and
         :class:`BlockNotInUseError` for a free one. Complexity: O(len * log n).
         """
-        if isinstance(now, bool) or not isinstance(now, int | float) or not math.isfinite(now):
-            raise ArgumentTypeError("now", now, "a finite int or float (a time)")
-        ids = [self._known_id(b) for b in block_ids]
+        require_real("now", now, InvalidArgumentError)
+        ids = [self._known_id(b) for b in require_ids("block_ids", block_ids)]
         for block_id in ids:
             self._last_accessed[block_id - self._first] = float(now)
             if block_id in self._evictor:
@@ -861,6 +883,8 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         ``skip_last_block_id``), recomputed from the current state (vLLM 0.6.3 extends
         the previous answer, which goes stale); ``prev_computed_block_ids`` is ignored.
         Complexity: O(len(block_ids))."""
+        require_ids("block_ids", block_ids)
+        require_bool("skip_last_block_id", skip_last_block_id)
         ids = block_ids[:-1] if skip_last_block_id else block_ids
         computed, first, end = self._computed, self._first, self._end
         out: list[int] = []
@@ -873,6 +897,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
     def get_common_computed_block_ids(self, computed_seq_block_ids: list[list[int]]) -> list[int]:
         """The longest common prefix of every list; empty if any list is (vLLM 0.6.3
         drops the empty ones). Complexity: O(total length)."""
+        require_id_lists("computed_seq_block_ids", computed_seq_block_ids)
         if not computed_seq_block_ids:
             return []
         out: list[int] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from pagedkv.errors import InvalidAllocatorConfigError, RefCountError
+from pagedkv.errors import ArgumentTypeError, InvalidAllocatorConfigError, RefCountError
 
 __all__ = ["ReadOnlyRefCounter", "RefCounter", "contiguous_range"]
 
@@ -18,6 +18,9 @@ def contiguous_range(block_ids: Iterable[int]) -> range:
         ids = block_ids
     else:
         as_list = list(block_ids)
+        for block_id in as_list:
+            if type(block_id) is not int:
+                raise ArgumentTypeError("block_ids (each id)", block_id, "an int")
         ids = range(as_list[0], as_list[-1] + 1) if as_list else range(0)
         if as_list != list(ids):
             raise InvalidAllocatorConfigError(

@@ -52,10 +52,13 @@ from __future__ import annotations
 
 from collections import deque
 
+from pagedkv._validate import require_instance
 from pagedkv.errors import (
+    ArgumentTypeError,
     DuplicateRequestError,
     InvalidSequenceError,
     InvalidSequenceStateError,
+    UnknownSequenceError,
 )
 from pagedkv.manager import BlockSpaceManager
 from pagedkv.scheduler_types import (
@@ -104,6 +107,12 @@ class Scheduler:
     def __init__(
         self, block_manager: BlockSpaceManager, config: SchedulerConfig | None = None
     ) -> None:
+        if not hasattr(block_manager, "can_allocate"):
+            raise ArgumentTypeError(
+                "block_manager", block_manager, "a block manager (e.g. BlockSpaceManager)"
+            )
+        if config is not None:
+            require_instance("config", config, SchedulerConfig, "a SchedulerConfig or None")
         self.block_manager = block_manager
         self.config = config or SchedulerConfig()
         self.waiting: deque[SequenceGroup] = deque()
@@ -130,7 +139,7 @@ class Scheduler:
         one token (InvalidSequenceStateError otherwise), and have request and
         sequence ids unused by queued groups (DuplicateRequestError otherwise).
         """
-        rid = seq_group.request_id
+        rid = require_instance("seq_group", seq_group, SequenceGroup, "a SequenceGroup").request_id
         if rid in self._groups:
             raise DuplicateRequestError(rid, "a request with this id is already queued")
         seqs = seq_group.get_seqs()
@@ -160,6 +169,7 @@ class Scheduler:
 
         Complexity: O(queued groups + the group's blocks).
         """
+        require_instance("request_id", request_id, str, "a str")
         group = self._groups.get(request_id)
         if group is None:
             return False
@@ -175,6 +185,8 @@ class Scheduler:
         """Mark a sequence finished with ``status`` and free its blocks (the output
         processor's job in vLLM). The group leaves ``running`` at the next
         :meth:`free_finished_seq_groups`. Complexity: O(the sequence's blocks)."""
+        require_instance("seq", seq, Sequence, "a Sequence")
+        require_instance("status", status, SequenceStatus, "a SequenceStatus")
         if not SequenceStatus.is_finished(status):
             raise InvalidSequenceError(f"finish_seq needs a FINISHED_* status, got {status!r}")
         if seq.status is not _RUNNING:
@@ -182,8 +194,10 @@ class Scheduler:
                 f"only RUNNING sequences finish; sequence {seq.seq_id} is {seq.status.name} "
                 "(use abort_seq_group to drop a queued request)"
             )
+        if seq.seq_id not in self._seq_ids:
+            raise UnknownSequenceError(seq.seq_id)
+        self.block_manager.free(seq)  # first: if it raises, the sequence is unchanged
         seq.status = status
-        self.block_manager.free(seq)
 
     def free_finished_seq_groups(self) -> list[SequenceGroup]:
         """Drop finished groups from ``running``; returns them. Complexity: O(running)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from pagedkv._validate import require_int, require_optional_int, require_str
 from pagedkv.errors import InvalidSchedulerConfigError
 from pagedkv.sequence import SequenceGroup
 
@@ -48,20 +49,14 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        require_str("preemption_mode", self.preemption_mode, InvalidSchedulerConfigError)
         if self.preemption_mode not in _MODES:
             raise InvalidSchedulerConfigError(
                 f"preemption_mode must be one of {', '.join(_MODES)}, got {self.preemption_mode!r}"
             )
-        _check_int("num_lookahead_slots", self.num_lookahead_slots, 0)
+        require_int("num_lookahead_slots", self.num_lookahead_slots, InvalidSchedulerConfigError)
         for name in ("max_num_seqs", "max_num_batched_tokens"):
-            value = getattr(self, name)
-            if value is not None:
-                _check_int(name, value, 1)
-
-
-def _check_int(name: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidSchedulerConfigError(f"{name} must be an int >= {low}, got {value!r}")
+            require_optional_int(name, getattr(self, name), InvalidSchedulerConfigError, 1)
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,16 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from pagedkv._validate import (
+    require_instance,
+    require_int,
+    require_optional_int,
+    require_real,
+    require_str,
+)
 from pagedkv.content_key import ExtraKeys, check_extra_keys
 from pagedkv.errors import (
+    ArgumentTypeError,
     DuplicateSequenceIdError,
     InvalidSequenceError,
     SequenceNotInGroupError,
@@ -103,14 +111,20 @@ class AllocDecision:
 
 
 def _check_token_id(token_id: object) -> int:
-    if not isinstance(token_id, int) or token_id < 0:
-        raise InvalidSequenceError(f"token ids must be ints >= 0, got {token_id!r}")
+    if type(token_id) is not int or token_id < 0:  # the common case: one test
+        if isinstance(token_id, bool) or not isinstance(token_id, int):
+            raise ArgumentTypeError("token id", token_id, "an int >= 0")
+        if token_id < 0:
+            raise InvalidSequenceError(f"token ids must be ints >= 0, got {token_id!r}")
     return token_id
 
 
 def _check_block_size(block_size: int | None) -> None:
-    if block_size is not None and (not isinstance(block_size, int) or block_size < 1):
-        raise InvalidSequenceError(f"block_size must be an int >= 1 or None, got {block_size!r}")
+    require_optional_int("block_size", block_size, InvalidSequenceError, 1)
+
+
+def _check_seq_id(seq_id: object) -> int:
+    return require_int("seq_id", seq_id, InvalidSequenceError, 0)
 
 
 class Sequence:
@@ -146,9 +160,12 @@ class Sequence:
         extra_keys: ExtraKeys | None = None,
     ) -> None:
         """Validate and copy the prompt. Complexity: O(prompt length)."""
-        if not isinstance(seq_id, int):
-            raise InvalidSequenceError(f"seq_id must be an int, got {seq_id!r}")
+        _check_seq_id(seq_id)
         _check_block_size(block_size)
+        if isinstance(prompt_token_ids, str | bytes | dict | set | frozenset) or not hasattr(
+            prompt_token_ids, "__iter__"
+        ):
+            raise ArgumentTypeError("prompt_token_ids", prompt_token_ids, "a list of int token ids")
         prompt = tuple(prompt_token_ids)
         for token_id in prompt:
             _check_token_id(token_id)
@@ -241,8 +258,7 @@ class Sequence:
         The total may not exceed :meth:`get_len`; on error nothing changes.
         """
         n = num_new_computed_tokens
-        if not isinstance(n, int) or n < 0:
-            raise InvalidSequenceError(f"num_new_computed_tokens must be an int >= 0, got {n!r}")
+        require_int("num_new_computed_tokens", n, InvalidSequenceError, 0)
         total = self._num_computed_tokens + n
         if total > len(self._token_ids):
             raise InvalidSequenceError(
@@ -265,7 +281,7 @@ class Sequence:
     @status.setter
     def status(self, status: SequenceStatus) -> None:
         if not isinstance(status, SequenceStatus):
-            raise InvalidSequenceError(f"status must be a SequenceStatus, got {status!r}")
+            raise ArgumentTypeError("status", status, "a SequenceStatus")
         self._status = status
 
     def is_finished(self) -> bool:
@@ -276,8 +292,7 @@ class Sequence:
 
     def fork(self, new_seq_id: int) -> Sequence:
         """A copy with id ``new_seq_id`` (parallel sampling). Complexity: O(length)."""
-        if not isinstance(new_seq_id, int):
-            raise InvalidSequenceError(f"seq_id must be an int, got {new_seq_id!r}")
+        _check_seq_id(new_seq_id)
         # Skip __init__: the tokens were validated when they entered this sequence.
         child = Sequence.__new__(Sequence)
         child.seq_id = new_seq_id
@@ -322,14 +337,20 @@ class SequenceGroup:
         n: int = 1,
     ) -> None:
         """Complexity: O(len(seqs))."""
+        require_str("request_id", request_id, InvalidSequenceError)
+        if not isinstance(seqs, list | tuple):
+            raise ArgumentTypeError("seqs", seqs, "a list of Sequences")
         if not seqs:
             raise InvalidSequenceError(
                 f"request {request_id!r}: a sequence group needs at least one sequence"
             )
-        if not isinstance(n, int) or n < 1:
-            raise InvalidSequenceError(f"n must be an int >= 1, got {n!r}")
+        require_int("n", n, InvalidSequenceError, 1)
+        require_real("arrival_time", arrival_time, InvalidSequenceError, 0.0)
+        if encoder_seq is not None:
+            require_instance("encoder_seq", encoder_seq, Sequence, "a Sequence or None")
         by_id: dict[int, Sequence] = {}
         for seq in seqs:
+            require_instance("seqs (each sequence)", seq, Sequence, "a Sequence")
             if seq.seq_id in by_id:
                 raise DuplicateSequenceIdError(seq.seq_id, request_id)
             by_id[seq.seq_id] = seq
@@ -387,6 +408,7 @@ class SequenceGroup:
 
     def add(self, seq: Sequence) -> None:
         """Add a sequence (e.g. a fork for parallel sampling). Complexity: O(1)."""
+        require_instance("seq", seq, Sequence, "a Sequence")
         if seq.seq_id in self._seqs:
             raise DuplicateSequenceIdError(seq.seq_id, self.request_id)
         self._seqs[seq.seq_id] = seq

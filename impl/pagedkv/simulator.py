@@ -31,13 +31,23 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pagedkv._validate import (
+    require_bool,
+    require_instance,
+    require_int,
+    require_optional_int,
+    require_real,
+    require_str,
+)
 from pagedkv.attention import build_attention_inputs
 from pagedkv.cache import KVCacheEngine
 from pagedkv.content_key import sha256_key
 from pagedkv.errors import (
+    ArgumentTypeError,
     InvalidKVCacheConfigError,
     InvalidSchedulerConfigError,
     InvariantViolationError,
+    WorkloadError,
 )
 from pagedkv.manager import BlockSpaceManager
 from pagedkv.report import SimulationResult, Tally
@@ -102,6 +112,24 @@ class SimulationConfig:
     seed: int = 0
     enable_caching: bool = False  # prefix caching in the block manager
 
+    def __post_init__(self) -> None:
+        kv, sched = InvalidKVCacheConfigError, InvalidSchedulerConfigError
+        for name in ("block_size", "num_layers", "num_kv_heads", "head_size"):
+            require_int(name, getattr(self, name), kv, 1)
+        require_optional_int("num_gpu_blocks", self.num_gpu_blocks, kv, 1)
+        for name in ("num_cpu_blocks", "gpu_memory", "cpu_memory"):
+            require_optional_int(name, getattr(self, name), kv, 0)
+        if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
+            raise ArgumentTypeError("dtype", self.dtype, "a torch.dtype or None")
+        if self.device is not None:
+            require_str("device", self.device, kv)
+        require_real("watermark", self.watermark, kv, 0.0, 1.0, high_open=True)
+        require_instance("scheduler", self.scheduler, SchedulerConfig, "a SchedulerConfig")
+        require_int("max_steps", self.max_steps, sched, 1)
+        require_int("seed", self.seed, sched, None)
+        require_bool("check", self.check)
+        require_bool("enable_caching", self.enable_caching)
+
 
 def _mix(a: int, b: int, c: int) -> int:
     """A 64-bit hash of three ints (splitmix-style); deterministic across runs."""
@@ -119,10 +147,7 @@ class Simulator:
     """
 
     def __init__(self, config: SimulationConfig) -> None:
-        self.config = c = config
-        for name in ("max_steps", "block_size"):
-            if isinstance(getattr(c, name), bool) or getattr(c, name) < 1:
-                raise InvalidSchedulerConfigError(f"{name} must be >= 1, got {getattr(c, name)}")
+        self.config = c = require_instance("config", config, SimulationConfig, "a SimulationConfig")
         if c.num_gpu_blocks is None and c.gpu_memory is None:
             raise InvalidKVCacheConfigError("give a GPU cache size: num_gpu_blocks or gpu_memory")
         if c.num_gpu_blocks is not None and c.num_gpu_blocks < 1:
@@ -187,6 +212,7 @@ class Simulator:
         Complexity: per step O(scheduled tokens + live blocks), plus O(live
         tokens) tensor work for the KV check when checking is on.
         """
+        _check_requests(requests)
         sched, tally = self.scheduler, Tally(len(requests), self.config.check)
         pending = deque(sorted(requests, key=lambda r: r.arrival_time))
         clock, start = 0, time.perf_counter()
@@ -462,3 +488,17 @@ def _too_big(
 
 def _cuda(device: str | None) -> bool:
     return torch.device(device).type == "cuda" if device else torch.cuda.is_available()
+
+
+def _check_requests(requests: object) -> None:
+    """Raise unless ``requests`` is a list of RequestSpecs with distinct ids. O(n)."""
+    if not isinstance(requests, list | tuple):
+        raise ArgumentTypeError("requests", requests, "a list of RequestSpec")
+    seen: set[str] = set()
+    for r in requests:
+        require_instance("requests (each request)", r, RequestSpec, "a RequestSpec")
+        if r.request_id in seen:
+            raise WorkloadError(
+                "Simulator.run", f"duplicate request_id {r.request_id!r}; give each its own id"
+            )
+        seen.add(r.request_id)

@@ -17,7 +17,7 @@ line; blank lines and lines starting with ``#`` (after spaces) are skipped. Keys
                   tokens (what prefix caching shares)
     prefix_len    int in 0..prompt_len, optional (default 0; needs ``prefix``): how many
                   leading prompt tokens come from the named prefix
-    request_id    non-empty string, optional (default ``"r<index>"``, index among the
+    request_id    non-empty printable string, optional (default ``"r<index>"``, index among the
                   trace's requests in file order); unique
 "Int" means a JSON integer: ``2.0``, ``"2"`` and ``true`` are not ints; ``null`` is a
 wrong type, not a missing key. Any other key, a key given twice, a wrong type, a
@@ -41,7 +41,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagedkv.errors import WorkloadError
+from pagedkv._validate import require_int, require_real, require_str
+from pagedkv.errors import ArgumentTypeError, WorkloadError
 
 __all__ = ["PRESETS", "Preset", "RequestSpec", "generate", "load_trace", "parse_trace", "preset"]
 
@@ -57,6 +58,25 @@ class RequestSpec:
     n: int = 1
     prefix: str | None = None
     prefix_len: int = 0
+
+    def __post_init__(self) -> None:
+        """The trace format's rules (module docstring), for requests built in code too."""
+
+        def error(detail: str) -> WorkloadError:
+            return WorkloadError("RequestSpec", detail)
+
+        require_str("request_id", self.request_id, error)
+        if not self.request_id.isprintable() or not _encodable(self.request_id):
+            raise error(f"request_id must be printable text, got {_show(self.request_id)}")
+        require_real("arrival_time", self.arrival_time, error, 0.0, MAX_ARRIVAL_TIME)
+        require_int("prompt_len", self.prompt_len, error, 1, MAX_TOKENS)
+        require_int("output_len", self.output_len, error, 1, MAX_TOKENS)
+        require_int("n", self.n, error, 1, MAX_N)
+        if self.prefix is not None:
+            require_str("prefix", self.prefix, error)
+        require_int("prefix_len", self.prefix_len, error, 0, self.prompt_len)
+        if self.prefix_len and self.prefix is None:
+            raise error("prefix_len needs a prefix (its name)")
 
     def to_json(self) -> str:
         """One trace line. Complexity: O(1)."""
@@ -164,13 +184,18 @@ def preset(name: str) -> Preset:
 
 
 def generate(spec: Preset, seed: int, num_requests: int | None = None) -> list[RequestSpec]:
-    """``num_requests`` (default the preset's) requests, reproducible for a given seed.
+    """``num_requests`` (default the preset's, at most :data:`MAX_REQUESTS`) requests,
+    reproducible for a given seed.
 
     Complexity: O(num_requests).
     """
     count = spec.num_requests if num_requests is None else num_requests
-    if count < 1:
-        raise WorkloadError("--num-requests", f"must be >= 1, got {count}")
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise ArgumentTypeError("num_requests", count, "an int")
+    if not 1 <= count <= MAX_REQUESTS:
+        raise WorkloadError(
+            "--num-requests", f"must be an int in 1..{MAX_REQUESTS:,}, got {count}"
+        )
     rng = random.Random(seed)
     choices, weights = zip(*spec.n_weights, strict=True)
     requests: list[RequestSpec] = []
@@ -224,6 +249,7 @@ _KEYS = {"arrival_time", "prompt_len", "output_len", "n", "request_id", "prefix"
 MAX_ARRIVAL_TIME = 2**53  # floats hold every int up to here
 MAX_TOKENS = 2**24  # prompt_len, output_len
 MAX_N = 1024
+MAX_REQUESTS = 10**6  # a generated workload (each request holds its prompt in memory)
 
 
 def parse_trace(lines: Iterable[str], source: str = "<trace>") -> list[RequestSpec]:
@@ -231,9 +257,13 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> list[RequestSp
 
     Complexity: O(total length) plus a sort by arrival time.
     """
+    if isinstance(lines, str | bytes) or not hasattr(lines, "__iter__"):
+        raise ArgumentTypeError("lines", lines, "an iterable of str lines (e.g. an open file)")
     requests: list[RequestSpec] = []
     first_line: dict[str, int] = {}  # request id -> the line that has it
     for number, raw in enumerate(lines, start=1):
+        if not isinstance(raw, str):
+            raise ArgumentTypeError(f"line {number} of {source}", raw, "a str")
         text = raw.strip().removeprefix("\ufeff") if number == 1 else raw.strip()
         if not text or text.startswith("#"):
             continue
@@ -248,6 +278,10 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> list[RequestSp
         if not isinstance(rid, str) or not rid:
             raise WorkloadError(
                 source, f"request_id must be a non-empty string, got {_show(rid)}", number
+            )
+        if not rid.isprintable() or not _encodable(rid):  # it is printed in the summary
+            raise WorkloadError(
+                source, f"request_id must be printable text, got {_show(rid)}", number
             )
         if rid in first_line:
             given = "" if "request_id" in obj else " (the default id of this line)"
@@ -357,3 +391,12 @@ def load_trace(path: str | Path) -> list[RequestSpec]:
         raise WorkloadError(str(path), f"cannot read the trace ({err.strerror})") from None
     except UnicodeDecodeError:
         raise WorkloadError(str(path), "the trace is not UTF-8 text") from None
+
+
+def _encodable(text: str) -> bool:
+    """``text`` has no lone surrogates (it can be written as UTF-8). Complexity: O(len)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -27,6 +27,7 @@ __all__ = [
     "ForeignBlockError",
     "ImmutableBlockError",
     "InvalidAllocatorConfigError",
+    "InvalidArgumentError",
     "InvalidBlockTableArgumentError",
     "InvalidExtraKeysError",
     "InvalidKVCacheConfigError",
@@ -34,6 +35,7 @@ __all__ = [
     "InvalidSequenceError",
     "InvalidSequenceStateError",
     "InvalidSwapError",
+    "InvalidTokenIdsError",
     "InvariantViolationError",
     "KVBlockIdError",
     "KVCacheError",
@@ -59,6 +61,14 @@ __all__ = [
 
 class PagedKVError(Exception):
     """Base class of every error pagedkv raises on purpose."""
+
+
+class InvalidArgumentError(PagedKVError, ValueError):
+    """An argument of the right type but a wrong value, where no more specific error
+    of the operation's layer applies (a time that is NaN, a flag out of range)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
 
 
 class ArgumentTypeError(PagedKVError, TypeError):
@@ -128,8 +138,8 @@ class DoubleFreeError(StaleBlockError):
         super().__init__("free")
 
 
-class ForeignBlockError(BlockAllocatorError):
-    """The block (or block id) does not belong to this allocator's pool."""
+class ForeignBlockError(BlockAllocatorError, ValueError):
+    """The block (or block id) does not belong to this allocator's pool (a ValueError)."""
 
     def __init__(self, block_id: int | None, detail: str) -> None:
         self.block_id = block_id
@@ -171,6 +181,13 @@ class InvalidSwapError(BlockAllocatorError, ValueError):
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"invalid swap: {detail}; swap between GPU and CPU")
+
+
+class InvalidTokenIdsError(BlockAllocatorError, ValueError):
+    """Token ids of the right type (ints) but not ids: negative."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{detail}; token ids are vocabulary indices (ints >= 0)")
 
 
 class NullBlockError(BlockAllocatorError):
@@ -402,8 +419,11 @@ class KVCopyConflictError(KVCacheError):
         )
 
 
-class KVTensorMismatchError(KVCacheError):
-    """A tensor or list argument has the wrong shape, dtype, device or length."""
+class KVTensorMismatchError(KVCacheError, TypeError):
+    """A tensor or list argument has the wrong type, shape, dtype, device or length.
+
+    Both a ``ValueError`` (as every KV cache error) and a ``TypeError``: the argument
+    is not the kind of tensor the operation takes."""
 
     def __init__(self, name: str, expected: str, actual: str) -> None:
         self.name = name

@@ -64,6 +64,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from hypothesis import HealthCheck, Phase, Verbosity, seed, settings
@@ -73,6 +74,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv import Sequence as Seq
 from pagedkv import SequenceGroup
+from pagedkv.output_files import check_output_path, write_atomically
 from pagedkv_spec.device import Device
 from pagedkv_stateful.adapters import (
     AllocatorAdapter,
@@ -797,14 +799,25 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    """``--max-examples`` / ``--max-violations``: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
+
+
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="MODULE:FACTORY", help="the factory of the target")
     parser.add_argument("--level", choices=LEVELS, default="allocator")
     parser.add_argument("--profile", choices=("ci", "deep"), default="ci")
-    parser.add_argument("--max-examples", type=int, default=None, metavar="N")
+    parser.add_argument("--max-examples", type=_count, default=None, metavar="N")
     parser.add_argument("--seed", type=int, default=None, metavar="S")
     parser.add_argument(
-        "--max-violations", type=int, default=4, metavar="K", help="stop after K violations"
+        "--max-violations", type=_count, default=4, metavar="K", help="stop after K violations"
     )
     parser.add_argument(
         "--duration",
@@ -898,6 +911,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     to_stdout = args.json == "-"
     show_bar = not to_stdout and (args.progress or sys.stderr.isatty())
     printer = _Printer(sys.stderr if to_stdout else sys.stdout, sys.stderr if show_bar else None)
+    if args.json is not None and not to_stdout:  # before the search, not after it
+        problem = check_output_path(args.json, "--json")
+        if problem:
+            return _usage(UsageError(problem))
     try:
         factory, import_line, call = load_factory(args.target)
         report = run_conformance(
@@ -915,6 +932,13 @@ def run_from_args(args: argparse.Namespace) -> int:
         )
     except UsageError as err:
         return _usage(err)
+    except SystemExit as done:  # the target called sys.exit(): not a verdict about it
+        return _usage(
+            UsageError(
+                f"the target called sys.exit({done.code!r}) while being checked; a factory "
+                "and its objects must return or raise, not exit"
+            )
+        )
     printer.finished(report)
     if args.json is not None:
         text = json.dumps(report.to_dict(), indent=2)
@@ -922,8 +946,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             print(text, flush=True)
         else:
             try:
-                with open(args.json, "w", encoding="utf-8") as file:
-                    file.write(text + "\n")
+                write_atomically(args.json, lambda tmp: Path(tmp).write_text(text + "\n", "utf-8"))
             except OSError as err:
                 return _usage(UsageError(f"cannot write --json {args.json}: {err}"))
     return report.exit_status

@@ -1,0 +1,1604 @@
+"""The bad-input battery: hundreds of bad calls at every public boundary of pagedkv.
+
+Each :class:`Case` builds a small fresh world (allocators, blocks, a manager, a
+scheduler, a KV engine...), snapshots it, makes one bad call, and then demands
+(:func:`verdict`):
+
+- a typed error: a :class:`pagedkv.errors.PagedKVError` that is also the builtin
+  the case names (``TypeError`` for a wrong type, ``ValueError`` for a wrong
+  value, ``KeyError`` for an unknown name), or exactly the pagedkv class it names;
+- a message (what was wrong and what to do), never empty;
+- every object of the world as it was (its ``to_spec()`` abstraction, the blocks'
+  ids and tokens, the sequences' tokens and statuses, the KV bytes).
+
+A :class:`CliCase` runs ``pagedkv`` in-process and demands exit status 2, exactly
+one line ``pagedkv: error: ...`` (or ``pagedkv conform: error: ...``) on stderr, no
+traceback, no output file left behind and, where the case says so, no simulation
+started. The cases are data, run twice by ``tests/test_bad_input.py``: under pytest
+and in a ``python -O`` subprocess (``python -O -m bad_input``, which prints the
+failures as JSON), so that no validation rests on ``assert``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import pagedkv
+from pagedkv import cli, errors
+
+# The battery passes wrong types on purpose: its names are typed Any, so that mypy
+# checks the battery's own code, not the bad calls it makes.
+_P: Any = pagedkv
+BlockSpaceManager: Any = _P.BlockSpaceManager
+BlockTable: Any = _P.BlockTable
+CpuGpuBlockAllocator: Any = _P.CpuGpuBlockAllocator
+Device: Any = _P.Device
+KVCacheEngine: Any = _P.KVCacheEngine
+NaiveBlockAllocator: Any = _P.NaiveBlockAllocator
+PrefixCachingBlockAllocator: Any = _P.PrefixCachingBlockAllocator
+RefCounter: Any = _P.RefCounter
+RequestSpec: Any = _P.RequestSpec
+Scheduler: Any = _P.Scheduler
+SchedulerConfig: Any = _P.SchedulerConfig
+Sequence: Any = _P.Sequence
+SequenceGroup: Any = _P.SequenceGroup
+SequenceStatus: Any = _P.SequenceStatus
+SimulationConfig: Any = _P.SimulationConfig
+Simulator: Any = _P.Simulator
+build_attention_inputs: Any = _P.build_attention_inputs
+parse_trace: Any = pagedkv.workload.parse_trace
+
+__all__ = ["CASES", "CLI_CASES", "Case", "CliCase", "cli_verdict", "main", "verdict"]
+
+GPU, CPU = Device.GPU, Device.CPU
+World = dict[str, Any]
+BS = 4  # block size of every world
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad call: ``call(world)`` on ``make()`` must raise ``expect``."""
+
+    name: str
+    make: Callable[[], World]
+    call: Callable[..., object]
+    expect: type[BaseException]  # TypeError/ValueError/KeyError (with PagedKVError) or a class
+
+
+@dataclass(frozen=True)
+class CliCase:
+    """``pagedkv ARGV`` must exit 2 with one error line (and start no simulation)."""
+
+    name: str
+    argv: Callable[[Path], list[str]]  # given a scratch directory
+    files: dict[str, str] = field(default_factory=dict)  # written into it first
+    before_run: bool = True  # the error must come before any simulation starts
+    prefix: str = "pagedkv: error: "
+
+
+# --------------------------------------------------------------------------- worlds
+
+
+def _alloc(kind: str = "naive", gpu: int = 4, cpu: int = 4) -> World:
+    a = CpuGpuBlockAllocator.create(kind, gpu, cpu, BS)
+    live = a.allocate_immutable_block(None, [1, 2, 3, 4], GPU)
+    partial = a.allocate_mutable_block(live, GPU)
+    partial.append_token_ids([5])
+    freed = a.allocate_mutable_block(None, GPU)
+    a.free(freed)
+    cpu_block = a.allocate_mutable_block(None, CPU)
+    return {"a": a, "live": live, "partial": partial, "freed": freed, "cpu": cpu_block}
+
+
+def _caching() -> World:
+    return _alloc("prefix_caching")
+
+
+def _pool() -> World:
+    pool = NaiveBlockAllocator(4, BS)
+    live = pool.allocate_mutable_block(None)
+    pool.append_token_ids(live, [1, 2])
+    freed = pool.allocate_mutable_block(None)
+    pool.free(freed)
+    return {"a": pool, "live": live, "freed": freed}
+
+
+def _seq(seq_id: int = 0, prompt: tuple[int, ...] = (1, 2, 3, 4, 5)) -> Sequence:
+    return Sequence(seq_id, list(prompt), BS)
+
+
+def _manager(caching: bool = False, window: int | None = None) -> World:
+    m = BlockSpaceManager(BS, 8, 4, 0.0, sliding_window=window, enable_caching=caching)
+    running = SequenceGroup("run", [_seq(0)])
+    m.allocate(running)
+    for s in running.seqs:
+        s.status = SequenceStatus.RUNNING
+    waiting = SequenceGroup("wait", [_seq(1, (7, 8, 9))])
+    swapped = SequenceGroup("swapped", [_seq(2, (4, 4))])
+    m.allocate(swapped)
+    for s in swapped.seqs:
+        s.status = SequenceStatus.RUNNING
+    m.swap_out(swapped)
+    for s in swapped.seqs:
+        s.status = SequenceStatus.SWAPPED
+    return {"m": m, "run": running, "wait": waiting, "swapped": swapped}
+
+
+def _table() -> World:
+    a = CpuGpuBlockAllocator.create("naive", 4, 2, BS)
+    t = BlockTable(BS, a)
+    t.allocate([1, 2, 3, 4, 5])
+    return {"a": a, "t": t}
+
+
+def _scheduler() -> World:
+    m = BlockSpaceManager(BS, 8, 4, 0.0)
+    s = Scheduler(m, SchedulerConfig())
+    s.add_seq_group(SequenceGroup("r0", [_seq(s.next_seq_id())]))
+    s.add_seq_group(SequenceGroup("r1", [_seq(s.next_seq_id(), (3, 3, 3))]))
+    s.schedule()
+    return {"s": s, "m": m}
+
+
+def _engine() -> World:
+    e = KVCacheEngine(1, 1, 2, BS, 4, 2, torch.float32, "cpu")
+    e.storage(GPU).copy_(
+        torch.arange(e.storage(GPU).numel(), dtype=torch.float32).view_as(e.storage(GPU))
+    )
+    return {"e": e}
+
+
+def _none() -> World:
+    return {}
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+def _state(obj: object) -> object:
+    """A comparable picture of one object of a world."""
+    if isinstance(obj, CpuGpuBlockAllocator):
+        caching = obj.to_caching_spec() if obj.enable_caching else None
+        return (obj.to_spec(), caching)
+    if isinstance(obj, NaiveBlockAllocator):
+        return obj.to_spec()
+    if isinstance(obj, BlockSpaceManager):
+        tables = [obj.block_tables, obj.cross_block_tables]
+        return (
+            _state(obj.block_allocator),
+            [sorted((k, _state(t)) for k, t in d.items()) for d in tables],
+            vars(obj.stats).copy(),
+        )
+    if isinstance(obj, Scheduler):
+        return obj.to_spec()
+    if isinstance(obj, BlockTable):
+        return (obj.physical_block_ids, obj.num_full_slots, obj.get_block_token_ids())
+    if isinstance(obj, KVCacheEngine):
+        return (obj.storage(GPU).clone(), obj.storage(CPU).clone())
+    if isinstance(obj, SequenceGroup):
+        return tuple(_state(s) for s in obj.seqs)
+    if isinstance(obj, Sequence):
+        return (tuple(obj.get_token_ids()), obj.get_num_computed_tokens(), obj.status)
+    if hasattr(obj, "block_id") and hasattr(obj, "token_ids"):
+        return (obj.block_id, tuple(obj.token_ids))
+    return repr(obj)
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return bool(torch.equal(a, b))
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def verdict(case: Case) -> str | None:
+    """None if ``case`` behaved as promised, else what went wrong (one line)."""
+    world = case.make()
+    before = {k: _state(v) for k, v in world.items()}
+    try:
+        case.call(world)
+    except case.expect as err:
+        if not isinstance(err, errors.PagedKVError):
+            return f"untyped {type(err).__name__}: {err}"
+        if not str(err).strip():
+            return f"{type(err).__name__} without a message"
+    except BaseException as err:
+        return f"raised {type(err).__name__} (expected {case.expect.__name__}): {err!s:.200}"
+    else:
+        return "accepted silently"
+    for key, old in before.items():
+        if not _same(old, _state(world[key])):
+            return f"state of {key!r} changed after the error"
+    return None
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+class _Ran(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _no_simulation(forbid: bool) -> Iterator[None]:
+    """Make ``Simulator.run`` raise, so that an error after it started is visible."""
+    real = Simulator.run
+
+    def run(self: Simulator, *args: Any, **kwargs: Any) -> Any:
+        if forbid:
+            raise _Ran("the simulation started before the bad input was rejected")
+        return real(self, *args, **kwargs)
+
+    Simulator.run = run
+    try:
+        yield
+    finally:
+        Simulator.run = real
+
+
+def cli_verdict(case: CliCase) -> str | None:
+    """None if ``pagedkv ARGV`` failed as promised, else what went wrong."""
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        for name, text in case.files.items():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_text(text, encoding="utf-8", errors="surrogateescape")
+        before = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+        out, err = io.StringIO(), io.StringIO()
+        try:
+            with (
+                _no_simulation(case.before_run),
+                contextlib.redirect_stdout(out),
+                contextlib.redirect_stderr(err),
+            ):
+                code = cli.main(case.argv(root))
+        except BaseException as raised:
+            return f"raised {type(raised).__name__}: {raised!s:.200}"
+        after = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+        lines = [
+            line
+            for line in err.getvalue().splitlines()
+            if not line.startswith("pagedkv conform: warning: running under python -O")
+        ]
+        if code != 2:
+            return f"exit status {code} (expected 2); stderr {err.getvalue()[-300:]!r}"
+        if len(lines) != 1 or not lines[0].startswith(case.prefix):
+            return f"stderr is not one {case.prefix.strip()!r} line: {err.getvalue()[-300:]!r}"
+        if "Traceback" in err.getvalue() + out.getvalue():
+            return "printed a traceback"
+        if after != before:
+            return f"left files behind: {sorted(set(after) - set(before))}"
+    return None
+
+
+# --------------------------------------------------------------------------- cases
+
+CASES: list[Case] = []
+CLI_CASES: list[CliCase] = []
+
+# Loop variables of the tables below take values of many types (that is the point).
+_bad: Any
+_exp: Any
+_args: Any
+_text: Any
+_line: Any
+_param: Any
+_field: Any
+_low: Any
+
+
+def add(
+    name: str, make: Callable[[], World], call: Callable[..., object], expect: type[BaseException]
+) -> None:
+    CASES.append(Case(name, make, call, expect))
+
+
+# Values that are not ints (bool is not an int here), and what each one must raise.
+NOT_INTS: list[object] = [True, False, 2.0, "2", None, [2]]
+NOT_TOKEN_LISTS: list[object] = [None, "abc", 5, [1.0], [True], ["1"], [None], {1: 2}]
+
+
+def int_param(
+    where: str,
+    make: Callable[[], World],
+    call: Callable[..., object],
+    low: int | None,
+    *,
+    high: int | None = None,
+    too_big: object = None,
+    none_ok: bool = False,
+) -> None:
+    """Cases for one int parameter: each wrong type (TypeError), below ``low`` and
+    above ``high`` (ValueError); ``too_big``: a value beyond what the machine holds;
+    ``none_ok``: None is a valid value (a default), not a case."""
+    for bad in NOT_INTS:
+        if bad is None and none_ok:
+            continue
+        add(f"{where}={bad!r}", make, lambda w, b=bad: call(w, b), TypeError)
+    if low is not None:
+        for bad in {low - 1, low - 10**6, -(10**30)}:
+            add(f"{where}={bad}", make, lambda w, b=bad: call(w, b), ValueError)
+    if high is not None:
+        add(f"{where}={high + 1}", make, lambda w, b=high + 1: call(w, b), ValueError)
+    if too_big is not None:
+        add(f"{where}={too_big!r} (too big)", make, lambda w, b=too_big: call(w, b), ValueError)
+
+
+def token_param(
+    where: str, make: Callable[[], World], call: Callable[..., object], *, empty_ok: bool = True
+) -> None:
+    """Cases for a list of token ids: not a list of ints (TypeError), negative ids."""
+    for bad in NOT_TOKEN_LISTS:
+        add(f"{where}={bad!r}", make, lambda w, b=bad: call(w, b), TypeError)
+    add(f"{where}=[-1]", make, lambda w: call(w, [-1]), ValueError)
+    if not empty_ok:
+        add(f"{where}=[]", make, lambda w: call(w, []), ValueError)
+
+
+def device_param(where: str, make: Callable[[], World], call: Callable[..., object]) -> None:
+    for bad in ("GPU", 1, None, True):
+        add(f"{where}={bad!r}", make, lambda w, b=bad: call(w, b), TypeError)
+
+
+# ---- allocator constructors
+for _kind in ("naive", "prefix_caching"):
+    int_param(
+        f"create({_kind!r}) num_gpu_blocks",
+        _none,
+        lambda w, v, k=_kind: CpuGpuBlockAllocator.create(k, v, 2, BS),
+        0,
+        too_big=10**13,
+    )
+    int_param(
+        f"create({_kind!r}) num_cpu_blocks",
+        _none,
+        lambda w, v, k=_kind: CpuGpuBlockAllocator.create(k, 2, v, BS),
+        0,
+        too_big=10**13,
+    )
+    int_param(
+        f"create({_kind!r}) block_size",
+        _none,
+        lambda w, v, k=_kind: CpuGpuBlockAllocator.create(k, 2, 2, v),
+        1,
+    )
+add(
+    "create allocator_type='lru'",
+    _none,
+    lambda w: CpuGpuBlockAllocator.create("lru", 2, 2, BS),
+    ValueError,
+)
+add(
+    "create allocator_type=None",
+    _none,
+    lambda w: CpuGpuBlockAllocator.create(None, 2, 2, BS),
+    TypeError,
+)
+add(
+    "create key_function='md5'",
+    _none,
+    lambda w: CpuGpuBlockAllocator.create("prefix_caching", 2, 2, BS, key_function="md5"),
+    ValueError,
+)
+add(
+    "create key_function=hash",
+    _none,
+    lambda w: CpuGpuBlockAllocator.create("prefix_caching", 2, 2, BS, key_function=hash),
+    TypeError,
+)
+int_param(
+    "NaiveBlockAllocator num_blocks",
+    _none,
+    lambda w, v: NaiveBlockAllocator(v, BS),
+    0,
+    too_big=10**13,
+)
+int_param("NaiveBlockAllocator block_size", _none, lambda w, v: NaiveBlockAllocator(2, v), 1)
+add(
+    "NaiveBlockAllocator block_ids shorter",
+    _none,
+    lambda w: NaiveBlockAllocator(3, BS, range(2)),
+    ValueError,
+)
+add(
+    "NaiveBlockAllocator block_ids repeated",
+    _none,
+    lambda w: NaiveBlockAllocator(2, BS, [1, 1]),
+    ValueError,
+)
+add(
+    "NaiveBlockAllocator block_ids negative",
+    _none,
+    lambda w: NaiveBlockAllocator(2, BS, [-1, 0]),
+    ValueError,
+)
+add(
+    "NaiveBlockAllocator block_ids of str",
+    _none,
+    lambda w: NaiveBlockAllocator(2, BS, ["a", "b"]),
+    TypeError,
+)
+add(
+    "PrefixCachingBlockAllocator num_blocks=True",
+    _none,
+    lambda w: PrefixCachingBlockAllocator(True, BS),
+    TypeError,
+)
+add("RefCounter ids of floats", _none, lambda w: RefCounter([1.0, 2.0]), TypeError)
+
+# ---- allocator operations, both kinds
+for _make, _tag in ((_alloc, "naive"), (_caching, "caching")):
+    device_param(
+        f"{_tag} allocate_mutable_block device",
+        _make,
+        lambda w, d: w["a"].allocate_mutable_block(None, d),
+    )
+    device_param(
+        f"{_tag} get_num_free_blocks device", _make, lambda w, d: w["a"].get_num_free_blocks(d)
+    )
+    for _bad in (None, "x", 3):
+        add(f"{_tag} free({_bad!r})", _make, lambda w, b=_bad: w["a"].free(b), TypeError)
+        add(f"{_tag} fork({_bad!r})", _make, lambda w, b=_bad: w["a"].fork(b), TypeError)
+        if _bad is not None:  # None is the first block's prev_block
+            add(
+                f"{_tag} allocate_mutable_block(prev_block={_bad!r})",
+                _make,
+                lambda w, b=_bad: w["a"].allocate_mutable_block(b, GPU),
+                TypeError,
+            )
+        add(
+            f"{_tag} swap([{_bad!r}])",
+            _make,
+            lambda w, b=_bad: w["a"].swap([b], GPU, CPU),
+            TypeError,
+        )
+    add(f"{_tag} free(stale)", _make, lambda w: w["a"].free(w["freed"]), errors.DoubleFreeError)
+    add(f"{_tag} fork(stale)", _make, lambda w: w["a"].fork(w["freed"]), errors.StaleBlockError)
+    add(
+        f"{_tag} allocate_mutable_block(prev=stale)",
+        _make,
+        lambda w: w["a"].allocate_mutable_block(w["freed"], GPU),
+        errors.StaleBlockError,
+    )
+    add(
+        f"{_tag} allocate_immutable_block(prev=stale)",
+        _make,
+        lambda w: w["a"].allocate_immutable_block(w["freed"], [1, 2, 3, 4], GPU),
+        errors.StaleBlockError,
+    )
+    add(
+        f"{_tag} free(foreign)",
+        _make,
+        lambda w: w["a"].free(_alloc()["live"]),
+        errors.ForeignBlockError,
+    )
+    add(
+        f"{_tag} fork(foreign)",
+        _make,
+        lambda w: w["a"].fork(_alloc()["live"]),
+        errors.ForeignBlockError,
+    )
+    add(
+        f"{_tag} swap(foreign)",
+        _make,
+        lambda w: w["a"].swap([_alloc()["live"]], GPU, CPU),
+        errors.ForeignBlockError,
+    )
+    add(
+        f"{_tag} swap(CPU block as GPU)",
+        _make,
+        lambda w: w["a"].swap([w["cpu"]], GPU, CPU),
+        errors.InvalidSwapError,
+    )
+    add(
+        f"{_tag} swap(GPU to GPU)",
+        _make,
+        lambda w: w["a"].swap([w["live"]], GPU, GPU),
+        errors.InvalidSwapError,
+    )
+    add(f"{_tag} swap(None list)", _make, lambda w: w["a"].swap(None, GPU, CPU), TypeError)
+    add(
+        f"{_tag} swap(device str)", _make, lambda w: w["a"].swap([w["live"]], "GPU", CPU), TypeError
+    )
+    add(
+        f"{_tag} swap(stale)",
+        _make,
+        lambda w: w["a"].swap([w["freed"]], GPU, CPU),
+        errors.StaleBlockError,
+    )
+    token_param(
+        f"{_tag} allocate_immutable_block token_ids",
+        _make,
+        lambda w, t: w["a"].allocate_immutable_block(None, t, GPU),
+    )
+    add(
+        f"{_tag} allocate_immutable_block 5 tokens",
+        _make,
+        lambda w: w["a"].allocate_immutable_block(None, [1, 2, 3, 4, 5], GPU),
+        errors.BlockOverflowError,
+    )
+    add(
+        f"{_tag} allocate_immutable_blocks None",
+        _make,
+        lambda w: w["a"].allocate_immutable_blocks(None, None, GPU),
+        TypeError,
+    )
+    add(
+        f"{_tag} allocate_immutable_blocks [[1], 'x']",
+        _make,
+        lambda w: w["a"].allocate_immutable_blocks(None, [[1, 2, 3, 4], "x"], GPU),
+        TypeError,
+    )
+    add(
+        f"{_tag} allocate_immutable_blocks too many",
+        _make,
+        lambda w: w["a"].allocate_immutable_blocks(None, [[i] * BS for i in range(9)], GPU),
+        errors.NoFreeBlocksError,
+    )
+    token_param(
+        f"{_tag} block.append_token_ids", _make, lambda w, t: w["partial"].append_token_ids(t)
+    )
+    add(
+        f"{_tag} block.append_token_ids overflow",
+        _make,
+        lambda w: w["partial"].append_token_ids([1, 2, 3, 4]),
+        errors.BlockOverflowError,
+    )
+    add(
+        f"{_tag} full block.append_token_ids",
+        _make,
+        lambda w: w["live"].append_token_ids([1]),
+        ValueError,
+    )
+    add(
+        f"{_tag} stale block.append_token_ids",
+        _make,
+        lambda w: w["freed"].append_token_ids([1]),
+        errors.StaleBlockError,
+    )
+    int_param(
+        f"{_tag} get_physical_block_id absolute_id",
+        _make,
+        lambda w, v: w["a"].get_physical_block_id(GPU, v),
+        0,
+        high=3,
+    )
+    add(
+        f"{_tag} get_physical_block_id CPU id on GPU",
+        _make,
+        lambda w: w["a"].get_physical_block_id(GPU, 5),
+        ValueError,
+    )
+    add(
+        f"{_tag} get_num_blocks_to_swap None",
+        _make,
+        lambda w: w["a"].get_num_blocks_to_swap(None, CPU),
+        TypeError,
+    )
+    add(
+        f"{_tag} get_num_full_blocks_touched ['x']",
+        _make,
+        lambda w: w["a"].get_num_full_blocks_touched(["x"], GPU),
+        TypeError,
+    )
+    add(
+        f"{_tag} mark_blocks_as_computed ['x']",
+        _make,
+        lambda w: w["a"].mark_blocks_as_computed(["x"]),
+        TypeError,
+    )
+    add(
+        f"{_tag} mark_blocks_as_accessed now='t'",
+        _make,
+        lambda w: w["a"].mark_blocks_as_accessed([0], "t"),
+        TypeError,
+    )
+    add(
+        f"{_tag} get_common_computed_block_ids None",
+        _make,
+        lambda w: w["a"].get_common_computed_block_ids(None),
+        TypeError,
+    )
+    add(
+        f"{_tag} get_prefix_cache_hit_rate 'GPU'",
+        _make,
+        lambda w: w["a"].get_prefix_cache_hit_rate("GPU"),
+        TypeError,
+    )
+
+# ---- prefix caching only
+token_param(
+    "caching allocate_immutable_block (extra_keys ok) token_ids",
+    _caching,
+    lambda w, t: w["a"].allocate_immutable_block(None, t, GPU, extra_keys=("s",)),
+)
+for _bad in ("salt", 5, ({},), (object(),), (1.5,), [True]):
+    add(
+        f"caching allocate_immutable_block extra_keys={_bad!r}",
+        _caching,
+        lambda w, b=_bad: w["a"].allocate_immutable_block(None, [1, 2, 3, 4], GPU, extra_keys=b),
+        TypeError,
+    )
+add(
+    "caching mark_blocks_as_accessed unknown id",
+    _caching,
+    lambda w: w["a"].mark_blocks_as_accessed([99], 1.0),
+    ValueError,
+)
+add(
+    "caching mark_blocks_as_accessed now=nan",
+    _caching,
+    lambda w: w["a"].mark_blocks_as_accessed([0], float("nan")),
+    ValueError,
+)
+add(
+    "caching mark_blocks_as_computed [True]",
+    _caching,
+    lambda w: w["a"].mark_blocks_as_computed([True]),
+    TypeError,
+)
+add(
+    "caching get_computed_block_ids skip='x'",
+    _caching,
+    lambda w: w["a"].get_computed_block_ids([], [0], "x"),
+    TypeError,
+)
+add(
+    "caching pool promote a free block",
+    _caching,
+    lambda w: w["a"].get_allocator(GPU).promote_to_immutable_block(w["freed"]),
+    errors.StaleBlockError,
+)
+add(
+    "caching pool promote a partial block",
+    _caching,
+    lambda w: w["a"].get_allocator(GPU).promote_to_immutable_block(w["partial"]),
+    ValueError,
+)
+
+# ---- single pool
+int_param(
+    "pool get_physical_block_id", _pool, lambda w, v: w["a"].get_physical_block_id(v), 0, high=3
+)
+for _bad in (None, "x", 1.0):
+    add(f"pool free({_bad!r})", _pool, lambda w, b=_bad: w["a"].free(b), TypeError)
+    add(f"pool swap_out([{_bad!r}])", _pool, lambda w, b=_bad: w["a"].swap_out([b]), TypeError)
+add("pool free(stale)", _pool, lambda w: w["a"].free(w["freed"]), errors.DoubleFreeError)
+add("pool swap_in a live block", _pool, lambda w: w["a"].swap_in([w["live"]]), ValueError)
+add(
+    "pool append_token_ids(None)",
+    _pool,
+    lambda w: w["a"].append_token_ids(w["live"], None),
+    TypeError,
+)
+
+# ---- block table
+int_param(
+    "BlockTable block_size",
+    _none,
+    lambda w, v: BlockTable(v, CpuGpuBlockAllocator.create("naive", 2, 2, BS)),
+    1,
+)
+int_param(
+    "BlockTable max_block_sliding_window",
+    _none,
+    lambda w, v: BlockTable(
+        BS, CpuGpuBlockAllocator.create("naive", 2, 2, BS), max_block_sliding_window=v
+    ),
+    0,
+    none_ok=True,
+)
+add("BlockTable allocator=None", _none, lambda w: BlockTable(BS, None), TypeError)
+add(
+    "BlockTable block size differs",
+    _none,
+    lambda w: BlockTable(8, CpuGpuBlockAllocator.create("naive", 2, 2, BS)),
+    ValueError,
+)
+token_param("table allocate token_ids", _table, lambda w, t: BlockTable(BS, w["a"]).allocate(t))
+token_param("table append_token_ids", _table, lambda w, t: w["t"].append_token_ids(t))
+int_param(
+    "table append_token_ids num_lookahead_slots",
+    _table,
+    lambda w, v: w["t"].append_token_ids([1], v),
+    0,
+    too_big=10**12,
+)
+int_param(
+    "table ensure_num_empty_slots",
+    _table,
+    lambda w, v: w["t"].ensure_num_empty_slots(v),
+    0,
+    too_big=10**12,
+)
+int_param(
+    "table get_num_blocks_touched_by_append_slots lookahead",
+    _table,
+    lambda w, v: w["t"].get_num_blocks_touched_by_append_slots([1], v),
+    0,
+)
+token_param(
+    "table get_num_blocks_touched_by_append_slots token_ids",
+    _table,
+    lambda w, t: w["t"].get_num_blocks_touched_by_append_slots(t, 0),
+)
+int_param(
+    "get_num_required_blocks block_size",
+    _none,
+    lambda w, v: BlockTable.get_num_required_blocks([1, 2], v),
+    1,
+)
+add(
+    "table allocate twice",
+    _table,
+    lambda w: w["t"].allocate([1]),
+    errors.TableAlreadyAllocatedError,
+)
+add(
+    "table append_token_ids overflowing the pool",
+    _table,
+    lambda w: w["t"].append_token_ids(list(range(40))),
+    errors.NoFreeBlocksError,
+)
+add(
+    "table allocate device='GPU'",
+    _table,
+    lambda w: BlockTable(BS, w["a"]).allocate([1], "GPU"),
+    TypeError,
+)
+add("table update None", _table, lambda w: w["t"].update(None), TypeError)
+
+# ---- sequences
+int_param("Sequence seq_id", _none, lambda w, v: Sequence(v, [1], BS), 0)
+int_param("Sequence block_size", _none, lambda w, v: Sequence(0, [1], v), 1, none_ok=True)
+token_param("Sequence prompt_token_ids", _none, lambda w, t: Sequence(0, t, BS))
+for _bad in (True, 1.0, "1", None, -1):
+    add(
+        f"Sequence.append_token_id({_bad!r})",
+        lambda: {"s": _seq()},
+        lambda w, b=_bad: w["s"].append_token_id(b),
+        ValueError if _bad == -1 else TypeError,
+    )
+int_param(
+    "Sequence.update_num_computed_tokens",
+    lambda: {"s": _seq()},
+    lambda w, v: w["s"].update_num_computed_tokens(v),
+    0,
+    high=5,
+)
+int_param("Sequence.fork new_seq_id", lambda: {"s": _seq()}, lambda w, v: w["s"].fork(v), 0)
+add(
+    "Sequence status='RUNNING'",
+    lambda: {"s": _seq()},
+    lambda w: setattr(w["s"], "status", "RUNNING"),
+    TypeError,
+)
+add(
+    "Sequence extra_keys='salt'",
+    _none,
+    lambda w: Sequence(0, [1], BS, extra_keys="salt"),
+    TypeError,
+)
+for _bad in (None, 5, ""):
+    add(
+        f"SequenceGroup request_id={_bad!r}",
+        _none,
+        lambda w, b=_bad: SequenceGroup(b, [_seq()]),
+        ValueError if _bad == "" else TypeError,
+    )
+add("SequenceGroup seqs=[]", _none, lambda w: SequenceGroup("r", []), ValueError)
+add("SequenceGroup seqs=None", _none, lambda w: SequenceGroup("r", None), TypeError)
+add("SequenceGroup seqs=['x']", _none, lambda w: SequenceGroup("r", ["x"]), TypeError)
+add(
+    "SequenceGroup two seqs with one id",
+    _none,
+    lambda w: SequenceGroup("r", [_seq(0), _seq(0)]),
+    ValueError,
+)
+for _bad in ("t", None, float("nan"), -1.0):
+    add(
+        f"SequenceGroup arrival_time={_bad!r}",
+        _none,
+        lambda w, b=_bad: SequenceGroup("r", [_seq()], arrival_time=b),
+        TypeError if not isinstance(_bad, float) else ValueError,
+    )
+int_param("SequenceGroup n", _none, lambda w, v: SequenceGroup("r", [_seq()], n=v), 1)
+add(
+    "SequenceGroup.find unknown",
+    lambda: {"g": SequenceGroup("r", [_seq()])},
+    lambda w: w["g"].find(9),
+    KeyError,
+)
+add(
+    "SequenceGroup.add duplicate id",
+    lambda: {"g": SequenceGroup("r", [_seq()])},
+    lambda w: w["g"].add(_seq()),
+    ValueError,
+)
+add(
+    "SequenceGroup.remove unknown",
+    lambda: {"g": SequenceGroup("r", [_seq()])},
+    lambda w: w["g"].remove(9),
+    KeyError,
+)
+
+# ---- block space manager
+int_param("BlockSpaceManager block_size", _none, lambda w, v: BlockSpaceManager(v, 4, 4), 1)
+int_param(
+    "BlockSpaceManager num_gpu_blocks",
+    _none,
+    lambda w, v: BlockSpaceManager(BS, v, 4),
+    0,
+    too_big=10**13,
+)
+int_param(
+    "BlockSpaceManager num_cpu_blocks",
+    _none,
+    lambda w, v: BlockSpaceManager(BS, 4, v),
+    0,
+    too_big=10**13,
+)
+for _bad in ("0.1", None, True):
+    add(
+        f"BlockSpaceManager watermark={_bad!r}",
+        _none,
+        lambda w, b=_bad: BlockSpaceManager(BS, 4, 4, b),
+        TypeError,
+    )
+for _bad in (-0.1, 1.0, float("nan"), float("inf")):
+    add(
+        f"BlockSpaceManager watermark={_bad!r}",
+        _none,
+        lambda w, b=_bad: BlockSpaceManager(BS, 4, 4, b),
+        ValueError,
+    )
+for _bad in (0, -4, "8", 2.0, True):
+    add(
+        f"BlockSpaceManager sliding_window={_bad!r}",
+        _none,
+        lambda w, b=_bad: BlockSpaceManager(BS, 4, 4, 0.0, sliding_window=b),
+        ValueError if isinstance(_bad, int) and not isinstance(_bad, bool) else TypeError,
+    )
+for _bad in (1, "yes", None):
+    add(
+        f"BlockSpaceManager enable_caching={_bad!r}",
+        _none,
+        lambda w, b=_bad: BlockSpaceManager(BS, 4, 4, enable_caching=b),
+        TypeError,
+    )
+add(
+    "BlockSpaceManager caching + sliding window",
+    _none,
+    lambda w: BlockSpaceManager(BS, 4, 4, 0.0, sliding_window=8, enable_caching=True),
+    ValueError,
+)
+for _caching_on in (False, True):
+    _m: Callable[[], World] = functools.partial(_manager, _caching_on)
+    _t = "caching manager" if _caching_on else "manager"
+    for _op in ("can_allocate", "can_swap_in"):
+        int_param(
+            f"{_t} {_op} num_lookahead_slots",
+            _m,
+            lambda w, v, op=_op: getattr(w["m"], op)(
+                w["wait"] if op == "can_allocate" else w["swapped"], v
+            ),
+            0,
+        )
+    int_param(
+        f"{_t} can_append_slots num_lookahead_slots",
+        _m,
+        lambda w, v: w["m"].can_append_slots(w["run"], v),
+        0,
+    )
+    int_param(
+        f"{_t} append_slots num_lookahead_slots",
+        _m,
+        lambda w, v: w["m"].append_slots(w["run"].seqs[0], v),
+        0,
+        too_big=10**12,
+    )
+    for _op in (
+        "can_allocate",
+        "allocate",
+        "can_swap_in",
+        "swap_in",
+        "can_swap_out",
+        "swap_out",
+        "can_append_slots",
+        "free_cross",
+        "get_cross_block_table",
+    ):
+        for _bad in (None, "wait"):
+            add(
+                f"{_t} {_op}({_bad!r})",
+                _m,
+                lambda w, op=_op, b=_bad: getattr(w["m"], op)(b),
+                TypeError,
+            )
+    for _op in ("append_slots", "free", "get_block_table", "get_num_cached_prefix_tokens"):
+        for _bad in (None, 0):
+            add(
+                f"{_t} {_op}({_bad!r})",
+                _m,
+                lambda w, op=_op, b=_bad: getattr(w["m"], op)(b),
+                TypeError,
+            )
+    add(
+        f"{_t} allocate twice",
+        _m,
+        lambda w: w["m"].allocate(w["run"]),
+        errors.InvalidSequenceStateError,
+    )
+    add(
+        f"{_t} allocate a waiting seq that has a table",
+        _m,
+        lambda w: w["m"].allocate(SequenceGroup("again", [_seq(0)])),
+        errors.SequenceAlreadyAllocatedError,
+    )
+    add(
+        f"{_t} append_slots unknown seq",
+        _m,
+        lambda w: w["m"].append_slots(w["wait"].seqs[0]),
+        errors.UnknownSequenceError,
+    )
+    add(
+        f"{_t} append_slots a waiting seq",
+        _m,
+        lambda w: w["m"].append_slots(w["wait"].seqs[0]),
+        KeyError,
+    )
+    add(
+        f"{_t} get_block_table unknown seq",
+        _m,
+        lambda w: w["m"].get_block_table(_seq(9)),
+        errors.UnknownSequenceError,
+    )
+    add(
+        f"{_t} fork onto an allocated child",
+        _m,
+        lambda w: w["m"].fork(w["run"].seqs[0], w["swapped"].seqs[0]),
+        errors.SequenceAlreadyAllocatedError,
+    )
+    add(f"{_t} fork(None, seq)", _m, lambda w: w["m"].fork(None, _seq(9)), TypeError)
+    add(f"{_t} fork(seq, None)", _m, lambda w: w["m"].fork(w["run"].seqs[0], None), TypeError)
+    add(
+        f"{_t} fork from unknown",
+        _m,
+        lambda w: w["m"].fork(_seq(8), _seq(9)),
+        errors.UnknownSequenceError,
+    )
+    add(
+        f"{_t} swap_in a running group",
+        _m,
+        lambda w: w["m"].swap_in(w["run"]),
+        errors.InvalidSequenceStateError,
+    )
+    add(
+        f"{_t} swap_out a swapped group",
+        _m,
+        lambda w: w["m"].swap_out(w["swapped"]),
+        errors.InvalidSequenceStateError,
+    )
+    add(
+        f"{_t} swap_out a waiting group",
+        _m,
+        lambda w: w["m"].swap_out(w["wait"]),
+        errors.InvalidSequenceStateError,
+    )
+    add(
+        f"{_t} allocate a running group",
+        _m,
+        lambda w: w["m"].allocate(SequenceGroup("r", [_running(40)])),
+        errors.InvalidSequenceStateError,
+    )
+    add(
+        f"{_t} allocate an oversized prompt",
+        _m,
+        lambda w: w["m"].allocate(SequenceGroup("big", [_seq(7, tuple(range(60)))])),
+        errors.NoFreeBlocksError,
+    )
+    add(
+        f"{_t} get_prefix_cache_hit_rate 'GPU'",
+        _m,
+        lambda w: w["m"].get_prefix_cache_hit_rate("GPU"),
+        TypeError,
+    )
+    add(
+        f"{_t} access_all_blocks_in_seq now='t'",
+        _m,
+        lambda w: w["m"].access_all_blocks_in_seq(w["run"].seqs[0], "t"),
+        TypeError,
+    )
+    if _caching_on:  # without caching it is a documented no-op
+        add(
+            f"{_t} access_all_blocks_in_seq unknown seq",
+            _m,
+            lambda w: w["m"].access_all_blocks_in_seq(_seq(9), 1.0),
+            errors.UnknownSequenceError,
+        )
+    int_param(
+        f"{_t} mark_blocks_as_computed token_chunk_size",
+        _m,
+        lambda w, v: w["m"].mark_blocks_as_computed(w["run"], v),
+        0,
+    )
+    add(
+        f"{_t} get_common_computed_block_ids None",
+        _m,
+        lambda w: w["m"].get_common_computed_block_ids(None),
+        TypeError,
+    )
+    add(
+        f"{_t} get_common_computed_block_ids ['x']",
+        _m,
+        lambda w: w["m"].get_common_computed_block_ids(["x"]),
+        TypeError,
+    )
+    add(f"{_t} cache_stats 'GPU'", _m, lambda w: w["m"].cache_stats("GPU"), TypeError)
+
+
+def _freed_behind_its_back() -> World:
+    """A manager one of whose table's blocks the caller freed directly (the bad input)."""
+    w = _manager()
+    w["m"].block_allocator.free(w["m"].block_tables[w["run"].seqs[0].seq_id].blocks[0])
+    return w
+
+
+add(
+    "manager free a seq whose block was freed behind its back",
+    _freed_behind_its_back,
+    lambda w: w["m"].free(w["run"].seqs[0]),
+    errors.DoubleFreeError,
+)
+
+
+# ---- scheduler
+for _bad in ("lru", None, 1):
+    add(
+        f"SchedulerConfig preemption_mode={_bad!r}",
+        _none,
+        lambda w, b=_bad: SchedulerConfig(b),
+        ValueError if isinstance(_bad, str) else TypeError,
+    )
+int_param("SchedulerConfig num_lookahead_slots", _none, lambda w, v: SchedulerConfig("auto", v), 0)
+int_param(
+    "SchedulerConfig max_num_seqs",
+    _none,
+    lambda w, v: SchedulerConfig("auto", 0, v),
+    1,
+    none_ok=True,
+)
+int_param(
+    "SchedulerConfig max_num_batched_tokens",
+    _none,
+    lambda w, v: SchedulerConfig("auto", 0, None, v),
+    1,
+    none_ok=True,
+)
+add("Scheduler manager=None", _none, lambda w: Scheduler(None, SchedulerConfig()), TypeError)
+add(
+    "Scheduler config='auto'",
+    _none,
+    lambda w: Scheduler(BlockSpaceManager(BS, 4, 4), "auto"),
+    TypeError,
+)
+for _bad in (None, "r9", 3):
+    add(
+        f"scheduler add_seq_group({_bad!r})",
+        _scheduler,
+        lambda w, b=_bad: w["s"].add_seq_group(b),
+        TypeError,
+    )
+add(
+    "scheduler add_seq_group duplicate id",
+    _scheduler,
+    lambda w: w["s"].add_seq_group(SequenceGroup("r0", [_seq(50)])),
+    errors.DuplicateRequestError,
+)
+add(
+    "scheduler add_seq_group reused seq id",
+    _scheduler,
+    lambda w: w["s"].add_seq_group(SequenceGroup("r9", [_seq(0)])),
+    ValueError,
+)
+add(
+    "scheduler add_seq_group empty prompt",
+    _scheduler,
+    lambda w: w["s"].add_seq_group(SequenceGroup("r9", [Sequence(60, [], BS)])),
+    errors.InvalidSequenceStateError,
+)
+add(
+    "scheduler add_seq_group finished seq",
+    _scheduler,
+    lambda w: w["s"].add_seq_group(SequenceGroup("r9", [_finished(61)])),
+    errors.InvalidSequenceStateError,
+)
+add(
+    "scheduler add_seq_group a running seq",
+    _scheduler,
+    lambda w: w["s"].add_seq_group(SequenceGroup("r9", [_running(62)])),
+    errors.InvalidSequenceStateError,
+)
+for _bad in (None, 5):
+    add(
+        f"scheduler abort_seq_group({_bad!r})",
+        _scheduler,
+        lambda w, b=_bad: w["s"].abort_seq_group(b),
+        TypeError,
+    )
+add(
+    "scheduler finish_seq a waiting seq",
+    _scheduler,
+    lambda w: w["s"].finish_seq(_seq(70)),
+    errors.InvalidSequenceStateError,
+)
+add(
+    "scheduler finish_seq a running seq it never saw",
+    _scheduler,
+    lambda w: w["s"].finish_seq(_running(71)),
+    errors.UnknownSequenceError,
+)
+add(
+    "scheduler finish_seq status='done'",
+    _scheduler,
+    lambda w: w["s"].finish_seq(w["s"].running[0].seqs[0], "done"),
+    TypeError,
+)
+add("scheduler finish_seq None", _scheduler, lambda w: w["s"].finish_seq(None), TypeError)
+add(
+    "scheduler finish_seq status RUNNING",
+    _scheduler,
+    lambda w: w["s"].finish_seq(w["s"].running[0].seqs[0], SequenceStatus.RUNNING),
+    ValueError,
+)
+
+
+def _finished(seq_id: int) -> Sequence:
+    s = _seq(seq_id)
+    s.status = SequenceStatus.FINISHED_STOPPED
+    return s
+
+
+def _running(seq_id: int) -> Sequence:
+    s = _seq(seq_id)
+    s.status = SequenceStatus.RUNNING
+    return s
+
+
+# ---- KV engine
+_KV = {
+    "num_layers": 1,
+    "num_kv_heads": 1,
+    "head_size": 2,
+    "block_size": BS,
+    "num_gpu_blocks": 2,
+    "num_cpu_blocks": 2,
+}
+for _param, _low in (
+    ("num_layers", 1),
+    ("num_kv_heads", 1),
+    ("head_size", 1),
+    ("block_size", 1),
+    ("num_gpu_blocks", 0),
+    ("num_cpu_blocks", 0),
+):
+    int_param(
+        f"KVCacheEngine {_param}",
+        _none,
+        lambda w, v, p=_param: KVCacheEngine(**(_KV | {p: v}), device="cpu"),
+        _low,
+        too_big=10**13,
+    )
+for _bad in ("float32", torch.int64, torch.bool, 4):
+    add(
+        f"KVCacheEngine dtype={_bad!r}",
+        _none,
+        lambda w, b=_bad: KVCacheEngine(**_KV, dtype=b, device="cpu"),
+        TypeError if not isinstance(_bad, torch.dtype) else ValueError,
+    )
+for _bad in ("tpu", "cuda:99", 5):
+    add(
+        f"KVCacheEngine device={_bad!r}",
+        _none,
+        lambda w, b=_bad: KVCacheEngine(**_KV, device=b),
+        TypeError if isinstance(_bad, int) else ValueError,
+    )
+_SHAPE = {"num_layers": 1, "num_kv_heads": 1, "head_size": 2, "block_size": BS, "device": "cpu"}
+for _bad, _exp in (
+    (10**15, ValueError),
+    (-1, ValueError),
+    ("1GB", TypeError),
+    (True, TypeError),
+    (1.5e9, TypeError),
+):
+    add(
+        f"KVCacheEngine.from_memory_budget gpu_bytes={_bad!r}",
+        _none,
+        lambda w, b=_bad: KVCacheEngine.from_memory_budget(b, 0, **_SHAPE),
+        _exp,
+    )
+    add(
+        f"KVCacheEngine.from_memory_budget cpu_bytes={_bad!r}",
+        _none,
+        lambda w, b=_bad: KVCacheEngine.from_memory_budget(4096, b, **_SHAPE),
+        _exp,
+    )
+for _op in ("swap_out", "swap_in", "copy"):
+    for _bad, _exp in (
+        (None, TypeError),
+        ([(0,)], TypeError),
+        ([(0, 9)], ValueError),
+        ([("0", "1")], TypeError),
+        ([(True, 0)], TypeError),
+        ([(-1, 0)], ValueError),
+        ([(0.0, 1.0)], TypeError),
+    ):
+        add(
+            f"engine {_op}({_bad!r})",
+            _engine,
+            lambda w, op=_op, b=_bad: getattr(w["e"], op)(b),
+            _exp,
+        )
+add(
+    "engine copy one destination twice",
+    _engine,
+    lambda w: w["e"].copy([(0, 1), (2, 1)]),
+    ValueError,
+)
+int_param("engine kv_layer layer", _engine, lambda w, v: w["e"].kv_layer(v), 0, high=0)
+add("engine storage tier='tpu'", _engine, lambda w: w["e"].storage("tpu"), ValueError)
+add("engine storage tier=3", _engine, lambda w: w["e"].storage(3), TypeError)
+int_param("engine gather num_tokens", _engine, lambda w, v: w["e"].gather([0], v, 0), 0, high=4)
+int_param("engine gather layer", _engine, lambda w, v: w["e"].gather([0], 1, v), 0, high=0)
+add("engine gather block_ids=None", _engine, lambda w: w["e"].gather(None, 1, 0), TypeError)
+add("engine gather block id 9", _engine, lambda w: w["e"].gather([9], 1, 0), ValueError)
+int_param(
+    "engine write layer",
+    _engine,
+    lambda w, v: w["e"].write([0], torch.zeros(1, 1, 2), torch.zeros(1, 1, 2), v),
+    0,
+    high=0,
+)
+add(
+    "engine write slot out of range",
+    _engine,
+    lambda w: w["e"].write([99], torch.zeros(1, 1, 2), torch.zeros(1, 1, 2), 0),
+    ValueError,
+)
+add(
+    "engine write shape mismatch",
+    _engine,
+    lambda w: w["e"].write([0], torch.zeros(1, 1, 3), torch.zeros(1, 1, 3), 0),
+    ValueError,
+)
+add(
+    "engine write dtype mismatch",
+    _engine,
+    lambda w: w["e"].write(
+        [0], torch.zeros(1, 1, 2, dtype=torch.int64), torch.zeros(1, 1, 2, dtype=torch.int64), 0
+    ),
+    ValueError,
+)
+add(
+    "engine write slot_mapping of floats",
+    _engine,
+    lambda w: w["e"].write(torch.tensor([0.0]), torch.zeros(1, 1, 2), torch.zeros(1, 1, 2), 0),
+    TypeError,
+)
+add("engine write key=None", _engine, lambda w: w["e"].write([0], None, None, 0), TypeError)
+
+# ---- attention inputs
+for _bad, _exp in (
+    (None, TypeError),
+    ([[0.5]], TypeError),
+    ([[-2]], ValueError),
+    ("ab", TypeError),
+):
+    add(
+        f"build_attention_inputs block_tables={_bad!r}",
+        _none,
+        lambda w, b=_bad: build_attention_inputs(b, [1], BS),
+        _exp,
+    )
+int_param(
+    "build_attention_inputs block_size",
+    _none,
+    lambda w, v: build_attention_inputs([[0]], [1], v),
+    1,
+)
+for _bad, _exp in (
+    ([5], ValueError),
+    ([-1], ValueError),
+    ([1.0], TypeError),
+    (None, TypeError),
+    ([1, 1], ValueError),
+):
+    add(
+        f"build_attention_inputs context_lens={_bad!r}",
+        _none,
+        lambda w, b=_bad: build_attention_inputs([[0]], b, BS),
+        _exp,
+    )
+
+# ---- simulator and workload
+for _param, _low in (
+    ("block_size", 1),
+    ("num_layers", 1),
+    ("num_kv_heads", 1),
+    ("head_size", 1),
+    ("max_steps", 1),
+):
+    int_param(
+        f"SimulationConfig {_param}", _none, lambda w, v, p=_param: SimulationConfig(**{p: v}), _low
+    )
+for _param in ("num_gpu_blocks", "num_cpu_blocks", "gpu_memory", "cpu_memory"):
+    for _bad in (True, 2.0, "2"):
+        add(
+            f"SimulationConfig {_param}={_bad!r}",
+            _none,
+            lambda w, p=_param, b=_bad: SimulationConfig(**{p: b}),
+            TypeError,
+        )
+    add(
+        f"SimulationConfig {_param}=-1",
+        _none,
+        lambda w, p=_param: SimulationConfig(**{p: -1}),
+        ValueError,
+    )
+for _bad, _exp in ((True, TypeError), ("0", TypeError), (-0.5, ValueError), (1.5, ValueError)):
+    add(
+        f"SimulationConfig watermark={_bad!r}",
+        _none,
+        lambda w, b=_bad: SimulationConfig(watermark=b),
+        _exp,
+    )
+add("SimulationConfig scheduler=None", _none, lambda w: SimulationConfig(scheduler=None), TypeError)
+add("SimulationConfig seed='x'", _none, lambda w: SimulationConfig(seed="x"), TypeError)
+add("SimulationConfig check=1", _none, lambda w: SimulationConfig(check=1), TypeError)
+add(
+    "SimulationConfig gpu_memory=1PB (too big)",
+    _none,
+    lambda w: Simulator(SimulationConfig(gpu_memory=10**15, num_gpu_blocks=None, device="cpu")),
+    ValueError,
+)
+add(
+    "SimulationConfig num_gpu_blocks=10**12 (too big)",
+    _none,
+    lambda w: Simulator(SimulationConfig(num_gpu_blocks=10**12, device="cpu")),
+    ValueError,
+)
+add(
+    "SimulationConfig device='tpu'",
+    _none,
+    lambda w: Simulator(SimulationConfig(device="tpu")),
+    ValueError,
+)
+for _field, _bad, _exp in (
+    ("request_id", 5, TypeError),
+    ("request_id", "", ValueError),
+    ("arrival_time", "0", TypeError),
+    ("arrival_time", -1.0, ValueError),
+    ("arrival_time", float("inf"), ValueError),
+    ("prompt_len", 0, ValueError),
+    ("prompt_len", True, TypeError),
+    ("prompt_len", 1.5, TypeError),
+    ("output_len", -1, ValueError),
+    ("output_len", "3", TypeError),
+    ("n", 0, ValueError),
+    ("n", True, TypeError),
+    ("prefix_len", -1, ValueError),
+    ("prefix", 5, TypeError),
+    ("prefix_len", 9, ValueError),
+):
+    add(
+        f"RequestSpec {_field}={_bad!r}",
+        _none,
+        lambda w, f=_field, b=_bad: RequestSpec(
+            **({"request_id": "r", "arrival_time": 0.0, "prompt_len": 4, "output_len": 2} | {f: b})
+        ),
+        _exp,
+    )
+
+
+def _small_sim() -> Simulator:
+    return Simulator(
+        SimulationConfig(num_gpu_blocks=8, num_cpu_blocks=4, block_size=BS, device="cpu")
+    )
+
+
+add("Simulator.run requests=None", _none, lambda w: _small_sim().run(None), TypeError)
+add("Simulator.run requests=['x']", _none, lambda w: _small_sim().run(["x"]), TypeError)
+add(
+    "Simulator.run duplicate request ids",
+    _none,
+    lambda w: _small_sim().run([RequestSpec("a", 0.0, 4, 1), RequestSpec("a", 1.0, 4, 1)]),
+    ValueError,
+)
+add("Simulator(None)", _none, lambda w: Simulator(None), TypeError)
+for _text in (
+    '{"request_id": "a", "arrival_time": 0, "prompt_len": 4, "output_len": -1}',
+    '{"request_id": "a", "arrival_time": 0, "prompt_len": "4", "output_len": 1}',
+    '{"request_id": "a", "arrival_time": 0, "prompt_len": true, "output_len": 1}',
+    '{"request_id": "a", "arrival_time": 0, "prompt_len": 4}',
+    '{"request_id": "a", "arrival_time": 0, "prompt_len": 4, "output_len": 1, "x": 1}',
+    "[1, 2]",
+    "not json",
+    '{"request_id": "a", "arrival_time": NaN, "prompt_len": 4, "output_len": 1}',
+    '{"request_id": "a"',
+    "9" * 5000,
+    "[" * 100_000 + "]" * 100_000,
+    '{"request_id": "a", "arrival_time": 0, "prompt_len": 1e9, "output_len": 1}',
+    '{"request_id": "a", "arrival_time": 0, "prompt_len": 4, "output_len": 1, "n": 0}',
+):
+    add(f"parse_trace {_text[:60]!r}", _none, lambda w, t=_text: parse_trace([t]), ValueError)
+add("parse_trace lines=None", _none, lambda w: parse_trace(None), TypeError)
+add("parse_trace a line of bytes", _none, lambda w: parse_trace([b"{}"]), TypeError)
+
+
+# ---- command line
+def _sim(*args: str) -> Callable[[Path], list[str]]:
+    return lambda root: [
+        "simulate",
+        "--quiet",
+        "--num-requests",
+        "2",
+        "--device",
+        "cpu",
+        *[a.replace("@", str(root) + "/") for a in args],
+    ]
+
+
+def _conform(*args: str) -> Callable[[Path], list[str]]:
+    return lambda root: ["conform", *[a.replace("@", str(root) + "/") for a in args]]
+
+
+_GOOD = '{"request_id": "a", "arrival_time": 0, "prompt_len": 4, "output_len": 1}\n'
+for _name, _args in (
+    ("no command", ()),
+    ("unknown preset", ("--preset", "nope")),
+    ("block size 0", ("--block-size", "0")),
+    ("block size x", ("--block-size", "x")),
+    ("gpu blocks -1", ("--gpu-blocks", "-1")),
+    ("gpu blocks 10**12", ("--gpu-blocks", "1000000000000")),
+    ("gpu memory 1PB", ("--gpu-memory", "1PB")),
+    ("gpu memory 10**30 bytes", ("--gpu-memory", "1" + "0" * 30)),
+    ("cpu memory 9EB", ("--cpu-memory", "9000PB")),
+    ("cpu memory -1", ("--cpu-memory", "-1")),
+    ("gpu memory unit", ("--gpu-memory", "5 parsecs")),
+    ("watermark 1", ("--watermark", "1")),
+    ("watermark nan", ("--watermark", "nan")),
+    ("num-requests 0", ("--num-requests", "0")),
+    ("num-requests 10**12", ("--num-requests", "1000000000000")),
+    ("num-layers 10**9", ("--num-layers", "1000000000")),
+    ("head-size 10**9", ("--head-size", "1000000000")),
+    ("max-steps 0", ("--max-steps", "0")),
+    ("lookahead -1", ("--lookahead", "-1")),
+    ("seed x", ("--seed", "x")),
+    ("dtype int8", ("--dtype", "int8")),
+    ("device tpu", ("--device", "tpu")),
+    ("missing trace", ("--trace", "@missing.jsonl")),
+    ("trace is a directory", ("--trace", "@")),
+    ("trace and preset", ("--trace", "@t.jsonl", "--preset", "overload")),
+    ("plot into a missing directory", ("--plot", "@no/such/dir/p.png")),
+    ("plot with no extension", ("--plot", "@plot")),
+    ("plot with an unsupported extension", ("--plot", "@plot.xyz")),
+    ("plot onto a directory", ("--plot", "@adir.png")),
+    ("plot into a file as directory", ("--plot", "@t.jsonl/p.png")),
+):
+    CLI_CASES.append(
+        CliCase(
+            f"simulate {_name}",
+            _sim(*_args) if _name != "no command" else (lambda root: []),
+            files={"t.jsonl": _GOOD, "adir.png/x": ""},
+        )
+    )
+for _name, _line in (
+    (
+        "negative output_len",
+        '{"request_id": "a", "arrival_time": 0, "prompt_len": 4, "output_len": -1}',
+    ),
+    (
+        "huge prompt_len",
+        '{"request_id": "a", "arrival_time": 0, "prompt_len": 1000000000000, "output_len": 1}',
+    ),
+    (
+        "huge n",
+        '{"request_id": "a", "arrival_time": 0, "prompt_len": 4, "output_len": 1, "n": 100000000}',
+    ),
+    ("5000 digits", "9" * 5000),
+    ("deep nesting", "[" * 100_000 + "]" * 100_000),
+    (
+        "unprintable request id",
+        '{"request_id": "\\ud800", "arrival_time": 0, "prompt_len": 4, "output_len": 1}',
+    ),
+    (
+        "control chars in id",
+        '{"request_id": "a\\u0000\\u001b[2J", "arrival_time": 0, "prompt_len": 4, "output_len": 1}',
+    ),
+    ("duplicate ids", _GOOD.strip() + "\n" + _GOOD.strip()),
+    ("invalid utf-8", "\udcff\udcfe"),
+):
+    CLI_CASES.append(
+        CliCase(
+            f"simulate trace {_name}",
+            _sim("--trace", "@bad.jsonl"),
+            files={"bad.jsonl": _line + "\n"},
+        )
+    )
+for _name, _args in (
+    ("max-examples -5", ("faulty_allocators:fifo_allocator", "--max-examples", "-5")),
+    ("max-examples x", ("faulty_allocators:fifo_allocator", "--max-examples", "x")),
+    ("level foo", ("faulty_allocators:fifo_allocator", "--level", "foo")),
+    ("profile foo", ("faulty_allocators:fifo_allocator", "--profile", "foo")),
+    ("duration -1", ("faulty_allocators:fifo_allocator", "--duration", "-1")),
+    ("seed x", ("faulty_allocators:fifo_allocator", "--seed", "x")),
+    ("max-violations 0", ("faulty_allocators:fifo_allocator", "--max-violations", "0")),
+    ("no colon", ("faulty_allocators",)),
+    ("missing module", ("no_such_module_xyz:f",)),
+    ("missing factory", ("faulty_allocators:no_such_factory",)),
+    ("factory not callable", ("faulty_allocators:PagedKVDevice",)),
+    ("factory raising SystemExit(0)", ("bad_input:factory_exiting",)),
+    ("factory raising ValueError", ("bad_input:factory_raising",)),
+    ("factory returning None", ("bad_input:factory_returning_none",)),
+    (
+        "json into a missing directory",
+        (
+            "faulty_allocators:fifo_allocator",
+            "--max-examples",
+            "2",
+            "--json",
+            "@no/such/dir/r.json",
+        ),
+    ),
+    ("no target", ()),
+):
+    CLI_CASES.append(
+        CliCase(
+            f"conform {_name}",
+            _conform(*_args),
+            prefix="pagedkv conform: error: ",
+            before_run=False,
+        )
+    )
+
+
+def factory_exiting(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> object:
+    """A factory that calls ``sys.exit(0)`` (a conform case: a usage error, not a pass)."""
+    raise SystemExit(0)
+
+
+def factory_raising(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> object:
+    raise ValueError("this factory cannot build an allocator")
+
+
+def factory_returning_none(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> object:
+    return None
+
+
+def main() -> int:
+    """Run every case; print the failures as JSON (``[[name, problem], ...]``)."""
+    failures = [[c.name, p] for c in CASES if (p := verdict(c)) is not None]
+    failures += [[c.name, p] for c in CLI_CASES if (p := cli_verdict(c)) is not None]
+    report = {
+        "cases": len(CASES) + len(CLI_CASES),
+        "failures": failures,
+        "optimized": not __debug__,
+    }
+    json.dump(report, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
