@@ -34,6 +34,7 @@ from pagedkv import (
     SequenceGroup,
     SequenceStatus,
 )
+from pagedkv._validate import available_memory
 from pagedkv.attention import build_attention_inputs, paged_attention_reference
 from pagedkv.block_table import BlockTable
 from pagedkv.cache import KVCacheConfig, KVCacheEngine
@@ -48,6 +49,7 @@ from pagedkv.errors import (
     ForeignBlockError,
     ImmutableBlockError,
     InvalidAllocatorConfigError,
+    InvalidArgumentError,
     InvalidBlockTableArgumentError,
     InvalidExtraKeysError,
     InvalidKVCacheConfigError,
@@ -291,7 +293,7 @@ CACHING_MESSAGES = [
         "accessed at a bool time",
         lambda: _caching()[0].mark_blocks_as_accessed([0], True),
         ArgumentTypeError,
-        "now must be a finite int or float (a time), got bool True",
+        "now must be a number (int or float), got bool True",
     ),
     case(
         "extra key of the wrong type",
@@ -339,8 +341,8 @@ ALLOCATOR_MESSAGES = [
     case(
         "block_size str",
         lambda: NaiveBlockAllocator(2, "2"),  # type: ignore[arg-type]  # wrong type on purpose
-        InvalidAllocatorConfigError,
-        "block_size must be an int >= 1, got '2'",
+        ArgumentTypeError,
+        "block_size must be an int, got str '2'",
     ),
     case(
         "num_blocks negative",
@@ -351,8 +353,8 @@ ALLOCATOR_MESSAGES = [
     case(
         "num_blocks float",
         lambda: NaiveBlockAllocator(1.0, 2),  # type: ignore[arg-type]  # wrong type on purpose
-        InvalidAllocatorConfigError,
-        "num_blocks must be an int >= 0, got 1.0",
+        ArgumentTypeError,
+        "num_blocks must be an int, got float 1.0",
     ),
     case(
         "num_blocks vs block_ids",
@@ -411,9 +413,9 @@ ALLOCATOR_MESSAGES = [
     case(
         "swap in a live block",
         _swap_in_a_live_block,
-        ForeignBlockError,
-        "block id 0 does not belong to this allocator "
-        f"(swap in: the block still holds an id){FOREIGN_HINT}",
+        InvalidSwapError,
+        "invalid swap: block id 0 is live (it was never swapped out), so it cannot be swapped"
+        " in; swap in only blocks a swap out released; swap between GPU and CPU",
     ),
     case(
         "null block write",
@@ -480,8 +482,8 @@ ALLOCATOR_MESSAGES = [
     case(
         "num_gpu_blocks float",
         lambda: CpuGpuBlockAllocator.create("naive", 1.0, 1, 2),  # type: ignore[arg-type]  # wrong type on purpose
-        InvalidAllocatorConfigError,
-        "num_gpu_blocks must be an int >= 0, got 1.0",
+        ArgumentTypeError,
+        "num_gpu_blocks must be an int, got float 1.0",
     ),
     case(
         "num_cpu_blocks negative",
@@ -492,14 +494,14 @@ ALLOCATOR_MESSAGES = [
     case(
         "num_cpu_blocks str",
         lambda: CpuGpuBlockAllocator.create("naive", 1, "1", 2),  # type: ignore[arg-type]  # wrong type on purpose
-        InvalidAllocatorConfigError,
-        "num_cpu_blocks must be an int >= 0, got '1'",
+        ArgumentTypeError,
+        "num_cpu_blocks must be an int, got str '1'",
     ),
     case(
         "unknown device",
         lambda: _two_pools().get_allocator("GPU"),  # type: ignore[arg-type]  # wrong type on purpose
-        InvalidAllocatorConfigError,
-        "unknown device 'GPU'; use Device.GPU or Device.CPU",
+        ArgumentTypeError,
+        "device must be Device.GPU or Device.CPU, got str 'GPU'",
     ),
     case(
         "two-pool foreign block",
@@ -523,8 +525,9 @@ ALLOCATOR_MESSAGES = [
     case(
         "swap from the wrong device",
         _swap_from_the_wrong_device,
-        ForeignBlockError,
-        f"block id 0 does not belong to this allocator (block is not on CPU){FOREIGN_HINT}",
+        InvalidSwapError,
+        "invalid swap: block id 0 is on GPU, not on CPU; pass the device it is on as the "
+        "source; swap between GPU and CPU",
     ),
     case(
         "to_spec of the null block",
@@ -584,26 +587,20 @@ SEQUENCE_MESSAGES = [
     case(
         "fork seq_id",
         lambda: Sequence(3, []).fork("1"),  # type: ignore[arg-type]  # wrong type on purpose
-        InvalidSequenceError,
-        "seq_id must be an int, got '1'",
+        ArgumentTypeError,
+        "seq_id must be an int, got str '1'",
     ),
     case(
         "seq_id",
         lambda: Sequence("0", [1]),  # type: ignore[arg-type]  # wrong type on purpose
-        InvalidSequenceError,
-        "seq_id must be an int, got '0'",
+        ArgumentTypeError,
+        "seq_id must be an int, got str '0'",
     ),
     case(
         "token id",
         lambda: Sequence(0, [1, -2]),
         InvalidSequenceError,
         "token ids must be ints >= 0, got -2",
-    ),
-    case(
-        "sequence block_size",
-        lambda: Sequence(0, [1], block_size=0),
-        InvalidSequenceError,
-        "block_size must be an int >= 1 or None, got 0",
     ),
     case(
         "empty group",
@@ -752,7 +749,7 @@ MANAGER_MESSAGES = [
             2, CpuGpuBlockAllocator.create("naive", 2, 0, 2), max_block_sliding_window=-1
         ),
         InvalidBlockTableArgumentError,
-        "max_block_sliding_window must be None or an int >= 0, got -1",
+        "max_block_sliding_window must be an int >= 0, got -1",
     ),
     case(
         "table of zero tokens",
@@ -830,31 +827,31 @@ MANAGER_MESSAGES = [
         "watermark 1.0",
         lambda: BlockSpaceManager(2, 4, 0, watermark=1.0),
         InvalidAllocatorConfigError,
-        "watermark must be in [0, 1), got 1.0",
+        "watermark must be a finite number in [0.0, 1.0), got 1.0",
     ),
     case(
         "watermark negative",
         lambda: BlockSpaceManager(2, 4, 0, watermark=-0.1),
         InvalidAllocatorConfigError,
-        "watermark must be in [0, 1), got -0.1",
+        "watermark must be a finite number in [0.0, 1.0), got -0.1",
     ),
     case(
         "watermark str",
         lambda: BlockSpaceManager(2, 4, 0, watermark="0"),  # type: ignore[arg-type]  # wrong type on purpose
-        InvalidAllocatorConfigError,
-        "watermark must be in [0, 1), got '0'",
+        ArgumentTypeError,
+        "watermark must be a number (int or float), got str '0'",
     ),
     case(
         "sliding_window 0",
         lambda: BlockSpaceManager(2, 4, 0, sliding_window=0),
         InvalidAllocatorConfigError,
-        "sliding_window must be an int >= 1 or None, got 0",
+        "sliding_window must be an int >= 1, got 0",
     ),
     case(
         "sliding_window float",
         lambda: BlockSpaceManager(2, 4, 0, sliding_window=1.5),  # type: ignore[arg-type]  # wrong type on purpose
-        InvalidAllocatorConfigError,
-        "sliding_window must be an int >= 1 or None, got 1.5",
+        ArgumentTypeError,
+        "sliding_window must be an int, got float 1.5",
     ),
     case(
         "sequence already allocated",
@@ -911,22 +908,16 @@ MANAGER_MESSAGES = [
         "cannot allocate a block table for an empty prompt",
     ),
     case(
-        "can_append_slots lookahead",
-        _on_group(lambda m, g: m.can_append_slots(g, -1)),
-        InvalidSequenceStateError,
-        "num_lookahead_slots must be >= 0, got -1",
-    ),
-    case(
         "append_slots lookahead",
         _on_group(lambda m, g: m.append_slots(g.get_seqs()[0], -2)),
-        InvalidSequenceStateError,
-        "num_lookahead_slots must be >= 0, got -2",
+        InvalidArgumentError,
+        "num_lookahead_slots must be an int >= 0, got -2",
     ),
     case(
         "append_slots_batch lookahead",
         _on_group(lambda m, g: m.append_slots_batch([g], -4)),
-        InvalidSequenceStateError,
-        "num_lookahead_slots must be >= 0, got -4",
+        InvalidArgumentError,
+        "num_lookahead_slots must be an int >= 0, got -4",
     ),
     case(
         "append_slots_batch unknown sequence",
@@ -969,7 +960,7 @@ MANAGER_MESSAGES = [
         "enable_caching not a bool",
         lambda: BlockSpaceManager(2, 8, 8, enable_caching=1),  # type: ignore[arg-type]  # a wrong type on purpose
         ArgumentTypeError,
-        "enable_caching must be a bool, got int 1",
+        "enable_caching must be a bool (True or False), got int 1",
     ),
     case(
         "manager table invariant T1",
@@ -1085,14 +1076,14 @@ SCHEDULER_MESSAGES = [
     case(
         "max_num_batched_tokens bool",
         lambda: SchedulerConfig(max_num_batched_tokens=True),
-        InvalidSchedulerConfigError,
-        "max_num_batched_tokens must be an int >= 1, got True",
+        ArgumentTypeError,
+        "max_num_batched_tokens must be an int, got bool True",
     ),
     case(
         "max_num_batched_tokens float",
         lambda: SchedulerConfig(max_num_batched_tokens=2.0),  # type: ignore[arg-type]  # wrong type on purpose
-        InvalidSchedulerConfigError,
-        "max_num_batched_tokens must be an int >= 1, got 2.0",
+        ArgumentTypeError,
+        "max_num_batched_tokens must be an int, got float 2.0",
     ),
     case(
         "request queued twice",
@@ -1341,12 +1332,12 @@ DRIVER_MESSAGES = [
         "give fewer blocks or smaller memory budgets",
     ),
     case(
-        "simulator cache torch cannot allocate",
+        "simulator cache beyond this machine's memory",
         lambda: Simulator(SimulationConfig(block_size=4, num_gpu_blocks=2**45, device="cpu")),
         InvalidKVCacheConfigError,
-        "cannot allocate a KV cache of 35184372088832 GPU + 0 CPU blocks "
-        "(36028797018963968 bytes at 1024 B/block) on cpu; "
-        "give fewer blocks or smaller memory budgets",
+        "a KV cache of 35184372088832 GPU + 0 CPU blocks needs about 36,028,797,018,963,968 "
+        f"bytes, more than the {available_memory():,} bytes of memory this machine has; use "
+        "fewer or smaller blocks",
     ),
 ]
 
@@ -1385,8 +1376,8 @@ KV_MESSAGES = [
     case(
         "head_size bool",
         lambda: _config(head_size=True),
-        InvalidKVCacheConfigError,
-        "head_size must be an int >= 1, got True",
+        ArgumentTypeError,
+        "head_size must be an int, got bool True",
     ),
     case(
         "num_cpu_blocks",
@@ -1397,8 +1388,8 @@ KV_MESSAGES = [
     case(
         "dtype",
         lambda: _config(dtype="float"),
-        InvalidKVCacheConfigError,
-        "dtype must be a torch.dtype, got 'float'",
+        ArgumentTypeError,
+        "dtype must be a torch.dtype, got str 'float'",
     ),
     case(
         "device type",

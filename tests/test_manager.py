@@ -22,8 +22,10 @@ from pagedkv import (
 )
 from pagedkv.block_table import BlockTable
 from pagedkv.errors import (
+    ArgumentTypeError,
     DoubleFreeError,
     InvalidAllocatorConfigError,
+    InvalidArgumentError,
     InvalidSequenceStateError,
     InvariantViolationError,
     NoFreeBlocksError,
@@ -58,12 +60,13 @@ def test_manager_configuration() -> None:
     for kwargs, name in (
         ({"watermark": 1.0}, "watermark"),
         ({"watermark": -0.1}, "watermark"),
-        ({"watermark": "0"}, "watermark"),
+        ({"watermark": "0"}, "watermark"),  # a TypeError (ArgumentTypeError), below
         ({"sliding_window": 0}, "sliding_window"),
         ({"sliding_window": 1.5}, "sliding_window"),
     ):
-        err = raised(
-            InvalidAllocatorConfigError, lambda kw=kwargs: BlockSpaceManager(2, 4, 0, **kw)
+        err: Exception = raised(
+            (ArgumentTypeError, InvalidAllocatorConfigError),  # type: ignore[arg-type]  # either: wrong type / value
+            lambda kw=kwargs: BlockSpaceManager(2, 4, 0, **kw),
         )
         assert str(err).startswith(f"{name} must be")
     w = BlockSpaceManager(4, 1, 0, watermark=0.0, sliding_window=1)
@@ -247,7 +250,7 @@ def test_misuse_raises_typed_errors() -> None:
         m.append_slots(Sequence(99, [1]), 0)
     with pytest.raises(InvalidSequenceStateError):
         m.swap_in(g)  # nothing SWAPPED
-    with pytest.raises(InvalidSequenceStateError):
+    with pytest.raises(InvalidArgumentError):
         m.append_slots(seq, -1)
     assert m.to_spec() == before
     m.free(Sequence(123, [1]))  # no table: a no-op
@@ -269,8 +272,8 @@ def test_can_append_slots_counts_whole_blocks_per_sequence() -> None:
     assert not m.can_append_slots(g)
     g.remove(1)
     assert m.can_append_slots(g)
-    err = raised(InvalidSequenceStateError, m.can_append_slots, g, -1)
-    assert str(err).startswith("num_lookahead_slots must be >= 0")
+    err = raised(InvalidArgumentError, m.can_append_slots, g, -1)
+    assert str(err).startswith("num_lookahead_slots must be an int >= 0")
 
 
 def test_manager_errors_name_the_sequence() -> None:
@@ -389,8 +392,8 @@ def test_stats_count_what_happened() -> None:
     assert (m.stats.swap_outs, m.stats.swap_ins) == (1, 1)
     assert (m.stats.blocks_swapped_out, m.stats.blocks_swapped_in) == (3, 3)
     assert m.stats.blocks_freed_by_window == 0
-    err = raised(InvalidSequenceStateError, m.append_slots, s0, -1)
-    assert str(err).startswith("num_lookahead_slots must be >= 0")
+    la_err = raised(InvalidArgumentError, m.append_slots, s0, -1)
+    assert str(la_err).startswith("num_lookahead_slots must be an int >= 0")
     err = raised(InvalidSequenceStateError, m.can_swap_out, group_of("x", [1], first_id=9))
     assert str(err).startswith("cannot swap out:")
     m.check_invariants()
@@ -683,7 +686,7 @@ def test_append_slots_batch_errors_change_nothing() -> None:
     before = m.to_spec()
     with pytest.raises(UnknownSequenceError):
         m.append_slots_batch([a, b, stranger])
-    with pytest.raises(InvalidSequenceStateError):
+    with pytest.raises(InvalidArgumentError):
         m.append_slots_batch([a, b], -1)
     m.swap_out(b)  # b stays RUNNING but its blocks are on the CPU
     before = m.to_spec()

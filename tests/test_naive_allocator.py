@@ -25,12 +25,14 @@ from pagedkv import (
     NaiveBlockAllocator,
 )
 from pagedkv.errors import (
+    ArgumentTypeError,
     BlockAllocatorError,
     BlockOverflowError,
     BlockWithoutIdError,
     DoubleFreeError,
     ForeignBlockError,
     InvalidAllocatorConfigError,
+    InvalidSwapError,
     InvariantViolationError,
     NoFreeBlocksError,
     NullBlockError,
@@ -73,13 +75,13 @@ def test_bad_constructor_arguments(args: tuple[int, int], kwargs: dict[str, obje
 def test_allocator_config_errors_and_the_smallest_pools() -> None:
     cases: list[Callable[[], object]] = [
         lambda: NaiveBlockAllocator(2, 0),
-        lambda: NaiveBlockAllocator(2, "2"),  # type: ignore[arg-type]  # wrong type on purpose
         lambda: NaiveBlockAllocator(-1, 2),
-        lambda: NaiveBlockAllocator(1.0, 2),  # type: ignore[arg-type]  # wrong type on purpose
         lambda: NaiveBlockAllocator(3, 2, block_ids=range(2)),
     ]
     for call in cases:
         raised(InvalidAllocatorConfigError, call)
+    raised(ArgumentTypeError, lambda: NaiveBlockAllocator(2, "2"))  # type: ignore[arg-type]  # wrong type on purpose
+    raised(ArgumentTypeError, lambda: NaiveBlockAllocator(1.0, 2))  # type: ignore[arg-type]  # wrong type on purpose
     assert NaiveBlockAllocator(0, 1).get_num_free_blocks() == 0
     assert NaiveBlockAllocator(1, 1).get_num_total_blocks() == 1
 
@@ -449,8 +451,8 @@ def test_single_pool_swap_in_errors_change_nothing() -> None:
     err = raised(ForeignBlockError, lambda: cpu.swap_in([null]))
     assert err.block_id == 0 and "(swap in: not a NaiveBlock)" in str(err)
     live = gpu.allocate_mutable_block(None)
-    err = raised(ForeignBlockError, lambda: cpu.swap_in([live]))
-    assert err.block_id == 1 and "(swap in: the block still holds an id)" in str(err)
+    live_err = raised(InvalidSwapError, lambda: cpu.swap_in([live]))
+    assert "block id 1 is live (it was never swapped out)" in str(live_err)
     dead = gpu.allocate_mutable_block(None)
     gpu.free(dead)
     stale = raised(StaleBlockError, lambda: cpu.swap_in([dead]))

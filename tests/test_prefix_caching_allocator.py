@@ -20,6 +20,7 @@ from pagedkv.errors import (
     ForeignBlockError,
     ImmutableBlockError,
     InvalidAllocatorConfigError,
+    InvalidArgumentError,
     InvalidExtraKeysError,
     NoFreeBlocksError,
     PromotionError,
@@ -243,8 +244,12 @@ def test_marking_ids_that_are_not_held_is_a_typed_error() -> None:
     b = a.allocate_immutable_block(None, [1, 2], GPU)
     _unchanged(a, [b], lambda: a.mark_blocks_as_accessed([0, 4], 1.0), ForeignBlockError)
     _unchanged(a, [b], lambda: a.mark_blocks_as_accessed([0, 3], 1.0), BlockNotInUseError)
-    for now in (True, "1", float("nan"), None):
+    for now in (True, "1", None):
         _unchanged(a, [b], lambda n=now: a.mark_blocks_as_accessed([0], n), ArgumentTypeError)
+    for not_a_time in (float("nan"), float("inf")):  # numbers, but not times: ValueErrors
+        _unchanged(
+            a, [b], lambda n=not_a_time: a.mark_blocks_as_accessed([0], n), InvalidArgumentError
+        )
     _unchanged(a, [b], lambda: a.mark_blocks_as_accessed([False], 1.0), ArgumentTypeError)
     assert issubclass(ArgumentTypeError, TypeError)
 

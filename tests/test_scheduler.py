@@ -14,6 +14,7 @@ import pytest
 from helpers import raised
 from pagedkv import Device, Sequence, SequenceGroup, SequenceStatus
 from pagedkv.errors import (
+    ArgumentTypeError,
     DuplicateRequestError,
     InvalidSchedulerConfigError,
     InvalidSequenceError,
@@ -47,13 +48,15 @@ def test_config_errors_name_the_setting_and_the_bad_value() -> None:
         {"preemption_mode": "never"},
         {"num_lookahead_slots": -1},
         {"max_num_seqs": 0},
-        {"max_num_batched_tokens": True},
-        {"max_num_batched_tokens": 2.0},
     ):
         err = raised(InvalidSchedulerConfigError, lambda kw=kwargs: SchedulerConfig(**kw))
         ((name, value),) = kwargs.items()
         assert err.detail == str(err) and err.detail.startswith(f"{name} must be ")
         assert err.detail.endswith(f"got {value!r}")
+    for wrong in ({"max_num_batched_tokens": True}, {"max_num_batched_tokens": 2.0}):
+        type_err = raised(ArgumentTypeError, lambda kw=wrong: SchedulerConfig(**kw))
+        ((wrong_name, wrong_value),) = wrong.items()
+        assert type_err.parameter == wrong_name and str(type_err).endswith(f"{wrong_value!r}")
 
 
 def test_config_accepts_the_smallest_budgets() -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from helpers import raised
 from pagedkv.errors import (
+    ArgumentTypeError,
     BlockSpaceManagerError,
     DuplicateSequenceIdError,
     InvalidSequenceError,
@@ -80,13 +81,15 @@ def test_get_token_ids_is_the_live_list() -> None:
 
 
 def test_sequence_validation() -> None:
-    bad_prompts: list[list[object]] = [[-1], [1, "2"], [1.0]]
-    for bad in bad_prompts:
-        with pytest.raises(InvalidSequenceError):
+    with pytest.raises(InvalidSequenceError):
+        Sequence(0, [-1])
+    bad_prompts: list[list[object]] = [[1, "2"], [1.0], [True]]
+    for bad in bad_prompts:  # wrong types: TypeErrors
+        with pytest.raises(ArgumentTypeError):
             Sequence(0, bad)  # type: ignore[arg-type]  # deliberately wrong token ids
     with pytest.raises(InvalidSequenceError):
         Sequence(0, [1], block_size=0)
-    with pytest.raises(InvalidSequenceError):
+    with pytest.raises(ArgumentTypeError):
         Sequence("a", [1])  # type: ignore[arg-type]  # deliberately wrong id type
     seq = Sequence(0, [1])
     with pytest.raises(InvalidSequenceError):
@@ -95,7 +98,7 @@ def test_sequence_validation() -> None:
         _ = seq.n_blocks  # no block_size
     with pytest.raises(InvalidSequenceError):
         Sequence(1, []).get_last_token_id()
-    with pytest.raises(InvalidSequenceError):
+    with pytest.raises(ArgumentTypeError):
         seq.status = "RUNNING"  # type: ignore[assignment]  # deliberately wrong type
     assert seq.get_token_ids() == [1] and seq.status is SequenceStatus.WAITING
     assert isinstance(InvalidSequenceError("x"), BlockSpaceManagerError)
@@ -209,8 +212,8 @@ def test_sequence_errors_carry_fields_and_reprs() -> None:
     s = Sequence(3, [])
     err = raised(InvalidSequenceError, s.get_last_token_id)
     assert "sequence 3" in str(err) and err.detail == str(err)
-    err = raised(InvalidSequenceError, s.fork, "1")
-    assert err.detail == str(err) and "got '1'" in err.detail
+    type_err = raised(ArgumentTypeError, s.fork, "1")
+    assert type_err.parameter == "seq_id" and "got str '1'" in str(type_err)
     assert repr(s) == "Sequence(seq_id=3, status=WAITING, num_tokens=0)"
     g = SequenceGroup("r", [Sequence(0, [1]), Sequence(4, [1])], n=2)
     assert repr(g) == "SequenceGroup(request_id='r', seq_ids=[0, 4], n=2)"

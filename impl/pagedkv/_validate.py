@@ -57,7 +57,7 @@ def require_int(
             bounds = f"<= {high}"
         else:
             bounds = f"in {low}..{high}"
-        raise error(f"{name} must be an int {bounds}, got {value!r}{hint}")
+        raise error(f"{name} must be an int {bounds}{hint}, got {value!r}")
     return value
 
 
@@ -84,9 +84,9 @@ def require_real(
     too_high = high is not None and (value >= high if high_open else value > high)
     if not math.isfinite(value) or (low is not None and value < low) or too_high:
         close = ")" if high_open else "]"
-        bounds = f"in [{low}, {high}{close}" if high is not None else f">= {low}"
-        bounds = "finite" if low is None and high is None else bounds
-        raise error(f"{name} must be a finite number {bounds}, got {value!r}")
+        bounds = f" in [{low}, {high}{close}" if high is not None else f" >= {low}"
+        bounds = "" if low is None and high is None else bounds
+        raise error(f"{name} must be a finite number{bounds}, got {value!r}")
     return float(value)
 
 

@@ -560,7 +560,7 @@ def swap(
     the destination id, which is taken from the free list at its first use.
     Errors, in this order: same source and destination (InvalidSwapError);
     freed block (StaleBlockError); block without id
-    (BlockWithoutIdError); block not on ``src_device`` (ForeignBlockError);
+    (BlockWithoutIdError); block not on ``src_device`` (InvalidSwapError);
     too few free destination blocks (NoFreeBlocksError).
     """
     assert state_ok(s)
@@ -579,7 +579,10 @@ def swap(
             raise BlockWithoutIdError("swap")
     for b in bs:
         if b.device is not src_device:
-            raise ForeignBlockError(b.block_id, f"block is not on {src_device.name}")
+            raise InvalidSwapError(
+                f"block id {b.block_id} is on {dst_device.name}, not on {src_device.name}; "
+                "pass the device it is on as the source"
+            )
     src_ids = list(dict.fromkeys(b.block_id for b in bs if b.block_id is not None))
     _check_capacity(s, dst_device, len(src_ids))
     assert set(mapping) == set(src_ids), "M5: swap mapping must cover exactly the moved ids"

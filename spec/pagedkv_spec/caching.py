@@ -950,7 +950,7 @@ def swap(
     Source ids at refcount 0 go to the source's evictor (if cached) or free pool.
     Errors, in order: same devices (InvalidSwapError); freed block
     (StaleBlockError); block without id (BlockWithoutIdError); block not on
-    ``src_device`` (ForeignBlockError); more ids needed than free + evictor on
+    ``src_device`` (InvalidSwapError); more ids needed than free + evictor on
     the destination (NoFreeBlocksError).
     """
     assert state_ok(s)
@@ -964,7 +964,10 @@ def swap(
         raise BlockWithoutIdError("swap")
     for b in bs:
         if b.device is not src_device:
-            raise ForeignBlockError(b.block_id, f"block is not on {src_device.name}")
+            raise InvalidSwapError(
+                f"block id {b.block_id} is on {dst_device.name}, not on {src_device.name}; "
+                "pass the device it is on as the source"
+            )
     src, dst = pool_of(s, src_device), pool_of(s, dst_device)
     src_ids = list(dict.fromkeys(b.block_id for b in bs if b.block_id is not None))
     key_by_id = {i: key_of_id(src, i) for i in src_ids}
