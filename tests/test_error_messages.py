@@ -600,7 +600,7 @@ SEQUENCE_MESSAGES = [
         "token id",
         lambda: Sequence(0, [1, -2]),
         InvalidSequenceError,
-        "token ids must be ints >= 0, got -2",
+        "prompt_token_ids: token ids must be ints >= 0, got -2",
     ),
     case(
         "empty group",

@@ -127,7 +127,7 @@ EXTRA_RULES: dict[type[RuleBasedStateMachine], set[str]] = {
     AllocatorMachine: {"free_again", "use_stale_handle", "foreign_block"},
     ManagerMachine: {"misuse", "wrong_device", "preempt_by_recompute"},
     KVMachine: {"preempt_by_recompute"},
-    SchedulerMachine: {"add_seq_group_twice"},
+    SchedulerMachine: {"add_seq_group_twice", "bad_request"},
 }
 
 

@@ -20,6 +20,7 @@ from pagedkv_spec.device import Device
 from pagedkv_spec.errors import ArgumentTypeError, PagedKVError
 
 __all__ = [
+    "CheckedTokenIds",
     "ValueErrorClass",
     "available_memory",
     "require_bool",
@@ -120,11 +121,27 @@ def require_instance(name: str, value: object, cls: type[T], expected: str) -> T
     return value
 
 
+class CheckedTokenIds(list[int]):
+    """A list of token ids pagedkv has already checked (ints >= 0, no bools).
+
+    Token ids are checked where they enter: a :class:`~pagedkv.Sequence` keeps its
+    tokens in one (checked at construction and per appended token), and the block
+    table hands the allocator its prompt chunks as ones; :func:`require_token_ids`
+    passes one without another look, so a prompt's tokens are checked once on the
+    manager's path, not once per layer. Build one only from checked tokens.
+    """
+
+    __slots__ = ()
+
+
 def require_token_ids(name: str, value: object, error: ValueErrorClass) -> None:
     """Raise unless ``value`` is a list or tuple of ints >= 0 (token ids; no bools).
 
-    Complexity: O(len) in C (``map(type, ...)``), no Python-level loop on the good path.
+    Complexity: O(1) for a :class:`CheckedTokenIds`; else O(len) in C (``map(type,
+    ...)`` and ``min``), no Python-level loop on the good path.
     """
+    if value.__class__ is CheckedTokenIds:
+        return
     if not isinstance(value, list | tuple):
         raise ArgumentTypeError(name, value, "a list of int token ids")
     if not value:

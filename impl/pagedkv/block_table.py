@@ -34,7 +34,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv._arith import cdiv
-from pagedkv._validate import require_int, require_optional_int, require_token_ids
+from pagedkv._validate import (
+    CheckedTokenIds,
+    require_int,
+    require_optional_int,
+    require_token_ids,
+)
 from pagedkv.content_key import ExtraKeys, check_extra_keys
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.errors import (
@@ -220,7 +225,11 @@ class BlockTable:
         num_full_blocks = num_tokens // size
         blocks: list[Block] = []
         if num_full_blocks:
-            chunks = [list(token_ids[i : i + size]) for i in range(0, num_full_blocks * size, size)]
+            # Checked above: the allocator does not look at the tokens again.
+            chunks: list[list[int]] = [
+                CheckedTokenIds(token_ids[i : i + size])
+                for i in range(0, num_full_blocks * size, size)
+            ]
             if extra is None:
                 blocks = self._allocator.allocate_immutable_blocks(None, chunks, device)
             else:

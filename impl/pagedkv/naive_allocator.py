@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from pagedkv._validate import require_fits_in_memory, require_int, require_token_ids
+from pagedkv._validate import (
+    CheckedTokenIds,
+    require_fits_in_memory,
+    require_int,
+    require_token_ids,
+)
 from pagedkv.errors import (
     ArgumentTypeError,
     BlockOverflowError,
@@ -669,11 +674,16 @@ def check_prev_block(prev_block: object) -> None:
 
 
 def check_chunks(block_token_ids: object) -> None:
-    """Raise unless ``block_token_ids`` is a list of token-id lists. O(total tokens)."""
+    """Raise unless ``block_token_ids`` is a list of token-id lists.
+
+    Complexity: O(chunks) for :class:`CheckedTokenIds` chunks (the block table's),
+    else O(total tokens).
+    """
     if not isinstance(block_token_ids, list | tuple):
         raise ArgumentTypeError("block_token_ids", block_token_ids, "a list of token-id lists")
     for chunk in block_token_ids:
-        require_token_ids("block_token_ids (each chunk)", chunk, InvalidTokenIdsError)
+        if chunk.__class__ is not CheckedTokenIds:  # the block table's chunks are checked
+            require_token_ids("block_token_ids (each chunk)", chunk, InvalidTokenIdsError)
 
 
 def chain_of(last_block: Block) -> list[Block]:

@@ -20,11 +20,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pagedkv._validate import (
+    CheckedTokenIds,
     require_instance,
     require_int,
     require_optional_int,
     require_real,
     require_str,
+    require_token_ids,
 )
 from pagedkv.content_key import ExtraKeys, check_extra_keys
 from pagedkv.errors import (
@@ -167,12 +169,11 @@ class Sequence:
         ):
             raise ArgumentTypeError("prompt_token_ids", prompt_token_ids, "a list of int token ids")
         prompt = tuple(prompt_token_ids)
-        for token_id in prompt:
-            _check_token_id(token_id)
+        require_token_ids("prompt_token_ids", prompt, InvalidSequenceError)  # C-level passes
         self.seq_id = seq_id
         self.block_size = block_size
         self._prompt_token_ids = prompt
-        self._token_ids = list(prompt)
+        self._token_ids = CheckedTokenIds(prompt)  # checked above, and per appended token
         self._num_computed_tokens = 0
         self._status = SequenceStatus.WAITING
         self._extra_keys = check_extra_keys(extra_keys)
@@ -298,7 +299,7 @@ class Sequence:
         child.seq_id = new_seq_id
         child.block_size = self.block_size
         child._prompt_token_ids = self._prompt_token_ids
-        child._token_ids = list(self._token_ids)
+        child._token_ids = CheckedTokenIds(self._token_ids)
         child._num_computed_tokens = self._num_computed_tokens
         child._status = self._status
         child._extra_keys = self._extra_keys

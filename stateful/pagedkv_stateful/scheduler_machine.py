@@ -21,20 +21,28 @@ every rule (state invariants) or every ``schedule()`` (step invariants):
     Q7      at teardown, stepping empties every queue and frees every block
 
 Rules are named after the scheduler operation they drive: ``add_seq_group``,
-``schedule``, ``finish_seq``, ``abort_seq_group``, and ``add_seq_group_twice``
-(the misuse: a request id that is already queued).
+``schedule``, ``finish_seq``, ``abort_seq_group``, and the misuse rules
+``add_seq_group_twice`` (a request id that is already queued) and ``bad_request``
+(each kind of bad request or call of :data:`BAD_REQUESTS`, mid-run: a typed error
+and every queue, table and count unchanged).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
-from pagedkv.errors import DuplicateRequestError
+from pagedkv.errors import (
+    DuplicateRequestError,
+    InvalidSequenceError,
+    InvalidSequenceStateError,
+    PagedKVError,
+    UnknownSequenceError,
+)
 from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds, label
@@ -152,6 +160,29 @@ class SchedulerMachine(RuleBasedStateMachine):
             else:
                 raise AssertionError(f"a second request {rid!r} was queued")
             assert self._ids(self.scheduler.waiting) == before, "a refused add changed waiting"
+
+    @rule(data=st.data())
+    def bad_request(self, data: st.DataObject) -> None:
+        """A bad request or call mid-run, of each kind: a typed error, and every queue,
+        table and count as before (the scheduler's and the manager's abstractions)."""
+        kinds = sorted(BAD_REQUESTS)
+        if not self._queued():  # no sequence id is in use
+            kinds.remove("a sequence id in use")
+        kind = data.draw(st.sampled_from(kinds))
+        before = (self.scheduler.to_spec(), self.manager.to_spec(), vars(self.manager.stats))
+        before_stats = dict(before[2])
+        call, expected = BAD_REQUESTS[kind](self)
+        try:
+            call()
+        except expected as err:
+            assert isinstance(err, PagedKVError), f"{kind}: untyped {type(err).__name__}"
+            event(f"bad_request: {kind}")
+        else:
+            raise AssertionError(f"bad request accepted: {kind}")
+        after = (self.scheduler.to_spec(), self.manager.to_spec())
+        assert after == before[:2], f"{kind}: the scheduler or manager changed after the error"
+        assert vars(self.manager.stats) == before_stats, f"{kind}: manager stats changed"
+        self.scheduler.check_invariants()
 
     # ------------------------------------------------------------------ step helpers
 
@@ -320,3 +351,52 @@ class SchedulerMachine(RuleBasedStateMachine):
             m.get_num_free_cpu_blocks(),
             len(self.cpu),
         ), f"{label('Q7')}: {self.scheduler!r}, {m!r}"
+
+
+def _running_seq(m: SchedulerMachine) -> Sequence:
+    seq = Sequence(10**6 + len(m.arrival), [1, 2], m.block_size)
+    seq.status = RUNNING
+    return seq
+
+
+def _in_use_id(m: SchedulerMachine) -> int:
+    return next(q.seq_id for g in m._queued() for q in g.get_seqs())
+
+
+def _bad(m: SchedulerMachine, *seqs: Sequence, rid: str = "bad") -> SequenceGroup:
+    return SequenceGroup(rid, list(seqs), float(len(m.arrival)))
+
+
+BadRequest = Callable[[SchedulerMachine], tuple[Callable[[], object], type[BaseException]]]
+
+#: Each kind of bad request the ``bad_request`` rule injects, and the error it must raise.
+BAD_REQUESTS: dict[str, BadRequest] = {
+    "empty prompt": lambda m: (
+        lambda: m.scheduler.add_seq_group(_bad(m, Sequence(10**6, [], m.block_size))),
+        InvalidSequenceStateError,
+    ),
+    "a RUNNING sequence": lambda m: (
+        lambda: m.scheduler.add_seq_group(_bad(m, _running_seq(m))),
+        InvalidSequenceStateError,
+    ),
+    "a sequence id in use": lambda m: (
+        lambda: m.scheduler.add_seq_group(_bad(m, Sequence(_in_use_id(m), [5], m.block_size))),
+        DuplicateRequestError,
+    ),
+    "prompts that differ": lambda m: (
+        lambda: m.scheduler.add_seq_group(
+            _bad(m, Sequence(10**6, [1], m.block_size), Sequence(10**6 + 1, [2], m.block_size))
+        ),
+        InvalidSequenceStateError,
+    ),
+    "not a SequenceGroup": lambda m: (lambda: m.scheduler.add_seq_group("r0"), TypeError),  # type: ignore[arg-type]  # the bad input
+    "abort with a non-str id": lambda m: (lambda: m.scheduler.abort_seq_group(0), TypeError),  # type: ignore[arg-type]  # the bad input
+    "finish a sequence it never saw": lambda m: (
+        lambda: m.scheduler.finish_seq(_running_seq(m)),
+        UnknownSequenceError,
+    ),
+    "finish with a status that is not FINISHED_*": lambda m: (
+        lambda: m.scheduler.finish_seq(_running_seq(m), SequenceStatus.RUNNING),
+        InvalidSequenceError,
+    ),
+}
