@@ -396,3 +396,12 @@ class _NewestFirstEvictor(LRUEvictor):
         block_id, key, _, _ = self.entries()[-1]
         self.remove(block_id)
         return block_id, key
+
+
+def typed_claiming_fifo_allocator(
+    num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
+) -> AllocatorAdapter:
+    """Planted: claims typed errors, but raises ValueError for every misuse (one check,
+    several root causes: one per operation)."""
+    caps = Capabilities(typed_errors=True)
+    return AllocatorAdapter(FifoAllocator(num_gpu_blocks, num_cpu_blocks, block_size), caps, Device)

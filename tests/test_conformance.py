@@ -125,6 +125,22 @@ def test_broken_promises_are_checked() -> None:
     assert "ValueError" in typed.findings[0].detail
 
 
+def test_one_check_reports_each_root_cause_with_its_own_program() -> None:
+    """Findings are told apart by root cause (check, operation, the target's error), not
+    by check name: an allocator that raises ValueError where the spec raises a typed
+    error is reported once per operation, and each program replays."""
+
+    report = check(fa.typed_claiming_fifo_allocator, examples=60, max_violations=4)
+    same = [f for f in report.findings if f.invariant == "same error as spec"]
+    causes = [f.root_cause for f in same]
+    assert len(causes) >= 2 and len(set(causes)) == len(causes), causes
+    assert all(c.startswith("same error as spec | ") and "ValueError" in c for c in causes)
+    for f in same:
+        assert f"root cause: {f.root_cause}" in ConformanceReport.render_finding(1, f)
+        assert f.to_dict()["root_cause"] == f.root_cause
+        assert isinstance(replay(f), AssertionError), f.program
+
+
 def test_manager_compared_through_the_api_only() -> None:
     report = check(fa.drops_cow_pairs_manager, level="manager", max_violations=1)
     (finding,) = report.findings

@@ -92,6 +92,16 @@ CHECKS: dict[str, str] = {
 }
 
 
+def root_cause(invariant: str, operation: str = "", cause: str = "") -> str:
+    """``"check | operation | cause"``: what tells two findings of one check apart.
+
+    ``operation`` is the target's method whose result was judged (the last call of
+    the program); ``cause`` the target's exception type, or how its outcome differed
+    (``accepted``, ``raised``). Complexity: O(1).
+    """
+    return " | ".join(part for part in (invariant, operation, cause) if part)
+
+
 class Violation(AssertionError):
     """A failed check. ``str()`` is ``"[<invariant>] <detail>"``, parseable by :meth:`parse`.
 
@@ -102,11 +112,16 @@ class Violation(AssertionError):
                     that fails on the target, or None
     """
 
-    def __init__(self, invariant: str, detail: str, check_line: str | None = None) -> None:
+    def __init__(
+        self, invariant: str, detail: str, check_line: str | None = None, signature: str = ""
+    ) -> None:
         super().__init__(f"[{invariant}] {detail}")
         self.invariant = invariant
         self.detail = detail
         self.check_line = check_line
+        #: the root cause: ``check | operation | the target's error or outcome`` (see
+        #: :func:`root_cause`); the check's name alone where nothing finer is known
+        self.signature = signature or invariant
 
     @staticmethod
     def parse(message: str) -> tuple[str, str] | None:

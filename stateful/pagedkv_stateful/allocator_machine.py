@@ -333,6 +333,8 @@ class AllocatorMachine(LockstepMachine):
                     f"{src} gave {res!r}: a block of another allocator must be rejected"
                     + (" with ForeignBlockError" if typed else ""),
                     f"expect_error(lambda: {src}{name})",
+                    cause="foreign block "
+                    + (f"raised {type(res).__name__}" if isinstance(res, Exception) else "taken"),
                 )
             self._log(f"expect_error(lambda: {src}{name})")
             self._check_unchanged(src, res)
@@ -554,8 +556,12 @@ class AllocatorMachine(LockstepMachine):
         src = "alloc.clear_copy_on_writes()"
         res = self._attempt(self.adapter.clear_copy_on_writes)
         if isinstance(res, Exception):
-            self._log(src)
-            self._violate("same error as spec", f"{src} raised {res!r}")
+            self._violate(
+                "same error as spec",
+                f"{src} raised {res!r}",
+                f"expect_accepted(lambda: {src})",
+                cause=f"raised {type(res).__name__}",
+            )
         self.model, expected = spec.clear_copy_on_writes(self.model)
         if [tuple(p) for p in res] != list(expected):
             self._violate(
@@ -653,6 +659,7 @@ class AllocatorMachine(LockstepMachine):
                 "same error as spec",
                 f"{src} returned {res}; the spec raises {expected!r}",
                 f"expect_error(lambda: {src}{self._error_name(expected)})",
+                cause=f"accepted, the spec raises {type(expected).__name__}",
             )
         if res != want:
             self._violate(

@@ -29,9 +29,12 @@ usage error with a hint, not a violation.
 
 The lockstep machine runs under Hypothesis; every violated check is reported by
 name with the shortest failing program Hypothesis found, printed as Python
-against the target's own API. Each check is reported once: after a violation
-the search runs again, discarding test cases that hit a check already reported,
-until a round finds nothing (or ``--max-violations``).
+against the target's own API. Findings are told apart by their *root cause*:
+the check, the target's operation whose result was judged, and the target's
+error type or outcome (``same error as spec | swap | raised ForeignBlockError,
+not InvalidSwapError``), so one check can report several distinct bugs. After a
+violation the search runs again, discarding only the test cases that hit a root
+cause already reported, until a round finds nothing (or ``--max-violations``).
 
 Streaming: the report's header is printed when the search starts, each finding
 as soon as it is found (the same block the final report holds), then the
@@ -162,6 +165,12 @@ EXPECT_ERROR = '''def expect_error(call, name=None):
         assert name is None or type(err).__name__ == name, f"raised {err!r}, spec: {name}"
     else:
         raise AssertionError("accepted a call the spec rejects")'''
+EXPECT_ACCEPTED = '''def expect_accepted(call):
+    """The spec accepts this call: it must not raise."""
+    try:
+        call()
+    except Exception as err:
+        raise AssertionError(f"raised {err!r}; the spec accepts the call") from err'''
 STATUS = '''def status(answer):
     """OK / LATER / NEVER of an admission answer (an AllocStatus or an AllocDecision)."""
     return getattr(answer, "status", answer).name'''
@@ -191,6 +200,9 @@ class Finding:
         calls       statements in the program's body (after the imports and helpers)
         shrunk      False when the search was stopped while Hypothesis was still
                     shrinking it: the program is the shortest seen, not the shortest
+        root_cause  ``check | operation | the target's error or outcome``
+                    (:func:`~pagedkv_stateful.adapters.root_cause`): findings are
+                    told apart by it, so one check can report several causes
     """
 
     invariant: str
@@ -198,11 +210,13 @@ class Finding:
     program: tuple[str, ...]
     calls: int
     shrunk: bool = True
+    root_cause: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The finding as JSON-ready data (``check`` is :attr:`invariant`)."""
         return {
             "check": self.invariant,
+            "root_cause": self.root_cause or self.invariant,
             "detail": self.detail,
             "program": list(self.program),
             "calls": self.calls,
@@ -288,6 +302,8 @@ class ConformanceReport:
         """Finding ``number`` (from 1), after a blank line."""
         shrunk = "" if f.shrunk else "; the search stopped while shrinking it"
         lines = ["", f"violation {number}: {f.invariant}", f"  {f.detail}"]
+        if f.root_cause and f.root_cause != f.invariant:
+            lines.append(f"  root cause: {f.root_cause}")
         lines.append(f"  shortest failing program ({f.calls} statements{shrunk}):")
         lines += ["", *(f"    {line}" if line else "" for line in f.program)]
         return "\n".join(lines)
@@ -548,7 +564,11 @@ def _settings(profile: str, max_examples: int | None, seed_value: int | None) ->
 def _program(body: list[str], imports: list[str]) -> tuple[tuple[str, ...], int]:
     helpers = [
         h
-        for h, used in ((EXPECT_ERROR, "expect_error("), (STATUS, "status("))
+        for h, used in (
+            (EXPECT_ERROR, "expect_error("),
+            (EXPECT_ACCEPTED, "expect_accepted("),
+            (STATUS, "status("),
+        )
         if any(used in line for line in body)
     ]
     head = [*_merge_imports(imports), ""]
@@ -633,7 +653,7 @@ def run_conformance(
                 report.ended = ended
                 break
             run.add(finding)
-            known.add(finding.invariant)
+            known.add(finding.root_cause or finding.invariant)
             if ended:
                 report.ended = ended
                 break
@@ -701,14 +721,15 @@ class _Search:
 
 
 def _check_name(err: Exception) -> str:
-    return err.invariant if isinstance(err, Violation) else "unexpected exception"
+    """The root cause ``err`` stands for (a Violation's signature)."""
+    return err.signature if isinstance(err, Violation) else "unexpected exception"
 
 
 def _finding(err: Exception, body: list[str], imports: list[str]) -> Finding:
     """The finding for a test case that raised ``err`` after writing ``body``."""
     program, calls = _program(body, imports)
     if isinstance(err, Violation):
-        return Finding(err.invariant, err.detail, program, calls)
+        return Finding(err.invariant, err.detail, program, calls, root_cause=err.signature)
     frames = traceback.extract_tb(err.__traceback__)
     where = f" (in {frames[-1].name}, {frames[-1].filename}:{frames[-1].lineno})"
     detail = f"{type(err).__name__}: {err}{where if frames else ''}"
@@ -774,7 +795,7 @@ def _round(
         run_state_machine_as_test(cls, settings=run_settings)
     except Violation as v:
         program, calls = _program(final[-1].program if final else [], run.imports)
-        return Finding(v.invariant, v.detail, program, calls), ""
+        return Finding(v.invariant, v.detail, program, calls, root_cause=v.signature), ""
     except Unsatisfiable:
         return None, f"{more} (most test cases hit a check already reported)"
     except Flaky as err:

@@ -23,6 +23,7 @@ registry (:mod:`pagedkv_spec.invariants`), never by matching text.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import NoReturn, Protocol, TypeVar
@@ -36,7 +37,7 @@ from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import REGISTRY, cited, first_broken, label
 from pagedkv_spec.manager import ManagerView
 from pagedkv_spec.pool import PoolState, in_pool
-from pagedkv_stateful.adapters import Capabilities, Violation
+from pagedkv_stateful.adapters import Capabilities, Violation, root_cause
 
 __all__ = [
     "LockstepMachine",
@@ -56,8 +57,10 @@ GPU = Device.GPU
 class LockstepMachine(RuleBasedStateMachine):
     """Plumbing shared by the lockstep machines: verdicts, error judging, the program.
 
-    ``known``: check names already reported; a run that fails one of them is
-    discarded (``reject``), so a search can look for the *other* violations.
+    ``known``: root-cause signatures already reported (:meth:`Violation.signature`:
+    the check, the operation and the target's error or outcome); a run that fails
+    one of them is discarded (``reject``), so a search looks for the *other* root
+    causes, of other checks and of the same check alike.
     """
 
     known: frozenset[str] = frozenset()
@@ -70,16 +73,20 @@ class LockstepMachine(RuleBasedStateMachine):
         detail: str,
         check_line: str | None = None,
         replace_last: bool = False,
+        cause: str = "",
     ) -> NoReturn:
-        """Raise the Violation (or discard the run if it is ``known``). ``check_line``
-        ends the program (replacing its last line when that line made the same call)."""
-        if invariant in self.known:
+        """Raise the Violation (or discard the run if its root cause is ``known``).
+        ``check_line`` ends the program (replacing its last line when that line made the
+        same call); ``cause``: the target's error type or outcome, for the signature."""
+        operation = _operation(check_line or (self.program[-1] if self.program else ""))
+        signature = root_cause(invariant, operation, cause)
+        if signature in self.known:
             reject()
         if check_line:
             if replace_last:
                 self.program.pop()
             self.program.append(f"{check_line}  # {invariant}")
-        raise Violation(invariant, detail, check_line)
+        raise Violation(invariant, detail, check_line, signature)
 
     def _log(self, line: str) -> None:
         self.program.append(line)
@@ -113,10 +120,11 @@ class LockstepMachine(RuleBasedStateMachine):
             spec_call()
         except PagedKVError as expected:
             if self.caps.typed_errors and type(err) is not type(expected):
-                self._log(f"{src}  # raises {type(err).__name__}")
                 self._violate(
                     "same error as spec",
                     f"{src} raised {err!r}; the spec raises {type(expected).__name__}",
+                    f"expect_error(lambda: {src}, {type(expected).__name__!r})",
+                    cause=f"raised {type(err).__name__}, not {type(expected).__name__}",
                 )
             self._log(f"expect_error(lambda: {src}{self._error_name(expected)})")
             event(f"error: {type(expected).__name__}")
@@ -124,8 +132,12 @@ class LockstepMachine(RuleBasedStateMachine):
             return
         except Exception:  # the spec accepted the call but had no valid choice to judge
             pass
-        self._log(f"{src}  # raises {type(err).__name__}")
-        self._violate("same error as spec", f"{src} raised {err!r} but the spec accepts the call")
+        self._violate(
+            "same error as spec",
+            f"{src} raised {err!r} but the spec accepts the call",
+            f"expect_accepted(lambda: {src})",
+            cause=f"raised {type(err).__name__}, the spec accepts",
+        )
 
     def _expect_rejected(
         self, res: object, spec_call: Callable[[], object], src: str, expected: str = ""
@@ -146,6 +158,7 @@ class LockstepMachine(RuleBasedStateMachine):
             "same error as spec",
             f"{src} was accepted; the spec rejects it ({expected or 'an error'})",
             f"expect_error(lambda: {src}{name})",
+            cause=f"accepted, the spec raises {expected or 'an error'}",
         )
 
     def _check_unchanged(self, src: str, err: Exception) -> None:
@@ -157,6 +170,7 @@ class LockstepMachine(RuleBasedStateMachine):
                 f"{src} raised {type(err).__name__} (the spec rejects it too) but changed "
                 f"the state: [{changed.invariant}] {changed.detail}",
                 changed.check_line,
+                cause=f"{type(err).__name__} changed {changed.invariant}",
             )
 
     def _judge(
@@ -181,6 +195,7 @@ class LockstepMachine(RuleBasedStateMachine):
                 "same error as spec",
                 f"{src} was accepted; the spec raises {expected!r}",
                 f"expect_error(lambda: {src}{self._error_name(expected)})",
+                cause=f"accepted, the spec raises {type(expected).__name__}",
             )
         except Violation:
             raise
@@ -285,3 +300,12 @@ def free_as_set(s: S) -> S:
         gpu=replace(s.gpu, free=tuple(sorted(s.gpu.free))),
         cpu=replace(s.cpu, free=tuple(sorted(s.cpu.free))),
     )
+
+
+_CALL = re.compile(r"\b(?:alloc|mgr|pool)\.(\w+)\(")
+
+
+def _operation(line: str) -> str:
+    """The target method a program line calls (``alloc.swap(...)`` -> ``swap``), or ""."""
+    match = _CALL.search(line)
+    return match.group(1) if match else ""
