@@ -116,6 +116,12 @@ class AllocatorMachine(LockstepMachine):
         """The target's own representation check, if it has one."""
         self.adapter.check_invariants(dict(enumerate(self.objs)))
 
+    def _target_check(self) -> tuple[Callable[[], object], str] | None:
+        if type(self.adapter).check_invariants is AllocatorAdapter.check_invariants:
+            return None  # the default adapter has no check
+        handles = ", ".join(f"{h}: b{h}" for h in range(len(self.objs)))
+        return self.check_impl_invariants, f"alloc.check_invariants({{{handles}}})"
+
     # ------------------------------------------------------------------ plumbing
 
     @property

@@ -101,6 +101,15 @@ class CachingAllocatorMachine(LockstepMachine):
     def _has(self, name: str) -> bool:
         return callable(getattr(self.impl, name, None))
 
+    def _target_check(self) -> tuple[Callable[[], object], str] | None:
+        if not self._has("check_invariants"):
+            return None
+        handles = ", ".join(f"{h}: b{h}" for h in range(len(self.objs)))
+        return (
+            lambda: self.impl.check_invariants(dict(enumerate(self.objs))),
+            f"alloc.check_invariants({{{handles}}})",
+        )
+
     def _abstract(self) -> spec.CachingState:
         return normalised(self.impl.to_caching_spec(dict(enumerate(self.objs))))
 

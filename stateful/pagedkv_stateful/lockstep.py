@@ -78,7 +78,10 @@ class LockstepMachine(RuleBasedStateMachine):
         """Raise the Violation (or discard the run if its root cause is ``known``).
         ``check_line`` ends the program (replacing its last line when that line made the
         same call); ``cause``: the target's error type or outcome, for the signature."""
-        operation = _operation(check_line or (self.program[-1] if self.program else ""))
+        judged = check_line or ""
+        if not _operation(judged) or "check_invariants(" in judged:  # then the last call
+            judged = self.program[-1] if self.program else judged
+        operation = _operation(judged)
         signature = root_cause(invariant, operation, cause)
         if signature in self.known:
             reject()
@@ -90,6 +93,28 @@ class LockstepMachine(RuleBasedStateMachine):
 
     def _log(self, line: str) -> None:
         self.program.append(line)
+
+    def _target_check(self) -> tuple[Callable[[], object], str] | None:
+        """The target's own representation check as ``(call, source)``, if it has one
+        (``source`` is a statement of the printed program); machines override this."""
+        return None
+
+    def _failing_check_line(self) -> str | None:
+        """A statement that fails on the target *now*: its own representation check, if
+        it has one and it fails (an AssertionError, such as pagedkv's
+        InvariantViolationError, when replayed); else None. Ends a program whose check
+        judged the target's state or choice, so that the program replays as a failure."""
+        check = self._target_check()
+        if check is None:
+            return None
+        call, source = check
+        try:
+            call()
+        except AssertionError:
+            return source
+        except Exception:  # not a failing check: another error; nothing to assert with
+            return None
+        return None
 
     def _attempt(self, call: Callable[[], T]) -> T | Exception:
         """Call the target; an exception is returned, to be judged against the spec."""
@@ -208,7 +233,11 @@ class LockstepMachine(RuleBasedStateMachine):
                 message = f"{type(why).__name__}: {message}"
             cited_id = cited(message)
             name = site if cited_id is None else label(cited_id)
-            self._violate(name, f"the spec rejects the result of {src}: {message}")
+            self._violate(
+                name,
+                f"the spec rejects the result of {src}: {message}",
+                self._failing_check_line(),
+            )
         self._log(f"{lhs}{src}")
         return out
 
@@ -218,7 +247,11 @@ class LockstepMachine(RuleBasedStateMachine):
         except Exception as err:
             number = str(getattr(err, "invariant", ""))
             name = label(number) if number in REGISTRY else "check_invariants"
-            self._violate(name, f"the target's check_invariants() failed: {err}")
+            self._violate(
+                name,
+                f"the target's check_invariants() failed: {err}",
+                self._failing_check_line(),
+            )
 
 
 # --------------------------------------------------------------------------- choices
