@@ -28,6 +28,7 @@ from pagedkv_spec.invariants import REGISTRY
 from pagedkv_stateful import adapters, conform
 from pagedkv_stateful.adapters import CHECKS, AllocatorAdapter, Capabilities, Violation
 from pagedkv_stateful.conform import ConformanceReport, Finding, run_conformance
+from pagedkv_stateful.coverage import STATE_CLASSES, reached
 
 # tests/ is on sys.path under pytest (not on mypy's path, hence the import by name).
 fa: Any = importlib.import_module("faulty_allocators")
@@ -139,6 +140,35 @@ def test_one_check_reports_each_root_cause_with_its_own_program() -> None:
         assert f"root cause: {f.root_cause}" in ConformanceReport.render_finding(1, f)
         assert f.to_dict()["root_cause"] == f.root_cause
         assert isinstance(replay(f), AssertionError), f.program
+
+
+def test_the_report_counts_what_the_search_reached() -> None:
+    """The coverage table: test cases per state class and per target operation."""
+    program = [
+        "b0 = alloc.allocate_mutable_block(None, Device.GPU)",
+        "expect_error(lambda: alloc.swap([b0], Device.GPU, Device.GPU), 'InvalidSwapError')",
+        "alloc.swap([b0], Device.GPU, Device.CPU)",
+        "alloc.free(b0)",
+        "assert mgr.append_slots(s0, 2) == []",
+    ]
+    assert reached(program) == {
+        "allocate_mutable_block",
+        "swap rejected",
+        "swap",
+        "swap GPU->CPU",
+        "free",
+        "free after a swap",
+        "append_slots",
+        "append with lookahead",
+    }
+    assert "swap CPU->GPU" in reached(["alloc.swap([b0], Device.CPU, Device.GPU)"])
+    report = check(fa.fifo_allocator, examples=30)
+    assert report.coverage["allocate_mutable_block"] >= 1
+    assert sum(report.coverage[k] for k in STATE_CLASSES) > 0, report.coverage
+    text = report.render()
+    assert "coverage (test cases reaching each):" in text
+    assert all(f"{name} " in text for name in STATE_CLASSES)  # reached or not, listed
+    assert report.to_dict()["coverage"] == dict(sorted(report.coverage.items()))
 
 
 def test_manager_compared_through_the_api_only() -> None:

@@ -65,6 +65,7 @@ import os
 import sys
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -92,6 +93,7 @@ from pagedkv_stateful.adapters import (
 )
 from pagedkv_stateful.allocator_machine import AllocatorMachine
 from pagedkv_stateful.caching_machine import CachingAllocatorMachine
+from pagedkv_stateful.coverage import STATE_CLASSES, reached
 from pagedkv_stateful.lockstep import LockstepMachine
 from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import register_profiles
@@ -268,6 +270,8 @@ class ConformanceReport:
     counts: SearchCounts = field(default_factory=SearchCounts)
     interrupted: bool = False
     warnings: list[str] = field(default_factory=list)
+    #: test cases that reached each operation / state class (:mod:`.coverage`)
+    coverage: Counter[str] = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -321,7 +325,25 @@ class ConformanceReport:
         if self.findings or self.interrupted:
             lines.append(f"search ended: {self.ended}")
         lines.append(f"searched: {self.counts.describe()}")
+        lines += self.render_coverage()
         return "\n".join(lines)
+
+    def render_coverage(self) -> list[str]:
+        """The coverage table: test cases per state class (every class, reached or
+        not), then per target operation, most reached first."""
+        if not self.coverage:
+            return []
+        states = ", ".join(f"{name} {self.coverage[name]:,}" for name in STATE_CLASSES)
+        ops = sorted(
+            (k for k in self.coverage if k not in STATE_CLASSES),
+            key=lambda k: (-self.coverage[k], k),
+        )
+        calls = ", ".join(f"{k} {self.coverage[k]:,}" for k in ops)
+        return [
+            "coverage (test cases reaching each):",
+            f"  states: {states}",
+            f"  calls: {calls}",
+        ]
 
     def render(self) -> str:
         """The report as text."""
@@ -343,6 +365,7 @@ class ConformanceReport:
             "interrupted": self.interrupted,
             "ended": self.ended,
             "warnings": list(self.warnings),
+            "coverage": dict(sorted(self.coverage.items())),
             "result": self.result,
             "exit_status": self.exit_status,
         }
@@ -702,6 +725,7 @@ class _Search:
         """A test case ended (``err``: what it raised); record a failure, report progress."""
         if isinstance(err, Exception) and not isinstance(err, HypothesisException):
             self.failures.append((err, list(program)))
+        self.report.coverage.update(reached(program))
         self.report.counts.seconds = time.monotonic() - self.began
         self.listener.progress(self.report)
 

@@ -311,8 +311,12 @@ class ManagerMachine(LockstepMachine):
         res = self._attempt(lambda: self.adapter.append_slots(seq, lookahead))
         if isinstance(res, Exception):
             if can is not None:
-                self._log(f"{src}  # raises {type(res).__name__}")
-                self._violate(f"can => do ({can})", f"{can} said yes but {src} raised {res!r}")
+                self._violate(
+                    f"can => do ({can})",
+                    f"{can} said yes but {src} raised {res!r}",
+                    f"expect_accepted(lambda: {src})",
+                    cause=f"raised {type(res).__name__}",
+                )
             self._expect_same_error(
                 res,
                 lambda: spec.append_slots(self.model, seq.seq_id, unseen, lookahead, computed, ()),
@@ -369,9 +373,11 @@ class ManagerMachine(LockstepMachine):
         cross: tuple[str, list[int], list[int]] | None = None
         if isinstance(res, Exception):
             if expected is AllocStatus.OK:
-                self._log(f"{src}  # raises {type(res).__name__}")
                 self._violate(
-                    "can => do (can_allocate)", f"can_allocate OK but allocate raised {res!r}"
+                    "can => do (can_allocate)",
+                    f"can_allocate OK but allocate raised {res!r}",
+                    f"expect_accepted(lambda: {src})",
+                    cause=f"raised {type(res).__name__}",
                 )
             if encoder is not None:
                 cross = (group.request_id, list(encoder.get_token_ids()), [])
@@ -535,9 +541,11 @@ class ManagerMachine(LockstepMachine):
         res = self._attempt(lambda: self.adapter.swap_out(group))
         if isinstance(res, Exception):
             if answer:
-                self._log(f"{src}  # raises {type(res).__name__}")
                 self._violate(
-                    "can => do (can_swap_out)", f"can_swap_out True but swap_out raised {res!r}"
+                    "can => do (can_swap_out)",
+                    f"can_swap_out True but swap_out raised {res!r}",
+                    f"expect_accepted(lambda: {src})",
+                    cause=f"raised {type(res).__name__}",
                 )
             self._expect_same_error(res, lambda: spec.swap_out(self.model, running, {}), src)
             return
@@ -587,9 +595,11 @@ class ManagerMachine(LockstepMachine):
         res = self._attempt(lambda: self.adapter.swap_in(group))
         if isinstance(res, Exception):
             if expected is AllocStatus.OK:
-                self._log(f"{src}  # raises {type(res).__name__}")
                 self._violate(
-                    "can => do (can_swap_in)", f"can_swap_in OK but swap_in raised {res!r}"
+                    "can => do (can_swap_in)",
+                    f"can_swap_in OK but swap_in raised {res!r}",
+                    f"expect_accepted(lambda: {src})",
+                    cause=f"raised {type(res).__name__}",
                 )
             self._expect_same_error(res, lambda: spec.swap_in(self.model, ids, {}), src)
             return

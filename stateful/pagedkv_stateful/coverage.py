@@ -1,0 +1,66 @@
+"""What a conformance search reached: the target operations and state classes of its
+test cases, counted from the programs the machines write (one line per target call).
+
+:func:`reached` names, for one test case's program, every class it reached: each
+target operation that succeeded (``swap``) or was rejected (``swap rejected``), and
+the state classes the kit is meant to reach that a program shows (a successful
+swap each way, a free or an allocation after a swap, a lookahead append, a fork).
+Classes a program's text cannot show (a copy-on-write, a window slide) are not
+counted here. :class:`~pagedkv_stateful.conform.ConformanceReport`
+counts test cases per class and prints the table at the end, so a search that never
+reached a class says so instead of passing quietly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+__all__ = ["STATE_CLASSES", "reached"]
+
+_CALL = re.compile(r"\b(?:alloc|mgr|pool)\.(\w+)\(")
+_LOOKAHEAD = re.compile(r"\.append_slots\(\w+, (\d+)\)")
+
+#: The state classes, in the order the table prints them.
+STATE_CLASSES = (
+    "swap GPU->CPU",
+    "swap CPU->GPU",
+    "free after a swap",
+    "allocate after a swap",
+    "append with lookahead",
+    "fork",
+)
+
+
+def reached(program: Iterable[str]) -> set[str]:
+    """The operations and state classes one test case's program reached. O(lines)."""
+    out: set[str] = set()
+    swapped = False
+    for line in program:
+        match = _CALL.search(line)
+        if match is None:
+            continue
+        op = match.group(1)
+        rejected = line.lstrip().startswith("expect_error(")
+        out.add(f"{op} rejected" if rejected else op)
+        if rejected:
+            continue
+        if op == "swap":
+            out.add("swap GPU->CPU" if line.find("GPU") < line.find("CPU") else "swap CPU->GPU")
+            swapped = True
+        elif op == "swap_out":
+            out.add("swap GPU->CPU")
+            swapped = True
+        elif op == "swap_in":
+            out.add("swap CPU->GPU")
+            swapped = True
+        elif swapped and op in ("free", "free_cross"):
+            out.add("free after a swap")
+        elif swapped and op.startswith("allocate"):
+            out.add("allocate after a swap")
+        lookahead = _LOOKAHEAD.search(line)
+        if lookahead is not None and int(lookahead.group(1)) > 0:
+            out.add("append with lookahead")
+        if op == "fork":
+            out.add("fork")
+    return out
