@@ -291,8 +291,11 @@ class BlockSpaceManager:
         True implies every ``append_slots`` of the step succeeds.
         Complexity: O(running sequences).
         """
-        _group(seq_group)
-        _lookahead(num_lookahead_slots)
+        # NOTE: the checks inline their common case (exact types): this runs per group per step.
+        if seq_group.__class__ is not SequenceGroup:
+            _group(seq_group)
+        if num_lookahead_slots.__class__ is not int or num_lookahead_slots < 0:
+            _lookahead(num_lookahead_slots)
         touched = 0
         tables = self.block_tables
         for seq in seq_group.get_seqs(_RUNNING):
@@ -309,10 +312,13 @@ class BlockSpaceManager:
         the next forward pass. Spec: ``append_slots``.
         Complexity: O(blocks touched + tokens appended).
         """
-        table = self.block_tables.get(_seq(seq).seq_id)
+        if seq.__class__ is not Sequence:  # the checks' common case inline: per seq per step
+            _seq(seq)
+        table = self.block_tables.get(seq.seq_id)
         if table is None:
             raise UnknownSequenceError(seq.seq_id)
-        _lookahead(num_lookahead_slots)
+        if num_lookahead_slots.__class__ is not int or num_lookahead_slots < 0:
+            _lookahead(num_lookahead_slots)
         ids = table.physical_block_ids
         if ids and ids[-1] >= self._num_gpu:  # the last block is real, so it tells the device
             self._require_on(seq, table, _GPU, "append to")  # raises: on the CPU
@@ -368,7 +374,9 @@ class BlockSpaceManager:
         for group in seq_groups:
             entries: list[tuple[Sequence, BlockTable, list[int]]] = []
             touched = 0
-            for seq in _group(group).get_seqs(_RUNNING):
+            if group.__class__ is not SequenceGroup:
+                _group(group)
+            for seq in group.get_seqs(_RUNNING):
                 table = tables.get(seq.seq_id)
                 if table is None:
                     raise UnknownSequenceError(seq.seq_id)
