@@ -1427,6 +1427,12 @@ add(
     ValueError,
 )
 add("Simulator(None)", _none, lambda w: Simulator(None), TypeError)
+add(
+    "Simulator.run a workload beyond this machine's memory",
+    _none,
+    lambda w: _small_sim().run([RequestSpec(f"r{i}", 0.0, 2**24, 2**24, 1024) for i in range(9)]),
+    ValueError,
+)
 for _text in (
     '{"request_id": "a", "arrival_time": 0, "prompt_len": 4, "output_len": -1}',
     '{"request_id": "a", "arrival_time": 0, "prompt_len": "4", "output_len": 1}',
@@ -1529,6 +1535,14 @@ for _name, _line in (
     ),
     ("duplicate ids", _GOOD.strip() + "\n" + _GOOD.strip()),
     ("invalid utf-8", "\udcff\udcfe"),
+    (
+        "a workload beyond this machine's memory",
+        "\n".join(
+            f'{{"request_id": "r{i}", "arrival_time": 0, "prompt_len": 16777216, '
+            f'"output_len": 16777216, "n": 1024}}'
+            for i in range(9)
+        ),
+    ),
 ):
     CLI_CASES.append(
         CliCase(

@@ -180,7 +180,11 @@ def available_memory() -> int | None:
 
 
 def require_fits_in_memory(
-    what: str, nbytes: int, error: ValueErrorClass, limit: int | None = None
+    what: str,
+    nbytes: int,
+    error: ValueErrorClass,
+    limit: int | None = None,
+    hint: str = "use fewer or smaller blocks",
 ) -> None:
     """Raise before allocating ``nbytes`` for ``what`` when they exceed ``limit``
     (default: this machine's physical memory). Complexity: O(1)."""
@@ -188,5 +192,5 @@ def require_fits_in_memory(
     if limit is not None and nbytes > limit:
         raise error(
             f"{what} needs about {nbytes:,} bytes, more than the {limit:,} bytes of "
-            "memory this machine has; use fewer or smaller blocks"
+            f"memory this machine has; {hint}"
         )

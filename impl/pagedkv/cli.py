@@ -243,6 +243,7 @@ def _simulate(args: argparse.Namespace) -> int:
         }
     if args.trace and args.num_requests:
         requests = requests[: args.num_requests]
+    Simulator.check_requests(requests)  # before the cache is allocated
     config = SimulationConfig(
         block_size=args.block_size or sizes["block_size"],
         num_gpu_blocks=None

@@ -33,6 +33,7 @@ import torch
 
 from pagedkv._validate import (
     require_bool,
+    require_fits_in_memory,
     require_instance,
     require_int,
     require_optional_int,
@@ -198,6 +199,14 @@ class Simulator:
 
     # ------------------------------------------------------------------ the run
 
+    @staticmethod
+    def check_requests(requests: list[RequestSpec]) -> None:
+        """Raise unless ``requests`` is a list of :class:`RequestSpec` with distinct ids
+        whose tokens fit in this machine's memory (an estimate, before any work:
+        :data:`_TOKEN_BYTES` per token of every sequence). :meth:`run` calls it first;
+        the CLI calls it before it allocates the cache. Complexity: O(len(requests))."""
+        _check_requests(requests)
+
     def run(
         self,
         requests: list[RequestSpec],
@@ -212,7 +221,7 @@ class Simulator:
         Complexity: per step O(scheduled tokens + live blocks), plus O(live
         tokens) tensor work for the KV check when checking is on.
         """
-        _check_requests(requests)
+        self.check_requests(requests)
         sched, tally = self.scheduler, Tally(len(requests), self.config.check)
         pending = deque(sorted(requests, key=lambda r: r.arrival_time))
         clock, start = 0, time.perf_counter()
@@ -491,10 +500,13 @@ def _cuda(device: str | None) -> bool:
 
 
 def _check_requests(requests: object) -> None:
-    """Raise unless ``requests`` is a list of RequestSpecs with distinct ids. O(n)."""
+    """Raise unless ``requests`` is a list of RequestSpecs with distinct ids whose tokens
+    fit in memory (estimated before the run: :data:`_TOKEN_BYTES` per token of every
+    sequence). O(n)."""
     if not isinstance(requests, list | tuple):
         raise ArgumentTypeError("requests", requests, "a list of RequestSpec")
     seen: set[str] = set()
+    tokens = 0
     for r in requests:
         require_instance("requests (each request)", r, RequestSpec, "a RequestSpec")
         if r.request_id in seen:
@@ -502,3 +514,16 @@ def _check_requests(requests: object) -> None:
                 "Simulator.run", f"duplicate request_id {r.request_id!r}; give each its own id"
             )
         seen.add(r.request_id)
+        tokens += (r.prompt_len + r.output_len) * r.n
+    require_fits_in_memory(
+        f"a workload of {len(requests)} requests ({tokens:,} tokens over all sequences)",
+        tokens * _TOKEN_BYTES,
+        lambda detail: WorkloadError("Simulator.run", detail),
+        hint="give fewer or shorter requests (or a smaller n)",
+    )
+
+
+#: Bytes a token of a sequence costs the simulator at most: the token in the
+#: sequence's list (a pointer and an int), the prompt tuple, the toy KV's code per
+#: position, the block's token list.
+_TOKEN_BYTES = 128
