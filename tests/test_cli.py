@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -121,7 +122,10 @@ def test_trace_with_a_prompt_longer_than_the_cache(
         (["simulate", "--gpu-blocks", "-3"], "--gpu-blocks: must be an integer >= 1"),
         (["simulate", "--cpu-blocks", "-1"], "--cpu-blocks: must be an integer >= 0"),
         (["simulate", "--num-requests", "0"], "--num-requests"),
-        (["simulate", "--lookahead", "x"], "--lookahead"),
+        (
+            ["simulate", "--lookahead", "x"],
+            "argument --lookahead: must be an integer >= 0, got 'x'",
+        ),
         (["simulate", "--max-steps", "0"], "--max-steps"),
         (["simulate", "--watermark", "1.5"], "must be a number in [0, 1)"),
         (["simulate", "--gpu-memory", "lots"], "expected a size like 4096, 64MiB"),
@@ -186,16 +190,47 @@ def test_plot_without_matplotlib(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
     message = error_of(capsys, [*SMALL, "--plot", str(tmp_path / "p.png")])
-    assert "needs matplotlib" in message and "pip install 'pagedkv[plot]'" in message
+    assert message.startswith("pagedkv: error: --plot needs matplotlib")
+    assert "pip install 'pagedkv[plot]'" in message
     assert not (tmp_path / "p.png").exists()
 
 
-def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")
+def test_plot_writes_a_png(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plt = pytest.importorskip("matplotlib.pyplot")
+    closed: list[Any] = []
+    monkeypatch.setattr(plt, "close", closed.append)  # keep the figure to read its title
     target = tmp_path / "run.png"
     assert cli.main([*SMALL, "--plot", str(target)]) == 0
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "plot written to" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"pagedkv: plot written to {target}\n"
+    (figure,) = closed
+    assert figure.get_suptitle().startswith("pagedkv simulate --preset chat: 4/4 finished, ")
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [(OSError(28, "No space left on device"), "No space left on device"), (OSError("odd"), "odd")],
+)
+def test_a_plot_that_cannot_be_written_is_one_error_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    error: OSError,
+    shown: str,
+) -> None:
+    pytest.importorskip("matplotlib")
+
+    def fail(*args: object) -> None:
+        raise error
+
+    monkeypatch.setattr(report, "plot", fail)  # as a full disk would
+    target = str(tmp_path / "run.png")
+    assert cli.main([*SMALL, "--plot", target]) == 2
+    err = capsys.readouterr().err
+    assert err == f"pagedkv: error: cannot write --plot {target!r}: {shown}\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,6 +251,217 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["simulate", "--help"]) == 0
     assert "--preemption" in capsys.readouterr().out
+
+
+PRESET_CHOICES = "{chat,long-context,multi-turn,overload,parallel-sampling,system-prompt}"
+
+
+def test_the_help_says_what_each_command_and_option_is(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "300")  # one line per option, whatever the terminal
+    assert cli.main(["--help"]) == 0
+    top = capsys.readouterr().out.splitlines()
+    assert top[:3] == [
+        "usage: pagedkv [-h] COMMAND ...",
+        "",
+        "pagedkv: a verified paged KV-cache manager",
+    ]
+    assert "    simulate  serve a workload and print a summary" in top
+    conform = "    conform   check a block allocator or manager against the spec "
+    conform += "(see docs/conformance.md)"
+    assert conform in top
+    assert cli.main(["simulate", "--help"]) == 0
+    usage, options = capsys.readouterr().out.split("\noptions:\n")
+    helps = " ".join(options.split())  # an option's help may start on its next line
+    assert " ".join(usage.split()).startswith(
+        f"usage: pagedkv simulate [-h] [--preset {PRESET_CHOICES} | --trace FILE]"
+    )
+    for option in [
+        f"--preset {PRESET_CHOICES} synthetic workload with its cache size (default: overload)",
+        "--trace FILE JSONL trace; arrival_time in steps (pagedkv.workload)",
+        "--num-requests NUM_REQUESTS override the preset's count",
+        "--seed SEED seed of the synthetic workload",
+        "--block-size BLOCK_SIZE tokens per block",
+        "--gpu-blocks GPU_BLOCKS GPU KV blocks",
+        "--gpu-memory GPU_MEMORY GPU KV bytes, e.g. 64MiB",
+        "--cpu-blocks CPU_BLOCKS CPU swap blocks",
+        "--cpu-memory CPU_MEMORY CPU swap bytes, e.g. 16MiB",
+        "--num-layers NUM_LAYERS",
+        "--num-kv-heads NUM_KV_HEADS",
+        "--head-size HEAD_SIZE",
+        "--dtype {bfloat16,float16,float32} default: float16 on CUDA, else float32",
+        "--device {auto,cpu,cuda} auto: CUDA if present",
+        "--watermark WATERMARK GPU share kept free by admission",
+        "--preemption {auto,recompute,swap} preferred mode; auto: recompute single sequences, "
+        "swap the others",
+        "--lookahead LOOKAHEAD lookahead slots",
+        "--max-num-seqs MAX_NUM_SEQS",
+        "--max-num-batched-tokens MAX_NUM_BATCHED_TOKENS",
+        "--max-steps MAX_STEPS",
+        "--enable-caching prefix caching: requests sharing a prompt prefix share its KV blocks",
+        "--no-check skip per-step invariant/KV checks",
+        "--json print the results as JSON",
+        "--plot FILE.png plot usage, queues and preemptions (.png, .pdf, .svg)",
+        "--quiet no progress bar",
+    ]:
+        assert option in helps, option
+
+
+def test_the_progress_bar_draws_the_first_and_the_last_frame(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    trace = write_trace(tmp_path, '{"arrival_time": 0, "prompt_len": 5, "output_len": 3}')
+    assert cli.main(["simulate", "--trace", trace, "--device", "cpu", "--json"]) == 0
+    frames = terminal.getvalue().split("\r")
+    assert frames[0] == "" and frames[-1].endswith("\n")  # the bar's line is ended
+    assert frames[1] == "[" + "-" * 30 + "] 0/1 requests, step 1"  # drawn at once
+    assert frames[-1] == "[" + "#" * 30 + "] 1/1 requests, step 3\n"  # and when all are done
+
+
+INT_FLAGS = {  # each integer flag and its least value
+    "--num-requests": 1,
+    "--block-size": 1,
+    "--gpu-blocks": 1,
+    "--cpu-blocks": 0,
+    "--num-layers": 1,
+    "--num-kv-heads": 1,
+    "--head-size": 1,
+    "--lookahead": 0,
+    "--max-num-seqs": 1,
+    "--max-num-batched-tokens": 1,
+    "--max-steps": 1,
+}
+
+
+@pytest.mark.parametrize(("flag", "low"), sorted(INT_FLAGS.items()))
+def test_an_integer_flag_takes_its_least_value_and_no_less(
+    capsys: pytest.CaptureFixture[str], flag: str, low: int
+) -> None:
+    args = cli.build_parser().parse_args(["simulate", flag, str(low)])
+    assert vars(args)[flag[2:].replace("-", "_")] == low
+    message = error_of(capsys, ["simulate", flag, str(low - 1)])
+    assert f"argument {flag}: must be an integer >= {low}, got '{low - 1}'" in message
+
+
+# ---- the flags reach the simulation
+
+TINY = [
+    '{"arrival_time": 0, "prompt_len": 20, "output_len": 3}',
+    '{"arrival_time": 0, "prompt_len": 20, "output_len": 3}',
+    '{"arrival_time": 0, "prompt_len": 20, "output_len": 3}',
+]
+
+
+def simulated(capsys: pytest.CaptureFixture[str], tmp_path: Path, *flags: str) -> dict[str, Any]:
+    """The JSON of ``simulate`` over the TINY trace with ``flags``."""
+    trace = write_trace(tmp_path, *TINY)
+    argv = ["simulate", "--trace", trace, "--gpu-blocks", "32", "--quiet", "--json", *flags]
+    assert cli.main(argv) == 0
+    data: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def test_the_batch_limits_and_max_steps_reach_the_scheduler(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    base = simulated(capsys, tmp_path)["summary"]
+    assert (base["finished"], base["steps"]) == (3, 3)  # one batch: a prefill, two decodes
+    assert simulated(capsys, tmp_path, "--max-num-seqs", "1")["summary"]["steps"] == 9  # 1 by 1
+    # one prompt of 20 tokens per step: the three are no longer prefilled together
+    assert simulated(capsys, tmp_path, "--max-num-batched-tokens", "20")["summary"]["steps"] > 3
+    cut = simulated(capsys, tmp_path, "--max-steps", "2")["summary"]
+    assert (cut["steps"], cut["unfinished"]) == (2, 3)
+    assert simulated(capsys, tmp_path, "--num-requests", "1")["summary"]["requests"] == 1
+
+
+def test_the_cache_and_scheduler_flags_reach_the_setup(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    flags = ["--cpu-blocks", "5", "--num-layers", "1", "--num-kv-heads", "3", "--head-size"]
+    flags += ["4", "--watermark", "0.25", "--preemption", "swap", "--lookahead", "2"]
+    data = simulated(capsys, tmp_path, *flags, "--seed", "7", "--device", "cpu", "--no-check")
+    assert data["setup"] == {
+        "block_size": 16,
+        "num_gpu_blocks": 32,
+        "num_cpu_blocks": 5,
+        "block_bytes": 2 * 1 * 16 * 3 * 4 * 4,  # K/V, layers, block size, heads, head size, fp32
+        "model": "1 layers x 3 KV heads x head size 4",
+        "dtype": "float32",
+        "device": "cpu",
+        "watermark": 0.25,
+        "preemption": "swap",
+        "lookahead": 2,
+        "seed": 7,
+        "prefix_caching": False,
+        "workload": str(tmp_path / "trace.jsonl"),
+    }
+    assert data["summary"]["checked"] is False
+    defaults = simulated(capsys, tmp_path)
+    on_cpu = defaults["setup"]["device"] == "cpu"  # the default device: CUDA where present
+    assert {k: v for k, v in defaults["setup"].items() if k != "device"} == {
+        "block_size": 16,  # a trace's cache defaults
+        "num_gpu_blocks": 32,
+        "num_cpu_blocks": 64,
+        "block_bytes": 2 * 2 * 16 * 2 * 8 * (4 if on_cpu else 2),
+        "model": "2 layers x 2 KV heads x head size 8",
+        "dtype": "float32" if on_cpu else "float16",
+        "watermark": 0.01,
+        "preemption": "auto",
+        "lookahead": 0,
+        "seed": 0,
+        "prefix_caching": False,
+        "workload": str(tmp_path / "trace.jsonl"),
+    }
+    assert defaults["summary"]["checked"] is True
+
+
+def test_a_preset_run_serves_the_seeded_workload_and_names_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pagedkv.workload import generate, preset
+
+    argv = [*SMALL, "--seed", "5", "--gpu-blocks", "400", "--json"]
+    assert cli.main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    requests = generate(preset("chat"), 5, 4)
+    assert data["summary"]["prompt_tokens"] == sum(r.prompt_len for r in requests)
+    assert data["summary"]["generated_tokens"] == sum(r.output_len for r in requests)
+    assert data["setup"]["workload"] == "--preset chat"
+    assert cli.main([*SMALL, "--seed", "5"]) == 0
+    assert "workload       --preset chat" in capsys.readouterr().out.splitlines()
+
+
+def test_an_unwritable_plot_path_is_named_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    path = str(tmp_path / "no" / "p.png")
+    message = error_of(capsys, [*SMALL, "--plot", path])
+    assert message == (
+        f"pagedkv: error: --plot {path!r}: directory {str(tmp_path / 'no')!r} does not exist; "
+        "create it first"
+    )
+
+
+@pytest.mark.parametrize(("text", "value"), [("0", 0.0), ("0.5", 0.5), ("0.999", 0.999)])
+def test_watermark_accepts_the_half_open_unit_interval(text: str, value: float) -> None:
+    args = cli.build_parser().parse_args(["simulate", "--watermark", text])
+    assert args.watermark == value
+
+
+@pytest.mark.parametrize("text", ["1", "1.0", "-0.01", "x", "nan"])
+def test_watermark_rejects_what_is_outside_it(
+    capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    message = error_of(capsys, ["simulate", "--watermark", text])
+    assert f"argument --watermark: must be a number in [0, 1), got {text!r}" in message
 
 
 # ---- parse_size (--gpu-memory, --cpu-memory)
@@ -456,3 +702,161 @@ def test_the_json_holds_every_figure_and_reason() -> None:
     assert data["setup"] == SETUP
     assert data["rejected"] == [{"request_id": "r1", "reason": "too long"}]
     assert data["aborted"] == [{"request_id": "r2", "reason": "diverged"}]
+
+
+def test_the_json_is_indented_by_two_spaces() -> None:
+    result = report.SimulationResult(distinct_summary(), report.Timeline(), [], [], SETUP)
+    lines = report.to_json(result).splitlines()
+    assert lines[:3] == ["{", '  "setup": {', '    "block_size": 16,']
+
+
+# ---- report: the plot
+
+
+def _timeline_result(cached: bool) -> report.SimulationResult:
+    line = report.Timeline(
+        step=[0, 1, 3],
+        kv_usage=[0.1, 0.5, 0.25],
+        waiting=[2, 1, 0],
+        running=[1, 2, 1],
+        swapped=[0, 1, 0],
+        preempted_recompute=[0, 1, 1],
+        preempted_swap=[1, 0, 1],
+        cached_blocks=[2, 4, 3] if cached else [],
+    )
+    summary = report.Summary(requests=5, finished=3, preempted_recompute=2, preempted_swap=1)
+    return report.SimulationResult(summary, line, [], [], {**SETUP, "num_gpu_blocks": 8})
+
+
+def _drawn(
+    result: report.SimulationResult, path: Path, monkeypatch: pytest.MonkeyPatch, *title: str
+) -> Any:
+    """The figure report.plot draws (kept when it closes it) after it wrote ``path``."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    closed: list[Any] = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    report.plot(result, path, *title)
+    assert len(closed) == 1
+    return closed[0]
+
+
+def _lines(ax: Any) -> list[tuple[object, ...]]:
+    """(label, x, y, colour, line width, draw style) of each line of ``ax``."""
+    from matplotlib.colors import to_hex
+
+    return [
+        (
+            ln.get_label(),
+            list(ln.get_xdata()),
+            list(ln.get_ydata()),
+            to_hex(ln.get_color()),
+            ln.get_linewidth(),
+            ln.get_drawstyle(),
+        )
+        for ln in ax.get_lines()
+    ]
+
+
+def _legend(ax: Any) -> list[str]:
+    legend = ax.get_legend()
+    return [] if legend is None else [t.get_text() for t in legend.get_texts()]
+
+
+def test_the_plot_draws_usage_queues_and_cumulative_preemptions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib
+    from matplotlib.colors import to_hex
+
+    target = tmp_path / "run.png"
+    fig = _drawn(_timeline_result(cached=True), target, monkeypatch, "--preset x")
+    png = target.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    size = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert size == (1000, 800)  # 10 x 8 inches at 100 dpi
+    assert (
+        fig.get_suptitle()
+        == "pagedkv simulate --preset x: 3/5 finished, 2 recompute + 1 swap preemptions"
+    )
+    ax_kv, ax_q, ax_p = fig.get_axes()
+    assert ax_kv.get_shared_x_axes().joined(ax_kv, ax_p) and ax_q.get_shared_x_axes().joined(
+        ax_q, ax_p
+    )
+    steps = [0, 1, 3]
+    blue, cyan, orange, green, red, purple = (
+        to_hex(f"tab:{c}") for c in ("blue", "cyan", "orange", "green", "red", "purple")
+    )
+    assert _lines(ax_kv) == [
+        ("used", steps, [10.0, 50.0, 25.0], blue, 1.0, "default"),
+        ("cached (prefix cache)", steps, [25.0, 50.0, 37.5], cyan, 1.0, "default"),  # of 8
+    ]
+    assert _legend(ax_kv) == ["used", "cached (prefix cache)"]
+    assert ax_kv.get_ylabel() == "GPU KV blocks used (%)" and ax_kv.get_ylim() == (0, 105)
+    assert _lines(ax_q) == [
+        ("waiting", steps, [2, 1, 0], orange, 1.0, "default"),
+        ("running", steps, [1, 2, 1], green, 1.0, "default"),
+        ("swapped", steps, [0, 1, 0], red, 1.0, "default"),
+    ]
+    assert _legend(ax_q) == ["waiting", "running", "swapped"]
+    assert ax_q.get_ylabel() == "requests in queue"
+    default = matplotlib.rcParams["lines.linewidth"]  # the steps keep matplotlib's width
+    assert _lines(ax_p) == [
+        ("recompute", steps, [0, 1, 2], purple, default, "steps-post"),
+        ("swap", steps, [1, 1, 2], red, default, "steps-post"),
+    ]
+    assert _legend(ax_p) == ["recompute", "swap"]
+    assert ax_p.get_ylabel() == "preemptions (cumulative)"
+    assert ax_p.get_xlabel() == "scheduler step"
+
+
+def test_the_plot_without_a_prefix_cache_has_one_usage_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fig = _drawn(_timeline_result(cached=False), tmp_path / "run.svg", monkeypatch)
+    assert fig.get_suptitle().startswith("pagedkv simulate : 3/5 finished")  # no title
+    ax_kv = fig.get_axes()[0]
+    assert [ln.get_label() for ln in ax_kv.get_lines()] == ["used"]
+    assert ax_kv.get_legend() is None
+    assert (tmp_path / "run.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_the_summary_table_shows_the_prefix_cache_row_with_caching() -> None:
+    summary = dataclasses.replace(
+        distinct_summary(),
+        prefix_caching=True,
+        cached_prompt_tokens=61,
+        cache_hits=62,
+        cache_queries=63,
+        cache_hit_rate=62 / 63,
+        cache_evictions=64,
+        peak_cached_blocks=65,
+    )
+    lines = report.format_summary(
+        report.SimulationResult(summary, report.Timeline(), [], [], SETUP)
+    ).splitlines()
+    assert lines[8:10] == [
+        "prefix cache   hit rate 98.4 % (62/63 block lookups), 61 prompt tokens skipped, "
+        "64 evictions, peak 65 cached blocks",
+        "fragmentation  4.5 % of allocated token slots empty (mean)",
+    ]
+
+
+def test_the_summary_table_lists_exactly_three_reasons_without_a_more_line() -> None:
+    rejected = [(f"r{i}", f"why {i}") for i in range(3)]
+    result = report.SimulationResult(distinct_summary(), report.Timeline(), rejected, [], SETUP)
+    lines = report.format_summary(result).splitlines()
+    assert lines[-3:] == [
+        "rejected       r0: why 0",
+        "rejected       r1: why 1",
+        "rejected       r2: why 2",
+    ]
+
+
+def test_the_cached_share_of_a_one_block_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = _timeline_result(cached=True)
+    result.setup["num_gpu_blocks"] = 1
+    result.timeline.cached_blocks[:] = [1, 0, 1]
+    fig = _drawn(result, tmp_path / "run.png", monkeypatch)
+    assert list(fig.get_axes()[0].get_lines()[1].get_ydata()) == [100.0, 0.0, 100.0]

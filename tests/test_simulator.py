@@ -19,6 +19,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import raised
 from pagedkv import Device
 from pagedkv.content_key import ExtraKeys, sha256_key
 from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError
@@ -252,6 +253,9 @@ def test_the_kv_check_catches_blocks_reported_computed_before_they_were_written(
     ):
         sim.run(requests)
     assert info.value.invariant == "KV1"
+    assert "GPU cache was told to skip unwritten or foreign KV for the KV of request" in str(
+        info.value
+    )
 
 
 class _DropsCopies(Scheduler):
@@ -282,6 +286,17 @@ def test_memory_budgets_and_impossible_sizes() -> None:
         Simulator(SimulationConfig(num_gpu_blocks=0, num_cpu_blocks=0))
     with pytest.raises(InvalidKVCacheConfigError):
         Simulator(SimulationConfig())
+
+
+@pytest.mark.parametrize(("device", "shown"), [(None, "the default device"), ("cpu", "cpu")])
+def test_a_cache_over_torchs_size_limit_names_its_device(device: str | None, shown: str) -> None:
+    config = SimulationConfig(
+        num_gpu_blocks=2**60, num_cpu_blocks=3, device=device, dtype=torch.float32
+    )
+    err = raised(InvalidKVCacheConfigError, Simulator, config)
+    per_block = 2 * 2 * 16 * 2 * 8 * 4  # layers, K/V, block size, heads, head size, float32
+    assert f"cannot allocate a KV cache of {2**60} GPU + 3 CPU blocks" in str(err)
+    assert f"({(2**60 + 3) * per_block} bytes at {per_block} B/block) on {shown};" in str(err)
 
 
 @settings(
@@ -648,3 +663,29 @@ def test_the_recount_runs_reach_every_figure() -> None:
         result, _, _ = _figure_run(index)
         nonzero |= {k for k, v in dataclasses.asdict(result.summary).items() if v}
     assert nonzero == {f.name for f in dataclasses.fields(Summary)}
+
+
+# ---- one write per slot (two prefills of one step computing one shared block)
+
+
+def test_two_writes_of_the_same_kv_into_one_slot_are_kept_once() -> None:
+    from pagedkv.simulator import _one_write_per_slot
+
+    slots = torch.tensor([5, 7, 5, 9])
+    values = torch.tensor([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [5.0, 6.0]])
+    kept_slots, kept_values = _one_write_per_slot(slots, values)
+    assert kept_slots.tolist() == [5, 7, 9]  # one write per slot, in slot order
+    assert kept_values.tolist() == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+    distinct = torch.tensor([3, 1, 2])
+    assert _one_write_per_slot(distinct, values[:3])[0].tolist() == [3, 1, 2]  # nothing to merge
+
+
+def test_two_writes_of_different_kv_into_one_slot_are_kv1() -> None:
+    from pagedkv.simulator import _one_write_per_slot
+
+    slots = torch.tensor([4, 5, 6, 5])
+    values = torch.zeros(4, 2, 2)
+    values[3, 1, 0] = 1.0  # the second writer of slot 5 differs in one element
+    err = raised(InvariantViolationError, _one_write_per_slot, slots, values)
+    assert err.invariant == "KV1"
+    assert "two sequences write different KV into one slot (5) in one step" in str(err)

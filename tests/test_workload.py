@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from helpers import raised
-from pagedkv.errors import WorkloadError
+from pagedkv.errors import ArgumentTypeError, WorkloadError
 from pagedkv.workload import (
     PRESETS,
     Preset,
@@ -188,6 +188,13 @@ def _req(
     return RequestSpec(rid, arrival, prompt, output, n)
 
 
+def _with(**values: object) -> str:
+    """LINE with ``values`` changed (``...``: the key left out)."""
+    obj: dict[str, object] = {"arrival_time": 1, "prompt_len": 3, "output_len": 2}
+    obj.update(values)
+    return json.dumps({k: v for k, v in obj.items() if v is not ...})
+
+
 @pytest.mark.parametrize(
     ("lines", "expected"),
     [
@@ -230,6 +237,10 @@ def _req(
         (['{"arrival_time": 0.0, "prompt_len": 1, "output_len": 1}'], [_req("r0", 0.0, 1, 1)]),
         (['{"arrival_time": 1e-3, "prompt_len": 1, "output_len": 1}'], [_req("r0", 0.001, 1, 1)]),
         (['{"arrival_time": 1, "prompt_len": 3, "output_len": 2, "request_id": " "}'], [_req(" ")]),
+        # a named prefix: prefix_len defaults to 0 and may be 0..prompt_len
+        ([_with(prefix="sys")], [RequestSpec("r0", 1.0, 3, 2, 1, "sys", 0)]),
+        ([_with(prefix="sys", prefix_len=0)], [RequestSpec("r0", 1.0, 3, 2, 1, "sys", 0)]),
+        ([_with(prefix="sys", prefix_len=3)], [RequestSpec("r0", 1.0, 3, 2, 1, "sys", 3)]),
     ],
 )
 def test_trace_lines_accepted(lines: list[str], expected: list[RequestSpec]) -> None:
@@ -248,13 +259,6 @@ def test_load_trace_reads_a_file_with_a_byte_order_mark(tmp_path: Path) -> None:
 
 
 # ---- trace parsing: what is rejected, with the line
-
-
-def _with(**values: object) -> str:
-    """LINE with ``values`` changed (``...``: the key left out)."""
-    obj: dict[str, object] = {"arrival_time": 1, "prompt_len": 3, "output_len": 2}
-    obj.update(values)
-    return json.dumps({k: v for k, v in obj.items() if v is not ...})
 
 
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -318,11 +322,24 @@ HUGE = "9" * 5000  # over Python's 4300-digit limit for int parsing
         (_with(n=None), "n must be an int in 1..1024, got None"),
         (_with(n=1.0), "got 1.0"),
         (_with(prompt_len="x" * 1000), "got 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx..."),  # cut
+        (_with(prompt_len="x" * 38), "got '" + "x" * 38 + "'"),  # 40 characters: whole
+        (_with(prompt_len="x" * 39), "got '" + "x" * 36 + "..."),  # 41: cut to 37 and "..."
         # request_id
         (_with(request_id=""), "request_id must be a non-empty string, got ''"),
         (_with(request_id=7), "request_id must be a non-empty string, got 7"),
         (_with(request_id=None), "got None"),
         (_with(request_id="r0"), "duplicate request_id 'r0', also on line 1"),
+        # prefix, prefix_len
+        (_with(prefix=""), "prefix must be a non-empty string, got ''"),
+        (_with(prefix=7), "prefix must be a non-empty string, got 7"),
+        (_with(prefix=None), "prefix must be a non-empty string, got None"),
+        (_with(prefix_len=1), "prefix_len needs a 'prefix' (its name)"),
+        (_with(prefix="sys", prefix_len=4), "prefix_len must be an int in 0..3, got 4"),
+        (_with(prefix="sys", prefix_len=-1), "prefix_len must be an int in 0..3, got -1"),
+        (_with(prefix="sys", prefix_len=1.5), "prefix_len must be an int in 0..3, got 1.5"),
+        (_with(prefix="sys", prefix_len=True), "prefix_len must be an int in 0..3, got True"),
+        (_with(request_id="a\nb"), "request_id must be printable text, got 'a\\nb'"),
+        (_with(request_id="\ud800"), "request_id must be printable text, got '\\ud800'"),
     ],
 )
 def test_trace_lines_rejected_with_the_line(bad: str, fragment: str) -> None:
@@ -349,3 +366,51 @@ def test_an_empty_or_unreadable_trace(tmp_path: Path) -> None:
 
 def test_request_spec_to_json() -> None:
     assert RequestSpec("a", 1.0, 2, 3).to_json().startswith('{"request_id": "a"')
+
+
+def test_to_json_keeps_the_prefix() -> None:
+    spec = RequestSpec("a", 1.5, 8, 2, 3, "sys", 4)
+    assert json.loads(spec.to_json()) == {
+        "request_id": "a",
+        "arrival_time": 1.5,
+        "prompt_len": 8,
+        "output_len": 2,
+        "n": 3,
+        "prefix": "sys",
+        "prefix_len": 4,
+    }
+    assert parse_trace([spec.to_json()]) == [spec]
+
+
+# ---- trace parsing: what is not a trace at all
+
+
+def test_lines_that_are_not_str_lines_are_a_type_error() -> None:
+    err = raised(ArgumentTypeError, parse_trace, "one string")
+    assert (err.parameter, err.expected) == (
+        "lines",
+        "an iterable of str lines (e.g. an open file)",
+    )
+    assert "got str 'one string'" in str(err)
+    err = raised(ArgumentTypeError, parse_trace, [LINE, 3], "t.jsonl")
+    assert (err.parameter, err.expected) == ("line 2 of t.jsonl", "a str")
+    assert "got int 3" in str(err)
+
+
+def test_errors_name_the_trace_source() -> None:
+    assert raised(WorkloadError, parse_trace, ["{"]).source == "<trace>"  # the default
+    assert raised(WorkloadError, parse_trace, ["{"], "mine.jsonl").source == "mine.jsonl"
+    empty = raised(WorkloadError, parse_trace, ["# nothing"], "e.jsonl")
+    assert (empty.source, empty.line) == ("e.jsonl", None)
+    assert empty.detail == "the trace holds no request"
+
+
+def test_load_trace_errors_name_the_file(tmp_path: Path) -> None:
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00")
+    err = raised(WorkloadError, load_trace, binary)
+    assert (err.source, err.detail) == (str(binary), "the trace is not UTF-8 text")
+    missing = tmp_path / "missing.jsonl"
+    err = raised(WorkloadError, load_trace, missing)
+    assert err.source == str(missing)
+    assert "cannot read the trace (No such file or directory)" in err.detail

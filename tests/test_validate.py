@@ -1,0 +1,349 @@
+"""The shared boundary checks (pagedkv._validate) and the command lines' output files
+(pagedkv.output_files): each rule at its bounds, the fields and message fragments of
+the errors, and that an output file is written whole or not at all. (Which public
+parameter uses which rule is the bad-input battery's business: tests/bad_input.py.)"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from helpers import raised
+from pagedkv import Device
+from pagedkv._validate import (
+    CheckedTokenIds,
+    available_memory,
+    require_bool,
+    require_device,
+    require_fits_in_memory,
+    require_id_lists,
+    require_ids,
+    require_instance,
+    require_int,
+    require_optional_int,
+    require_real,
+    require_str,
+    require_token_ids,
+)
+from pagedkv.errors import ArgumentTypeError, InvalidArgumentError
+from pagedkv.output_files import check_output_path, write_atomically
+
+BAD = InvalidArgumentError  # the value error class a boundary passes in
+
+
+# ---- require_int, require_optional_int
+
+
+@pytest.mark.parametrize(
+    ("value", "low", "high", "ok"),
+    [(0, 0, None, True), (-1, 0, None, False), (5, 1, 5, True), (6, 1, 5, False),
+     (-(10**30), None, None, True), (10**30, None, 3, False), (3, None, 3, True)],
+)  # fmt: skip
+def test_require_int_bounds_are_inclusive(
+    value: int, low: int | None, high: int | None, ok: bool
+) -> None:
+    if ok:
+        assert require_int("x", value, BAD, low, high) == value
+    else:
+        raised(BAD, require_int, "x", value, BAD, low, high)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "value", "message"),
+    [
+        (0, None, -1, "x must be an int >= 0, got -1"),
+        (None, 3, 4, "x must be an int <= 3, got 4"),
+        (1, 5, 9, "x must be an int in 1..5, got 9"),
+    ],
+)
+def test_require_int_names_its_bounds(
+    low: int | None, high: int | None, value: int, message: str
+) -> None:
+    assert str(raised(BAD, require_int, "x", value, BAD, low, high)) == message
+
+
+def test_require_int_adds_the_hint() -> None:
+    err = raised(BAD, require_int, "x", -1, BAD, 0, None, " (a count)")
+    assert str(err) == "x must be an int >= 0 (a count), got -1"
+
+
+@pytest.mark.parametrize("value", [True, False, 1.0, "1", None, [1]])
+def test_require_int_rejects_what_is_not_an_int(value: object) -> None:
+    err = raised(ArgumentTypeError, require_int, "x", value, BAD)
+    assert (err.parameter, err.expected) == ("x", "an int")
+    assert f"got {type(value).__name__} {value!r}" in str(err)
+
+
+def test_an_int_subclass_other_than_bool_is_an_int() -> None:
+    class Count(int):
+        pass
+
+    assert require_int("x", Count(3), BAD) == 3
+
+
+def test_require_optional_int() -> None:
+    assert require_optional_int("x", None, BAD) is None
+    assert require_optional_int("x", 0, BAD) == 0
+    assert str(raised(BAD, require_optional_int, "x", 0, BAD, 1)) == "x must be an int >= 1, got 0"
+    err = raised(BAD, require_optional_int, "x", -1, BAD, 0, " (hint)")
+    assert str(err) == "x must be an int >= 0 (hint), got -1"
+    assert raised(ArgumentTypeError, require_optional_int, "x", True, BAD).parameter == "x"
+
+
+# ---- require_real
+
+
+@pytest.mark.parametrize(
+    ("value", "kwargs", "ok"),
+    [
+        (0.0, {"low": 0.0, "high": 1.0}, True),
+        (1.0, {"low": 0.0, "high": 1.0}, True),
+        (1.0, {"low": 0.0, "high": 1.0, "high_open": True}, False),
+        (0.999, {"low": 0.0, "high": 1.0, "high_open": True}, True),
+        (-0.001, {"low": 0.0}, False),
+        (3, {}, True),
+        (float("inf"), {}, False),
+        (float("nan"), {}, False),
+        (float("-inf"), {"high": 1.0}, False),
+    ],
+)
+def test_require_real_bounds(value: float, kwargs: dict[str, object], ok: bool) -> None:
+    if ok:
+        got = require_real("x", value, BAD, **kwargs)  # type: ignore[arg-type]  # bounds by name
+        assert got == value and type(got) is float
+    else:
+        raised(BAD, lambda: require_real("x", value, BAD, **kwargs))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "value", "message"),
+    [
+        ({"low": 0.0, "high": 1.0}, 2.0, "x must be a finite number in [0.0, 1.0], got 2.0"),
+        (
+            {"low": 0.0, "high": 1.0, "high_open": True},
+            1.0,
+            "x must be a finite number in [0.0, 1.0), got 1.0",
+        ),
+        ({"low": 0.5}, 0.0, "x must be a finite number >= 0.5, got 0.0"),
+        ({}, float("nan"), "x must be a finite number, got nan"),
+    ],
+)
+def test_require_real_names_its_bounds(
+    kwargs: dict[str, object], value: float, message: str
+) -> None:
+    err = raised(BAD, lambda: require_real("x", value, BAD, **kwargs))  # type: ignore[arg-type]
+    assert str(err) == message
+
+
+@pytest.mark.parametrize("value", [True, "1.0", None, 1j])
+def test_require_real_rejects_what_is_not_a_number(value: object) -> None:
+    err = raised(ArgumentTypeError, require_real, "x", value, BAD)
+    assert (err.parameter, err.expected) == ("x", "a number (int or float)")
+    assert f"got {type(value).__name__} {value!r}" in str(err)
+
+
+# ---- require_bool, require_str, require_device, require_instance
+
+
+def test_require_bool() -> None:
+    assert require_bool("flag", True) is True and require_bool("flag", False) is False
+    for value in (0, 1, "yes", None):
+        err = raised(ArgumentTypeError, require_bool, "flag", value)
+        assert (err.parameter, err.expected) == ("flag", "a bool (True or False)")
+        assert f"got {type(value).__name__} {value!r}" in str(err)
+
+
+def test_require_str() -> None:
+    assert require_str("s", "a", BAD) == "a"
+    assert require_str("s", "", BAD, nonempty=False) == ""
+    assert str(raised(BAD, require_str, "s", "", BAD)) == "s must be a non-empty str, got ''"
+    err = raised(ArgumentTypeError, require_str, "s", 3, BAD)
+    assert (err.parameter, err.expected) == ("s", "a str") and "got int 3" in str(err)
+
+
+def test_require_device() -> None:
+    assert require_device("d", Device.GPU) is Device.GPU
+    err = raised(ArgumentTypeError, require_device, "d", "gpu")
+    assert (err.parameter, err.expected) == ("d", "Device.GPU or Device.CPU")
+    assert "got str 'gpu'" in str(err)
+
+
+def test_require_instance() -> None:
+    assert require_instance("v", 3, int, "an int") == 3
+    err = raised(ArgumentTypeError, require_instance, "v", "3", int, "a count")
+    assert (err.parameter, err.expected) == ("v", "a count") and "got str '3'" in str(err)
+
+
+# ---- token ids and block ids
+
+
+@pytest.mark.parametrize("value", [[], (), [0, 5], (1, 2), CheckedTokenIds([3])])
+def test_require_token_ids_accepts(value: object) -> None:
+    require_token_ids("tokens", value, BAD)
+
+
+def test_require_token_ids_rejects() -> None:
+    err = raised(ArgumentTypeError, require_token_ids, "tokens", "abc", BAD)
+    assert (err.parameter, err.expected) == ("tokens", "a list of int token ids")
+    assert "got str 'abc'" in str(err)
+    err = raised(ArgumentTypeError, require_token_ids, "tokens", [1, True, 2.0], BAD)
+    assert (err.parameter, err.expected) == ("tokens (each token id)", "an int")
+    assert "got bool True" in str(err)  # the first bad one
+    negative = raised(BAD, require_token_ids, "tokens", [3, -2, -5], BAD)
+    assert str(negative) == "tokens: token ids must be ints >= 0, got -5"  # the smallest
+
+
+def test_require_ids() -> None:
+    assert require_ids("ids", (1, 2)) == [1, 2] and require_ids("ids", []) == []
+    err = raised(ArgumentTypeError, require_ids, "ids", {1, 2})
+    assert (err.parameter, err.expected) == ("ids", "a list of int block ids")
+    assert "got set {1, 2}" in str(err)
+    err = raised(ArgumentTypeError, require_ids, "ids", [1, "2", None])
+    assert (err.parameter, err.expected) == ("ids (each id)", "an int")
+    assert "got str '2'" in str(err)
+
+
+def test_require_id_lists() -> None:
+    require_id_lists("lists", [[1], (2, 3), []])
+    require_id_lists("lists", ())
+    err = raised(ArgumentTypeError, require_id_lists, "lists", 5)
+    assert (err.parameter, err.expected) == ("lists", "a list of lists of int block ids")
+    assert "got int 5" in str(err)
+    err = raised(ArgumentTypeError, require_id_lists, "lists", [[1], 7])
+    assert (err.parameter, err.expected) == ("lists (each list)", "a list of int block ids")
+    assert "got int 7" in str(err)
+    err = raised(ArgumentTypeError, require_id_lists, "lists", [[1], [2, True]])
+    assert err.parameter == "lists (each list) (each id)" and "got bool True" in str(err)
+
+
+# ---- memory
+
+
+def test_available_memory_is_this_machines() -> None:
+    memory = available_memory()
+    assert memory is None or memory == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_require_fits_in_memory() -> None:
+    require_fits_in_memory("cache", 1000, BAD, limit=1000)
+    err = raised(BAD, require_fits_in_memory, "a cache", 1001, BAD, 1000)
+    assert str(err) == (
+        "a cache needs about 1,001 bytes, more than the 1,000 bytes of memory this "
+        "machine has; use fewer or smaller blocks"
+    )
+    memory = available_memory()
+    if memory is not None:  # the default limit is this machine's memory
+        require_fits_in_memory("cache", memory, BAD)
+        assert f"the {memory:,} bytes" in str(
+            raised(BAD, require_fits_in_memory, "c", memory + 1, BAD)
+        )
+
+
+# ---- check_output_path
+
+PLOTS = (".png", ".pdf", ".svg")
+
+
+def test_a_writable_path_passes(tmp_path: Path) -> None:
+    assert check_output_path(str(tmp_path / "p.png"), "--plot", PLOTS) is None
+    assert check_output_path(str(tmp_path / "P.PNG"), "--plot", PLOTS) is None  # any case
+    (tmp_path / "old.svg").write_text("")
+    assert check_output_path(str(tmp_path / "old.svg"), "--plot", PLOTS) is None  # replaced
+    assert check_output_path(str(tmp_path / "any.thing"), "--json") is None  # no extension rule
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        (
+            "plot",
+            "--plot '{p}': no extension is not a supported format; use one of .pdf, .png, .svg",
+        ),
+        ("p.xyz", "--plot '{p}': .xyz is not a supported format; use one of .pdf, .png, .svg"),
+        ("adir.png", "--plot '{p}' is a directory; give a file name"),
+        (
+            "no/such/p.png",
+            "--plot '{p}': directory '{d}/no/such' does not exist; create it first",
+        ),
+        (
+            "file.txt/p.png",
+            "--plot '{p}': directory '{d}/file.txt' does not exist; create it first",
+        ),
+    ],
+)
+def test_a_path_that_cannot_be_written_says_why(tmp_path: Path, name: str, message: str) -> None:
+    (tmp_path / "adir.png").mkdir()
+    (tmp_path / "file.txt").write_text("")
+    path = str(tmp_path / name)
+    got = check_output_path(path, "--plot", PLOTS)
+    assert got == message.format(p=path, d=tmp_path)
+
+
+def _unwritable_dir(tmp_path: Path) -> Path | None:
+    """A directory this process cannot write to: read-only to us, or on a read-only mount."""
+    mine = tmp_path / "ro"
+    mine.mkdir()
+    mine.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    for candidate in (mine, Path("/proc/sys")):
+        if candidate.is_dir() and not os.access(candidate, os.W_OK):
+            return candidate
+    return None  # root on a machine without a read-only mount
+
+
+def test_a_directory_that_cannot_be_written(tmp_path: Path) -> None:
+    where = _unwritable_dir(tmp_path)
+    if where is None:
+        pytest.skip("no directory here is read-only to this process")
+    path = str(where / "p.png")
+    assert check_output_path(path, "--plot", PLOTS) == (
+        f"--plot {path!r}: directory {str(where)!r} is not writable"
+    )
+
+
+# ---- write_atomically
+
+
+def test_write_atomically_writes_through_a_temporary_file_beside_the_target(tmp_path: Path) -> None:
+    target = tmp_path / "run.png"
+    target.write_bytes(b"old")
+    seen: list[Path] = []
+
+    def write(tmp: str) -> None:
+        seen.append(Path(tmp))
+        Path(tmp).write_bytes(b"new")
+
+    write_atomically(str(target), write)
+    (tmp,) = seen
+    assert tmp.parent == tmp_path and tmp.suffix == ".png"  # the writer picks its format by it
+    assert tmp.name.startswith(".run.png.")  # hidden, and named after its target
+    assert target.read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.png"]
+
+
+@pytest.mark.parametrize("error", [OSError("disk full"), KeyboardInterrupt()])
+def test_a_failed_write_leaves_the_target_untouched(tmp_path: Path, error: BaseException) -> None:
+    target = tmp_path / "run.png"
+    target.write_bytes(b"old")
+
+    def write(tmp: str) -> None:
+        Path(tmp).write_bytes(b"partial")
+        raise error
+
+    with pytest.raises(type(error)) as info:
+        write_atomically(str(target), write)
+    assert info.value is error
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.png"]
+
+
+def test_a_writer_that_removed_its_file_keeps_its_own_error(tmp_path: Path) -> None:
+    def write(tmp: str) -> None:
+        os.remove(tmp)
+        raise ValueError("the writer's error")
+
+    with pytest.raises(ValueError, match="the writer's error"):
+        write_atomically(str(tmp_path / "run.png"), write)
+    assert list(tmp_path.iterdir()) == []
