@@ -115,7 +115,7 @@ def test_require_real_bounds(value: float, kwargs: dict[str, object], ok: bool) 
         got = require_real("x", value, BAD, **kwargs)  # type: ignore[arg-type]  # bounds by name
         assert got == value and type(got) is float
     else:
-        raised(BAD, lambda: require_real("x", value, BAD, **kwargs))  # type: ignore[arg-type]
+        raised(BAD, lambda: require_real("x", value, BAD, **kwargs))  # type: ignore[arg-type]  # kwargs of mixed types
 
 
 @pytest.mark.parametrize(
@@ -134,7 +134,7 @@ def test_require_real_bounds(value: float, kwargs: dict[str, object], ok: bool) 
 def test_require_real_names_its_bounds(
     kwargs: dict[str, object], value: float, message: str
 ) -> None:
-    err = raised(BAD, lambda: require_real("x", value, BAD, **kwargs))  # type: ignore[arg-type]
+    err = raised(BAD, lambda: require_real("x", value, BAD, **kwargs))  # type: ignore[arg-type]  # kwargs of mixed types
     assert str(err) == message
 
 
