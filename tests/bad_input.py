@@ -644,6 +644,18 @@ add(
     ValueError,
 )
 add(
+    "caching mark_blocks_as_accessed now=10**400",
+    _caching,
+    lambda w: w["a"].mark_blocks_as_accessed([0], 10**400),
+    ValueError,
+)
+add(
+    "manager access_all_blocks_in_seq now=10**400",
+    _manager,
+    lambda w: w["m"].access_all_blocks_in_seq(w["run"].seqs[0], 10**400),
+    ValueError,
+)
+add(
     "caching mark_blocks_as_computed [True]",
     _caching,
     lambda w: w["a"].mark_blocks_as_computed([True]),
@@ -1391,6 +1403,7 @@ for _field, _bad, _exp in (
     ("arrival_time", "0", TypeError),
     ("arrival_time", -1.0, ValueError),
     ("arrival_time", float("inf"), ValueError),
+    ("arrival_time", 10**400, ValueError),
     ("prompt_len", 0, ValueError),
     ("prompt_len", True, TypeError),
     ("prompt_len", 1.5, TypeError),

@@ -83,12 +83,29 @@ def require_real(
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ArgumentTypeError(name, value, "a number (int or float)")
     too_high = high is not None and (value >= high if high_open else value > high)
-    if not math.isfinite(value) or (low is not None and value < low) or too_high:
+    finite = isinstance(value, int) or math.isfinite(value)  # an int of any size is finite
+    if not finite or (low is not None and value < low) or too_high:
         close = ")" if high_open else "]"
         bounds = f" in [{low}, {high}{close}" if high is not None else f" >= {low}"
         bounds = "" if low is None and high is None else bounds
-        raise error(f"{name} must be a finite number{bounds}, got {value!r}")
-    return float(value)
+        raise error(f"{name} must be a finite number{bounds}, got {_short(value)}")
+    return value if isinstance(value, float) else _as_float(name, value, error)
+
+
+def _as_float(name: str, value: int, error: ValueErrorClass) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond the floats: only reachable without a high bound
+        bits = value.bit_length()
+        raise error(f"{name} must be a finite number, got an int of {bits} bits") from None
+
+
+def _short(value: object) -> str:
+    """``repr(value)``, cut to 40 characters (a huge int's repr is slow and long)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an int of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def require_bool(name: str, value: object) -> bool:
