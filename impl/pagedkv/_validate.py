@@ -34,6 +34,7 @@ __all__ = [
     "require_real",
     "require_str",
     "require_token_ids",
+    "show",
 ]
 
 ValueErrorClass = Callable[[str], PagedKVError]
@@ -88,7 +89,7 @@ def require_real(
         close = ")" if high_open else "]"
         bounds = f" in [{low}, {high}{close}" if high is not None else f" >= {low}"
         bounds = "" if low is None and high is None else bounds
-        raise error(f"{name} must be a finite number{bounds}, got {_short(value)}")
+        raise error(f"{name} must be a finite number{bounds}, got {show(value)}")
     return value if isinstance(value, float) else _as_float(name, value, error)
 
 
@@ -100,11 +101,13 @@ def _as_float(name: str, value: int, error: ValueErrorClass) -> float:
         raise error(f"{name} must be a finite number, got an int of {bits} bits") from None
 
 
-def _short(value: object) -> str:
-    """``repr(value)``, cut to 40 characters (a huge int's repr is slow and long)."""
-    if isinstance(value, int) and value.bit_length() > 128:
-        return f"an int of {value.bit_length()} bits"
-    text = repr(value)
+def show(value: object) -> str:
+    """``repr(value)`` for a message, cut to 40 characters: a bad value may be huge (an
+    int of thousands of digits) or deeply nested. Complexity: O(len(repr))."""
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):  # deep nesting; an int over 4300 digits
+        text = f"a {type(value).__name__}"
     return text if len(text) <= 40 else text[:37] + "..."
 
 

@@ -90,8 +90,7 @@ def build_attention_inputs(
     """
     if isinstance(block_tables, str | bytes) or not isinstance(block_tables, Sequence):
         raise ArgumentTypeError("block_tables", block_tables, "a list of block-id lists")
-    tables_in = [_ids(f"block_tables[{i}]", t) for i, t in enumerate(block_tables)]
-    block_tables = tables_in
+    block_tables = [_ids(f"block_tables[{i}]", t) for i, t in enumerate(block_tables)]
     num_seqs = len(block_tables)
     ctx = _ids("context_lens", context_lens)
     qry = [1] * num_seqs if query_lens is None else _ids("query_lens", query_lens)

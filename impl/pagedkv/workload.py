@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedkv._validate import require_int, require_real, require_str
+from pagedkv._validate import show as _show
 from pagedkv.errors import ArgumentTypeError, WorkloadError
 
 __all__ = ["PRESETS", "Preset", "RequestSpec", "generate", "load_trace", "parse_trace", "preset"]
@@ -371,15 +372,6 @@ def _int_in(obj: dict[str, object], key: str, high: int, source: str, line: int)
         bound = "2**24" if high == MAX_TOKENS else str(high)
         raise WorkloadError(source, f"{key} must be an int in 1..{bound}, got {_show(value)}", line)
     return value
-
-
-def _show(value: object) -> str:
-    """``repr(value)``, cut to 40 characters (a bad value may be huge or deep)."""
-    try:
-        text = repr(value)
-    except (RecursionError, ValueError):  # deep nesting; an int over 4300 digits
-        text = f"a {type(value).__name__}"
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def load_trace(path: str | Path) -> list[RequestSpec]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["STATE_CLASSES", "reached"]
+__all__ = ["STATE_CLASSES", "operation", "reached"]
 
 _CALL = re.compile(r"\b(?:alloc|mgr|pool)\.(\w+)\(")
 _LOOKAHEAD = re.compile(r"\.append_slots\(\w+, (\d+)\)")
@@ -32,15 +32,20 @@ STATE_CLASSES = (
 )
 
 
+def operation(line: str) -> str:
+    """The target method a program line calls (``alloc.swap(...)`` -> ``swap``), or ""."""
+    match = _CALL.search(line)
+    return match.group(1) if match else ""
+
+
 def reached(program: Iterable[str]) -> set[str]:
     """The operations and state classes one test case's program reached. O(lines)."""
     out: set[str] = set()
     swapped = False
     for line in program:
-        match = _CALL.search(line)
-        if match is None:
+        op = operation(line)
+        if not op:
             continue
-        op = match.group(1)
         rejected = line.lstrip().startswith("expect_error(")
         out.add(f"{op} rejected" if rejected else op)
         if rejected:

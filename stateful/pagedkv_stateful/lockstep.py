@@ -23,7 +23,6 @@ registry (:mod:`pagedkv_spec.invariants`), never by matching text.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import NoReturn, Protocol, TypeVar
@@ -38,6 +37,7 @@ from pagedkv_spec.invariants import REGISTRY, cited, first_broken, label
 from pagedkv_spec.manager import ManagerView
 from pagedkv_spec.pool import PoolState, in_pool
 from pagedkv_stateful.adapters import Capabilities, Violation, root_cause
+from pagedkv_stateful.coverage import operation
 
 __all__ = [
     "LockstepMachine",
@@ -79,10 +79,9 @@ class LockstepMachine(RuleBasedStateMachine):
         ``check_line`` ends the program (replacing its last line when that line made the
         same call); ``cause``: the target's error type or outcome, for the signature."""
         judged = check_line or ""
-        if not _operation(judged) or "check_invariants(" in judged:  # then the last call
+        if not operation(judged) or "check_invariants(" in judged:  # then the last call
             judged = self.program[-1] if self.program else judged
-        operation = _operation(judged)
-        signature = root_cause(invariant, operation, cause)
+        signature = root_cause(invariant, operation(judged), cause)
         if signature in self.known:
             reject()
         if check_line:
@@ -333,12 +332,3 @@ def free_as_set(s: S) -> S:
         gpu=replace(s.gpu, free=tuple(sorted(s.gpu.free))),
         cpu=replace(s.cpu, free=tuple(sorted(s.cpu.free))),
     )
-
-
-_CALL = re.compile(r"\b(?:alloc|mgr|pool)\.(\w+)\(")
-
-
-def _operation(line: str) -> str:
-    """The target method a program line calls (``alloc.swap(...)`` -> ``swap``), or ""."""
-    match = _CALL.search(line)
-    return match.group(1) if match else ""
