@@ -7,13 +7,9 @@ from typing import TypeVar
 
 from pagedkv._arith import cdiv
 from pagedkv._validate import (
-    require_bool,
     require_device,
     require_fits_in_memory,
-    require_id_lists,
-    require_ids,
     require_int,
-    require_real,
     require_str,
 )
 from pagedkv.content_key import ExtraKeys
@@ -21,7 +17,6 @@ from pagedkv.errors import (
     ArgumentTypeError,
     ForeignBlockError,
     InvalidAllocatorConfigError,
-    InvalidArgumentError,
     InvalidSwapError,
     NullBlockError,
     StaleBlockError,
@@ -372,29 +367,22 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
 
     def mark_blocks_as_accessed(self, block_ids: list[int], now: float) -> None:
         """``last_accessed = now`` for GPU ids (no-op without caching). O(len * log n)."""
-        require_ids("block_ids", block_ids)
-        require_real("now", now, InvalidArgumentError)
         self._gpu.mark_blocks_as_accessed(block_ids, now)
 
     def mark_blocks_as_computed(self, block_ids: list[int]) -> None:
         """The batch ran: the GPU ids it promoted are computed (no-op without caching)."""
-        require_ids("block_ids", block_ids)
         self._gpu.mark_blocks_as_computed(block_ids)
 
     def get_computed_block_ids(
         self, prev_computed_block_ids: list[int], block_ids: list[int], skip_last_block_id: bool
     ) -> list[int]:
         """The longest computed prefix of GPU ``block_ids`` (``[]`` without caching)."""
-        require_ids("prev_computed_block_ids", prev_computed_block_ids)
-        require_ids("block_ids", block_ids)
-        require_bool("skip_last_block_id", skip_last_block_id)
         return self._gpu.get_computed_block_ids(
             prev_computed_block_ids, block_ids, skip_last_block_id
         )
 
     def get_common_computed_block_ids(self, computed_seq_block_ids: list[list[int]]) -> list[int]:
         """The common prefix of the lists, empty if any is (``[]`` without caching)."""
-        require_id_lists("computed_seq_block_ids", computed_seq_block_ids)
         return self._gpu.get_common_computed_block_ids(computed_seq_block_ids)
 
     def get_prefix_cache_hit_rate(self, device: Device) -> float:

@@ -571,8 +571,8 @@ class BlockSpaceManager:
         """Record ``now`` as the last access of every GPU block of ``seq`` (the evictor's
         order). No-op without caching. Complexity: O(blocks * log n)."""
         _seq(seq)
-        require_real("now", now, InvalidArgumentError)
-        if not self.enable_caching:
+        if not self.enable_caching:  # the allocator checks ``now``; here nothing reaches it
+            require_real("now", now, InvalidArgumentError)
             return
         table = self._table(seq)
         self._require_on(seq, table, _GPU, "mark as accessed")

@@ -12,8 +12,12 @@ from collections.abc import Iterable, Sequence
 
 from pagedkv._validate import (
     CheckedTokenIds,
+    require_bool,
     require_fits_in_memory,
+    require_id_lists,
+    require_ids,
     require_int,
+    require_real,
     require_token_ids,
 )
 from pagedkv.errors import (
@@ -23,6 +27,7 @@ from pagedkv.errors import (
     DoubleFreeError,
     ForeignBlockError,
     InvalidAllocatorConfigError,
+    InvalidArgumentError,
     InvalidSwapError,
     InvalidTokenIdsError,
     NoFreeBlocksError,
@@ -603,20 +608,30 @@ class NaiveBlockAllocator(BlockAllocator):
 
     # ------------------------------------------------------------------ prefix caching (off)
 
+    # The arguments are checked as the prefix-caching pool checks them, so a bad call
+    # is an error with caching off too.
+
     def mark_blocks_as_accessed(self, block_ids: list[int], now: float) -> None:
         """No-op: the naive allocator does no prefix caching."""
+        require_ids("block_ids", block_ids)
+        require_real("now", now, InvalidArgumentError)
 
     def mark_blocks_as_computed(self, block_ids: list[int]) -> None:
         """No-op: the naive allocator does no prefix caching."""
+        require_ids("block_ids", block_ids)
 
     def get_computed_block_ids(
         self, prev_computed_block_ids: list[int], block_ids: list[int], skip_last_block_id: bool
     ) -> list[int]:
         """Always ``[]``: nothing is cached."""
+        require_ids("prev_computed_block_ids", prev_computed_block_ids)
+        require_ids("block_ids", block_ids)
+        require_bool("skip_last_block_id", skip_last_block_id)
         return []
 
     def get_common_computed_block_ids(self, computed_seq_block_ids: list[list[int]]) -> list[int]:
         """Always ``[]``: nothing is cached."""
+        require_id_lists("computed_seq_block_ids", computed_seq_block_ids)
         return []
 
     def get_prefix_cache_hit_rate(self) -> float:

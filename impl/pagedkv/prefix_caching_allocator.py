@@ -870,6 +870,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
     def mark_blocks_as_computed(self, block_ids: list[int]) -> None:
         """The batch ran: every touched id is computed (``block_ids`` is ignored, as in
         vLLM 0.6.3: the allocator knows which ids the batch wrote). O(touched)."""
+        require_ids("block_ids", block_ids)
         computed = self._computed
         first = self._first
         for block_id in self._touched:
@@ -883,6 +884,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         ``skip_last_block_id``), recomputed from the current state (vLLM 0.6.3 extends
         the previous answer, which goes stale); ``prev_computed_block_ids`` is ignored.
         Complexity: O(len(block_ids))."""
+        require_ids("prev_computed_block_ids", prev_computed_block_ids)
         require_ids("block_ids", block_ids)
         require_bool("skip_last_block_id", skip_last_block_id)
         ids = block_ids[:-1] if skip_last_block_id else block_ids
