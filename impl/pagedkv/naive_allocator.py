@@ -534,10 +534,7 @@ class NaiveBlockAllocator(BlockAllocator):
             ids.append(b._block_id)
         for b in owned:
             if b._allocator is not self:
-                raise InvalidSwapError(
-                    f"block id {b._block_id} is on {dst_name}, not on {src_name}; pass the "
-                    "device it is on as the source"
-                )
+                raise wrong_source(b._block_id, src_name, dst_name)
         num_distinct = len(set(ids))
         if num_distinct > dst.get_num_free_blocks():
             raise NoFreeBlocksError(num_distinct, dst.get_num_free_blocks(), dst_name)
@@ -686,6 +683,14 @@ def check_prev_block(prev_block: object) -> None:
     require_block("prev_block", prev_block)
     if getattr(prev_block, "freed", False):
         raise StaleBlockError("chain a new block after")
+
+
+def wrong_source(block_id: int | None, src_name: str, dst_name: str) -> InvalidSwapError:
+    """The error of a swap given a block that is already on the destination. O(1)."""
+    return InvalidSwapError(
+        f"block id {block_id} is on {dst_name}, not on {src_name}; pass the device it is "
+        "on as the source"
+    )
 
 
 def check_chunks(block_token_ids: object) -> None:

@@ -38,7 +38,6 @@ from pagedkv.errors import (
     ForeignBlockError,
     ImmutableBlockError,
     InvalidArgumentError,
-    InvalidSwapError,
     InvalidTokenIdsError,
     NoFreeBlocksError,
     PromotionError,
@@ -53,6 +52,7 @@ from pagedkv.naive_allocator import (
     check_chunks,
     require_block,
     require_blocks,
+    wrong_source,
 )
 from pagedkv_spec.caching import NEVER_ACCESSED, CachePool, CachingState, ContentKey
 from pagedkv_spec.invariants import check, require
@@ -747,10 +747,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
             ids.append(b._block_id)
         for b in owned:
             if b._allocator is not self:
-                raise InvalidSwapError(
-                    f"block id {b._block_id} is on {dst_name}, not on {src_name}; pass the "
-                    "device it is on as the source"
-                )
+                raise wrong_source(b._block_id, src_name, dst_name)
         src_ids = list(dict.fromkeys(ids))
         hit: dict[int, int] = {}
         for i in src_ids:
