@@ -282,21 +282,20 @@ def test_a_path_that_cannot_be_written_says_why(tmp_path: Path, name: str, messa
     assert got == message.format(p=path, d=tmp_path)
 
 
-def _unwritable_dir(tmp_path: Path) -> Path | None:
-    """A directory this process cannot write to: read-only to us, or on a read-only mount."""
-    mine = tmp_path / "ro"
-    mine.mkdir()
-    mine.chmod(stat.S_IRUSR | stat.S_IXUSR)
-    for candidate in (mine, Path("/proc/sys")):
-        if candidate.is_dir() and not os.access(candidate, os.W_OK):
-            return candidate
-    return None  # root on a machine without a read-only mount
+def test_a_directory_that_cannot_be_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    where = tmp_path / "ro"
+    where.mkdir()
+    where.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    real_access = os.access
 
+    def access(path: str | os.PathLike[str], mode: int) -> bool:  # read-only even to root
+        if Path(path) == where and mode & os.W_OK:
+            return False
+        return real_access(path, mode)
 
-def test_a_directory_that_cannot_be_written(tmp_path: Path) -> None:
-    where = _unwritable_dir(tmp_path)
-    if where is None:
-        pytest.skip("no directory here is read-only to this process")
+    monkeypatch.setattr("pagedkv.output_files.os.access", access)
     path = str(where / "p.png")
     assert check_output_path(path, "--plot", PLOTS) == (
         f"--plot {path!r}: directory {str(where)!r} is not writable"
