@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch (already on disk on our machines); users with a GPU keep their own build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test lint typecheck pytest crosshair bench fuzz verify demo mutate gpu-check clean
+.PHONY: install test lint typecheck pytest crosshair bench fuzz verify demo mutate gpu-check conform-vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,29 @@ demo: $(STAMP)
 GPU_CHECK_ARGS ?=
 gpu-check: $(STAMP)
 	$(BIN)/python -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
+
+# The conformance kit on vLLM 0.6.3's own block layer, all three levels (docs/conformance.md).
+# Downloads the vllm 0.6.3 wheel once (pip --no-deps, about 190 MB, into $(VLLM_WHEELS)),
+# copies only its pure-Python block-layer modules to $(VLLM_DIR) beside small stand-ins of
+# pagedkv's own (pagedkv_stateful/vllm063.py), and runs `pagedkv conform` at each level
+# with the shipped factories; reports go to $(VLLM_DIR)/conform-LEVEL.json too. Not part of
+# `make test` (about 10 minutes on 2 cores; needs the network once). Then every printed
+# program is replayed as printed. Exit 0 when every level ran, whatever it found (vLLM's
+# findings are the point), and every program failed on replay; else 1 (2: setup error).
+VLLM_WHEELS ?= build/wheels
+VLLM_DIR    ?= build/vllm-0.6.3
+CONFORM_VLLM_ARGS ?= --max-violations 100
+conform-vllm: $(STAMP)
+	ls $(VLLM_WHEELS)/vllm-0.6.3-*.whl >/dev/null 2>&1 || \
+	  $(BIN)/python -m pip download -q --no-deps vllm==0.6.3 -d $(VLLM_WHEELS)
+	$(BIN)/python -m pagedkv_stateful.vllm063 extract $$(ls $(VLLM_WHEELS)/vllm-0.6.3-*.whl | head -1) $(VLLM_DIR)
+	for level in allocator manager caching; do \
+	  PAGEDKV_VLLM_DIR=$(VLLM_DIR) $(BIN)/python -m pagedkv conform pagedkv_stateful.vllm063:$$level \
+	    --level $$level --json $(VLLM_DIR)/conform-$$level.json $(CONFORM_VLLM_ARGS); \
+	  rc=$$?; [ $$rc -le 1 ] || exit $$rc; \
+	done
+	PAGEDKV_VLLM_DIR=$(VLLM_DIR) $(BIN)/python -m pagedkv_stateful.vllm063 replay \
+	  $(VLLM_DIR)/conform-allocator.json $(VLLM_DIR)/conform-manager.json $(VLLM_DIR)/conform-caching.json
 
 # Mutation testing of the allocator, manager, KV-engine and scheduler layers
 # (docs/mutation.md); not part of `make test` (an hour or more on 2 cores). mutmut

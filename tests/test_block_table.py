@@ -222,7 +222,7 @@ def test_allocate_full_chunks_then_a_mutable_tail() -> None:
     assert t.num_full_slots == 10 and t.num_empty_slots == 2 == t._num_empty_slots
     assert t.blocks[1].prev_block is t.blocks[0] and t.blocks[2].prev_block is t.blocks[1]
     assert alloc.get_num_free_blocks(GPU) == 5
-    assert t.get_token_ids_written() == list(range(10))
+    assert t.get_token_ids_written() == list(range(10)) == t._get_all_token_ids()
     t.check_invariants()
 
 
@@ -426,6 +426,7 @@ def test_sliding_window_replaces_old_blocks_with_the_null_block() -> None:
     assert alloc.get_num_free_blocks(GPU) == 8 - 5 + 1  # 4 table + null, block 0 back
     assert t.num_full_slots == 8 and t.num_empty_slots == 0
     assert t.get_token_ids_written() == [None, None, 2, 3, 4, 5, 6, 7]
+    assert t._get_all_token_ids() == [2, 3, 4, 5, 6, 7]  # vLLM's: dropped slots skipped
     assert t.get_block_token_ids() == [None, (2, 3), (4, 5), (6, 7)]
     t.append_token_ids([8, 9], num_computed_slots=8)  # 8//2 - 2 = 2: block 1 leaves
     assert t.physical_block_ids == [4, 4, 2, 3, 1]  # LIFO: the new block reuses id 1

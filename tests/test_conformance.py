@@ -162,6 +162,8 @@ def test_the_report_counts_what_the_search_reached() -> None:
         "append with lookahead",
     }
     assert "swap CPU->GPU" in reached(["alloc.swap([b0], Device.CPU, Device.GPU)"])
+    # a block object's own method is an operation too (vLLM writes tokens through it)
+    assert reached(["expect_accepted(lambda: b3.append_token_ids([]))"]) == {"append_token_ids"}
     report = check(fa.fifo_allocator, examples=30)
     assert report.coverage["allocate_mutable_block"] >= 1
     assert sum(report.coverage[k] for k in STATE_CLASSES) > 0, report.coverage

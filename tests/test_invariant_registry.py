@@ -267,8 +267,8 @@ def _planted_m3() -> str:
 
 def _planted_m4() -> str:
     m = _manager(window=4)
-    t, null = m.block_tables[1], m.block_allocator.null_block
-    assert null is not None and null.block_id is not None
+    t, null = m.block_tables[1], m.block_allocator.allocate_or_get_null_block()
+    assert null.block_id is not None
     t._blocks.append(null)  # a null slot after a real one
     t._block_ids.append(null.block_id)
     t._num_full_slots += 2

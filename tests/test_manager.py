@@ -71,7 +71,8 @@ def test_manager_configuration() -> None:
         assert str(err).startswith(f"{name} must be")
     w = BlockSpaceManager(4, 1, 0, watermark=0.0, sliding_window=1)
     assert w.max_block_sliding_window == 2  # 1 // 4 + 2
-    assert w.get_num_free_gpu_blocks() == 0  # the null block took the only GPU block
+    assert w.get_num_free_gpu_blocks() == 1  # the null block is taken by the first append
+    assert w.block_allocator.null_block is None
     assert BlockSpaceManager(4, 8, 0, sliding_window=9).max_block_sliding_window == 4
     none = BlockSpaceManager(4, 0, 0, watermark=0.0, sliding_window=4)
     assert none.block_allocator._null_block is None and none.get_num_free_gpu_blocks() == 0
@@ -450,17 +451,79 @@ def test_to_spec_shows_a_block_without_id_as_minus_one() -> None:
 
 def test_sliding_window_frees_old_blocks() -> None:
     m = BlockSpaceManager(2, 16, 0, watermark=0.0, sliding_window=2)  # keeps 3 blocks
-    assert m.get_num_free_gpu_blocks() == 15  # the null block is taken up front
+    assert m.get_num_free_gpu_blocks() == 16  # the null block is taken by the first append
     g = group_of("a", list(range(10)))
     admit(m, g)
+    assert m.get_num_free_gpu_blocks() == 11 and m.block_allocator.null_block is None
     (seq,) = g.get_seqs()
     seq.update_num_computed_tokens(10)
     seq.append_token_id(10)
     m.append_slots(seq, 0)
-    null_id = m.block_allocator.allocate_or_get_null_block().block_id
+    null = m.block_allocator.null_block
+    assert null is not None and null.block_id == 5  # the next free id, taken first
     table = m.get_block_table(seq)
-    assert table[:2] == [null_id, null_id] and null_id not in table[2:]
+    assert table[:2] == [5, 5] and 5 not in table[2:]
+    # 11 - 1 (null block) + 2 (dropped) - 1 (a block for token 10)
+    assert m.get_num_free_gpu_blocks() == 11
     assert m.stats.groups_allocated == 1
+    m.check_invariants()
+
+
+def test_the_first_windowed_append_takes_the_null_block_and_admission_counts_it() -> None:
+    m = BlockSpaceManager(2, 4, 0, watermark=0.0, sliding_window=2)
+    g = group_of("a", [1, 2, 3])  # blocks 0 (full) and 1 (one token): two free
+    admit(m, g)
+    (seq,) = g.get_seqs()
+    seq.update_num_computed_tokens(3)
+    seq.append_token_id(4)  # fits in block 1: only the null block is taken
+    assert m.can_append_slots(g)  # 1 touched + 1 for the null block <= 2 free
+    assert m.append_slots(seq) == []
+    null = m.block_allocator.null_block
+    assert null is not None and null.block_id == 2 and m.get_num_free_gpu_blocks() == 1
+    assert m.get_block_table(seq) == [0, 1]  # nothing left the window yet
+    m.check_invariants()
+
+
+def test_a_windowed_append_with_no_room_for_the_null_block_is_refused_and_changes_nothing() -> None:
+    m = BlockSpaceManager(2, 3, 0, watermark=0.0, sliding_window=2)
+    g = group_of("a", [1, 2, 3, 4])  # two full blocks: one free
+    admit(m, g)
+    (seq,) = g.get_seqs()
+    seq.update_num_computed_tokens(4)
+    seq.append_token_id(5)  # a new block, and the null block first: 2 > 1 free
+    # vLLM 0.6.3 says yes here (1 touched block <= 1 free) and its append then fails.
+    assert not m.can_append_slots(g)
+    err = raised(NoFreeBlocksError, lambda: m.append_slots(seq))
+    assert (err.requested, err.available) == (2, 1)
+    assert m.block_allocator.null_block is None and m.get_num_free_gpu_blocks() == 1
+    assert m.get_block_table(seq) == [0, 1]
+    m.check_invariants()
+
+
+def test_the_batch_counts_the_null_block_for_the_first_group_that_appends_only() -> None:
+    m = BlockSpaceManager(2, 6, 0, watermark=0.0, sliding_window=2)
+    groups = [group_of("a", [1, 2, 3]), group_of("b", [4, 5, 6], first_id=1)]
+    for g in groups:
+        admit(m, g)  # two blocks each: two free
+        (seq,) = g.get_seqs()
+        seq.update_num_computed_tokens(3)
+        seq.append_token_id(9)  # fits in the group's partial block
+    # "a": 1 touched + 1 (null block) <= 2; then "b": 1 touched <= the 1 left.
+    assert m.append_slots_batch(groups).num_appended == 2
+    assert m.get_num_free_gpu_blocks() == 1 and m.block_allocator.null_block is not None
+    m.check_invariants()
+
+
+def test_can_swap_in_counts_the_null_block_once_per_group() -> None:
+    m = BlockSpaceManager(2, 8, 4, watermark=0.0, sliding_window=2)
+    g = group_of("a", [1, 2, 3], n=2)  # two sequences sharing two blocks
+    admit(m, g)
+    assert m.swap_out(g) == [(0, 0), (1, 1)]
+    for seq in g.get_seqs():
+        seq.status = SWAPPED
+    # 2 distinct blocks to move + 1 for the null block the next append takes (not 1 each)
+    decision = m.can_swap_in(g)
+    assert decision.status is AllocStatus.OK and decision.required_blocks == 3
     m.check_invariants()
 
 
@@ -473,14 +536,15 @@ def test_swap_of_a_windowed_table_keeps_its_null_entries() -> None:
     seq.append_token_id(6)
     m.append_slots(seq)
     table = m.block_tables[0]
-    assert table.physical_block_ids == [0, 0, 3, 4, 5, 2]  # 0 is the null block
+    # 5: the null block, taken by this first append before blocks 0 and 1 were dropped
+    assert table.physical_block_ids == [5, 5, 2, 3, 4, 1]
     assert m.can_swap_out(g)
-    assert m.swap_out(g) == [(3, 0), (4, 1), (5, 2), (2, 3)]  # the real blocks only
+    assert m.swap_out(g) == [(2, 0), (3, 1), (4, 2), (1, 3)]  # the real blocks only
     seq.status = SWAPPED
-    assert table.physical_block_ids == [0, 0, 8, 9, 10, 11]
+    assert table.physical_block_ids == [5, 5, 8, 9, 10, 11]
     assert m.can_swap_in(g).required_blocks == 4
-    assert m.swap_in(g) == [(0, 2), (1, 5), (2, 4), (3, 3)]
-    assert table.physical_block_ids == [0, 0, 2, 5, 4, 3]
+    assert m.swap_in(g) == [(0, 1), (1, 4), (2, 3), (3, 2)]
+    assert table.physical_block_ids == [5, 5, 1, 4, 3, 2]
     assert table.get_token_ids_written() == [None, None, 3, 4, 5, 6]
     m.check_invariants()
 
@@ -748,6 +812,7 @@ def test_append_slots_batch_matches_the_per_group_calls(
 def test_manager_check_invariants_catches_each_corruption() -> None:
     def fresh() -> tuple[BlockSpaceManager, BlockTable, BlockTable]:
         m = BlockSpaceManager(2, 6, 2, watermark=0.0, sliding_window=4)
+        m.block_allocator.allocate_or_get_null_block()  # as a first windowed append would
         a, b = group_of("a", [1, 2, 3]), group_of("b", [4, 5], first_id=1)
         admit(m, a)
         admit(m, b)
@@ -772,8 +837,10 @@ def test_manager_check_invariants_catches_each_corruption() -> None:
     err = failure(m)
     assert err.invariant == "M2" and "M2 ownership_ok" in str(err)
     m, _, t1 = fresh()
-    other_null = BlockSpaceManager(2, 2, 0, sliding_window=2).block_allocator.null_block
-    assert other_null is not None and other_null.block_id == 0
+    other_null = BlockSpaceManager(
+        2, 2, 0, sliding_window=2
+    ).block_allocator.allocate_or_get_null_block()
+    assert other_null.block_id == 0
     t1._blocks.append(other_null)  # live and holding an id, but not a NaiveBlock
     t1._block_ids.append(0)
     err = failure(m)
@@ -808,7 +875,8 @@ def test_manager_invariant_message_counts_zero_references() -> None:
 
 def test_manager_check_invariants_catches_a_table_block_holding_the_null_id() -> None:
     m = BlockSpaceManager(2, 6, 2, watermark=0.0, sliding_window=4)
-    admit(m, group_of("b", [4, 5], first_id=1))  # the null block is 0; b: [1]
+    m.block_allocator.allocate_or_get_null_block()  # id 0, as a first windowed append takes it
+    admit(m, group_of("b", [4, 5], first_id=1))  # b: [1]
     m.check_invariants()
     t = m.block_tables[1]
     b = t._blocks[0]

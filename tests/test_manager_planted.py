@@ -61,6 +61,24 @@ class MissesWindowDrops(BlockSpaceManager):
         self.stats.blocks_freed_by_window = before
 
 
+class TakesNullBlockUpFront(BlockSpaceManager):
+    """Takes the sliding-window null block at construction, not at the first append
+    (pagedkv before the lazy null block): one GPU block fewer free than vLLM."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.max_block_sliding_window is not None:
+            self.block_allocator.allocate_or_get_null_block()
+
+
+class NullBlockNotCounted(BlockSpaceManager):
+    """vLLM 0.6.3's admission: the null block a first windowed append takes is not
+    counted, so can_append_slots / can_swap_in can say yes to an append that fails."""
+
+    def _null_block_cost(self) -> int:
+        return 0
+
+
 def machine_for(manager_cls: type[BlockSpaceManager]) -> type[ManagerMachine]:
     class Planted(ManagerMachine):
         def make_impl(
@@ -86,6 +104,8 @@ def machine_for(manager_cls: type[BlockSpaceManager]) -> type[ManagerMachine]:
         (WatermarkOffByOne, "can_allocate|can_swap_in"),
         (CountsSwapInBlocksAsOut, "manager stats"),
         (MissesWindowDrops, "manager stats"),
+        (TakesNullBlockUpFront, "GPU pool differs|free count"),
+        (NullBlockNotCounted, "can_append_slots|can_swap_in"),
     ],
 )
 def test_manager_machine_catches_planted_bug(

@@ -765,6 +765,19 @@ class BlockTable:
             dropped.extend(b.token_ids)
         return dropped
 
+    def _get_all_token_ids(self) -> list[int]:
+        """The tokens the table's real blocks hold, in order (null entries hold none).
+
+        vLLM 0.6.3's ``BlockTable._get_all_token_ids``, kept under its name so code
+        and tests written against vLLM's table run unchanged; with a sliding window
+        it skips the dropped slots (see :meth:`get_token_ids_written` for a result
+        indexed by slot). Complexity: O(num_full_slots).
+        """
+        out: list[int] = []
+        for b in self._blocks[self._null_prefix :]:
+            out.extend(b.token_ids)
+        return out
+
     # ------------------------------------------------------------------ verification
 
     def to_spec(self) -> TableRep:

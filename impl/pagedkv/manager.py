@@ -148,10 +148,8 @@ class BlockSpaceManager:
         if sliding_window is not None:
             # +2: `//` rounds down, and a partial last block stretches the window by one.
             self.max_block_sliding_window = sliding_window // block_size + 2
-            # NOTE: created up front (vLLM: at the first append) so no append needs a
-            # block for it; a manager with a window and no GPU block is unusable anyway.
-            if num_gpu_blocks > 0:
-                self.block_allocator.allocate_or_get_null_block()
+            # The null block is taken by the first windowed append, as in vLLM (free
+            # counts equal vLLM's); admission counts it (spec: null_block_cost).
         self._gpu_pool = self.block_allocator.get_allocator(_GPU)
         self._num_gpu = num_gpu_blocks
         self.block_tables: dict[int, BlockTable] = {}
@@ -296,14 +294,22 @@ class BlockSpaceManager:
             _group(seq_group)
         if num_lookahead_slots.__class__ is not int or num_lookahead_slots < 0:
             _lookahead(num_lookahead_slots)
-        touched = 0
+        seqs = seq_group.get_seqs(_RUNNING)
+        touched = self._null_block_cost() if seqs else 0
         tables = self.block_tables
-        for seq in seq_group.get_seqs(_RUNNING):
+        for seq in seqs:
             table = tables.get(seq.seq_id)
             if table is None:
                 raise UnknownSequenceError(seq.seq_id)
             touched += table.get_num_blocks_touched_to_hold(seq.get_len(), num_lookahead_slots)
         return touched <= self._gpu_pool.get_num_free_blocks()
+
+    def _null_block_cost(self) -> int:
+        """GPU blocks the next windowed append takes for the null block: 1 until it
+        exists, else 0 (spec: ``null_block_cost``). Complexity: O(1)."""
+        if self.max_block_sliding_window is None or self.block_allocator.null_block is not None:
+            return 0
+        return 1
 
     def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         """Write the sequence's unseen tokens (+ lookahead slots); returns new CoW pairs.
@@ -393,9 +399,12 @@ class BlockSpaceManager:
         fast = la == 0 and window is None
         num_appended = 0
         free = pool.get_num_free_blocks()
+        null = self._null_block_cost()  # taken by the first windowed group that appends
         for entries, touched in plan:
-            if touched > free:
+            if entries and touched + null > free:
                 break
+            if entries:
+                null = 0
             took = False  # whether this group took blocks (then re-read the free count)
             for seq, table, tokens in entries:
                 # NOTE: BlockTable.append_next_token is the common decode step (one token
@@ -511,6 +520,8 @@ class BlockSpaceManager:
             table = self.block_tables[seq.seq_id]
             unseen = table.get_unseen_token_ids(seq.get_token_ids())
             needed += table.get_num_blocks_needed_by_append(unseen, num_lookahead_slots)
+        if seqs and self._null_block_cost():
+            needed -= len(seqs) - 1  # each table counted the null block; it is taken once
         free = self.block_allocator.get_num_free_blocks(_GPU)
         counts = dict(
             required_blocks=needed, free_blocks=free, watermark_blocks=self.watermark_blocks

@@ -35,7 +35,11 @@ Deliberate differences from vLLM 0.6.3 (each keeps can => do true):
       the window and ``allocate`` then takes the whole prompt anyway, and can fail).
     * ``can_swap_out`` counts distinct blocks; ``can_swap_in`` counts distinct blocks plus the
       exact blocks that appending the unseen tokens will take after the move.
-    * With a sliding window the null block is created up front (vLLM: at the first append).
+    * With a sliding window the null block is taken lazily, as in vLLM: by the first
+      append (it takes one free GPU block), and ``can_append_slots`` / ``can_swap_in``
+      count that block once when the operation will be the one that takes it (vLLM
+      counts nothing for it, so its first windowed append can fail after a yes).
+      ``allocate`` never takes it, so ``can_allocate`` does not count it.
 
 Operations are choice-parameterised like the allocator spec: ``chosen`` is the table's
 block ids *after* the implementation ran, from which the spec reads the ids it took.
@@ -386,6 +390,14 @@ def get_num_blocks_touched_by_append_slots(
     return out
 
 
+def null_block_cost(s: ManagerState) -> int:
+    """GPU blocks the next windowed append takes for the null block: 1 until it exists."""
+    assert s.window_blocks is None or s.window_blocks >= 2
+    out = 1 if s.window_blocks is not None and s.alloc.null_id is None else 0
+    assert out == 0 or s.window_blocks is not None
+    return out
+
+
 def window_drops(s: ManagerState, t: TableRef, num_computed: int) -> tuple[int, ...]:
     """Slot indexes a sliding-window append frees and replaces with the null block."""
     assert table_ok(s, t) and num_computed >= 0
@@ -445,17 +457,15 @@ def initial(
     watermark: float = 0.01,
     sliding_window: int | None = None,
 ) -> ManagerState:
-    """A manager with every block free (the null block taken when there is a window)."""
+    """A manager with every block free (the null block is taken by the first windowed
+    append, not here)."""
     assert isinstance(block_size, int) and isinstance(num_gpu_blocks, int)
     if not 0.0 <= watermark < 1.0:
         raise InvalidAllocatorConfigError(f"watermark must be in [0, 1), got {watermark}")
     if sliding_window is not None and sliding_window < 1:
         raise InvalidAllocatorConfigError(f"sliding_window must be >= 1, got {sliding_window}")
     alloc = A.initial(num_gpu_blocks, num_cpu_blocks, block_size)
-    window = None
-    if sliding_window is not None:
-        window = sliding_window // block_size + 2
-        alloc, _ = A.allocate_or_get_null_block(alloc, alloc.gpu.free[0] if alloc.gpu.free else -1)
+    window = None if sliding_window is None else sliding_window // block_size + 2
     s = ManagerState(alloc, int(watermark * num_gpu_blocks), window, {}, {})
     assert manager_ok(s)
     return s
@@ -574,12 +584,15 @@ def can_append_slots(
     """``appends`` = (seq_id, number of unseen tokens) of the group's RUNNING sequences."""
     assert manager_ok(s)
     tables = [(_table(s, seq_id), n) for seq_id, n in appends]
-    touched = sum(
+    null = null_block_cost(s) if tables else 0
+    touched = null + sum(
         get_num_blocks_touched_by_append_slots(s, t, n, num_lookahead_slots) for t, n in tables
     )
     free = A.get_num_free_blocks(s.alloc, GPU)
     out = touched <= free
-    exact = sum(get_num_blocks_needed_by_append(s, t, n, num_lookahead_slots) for t, n in tables)
+    exact = null + sum(
+        get_num_blocks_needed_by_append(s, t, n, num_lookahead_slots) for t, n in tables
+    )
     assert not out or exact <= free, "can_append_slots => append_slots succeeds"
     return out
 
@@ -591,14 +604,18 @@ def append_slots(
     num_lookahead_slots: int,
     num_computed_slots: int,
     chosen: Sequence[int],
+    null_chosen: int | None = None,
 ) -> tuple[ManagerState, tuple[tuple[int, int], ...]]:
     """Append a sequence's unseen tokens (+ lookahead slots); returns the CoW pairs.
 
-    Steps: sliding-window frees (slots replaced by the null block), new blocks
-    for the missing slots, then the writes (a shared block copies on write).
+    Steps: with a sliding window, the null block is taken if it does not exist
+    yet (``null_chosen``: the GPU id the implementation gave it), then the
+    window frees (slots replaced by the null block), new blocks for the
+    missing slots, then the writes (a shared block copies on write).
     Errors, in order: unknown sequence (UnknownSequenceError); negative
-    lookahead or a table on the CPU (InvalidSequenceStateError); fewer free
-    GPU blocks than the exact need, counting ids the window frees
+    lookahead or a table on the CPU (InvalidSequenceStateError); no free GPU
+    block for the null block, then fewer free GPU blocks than the exact need
+    (the null block included), counting ids the window frees
     (NoFreeBlocksError, nothing changed).
     """
     assert manager_ok(s)
@@ -610,11 +627,16 @@ def append_slots(
     _on(s, seq_id, t, GPU, "append to")
     drops = window_drops(s, t, num_computed_slots)
     gain = sum(1 for i in drops if not A.needs_cow(s.alloc, t.handles[i]))
-    needed = get_num_blocks_needed_by_append(s, t, len(token_ids), num_lookahead_slots)
-    available = A.get_num_free_blocks(s.alloc, GPU) + gain
-    if needed > available:
-        raise NoFreeBlocksError(needed, available, "GPU")
+    null = null_block_cost(s)
+    needed = null + get_num_blocks_needed_by_append(s, t, len(token_ids), num_lookahead_slots)
+    free = A.get_num_free_blocks(s.alloc, GPU)
+    if null > free:  # taken first, before the window returns any id
+        raise NoFreeBlocksError(null, free, "GPU")
+    if needed > free + gain:
+        raise NoFreeBlocksError(needed, free + gain, "GPU")
     alloc, handles = s.alloc, list(t.handles)
+    if null:
+        alloc, _ = A.allocate_or_get_null_block(alloc, null_chosen)
     for i in drops:
         alloc = A.free(alloc, handles[i])
         handles[i] = NULL
@@ -698,8 +720,10 @@ def can_swap_in(
     """
     assert manager_ok(s)
     tables = [(_table(s, q), n) for q, n in appends]
-    needed = distinct_ids(s, [t for t, _ in tables]) + sum(
-        get_num_blocks_needed_by_append(s, t, n, num_lookahead_slots) for t, n in tables
+    needed = (
+        (null_block_cost(s) if tables else 0)
+        + distinct_ids(s, [t for t, _ in tables])
+        + sum(get_num_blocks_needed_by_append(s, t, n, num_lookahead_slots) for t, n in tables)
     )
     free = A.get_num_free_blocks(s.alloc, GPU)
     if A.get_num_total_blocks(s.alloc, GPU) < needed:

@@ -399,67 +399,86 @@ class ManagerAdapter:
 
     Sequences and groups are pagedkv's :class:`~pagedkv.Sequence` /
     :class:`~pagedkv.SequenceGroup` (vLLM's method names: ``get_seqs(status)``,
-    ``get_token_ids()``, ``seq_id``, ...); a target with its own sequence types
-    converts them in an overriding method. Admission answers are converted by
-    :func:`as_status`.
+    ``get_token_ids()``, ``seq_id``, ...); a target with its own sequence,
+    group or status types overrides :meth:`convert_seq` and
+    :meth:`convert_group`, which every method applies before calling the target
+    (``pagedkv_stateful.vllm063`` does this for vLLM's manager). Admission
+    answers are converted by :func:`as_status`.
     """
 
     def __init__(self, target: Any, capabilities: Capabilities | None = None) -> None:
         self.target = target
         self.capabilities = capabilities or Capabilities()
 
+    def convert_seq(self, seq: Seq) -> Any:
+        """What the target takes for the kit's sequence ``seq`` (default: ``seq``). The
+        machine keeps changing the sequence (tokens, status): return a live view, or
+        build a fresh object on every call."""
+        return seq
+
+    def convert_group(self, seq_group: SequenceGroup) -> Any:
+        """What the target takes for the kit's group (default: ``seq_group``); as
+        :meth:`convert_seq`, live or fresh on every call."""
+        return seq_group
+
     def can_allocate(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocStatus:
         """OK / LATER / NEVER for the group's first WAITING sequence."""
-        return as_status(self.target.can_allocate(seq_group, num_lookahead_slots))
+        return as_status(
+            self.target.can_allocate(self.convert_group(seq_group), num_lookahead_slots)
+        )
 
     def allocate(self, seq_group: SequenceGroup) -> None:
         """Tables for the group's WAITING sequences."""
-        self.target.allocate(seq_group)
+        self.target.allocate(self.convert_group(seq_group))
 
     def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
         """The RUNNING sequences' next appends fit."""
-        return bool(self.target.can_append_slots(seq_group, num_lookahead_slots))
+        return bool(
+            self.target.can_append_slots(self.convert_group(seq_group), num_lookahead_slots)
+        )
 
     def append_slots(self, seq: Seq, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
         """Append the unseen tokens; the CoW pairs produced."""
-        pairs = self.target.append_slots(seq, num_lookahead_slots)
+        pairs = self.target.append_slots(self.convert_seq(seq), num_lookahead_slots)
         return [(int(s), int(d)) for s, d in pairs]
 
     def fork(self, parent_seq: Seq, child_seq: Seq) -> None:
         """The child shares the parent's table."""
-        self.target.fork(parent_seq, child_seq)
+        self.target.fork(self.convert_seq(parent_seq), self.convert_seq(child_seq))
 
     def free(self, seq: Seq) -> None:
         """Free the sequence's table (no table: no-op)."""
-        self.target.free(seq)
+        self.target.free(self.convert_seq(seq))
 
     def can_swap_out(self, seq_group: SequenceGroup) -> bool:
         """The RUNNING sequences' blocks fit on the CPU."""
-        return bool(self.target.can_swap_out(seq_group))
+        return bool(self.target.can_swap_out(self.convert_group(seq_group)))
 
     def swap_out(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
         """GPU -> CPU; ``(gpu_physical, cpu_physical)`` pairs."""
-        return [(int(s), int(d)) for s, d in self.target.swap_out(seq_group)]
+        return [(int(s), int(d)) for s, d in self.target.swap_out(self.convert_group(seq_group))]
 
     def can_swap_in(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocStatus:
         """OK / LATER / NEVER for moving the SWAPPED sequences back."""
-        return as_status(self.target.can_swap_in(seq_group, num_lookahead_slots))
+        return as_status(
+            self.target.can_swap_in(self.convert_group(seq_group), num_lookahead_slots)
+        )
 
     def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
         """CPU -> GPU; ``(cpu_physical, gpu_physical)`` pairs."""
-        return [(int(s), int(d)) for s, d in self.target.swap_in(seq_group)]
+        return [(int(s), int(d)) for s, d in self.target.swap_in(self.convert_group(seq_group))]
 
     def get_block_table(self, seq: Seq) -> list[int]:
         """The sequence's block ids in order."""
-        return [int(b) for b in self.target.get_block_table(seq)]
+        return [int(b) for b in self.target.get_block_table(self.convert_seq(seq))]
 
     def get_cross_block_table(self, seq_group: SequenceGroup) -> list[int]:
         """The request's cross-attention block ids (``capabilities.encoder_decoder``)."""
-        return [int(b) for b in self.target.get_cross_block_table(seq_group)]
+        return [int(b) for b in self.target.get_cross_block_table(self.convert_group(seq_group))]
 
     def free_cross(self, seq_group: SequenceGroup) -> None:
         """Free the request's cross-attention table (``capabilities.encoder_decoder``)."""
-        self.target.free_cross(seq_group)
+        self.target.free_cross(self.convert_group(seq_group))
 
     def get_num_free_gpu_blocks(self) -> int:
         """Free GPU blocks."""
@@ -468,6 +487,20 @@ class ManagerAdapter:
     def get_num_free_cpu_blocks(self) -> int:
         """Free CPU blocks."""
         return int(self.target.get_num_free_cpu_blocks())
+
+    def null_block_id(self) -> int | None:
+        """The GPU id of the target's sliding-window null block; None before it exists
+        or when it cannot be seen. Asked after a windowed append took it (the spec
+        then needs the id the target chose). Default: the ``block_id`` of
+        ``target.block_allocator``'s ``null_block`` or ``_null_block`` (pagedkv's and
+        vLLM 0.6.3's layouts); override it for another layout."""
+        allocator = getattr(self.target, "block_allocator", None)
+        for name in ("null_block", "_null_block"):
+            null = getattr(allocator, name, None)
+            block_id = getattr(null, "block_id", None)
+            if isinstance(block_id, int):
+                return block_id
+        return None
 
     def to_spec(self) -> ManagerView | None:
         """The target's full observable state as the spec's view; None: API only."""

@@ -460,9 +460,14 @@ class CachingAllocatorMachine(LockstepMachine):
         # NOTE: the previous answer for the same ids is passed back, as a serving engine
         # does each step; the answer must still be recomputed (vLLM's goes stale).
         prev = list(self.last_computed.get((*ids, skip_last), []))
-        got = self.impl.get_computed_block_ids(list(prev), ids, skip_last)
+        src = f"alloc.get_computed_block_ids({prev}, {ids}, {skip_last})"
+        got = self._attempt(lambda: self.impl.get_computed_block_ids(list(prev), ids, skip_last))
+        if isinstance(got, Exception):  # the spec answers every such query
+            self._expect_same_error(
+                got, lambda: spec.get_computed_block_ids(self.model, GPU, ids, skip_last), src
+            )
         want = list(spec.get_computed_block_ids(self.model, GPU, ids, skip_last))
-        self._log(f"alloc.get_computed_block_ids({prev}, {ids}, {skip_last})")
+        self._log(src)
         if got != want:
             self._violate(
                 "C5 computed_ok",
@@ -549,8 +554,10 @@ class CachingAllocatorMachine(LockstepMachine):
         src = "null = alloc.allocate_or_get_null_block()"
         res = self._attempt(self.impl.allocate_or_get_null_block)
         if isinstance(res, Exception):
-            self._expect_same_error(
-                res, lambda: spec.allocate_or_get_null_block(self.model, -1), src
+            self._expect_same_error(  # the bare call: a lambda cannot hold the assignment
+                res,
+                lambda: spec.allocate_or_get_null_block(self.model, -1),
+                "alloc.allocate_or_get_null_block()",
             )
             return
         self.model, want = self._accepted(

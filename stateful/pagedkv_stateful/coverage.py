@@ -18,7 +18,9 @@ from collections.abc import Iterable
 
 __all__ = ["STATE_CLASSES", "operation", "reached"]
 
-_CALL = re.compile(r"\b(?:alloc|mgr|pool)\.(\w+)\(")
+# A call on the target (``alloc.``, ``mgr.``, ``pool.``) or on one of its block objects
+# (``b3.append_token_ids(...)``: vLLM's blocks are written through their own method).
+_CALL = re.compile(r"\b(?:alloc|mgr|pool|b\d+)\.(\w+)\(")
 _LOOKAHEAD = re.compile(r"\.append_slots\(\w+, (\d+)\)")
 
 #: The state classes, in the order the table prints them.
@@ -33,7 +35,8 @@ STATE_CLASSES = (
 
 
 def operation(line: str) -> str:
-    """The target method a program line calls (``alloc.swap(...)`` -> ``swap``), or ""."""
+    """The target method a program line calls (``alloc.swap(...)`` -> ``swap``,
+    ``b0.append_token_ids([])`` -> ``append_token_ids``), or ""."""
     match = _CALL.search(line)
     return match.group(1) if match else ""
 

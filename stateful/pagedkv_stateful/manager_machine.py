@@ -324,10 +324,13 @@ class ManagerMachine(LockstepMachine):
             )
             return False
         chosen = self.adapter.get_block_table(seq)
+        null = self._null_chosen()
         old = self.model.tables[seq.seq_id]  # explain runs before the model moves
         self.model, pairs = self._judge(
             label("M3"),
-            lambda: spec.append_slots(self.model, seq.seq_id, unseen, lookahead, computed, chosen),
+            lambda: spec.append_slots(
+                self.model, seq.seq_id, unseen, lookahead, computed, chosen, null
+            ),
             src,
             explain=lambda: self._explain_table(
                 spec.table_view(self.model, old).block_ids, chosen, src
@@ -347,6 +350,16 @@ class ManagerMachine(LockstepMachine):
             event("append_slots: copy-on-write")
         self._computed(seq)
         return True
+
+    def _null_chosen(self) -> int | None:
+        """The id the target gave the null block, if the append just took it (the spec
+        takes it too). A target that hides it: the id the spec's pool would hand out next."""
+        if not spec.null_block_cost(self.model):
+            return None
+        null = self.adapter.null_block_id()
+        if null is None and self.model.alloc.gpu.free:
+            null = self.model.alloc.gpu.free[0]
+        return null
 
     def _allocate(self, group: SequenceGroup, lookahead: int) -> bool:
         """can_allocate + allocate on both sides; returns whether the group was placed."""
