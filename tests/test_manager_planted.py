@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from pagedkv import BlockSpaceManager, Sequence
+from pagedkv import AllocStatus, BlockSpaceManager, Sequence
 from pagedkv_spec.device import Device
+from pagedkv_stateful.adapters import root_cause
 from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import find_fast
 
@@ -79,6 +80,15 @@ class NullBlockNotCounted(BlockSpaceManager):
         return 0
 
 
+class WrongAdmissionAndSwapsPerSequence(SwapsPerSequence):
+    """Two bugs: every admission answer is wrong (every program that allocates hits it
+    first) and, behind it, vLLM's per-sequence swap accounting."""
+
+    def can_allocate(self, seq_group: Any, num_lookahead_slots: int = 0) -> Any:
+        right = super().can_allocate(seq_group, num_lookahead_slots).status
+        return AllocStatus.LATER if right is AllocStatus.OK else AllocStatus.OK
+
+
 def machine_for(manager_cls: type[BlockSpaceManager]) -> type[ManagerMachine]:
     class Planted(ManagerMachine):
         def make_impl(
@@ -113,3 +123,17 @@ def test_manager_machine_catches_planted_bug(
 ) -> None:
     with pytest.raises(AssertionError, match=message):
         run_state_machine_as_test(machine_for(manager_cls), settings=FIND_FAST)
+
+
+def test_a_known_admission_root_cause_lets_the_search_reach_the_bug_behind_it() -> None:
+    """A wrong admission answer changes nothing: once its root cause is known, a test
+    case goes on past it (with the spec's answer) instead of being discarded, so the
+    swap bug that only programs past an allocation reach is still found."""
+    planted = machine_for(WrongAdmissionAndSwapsPerSequence)
+    with pytest.raises(AssertionError, match="admission"):
+        run_state_machine_as_test(planted, settings=FIND_FAST)
+    planted.known = frozenset({root_cause("admission (can_allocate)", "can_allocate", "")})
+    with pytest.raises(AssertionError) as caught:
+        run_state_machine_as_test(planted, settings=FIND_FAST)
+    assert "admission" not in str(caught.value).split("\n")[0]
+    assert any(word in str(caught.value) for word in ("pool differs", "swap", "M5"))

@@ -588,7 +588,18 @@ class AllocatorMachine(LockstepMachine):
     def swap(self, handles: list[int], direction: tuple[Device, Device], mixed: bool) -> None:
         src, dst = direction
         if not mixed:  # keep the blocks that are on the source device
+            drawn = len(handles)
             handles = [h for h in handles if self.model.blocks[h].device is src]
+            if not handles:
+                # NOTE: steering: CPU blocks are rare (only swaps put them there), so a
+                # random draw seldom holds one; take the newest live ones on the source
+                # device instead, so swaps back CPU->GPU are reached (coverage table).
+                on_src = [
+                    h
+                    for h, ref in enumerate(self.model.blocks)
+                    if ref.device is src and spec.is_live(ref)
+                ]
+                handles = on_src[-drawn:]
             if not handles:
                 event("swap: no block on the source device")
                 return

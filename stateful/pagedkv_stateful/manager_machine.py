@@ -372,7 +372,7 @@ class ManagerMachine(LockstepMachine):
             src, lambda: self.adapter.can_allocate(group, lookahead), lambda: expected
         )
         if answer != expected:
-            self._violate(
+            self._violate_query(
                 "admission (can_allocate)",
                 f"can_allocate: impl {answer.name} spec {expected.name}",
                 f"assert status({src}) == {expected.name!r}",
@@ -490,7 +490,7 @@ class ManagerMachine(LockstepMachine):
             src, lambda: self.adapter.can_append_slots(group, lookahead), lambda: expected
         )
         if answer != expected:
-            self._violate(
+            self._violate_query(
                 "admission (can_append_slots)",
                 f"can_append_slots: impl {answer} spec {expected}",
                 f"assert {src} == {expected}",
@@ -544,7 +544,7 @@ class ManagerMachine(LockstepMachine):
             f"mgr.can_swap_out({g})", lambda: self.adapter.can_swap_out(group), lambda: expected
         )
         if answer != expected:
-            self._violate(
+            self._violate_query(
                 "admission (can_swap_out)",
                 f"can_swap_out disagrees: impl {answer} spec {expected}",
                 f"assert mgr.can_swap_out({g}) == {expected}",
@@ -597,7 +597,7 @@ class ManagerMachine(LockstepMachine):
             src, lambda: self.adapter.can_swap_in(group, lookahead), lambda: expected
         )
         if answer != expected:
-            self._violate(
+            self._violate_query(
                 "admission (can_swap_in)",
                 f"can_swap_in: impl {answer.name} spec {expected.name}",
                 f"assert status({src}) == {expected.name!r}",
