@@ -66,6 +66,36 @@ def machine_for(allocator_cls: type[NaiveBlockAllocator]) -> type[AllocatorMachi
     return Planted
 
 
+class SwapsPerBlockObject(CpuGpuBlockAllocator):
+    """vLLM 0.6.3's swap symptom: a shared id is copied once per block object, so each
+    extra object of it takes (and leaks) one more destination block."""
+
+    def swap(self, blocks: Any, src_device: Any, dst_device: Any) -> dict[int, int]:
+        mapping = super().swap(blocks, src_device, dst_device)
+        extra = len({id(b) for b in blocks}) - len(mapping)  # objects beyond one per id
+        pool = self.get_allocator(dst_device)
+        for _ in range(min(extra, pool.get_num_free_blocks())):  # (vLLM fails when none is left)
+            pool.allocate_mutable_block(None)
+        return mapping
+
+
+def test_a_swap_copying_a_shared_id_per_object_is_a_swap_fault_not_a_lifo_one() -> None:
+    """The destination ids it hands out are not the front of the free list, but the
+    fault is the extra block taken: reported under M5 with the free count to assert."""
+
+    class Planted(AllocatorMachine):
+        def make_impl(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> Any:
+            gpu = NaiveBlockAllocator(num_gpu_blocks, block_size, range(num_gpu_blocks), "GPU")
+            cpu_ids = range(num_gpu_blocks, num_gpu_blocks + num_cpu_blocks)
+            cpu = NaiveBlockAllocator(num_cpu_blocks, block_size, cpu_ids, "CPU")
+            return SwapsPerBlockObject(cpu_block_allocator=cpu, gpu_block_allocator=gpu)
+
+    with pytest.raises(AssertionError) as caught:
+        run_state_machine_as_test(Planted, settings=FIND_FAST)
+    first = str(caught.value).split("\n")[0]
+    assert "M5" in first and "more than the" in first and "LIFO" not in first, first
+
+
 @pytest.mark.parametrize(
     ("allocator_cls", "message"),
     [

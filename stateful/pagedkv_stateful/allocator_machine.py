@@ -140,12 +140,24 @@ class AllocatorMachine(LockstepMachine):
         if fault is not None:
             self._violate(*fault)
 
-    def _check_lifo(self, pool: PoolState, chosen: Sequence[int], src: str) -> None:
+    def _check_lifo(
+        self, pool: PoolState, chosen: Sequence[int], src: str, names: Sequence[str] = ()
+    ) -> None:
+        """The ids handed out are the front of the free list (when LIFO is promised).
+        ``names``: the program's handles of the new block objects, else ``src`` is a
+        swap whose returned mapping's values are the ids."""
         if self._lifo and not lifo_choice(pool, tuple(chosen)):
+            front = list(pool.free[: len(chosen)])
+            if names:
+                ids = ", ".join(self.adapter.source_block_id(n) for n in names)
+                check, last = f"assert [{ids}] == {front}", False
+            else:
+                check, last = f"assert list({src}.values()) == {front}", True
             self._violate(
                 "LIFO policy",
-                f"LIFO policy: {src} handed out {list(chosen)}, front of free list is "
-                f"{list(pool.free[: len(chosen)])}",
+                f"LIFO policy: {src} handed out {list(chosen)}, front of free list is {front}",
+                check,
+                replace_last=last,
             )
 
     def _new_blocks(self, n: int) -> tuple[str, list[int]]:
@@ -157,7 +169,8 @@ class AllocatorMachine(LockstepMachine):
 
     def _allocated(self, res: Sequence[Any], before: PoolState, src: str) -> None:
         """The target's new block objects: LIFO order, then adopted under the next handles."""
-        self._check_lifo(before, [or_bad(self.adapter.block_id(b)) for b in res], src)
+        names = [f"b{h}" for h in range(len(self.objs), len(self.objs) + len(res))]
+        self._check_lifo(before, [or_bad(self.adapter.block_id(b)) for b in res], src, names)
         self.objs.extend(res)
 
     def _name(self, handle: int | None) -> str:
@@ -293,7 +306,7 @@ class AllocatorMachine(LockstepMachine):
         if self.null is not None and self.null is not res:
             self._violate("null block", "allocate_or_get_null_block returned a new object")
         if first:
-            self._check_lifo(before, [or_bad(null_id)], src)
+            self._check_lifo(before, [or_bad(null_id)], src, ["null"])
         self.null = res
         err = self._attempt(lambda: self.adapter.free(res))
         if isinstance(err, Exception):
@@ -554,7 +567,7 @@ class AllocatorMachine(LockstepMachine):
             explain=explain if cow else None,
         )
         if cow and tokens:
-            self._check_lifo(before, [or_bad(chosen)], src)
+            self._check_lifo(before, [or_bad(chosen)], src, [f"b{handle}"])
             event("append: copy-on-write")
 
     @rule()
@@ -633,6 +646,17 @@ class AllocatorMachine(LockstepMachine):
             code,
             explain=explain,
         )
+        free, want = (
+            self.adapter.get_num_free_blocks(dst),
+            spec.get_num_free_blocks(self.model, dst),
+        )
+        if free < want:  # before LIFO: the ids it handed out are then not the whole story
+            self._violate(
+                label("M5"),
+                f"{code} took {want - free} {dst.name} block(s) more than the {len(mapping)} "
+                f"distinct id(s) it moved (a shared id copied once per block object?)",
+                f"assert alloc.get_num_free_blocks({self._dev(dst)}) == {want}",
+            )
         self._check_lifo(before, list(mapping.values()), code)  # dst ids in first-use order
         shared = len(set(handles)) > len(mapping)
         event(f"swap {src.name}->{dst.name}: {'shared ids' if shared else 'distinct ids'}")
