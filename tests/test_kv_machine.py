@@ -8,11 +8,16 @@ AssertionError naming what went wrong.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
-from pagedkv import BlockSpaceManager, Sequence
-from pagedkv_stateful.kv_machine import KVMachine, Pairs
+from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Device, Sequence
+from pagedkv.content_key import sha256_key
+from pagedkv.prefix_caching_allocator import PrefixCachingBlockAllocator
+from pagedkv_stateful.kv_machine import CachingKVMachine, KVMachine, Pairs, prefix_digest
 from pagedkv_stateful.profiles import find_fast
 
 TestKV = KVMachine.TestCase
@@ -103,3 +108,73 @@ def test_kv_machine_catches_planted_bug(machine: type[KVMachine], message: str) 
     with pytest.raises(AssertionError, match=message) as caught:
         run_state_machine_as_test(machine, settings=FIND_FAST)
     print(f"{machine.__name__}: {caught.value}")
+
+
+# --------------------------------------------------------------------------- prefix caching
+
+TestCachingKV = CachingKVMachine.TestCase
+
+
+def _caching_pools(manager: BlockSpaceManager) -> list[PrefixCachingBlockAllocator]:
+    pools = [manager.block_allocator.get_allocator(d) for d in (Device.GPU, Device.CPU)]
+    assert all(isinstance(p, PrefixCachingBlockAllocator) for p in pools)
+    return pools  # type: ignore[return-value]  # checked just above
+
+
+def _planted_caching(patch: Callable[[PrefixCachingBlockAllocator], None]) -> type[KVMachine]:
+    class Planted(CachingKVMachine):
+        def make_manager(self, *args: Any) -> BlockSpaceManager:
+            manager = super().make_manager(*args)
+            for pool in _caching_pools(manager):
+                patch(pool)
+            return manager
+
+    return Planted
+
+
+def _key_without_salt(pool: PrefixCachingBlockAllocator) -> None:
+    pool._key_fn = lambda parent, tokens, extra: sha256_key(parent, tokens, ())
+
+
+def _key_without_parent(pool: PrefixCachingBlockAllocator) -> None:
+    pool._key_fn = lambda parent, tokens, extra: sha256_key(None, tokens, extra)
+
+
+class _ComputedAtPromotion(PrefixCachingBlockAllocator):
+    def _promote(self, block_id: int, key: Any) -> None:
+        super()._promote(block_id, key)
+        self._set_computed(block_id)  # before the batch has written it: the bug
+
+
+class _ComputedAtPromotionKV(CachingKVMachine):
+    def make_manager(self, *args: Any) -> BlockSpaceManager:
+        manager = super().make_manager(*args)
+        num_gpu, num_cpu, size = self.num_gpu, manager.num_total_cpu_blocks, self.block_size
+        gpu = _ComputedAtPromotion(num_gpu, size, range(num_gpu), "GPU")
+        cpu = _ComputedAtPromotion(num_cpu, size, range(num_gpu, num_gpu + num_cpu), "CPU")
+        manager.block_allocator = CpuGpuBlockAllocator(
+            cpu_block_allocator=cpu, gpu_block_allocator=gpu
+        )
+        manager._gpu_pool = gpu
+        return manager
+
+
+PLANTED_CACHING: dict[str, type[KVMachine]] = {
+    "key ignoring the salt": _planted_caching(_key_without_salt),
+    "key ignoring the parent": _planted_caching(_key_without_parent),
+    "computed set at promotion": _ComputedAtPromotionKV,
+}
+
+
+@pytest.mark.parametrize("bug", sorted(PLANTED_CACHING))
+def test_the_caching_kv_machine_catches_at_byte_level(bug: str) -> None:
+    """A cached block served under another salt or prefix, or reported as computed
+    before the batch wrote it, reads back the wrong KV (or zeros), or two sequences
+    write different KV into one shared slot."""
+    with pytest.raises(AssertionError, match=r"KV1|share slot"):
+        run_state_machine_as_test(PLANTED_CACHING[bug], settings=find_fast(600, 30))
+
+
+def test_the_prefix_digest_tells_prefixes_and_salts_apart() -> None:
+    assert prefix_digest((), [1, 2]) == prefix_digest((), [1, 2]) < 2**20
+    assert len({prefix_digest(e, t) for e in ((), ("a",)) for t in ([1], [1, 2], [2])}) == 6

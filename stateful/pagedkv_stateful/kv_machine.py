@@ -37,12 +37,16 @@ Ids: the manager's GPU ids are the engine's GPU-tier ids; absolute CPU ids are
 Reuse: override :meth:`make_manager` / :meth:`make_engine` to test other
 implementations, or :meth:`apply_swap_out`, :meth:`apply_swap_in`,
 :meth:`apply_cow` or :meth:`apply_copies` to plant bugs in the worker's side.
+:class:`CachingKVMachine` runs the same machine with prefix caching on, with a toy
+KV that depends on the whole prefix (see its docstring).
+
 Sliding windows and lookahead slots are not exercised here (the manager
 lockstep machine covers their block accounting).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Hashable
 
 import torch
@@ -65,7 +69,7 @@ from pagedkv_spec.kv import first_lost
 from pagedkv_spec.status import AllocStatus
 from pagedkv_stateful.toy_model import HEAD_SIZE, describe_kv, toy_kv
 
-__all__ = ["NUM_LAYERS", "KVMachine", "Pairs", "toy_kv"]
+__all__ = ["NUM_LAYERS", "CachingKVMachine", "KVMachine", "Pairs", "prefix_digest", "toy_kv"]
 
 NUM_LAYERS = 2
 MAX_SEQS = 3  # sequences per request (vLLM's n), forks included
@@ -83,6 +87,9 @@ class KVMachine(RuleBasedStateMachine):
     computed tokens). The engine's bytes are never mirrored: expected K/V are
     recomputed from ``writers`` and the tokens with :func:`toy_kv`.
     """
+
+    #: What the toy KV's lineage field holds, for failure messages.
+    ORIGIN = "seq"
 
     def make_manager(
         self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float
@@ -146,19 +153,40 @@ class KVMachine(RuleBasedStateMachine):
         for seq in seqs:
             table, start = self.manager.get_block_table(seq), seq.get_num_computed_tokens()
             tokens = seq.get_token_ids()
+            lineages = [self._lineage(seq, p) for p in range(start, len(tokens))]
             new += [
-                (table[p // bs] * bs + p % bs, seq.seq_id, p, tokens[p])
-                for p in range(start, len(tokens))
+                (table[p // bs] * bs + p % bs, lineage, p, tokens[p])
+                for p, lineage in zip(range(start, len(tokens)), lineages, strict=True)
             ]
-            self.writers[seq.seq_id] += [seq.seq_id] * (len(tokens) - start)
+            self.writers[seq.seq_id] += lineages
             seq.update_num_computed_tokens(len(tokens) - start)
         if not new:
             return
-        slots, lineages, positions, tokens = (list(column) for column in zip(*new, strict=True))
-        assert len(set(slots)) == len(slots), f"two tokens share a slot in one pass: {slots}"
+        # Two sequences may write one slot in one pass only with the same KV (with
+        # prefix caching, a block two prefills of one prompt share): written once.
+        by_slot: dict[int, tuple[int, int, int]] = {}
+        for slot, *what in new:
+            first = by_slot.setdefault(slot, (what[0], what[1], what[2]))
+            assert first == tuple(what), f"two different tokens share slot {slot} in one pass"
+        slots = list(by_slot)
+        lineages, positions, tokens = (list(c) for c in zip(*by_slot.values(), strict=True))
         for layer in range(NUM_LAYERS):
             key, value = toy_kv(lineages, positions, tokens, layer, self.num_heads)
             self.engine.write(slots, key, value, layer)
+
+    # ------------------------------------------------------------------ extension points
+
+    def _lineage(self, seq: Sequence, position: int) -> int:
+        """What the KV of ``seq``'s ``position`` encodes besides token and position: the
+        sequence that computes it (a fork keeps its parent's prefix)."""
+        return seq.seq_id
+
+    def _cached_prefix(self, seq: Sequence) -> int:
+        """Leading tokens of a WAITING ``seq`` whose KV its prefill may skip (none here)."""
+        return 0
+
+    def _batch_ran(self, groups: list[SequenceGroup]) -> None:
+        """After a forward pass over ``groups`` (nothing here; caching marks blocks)."""
 
     # ------------------------------------------------------------------ plumbing
 
@@ -176,19 +204,35 @@ class KVMachine(RuleBasedStateMachine):
     def _prefill(self, group: SequenceGroup) -> bool:
         """Admit the WAITING sequences and write the prompt's KV once, through the
         first sequence's table (the others share its blocks and its lineage)."""
-        decision = self.manager.can_allocate(group)
-        event(f"can_allocate: {decision.status.name}")
-        if decision != AllocStatus.OK:
-            return False
-        self.manager.allocate(group)
-        first, *others = group.get_seqs(WAITING)
-        for seq in (first, *others):
-            seq.status = RUNNING
-        self.forward([first])
-        for seq in others:
-            self.writers[seq.seq_id] = list(self.writers[first.seq_id])
-            seq.update_num_computed_tokens(first.get_num_computed_tokens())
-        return True
+        return bool(self._prefill_batch([group]))
+
+    def _prefill_batch(self, groups: list[SequenceGroup]) -> list[SequenceGroup]:
+        """Admit each group in order (those that do not fit are left out), then one
+        forward pass over their first sequences; returns the admitted groups."""
+        admitted: list[SequenceGroup] = []
+        for group in groups:
+            decision = self.manager.can_allocate(group)
+            event(f"can_allocate: {decision.status.name}")
+            if decision != AllocStatus.OK:
+                continue
+            first = group.get_seqs(WAITING)[0]
+            skip = self._cached_prefix(first)
+            self.manager.allocate(group)
+            for seq in group.get_seqs(WAITING):
+                seq.status = RUNNING
+            if skip:  # the cache holds that KV: the prefill computes the rest
+                self.writers[first.seq_id] = [self._lineage(first, p) for p in range(skip)]
+                first.update_num_computed_tokens(skip)
+                event("allocate: prefill skipped cached blocks")
+            admitted.append(group)
+        self.forward([g.get_seqs(RUNNING)[0] for g in admitted])
+        self._batch_ran(admitted)
+        for group in admitted:
+            first, *others = group.get_seqs(RUNNING)
+            for seq in others:
+                self.writers[seq.seq_id] = list(self.writers[first.seq_id])
+                seq.update_num_computed_tokens(first.get_num_computed_tokens())
+        return admitted
 
     def _new_token(self, seq: Sequence) -> None:
         seq.append_token_id((seq.get_len() * 7 + seq.seq_id * 13) % 1000)
@@ -224,7 +268,7 @@ class KVMachine(RuleBasedStateMachine):
         self.next_request = 0
         # One block (shared by the n sequences; partly filled if the prompt is shorter
         # than a block): admitted under every watermark drawn, so no run starts empty.
-        self.allocate(n, min(prompt_len, block_size), 0)
+        self._admit([self._new_group(n, list(range(min(prompt_len, block_size))))])
 
     # NOTE: at most 3 live requests: more rarely fit in 12 blocks, and each one more
     # makes decodes fail for want of room rather than copy on write.
@@ -236,17 +280,33 @@ class KVMachine(RuleBasedStateMachine):
         A request that does not fit is not queued (vLLM would keep it WAITING).
         """
         prompt = [(token + i) % 1000 for i in range(prompt_len)]
-        seqs = [Sequence(self.next_seq_id + i, prompt, self.block_size) for i in range(n)]
-        group = SequenceGroup(f"r{self.next_request}", seqs, n=n)
-        self.writers.update((seq.seq_id, []) for seq in seqs)
-        if not self._prefill(group):
-            for seq in seqs:
-                del self.writers[seq.seq_id]
-            return
+        if self._admit([self._new_group(n, prompt)]):
+            event(f"allocate: n={n}")
+
+    def _new_group(
+        self, n: int, prompt: list[int], extra_keys: tuple[str, ...] = ()
+    ) -> SequenceGroup:
+        """A new WAITING request of ``n`` sequences (ids and request names advance)."""
+        seqs = [
+            Sequence(self.next_seq_id + i, prompt, self.block_size, extra_keys=extra_keys)
+            for i in range(n)
+        ]
         self.next_seq_id += n
         self.next_request += 1
-        self.groups[group.request_id] = group
-        event(f"allocate: n={n}")
+        self.writers.update((seq.seq_id, []) for seq in seqs)
+        return SequenceGroup(f"r{self.next_request - 1}", seqs, n=n)
+
+    def _admit(self, groups: list[SequenceGroup]) -> list[SequenceGroup]:
+        """Prefill ``groups`` in one batch; those admitted become live, the others are
+        dropped (vLLM would keep them WAITING). Returns the admitted ones."""
+        admitted = self._prefill_batch(groups)
+        for group in groups:
+            if group in admitted:
+                self.groups[group.request_id] = group
+            else:
+                for seq in group.get_seqs():
+                    del self.writers[seq.seq_id]
+        return admitted
 
     def _co_schedule(self, data: st.DataObject, lead: str, action: str) -> dict[str, str]:
         """A step's plan: ``action`` for the ``lead`` request, a drawn one for each other."""
@@ -303,6 +363,7 @@ class KVMachine(RuleBasedStateMachine):
         in_pairs: Pairs = []
         cow_pairs: Pairs = []
         batch: list[Sequence] = []
+        ran: list[SequenceGroup] = []
         for group in (self.groups[r] for r, a in plan.items() if a == "swap_out"):
             if not self.manager.can_swap_out(group):
                 event("swap_out: no room on the CPU")
@@ -332,9 +393,11 @@ class KVMachine(RuleBasedStateMachine):
             for seq in seqs:
                 cow_pairs += self.manager.append_slots(seq)
             batch += seqs
+            ran.append(group)
         self._note_hazards(out_pairs, in_pairs, cow_pairs)
         self.apply_copies(out_pairs, in_pairs, cow_pairs)
         self.forward(batch)
+        self._batch_ran(ran)
 
     def _note_hazards(self, out_pairs: Pairs, in_pairs: Pairs, cow_pairs: Pairs) -> None:
         """Events for the orderings that matter (their coverage shows in the statistics)."""
@@ -447,6 +510,97 @@ class KVMachine(RuleBasedStateMachine):
                     where[seq.seq_id, p] = (
                         f"{seq.status.name} seq {seq.seq_id}, position {p} (in {tier.name} block "
                         f"{ids[p // self.block_size]}), layer {layer}: expected "
-                        f"{describe_kv(want_k[p, 0])}, found {describe_kv(got_k[p, 0])}"
+                        f"{describe_kv(want_k[p, 0], self.ORIGIN)}, found "
+                        f"{describe_kv(got_k[p, 0], self.ORIGIN)}"
                     )
         return [(seq.seq_id, p, tuple(want[p]), tuple(got[p])) for p in range(n)]
+
+
+# ----------------------------------------------------------------------------- prefix caching
+
+
+def prefix_digest(extra_keys: tuple[object, ...], tokens: list[int]) -> int:
+    """A small exact integer standing for a whole prefix (its extra keys and tokens):
+    the lineage field of the caching machine's toy KV. 20 bits, so float32 holds it
+    exactly; a collision could only hide a bug, never report a false one."""
+    return zlib.crc32(repr((extra_keys, tokens)).encode()) & 0xFFFFF
+
+
+class CachingKVMachine(KVMachine):
+    """KV1 with prefix caching on (``BlockSpaceManager(enable_caching=True)``).
+
+    The toy model's KV for position ``p`` depends on the **whole prefix**: its
+    lineage field is :func:`prefix_digest` of the sequence's extra keys and tokens
+    ``0..p``, not the id of the sequence that computed it. A prefill skips the
+    tokens ``get_num_cached_prefix_tokens`` reports (before ``allocate``, as the
+    scheduler does) and writes the rest; every forward pass is followed by
+    ``mark_blocks_as_computed`` for its groups. KV1 then says: every position a
+    sequence was told it may skip holds exactly the KV the model would write for
+    that prefix, so a block reused under another prefix or salt, or reported as
+    computed before the batch wrote it, reads back wrong bytes.
+
+    Prompts are drawn from a few shared starts (hits) with salts from a small set
+    (near-collisions: same tokens, other salt); the base machine's swaps, forks,
+    frees and recomputes run with caching on (eviction under pressure comes with
+    the tiny pools), and ``reset_prefix_cache`` is a rule.
+    """
+
+    ORIGIN = "prefix"
+
+    def make_manager(
+        self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float
+    ) -> BlockSpaceManager:
+        """The caching manager under test. Override to test another implementation."""
+        return BlockSpaceManager(
+            block_size, num_gpu_blocks, num_cpu_blocks, watermark, enable_caching=True
+        )
+
+    def _lineage(self, seq: Sequence, position: int) -> int:
+        return prefix_digest(seq.extra_keys, seq.get_token_ids()[: position + 1])
+
+    def _cached_prefix(self, seq: Sequence) -> int:
+        cached = self.manager.get_num_cached_prefix_tokens(seq)
+        assert 0 <= cached < seq.get_len() and cached % self.block_size == 0, (
+            f"get_num_cached_prefix_tokens gave {cached} for a {seq.get_len()}-token prompt"
+        )
+        return cached
+
+    def _batch_ran(self, groups: list[SequenceGroup]) -> None:
+        for group in groups:
+            self.manager.mark_blocks_as_computed(group)
+
+    def forward(self, seqs: list[Sequence]) -> None:
+        """The forward pass, after checking what its attention reads: every position a
+        sequence does not compute (its cached prefix, its earlier tokens) already holds
+        the KV of that prefix (KV1 at read time; a block marked computed before the
+        batch that writes it reads as zeros here)."""
+        where: dict[tuple[int, int], str] = {}
+        cells = tuple(c for seq in seqs for c in self._cells(seq, where))
+        if not holds("KV1", cells):
+            lost = first_lost(cells)
+            assert lost is not None
+            raise AssertionError(f"{label('KV1')} (read by the forward pass): {where[lost[:2]]}")
+        super().forward(seqs)
+
+    @precondition(lambda self: len(self.groups) < 3)
+    @rule(data=st.data(), count=st.integers(1, 2))
+    def allocate(self, data: st.DataObject, count: int = 1) -> None:
+        """One or two new requests prefilled in one batch (as a scheduler admits
+        several): their prompts start alike, so they may hit each other's cached
+        blocks, or the same tokens under another salt. Each skips its cached prefix."""
+        groups = []
+        for i in range(count):
+            n = data.draw(st.integers(1, MAX_SEQS), label=f"n{i}")
+            # few starts, 1, 2 and 4 apart: shared prefixes, equal blocks of other prefixes
+            token = data.draw(st.sampled_from([0, 0, 1, 2, 4]), label=f"start{i}")
+            prompt_len = data.draw(st.integers(1, 8), label=f"prompt_len{i}")
+            salt = data.draw(st.sampled_from(["", "", "a", "b"]), label=f"salt{i}")
+            prompt = [(token + k) % 1000 for k in range(prompt_len)]
+            groups.append(self._new_group(n, prompt, (salt,) if salt else ()))
+        admitted = self._admit(groups)
+        event(f"allocate: {len(admitted)} of {count} admitted in one batch")
+
+    @rule()
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached block no sequence uses (the live sequences' KV stays)."""
+        event(f"reset_prefix_cache: {self.manager.reset_prefix_cache()} dropped")

@@ -1,8 +1,9 @@
 """The toy model of the KV machines: deterministic, decodable K/V vectors per token.
 
-Each vector encodes where it came from (the sequence that computed it, its
-position, its token and its layer/head), so a KV-conservation failure can say
-what was found instead of what was expected.
+Each vector encodes where it came from (the sequence that computed it, or with
+prefix caching a digest of the whole prefix it belongs to; its position, its
+token and its layer/head), so a KV-conservation failure can say what was found
+instead of what was expected.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ def toy_kv(
     return t, -t
 
 
-def describe_kv(vector: torch.Tensor) -> str:
-    """What a stored key vector (one head) encodes, for failure messages."""
+def describe_kv(vector: torch.Tensor, origin: str = "seq") -> str:
+    """What a stored key vector (one head) encodes, for failure messages; ``origin``
+    names what the lineage field holds (a sequence id, or a prefix digest)."""
     if not bool(vector.any()):
         return "zeros (never written)"
     lin, pos, tok, code = (int(x) - 1 for x in vector.tolist())
-    return f"seq {lin}'s KV of position {pos}, token {tok}, layer {code // 16}"
+    return f"{origin} {lin}'s KV of position {pos}, token {tok}, layer {code // 16}"
