@@ -194,12 +194,33 @@ class CachingAllocatorMachine(LockstepMachine):
                 "C8 eviction_order_ok",
                 "an id was evicted while an id with an older last_accessed (or, at equal "
                 "times, a deeper one) stayed in the evictor",
+                self._eviction_check_line(),
             )
         self.before = self.model
         if self._has("check_invariants"):
             self._check_target_invariants(
                 lambda: self.impl.check_invariants(dict(enumerate(self.objs)))
             )
+
+    def _eviction_check_line(self) -> str | None:
+        """An assert that fails on the target after a C8 failure: a block object the step
+        handed out holds an id the evictor must not have given up yet. O(blocks)."""
+        for device in (GPU, CPU):
+            p, q = spec.pool_of(self.before, device), spec.pool_of(self.model, device)
+            evicted = {i for i in p.evictor if spec.key_of_id(q, i) != spec.key_of_id(p, i)}
+            kept = p.evictor & q.evictor
+            if not kept:
+                continue
+            best = min(spec.eviction_rank(p, i) for i in kept)
+            early = sorted(i for i in evicted if spec.eviction_rank(p, i) > best)
+            for h, b in enumerate(self.model.blocks):
+                if not b.freed and b.block_id in early:
+                    older = min(kept, key=lambda i: (spec.eviction_rank(p, i), i))
+                    return (
+                        f"assert b{h}.block_id != {b.block_id}  # evicted while id {older}, "
+                        "older, stayed cached"
+                    )
+        return None
 
     # ------------------------------------------------------------------ rules
 
@@ -478,8 +499,13 @@ class CachingAllocatorMachine(LockstepMachine):
         self.last_computed[(*ids, skip_last)] = want
         lists = [want, list(ids[: len(want) // 2 + 1]), []][: 1 + len(handles) % 3]
         common = self.impl.get_common_computed_block_ids(lists)
-        if common != list(spec.get_common_computed_block_ids(lists)):
-            self._violate("C5 computed_ok", f"common computed prefix of {lists} is {common}")
+        want_common = list(spec.get_common_computed_block_ids(lists))
+        if common != want_common:
+            self._violate(
+                "C5 computed_ok",
+                f"common computed prefix of {lists} is {common}; the spec says {want_common}",
+                f"assert alloc.get_common_computed_block_ids({lists}) == {want_common}",
+            )
 
     @precondition(lambda self: len(self.model.cpu.refcounts) > 0)
     @rule(handles=st.lists(blocks, min_size=1, max_size=4), to_cpu=st.booleans())
@@ -570,9 +596,15 @@ class CachingAllocatorMachine(LockstepMachine):
     def get_prefix_cache_hit_rate(self, device: Device) -> None:
         got = self.impl.get_prefix_cache_hit_rate(device)
         want = spec.get_prefix_cache_hit_rate(self.model, device)
-        self._log(f"alloc.get_prefix_cache_hit_rate({_dev(device)})")
+        src = f"alloc.get_prefix_cache_hit_rate({_dev(device)})"
+        self._log(src)
         if abs(got - want) > 1e-12:
-            self._violate("C7 cache_stats_ok", f"hit rate {got}; the spec says {want}")
+            self._violate(
+                "C7 cache_stats_ok",
+                f"hit rate {got}; the spec says {want}",
+                f"assert abs({src} - {want!r}) < 1e-12",
+                replace_last=True,
+            )
         if not self._has("cache_stats"):
             return
         stats = self.impl.cache_stats(device)

@@ -351,6 +351,15 @@ class ManagerMachine(LockstepMachine):
         self._computed(seq)
         return True
 
+    def _swap_check_line(
+        self, src: str, res: list[tuple[int, int]], pairs: tuple[tuple[int, int], ...]
+    ) -> str:
+        """The assert that replaces a swap's program line when its pairs are wrong: each
+        source block moved once, if it moved one twice; else the spec's pairs."""
+        if len({s for s, _ in res}) < len(res):
+            return f"pairs = {src}; assert len({{s for s, _ in pairs}}) == len(pairs), pairs"
+        return f"assert {src} == {list(pairs)}"
+
     def _null_chosen(self) -> int | None:
         """The id the target gave the null block, if the append just took it (the spec
         takes it too). A target that hides it: the id the spec's pool would hand out next."""
@@ -570,7 +579,12 @@ class ManagerMachine(LockstepMachine):
             explain=lambda: self._explain_swap(res, GPU, CPU, src),
         )
         if [tuple(p) for p in res] != list(pairs):
-            self._violate(label("M5"), f"{src} returned {res}; the spec moved {pairs}")
+            self._violate(
+                label("M5"),
+                f"{src} returned {res}; the spec moved {pairs}",
+                self._swap_check_line(src, res, pairs),
+                replace_last=True,
+            )
         if not holds("M5", before, self.model, running, self._abs(res, GPU, CPU)):
             self._violate(label("M5"), f"{src} returned {res}, which does not conserve the tables")
         self.stats.swap_outs += 1
@@ -624,7 +638,12 @@ class ManagerMachine(LockstepMachine):
             explain=lambda: self._explain_swap(res, CPU, GPU, src),
         )
         if [tuple(p) for p in res] != list(pairs):
-            self._violate(label("M5"), f"{src} returned {res}; the spec moved {pairs}")
+            self._violate(
+                label("M5"),
+                f"{src} returned {res}; the spec moved {pairs}",
+                self._swap_check_line(src, res, pairs),
+                replace_last=True,
+            )
         if not holds("M5", before, self.model, ids, self._abs(res, CPU, GPU)):
             self._violate(label("M5"), f"{src} returned {res}, which does not conserve the tables")
         self.stats.swap_ins += 1
