@@ -33,7 +33,12 @@ from pagedkv import Device as PagedKVDevice
 from pagedkv.content_key import sha256_key
 from pagedkv.evictor import LRUEvictor
 from pagedkv.sequence import AllocDecision
-from pagedkv_stateful.adapters import AllocatorAdapter, Capabilities, ManagerAdapter
+from pagedkv_stateful.adapters import (
+    MISUSE_KINDS,
+    AllocatorAdapter,
+    Capabilities,
+    ManagerAdapter,
+)
 
 
 class Device(enum.Enum):
@@ -244,6 +249,36 @@ class SharedFreeAllocator(FifoAllocator):
         if b.block_id not in b.pool.free:
             b.pool.free.append(b.block_id)
         b.block_id, b.freed = None, True
+
+
+class ForeignBlindAllocator(FifoAllocator):
+    """Rejects double frees and freed blocks, but takes another allocator's blocks
+    (vLLM 0.6.3's naive allocator does the same): a partial misuse promise."""
+
+    def _check(self, block: Any, what: str) -> Block:
+        if not isinstance(block, Block):
+            raise ValueError(f"cannot {what}: not a block")
+        if block.freed or block.block_id is None:
+            raise ValueError(f"cannot {what}: the block was freed")
+        return block
+
+
+def foreign_blind_allocator(
+    num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
+) -> AllocatorAdapter:
+    """Conformance factory for :class:`ForeignBlindAllocator`, promising all misuse."""
+    return AllocatorAdapter(
+        ForeignBlindAllocator(num_gpu_blocks, num_cpu_blocks, block_size), devices=Device
+    )
+
+
+def foreign_blind_allocator_declared(
+    num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
+) -> AllocatorAdapter:
+    """The same target, declaring that it does not reject foreign blocks."""
+    caps = Capabilities(misuse_kinds=MISUSE_KINDS - {"foreign_block"})
+    target = ForeignBlindAllocator(num_gpu_blocks, num_cpu_blocks, block_size)
+    return AllocatorAdapter(target, caps, devices=Device)
 
 
 def fifo_allocator(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> AllocatorAdapter:

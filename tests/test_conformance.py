@@ -173,6 +173,31 @@ def test_the_report_counts_what_the_search_reached() -> None:
     assert report.to_dict()["coverage"] == dict(sorted(report.coverage.items()))
 
 
+def test_misuse_can_be_promised_kind_by_kind() -> None:
+    """A target that rejects double frees but takes foreign blocks: with every misuse
+    promised that is a finding; declared, the rest of its misuse is still checked."""
+    report = check(fa.foreign_blind_allocator, examples=60)
+    assert {f.invariant for f in report.findings} == {"same error as spec"}
+    assert all("foreign" in f.root_cause for f in report.findings), report.render()
+    declared = check(fa.foreign_blind_allocator_declared, examples=60)
+    assert declared.ok, declared.render()
+    text = declared.render()
+    assert "misuse (allocate_twice, double_free, fork_onto_table, stale_handle" in text
+    assert declared.coverage.get("free rejected", 0) > 0  # double frees still tried
+
+
+def test_capabilities_name_feature_combinations_a_target_does_not_support() -> None:
+    caps = Capabilities(
+        encoder_decoder=True, not_together=(frozenset({"encoder_decoder", "sliding_window"}),)
+    )
+    assert caps.together("encoder_decoder") and caps.together("sliding_window")
+    assert not caps.together("encoder_decoder", "sliding_window")
+    assert "not together: encoder_decoder+sliding_window" in caps.describe("manager")
+    assert caps.to_dict()["not_together"] == [["encoder_decoder", "sliding_window"]]
+    assert Capabilities().rejects("foreign_block")
+    assert not Capabilities(misuse=False).rejects("foreign_block")
+
+
 def test_manager_compared_through_the_api_only() -> None:
     report = check(fa.drops_cow_pairs_manager, level="manager", max_violations=1)
     (finding,) = report.findings

@@ -135,6 +135,22 @@ class Violation(AssertionError):
 # --------------------------------------------------------------------------- capabilities
 
 
+#: The kinds of misuse a target may reject (``Capabilities.misuse_kinds``): allocator
+#: level, then manager level. Each names the machine rule (or rule branch) it enables.
+MISUSE_KINDS = frozenset(
+    {
+        "double_free",  # free a freed block object again
+        "stale_handle",  # append to / fork a chain holding a freed block object
+        "foreign_block",  # pass a block of another allocator
+        "allocate_twice",  # allocate a sequence that has a table
+        "fork_onto_table",  # fork onto a sequence that has a table
+        "unknown_sequence",  # append to a sequence without a table
+        "wrong_state",  # swap in a group with nothing swapped / out with nothing running
+        "wrong_device",  # append to a sequence whose blocks are on the CPU
+    }
+)
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a target supports (rules for the rest are skipped) and what it promises.
@@ -143,8 +159,11 @@ class Capabilities:
         cow              appending to a shared block copies it (fork, n > 1 groups)
         swap             ``swap`` (allocator) / ``swap_out`` + ``swap_in`` (manager)
         null_block       ``allocate_or_get_null_block``
-        misuse           rejects double free, freed and foreign block objects, and
+        misuse           rejects misuse: double free, freed and foreign block objects,
                          manager misuse (allocate twice, unknown sequence, ...)
+        misuse_kinds     which kinds of misuse, when ``misuse`` (default: all of
+                         :data:`MISUSE_KINDS`), e.g. ``frozenset({"double_free"})``
+                         for a target that rejects a double free but not a foreign block
         queries          ``get_physical_block_id`` and ``get_num_full_blocks_touched``
         lookahead        manager: ``num_lookahead_slots > 0``
         sliding_window   manager: a ``sliding_window`` (needs ``null_block``)
@@ -154,6 +173,10 @@ class Capabilities:
         typed_errors     promises pagedkv's error types (``pagedkv.errors``). If False,
                          any exception on a call the spec rejects is the right answer;
                          an exception on a call the spec accepts is always a violation.
+        not_together     feature combinations the target supports one by one but not
+                         together, e.g. ``(frozenset({"encoder_decoder",
+                         "sliding_window"}),)``: vLLM 0.6.3's manager refuses
+                         cross-attention with a sliding window
     """
 
     cow: bool = True
@@ -166,15 +189,38 @@ class Capabilities:
     encoder_decoder: bool = False
     lifo: bool = False
     typed_errors: bool = False
+    misuse_kinds: frozenset[str] = MISUSE_KINDS
+    not_together: tuple[frozenset[str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields (the sets as sorted lists)."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["misuse_kinds"] = sorted(self.misuse_kinds)
+        out["not_together"] = [sorted(c) for c in self.not_together]
+        return out
+
+    def rejects(self, kind: str) -> bool:
+        """The target promises to reject misuse of ``kind`` (one of :data:`MISUSE_KINDS`)."""
+        return self.misuse and kind in self.misuse_kinds
+
+    def together(self, *features: str) -> bool:
+        """``features`` may be used in one test case (no ``not_together`` entry is in them)."""
+        wanted = set(features)
+        return not any(combo <= wanted for combo in self.not_together)
 
     def describe(self, level: str = "manager") -> str:
         """One line: the features of ``level`` that are supported, then the promises."""
-        skip = {"lifo", "typed_errors"}
+        skip = {"lifo", "typed_errors", "misuse_kinds", "not_together"}
         if level in ("allocator", "caching"):
             skip |= {"lookahead", "sliding_window", "encoder_decoder"}
         else:
             skip |= {"queries"}
         features = [f.name for f in fields(self) if f.name not in skip and getattr(self, f.name)]
+        if self.misuse and self.misuse_kinds != MISUSE_KINDS:
+            kinds = ", ".join(sorted(self.misuse_kinds & MISUSE_KINDS)) or "none"
+            features = [f"misuse ({kinds})" if f == "misuse" else f for f in features]
+        for combo in self.not_together:
+            features.append(f"not together: {'+'.join(sorted(combo))}")
         lifo = "LIFO promised" if self.lifo else "LIFO not promised"
         errors = "typed errors" if self.typed_errors else "any exception as rejection"
         return f"{' '.join(features) or 'no optional feature'}; {lifo}; {errors}"

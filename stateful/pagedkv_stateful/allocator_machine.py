@@ -256,7 +256,7 @@ class AllocatorMachine(LockstepMachine):
             self._violate("spec self-check", f"the spec's state breaks {broken.label}")
         self._check_target_invariants(self.check_impl_invariants)
 
-    @precondition(lambda self: self.caps.misuse)
+    @precondition(lambda self: self.caps.rejects("double_free"))
     @rule(handle=dead)
     def free_again(self, handle: int) -> None:
         """Double free: a dead handle must raise and change nothing."""
@@ -264,7 +264,7 @@ class AllocatorMachine(LockstepMachine):
         res = self._attempt(lambda: self.adapter.free(self.objs[handle]))
         self._expect_rejected(res, lambda: spec.free(self.model, handle), src)
 
-    @precondition(lambda self: self.caps.misuse)
+    @precondition(lambda self: self.caps.rejects("stale_handle"))
     @rule(handle=dead, token=st.integers(0, 9))
     def use_stale_handle(self, handle: int, token: int) -> None:
         """A freed object must never append to or fork another owner's block."""
@@ -326,7 +326,7 @@ class AllocatorMachine(LockstepMachine):
             )
         self._log(f"expect_error(lambda: {src}{self._error_name(err)})")
 
-    @precondition(lambda self: self.caps.misuse)
+    @precondition(lambda self: self.caps.rejects("foreign_block"))
     @rule(token=st.integers(0, 9))
     def foreign_block(self, token: int) -> None:
         """Blocks of another allocator are rejected by every operation."""
@@ -504,7 +504,7 @@ class AllocatorMachine(LockstepMachine):
 
     @rule(target=blocks, last=blocks)
     def fork(self, last: int) -> object:
-        if not self.caps.misuse and any(
+        if not self.caps.rejects("stale_handle") and any(
             self.model.blocks[h].freed for h in spec.chain(self.model, last)
         ):
             event("fork: skipped (the chain holds a freed block: misuse)")

@@ -356,7 +356,7 @@ class ConformanceReport:
         return {
             "target": self.target,
             "level": self.level,
-            "capabilities": asdict(self.capabilities),
+            "capabilities": self.capabilities.to_dict(),
             "profile": self.profile,
             "seed": self.seed,
             "search": self.search,

@@ -74,6 +74,7 @@ class ManagerMachine(LockstepMachine):
     impl: Any
     block_size: int
     num_gpu: int
+    window: int | None
     live: dict[str, SequenceGroup]
     seqs: dict[int, Sequence]
     next_seq_id: int
@@ -440,7 +441,7 @@ class ManagerMachine(LockstepMachine):
         if known is not None and not (known.sliding_window and known.null_block):
             window = None
         self.program = []
-        self.block_size, self.num_gpu = block_size, num_gpu
+        self.block_size, self.num_gpu, self.window = block_size, num_gpu, window
         self.adapter = self.make_adapter(block_size, num_gpu, num_cpu, watermark, window)
         self.impl = self.adapter.target
         self.caps = self.adapter.capabilities
@@ -464,7 +465,9 @@ class ManagerMachine(LockstepMachine):
         self, n: int, prompt_len: int, encoder_len: int | None, lookahead: int, token: int
     ) -> object:
         n = n if self.caps.cow else 1  # n > 1 shares the prompt: appends copy on write
-        encoder_len = encoder_len if self.caps.encoder_decoder else None
+        features = ("encoder_decoder", "sliding_window") if self.window else ("encoder_decoder",)
+        if not (self.caps.encoder_decoder and self.caps.together(*features)):
+            encoder_len = None
         prompt = [(token + i) % 1000 for i in range(prompt_len)]
         seqs = [self._new_seq(prompt) for _ in range(n)]
         encoder = None if encoder_len is None else self._new_seq(list(range(encoder_len)))
@@ -690,13 +693,30 @@ class ManagerMachine(LockstepMachine):
             del self.live[request_id]
             event("preempt_by_recompute: could not re-admit")
 
-    @precondition(lambda self: bool(self.live) and self.caps.misuse)
+    @precondition(
+        lambda self: (
+            bool(self.live)
+            and any(
+                self.caps.rejects(k)
+                for k in ("allocate_twice", "fork_onto_table", "unknown_sequence", "wrong_state")
+            )
+        )
+    )
     @rule(data=st.data())
     def misuse(self, data: st.DataObject) -> None:
         """Allocate twice, fork onto a table, unknown sequence, swap in the wrong state."""
         group = self.live[data.draw(st.sampled_from(sorted(self.live)))]
         seq = group.get_unfinished_seqs()[0]
-        kind = data.draw(st.sampled_from(["allocate", "fork", "unknown", "swap_in", "swap_out"]))
+        kinds = {
+            "allocate": "allocate_twice",
+            "fork": "fork_onto_table",
+            "unknown": "unknown_sequence",
+            "swap_in": "wrong_state",
+            "swap_out": "wrong_state",
+        }
+        kind = data.draw(
+            st.sampled_from(sorted(k for k, c in kinds.items() if self.caps.rejects(c)))
+        )
         g = self._g(group)
         if kind == "allocate":
             twin = Sequence(seq.seq_id, seq.get_token_ids())
@@ -734,7 +754,7 @@ class ManagerMachine(LockstepMachine):
                 f"mgr.swap_out({g})",
             )
 
-    @precondition(lambda self: bool(self.live) and self.caps.misuse)
+    @precondition(lambda self: bool(self.live) and self.caps.rejects("wrong_device"))
     @rule(data=st.data())
     def wrong_device(self, data: st.DataObject) -> None:
         """A sequence whose blocks are on the CPU cannot be appended to."""

@@ -25,7 +25,9 @@ call :func:`use` first) build vLLM's own classes, adapted:
 What each promises (:class:`~pagedkv_stateful.adapters.Capabilities`): vLLM 0.6.3
 reuses ids LIFO (its free deque pops and pushes on the left) but rejects misuse
 with ``assert`` statements and plain exceptions, not typed errors, so
-``typed_errors`` is False (any exception is a rejection); everything else is on.
+``typed_errors`` is False (any exception is a rejection); everything else is on,
+the manager's cross-attention tables included, except with a sliding window
+(vLLM refuses that combination: ``not_together``).
 
 Usage::
 
@@ -43,6 +45,7 @@ import json
 import os
 import sys
 import zipfile
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -175,6 +178,12 @@ def _module(name: str) -> Any:
 
 #: vLLM 0.6.3's promises: everything but typed errors (see the module docstring).
 CAPABILITIES = Capabilities(lifo=True, typed_errors=False)
+#: Its manager also keeps cross-attention tables, but refuses them with a sliding window.
+MANAGER_CAPABILITIES = replace(
+    CAPABILITIES,
+    encoder_decoder=True,
+    not_together=(frozenset({"encoder_decoder", "sliding_window"}),),
+)
 
 
 # --------------------------------------------------------------------------- allocator
@@ -308,7 +317,7 @@ def manager(
     target = v2.BlockSpaceManagerV2(
         block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window
     )
-    return VLLMManagerAdapter(target, CAPABILITIES)
+    return VLLMManagerAdapter(target, MANAGER_CAPABILITIES)
 
 
 # --------------------------------------------------------------------------- replay
