@@ -531,3 +531,14 @@ def test_pool_check_invariants_catches_each_corruption() -> None:
     a = pool()
     a._cow.append((2, 5))
     a.check_invariants()
+
+
+def test_vllm_constructor_keyword_create_block_is_accepted() -> None:
+    """vLLM 0.6.3's tests build the allocator with ``create_block=NaiveBlock``."""
+    a = NaiveBlockAllocator(create_block=NaiveBlock, num_blocks=2, block_size=4)
+    assert a.get_num_free_blocks() == 2 and a.allocate_mutable_block(None).block_id == 0
+    err = raised(
+        InvalidAllocatorConfigError,
+        lambda: NaiveBlockAllocator(create_block=object, num_blocks=2, block_size=4),
+    )
+    assert "create_block must be NaiveBlock or None" in str(err)

@@ -19,6 +19,7 @@ from pagedkv._validate import (
     require_int,
     require_real,
     require_token_ids,
+    show,
 )
 from pagedkv.errors import (
     ArgumentTypeError,
@@ -231,7 +232,22 @@ class NaiveBlockAllocator(BlockAllocator):
         block_size: int,
         block_ids: Iterable[int] | None = None,
         name: str = "",
+        *,
+        create_block: object = None,
     ) -> None:
+        """``num_blocks`` blocks of ``block_size`` tokens with ids ``block_ids`` (a
+        contiguous range; default ``0..num_blocks-1``); ``name`` names the pool in
+        messages. ``create_block`` is vLLM 0.6.3's constructor keyword, accepted so
+        code written against vLLM's allocator constructs this one unchanged: it must
+        be None or :class:`NaiveBlock` (this allocator makes its own blocks).
+        Errors: :class:`InvalidAllocatorConfigError` (a ``ValueError``; wrong types
+        a ``TypeError``), before anything is allocated. Complexity: O(num_blocks).
+        """
+        if create_block is not None and create_block is not NaiveBlock:
+            raise InvalidAllocatorConfigError(
+                f"create_block must be NaiveBlock or None, got {show(create_block)}: "
+                "this allocator makes its own blocks"
+            )
         require_int("block_size", block_size, InvalidAllocatorConfigError, 1)
         require_int("num_blocks", num_blocks, InvalidAllocatorConfigError, 0)
         # One refcount slot (a pointer) per block, taken up front.
