@@ -8,6 +8,7 @@ import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv import AllocStatus, BlockSpaceManager, Sequence
+from pagedkv.naive_allocator import NaiveBlock
 from pagedkv_spec.device import Device
 from pagedkv_stateful.adapters import root_cause
 from pagedkv_stateful.manager_machine import ManagerMachine
@@ -60,6 +61,24 @@ class MissesWindowDrops(BlockSpaceManager):
         before = self.stats.blocks_freed_by_window
         super()._append_general(*args)
         self.stats.blocks_freed_by_window = before
+
+
+class WritesSharedInPlace(BlockSpaceManager):
+    """The copy-on-write check skipped: one token appended to a shared block with room is
+    written in place (vLLM 0.6.3 does this once a failed swap-out left a refcount low)."""
+
+    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+        table = self.block_tables.get(seq.seq_id)
+        if table is None or not table.blocks:
+            return super().append_slots(seq, num_lookahead_slots)
+        last = table.blocks[-1]
+        unseen = table.get_unseen_token_ids(seq.get_token_ids())
+        room = isinstance(last, NaiveBlock) and len(last.token_ids) < self.block_size
+        if num_lookahead_slots == 0 and len(unseen) == 1 and room and last.is_shared:
+            last._token_ids.append(unseen[0])  # the bug: no copy first
+            table._num_full_slots += 1
+            return []
+        return super().append_slots(seq, num_lookahead_slots)
 
 
 class TakesNullBlockUpFront(BlockSpaceManager):
@@ -115,6 +134,7 @@ def machine_for(manager_cls: type[BlockSpaceManager]) -> type[ManagerMachine]:
         (CountsSwapInBlocksAsOut, "manager stats"),
         (MissesWindowDrops, "manager stats"),
         (TakesNullBlockUpFront, "GPU pool differs|free count"),
+        (WritesSharedInPlace, "I5.*instead of copying it first"),
         (NullBlockNotCounted, "can_append_slots|can_swap_in"),
     ],
 )

@@ -213,11 +213,15 @@ class CachingAllocatorMachine(LockstepMachine):
                 continue
             best = min(spec.eviction_rank(p, i) for i in kept)
             early = sorted(i for i in evicted if spec.eviction_rank(p, i) > best)
-            for h, b in enumerate(self.model.blocks):
-                if not b.freed and b.block_id in early:
-                    older = min(kept, key=lambda i: (spec.eviction_rank(p, i), i))
+            older = min(kept, key=lambda i: (spec.eviction_rank(p, i), i))
+            holders = [(f"b{h}", b.block_id) for h, b in enumerate(self.model.blocks)]
+            holders.append(("null", self.model.null_id))  # the null block takes an id too
+            for name, block_id in holders:
+                if block_id in early and (
+                    name == "null" or not self.model.blocks[int(name[1:])].freed
+                ):
                     return (
-                        f"assert b{h}.block_id != {b.block_id}  # evicted while id {older}, "
+                        f"assert {name}.block_id != {block_id}  # evicted while id {older}, "
                         "older, stayed cached"
                     )
         return None

@@ -93,7 +93,7 @@ from pagedkv_stateful.adapters import (
 )
 from pagedkv_stateful.allocator_machine import AllocatorMachine
 from pagedkv_stateful.caching_machine import CachingAllocatorMachine
-from pagedkv_stateful.coverage import STATE_CLASSES, reached
+from pagedkv_stateful.coverage import STATE_CLASSES, reached, state_classes
 from pagedkv_stateful.lockstep import LockstepMachine
 from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import register_profiles
@@ -333,7 +333,7 @@ class ConformanceReport:
         not), then per target operation, most reached first."""
         if not self.coverage:
             return []
-        states = ", ".join(f"{name} {self.coverage[name]:,}" for name in STATE_CLASSES)
+        states = ", ".join(f"{name} {self.coverage[name]:,}" for name in state_classes(self.level))
         ops = sorted(
             (k for k in self.coverage if k not in STATE_CLASSES),
             key=lambda k: (-self.coverage[k], k),
@@ -721,11 +721,12 @@ class _Search:
         if self.deadline is not None and now >= self.deadline:
             raise _BudgetSpent
 
-    def case_ended(self, err: BaseException | None, program: list[str]) -> None:
-        """A test case ended (``err``: what it raised); record a failure, report progress."""
+    def case_ended(self, err: BaseException | None, program: list[str], classes: set[str]) -> None:
+        """A test case ended (``err``: what it raised; ``classes``: the state classes its
+        machine recorded); record a failure, count what it reached, report progress."""
         if isinstance(err, Exception) and not isinstance(err, HypothesisException):
             self.failures.append((err, list(program)))
-        self.report.coverage.update(reached(program))
+        self.report.coverage.update(reached(program) | classes)
         self.report.counts.seconds = time.monotonic() - self.began
         self.listener.progress(self.report)
 
@@ -800,7 +801,9 @@ def _round(
         try:
             machine.teardown(self)
         finally:
-            run.case_ended(err, getattr(self, "program", []))
+            run.case_ended(
+                err, getattr(self, "program", []), self.__dict__.get("reached_classes", set())
+            )
 
     cls: type[LockstepMachine] = type(
         machine.__name__,

@@ -5,8 +5,9 @@ test cases, counted from the programs the machines write (one line per target ca
 target operation that succeeded (``swap``) or was rejected (``swap rejected``), and
 the state classes the kit is meant to reach that a program shows (a successful
 swap each way, a free or an allocation after a swap, a lookahead append, a fork).
-Classes a program's text cannot show (a copy-on-write, a window slide) are not
-counted here. :class:`~pagedkv_stateful.conform.ConformanceReport`
+Classes a program's text cannot show (a copy-on-write, a window slide) are
+recorded by the machines themselves (``LockstepMachine._reached``) and merged in by
+the kit. :class:`~pagedkv_stateful.conform.ConformanceReport`
 counts test cases per class and prints the table at the end, so a search that never
 reached a class says so instead of passing quietly.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["STATE_CLASSES", "operation", "reached"]
+__all__ = ["STATE_CLASSES", "operation", "reached", "state_classes"]
 
 # A call on the target (``alloc.``, ``mgr.``, ``pool.``) or on one of its block objects
 # (``b3.append_token_ids(...)``: vLLM's blocks are written through their own method).
@@ -31,7 +32,19 @@ STATE_CLASSES = (
     "allocate after a swap",
     "append with lookahead",
     "fork",
+    # recorded by the machines (LockstepMachine._reached), not read from the program:
+    "copy-on-write",
+    "copy-on-write with no free block",
+    "window slide",
 )
+
+
+def state_classes(level: str) -> tuple[str, ...]:
+    """The state classes a search at ``level`` is meant to reach (lookahead slots are
+    a manager-level notion). O(1)."""
+    if level == "manager":  # its appends are not per block: a CoW with no room is an append
+        return tuple(c for c in STATE_CLASSES if c != "copy-on-write with no free block")
+    return tuple(c for c in STATE_CLASSES if c not in ("append with lookahead", "window slide"))
 
 
 def operation(line: str) -> str:

@@ -107,6 +107,11 @@ class LockstepMachine(RuleBasedStateMachine):
             return
         self._violate(invariant, detail, check_line)
 
+    def _reached(self, state_class: str) -> None:
+        """Record that this test case reached ``state_class`` (a class a program's text
+        cannot show, e.g. a copy-on-write; the kit's coverage table counts it)."""
+        self.__dict__.setdefault("reached_classes", set()).add(state_class)
+
     def _log(self, line: str) -> None:
         self.program.append(line)
 
