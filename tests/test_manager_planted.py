@@ -73,7 +73,9 @@ class WritesSharedInPlace(BlockSpaceManager):
             return super().append_slots(seq, num_lookahead_slots)
         last = table.blocks[-1]
         unseen = table.get_unseen_token_ids(seq.get_token_ids())
-        room = isinstance(last, NaiveBlock) and len(last.token_ids) < self.block_size
+        if not isinstance(last, NaiveBlock):
+            return super().append_slots(seq, num_lookahead_slots)
+        room = len(last.token_ids) < self.block_size
         if num_lookahead_slots == 0 and len(unseen) == 1 and room and last.is_shared:
             last._token_ids.append(unseen[0])  # the bug: no copy first
             table._num_full_slots += 1
