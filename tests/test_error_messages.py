@@ -248,8 +248,10 @@ def _unreferenced_block() -> None:
 def _caching() -> tuple[CpuGpuBlockAllocator, Block, Block]:
     """A caching allocator with a cached block (id 0) and a partial one (id 1)."""
     a = CpuGpuBlockAllocator.create("prefix_caching", 4, 2, 2)
-    return a, a.allocate_immutable_block(None, [1, 2], GPU), a.allocate_immutable_block(
-        None, [1], GPU
+    return (
+        a,
+        a.allocate_immutable_block(None, [1, 2], GPU),
+        a.allocate_immutable_block(None, [1], GPU),
     )
 
 
@@ -434,15 +436,15 @@ ALLOCATOR_MESSAGES = [
         "pool invariant P3",
         _corrupt_pool(lambda a: a._rc.__setitem__(2, -1)),
         InvariantViolationError,
-        'invariant P3 violated: NaiveBlockAllocator(GPU ids 2..5) breaks P3 refcounts_ok: no '
-        'refcount below zero; please report this',
+        "invariant P3 violated: NaiveBlockAllocator(GPU ids 2..5) breaks P3 refcounts_ok: no "
+        "refcount below zero; please report this",
     ),
     case(
         "pool invariant P2",
         _corrupt_pool(lambda a: a._rc.__setitem__(2, 0)),
         InvariantViolationError,
-        'invariant P2 violated: NaiveBlockAllocator(GPU ids 2..5) breaks P2 free_is_rc_zero: '
-        'an id is free iff its refcount is 0; please report this',
+        "invariant P2 violated: NaiveBlockAllocator(GPU ids 2..5) breaks P2 free_is_rc_zero: "
+        "an id is free iff its refcount is 0; please report this",
     ),
     # cpu_gpu_allocator.py
     case(
@@ -540,18 +542,18 @@ ALLOCATOR_MESSAGES = [
         "allocator invariant I1",
         _unreferenced_block,
         InvariantViolationError,
-        'invariant I1 violated: CpuGpuBlockAllocator(gpu=NaiveBlockAllocator(GPU ids 0..1), '
+        "invariant I1 violated: CpuGpuBlockAllocator(gpu=NaiveBlockAllocator(GPU ids 0..1), "
         "cpu=NaiveBlockAllocator(CPU ids 2..3)) breaks I1 refcounts_match_references: an id's"
-        ' refcount equals its live references (+1 for the null block) (block 0 has refcount 1'
-        ' but 0 references); please report this',
+        " refcount equals its live references (+1 for the null block) (block 0 has refcount 1"
+        " but 0 references); please report this",
     ),
     case(
         "allocator invariant I4",
         _overlapping_pools,
         InvariantViolationError,
-        'invariant I4 violated: CpuGpuBlockAllocator(gpu=NaiveBlockAllocator(GPU ids 0..1), '
-        'cpu=NaiveBlockAllocator(ids 1..2)) breaks I4 pools_disjoint: the GPU and CPU id '
-        'ranges do not overlap; please report this',
+        "invariant I4 violated: CpuGpuBlockAllocator(gpu=NaiveBlockAllocator(GPU ids 0..1), "
+        "cpu=NaiveBlockAllocator(ids 1..2)) breaks I4 pools_disjoint: the GPU and CPU id "
+        "ranges do not overlap; please report this",
     ),
 ]
 
@@ -818,9 +820,9 @@ MANAGER_MESSAGES = [
         "table invariant T1",
         _stale_cached_id,
         InvariantViolationError,
-        'invariant T1 violated: BlockTable(block_size=2, physical_block_ids=[0, 5], '
+        "invariant T1 violated: BlockTable(block_size=2, physical_block_ids=[0, 5], "
         "num_full_slots=3) breaks T1 ids_cached_ok: a table's id cache equals its blocks' "
-        'ids; please report this',
+        "ids; please report this",
     ),
     # manager.py
     case(
@@ -966,27 +968,27 @@ MANAGER_MESSAGES = [
         "manager table invariant T1",
         _stale_manager_table,
         InvariantViolationError,
-        'invariant T1 violated: BlockTable(block_size=2, physical_block_ids=[3, 1], '
+        "invariant T1 violated: BlockTable(block_size=2, physical_block_ids=[3, 1], "
         "num_full_slots=3) breaks T1 ids_cached_ok: a table's id cache equals its blocks' "
-        'ids; please report this',
+        "ids; please report this",
     ),
     case(
         "manager invariant I1, a reference too many",
         _refcount_without_reference(extra=True),
         InvariantViolationError,
-        'invariant I1 violated: BlockSpaceManager(block_size=2, 1 tables, 2/4 GPU and 4/4 CPU'
+        "invariant I1 violated: BlockSpaceManager(block_size=2, 1 tables, 2/4 GPU and 4/4 CPU"
         " blocks free) breaks I1 refcounts_match_references: an id's refcount equals its live"
-        ' references (+1 for the null block) (block 1 has refcount 2 but 1 references); '
-        'please report this',
+        " references (+1 for the null block) (block 1 has refcount 2 but 1 references); "
+        "please report this",
     ),
     case(
         "manager invariant I1, no reference",
         _refcount_without_reference(extra=False),
         InvariantViolationError,
-        'invariant I1 violated: BlockSpaceManager(block_size=2, 1 tables, 1/4 GPU and 4/4 CPU'
+        "invariant I1 violated: BlockSpaceManager(block_size=2, 1 tables, 1/4 GPU and 4/4 CPU"
         " blocks free) breaks I1 refcounts_match_references: an id's refcount equals its live"
-        ' references (+1 for the null block) (block 2 has refcount 1 but 0 references); '
-        'please report this',
+        " references (+1 for the null block) (block 2 has refcount 1 but 0 references); "
+        "please report this",
     ),
 ]
 
@@ -1135,25 +1137,25 @@ SCHEDULER_MESSAGES = [
         "scheduler invariant Q1",
         _queue_corruption(lambda sched: sched.waiting.append(sched.waiting[0])),
         InvariantViolationError,
-        'invariant Q1 violated: Scheduler(2 waiting, 1 running, 1 swapped) breaks Q1 '
-        'queues_ok: each queued request is in one queue; finished ones only in running '
+        "invariant Q1 violated: Scheduler(2 waiting, 1 running, 1 swapped) breaks Q1 "
+        "queues_ok: each queued request is in one queue; finished ones only in running "
         "(queued ['c', 'c', 'a', 'b'], tracked ['a', 'b', 'c']); please report this",
     ),
     case(
         "scheduler invariant Q4, arrival order",
         _late_arrival_first,
         InvariantViolationError,
-        'invariant Q4 violated: Scheduler(2 waiting, 1 running, 1 swapped) breaks Q4 fcfs_ok:'
-        ' never-admitted requests are a suffix of waiting, in arrival order; please report '
-        'this',
+        "invariant Q4 violated: Scheduler(2 waiting, 1 running, 1 swapped) breaks Q4 fcfs_ok:"
+        " never-admitted requests are a suffix of waiting, in arrival order; please report "
+        "this",
     ),
     case(
         "scheduler invariant Q4, admitted behind new",
         _admitted_behind_new,
         InvariantViolationError,
-        'invariant Q4 violated: Scheduler(2 waiting, 1 running, 0 swapped) breaks Q4 fcfs_ok:'
-        ' never-admitted requests are a suffix of waiting, in arrival order; please report '
-        'this',
+        "invariant Q4 violated: Scheduler(2 waiting, 1 running, 0 swapped) breaks Q4 fcfs_ok:"
+        " never-admitted requests are a suffix of waiting, in arrival order; please report "
+        "this",
     ),
     # workload.py
     case(
