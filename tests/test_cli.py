@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,14 @@ import torch
 
 from helpers import raised
 from pagedkv import cli, report
-from pagedkv.errors import InvalidKVCacheConfigError
+from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError
+from pagedkv.scheduler import SchedulerConfig
+from pagedkv.simulator import SimulationConfig, Simulator
 
 SMALL = ["simulate", "--preset", "chat", "--num-requests", "4", "--quiet", "--device", "cpu"]
 
 
-def error_of(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+def error_of(capsys: pytest.CaptureFixture[str], argv: list[str] | None) -> str:
     """Run ``main``; it must exit 2 with exactly one ``pagedkv: error:`` line."""
     assert cli.main(argv) == 2
     captured = capsys.readouterr()
@@ -173,6 +176,44 @@ def test_malformed_trace_lines_are_named(
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_requested_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
     assert "CUDA is not available" in error_of(capsys, ["simulate", "--device", "cuda"])
+
+
+def test_main_reads_its_arguments_from_sys_argv(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["pagedkv"])
+    assert error_of(capsys, None) == (  # None: sys.argv[1:]
+        "pagedkv: error: choose a command: simulate or conform (see pagedkv --help)"
+    )
+    monkeypatch.setattr(sys, "argv", ["pagedkv", "simulate", "--num-requests", "0"])
+    message = error_of(capsys, None)
+    assert message.startswith("pagedkv: error: argument --num-requests: must be an integer >= 1")
+
+
+def test_a_failed_check_exits_1_and_says_so(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: Simulator) -> None:
+        raise InvariantViolationError("KV1", "a planted loss")
+
+    monkeypatch.setattr(Simulator, "check_kv", broken)
+    assert cli.main(SMALL) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
+        "pagedkv: error: check failed: invariant KV1 violated: a planted loss; please report this"
+    ]
+
+
+def test_an_interrupted_run_exits_130(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(self: Simulator, *args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Simulator, "run", interrupted)
+    assert cli.main(SMALL) == 130
+    assert capsys.readouterr().err.splitlines() == ["pagedkv: error: interrupted"]
 
 
 def test_unreadable_or_empty_traces(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -325,6 +366,21 @@ def test_the_progress_bar_draws_the_first_and_the_last_frame(
     assert frames[-1] == "[" + "#" * 30 + "] 1/1 requests, step 3\n"  # and when all are done
 
 
+def test_the_progress_bar_redraws_at_most_ten_times_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = iter([1000.0, 1000.05, 1000.15, 1000.2, 1000.21])  # time.monotonic() per update
+    monkeypatch.setattr(cli, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
+    stream = io.StringIO()
+    bar = cli._ProgressBar(stream, enabled=True)
+    for step, done in ((1, 0), (2, 1), (3, 1), (4, 3), (5, 4)):
+        bar.update(step, done, 4)
+    frames = [frame.rsplit("step ", 1)[1] for frame in stream.getvalue().split("\r")[1:]]
+    # drawn at once; 0.05 s later skipped; 0.15 s after the frame drawn; 0.05 s later
+    # skipped; the last one (all done) drawn whatever the time
+    assert frames == ["1", "3", "5"]
+
+
 INT_FLAGS = {  # each integer flag and its least value
     "--num-requests": 1,
     "--block-size": 1,
@@ -348,6 +404,21 @@ def test_an_integer_flag_takes_its_least_value_and_no_less(
     assert vars(args)[flag[2:].replace("-", "_")] == low
     message = error_of(capsys, ["simulate", flag, str(low - 1)])
     assert f"argument {flag}: must be an integer >= {low}, got '{low - 1}'" in message
+
+
+def test_the_simulate_defaults_are_the_librarys() -> None:
+    """A flag left out means what SimulationConfig and SchedulerConfig default to."""
+    args = cli.build_parser().parse_args(["simulate"])
+    sim, sched = SimulationConfig(), SchedulerConfig()
+    for name in ("num_layers", "num_kv_heads", "head_size", "watermark", "max_steps", "seed"):
+        assert getattr(args, name) == getattr(sim, name), name
+    assert (not args.no_check, args.enable_caching) == (sim.check, sim.enable_caching)
+    assert (args.preemption, args.lookahead, args.max_num_seqs, args.max_num_batched_tokens) == (
+        sched.preemption_mode,
+        sched.num_lookahead_slots,
+        sched.max_num_seqs,
+        sched.max_num_batched_tokens,
+    )
 
 
 # ---- the flags reach the simulation
@@ -605,6 +676,15 @@ def test_pagedkv_conform_is_wired_into_the_cli(capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out
     assert code == 1 and "free count" in out
     assert cli.main(["conform", "no_such_module:factory"]) == 2
+
+
+def test_conform_without_the_test_tools_says_how_to_install_them(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pagedkv_stateful", None)  # as if it were not installed
+    message = error_of(capsys, ["conform", "--help"])
+    assert message.startswith("pagedkv: error: pagedkv conform needs the test tools (")
+    assert message.endswith("); pip install 'pagedkv[conform]'")
 
 
 # ---- report: each figure in its place in the table and the JSON

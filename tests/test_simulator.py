@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import statistics
+import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
@@ -22,7 +23,13 @@ from hypothesis import strategies as st
 from helpers import raised
 from pagedkv import Device
 from pagedkv.content_key import ExtraKeys, sha256_key
-from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError
+from pagedkv.errors import (
+    ArgumentTypeError,
+    InvalidKVCacheConfigError,
+    InvalidSchedulerConfigError,
+    InvariantViolationError,
+    WorkloadError,
+)
 from pagedkv.manager import BlockSpaceManager
 from pagedkv.prefix_caching_allocator import CacheKey, PrefixCachingBlockAllocator
 from pagedkv.report import SimulationResult, Summary
@@ -158,6 +165,55 @@ def test_idle_gaps_are_skipped_and_max_steps_stops_the_run() -> None:
     assert cut.summary.steps == 5 and cut.summary.unfinished == 1
 
 
+def test_a_run_names_what_is_wrong_with_its_requests() -> None:
+    err = raised(ArgumentTypeError, Simulator.check_requests, "r0")
+    assert (err.parameter, err.expected) == ("requests", "a list of RequestSpec")
+    assert str(err).endswith("got str 'r0'")
+    err = raised(ArgumentTypeError, Simulator.check_requests, [RequestSpec("a", 0.0, 1, 1), "b"])
+    assert (err.parameter, err.expected) == ("requests (each request)", "a RequestSpec")
+    assert str(err).endswith("got str 'b'")
+    twice = [RequestSpec("a", 0.0, 1, 1), RequestSpec("a", 1.0, 1, 1)]
+    dup = raised(WorkloadError, Simulator.check_requests, twice)
+    assert dup.source == "Simulator.run" and "duplicate request_id 'a'" in dup.detail
+
+
+def test_a_workload_too_big_for_this_machine_is_refused_before_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    huge = RequestSpec("huge", 0.0, 2**24, 2**24, n=1024)  # 2**35 tokens over its sequences
+    needed = (2**35 + 5) * 128  # and 5 of the small one, at 128 bytes a token
+    memory = 64 * 2**30  # a 64 GiB machine, whatever this one has
+    monkeypatch.setattr("pagedkv._validate.available_memory", lambda: memory)
+    err = raised(WorkloadError, Simulator.check_requests, [huge, RequestSpec("small", 0.0, 3, 2)])
+    assert err.source == "Simulator.run"
+    assert err.detail.startswith(
+        f"a workload of 2 requests ({2**35 + 5:,} tokens over all sequences) needs about "
+        f"{needed:,} bytes, more than the {memory:,} bytes"
+    )
+    assert err.detail.endswith("; give fewer or shorter requests (or a smaller n)")
+
+
+def test_the_wall_time_is_the_runs_own() -> None:
+    sim = Simulator(SimulationConfig(block_size=4, num_gpu_blocks=8, num_cpu_blocks=0))
+    start = time.perf_counter()
+    result = sim.run([RequestSpec("a", 0.0, 4, 3)])
+    assert 0.0 < result.summary.wall_s <= time.perf_counter() - start
+
+
+def test_steps_count_from_0_and_a_request_joins_at_the_first_step_after_it_arrives() -> None:
+    first_step: dict[str, int] = {}
+
+    def observe(obs: StepObservation) -> None:
+        for scheduled in obs.outputs.scheduled_seq_groups:
+            first_step.setdefault(scheduled.seq_group.request_id, obs.clock)
+
+    config = SimulationConfig(block_size=4, num_gpu_blocks=32, num_cpu_blocks=0, device="cpu")
+    requests = [RequestSpec("a", 0.0, 4, 6), RequestSpec("b", 2.5, 4, 2), RequestSpec("c", 3, 4, 2)]
+    result = Simulator(config).run(requests, observe=observe)
+    assert first_step == {"a": 0, "b": 3, "c": 3}
+    assert result.timeline.step == list(range(6))
+
+
 def test_kv_check_catches_a_corrupted_block() -> None:
     sim = Simulator(SimulationConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0))
     sim.config = dataclasses.replace(sim.config, max_steps=3)
@@ -165,8 +221,26 @@ def test_kv_check_catches_a_corrupted_block() -> None:
     seq = sim.scheduler.running[0].get_seqs()[0]
     block = sim.manager.get_block_table(seq)[1]
     sim.engine.storage()[block].fill_(-1.0)  # corrupt the KV of positions 4..7
-    with pytest.raises(InvariantViolationError, match="position 4"):
-        sim.check_kv()
+    err = raised(InvariantViolationError, sim.check_kv)
+    assert err.invariant == "KV1"
+    where = f"request 'a' sequence {seq.seq_id} position 4 (block {block})"
+    assert f"GPU cache lost the KV of {where}" in str(err)
+
+
+@pytest.mark.parametrize("swap", ["keys and values", "layers"])
+def test_kv_check_catches_keys_and_values_or_layers_swapped(swap: str) -> None:
+    """The toy KV differs between K and V and between layers, so a write into the wrong
+    half or the wrong layer is a KV1 violation."""
+    sim = Simulator(SimulationConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0))
+    sim.config = dataclasses.replace(sim.config, max_steps=3)
+    sim.run([RequestSpec("a", 0.0, 10, 20)])
+    seq = sim.scheduler.running[0].get_seqs()[0]
+    block = sim.engine.storage()[sim.manager.get_block_table(seq)[1]]  # (layer, K/V, slot, ...)
+    if swap == "layers":
+        block[[0, 1]] = block[[1, 0]].clone()
+    else:
+        block[:, [0, 1]] = block[:, [1, 0]].clone()
+    assert raised(InvariantViolationError, sim.check_kv).invariant == "KV1"
 
 
 # ---- prefix caching: skipped prefill, same outputs, and the KV check catches bad sharing
@@ -286,6 +360,80 @@ def test_memory_budgets_and_impossible_sizes() -> None:
         Simulator(SimulationConfig(num_gpu_blocks=0, num_cpu_blocks=0))
     with pytest.raises(InvalidKVCacheConfigError):
         Simulator(SimulationConfig())
+
+
+@pytest.mark.parametrize(
+    ("name", "low", "error"),
+    [
+        ("block_size", 1, InvalidKVCacheConfigError),
+        ("num_layers", 1, InvalidKVCacheConfigError),
+        ("num_kv_heads", 1, InvalidKVCacheConfigError),
+        ("head_size", 1, InvalidKVCacheConfigError),
+        ("num_gpu_blocks", 1, InvalidKVCacheConfigError),
+        ("num_cpu_blocks", 0, InvalidKVCacheConfigError),
+        ("gpu_memory", 0, InvalidKVCacheConfigError),
+        ("cpu_memory", 0, InvalidKVCacheConfigError),
+        ("max_steps", 1, InvalidSchedulerConfigError),
+    ],
+)
+def test_a_config_size_takes_its_least_value_and_names_itself_below_it(
+    name: str, low: int, error: type[Exception]
+) -> None:
+    assert getattr(SimulationConfig(**{name: low}), name) == low  # type: ignore[arg-type]  # one int field by name
+    err = raised(error, lambda: SimulationConfig(**{name: low - 1}))  # type: ignore[arg-type]  # one int field by name
+    assert str(err) == f"{name} must be an int >= {low}, got {low - 1}"
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("dtype", "float16", "a torch.dtype or None"),
+        ("device", 0, "a str"),
+        ("watermark", "0.5", "a number (int or float)"),
+        ("scheduler", "swap", "a SchedulerConfig"),
+        ("seed", 1.0, "an int"),
+        ("check", 1, "a bool (True or False)"),
+        ("enable_caching", "yes", "a bool (True or False)"),
+    ],
+)
+def test_a_config_value_of_the_wrong_type_is_named(name: str, value: object, expected: str) -> None:
+    err = raised(ArgumentTypeError, lambda: SimulationConfig(**{name: value}))  # type: ignore[arg-type]  # one field by name
+    assert (err.parameter, err.expected) == (name, expected)
+    assert str(err).endswith(f"got {type(value).__name__} {value!r}")
+
+
+def test_a_simulator_takes_a_simulation_config() -> None:
+    err = raised(ArgumentTypeError, Simulator, {"block_size": 4})
+    assert (err.parameter, err.expected) == ("config", "a SimulationConfig")
+
+
+def test_a_config_watermark_is_in_the_half_open_unit_interval() -> None:
+    assert SimulationConfig(watermark=0.0).watermark == 0.0
+    assert SimulationConfig(watermark=0.999).watermark == 0.999
+    err = raised(InvalidKVCacheConfigError, lambda: SimulationConfig(watermark=1.0))
+    assert str(err) == "watermark must be a finite number in [0.0, 1.0), got 1.0"
+
+
+def test_any_int_is_a_config_seed() -> None:
+    for seed in (-(2**70), -1, 0, 2**70):
+        assert SimulationConfig(seed=seed).seed == seed
+
+
+def test_a_config_device_is_a_non_empty_name() -> None:
+    err = raised(InvalidKVCacheConfigError, lambda: SimulationConfig(device=""))
+    assert str(err) == "device must be a non-empty str, got ''"
+
+
+@pytest.mark.parametrize(("device", "itemsize"), [("cuda", 2), ("cuda:1", 2), ("cpu", 4)])
+def test_a_cuda_cache_defaults_to_float16_and_a_cpu_cache_to_float32(
+    device: str, itemsize: int
+) -> None:
+    """Seen in the too-big message, which counts the bytes before anything is allocated
+    (so no CUDA device is needed to see what one would get)."""
+    config = SimulationConfig(num_gpu_blocks=2**60, num_cpu_blocks=0, device=device)
+    err = raised(InvalidKVCacheConfigError, Simulator, config)
+    per_block = 2 * 2 * 16 * 2 * 8 * itemsize  # layers, K/V, block size, heads, head size
+    assert f"at {per_block} B/block) on {device};" in str(err)
 
 
 @pytest.mark.parametrize(("device", "shown"), [(None, "the default device"), ("cpu", "cpu")])
@@ -630,6 +778,11 @@ _FIGURE_RUNS: list[tuple[str, list[RequestSpec], SimulationConfig]] = [
         [RequestSpec("whole-cache", 0.0, 40, 1), RequestSpec("small", 3.0, 4, 3)],
         _config(_PRESSURE, block_size=4, num_gpu_blocks=10, num_cpu_blocks=0),
     ),
+    (
+        "a single step (means over one sample)",
+        [RequestSpec("one-step", 0.0, 5, 1)],
+        _config(_PRESSURE, block_size=4, num_gpu_blocks=8, num_cpu_blocks=0),
+    ),
 ]
 
 
@@ -637,6 +790,15 @@ _FIGURE_RUNS: list[tuple[str, list[RequestSpec], SimulationConfig]] = [
 def _figure_run(index: int) -> tuple[SimulationResult, _Observed, _RecordingScheduler]:
     _, requests, config = _FIGURE_RUNS[index]
     return observed_run(requests, config)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_figure_runs() -> Iterator[None]:
+    """The cached runs are shared by the tests of one pytest session only: mutmut runs
+    a mutant's tests in a process forked after a first session, which would otherwise
+    read that session's runs (made by the unmutated code) from the cache."""
+    _figure_run.cache_clear()
+    yield
 
 
 @pytest.mark.parametrize("index", range(len(_FIGURE_RUNS)), ids=[r[0] for r in _FIGURE_RUNS])
@@ -663,6 +825,27 @@ def test_the_recount_runs_reach_every_figure() -> None:
         result, _, _ = _figure_run(index)
         nonzero |= {k for k, v in dataclasses.asdict(result.summary).items() if v}
     assert nonzero == {f.name for f in dataclasses.fields(Summary)}
+
+
+def test_prompts_share_exactly_their_named_prefix() -> None:
+    """The toy model's prompts: a request's own tokens are its own; only requests naming
+    the same prefix share tokens, and exactly its first prefix_len."""
+    requests = [
+        RequestSpec("a", 0.0, 8, 1, prefix="s", prefix_len=4),
+        RequestSpec("b", 0.0, 8, 1, prefix="s", prefix_len=4),
+        RequestSpec("c", 0.0, 8, 1, prefix="t", prefix_len=4),
+        RequestSpec("d", 0.0, 8, 1),
+        RequestSpec("e", 0.0, 8, 1),
+    ]
+    _, _, sched = observed_run(requests, _config(_PRESSURE, block_size=4, num_gpu_blocks=32))
+    prompt = {rid: group.get_seqs()[0].get_token_ids()[:8] for rid, group in sched.added.items()}
+
+    def apart(x: list[int], y: list[int]) -> bool:
+        return all(a != b for a, b in zip(x, y, strict=True))
+
+    assert prompt["a"][:4] == prompt["b"][:4] and apart(prompt["a"][4:], prompt["b"][4:])
+    assert apart(prompt["a"][:4], prompt["c"][:4])  # another prefix, other tokens
+    assert apart(prompt["d"], prompt["e"]) and apart(prompt["d"], prompt["a"])  # no prefix
 
 
 # ---- one write per slot (two prefills of one step computing one shared block)

@@ -27,6 +27,7 @@ from pagedkv._validate import (
     require_real,
     require_str,
     require_token_ids,
+    show,
 )
 from pagedkv.errors import ArgumentTypeError, InvalidArgumentError
 from pagedkv.output_files import check_output_path, write_atomically
@@ -143,6 +144,31 @@ def test_require_real_rejects_what_is_not_a_number(value: object) -> None:
     err = raised(ArgumentTypeError, require_real, "x", value, BAD)
     assert (err.parameter, err.expected) == ("x", "a number (int or float)")
     assert f"got {type(value).__name__} {value!r}" in str(err)
+
+
+def test_an_int_beyond_the_floats_is_named_by_its_size() -> None:
+    err = raised(BAD, lambda: require_real("now", 10**400, BAD, 0.0))  # no float holds it
+    assert str(err) == "now must be a finite number, got an int of 1329 bits"
+
+
+# ---- show (a bad value in a message)
+
+
+def test_show_cuts_a_long_repr_to_40_characters() -> None:
+    assert show("x" * 38) == repr("x" * 38)  # 40 characters with the quotes
+    assert show("x" * 39) == repr("x" * 39)[:37] + "..."
+
+
+def test_a_value_without_a_repr_is_shown_by_its_type() -> None:
+    nested: list[object] = []
+    for _ in range(100_000):
+        nested = [nested]
+    assert show(nested).split() == ["a", "list"]  # repr recurses too deeply
+    huge = 10**5000  # repr refuses an int of more than 4300 digits
+    assert show(huge).split()[-1] == "int" and len(show(huge)) < 10
+    err = raised(BAD, lambda: require_real("x", huge, BAD, 0.0, 1.0))
+    assert str(err).startswith("x must be a finite number in [0.0, 1.0], got a")
+    assert str(err).endswith(" int")
 
 
 # ---- require_bool, require_str, require_device, require_instance

@@ -9,8 +9,12 @@ import functools
 import itertools
 import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +66,15 @@ def _gaps(rate: float, seed: int) -> list[float]:
     times = [r.arrival_time for r in generate(_preset(rate), seed)]
     assert times[0] == 0.0 and times == sorted(times)
     return [b - a for a, b in itertools.pairwise(times)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_gaps() -> Iterator[None]:
+    """The cached draws are shared by the tests of one pytest session only: mutmut runs
+    a mutant's tests in a process forked after a first session, which would otherwise
+    read that session's draws (made by the unmutated code) from the cache."""
+    _gaps.cache_clear()
+    yield
 
 
 RATES = [0.08, 0.6, 1.5, 25.0]  # the presets' range and a fast one
@@ -154,6 +167,12 @@ def test_num_requests_and_preset_names_are_checked() -> None:
     err = raised(WorkloadError, generate, preset("chat"), 0, 0)
     assert err.source == "--num-requests"
     assert raised(WorkloadError, preset, "nope").source == "--preset"
+
+
+def test_an_unknown_preset_lists_the_known_ones() -> None:
+    err = raised(WorkloadError, preset, "chatty")
+    assert err.source == "--preset"
+    assert err.detail == "unknown preset 'chatty'; choose from " + ", ".join(PRESETS)
 
 
 @pytest.mark.parametrize(
@@ -256,6 +275,27 @@ def test_load_trace_reads_a_file_with_a_byte_order_mark(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text("\ufeff# header\n" + LINE + "\n", encoding="utf-8")
     assert load_trace(path) == [_req("r0")]
+
+
+def test_a_trace_is_read_as_utf8_under_any_locale(tmp_path: Path) -> None:
+    """Under an ASCII locale without Python's UTF-8 mode (a subprocess: this one's mode
+    is fixed at start), ``open()`` defaults to ASCII: the trace must still read as UTF-8."""
+    path = tmp_path / "trace.jsonl"
+    path.write_text(
+        '{"request_id": "café", "arrival_time": 0, "prompt_len": 1, "output_len": 1}\n',
+        encoding="utf-8",
+    )
+    code = (
+        "import locale, sys; from pagedkv.workload import load_trace; "
+        "assert locale.getpreferredencoding(False).lower() in ('ascii', 'ansi_x3.4-1968'); "
+        f"print([r.request_id for r in load_trace({str(path)!r})] == ['caf\\xe9'])"
+    )
+    env = {**os.environ, "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "LC_ALL": "C"}
+    env.pop("LANG", None)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
 
 
 # ---- trace parsing: what is rejected, with the line
