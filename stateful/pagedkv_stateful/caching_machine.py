@@ -408,12 +408,17 @@ class CachingAllocatorMachine(LockstepMachine):
         src = f"b{handle}.append_token_ids({new})"
         res = self._attempt(lambda: obj.append_token_ids(new))
         if isinstance(res, Exception):
+            device = self.model.blocks[handle].device
+            if cow and spec.get_num_free_blocks(self.model, device) == 0:
+                self._reached("copy-on-write with no free block")
             self._expect_same_error(
                 res, lambda: spec.append_token_ids(self.model, handle, new, -1), src
             )
             return
         chosen = obj.block_id if cow else None  # the fresh id a copy-on-write took
         event("append: copy-on-write" if cow else "append")
+        if cow:
+            self._reached("copy-on-write")
         if obj.block_id != before_id and not cow:
             event("append: promoted onto a cached id (dedup)")
         self.model = self._accepted(
