@@ -55,13 +55,16 @@ class FifoReuse(NaiveBlockAllocator):
             self._stack.insert(0, self._stack.pop())
 
 
-def machine_for(allocator_cls: type[NaiveBlockAllocator]) -> type[AllocatorMachine]:
+def machine_for(
+    allocator_cls: type[NaiveBlockAllocator] = NaiveBlockAllocator,
+    two_device_cls: type[CpuGpuBlockAllocator] = CpuGpuBlockAllocator,
+) -> type[AllocatorMachine]:
     class Planted(AllocatorMachine):
         def make_impl(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> Any:
             gpu = allocator_cls(num_gpu_blocks, block_size, range(num_gpu_blocks), "GPU")
             cpu_ids = range(num_gpu_blocks, num_gpu_blocks + num_cpu_blocks)
             cpu = allocator_cls(num_cpu_blocks, block_size, cpu_ids, "CPU")
-            return CpuGpuBlockAllocator(cpu_block_allocator=cpu, gpu_block_allocator=gpu)
+            return two_device_cls(cpu_block_allocator=cpu, gpu_block_allocator=gpu)
 
     return Planted
 
@@ -83,15 +86,9 @@ def test_a_swap_copying_a_shared_id_per_object_is_a_swap_fault_not_a_lifo_one() 
     """The destination ids it hands out are not the front of the free list, but the
     fault is the extra block taken: reported under M5 with the free count to assert."""
 
-    class Planted(AllocatorMachine):
-        def make_impl(self, num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> Any:
-            gpu = NaiveBlockAllocator(num_gpu_blocks, block_size, range(num_gpu_blocks), "GPU")
-            cpu_ids = range(num_gpu_blocks, num_gpu_blocks + num_cpu_blocks)
-            cpu = NaiveBlockAllocator(num_cpu_blocks, block_size, cpu_ids, "CPU")
-            return SwapsPerBlockObject(cpu_block_allocator=cpu, gpu_block_allocator=gpu)
-
+    planted = machine_for(two_device_cls=SwapsPerBlockObject)
     with pytest.raises(AssertionError) as caught:
-        run_state_machine_as_test(Planted, settings=FIND_FAST)
+        run_state_machine_as_test(planted, settings=FIND_FAST)
     first = str(caught.value).split("\n")[0]
     assert "M5" in first and "more than the" in first and "LIFO" not in first, first
 
