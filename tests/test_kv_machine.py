@@ -116,9 +116,12 @@ TestCachingKV = CachingKVMachine.TestCase
 
 
 def _caching_pools(manager: BlockSpaceManager) -> list[PrefixCachingBlockAllocator]:
-    pools = [manager.block_allocator.get_allocator(d) for d in (Device.GPU, Device.CPU)]
-    assert all(isinstance(p, PrefixCachingBlockAllocator) for p in pools)
-    return pools  # type: ignore[return-value]  # checked just above
+    pools = []
+    for device in (Device.GPU, Device.CPU):
+        pool = manager.block_allocator.get_allocator(device)
+        assert isinstance(pool, PrefixCachingBlockAllocator)
+        pools.append(pool)
+    return pools
 
 
 def _planted_caching(patch: Callable[[PrefixCachingBlockAllocator], None]) -> type[KVMachine]:
