@@ -430,6 +430,25 @@ def test_optimize_flag_warns_that_contracts_are_off() -> None:
     assert "postconditions are not checked" in proc.stderr
 
 
+def test_a_program_found_under_optimize_says_so_on_its_first_line() -> None:
+    proc = run_conform_module(
+        "faulty_allocators:shared_free_allocator",
+        "--max-examples",
+        "100",
+        "--max-violations",
+        "1",
+        flags=("-O",),
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    program = proc.stdout.split("shortest failing program", 1)[1].splitlines()
+    first = next(line.strip() for line in program[1:] if line.strip())
+    assert first == f"# {conform.NEEDS_O}"
+    plain = run_conform_module(
+        "faulty_allocators:shared_free_allocator", "--max-examples", "100", "--max-violations", "1"
+    )
+    assert conform.NEEDS_O not in plain.stdout
+
+
 def test_module_entry_point() -> None:
     proc = run_conform_module(
         "faulty_allocators:shared_free_allocator", "--max-examples", "100", "--max-violations", "1"

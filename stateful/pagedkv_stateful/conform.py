@@ -595,9 +595,15 @@ def _program(body: list[str], imports: list[str]) -> tuple[tuple[str, ...], int]
         if any(used in line for line in body)
     ]
     head = [*_merge_imports(imports), ""]
+    if sys.flags.optimize:  # found with assert statements off: it may need them off
+        head = [f"# {NEEDS_O}", *head]
     for helper in helpers:
         head += [*helper.splitlines(), "", ""]
     return (*head, *body), len(body)
+
+
+#: The first line of a program found under ``python -O``.
+NEEDS_O = "found under python -O (assert statements off): replay it with python -O"
 
 
 def _merge_imports(lines: list[str]) -> list[str]:
