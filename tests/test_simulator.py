@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from helpers import raised
 from pagedkv import Device
+from pagedkv.cache import KVCacheEngine
 from pagedkv.content_key import ExtraKeys, sha256_key
 from pagedkv.errors import (
     ArgumentTypeError,
@@ -445,6 +446,58 @@ def test_a_cache_over_torchs_size_limit_names_its_device(device: str | None, sho
     per_block = 2 * 2 * 16 * 2 * 8 * 4  # layers, K/V, block size, heads, head size, float32
     assert f"cannot allocate a KV cache of {2**60} GPU + 3 CPU blocks" in str(err)
     assert f"({(2**60 + 3) * per_block} bytes at {per_block} B/block) on {shown};" in str(err)
+
+
+def test_a_cpu_tier_over_torchs_size_limit_is_refused_before_allocating() -> None:
+    """The limit counts both tiers: a huge CPU tier behind one GPU block never reaches
+    the engine (whose own message differs) nor torch (no __cause__)."""
+    config = SimulationConfig(num_gpu_blocks=1, num_cpu_blocks=2**60, dtype=torch.float32)
+    err = raised(InvalidKVCacheConfigError, Simulator, config)
+    assert str(err).startswith(f"cannot allocate a KV cache of 1 GPU + {2**60} CPU blocks")
+    assert err.__cause__ is None
+
+
+def test_a_cache_torch_cannot_allocate_is_named_with_its_figures() -> None:
+    """torch.OutOfMemoryError on CUDA is a RuntimeError: the error names the tiers, the
+    bytes and the device, and keeps torch's error as its cause."""
+    config = SimulationConfig(num_gpu_blocks=5, num_cpu_blocks=3, device="cpu", dtype=torch.float32)
+    oom = RuntimeError("out of memory")
+    with mock.patch.object(KVCacheEngine, "from_memory_budget", side_effect=oom):
+        err = raised(InvalidKVCacheConfigError, Simulator, config)
+    per_block = 2 * 2 * 16 * 2 * 8 * 4  # layers, K/V, block size, heads, head size, float32
+    assert str(err).startswith(
+        f"cannot allocate a KV cache of 5 GPU + 3 CPU blocks ({8 * per_block} bytes at"
+        f" {per_block} B/block) on cpu;"
+    )
+    assert err.__cause__ is oom
+
+
+def test_the_config_watermark_reaches_the_block_manager() -> None:
+    """Not only its default (0.01, the manager's too)."""
+    sim = Simulator(SimulationConfig(num_gpu_blocks=100, num_cpu_blocks=0, watermark=0.25))
+    assert (sim.manager.watermark, sim.manager.watermark_blocks) == (0.25, 25)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "exact"), [(torch.float16, 2**11), (torch.float32, 2**24), (torch.float64, 2**24)]
+)
+def test_the_toy_kv_spans_the_ints_its_dtype_holds_exactly(dtype: torch.dtype, exact: int) -> None:
+    """The cache holds finite integers up to 2**(mantissa bits + 1) (24 at most), over
+    the whole range and many distinct ones (so the KV check tells tokens apart)."""
+    config = SimulationConfig(num_gpu_blocks=32, num_cpu_blocks=0, block_size=4, dtype=dtype)
+    sim = Simulator(config)
+    sim.run([RequestSpec(f"r{i}", 0.0, 40, 8) for i in range(4)])
+    values = sim.engine.storage(Device.GPU).double()
+    assert bool(torch.isfinite(values).all()) and bool((values == values.round()).all())
+    assert float(values.min()) >= 0 and exact // 2 <= float(values.max()) < exact
+    assert len(torch.unique(values)) > 200
+
+
+def test_a_simulator_needs_a_gpu_cache_size_and_takes_a_one_block_cache() -> None:
+    err = raised(InvalidKVCacheConfigError, Simulator, SimulationConfig(num_cpu_blocks=4))
+    assert str(err) == "give a GPU cache size: num_gpu_blocks or gpu_memory"
+    sim = Simulator(SimulationConfig(num_gpu_blocks=1, num_cpu_blocks=0))
+    assert (sim.num_gpu_blocks, sim.num_cpu_blocks) == (1, 0)
 
 
 @settings(

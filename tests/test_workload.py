@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -167,6 +168,68 @@ def test_num_requests_and_preset_names_are_checked() -> None:
     err = raised(WorkloadError, generate, preset("chat"), 0, 0)
     assert err.source == "--num-requests"
     assert raised(WorkloadError, preset, "nope").source == "--preset"
+
+
+@pytest.mark.parametrize("turns", [2, 4])
+def test_multi_turn_chats_are_numbered_in_order_and_have_all_their_turns(turns: int) -> None:
+    """Requests come out in arrival order; a new chat gets the next name, chat0 first;
+    a chat has at most, and with 200 requests some chat has, ``turns`` turns."""
+    spec = dataclasses.replace(preset("multi-turn"), turns=turns)
+    requests = generate(spec, 5, 200)
+    arrivals = [r.arrival_time for r in requests]
+    assert arrivals == sorted(arrivals)
+    chats = list(dict.fromkeys(r.prefix for r in requests))
+    assert chats == [f"chat{i}" for i in range(len(chats))] and len(chats) > 1
+    assert max(Counter(r.prefix for r in requests).values()) == turns
+    last: dict[str | None, RequestSpec] = {}
+    for r in requests:  # each turn's prompt is the last one's, its answer and a new part
+        if r.prefix in last:
+            before = last[r.prefix].prompt_len + last[r.prefix].output_len
+            assert spec.prompt_len[0] <= r.prompt_len - before <= spec.prompt_len[1]
+        last[r.prefix] = r
+    weighted = dataclasses.replace(spec, n_weights=((1, 1e6), (4, 1e-6)))
+    assert {r.n for r in generate(weighted, 5, 200)} == {1}
+
+
+def test_a_bad_request_spec_is_named_as_such() -> None:
+    err = raised(WorkloadError, RequestSpec, "", 0.0, 4, 4)
+    assert (err.source, err.detail) == ("RequestSpec", "request_id must be a non-empty str, got ''")
+    err = raised(WorkloadError, RequestSpec, "a", 0.0, 0, 4)
+    assert err.source == "RequestSpec"
+    assert err.detail == f"prompt_len must be an int in 1..{2**24}, got 0"
+    err = raised(WorkloadError, RequestSpec, "a", 0.0, 4, 0)
+    assert err.detail == f"output_len must be an int in 1..{2**24}, got 0"
+    assert raised(ArgumentTypeError, RequestSpec, 3, 0.0, 4, 4).parameter == "request_id"
+    err = raised(WorkloadError, RequestSpec, "a\n", 0.0, 4, 4)
+    assert err.detail == "request_id must be printable text, got 'a\\n'"
+    err = raised(WorkloadError, RequestSpec, "a", 2.0**54, 4, 4)
+    assert err.detail == (
+        f"arrival_time must be a finite number in [0.0, {2**53}], got {2.0**54!r}"
+    )
+
+
+@pytest.mark.parametrize("name", ["chat", "multi-turn", "system-prompt"])
+def test_arrival_times_are_rounded_to_3_decimals(name: str) -> None:
+    requests = generate(preset(name), 3, 100)
+    assert all(r.arrival_time == round(r.arrival_time, 3) for r in requests)
+    assert any(r.arrival_time != round(r.arrival_time, 2) for r in requests)
+    if name == "system-prompt":
+        assert {r.prefix for r in requests} == {"system"}
+
+
+def test_num_requests_is_in_1_to_max_requests() -> None:
+    assert len(generate(preset("chat"), 0, 1)) == 1
+    with mock.patch("pagedkv.workload.MAX_REQUESTS", 3):  # 10**6 takes seconds
+        assert len(generate(preset("chat"), 0, 3)) == 3
+        err = raised(WorkloadError, generate, preset("chat"), 0, 4)
+    assert (err.source, err.detail) == ("--num-requests", "must be an int in 1..3, got 4")
+
+
+@pytest.mark.parametrize("count", [True, 2.0, "3"])
+def test_num_requests_is_an_int_not_a_bool(count: object) -> None:
+    err = raised(ArgumentTypeError, generate, preset("chat"), 0, count)
+    assert (err.parameter, err.expected) == ("num_requests", "an int")
+    assert str(err).endswith(f"got {type(count).__name__} {count!r}")
 
 
 def test_an_unknown_preset_lists_the_known_ones() -> None:
