@@ -119,6 +119,20 @@ def test_require_real_bounds(value: float, kwargs: dict[str, object], ok: bool) 
         raised(BAD, lambda: require_real("x", value, BAD, **kwargs))  # type: ignore[arg-type]  # kwargs of mixed types
 
 
+class _Steps(float):
+    """A float subclass, as numpy.float64 is."""
+
+
+def test_require_real_returns_a_float_itself_and_converts_only_an_int() -> None:
+    """``value`` itself when it is a float (a float subclass keeps its type: nothing is
+    copied), ``float(value)`` when it is an int."""
+    steps = _Steps(2.5)
+    got = require_real("x", steps, BAD, 0.0)
+    assert got is steps and type(got) is _Steps
+    converted = require_real("x", 7, BAD, 0.0)
+    assert converted == 7.0 and type(converted) is float
+
+
 @pytest.mark.parametrize(
     ("kwargs", "value", "message"),
     [

@@ -191,6 +191,29 @@ def test_multi_turn_chats_are_numbered_in_order_and_have_all_their_turns(turns: 
     assert {r.n for r in generate(weighted, 5, 200)} == {1}
 
 
+THINK_MEAN = 5.0  # steps a chat waits after a turn's answer before its next turn (rate 0.2)
+
+
+def test_a_multi_turn_chat_thinks_an_exponential_time_of_mean_5_steps() -> None:
+    """A turn arrives when the last turn's answer is done (its arrival plus output_len
+    steps) plus a think time drawn from Exp(0.2): mean and standard deviation 5 steps
+    (the sample variance has standard error sqrt(8 / M) * 25, as for the gaps above)."""
+    spec = dataclasses.replace(preset("multi-turn"), turns=4)
+    last: dict[str | None, RequestSpec] = {}
+    thinks: list[float] = []
+    for r in generate(spec, 7, 4000):
+        if r.prefix in last:
+            before = last[r.prefix]
+            thinks.append(r.arrival_time - before.arrival_time - before.output_len)
+        last[r.prefix] = r
+    m = len(thinks)
+    assert m > 2500 and min(thinks) >= -2 * ROUNDING  # never before the answer is done
+    assert abs(statistics.fmean(thinks) - THINK_MEAN) <= Z * THINK_MEAN / math.sqrt(m) + ROUNDING
+    variance = statistics.variance(thinks)
+    slack = ROUNDING * 4 * THINK_MEAN
+    assert abs(variance - THINK_MEAN**2) <= Z * math.sqrt(8 / m) * THINK_MEAN**2 + slack
+
+
 def test_a_bad_request_spec_is_named_as_such() -> None:
     err = raised(WorkloadError, RequestSpec, "", 0.0, 4, 4)
     assert (err.source, err.detail) == ("RequestSpec", "request_id must be a non-empty str, got ''")
@@ -206,6 +229,48 @@ def test_a_bad_request_spec_is_named_as_such() -> None:
     assert err.detail == (
         f"arrival_time must be a finite number in [0.0, {2**53}], got {2.0**54!r}"
     )
+
+
+@pytest.mark.parametrize(
+    ("changes", "detail"),
+    [
+        ({"n": 0}, "n must be an int in 1..1024, got 0"),
+        ({"n": 1025}, "n must be an int in 1..1024, got 1025"),
+        ({"prefix": ""}, "prefix must be a non-empty str, got ''"),
+        ({"prefix": "p", "prefix_len": -1}, "prefix_len must be an int in 0..4, got -1"),
+        ({"prefix": "p", "prefix_len": 5}, "prefix_len must be an int in 0..4, got 5"),
+        ({"prefix_len": 2}, "prefix_len needs a prefix (its name)"),
+    ],
+)
+def test_a_request_spec_built_in_code_keeps_the_trace_bounds(
+    changes: dict[str, Any], detail: str
+) -> None:
+    """The trace format's ranges hold for a RequestSpec built in code (prompt_len 4
+    here): n in 1..1024, a non-empty prefix, prefix_len in 0..prompt_len and only
+    with a prefix; each refusal names its field and bounds."""
+    good = RequestSpec("a", 0.0, 4, 4)
+    err = raised(WorkloadError, lambda: dataclasses.replace(good, **changes))
+    assert (err.source, err.detail) == ("RequestSpec", detail)
+    for edge in ({"n": 1}, {"n": 1024}, {"prefix": "p", "prefix_len": 0}):
+        assert dataclasses.replace(good, **edge) == RequestSpec("a", 0.0, 4, 4, **edge)
+    assert dataclasses.replace(good, prefix="p", prefix_len=4).prefix_len == 4
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [("n", 2.0, "an int"), ("n", True, "an int"), ("prefix", 3, "a str"),
+     ("prefix_len", True, "an int")],
+)  # fmt: skip
+def test_a_request_spec_field_of_the_wrong_type_is_named(
+    field: str, value: object, expected: str
+) -> None:
+    changes: dict[str, Any] = {field: value}
+    if field == "prefix_len":
+        changes["prefix"] = "p"
+    err = raised(
+        ArgumentTypeError, lambda: dataclasses.replace(RequestSpec("a", 0.0, 4, 4), **changes)
+    )
+    assert (err.parameter, err.expected) == (field, expected)
 
 
 @pytest.mark.parametrize("name", ["chat", "multi-turn", "system-prompt"])
