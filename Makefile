@@ -35,10 +35,13 @@ VERIFY_TIMEOUT ?= 60
 verify: $(STAMP)
 	$(BIN)/python -m pagedkv_spec.check --all --timeout $(VERIFY_TIMEOUT)
 
-# A long fuzz campaign on all cores with a shared example database (see README).
+# A long HypoFuzz campaign over the machines on all cores, with a shared example database
+# (README; docs/assurance.md). FUZZ_ARGS e.g. "--machines manager,kv --workers 2", or
+# "--target mypkg:factory --level manager" to fuzz the conformance kit against your own.
 DURATION ?= 10m
+FUZZ_ARGS ?=
 fuzz: $(STAMP)
-	$(BIN)/python -m pagedkv_stateful.fuzz --duration $(DURATION)
+	$(BIN)/python -m pagedkv_stateful.fuzz --duration $(DURATION) $(FUZZ_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m pagedkv.bench

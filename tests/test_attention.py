@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -28,7 +29,13 @@ from pagedkv.attention import (
     paged_attention_reference,
 )
 from pagedkv.cache import KVCacheEngine
-from pagedkv.errors import KVBlockIdError, KVCacheError, KVRangeError, KVTensorMismatchError
+from pagedkv.errors import (
+    ArgumentTypeError,
+    KVBlockIdError,
+    KVCacheError,
+    KVRangeError,
+    KVTensorMismatchError,
+)
 
 # ---------------------------------------------------------------- build_attention_inputs
 
@@ -457,3 +464,54 @@ def test_context_length_past_table_is_reported_not_a_full_one() -> None:
 def test_bad_block_id_is_reported_not_block_zero() -> None:
     err = raised_exactly(KVBlockIdError, paged_two_seqs([1, 1], [[0, 1], [9, 2]]))
     assert (err.block_id, err.tier, err.num_blocks, err.role) == (9, "gpu", 4, "block table")
+
+
+# ---------------------------------------------------------------- build_attention_inputs: types
+
+
+def test_block_tables_that_are_not_a_list_are_named_with_their_value() -> None:
+    bad: Any = 5
+    err = raised_exactly(ArgumentTypeError, lambda: build_attention_inputs(bad, [1], 4))
+    assert (err.parameter, err.expected) == ("block_tables", "a list of block-id lists")
+    assert "got int 5" in str(err)
+
+
+def test_a_table_that_is_not_a_list_of_ints_is_named_by_its_index() -> None:
+    bad: Any = [[0], "ab"]
+    err = raised_exactly(ArgumentTypeError, lambda: build_attention_inputs(bad, [1, 1], 4))
+    assert (err.parameter, err.expected) == ("block_tables[1]", "a sequence of ints")
+    assert "got str 'ab'" in str(err)
+
+
+def test_context_and_query_lens_that_are_not_lists_are_named() -> None:
+    bad: Any = 3
+    err = raised_exactly(ArgumentTypeError, lambda: build_attention_inputs([[0]], bad, 4))
+    assert (err.parameter, err.expected) == ("context_lens", "a sequence of ints")
+    err = raised_exactly(
+        ArgumentTypeError, lambda: build_attention_inputs([[0]], [1], 4, query_lens=bad)
+    )
+    assert (err.parameter, err.expected) == ("query_lens", "a sequence of ints")
+
+
+def test_a_non_int_entry_is_named_by_the_list_that_holds_it() -> None:
+    bad: Any = [1.5]
+    err = raised_exactly(KVTensorMismatchError, lambda: build_attention_inputs([[0]], bad, 4))
+    assert (err.name, err.expected, err.actual) == (
+        "context_lens",
+        "a sequence of int block ids",
+        "1.5",
+    )
+    bad_table: Any = [[0, 1.5]]
+    err = raised_exactly(KVTensorMismatchError, lambda: build_attention_inputs(bad_table, [1], 4))
+    assert err.name == "block_tables[0]"
+
+
+def test_a_block_size_that_is_not_an_int_is_named() -> None:
+    bad: Any = "4"
+    err = raised_exactly(ArgumentTypeError, lambda: build_attention_inputs([[0]], [1], bad))
+    assert (err.parameter, err.expected) == ("block_size", "an int")
+
+
+def test_a_negative_block_size_is_a_range_error() -> None:
+    err = raised_exactly(KVRangeError, lambda: build_attention_inputs([[0]], [1], -1))
+    assert (err.what, err.value, err.valid) == ("block_size", -1, ">= 1")

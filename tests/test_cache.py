@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import pytest
 import torch
@@ -846,3 +846,40 @@ def test_the_cpu_tier_stays_in_host_memory_under_a_default_device() -> None:
     engine.swap_out([(0, 2), (1, 0), (3, 1)])
     assert torch.equal(cpu[2], want[0]) and torch.equal(cpu[0], want[1])
     assert torch.equal(cpu[1], want[3])
+
+
+# ---------------------------------------------------------------- validation: memory budgets
+
+
+def test_a_memory_budget_that_is_not_an_int_is_named() -> None:
+    cases: list[tuple[Any, Any, str]] = [("4096", 0, "gpu_bytes"), (4096, "0", "cpu_bytes")]
+    for gpu, cpu, name in cases:
+        with pytest.raises(ArgumentTypeError) as info:
+            KVCacheEngine.from_memory_budget(gpu, cpu, **SMALL, device="cpu")
+        err = info.value
+        assert (err.parameter, err.expected) == (name, "an int")
+
+
+def test_a_negative_memory_budget_is_refused_as_such() -> None:
+    for gpu, cpu, name in ((-1, 0, "gpu_bytes"), (4096, -1, "cpu_bytes")):
+        with pytest.raises(InvalidKVCacheConfigError) as info:
+            KVCacheEngine.from_memory_budget(gpu, cpu, **SMALL, device="cpu")
+        assert info.value.detail.startswith(f"{name} must be an int >= 0, got -1")
+
+
+def test_a_zero_gpu_budget_is_below_one_block() -> None:
+    with pytest.raises(InvalidKVCacheConfigError) as info:
+        KVCacheEngine.from_memory_budget(0, 0, **SMALL, device="cpu")
+    assert info.value.detail.startswith("budgets gpu_bytes=0, cpu_bytes=0 but one block needs")
+
+
+def test_pairs_that_are_not_an_iterable_of_pairs_are_named_with_their_value() -> None:
+    engine = make_engine()
+    bads: tuple[Any, ...] = (5, "ab", b"ab")
+    for bad in bads:
+        err = raised(KVTensorMismatchError, engine.copy, bad)
+        assert (err.name, err.expected, err.actual) == (
+            "pairs",
+            "(src, dst) pairs of int block ids",
+            repr(bad),
+        )

@@ -625,11 +625,10 @@ class AllocatorMachine(LockstepMachine):
                 # NOTE: steering: CPU blocks are rare (only swaps put them there), so a
                 # random draw seldom holds one; take the newest live ones on the source
                 # device instead, so swaps back CPU->GPU are reached (coverage table).
-                on_src = [
-                    h
-                    for h, ref in enumerate(self.model.blocks)
-                    if ref.device is src and spec.is_live(ref)
-                ]
+                on_src = self._live_on(src)
+                if not on_src and src is CPU:  # nothing to swap back: swap out instead
+                    src, dst = GPU, CPU
+                    on_src = self._live_on(src)
                 handles = on_src[-drawn:]
             if not handles:
                 event("swap: no block on the source device")
@@ -678,6 +677,14 @@ class AllocatorMachine(LockstepMachine):
         self._check_lifo(before, list(mapping.values()), code)  # dst ids in first-use order
         shared = len(set(handles)) > len(mapping)
         event(f"swap {src.name}->{dst.name}: {'shared ids' if shared else 'distinct ids'}")
+
+    def _live_on(self, device: Device) -> list[int]:
+        """Handles of the live blocks on ``device``, oldest first. O(handles)."""
+        return [
+            h
+            for h, ref in enumerate(self.model.blocks)
+            if ref.device is device and spec.is_live(ref)
+        ]
 
     @precondition(lambda self: self.caps.queries)
     @rule(handles=st.lists(blocks, max_size=5), device=devices)

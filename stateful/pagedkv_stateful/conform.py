@@ -109,6 +109,7 @@ __all__ = [
     "SearchCounts",
     "UsageError",
     "add_subcommand",
+    "fuzz_machine",
     "load_factory",
     "main",
     "run_conformance",
@@ -506,6 +507,49 @@ def _probe_groups(adapter: ManagerAdapter, shown: str) -> None:
         ) from None
 
 
+def _imports(
+    probe: AllocatorAdapter | ManagerAdapter | CachingProbe, import_line: str
+) -> list[str]:
+    """The import lines a printed program starts with."""
+    if isinstance(probe, AllocatorAdapter):
+        first = probe.source_device_import()
+    elif isinstance(probe, CachingProbe):
+        first = "from pagedkv import Device"
+    else:
+        first = "from pagedkv import Sequence, SequenceGroup, SequenceStatus"
+    return [line for line in (first, import_line) if line]
+
+
+def fuzz_machine(
+    target: str, level: str, known: frozenset[str] = frozenset()
+) -> type[LockstepMachine]:
+    """The ``level`` machine against the factory ``target`` ("module:attr"), for a fuzzer.
+
+    What ``pagedkv conform`` runs, as a plain state machine (``.TestCase`` for pytest,
+    so HypoFuzz can run it: ``python -m pagedkv_stateful.fuzz --target``): root causes
+    in ``known`` do not stop a test case, and a failing test case's error carries the
+    program ``pagedkv conform`` would print for it (an exception note). Raises
+    :class:`UsageError` as :func:`run_conformance` does.
+    """
+    if level not in LEVELS:
+        raise UsageError(f"--level must be one of {', '.join(LEVELS)}, got {level!r}")
+    factory, import_line, call = load_factory(target)
+    probe = _probe(factory, level, call)
+    machine = _machine(factory, level, call, probe.capabilities, probe)
+    imports = _imports(probe, import_line)
+
+    def teardown(self: LockstepMachine) -> None:
+        err = sys.exc_info()[1]  # teardown runs in Hypothesis's ``finally``
+        try:
+            machine.teardown(self)
+        finally:
+            if isinstance(err, Exception) and not isinstance(err, HypothesisException):
+                program, _ = _program(list(getattr(self, "program", [])), imports)
+                err.add_note("the program, as pagedkv conform prints it:\n" + "\n".join(program))
+
+    return type(machine.__name__, (machine,), {"known": known, "teardown": teardown})
+
+
 def _suffix(result: object) -> str:
     """What the program appends to the factory call to reach the object it drives."""
     if isinstance(result, tuple):
@@ -661,13 +705,7 @@ def run_conformance(
     report = ConformanceReport(name or call, level, caps, search, profile=profile, seed=seed_value)
     if not __debug__:
         report.warnings.append(OPTIMIZE_WARNING)
-    if isinstance(probe, AllocatorAdapter):
-        first = probe.source_device_import()
-    elif isinstance(probe, CachingProbe):
-        first = "from pagedkv import Device"
-    else:
-        first = "from pagedkv import Sequence, SequenceGroup, SequenceStatus"
-    imports = [line for line in (first, import_line) if line]
+    imports = _imports(probe, import_line)
     machine = _machine(factory, level, call, caps, probe)
     deadline = None if duration is None else began + duration
     run = _Search(report, listener or Listener(), imports, began, deadline)

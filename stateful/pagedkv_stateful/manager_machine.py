@@ -450,8 +450,9 @@ class ManagerMachine(LockstepMachine):
         num_gpu=st.integers(2, 16),
         num_cpu=st.integers(0, 12),
         watermark=st.sampled_from([0.0, 0.0, 0.1, 0.25]),
-        # NOTE: mostly small windows, so windows slide within a short program.
-        window=st.sampled_from([None, 1, 1, 2, 6]),
+        # NOTE: mostly window 1 (a slide at every new block), so windows slide within a
+        # short program.
+        window=st.sampled_from([None, 1, 1, 1, 2, 6]),
     )
     def init(
         self, block_size: int, num_gpu: int, num_cpu: int, watermark: float, window: int | None
@@ -509,6 +510,10 @@ class ManagerMachine(LockstepMachine):
         if group is None or not group.get_seqs(RUNNING):
             event("append_slots: no running sequence")
             return
+        if self.window is not None and new_tokens == 2:
+            # NOTE: steering: a window slides only once a table outgrows it; half the
+            # appends of a windowed manager write a block's worth, so slides are reached.
+            new_tokens = self.block_size + 1
         for seq in group.get_seqs(RUNNING):
             for i in range(new_tokens):
                 token = (seq.get_len() * 7 + i) % 1000
@@ -621,8 +626,13 @@ class ManagerMachine(LockstepMachine):
         lookahead = self._la(lookahead)
         group = self.live.get(request_id)
         if group is None or not group.get_seqs(SWAPPED):
-            event("swap_in: no swapped sequence")
-            return
+            # NOTE: steering: only swap_out makes a swapped group, so a drawn group seldom
+            # is one; take the newest swapped group instead, so swaps back are reached.
+            swapped_groups = [g for g in self.live.values() if g.get_seqs(SWAPPED)]
+            if not swapped_groups:
+                event("swap_in: no swapped sequence")
+                return
+            group = swapped_groups[-1]
         swapped = group.get_seqs(SWAPPED)
         ids = [s.seq_id for s in swapped]
         g = self._g(group)

@@ -1,5 +1,5 @@
 """Hypothesis profiles: ``ci`` (fast, deterministic), ``mutate``, ``dev``, ``deep``,
-``deep-crosshair``.
+``replay``, ``deep-crosshair``.
 
 ``ci`` follows verification-practice §7: no explain phase and
 ``report_multiple_bugs=False`` so a failure is reported in seconds, not minutes.
@@ -13,7 +13,9 @@ see :mod:`pagedkv_stateful.fuzz`), so a failure found anywhere replays first
 here. ``ci`` has no database: it is deterministic. ``mutate`` is ``ci`` without the
 shrink phase, for ``make mutate``: a mutant is killed by the first failing
 example, and shrinking it (seconds to minutes under mutmut's trampolines) would
-only turn the kill into a timeout.
+only turn the kill into a timeout. ``replay`` is ``deep`` that only replays (and
+shrinks) what the shared database holds: the fuzz runner's check of a campaign's
+failures, seconds when there are none.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def shared_database() -> ExampleDatabase | None:
 
 
 def register_profiles() -> None:
-    """Register ``ci``, ``mutate``, ``dev``, ``deep`` and ``deep-crosshair`` (idempotent)."""
+    """Register ``ci``, ``mutate``, ``dev``, ``deep``, ``replay`` and ``deep-crosshair``
+    (idempotent)."""
     shared = shared_database()
     ci = settings(
         max_examples=150,
@@ -71,6 +74,8 @@ def register_profiles() -> None:
         dev, deep = settings(dev, database=shared), settings(deep, database=shared)
     settings.register_profile("dev", dev)
     settings.register_profile("deep", deep)
+    replay = settings(deep, phases=(Phase.explicit, Phase.reuse, Phase.shrink))
+    settings.register_profile("replay", replay)
     # The deep run with CrossHair's symbolic backend (hypothesis-crosshair). Measured
     # in docs/assurance.md: 3-8x the cost per example; it found our planted bugs no
     # sooner, as they need a sequence of steps rather than one special value.
