@@ -229,3 +229,17 @@ def test_group_defaults_and_duplicate_ids() -> None:
     assert (dup.seq_id, dup.request_id) == (4, "r")
     g = SequenceGroup("r", [Sequence(0, [1])])
     assert g.arrival_time == 0.0 and g.n == 1 and g.get_max_num_running_seqs() == 1
+
+
+def test_get_seqs_by_status_of_a_one_sequence_group() -> None:
+    """The one-sequence fast path answers as the general one: the sequence or nothing,
+    a new list each call."""
+    seq = Sequence(0, [1, 2])
+    g = SequenceGroup("r", [seq])
+    assert g.get_seqs(SequenceStatus.WAITING) == [seq]
+    assert g.get_seqs(SequenceStatus.RUNNING) == []
+    seq.status = SequenceStatus.RUNNING
+    first = g.get_seqs(SequenceStatus.RUNNING)
+    assert first == [seq] and g.get_seqs(SequenceStatus.WAITING) == []
+    first.clear()  # the caller's own list
+    assert g.get_seqs(SequenceStatus.RUNNING) == [seq]

@@ -376,7 +376,11 @@ class SequenceGroup:
         """Sequences with ``status`` (all when None), insertion order. Complexity: O(sequences)."""
         if status is None:
             return list(self._seqs.values())
-        return [seq for seq in self._seqs.values() if seq.status is status]
+        seqs = self._seqs
+        if len(seqs) == 1:  # NOTE: most groups (one sequence each) skip the comprehension
+            (seq,) = seqs.values()
+            return [seq] if seq.status is status else []
+        return [seq for seq in seqs.values() if seq.status is status]
 
     def num_seqs(self, status: SequenceStatus | None = None) -> int:
         """Complexity: O(1) without ``status``, else O(sequences)."""
