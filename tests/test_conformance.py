@@ -520,3 +520,44 @@ def test_the_ci_search_reaches_every_state_class_and_call(level: str) -> None:
     assert min(low.values()) >= 10, low
     calls = {k: n for k, n in report.coverage.items() if k not in STATE_CLASSES}
     assert min(calls.values()) >= 10, calls
+
+
+def test_a_known_wrong_error_type_lets_the_test_case_go_on() -> None:
+    """Both reject the call, the target with another error type: once that root cause is
+    known the test case goes on (the states behind it stay reachable), and the program
+    line names no error, so a later finding's program replays past it."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+    from hypothesis.stateful import rule
+
+    from pagedkv_spec.errors import NoFreeBlocksError
+    from pagedkv_stateful.lockstep import LockstepMachine
+
+    class Probe(LockstepMachine):
+        @rule()
+        def noop(self) -> None:  # a machine needs a rule; the test calls no rule
+            pass
+
+        def _compare(self) -> None:  # target and model alike
+            pass
+
+    def spec_call() -> None:
+        raise NoFreeBlocksError(1, 0, "GPU")
+
+    src = "alloc.allocate_mutable_block(None, Device.GPU)"
+    check_line = f"expect_error(lambda: {src}, 'NoFreeBlocksError')"
+
+    @given(st.none())
+    def run(_: None) -> None:
+        fresh = Probe()
+        fresh.caps, fresh.program = Capabilities(typed_errors=True), []
+        with pytest.raises(Violation) as info:  # unknown: a finding
+            fresh._expect_same_error(ValueError("full"), spec_call, src)
+        known = Probe()
+        known.caps, known.program = Capabilities(typed_errors=True), []
+        known.known = frozenset({info.value.signature})
+        known._expect_same_error(ValueError("full"), spec_call, src)  # goes on
+        assert known.program == [f"expect_error(lambda: {src})"]
+        assert info.value.check_line == check_line
+
+    run()

@@ -384,8 +384,17 @@ class CachingAllocatorMachine(LockstepMachine):
             return
         self.model = self._accepted("free", lambda: spec.free(self.model, handle), src)
 
-    @rule(target=blocks, handle=blocks)
-    def fork(self, handle: int) -> object:
+    @rule(target=blocks, handle=blocks, steer=st.booleans())
+    def fork(self, handle: int, steer: bool) -> object:
+        b = self.model.blocks[handle]
+        if steer and (b.key is not None or not spec.is_live(b)):
+            # NOTE: steering: most drawn blocks are full (cached); half the forks take
+            # the newest live partial block instead, whose appends then copy on write.
+            partial = [
+                h for h, c in enumerate(self.model.blocks) if spec.is_live(c) and c.key is None
+            ]
+            if partial:
+                handle = partial[-1]
         src = f"alloc.fork(b{handle})"
         res = self._attempt(lambda: self.impl.fork(self.objs[handle]))
         if isinstance(res, Exception):
@@ -399,6 +408,15 @@ class CachingAllocatorMachine(LockstepMachine):
 
     @rule(handle=blocks, data=st.data())
     def append_token_ids(self, handle: int, data: st.DataObject) -> None:
+        if not self._spec_copies_on_write(handle, [0]) and data.draw(st.integers(0, 3), "steer"):
+            # NOTE: steering: a drawn block is seldom a shared partial one (a fork of a
+            # partial block makes it); 3 appends in 4 write into the newest such
+            # block instead, so copies-on-write are reached (coverage table).
+            shared = [
+                h for h in range(len(self.model.blocks)) if self._spec_copies_on_write(h, [0])
+            ]
+            if shared:
+                handle = shared[-1]
         room = self.model.block_size - len(self.model.blocks[handle].token_ids)
         n = data.draw(st.sampled_from([room, room, max(room - 1, 0), room + 1]), label="n")
         new = data.draw(st.lists(st.integers(0, 1), min_size=n, max_size=n), label="tokens")
