@@ -469,6 +469,22 @@ def get_common_computed_block_ids(lists: Sequence[Sequence[int]]) -> tuple[int, 
     return tuple(out)
 
 
+def group_computed_prefix(s: CachingState, tables: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """Manager level: the GPU block ids every sequence of a group may skip, given each
+    sequence's table (its GPU block ids in order): the common prefix of each table's
+    computed ids, never a table's last block, empty if any sequence has none (vLLM
+    0.6.3 answers from a per-sequence memo that goes stale, and skips the empty check).
+    Recomputed from the cache state alone (spec of the manager's
+    ``get_common_computed_block_ids``)."""
+    assert computed_ok(s)
+    assert all(isinstance(ids, Sequence) for ids in tables)
+    lists = [get_computed_block_ids(s, Device.GPU, ids, True) for ids in tables]
+    out = get_common_computed_block_ids(lists)
+    assert all(len(out) < len(ids) and tuple(ids[: len(out)]) == out for ids in tables)
+    assert all(block_is_computed(s, Device.GPU, block_id) for block_id in out)
+    return out
+
+
 def get_num_full_blocks_touched(s: CachingState, handles: Sequence[int], device: Device) -> int:
     """Distinct full blocks among ``handles`` that moving to ``device`` would copy: all but
     those whose key is cached *and in use* there (they are shared, not copied)."""

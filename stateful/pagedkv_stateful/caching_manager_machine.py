@@ -1,9 +1,10 @@
 """A machine for ``BlockSpaceManager(enable_caching=True)``: every manager operation as a
 rule, with the manager's own invariants and the caching promises checked after every step.
 
-There is no manager-level caching spec yet (the allocator-level one is
-:mod:`pagedkv_spec.caching`, driven by :mod:`pagedkv_stateful.caching_machine`);
-this machine checks what the manager adds on top of it, from the state alone:
+There is no manager-level caching *state* in the spec (the allocator-level one is
+:mod:`pagedkv_spec.caching`, driven by :mod:`pagedkv_stateful.caching_machine`; the
+manager-level query ``group_computed_prefix`` is specified there); this machine
+checks what the manager adds on top of it, from the state alone:
 
 * after every step, ``check_invariants()``: C1–C7 over the tables' block
   objects (through the caching spec's predicates), M2–M4 and T1–T4;
@@ -36,6 +37,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from pagedkv import BlockSpaceManager, Device, Sequence, SequenceGroup, SequenceStatus
 from pagedkv.errors import PagedKVError
 from pagedkv.sequence import AllocStatus
+from pagedkv_spec import caching as caching_spec
 from pagedkv_spec.caching import CachingState
 
 __all__ = ["CachingManagerMachine"]
@@ -84,23 +86,11 @@ class CachingManagerMachine(RuleBasedStateMachine):
         return data.draw(st.sampled_from(groups), label="group") if groups else None
 
     def _recomputed_prefix(self, seqs: list[Sequence]) -> list[int]:
-        """The common computed prefix, from the abstraction alone."""
-        pool = self.manager.block_allocator.to_caching_spec().gpu
-        lists = []
-        for seq in seqs:
-            ids = self.manager.get_block_table(seq)[:-1]
-            prefix: list[int] = []
-            for block_id in ids:
-                if block_id not in pool.computed:
-                    break
-                prefix.append(block_id)
-            lists.append(prefix)
-        common: list[int] = []
-        for column in zip(*lists, strict=False):
-            if any(c != column[0] for c in column):
-                break
-            common.append(column[0])
-        return common if lists and all(lists) else []
+        """The common computed prefix, from the abstraction alone (the spec's
+        ``group_computed_prefix``)."""
+        state = self.manager.block_allocator.to_caching_spec()
+        tables = [self.manager.get_block_table(seq) for seq in seqs]
+        return list(caching_spec.group_computed_prefix(state, tables))
 
     # ------------------------------------------------------------------ rules
 
