@@ -13,6 +13,7 @@ resolution are tested in tests/test_kv_config.py.
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Callable
 from typing import Any, TypedDict
@@ -883,3 +884,36 @@ def test_pairs_that_are_not_an_iterable_of_pairs_are_named_with_their_value() ->
             "(src, dst) pairs of int block ids",
             repr(bad),
         )
+
+
+def test_block_ids_that_are_not_a_sequence_are_named_with_their_value() -> None:
+    engine = numbered_engine()
+    bads: tuple[Any, ...] = (5, "ab")
+    for bad in bads:
+        err = raised(KVTensorMismatchError, engine.gather, bad, 1, 0)
+        assert (err.name, err.expected, err.actual) == (
+            "block_ids",
+            "a sequence of int block ids",
+            repr(bad),
+        )
+
+
+def test_a_layer_of_an_int_subclass_is_accepted() -> None:
+    class Layer(enum.IntEnum):
+        FIRST = 0
+        SECOND = 1
+
+    engine = numbered_engine()
+    engine.write([5], torch.full((1, 2, 4), 7.0), torch.full((1, 2, 4), 8.0), Layer.SECOND)
+    key, value = engine.gather([1], 2, Layer.SECOND)
+    assert key[1].eq(7.0).all() and value[1].eq(8.0).all()
+    assert engine.kv_layer(Layer.FIRST).shape == (2, 8, 4, 2, 4)
+
+
+def test_a_layer_that_is_not_an_int_is_named_with_its_value() -> None:
+    engine = numbered_engine()
+    bads: tuple[Any, ...] = ("1", 1.0, True)
+    for bad in bads:
+        err = raised(ArgumentTypeError, engine.gather, [0], 1, bad)
+        assert (err.parameter, err.expected) == ("layer", "an int")
+        assert f"got {type(bad).__name__} {bad!r}" in str(err)

@@ -561,3 +561,49 @@ def test_a_known_wrong_error_type_lets_the_test_case_go_on() -> None:
         assert info.value.check_line == check_line
 
     run()
+
+
+def test_a_crash_inside_hypothesis_is_not_reported_as_the_targets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hypothesis's shrinker can fail on its own (seen against vLLM: an IndexError in
+    ``try_trivial_spans``). The round then reports its shortest failing program, unshrunk,
+    as the finding, and the search goes on; not "unexpected exception"."""
+    from hypothesis import settings
+    from hypothesis import strategies as st
+
+    from pagedkv_stateful.adapters import Violation as V
+    from pagedkv_stateful.allocator_machine import AllocatorMachine
+
+    assert conform._raised_by_the_engine(_raise(lambda: st.integers(2, 1).validate()))
+    assert not conform._raised_by_the_engine(_raise(lambda: int("x")))
+    report = ConformanceReport("t", "allocator", Capabilities(), "s")
+    run = conform._Search(report, conform.Listener(), [], 0.0, None)
+    seen = V("free count (GPU)", "a leak", "assert x == 1", "free count (GPU) | free")
+    engine_error = _raise(lambda: st.integers(2, 1).validate())
+
+    def crashing_search(cls: Any, settings: Any) -> None:
+        run.failures.append((seen, ["b0 = alloc.allocate_mutable_block(None, Device.GPU)"]))
+        raise engine_error
+
+    monkeypatch.setattr(conform, "run_state_machine_as_test", crashing_search)
+    finding, ended = conform._round(AllocatorMachine, frozenset(), settings(), None, run)
+    assert ended == "" and finding is not None
+    assert finding.invariant == "free count (GPU)" and not finding.shrunk
+    run.failures.clear()
+    monkeypatch.setattr(conform, "run_state_machine_as_test", lambda *_, **__: _throw(engine_error))
+    finding, ended = conform._round(AllocatorMachine, frozenset(), settings(), None, run)
+    assert finding is None and ended.startswith("the search engine failed (")
+
+
+def _raise(call: Callable[[], object]) -> Exception:
+    """The exception ``call`` raises (with its traceback)."""
+    try:
+        call()
+    except Exception as err:
+        return err
+    raise AssertionError("did not raise")
+
+
+def _throw(err: Exception) -> None:
+    raise err

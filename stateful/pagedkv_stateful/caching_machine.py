@@ -408,7 +408,8 @@ class CachingAllocatorMachine(LockstepMachine):
 
     @rule(handle=blocks, data=st.data())
     def append_token_ids(self, handle: int, data: st.DataObject) -> None:
-        if not self._spec_copies_on_write(handle, [0]) and data.draw(st.integers(0, 3), "steer"):
+        steer = data.draw(st.integers(0, 3), label="steer")  # drawn always: a fixed shape
+        if steer and not self._spec_copies_on_write(handle, [0]):
             # NOTE: steering: a drawn block is seldom a shared partial one (a fork of a
             # partial block makes it); 3 appends in 4 write into the newest such
             # block instead, so copies-on-write are reached (coverage table).

@@ -872,9 +872,27 @@ def _round(
     except Flaky as err:
         return Finding("deterministic replay", f"{type(err).__name__}: {err}", (), 0), "flaky"
     except Exception as err:
+        if _raised_by_the_engine(err):
+            # NOTE: Hypothesis's shrinker itself failed (seen: an IndexError in
+            # try_trivial_spans); the target is not at fault, so report the round's
+            # shortest failing program instead, unshrunk, and search on.
+            partial = run.partial()
+            if partial is not None:
+                return partial, ""
+            return None, f"the search engine failed ({type(err).__name__}: {err})"
         finding = _finding(err, final[-1].program if final else [], run.imports)
         return finding, "an unexpected exception"
     return None, more
+
+
+_HYPOTHESIS_DIR = os.path.dirname(importlib.import_module("hypothesis").__file__ or "")
+
+
+def _raised_by_the_engine(err: BaseException) -> bool:
+    """Whether ``err`` was raised inside Hypothesis itself (its innermost frame is in
+    the hypothesis package), not by the machine or the target."""
+    frames = traceback.extract_tb(err.__traceback__)
+    return bool(frames) and frames[-1].filename.startswith(_HYPOTHESIS_DIR + os.sep)
 
 
 # --------------------------------------------------------------------------- command line
