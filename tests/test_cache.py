@@ -24,9 +24,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import raised
+from pagedkv import _validate, cache
 from pagedkv._block_copy import BlockCopier, Rows, runs, wide
 from pagedkv._kv_args import slot_tensor
-from pagedkv.cache import KVCacheEngine
+from pagedkv.cache import KVCacheConfig, KVCacheEngine, _require_room
+from pagedkv.copy_handle import CopyHandle, SwapQueue
 from pagedkv.errors import (
     ArgumentTypeError,
     InvalidKVCacheConfigError,
@@ -865,7 +867,7 @@ def test_a_negative_memory_budget_is_refused_as_such() -> None:
     for gpu, cpu, name in ((-1, 0, "gpu_bytes"), (4096, -1, "cpu_bytes")):
         with pytest.raises(InvalidKVCacheConfigError) as info:
             KVCacheEngine.from_memory_budget(gpu, cpu, **SMALL, device="cpu")
-        assert info.value.detail.startswith(f"{name} must be an int >= 0, got -1")
+        assert info.value.detail.startswith(f"{name} must be an int >= 0")
 
 
 def test_a_zero_gpu_budget_is_below_one_block() -> None:
@@ -917,3 +919,64 @@ def test_a_layer_that_is_not_an_int_is_named_with_its_value() -> None:
         err = raised(ArgumentTypeError, engine.gather, [0], 1, bad)
         assert (err.parameter, err.expected) == ("layer", "an int")
         assert f"got {type(bad).__name__} {bad!r}" in str(err)
+
+
+# ---------------------------------------------------------------- sizing on CUDA (faked)
+
+
+def test_a_cuda_tier_must_fit_the_devices_memory_and_the_cpu_tier_the_hosts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # _require_room for a CUDA device, on the CPU: the device reports 10,000 bytes in
+    # all, the host 50,000; a SMALL block is 512 bytes.
+    dev = torch.device("cuda", 1)
+    asked: list[object] = []
+
+    def mem_get_info(device: object) -> tuple[int, int]:
+        asked.append(device)
+        return 0, 10_000  # (free, total)
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(_validate, "available_memory", lambda: 50_000)
+
+    def config(gpu: int, cpu: int) -> KVCacheConfig:
+        return KVCacheConfig(**SMALL, num_gpu_blocks=gpu, num_cpu_blocks=cpu, dtype=torch.float32)
+
+    _require_room(config(19, 97), dev)  # 9,728 bytes on the device, 49,664 on the host
+    assert asked == [dev]
+    with pytest.raises(InvalidKVCacheConfigError) as info:
+        _require_room(config(20, 0), dev)  # 10,240 > 10,000: the device's total counts
+    assert "(GPU tier on cuda:1) needs about 10,240 bytes" in info.value.detail
+    assert "than the 10,000 bytes" in info.value.detail
+    with pytest.raises(InvalidKVCacheConfigError) as info:
+        _require_room(config(19, 98), dev)  # 50,176 > 50,000 in host memory
+    assert "(CPU tier) needs about 50,176 bytes" in info.value.detail
+    assert "than the 50,000 bytes" in info.value.detail
+
+
+def test_with_a_side_stream_swaps_are_handed_to_the_cuda_swap_with_both_tiers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The CUDA path on the CPU: an engine given a (fake) side stream must hand each
+    # swap to _cuda_swap.swap_on_side_stream with its tiers, copier, queue and ids.
+    engine = make_engine()
+    stream = object()
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def swap_on_side_stream(*args: Any, **kwargs: Any) -> CopyHandle:
+        calls.append((args, kwargs))
+        return CopyHandle()
+
+    monkeypatch.setattr(cache, "swap_on_side_stream", swap_on_side_stream)
+    monkeypatch.setattr(engine, "_stream", stream)
+    engine.swap_out([(0, 3), (2, 1)])
+    engine.swap_in([(4, 5)])
+    assert [kwargs for _, kwargs in calls] == [{"to_host": True}, {"to_host": False}]
+    for (args, _), src, dst in zip(calls, ([0, 2], [4]), ([3, 1], [5]), strict=True):
+        gpu_rows, cpu_rows, copier, pending, device, dtype, side, s, d = args
+        assert gpu_rows.data_ptr() == engine.storage(Device.GPU).data_ptr()
+        assert gpu_rows.shape == (8, 512 // 4)  # one row per GPU block
+        assert isinstance(cpu_rows, Rows)
+        assert cpu_rows.data.data_ptr() == engine.storage(Device.CPU).data_ptr()
+        assert isinstance(copier, BlockCopier) and isinstance(pending, SwapQueue)
+        assert (device, dtype, side, s, d) == (engine.device, engine.dtype, stream, src, dst)

@@ -13,6 +13,7 @@ import torch
 from helpers import raised
 from pagedkv.cache import KVCacheConfig, KVCacheEngine
 from pagedkv.errors import ArgumentTypeError, InvalidKVCacheConfigError, KVTensorMismatchError
+from pagedkv.kv_config import resolve_device
 from pagedkv_spec.device import Device
 
 GPU, CPU = Device.GPU, Device.CPU
@@ -107,3 +108,29 @@ def test_an_explicit_cpu_device_wins_over_torchs_default_device() -> None:
         engine = KVCacheEngine(1, 1, 2, 2, 3, 0, dtype=torch.float32, device="cpu")
     assert engine.storage(GPU).device == torch.device("cpu")
     assert not engine.storage(GPU).any()
+
+
+def test_a_device_of_the_wrong_type_is_named_with_its_value() -> None:
+    err = raised(ArgumentTypeError, KVCacheEngine, 1, 1, 2, 2, 3, 0, None, 5)
+    assert (err.parameter, err.expected) == ("device", "a torch.device, 'cpu', 'cuda[:N]' or None")
+    assert str(err).endswith("got int 5")
+
+
+def test_an_unparsable_device_string_is_a_config_error_that_quotes_it() -> None:
+    for device in ("gpu", "cuda:x"):
+        err = raised(InvalidKVCacheConfigError, KVCacheEngine, 1, 1, 2, 2, 3, 0, None, device)
+        assert err.detail == str(err) and err.detail.startswith("device must be 'cpu' or")
+        assert err.detail.endswith(f"got {device!r}")
+
+
+def test_with_cuda_a_device_without_index_resolves_to_the_current_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # resolve_device on a machine that, as faked here, has CUDA with current device 3.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    for device in (None, "cuda", torch.device("cuda")):
+        resolved = resolve_device(device)
+        assert (resolved.type, resolved.index) == ("cuda", 3), device
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert resolve_device("cpu") == torch.device("cpu")
