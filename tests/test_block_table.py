@@ -1002,3 +1002,33 @@ def test_append_next_token_declines_what_needs_the_general_path() -> None:
     windowed.allocate([1])
     assert not windowed.append_next_token([1, 2])  # a window step is the general path's
     assert windowed.num_full_slots == 1
+
+
+# ---------------------------------------------------------------------------- swap_tables
+
+
+def test_swap_tables_moves_a_shared_id_once_and_keeps_it_shared() -> None:
+    alloc = make(num_gpu=8, num_cpu=8, block_size=2)
+    a = table(alloc, [1, 2, 3, 4, 5])
+    b = a.fork()
+    b.append_token_ids([6])  # the last block copies on write: a and b share 2 of 3
+    shared = a.physical_block_ids[:2]
+    assert b.physical_block_ids[:2] == shared and a.physical_block_ids[2] != b.physical_block_ids[2]
+    mapping = BlockTable.swap_tables([a, b], GPU, CPU)
+    assert set(shared) <= set(mapping)
+    assert len(mapping) == 4  # 2 shared + 1 each: distinct ids move once
+    assert a.physical_block_ids[:2] == b.physical_block_ids[:2]  # still shared
+    assert all(i >= 8 for i in a.physical_block_ids + b.physical_block_ids)  # CPU ids
+    assert [mapping[i] for i in shared] == a.physical_block_ids[:2]
+    a.check_invariants()  # the cached ids were re-read (T1)
+    b.check_invariants()
+    assert BlockTable.swap_tables([], GPU, CPU) == {}
+
+
+def test_swap_tables_refuses_tables_of_two_allocators_and_changes_nothing() -> None:
+    one, two = make(), make()
+    a, b = table(one, [1, 2, 3]), table(two, [4, 5])
+    before = snapshot(one, a), snapshot(two, b)
+    err = raised(InvalidBlockTableArgumentError, lambda: BlockTable.swap_tables([a, b], GPU, CPU))
+    assert "one allocator" in str(err)  # the full message: tests/test_error_messages.py
+    assert (snapshot(one, a), snapshot(two, b)) == before

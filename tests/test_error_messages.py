@@ -731,6 +731,13 @@ def _refcount_without_reference(extra: bool) -> Callable[[], None]:
     return call
 
 
+def _one_block_table() -> BlockTable:
+    """A one-block table over an allocator of its own."""
+    t = BlockTable(2, CpuGpuBlockAllocator.create("naive", 2, 2, 2))
+    t.allocate([1])
+    return t
+
+
 MANAGER_MESSAGES = [
     # block_table.py
     case(
@@ -752,6 +759,14 @@ MANAGER_MESSAGES = [
         ),
         InvalidBlockTableArgumentError,
         "max_block_sliding_window must be an int >= 0, got -1",
+    ),
+    case(
+        "swap_tables over two allocators",
+        lambda: BlockTable.swap_tables(
+            [_one_block_table(), _one_block_table()], Device.GPU, Device.CPU
+        ),
+        InvalidBlockTableArgumentError,
+        "swap_tables needs tables of one allocator; swap each allocator's apart",
     ),
     case(
         "table of zero tokens",

@@ -934,3 +934,29 @@ def test_stats_count_the_blocks_the_window_drops() -> None:
     table = m.block_tables[0]
     assert table.num_null_blocks > 0
     assert m.stats.blocks_freed_by_window == table.num_null_blocks
+
+
+def test_an_invariant_violation_names_the_manager_it_was_found_in() -> None:
+    """The message starts from the manager's repr for the manager-layer (M) and the
+    allocator-layer (I) checks alike, so a log line says which manager broke."""
+    m = BlockSpaceManager(2, 6, 0, watermark=0.0)
+    admit(m, group_of("a", [1, 2, 3]))
+    admit(m, group_of("b", [4, 5], first_id=1))
+    t0, t1 = m.block_tables[0], m.block_tables[1]
+    t1._blocks.append(t0._blocks[0])  # one block object in two tables: M2
+    t1._block_ids.append(t0._block_ids[0])
+    err = raised(InvariantViolationError, m.check_invariants)
+    assert err.invariant == "M2" and f"{m!r} breaks M2" in str(err)
+    m = BlockSpaceManager(2, 6, 0, watermark=0.0)
+    admit(m, group_of("a", [1, 2, 3]))
+    m.block_allocator.get_allocator(GPU)._rc[0] += 1  # a refcount no table explains: I1
+    err = raised(InvariantViolationError, m.check_invariants)
+    assert err.invariant == "I1" and f"{m!r} breaks I1" in str(err)
+    cached = BlockSpaceManager(2, 6, 0, watermark=0.0, enable_caching=True)
+    admit(cached, group_of("a", [1, 2, 3]))
+    admit(cached, group_of("b", [4, 5], first_id=1))
+    c0, c1 = cached.block_tables[0], cached.block_tables[1]
+    c1._blocks.append(c0._blocks[1])  # the partial block in two tables
+    c1._block_ids.append(c0._block_ids[1])
+    err = raised(InvariantViolationError, cached.check_invariants)
+    assert f"{cached!r} breaks {err.invariant}" in str(err)
