@@ -114,9 +114,25 @@ def _known_causes(path: Path, parser: argparse.ArgumentParser) -> list[str]:
         parser.error(f"--known {path}: not a pagedkv conform --json report ({err})")
 
 
+def _import_path() -> str:
+    """``PYTHONPATH`` for the campaign's processes: this process's own import folders (not
+    the interpreter's; e.g. the folder of a ``--target`` module, or ``tests/`` under
+    pytest) ahead of any ``PYTHONPATH`` already set, so they import what this one can."""
+    prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    own = [p for p in sys.path if p and os.path.isdir(p) and not p.startswith(prefixes)]
+    if "" in sys.path or not own:
+        own.insert(0, os.getcwd())  # like `python -m`: modules next to the caller
+    existing = os.environ.get("PYTHONPATH")
+    return os.pathsep.join([*dict.fromkeys(own), *([existing] if existing else [])])
+
+
 def _campaign_env(args: argparse.Namespace, db: Path, known: list[str]) -> dict[str, str]:
-    """The environment of the campaign's processes (profile, database, target)."""
-    env = {"HYPOTHESIS_PROFILE": "deep", "PAGEDKV_EXAMPLE_DB": str(db)}
+    """The environment of the campaign's processes (profile, database, target, imports)."""
+    env = {
+        "HYPOTHESIS_PROFILE": "deep",
+        "PAGEDKV_EXAMPLE_DB": str(db),
+        "PYTHONPATH": _import_path(),
+    }
     if args.target:
         env["PAGEDKV_FUZZ_TARGET"] = args.target
         env["PAGEDKV_FUZZ_LEVEL"] = args.level
