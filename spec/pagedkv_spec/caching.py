@@ -246,7 +246,7 @@ def cache_map_ok(s: CachingState) -> bool:
 def keys_ok(s: CachingState) -> bool:
     """C3: keys are complete and chained, and a keyed live block names its key's id."""
     for h, b in enumerate(s.blocks):
-        if b.key is None or b.freed:
+        if b.key is None:
             continue
         if b.prev is not None and not 0 <= b.prev < h:
             return False
@@ -409,6 +409,7 @@ def block_key(
     """The key a block with ``tokens`` after ``prev`` gets: None unless full after a keyed
     (or no) predecessor."""
     assert prev is None or 0 <= prev < len(s.blocks)
+    assert prev is None or (k := s.blocks[prev].key) is None or k.depth >= len(k.tokens)
     if len(tokens) != s.block_size:
         return None
     parent = s.blocks[prev].key if prev is not None else None
@@ -480,7 +481,7 @@ def group_computed_prefix(s: CachingState, tables: Sequence[Sequence[int]]) -> t
     assert all(isinstance(ids, Sequence) for ids in tables)
     lists = [get_computed_block_ids(s, Device.GPU, ids, True) for ids in tables]
     out = get_common_computed_block_ids(lists)
-    assert all(len(out) < len(ids) and tuple(ids[: len(out)]) == out for ids in tables)
+    assert all(len(out) < max(len(ids), 1) and tuple(ids[: len(out)]) == out for ids in tables)
     assert all(block_is_computed(s, Device.GPU, block_id) for block_id in out)
     return out
 
@@ -929,10 +930,13 @@ def reset_prefix_cache(
     ``order`` (the implementation's: the evictor's ids in eviction order) at the front.
     In-use ids are untouched. Returns the number of ids released."""
     assert state_ok(s)
+    assert sorted(order) == sorted(pool_of(s, device).evictor), (
+        "C1: a reset releases exactly the evictor's ids"
+    )
+    assert [eviction_rank(pool_of(s, device), i) for i in order] == sorted(
+        eviction_rank(pool_of(s, device), i) for i in order
+    ), "C8: a reset releases the evictor's ids in eviction order"
     p = pool_of(s, device)
-    assert sorted(order) == sorted(p.evictor), "C1: a reset releases exactly the evictor's ids"
-    ranks = [eviction_rank(p, i) for i in order]
-    assert ranks == sorted(ranks), "C8: a reset releases the evictor's ids in eviction order"
     q = replace(
         p,
         free=(*order, *p.free),
@@ -947,6 +951,35 @@ def reset_prefix_cache(
 
 
 # ----------------------------------------------------------------------------- swap
+
+
+@exempt("the choice judgement of swap (a leading precondition)")
+def swap_choice_ok(
+    s: CachingState,
+    handles: Sequence[int],
+    src_device: Device,
+    dst_device: Device,
+    chosen: Sequence[int],
+) -> bool:
+    """``chosen`` is legal for this swap, or the swap raises a typed error first."""
+    if src_device is dst_device or any(not 0 <= h < len(s.blocks) for h in handles):
+        return True
+    bs = [s.blocks[h] for h in dict.fromkeys(handles)]
+    if any(b.freed or b.block_id is None or b.device is not src_device for b in bs):
+        return True
+    src, dst = pool_of(s, src_device), pool_of(s, dst_device)
+    src_ids = list(dict.fromkeys(b.block_id for b in bs if b.block_id is not None))
+    hit: dict[int, int] = {}
+    for i in src_ids:
+        k = key_of_id(src, i)
+        d = lookup(dst, k) if k is not None else None
+        if d is not None:
+            hit[i] = d
+    need = sum(1 for i in src_ids if i not in hit or hit[i] in dst.evictor)
+    if need > len(dst.free) + len(dst.evictor):
+        return True
+    misses = [i for i in src_ids if i not in hit]
+    return len(chosen) == len(misses) and _fresh_ok(dst, chosen, frozenset(hit.values()))
 
 
 def swap(
@@ -970,6 +1003,9 @@ def swap(
     the destination (NoFreeBlocksError).
     """
     assert state_ok(s)
+    assert swap_choice_ok(s, handles, src_device, dst_device, chosen), (
+        "C1: a swap takes one fresh destination id per copied id, from the free pool first"
+    )
     if src_device is dst_device:
         raise InvalidSwapError(f"source and destination are both {src_device.name}")
     order = list(dict.fromkeys(handles))
@@ -996,10 +1032,6 @@ def swap(
     available = len(dst.free) + len(dst.evictor)
     if need > available:
         raise NoFreeBlocksError(need, available, dst_device.name)
-    misses = [i for i in src_ids if i not in hit]
-    assert len(chosen) == len(misses) and _fresh_ok(dst, chosen, frozenset(hit.values())), (
-        "C1: a swap takes one fresh destination id per copied id, from the free pool first"
-    )
     mapping: dict[int, int] = {}
     fresh = iter(chosen)
     for i in src_ids:

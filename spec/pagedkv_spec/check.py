@@ -176,12 +176,19 @@ class Verdict:
     report: str
 
 
+#: ``python -m crosshair`` with a deeper recursion limit: under CrossHair's symbolic
+#: values a deep spec state's repr/equality recurses past Python's default of 1,000
+#: inside z3 (seen: ``caching.block`` FAILED with ``ArgumentError: argument 1:
+#: RecursionError``, an input that passes when replayed).
+_LAUNCH = "import sys; sys.setrecursionlimit(20_000); import crosshair.main; crosshair.main.main()"
+
+
 def check_target(target: str, timeout: float, extra_path: str = "") -> Verdict:
     """Run CrossHair on one function (``module.function`` or ``path.py:function``)."""
     cmd = [
         sys.executable,
-        "-m",
-        "crosshair",
+        "-c",
+        _LAUNCH,
         "check",
         "--analysis_kind=asserts",
         f"--per_condition_timeout={timeout}",

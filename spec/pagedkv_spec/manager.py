@@ -344,16 +344,17 @@ def swap_conserves(
     """M5: a swap moved each distinct id once and kept tokens, null slots and references."""
     if len(set(mapping.values())) != len(mapping):
         return False
-    src = {b.device for b in before.alloc.blocks if b.block_id in mapping}
-    dst = {b.device for b in after.alloc.blocks if b.block_id in mapping.values()}
-    if len(src) != 1 or len(dst) != 1 or src == dst:
-        return False
-    src_pool = A.pool_of(before.alloc, next(iter(src)))
-    src_after = A.pool_of(after.alloc, next(iter(src)))
-    dst_after = A.pool_of(after.alloc, next(iter(dst)))
-    for b, d in mapping.items():
-        if refcount(src_pool, b) != refcount(src_after, b) + refcount(dst_after, d):
+    if mapping:  # nothing moved (tables of null slots only): only the tables are judged
+        src = {b.device for b in before.alloc.blocks if b.block_id in mapping}
+        dst = {b.device for b in after.alloc.blocks if b.block_id in mapping.values()}
+        if len(src) != 1 or len(dst) != 1 or src == dst:
             return False
+        src_pool = A.pool_of(before.alloc, next(iter(src)))
+        src_after = A.pool_of(after.alloc, next(iter(src)))
+        dst_after = A.pool_of(after.alloc, next(iter(dst)))
+        for b, d in mapping.items():
+            if refcount(src_pool, b) != refcount(src_after, b) + refcount(dst_after, d):
+                return False
     for seq_id in seq_ids:
         old, new = (
             table_view(before, before.tables[seq_id]),
