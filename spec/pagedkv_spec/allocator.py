@@ -496,6 +496,11 @@ def clear_copy_on_writes(s: AllocatorState) -> tuple[AllocatorState, tuple[tuple
 def allocate_or_get_null_block(s: AllocatorState, chosen: int | None) -> tuple[AllocatorState, int]:
     """The id of the shared null block, taking one GPU block the first time."""
     assert state_ok(s)
+    assert (
+        s.null_id is not None
+        or get_num_free_blocks(s, Device.GPU) < 1
+        or (chosen is not None and chosen in s.gpu.free)
+    ), "the null block needs a free GPU id"  # judged up front, unless a typed error comes first
     if s.null_id is not None:
         return s, s.null_id
     _check_capacity(s, Device.GPU, 1)

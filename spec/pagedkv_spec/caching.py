@@ -872,6 +872,11 @@ def clear_copy_on_writes(s: CachingState) -> tuple[CachingState, tuple[tuple[int
 def allocate_or_get_null_block(s: CachingState, chosen: int | None) -> tuple[CachingState, int]:
     """The id of the shared null block (never cached), taking a fresh GPU id the first time."""
     assert state_ok(s)
+    assert (
+        s.null_id is not None
+        or get_num_free_blocks(s, Device.GPU) < 1
+        or (chosen is not None and _fresh_ok(s.gpu, [chosen], frozenset()))
+    ), "C1: the null block needs a fresh GPU id (free pool first)"  # judged up front
     if s.null_id is not None:
         return s, s.null_id
     if get_num_free_blocks(s, Device.GPU) < 1:
