@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
@@ -24,3 +24,19 @@ def raised_exactly(err_type: type[E], call: Callable[[], object]) -> E:
     err = raised(err_type, call)
     assert type(err) is err_type
     return err
+
+
+def cleared_per_module(*cached: Any) -> Any:
+    """An autouse, module-scoped fixture that empties ``cached`` (``functools.cache``
+    functions) before the module's tests: assign it to a module name (``_fresh_x =
+    cleared_per_module(_x)``). A module-level cache otherwise outlives a pytest session,
+    and mutmut runs each mutant's tests in a process forked after a first session, which
+    would read that session's values (made by the unmutated code) from the cache."""
+
+    @pytest.fixture(autouse=True, scope="module")
+    def fresh() -> Iterator[None]:
+        for function in cached:
+            function.cache_clear()
+        yield
+
+    return fresh

@@ -20,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import raised
+from helpers import cleared_per_module, raised
 from pagedkv import Device
 from pagedkv.cache import KVCacheEngine
 from pagedkv.content_key import ExtraKeys, sha256_key
@@ -845,13 +845,7 @@ def _figure_run(index: int) -> tuple[SimulationResult, _Observed, _RecordingSche
     return observed_run(requests, config)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fresh_figure_runs() -> Iterator[None]:
-    """The cached runs are shared by the tests of one pytest session only: mutmut runs
-    a mutant's tests in a process forked after a first session, which would otherwise
-    read that session's runs (made by the unmutated code) from the cache."""
-    _figure_run.cache_clear()
-    yield
+_fresh_figure_runs = cleared_per_module(_figure_run)  # the runs: one pytest session only
 
 
 @pytest.mark.parametrize("index", range(len(_FIGURE_RUNS)), ids=[r[0] for r in _FIGURE_RUNS])

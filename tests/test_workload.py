@@ -14,14 +14,13 @@ import statistics
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import pytest
 
-from helpers import raised
+from helpers import cleared_per_module, raised
 from pagedkv.errors import ArgumentTypeError, WorkloadError
 from pagedkv.workload import (
     PRESETS,
@@ -69,13 +68,7 @@ def _gaps(rate: float, seed: int) -> list[float]:
     return [b - a for a, b in itertools.pairwise(times)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _fresh_gaps() -> Iterator[None]:
-    """The cached draws are shared by the tests of one pytest session only: mutmut runs
-    a mutant's tests in a process forked after a first session, which would otherwise
-    read that session's draws (made by the unmutated code) from the cache."""
-    _gaps.cache_clear()
-    yield
+_fresh_gaps = cleared_per_module(_gaps)  # the draws: one pytest session only
 
 
 RATES = [0.08, 0.6, 1.5, 25.0]  # the presets' range and a fast one

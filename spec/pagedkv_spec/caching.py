@@ -974,6 +974,19 @@ def swap_choice_ok(
         return True
     src, dst = pool_of(s, src_device), pool_of(s, dst_device)
     src_ids = list(dict.fromkeys(b.block_id for b in bs if b.block_id is not None))
+    hit, need = _swap_hits(src, dst, src_ids)
+    if need > len(dst.free) + len(dst.evictor):
+        return True
+    misses = [i for i in src_ids if i not in hit]
+    return len(chosen) == len(misses) and _fresh_ok(dst, chosen, frozenset(hit.values()))
+
+
+def _swap_hits(
+    src: CachePool, dst: CachePool, src_ids: Sequence[int]
+) -> tuple[dict[int, int], int]:
+    """``(hit, need)`` of a swap of ``src_ids``: each source id whose key ``dst`` caches,
+    mapped to that destination id (shared, not copied), and the destination ids the
+    swap takes (the misses, and the hits that leave the evictor)."""
     hit: dict[int, int] = {}
     for i in src_ids:
         k = key_of_id(src, i)
@@ -981,10 +994,7 @@ def swap_choice_ok(
         if d is not None:
             hit[i] = d
     need = sum(1 for i in src_ids if i not in hit or hit[i] in dst.evictor)
-    if need > len(dst.free) + len(dst.evictor):
-        return True
-    misses = [i for i in src_ids if i not in hit]
-    return len(chosen) == len(misses) and _fresh_ok(dst, chosen, frozenset(hit.values()))
+    return hit, need
 
 
 def swap(
@@ -1028,12 +1038,7 @@ def swap(
     src, dst = pool_of(s, src_device), pool_of(s, dst_device)
     src_ids = list(dict.fromkeys(b.block_id for b in bs if b.block_id is not None))
     key_by_id = {i: key_of_id(src, i) for i in src_ids}
-    hit: dict[int, int] = {}
-    for i, k in key_by_id.items():
-        d = lookup(dst, k) if k is not None else None
-        if d is not None:
-            hit[i] = d
-    need = sum(1 for i in src_ids if i not in hit or hit[i] in dst.evictor)
+    hit, need = _swap_hits(src, dst, src_ids)
     available = len(dst.free) + len(dst.evictor)
     if need > available:
         raise NoFreeBlocksError(need, available, dst_device.name)
