@@ -687,6 +687,25 @@ def test_append_slots_batch_stops_at_the_first_group_that_does_not_fit() -> None
     m.check_invariants()
 
 
+def test_append_slots_batch_takes_a_group_listed_twice_as_the_per_group_calls_do() -> None:
+    """A group listed again is asked again after its first append (it then has no unseen
+    token), as the per-group calls would ask it; free counts and tables agree."""
+    managers = [BlockSpaceManager(2, 4, 0, watermark=0.0) for _ in range(2)]
+    sides = []
+    for m in managers:
+        a, b = group_of("a", [1]), group_of("b", [1, 2], first_id=1)
+        admit(m, a)
+        admit(m, b)
+        for g in (a, b):
+            g.get_seqs()[0].append_token_id(5)
+        sides.append([a, b, a, b])
+    want = per_group_step(managers[0], sides[0], 0)
+    got = managers[1].append_slots_batch(sides[1], 0)
+    assert (got.num_appended, got.blocks_to_copy) == want == (4, [])
+    assert managers[1].to_spec() == managers[0].to_spec()
+    managers[1].check_invariants()
+
+
 def test_append_slots_batch_returns_copy_on_write_pairs_in_order() -> None:
     m = BlockSpaceManager(4, 8, 0, watermark=0.0)
     g = group_of("a", [1, 2, 3, 4, 5, 6], n=2)

@@ -243,3 +243,21 @@ def test_get_seqs_by_status_of_a_one_sequence_group() -> None:
     assert first == [seq] and g.get_seqs(SequenceStatus.WAITING) == []
     first.clear()  # the caller's own list
     assert g.get_seqs(SequenceStatus.RUNNING) == [seq]
+
+
+def test_get_seqs_by_status_follows_adds_and_removes() -> None:
+    """The one-sequence fast path follows the group's membership: after an add the
+    group has two sequences, after removing either one the other is the only one."""
+    a, b = Sequence(0, [1]), Sequence(1, [1])
+    g = SequenceGroup("r", [a])
+    g.add(b)
+    assert g.get_seqs(SequenceStatus.WAITING) == [a, b]
+    g.remove(0)
+    assert g.get_seqs(SequenceStatus.WAITING) == [b]
+    b.status = SequenceStatus.RUNNING
+    assert g.get_seqs(SequenceStatus.RUNNING) == [b] and g.get_seqs(SequenceStatus.WAITING) == []
+    g.add(a)
+    g.remove(1)
+    assert g.get_seqs(SequenceStatus.WAITING) == [a] and g.get_seqs(SequenceStatus.RUNNING) == []
+    g.remove(0)
+    assert g.get_seqs(SequenceStatus.WAITING) == [] and g.get_seqs() == []

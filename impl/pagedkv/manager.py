@@ -151,7 +151,9 @@ class BlockSpaceManager:
             # The null block is taken by the first windowed append, as in vLLM (free
             # counts equal vLLM's); admission counts it (spec: null_block_cost).
         self._gpu_pool = self.block_allocator.get_allocator(_GPU)
+        self._cpu_pool = self.block_allocator.get_allocator(_CPU)
         self._num_gpu = num_gpu_blocks
+        self._num_cpu = num_cpu_blocks
         self.block_tables: dict[int, BlockTable] = {}
         self.cross_block_tables: dict[str, BlockTable] = {}
         self.stats = ManagerStats()
@@ -375,40 +377,49 @@ class BlockSpaceManager:
         _lookahead(num_lookahead_slots)
         tables, num_gpu = self.block_tables, self._num_gpu
         la = num_lookahead_slots
-        # Pass 1, before any change: validate every group and count the blocks each touches.
-        plan: list[tuple[list[tuple[Sequence, BlockTable, list[int]]], int]] = []
+        # Pass 1, before any change: every group's RUNNING sequences, their tables, on the GPU.
+        # While every CPU block is free (cached ones at refcount 0 count as free), no table
+        # holds a CPU block, so none is on the CPU: the device check is then skipped.
+        on_cpu = self._cpu_pool.get_num_free_blocks() < self._num_cpu
+        plan: list[list[tuple[Sequence, BlockTable, list[int]]]] = []
         for group in seq_groups:
             entries: list[tuple[Sequence, BlockTable, list[int]]] = []
-            touched = 0
             if group.__class__ is not SequenceGroup:
                 _group(group)
             for seq in group.get_seqs(_RUNNING):
                 table = tables.get(seq.seq_id)
                 if table is None:
                     raise UnknownSequenceError(seq.seq_id)
-                ids = table.physical_block_ids
-                if ids and ids[-1] >= num_gpu:
-                    self._require_on(seq, table, _GPU, "append to")  # raises: on the CPU
-                tokens = seq.get_token_ids()
-                touched += table.get_num_blocks_touched_to_hold(len(tokens), la)
-                entries.append((seq, table, tokens))
-            plan.append((entries, touched))
-        # Pass 2: append group by group while the next one fits.
+                if on_cpu:
+                    ids = table.physical_block_ids
+                    if ids and ids[-1] >= num_gpu:
+                        self._require_on(seq, table, _GPU, "append to")  # raises: on the CPU
+                entries.append((seq, table, seq.get_token_ids()))
+            plan.append(entries)
+        # Pass 2: group by group, can_append_slots against the free blocks left, then append.
         pool = self._gpu_pool
-        window = self.max_block_sliding_window
-        fast = la == 0 and window is None
+        fast = la == 0 and self.max_block_sliding_window is None  # then no null block to take
         num_appended = 0
         free = pool.get_num_free_blocks()
         null = self._null_block_cost()  # taken by the first windowed group that appends
-        for entries, touched in plan:
+        for entries in plan:
+            # NOTE: the common decode step first: one sequence, one unseen token into a private
+            # block with room (BlockTable.append_next_token). One unseen token without
+            # lookahead touches exactly one block, so can_append_slots is then free >= 1.
+            if fast and free and len(entries) == 1:
+                seq, table, tokens = entries[0]
+                if table.append_next_token(tokens):
+                    num_appended += 1
+                    continue
+            touched = 0
+            for _, table, tokens in entries:
+                touched += table.get_num_blocks_touched_to_hold(len(tokens), la)
             if entries and touched + null > free:
                 break
             if entries:
                 null = 0
             took = False  # whether this group took blocks (then re-read the free count)
             for seq, table, tokens in entries:
-                # NOTE: BlockTable.append_next_token is the common decode step (one token
-                # into a private block with room); the general path handles the rest.
                 if fast and table.append_next_token(tokens):
                     continue
                 self._append_general(seq, table, tokens, la)

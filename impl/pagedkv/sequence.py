@@ -323,11 +323,13 @@ class SequenceGroup:
         first_seq     the sequence the group was created with first; its prompt is
                       the group's prompt (kept even if removed, as in vLLM)
         _seqs         seq_id -> Sequence, in insertion order; ids unique
+        _only         the one sequence of ``_seqs`` when it has exactly one, else None
+                      (the decode step's fast path: most groups hold one sequence)
         _encoder_seq  the encoder prompt of an encoder-decoder request, or None
                       (it may reuse a decoder seq_id, as in vLLM)
     """
 
-    __slots__ = ("_encoder_seq", "_seqs", "arrival_time", "first_seq", "n", "request_id")
+    __slots__ = ("_encoder_seq", "_only", "_seqs", "arrival_time", "first_seq", "n", "request_id")
 
     def __init__(
         self,
@@ -360,6 +362,7 @@ class SequenceGroup:
         self.n = n
         self.first_seq = seqs[0]
         self._seqs = by_id
+        self._only: Sequence | None = seqs[0] if len(by_id) == 1 else None
         self._encoder_seq = encoder_seq
 
     @property
@@ -376,11 +379,10 @@ class SequenceGroup:
         """Sequences with ``status`` (all when None), insertion order. Complexity: O(sequences)."""
         if status is None:
             return list(self._seqs.values())
-        seqs = self._seqs
-        if len(seqs) == 1:  # NOTE: most groups (one sequence each) skip the comprehension
-            (seq,) = seqs.values()
-            return [seq] if seq.status is status else []
-        return [seq for seq in seqs.values() if seq.status is status]
+        only = self._only
+        if only is not None:  # NOTE: most groups (one sequence each) skip the comprehension
+            return [only] if only._status is status else []
+        return [seq for seq in self._seqs.values() if seq._status is status]
 
     def num_seqs(self, status: SequenceStatus | None = None) -> int:
         """Complexity: O(1) without ``status``, else O(sequences)."""
@@ -417,12 +419,15 @@ class SequenceGroup:
         if seq.seq_id in self._seqs:
             raise DuplicateSequenceIdError(seq.seq_id, self.request_id)
         self._seqs[seq.seq_id] = seq
+        self._only = None
 
     def remove(self, seq_id: int) -> None:
         """Remove the sequence with ``seq_id``. Complexity: O(1)."""
         if seq_id not in self._seqs:
             raise SequenceNotInGroupError(seq_id, self.request_id)
         del self._seqs[seq_id]
+        seqs = self._seqs
+        self._only = next(iter(seqs.values())) if len(seqs) == 1 else None
 
     def is_finished(self) -> bool:
         """Every sequence is finished (True for an empty group). Complexity: O(sequences)."""
