@@ -159,6 +159,23 @@ class _CountsPromptsNotHits(BlockSpaceManager):
         return -(-seq.get_len() // self.block_size)
 
 
+class _AccessSkipsTheLastBlock(BlockSpaceManager):
+    """``access_all_blocks_in_seq`` marks every block but the one being written."""
+
+    def access_all_blocks_in_seq(self, seq: Seq, now: float) -> None:
+        ids = self.get_block_table(seq)[:-1]
+        self.block_allocator.mark_blocks_as_accessed(ids, now)
+
+
+class _ResetsOnlyTheGpu(BlockSpaceManager):
+    """``reset_prefix_cache`` empties the GPU evictor and leaves the CPU's cached."""
+
+    def reset_prefix_cache(self) -> int:
+        pool = self.block_allocator.get_allocator(Device.GPU)
+        assert isinstance(pool, PrefixCachingBlockAllocator)
+        return pool.reset_prefix_cache()
+
+
 def _manager_machine(cls: type[BlockSpaceManager]) -> type[CachingManagerMachine]:
     class Planted(CachingManagerMachine):
         def make_manager(self, block_size: int, num_gpu: int, num_cpu: int) -> BlockSpaceManager:
@@ -170,6 +187,10 @@ def _manager_machine(cls: type[BlockSpaceManager]) -> type[CachingManagerMachine
 MANAGER_PLANTED: dict[str, type[CachingManagerMachine]] = {
     "stale computed prefix (per-sequence tracker)": _manager_machine(_StaleComputedTracker),
     "admission counting prompt blocks, not hits": _manager_machine(_CountsPromptsNotHits),
+    # caught by the lockstep with the manager spec (pagedkv_spec.caching_manager) alone:
+    # every promise the machine checks from the state is kept
+    "access that skips the last block": _manager_machine(_AccessSkipsTheLastBlock),
+    "reset that forgets the CPU pool": _manager_machine(_ResetsOnlyTheGpu),
 }
 
 

@@ -13,7 +13,9 @@ checked for what it promises:
   step, or a step of a rule (``free_cross`` when a group finishes);
 - ``EXTENSION``: a pagedkv operation beyond vLLM 0.6.3's API, checked where the entry
   says (vLLM-shaped targets of the conformance kit do not have it);
-- ``CACHING``: a prefix-caching method, a no-op until prefix caching lands;
+- ``CACHING``: a prefix-caching method (a no-op without caching), classified again at
+  the caching level: ``CACHING_MANAGER`` below, whose machine runs in lockstep with
+  ``pagedkv_spec.caching_manager`` (the allocator's are the caching machine's rules);
 - ``SUPPORT``: construction, routing, verification (``to_spec``, ``check_invariants``).
 
 Machine rules that drive no operation of their own are error paths or scenarios, and
@@ -30,9 +32,11 @@ import pytest
 from hypothesis.stateful import RuleBasedStateMachine
 
 import pagedkv_spec.allocator as spec_allocator
+import pagedkv_spec.caching_manager as spec_caching_manager
 import pagedkv_spec.manager as spec_manager
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Scheduler
 from pagedkv_stateful.allocator_machine import AllocatorMachine
+from pagedkv_stateful.caching_manager_machine import CachingManagerMachine
 from pagedkv_stateful.kv_machine import KVMachine
 from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.scheduler_machine import SchedulerMachine
@@ -109,6 +113,30 @@ MANAGER: dict[str, str] = {
     "check_invariants": SUPPORT,
 }
 
+#: ``BlockSpaceManager(enable_caching=True)``: the manager operations that ``CachingManagerMachine``
+#: drives, and how. ``MACHINE``: a rule of the machine, judged by its promises (can => do,
+#: C1–C8, M2–M4), not a spec function (``pagedkv_spec.caching_manager``'s docstring says why).
+MACHINE = "machine"
+CACHING_MANAGER: dict[str, str] = {
+    "allocate": RULE,
+    "fork": RULE,
+    "free": RULE,
+    "swap_out": RULE,
+    "swap_in": RULE,
+    "access_all_blocks_in_seq": RULE,
+    "mark_blocks_as_computed": RULE,
+    "get_common_computed_block_ids": RULE,
+    "reset_prefix_cache": RULE,
+    "append_slots": MACHINE,
+    "can_allocate": CAN,
+    "can_append_slots": CAN,
+    "can_swap_out": CAN,
+    "can_swap_in": CAN,
+    "get_num_cached_prefix_tokens": OBSERVED,
+    "get_prefix_cache_hit_rate": OBSERVED,  # after every step, both devices
+    "cache_stats": OBSERVED,
+}
+
 SCHEDULER: dict[str, str] = {
     "add_seq_group": RULE,
     "schedule": RULE,
@@ -128,6 +156,7 @@ EXTRA_RULES: dict[type[RuleBasedStateMachine], set[str]] = {
     ManagerMachine: {"misuse", "wrong_device", "preempt_by_recompute"},
     KVMachine: {"preempt_by_recompute"},
     SchedulerMachine: {"add_seq_group_twice", "bad_request"},
+    CachingManagerMachine: {"preempt_by_recompute", "readmit"},
 }
 
 
@@ -203,3 +232,24 @@ def test_spec_and_impl_share_the_append_planning_names() -> None:
 
     for name in ("get_num_blocks_touched_by_append_slots", "get_num_blocks_needed_by_append"):
         assert name in spec_functions(spec_manager) and hasattr(BlockTable, name), name
+
+
+def test_caching_manager_operations_keep_their_name_in_spec_and_machine() -> None:
+    """Every manager operation that matters with caching (the rules, admission questions
+    and caching methods of ``MANAGER``) is classified at the caching level, and each
+    kind holds: a rule of that name, a spec function of that name, a call in the machine."""
+    wanted = {n for n, k in MANAGER.items() if k in (RULE, CAN, CACHING)}
+    assert set(CACHING_MANAGER) == wanted, sorted(set(CACHING_MANAGER) ^ wanted)
+    have = rules(CachingManagerMachine)
+    source = inspect.getsource(CachingManagerMachine)
+    functions = spec_functions(spec_caching_manager)
+    for name, kind in CACHING_MANAGER.items():
+        if kind in (RULE, MACHINE):
+            assert name in have, f"CachingManagerMachine has no rule {name!r}"
+        if kind in (RULE, CAN, OBSERVED):
+            assert name in functions, f"pagedkv_spec.caching_manager has no {name!r}"
+        if kind in (CAN, OBSERVED):
+            assert re.search(rf"\bmanager\.{name}\b", source), name
+            assert re.search(rf"\bspec\.{name}\b", source), name
+    ops = {n for n, k in CACHING_MANAGER.items() if k in (RULE, MACHINE)}
+    assert have == ops | EXTRA_RULES[CachingManagerMachine], sorted(have ^ ops)

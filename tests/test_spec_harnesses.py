@@ -26,6 +26,11 @@ DOMAINS: list[tuple[Callable[..., None], list[range | list[bool]]]] = [
         [range(1, 5), range(1, 3), range(1, 4), range(1, 3), range(3), range(2)],
     ),
     (H.prop_manager_swap_round_trip, [range(1, 4), range(4), range(1, 4), range(1, 3)]),
+    (H.prop_caching_alloc_is_all_or_nothing, [range(1, 4), range(3), range(3)]),
+    (
+        H.prop_caching_admission_is_exact,
+        [range(1, 5), range(3), range(2), [False, True], [False, True]],
+    ),
 ]
 
 

@@ -445,6 +445,24 @@ def needs_cow(s: AllocatorState, handle: int) -> bool:
     return out
 
 
+def _append_choice_ok(
+    s: AllocatorState, handle: int, token_ids: Sequence[int], chosen: int | None
+) -> bool:
+    """``chosen`` is a free id of the block's pool where the append copies on write, or
+    the append needs no copy (``chosen`` is ignored) or raises a typed error first."""
+    if not isinstance(handle, int) or not 0 <= handle < len(s.blocks):
+        return True
+    b = s.blocks[handle]
+    if b.freed or not token_ids or b.block_id is None:
+        return True
+    if len(token_ids) > s.block_size - len(b.token_ids):
+        return True
+    p = pool_of(s, b.device)
+    if refcount(p, b.block_id) <= 1 or not p.free:
+        return True
+    return chosen is not None and chosen in p.free
+
+
 def append_token_ids(
     s: AllocatorState, handle: int, token_ids: Sequence[int], chosen: int | None
 ) -> AllocatorState:
@@ -457,6 +475,9 @@ def append_token_ids(
     CoW with no free block (NoFreeBlocksError).
     """
     assert state_ok(s)
+    assert _append_choice_ok(s, handle, token_ids, chosen), (
+        "I5: copy-on-write needs a fresh id; CoW destination must be a free id of the same pool"
+    )
     b = block(s, handle)
     if b.freed:
         raise StaleBlockError("append to")
@@ -471,8 +492,7 @@ def append_token_ids(
     block_id = b.block_id
     if needs_cow(s, handle):
         _check_capacity(s, b.device, 1)
-        assert chosen is not None, "I5: copy-on-write needs a fresh id"
-        assert chosen in p.free, "I5: CoW destination must be a free id of the same pool"
+        assert chosen is not None  # the precondition: a free id of the same pool
         p = pool_record_cow(pool_take(pool_decref(p, block_id), chosen), block_id, chosen)
         assert refcount(p, block_id) >= 1, "I5: CoW source must stay referenced"
         block_id = chosen

@@ -647,6 +647,31 @@ def blocks_needed(
     return out
 
 
+def _alloc_choice_ok(
+    s: CachingState,
+    prev: int | None,
+    chunks: Sequence[Sequence[int]],
+    extra: ExtraKeys,
+    device: Device,
+    chosen: Sequence[int],
+) -> bool:
+    """``chosen`` is legal for this allocation (one fresh id per miss, the free pool
+    first, none of the ids it hits), or the allocation raises a typed error first."""
+    if prev is not None and (
+        not isinstance(prev, int) or not 0 <= prev < len(s.blocks) or s.blocks[prev].freed
+    ):
+        return True
+    if any(len(c) > s.block_size for c in chunks):
+        return True
+    _, hits = _plan(s, prev, chunks, extra, device)
+    p = pool_of(s, device)
+    if sum(1 for h in hits if h is None or h in p.evictor) > len(p.free) + len(p.evictor):
+        return True
+    reserved = frozenset(h for h in hits if h is not None)
+    num_misses = sum(1 for h in hits if h is None)
+    return len(chosen) == num_misses and _fresh_ok(p, chosen, reserved)
+
+
 def allocate_immutable_blocks(
     s: CachingState,
     prev: int | None,
@@ -665,6 +690,9 @@ def allocate_immutable_blocks(
     needed than free + evictor (NoFreeBlocksError). Nothing changes then.
     """
     assert state_ok(s)
+    assert _alloc_choice_ok(s, prev, block_token_ids, extra, device, chosen), (
+        "C1: the implementation must take one fresh id per miss, from the free pool first"
+    )
     _prev_ok(s, prev)
     for chunk in block_token_ids:
         if len(chunk) > s.block_size:
@@ -675,11 +703,6 @@ def allocate_immutable_blocks(
         raise NoFreeBlocksError(need, available, device.name)
     keys, hits = _plan(s, prev, block_token_ids, extra, device)
     p = pool_of(s, device)
-    reserved = frozenset(h for h in hits if h is not None)
-    num_misses = sum(1 for h in hits if h is None)
-    assert len(chosen) == num_misses and _fresh_ok(p, chosen, reserved), (
-        "C1: the implementation must take one fresh id per miss, from the free pool first"
-    )
     for h in hits:  # hits first: a miss must not evict an id this call is about to share
         if h is not None:
             p = _hit(p, h)
@@ -712,6 +735,9 @@ def allocate_mutable_block(
 ) -> tuple[CachingState, int]:
     """One new empty block (a fresh id: the free pool first, else evicted)."""
     assert state_ok(s)
+    assert _alloc_choice_ok(s, prev, [()], extra, device, [chosen]), (
+        "C1: the implementation must take one fresh id per miss, from the free pool first"
+    )
     out, handles = allocate_immutable_blocks(s, prev, [()], extra, device, [chosen])
     assert out.blocks[handles[0]].key is None
     return out, handles[0]
@@ -770,6 +796,31 @@ def fork(s: CachingState, last: int) -> tuple[CachingState, tuple[int, ...]]:
     return out, tuple(new)
 
 
+def _append_choice_ok(
+    s: CachingState, handle: int, token_ids: Sequence[int], chosen: int | None
+) -> bool:
+    """``chosen`` is legal for this append (a fresh id of the block's pool, the free pool
+    first, for a copy-on-write a cache hit does not skip; else None), or the append
+    raises a typed error (or is a no-op) first."""
+    if not isinstance(handle, int) or not 0 <= handle < len(s.blocks):
+        return True
+    b = s.blocks[handle]
+    if b.freed or not token_ids or b.block_id is None or b.key is not None:
+        return True
+    if len(token_ids) > s.block_size - len(b.token_ids):
+        return True
+    key = block_key(s, b.prev, b.token_ids + tuple(token_ids), b.extra)
+    p = pool_of(s, b.device)
+    hit = lookup(p, key) if key is not None else None
+    if hit == b.block_id:  # C3 is judged first
+        return True
+    if hit is not None or rc(p, b.block_id) <= 1:
+        return chosen is None
+    if len(p.free) + len(p.evictor) < 1:
+        return True
+    return chosen is not None and _fresh_ok(p, [chosen], frozenset())
+
+
 def append_token_ids(
     s: CachingState, handle: int, token_ids: Sequence[int], chosen: int | None
 ) -> CachingState:
@@ -784,6 +835,10 @@ def append_token_ids(
     tokens (BlockOverflowError); CoW with no free block (NoFreeBlocksError).
     """
     assert state_ok(s)
+    assert _append_choice_ok(s, handle, token_ids, chosen), (
+        "C6: copy-on-write needs a fresh id of the same pool (free pool first); an append "
+        "without copy-on-write (none needed, or skipped by a cache hit) takes no id"
+    )
     b = block(s, handle)
     if b.freed:
         raise StaleBlockError("append to")
@@ -803,7 +858,6 @@ def append_token_ids(
     block_id = b.block_id
     assert hit != block_id, "C3: an uncached block cannot hold a cached id"
     if hit is not None:  # dedup: share the cached id, give up our own (no copy needed)
-        assert chosen is None, "C6: a copy-on-write skipped by a cache hit takes no id"
         p = _hit(_decref(p, block_id), hit)
         block_id = hit
     else:
@@ -811,14 +865,10 @@ def append_token_ids(
             available = len(p.free) + len(p.evictor)
             if available < 1:
                 raise NoFreeBlocksError(1, 0, b.device.name)
-            assert chosen is not None and _fresh_ok(p, [chosen], frozenset()), (
-                "C6: copy-on-write needs a fresh id of the same pool (free pool first)"
-            )
+            assert chosen is not None  # the precondition: a fresh id of the pool
             p = _take_fresh(_decref(p, block_id), chosen)
             p = replace(p, cow=(*p.cow, (block_id, chosen)))
             block_id = chosen
-        else:
-            assert chosen is None, "C6: an append without copy-on-write takes no id"
         if key is not None:
             p = _promote(p, key, block_id)
     new = replace(b, block_id=block_id, token_ids=tokens, key=key)

@@ -49,6 +49,7 @@ DEFAULT_TARGETS = (
     "pagedkv_spec.harness.prop_can_append_implies_append",
     "pagedkv_spec.harness.prop_manager_swap_round_trip",
     "pagedkv_spec.harness.prop_caching_alloc_is_all_or_nothing",
+    "pagedkv_spec.harness.prop_caching_admission_is_exact",
 )
 
 
@@ -56,6 +57,7 @@ SPEC_MODULES = (
     "pagedkv_spec.pool",
     "pagedkv_spec.allocator",
     "pagedkv_spec.caching",
+    "pagedkv_spec.caching_manager",
     "pagedkv_spec.manager",
     "pagedkv_spec.table",
     "pagedkv_spec.scheduler",

@@ -14,6 +14,7 @@ Complexity: irrelevant.
 from __future__ import annotations
 
 from pagedkv_spec import caching as C
+from pagedkv_spec import caching_manager as CM
 from pagedkv_spec import manager as M
 from pagedkv_spec.allocator import (
     AllocatorState,
@@ -243,3 +244,47 @@ def prop_caching_alloc_is_all_or_nothing(num_gpu: int, n_shared: int, n_new: int
     assert C.get_num_free_blocks(out, GPU) == free_before - need
     for h, hit in zip(handles, hits, strict=True):
         assert hit is None or out.blocks[h].block_id == hit
+
+
+def _table_ids_for(s: CM.CachingManagerState, prompt: list[int]) -> list[int]:
+    """The table ids an allocation of ``prompt`` gets: the cached ids of its hits, then
+    fresh ids for the rest, the free pool first, then evictor ids no hit shares."""
+    size = s.cache.block_size
+    chunks = [prompt[i : i + size] for i in range(0, len(prompt), size)]
+    full = [c for c in chunks if len(c) == size]
+    hits = list(C.plan_hits(s.cache, None, full, (), GPU)) + [None] * (len(chunks) - len(full))
+    p = s.cache.gpu
+    fresh = iter([*p.free, *sorted(i for i in p.evictor if i not in hits)])
+    return [h if h is not None else next(fresh, -1) for h in hits]
+
+
+def prop_caching_admission_is_exact(
+    num_gpu: int, n_shared: int, n_new: int, partial: bool, keep: bool
+) -> None:
+    """Manager with prefix caching: a prompt sharing ``n_shared`` full blocks with an
+    earlier one (still in use if ``keep``, else freed to the evictor), with ``n_new``
+    new full blocks and a partial last block if ``partial``. ``can_allocate`` OK implies
+    ``allocate`` succeeds and takes exactly ``required_blocks`` free blocks (a hit in
+    use takes none, a hit in the evictor one); a refused allocation changes nothing."""
+    assert 1 <= num_gpu <= 4 and 0 <= n_shared <= 2 and 0 <= n_new <= 1
+    s = CM.initial(2, num_gpu, 0, 0)
+    first = list(range(2 * n_shared))
+    if n_shared > num_gpu:
+        return
+    if first:
+        s = CM.allocate(s, [0], first, (), _table_ids_for(s, first))
+        if not keep:
+            s = CM.free(s, 0)
+    prompt = [*first, *range(90, 90 + 2 * n_new), *([77] if partial else [])]
+    if not prompt:
+        return
+    status = CM.can_allocate(s, prompt, ())
+    required = CM.required_blocks(s, prompt, (), 0)
+    free = C.get_num_free_blocks(s.cache, GPU)
+    try:
+        out = CM.allocate(s, [1], prompt, (), _table_ids_for(s, prompt))
+    except PagedKVError:
+        assert status is not AllocStatus.OK
+        return
+    assert C.get_num_free_blocks(out.cache, GPU) == free - required
+    assert CM.get_common_computed_block_ids(out, [1]) == ()  # nothing computed yet
