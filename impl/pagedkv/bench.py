@@ -4,7 +4,10 @@ Prints figures, asserts nothing. Each figure stands beside a floor measured in
 the same run, so the ratio means something on any machine:
 
 * allocate+free pair: a bare loop that pops an id from a list, bumps a
-  refcount and creates one small ``__slots__`` object, then undoes it;
+  refcount and creates one small ``__slots__`` object, then undoes it; and the
+  same loop body as a pool's two methods, and behind a two-device front that
+  adds one call each way (the Python calls a layered allocator cannot avoid
+  without writing its pools' fields itself);
 * fork of a 100k-block chain;
 * construction time and traced memory of a 1M GPU + 250k CPU block allocator;
 * manager decode step: 256 sequences with 512-token prompts, 128 steps of
@@ -77,6 +80,61 @@ def floor_pair_ns(n: int, repeat: int) -> float:
             obj = _Floor(None, i, [], None)
             rc[obj.b] -= 1
             free.append(obj.b)
+
+    return _best_of(loop, repeat) / n * 1e9
+
+
+class _FloorPool:
+    """The floor's loop body as a pool's two methods (one call each way, as any pool has)."""
+
+    __slots__ = ("free", "rc")
+
+    def __init__(self) -> None:
+        self.free = list(range(1024))
+        self.rc = [0] * 1024
+
+    def take(self) -> _Floor:
+        i = self.free.pop()
+        self.rc[i] += 1
+        return _Floor(None, i, [], None)
+
+    def give(self, obj: _Floor) -> None:
+        self.rc[obj.b] -= 1
+        self.free.append(obj.b)
+
+
+class _FloorFacade:
+    """A two-device front over :class:`_FloorPool`: one more call each way, nothing else."""
+
+    __slots__ = ("gpu",)
+
+    def __init__(self) -> None:
+        self.gpu = _FloorPool()
+
+    def take(self, device: Device) -> _Floor:
+        return self.gpu.take()
+
+    def give(self, obj: _Floor) -> None:
+        self.gpu.give(obj)
+
+
+def call_floor_pair_ns(n: int, repeat: int, facade: bool) -> float:
+    """The floor with its Python calls: through a pool's two methods, or (``facade``)
+    through a two-device front over it: the calls any layered allocator pays."""
+    gpu = Device.GPU
+    if facade:
+        front = _FloorFacade()
+
+        def loop() -> None:
+            for _ in range(n):
+                front.give(front.take(gpu))
+
+    else:
+        pool = _FloorPool()
+
+        def loop() -> None:
+            for _ in range(n):
+                pool.give(pool.take())
 
     return _best_of(loop, repeat) / n * 1e9
 
@@ -411,11 +469,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     # Interleaved rounds, best of each: a load spike then hits floor and target alike.
-    floor = cpu_gpu = naive = float("inf")
+    floor = cpu_gpu = naive = pool_floor = facade_floor = float("inf")
     for _ in range(args.repeat):
         floor = min(floor, floor_pair_ns(args.pairs, 1))
         cpu_gpu = min(cpu_gpu, cpu_gpu_pair_ns(args.pairs, 1))
         naive = min(naive, naive_pair_ns(args.pairs, 1))
+        pool_floor = min(pool_floor, call_floor_pair_ns(args.pairs, 1, facade=False))
+        facade_floor = min(facade_floor, call_floor_pair_ns(args.pairs, 1, facade=True))
     fork_ms, fork_floor_ms = fork_chain_ms(100_000)
     seconds, mib = construction(1_000_000, 250_000)
     print("pagedkv allocator benchmarks (best of runs; figures, not assertions)")
@@ -423,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         ("allocate+free pair, CpuGpuBlockAllocator (ns)", cpu_gpu, floor),
         ("allocate+free pair, NaiveBlockAllocator (ns)", naive, floor),
+        ("  Naive, floor with a pool's calls (ns)", naive, pool_floor),
+        ("  CpuGpu, floor with a two-device front (ns)", cpu_gpu, facade_floor),
         ("fork + free of a 100k-block chain (ms)", fork_ms, fork_floor_ms),
     ]
     for name, value, base in rows:
