@@ -176,6 +176,14 @@ class _ResetsOnlyTheGpu(BlockSpaceManager):
         return pool.reset_prefix_cache()
 
 
+class _DropsCopyOnWritePairs(BlockSpaceManager):
+    """``append_slots`` copies on write but hands the worker no ``(src, dst)`` pair."""
+
+    def append_slots(self, seq: Seq, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+        super().append_slots(seq, num_lookahead_slots)
+        return []
+
+
 def _manager_machine(cls: type[BlockSpaceManager]) -> type[CachingManagerMachine]:
     class Planted(CachingManagerMachine):
         def make_manager(self, block_size: int, num_gpu: int, num_cpu: int) -> BlockSpaceManager:
@@ -191,6 +199,7 @@ MANAGER_PLANTED: dict[str, type[CachingManagerMachine]] = {
     # every promise the machine checks from the state is kept
     "access that skips the last block": _manager_machine(_AccessSkipsTheLastBlock),
     "reset that forgets the CPU pool": _manager_machine(_ResetsOnlyTheGpu),
+    "append that drops its copy-on-write pairs": _manager_machine(_DropsCopyOnWritePairs),
 }
 
 

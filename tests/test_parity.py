@@ -114,9 +114,7 @@ MANAGER: dict[str, str] = {
 }
 
 #: ``BlockSpaceManager(enable_caching=True)``: the manager operations that ``CachingManagerMachine``
-#: drives, and how. ``MACHINE``: a rule of the machine, judged by its promises (can => do,
-#: C1–C8, M2–M4), not a spec function (``pagedkv_spec.caching_manager``'s docstring says why).
-MACHINE = "machine"
+#: drives in lockstep with ``pagedkv_spec.caching_manager``, and how.
 CACHING_MANAGER: dict[str, str] = {
     "allocate": RULE,
     "fork": RULE,
@@ -127,7 +125,7 @@ CACHING_MANAGER: dict[str, str] = {
     "mark_blocks_as_computed": RULE,
     "get_common_computed_block_ids": RULE,
     "reset_prefix_cache": RULE,
-    "append_slots": MACHINE,
+    "append_slots": RULE,
     "can_allocate": CAN,
     "can_append_slots": CAN,
     "can_swap_out": CAN,
@@ -244,12 +242,12 @@ def test_caching_manager_operations_keep_their_name_in_spec_and_machine() -> Non
     source = inspect.getsource(CachingManagerMachine)
     functions = spec_functions(spec_caching_manager)
     for name, kind in CACHING_MANAGER.items():
-        if kind in (RULE, MACHINE):
+        if kind == RULE:
             assert name in have, f"CachingManagerMachine has no rule {name!r}"
         if kind in (RULE, CAN, OBSERVED):
             assert name in functions, f"pagedkv_spec.caching_manager has no {name!r}"
         if kind in (CAN, OBSERVED):
             assert re.search(rf"\bmanager\.{name}\b", source), name
             assert re.search(rf"\bspec\.{name}\b", source), name
-    ops = {n for n, k in CACHING_MANAGER.items() if k in (RULE, MACHINE)}
+    ops = {n for n, k in CACHING_MANAGER.items() if k == RULE}
     assert have == ops | EXTRA_RULES[CachingManagerMachine], sorted(have ^ ops)

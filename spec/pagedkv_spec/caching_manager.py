@@ -27,11 +27,12 @@ What the manager adds to the allocator (``../shared/reference/prefix-caching.md`
 
 Operations are choice-parameterised: ``table_ids`` is the new table's block ids
 *after* the implementation ran (the misses' fresh ids are read from it; a hit's
-id must be the cached one), and a swap's ``mapping`` is the implementation's
-``{src_id: dst_id}`` (absolute ids), from which the fresh destination ids are read.
-``append_slots`` is not specified here: a block it grows and fills at once may
-share a cached id and give its fresh id back, so the ids it took are not always
-visible afterwards; its promises (can => do, C1–C8, M2–M4) are machine checks.
+id must be the cached one), a swap's ``mapping`` is the implementation's
+``{src_id: dst_id}`` (absolute ids), from which the fresh destination ids are read,
+and an append's fresh ids (``grown``, ``cows``) are read by :func:`append_choices`
+from the table and the free pool afterwards (a block the append grows and fills at
+once may share a cached id and give its fresh id back: it is then the free pool's
+first id).
 
 Complexity: irrelevant.
 """
@@ -43,6 +44,7 @@ from dataclasses import dataclass, replace
 
 from pagedkv_spec import caching as C
 from pagedkv_spec.caching import CachingState, ExtraKeys
+from pagedkv_spec.contracts import exempt
 from pagedkv_spec.device import Device
 from pagedkv_spec.errors import (
     InvalidSequenceStateError,
@@ -336,6 +338,189 @@ def allocate(
     assert _ok(out)
     assert C.get_num_free_blocks(out.cache, GPU) == available - needed, "can_allocate => allocate"
     return out
+
+
+# ----------------------------------------------------------------------------- append
+
+
+def _append_plan(
+    s: CachingManagerState, t: CTable, num_unseen: int, num_lookahead_slots: int
+) -> tuple[int, list[tuple[int, int]]]:
+    """``(num_new, writes)`` of an append of ``num_unseen`` tokens: the new empty blocks it
+    adds, and per block written ``(table index, tokens written)``, in order."""
+    size = s.cache.block_size
+    capacity = len(t.handles) * size - t.num_full_slots
+    deficit = num_unseen + num_lookahead_slots - capacity
+    num_new = -(-deficit // size) if deficit > 0 else 0
+    writes: list[tuple[int, int]] = []
+    idx, left, room = t.num_full_slots // size, num_unseen, size - t.num_full_slots % size
+    while left > 0:
+        writes.append((idx, min(room, left)))
+        left -= room
+        room = size
+        idx += 1
+    return num_new, writes
+
+
+def _shared_writes(s: CachingManagerState, t: CTable, writes: list[tuple[int, int]]) -> list[int]:
+    """The table indices of existing blocks the append writes whose id is shared."""
+    out = []
+    for idx, _ in writes:
+        if idx < len(t.handles):
+            b = s.cache.blocks[t.handles[idx]]
+            if b.block_id is not None and C.rc(C.pool_of(s.cache, b.device), b.block_id) > 1:
+                out.append(idx)
+    return out
+
+
+def _final_keys(
+    s: CachingManagerState, t: CTable, tokens: Sequence[int], num_new: int
+) -> list[C.ContentKey | None]:
+    """Each block's key after the append writes ``tokens[num_full_slots:]`` (keys depend
+    on tokens and parents only, not on the ids taken)."""
+    size = s.cache.block_size
+    blocks = s.cache.blocks
+    extra = blocks[t.handles[0]].extra
+    out: list[C.ContentKey | None] = []
+    parent: C.ContentKey | None = None
+    for idx in range(len(t.handles) + num_new):
+        held = tuple(tokens[idx * size : min((idx + 1) * size, len(tokens))])
+        if idx < len(t.handles) and blocks[t.handles[idx]].key is not None:
+            key = blocks[t.handles[idx]].key
+        elif len(held) == size and (idx == 0 or parent is not None):
+            key = C.content_key(parent, held, extra)
+        else:
+            key = None
+        out.append(key)
+        parent = key
+    return out
+
+
+@exempt("reads the implementation's choices of an append from its outcome")
+def append_choices(
+    s: CachingManagerState,
+    seq_id: int,
+    tokens: Sequence[int],
+    num_lookahead_slots: int,
+    table_ids: Sequence[int],
+    free_after: Sequence[int],
+) -> tuple[list[int], list[int | None]]:
+    """``(grown, cows)`` for :func:`append_slots`, read from what the implementation left:
+    ``table_ids`` (the table's ids after the append) and ``free_after`` (the GPU free pool
+    after it, next id first). A new block's fresh id is its id afterwards, unless the
+    write filled it and its key was cached: then it shared that id and gave its fresh
+    one back to the front of the free pool, where it is read. A shared block written
+    took the id it has afterwards (a copy on write), or none (None) if it filled and
+    shared the cached id of its key. Garbage in (an outcome no append can leave) gives
+    choices the append's precondition rejects."""
+    t = s.tables.get(seq_id)
+    if t is None or num_lookahead_slots < 0 or len(tokens) < t.num_full_slots:
+        return [], []
+    num_new, writes = _append_plan(s, t, len(tokens) - t.num_full_slots, num_lookahead_slots)
+    keys = _final_keys(s, t, tokens, num_new)
+    p = C.pool_of(s.cache, GPU)
+    ids = list(table_ids) + [-1] * (len(t.handles) + num_new - len(table_ids))
+    shared = set(_shared_writes(s, t, writes))
+
+    def shares_cached(idx: int) -> bool:
+        key = keys[idx]
+        return key is not None and ids[idx] == C.lookup(p, key) and ids[idx] is not None
+
+    returned: list[int | None] = []  # ids given back to the free pool, in write order
+    for idx, _ in writes:
+        if idx < len(t.handles):
+            b = s.cache.blocks[t.handles[idx]]
+            if b.key is None and shares_cached(idx) and idx not in shared:
+                returned.append(b.block_id)  # a private block that shares a cached id
+        elif shares_cached(idx):
+            returned.append(None)  # a new block's fresh id, given back: read below
+    front = list(free_after[: len(returned)])[::-1]
+    given_back = iter(f for f, r in zip(front, returned, strict=False) if r is None)
+    grown = []
+    for j in range(num_new):
+        idx = len(t.handles) + j
+        written = any(i == idx for i, _ in writes)
+        grown.append(next(given_back, -1) if written and shares_cached(idx) else ids[idx])
+    cows: list[int | None] = [None if shares_cached(i) else ids[i] for i in sorted(shared)]
+    return grown, cows
+
+
+def _append_choice_ok(
+    s: CachingManagerState,
+    seq_id: int,
+    tokens: Sequence[int],
+    num_lookahead_slots: int,
+    grown: Sequence[int],
+    cows: Sequence[int | None],
+) -> bool:
+    """One choice per new block and per shared block written, or a typed error first.
+    (Each id's legality is judged by the caching operation that takes it.)"""
+    t = s.tables.get(seq_id)
+    if t is None or _device(s, t) is not GPU or len(tokens) < t.num_full_slots:
+        return True
+    num_new, writes = _append_plan(s, t, len(tokens) - t.num_full_slots, num_lookahead_slots)
+    needed = num_new + len(_shared_writes(s, t, writes))
+    if needed > C.get_num_free_blocks(s.cache, GPU):
+        return True
+    return len(grown) == num_new and len(cows) == len(_shared_writes(s, t, writes))
+
+
+def append_slots(
+    s: CachingManagerState,
+    seq_id: int,
+    tokens: Sequence[int],
+    num_lookahead_slots: int,
+    grown: Sequence[int],
+    cows: Sequence[int | None],
+) -> tuple[CachingManagerState, tuple[tuple[int, int], ...]]:
+    """Write the sequence's unseen tokens (``tokens[num_full_slots:]``) with room for
+    ``num_lookahead_slots`` more, as the implementation's table does: (b) new empty GPU
+    blocks (fresh ids ``grown``, in order) until they fit; (c) the tokens block by block,
+    the current block first: a shared block copies on write (the next of ``cows``) unless
+    the write fills it and its key is cached (then it shares that id: None); a block
+    that fills is promoted (a cached key: it shares that id and gives its own back).
+    Returns the state and the GPU pool's copy-on-write pairs, handed over and forgotten.
+
+    Errors, in order (nothing changes): no table (UnknownSequenceError); a table on the
+    CPU (InvalidSequenceStateError); more new blocks + shared blocks written than free
+    GPU blocks (NoFreeBlocksError: an upper bound, as a copy may be skipped).
+    """
+    assert _ok(s) and num_lookahead_slots >= 0
+    assert _append_choice_ok(s, seq_id, tokens, num_lookahead_slots, grown, cows), (
+        "C1: an append takes one fresh id per new block and per shared block it writes"
+    )
+    t = _table(s, seq_id)
+    if _device(s, t) is not GPU:
+        raise InvalidSequenceStateError(
+            f"cannot append to sequence {seq_id}: its blocks are on CPU, not GPU"
+        )
+    assert len(tokens) >= t.num_full_slots, "the table holds tokens the sequence does not"
+    unseen = tokens[t.num_full_slots :]
+    num_new, writes = _append_plan(s, t, len(unseen), num_lookahead_slots)
+    shared = _shared_writes(s, t, writes)
+    available = C.get_num_free_blocks(s.cache, GPU)
+    if num_new + len(shared) > available:
+        raise NoFreeBlocksError(num_new + len(shared), available, GPU.name)
+    extra = s.cache.blocks[t.handles[0]].extra
+    cache, handles = s.cache, list(t.handles)
+    for block_id in grown:
+        cache, h = C.allocate_mutable_block(cache, handles[-1], extra, GPU, block_id)
+        handles.append(h)
+    copies = dict(zip(shared, cows, strict=True))
+    pos = 0
+    for idx, n in writes:
+        cache = C.append_token_ids(cache, handles[idx], unseen[pos : pos + n], copies.get(idx))
+        pos += n
+    cache, pairs = C.clear_copy_on_writes(cache)
+    out = replace(
+        s,
+        cache=cache,
+        tables={**s.tables, seq_id: CTable(tuple(handles), len(tokens))},
+    )
+    assert _ok(out)
+    assert C.get_num_free_blocks(out.cache, GPU) >= available - num_new - len(shared)
+    assert len(pairs) <= len(shared)
+    return out, pairs
 
 
 # ----------------------------------------------------------------------------- fork and free

@@ -8,13 +8,13 @@ invariants and the caching promises checked after every step:
   with the implementation's choices (the new table's ids, a swap's mapping, a reset's
   order) and the manager's pools and tables afterwards must equal the spec's (maps in id
   order; stats, ``last_accessed``, computed and touched ids, CoW pairs included).
-  ``allocate``, ``fork``, ``free``, ``swap_out``, ``swap_in``,
+  ``allocate``, ``append_slots``, ``fork``, ``free``, ``swap_out``, ``swap_in``,
   ``access_all_blocks_in_seq``, ``mark_blocks_as_computed`` and ``reset_prefix_cache``
   are compared so; ``can_allocate``, ``can_append_slots``, ``can_swap_out``,
   ``can_swap_in`` (answer and count), ``get_num_cached_prefix_tokens`` and
   ``get_common_computed_block_ids`` are the spec's answers; ``cache_stats`` and the hit
-  rate of both devices after every step. ``append_slots`` is judged by its promises
-  only (the spec module's docstring says why);
+  rate of both devices after every step (``append_slots``' choices are read from the
+  table and the free pool afterwards: ``append_choices``; its CoW pairs are the spec's);
 * after every step, ``check_invariants()``: C1–C7 over the tables' block objects
   (through the caching spec's predicates), M2–M4 and T1–T4;
 * **can => do, exactly**: ``can_allocate`` OK means ``allocate`` succeeds and
@@ -124,6 +124,28 @@ class CachingManagerMachine(RuleBasedStateMachine):
         raise AssertionError(
             f"{operation}: the manager's {', '.join(parts)} differ from the spec's ({detail})"
         )
+
+    def _append(self, seq: Sequence) -> None:
+        """``append_slots`` of one sequence, in lockstep with the spec (the choices read
+        from the table and the free pool afterwards); a raised error is the spec's too."""
+        model = self._model()
+        tokens = seq.get_token_ids()
+        try:
+            pairs = self.manager.append_slots(seq)
+        except PagedKVError as err:
+            try:
+                spec.append_slots(model, seq.seq_id, tokens, 0, [], [])
+            except type(err):
+                raise err from None
+            raise AssertionError(f"append_slots raised {err!r}; the spec appends") from err
+        after = self._model()
+        table_ids = self.manager.get_block_table(seq)
+        grown, cows = spec.append_choices(
+            model, seq.seq_id, tokens, 0, table_ids, after.cache.gpu.free
+        )
+        want, copies = spec.append_slots(model, seq.seq_id, tokens, 0, grown, cows)
+        self._lockstep("append_slots", want)
+        assert pairs == list(copies), f"append_slots returned {pairs}; the spec's copies {copies}"
 
     def _seqs(self, status: SequenceStatus) -> list[tuple[SequenceGroup, Sequence]]:
         return [(g, s) for g in self.groups.values() for s in g.get_seqs(status)]
@@ -242,7 +264,7 @@ class CachingManagerMachine(RuleBasedStateMachine):
         before = self._state()
         for i, seq in enumerate(group.get_seqs(RUNNING)):
             try:
-                self.manager.append_slots(seq)
+                self._append(seq)
                 seq.update_num_computed_tokens(seq.get_num_uncomputed_tokens())
             except PagedKVError as err:
                 assert not can, f"can_append_slots True but append_slots raised {err!r}"
@@ -331,7 +353,7 @@ class CachingManagerMachine(RuleBasedStateMachine):
             seq.status = RUNNING
         if decision.status == AllocStatus.OK:
             for seq in group.get_seqs(RUNNING):
-                self.manager.append_slots(seq)  # can_swap_in OK covers these appends
+                self._append(seq)  # can_swap_in OK covers these appends
         event("swap_in")
 
     @rule()
