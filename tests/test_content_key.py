@@ -156,6 +156,23 @@ def test_encoding_of_a_small_example_byte_by_byte() -> None:
     assert encode_block(parent, [5, -1], (7, "é", b"\xff", 1 << 64)) == expected
 
 
+def test_a_block_without_extra_keys_is_encoded_the_same_byte_by_byte() -> None:
+    """The one-pack path for blocks without extra keys writes the general format."""
+    parent = bytes(range(32))
+    for head, par in ((b"\x00", None), (b"\x01" + parent, parent)):
+        for tokens in ([], [5], [-1, (1 << 63) - 1, -(1 << 63)], list(range(16))):
+            expected = (
+                head
+                + b"T"
+                + struct.pack("<Q", len(tokens))
+                + b"".join(struct.pack("<q", t) for t in tokens)
+                + struct.pack("<Q", 0)
+            )
+            assert encode_block(par, tokens, ()) == expected
+    long_parent = bytes(40)  # not a digest: the length-prefixed head
+    assert encode_block(long_parent, [1], ())[:9] == b"\x02" + struct.pack("<Q", 40)
+
+
 def test_out_of_range_tokens_use_the_long_form() -> None:
     data = encode_block(None, [1, 1 << 63], ())
     assert data[:2] == b"\x00U"

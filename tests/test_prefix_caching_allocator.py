@@ -213,6 +213,51 @@ def test_reset_prefix_cache_drops_only_unused_cached_blocks() -> None:
     assert a.allocate_immutable_block(None, [3, 4], GPU).block_id != keep.block_id
 
 
+# --------------------------------------------------------------------------- decode fast paths
+
+
+def test_fill_if_private_writes_the_last_token_and_promotes_as_append_does() -> None:
+    """The decode step's filling write: the same outcome as append_token_ids([t]) (a new
+    key for the id, or the cached id shared and the own one given back)."""
+    fast, slow = make(num_gpu=6), make(num_gpu=6)
+    results = []
+    for a in (fast, slow):
+        cached = a.allocate_immutable_block(None, [1, 2], GPU)  # key (1, 2) cached: id 0
+        fresh = a.allocate_mutable_block(None, GPU)
+        fresh.append_token_ids([1])
+        other = a.allocate_mutable_block(None, GPU)
+        other.append_token_ids([7])
+        if a is fast:
+            assert fresh.fill_if_private(2) and other.fill_if_private(8)
+        else:
+            fresh.append_token_ids([2])
+            other.append_token_ids([8])
+        assert fresh.block_id == cached.block_id  # dedup: shares the cached id
+        assert other.cache_key is not None and other.token_ids == [7, 8]
+        results.append(state(a, [cached, fresh, other]))
+    assert results[0] == results[1]
+
+
+def test_fill_if_private_leaves_other_cases_to_the_general_append() -> None:
+    a = make(num_gpu=6, block_size=3)
+    short = a.allocate_mutable_block(None, GPU)
+    short.append_token_ids([1])  # two slots left: the write would not fill it
+    shared = a.allocate_mutable_block(None, GPU)
+    shared.append_token_ids([1, 2])
+    (twin,) = a.fork(shared)  # a shared id: the write needs a copy
+    freed = a.allocate_mutable_block(None, GPU)
+    freed.append_token_ids([1, 2])
+    a.free(freed)
+    ok = a.allocate_mutable_block(None, GPU)
+    ok.append_token_ids([4, 5])
+    before = state(a, [short, shared, twin, ok])
+    assert not short.fill_if_private(3)
+    assert not shared.fill_if_private(3) and not freed.fill_if_private(3)
+    assert not ok.fill_if_private(-1) and not ok.fill_if_private(True)  # the general path names it
+    assert state(a, [short, shared, twin, ok]) == before
+    assert ok.fill_if_private(6) and ok.token_ids == [4, 5, 6] and ok.cache_key is not None
+
+
 # --------------------------------------------------------------------------- bad input
 
 

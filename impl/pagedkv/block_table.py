@@ -330,10 +330,17 @@ class BlockTable:
         room = size - num_full % size
         while pos < num_tokens:
             b = blocks[idx]
-            b.append_token_ids(token_ids[pos : pos + room])
-            new_id = b.block_id  # a new id if the write copied on write
-            if new_id is not None:
-                ids[idx] = new_id
+            chunk = token_ids[pos : pos + room]
+            # NOTE: a private block that needs no CoW or promotion (a new block, mostly)
+            # takes the block's own fast path; any other goes through the full append.
+            if not (
+                (type(b) is NaiveBlock or type(b) is PrefixCachingBlock)
+                and b.append_token_ids_if_private(chunk)
+            ):
+                b.append_token_ids(chunk)
+                new_id = b.block_id  # a new id if the write copied on write
+                if new_id is not None:
+                    ids[idx] = new_id
             pos += room
             room = size
             idx += 1
@@ -366,9 +373,8 @@ class BlockTable:
         elif not b.append_token_id_if_private(token):
             # the token fills a private block: it is promoted (cached, or shares the id
             # its key is cached under, giving its own back), which takes no block
-            if len(b.token_ids) != size - 1 or b.is_shared:
+            if not b.fill_if_private(token):
                 return False
-            b.append_token_ids([token])
             block_id = b.block_id
             if block_id is not None:
                 self._block_ids[full // size] = block_id

@@ -68,6 +68,18 @@ _DIGEST_SIZE: Final = 32
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
+# One packer per token count for the common block (no extra keys, i64 tokens): the
+# head byte(s), "T", the count, the tokens and the zero extra-key count in one pack,
+# the same bytes as the general path below. Keyed by (token count, with parent).
+_PLAIN: dict[tuple[int, bool], struct.Struct] = {}
+
+
+def _plain(n: int, with_parent: bool) -> struct.Struct:
+    packer = _PLAIN.get((n, with_parent))
+    if packer is None:
+        head = f"c{_DIGEST_SIZE}s" if with_parent else "c"
+        packer = _PLAIN[(n, with_parent)] = struct.Struct(f"<{head}cQ{n}qQ")
+    return packer
 
 
 def check_extra_keys(extra_keys: object) -> ExtraKeys:
@@ -97,6 +109,17 @@ def encode_block(parent: bytes | None, token_ids: Sequence[int], extra_keys: Ext
     str or bytes, else :class:`InvalidExtraKeysError`. Complexity: O(tokens +
     total size of the extra keys).
     """
+    if not extra_keys and len(token_ids) <= 4096:
+        # NOTE: the common block in one pack (see _plain); any token outside i64 (or
+        # not an int) falls through to the general path, which says which.
+        n = len(token_ids)
+        try:
+            if parent is None:
+                return _plain(n, False).pack(b"\x00", b"T", n, *token_ids, 0)
+            if len(parent) == _DIGEST_SIZE:
+                return _plain(n, True).pack(b"\x01", parent, b"T", n, *token_ids, 0)
+        except struct.error:
+            pass
     if parent is None:
         head = b"\x00"
     elif len(parent) == _DIGEST_SIZE:

@@ -231,9 +231,27 @@ class PrefixCachingBlock(Block):
         Complexity: O(len(token_ids))."""
         return self._allocator._append_if_private(self, token_ids)
 
+    def fill_if_private(self, token_id: int) -> bool:
+        """The decode step's write that fills a block: if the block is live, its id
+        private and ``token_id`` (an int >= 0) its last free slot, write it and promote
+        the block as :meth:`append_token_ids` would (a new key for its id, or share the
+        id its key is cached under and give its own back); else change nothing and
+        return False. Complexity: O(block_size) (the key)."""
+        return self._allocator._fill_if_private(self, token_id)
+
     def append_token_id_if_private(self, token_id: int) -> bool:
         """:meth:`append_token_ids_if_private` for one token (no list built). O(1)."""
-        return self._allocator._append_one_if_private(self, token_id)
+        # NOTE: the decode step's fast path, in one call: the pool's read-only views of
+        # its refcounts (_rc_view, _first_id) are for this; every write is the pool's.
+        block_id = self._block_id
+        if block_id is None:
+            return False
+        pool = self._allocator
+        tokens = self._token_ids
+        if len(tokens) >= pool._fast_room or pool._rc_view[block_id - pool._first_id] != 1:
+            return False
+        tokens.append(token_id)
+        return True
 
     def __repr__(self) -> str:
         state = "freed" if self._freed else f"id={self._block_id}"
@@ -265,12 +283,15 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         "_computed",
         "_evictions",
         "_evictor",
+        "_fast_room",
+        "_first_id",
         "_hits",
         "_key_fn",
         "_key_name",
         "_key_of",
         "_last_accessed",
         "_queries",
+        "_rc_view",
         "_touched",
     )
 
@@ -294,6 +315,13 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         self._hits = 0
         self._queries = 0
         self._evictions = 0
+        # Read-only views for PrefixCachingBlock.append_token_id_if_private (the decode
+        # step's fast path): the naive pool's refcount list (the same object: this class
+        # never writes through it), its first id, and the tokens a block may hold before
+        # one more append fills it (filling promotes, which the fast path leaves alone).
+        self._rc_view = self._rc
+        self._first_id = self._first
+        self._fast_room = block_size - 1
 
     # ------------------------------------------------------------------ id primitives
 
@@ -347,6 +375,46 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         if not self._computed[block_id - self._first]:
             self._touched.add(block_id)
 
+    def _key_on_filling(self, blk: PrefixCachingBlock, tokens: list[int]) -> CacheKey | None:
+        """The key ``blk`` gets when it fills with ``tokens``: None after an uncached
+        predecessor. Complexity: O(block_size)."""
+        prev = blk._prev_block
+        parent = prev._key if type(prev) is PrefixCachingBlock else None
+        if prev is None or parent is not None:
+            return self._key(parent, tokens, blk._extra_keys)
+        return None
+
+    def _share_instead(self, blk: PrefixCachingBlock, block_id: int, hit: int) -> None:
+        """``blk`` filled with the content cached under ``hit``: it shares ``hit`` and
+        gives its own ``block_id`` back (dedup on promotion). O(1) (+ O(log n) evictor)."""
+        self._decref(block_id)
+        self._hit(hit)
+        blk._block_id = hit
+        blk._key = self._key_of[hit - self._first]
+
+    def _fill_if_private(self, blk: PrefixCachingBlock, token_id: int) -> bool:
+        """:meth:`PrefixCachingBlock.fill_if_private` (the fields are this class's)."""
+        block_id = blk._block_id
+        tokens = blk._token_ids
+        if (
+            block_id is None
+            or len(tokens) != self._fast_room
+            or self._rc[block_id - self._first] != 1
+            or type(token_id) is not int
+            or token_id < 0
+        ):
+            return False  # the general append_token_ids handles (or names) it
+        key = self._key_on_filling(blk, [*tokens, token_id])
+        if key is not None:
+            hit = self._cached.get(key.digest)
+            if hit is not None:
+                self._share_instead(blk, block_id, hit)
+            else:
+                self._promote(block_id, key)
+                blk._key = key
+        tokens.append(token_id)
+        return True
+
     def _append_if_private(self, block: PrefixCachingBlock, token_ids: Sequence[int]) -> bool:
         """:meth:`PrefixCachingBlock.append_token_ids_if_private` (the fields are this
         class's). O(len(token_ids))."""
@@ -359,19 +427,6 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         ):
             return False
         tokens.extend(token_ids)
-        return True
-
-    def _append_one_if_private(self, block: PrefixCachingBlock, token_id: int) -> bool:
-        """:meth:`PrefixCachingBlock.append_token_id_if_private`. O(1)."""
-        block_id = block._block_id
-        tokens = block._token_ids
-        if (
-            block_id is None
-            or len(tokens) + 1 >= self._block_size
-            or self._rc[block_id - self._first] != 1
-        ):
-            return False
-        tokens.append(token_id)
         return True
 
     def _set_computed(self, block_id: int) -> None:
@@ -610,16 +665,10 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         key: CacheKey | None = None
         hit: int | None = None
         if len(token_ids) == empty:
-            prev = blk._prev_block
-            parent = prev._key if type(prev) is PrefixCachingBlock else None
-            if prev is None or parent is not None:
-                key = self._key(parent, [*blk._token_ids, *token_ids], blk._extra_keys)
-                hit = self._cached.get(key.digest)
+            key = self._key_on_filling(blk, [*blk._token_ids, *token_ids])
+            hit = None if key is None else self._cached.get(key.digest)
         if hit is not None:
-            self._decref(block_id)
-            self._hit(hit)
-            blk._block_id = hit
-            blk._key = self._key_of[hit - self._first]
+            self._share_instead(blk, block_id, hit)
         else:
             if self._rc[block_id - self._first] > 1:
                 self._check_capacity(1)
