@@ -404,8 +404,10 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
             or token_id < 0
         ):
             return False  # the general append_token_ids handles (or names) it
-        key = self._key_on_filling(blk, [*tokens, token_id])
-        if key is not None:
+        prev = blk._prev_block  # _key_on_filling, inline: once per filled block
+        parent = prev._key if type(prev) is PrefixCachingBlock else None
+        if prev is None or parent is not None:
+            key = self._key(parent, [*tokens, token_id], blk._extra_keys)
             hit = self._cached.get(key.digest)
             if hit is not None:
                 self._share_instead(blk, block_id, hit)
@@ -440,7 +442,8 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
 
     def _promote(self, block_id: int, key: CacheKey) -> None:
         """A new key for an in-use id; its KV is written by the running batch. O(1)."""
-        self._cache_under(block_id, key)
+        self._cached[key.digest] = block_id  # _cache_under, inline: once per filled block
+        self._key_of[block_id - self._first] = key
         self._touched.add(block_id)
 
     def _key(self, parent: CacheKey | None, tokens: Sequence[int], extra: ExtraKeys) -> CacheKey:
