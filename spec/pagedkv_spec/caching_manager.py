@@ -52,6 +52,7 @@ from pagedkv_spec.errors import (
     SequenceAlreadyAllocatedError,
     UnknownSequenceError,
 )
+from pagedkv_spec.manager import watermark_status
 from pagedkv_spec.status import AllocStatus
 
 GPU, CPU = Device.GPU, Device.CPU
@@ -210,12 +211,7 @@ def can_allocate(
     assert _ok(s) and num_lookahead_slots >= 0
     required = required_blocks(s, prompt, extra, num_lookahead_slots)
     free = C.get_num_free_blocks(s.cache, GPU)
-    if s.num_gpu_blocks - required < s.watermark_blocks:
-        out = AllocStatus.NEVER
-    elif free - required >= s.watermark_blocks:
-        out = AllocStatus.OK
-    else:
-        out = AllocStatus.LATER
+    out = watermark_status(s.num_gpu_blocks, free, required, s.watermark_blocks)
     assert out is not AllocStatus.OK or required <= free
     return out
 
@@ -692,6 +688,8 @@ def _swap(
     chosen = _swap_chosen(s, handles, src, dst, mapping)
     cache, moved = C.swap(s.cache, handles, src, dst, chosen)
     out = replace(s, cache=cache)
+    assert _ok(out)  # the postconditions of swap_out and swap_in
+    assert all(_device(out, out.tables[i]) is dst for i in seq_ids)
     return out, moved
 
 
@@ -723,10 +721,7 @@ def swap_out(
     assert _swap_mapping_ok(s, seq_ids, GPU, CPU, mapping), (
         "C1: a swap takes one fresh destination id per copied id, from the free pool first"
     )
-    out, moved = _swap(s, seq_ids, GPU, CPU, mapping)
-    assert _ok(out)
-    assert all(_device(out, out.tables[i]) is CPU for i in seq_ids)
-    return out, moved
+    return _swap(s, seq_ids, GPU, CPU, mapping)
 
 
 def swap_in(
@@ -739,10 +734,7 @@ def swap_in(
     assert _swap_mapping_ok(s, seq_ids, CPU, GPU, mapping), (
         "C1: a swap takes one fresh destination id per copied id, from the free pool first"
     )
-    out, moved = _swap(s, seq_ids, CPU, GPU, mapping)
-    assert _ok(out)
-    assert all(_device(out, out.tables[i]) is GPU for i in seq_ids)
-    return out, moved
+    return _swap(s, seq_ids, CPU, GPU, mapping)
 
 
 # ----------------------------------------------------------------------------- the cache
