@@ -237,7 +237,31 @@ class PrefixCachingBlock(Block):
         the block as :meth:`append_token_ids` would (a new key for its id, or share the
         id its key is cached under and give its own back); else change nothing and
         return False. Complexity: O(block_size) (the key)."""
-        return self._allocator._fill_if_private(self, token_id)
+        # NOTE: once per filled block of every decoding sequence: the checks and the
+        # promotion inline (the fields are this module's; the pool's writes are its own).
+        block_id = self._block_id
+        tokens = self._token_ids
+        pool = self._allocator
+        if (
+            block_id is None
+            or len(tokens) != pool._fast_room
+            or pool._rc_view[block_id - pool._first_id] != 1
+            or type(token_id) is not int
+            or token_id < 0
+        ):
+            return False  # the general append_token_ids handles (or names) it
+        prev = self._prev_block
+        parent = prev._key if type(prev) is PrefixCachingBlock else None
+        if prev is None or parent is not None:
+            key = pool._key(parent, (*tokens, token_id), self._extra_keys)
+            hit = pool._cached.get(key.digest)
+            if hit is not None:
+                pool._share_instead(self, block_id, hit)
+            else:
+                pool._promote(block_id, key)
+                self._key = key
+        tokens.append(token_id)
+        return True
 
     def append_token_id_if_private(self, token_id: int) -> bool:
         """:meth:`append_token_ids_if_private` for one token (no list built). O(1)."""
@@ -391,31 +415,6 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         self._hit(hit)
         blk._block_id = hit
         blk._key = self._key_of[hit - self._first]
-
-    def _fill_if_private(self, blk: PrefixCachingBlock, token_id: int) -> bool:
-        """:meth:`PrefixCachingBlock.fill_if_private` (the fields are this class's)."""
-        block_id = blk._block_id
-        tokens = blk._token_ids
-        if (
-            block_id is None
-            or len(tokens) != self._fast_room
-            or self._rc[block_id - self._first] != 1
-            or type(token_id) is not int
-            or token_id < 0
-        ):
-            return False  # the general append_token_ids handles (or names) it
-        prev = blk._prev_block  # _key_on_filling, inline: once per filled block
-        parent = prev._key if type(prev) is PrefixCachingBlock else None
-        if prev is None or parent is not None:
-            key = self._key(parent, [*tokens, token_id], blk._extra_keys)
-            hit = self._cached.get(key.digest)
-            if hit is not None:
-                self._share_instead(blk, block_id, hit)
-            else:
-                self._promote(block_id, key)
-                blk._key = key
-        tokens.append(token_id)
-        return True
 
     def _append_if_private(self, block: PrefixCachingBlock, token_ids: Sequence[int]) -> bool:
         """:meth:`PrefixCachingBlock.append_token_ids_if_private` (the fields are this
