@@ -415,7 +415,11 @@ class BlockSpaceManager:
             for _, table, tokens in entries:
                 touched += table.get_num_blocks_touched_to_hold(len(tokens), la)
             if entries and touched + null > free:
-                break
+                # the fast path takes no block but may give one back (a filled block that
+                # shares a cached id): the count can be stale only in the group's favour
+                free = pool.get_num_free_blocks()
+                if touched + null > free:
+                    break
             if entries:
                 null = 0
             took = False  # whether this group took blocks (then re-read the free count)
