@@ -21,6 +21,7 @@ from helpers import raised
 from pagedkv import Block, CpuGpuBlockAllocator, Device, DeviceAwareBlockAllocator, NullBlock
 from pagedkv.block_table import BlockTable
 from pagedkv.errors import (
+    ArgumentTypeError,
     BlockSpaceManagerError,
     BlockWithoutIdError,
     DoubleFreeError,
@@ -32,6 +33,7 @@ from pagedkv.errors import (
     TableNotAllocatedError,
 )
 from pagedkv.naive_allocator import NaiveBlock
+from pagedkv.prefix_caching_allocator import PrefixCachingBlock
 
 GPU, CPU = Device.GPU, Device.CPU
 
@@ -145,6 +147,17 @@ class IdLess(Opaque):
         return super().allocate_or_get_null_block()
 
 
+class SwapStrips(Opaque):
+    """Its swap moves the blocks and then leaves them without an id: a broken allocator."""
+
+    def swap(self, blocks: list[Block], src_device: Device, dst_device: Device) -> dict[int, int]:
+        mapping = super().swap(blocks, src_device, dst_device)
+        for b in blocks:
+            assert isinstance(b, NaiveBlock)
+            b._block_id = None  # the fault under test
+        return mapping
+
+
 class CountingBlock(NaiveBlock):
     """A NaiveBlock subclass that counts writes: not the exact type the fast path knows."""
 
@@ -209,7 +222,36 @@ def test_blocks_touched_formula(
         t.get_num_blocks_touched_by_append_slots([], -1)
 
 
+def test_sizing_checks_name_the_bad_argument() -> None:
+    assert BlockTable.get_num_required_blocks([1, 2, 3], 1) == 3  # block size 1 is fine
+    required = BlockTable.get_num_required_blocks
+    touched = table(make(), [1]).get_num_blocks_touched_by_append_slots
+    for args, parameter in (
+        ((required, "12", 2), "token_ids"),
+        ((required, [1, 2], "2"), "block_size"),
+        ((required, [1, 2], 2, "1"), "num_lookahead_slots"),
+        ((touched, "12", 0), "token_ids"),
+    ):
+        err = raised(ArgumentTypeError, *args)
+        assert err.parameter == parameter
+    for bad, fragment in (
+        ((required, [1, -1], 2), "token ids must be ints >= 0"),
+        ((required, [1], 0), "block_size must be an int >= 1"),
+        ((required, [1], 2, -1), "num_lookahead_slots must be an int >= 0"),
+    ):
+        assert fragment in str(raised(InvalidBlockTableArgumentError, *bad))
+
+
 # ---------------------------------------------------------------------------- allocate
+
+
+def test_a_table_names_a_block_allocator_of_the_wrong_type() -> None:
+    err = raised(ArgumentTypeError, BlockTable, 2, "alloc")
+    assert (err.parameter, err.expected) == (
+        "block_allocator",
+        "a block allocator (e.g. CpuGpuBlockAllocator)",
+    )
+    assert "got str 'alloc'" in str(err)
 
 
 def test_allocate_full_chunks_then_a_mutable_tail() -> None:
@@ -250,6 +292,25 @@ def test_allocate_errors_change_nothing() -> None:
         t.allocate([4])
     assert snapshot(alloc, t) == before
     assert isinstance(TableAlreadyAllocatedError(1), BlockSpaceManagerError)
+
+
+def test_allocate_names_token_ids_of_the_wrong_type() -> None:
+    t = BlockTable(2, make(block_size=2))
+    err = raised(ArgumentTypeError, t.allocate, "12")
+    assert err.parameter == "token_ids" and t.blocks == []
+
+
+def test_with_caching_the_extra_keys_decide_which_cached_blocks_an_allocation_hits() -> None:
+    alloc = CpuGpuBlockAllocator.create("prefix_caching", 2, 0, 2)
+    first = BlockTable(2, alloc, extra_keys=("x",))
+    first.allocate([1, 2, 3, 4])
+    assert alloc.get_num_free_blocks(GPU) == 0
+    same = BlockTable(2, alloc, extra_keys=("x",))
+    same.allocate([1, 2, 3, 4])  # both blocks are hits in use: no free block needed
+    assert same.physical_block_ids == first.physical_block_ids == [0, 1]
+    other = BlockTable(2, alloc)  # the same tokens under other keys: misses
+    err = raised(NoFreeBlocksError, other.allocate, [1, 2, 3, 4])
+    assert (err.requested, err.available) == (2, 0) and other.blocks == []
 
 
 # ---------------------------------------------------------------------------- append
@@ -362,6 +423,12 @@ def test_append_names_a_dead_block_it_would_write() -> None:
     assert t.num_full_slots == 3
 
 
+def test_append_names_token_ids_of_the_wrong_type() -> None:
+    t = table(make(), [1, 2])
+    err = raised(ArgumentTypeError, t.append_token_ids, "3")
+    assert err.parameter == "token_ids" and t.num_full_slots == 2
+
+
 # ---------------------------------------------------------------------------- fork and CoW
 
 
@@ -411,6 +478,17 @@ def test_cow_across_several_shared_blocks() -> None:
     assert child.physical_block_ids == [3, 4, 5]
     assert alloc.clear_copy_on_writes() == [(0, 3), (1, 4), (2, 5)]
     assert parent.get_block_token_ids() == [(1,), (), ()]
+
+
+def test_a_fork_passes_the_extra_keys_on_to_the_blocks_it_takes() -> None:
+    alloc = CpuGpuBlockAllocator.create("prefix_caching", 8, 0, 2)
+    t = BlockTable(2, alloc, extra_keys=("lora-1",))
+    t.allocate([1, 2, 3])
+    child = t.fork()
+    child.append_token_ids([4, 5])  # fills the shared block (copy on write) and takes one
+    new = child.blocks[-1]
+    assert len(child.blocks) == 3 and isinstance(new, PrefixCachingBlock)
+    assert new.extra_keys == ("lora-1",)
 
 
 # ---------------------------------------------------------------------------- sliding window
@@ -1004,6 +1082,26 @@ def test_append_next_token_declines_what_needs_the_general_path() -> None:
     assert windowed.num_full_slots == 1
 
 
+def test_append_next_token_leaves_blocks_of_another_type_to_the_general_path() -> None:
+    CountingBlock.writes = []
+    t = BlockTable(4, Relabelling(make(block_size=4)))
+    t.allocate([1, 2])  # one partial block: a CountingBlock, private, with room
+    assert not t.append_next_token([1, 2, 3])
+    assert CountingBlock.writes == [[1, 2]] and t.num_full_slots == 2
+    assert t.get_block_token_ids() == [(1, 2)]
+
+
+def test_append_next_token_declines_to_fill_a_shared_caching_block() -> None:
+    alloc = CpuGpuBlockAllocator.create("prefix_caching", 4, 0, 2)
+    t = BlockTable(2, alloc)
+    t.allocate([1])
+    child = t.fork()  # the partial block is shared: filling it copies on write
+    before = (t.physical_block_ids[:], alloc.get_num_free_blocks(GPU))
+    assert not t.append_next_token([1, 2])
+    assert (t.physical_block_ids, alloc.get_num_free_blocks(GPU)) == before
+    assert t.num_full_slots == child.num_full_slots == 1 and t.get_block_token_ids() == [(1,)]
+
+
 # ---------------------------------------------------------------------------- swap_tables
 
 
@@ -1032,3 +1130,10 @@ def test_swap_tables_refuses_tables_of_two_allocators_and_changes_nothing() -> N
     err = raised(InvalidBlockTableArgumentError, lambda: BlockTable.swap_tables([a, b], GPU, CPU))
     assert "one allocator" in str(err)  # the full message: tests/test_error_messages.py
     assert (snapshot(one, a), snapshot(two, b)) == before
+
+
+def test_swap_tables_names_a_block_the_allocator_left_without_an_id() -> None:
+    t = BlockTable(2, SwapStrips(make(block_size=2)))
+    t.allocate([1, 2, 3])
+    err = raised(BlockWithoutIdError, BlockTable.swap_tables, [t], GPU, CPU)
+    assert err.operation == "put in a block table"

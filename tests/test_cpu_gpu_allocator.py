@@ -138,6 +138,14 @@ def test_routing_by_device() -> None:
     assert c.get_num_free_blocks(CPU) == 1
 
 
+def test_without_caching_extra_keys_are_ignored() -> None:
+    c = make()
+    b = c.allocate_immutable_block(None, [1, 2], GPU, ("lora-1",))
+    m = c.allocate_mutable_block(b, CPU, ("lora-1",))
+    assert (b.block_id, b.token_ids, m.block_id) == (0, [1, 2], 4)
+    assert c.allocate_immutable_blocks(None, [[3]], GPU, ("lora-1",))[0].block_id == 1
+
+
 def test_full_blocks_touched_counts_distinct_full_objects() -> None:
     c = make(num_gpu=3, num_cpu=2, block_size=1)
     full = c.allocate_immutable_block(None, [1], GPU)
@@ -195,6 +203,11 @@ def test_fork_errors_change_nothing() -> None:
     assert err3.operation == "fork"
     assert raised(BlockWithoutIdError, lambda: c.fork(b2)).operation == "fork"
     assert gpu.refcounter.get(b3.block_id or 0) == 1
+
+
+def test_fork_names_a_last_block_of_the_wrong_type() -> None:
+    err = raised(ArgumentTypeError, make().fork, "b")
+    assert err.parameter == "last_block"
 
 
 def test_fork_blocks_passes_the_null_block_through() -> None:
@@ -291,6 +304,15 @@ def test_swap_errors_name_the_fault() -> None:
     assert b0.block_id == 0 and c.get_num_free_blocks(CPU) == 1
 
 
+def test_swap_names_a_device_of_the_wrong_type() -> None:
+    c = make()
+    b = c.allocate_mutable_block(None, GPU)
+    for src, dst, parameter in (("GPU", CPU, "src_device"), (GPU, "CPU", "dst_device")):
+        err = raised(ArgumentTypeError, c.swap, [b], src, dst)
+        assert (err.parameter, err.expected) == (parameter, "Device.GPU or Device.CPU")
+    assert b.block_id == 0
+
+
 # ---------------------------------------------------------------------------- inert hooks
 
 
@@ -306,6 +328,19 @@ def test_inert_prefix_caching_hooks_and_cow_pairs() -> None:
     (f,) = c.fork(b)
     f.append_token_ids([2])
     assert c.clear_copy_on_writes() == [(0, 1)] and gpu.clear_copy_on_writes() == []
+
+
+def test_without_caching_no_prefix_token_is_cached() -> None:
+    c = make()
+    b = c.allocate_immutable_block(None, [1, 2], GPU)
+    assert c.get_num_cached_prefix_tokens([1, 2, 3]) == 0 and b.block_id == 0
+
+
+def test_without_caching_operations_that_need_it_say_so() -> None:
+    c = make()
+    for call in (lambda: c.cache_stats(GPU), c.reset_prefix_cache):
+        err = raised(InvalidAllocatorConfigError, call)
+        assert "needs prefix caching" in str(err)
 
 
 # ---------------------------------------------------------------------- to_spec, invariants
@@ -331,6 +366,26 @@ def test_to_spec_names_handles_devices_and_links() -> None:
     assert c.to_spec().null_id == null.block_id == 1
     err = raised(ForeignBlockError, lambda: c.to_spec({0: null}))
     assert err.block_id == 1 and "(to_spec takes NaiveBlock objects only)" in str(err)
+
+
+def test_to_caching_spec_takes_caching_blocks_only() -> None:
+    c = CpuGpuBlockAllocator.create("prefix_caching", 2, 2, 2)
+    naive_block = make().allocate_mutable_block(None, GPU)
+    err = raised(ForeignBlockError, c.to_caching_spec, {0: naive_block})
+    assert err.block_id == 0
+    assert "(to_caching_spec takes PrefixCachingBlock objects only)" in str(err)
+
+
+def test_caching_check_invariants_checks_the_blocks_against_the_pools() -> None:
+    """A refcount no block object explains: C4, found only given the live blocks; the
+    message names the allocator."""
+    c = CpuGpuBlockAllocator.create("prefix_caching", 2, 2, 2)
+    b = c.allocate_immutable_block(None, [1, 2], GPU)
+    c.check_invariants({0: b})
+    c.get_allocator(GPU)._rc[0] += 1
+    c.check_invariants()  # without the blocks, only the pools are checked
+    err = raised(InvariantViolationError, c.check_invariants, {0: b})
+    assert err.invariant == "C4" and f"{c!r} breaks C4" in str(err)
 
 
 def test_two_pool_check_invariants() -> None:

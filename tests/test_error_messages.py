@@ -448,6 +448,13 @@ ALLOCATOR_MESSAGES = [
     ),
     # cpu_gpu_allocator.py
     case(
+        "a caching operation without caching",
+        lambda: _two_pools().cache_stats(Device.GPU),
+        InvalidAllocatorConfigError,
+        "this operation needs prefix caching; create the allocator with "
+        "CpuGpuBlockAllocator.create('prefix_caching', ...)",
+    ),
+    case(
         "same pool twice",
         _same_pool_twice,
         InvalidAllocatorConfigError,
@@ -605,6 +612,18 @@ SEQUENCE_MESSAGES = [
         "prompt_token_ids: token ids must be ints >= 0, got -2",
     ),
     case(
+        "appended token id",
+        lambda: Sequence(0, [1]).append_token_id(-3),
+        InvalidSequenceError,
+        "token ids must be ints >= 0, got -3",
+    ),
+    case(
+        "appended token id type",
+        lambda: Sequence(0, [1]).append_token_id("4"),  # type: ignore[arg-type]  # wrong type on purpose
+        ArgumentTypeError,
+        "token id must be an int >= 0, got str '4'",
+    ),
+    case(
         "empty group",
         lambda: SequenceGroup("r", []),
         InvalidSequenceError,
@@ -685,6 +704,16 @@ def _on_group(
         return call(m, g)
 
     return run
+
+
+def _accessed_on_the_cpu() -> None:
+    """access_all_blocks_in_seq of a caching manager's sequence swapped out to the CPU."""
+    m = BlockSpaceManager(2, 4, 4, watermark=0.0, enable_caching=True)
+    g = SequenceGroup("a", [Sequence(0, [1])])
+    m.allocate(g)
+    g.get_seqs()[0].status = RUNNING
+    m.swap_out(g)
+    m.access_all_blocks_in_seq(g.get_seqs()[0], 1.0)
 
 
 def _running_group(request_id: str, seq_id: int) -> SequenceGroup:
@@ -965,6 +994,19 @@ MANAGER_MESSAGES = [
         _on_group(lambda m, g: m.append_slots(g.get_seqs()[0]), swapped_out=True),
         InvalidSequenceStateError,
         "cannot append to sequence 0: its blocks are on CPU, not GPU",
+    ),
+    case(
+        "to_spec of a caching manager",
+        lambda: BlockSpaceManager(2, 4, 0, watermark=0.0, enable_caching=True).to_spec(),
+        InvalidAllocatorConfigError,
+        "to_spec() is the naive manager's abstraction; with caching use check_invariants() "
+        "or block_allocator.to_caching_spec()",
+    ),
+    case(
+        "mark as accessed on the CPU",
+        _accessed_on_the_cpu,
+        InvalidSequenceStateError,
+        "cannot mark as accessed sequence 0: its blocks are on CPU, not GPU",
     ),
     case(
         "caching with a sliding window",

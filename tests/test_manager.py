@@ -33,6 +33,7 @@ from pagedkv.errors import (
     UnknownSequenceError,
 )
 from pagedkv.naive_allocator import NaiveBlock
+from pagedkv.prefix_caching_allocator import PrefixCachingBlock, PrefixCachingBlockAllocator
 from pagedkv_spec import manager as spec
 
 GPU, CPU = Device.GPU, Device.CPU
@@ -76,6 +77,46 @@ def test_manager_configuration() -> None:
     assert BlockSpaceManager(4, 8, 0, sliding_window=9).max_block_sliding_window == 4
     none = BlockSpaceManager(4, 0, 0, watermark=0.0, sliding_window=4)
     assert none.block_allocator._null_block is None and none.get_num_free_gpu_blocks() == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter"),
+    [
+        ({"block_size": "2"}, "block_size"),
+        ({"num_gpu_blocks": 4.0}, "num_gpu_blocks"),
+        ({"num_cpu_blocks": None}, "num_cpu_blocks"),
+        ({"watermark": "0"}, "watermark"),
+        ({"sliding_window": "4"}, "sliding_window"),
+        ({"enable_caching": 1}, "enable_caching"),
+    ],
+)
+def test_a_manager_argument_of_the_wrong_type_is_named(
+    kwargs: dict[str, object], parameter: str
+) -> None:
+    args: dict[str, object] = {"block_size": 2, "num_gpu_blocks": 4, "num_cpu_blocks": 0}
+    err = raised(ArgumentTypeError, lambda: BlockSpaceManager(**{**args, **kwargs}))  # type: ignore[arg-type]  # wrong types on purpose
+    assert err.parameter == parameter
+
+
+def test_a_caching_manager_keys_its_blocks_with_the_key_function_it_is_given() -> None:
+    for name in ("builtin", "sha256"):
+        m = BlockSpaceManager(2, 4, 2, enable_caching=True, cache_key_function=name)
+        for device in (GPU, CPU):
+            pool = m.block_allocator.get_allocator(device)
+            assert isinstance(pool, PrefixCachingBlockAllocator) and pool.key_function == name
+
+
+def test_a_manager_names_its_first_bad_argument_with_its_bound() -> None:
+    """The arguments are checked in the order of the signature, each with its bound."""
+    for sizes, fragment in (
+        ((0, -1, -1), "block_size must be an int >= 1"),
+        ((2, -1, -1), "num_gpu_blocks must be an int >= 0"),
+        ((2, 4, -1), "num_cpu_blocks must be an int >= 0"),
+        ((2, 4, 0), "watermark must be a finite number in [0.0, 1.0)"),
+    ):
+        err = raised(InvalidAllocatorConfigError, BlockSpaceManager, *sizes, 2.0)
+        assert fragment in str(err)
+    assert BlockSpaceManager(1, 0, 0).block_size == 1  # the least sizes are fine
 
 
 # ---------------------------------------------------------------------------- admission
@@ -235,6 +276,39 @@ def test_failed_append_changes_nothing() -> None:
     with pytest.raises(NoFreeBlocksError):
         m.append_slots(s0, 0)
     assert m.to_spec() == before
+
+
+def test_can_append_slots_names_a_value_that_is_not_a_group() -> None:
+    m = BlockSpaceManager(2, 8, 0, watermark=0.0)
+    err = raised(ArgumentTypeError, m.can_append_slots, "g")
+    assert (err.parameter, err.expected) == ("seq_group", "a SequenceGroup")
+    assert "got str 'g'" in str(err)
+
+
+def test_can_append_slots_of_a_group_with_nothing_running_is_true_even_when_full() -> None:
+    """No RUNNING sequence: nothing is appended, so no block (not even the window's
+    null block, still to be taken) is needed."""
+    for window in (None, 4):
+        m = BlockSpaceManager(2, 1, 0, watermark=0.0, sliding_window=window)
+        admit(m, group_of("a", [1, 2]))
+        assert m.get_num_free_gpu_blocks() == 0 and m.block_allocator.null_block is None
+        assert m.can_append_slots(group_of("b", [3], first_id=1))
+
+
+def test_append_slots_names_a_value_that_is_not_a_sequence() -> None:
+    m = BlockSpaceManager(2, 8, 0, watermark=0.0)
+    err = raised(ArgumentTypeError, m.append_slots, "s")
+    assert (err.parameter, err.expected) == ("seq", "a Sequence") and "got str 's'" in str(err)
+
+
+def test_fork_names_a_child_that_is_not_a_sequence() -> None:
+    m = BlockSpaceManager(2, 8, 0, watermark=0.0)
+    g = group_of("a", [1, 2, 3])
+    admit(m, g)
+    err = raised(ArgumentTypeError, m.fork, g.get_seqs()[0], "c")
+    assert (err.parameter, err.expected) == ("child_seq", "a Sequence")
+    err = raised(ArgumentTypeError, m.fork, "p", Sequence(5, [1]))
+    assert err.parameter == "parent_seq"
 
 
 def test_misuse_raises_typed_errors() -> None:
@@ -436,6 +510,12 @@ def test_usage_and_inert_prefix_caching() -> None:
     assert m.get_common_computed_block_ids(g.get_seqs()) == []
 
 
+def test_to_spec_of_a_caching_manager_points_to_its_checks() -> None:
+    m = BlockSpaceManager(2, 4, 0, watermark=0.0, enable_caching=True)
+    err = raised(InvalidAllocatorConfigError, m.to_spec)
+    assert "to_caching_spec()" in str(err)
+
+
 def test_to_spec_shows_a_block_without_id_as_minus_one() -> None:
     m = BlockSpaceManager(2, 4, 2, watermark=0.0)
     g = group_of("a", [1, 2, 3])
@@ -578,6 +658,29 @@ def test_encoder_decoder_cross_table() -> None:
     assert m.get_num_free_gpu_blocks() == 8
     with pytest.raises(InvalidSequenceStateError):
         m.get_cross_block_table(g)
+
+
+def test_with_caching_an_encoder_decoder_allocation_is_all_or_nothing() -> None:
+    """The decoder's table fits, the cross-attention table too but not both: nothing
+    is taken."""
+    m = BlockSpaceManager(2, 2, 0, watermark=0.0, enable_caching=True)
+    g = SequenceGroup("ed", [Sequence(0, [1, 2])], encoder_seq=Sequence(100, [9, 9, 9]))
+    err = raised(NoFreeBlocksError, m.allocate, g)
+    assert (err.requested, err.available) == (3, 2)
+    assert m.block_tables == {} and m.cross_block_tables == {}
+    assert m.get_num_free_gpu_blocks() == 2
+
+
+def test_with_caching_the_cross_table_keys_its_blocks_with_the_encoders_extra_keys() -> None:
+    m = BlockSpaceManager(2, 8, 0, watermark=0.0, enable_caching=True)
+    enc = Sequence(100, [9, 9, 9], extra_keys=("image-7",))
+    g = SequenceGroup("ed", [Sequence(0, [1, 2])], encoder_seq=enc)
+    admit(m, g)
+    blocks = m.cross_block_tables["ed"].blocks
+    assert [b.extra_keys for b in blocks if isinstance(b, PrefixCachingBlock)] == [
+        ("image-7",),
+        ("image-7",),
+    ]
 
 
 # ---------------------------------------------------------------------------- scale
@@ -778,6 +881,43 @@ def test_append_slots_batch_errors_change_nothing() -> None:
     assert m.to_spec() == before
 
 
+def test_append_slots_batch_names_an_entry_that_is_not_a_group() -> None:
+    m = BlockSpaceManager(2, 8, 0, watermark=0.0)
+    a = group_of("a", [1, 2, 3])
+    admit(m, a)
+    before = m.to_spec()
+    err = raised(ArgumentTypeError, m.append_slots_batch, [a, "b"])
+    assert err.parameter == "seq_group" and "got str 'b'" in str(err)
+    assert m.to_spec() == before
+
+
+def test_append_slots_batch_appends_only_the_running_sequences() -> None:
+    """A finished sample has no table any more; the batch leaves it alone."""
+    m = BlockSpaceManager(2, 8, 0, watermark=0.0)
+    g = group_of("a", [1, 2, 3], n=2)
+    admit(m, g)
+    done, live = g.get_seqs()
+    done.status = SequenceStatus.FINISHED_STOPPED
+    m.free(done)
+    live.append_token_id(4)
+    assert m.append_slots_batch([g]) == (1, [])
+    assert m.block_tables[live.seq_id].num_full_slots == 4
+
+
+def test_append_slots_batch_counts_the_null_block_a_window_still_has_to_take() -> None:
+    """The group's one new block fits the one free block, but the null block the
+    first windowed append takes does not: the group is not appended."""
+    m = BlockSpaceManager(2, 2, 0, watermark=0.0, sliding_window=4)
+    g = group_of("a", [1, 2])
+    admit(m, g)
+    (seq,) = g.get_seqs()
+    seq.append_token_id(3)
+    assert m.get_num_free_gpu_blocks() == 1 and m.block_allocator.null_block is None
+    before = m.to_spec()
+    assert m.append_slots_batch([g]) == (0, [])
+    assert m.to_spec() == before
+
+
 @given(
     prompts=st.lists(st.tuples(st.integers(1, 9), st.integers(1, 3)), min_size=1, max_size=5),
     steps=st.lists(
@@ -884,6 +1024,41 @@ def test_manager_check_invariants_catches_each_corruption() -> None:
     assert err.invariant == "I1" and "(block 6 has refcount 2 but 1 references)" in str(err)
 
 
+def test_caching_manager_check_invariants_finds_table_faults_in_the_manager_layer() -> None:
+    """M2 (a freed block object in a table slot) and M3 (a table over both devices) are
+    found with caching too, where the blocks come from the caching allocator's state."""
+
+    def fresh() -> tuple[BlockSpaceManager, BlockTable, BlockTable]:
+        m = BlockSpaceManager(2, 6, 4, watermark=0.0, enable_caching=True)
+        a, b = group_of("a", [1, 2, 3]), group_of("b", [4, 5, 6], first_id=1)
+        admit(m, a)
+        admit(m, b)
+        m.swap_out(b)
+        m.check_invariants()
+        return m, m.block_tables[0], m.block_tables[1]
+
+    m, t0, _ = fresh()
+    b = t0._blocks[1]
+    b._freed = True  # type: ignore[attr-defined]  # the corruption under test: dead, id kept
+    assert raised(InvariantViolationError, m.check_invariants).invariant == "M2"
+    m, t0, t1 = fresh()  # a: [0, 1] on the GPU, b: its two blocks on the CPU
+    t0._blocks[0], t1._blocks[0] = t1._blocks[0], t0._blocks[0]  # full blocks traded
+    t0._block_ids[0], t1._block_ids[0] = t1._block_ids[0], t0._block_ids[0]
+    assert raised(InvariantViolationError, m.check_invariants).invariant == "M3"
+
+
+def test_caching_manager_check_invariants_checks_the_caching_allocator_across_objects() -> None:
+    """A refcount no block object explains is found by the caching allocator's C4, which
+    only the manager's check can see (it knows the live block objects); the message
+    names the manager."""
+    m = BlockSpaceManager(2, 6, 2, watermark=0.0, enable_caching=True)
+    admit(m, group_of("a", [1, 2, 3]))
+    m.check_invariants()
+    m.block_allocator.get_allocator(GPU)._rc[0] += 1
+    err = raised(InvariantViolationError, m.check_invariants)
+    assert err.invariant == "C4" and f"{m!r} breaks C4" in str(err)
+
+
 def test_manager_invariant_message_counts_zero_references() -> None:
     m = BlockSpaceManager(2, 4, 0, watermark=0.0)
     admit(m, group_of("a", [1]))
@@ -979,3 +1154,95 @@ def test_an_invariant_violation_names_the_manager_it_was_found_in() -> None:
     c1._block_ids.append(c0._block_ids[1])
     err = raised(InvariantViolationError, cached.check_invariants)
     assert f"{cached!r} breaks {err.invariant}" in str(err)
+
+
+# ---------------------------------------------------------------------------- prefix caching
+
+
+def test_access_all_blocks_in_seq_records_the_time_of_each_gpu_block() -> None:
+    m = BlockSpaceManager(2, 6, 2, watermark=0.0, enable_caching=True)
+    g = group_of("a", [1, 2, 3])
+    admit(m, g)
+    (seq,) = g.get_seqs()
+    assert m.get_block_table(seq) == [0, 1]
+    m.access_all_blocks_in_seq(seq, 5.0)
+    assert m.block_allocator.to_caching_spec().gpu.last_accessed[:3] == (5.0, 5.0, -1.0)
+
+
+def test_access_all_blocks_in_seq_refuses_a_sequence_on_the_cpu() -> None:
+    m = BlockSpaceManager(2, 6, 4, watermark=0.0, enable_caching=True)
+    g = group_of("a", [1, 2, 3])
+    admit(m, g)
+    m.swap_out(g)
+    (seq,) = g.get_seqs()
+    err = raised(InvalidSequenceStateError, m.access_all_blocks_in_seq, seq, 5.0)
+    assert "cannot mark as accessed sequence 0" in str(err)
+
+
+def test_without_caching_access_all_blocks_in_seq_still_checks_the_time() -> None:
+    m = BlockSpaceManager(2, 6, 0, watermark=0.0)
+    g = group_of("a", [1, 2, 3])
+    admit(m, g)
+    err = raised(ArgumentTypeError, m.access_all_blocks_in_seq, g.get_seqs()[0], "t")
+    assert err.parameter == "now"
+
+
+def test_cache_stats_are_the_pools_with_caching_and_none_without() -> None:
+    naive = BlockSpaceManager(2, 6, 2, watermark=0.0)
+    assert naive.cache_stats() is None and naive.cache_stats(CPU) is None
+    assert naive.reset_prefix_cache() == 0
+    m = BlockSpaceManager(2, 6, 2, watermark=0.0, enable_caching=True)
+    g = group_of("a", [1, 2, 3])
+    admit(m, g)
+    gpu, cpu = m.cache_stats(GPU), m.cache_stats(CPU)
+    assert gpu is not None and cpu is not None
+    assert (gpu.cached_blocks, cpu.cached_blocks) == (1, 0)
+    m.free(g.get_seqs()[0])
+    stats = m.cache_stats()
+    assert stats is not None and stats.evictable_blocks == 1
+    assert m.reset_prefix_cache() == 1
+    stats = m.cache_stats()
+    assert stats is not None and (stats.cached_blocks, stats.evictable_blocks) == (0, 0)
+
+
+def test_common_computed_block_ids_names_an_argument_of_the_wrong_type() -> None:
+    m = BlockSpaceManager(2, 6, 0, watermark=0.0)
+    err = raised(ArgumentTypeError, m.get_common_computed_block_ids, "ab")
+    assert (err.parameter, err.expected) == ("seqs", "a list of Sequences")
+    assert "got str 'ab'" in str(err)
+    err = raised(ArgumentTypeError, m.get_common_computed_block_ids, [object()])
+    assert (err.parameter, err.expected) == ("seqs (each sequence)", "a Sequence")
+
+
+def test_mark_blocks_as_computed_names_a_chunk_size_of_the_wrong_type() -> None:
+    m = BlockSpaceManager(2, 6, 0, watermark=0.0)
+    g = group_of("a", [1, 2, 3])
+    err = raised(ArgumentTypeError, m.mark_blocks_as_computed, g, "1")
+    assert err.parameter == "token_chunk_size"
+
+
+def test_append_slots_batch_counts_a_block_a_filled_block_gives_back() -> None:
+    """With caching, a decode write that fills a block whose content is cached shares
+    that id and gives its own back; the next group is judged against that free count,
+    as the per-group calls would judge it."""
+    managers = [BlockSpaceManager(2, 5, 0, watermark=0.0, enable_caching=True) for _ in range(2)]
+    sides = []
+    for m in managers:
+        keep, a, b, c = (
+            group_of("p", [1, 2]),
+            group_of("a", [1], first_id=1),
+            group_of("b", [5, 6], n=2, first_id=2),
+            group_of("c", [9], first_id=4),
+        )
+        for g in (keep, a, b, c):
+            admit(m, g)
+        assert m.get_num_free_gpu_blocks() == 1
+        a.get_seqs()[0].append_token_id(2)  # fills [1, 2]: cached by "p"
+        for seq, token in zip(b.get_seqs(), (7, 8), strict=True):
+            seq.append_token_id(token)  # each needs a new block: b touches 2
+        sides.append([a, b])
+    want = per_group_step(managers[0], sides[0], 0)
+    got = managers[1].append_slots_batch(sides[1], 0)
+    assert (got.num_appended, got.blocks_to_copy) == want == (2, [])
+    assert managers[1].get_num_free_gpu_blocks() == managers[0].get_num_free_gpu_blocks() == 0
+    managers[1].check_invariants()

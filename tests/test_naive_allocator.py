@@ -32,6 +32,7 @@ from pagedkv.errors import (
     DoubleFreeError,
     ForeignBlockError,
     InvalidAllocatorConfigError,
+    InvalidArgumentError,
     InvalidSwapError,
     InvariantViolationError,
     NoFreeBlocksError,
@@ -134,6 +135,23 @@ def test_null_block_properties_and_write_error() -> None:
     assert err.operation == "append to"
     err = raised(NullBlockError, lambda: c.fork(null))
     assert err.operation == "fork" and str(err).startswith("cannot fork the null block:")
+
+
+def test_append_token_id_if_private_writes_only_into_a_private_live_block_with_room() -> None:
+    a = NaiveBlockAllocator(3, 2, block_ids=range(4, 7))  # ids from 4: refcount index id - 4
+    b = a.allocate_mutable_block(None)
+    assert b.append_token_id_if_private(1) and b.append_token_id_if_private(2)
+    assert b.token_ids == [1, 2] and not b.append_token_id_if_private(3)  # full
+    assert b.token_ids == [1, 2]
+    c = a.allocate_mutable_block(None)
+    (f,) = a.fork(c)
+    assert not c.append_token_id_if_private(5) and c.token_ids == []  # shared
+    a.free(f)
+    a.swap_out([c])
+    assert not c.append_token_id_if_private(5) and c.token_ids == []  # no id
+    d = a.allocate_mutable_block(None)
+    a.free(d)
+    assert not d.append_token_id_if_private(5) and d.token_ids == []  # freed
 
 
 # ---------------------------------------------------------------------------- allocation
@@ -373,6 +391,38 @@ def test_errors_are_raised_under_python_O() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_a_bad_argument_of_the_wrong_type_is_named() -> None:
+    a = NaiveBlockAllocator(2, 2)
+    err = raised(ArgumentTypeError, a.allocate_immutable_block, None, "12")
+    assert err.parameter == "token_ids"
+    err = raised(ArgumentTypeError, a.swap_in, [object()])
+    assert err.parameter == "block" and err.expected == "a Block (from this allocator)"
+    err = raised(ArgumentTypeError, a.free, "b")
+    assert err.parameter == "block"
+    err = raised(ArgumentTypeError, a.allocate_immutable_blocks, "b", [[1]])
+    assert err.parameter == "prev_block"
+    err = raised(ArgumentTypeError, a.get_physical_block_id, "1")
+    assert err.parameter == "absolute_id"
+    assert a.get_num_free_blocks() == 2
+    b = a.allocate_mutable_block(None)
+    err = raised(ArgumentTypeError, a.append_token_ids, b, "12")
+    assert err.parameter == "token_ids" and b.token_ids == []
+
+
+def test_no_block_is_chained_after_a_freed_one() -> None:
+    a = NaiveBlockAllocator(3, 2)
+    dead = a.allocate_immutable_block(None, [1, 2])
+    a.free(dead)
+    for call in (
+        lambda: a.allocate_immutable_blocks(dead, [[3, 4]]),
+        lambda: a.allocate_immutable_block(dead, [3, 4]),
+        lambda: a.allocate_mutable_block(dead),
+    ):
+        err = raised(StaleBlockError, call)
+        assert err.operation == "chain a new block after"
+    assert a.get_num_free_blocks() == 3
+
+
 # ---------------------------------------------------------------------------- fork and CoW
 
 
@@ -476,6 +526,33 @@ def test_prefix_caching_hooks_are_inert() -> None:
     assert a.get_prefix_cache_hit_rate() == -1
     with pytest.raises(NotImplementedError):
         a.promote_to_immutable_block(a.allocate_mutable_block(None))
+
+
+@pytest.mark.parametrize(
+    ("call", "parameter"),
+    [
+        (lambda a: a.mark_blocks_as_accessed("0", 1.0), "block_ids"),
+        (lambda a: a.mark_blocks_as_accessed([0], "t"), "now"),
+        (lambda a: a.mark_blocks_as_computed("0"), "block_ids"),
+        (lambda a: a.get_computed_block_ids("0", [0], False), "prev_computed_block_ids"),
+        (lambda a: a.get_computed_block_ids([], "0", False), "block_ids"),
+        (lambda a: a.get_computed_block_ids([], [0], 1), "skip_last_block_id"),
+        (lambda a: a.get_common_computed_block_ids("0"), "computed_seq_block_ids"),
+    ],
+)
+def test_prefix_caching_hooks_name_an_argument_of_the_wrong_type(
+    call: Callable[[NaiveBlockAllocator], object], parameter: str
+) -> None:
+    """With caching off the hooks do nothing, but check their arguments as the caching
+    pool does, naming the bad one."""
+    err = raised(ArgumentTypeError, call, NaiveBlockAllocator(2, 2))
+    assert err.parameter == parameter
+
+
+def test_mark_blocks_as_accessed_refuses_a_time_that_is_not_finite() -> None:
+    a = NaiveBlockAllocator(2, 2)
+    err = raised(InvalidArgumentError, a.mark_blocks_as_accessed, [0], float("nan"))
+    assert "now must be a finite number" in str(err)
 
 
 def test_full_blocks_touched_counts_distinct_objects() -> None:

@@ -5,6 +5,8 @@ Full error messages are pinned once, in tests/test_error_messages.py.
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 
 from helpers import raised
@@ -105,6 +107,36 @@ def test_sequence_validation() -> None:
     assert isinstance(InvalidSequenceError("x"), ValueError)
 
 
+class Token(enum.IntEnum):
+    """Token ids of an int subclass (an IntEnum vocabulary)."""
+
+    PAD = 0
+    EOS = 2
+
+
+def test_append_token_id_takes_int_subclasses_from_0_and_names_a_wrong_type() -> None:
+    seq = Sequence(0, [1])
+    seq.append_token_id(Token.PAD)
+    seq.append_token_id(Token.EOS)
+    assert seq.get_token_ids() == [1, 0, 2]
+    err = raised(ArgumentTypeError, seq.append_token_id, "4")
+    assert (err.parameter, err.expected) == ("token id", "an int >= 0")
+    assert "got str '4'" in str(err)
+    assert "got -3" in str(raised(InvalidSequenceError, seq.append_token_id, -3))
+    assert seq.get_token_ids() == [1, 0, 2]
+
+
+def test_a_sequence_argument_of_the_wrong_type_is_named() -> None:
+    err = raised(ArgumentTypeError, Sequence, 0, "abc")
+    assert (err.parameter, err.expected) == ("prompt_token_ids", "a list of int token ids")
+    assert "got str 'abc'" in str(err)
+    err = raised(ArgumentTypeError, Sequence, 0, [1], "4")
+    assert err.parameter == "block_size"
+    bad_size = raised(InvalidSequenceError, Sequence, 0, [1], 0)
+    assert "block_size must be an int >= 1" in str(bad_size)
+    assert Sequence(0, [1], 1).n_blocks == 1
+
+
 def test_num_computed_tokens() -> None:
     seq = Sequence(0, [1, 2, 3])
     seq.update_num_computed_tokens(2)
@@ -136,6 +168,12 @@ def test_status_and_fork() -> None:
     seq.status = SequenceStatus.FINISHED_ABORTED
     assert seq.is_finished() and not child.is_finished()
     assert repr(seq) == "Sequence(seq_id=0, status=FINISHED_ABORTED, num_tokens=3)"
+
+
+def test_a_fork_keeps_the_extra_keys() -> None:
+    seq = Sequence(0, [1, 2], extra_keys=("lora-7", 3))
+    assert seq.extra_keys == ("lora-7", 3) and seq.fork(1).extra_keys == ("lora-7", 3)
+    assert Sequence(2, [1]).fork(3).extra_keys == ()
 
 
 def make_group(n: int = 1, num_seqs: int = 1) -> SequenceGroup:
@@ -178,6 +216,47 @@ def test_group_add_remove_and_errors() -> None:
         SequenceGroup("r", [])
     with pytest.raises(InvalidSequenceError):
         SequenceGroup("r", [Sequence(1, [1])], n=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter", "expected"),
+    [
+        ({"request_id": 5}, "request_id", "a str"),
+        ({"seqs": "ab"}, "seqs", "a list of Sequences"),
+        ({"seqs": ("s",)}, "seqs (each sequence)", "a Sequence"),
+        ({"n": "2"}, "n", "an int"),
+        ({"arrival_time": "t"}, "arrival_time", "a number (int or float)"),
+        ({"encoder_seq": "e"}, "encoder_seq", "a Sequence or None"),
+    ],
+)
+def test_a_group_argument_of_the_wrong_type_is_named(
+    kwargs: dict[str, object], parameter: str, expected: str
+) -> None:
+    args: dict[str, object] = {"request_id": "r", "seqs": [Sequence(0, [1])], **kwargs}
+    err = raised(ArgumentTypeError, lambda: SequenceGroup(**args))  # type: ignore[arg-type]  # wrong types on purpose
+    assert (err.parameter, err.expected) == (parameter, expected)
+    (bad,) = kwargs.values()
+    shown = bad[0] if isinstance(bad, tuple) else bad
+    assert str(err).endswith(f"got {type(shown).__name__} {shown!r}")
+
+
+def test_a_group_argument_of_a_wrong_value_is_named() -> None:
+    for kwargs, fragment in (
+        ({"request_id": ""}, "request_id must be a non-empty str"),
+        ({"arrival_time": -1.0}, "arrival_time must be a finite number >= 0.0"),
+        ({"n": 0}, "n must be an int >= 1"),
+    ):
+        args: dict[str, object] = {"request_id": "r", "seqs": [Sequence(0, [1])], **kwargs}
+        err = raised(InvalidSequenceError, lambda a=args: SequenceGroup(**a))
+        assert fragment in str(err)
+    assert SequenceGroup("r", [Sequence(0, [1])], arrival_time=0).arrival_time == 0
+
+
+def test_group_add_names_a_value_that_is_not_a_sequence() -> None:
+    g = make_group()
+    err = raised(ArgumentTypeError, g.add, "s")
+    assert (err.parameter, err.expected) == ("seq", "a Sequence")
+    assert [s.seq_id for s in g.get_seqs()] == [0]
 
 
 def test_is_finished_and_max_running() -> None:
@@ -261,3 +340,13 @@ def test_get_seqs_by_status_follows_adds_and_removes() -> None:
     assert g.get_seqs(SequenceStatus.WAITING) == [a] and g.get_seqs(SequenceStatus.RUNNING) == []
     g.remove(0)
     assert g.get_seqs(SequenceStatus.WAITING) == [] and g.get_seqs() == []
+
+
+def test_get_seqs_by_status_after_a_remove_leaves_two_sequences() -> None:
+    """Removing one of three sequences leaves two, both still found by status."""
+    a, b, c = Sequence(0, [1]), Sequence(1, [1]), Sequence(2, [1])
+    g = SequenceGroup("r", [a, b, c])
+    g.remove(1)
+    assert g.get_seqs(SequenceStatus.WAITING) == [a, c]
+    c.status = SequenceStatus.RUNNING
+    assert g.get_seqs(SequenceStatus.RUNNING) == [c] and g.get_seqs(SequenceStatus.WAITING) == [a]
