@@ -405,7 +405,8 @@ def append_choices(
     ``table_ids`` (the table's ids after the append) and ``free_after`` (the GPU free pool
     after it, next id first). A new block's fresh id is its id afterwards, unless the
     write filled it and its key was cached: then it shared that id and gave its fresh
-    one back to the front of the free pool, where it is read. A shared block written
+    one back to the front of the free pool, where it is read (or, with the free pool
+    empty, it evicted that very id and cached it again). A shared block written
     took the id it has afterwards (a copy on write), or none (None) if it filled and
     shared the cached id of its key. Garbage in (an outcome no append can leave) gives
     choices the append's precondition rejects."""
@@ -422,21 +423,38 @@ def append_choices(
         key = keys[idx]
         return key is not None and ids[idx] == C.lookup(p, key) and ids[idx] is not None
 
+    # A new block whose id afterwards is the one its key was cached under either shared
+    # it (a dedup: its fresh id went back to the free pool) or, when the free pool was
+    # empty, evicted that very id as its fresh one and cached it again: then nothing
+    # came back, and no evictor id is new in the free pool for it.
+    pre_free = set(p.free)
+    came_back = {
+        s.cache.blocks[t.handles[i]].block_id for i, _ in writes if i < len(t.handles)
+    }
+    from_evictor = sum(1 for i in free_after if i not in pre_free and i not in came_back)
     returned: list[int | None] = []  # ids given back to the free pool, in write order
+    recached: set[int] = set()  # new blocks that evicted their own key's id
     for idx, _ in writes:
         if idx < len(t.handles):
             b = s.cache.blocks[t.handles[idx]]
             if b.key is None and shares_cached(idx) and idx not in shared:
                 returned.append(b.block_id)  # a private block that shares a cached id
         elif shares_cached(idx):
-            returned.append(None)  # a new block's fresh id, given back: read below
+            if idx - len(t.handles) < len(p.free):
+                returned.append(None)  # a fresh id of the free pool, given back
+            elif from_evictor:
+                from_evictor -= 1
+                returned.append(None)  # an evicted id, given back
+            else:
+                recached.add(idx)
     front = list(free_after[: len(returned)])[::-1]
     given_back = iter(f for f, r in zip(front, returned, strict=False) if r is None)
     grown = []
     for j in range(num_new):
         idx = len(t.handles) + j
         written = any(i == idx for i, _ in writes)
-        grown.append(next(given_back, -1) if written and shares_cached(idx) else ids[idx])
+        dedup = written and shares_cached(idx) and idx not in recached
+        grown.append(next(given_back, -1) if dedup else ids[idx])
     cows: list[int | None] = [None if shares_cached(i) else ids[i] for i in sorted(shared)]
     return grown, cows
 
