@@ -478,8 +478,13 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         self, prev_block: Block | None, extra_keys: ExtraKeys | None = None
     ) -> PrefixCachingBlock:
         """An empty block (spec: ``allocate_mutable_block``). Complexity: O(log n)."""
-        prev = self._prev(prev_block)
-        extra = check_extra_keys(extra_keys)
+        # NOTE: the block every decoding sequence takes each block_size steps: the common
+        # arguments (a live caching predecessor, no extra keys) are checked inline.
+        if type(prev_block) is PrefixCachingBlock and not prev_block._freed:
+            prev: PrefixCachingBlock | None = prev_block
+        else:
+            prev = self._prev(prev_block)
+        extra = () if extra_keys is None else check_extra_keys(extra_keys)
         return PrefixCachingBlock(self, self._take_id(), [], prev, extra, None)
 
     def _plan(
