@@ -194,10 +194,7 @@ def required_blocks(
     new blocks the lookahead slots would add."""
     assert _ok(s) and num_lookahead_slots >= 0
     size = s.cache.block_size
-    full = [tuple(prompt[i : i + size]) for i in range(0, len(prompt) // size * size, size)]
-    out = C.blocks_needed(s.cache, None, full, extra, GPU) + (
-        len(_chunks(prompt, size)) - len(full)
-    )
+    out = _needed(s, prompt, extra)
     out += -(-(len(prompt) + num_lookahead_slots) // size) - -(-len(prompt) // size)
     assert out >= 0
     return out
