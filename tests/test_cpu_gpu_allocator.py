@@ -70,6 +70,27 @@ def test_create_rejects_unknown_type_and_sizes() -> None:
         CpuGpuBlockAllocator.create("naive", 4, 4, 0)
 
 
+def test_create_names_its_type_argument_and_a_too_big_pool() -> None:
+    err = raised(ArgumentTypeError, CpuGpuBlockAllocator.create, 5, 4, 4, 2)
+    assert (err.parameter, err.expected) == ("allocator_type", "a str")
+    empty = raised(InvalidAllocatorConfigError, CpuGpuBlockAllocator.create, "", 4, 4, 2)
+    assert "allocator_type must be a non-empty str" in str(empty)
+    huge = raised(InvalidAllocatorConfigError, CpuGpuBlockAllocator.create, "naive", 10**18, 1, 2)
+    assert "1000000000000000000 GPU + 1 CPU blocks needs about 8,000,000,000,000,000,008 bytes" in (
+        str(huge)
+    )
+
+
+def test_create_names_the_pools_by_device_with_caching_too() -> None:
+    for kind in ("naive", "prefix_caching"):
+        c = CpuGpuBlockAllocator.create(kind, 1, 1, 2)
+        for device in (GPU, CPU):
+            c.allocate_mutable_block(None, device)
+            err = raised(NoFreeBlocksError, c.allocate_mutable_block, None, device)
+            assert err.device == device.name
+            assert f"({device.name} ids" in repr(c.get_allocator(device))
+
+
 def test_create_errors_and_layout() -> None:
     for gpu, cpu, name, error in (
         (-1, 1, "num_gpu", InvalidAllocatorConfigError),
@@ -142,7 +163,7 @@ def test_without_caching_extra_keys_are_ignored() -> None:
     c = make()
     b = c.allocate_immutable_block(None, [1, 2], GPU, ("lora-1",))
     m = c.allocate_mutable_block(b, CPU, ("lora-1",))
-    assert (b.block_id, b.token_ids, m.block_id) == (0, [1, 2], 4)
+    assert (b.block_id, b.token_ids, m.block_id) == (0, [1, 2], 4) and m.prev_block is b
     assert c.allocate_immutable_blocks(None, [[3]], GPU, ("lora-1",))[0].block_id == 1
 
 
@@ -208,6 +229,11 @@ def test_fork_errors_change_nothing() -> None:
 def test_fork_names_a_last_block_of_the_wrong_type() -> None:
     err = raised(ArgumentTypeError, make().fork, "b")
     assert err.parameter == "last_block"
+
+
+def test_free_names_a_block_of_the_wrong_type() -> None:
+    err = raised(ArgumentTypeError, make().free, "b")
+    assert (err.parameter, err.expected) == ("block", "a Block (from this allocator)")
 
 
 def test_fork_blocks_passes_the_null_block_through() -> None:

@@ -461,6 +461,15 @@ ALLOCATOR_MESSAGES = [
         "the GPU and CPU allocators must be distinct objects",
     ),
     case(
+        "pools of two kinds",
+        lambda: CpuGpuBlockAllocator(
+            NaiveBlockAllocator(2, 2, range(2, 4)), PrefixCachingBlockAllocator(2, 2)
+        ),
+        InvalidAllocatorConfigError,
+        "the GPU and CPU allocators must be of one kind (both naive or both prefix-caching), "
+        "got PrefixCachingBlockAllocator and NaiveBlockAllocator",
+    ),
+    case(
         "block sizes differ",
         lambda: CpuGpuBlockAllocator(
             NaiveBlockAllocator(2, 4, block_ids=range(2, 4)), NaiveBlockAllocator(2, 2)

@@ -34,6 +34,7 @@ from pagedkv.errors import (
     InvalidAllocatorConfigError,
     InvalidArgumentError,
     InvalidSwapError,
+    InvalidTokenIdsError,
     InvariantViolationError,
     NoFreeBlocksError,
     NullBlockError,
@@ -398,11 +399,23 @@ def test_a_bad_argument_of_the_wrong_type_is_named() -> None:
     err = raised(ArgumentTypeError, a.swap_in, [object()])
     assert err.parameter == "block" and err.expected == "a Block (from this allocator)"
     err = raised(ArgumentTypeError, a.free, "b")
-    assert err.parameter == "block"
+    assert err.parameter == "block" and "got str 'b'" in str(err)
+    err = raised(ArgumentTypeError, a.allocate_immutable_blocks, None, "12")
+    assert (err.parameter, err.expected) == ("block_token_ids", "a list of token-id lists")
+    assert "got str '12'" in str(err)
+    err = raised(ArgumentTypeError, a.allocate_immutable_blocks, None, ["12"])
+    assert err.parameter == "block_token_ids (each chunk)"
+    negative = raised(InvalidTokenIdsError, a.allocate_immutable_blocks, None, [[1, -1]])
+    assert "block_token_ids (each chunk): token ids must be ints >= 0" in str(negative)
     err = raised(ArgumentTypeError, a.allocate_immutable_blocks, "b", [[1]])
     assert err.parameter == "prev_block"
     err = raised(ArgumentTypeError, a.get_physical_block_id, "1")
     assert err.parameter == "absolute_id"
+    err = raised(ArgumentTypeError, a.swap_out, "b")
+    assert (err.parameter, err.expected) == ("blocks", "a list of Blocks")
+    assert "got str 'b'" in str(err)
+    err = raised(ArgumentTypeError, a.swap_out, ["b"])
+    assert (err.parameter, err.expected) == ("blocks (each block)", "a Block (from this allocator)")
     assert a.get_num_free_blocks() == 2
     b = a.allocate_mutable_block(None)
     err = raised(ArgumentTypeError, a.append_token_ids, b, "12")

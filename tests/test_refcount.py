@@ -6,7 +6,7 @@ import pytest
 
 from helpers import raised
 from pagedkv import RefCounter
-from pagedkv.errors import InvalidAllocatorConfigError, RefCountError
+from pagedkv.errors import ArgumentTypeError, InvalidAllocatorConfigError, RefCountError
 from pagedkv.refcount import contiguous_range
 
 
@@ -60,3 +60,10 @@ def test_readonly_view_rejects_ids_outside_its_range() -> None:
         assert (
             str(err) == f"refcount of block {bad}: unknown id (this counter tracks range(10, 13))"
         )
+
+
+def test_contiguous_range_names_an_id_of_the_wrong_type() -> None:
+    for ids, bad in (([0, "1"], "'1'"), ((2, 3.0), "3.0"), ([True], "True")):
+        err = raised(ArgumentTypeError, contiguous_range, ids)
+        assert (err.parameter, err.expected) == ("block_ids (each id)", "an int")
+        assert str(err).endswith(bad)
