@@ -68,7 +68,6 @@ _DIGEST_SIZE: Final = 32
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
-_sha256 = hashlib.sha256
 # One packer per token count for the common block (no extra keys, i64 tokens): the
 # head byte(s), "T", the count, the tokens and the zero extra-key count in one pack,
 # the same bytes as the general path below. Keyed by (token count, with parent).
@@ -159,18 +158,7 @@ def sha256_key(parent: bytes | None, token_ids: Sequence[int], extra_keys: Extra
     ``parent`` is the parent block's key (``None`` for a sequence's first block).
     Complexity: O(tokens + extra keys).
     """
-    # NOTE: the decode step promotes one block per sequence every block_size steps: a
-    # block of a digest parent without extra keys is packed here in one call (the
-    # bytes of encode_block's one-pack path; anything else, or an error, takes it).
-    if not extra_keys and parent is not None and len(parent) == _DIGEST_SIZE:
-        n = len(token_ids)
-        packer = _PLAIN.get((n, True))
-        if packer is not None:
-            try:
-                return _sha256(packer.pack(b"\x01", parent, b"T", n, *token_ids, 0)).digest()
-            except struct.error:
-                pass
-    return _sha256(encode_block(parent, token_ids, extra_keys)).digest()
+    return hashlib.sha256(encode_block(parent, token_ids, extra_keys)).digest()
 
 
 def builtin_key(parent: int | None, token_ids: Sequence[int], extra_keys: ExtraKeys) -> int:

@@ -250,10 +250,8 @@ class PrefixCachingBlock(Block):
             or token_id < 0
         ):
             return False  # the general append_token_ids handles (or names) it
-        prev = self._prev_block
-        parent = prev._key if type(prev) is PrefixCachingBlock else None
-        if prev is None or parent is not None:
-            key = pool._key(parent, (*tokens, token_id), self._extra_keys)
+        key = pool._key_on_filling(self, (*tokens, token_id))
+        if key is not None:
             hit = pool._cached.get(key.digest)
             if hit is not None:
                 pool._share_instead(self, block_id, hit)
@@ -399,7 +397,9 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         if not self._computed[block_id - self._first]:
             self._touched.add(block_id)
 
-    def _key_on_filling(self, blk: PrefixCachingBlock, tokens: list[int]) -> CacheKey | None:
+    def _key_on_filling(
+        self, blk: PrefixCachingBlock, tokens: Sequence[int]
+    ) -> CacheKey | None:
         """The key ``blk`` gets when it fills with ``tokens``: None after an uncached
         predecessor. Complexity: O(block_size)."""
         prev = blk._prev_block
@@ -441,8 +441,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
 
     def _promote(self, block_id: int, key: CacheKey) -> None:
         """A new key for an in-use id; its KV is written by the running batch. O(1)."""
-        self._cached[key.digest] = block_id  # _cache_under, inline: once per filled block
-        self._key_of[block_id - self._first] = key
+        self._cache_under(block_id, key)
         self._touched.add(block_id)
 
     def _key(self, parent: CacheKey | None, tokens: Sequence[int], extra: ExtraKeys) -> CacheKey:

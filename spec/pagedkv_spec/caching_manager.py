@@ -470,10 +470,10 @@ def _append_choice_ok(
     if t is None or _device(s, t) is not GPU or len(tokens) < t.num_full_slots:
         return True
     num_new, writes = _append_plan(s, t, len(tokens) - t.num_full_slots, num_lookahead_slots)
-    needed = num_new + len(_shared_writes(s, t, writes))
-    if needed > C.get_num_free_blocks(s.cache, GPU):
+    num_shared = len(_shared_writes(s, t, writes))
+    if num_new + num_shared > C.get_num_free_blocks(s.cache, GPU):
         return True
-    return len(grown) == num_new and len(cows) == len(_shared_writes(s, t, writes))
+    return len(grown) == num_new and len(cows) == num_shared
 
 
 def append_slots(
