@@ -228,7 +228,9 @@ def test_fill_if_private_writes_the_last_token_and_promotes_as_append_does() -> 
         other = a.allocate_mutable_block(None, GPU)
         other.append_token_ids([7])
         if a is fast:
-            assert fresh.fill_if_private(2) and other.fill_if_private(8)
+            own = other.block_id
+            assert fresh.fill_if_private(2) == cached.block_id  # the id after the write
+            assert other.fill_if_private(8) == own
         else:
             fresh.append_token_ids([2])
             other.append_token_ids([8])
@@ -251,11 +253,13 @@ def test_fill_if_private_leaves_other_cases_to_the_general_append() -> None:
     ok = a.allocate_mutable_block(None, GPU)
     ok.append_token_ids([4, 5])
     before = state(a, [short, shared, twin, ok])
-    assert not short.fill_if_private(3)
-    assert not shared.fill_if_private(3) and not freed.fill_if_private(3)
-    assert not ok.fill_if_private(-1) and not ok.fill_if_private(True)  # the general path names it
+    assert short.fill_if_private(3) is None
+    assert shared.fill_if_private(3) is None and freed.fill_if_private(3) is None
+    # the general path names these
+    assert ok.fill_if_private(-1) is None and ok.fill_if_private(True) is None
     assert state(a, [short, shared, twin, ok]) == before
-    assert ok.fill_if_private(6) and ok.token_ids == [4, 5, 6] and ok.cache_key is not None
+    assert ok.fill_if_private(6) == ok.block_id
+    assert ok.token_ids == [4, 5, 6] and ok.cache_key is not None
 
 
 # --------------------------------------------------------------------------- bad input

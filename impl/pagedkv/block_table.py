@@ -373,11 +373,10 @@ class BlockTable:
         elif full % size == size - 1:
             # the token fills a private block: it is promoted (cached, or shares the id
             # its key is cached under, giving its own back), which takes no block
-            if not b.fill_if_private(token):
+            block_id = b.fill_if_private(token)
+            if block_id is None:
                 return False
-            block_id = b.block_id
-            if block_id is not None:
-                self._block_ids[full // size] = block_id
+            self._block_ids[full // size] = block_id
         elif not b.append_token_id_if_private(token):
             return False
         self._num_full_slots = full + 1

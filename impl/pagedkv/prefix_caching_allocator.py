@@ -48,6 +48,7 @@ from pagedkv.evictor import LRUEvictor
 from pagedkv.interfaces import Block
 from pagedkv.naive_allocator import (
     NaiveBlockAllocator,
+    _new_block,
     chain_of,
     check_chunks,
     require_block,
@@ -229,37 +230,28 @@ class PrefixCachingBlock(Block):
         change nothing and return False (the general :meth:`append_token_ids` then
         runs). The decode step's fast path, as :meth:`NaiveBlock.append_token_ids_if_private`.
         Complexity: O(len(token_ids))."""
-        return self._allocator._append_if_private(self, token_ids)
+        # NOTE: the pool's read-only views, as in append_token_id_if_private
+        block_id = self._block_id
+        if block_id is None:
+            return False
+        pool = self._allocator
+        tokens = self._token_ids
+        if (
+            len(tokens) + len(token_ids) > pool._fast_room
+            or pool._rc_view[block_id - pool._first_id] != 1
+        ):
+            return False
+        tokens.extend(token_ids)
+        return True
 
-    def fill_if_private(self, token_id: int) -> bool:
+    def fill_if_private(self, token_id: int) -> int | None:
         """The decode step's write that fills a block: if the block is live, its id
         private and ``token_id`` (an int >= 0) its last free slot, write it and promote
         the block as :meth:`append_token_ids` would (a new key for its id, or share the
-        id its key is cached under and give its own back); else change nothing and
-        return False. Complexity: O(block_size) (the key)."""
-        # NOTE: once per filled block of every decoding sequence: the checks and the
-        # promotion inline (the fields are this module's; the pool's writes are its own).
-        block_id = self._block_id
-        tokens = self._token_ids
-        pool = self._allocator
-        if (
-            block_id is None
-            or len(tokens) != pool._fast_room
-            or pool._rc_view[block_id - pool._first_id] != 1
-            or type(token_id) is not int
-            or token_id < 0
-        ):
-            return False  # the general append_token_ids handles (or names) it
-        key = pool._key_on_filling(self, (*tokens, token_id))
-        if key is not None:
-            hit = pool._cached.get(key.digest)
-            if hit is not None:
-                pool._share_instead(self, block_id, hit)
-            else:
-                pool._promote(block_id, key)
-                self._key = key
-        tokens.append(token_id)
-        return True
+        id its key is cached under and give its own back) and return the block's id
+        after the write; else change nothing and return None. Complexity:
+        O(block_size) (the key)."""
+        return self._allocator._fill_if_private(self, token_id)
 
     def append_token_id_if_private(self, token_id: int) -> bool:
         """:meth:`append_token_ids_if_private` for one token (no list built). O(1)."""
@@ -416,19 +408,39 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         blk._block_id = hit
         blk._key = self._key_of[hit - self._first]
 
-    def _append_if_private(self, block: PrefixCachingBlock, token_ids: Sequence[int]) -> bool:
-        """:meth:`PrefixCachingBlock.append_token_ids_if_private` (the fields are this
-        class's). O(len(token_ids))."""
-        block_id = block._block_id
-        tokens = block._token_ids
+    def _fill_if_private(self, blk: PrefixCachingBlock, token_id: int) -> int | None:
+        """:meth:`PrefixCachingBlock.fill_if_private` (the writes are this class's).
+        O(block_size)."""
+        # NOTE: once per filled block of every decoding sequence: the checks, the key
+        # (as _key_on_filling and _key) and the promotion (as _promote) inline.
+        block_id = blk._block_id
+        tokens = blk._token_ids
         if (
             block_id is None
-            or len(tokens) + len(token_ids) >= self._block_size
+            or len(tokens) != self._fast_room
             or self._rc[block_id - self._first] != 1
+            or type(token_id) is not int
+            or token_id < 0
         ):
-            return False
-        tokens.extend(token_ids)
-        return True
+            return None  # the general append_token_ids handles (or names) it
+        prev = blk._prev_block
+        parent = prev._key if type(prev) is PrefixCachingBlock else None
+        if prev is None or parent is not None:
+            full = (*tokens, token_id)
+            extra = blk._extra_keys
+            digest = self._key_fn(None if parent is None else parent.digest, full, extra)
+            hit = self._cached.get(digest)
+            if hit is not None:
+                self._share_instead(blk, block_id, hit)
+                block_id = hit
+            else:
+                key = CacheKey(digest, parent, full, extra)
+                self._cached[digest] = block_id
+                self._key_of[block_id - self._first] = key
+                self._touched.add(block_id)
+                blk._key = key
+        tokens.append(token_id)
+        return block_id
 
     def _set_computed(self, block_id: int) -> None:
         self._computed[block_id - self._first] = 1
@@ -484,7 +496,29 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         else:
             prev = self._prev(prev_block)
         extra = () if extra_keys is None else check_extra_keys(extra_keys)
-        return PrefixCachingBlock(self, self._take_id(), [], prev, extra, None)
+        # the free pool's front inline (as _take_id); an eviction takes _take_id
+        stack = self._stack
+        if stack or self._next_fresh < self._end:
+            if stack:
+                block_id = stack.pop()
+            else:
+                block_id = self._next_fresh
+                self._next_fresh = block_id + 1
+            i = block_id - self._first
+            self._rc[i] = 1
+            self._last_accessed[i] = NEVER_ACCESSED
+        else:
+            block_id = self._take_id()
+        # built without __init__ (a call through type.__call__): keep in step with it
+        block: PrefixCachingBlock = _new_block(PrefixCachingBlock)
+        block._allocator = self
+        block._block_id = block_id
+        block._token_ids = []
+        block._prev_block = prev
+        block._extra_keys = extra
+        block._key = None
+        block._freed = False
+        return block
 
     def _plan(
         self,
