@@ -411,8 +411,8 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
     def _fill_if_private(self, blk: PrefixCachingBlock, token_id: int) -> int | None:
         """:meth:`PrefixCachingBlock.fill_if_private` (the writes are this class's).
         O(block_size)."""
-        # NOTE: once per filled block of every decoding sequence: the checks, the key
-        # (as _key_on_filling and _key) and the promotion (as _promote) inline.
+        # NOTE: once per filled block of every decoding sequence: the checks and the
+        # key (as _key_on_filling and _key) inline; the promotion is _promote's.
         block_id = blk._block_id
         tokens = blk._token_ids
         if (
@@ -435,9 +435,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
                 block_id = hit
             else:
                 key = CacheKey(digest, parent, full, extra)
-                self._cached[digest] = block_id
-                self._key_of[block_id - self._first] = key
-                self._touched.add(block_id)
+                self._promote(block_id, key)
                 blk._key = key
         tokens.append(token_id)
         return block_id
