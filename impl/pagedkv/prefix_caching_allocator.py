@@ -48,7 +48,6 @@ from pagedkv.evictor import LRUEvictor
 from pagedkv.interfaces import Block
 from pagedkv.naive_allocator import (
     NaiveBlockAllocator,
-    _new_block,
     chain_of,
     check_chunks,
     require_block,
@@ -59,6 +58,9 @@ from pagedkv_spec.caching import NEVER_ACCESSED, CachePool, CachingState, Conten
 from pagedkv_spec.invariants import check, require
 
 __all__ = ["CacheKey", "CacheStats", "PrefixCachingBlock", "PrefixCachingBlockAllocator"]
+
+# Builds a PrefixCachingBlock without running __init__ (see allocate_mutable_block).
+_new_block = object.__new__
 
 
 class CacheKey:
