@@ -1102,6 +1102,39 @@ def test_append_next_token_declines_to_fill_a_shared_caching_block() -> None:
     assert t.num_full_slots == child.num_full_slots == 1 and t.get_block_token_ids() == [(1,)]
 
 
+def test_append_next_token_writes_into_an_empty_block_taken_ahead() -> None:
+    alloc = make(block_size=2)
+    t = BlockTable(2, alloc)
+    t.allocate([1, 2])
+    t.ensure_num_empty_slots(1)  # the block the next token goes to is already there
+    ids, free = t.physical_block_ids[:], alloc.get_num_free_blocks(GPU)
+    assert t.append_next_token([1, 2, 3])
+    assert (t.physical_block_ids, alloc.get_num_free_blocks(GPU)) == (ids, free)
+    assert t.num_full_slots == 3 and t.get_block_token_ids() == [(1, 2), (3,)]
+    t.check_invariants()
+
+
+def test_append_next_token_writes_and_fills_a_private_caching_block() -> None:
+    alloc = CpuGpuBlockAllocator.create("prefix_caching", 4, 0, 4)
+    t = BlockTable(4, alloc)
+    t.allocate([1, 2])
+    own = t.physical_block_ids[0]
+    assert t.append_next_token([1, 2, 3])  # a slot left after it: a plain write
+    assert t.append_next_token([1, 2, 3, 4])  # the last slot: the block is promoted
+    assert t.physical_block_ids == [own] and t.num_full_slots == 4
+    assert t.get_block_token_ids() == [(1, 2, 3, 4)]
+    assert alloc.get_prefix_cache_hit_rate(GPU) == 0.0  # promoted, not a hit
+    # the same content filled in another table shares the cached id, giving its own back
+    other = BlockTable(4, alloc)
+    other.allocate([1, 2, 3])
+    free = alloc.get_num_free_blocks(GPU)
+    assert other.append_next_token([1, 2, 3, 4])
+    assert other.physical_block_ids == [own] and other.num_full_slots == 4
+    assert alloc.get_num_free_blocks(GPU) == free + 1
+    t.check_invariants()
+    other.check_invariants()
+
+
 # ---------------------------------------------------------------------------- swap_tables
 
 

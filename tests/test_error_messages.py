@@ -359,6 +359,20 @@ ALLOCATOR_MESSAGES = [
         "num_blocks must be an int, got float 1.0",
     ),
     case(
+        "pool too big",
+        lambda: NaiveBlockAllocator(2**45, 1),
+        InvalidAllocatorConfigError,
+        "an allocator of 35184372088832 blocks needs about 281,474,976,710,656 bytes, more "
+        f"than the {available_memory():,} bytes of memory this machine has; use fewer or "
+        "smaller blocks",
+    ),
+    case(
+        "pool create_block",
+        lambda: NaiveBlockAllocator(2, 2, create_block="x"),
+        InvalidAllocatorConfigError,
+        "create_block must be NaiveBlock or None, got 'x': this allocator makes its own blocks",
+    ),
+    case(
         "num_blocks vs block_ids",
         lambda: NaiveBlockAllocator(3, 2, block_ids=range(2)),
         InvalidAllocatorConfigError,

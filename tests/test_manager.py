@@ -918,6 +918,20 @@ def test_append_slots_batch_counts_the_null_block_a_window_still_has_to_take() -
     assert m.to_spec() == before
 
 
+def test_append_slots_batch_appends_a_group_with_nothing_running_even_when_full() -> None:
+    """As can_append_slots: a group with no RUNNING sequence takes no block, not even
+    the null block a window still has to take, so it is appended on a full cache."""
+    for window in (None, 4):
+        m = BlockSpaceManager(2, 1, 0, watermark=0.0, sliding_window=window)
+        admit(m, group_of("a", [1, 2]))
+        idle = group_of("b", [3], first_id=1)
+        assert m.get_num_free_gpu_blocks() == 0 and m.block_allocator.null_block is None
+        before = m.to_spec()
+        assert m.can_append_slots(idle)
+        assert m.append_slots_batch([idle]) == (1, [])
+        assert m.to_spec() == before
+
+
 @given(
     prompts=st.lists(st.tuples(st.integers(1, 9), st.integers(1, 3)), min_size=1, max_size=5),
     steps=st.lists(
