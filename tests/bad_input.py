@@ -114,6 +114,21 @@ def _pool() -> World:
     return {"a": pool, "live": live, "freed": freed}
 
 
+def _caching_pool() -> World:
+    """One prefix-caching pool of 4: a cached block in use, three swapped out (one of
+    them keyed), a freed block, and a hog that leaves 2 free ids for 3 swapped ones."""
+    pool = PrefixCachingBlockAllocator(4, BS)
+    live = pool.allocate_immutable_block(None, [1, 2, 3, 4])
+    swapped = [pool.allocate_immutable_block(live, [5, 6, 7, 8])]
+    swapped += [pool.allocate_mutable_block(None) for _ in range(2)]
+    pool.swap_out(swapped)
+    freed = pool.allocate_mutable_block(None)
+    pool.free(freed)
+    hog = pool.allocate_mutable_block(None)
+    naive = NaiveBlockAllocator(2, BS).allocate_mutable_block(None)
+    return {"a": pool, "live": live, "swapped": swapped, "freed": freed, "hog": hog, "naive": naive}
+
+
 def _seq(seq_id: int = 0, prompt: tuple[int, ...] = (1, 2, 3, 4, 5)) -> Sequence:
     return Sequence(seq_id, list(prompt), BS)
 
@@ -689,6 +704,52 @@ for _bad in (None, "x", 1.0):
     add(f"pool swap_out([{_bad!r}])", _pool, lambda w, b=_bad: w["a"].swap_out([b]), TypeError)
 add("pool free(stale)", _pool, lambda w: w["a"].free(w["freed"]), errors.DoubleFreeError)
 add("pool swap_in a live block", _pool, lambda w: w["a"].swap_in([w["live"]]), ValueError)
+for _name, _world in (("pool", _pool), ("caching pool", _caching_pool)):
+    add(f"{_name} swap_in(5)", _world, lambda w: w["a"].swap_in(5), TypeError)
+    add(f"{_name} swap_out(5)", _world, lambda w: w["a"].swap_out(5), TypeError)
+    for _bad in (None, "x", 1.0):
+        add(
+            f"{_name} swap_in([{_bad!r}])", _world, lambda w, b=_bad: w["a"].swap_in([b]), TypeError
+        )
+
+# ---- single pool with caching
+for _bad in (None, "x", 1.0):
+    add(
+        f"caching pool swap_out([{_bad!r}])",
+        _caching_pool,
+        lambda w, b=_bad: w["a"].swap_out([w["live"], b]),
+        TypeError,
+    )
+add(
+    "caching pool swap_in a live block",
+    _caching_pool,
+    lambda w: w["a"].swap_in([w["swapped"][0], w["live"]]),
+    ValueError,
+)
+add(
+    "caching pool swap_in a freed block",
+    _caching_pool,
+    lambda w: w["a"].swap_in([w["swapped"][0], w["freed"]]),
+    errors.StaleBlockError,
+)
+add(
+    "caching pool swap_in a naive block",
+    _caching_pool,
+    lambda w: w["a"].swap_in([w["naive"]]),
+    errors.ForeignBlockError,
+)
+add(
+    "caching pool swap_in past its free ids",
+    _caching_pool,
+    lambda w: w["a"].swap_in(w["swapped"]),
+    errors.NoFreeBlocksError,
+)
+add(
+    "caching pool swap_out a swapped-out block",
+    _caching_pool,
+    lambda w: w["a"].swap_out([w["live"], w["swapped"][1]]),
+    errors.BlockWithoutIdError,
+)
 add(
     "pool append_token_ids(None)",
     _pool,

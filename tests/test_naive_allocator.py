@@ -397,7 +397,9 @@ def test_a_bad_argument_of_the_wrong_type_is_named() -> None:
     err = raised(ArgumentTypeError, a.allocate_immutable_block, None, "12")
     assert err.parameter == "token_ids"
     err = raised(ArgumentTypeError, a.swap_in, [object()])
-    assert err.parameter == "block" and err.expected == "a Block (from this allocator)"
+    assert (err.parameter, err.expected) == ("blocks (each block)", "a Block (from this allocator)")
+    err = raised(ArgumentTypeError, a.swap_in, 5)
+    assert err.parameter == "blocks" and err.expected == "a list of Blocks"
     err = raised(ArgumentTypeError, a.free, "b")
     assert err.parameter == "block" and "got str 'b'" in str(err)
     err = raised(ArgumentTypeError, a.allocate_immutable_blocks, None, "12")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pagedkv import CpuGpuBlockAllocator, Device
+from pagedkv import CpuGpuBlockAllocator, Device, PrefixCachingBlockAllocator
 from pagedkv.errors import (
     ArgumentTypeError,
     BlockNotInUseError,
@@ -25,6 +25,7 @@ from pagedkv.errors import (
     NoFreeBlocksError,
     PromotionError,
 )
+from pagedkv.prefix_caching_allocator import PrefixCachingBlock
 from pagedkv_spec.caching import CachingState
 
 GPU, CPU = Device.GPU, Device.CPU
@@ -260,6 +261,63 @@ def test_fill_if_private_leaves_other_cases_to_the_general_append() -> None:
     assert state(a, [short, shared, twin, ok]) == before
     assert ok.fill_if_private(6) == ok.block_id
     assert ok.token_ids == [4, 5, 6] and ok.cache_key is not None
+
+
+# --------------------------------------------------------------------------- one pool's swaps
+
+
+def test_a_pools_swap_out_releases_each_block_once_and_keeps_tokens_and_keys() -> None:
+    pool = PrefixCachingBlockAllocator(4, 2, name="GPU")
+    full = pool.allocate_immutable_block(None, [1, 2])
+    partial = pool.allocate_mutable_block(full)
+    partial.append_token_ids([3])
+    pool.swap_out([full, partial, full])
+    assert (full.block_id, partial.block_id) == (None, None)
+    assert (full.token_ids, partial.token_ids) == ([1, 2], [3])
+    assert isinstance(full, PrefixCachingBlock) and full.cache_key is not None
+    assert pool.is_block_cached(full) and not pool.is_block_cached(partial)
+    # the cached id went to the evictor (free, still findable), the other to the free pool
+    assert pool.get_num_free_blocks() == 4
+    assert pool.cache_stats().evictable_blocks == 1
+    assert pool.allocate_immutable_block(None, [1, 2]).block_id == 0
+    pool.check_invariants()
+
+
+def test_a_pools_swap_in_hits_cached_keys_and_caches_the_keys_it_gives_fresh_ids() -> None:
+    gpu = PrefixCachingBlockAllocator(4, 2, name="GPU")
+    cpu = PrefixCachingBlockAllocator(4, 2, block_ids=range(4, 8), name="CPU")
+    first = gpu.allocate_immutable_block(None, [1, 2])
+    twin = gpu.allocate_immutable_block(None, [1, 2])  # the same key: a hit on the same id
+    partial = gpu.allocate_mutable_block(first)
+    partial.append_token_ids([3])
+    gpu.swap_out([first, twin, partial])
+    cpu.swap_in([first, twin, partial])
+    # one id for the key (both objects share it, cached there), a fresh one for the rest
+    assert first.block_id == twin.block_id == 4 and partial.block_id == 5
+    assert cpu.refcount_of(4) == 2 and cpu.get_num_free_blocks() == 2
+    assert cpu.allocate_immutable_block(None, [1, 2]).block_id == 4  # now cached on the CPU
+    cpu.swap_out([first, twin, partial])
+    gpu.swap_in([first, twin])  # the key is still cached on the GPU (in its evictor): a hit
+    assert first.block_id == twin.block_id == 0 and gpu.refcount_of(0) == 2
+    assert gpu.cache_stats().evictable_blocks == 0
+    gpu.check_invariants()
+    cpu.check_invariants()
+
+
+def test_a_pools_swap_in_counts_a_hit_in_the_evictor_as_taking_a_free_id() -> None:
+    pool = PrefixCachingBlockAllocator(2, 2)
+    keyed = pool.allocate_immutable_block(None, [1, 2])
+    plain = pool.allocate_mutable_block(None)
+    pool.swap_out([keyed, plain])
+    hog = pool.allocate_mutable_block(None)  # takes the free id; the cached one is evictable
+    before = pool.to_spec()
+    with pytest.raises(NoFreeBlocksError):
+        pool.swap_in([keyed, plain])  # the hit takes the evictable id, the other needs one more
+    assert pool.to_spec() == before and (keyed.block_id, plain.block_id) == (None, None)
+    pool.free(hog)
+    pool.swap_in([keyed, plain])
+    assert keyed.block_id == 0 and plain.block_id == 1
+    pool.check_invariants()
 
 
 # --------------------------------------------------------------------------- bad input

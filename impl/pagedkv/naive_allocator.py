@@ -500,7 +500,7 @@ class NaiveBlockAllocator(BlockAllocator):
         :meth:`pagedkv.CpuGpuBlockAllocator.swap` is the sharing-preserving way to
         move blocks; this is the per-device primitive. Complexity: O(len(blocks)).
         """
-        unique = list(dict.fromkeys(blocks))
+        unique = list(dict.fromkeys(require_blocks(blocks)))
         moved: list[NaiveBlock] = []
         for b in unique:
             if type(b) is not NaiveBlock:
@@ -509,10 +509,7 @@ class NaiveBlockAllocator(BlockAllocator):
             if b._freed:
                 raise StaleBlockError("swap in")
             if b._block_id is not None:
-                raise InvalidSwapError(
-                    f"block id {b._block_id} is live (it was never swapped out), so it "
-                    "cannot be swapped in; swap in only blocks a swap out released"
-                )
+                raise still_live(b._block_id)
             moved.append(b)
         self._check_capacity(len(moved))
         for b in moved:
@@ -706,6 +703,14 @@ def wrong_source(block_id: int | None, src_name: str, dst_name: str) -> InvalidS
     return InvalidSwapError(
         f"block id {block_id} is on {dst_name}, not on {src_name}; pass the device it is "
         "on as the source"
+    )
+
+
+def still_live(block_id: int) -> InvalidSwapError:
+    """The error of a swap in given a block that still holds an id. O(1)."""
+    return InvalidSwapError(
+        f"block id {block_id} is live (it was never swapped out), so it cannot be swapped "
+        "in; swap in only blocks a swap out released"
     )
 
 

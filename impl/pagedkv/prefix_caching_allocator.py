@@ -52,6 +52,7 @@ from pagedkv.naive_allocator import (
     check_chunks,
     require_block,
     require_blocks,
+    still_live,
     wrong_source,
 )
 from pagedkv_spec.caching import NEVER_ACCESSED, CachePool, CachingState, ContentKey
@@ -758,7 +759,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
     def swap_out(self, blocks: list[Block]) -> None:
         """Release the blocks' ids here (cached ids go to the evictor); tokens and keys
         stay with the objects. Each distinct object once. Complexity: O(len * log n)."""
-        owned = [self._mine(b, "swap out") for b in dict.fromkeys(blocks)]
+        owned = [self._mine(b, "swap out") for b in dict.fromkeys(require_blocks(blocks))]
         for b in owned:
             if b._block_id is None:
                 raise BlockWithoutIdError("swap out")
@@ -772,13 +773,13 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         a keyed block is cached under its key). :meth:`pagedkv.CpuGpuBlockAllocator.swap`
         is the sharing-preserving way to move blocks. Complexity: O(len * log n)."""
         unique: list[PrefixCachingBlock] = []
-        for b in dict.fromkeys(blocks):
+        for b in dict.fromkeys(require_blocks(blocks)):
             if type(b) is not PrefixCachingBlock:
                 raise ForeignBlockError(b.block_id, "swap in: not a prefix-caching block")
             if b._freed:
                 raise StaleBlockError("swap in")
             if b._block_id is not None:
-                raise ForeignBlockError(b._block_id, "swap in: the block still holds an id")
+                raise still_live(b._block_id)
             unique.append(b)
         digests = [None if b._key is None else b._key.digest for b in unique]
         distinct = dict.fromkeys(d for d in digests if d is not None)
