@@ -46,6 +46,7 @@ from pagedkv.errors import (
     BlockWithoutIdError,
     DoubleFreeError,
     DuplicateRequestError,
+    EvictorError,
     ForeignBlockError,
     ImmutableBlockError,
     InvalidAllocatorConfigError,
@@ -74,6 +75,7 @@ from pagedkv.errors import (
     UnknownSequenceError,
     WorkloadError,
 )
+from pagedkv.evictor import LRUEvictor
 from pagedkv.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv.refcount import contiguous_range
 from pagedkv.scheduler import Scheduler, SchedulerConfig
@@ -262,7 +264,64 @@ def _caching_promote(which: int) -> None:
     pool.promote_to_immutable_block(cached if which == 0 else partial)
 
 
+def _one_caching_pool(fault: str) -> None:
+    pool = PrefixCachingBlockAllocator(4, 2)
+    first = pool.allocate_mutable_block(None)
+    first.append_token_ids([1])
+    second = pool.allocate_mutable_block(first)
+    second.append_token_ids([3, 4])  # full, after a block not cached yet
+    if fault == "uncached predecessor":
+        pool.promote_to_immutable_block(second)
+    pool.swap_out([second])
+    if fault == "swapped out":
+        pool.promote_to_immutable_block(second)
+    pool.free(first)
+    if fault == "freed":
+        pool.promote_to_immutable_block(first)
+    pool.fork(first)
+
+
 CACHING_MESSAGES = [
+    case(
+        "promote after an uncached block",
+        lambda: _one_caching_pool("uncached predecessor"),
+        PromotionError,
+        "cannot cache block 1: its predecessor is not cached; only a full block whose "
+        "predecessor is cached (or that is first) can be promoted",
+    ),
+    case(
+        "promote a swapped-out block",
+        lambda: _one_caching_pool("swapped out"),
+        BlockWithoutIdError,
+        "cannot promote a block that holds no block id (it was swapped out or never "
+        "allocated); swap it in or allocate a new block first",
+    ),
+    case(
+        "promote a freed block",
+        lambda: _one_caching_pool("freed"),
+        StaleBlockError,
+        "cannot promote a block object that was already freed: its id may now belong to "
+        "another sequence; drop this handle and use the live block",
+    ),
+    case(
+        "fork a freed caching block",
+        lambda: _one_caching_pool("fork"),
+        StaleBlockError,
+        "cannot fork a block object that was already freed: its id may now belong to "
+        "another sequence; drop this handle and use the live block",
+    ),
+    case(
+        "peek into an empty evictor",
+        lambda: LRUEvictor().peek(),
+        EvictorError,
+        "evictor, block -1: empty evictor, nothing to peek at; check len() first",
+    ),
+    case(
+        "update an id not in the evictor",
+        lambda: LRUEvictor().update(3, 1.0),
+        EvictorError,
+        "evictor, block 3: not in the evictor, cannot update it; add it first",
+    ),
     case(
         "append to a cached block",
         lambda: _caching()[1].append_token_ids([3]),

@@ -183,6 +183,15 @@ def test_full_ties_go_to_the_earliest_added_or_updated() -> None:
     assert [ev.evict()[0] for _ in range(3)] == [1, 2, 3]
 
 
+def test_an_add_after_an_update_ranks_after_it_among_full_ties() -> None:
+    ev = LRUEvictor()
+    for block_id in (0, 1):
+        ev.add(block_id, f"k{block_id}", 4, 0.0)
+    ev.update(0, 0.0)  # now the newest of the two
+    ev.add(2, "k2", 4, 0.0)  # newer still: the stamps keep increasing across updates
+    assert [ev.evict()[0] for _ in range(3)] == [1, 0, 2]
+
+
 def test_update_may_move_an_entry_back_in_time() -> None:
     ev = LRUEvictor()
     ev.add(0, "a", 4, 1.0)

@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from pagedkv import CpuGpuBlockAllocator, Device, PrefixCachingBlockAllocator
+from pagedkv import (
+    Block,
+    CpuGpuBlockAllocator,
+    Device,
+    NaiveBlockAllocator,
+    PrefixCachingBlockAllocator,
+)
 from pagedkv.errors import (
     ArgumentTypeError,
     BlockNotInUseError,
@@ -194,6 +200,21 @@ def test_swapping_a_cached_block_to_a_pool_that_has_it_copies_nothing() -> None:
     state(a, [on_cpu, gpu])
 
 
+def test_a_swap_counts_exactly_the_free_blocks_it_takes() -> None:
+    a = make(num_gpu=4, num_cpu=4)
+    on_gpu = a.allocate_immutable_block(None, [1, 2], GPU)
+    same = a.allocate_immutable_block(None, [1, 2], CPU)
+    other = a.allocate_immutable_block(None, [5, 6], CPU)
+    # the key in use on the GPU takes nothing; the other block one; each object once
+    assert a.get_num_blocks_to_swap([same, other, same], GPU) == 1
+    a.free(on_gpu)  # now in the GPU's evictor: a hit there takes one free block
+    assert a.get_num_blocks_to_swap([same, other], GPU) == 2
+    free = a.get_num_free_blocks(GPU)
+    a.swap([same, other], CPU, GPU)
+    assert a.get_num_free_blocks(GPU) == free - 2
+    state(a, [same, other])
+
+
 @pytest.mark.parametrize("key_function", ["sha256", "builtin"])
 def test_both_key_functions_cache(key_function: str) -> None:
     a = make(key_function=key_function)
@@ -241,6 +262,25 @@ def test_fill_if_private_writes_the_last_token_and_promotes_as_append_does() -> 
     assert results[0] == results[1]
 
 
+def test_fill_if_private_takes_token_0_in_a_pool_whose_ids_start_above_0() -> None:
+    pool = PrefixCachingBlockAllocator(4, 2, block_ids=range(4, 8))
+    blk = pool.allocate_mutable_block(None)
+    blk.append_token_ids([5])
+    assert blk.fill_if_private(0) == blk.block_id == 4
+    assert blk.token_ids == [5, 0] and pool.is_block_cached(blk)
+
+
+def test_append_token_id_if_private_writes_only_a_token_that_leaves_room() -> None:
+    pool = PrefixCachingBlockAllocator(4, 3, block_ids=range(4, 8))
+    blk = pool.allocate_mutable_block(None)
+    assert blk.append_token_id_if_private(1) and blk.append_token_id_if_private(2)
+    assert not blk.append_token_id_if_private(3)  # the filling token needs a promotion
+    assert blk.token_ids == [1, 2] and blk.cache_key is None
+    pool.swap_out([blk])
+    assert not blk.append_token_id_if_private(3)  # no id: nothing to write into
+    assert blk.token_ids == [1, 2]
+
+
 def test_fill_if_private_leaves_other_cases_to_the_general_append() -> None:
     a = make(num_gpu=6, block_size=3)
     short = a.allocate_mutable_block(None, GPU)
@@ -261,6 +301,65 @@ def test_fill_if_private_leaves_other_cases_to_the_general_append() -> None:
     assert state(a, [short, shared, twin, ok]) == before
     assert ok.fill_if_private(6) == ok.block_id
     assert ok.token_ids == [4, 5, 6] and ok.cache_key is not None
+
+
+# --------------------------------------------------------------------------- promotion by hand
+
+
+def _after_a_partial_block(
+    pool: PrefixCachingBlockAllocator, extra: tuple[str, ...] | None = None
+) -> tuple[Block, Block]:
+    """A partial block [1] and, chained after it, a full block [3, 4]: full but
+    unkeyed, since its predecessor was not cached when it filled."""
+    first = pool.allocate_mutable_block(None, extra)
+    first.append_token_ids([1])
+    second = pool.allocate_mutable_block(first, extra)
+    second.append_token_ids([3, 4])
+    return first, second
+
+
+def test_a_block_filled_after_a_partial_one_is_promoted_once_that_one_is_cached() -> None:
+    pool = PrefixCachingBlockAllocator(4, 2)
+    first, second = _after_a_partial_block(pool, ("salt",))
+    assert not pool.is_block_cached(second)
+    assert pool.get_num_full_blocks_touched([first, second]) == 1  # unkeyed: it is copied
+    with pytest.raises(PromotionError):
+        pool.promote_to_immutable_block(second)
+    first.append_token_ids([2])  # fills and caches the predecessor
+    assert pool.promote_to_immutable_block(second) == second.block_id == 1
+    assert pool.is_block_cached(second)
+    assert pool.get_num_full_blocks_touched([first, second]) == 0  # both cached, in use
+    # keyed after its predecessor, with its extra keys: the same chain hits both ids;
+    # without the salt, or after another parent, it misses
+    chain = [[1, 2], [3, 4]]
+    assert [b.block_id for b in pool.allocate_immutable_blocks(None, chain, ("salt",))] == [0, 1]
+    assert [b.block_id for b in pool.allocate_immutable_blocks(None, chain)] == [2, 3]
+    pool.check_invariants()
+    other = PrefixCachingBlockAllocator(4, 2)
+    first, second = _after_a_partial_block(other)
+    first.append_token_ids([2])
+    other.promote_to_immutable_block(second)
+    assert [b.block_id for b in other.allocate_immutable_blocks(None, [[9, 9], [3, 4]])] == [2, 3]
+
+
+def test_promoting_onto_a_cached_key_shares_that_id_and_gives_its_own_back() -> None:
+    pool = PrefixCachingBlockAllocator(4, 2, block_ids=range(4, 8))
+    cached = pool.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    first, second = _after_a_partial_block(pool)
+    first.append_token_ids([2])  # a hit: it now shares id 4, giving its own back
+    assert first.block_id == 4 and pool.get_num_free_blocks() == 1
+    assert pool.promote_to_immutable_block(second) == second.block_id == cached[1].block_id
+    assert pool.get_num_free_blocks() == 2 and pool.refcount_of(cached[1].block_id) == 2
+    assert pool.is_block_cached(second)  # it carries the cached key now
+    pool.check_invariants()
+
+
+def test_a_block_of_another_kind_is_never_cached_here() -> None:
+    pool = PrefixCachingBlockAllocator(4, 2)
+    pool.allocate_immutable_block(None, [1, 2])
+    naive = NaiveBlockAllocator(2, 2).allocate_immutable_block(None, [1, 2])
+    assert not pool.is_block_cached(naive)
+    assert pool.get_num_full_blocks_touched([naive]) == pool.get_num_blocks_to_swap_in([naive]) == 1
 
 
 # --------------------------------------------------------------------------- one pool's swaps
