@@ -317,6 +317,12 @@ CACHING_MESSAGES = [
         "evictor, block -1: empty evictor, nothing to peek at; check len() first",
     ),
     case(
+        "evict from an empty evictor",
+        lambda: LRUEvictor().evict(),
+        EvictorError,
+        "evictor, block -1: empty evictor, nothing to evict; check len() (or free blocks) first",
+    ),
+    case(
         "update an id not in the evictor",
         lambda: LRUEvictor().update(3, 1.0),
         EvictorError,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from helpers import raised
 from pagedkv import (
     Block,
     CpuGpuBlockAllocator,
@@ -270,15 +271,19 @@ def test_fill_if_private_takes_token_0_in_a_pool_whose_ids_start_above_0() -> No
     assert blk.token_ids == [5, 0] and pool.is_block_cached(blk)
 
 
-def test_append_token_id_if_private_writes_only_a_token_that_leaves_room() -> None:
+def test_the_private_appends_write_only_tokens_that_leave_room() -> None:
     pool = PrefixCachingBlockAllocator(4, 3, block_ids=range(4, 8))
     blk = pool.allocate_mutable_block(None)
     assert blk.append_token_id_if_private(1) and blk.append_token_id_if_private(2)
     assert not blk.append_token_id_if_private(3)  # the filling token needs a promotion
     assert blk.token_ids == [1, 2] and blk.cache_key is None
-    pool.swap_out([blk])
+    chunked = pool.allocate_mutable_block(None)
+    assert chunked.append_token_ids_if_private([1, 2])  # leaves the last slot free
+    assert not chunked.append_token_ids_if_private([3])
+    pool.swap_out([blk, chunked])
     assert not blk.append_token_id_if_private(3)  # no id: nothing to write into
-    assert blk.token_ids == [1, 2]
+    assert not chunked.append_token_ids_if_private([])
+    assert blk.token_ids == chunked.token_ids == [1, 2]
 
 
 def test_fill_if_private_leaves_other_cases_to_the_general_append() -> None:
@@ -417,6 +422,59 @@ def test_a_pools_swap_in_counts_a_hit_in_the_evictor_as_taking_a_free_id() -> No
     pool.swap_in([keyed, plain])
     assert keyed.block_id == 0 and plain.block_id == 1
     pool.check_invariants()
+
+
+# --------------------------------------------------------------------------- a pool not at 0
+
+
+def test_a_pool_whose_ids_start_above_0_tracks_access_and_computed_state() -> None:
+    """The CPU pool of a CpuGpuBlockAllocator starts at num_gpu_blocks: every per-id
+    table is indexed from the pool's first id."""
+    pool = PrefixCachingBlockAllocator(4, 2, block_ids=range(4, 8))
+    a = pool.allocate_immutable_block(None, [1, 2])
+    b = pool.allocate_immutable_block(None, [3, 4])
+    assert (a.block_id, b.block_id) == (4, 5) and not pool.block_is_computed(4)
+    pool.mark_blocks_as_computed([])
+    assert pool.block_is_computed(4) and pool.block_is_computed(5)
+    assert pool.get_num_computed_prefix_blocks([[1, 2], [5]]) == 1  # a partial chunk ends it
+    assert pool.get_computed_block_ids([], [4, 5, 8], False) == [4, 5]  # 8: not an id here
+    assert pool.get_computed_block_ids([], [4, 5], True) == [4]
+    assert pool.get_num_blocks_needed(a, [[3, 4]]) == 1  # [3, 4] after [1, 2] is not cached
+    pool.mark_blocks_as_accessed([5], 1.0)
+    pool.mark_blocks_as_accessed([4], 2.0)
+    hold = [pool.allocate_mutable_block(None) for _ in range(2)]  # ids 6 and 7
+    pool.free(a)
+    pool.free(b)
+    assert pool.allocate_mutable_block(None).block_id == 5  # the older access is evicted first
+    err = raised(ForeignBlockError, pool.block_is_computed, 8)
+    assert err.block_id == 8 and "not an id of" in str(err)
+    err = raised(ForeignBlockError, pool.mark_blocks_as_accessed, [9], 1.0)
+    assert err.block_id == 9 and "not an id of" in str(err)
+    assert hold[0].block_id == 6
+
+
+def test_counting_the_blocks_a_chain_needs_starts_from_its_predecessor() -> None:
+    pool = PrefixCachingBlockAllocator(4, 2)
+    first, _ = pool.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    assert pool.get_num_blocks_needed(first, [[3, 4]]) == 0  # a hit on an id in use
+    assert pool.get_num_blocks_needed(None, [[3, 4]]) == 1  # no parent: another key
+
+
+@pytest.mark.parametrize(
+    ("call", "parameter"),
+    [
+        (lambda p: p.mark_blocks_as_accessed("x", 1.0), "block_ids"),
+        (lambda p: p.get_computed_block_ids("x", [], False), "prev_computed_block_ids"),
+        (lambda p: p.get_computed_block_ids([], "x", False), "block_ids"),
+        (lambda p: p.get_computed_block_ids([], [], 1), "skip_last_block_id"),
+        (lambda p: p.get_common_computed_block_ids("x"), "computed_seq_block_ids"),
+    ],
+)
+def test_the_computed_state_queries_name_an_argument_of_the_wrong_type(
+    call: Any, parameter: str
+) -> None:
+    err = raised(ArgumentTypeError, call, PrefixCachingBlockAllocator(4, 2))
+    assert err.parameter == parameter
 
 
 # --------------------------------------------------------------------------- bad input

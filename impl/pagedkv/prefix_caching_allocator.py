@@ -30,7 +30,6 @@ from pagedkv._validate import (
 )
 from pagedkv.content_key import ExtraKeys, KeyFunction, check_extra_keys, get_key_function
 from pagedkv.errors import (
-    ArgumentTypeError,
     BlockNotInUseError,
     BlockOverflowError,
     BlockWithoutIdError,
@@ -930,9 +929,8 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
             raise ForeignBlockError(block_id, f"not an id of {self}")
         return bool(self._computed[block_id - self._first])
 
-    def _known_id(self, block_id: object) -> int:
-        if not isinstance(block_id, int) or isinstance(block_id, bool):
-            raise ArgumentTypeError("block id", block_id, "an int")
+    def _known_id(self, block_id: int) -> int:
+        """``block_id`` (an int: require_ids checked it) if in use or evictable here. O(1)."""
         if not self._first <= block_id < self._end:
             raise ForeignBlockError(block_id, f"not an id of {self}")
         if self._rc[block_id - self._first] == 0 and block_id not in self._evictor:
