@@ -504,7 +504,6 @@ class NaiveBlockAllocator(BlockAllocator):
         moved: list[NaiveBlock] = []
         for b in unique:
             if type(b) is not NaiveBlock:
-                require_block("block", b)
                 raise ForeignBlockError(b.block_id, "swap in: not a NaiveBlock")
             if b._freed:
                 raise StaleBlockError("swap in")
