@@ -29,6 +29,7 @@ from pagedkv.errors import (
     InvalidAllocatorConfigError,
     InvalidArgumentError,
     InvalidExtraKeysError,
+    InvariantViolationError,
     NoFreeBlocksError,
     PromotionError,
 )
@@ -569,3 +570,27 @@ assert False, "asserts are on"
 """
     proc = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- check_invariants
+
+
+def _pool_with_a_cached_block() -> tuple[PrefixCachingBlockAllocator, Block]:
+    pool = PrefixCachingBlockAllocator(4, 2, name="GPU")
+    return pool, pool.allocate_immutable_block(None, [1, 2])
+
+
+def test_check_invariants_names_the_pool_and_the_invariant_a_corruption_breaks() -> None:
+    pool, _ = _pool_with_a_cached_block()
+    pool._rc[0] = 0  # a cached id at refcount 0 that is not in the evictor
+    err = raised(InvariantViolationError, pool.check_invariants)
+    assert str(err).startswith(f"invariant {err.invariant} violated: {pool!r} breaks ")
+    pool, _ = _pool_with_a_cached_block()
+    pool._cached = {"another digest": 0}  # the map names id 0 under a key it does not carry
+    err = raised(InvariantViolationError, pool.check_invariants)
+    assert err.invariant == "C2" and "id 0 is mapped from a key it does not carry" in str(err)
+    pool, block = _pool_with_a_cached_block()
+    assert isinstance(block, PrefixCachingBlock) and block.cache_key is not None
+    pool._key_of[1] = block.cache_key  # an id outside the map carries a key
+    err = raised(InvariantViolationError, pool.check_invariants)
+    assert err.invariant == "C2" and "an id carries a key the map does not have" in str(err)
