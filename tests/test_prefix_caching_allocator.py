@@ -19,6 +19,7 @@ from pagedkv import (
     CpuGpuBlockAllocator,
     Device,
     NaiveBlockAllocator,
+    PrefixCachingBlock,
     PrefixCachingBlockAllocator,
 )
 from pagedkv.errors import (
@@ -33,7 +34,6 @@ from pagedkv.errors import (
     NoFreeBlocksError,
     PromotionError,
 )
-from pagedkv.prefix_caching_allocator import PrefixCachingBlock
 from pagedkv_spec.caching import CachingState
 
 GPU, CPU = Device.GPU, Device.CPU

@@ -534,7 +534,6 @@ class NaiveBlockAllocator(BlockAllocator):
         owned: list[NaiveBlock] = []
         for b in dict.fromkeys(require_blocks(blocks)):
             if type(b) is not NaiveBlock or (b._allocator is not self and b._allocator is not dst):
-                require_block("block", b)
                 raise ForeignBlockError(b.block_id, "cannot swap: not a block of this allocator")
             owned.append(b)
         if any(b._freed for b in owned):
