@@ -9,6 +9,9 @@ Full error messages are pinned once, in tests/test_error_messages.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from helpers import raised
@@ -20,6 +23,7 @@ from pagedkv.errors import (
     InvalidSequenceError,
     InvalidSequenceStateError,
     InvariantViolationError,
+    UnknownSequenceError,
 )
 from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerConfig
 from pagedkv_spec.invariants import REGISTRY
@@ -738,3 +742,58 @@ def test_to_spec_sorts_an_untracked_group_last() -> None:
     del sched._groups["c"]  # a Q1 fault: c is queued but not tracked
     view = sched.to_spec()
     assert view.tracked == ("a", "b") and view.waiting[0].arrival == 2
+
+
+# ---- wrong types at the scheduler's boundary: the error names the parameter
+
+
+def _bad(value: object) -> Any:
+    """``value`` typed as anything: the wrong type is the test."""
+    return value
+
+
+@pytest.mark.parametrize(
+    ("call", "parameter", "expected"),
+    [
+        (lambda s: Scheduler(_bad(1)), "block_manager", "a block manager (e.g. BlockSpaceManager)"),
+        (lambda s: Scheduler(s.block_manager, _bad("auto")), "config", "a SchedulerConfig or None"),
+        (lambda s: s.add_seq_group(_bad("r")), "seq_group", "a SequenceGroup"),
+        (lambda s: s.abort_seq_group(_bad(7)), "request_id", "a str"),
+        (lambda s: s.finish_seq(_bad("seq"), SequenceStatus.FINISHED_STOPPED), "seq", "a Sequence"),
+        (
+            lambda s: s.finish_seq(first(s.running[0]), _bad("stopped")),
+            "status",
+            "a SequenceStatus",
+        ),
+        (lambda s: SchedulerConfig(preemption_mode=_bad(1)), "preemption_mode", "a str"),
+    ],
+)
+def test_wrong_types_name_the_parameter_and_change_nothing(
+    call: Callable[[Scheduler], object], parameter: str, expected: str
+) -> None:
+    sched = make(num_gpu=8)
+    add(sched, "a", 4)
+    step(sched)
+
+    def queues() -> tuple[list[str], list[str], int]:
+        return ids(sched.waiting), ids(sched.running), sched.block_manager.get_num_free_gpu_blocks()
+
+    before = queues()
+    err = raised(ArgumentTypeError, call, sched)
+    assert (err.parameter, err.expected) == (parameter, expected)
+    assert queues() == before
+
+
+def test_an_empty_preemption_mode_is_a_config_error() -> None:
+    err = raised(InvalidSchedulerConfigError, lambda: SchedulerConfig(preemption_mode=""))
+    assert "preemption_mode" in str(err)
+
+
+def test_finish_seq_of_a_running_sequence_another_scheduler_owns_is_unknown() -> None:
+    sched, other = make(num_gpu=8), make(num_gpu=8)
+    group = add(other, "x", 4)
+    step(other)
+    stopped = SequenceStatus.FINISHED_STOPPED
+    err = raised(UnknownSequenceError, sched.finish_seq, first(group), stopped)
+    assert err.seq_id == first(group).seq_id
+    assert first(group).status is SequenceStatus.RUNNING
