@@ -1167,6 +1167,12 @@ def _running_arrival() -> None:
     make_scheduler(num_gpu=8).add_seq_group(SequenceGroup("c", [running]))
 
 
+def _computed_arrival() -> None:
+    seq = Sequence(3, [1, 2, 3])
+    seq.update_num_computed_tokens(2)
+    make_scheduler(num_gpu=8).add_seq_group(SequenceGroup("k", [seq]))
+
+
 def _queue_corruption(corrupt: Callable[[Scheduler], None]) -> Callable[[], None]:
     def call() -> None:
         sched, _, _, _ = one_in_each_queue()
@@ -1249,6 +1255,13 @@ SCHEDULER_MESSAGES = [
         _running_arrival,
         InvalidSequenceStateError,
         "request 'c': sequence 5 is RUNNING, not WAITING",
+    ),
+    case(
+        "arrives with computed tokens",
+        _computed_arrival,
+        InvalidSequenceStateError,
+        "request 'k': sequence 3 has 2 computed tokens but no KV blocks; "
+        "a new request starts with none",
     ),
     case(
         "arrives with an empty prompt",

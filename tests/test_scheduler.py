@@ -753,23 +753,44 @@ def _bad(value: object) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("call", "parameter", "expected"),
+    ("call", "parameter", "expected", "got"),
     [
-        (lambda s: Scheduler(_bad(1)), "block_manager", "a block manager (e.g. BlockSpaceManager)"),
-        (lambda s: Scheduler(s.block_manager, _bad("auto")), "config", "a SchedulerConfig or None"),
-        (lambda s: s.add_seq_group(_bad("r")), "seq_group", "a SequenceGroup"),
-        (lambda s: s.abort_seq_group(_bad(7)), "request_id", "a str"),
-        (lambda s: s.finish_seq(_bad("seq"), SequenceStatus.FINISHED_STOPPED), "seq", "a Sequence"),
+        (
+            lambda s: Scheduler(_bad(1)),
+            "block_manager",
+            "a block manager (e.g. BlockSpaceManager)",
+            "int 1",
+        ),
+        (
+            lambda s: Scheduler(s.block_manager, _bad("auto")),
+            "config",
+            "a SchedulerConfig or None",
+            "str 'auto'",
+        ),
+        (lambda s: s.add_seq_group(_bad("r")), "seq_group", "a SequenceGroup", "str 'r'"),
+        (lambda s: s.abort_seq_group(_bad(7)), "request_id", "a str", "int 7"),
+        (
+            lambda s: s.finish_seq(_bad("seq"), SequenceStatus.FINISHED_STOPPED),
+            "seq",
+            "a Sequence",
+            "str 'seq'",
+        ),
         (
             lambda s: s.finish_seq(first(s.running[0]), _bad("stopped")),
             "status",
             "a SequenceStatus",
+            "str 'stopped'",
         ),
-        (lambda s: SchedulerConfig(preemption_mode=_bad(1)), "preemption_mode", "a str"),
+        (
+            lambda s: SchedulerConfig(preemption_mode=_bad(1)),
+            "preemption_mode",
+            "a str",
+            "int 1",
+        ),
     ],
 )
-def test_wrong_types_name_the_parameter_and_change_nothing(
-    call: Callable[[Scheduler], object], parameter: str, expected: str
+def test_wrong_types_name_the_parameter_and_the_value_and_change_nothing(
+    call: Callable[[Scheduler], object], parameter: str, expected: str, got: str
 ) -> None:
     sched = make(num_gpu=8)
     add(sched, "a", 4)
@@ -781,6 +802,7 @@ def test_wrong_types_name_the_parameter_and_change_nothing(
     before = queues()
     err = raised(ArgumentTypeError, call, sched)
     assert (err.parameter, err.expected) == (parameter, expected)
+    assert str(err).endswith(f", got {got}")
     assert queues() == before
 
 
@@ -797,3 +819,17 @@ def test_finish_seq_of_a_running_sequence_another_scheduler_owns_is_unknown() ->
     err = raised(UnknownSequenceError, sched.finish_seq, first(group), stopped)
     assert err.seq_id == first(group).seq_id
     assert first(group).status is SequenceStatus.RUNNING
+
+
+def test_a_request_arriving_with_computed_tokens_is_refused_and_changes_nothing() -> None:
+    # Computed tokens without blocks have no KV anywhere; admitting the request would
+    # budget (and compute) only the rest of its prompt.
+    sched = make(num_gpu=8)
+    seq = Sequence(0, [7] * 8, 4)
+    seq.update_num_computed_tokens(4)
+    err = raised(InvalidSequenceStateError, sched.add_seq_group, SequenceGroup("r", [seq]))
+    assert "sequence 0 has 4 computed tokens but no KV blocks" in str(err)
+    assert (ids(sched.waiting), sched.next_seq_id()) == ([], 0)
+    seq.reset_state_for_recompute()
+    sched.add_seq_group(SequenceGroup("r", [seq]))  # the same request without them is queued
+    assert ids(sched.waiting) == ["r"]

@@ -134,10 +134,10 @@ class Scheduler:
     def add_seq_group(self, seq_group: SequenceGroup) -> None:
         """Queue a new request at the back of ``waiting``. Complexity: O(its sequences).
 
-        Its sequences must be WAITING without block tables, hold the same tokens
-        (admission allocates the first and forks the others), a prompt of at least
-        one token (InvalidSequenceStateError otherwise), and have request and
-        sequence ids unused by queued groups (DuplicateRequestError otherwise).
+        Its sequences must be WAITING without block tables or computed tokens, hold
+        the same tokens (admission allocates the first and forks the others), a prompt
+        of at least one token (InvalidSequenceStateError otherwise), and have request
+        and sequence ids unused by queued groups (DuplicateRequestError otherwise).
         """
         rid = require_instance("seq_group", seq_group, SequenceGroup, "a SequenceGroup").request_id
         if rid in self._groups:
@@ -153,6 +153,14 @@ class Scheduler:
             if seq.status is not _WAITING:
                 raise InvalidSequenceStateError(
                     f"request {rid!r}: sequence {seq.seq_id} is {seq.status.name}, not WAITING"
+                )
+            if seq.get_num_computed_tokens():
+                # Computed tokens without blocks have no KV anywhere: a prefill budgeted
+                # for the rest only would leave them unwritten.
+                raise InvalidSequenceStateError(
+                    f"request {rid!r}: sequence {seq.seq_id} has "
+                    f"{seq.get_num_computed_tokens()} computed tokens but no KV blocks; "
+                    "a new request starts with none"
                 )
             if seq.get_token_ids() != seqs[0].get_token_ids():
                 raise InvalidSequenceStateError(
@@ -291,10 +299,9 @@ class Scheduler:
             first = group.get_seqs(_WAITING)[0]
             # NOTE: with prefix caching, the prompt's leading blocks whose KV is cached
             # and written are skipped: the prefill computes (and is budgeted) the rest.
-            skip = 0
-            if manager.enable_caching:
-                cached = manager.get_num_cached_prefix_tokens(first)
-                skip = max(0, cached - first.get_num_computed_tokens())
+            # A waiting sequence has no computed tokens (add_seq_group refuses them,
+            # recompute preemption resets them), so the whole cached prefix is skipped.
+            skip = manager.get_num_cached_prefix_tokens(first) if manager.enable_caching else 0
             num_tokens = first.get_num_uncomputed_tokens() - skip
             num_seqs = group.get_max_num_running_seqs()
             reason = ""
