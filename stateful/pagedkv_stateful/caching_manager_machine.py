@@ -224,6 +224,7 @@ class CachingManagerMachine(RuleBasedStateMachine):
             seq.status = RUNNING
         self.waiting.pop(group.request_id, None)
         self.groups[group.request_id] = group
+        self._check_common_computed(group)
 
     @rule(data=st.data())
     def preempt_by_recompute(self, data: st.DataObject) -> None:
@@ -272,6 +273,7 @@ class CachingManagerMachine(RuleBasedStateMachine):
                     self._unchanged(before, "append_slots", err)
                 self._drop(group)  # the engine would preempt it
                 return
+        self._check_common_computed(group)
 
     @rule(data=st.data())
     def fork(self, data: st.DataObject) -> None:
@@ -354,6 +356,7 @@ class CachingManagerMachine(RuleBasedStateMachine):
         if decision.status == AllocStatus.OK:
             for seq in group.get_seqs(RUNNING):
                 self._append(seq)  # can_swap_in OK covers these appends
+        self._check_common_computed(group)
         event("swap_in")
 
     @rule()
@@ -389,8 +392,13 @@ class CachingManagerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def get_common_computed_block_ids(self, data: st.DataObject) -> None:
         group = self._group(data, RUNNING)
-        if group is None:
-            return
+        if group is not None:
+            self._check_common_computed(group)
+
+    def _check_common_computed(self, group: SequenceGroup) -> None:
+        """The group's common computed prefix is the one recomputed from scratch. An engine
+        asks for it whenever it schedules a group, so the rules that schedule one
+        (admission, appends, swap-in) ask too: a stale answer shows within a step."""
         seqs = group.get_seqs(RUNNING)
         got = self.manager.get_common_computed_block_ids(seqs)
         want = list(spec.get_common_computed_block_ids(self._model(), [s.seq_id for s in seqs]))
