@@ -174,8 +174,9 @@ def test_the_caching_kv_machine_catches_at_byte_level(bug: str) -> None:
     """A cached block served under another salt or prefix, or reported as computed
     before the batch wrote it, reads back the wrong KV (or zeros), or two sequences
     write different KV into one shared slot."""
+    # 600 examples found "computed set at promotion" for 14 of 15 random seeds
     with pytest.raises(AssertionError, match=r"KV1|share slot"):
-        run_state_machine_as_test(PLANTED_CACHING[bug], settings=find_fast(600, 30))
+        run_state_machine_as_test(PLANTED_CACHING[bug], settings=find_fast(1500, 30))
 
 
 def test_the_prefix_digest_tells_prefixes_and_salts_apart() -> None:

@@ -503,7 +503,13 @@ class ManagerMachine(LockstepMachine):
         self.live[request_id] = group
         return request_id
 
-    @rule(request_id=groups, lookahead=st.integers(0, 2), new_tokens=st.integers(1, 2))
+    # NOTE: weighted to the serving engine's common decode step (one token, no
+    # lookahead): the copy-on-write of a shared partial block happens there.
+    @rule(
+        request_id=groups,
+        lookahead=st.sampled_from([0, 0, 1, 2]),
+        new_tokens=st.sampled_from([1, 1, 2]),
+    )
     def append_slots(self, request_id: str, lookahead: int, new_tokens: int) -> None:
         lookahead = self._la(lookahead)
         group = self.live.get(request_id)
