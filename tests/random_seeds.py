@@ -1,0 +1,23 @@
+"""A pytest plugin that runs the planted-bug searches under random seeds.
+
+``find_fast`` derandomises, but Hypothesis also draws constants from the local
+modules imported so far, so a planted bug's search depends on what ran before it.
+This plugin measures how reliably each planted bug is found, seed by seed
+(docs/assurance.md): ``PYTHONPATH=tests pytest -p random_seeds tests/test_*planted*.py``.
+Load it before the test modules import ``find_fast`` (``-p`` does).
+"""
+
+from __future__ import annotations
+
+from hypothesis import settings
+
+from pagedkv_stateful import profiles
+
+_derandomised = profiles.find_fast
+
+
+def _random_seeded(max_examples: int = 300, steps: int = 30) -> settings:
+    return settings(_derandomised(max_examples, steps), derandomize=False)
+
+
+profiles.find_fast = _random_seeded
