@@ -1204,6 +1204,12 @@ add(
     lambda w: w["s"].add_seq_group(SequenceGroup("r9", [_running(62)])),
     errors.InvalidSequenceStateError,
 )
+add(
+    "scheduler add_seq_group a seq with computed tokens",
+    _scheduler,
+    lambda w: w["s"].add_seq_group(SequenceGroup("r9", [_computed(63)])),
+    errors.InvalidSequenceStateError,
+)
 for _bad in (None, 5):
     add(
         f"scheduler abort_seq_group({_bad!r})",
@@ -1241,6 +1247,12 @@ add(
 def _finished(seq_id: int) -> Sequence:
     s = _seq(seq_id)
     s.status = SequenceStatus.FINISHED_STOPPED
+    return s
+
+
+def _computed(seq_id: int) -> Sequence:
+    s = _seq(seq_id)
+    s.update_num_computed_tokens(2)  # no blocks hold them
     return s
 
 

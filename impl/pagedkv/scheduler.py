@@ -154,13 +154,12 @@ class Scheduler:
                 raise InvalidSequenceStateError(
                     f"request {rid!r}: sequence {seq.seq_id} is {seq.status.name}, not WAITING"
                 )
-            if seq.get_num_computed_tokens():
+            if computed := seq.get_num_computed_tokens():
                 # Computed tokens without blocks have no KV anywhere: a prefill budgeted
                 # for the rest only would leave them unwritten.
                 raise InvalidSequenceStateError(
-                    f"request {rid!r}: sequence {seq.seq_id} has "
-                    f"{seq.get_num_computed_tokens()} computed tokens but no KV blocks; "
-                    "a new request starts with none"
+                    f"request {rid!r}: sequence {seq.seq_id} has {computed} computed "
+                    "tokens but no KV blocks; a new request starts with none"
                 )
             if seq.get_token_ids() != seqs[0].get_token_ids():
                 raise InvalidSequenceStateError(
