@@ -1124,6 +1124,7 @@ def test_append_next_token_writes_and_fills_a_private_caching_block() -> None:
     assert t.physical_block_ids == [own] and t.num_full_slots == 4
     assert t.get_block_token_ids() == [(1, 2, 3, 4)]
     assert alloc.get_prefix_cache_hit_rate(GPU) == 0.0  # promoted, not a hit
+    alloc.mark_blocks_as_computed([])  # its batch ran: the cached id's KV is written
     # the same content filled in another table shares the cached id, giving its own back
     other = BlockTable(4, alloc)
     other.allocate([1, 2, 3])

@@ -127,10 +127,16 @@ PLANTED: dict[str, type[CachingAllocatorMachine]] = {
 }
 
 
+# Examples per search. Evictor entries are written blocks only (C9), so an out-of-order
+# eviction needs marks before frees: 13 of 16 random seeds found it at 800, 16 of 16 at
+# 1,500 (docs/assurance.md).
+BUDGET = {"evictor scanning in the wrong order": 1500}
+
+
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_the_caching_machine_catches(bug: str) -> None:
     with pytest.raises((Violation, AssertionError)):
-        run_state_machine_as_test(PLANTED[bug], settings=find_fast(800, 40))
+        run_state_machine_as_test(PLANTED[bug], settings=find_fast(BUDGET.get(bug, 800), 40))
 
 
 # --------------------------------------------------------------------------- manager level

@@ -250,9 +250,9 @@ def test_the_caching_level_passes_conforming_prefix_caching_allocators(
 def test_the_caching_level_finds_planted_bugs(
     factory: Callable[..., Any], names: tuple[str, ...], examples: int
 ) -> None:
-    # Seed 2 reaches both findings early (5-15 s; derandomized runs took 23-27 s): the
-    # seed only changes how soon, the budget still decides whether.
-    report = check(factory, examples=examples, level="caching", max_violations=1, seed_value=2)
+    # Seed 1 reaches both findings early (13 s for C8; seeds 0-3 found it in 13-203 s,
+    # mostly shrinking): the seed only changes how soon, the budget decides whether.
+    report = check(factory, examples=examples, level="caching", max_violations=1, seed_value=1)
     assert report.findings, report.render()
     (finding,) = report.findings
     assert finding.invariant in names, report.render()

@@ -281,7 +281,23 @@ def _one_caching_pool(fault: str) -> None:
     pool.fork(first)
 
 
+def _promote_onto_unwritten() -> None:
+    pool = PrefixCachingBlockAllocator(4, 2)
+    pool.allocate_immutable_block(None, [3, 4])  # id 0: cached, its batch not run yet
+    full = pool.allocate_mutable_block(None)
+    full.append_token_ids([3])
+    full.append_token_ids([4])  # the same content: kept uncached in its own id 1
+    pool.promote_to_immutable_block(full)
+
+
 CACHING_MESSAGES = [
+    case(
+        "promote onto a cached id not written yet",
+        _promote_onto_unwritten,
+        PromotionError,
+        "cannot cache block 1: its content is cached under id 0, whose KV is not written "
+        "yet; promote it after mark_blocks_as_computed (once the batch writing id 0 ran)",
+    ),
     case(
         "promote after an uncached block",
         lambda: _one_caching_pool("uncached predecessor"),

@@ -151,7 +151,7 @@ def _probe(
 #: those it checks per object (every table): after every step with such objects.
 AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] = {
     AllocatorMachine: ({"P1", "P2", "P3", "P5", "I1", "I4", "I6"}, set()),
-    CachingAllocatorMachine: ({"C1", "C2", "C3", "C4", "C5", "C6", "C7"}, set()),
+    CachingAllocatorMachine: ({"C1", "C2", "C3", "C4", "C5", "C6", "C7", "C9"}, set()),
     ManagerMachine: (
         {"P1", "P2", "P3", "P5", "I1", "I4", "I6", "M2", "M3", "M4"},
         {"T1", "T2", "T3", "T4"},
@@ -414,6 +414,7 @@ def _planted_caching(corrupt: Callable[[Any, list[Any]], None]) -> Callable[[], 
         chain = a.allocate_immutable_blocks(None, [[1, 2], [3, 4]], GPU)
         tail = a.allocate_mutable_block(chain[-1], GPU)
         gone = a.allocate_immutable_blocks(None, [[7, 7]], GPU)
+        a.mark_blocks_as_computed([])  # the batch ran: every cached block is written
         a.free(gone[0])  # now in the evictor
         live = [*chain, tail]
         corrupt(a.get_allocator(GPU), live)
@@ -439,6 +440,26 @@ class _NewestFirstEvictor(LRUEvictor):
         return block_id, key
 
 
+class _SharesUnwrittenIds(PrefixCachingBlockAllocator):
+    """A filling block shares the id its key is cached under, written or not (C10)."""
+
+    __slots__ = ()
+
+    def _written_hit(self, digest: Any) -> int | None:
+        return self._cached.get(digest)
+
+
+def _planted_c10() -> str:
+    class Planted(CachingAllocatorMachine):
+        def make_impl(self, *args: Any) -> Any:
+            a = CpuGpuBlockAllocator.create("prefix_caching", *args)
+            for device in (GPU, CPU):
+                a.get_allocator(device).__class__ = _SharesUnwrittenIds
+            return a
+
+    return _machine_failure(Planted, 400)
+
+
 def _planted_c8() -> str:
     class Planted(CachingAllocatorMachine):
         def make_impl(self, *args: Any) -> Any:
@@ -461,6 +482,9 @@ PLANTED: dict[str, Callable[[], str]] = {
     "C6": _planted_caching(lambda p, live: p._cow.append((0, 0))),
     "C7": _planted_caching(lambda p, live: setattr(p, "_hits", 9)),
     "C8": _planted_c8,
+    # the evictor's entry for the block freed after its batch, as if never written
+    "C9": _planted_caching(lambda p, live: p._computed.__setitem__(p._evictor.entries()[0][0], 0)),
+    "C10": _planted_c10,
     "P1": _planted_pool(lambda a: a._stack.append(3)),  # id 3 twice on the free list
     "P2": _planted_pool(lambda a: a._rc.__setitem__(3, 1)),  # a free id with a reference
     "P3": _planted_pool(lambda a: a._rc.__setitem__(0, -1)),

@@ -149,23 +149,49 @@ class _ComputedAtPromotion(PrefixCachingBlockAllocator):
         self._set_computed(block_id)  # before the batch has written it: the bug
 
 
-class _ComputedAtPromotionKV(CachingKVMachine):
-    def make_manager(self, *args: Any) -> BlockSpaceManager:
-        manager = super().make_manager(*args)
-        num_gpu, num_cpu, size = self.num_gpu, manager.num_total_cpu_blocks, self.block_size
-        gpu = _ComputedAtPromotion(num_gpu, size, range(num_gpu), "GPU")
-        cpu = _ComputedAtPromotion(num_cpu, size, range(num_gpu, num_gpu + num_cpu), "CPU")
-        manager.block_allocator = CpuGpuBlockAllocator(
-            cpu_block_allocator=cpu, gpu_block_allocator=gpu
-        )
-        manager._gpu_pool = gpu
-        return manager
+class SharesUnwrittenKV(PrefixCachingBlockAllocator):
+    """vLLM 0.6.3's rules (and pagedkv's before C9 and C10): a cached id freed before its
+    KV was written stays cached in the evictor, and a block that fills shares whatever
+    id its key is cached under, written or not."""
+
+    __slots__ = ()
+
+    def _decref(self, block_id: int) -> None:
+        i = block_id - self._first
+        key = self._key_of[i]
+        if self._rc[i] == 1 and key is not None and not self._computed[i]:
+            self._rc[i] = 0
+            self._touched.discard(block_id)
+            self._evictor.add(block_id, key.digest, key.depth, self._last_accessed[i])
+            return
+        super()._decref(block_id)
+
+    def _written_hit(self, digest: Any) -> int | None:
+        return self._cached.get(digest)
+
+
+def _pools_of(cls: type[PrefixCachingBlockAllocator]) -> type[KVMachine]:
+    class Planted(CachingKVMachine):
+        def make_manager(self, *args: Any) -> BlockSpaceManager:
+            manager = super().make_manager(*args)
+            num_gpu, num_cpu, size = self.num_gpu, manager.num_total_cpu_blocks, self.block_size
+            gpu = cls(num_gpu, size, range(num_gpu), "GPU")
+            cpu = cls(num_cpu, size, range(num_gpu, num_gpu + num_cpu), "CPU")
+            manager.block_allocator = CpuGpuBlockAllocator(
+                cpu_block_allocator=cpu, gpu_block_allocator=gpu
+            )
+            manager._gpu_pool = gpu
+            return manager
+
+    Planted.__name__ = f"{cls.__name__}KV"
+    return Planted
 
 
 PLANTED_CACHING: dict[str, type[KVMachine]] = {
     "key ignoring the salt": _planted_caching(_key_without_salt),
     "key ignoring the parent": _planted_caching(_key_without_parent),
-    "computed set at promotion": _ComputedAtPromotionKV,
+    "computed set at promotion": _pools_of(_ComputedAtPromotion),
+    "a fill shares KV no batch wrote": _pools_of(SharesUnwrittenKV),
 }
 
 

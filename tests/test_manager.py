@@ -1208,6 +1208,7 @@ def test_cache_stats_are_the_pools_with_caching_and_none_without() -> None:
     m = BlockSpaceManager(2, 6, 2, watermark=0.0, enable_caching=True)
     g = group_of("a", [1, 2, 3])
     admit(m, g)
+    m.mark_blocks_as_computed(g)  # the prefill ran
     gpu, cpu = m.cache_stats(GPU), m.cache_stats(CPU)
     assert gpu is not None and cpu is not None
     assert (gpu.cached_blocks, cpu.cached_blocks) == (1, 0)
@@ -1250,6 +1251,7 @@ def test_append_slots_batch_counts_a_block_a_filled_block_gives_back() -> None:
         )
         for g in (keep, a, b, c):
             admit(m, g)
+        m.mark_blocks_as_computed(keep)  # the prefill ran: "p"'s cached block is written
         assert m.get_num_free_gpu_blocks() == 1
         a.get_seqs()[0].append_token_id(2)  # fills [1, 2]: cached by "p"
         for seq, token in zip(b.get_seqs(), (7, 8), strict=True):
@@ -1260,3 +1262,76 @@ def test_append_slots_batch_counts_a_block_a_filled_block_gives_back() -> None:
     assert (got.num_appended, got.blocks_to_copy) == want == (2, [])
     assert managers[1].get_num_free_gpu_blocks() == managers[0].get_num_free_gpu_blocks() == 0
     managers[1].check_invariants()
+
+
+# ------------------------------------------------------- prefix caching: only written KV is shared
+
+PROMPT = list(range(100, 109))  # block size 4: S[4:8] is the second block
+
+
+def _written_then_aborted(n: int = 1) -> tuple[BlockSpaceManager, SequenceGroup, list[int]]:
+    """Q (``n`` sequences) admitted with S[:7], its prefill run and marked; P admitted with
+    S[:8] (its second block S[4:8] full and cached) and aborted before its batch ran."""
+    m = BlockSpaceManager(4, 16, 4, watermark=0.0, enable_caching=True)
+    q = group_of("q", PROMPT[:7], n=n)
+    admit(m, q)
+    m.mark_blocks_as_computed(q)
+    q_ids = list(m.get_block_table(q.get_seqs()[0]))
+    p = group_of("p", PROMPT[:8], first_id=n)
+    admit(m, p)
+    m.free(p.get_seqs()[0])
+    return m, q, q_ids
+
+
+def _r_skips(m: BlockSpaceManager, first_id: int) -> tuple[int, list[int]]:
+    """R with S[:9]: the tokens it may skip, and its table's first two ids once admitted."""
+    r = group_of("r", PROMPT[:9], first_id=first_id)
+    cached = m.get_num_cached_prefix_tokens(r.get_seqs()[0])
+    admit(m, r)
+    return cached, list(m.get_block_table(r.get_seqs()[0])[:2])
+
+
+def test_a_filling_decode_keeps_its_own_block_when_the_cached_one_was_never_written() -> None:
+    """The decode fills Q's second block with S[4:8], the content of P's aborted block:
+    Q keeps its own block (its positions 4-6 are written there), which is cached once
+    Q's batch ran; R then skips exactly Q's two written blocks (C9)."""
+    m, q, q_ids = _written_then_aborted()
+    seq = q.get_seqs()[0]
+    seq.append_token_id(PROMPT[7])
+    assert m.append_slots(seq) == []
+    assert m.get_block_table(seq) == q_ids
+    m.mark_blocks_as_computed(q)
+    assert _r_skips(m, 5) == (8, q_ids)
+    m.check_invariants()
+
+
+def test_a_filling_decode_of_a_forked_sequence_copies_its_own_block_not_the_aborted_one() -> None:
+    m, q, q_ids = _written_then_aborted(n=2)
+    seq = q.get_seqs()[0]
+    seq.append_token_id(PROMPT[7])
+    (cow,) = m.append_slots(seq)  # the shared partial block is copied on write
+    assert cow[0] == q_ids[1] and m.get_block_table(seq) == [q_ids[0], cow[1]]
+    m.mark_blocks_as_computed(q)
+    assert _r_skips(m, 5) == (8, [q_ids[0], cow[1]])
+    m.check_invariants()
+
+
+def test_a_fill_scheduled_beside_a_pending_prefill_keeps_its_own_block_uncached() -> None:
+    """C10: P's second block is cached but its batch has not run when Q's decode fills
+    the same content, so Q keeps its own block (uncached); P is then aborted, and R
+    skips only the first block (the second is nowhere cached and written)."""
+    m = BlockSpaceManager(4, 16, 4, watermark=0.0, enable_caching=True)
+    q = group_of("q", PROMPT[:7])
+    admit(m, q)
+    m.mark_blocks_as_computed(q)
+    q_ids = list(m.get_block_table(q.get_seqs()[0]))
+    p = group_of("p", PROMPT[:8], first_id=1)
+    admit(m, p)  # scheduled in this step, beside Q's decode
+    seq = q.get_seqs()[0]
+    seq.append_token_id(PROMPT[7])
+    assert m.append_slots(seq) == [] and m.get_block_table(seq) == q_ids
+    m.free(p.get_seqs()[0])  # aborted before the forward pass
+    m.mark_blocks_as_computed(q)
+    cached, ids = _r_skips(m, 2)
+    assert cached == 4 and ids[0] == q_ids[0] and ids[1] != q_ids[1]
+    m.check_invariants()

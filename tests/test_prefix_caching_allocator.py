@@ -85,6 +85,7 @@ def test_near_colliding_extra_keys_never_share() -> None:
 def test_a_freed_cached_block_stays_findable_until_the_free_pool_is_empty() -> None:
     a = make(num_gpu=2, num_cpu=0)
     b = a.allocate_immutable_block(None, [1, 2], GPU)
+    a.mark_blocks_as_computed([])  # its batch ran: its KV is written
     a.free(b)
     assert a.get_num_free_blocks(GPU) == 2 and a.cache_stats(GPU).evictable_blocks == 1
     m = a.allocate_mutable_block(None, GPU)  # takes the free id, not the cached one
@@ -102,6 +103,7 @@ def test_eviction_takes_the_oldest_then_the_deepest_whatever_the_arrival_order()
     a = make(num_gpu=4, num_cpu=0, block_size=1)
     chain = a.allocate_immutable_blocks(None, [[1], [2], [3]], GPU)  # ids 0, 1, 2
     other = a.allocate_immutable_block(None, [7], GPU)  # id 3
+    a.mark_blocks_as_computed([])
     a.mark_blocks_as_accessed([0, 1, 2], 5.0)
     a.mark_blocks_as_accessed([3], 9.0)
     for b in (other, chain[0], chain[2], chain[1]):  # reach the evictor out of time order
@@ -174,6 +176,7 @@ def test_a_full_shared_block_whose_key_is_cached_is_shared_without_a_copy() -> N
     a = make(num_gpu=4, num_cpu=0)
     cached = a.allocate_immutable_block(None, [1, 2], GPU)
     partial = a.allocate_immutable_block(None, [1], GPU)
+    a.mark_blocks_as_computed([])  # the cached block's KV is written
     forked = a.get_allocator(GPU).fork(partial)[0]
     forked.append_token_ids([2])  # shared and now full: the cached id, no CoW
     assert forked.block_id == cached.block_id and a.clear_copy_on_writes() == []
@@ -230,6 +233,7 @@ def test_reset_prefix_cache_drops_only_unused_cached_blocks() -> None:
     a = make(num_gpu=3, num_cpu=0)
     keep = a.allocate_immutable_block(None, [1, 2], GPU)
     drop = a.allocate_immutable_block(None, [3, 4], GPU)
+    a.mark_blocks_as_computed([])
     a.free(drop)
     assert a.reset_prefix_cache() == 1
     assert a.cache_stats(GPU).cached_blocks == 1
@@ -247,6 +251,7 @@ def test_fill_if_private_writes_the_last_token_and_promotes_as_append_does() -> 
     results = []
     for a in (fast, slow):
         cached = a.allocate_immutable_block(None, [1, 2], GPU)  # key (1, 2) cached: id 0
+        a.mark_blocks_as_computed([])  # and written
         fresh = a.allocate_mutable_block(None, GPU)
         fresh.append_token_ids([1])
         other = a.allocate_mutable_block(None, GPU)
@@ -351,6 +356,7 @@ def test_a_block_filled_after_a_partial_one_is_promoted_once_that_one_is_cached(
 def test_promoting_onto_a_cached_key_shares_that_id_and_gives_its_own_back() -> None:
     pool = PrefixCachingBlockAllocator(4, 2, block_ids=range(4, 8))
     cached = pool.allocate_immutable_blocks(None, [[1, 2], [3, 4]])
+    pool.mark_blocks_as_computed([])
     first, second = _after_a_partial_block(pool)
     first.append_token_ids([2])  # a hit: it now shares id 4, giving its own back
     assert first.block_id == 4 and pool.get_num_free_blocks() == 1
@@ -368,12 +374,89 @@ def test_a_block_of_another_kind_is_never_cached_here() -> None:
     assert pool.get_num_full_blocks_touched([naive]) == pool.get_num_blocks_to_swap_in([naive]) == 1
 
 
+# ------------------------------------------------------------ only written KV is shared
+
+
+def test_a_cached_block_freed_before_its_kv_is_written_loses_its_key() -> None:
+    """C9: its batch never ran, so no later request may hit it or fill onto it."""
+    a = make(num_gpu=3, num_cpu=0)
+    b = a.allocate_immutable_block(None, [1, 2], GPU)  # promoted: its batch would write it
+    a.free(b)  # aborted before that batch ran
+    stats = a.cache_stats(GPU)
+    assert (stats.cached_blocks, stats.evictable_blocks) == (0, 0)
+    assert a.get_num_free_blocks(GPU) == 3
+    again = a.allocate_immutable_block(None, [1, 2], GPU)  # a miss: the key was dropped
+    assert a.get_prefix_cache_hit_rate(GPU) == 0.0 and again.block_id == 0
+    state(a, [again])
+
+
+def test_a_written_cached_block_freed_stays_findable_in_the_evictor() -> None:
+    a = make(num_gpu=3, num_cpu=0)
+    b = a.allocate_immutable_block(None, [1, 2], GPU)
+    a.mark_blocks_as_computed([])
+    a.free(b)
+    assert a.cache_stats(GPU).evictable_blocks == 1
+    assert a.allocate_immutable_block(None, [1, 2], GPU).block_id == 0  # a hit
+    assert a.get_prefix_cache_hit_rate(GPU) == 0.5
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_fill_onto_a_cached_id_not_written_yet_keeps_its_own_block(fast: bool) -> None:
+    """C10: the filling block's first tokens are written in its own id; the cached id's
+    writer has not run (and may never run), so the block keeps its id, uncached."""
+    a = make(num_gpu=4, num_cpu=0)
+    pending = a.allocate_immutable_block(None, [1, 2], GPU)  # cached, its batch pending
+    own = a.allocate_mutable_block(None, GPU)
+    own.append_token_ids([1])
+    own_id = own.block_id
+    if fast:
+        assert own.fill_if_private(2) == own_id
+    else:
+        own.append_token_ids([2])
+    assert own.block_id == own_id != pending.block_id and own.cache_key is None
+    assert a.get_allocator(GPU).refcount_of(pending.block_id) == 1
+    a.free(pending)  # the writer aborts: its id loses its key (C9); own still reads its KV
+    assert a.cache_stats(GPU).cached_blocks == 0 and own.token_ids == [1, 2]
+    state(a, [own])
+
+
+def test_a_shared_fill_onto_a_cached_id_not_written_yet_copies_on_write() -> None:
+    a = make(num_gpu=4, num_cpu=0)
+    pending = a.allocate_immutable_block(None, [1, 2], GPU)
+    partial = a.allocate_immutable_block(None, [1], GPU)
+    forked = a.get_allocator(GPU).fork(partial)[0]
+    forked.append_token_ids([2])  # shared: a copy on write, not the unwritten cached id
+    assert forked.block_id not in (pending.block_id, partial.block_id)
+    assert a.clear_copy_on_writes() == [(partial.block_id, forked.block_id)]
+    assert forked.cache_key is None
+    state(a, [pending, partial, forked])
+
+
+def test_promoting_onto_a_cached_id_not_written_yet_is_refused_until_it_is() -> None:
+    pool = PrefixCachingBlockAllocator(4, 2)
+    cached = pool.allocate_immutable_block(None, [1, 2])  # id 0
+    pool.mark_blocks_as_computed([])
+    first, second = _after_a_partial_block(pool)  # ids 1 ([1]) and 2 ([3, 4], unkeyed)
+    first.append_token_ids([2])  # shares the written id 0, gives id 1 back
+    pending = pool.allocate_immutable_block(cached, [3, 4])  # id 1, not written yet
+    assert (first.block_id, pending.block_id) == (0, 1)
+    before = pool.to_spec()
+    with pytest.raises(PromotionError, match="id 1, whose KV is not written yet"):
+        pool.promote_to_immutable_block(second)
+    assert pool.to_spec() == before and second.block_id == 2 and not pool.is_block_cached(second)
+    pool.mark_blocks_as_computed([])  # the batch ran: now a dedup onto the written id 1
+    assert pool.promote_to_immutable_block(second) == second.block_id == 1
+    assert pool.refcount_of(1) == 2 and pool.get_num_free_blocks() == 2
+    pool.check_invariants()
+
+
 # --------------------------------------------------------------------------- one pool's swaps
 
 
 def test_a_pools_swap_out_releases_each_block_once_and_keeps_tokens_and_keys() -> None:
     pool = PrefixCachingBlockAllocator(4, 2, name="GPU")
     full = pool.allocate_immutable_block(None, [1, 2])
+    pool.mark_blocks_as_computed([])
     partial = pool.allocate_mutable_block(full)
     partial.append_token_ids([3])
     pool.swap_out([full, partial, full])
@@ -393,6 +476,7 @@ def test_a_pools_swap_in_hits_cached_keys_and_caches_the_keys_it_gives_fresh_ids
     cpu = PrefixCachingBlockAllocator(4, 2, block_ids=range(4, 8), name="CPU")
     first = gpu.allocate_immutable_block(None, [1, 2])
     twin = gpu.allocate_immutable_block(None, [1, 2])  # the same key: a hit on the same id
+    gpu.mark_blocks_as_computed([])
     partial = gpu.allocate_mutable_block(first)
     partial.append_token_ids([3])
     gpu.swap_out([first, twin, partial])
@@ -412,6 +496,7 @@ def test_a_pools_swap_in_hits_cached_keys_and_caches_the_keys_it_gives_fresh_ids
 def test_a_pools_swap_in_counts_a_hit_in_the_evictor_as_taking_a_free_id() -> None:
     pool = PrefixCachingBlockAllocator(2, 2)
     keyed = pool.allocate_immutable_block(None, [1, 2])
+    pool.mark_blocks_as_computed([])
     plain = pool.allocate_mutable_block(None)
     pool.swap_out([keyed, plain])
     hog = pool.allocate_mutable_block(None)  # takes the free id; the cached one is evictable

@@ -47,6 +47,18 @@ CACHE = C.CachingState(
     (C.CBlock(GPU, 0, (1, 2), None, (), _K0),),
 )
 
+# a fill: a mutable block (handle 1, id 2) takes its last token and shares cached id 0
+FILL_BEFORE = replace(
+    CACHE,
+    gpu=replace(CACHE.gpu, refcounts=(1, 0, 1), free=()),
+    blocks=(*CACHE.blocks, C.CBlock(GPU, 2, (1,), None)),
+)
+FILL_AFTER = replace(
+    CACHE,
+    gpu=replace(CACHE.gpu, refcounts=(2, 0, 0), free=(2,)),
+    blocks=(*CACHE.blocks, C.CBlock(GPU, 0, (1, 2), None, (), _K0)),
+)
+
 POOL = PoolState(0, (1, 0, 2), (1,), ((0, 2),))
 ALLOC = A.AllocatorState(
     2,
@@ -88,6 +100,8 @@ GOOD: dict[str, tuple[Any, ...]] = {
     "C6": (CACHE,),
     "C7": (CACHE,),
     "C8": (CACHE, CACHE),
+    "C9": (CACHE,),
+    "C10": (FILL_BEFORE, FILL_AFTER),
     "P1": (POOL,),
     "P2": (POOL,),
     "P3": (POOL,),
@@ -171,6 +185,13 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
     ("C5", "a touched id computed", (_gpu(touched=frozenset({0})),)),
     ("C5", "a touched id in the evictor", (_gpu(touched=frozenset({1}), computed=frozenset({0})),)),
     ("C6", "a CoW pair onto itself", (_gpu(cow=((0, 0),)),)),
+    ("C9", "an evictor id not computed", (_gpu(computed=frozenset({0})),)),
+    (
+        "C10",
+        "a fill sharing an id not computed",
+        (replace(FILL_BEFORE, gpu=replace(FILL_BEFORE.gpu, computed=frozenset({1}))), FILL_AFTER),
+    ),
+    ("C10", "a block object lost", (FILL_BEFORE, CACHE)),
     ("C7", "more hits than queries", (_gpu(hits=3),)),
     (
         "C8",

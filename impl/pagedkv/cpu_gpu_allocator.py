@@ -452,7 +452,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
 
     def check_invariants(self, blocks: Mapping[int, Block] | None = None) -> None:
         """Check both pools (P1–P5, or their caching invariants), then I4 and I6 and, given
-        the live ``blocks`` (as for :meth:`to_spec`), I1 (with caching: C1–C7), with the
+        the live ``blocks`` (as for :meth:`to_spec`), I1 (with caching: C1–C7, C9), with the
         spec's predicates. Complexity: O(n)."""
         self._gpu.check_invariants()
         self._cpu.check_invariants()

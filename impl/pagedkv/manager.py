@@ -664,7 +664,7 @@ class BlockSpaceManager:
     def to_spec(self) -> ManagerView:
         """Abstraction function: the observable state as a spec view. Complexity: O(n).
 
-        For the naive manager; with caching, :meth:`check_invariants` checks C1–C7."""
+        For the naive manager; with caching, :meth:`check_invariants` checks C1–C7 and C9."""
         if self.enable_caching:
             raise InvalidAllocatorConfigError(
                 "to_spec() is the naive manager's abstraction; with caching use "
@@ -722,7 +722,7 @@ class BlockSpaceManager:
 
     def check_invariants(self) -> None:
         """Check the pools (P1–P5; with caching their C invariants), then on the full spec
-        state M2–M4 and I1, I4–I6 (with caching C1–C7), then
+        state M2–M4 and I1, I4–I6 (with caching C1–C7, C9), then
         every table's representation (T1–T4), all with the spec's predicates; raises
         :class:`~pagedkv.errors.InvariantViolationError` carrying the id of the first
         broken one. Complexity: O(pool size + slots).

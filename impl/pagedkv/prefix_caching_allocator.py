@@ -13,7 +13,10 @@ extra keys and is SHA-256 by default; an allocation counts its hits before it
 takes any id, so it is all-or-nothing; eviction is O(log n) in (last_accessed,
 -depth) order for any arrival order; a hit on a block whose KV is not written
 yet does not report it computed; the computed prefix is recomputed from the
-current state; a group's common prefix is empty when any sequence has none.
+current state; a group's common prefix is empty when any sequence has none; only
+written KV is shared after the fact: a cached id freed before its KV was written
+loses its key (C9), and a block that fills shares a cached id only if it is
+computed (C10).
 """
 
 from __future__ import annotations
@@ -250,7 +253,8 @@ class PrefixCachingBlock(Block):
         """The decode step's write that fills a block: if the block is live, its id
         private and ``token_id`` (an int >= 0) its last free slot, write it and promote
         the block as :meth:`append_token_ids` would (a new key for its id, or share the
-        id its key is cached under and give its own back) and return the block's id
+        computed id its key is cached under and give its own back, or stay uncached
+        if that id is not written yet) and return the block's id
         after the write; else change nothing and return None. Complexity:
         O(block_size) (the key)."""
         return self._allocator._fill_if_private(self, token_id)
@@ -360,8 +364,9 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         return block_id
 
     def _decref(self, block_id: int) -> None:
-        """One reference fewer; at 0 a cached id goes to the evictor (uncomputed if it
-        was touched), an uncached one to the free pool's front. Complexity: O(log n)."""
+        """One reference fewer; at 0 a computed cached id goes to the evictor, any other
+        to the free pool's front: an uncomputed cached id loses its key there (C9: no
+        batch will write its KV now). Complexity: O(log n)."""
         i = block_id - self._first
         rc = self._rc[i]
         if rc > 1:
@@ -371,11 +376,14 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
             raise RefCountError(block_id, "decrement below zero (the block is already free)")
         self._rc[i] = 0
         key = self._key_of[i]
-        if key is None:
-            self._stack.append(block_id)
-            return
-        self._touched.discard(block_id)
-        self._evictor.add(block_id, key.digest, key.depth, self._last_accessed[i])
+        if key is not None:
+            if self._computed[i]:
+                self._evictor.add(block_id, key.digest, key.depth, self._last_accessed[i])
+                return
+            del self._cached[key.digest]
+            self._key_of[i] = None
+            self._touched.discard(block_id)
+        self._stack.append(block_id)
 
     def _share(self, block_id: int) -> None:
         """One more reference to an id; a cached id at refcount 0 leaves the evictor. O(1)."""
@@ -401,6 +409,15 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         if prev is None or parent is not None:
             return self._key(parent, tokens, blk._extra_keys)
         return None
+
+    def _written_hit(self, digest: Hashable) -> int | None:
+        """The id a filling block with this key shares: the cached id if computed (a
+        dedup); -1 if cached but not written yet (the block keeps its own id and stays
+        uncached, C10); None for a new key. O(1)."""
+        hit = self._cached.get(digest)
+        if hit is None or self._computed[hit - self._first]:
+            return hit
+        return -1
 
     def _share_instead(self, blk: PrefixCachingBlock, block_id: int, hit: int) -> None:
         """``blk`` filled with the content cached under ``hit``: it shares ``hit`` and
@@ -431,8 +448,10 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
             full = (*tokens, token_id)
             extra = blk._extra_keys
             digest = self._key_fn(None if parent is None else parent.digest, full, extra)
-            hit = self._cached.get(digest)
-            if hit is not None:
+            hit = self._written_hit(digest)
+            if hit == -1:
+                pass  # cached, not written yet: keep the own (written) id, uncached
+            elif hit is not None:
                 self._share_instead(blk, block_id, hit)
                 block_id = hit
             else:
@@ -685,8 +704,10 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         """Write tokens into a mutable block; CoW if its id is shared; promote when full.
 
         When the block fills after a cached (or no) predecessor it is promoted: a
-        new key is entered for its id, a cached key makes it share that id and give
-        its own back (a CoW it would have needed is skipped). Spec:
+        new key is entered for its id, a key cached under a computed id makes it
+        share that id and give its own back (a CoW it would have needed is skipped);
+        a key cached under an id not written yet leaves it uncached with its own
+        id, as its KV is its own and that id's may never be written (C10). Spec:
         ``append_token_ids``; every check comes before any change.
         Complexity: O(len(token_ids)), plus the key (O(block_size)) when it fills.
         """
@@ -706,7 +727,9 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         hit: int | None = None
         if len(token_ids) == empty:
             key = self._key_on_filling(blk, [*blk._token_ids, *token_ids])
-            hit = None if key is None else self._cached.get(key.digest)
+            hit = None if key is None else self._written_hit(key.digest)
+            if hit == -1:  # cached, not written yet: keep (or copy) the own id, uncached
+                key = hit = None
         if hit is not None:
             self._share_instead(blk, block_id, hit)
         else:
@@ -724,8 +747,9 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
     def promote_to_immutable_block(self, block: Block) -> int:
         """Cache a full, unkeyed block (what an append that fills it does); returns its id.
 
-        Raises :class:`PromotionError` for a block already cached, not full, or after
-        an uncached predecessor. Spec: ``promote_to_immutable_block``. O(block_size).
+        Raises :class:`PromotionError` for a block already cached, not full, after an
+        uncached predecessor, or whose content is cached under an id not written yet
+        (C10). Spec: ``promote_to_immutable_block``. O(block_size).
         """
         blk = self._mine(block, "promote")
         block_id = blk._block_id
@@ -743,6 +767,12 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
             raise PromotionError(block_id, "its predecessor is not cached")
         key = self._key(parent, blk._token_ids, blk._extra_keys)
         hit = self._cached.get(key.digest)
+        if hit is not None and not self._computed[hit - self._first]:
+            raise PromotionError(
+                block_id,
+                f"its content is cached under id {hit}, whose KV is not written yet",
+                f"promote it after mark_blocks_as_computed (once the batch writing id {hit} ran)",
+            )
         if hit is None:
             self._promote(block_id, key)
             blk._key = key
@@ -1054,7 +1084,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         )
 
     def check_invariants(self) -> None:
-        """Check this pool's part of C1, C2, C5–C7 (the spec's predicates, on a state
+        """Check this pool's part of C1, C2, C5–C7, C9 (the spec's predicates, on a state
         holding only this pool) and the representation: every cached id's key is
         stored once and its digest is the key function of its parent's digest, tokens
         and extra keys (C3), and the evictor holds exactly the cached ids at refcount 0
@@ -1062,7 +1092,7 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         pool = self.to_spec()
         empty = CachePool(self._end, (), (), last_accessed=())
         state = CachingState(self._block_size, pool, empty)
-        check("caching", state, repr(self), ["C1", "C2", "C5", "C6", "C7"])
+        check("caching", state, repr(self), ["C1", "C2", "C5", "C6", "C7", "C9"])
         for digest, block_id in self._cached.items():
             key = self._key_of[block_id - self._first]
             require(

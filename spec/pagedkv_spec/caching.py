@@ -40,6 +40,10 @@ Invariants (registered in :mod:`pagedkv_spec.invariants`):
     C7 ``cache_stats_ok``      0 <= hits <= queries; evictions >= 0
     C8 ``eviction_order_ok``   (a step) the ids evicted are minimal in
                                ``(last_accessed, -depth)`` among the evictor's ids
+    C9 ``evictor_written_ok``  every evictor id is computed: a cached id whose refcount
+                               drops to 0 before its KV is written loses its key
+    C10 ``fill_shares_written`` (a step) a block that fills (append or promotion) shares
+                               a cached id only if that id is computed
 
 Operations are choice-parameterised like :mod:`pagedkv_spec.allocator`: ``chosen``
 are the fresh ids the implementation took (hits need no choice). A fresh id comes
@@ -51,10 +55,27 @@ the key covers extra keys; a failed operation changes nothing (hits are looked u
 and counted before any id is taken, so ``allocate_immutable_blocks`` needs
 ``misses + hits in the evictor <= free + evictor`` and is all-or-nothing);
 a hit on an uncomputed block does not make it computed (it is touched: the
-hitting batch writes it); a touched block freed before the mark goes to the
-evictor uncomputed; the computed prefix is a prefix, recomputed from scratch,
+hitting batch writes it); the computed prefix is a prefix, recomputed from scratch,
 and a group's common prefix is empty when any sequence has none; an append that
-fills a shared block whose key is cached shares the cached id (no CoW copy).
+fills a shared block whose key is cached and computed shares the cached id (no CoW
+copy).
+
+**Only written KV is shared after the fact** (vLLM 0.6.3 breaks both rules, and
+loses KV: a filling decode gives its own written block back for one no batch
+wrote). A sequence's table points only at KV of its own tokens that has been, or
+will be, written by its own batch:
+
+* C9: a cached id whose refcount drops to 0 while uncomputed (every sequence
+  that would have written it let go before its batch ran) loses its key and goes
+  to the free pool: never a hit, never a dedup target;
+* C10: a block that fills shares the id its key is cached under only if that id
+  is computed. If the id is in use but not computed yet (another sequence's
+  pending batch writes it, and may never run), the filling block keeps its own id
+  (copying on write if shared) and stays uncached; ``promote_to_immutable_block``
+  raises :class:`PromotionError` instead (try again after the mark).
+
+An allocation hit on an uncomputed in-use id stays a hit: the hitting sequence
+writes the whole block in its own prefill (nothing of it is reported computed).
 
 Complexity: irrelevant.
 """
@@ -322,9 +343,47 @@ def eviction_order_ok(before: CachingState, after: CachingState) -> bool:
     return True
 
 
+def evictor_written_ok(s: CachingState) -> bool:
+    """C9: every evictor id is computed (a hit on it, or a dedup onto it, reads written KV)."""
+    return all(p.evictor <= p.computed for p in (s.gpu, s.cpu))
+
+
+def fill_shares_written(before: CachingState, after: CachingState) -> bool:
+    """C10 (a step): a block object that was uncached and now names another id of the same
+    pool that ``before`` mapped (it filled and shared a cached id) names a computed one."""
+    if len(after.blocks) < len(before.blocks):
+        return False
+    for b0, b1 in zip(before.blocks, after.blocks, strict=False):
+        if b0.key is not None or not is_live(b0) or not is_live(b1) or b0.device is not b1.device:
+            continue
+        p = pool_of(before, b0.device)
+        shared = b1.block_id
+        if shared == b0.block_id or shared is None or not in_pool(p, shared):
+            continue
+        if key_of_id(p, shared) is not None and shared not in p.computed:
+            return False
+    return True
+
+
+@exempt("a field accessor of the fill rule (C10), which contracts call")
+def fill_outcome(
+    p: CachePool, key: ContentKey | None
+) -> tuple[ContentKey | None, int | None]:
+    """``(key, shared)`` of a block that fills with ``key`` (None: not cacheable): a key
+    cached under a computed id is shared (dedup); one cached under an id whose KV is
+    not written yet leaves the block uncached, keeping its own id (C10); a new key is
+    the block's own."""
+    hit = lookup(p, key) if key is not None else None
+    if hit is None:
+        return key, None
+    if hit in p.computed:
+        return key, hit
+    return None, None
+
+
 @exempt("the conjunction of the layer's registered invariants; contracts call it.")
 def state_ok(s: CachingState) -> bool:
-    """All caching invariants C1–C7 (C8 is a step)."""
+    """All caching state invariants C1–C7 and C9 (C8 and C10 are steps)."""
     return (
         s.block_size >= 1
         and all(len(b.token_ids) <= s.block_size for b in s.blocks)
@@ -337,6 +396,7 @@ def state_ok(s: CachingState) -> bool:
         and computed_ok(s)
         and cache_cow_ok(s)
         and cache_stats_ok(s)
+        and evictor_written_ok(s)
     )
 
 
@@ -553,15 +613,22 @@ def _incref(p: CachePool, block_id: int) -> CachePool:
 
 
 def _decref(p: CachePool, block_id: int) -> CachePool:
-    """One reference fewer; at 0 a cached id goes to the evictor (leaving ``touched``:
-    uncomputed), an uncached one to the front of the free pool."""
+    """One reference fewer; at 0 a computed cached id goes to the evictor, any other
+    id to the front of the free pool: an uncomputed one loses its key (C9: no batch
+    will write its KV now, so it must be neither a hit nor a dedup target)."""
     r = rc(p, block_id)
     assert r >= 1, "C4: a refcount would go below zero"
     p = replace(p, refcounts=_set_rc(p, block_id, r - 1))
     if r > 1:
         return p
+    if block_id in p.computed:
+        return replace(p, evictor=p.evictor | {block_id})
     if key_of_id(p, block_id) is not None:
-        return replace(p, evictor=p.evictor | {block_id}, touched=p.touched - {block_id})
+        p = replace(
+            p,
+            cached=tuple((k, i) for k, i in p.cached if i != block_id),
+            touched=p.touched - {block_id},
+        )
     return replace(p, free=(block_id, *p.free))
 
 
@@ -796,6 +863,23 @@ def fork(s: CachingState, last: int) -> tuple[CachingState, tuple[int, ...]]:
     return out, tuple(new)
 
 
+def _fills_onto_unwritten(
+    s: CachingState, handle: int, token_ids: Sequence[int], chosen: int
+) -> bool:
+    """``chosen`` is the uncomputed id the block's filled key is cached under (C10)."""
+    if not isinstance(handle, int) or not 0 <= handle < len(s.blocks):
+        return False
+    b = s.blocks[handle]
+    if not is_live(b) or b.key is not None:
+        return False
+    tokens = b.token_ids + tuple(token_ids)
+    if len(tokens) != s.block_size or (b.prev is not None and not 0 <= b.prev < len(s.blocks)):
+        return False
+    key = block_key(s, b.prev, tokens, b.extra)
+    p = pool_of(s, b.device)
+    return key is not None and lookup(p, key) == chosen and chosen not in p.computed
+
+
 def _append_choice_ok(
     s: CachingState, handle: int, token_ids: Sequence[int], chosen: int | None
 ) -> bool:
@@ -811,9 +895,9 @@ def _append_choice_ok(
         return True
     key = block_key(s, b.prev, b.token_ids + tuple(token_ids), b.extra)
     p = pool_of(s, b.device)
-    hit = lookup(p, key) if key is not None else None
-    if hit == b.block_id:  # C3 is judged first
+    if key is not None and lookup(p, key) == b.block_id:  # C3 is judged first
         return True
+    _, hit = fill_outcome(p, key)
     if hit is not None or rc(p, b.block_id) <= 1:
         return chosen is None
     if len(p.free) + len(p.evictor) < 1:
@@ -827,14 +911,19 @@ def append_token_ids(
     """Append tokens to a mutable block; CoW if its id is shared; promote when it fills.
 
     When the block becomes full after a keyed (or no) predecessor it gets its
-    key: a new key is entered for the block's id; a key already cached makes the
-    block share that id and give up its own (an unneeded CoW is skipped). A
-    fresh id (``chosen``) is needed only for a CoW that is not skipped.
+    key: a new key is entered for the block's id; a key already cached under a
+    computed id makes the block share that id and give up its own (an unneeded
+    CoW is skipped); a key cached under an id not computed yet leaves the block
+    uncached (C10). A fresh id (``chosen``) is needed only for a CoW that is not
+    skipped.
     Errors, in order: freed block (StaleBlockError); nothing to append (no-op);
     no id (BlockWithoutIdError); a cached block (ImmutableBlockError); too many
     tokens (BlockOverflowError); CoW with no free block (NoFreeBlocksError).
     """
     assert state_ok(s)
+    assert chosen is None or not _fills_onto_unwritten(s, handle, token_ids, chosen), (
+        "C10: a filling block shared a cached id whose KV is not written yet"
+    )
     assert _append_choice_ok(s, handle, token_ids, chosen), (
         "C6: copy-on-write needs a fresh id of the same pool (free pool first); an append "
         "without copy-on-write (none needed, or skipped by a cache hit) takes no id"
@@ -854,10 +943,12 @@ def append_token_ids(
     tokens = b.token_ids + tuple(token_ids)
     key = block_key(s, b.prev, tokens, b.extra)
     p = pool_of(s, b.device)
-    hit = lookup(p, key) if key is not None else None
     block_id = b.block_id
-    assert hit != block_id, "C3: an uncached block cannot hold a cached id"
-    if hit is not None:  # dedup: share the cached id, give up our own (no copy needed)
+    assert key is None or lookup(p, key) != block_id, (
+        "C3: an uncached block cannot hold a cached id"
+    )
+    key, hit = fill_outcome(p, key)
+    if hit is not None:  # dedup: share the written cached id, give up our own (no copy)
         p = _hit(_decref(p, block_id), hit)
         block_id = hit
     else:
@@ -882,7 +973,8 @@ def promote_to_immutable_block(s: CachingState, handle: int) -> CachingState:
     """Give a full, unkeyed block its key (the step ``append_token_ids`` takes on filling).
 
     Errors: a freed block (StaleBlockError); no id (BlockWithoutIdError); a block
-    that is already cached, not full, or after an uncached predecessor (PromotionError).
+    that is already cached, not full, after an uncached predecessor, or whose key is
+    cached under an id not computed yet (PromotionError: C10).
     """
     assert state_ok(s)
     b = block(s, handle)
@@ -899,6 +991,12 @@ def promote_to_immutable_block(s: CachingState, handle: int) -> CachingState:
         raise PromotionError(b.block_id, "its predecessor is not cached")
     p = pool_of(s, b.device)
     hit = lookup(p, key)
+    if hit is not None and hit not in p.computed:
+        raise PromotionError(
+            b.block_id,
+            f"its content is cached under id {hit}, whose KV is not written yet",
+            f"promote it after mark_blocks_as_computed (once the batch writing id {hit} ran)",
+        )
     if hit is not None:
         p, block_id = _hit(_decref(p, b.block_id), hit), hit
     else:

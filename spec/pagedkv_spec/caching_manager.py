@@ -370,18 +370,24 @@ def _final_keys(
     s: CachingManagerState, t: CTable, tokens: Sequence[int], num_new: int
 ) -> list[C.ContentKey | None]:
     """Each block's key after the append writes ``tokens[num_full_slots:]`` (keys depend
-    on tokens and parents only, not on the ids taken)."""
+    on tokens, parents and the pool's computed ids, not on the ids taken): a block
+    full before the append keeps its key (or none); one that fills gets its key unless
+    that key is cached under an id not computed yet (C10: it stays uncached)."""
     size = s.cache.block_size
     blocks = s.cache.blocks
     extra = blocks[t.handles[0]].extra
+    p = C.pool_of(s.cache, GPU)
     out: list[C.ContentKey | None] = []
     parent: C.ContentKey | None = None
     for idx in range(len(t.handles) + num_new):
         held = tuple(tokens[idx * size : min((idx + 1) * size, len(tokens))])
-        if idx < len(t.handles) and blocks[t.handles[idx]].key is not None:
+        if idx < len(t.handles) and (
+            blocks[t.handles[idx]].key is not None
+            or len(blocks[t.handles[idx]].token_ids) == size
+        ):
             key = blocks[t.handles[idx]].key
         elif len(held) == size and (idx == 0 or parent is not None):
-            key = C.content_key(parent, held, extra)
+            key = C.fill_outcome(p, C.content_key(parent, held, extra))[0]
         else:
             key = None
         out.append(key)

@@ -224,13 +224,18 @@ class BlockNotInUseError(BlockAllocatorError, ValueError):
 
 
 class PromotionError(BlockAllocatorError, ValueError):
-    """Promoting a block that cannot be cached: not full, or its predecessor is not cached."""
+    """Promoting a block that cannot be cached: not full, its predecessor not cached, or
+    its content cached under an id whose KV is not written yet."""
 
-    def __init__(self, block_id: int | None, detail: str) -> None:
+    def __init__(self, block_id: int | None, detail: str, advice: str | None = None) -> None:
         self.block_id = block_id
         super().__init__(
-            f"cannot cache block {block_id}: {detail}; only a full block whose "
-            "predecessor is cached (or that is first) can be promoted"
+            f"cannot cache block {block_id}: {detail}; "
+            + (
+                advice
+                or "only a full block whose predecessor is cached (or that is first) can "
+                "be promoted"
+            )
         )
 
 

@@ -181,6 +181,19 @@ def _entries() -> Iterable[Invariant]:
         "step",
     )
     yield inv(
+        "C9",
+        caching.evictor_written_ok,
+        "every evictor id is computed: an id freed before its KV was written loses its key",
+        "caching",
+    )
+    yield inv(
+        "C10",
+        caching.fill_shares_written,
+        "a block that fills shares a cached id only if that id's KV is written (computed)",
+        "caching",
+        "step",
+    )
+    yield inv(
         "M1",
         manager.allocator_ok,
         "the allocator invariants hold under the manager",

@@ -7,9 +7,10 @@ nothing; an accepted call's choices (the fresh ids it took, the ids it copied
 in a swap, the order of a reset) are fed to the spec, which judges them. After
 every step the target's full abstraction (``to_caching_spec``) must equal the
 model (free pool in order, evictor, key -> id map, computed and touched ids,
-last-accessed times, CoW pairs, statistics), the model must keep C1–C7, the
-target's own ``check_invariants()`` must pass, and a step that evicted must
-have evicted in order (C8).
+last-accessed times, CoW pairs, statistics), the model must keep C1–C7 and C9,
+the target's own ``check_invariants()`` must pass, a step that evicted must
+have evicted in order (C8), and a block that filled may share only a computed
+id (C10, judged on the target's step too when it differs from the spec's).
 
 Tokens come from a three-letter alphabet, block sizes are 1–3 and extra keys
 are drawn from near-colliding values (``1``, ``"1"``, ``b"1"``, salts), so
@@ -38,7 +39,7 @@ from hypothesis.stateful import Bundle, initialize, invariant, multiple, precond
 from pagedkv import CpuGpuBlockAllocator
 from pagedkv_spec import caching as spec
 from pagedkv_spec.device import Device
-from pagedkv_spec.invariants import first_broken, holds
+from pagedkv_spec.invariants import first_broken, holds, label
 from pagedkv_stateful.adapters import Capabilities, Violation
 from pagedkv_stateful.lockstep import LockstepMachine
 
@@ -76,6 +77,7 @@ class CachingAllocatorMachine(LockstepMachine):
     impl: Any
     model: spec.CachingState
     before: spec.CachingState
+    agreed: spec.CachingState  # the model at the last step the target agreed with (C10)
     objs: list[Any]
     null: Any
 
@@ -119,7 +121,14 @@ class CachingAllocatorMachine(LockstepMachine):
             return
         got, want = self._abstract(), normalised(self.model)
         if got == want:
+            self.agreed = self.model
             return
+        if not holds("C10", self.agreed, got):  # the target's step shared unwritten KV
+            raise Violation(
+                label("C10"),
+                "a block that filled shares a cached id whose KV is not written yet "
+                "(not computed): its own written KV is gone",
+            )
         broken = first_broken("caching", got)
         for field in ("gpu", "cpu"):
             g, w = getattr(got, field), getattr(want, field)
@@ -184,8 +193,9 @@ class CachingAllocatorMachine(LockstepMachine):
 
     @invariant()
     def caching_invariants_hold(self) -> None:
-        """After every step: the model keeps C1–C7, the step kept C8 (eviction order),
-        and the target's own ``check_invariants()`` passes."""
+        """After every step: the model keeps C1–C7 and C9, the step kept C8 (eviction
+        order) and C10 (a fill shares only written KV), and the target's own
+        ``check_invariants()`` passes."""
         broken = first_broken("caching", self.model)
         if broken is not None:
             self._violate("spec self-check", f"the spec's state breaks {broken.label}")
@@ -196,6 +206,8 @@ class CachingAllocatorMachine(LockstepMachine):
                 "times, a deeper one) stayed in the evictor",
                 self._eviction_check_line(),
             )
+        if not holds("C10", self.before, self.model):
+            self._violate("spec self-check", f"the spec's step breaks {label('C10')}")
         self.before = self.model
         if self._has("check_invariants"):
             self._check_target_invariants(
@@ -238,7 +250,7 @@ class CachingAllocatorMachine(LockstepMachine):
         self.program = []
         self.caps = self.capabilities
         self.impl = self.make_impl(num_gpu, num_cpu, block_size)
-        self.model = self.before = spec.initial(num_gpu, num_cpu, block_size)
+        self.model = self.before = self.agreed = spec.initial(num_gpu, num_cpu, block_size)
         self.objs = []
         self.null = None
         self.last_computed: dict[tuple[int, ...], list[int]] = {}
@@ -377,6 +389,13 @@ class CachingAllocatorMachine(LockstepMachine):
         pick_live: bool = data.draw(st.booleans(), label="a live block")
         if live and pick_live:
             handle = data.draw(st.sampled_from(live), label="live handle")
+        # NOTE: steering: an engine frees a block after the batch that wrote it ran, so
+        # 3 frees in 4 of a block not written yet mark the batch first: its id then
+        # reaches the evictor (C9 sends an unwritten one to the free pool).
+        ran = data.draw(st.integers(0, 3), label="its batch ran") > 0
+        b = self.model.blocks[handle]
+        if ran and spec.is_live(b) and b.block_id in spec.pool_of(self.model, b.device).touched:
+            self.mark_blocks_as_computed()
         src = f"alloc.free(b{handle})"
         res = self._attempt(lambda: self.impl.free(self.objs[handle]))
         if isinstance(res, Exception):
@@ -421,6 +440,14 @@ class CachingAllocatorMachine(LockstepMachine):
         room = self.model.block_size - len(self.model.blocks[handle].token_ids)
         n = data.draw(st.sampled_from([room, room, max(room - 1, 0), room + 1]), label="n")
         new = data.draw(st.lists(st.integers(0, 1), min_size=n, max_size=n), label="tokens")
+        if data.draw(st.integers(0, 3), label="fill onto cached content") == 0:
+            # NOTE: steering: the newest live block that such a fill completes (a key
+            # not written yet first), so fills meet cached ids, written or not (C10)
+            for h in sorted(range(len(self.model.blocks)), key=self._fill_rank):
+                completion = self._cached_completion(h)
+                if completion is not None:
+                    handle, new = h, completion
+                    break
         obj = self.objs[handle]
         before_id = obj.block_id
         cow = self._spec_copies_on_write(handle, new)
@@ -444,9 +471,38 @@ class CachingAllocatorMachine(LockstepMachine):
             "append", lambda: spec.append_token_ids(self.model, handle, new, chosen), src
         )
 
+    def _cached_completion(self, handle: int) -> list[int] | None:
+        """The tokens that fill the live, unkeyed block ``handle`` with content its pool
+        caches (after the same parent, with the same extra keys), an id not computed
+        yet first; None if there is none. O(blocks + cached keys)."""
+        b = self.model.blocks[handle]
+        if not spec.is_live(b) or b.key is not None or len(b.token_ids) == self.model.block_size:
+            return None
+        prev = self.model.blocks[b.prev] if b.prev is not None else None
+        if prev is not None and prev.key is None:
+            return None
+        parent, have = (None if prev is None else prev.key), len(b.token_ids)
+        pool = spec.pool_of(self.model, b.device)
+        fits = [
+            (i in pool.computed, key)
+            for key, i in pool.cached
+            if key.parent == parent and key.extra == b.extra and key.tokens[:have] == b.token_ids
+        ]
+        return list(min(fits, key=lambda f: f[0])[1].tokens[have:]) if fits else None
+
+    def _fill_rank(self, handle: int) -> tuple[bool, int]:
+        """Blocks whose completion would meet an id not computed yet first, newest first."""
+        b = self.model.blocks[handle]
+        completion = self._cached_completion(handle)
+        if completion is None:
+            return (True, -handle)
+        key = spec.block_key(self.model, b.prev, b.token_ids + tuple(completion), b.extra)
+        hit = spec.lookup(spec.pool_of(self.model, b.device), key) if key else None
+        return (hit in spec.pool_of(self.model, b.device).computed, -handle)
+
     def _spec_copies_on_write(self, handle: int, new: list[int]) -> bool:
         """The spec's append would copy on write: the id is shared and the filled block
-        (if it fills) does not find its key cached."""
+        (if it fills) does not find its key cached under a computed id (C10)."""
         b = self.model.blocks[handle]
         if not spec.is_live(b) or b.key is not None or b.block_id is None or not new:
             return False
@@ -455,7 +511,7 @@ class CachingAllocatorMachine(LockstepMachine):
             return False
         pool = spec.pool_of(self.model, b.device)
         key = spec.block_key(self.model, b.prev, tokens, b.extra)
-        if key is not None and spec.lookup(pool, key) is not None:
+        if spec.fill_outcome(pool, key)[1] is not None:
             return False
         return spec.rc(pool, b.block_id) > 1
 
@@ -536,9 +592,19 @@ class CachingAllocatorMachine(LockstepMachine):
             )
 
     @precondition(lambda self: len(self.model.cpu.refcounts) > 0)
-    @rule(handles=st.lists(blocks, min_size=1, max_size=4), to_cpu=st.booleans())
-    def swap(self, handles: list[int], to_cpu: bool) -> None:
+    @rule(
+        handles=st.lists(blocks, min_size=1, max_size=4),
+        to_cpu=st.booleans(),
+        ran=st.integers(0, 3),
+    )
+    def swap(self, handles: list[int], to_cpu: bool, ran: int = 1) -> None:
         src_dev, dst_dev = (GPU, CPU) if to_cpu else (CPU, GPU)
+        # NOTE: steering: an engine swaps out blocks its batches wrote, so 3 swaps in 4
+        # of a block not written yet mark the batch first: the copies are computed and
+        # reach the CPU evictor when freed (C9 sends unwritten ones to the free pool).
+        gpu_touched = self.model.gpu.touched
+        if to_cpu and ran and any(self.model.blocks[h].block_id in gpu_touched for h in handles):
+            self.mark_blocks_as_computed()
         objs = [self.objs[h] for h in handles]
         names = ", ".join(f"b{h}" for h in handles)
         src = f"alloc.swap([{names}], {_dev(src_dev)}, {_dev(dst_dev)})"

@@ -15,7 +15,7 @@ invariants and the caching promises checked after every step:
   ``get_common_computed_block_ids`` are the spec's answers; ``cache_stats`` and the hit
   rate of both devices after every step (``append_slots``' choices are read from the
   table and the free pool afterwards: ``append_choices``; its CoW pairs are the spec's);
-* after every step, ``check_invariants()``: C1–C7 over the tables' block objects
+* after every step, ``check_invariants()``: C1–C7 and C9 over the tables' block objects
   (through the caching spec's predicates), M2–M4 and T1–T4;
 * **can => do, exactly**: ``can_allocate`` OK means ``allocate`` succeeds and
   takes exactly ``required_blocks`` free blocks (hits on blocks in use take
@@ -408,7 +408,7 @@ class CachingManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def manager_invariants_hold(self) -> None:
-        """After every step: the manager's ``check_invariants()`` (C1–C7, M2–M4, T1–T4), and
+        """After every step: the manager's ``check_invariants()`` (C1–C7, C9, M2–M4, T1–T4), and
         its cache statistics and hit rate on each device are the spec's."""
         self.manager.check_invariants()
         model = self._model()

@@ -62,6 +62,7 @@ from pagedkv import (
     SequenceGroup,
     SequenceStatus,
 )
+from pagedkv.content_key import ExtraKeys
 from pagedkv.errors import KVCacheError
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import holds, label
@@ -234,8 +235,13 @@ class KVMachine(RuleBasedStateMachine):
                 seq.update_num_computed_tokens(first.get_num_computed_tokens())
         return admitted
 
+    @staticmethod
+    def _next_token(seq: Sequence) -> int:
+        """The token ``seq`` samples next (deterministic: a later rule can predict it)."""
+        return (seq.get_len() * 7 + seq.seq_id * 13) % 1000
+
     def _new_token(self, seq: Sequence) -> None:
-        seq.append_token_id((seq.get_len() * 7 + seq.seq_id * 13) % 1000)
+        seq.append_token_id(self._next_token(seq))
 
     # ------------------------------------------------------------------ rules
 
@@ -283,9 +289,7 @@ class KVMachine(RuleBasedStateMachine):
         if self._admit([self._new_group(n, prompt)]):
             event(f"allocate: n={n}")
 
-    def _new_group(
-        self, n: int, prompt: list[int], extra_keys: tuple[str, ...] = ()
-    ) -> SequenceGroup:
+    def _new_group(self, n: int, prompt: list[int], extra_keys: ExtraKeys = ()) -> SequenceGroup:
         """A new WAITING request of ``n`` sequences (ids and request names advance)."""
         seqs = [
             Sequence(self.next_seq_id + i, prompt, self.block_size, extra_keys=extra_keys)
@@ -351,8 +355,9 @@ class KVMachine(RuleBasedStateMachine):
         action = "swap_in+token" if with_token else "swap_in"
         self._step(self._co_schedule(data, lead, action))
 
-    def _step(self, plan: dict[str, str]) -> None:
-        """Run one scheduler step for ``plan`` (request id -> action).
+    def _step(self, plan: dict[str, str], mark: bool = True) -> list[SequenceGroup]:
+        """Run one scheduler step for ``plan`` (request id -> action); returns the groups
+        that ran (``mark=False``: the caller calls :meth:`_batch_ran` for them later).
 
         Manager calls: swap-outs first (they free GPU blocks), then swap-ins (with
         their appends) and decodes in request order; then the copies
@@ -397,7 +402,9 @@ class KVMachine(RuleBasedStateMachine):
         self._note_hazards(out_pairs, in_pairs, cow_pairs)
         self.apply_copies(out_pairs, in_pairs, cow_pairs)
         self.forward(batch)
-        self._batch_ran(ran)
+        if mark:
+            self._batch_ran(ran)
+        return ran
 
     def _note_hazards(self, out_pairs: Pairs, in_pairs: Pairs, cow_pairs: Pairs) -> None:
         """Events for the orderings that matter (their coverage shows in the statistics)."""
@@ -542,7 +549,10 @@ class CachingKVMachine(KVMachine):
     Prompts are drawn from a few shared starts (hits) with salts from a small set
     (near-collisions: same tokens, other salt); the base machine's swaps, forks,
     frees and recomputes run with caching on (eviction under pressure comes with
-    the tiny pools), and ``reset_prefix_cache`` is a rule.
+    the tiny pools), and ``reset_prefix_cache`` is a rule. ``abort_before_forward``
+    admits a request whose prompt continues a running sequence and aborts it before
+    its KV is written, just before or just after that sequence's filling decode is
+    scheduled: a fill that shares a block no batch wrote (C9, C10) loses KV here.
     """
 
     ORIGIN = "prefix"
@@ -599,6 +609,42 @@ class CachingKVMachine(KVMachine):
             groups.append(self._new_group(n, prompt, (salt,) if salt else ()))
         admitted = self._admit(groups)
         event(f"allocate: {len(admitted)} of {count} admitted in one batch")
+
+    @precondition(lambda self: bool(self._groups_with(RUNNING)))
+    @rule(data=st.data())
+    def abort_before_forward(self, data: st.DataObject) -> None:
+        """A request admitted in a step and aborted before that step's forward pass ran:
+        its full blocks were cached as they filled, but no batch wrote their KV. Its
+        prompt is a running sequence's tokens, the token that sequence samples next and
+        maybe more, so that sequence's filling decode meets the same content: in the
+        same step (the abort comes after the decode is scheduled, before the pass
+        runs and the batch is marked computed) or in the next one (the abort first).
+        Every position must still read its own KV (KV1): a fill may share only a
+        block whose KV is written."""
+        lead = data.draw(st.sampled_from(self._groups_with(RUNNING)), "abort_before_forward")
+        seq = data.draw(st.sampled_from(self.groups[lead].get_seqs(RUNNING)), "like")
+        more = data.draw(st.integers(0, self.block_size - 1), "more")
+        prompt = [*seq.get_token_ids(), self._next_token(seq), *range(500, 500 + more)]
+        salt = data.draw(st.sampled_from([seq.extra_keys] * 3 + [("b",)]), "salt")
+        group = self._new_group(data.draw(st.integers(1, 2), "n"), prompt, salt)
+        for aborted in group.get_seqs():
+            del self.writers[aborted.seq_id]  # never live: KV1 does not read it
+        admitted = self.manager.can_allocate(group) == AllocStatus.OK
+        if admitted:
+            self.manager.allocate(group)
+        first = data.draw(st.booleans(), "abort first")
+        if admitted and first:
+            self._abort(group)
+        ran = self._step(self._co_schedule(data, lead, "append_slots"), mark=False)
+        if admitted and not first:
+            self._abort(group)
+        self._batch_ran(ran)
+        event(f"abort_before_forward: {'admitted' if admitted else 'refused'}")
+
+    def _abort(self, group: SequenceGroup) -> None:
+        for seq in group.get_seqs():
+            self.manager.free(seq)
+            seq.status = FINISHED
 
     @rule()
     def reset_prefix_cache(self) -> None:
