@@ -766,12 +766,14 @@ class PrefixCachingBlockAllocator(NaiveBlockAllocator):
         if prev is not None and parent is None:
             raise PromotionError(block_id, "its predecessor is not cached")
         key = self._key(parent, blk._token_ids, blk._extra_keys)
-        hit = self._cached.get(key.digest)
-        if hit is not None and not self._computed[hit - self._first]:
+        hit = self._written_hit(key.digest)
+        if hit == -1:
+            pending = self._cached[key.digest]
             raise PromotionError(
                 block_id,
-                f"its content is cached under id {hit}, whose KV is not written yet",
-                f"promote it after mark_blocks_as_computed (once the batch writing id {hit} ran)",
+                f"its content is cached under id {pending}, whose KV is not written yet",
+                "promote it after mark_blocks_as_computed (once the batch writing id "
+                f"{pending} ran)",
             )
         if hit is None:
             self._promote(block_id, key)

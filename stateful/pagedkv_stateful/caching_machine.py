@@ -443,11 +443,12 @@ class CachingAllocatorMachine(LockstepMachine):
         if data.draw(st.integers(0, 3), label="fill onto cached content") == 0:
             # NOTE: steering: the newest live block that such a fill completes (a key
             # not written yet first), so fills meet cached ids, written or not (C10)
-            for h in sorted(range(len(self.model.blocks)), key=self._fill_rank):
-                completion = self._cached_completion(h)
-                if completion is not None:
-                    handle, new = h, completion
-                    break
+            options = [
+                (*c, -h) for h in range(len(self.model.blocks)) if (c := self._cached_completion(h))
+            ]
+            if options:
+                _, new, negated = min(options, key=lambda o: (o[0], o[2]))
+                handle = -negated
         obj = self.objs[handle]
         before_id = obj.block_id
         cow = self._spec_copies_on_write(handle, new)
@@ -471,10 +472,11 @@ class CachingAllocatorMachine(LockstepMachine):
             "append", lambda: spec.append_token_ids(self.model, handle, new, chosen), src
         )
 
-    def _cached_completion(self, handle: int) -> list[int] | None:
-        """The tokens that fill the live, unkeyed block ``handle`` with content its pool
-        caches (after the same parent, with the same extra keys), an id not computed
-        yet first; None if there is none. O(blocks + cached keys)."""
+    def _cached_completion(self, handle: int) -> tuple[bool, list[int]] | None:
+        """``(written, tokens)``: the tokens that fill the live, unkeyed block ``handle``
+        with content its pool caches (after the same parent, with the same extra keys),
+        an id not computed yet first, and whether that id is computed; None if there is
+        none. O(cached keys)."""
         b = self.model.blocks[handle]
         if not spec.is_live(b) or b.key is not None or len(b.token_ids) == self.model.block_size:
             return None
@@ -484,21 +486,11 @@ class CachingAllocatorMachine(LockstepMachine):
         parent, have = (None if prev is None else prev.key), len(b.token_ids)
         pool = spec.pool_of(self.model, b.device)
         fits = [
-            (i in pool.computed, key)
+            (i in pool.computed, list(key.tokens[have:]))
             for key, i in pool.cached
             if key.parent == parent and key.extra == b.extra and key.tokens[:have] == b.token_ids
         ]
-        return list(min(fits, key=lambda f: f[0])[1].tokens[have:]) if fits else None
-
-    def _fill_rank(self, handle: int) -> tuple[bool, int]:
-        """Blocks whose completion would meet an id not computed yet first, newest first."""
-        b = self.model.blocks[handle]
-        completion = self._cached_completion(handle)
-        if completion is None:
-            return (True, -handle)
-        key = spec.block_key(self.model, b.prev, b.token_ids + tuple(completion), b.extra)
-        hit = spec.lookup(spec.pool_of(self.model, b.device), key) if key else None
-        return (hit in spec.pool_of(self.model, b.device).computed, -handle)
+        return min(fits, key=lambda f: f[0]) if fits else None
 
     def _spec_copies_on_write(self, handle: int, new: list[int]) -> bool:
         """The spec's append would copy on write: the id is shared and the filled block
