@@ -64,8 +64,10 @@ gpu-check: $(STAMP)
 # pagedkv's own (pagedkv_stateful/vllm063.py), and runs `pagedkv conform` at each level
 # with the shipped factories; reports go to $(VLLM_DIR)/conform-LEVEL.json too. Not part of
 # `make test` (about 10 minutes on 2 cores; needs the network once). Then every printed
-# program is replayed as printed. Exit 0 when every level ran, whatever it found (vLLM's
-# findings are the point), and every program failed on replay; else 1 (2: setup error).
+# program is replayed in a fresh process (without PAGEDKV_VLLM_DIR: each program sets up
+# its own import path). Exit 0 when every level ran, whatever it found (vLLM's findings
+# are the point), and every program reproduced (failed at its last statement with its
+# check); else 1 (2: setup error).
 VLLM_WHEELS ?= build/wheels
 VLLM_DIR    ?= build/vllm-0.6.3
 CONFORM_VLLM_ARGS ?= --max-violations 100
@@ -78,7 +80,7 @@ conform-vllm: $(STAMP)
 	    --level $$level --json $(VLLM_DIR)/conform-$$level.json $(CONFORM_VLLM_ARGS); \
 	  rc=$$?; [ $$rc -le 1 ] || exit $$rc; \
 	done
-	PAGEDKV_VLLM_DIR=$(VLLM_DIR) $(BIN)/python -m pagedkv_stateful.vllm063 replay \
+	$(BIN)/python -m pagedkv_stateful.vllm063 replay \
 	  $(VLLM_DIR)/conform-allocator.json $(VLLM_DIR)/conform-manager.json $(VLLM_DIR)/conform-caching.json
 
 # Mutation testing of the allocator, manager, KV-engine and scheduler layers

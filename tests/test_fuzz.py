@@ -55,7 +55,9 @@ def test_a_campaign_on_a_leaky_target_keeps_and_replays_the_kits_program(
 ) -> None:
     db = tmp_path / "db"
     target = ["--target", "faulty_allocators:leaky_allocator", "--level", "allocator"]
-    rc = main(["--duration", "25s", "--workers", "1", "--db", str(db), *target])
+    # no wall-clock budget for the search: it ends at the first failure (10 min: a hard stop)
+    stop = ["--duration", "10m", "--stop-at-failure"]
+    rc = main([*stop, "--workers", "1", "--db", str(db), *target])
     out = capsys.readouterr().out
     assert rc == 1, out
     report = json.loads((db / "fuzz-report.json").read_text())

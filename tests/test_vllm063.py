@@ -167,17 +167,19 @@ def test_a_factory_without_the_extracted_modules_says_how_to_get_them(
     assert vllm063.ENV in str(err) and "extract" in str(err)
 
 
-def test_replay_reports_the_programs_that_run_clean(tmp_path: Path) -> None:
+def test_replay_reports_the_programs_that_do_not_reproduce(tmp_path: Path) -> None:
     failing, clean = ["x = 1", "assert x == 2  # check"], ["x = 1", "assert x == 1  # check"]
     findings = [
         {"root_cause": "fails", "program": failing},
         {"root_cause": "clean", "program": clean},
+        {"root_cause": "import", "program": ["import vllm_missing", *failing]},
+        {"root_cause": "crash", "program": ["{}[1]"], "expect": "KeyError"},
     ]
     path = tmp_path / "r.json"
     path.write_text(__import__("json").dumps({"findings": findings}))
-    assert isinstance(vllm063.replay(failing), AssertionError)
-    assert vllm063.replay(clean) is None
-    assert vllm063.replay_report(path) == (2, ["clean"])
+    total, failed = vllm063.replay_report(path)
+    assert total == 4 and [line.split(":")[0] for line in failed] == ["clean", "import"]
+    assert "ran clean" in failed[0] and "ModuleNotFoundError" in failed[1]
     assert vllm063.main(["replay", str(path)]) == 1
     path.write_text(__import__("json").dumps({"findings": findings[:1]}))
     assert vllm063.main(["replay", str(path)]) == 0

@@ -97,6 +97,8 @@ from pagedkv_stateful.coverage import STATE_CLASSES, reached, state_classes
 from pagedkv_stateful.lockstep import LockstepMachine
 from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import register_profiles
+from pagedkv_stateful.replay import NEEDS_O, explicit_asserts
+from pagedkv_stateful.replay import replay as replay_program
 
 __all__ = [
     "EXIT_PASS",
@@ -214,6 +216,11 @@ class Finding:
     calls: int
     shrunk: bool = True
     root_cause: str = ""
+    #: the error the program's last statement must raise when replayed
+    expect: str = "AssertionError"
+    #: the replay's verdict (:class:`~pagedkv_stateful.replay.Replay`); "" if not replayed
+    replay: str = ""
+    reproduced: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The finding as JSON-ready data (``check`` is :attr:`invariant`)."""
@@ -224,7 +231,17 @@ class Finding:
             "program": list(self.program),
             "calls": self.calls,
             "shrunk": self.shrunk,
+            "expect": self.expect,
+            "replay": self.replay,
+            "reproduced": self.reproduced,
         }
+
+    def replayed(self) -> Finding:
+        """This finding with its program replayed in a fresh process (:mod:`.replay`)."""
+        if not self.program:
+            return replace(self, replay="kit error: no program to replay", reproduced=False)
+        result = replay_program(self.program, self.expect)
+        return replace(self, replay=result.verdict, reproduced=result.reproduced)
 
 
 @dataclass
@@ -311,6 +328,8 @@ class ConformanceReport:
             lines.append(f"  root cause: {f.root_cause}")
         lines.append(f"  shortest failing program ({f.calls} statements{shrunk}):")
         lines += ["", *(f"    {line}" if line else "" for line in f.program)]
+        if f.replay:
+            lines += ["", f"  replayed in a fresh process: {f.replay}"]
         return "\n".join(lines)
 
     def render_summary(self) -> str:
@@ -414,6 +433,18 @@ def load_factory(spec: str) -> tuple[Callable[..., Any], str, str]:
     return obj, f"from {module_name} import {head}", attr
 
 
+def _import_of(factory: Callable[..., Any], call: str) -> tuple[str, str]:
+    """``(import line, call)`` for a factory that a module names at its top level (so a
+    printed program can import it), else ``("", call)``: the program then names ``call``
+    without defining it and its replay says so."""
+    module, name = getattr(factory, "__module__", None), getattr(factory, "__qualname__", "")
+    loaded = sys.modules.get(module or "")
+    named = module and module != "__main__" and name.isidentifier()
+    if named and getattr(loaded, name, None) is factory:
+        return f"from {module} import {name}", name
+    return "", call
+
+
 def _probe(
     factory: Callable[..., Any], level: str, call: str
 ) -> AllocatorAdapter | ManagerAdapter | CachingProbe:
@@ -508,16 +539,37 @@ def _probe_groups(adapter: ManagerAdapter, shown: str) -> None:
 
 
 def _imports(
-    probe: AllocatorAdapter | ManagerAdapter | CachingProbe, import_line: str
+    probe: AllocatorAdapter | ManagerAdapter | CachingProbe,
+    import_line: str,
+    factory: Callable[..., Any] | None = None,
 ) -> list[str]:
-    """The import lines a printed program starts with."""
+    """The lines a printed program starts with: the factory module's prelude (what makes
+    its imports work in a fresh process, :func:`prelude`), then the imports."""
     if isinstance(probe, AllocatorAdapter):
         first = probe.source_device_import()
     elif isinstance(probe, CachingProbe):
         first = "from pagedkv import Device"
     else:
         first = "from pagedkv import Sequence, SequenceGroup, SequenceStatus"
-    return [line for line in (first, import_line) if line]
+    imports = _merge_imports([line for line in (import_line, first) if line])
+    return [*prelude(factory), *imports]
+
+
+def prelude(factory: Callable[..., Any] | None) -> list[str]:
+    """The statements a program needs before its imports, from the factory's module: its
+    ``conform_prelude()`` if it has one (e.g. putting an extracted vLLM on ``sys.path``:
+    ``pagedkv_stateful.vllm063``), asked after the probe built a target; else none."""
+    module = sys.modules.get(getattr(factory, "__module__", "") or "")
+    make = getattr(module, "conform_prelude", None)
+    if not callable(make):
+        return []
+    lines = make()
+    if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+        raise UsageError(
+            f"{getattr(module, '__name__', '?')}.conform_prelude() must return a list of "
+            f"source lines, got {lines!r}"
+        )
+    return lines
 
 
 def fuzz_machine(
@@ -536,7 +588,7 @@ def fuzz_machine(
     factory, import_line, call = load_factory(target)
     probe = _probe(factory, level, call)
     machine = _machine(factory, level, call, probe.capabilities, probe)
-    imports = _imports(probe, import_line)
+    imports = _imports(probe, import_line, factory)
 
     def teardown(self: LockstepMachine) -> None:
         err = sys.exc_info()[1]  # teardown runs in Hypothesis's ``finally``
@@ -638,16 +690,13 @@ def _program(body: list[str], imports: list[str]) -> tuple[tuple[str, ...], int]
         )
         if any(used in line for line in body)
     ]
-    head = [*_merge_imports(imports), ""]
-    if sys.flags.optimize:  # found with assert statements off: it may need them off
-        head = [f"# {NEEDS_O}", *head]
+    head = [*imports, ""]
     for helper in helpers:
         head += [*helper.splitlines(), "", ""]
+    if sys.flags.optimize:  # found with assert statements off: it may need them off, and
+        # its own checks must not be asserts then
+        return (f"# {NEEDS_O}", *explicit_asserts([*head, *body])), len(body)
     return (*head, *body), len(body)
-
-
-#: The first line of a program found under ``python -O``.
-NEEDS_O = "found under python -O (assert statements off): replay it with python -O"
 
 
 def _merge_imports(lines: list[str]) -> list[str]:
@@ -673,6 +722,7 @@ def run_conformance(
     max_violations: int = 4,
     duration: float | None = None,
     listener: Listener | None = None,
+    replay: bool = True,
 ) -> ConformanceReport:
     """Run the ``level`` machine against targets built by ``factory``.
 
@@ -680,7 +730,9 @@ def run_conformance(
     factory. ``duration``: a wall-clock budget in seconds for the whole run;
     when it is spent, or on KeyboardInterrupt, the search stops and the report
     (``interrupted=True``) holds what was found. ``listener`` hears the start,
-    each finding and each test case as they happen. Raises :class:`UsageError`
+    each finding and each test case as they happen. ``replay``: run each finding's
+    program in a fresh process as it is found (:mod:`.replay`) and record the verdict
+    on the finding. Raises :class:`UsageError`
     if the factory cannot be used.
     """
     began = time.monotonic()
@@ -690,6 +742,8 @@ def run_conformance(
         raise UsageError(f"--profile must be ci or deep, got {profile!r}")
     if duration is not None and not duration > 0:
         raise UsageError(f"--duration must be a positive number of seconds, got {duration!r}")
+    if not import_line:
+        import_line, call = _import_of(factory, call)
     probe = _probe(factory, level, call)
     caps = probe.capabilities
     run_settings = _settings(profile, max_examples, seed_value)
@@ -705,10 +759,10 @@ def run_conformance(
     report = ConformanceReport(name or call, level, caps, search, profile=profile, seed=seed_value)
     if not __debug__:
         report.warnings.append(OPTIMIZE_WARNING)
-    imports = _imports(probe, import_line)
+    imports = _imports(probe, import_line, factory)
     machine = _machine(factory, level, call, caps, probe)
     deadline = None if duration is None else began + duration
-    run = _Search(report, listener or Listener(), imports, began, deadline)
+    run = _Search(report, listener or Listener(), imports, began, deadline, replay)
     run.listener.started(report)
     known: set[str] = set()
     try:
@@ -755,6 +809,8 @@ class _Search:
     imports: list[str]
     began: float
     deadline: float | None
+    #: replay each finding's program in a fresh process as it is found
+    replay: bool = True
     #: ``(error, program body)`` of every failing test case of this round, in order.
     failures: list[tuple[Exception, list[str]]] = field(default_factory=list)
 
@@ -775,6 +831,8 @@ class _Search:
         self.listener.progress(self.report)
 
     def add(self, finding: Finding) -> None:
+        if self.replay:
+            finding = finding.replayed()
         self.report.findings.append(finding)
         self.listener.found(self.report, finding)
 
@@ -803,7 +861,7 @@ def _finding(err: Exception, body: list[str], imports: list[str]) -> Finding:
     where = f" (in {frames[-1].name}, {frames[-1].filename}:{frames[-1].lineno})"
     detail = f"{type(err).__name__}: {err}{where if frames else ''}"
     program = (*program, f"# the machine's next call to the target raised {detail}")
-    return Finding("unexpected exception", detail, program, calls)
+    return Finding("unexpected exception", detail, program, calls, expect=type(err).__name__)
 
 
 def _round(

@@ -15,12 +15,13 @@ report) makes the search go on around root causes already reported.
 
 HypoFuzz runs until stopped and reports on a dashboard; this runner adds what a
 campaign in CI needs: a ``--duration`` (then, or on Ctrl-C, it stops HypoFuzz and
-keeps everything found), a progress line, a summary per machine (examples, HypoFuzz's
-behaviours and fingerprints, failures) read from the database, ``fuzz-report.json``
-next to it, and a replay of every failure in the database through pytest (the
-``replay`` profile), whose output is the reproduction. Exit status 1 if a failure
-is in the database, 2 on a usage error. HypoFuzz does not count steps, so neither does
-the summary.
+keeps everything found; with ``--stop-at-failure`` it stops at the first failure
+in the database, the duration then only a hard stop), a progress line, a summary
+per machine (examples, HypoFuzz's behaviours and fingerprints, failures) read from
+the database, ``fuzz-report.json`` next to it, and a replay of every failure in the
+database through pytest (the ``replay`` profile), whose output is the reproduction.
+Exit status 1 if a failure is in the database, 2 on a usage error. HypoFuzz does not
+count steps, so neither does the summary.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ TARGET_NODE = str(Path(__file__).with_name("fuzz_target.py")) + "::TestConforman
 DEFAULT_DB = Path(".hypothesis") / "fuzz-db"
 #: How long HypoFuzz gets to stop after each signal before the next one.
 STOP_GRACE_S = 10.0
+#: How often ``--stop-at-failure`` looks for a failure in the database.
+STOP_POLL_S = 1.0
 
 
 @dataclass
@@ -102,6 +105,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--level", default="allocator", choices=LEVELS, help="the --target's level")
     parser.add_argument("--known", type=Path, help="a pagedkv conform --json report")
     parser.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS")
+    parser.add_argument(
+        "--stop-at-failure",
+        action="store_true",
+        help="stop as soon as a failure is in the database (--duration is then a hard stop)",
+    )
     return parser
 
 
@@ -220,6 +228,20 @@ def _summary(db: Path, node: str, target: _Test | None, since: float) -> Machine
             tb = (obs.metadata.traceback or "") if obs is not None else ""
             report.failures.append(f"{state.name.lower()}: {_error_line(tb)}")
     return report
+
+
+def _any_failure(db: Path, found: dict[str, _Test | None]) -> bool:
+    """Whether the database holds a failure of any of the campaign's tests."""
+    from hypofuzz.database import FailureState, HypofuzzDatabase
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    hdb = HypofuzzDatabase(DirectoryBasedExampleDatabase(str(db)))
+    return any(
+        next(iter(hdb.failures(state=state).fetch(test.database_key)), None) is not None
+        for test in found.values()
+        if test is not None
+        for state in (FailureState.SHRUNK, FailureState.UNSHRUNK)
+    )
 
 
 def _counts_dir(db: Path, since: float) -> Path:
@@ -370,11 +392,16 @@ def main(argv: list[str] | None = None) -> int:
         interrupted = False
         try:
             deadline = start + args.duration
+            shown = start
             while proc.poll() is None and time.time() < deadline:
+                every = STOP_POLL_S if args.stop_at_failure else args.progress_every
                 try:
-                    proc.wait(timeout=min(args.progress_every, max(0.1, deadline - time.time())))
+                    proc.wait(timeout=min(every, max(0.1, deadline - time.time())))
                 except subprocess.TimeoutExpired:
-                    if time.time() < deadline:
+                    if args.stop_at_failure and _any_failure(db, found):
+                        break
+                    if time.time() < deadline and time.time() - shown >= args.progress_every:
+                        shown = time.time()
                         print(_progress(db, found, start), flush=True)
         except KeyboardInterrupt:
             interrupted = True

@@ -405,7 +405,7 @@ class ManagerMachine(LockstepMachine):
                 f"can_allocate: impl {answer.name} spec {expected.name}",
                 f"assert status({src}) == {expected.name!r}",
             )
-        self._log(f"{src}  # {expected.name}")
+        self._log(f"{src}  # {answer.name}")  # the target's answer
         event(f"can_allocate: {expected.name}")
         waiting = [s.seq_id for s in group.get_seqs(WAITING)]
         tokens = list(first.get_token_ids())
@@ -413,7 +413,7 @@ class ManagerMachine(LockstepMachine):
         res = self._attempt(lambda: self.adapter.allocate(group))
         cross: tuple[str, list[int], list[int]] | None = None
         if isinstance(res, Exception):
-            if expected is AllocStatus.OK:
+            if answer is AllocStatus.OK:
                 self._violate(
                     "can => do (can_allocate)",
                     f"can_allocate OK but allocate raised {res!r}",
@@ -537,10 +537,10 @@ class ManagerMachine(LockstepMachine):
                 f"can_append_slots: impl {answer} spec {expected}",
                 f"assert {src} == {expected}",
             )
-        self._log(f"{src}  # {expected}")
+        self._log(f"{src}  # {answer}")  # the target's answer
         event(f"can_append_slots: {expected}")
         for seq in group.get_seqs(RUNNING):
-            if not self._append_slots(seq, lookahead, "can_append_slots" if expected else None):
+            if not self._append_slots(seq, lookahead, "can_append_slots" if answer else None):
                 break
         if any(spec.NULL in t.handles for t in self.model.tables.values()):
             event("append_slots: sliding window dropped blocks")
@@ -591,7 +591,7 @@ class ManagerMachine(LockstepMachine):
                 f"can_swap_out disagrees: impl {answer} spec {expected}",
                 f"assert mgr.can_swap_out({g}) == {expected}",
             )
-        self._log(f"mgr.can_swap_out({g})  # {expected}")
+        self._log(f"mgr.can_swap_out({g})  # {answer}")  # the target's answer
         src = f"mgr.swap_out({g})"
         res = self._attempt(lambda: self.adapter.swap_out(group))
         if isinstance(res, Exception):
@@ -654,12 +654,12 @@ class ManagerMachine(LockstepMachine):
                 f"can_swap_in: impl {answer.name} spec {expected.name}",
                 f"assert status({src}) == {expected.name!r}",
             )
-        self._log(f"{src}  # {expected.name}")
+        self._log(f"{src}  # {answer.name}")  # the target's answer
         event(f"can_swap_in: {expected.name}")
         src = f"mgr.swap_in({g})"
         res = self._attempt(lambda: self.adapter.swap_in(group))
         if isinstance(res, Exception):
-            if expected is AllocStatus.OK:
+            if answer is AllocStatus.OK:
                 self._violate(
                     "can => do (can_swap_in)",
                     f"can_swap_in OK but swap_in raised {res!r}",
@@ -688,7 +688,7 @@ class ManagerMachine(LockstepMachine):
         self.stats.blocks_swapped_in += len(pairs)
         self._set_status(swapped, RUNNING)
         # The scheduler appends right after a swap-in; OK must have covered it.
-        can = "can_swap_in" if expected is AllocStatus.OK else None
+        can = "can_swap_in" if answer is AllocStatus.OK else None
         for seq in swapped:
             if not self._append_slots(seq, lookahead, can):
                 break

@@ -34,7 +34,7 @@ Usage::
     python -m pagedkv_stateful.vllm063 extract WHEEL DIR
     PAGEDKV_VLLM_DIR=DIR pagedkv conform pagedkv_stateful.vllm063:manager --level manager \\
         --json manager.json
-    PAGEDKV_VLLM_DIR=DIR python -m pagedkv_stateful.vllm063 replay manager.json
+    python -m pagedkv_stateful.vllm063 replay manager.json
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from typing import Any
 from pagedkv import Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec.device import Device
 from pagedkv_stateful.adapters import AllocatorAdapter, Capabilities, ManagerAdapter
+from pagedkv_stateful.replay import replay
 
 #: The wheel's files this target loads (pure Python, no imports beyond the stand-ins).
 WHEEL_FILES = (
@@ -162,6 +163,18 @@ def use(directory: str | Path) -> None:
             raise TargetSetupError(f"another vllm is already imported (from {where})")
         return
     sys.path.insert(0, str(directory))
+
+
+def conform_prelude() -> list[str]:
+    """What a printed program runs before its imports (``pagedkv conform`` asks): put the
+    extracted vLLM this process loaded on ``sys.path``, so the program replays as printed
+    in a fresh process, with or without ``PAGEDKV_VLLM_DIR``."""
+    loaded = sys.modules.get("vllm")
+    where = getattr(loaded, "__file__", None)
+    if not where:
+        return []
+    directory = str(Path(where).resolve().parent.parent)
+    return ["from pagedkv_stateful.vllm063 import use", f"use({directory!r})"]
 
 
 def _module(name: str) -> Any:
@@ -323,22 +336,17 @@ def manager(
 # --------------------------------------------------------------------------- replay
 
 
-def replay(program: list[str]) -> BaseException | None:
-    """Run a printed program as printed (fresh globals); the error it ends in, or None
-    if it ran clean. Complexity: the program's."""
-    try:
-        exec(compile("\n".join(program), "<conformance program>", "exec"), {})
-    except BaseException as err:  # any failure is the program's verdict
-        return err
-    return None
-
-
 def replay_report(path: str | Path) -> tuple[int, list[str]]:
-    """Replay every finding of a ``pagedkv conform --json`` report; ``(findings,
-    root causes whose program ran clean)``."""
+    """Replay every finding of a ``pagedkv conform --json`` report, each in a fresh
+    process (:func:`pagedkv_stateful.replay.replay`); ``(findings, one line per finding
+    that did not reproduce: its root cause and the replay's verdict)``."""
     report = json.loads(Path(path).read_text())
-    clean = [f["root_cause"] for f in report["findings"] if replay(list(f["program"])) is None]
-    return len(report["findings"]), clean
+    failed = []
+    for f in report["findings"]:
+        result = replay(list(f["program"]), str(f.get("expect", "AssertionError")))
+        if not result.reproduced:
+            failed.append(f"{f['root_cause']}: {result.verdict}")
+    return len(report["findings"]), failed
 
 
 # --------------------------------------------------------------------------- command line
@@ -346,7 +354,8 @@ def replay_report(path: str | Path) -> tuple[int, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """``extract WHEEL DIR``: write the target's modules (exit 2 on a bad wheel);
-    ``replay REPORT...``: replay each finding's program (exit 1 if one runs clean)."""
+    ``replay REPORT...``: replay each finding's program in a fresh process (exit 1 if one
+    does not fail at its last statement with the finding's error)."""
     parser = argparse.ArgumentParser(prog="python -m pagedkv_stateful.vllm063")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("extract", help="copy vLLM's block layer out of a vllm 0.6.3 wheel")
@@ -359,11 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "replay":
             status = 0
             for path in args.reports:
-                total, clean = replay_report(path)
-                print(f"{path}: {total - len(clean)} of {total} programs fail as printed")
-                for cause in clean:
-                    print(f"  ran clean: {cause}")
-                status = 1 if clean else status
+                total, failed = replay_report(path)
+                print(f"{path}: {total - len(failed)} of {total} programs reproduce as printed")
+                for line in failed:
+                    print(f"  not reproduced: {line}")
+                status = 1 if failed else status
             return status
         out = extract(args.wheel, args.dest)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
