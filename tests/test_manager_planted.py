@@ -10,7 +10,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from pagedkv import AllocStatus, BlockSpaceManager, Sequence
 from pagedkv.naive_allocator import NaiveBlock
 from pagedkv_spec.device import Device
-from pagedkv_stateful.adapters import root_cause
+from pagedkv_stateful.causes import cause
 from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import find_fast
 
@@ -163,7 +163,7 @@ def test_a_known_admission_root_cause_lets_the_search_reach_the_bug_behind_it() 
     planted = machine_for(WrongAdmissionAndSwapsPerSequence)
     with pytest.raises(AssertionError, match="admission"):
         run_state_machine_as_test(planted, settings=FIND_FAST)
-    planted.known = frozenset({root_cause("admission (can_allocate)", "can_allocate", "")})
+    planted.known = frozenset({cause("can_allocate", "", "admission (can_allocate)")})
     with pytest.raises(AssertionError) as caught:
         run_state_machine_as_test(planted, settings=FIND_FAST)
     assert "admission" not in str(caught.value).split("\n")[0]

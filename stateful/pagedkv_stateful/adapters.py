@@ -142,6 +142,7 @@ MISUSE_KINDS = frozenset(
         "double_free",  # free a freed block object again
         "stale_handle",  # append to / fork a chain holding a freed block object
         "foreign_block",  # pass a block of another allocator
+        "same_device_swap",  # swap from a device to itself
         "allocate_twice",  # allocate a sequence that has a table
         "fork_onto_table",  # fork onto a sequence that has a table
         "unknown_sequence",  # append to a sequence without a table
@@ -177,6 +178,10 @@ class Capabilities:
                          together, e.g. ``(frozenset({"encoder_decoder",
                          "sliding_window"}),)``: vLLM 0.6.3's manager refuses
                          cross-attention with a sliding window
+        beyond_callers   defines calls its real callers never make (an empty append,
+                         a swap listing one object twice, a chain across devices, ...:
+                         :data:`~pagedkv_stateful.causes.CALLER_PRECONDITIONS`); if
+                         False (vLLM's contract) the machines never make them
     """
 
     cow: bool = True
@@ -191,6 +196,7 @@ class Capabilities:
     typed_errors: bool = False
     misuse_kinds: frozenset[str] = MISUSE_KINDS
     not_together: tuple[frozenset[str], ...] = ()
+    beyond_callers: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (the sets as sorted lists)."""
@@ -210,7 +216,7 @@ class Capabilities:
 
     def describe(self, level: str = "manager") -> str:
         """One line: the features of ``level`` that are supported, then the promises."""
-        skip = {"lifo", "typed_errors", "misuse_kinds", "not_together"}
+        skip = {"lifo", "typed_errors", "misuse_kinds", "not_together", "beyond_callers"}
         if level in ("allocator", "caching"):
             skip |= {"lookahead", "sliding_window", "encoder_decoder"}
         else:
@@ -223,10 +229,11 @@ class Capabilities:
             features.append(f"not together: {'+'.join(sorted(combo))}")
         lifo = "LIFO promised" if self.lifo else "LIFO not promised"
         errors = "typed errors" if self.typed_errors else "any exception as rejection"
-        return f"{' '.join(features) or 'no optional feature'}; {lifo}; {errors}"
+        callers = "calls beyond its callers'" if self.beyond_callers else "its callers' calls only"
+        return f"{' '.join(features) or 'no optional feature'}; {lifo}; {errors}; {callers}"
 
 
-_FULL = Capabilities(encoder_decoder=True, lifo=True, typed_errors=True)
+_FULL = Capabilities(encoder_decoder=True, lifo=True, typed_errors=True, beyond_callers=True)
 
 # --------------------------------------------------------------------------- allocator
 

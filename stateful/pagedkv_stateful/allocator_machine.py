@@ -61,6 +61,8 @@ from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, label
 from pagedkv_spec.pool import PoolState, lifo_choice
 from pagedkv_stateful.adapters import AllocatorAdapter, Violation, as_allocator_adapter
+from pagedkv_stateful.causes import POLICY_LIFO
+from pagedkv_stateful.coverage import operation
 from pagedkv_stateful.lockstep import (
     LockstepMachine,
     check_same_pools,
@@ -91,6 +93,8 @@ class AllocatorMachine(LockstepMachine):
     other: AllocatorAdapter | None
     foreign: Any
     null: Any
+    #: handles of block objects a swap moved to the other device
+    swapped: set[int]
 
     # ------------------------------------------------------------------ extension points
 
@@ -126,7 +130,8 @@ class AllocatorMachine(LockstepMachine):
 
     @property
     def _lifo(self) -> bool:
-        return self.check_lifo and self.caps.lifo
+        # a policy found broken is adopted: the search goes on judging ids as a set
+        return self.check_lifo and self.caps.lifo and POLICY_LIFO not in self.known
 
     def _dev(self, device: Device) -> str:
         return self.adapter.source_device(device)
@@ -175,6 +180,82 @@ class AllocatorMachine(LockstepMachine):
 
     def _name(self, handle: int | None) -> str:
         return "None" if handle is None else f"b{handle}"
+
+    # ------------------------------------------------------------------ situations
+
+    def _stale(self, handle: int) -> str:
+        """The situation of a call on a freed handle (:mod:`.causes`): its object handed
+        out again (vLLM pools block objects: the call then acts on another owner's
+        block), or not."""
+        obj = self.objs[handle]
+        again = any(
+            o is obj and spec.is_live(self.model.blocks[h])
+            for h, o in enumerate(self.objs)
+            if h != handle
+        )
+        # NOTE: a null block may wrap a block object taken from the pool (vLLM's NullBlock
+        # holds it as ``_proxy``): that one is handed out again too.
+        again = again or any(obj is o for o in (self.null, getattr(self.null, "_proxy", None)))
+        return "a freed block object handed out again" if again else "a freed block object"
+
+    def _enter_stale(self, operation: str, handle: int, kind: str) -> bool:
+        """:meth:`_enter` for misuse of the freed ``handle``: a freed object nothing else
+        holds is misuse ``kind``."""
+        situation = self._stale(handle)
+        misuse = kind if situation == "a freed block object" else ""
+        return self._enter(operation, situation, misuse)
+
+    def _chain_situation(self, prev: int | None, device: Device) -> str:
+        """The situation of a new block chained after ``prev`` on ``device``, or ""."""
+        if prev is None:
+            return ""
+        ref = self.model.blocks[prev]
+        if ref.freed:
+            return self._stale(prev)
+        if ref.device is not device:
+            return "a chain across devices"
+        return ""
+
+    def _swap_situation(self, handles: list[int], src: Device, dst: Device) -> str:
+        """The named class of a swap, most specific first, else ""."""
+        refs = [self.model.blocks[h] for h in handles]
+        if src is dst:
+            return "a swap from a device to itself"
+        if len(set(handles)) < len(handles):
+            return "one block object listed twice"
+        if any(r.device is not src or r.block_id is None for r in refs):
+            return "a block not on the source device"
+        moved = set(handles)
+        if any(
+            (r.prev is not None and r.prev not in moved and spec.is_live(self.model.blocks[r.prev]))
+            for r in refs
+        ) or any(
+            ref.prev in moved and h not in moved and spec.is_live(ref)
+            for h, ref in enumerate(self.model.blocks)
+        ):
+            return "a swap that splits a chain"
+        ids = {r.block_id for r in refs}
+        if len(ids) < len(refs):
+            return "block objects sharing an id"
+        if len(ids) > len(spec.pool_of(self.model, dst).free):
+            return "the destination lacks room"
+        return ""
+
+    def _append_situation(self, handle: int, tokens: list[int], cow: bool) -> str:
+        ref = self.model.blocks[handle]
+        if ref.freed:
+            return self._stale(handle)
+        room = self.model.block_size - len(ref.token_ids)
+        if not tokens:
+            return "an empty append"
+        if ref.device is CPU:
+            return "an append to a block on the CPU"
+        if len(tokens) > room:
+            return "more tokens than the block has room for"
+        if cow:
+            free = spec.pool_of(self.model, ref.device).free
+            return "a copy-on-write" if free else "a copy-on-write with no free block"
+        return ""
 
     # ------------------------------------------------------------------ checks
 
@@ -256,24 +337,29 @@ class AllocatorMachine(LockstepMachine):
             self._violate("spec self-check", f"the spec's state breaks {broken.label}")
         self._check_target_invariants(self.check_impl_invariants)
 
-    @precondition(lambda self: self.caps.rejects("double_free"))
+    @precondition(lambda self: self.caps.misuse)
     @rule(handle=dead)
     def free_again(self, handle: int) -> None:
         """Double free: a dead handle must raise and change nothing."""
+        if not self._enter_stale("free", handle, "double_free"):
+            return
         src = f"alloc.free(b{handle})"
         res = self._attempt(lambda: self.adapter.free(self.objs[handle]))
         self._expect_rejected(res, lambda: spec.free(self.model, handle), src)
 
-    @precondition(lambda self: self.caps.rejects("stale_handle"))
+    @precondition(lambda self: self.caps.misuse)
     @rule(handle=dead, token=st.integers(0, 9))
     def use_stale_handle(self, handle: int, token: int) -> None:
         """A freed object must never append to or fork another owner's block."""
         obj = self.objs[handle]
-        src = self.adapter.source_append(f"b{handle}", f"[{token}]")
-        res = self._attempt(lambda: self.adapter.append_token_ids(obj, [token]))
-        self._expect_rejected(
-            res, lambda: spec.append_token_ids(self.model, handle, [token], -1), src
-        )
+        if self._enter_stale("append_token_ids", handle, "stale_handle"):
+            src = self.adapter.source_append(f"b{handle}", f"[{token}]")
+            res = self._attempt(lambda: self.adapter.append_token_ids(obj, [token]))
+            self._expect_rejected(
+                res, lambda: spec.append_token_ids(self.model, handle, [token], -1), src
+            )
+        if not self._enter_stale("fork", handle, "stale_handle"):
+            return
         src = f"alloc.fork(b{handle})"
         forked = self._attempt(lambda: self.adapter.fork(obj))
         self._expect_rejected(forked, lambda: spec.fork(self.model, handle), src)
@@ -281,6 +367,10 @@ class AllocatorMachine(LockstepMachine):
     @precondition(lambda self: self.caps.null_block)
     @rule()
     def allocate_or_get_null_block(self) -> None:
+        first_take = self.model.null_id is None
+        empty = first_take and not self.model.gpu.free
+        if not self._enter("allocate_or_get_null_block", "no free block" if empty else ""):
+            return
         src = "alloc.allocate_or_get_null_block()"
         res = self._attempt(self.adapter.allocate_or_get_null_block)
         if isinstance(res, Exception):
@@ -308,12 +398,14 @@ class AllocatorMachine(LockstepMachine):
         if first:
             self._check_lifo(before, [or_bad(null_id)], src, ["null"])
         self.null = res
+        self._enter("free", "the null block")
         err = self._attempt(lambda: self.adapter.free(res))
         if isinstance(err, Exception):
             self._log("alloc.free(null)")
             self._violate("null block", f"alloc.free(null) raised {err!r}; it must be a no-op")
         self._log("alloc.free(null)  # a no-op")
         src = self.adapter.source_append("null", "[1]")
+        self._enter("append_token_ids", "the null block")
         err = self._attempt(lambda: self.adapter.append_token_ids(res, [1]))
         typed = self.caps.typed_errors
         if not isinstance(err, Exception) or (typed and not isinstance(err, NullBlockError)):
@@ -345,6 +437,8 @@ class AllocatorMachine(LockstepMachine):
         typed = self.caps.typed_errors
         name = ", 'ForeignBlockError'" if typed else ""
         for src, call in calls:
+            if not self._enter(operation(src), "a block of another allocator"):
+                continue
             res = self._attempt(call)
             if not isinstance(res, Exception) or (typed and not isinstance(res, ForeignBlockError)):
                 self._violate(
@@ -376,12 +470,18 @@ class AllocatorMachine(LockstepMachine):
         self.other = None
         self.foreign = None
         self.null = None
+        self.swapped = set()
         self._log(self.setup_source("alloc", num_gpu, num_cpu, block_size))
         return self.allocate_mutable_block(None, GPU)
 
     @rule(target=blocks, prev=st.none() | blocks, device=devices)
     def allocate_mutable_block(self, prev: int | None, device: Device) -> object:
         prev_obj = None if prev is None else self.objs[prev]
+        situation = self._chain_situation(prev, device)
+        if not situation and not spec.pool_of(self.model, device).free:
+            situation = "no free block"
+        if not self._enter("allocate_mutable_block", situation):
+            return multiple()
         src = f"alloc.allocate_mutable_block({self._name(prev)}, {self._dev(device)})"
         res = self._attempt(lambda: self.adapter.allocate_mutable_block(prev_obj, device))
         if isinstance(res, Exception):
@@ -428,6 +528,21 @@ class AllocatorMachine(LockstepMachine):
     ) -> object:
         return self._allocate_immutable(prev, [length], overflow, device, token, single=True)
 
+    def _immutable_situation(
+        self, prev: int | None, chunks: list[list[int]], device: Device
+    ) -> str:
+        """The named class of an immutable allocation, most specific first, else ""."""
+        chained = self._chain_situation(prev, device)
+        if chained:
+            return chained
+        if any(len(c) > self.model.block_size for c in chunks):
+            return "a chunk longer than a block"
+        if any(not c for c in chunks):
+            return "an immutable block with no tokens"
+        if len(chunks) > len(spec.pool_of(self.model, device).free):
+            return "not enough free blocks"
+        return ""
+
     def _allocate_immutable(
         self,
         prev: int | None,
@@ -440,9 +555,14 @@ class AllocatorMachine(LockstepMachine):
         """``allocate_immutable_block`` (``single``, one chunk) or ``allocate_immutable_blocks``
         on both sides; the spec models the single call as a one-chunk batch."""
         size = self.model.block_size
+        if not self.caps.beyond_callers:  # draw within the callers' contract: full chunks
+            lengths, overflow = [max(1, n) for n in lengths], False
         # Chunks fit the block unless this step tests the overflow error path.
         chunks = [list(range(token, token + (n if overflow else min(n, size)))) for n in lengths]
         prev_obj = None if prev is None else self.objs[prev]
+        name = "allocate_immutable_block" if single else "allocate_immutable_blocks"
+        if not self._enter(name, self._immutable_situation(prev, chunks, device)):
+            return multiple()
         dev = self._dev(device)
         if single:
             src = f"alloc.allocate_immutable_block({self._name(prev)}, {chunks[0]}, {dev})"
@@ -493,7 +613,10 @@ class AllocatorMachine(LockstepMachine):
         return multiple(*handles)
 
     @rule(target=dead, handle=consumes(blocks))
-    def free(self, handle: int) -> int:
+    def free(self, handle: int) -> object:
+        moved = "a block object moved by a swap" if handle in self.swapped else ""
+        if not self._enter("free", moved):
+            return multiple()  # the block stays live in the model, out of the bundle
         src = f"alloc.free(b{handle})"
         res = self._attempt(lambda: self.adapter.free(self.objs[handle]))
         if isinstance(res, Exception):
@@ -504,10 +627,11 @@ class AllocatorMachine(LockstepMachine):
 
     @rule(target=blocks, last=blocks)
     def fork(self, last: int) -> object:
-        if not self.caps.rejects("stale_handle") and any(
-            self.model.blocks[h].freed for h in spec.chain(self.model, last)
-        ):
+        stale = [h for h in spec.chain(self.model, last) if self.model.blocks[h].freed]
+        if stale and not self._enter_stale("fork", stale[0], "stale_handle"):
             event("fork: skipped (the chain holds a freed block: misuse)")
+            return multiple()
+        if not stale and not self._enter("fork"):
             return multiple()
         src = f"alloc.fork(b{last})"
         res = self._attempt(lambda: self.adapter.fork(self.objs[last]))
@@ -532,6 +656,8 @@ class AllocatorMachine(LockstepMachine):
 
     @rule(handle=blocks, n=st.integers(0, 3), token=st.integers(0, 50))
     def append_token_ids(self, handle: int, n: int, token: int) -> None:
+        if not self.caps.beyond_callers:  # draw within the callers' contract: no empty append
+            n = max(1, n)
         tokens = list(range(token, token + n))
         ref = self.model.blocks[handle]
         cow = spec.needs_cow(self.model, handle) if not ref.freed else False
@@ -552,6 +678,8 @@ class AllocatorMachine(LockstepMachine):
         obj = self.objs[handle]
         if cow and tokens and not self.caps.cow:
             event("append: skipped (copy-on-write not supported)")
+            return
+        if not self._enter("append_token_ids", self._append_situation(handle, tokens, cow)):
             return
         src = self.adapter.source_append(f"b{handle}", repr(tokens))
         res = self._attempt(lambda: self.adapter.append_token_ids(obj, tokens))
@@ -590,6 +718,7 @@ class AllocatorMachine(LockstepMachine):
 
     @rule()
     def clear_copy_on_writes(self) -> None:
+        self._enter("clear_copy_on_writes")
         src = "alloc.clear_copy_on_writes()"
         res = self._attempt(self.adapter.clear_copy_on_writes)
         if isinstance(res, Exception):
@@ -633,6 +762,9 @@ class AllocatorMachine(LockstepMachine):
             if not handles:
                 event("swap: no block on the source device")
                 return
+        situation = self._swap_situation(handles, src, dst)
+        if not self._enter("swap", situation):
+            return
         objs = [self.objs[h] for h in handles]
         code = f"alloc.swap([{', '.join(f'b{h}' for h in handles)}], {self._dev(src)}, "
         code += f"{self._dev(dst)})"
@@ -674,6 +806,7 @@ class AllocatorMachine(LockstepMachine):
                 f"distinct id(s) it moved (a shared id copied once per block object?)",
                 f"assert alloc.get_num_free_blocks({self._dev(dst)}) == {want}",
             )
+        self.swapped.update(handles)
         self._check_lifo(before, list(mapping.values()), code)  # dst ids in first-use order
         shared = len(set(handles)) > len(mapping)
         event(f"swap {src.name}->{dst.name}: {'shared ids' if shared else 'distinct ids'}")
@@ -689,6 +822,7 @@ class AllocatorMachine(LockstepMachine):
     @precondition(lambda self: self.caps.queries)
     @rule(handles=st.lists(blocks, max_size=5), device=devices)
     def get_num_full_blocks_touched(self, handles: list[int], device: Device) -> None:
+        self._enter("get_num_full_blocks_touched")
         names = ", ".join(f"b{h}" for h in handles)
         src = f"alloc.get_num_full_blocks_touched([{names}], {self._dev(device)})"
         got = self._attempt(
@@ -710,7 +844,10 @@ class AllocatorMachine(LockstepMachine):
     @precondition(lambda self: self.caps.queries)
     @rule(device=devices, offset=st.integers(-1, 6))
     def get_physical_block_id(self, device: Device, offset: int) -> None:
-        absolute = spec.pool_of(self.model, device).first_id + offset
+        pool = spec.pool_of(self.model, device)
+        absolute = pool.first_id + offset
+        outside = not 0 <= offset < len(pool.refcounts)
+        self._enter("get_physical_block_id", "an id outside the device" if outside else "")
         src = f"alloc.get_physical_block_id({self._dev(device)}, {absolute})"
         res = self._attempt(lambda: self.adapter.get_physical_block_id(device, absolute))
         if isinstance(res, Exception):

@@ -70,7 +70,7 @@ class CachingAllocatorMachine(LockstepMachine):
     """Drives the target and the caching spec in lockstep (see the module docstring)."""
 
     #: What the target promises (pagedkv's own allocator: typed errors and LIFO reuse).
-    capabilities = Capabilities(typed_errors=True, lifo=True)
+    capabilities = Capabilities(typed_errors=True, lifo=True, beyond_callers=True)
     #: The target takes extra keys (``allocate_*(..., device, extra_keys)``).
     extra_keys = True
 

@@ -502,7 +502,7 @@ def _probe_caching(result: object, shown: str) -> CachingProbe:
             ) from None
     own = isinstance(target, CpuGpuBlockAllocator) and target.enable_caching
     if caps is None:
-        caps = Capabilities(typed_errors=own, lifo=own)
+        caps = Capabilities(typed_errors=own, lifo=own, beyond_callers=own)
     return CachingProbe(target, caps, extra_keys=own)
 
 

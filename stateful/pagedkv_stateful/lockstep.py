@@ -36,7 +36,15 @@ from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import REGISTRY, cited, first_broken, label
 from pagedkv_spec.manager import ManagerView
 from pagedkv_spec.pool import PoolState, in_pool
-from pagedkv_stateful.adapters import Capabilities, Violation, root_cause
+from pagedkv_stateful.adapters import Capabilities, Violation
+from pagedkv_stateful.causes import (
+    CALLER_PRECONDITIONS,
+    LATENT,
+    ORDINARY,
+    STRICT_SITUATIONS,
+    cause,
+    outcome,
+)
 from pagedkv_stateful.coverage import operation
 
 __all__ = [
@@ -69,6 +77,34 @@ class LockstepMachine(RuleBasedStateMachine):
     known: frozenset[str] = frozenset()
     caps: Capabilities
     program: list[str]
+    #: ``(operation, situation)`` of the target call the running rule makes (:meth:`_enter`)
+    situation: tuple[str, str] = ("", ORDINARY)
+
+    def _enter(self, operation: str, situation: str = ORDINARY, misuse: str = "") -> bool:
+        """The rule is about to call the target's ``operation`` in ``situation`` (a class of
+        its arguments and state read from the spec, :mod:`.causes`). False, and the rule
+        skips the call, when the search adopted that situation (a finding's cause), when
+        it is outside what the target's real callers do and the target does not claim
+        it (``Capabilities.beyond_callers``), or when it is misuse of a kind the target
+        does not promise to reject (``misuse``, default by
+        :data:`~pagedkv_stateful.causes.STRICT_SITUATIONS`). O(1)."""
+        if not situation:
+            self.situation = (operation, situation)
+            return True
+        kind = misuse or STRICT_SITUATIONS.get(situation, "")
+        if kind and not self.caps.rejects(kind):
+            event(f"skipped: {situation} (the target does not promise to reject it)")
+            return False
+        if situation in CALLER_PRECONDITIONS and not self.caps.beyond_callers:
+            event(f"skipped: {situation} (not done by the target's callers)")
+            return False
+        if cause(operation, situation) in self.known:
+            event(f"went around a known cause: {operation}: {situation}")
+            return False
+        self.situation = (operation, situation)
+        if situation in LATENT:
+            self.__dict__["latent"] = self.situation
+        return True
 
     def _violate(
         self,
@@ -90,13 +126,19 @@ class LockstepMachine(RuleBasedStateMachine):
             self.program.append(f"{check_line}  # {invariant}")
         raise Violation(invariant, detail, check_line, signature)
 
-    def _signature(self, invariant: str, check_line: str | None, cause: str) -> str:
-        """The root cause of a failed check: the check, the call it judges (the check
-        line's, else the program's last) and ``cause``."""
-        judged = check_line or ""
-        if not operation(judged) or "check_invariants(" in judged:  # then the last call
-            judged = self.program[-1] if self.program else judged
-        return root_cause(invariant, operation(judged), cause)
+    def _signature(self, invariant: str, check_line: str | None, why: str) -> str:
+        """The cause of a failed check (:func:`~pagedkv_stateful.causes.cause`): the
+        situation of the call the running rule made, when it is a named one; else that
+        call, the check and the target's outcome ``why``."""
+        op, situation = self.situation
+        if not situation and "latent" in self.__dict__:  # an effect of an earlier call
+            op, situation = self.__dict__["latent"]
+        if not op:  # no call entered yet: the call the check line or the program names
+            judged = check_line or ""
+            if not operation(judged) or "check_invariants(" in judged:
+                judged = self.program[-1] if self.program else judged
+            op = operation(judged)
+        return cause(op, situation, invariant, outcome(invariant, why))
 
     def _violate_query(self, invariant: str, detail: str, check_line: str) -> None:
         """:meth:`_violate` for a query whose wrong answer changed nothing: a root cause

@@ -52,7 +52,12 @@ from typing import Any
 
 from pagedkv import Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec.device import Device
-from pagedkv_stateful.adapters import AllocatorAdapter, Capabilities, ManagerAdapter
+from pagedkv_stateful.adapters import (
+    MISUSE_KINDS,
+    AllocatorAdapter,
+    Capabilities,
+    ManagerAdapter,
+)
 from pagedkv_stateful.replay import replay
 
 #: The wheel's files this target loads (pure Python, no imports beyond the stand-ins).
@@ -189,8 +194,15 @@ def _module(name: str) -> Any:
     return importlib.import_module(name)
 
 
-#: vLLM 0.6.3's promises: everything but typed errors (see the module docstring).
-CAPABILITIES = Capabilities(lifo=True, typed_errors=False)
+#: vLLM 0.6.3's promises: LIFO reuse, untyped errors, and its callers' contract only (see
+#: the module docstring); of pagedkv's strictness it keeps the double free of an object
+#: nothing holds (an assert), not the foreign block, the same-device swap or a call on a
+#: freed object before it is handed out again.
+CAPABILITIES = Capabilities(
+    lifo=True,
+    typed_errors=False,
+    misuse_kinds=MISUSE_KINDS - {"foreign_block", "same_device_swap", "stale_handle"},
+)
 #: Its manager also keeps cross-attention tables, but refuses them with a sliding window.
 MANAGER_CAPABILITIES = replace(
     CAPABILITIES,

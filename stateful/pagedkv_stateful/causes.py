@@ -1,0 +1,129 @@
+"""What a finding is: a *cause*, the situation a target mishandles, not a text signature.
+
+Before each call to the target a machine names the call's **situation**: the
+operation and the class of its arguments and state that decides how the spec
+treats it (``swap`` / ``the destination lacks room``), read from the spec's state
+*before* the call (:meth:`~pagedkv_stateful.lockstep.LockstepMachine._enter`).
+A finding's cause is its situation; two findings in one situation (a swap
+without room that raises after moving some blocks, seen as a changed free count
+on one device, a changed block id, an accepted call the spec rejects) are one
+finding, because one fix (handle that situation) removes both. Only in an
+*ordinary* situation (none of the named classes) does the cause also carry the
+check's family and the target's outcome, since nothing finer is known there.
+
+Once a cause is found, the search **adopts** it: a later call in the same
+situation is not made at all (the rule skips it, as a spec precondition would),
+so the search goes on past it instead of finding it again under another
+signature, and the test cases that would have met it are not discarded.
+
+Two further kinds of situation are not bugs of a target that does not claim them:
+
+* :data:`CALLER_PRECONDITIONS`: calls the target's real callers never make
+  (vLLM's ``BlockTable`` never appends an empty chunk, never chains a block after
+  one on another device, never lists one block object twice in a swap, ...). The
+  machines make them only for a target whose ``Capabilities.beyond_callers`` says
+  it defines them (pagedkv's own).
+* :data:`STRICTNESS`: what pagedkv promises beyond vLLM's contract (a foreign
+  block or a same-device swap rejected, a freed handle rejected before its id is
+  reused). Each is a kind of ``Capabilities.misuse_kinds``; a target that does not
+  claim it is never called so, and the report lists it once, in its section
+  "stricter than this target".
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CALLER_PRECONDITIONS",
+    "CROSS_OPERATION",
+    "LATENT",
+    "ORDINARY",
+    "POLICIES",
+    "POLICY_LIFO",
+    "STRICTNESS",
+    "STRICT_SITUATIONS",
+    "cause",
+    "outcome",
+]
+
+#: The situation of a call in none of the named classes.
+ORDINARY = ""
+
+#: Situations vLLM's callers never create: ``{situation: why it is out of contract}``.
+CALLER_PRECONDITIONS: dict[str, str] = {
+    "an empty append": "BlockTable never appends an empty chunk",
+    "an append to a block on the CPU": "only running sequences, on the GPU, are appended to",
+    "an immutable block with no tokens": "BlockTable allocates immutable blocks only for "
+    "full chunks of a prompt",
+    "a chunk longer than a block": "BlockTable cuts token ids into chunks of the block size",
+    "one block object listed twice": "a swap lists each of a sequence's block objects once",
+    "a block not on the source device": "the manager swaps a sequence's blocks, all on the "
+    "source device",
+    "a swap that splits a chain": "the manager swaps every block of a sequence together",
+    "a chain across devices": "a sequence's blocks are all on one device",
+    "a computed-blocks query of an empty table": "the manager asks only for allocated "
+    "sequences",
+}
+
+#: Kinds of misuse pagedkv rejects beyond vLLM's contract: ``{kind: what is promised}``
+#: (the kind is a ``Capabilities.misuse_kinds`` entry).
+STRICTNESS: dict[str, str] = {
+    "foreign_block": "a block of another allocator is rejected by free, fork and swap",
+    "same_device_swap": "a swap from a device to itself is rejected",
+    "stale_handle": "a freed block object is rejected (append, fork, chain parent) even "
+    "while nothing else holds it",
+}
+
+
+#: Situations that are misuse of a strictness kind, unless a call names another kind.
+STRICT_SITUATIONS: dict[str, str] = {
+    "a freed block object": "stale_handle",
+    "a block of another allocator": "foreign_block",
+    "a swap from a device to itself": "same_device_swap",
+}
+
+
+#: Checks of a policy across operations (the order ids are reused or evicted in): the
+#: policy is the cause whichever call showed it, and once found a machine stops judging it.
+POLICY_LIFO = "LIFO policy"
+POLICIES = frozenset({POLICY_LIFO, "C8 eviction_order_ok"})
+
+
+#: Situations that are one cause whichever operation meets them (one fix for all): a
+#: block object the target handed out again after it was freed (vLLM pools them), one
+#: moved to the other device by a swap and then freed, a foreign block, a freed block,
+#: a chunk longer than a block.
+CROSS_OPERATION = frozenset(
+    {
+        "a freed block object handed out again",
+        "a freed block object",
+        "a block of another allocator",
+        "a chunk longer than a block",
+    }
+)
+
+#: Situations whose effect on the target may show only later (a freed block object
+#: returned to the wrong pool is handed out again by a later allocation): a finding in
+#: an ordinary situation is caused by the last of these its test case entered.
+LATENT = frozenset({"a block object moved by a swap"})
+
+
+def cause(operation: str, situation: str, check: str = "", outcome_text: str = "") -> str:
+    """The finding's cause: the check for a policy (:data:`POLICIES`), the situation for
+    one in :data:`CROSS_OPERATION`, ``"operation: situation"`` for another named
+    situation, else ``"operation | check | outcome"`` (an ordinary call). O(1)."""
+    if check in POLICIES:
+        return check
+    if situation in CROSS_OPERATION:
+        return situation
+    if situation:
+        return f"{operation}: {situation}"
+    return " | ".join(part for part in (operation or "?", check, outcome_text) if part)
+
+
+def outcome(check: str, detail_cause: str) -> str:
+    """The target's outcome as a cause keeps it: a failed call that changed state is one
+    outcome whatever it changed (``"NoFreeBlocksError changed free count (GPU)"`` ->
+    ``"failed and changed the state"``); other outcomes as given. O(1)."""
+    if check == "failed call changes nothing":
+        return "failed and changed the state"
+    return detail_cause
