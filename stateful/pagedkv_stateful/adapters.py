@@ -182,6 +182,12 @@ class Capabilities:
                          a swap listing one object twice, a chain across devices, ...:
                          :data:`~pagedkv_stateful.causes.CALLER_PRECONDITIONS`); if
                          False (vLLM's contract) the machines never make them
+        hit_rate         caching level: ``get_prefix_cache_hit_rate`` counts as pagedkv's
+                         spec does (hits over lookups of full blocks)
+        swap_hits        caching level: a swap of a block whose content the destination
+                         caches shares the cached id and copies nothing
+        dedup_before_copy  caching level: a shared block that fills with content cached
+                         under a written id shares that id, with no copy-on-write first
     """
 
     cow: bool = True
@@ -197,6 +203,9 @@ class Capabilities:
     misuse_kinds: frozenset[str] = MISUSE_KINDS
     not_together: tuple[frozenset[str], ...] = ()
     beyond_callers: bool = False
+    hit_rate: bool = True
+    swap_hits: bool = True
+    dedup_before_copy: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (the sets as sorted lists)."""
@@ -217,6 +226,8 @@ class Capabilities:
     def describe(self, level: str = "manager") -> str:
         """One line: the features of ``level`` that are supported, then the promises."""
         skip = {"lifo", "typed_errors", "misuse_kinds", "not_together", "beyond_callers"}
+        if level != "caching":
+            skip |= {"hit_rate", "swap_hits", "dedup_before_copy"}
         if level in ("allocator", "caching"):
             skip |= {"lookahead", "sliding_window", "encoder_decoder"}
         else:

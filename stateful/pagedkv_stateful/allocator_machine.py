@@ -214,6 +214,8 @@ class AllocatorMachine(LockstepMachine):
             return self._stale(prev)
         if ref.device is not device:
             return "a chain across devices"
+        if len(ref.token_ids) < self.model.block_size:
+            return "a block chained after one that is not full"
         return ""
 
     def _swap_situation(self, handles: list[int], src: Device, dst: Device) -> str:
@@ -537,8 +539,8 @@ class AllocatorMachine(LockstepMachine):
             return chained
         if any(len(c) > self.model.block_size for c in chunks):
             return "a chunk longer than a block"
-        if any(not c for c in chunks):
-            return "an immutable block with no tokens"
+        if any(len(c) < self.model.block_size for c in chunks):
+            return "an immutable block that is not full"
         if len(chunks) > len(spec.pool_of(self.model, device).free):
             return "not enough free blocks"
         return ""
@@ -556,7 +558,7 @@ class AllocatorMachine(LockstepMachine):
         on both sides; the spec models the single call as a one-chunk batch."""
         size = self.model.block_size
         if not self.caps.beyond_callers:  # draw within the callers' contract: full chunks
-            lengths, overflow = [max(1, n) for n in lengths], False
+            lengths, overflow = [size] * len(lengths), False
         # Chunks fit the block unless this step tests the overflow error path.
         chunks = [list(range(token, token + (n if overflow else min(n, size)))) for n in lengths]
         prev_obj = None if prev is None else self.objs[prev]

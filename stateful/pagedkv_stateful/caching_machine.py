@@ -62,6 +62,12 @@ def normalised(s: spec.CachingState) -> spec.CachingState:
     return replace(s, gpu=pool(s.gpu), cpu=pool(s.cpu))
 
 
+#: The situation of a swap whose content the destination caches already.
+SWAP_HIT = "a swap of content the destination caches"
+#: The situation of a shared block that fills with content cached under a written id.
+SHARED_FILL_HIT = "a shared block filling onto written cached content"
+
+
 def _dev(device: Device) -> str:
     return f"Device.{device.name}"
 
@@ -80,6 +86,8 @@ class CachingAllocatorMachine(LockstepMachine):
     agreed: spec.CachingState  # the model at the last step the target agreed with (C10)
     objs: list[Any]
     null: Any
+    #: handles of block objects a swap moved to the other device
+    swapped: set[int]
 
     def make_impl(self, num_gpu: int, num_cpu: int, block_size: int) -> Any:
         """The allocator under test. Override to test another implementation."""
@@ -189,6 +197,137 @@ class CachingAllocatorMachine(LockstepMachine):
     def _accepted(self, site: str, spec_call: Callable[[], Any], src: str, lhs: str = "") -> Any:
         return self._judge(site, spec_call, src, lhs)
 
+    # ------------------------------------------------------------------ situations
+    # The class of each call, read from the model before it (pagedkv_stateful.causes).
+
+    def _stale(self, handle: int) -> str:
+        """A freed handle: its object handed out again (vLLM pools block objects) or not."""
+        obj = self.objs[handle]
+        again = any(
+            o is obj and spec.is_live(self.model.blocks[h])
+            for h, o in enumerate(self.objs)
+            if h != handle
+        )
+        # NOTE: vLLM's NullBlock wraps a block object taken from the pool (``_proxy``)
+        again = again or any(obj is o for o in (self.null, getattr(self.null, "_proxy", None)))
+        return "a freed block object handed out again" if again else "a freed block object"
+
+    @staticmethod
+    def _stale_kind(situation: str) -> str:
+        """The misuse kind of a call on a freed object nothing else holds, else ""."""
+        return "stale_handle" if situation == "a freed block object" else ""
+
+    def _enter_stale(self, operation: str, handle: int, kind: str) -> bool:
+        situation = self._stale(handle)
+        misuse = kind if situation == "a freed block object" else ""
+        return self._enter(operation, situation, misuse)
+
+    def _chain_situation(self, prev: int | None, device: Device) -> str:
+        if prev is None:
+            return ""
+        ref = self.model.blocks[prev]
+        if ref.freed:
+            return self._stale(prev)
+        if ref.device is not device:
+            return "a chain across devices"
+        if len(ref.token_ids) < self.model.block_size:
+            return "a block chained after one that is not full"
+        return self._freed_before(prev)
+
+    def _freed_before(self, handle: int) -> str:
+        """"a chain holding a freed block" if a block before ``handle`` in its chain is
+        freed (vLLM's content hash walks the chain), else ""."""
+        if any(self.model.blocks[h].freed for h in self._chain(handle)[:-1]):
+            return "a chain holding a freed block"
+        return ""
+
+    def _alloc_situation(
+        self, prev: int | None, chunks: list[list[int]], extra: spec.ExtraKeys, device: Device
+    ) -> str:
+        chained = self._chain_situation(prev, device)
+        if chained:
+            return chained
+        if any(len(c) > self.model.block_size for c in chunks):
+            return "a chunk longer than a block"
+        if any(len(c) < self.model.block_size for c in chunks):
+            return "an immutable block that is not full"
+        need = spec.blocks_needed(self.model, prev, chunks, extra, device)
+        if need > spec.get_num_free_blocks(self.model, device):
+            return "not enough free blocks"
+        return ""
+
+    def _append_situation(self, handle: int, new: list[int], cow: bool) -> str:
+        b = self.model.blocks[handle]
+        if b.freed:
+            return self._stale(handle)
+        if not new:
+            return "an empty append"
+        if self._freed_before(handle):
+            return "a chain holding a freed block"
+        if b.device is CPU:
+            return "an append to a block on the CPU"
+        if len(b.token_ids) + len(new) > self.model.block_size:
+            return "more tokens than the block has room for"
+        if b.key is None and len(b.token_ids) + len(new) == self.model.block_size:
+            pool = spec.pool_of(self.model, b.device)
+            key = spec.block_key(self.model, b.prev, b.token_ids + tuple(new), b.extra)
+            hit = spec.lookup(pool, key) if key is not None else None
+            if hit is not None and hit != b.block_id:
+                if hit not in pool.computed:
+                    return "a fill onto content cached under an id not written yet"
+                if b.block_id is not None and spec.rc(pool, b.block_id) > 1:
+                    return SHARED_FILL_HIT
+                return "a fill onto cached content"
+        if cow:
+            free = spec.get_num_free_blocks(self.model, b.device)
+            return "a copy-on-write" if free else "a copy-on-write with no free block"
+        return ""
+
+    def _free_situation(self, handle: int) -> str:
+        b = self.model.blocks[handle]
+        if b.freed:
+            return self._stale(handle)
+        if handle in self.swapped:
+            return "a block object moved by a swap"
+        pool = spec.pool_of(self.model, b.device)
+        if (
+            b.block_id is not None
+            and spec.key_of_id(pool, b.block_id) is not None
+            and b.block_id not in pool.computed
+            and spec.rc(pool, b.block_id) == 1
+        ):
+            return "the last reference to a cached block not written yet"
+        return ""
+
+    def _swap_situation(self, handles: list[int], src: Device, dst: Device) -> str:
+        refs = [self.model.blocks[h] for h in handles]
+        stale = [h for h in handles if self.model.blocks[h].freed]
+        if stale:
+            return self._stale(stale[0])
+        if len(set(handles)) < len(handles):
+            return "one block object listed twice"
+        if any(r.device is not src or r.block_id is None for r in refs):
+            return "a block not on the source device"
+        moved = set(handles)
+        if any(
+            r.prev is not None and r.prev not in moved and spec.is_live(self.model.blocks[r.prev])
+            for r in refs
+        ) or any(
+            c.prev in moved and h not in moved and spec.is_live(c)
+            for h, c in enumerate(self.model.blocks)
+        ):
+            return "a swap that splits a chain"
+        if len({r.block_id for r in refs}) < len(refs):
+            return "block objects sharing an id"
+        if len({r.block_id for r in refs}) > spec.get_num_free_blocks(self.model, dst):
+            return "the destination lacks room"
+        source, target = spec.pool_of(self.model, src), spec.pool_of(self.model, dst)
+        for r in refs:
+            key = spec.key_of_id(source, r.block_id) if r.block_id is not None else None
+            if key is not None and spec.lookup(target, key) is not None:
+                return SWAP_HIT
+        return ""
+
     # ------------------------------------------------------------------ checks
 
     @invariant()
@@ -199,7 +338,7 @@ class CachingAllocatorMachine(LockstepMachine):
         broken = first_broken("caching", self.model)
         if broken is not None:
             self._violate("spec self-check", f"the spec's state breaks {broken.label}")
-        if not holds("C8", self.before, self.model):
+        if "C8 eviction_order_ok" not in self.known and not holds("C8", self.before, self.model):
             self._violate(
                 "C8 eviction_order_ok",
                 "an id was evicted while an id with an older last_accessed (or, at equal "
@@ -253,6 +392,7 @@ class CachingAllocatorMachine(LockstepMachine):
         self.model = self.before = self.agreed = spec.initial(num_gpu, num_cpu, block_size)
         self.objs = []
         self.null = None
+        self.swapped: set[int] = set()
         self.last_computed: dict[tuple[int, ...], list[int]] = {}
         self._log(self.setup_source(num_gpu, num_cpu, block_size))
         # a first cached block, so the rules that take blocks can run from the start
@@ -275,6 +415,11 @@ class CachingAllocatorMachine(LockstepMachine):
         self, prev: int | None, extra: spec.ExtraKeys, device: Device
     ) -> object:
         extra = self._extra(extra)
+        situation = self._chain_situation(prev, device)
+        if not situation and spec.get_num_free_blocks(self.model, device) == 0:
+            situation = "no free block"
+        if not self._enter("allocate_mutable_block", situation):
+            return multiple()
         shown = f", {extra!r}" if self.extra_keys else ""
         src = f"alloc.allocate_mutable_block({self._name(prev)}, {_dev(device)}{shown})"
         res = self._attempt(
@@ -301,6 +446,8 @@ class CachingAllocatorMachine(LockstepMachine):
         size = self.model.block_size
         kind = data.draw(st.sampled_from(["full"] * 8 + ["partial", "overflow"]), label="kind")
         n = size if kind == "full" else size + 1 if kind == "overflow" else size - 1
+        if not self.caps.beyond_callers:  # the callers' contract: full chunks
+            n = size
         letters = data.draw(st.sampled_from([0, 0, 1]), label="alphabet")
         return data.draw(st.lists(st.integers(0, letters), min_size=n, max_size=n), label="chunk")
 
@@ -333,6 +480,9 @@ class CachingAllocatorMachine(LockstepMachine):
         single: bool,
     ) -> object:
         extra = self._extra(extra)
+        name = "allocate_immutable_block" if single else "allocate_immutable_blocks"
+        if not self._enter(name, self._alloc_situation(prev, chunks, extra, device)):
+            return multiple()
         shown = f", {extra!r}" if self.extra_keys else ""
         prev_obj = self._obj(prev)
         if single:
@@ -396,6 +546,13 @@ class CachingAllocatorMachine(LockstepMachine):
         b = self.model.blocks[handle]
         if ran and spec.is_live(b) and b.block_id in spec.pool_of(self.model, b.device).touched:
             self.mark_blocks_as_computed()
+        situation = self._free_situation(handle)
+        if situation in ("a freed block object handed out again", "a freed block object"):
+            entered = self._enter_stale("free", handle, "double_free")
+        else:
+            entered = self._enter("free", situation)
+        if not entered:
+            return
         src = f"alloc.free(b{handle})"
         res = self._attempt(lambda: self.impl.free(self.objs[handle]))
         if isinstance(res, Exception):
@@ -414,6 +571,11 @@ class CachingAllocatorMachine(LockstepMachine):
             ]
             if partial:
                 handle = partial[-1]
+        stale = [h for h in self._chain(handle) if self.model.blocks[h].freed]
+        if stale and not self._enter_stale("fork", stale[0], "stale_handle"):
+            return multiple()
+        if not stale:
+            self._enter("fork")
         src = f"alloc.fork(b{handle})"
         res = self._attempt(lambda: self.impl.fork(self.objs[handle]))
         if isinstance(res, Exception):
@@ -439,6 +601,8 @@ class CachingAllocatorMachine(LockstepMachine):
                 handle = shared[-1]
         room = self.model.block_size - len(self.model.blocks[handle].token_ids)
         n = data.draw(st.sampled_from([room, room, max(room - 1, 0), room + 1]), label="n")
+        if not self.caps.beyond_callers:  # the callers' contract: 1 to room tokens
+            n = max(1, min(n, room))
         new = data.draw(st.lists(st.integers(0, 1), min_size=n, max_size=n), label="tokens")
         if data.draw(st.integers(0, 3), label="fill onto cached content") == 0:
             # NOTE: steering: the newest live block that such a fill completes (a key
@@ -452,6 +616,11 @@ class CachingAllocatorMachine(LockstepMachine):
         obj = self.objs[handle]
         before_id = obj.block_id
         cow = self._spec_copies_on_write(handle, new)
+        situation = self._append_situation(handle, new, cow)
+        if situation == SHARED_FILL_HIT and not self.caps.dedup_before_copy:
+            return
+        if not self._enter("append_token_ids", situation, self._stale_kind(situation)):
+            return
         src = f"b{handle}.append_token_ids({new})"
         res = self._attempt(lambda: obj.append_token_ids(new))
         if isinstance(res, Exception):
@@ -471,6 +640,23 @@ class CachingAllocatorMachine(LockstepMachine):
         self.model = self._accepted(
             "append", lambda: spec.append_token_ids(self.model, handle, new, chosen), src
         )
+
+    def _table(self, handle: int) -> list[int]:
+        """The GPU ids of the chain ending at ``handle`` if it is a table (every block live
+        on the GPU, all but the last full), else []. O(chain)."""
+        refs = [self.model.blocks[h] for h in self._chain(handle)]
+        if not all(spec.is_live(r) and r.device is GPU for r in refs):
+            return []
+        if any(len(r.token_ids) < self.model.block_size for r in refs[:-1]):
+            return []
+        return [r.block_id for r in refs if r.block_id is not None]
+
+    def _chain(self, handle: int) -> list[int]:
+        """The handles of the chain ending at ``handle``, first block first. O(chain)."""
+        out = [handle]
+        while (prev := self.model.blocks[out[-1]].prev) is not None:
+            out.append(prev)
+        return out[::-1]
 
     def _cached_completion(self, handle: int) -> tuple[bool, list[int]] | None:
         """``(written, tokens)``: the tokens that fill the live, unkeyed block ``handle``
@@ -513,6 +699,16 @@ class CachingAllocatorMachine(LockstepMachine):
         pool: Any = getattr(obj, "allocator", None)
         if not callable(getattr(pool, "promote_to_immutable_block", None)):
             return
+        b = self.model.blocks[handle]
+        situation = self._stale(handle) if b.freed else ""
+        if not situation and spec.is_live(b) and len(b.token_ids) == self.model.block_size:
+            pool_state = spec.pool_of(self.model, b.device)
+            key = spec.block_key(self.model, b.prev, b.token_ids, b.extra)
+            hit = spec.lookup(pool_state, key) if key is not None else None
+            if hit is not None and hit != b.block_id and hit not in pool_state.computed:
+                situation = "a promotion onto content cached under an id not written yet"
+        if not self._enter("promote_to_immutable_block", situation, self._stale_kind(situation)):
+            return
         src = f"b{handle}.allocator.promote_to_immutable_block(b{handle})"
         res = self._attempt(lambda: pool.promote_to_immutable_block(obj))
         if isinstance(res, Exception):
@@ -530,6 +726,10 @@ class CachingAllocatorMachine(LockstepMachine):
     def mark_blocks_as_accessed(self, data: st.DataObject, now: int) -> None:
         total = len(self.model.gpu.refcounts) + len(self.model.cpu.refcounts)
         ids = data.draw(st.lists(st.integers(0, total), max_size=3), label="ids")
+        held = {b.block_id for b in self.model.blocks if spec.is_live(b) and b.device is GPU}
+        unheld = "an id no block holds" if any(i not in held for i in ids) else ""
+        if not self._enter("mark_blocks_as_accessed", unheld):
+            return
         src = f"alloc.mark_blocks_as_accessed({ids}, {float(now)})"
         res = self._attempt(lambda: self.impl.mark_blocks_as_accessed(ids, float(now)))
         call = lambda: spec.mark_blocks_as_accessed(self.model, GPU, ids, float(now))  # noqa: E731
@@ -541,6 +741,7 @@ class CachingAllocatorMachine(LockstepMachine):
     @precondition(lambda self: len(self.objs) > 1)
     @rule()
     def mark_blocks_as_computed(self) -> None:
+        self._enter("mark_blocks_as_computed")
         src = "alloc.mark_blocks_as_computed([])"
         self.impl.mark_blocks_as_computed([])
         self.model = self._accepted(
@@ -553,10 +754,24 @@ class CachingAllocatorMachine(LockstepMachine):
         # evicted, reused): the case where a remembered answer goes stale.
         num_gpu = len(self.model.gpu.refcounts)
         ids = data.draw(st.lists(st.integers(0, num_gpu - 1), max_size=3), label="ids")
+        if not self.caps.beyond_callers:  # the callers' contract: a live table's ids
+            tables = [t for h in range(len(self.model.blocks)) if (t := self._table(h))]
+            if tables:
+                ids = data.draw(st.sampled_from(tables), label="table")
         handles = ids
         # NOTE: the previous answer for the same ids is passed back, as a serving engine
         # does each step; the answer must still be recomputed (vLLM's goes stale).
         prev = list(self.last_computed.get((*ids, skip_last), []))
+        fresh = list(spec.get_computed_block_ids(self.model, GPU, ids, skip_last))
+        situation = ""
+        if not ids:
+            situation = "a computed-blocks query of an empty table"
+        elif ids not in [self._table(h) for h in range(len(self.model.blocks))]:
+            situation = "ids that are not a sequence's table"
+        elif fresh[: len(prev)] != prev:
+            situation = "a previous answer no longer true"
+        if not self._enter("get_computed_block_ids", situation):
+            return
         src = f"alloc.get_computed_block_ids({prev}, {ids}, {skip_last})"
         got = self._attempt(lambda: self.impl.get_computed_block_ids(list(prev), ids, skip_last))
         if isinstance(got, Exception):  # the spec answers every such query
@@ -574,6 +789,11 @@ class CachingAllocatorMachine(LockstepMachine):
             )
         self.last_computed[(*ids, skip_last)] = want
         lists = [want, list(ids[: len(want) // 2 + 1]), []][: 1 + len(handles) % 3]
+        some_empty = len(lists) > 1 and any(not x for x in lists) and any(lists)
+        if not self._enter(
+            "get_common_computed_block_ids", "an empty list among others" if some_empty else ""
+        ):
+            return
         common = self.impl.get_common_computed_block_ids(lists)
         want_common = list(spec.get_common_computed_block_ids(lists))
         if common != want_common:
@@ -597,6 +817,11 @@ class CachingAllocatorMachine(LockstepMachine):
         gpu_touched = self.model.gpu.touched
         if to_cpu and ran and any(self.model.blocks[h].block_id in gpu_touched for h in handles):
             self.mark_blocks_as_computed()
+        situation = self._swap_situation(handles, src_dev, dst_dev)
+        if situation == SWAP_HIT and not self.caps.swap_hits:
+            return
+        if not self._enter("swap", situation, self._stale_kind(situation)):
+            return
         objs = [self.objs[h] for h in handles]
         names = ", ".join(f"b{h}" for h in handles)
         src = f"alloc.swap([{names}], {_dev(src_dev)}, {_dev(dst_dev)})"
@@ -620,6 +845,7 @@ class CachingAllocatorMachine(LockstepMachine):
         self.model, mapping = self._accepted(
             "swap", lambda: spec.swap(self.model, handles, src_dev, dst_dev, chosen), src
         )
+        self.swapped.update(handles)
         if res != mapping:
             self._violate("swap", f"swap returned {res}; the spec copies {mapping}")
         if touched != want_touched:
@@ -631,6 +857,7 @@ class CachingAllocatorMachine(LockstepMachine):
     @precondition(lambda self: len(self.objs) > 1 and self._has("reset_prefix_cache"))
     @rule()
     def reset_prefix_cache(self) -> None:
+        self._enter("reset_prefix_cache")
         src = "alloc.reset_prefix_cache()"
         n = self.impl.reset_prefix_cache()
         total = 0
@@ -653,6 +880,7 @@ class CachingAllocatorMachine(LockstepMachine):
     @precondition(lambda self: len(self.objs) > 1)
     @rule()
     def clear_copy_on_writes(self) -> None:
+        self._enter("clear_copy_on_writes")
         got = self.impl.clear_copy_on_writes()
         self.model, want = self._accepted(
             "CoW", lambda: spec.clear_copy_on_writes(self.model), "alloc.clear_copy_on_writes()"
@@ -663,6 +891,9 @@ class CachingAllocatorMachine(LockstepMachine):
     @precondition(lambda self: len(self.objs) > 1)
     @rule()
     def allocate_or_get_null_block(self) -> None:
+        empty = self.model.null_id is None and spec.get_num_free_blocks(self.model, GPU) == 0
+        if not self._enter("allocate_or_get_null_block", "no free block" if empty else ""):
+            return
         src = "null = alloc.allocate_or_get_null_block()"
         res = self._attempt(self.impl.allocate_or_get_null_block)
         if isinstance(res, Exception):
@@ -675,11 +906,15 @@ class CachingAllocatorMachine(LockstepMachine):
         self.model, want = self._accepted(
             "null block", lambda: spec.allocate_or_get_null_block(self.model, res.block_id), src
         )
+        self.null = res
         if res.block_id != want:
             self._violate("null block", f"null block id {res.block_id}; the spec says {want}")
 
     @rule(device=devices)
     def get_prefix_cache_hit_rate(self, device: Device) -> None:
+        if not self.caps.hit_rate:
+            return
+        self._enter("get_prefix_cache_hit_rate")
         got = self.impl.get_prefix_cache_hit_rate(device)
         want = spec.get_prefix_cache_hit_rate(self.model, device)
         src = f"alloc.get_prefix_cache_hit_rate({_dev(device)})"

@@ -52,14 +52,22 @@ ORDINARY = ""
 CALLER_PRECONDITIONS: dict[str, str] = {
     "an empty append": "BlockTable never appends an empty chunk",
     "an append to a block on the CPU": "only running sequences, on the GPU, are appended to",
-    "an immutable block with no tokens": "BlockTable allocates immutable blocks only for "
+    "an immutable block that is not full": "BlockTable allocates immutable blocks only for "
     "full chunks of a prompt",
+    "a chain holding a freed block": "a sequence's blocks are freed together",
+    "an id no block holds": "the manager marks the blocks of its sequences' tables",
     "a chunk longer than a block": "BlockTable cuts token ids into chunks of the block size",
     "one block object listed twice": "a swap lists each of a sequence's block objects once",
     "a block not on the source device": "the manager swaps a sequence's blocks, all on the "
     "source device",
     "a swap that splits a chain": "the manager swaps every block of a sequence together",
     "a chain across devices": "a sequence's blocks are all on one device",
+    "a block chained after one that is not full": "BlockTable starts a block when the last "
+    "one is full",
+    "an empty list among others": "the manager asks for the common prefix of one group's "
+    "sequences in prefill, which share one prompt's blocks",
+    "ids that are not a sequence's table": "the manager asks for the ids of a sequence's "
+    "table: full blocks, then at most one that is not full",
     "a computed-blocks query of an empty table": "the manager asks only for allocated "
     "sequences",
 }
@@ -104,7 +112,9 @@ CROSS_OPERATION = frozenset(
 #: Situations whose effect on the target may show only later (a freed block object
 #: returned to the wrong pool is handed out again by a later allocation): a finding in
 #: an ordinary situation is caused by the last of these its test case entered.
-LATENT = frozenset({"a block object moved by a swap"})
+LATENT = frozenset(
+    {"a block object moved by a swap", "the last reference to a cached block not written yet"}
+)
 
 
 def cause(operation: str, situation: str, check: str = "", outcome_text: str = "") -> str:

@@ -254,6 +254,16 @@ class DeviceMapped:
         return f"DeviceMapped({self._target!r})"
 
 
+#: Its prefix-caching allocator counts a lookup even when the allocation then fails (no
+#: free block), where pagedkv's spec counts only the lookups of allocations that happen,
+#: a swap of content the destination caches copies it again (the same bytes), and a
+#: shared block that fills onto cached content copies on write before it deduplicates
+#: (a copy the spec saves, and a NoFreeBlocksError when no block is free for it).
+CACHING_CAPABILITIES = replace(
+    CAPABILITIES, hit_rate=False, swap_hits=False, dedup_before_copy=False
+)
+
+
 def caching(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> tuple[Any, Capabilities]:
     """Caching-level factory: vLLM's prefix-caching ``CpuGpuBlockAllocator``."""
     cpu_gpu = _module("vllm.core.block.cpu_gpu_block_allocator")
@@ -261,7 +271,7 @@ def caching(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> tuple[
     target = cpu_gpu.CpuGpuBlockAllocator.create(
         "prefix_caching", num_gpu_blocks, num_cpu_blocks, block_size
     )
-    return DeviceMapped(target, device), CAPABILITIES
+    return DeviceMapped(target, device), CACHING_CAPABILITIES
 
 
 # --------------------------------------------------------------------------- manager
