@@ -12,6 +12,10 @@ freed id goes to the back, so it does not promise LIFO) and a plain
 - :class:`DropsCowPairsManager`: pagedkv's manager, but ``append_slots``
   forgets to report copy-on-write pairs (checked through the API only).
 
+:class:`CallersOnly` (``callers_only_allocator``, ``callers_only_caching_allocator``)
+is correct and declares vLLM 0.6.3's promises; it records each call outside vLLM's
+callers' contract or its promises, which the kit must never make of it.
+
 Setup mistakes, which the kit reports as usage errors before judging anything:
 ``bare_fifo_allocator`` returns :class:`FifoAllocator` without ``devices=`` (its
 device enum is not pagedkv's), and :class:`OwnTypesManager` reads groups with its
@@ -440,3 +444,217 @@ def typed_claiming_fifo_allocator(
     several root causes: one per operation)."""
     caps = Capabilities(typed_errors=True)
     return AllocatorAdapter(FifoAllocator(num_gpu_blocks, num_cpu_blocks, block_size), caps, Device)
+
+
+# --------------------------------------------------------------------------- callers' contract
+
+#: What the kit asked of a ``callers_only_*`` target outside vLLM's callers' contract or
+#: its promises (one line per call): a kit test asserts it stays empty.
+OUTSIDE_CONTRACT: list[str] = []
+#: vLLM 0.6.3's promises, as pagedkv_stateful.vllm063 declares them.
+VLLM_LIKE = Capabilities(
+    lifo=True,
+    misuse_kinds=MISUSE_KINDS - {"foreign_block", "same_device_swap", "stale_handle"},
+    hit_rate=False,
+    swap_hits=False,
+    dedup_before_copy=False,
+)
+
+
+class _Recorded:
+    """A block object of a :class:`CallersOnly` target (its append is watched)."""
+
+    def __init__(self, owner: CallersOnly, inner: Any) -> None:
+        self.owner, self.inner = owner, inner
+
+    @property
+    def block_id(self) -> int | None:
+        block_id: int | None = self.inner.block_id
+        return block_id
+
+    @property
+    def token_ids(self) -> list[int]:
+        return list(self.inner.token_ids)
+
+    def append_token_ids(self, token_ids: list[int]) -> None:
+        self.owner.check_append(self, token_ids)
+        self.inner.append_token_ids(token_ids)
+
+
+class CallersOnly:
+    """pagedkv's allocator (correct), which records every call vLLM's callers never make
+    or vLLM does not promise to reject, in :data:`OUTSIDE_CONTRACT`: an empty append, an
+    append to a CPU block or past the block's room, an immutable chunk that is not full,
+    a block chained after one that is not full or on the other device, a swap from a
+    device to itself, listing an object twice, naming a block not on its source device or
+    splitting a chain, a foreign block, a call on a freed object, the caching queries of
+    ids that are no table or no block's, the hit rate. A search that made none reports
+    nothing, since the allocator is correct: each caller precondition and strictness of
+    the kit is one test, with vLLM's behaviour there replaced by a recorded complaint."""
+
+    def __init__(self, kind: str, num_gpu: int, num_cpu: int, block_size: int) -> None:
+        self.inner = CpuGpuBlockAllocator.create(kind, num_gpu, num_cpu, block_size)
+        self.num_gpu, self.size = num_gpu, block_size
+        self.wrapped: dict[int, _Recorded] = {}
+
+    # -- bookkeeping
+    def _out(self, what: str) -> None:
+        OUTSIDE_CONTRACT.append(what)
+
+    def _wrap(self, inner: Any) -> _Recorded:
+        if id(inner) not in self.wrapped:
+            self.wrapped[id(inner)] = _Recorded(self, inner)
+        return self.wrapped[id(inner)]
+
+    def _own(self, block: Any, what: str) -> Any:
+        if not isinstance(block, _Recorded) or block.owner is not self:
+            self._out(f"{what}: a block of another allocator")
+            return block
+        if block.block_id is None:
+            self._out(f"{what}: a freed block object")
+        return block.inner
+
+    def _device(self, block: _Recorded) -> Any:
+        block_id = block.block_id
+        gpu = block_id is not None and block_id < self.num_gpu
+        return PagedKVDevice.GPU if gpu else PagedKVDevice.CPU
+
+    def _live(self) -> list[_Recorded]:
+        return [b for b in self.wrapped.values() if b.block_id is not None]
+
+    def _prev_of(self, block: _Recorded) -> _Recorded | None:
+        prev = block.inner.prev_block
+        return None if prev is None else self.wrapped.get(id(prev))
+
+    def _chain_after(self, prev: Any, device: Any, what: str) -> Any:
+        if prev is None:
+            return None
+        inner = self._own(prev, what)
+        if isinstance(prev, _Recorded):
+            if self._device(prev) is not device:
+                self._out(f"{what}: a chain across devices")
+            if len(prev.token_ids) < self.size:
+                self._out(f"{what}: a block chained after one that is not full")
+        return inner
+
+    def check_append(self, block: _Recorded, token_ids: list[int]) -> None:
+        self._own(block, "append")
+        if not token_ids:
+            self._out("append: an empty append")
+        elif block.block_id is not None and self._device(block) is PagedKVDevice.CPU:
+            self._out("append: to a block on the CPU")
+        elif len(block.token_ids) + len(token_ids) > self.size:
+            self._out("append: more tokens than the block has room for")
+
+    # -- the allocator API
+    def allocate_mutable_block(self, prev_block: Any, device: Any, *extra: Any) -> _Recorded:
+        prev = self._chain_after(prev_block, device, "allocate_mutable_block")
+        return self._wrap(self.inner.allocate_mutable_block(prev, device, *extra))
+
+    def allocate_immutable_block(
+        self, prev_block: Any, token_ids: list[int], device: Any, *extra: Any
+    ) -> _Recorded:
+        return self.allocate_immutable_blocks(prev_block, [token_ids], device, *extra)[0]
+
+    def allocate_immutable_blocks(
+        self, prev_block: Any, block_token_ids: list[list[int]], device: Any, *extra: Any
+    ) -> list[_Recorded]:
+        prev = self._chain_after(prev_block, device, "allocate_immutable_blocks")
+        if any(len(chunk) != self.size for chunk in block_token_ids):
+            self._out("allocate_immutable_blocks: a chunk that is not a full block")
+        return [
+            self._wrap(b)
+            for b in self.inner.allocate_immutable_blocks(prev, block_token_ids, device, *extra)
+        ]
+
+    def free(self, block: Any) -> None:
+        if isinstance(block, _Recorded) and block.block_id is None:
+            self.inner.free(block.inner)  # a double free: vLLM rejects it (an assert)
+            return
+        self.inner.free(self._own(block, "free"))
+
+    def fork(self, last_block: Any) -> list[_Recorded]:
+        return [self._wrap(b) for b in self.inner.fork(self._own(last_block, "fork"))]
+
+    def swap(self, blocks: list[Any], src_device: Any, dst_device: Any) -> dict[int, int]:
+        inner = [self._own(b, "swap") for b in blocks]
+        if src_device is dst_device:
+            self._out("swap: from a device to itself")
+        if len({id(b) for b in blocks}) < len(blocks):
+            self._out("swap: one block object listed twice")
+        moved = {id(b) for b in blocks}
+        for b in blocks:
+            if isinstance(b, _Recorded) and b.block_id is not None:
+                if self._device(b) is not src_device:
+                    self._out("swap: a block not on the source device")
+                prev = self._prev_of(b)
+                if prev is not None and prev.block_id is not None and id(prev) not in moved:
+                    self._out("swap: splits a chain (a predecessor stays)")
+        for b in self._live():
+            prev = self._prev_of(b)
+            if prev is not None and id(prev) in moved and id(b) not in moved:
+                self._out("swap: splits a chain (a successor stays)")
+        return dict(self.inner.swap(inner, src_device, dst_device))
+
+    def get_num_full_blocks_touched(self, blocks: list[Any], device: Any) -> int:
+        inner = [self._own(b, "get_num_full_blocks_touched") for b in blocks]
+        touched: int = self.inner.get_num_full_blocks_touched(inner, device)
+        return touched
+
+    def allocate_or_get_null_block(self) -> _Recorded:
+        return self._wrap(self.inner.allocate_or_get_null_block())
+
+    def _tables(self) -> list[list[int]]:
+        tables = []
+        for b in self._live():
+            chain = [b]
+            while (prev := self._prev_of(chain[-1])) is not None:
+                chain.append(prev)
+            chain.reverse()
+            full = all(len(c.token_ids) == self.size for c in chain[:-1])
+            if full and all(c.block_id is not None and c.block_id < self.num_gpu for c in chain):
+                tables.append([int(c.block_id) for c in chain if c.block_id is not None])
+        return tables
+
+    def get_computed_block_ids(
+        self, prev: list[int], block_ids: list[int], skip_last: bool = True
+    ) -> list[int]:
+        if block_ids not in self._tables():
+            self._out(f"get_computed_block_ids: {block_ids} is no table")
+        return list(self.inner.get_computed_block_ids(prev, block_ids, skip_last))
+
+    def get_common_computed_block_ids(self, lists: list[list[int]]) -> list[int]:
+        if len(lists) > 1 and any(not x for x in lists) and any(lists):
+            self._out("get_common_computed_block_ids: an empty list among others")
+        return list(self.inner.get_common_computed_block_ids(lists))
+
+    def mark_blocks_as_accessed(self, block_ids: list[int], now: float) -> None:
+        held = {b.block_id for b in self._live()}
+        if any(i not in held for i in block_ids):
+            self._out(f"mark_blocks_as_accessed: {block_ids} not all held")
+        self.inner.mark_blocks_as_accessed(block_ids, now)
+
+    def get_prefix_cache_hit_rate(self, device: Any) -> float:
+        self._out("get_prefix_cache_hit_rate: asked of a target that does not promise it")
+        rate: float = self.inner.get_prefix_cache_hit_rate(device)
+        return rate
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("to_caching_spec", "check_invariants", "reset_prefix_cache", "cache_stats"):
+            raise AttributeError(name)  # the bare API, as vLLM's
+        return getattr(self.inner, name)
+
+
+def callers_only_allocator(
+    num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
+) -> AllocatorAdapter:
+    """A correct allocator that records calls outside vLLM's callers' contract."""
+    target = CallersOnly("naive", num_gpu_blocks, num_cpu_blocks, block_size)
+    return AllocatorAdapter(target, VLLM_LIKE)
+
+
+def callers_only_caching_allocator(
+    num_gpu_blocks: int, num_cpu_blocks: int, block_size: int
+) -> tuple[Any, Capabilities]:
+    """The same, prefix caching, with vLLM's promises."""
+    return CallersOnly("prefix_caching", num_gpu_blocks, num_cpu_blocks, block_size), VLLM_LIKE

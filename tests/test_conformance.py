@@ -615,3 +615,31 @@ def _raise(call: Callable[[], object]) -> Exception:
 
 def _throw(err: Exception) -> None:
     raise err
+
+
+# --------------------------------------------------------------------------- no false positives
+
+
+@pytest.mark.parametrize(
+    ("factory", "level", "examples"),
+    [
+        (fa.callers_only_allocator, "allocator", 300),
+        (fa.callers_only_caching_allocator, "caching", 300),
+    ],
+    ids=["allocator", "caching"],
+)
+def test_a_target_without_beyond_callers_is_only_called_within_its_contract(
+    factory: Callable[..., Any], level: str, examples: int
+) -> None:
+    """Each caller precondition of causes.py (an empty append, a chunk that is not a full
+    block, a swap listing an object twice or splitting a chain, a table query of ids that
+    are no table, ...) and each strictness vLLM does not promise (a foreign block, a
+    same-device swap, a call on a freed object nothing holds, the hit rate) is a class of
+    false positive: the kit must never make such a call of a target that does not claim
+    it. The target records every one (and is correct otherwise): none may be made, and
+    the search finds nothing."""
+    fa.OUTSIDE_CONTRACT.clear()
+    report = check(factory, examples=examples, level=level)
+    assert fa.OUTSIDE_CONTRACT == [], sorted(set(fa.OUTSIDE_CONTRACT))
+    assert report.ok, report.render()
+    assert "its callers' calls only" in report.render()

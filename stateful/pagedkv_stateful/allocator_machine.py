@@ -658,8 +658,9 @@ class AllocatorMachine(LockstepMachine):
 
     @rule(handle=blocks, n=st.integers(0, 3), token=st.integers(0, 50))
     def append_token_ids(self, handle: int, n: int, token: int) -> None:
-        if not self.caps.beyond_callers:  # draw within the callers' contract: no empty append
-            n = max(1, n)
+        if not self.caps.beyond_callers:  # the callers' contract: 1 to room tokens
+            ref = self.model.blocks[handle]
+            n = max(1, min(n, self.model.block_size - len(ref.token_ids)))
         tokens = list(range(token, token + n))
         ref = self.model.blocks[handle]
         cow = spec.needs_cow(self.model, handle) if not ref.freed else False

@@ -52,6 +52,8 @@ ORDINARY = ""
 CALLER_PRECONDITIONS: dict[str, str] = {
     "an empty append": "BlockTable never appends an empty chunk",
     "an append to a block on the CPU": "only running sequences, on the GPU, are appended to",
+    "more tokens than the block has room for": "BlockTable cuts appended tokens at the "
+    "block's room",
     "an immutable block that is not full": "BlockTable allocates immutable blocks only for "
     "full chunks of a prompt",
     "a chain holding a freed block": "a sequence's blocks are freed together",

@@ -131,8 +131,11 @@ class LockstepMachine(RuleBasedStateMachine):
         situation of the call the running rule made, when it is a named one; else that
         call, the check and the target's outcome ``why``."""
         op, situation = self.situation
-        if not situation and "latent" in self.__dict__:  # an effect of an earlier call
-            op, situation = self.__dict__["latent"]
+        if not situation and "latent" in self.__dict__:  # an effect of an earlier call,
+            # unless this call's own ordinary cause is already known (then it is that one)
+            ordinary = cause(op, "", invariant, outcome(invariant, why))
+            if ordinary not in self.known:
+                op, situation = self.__dict__["latent"]
         if not op:  # no call entered yet: the call the check line or the program names
             judged = check_line or ""
             if not operation(judged) or "check_invariants(" in judged:
