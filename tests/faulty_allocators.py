@@ -484,7 +484,8 @@ class _Recorded:
 class CallersOnly:
     """pagedkv's allocator (correct), which records every call vLLM's callers never make
     or vLLM does not promise to reject, in :data:`OUTSIDE_CONTRACT`: an empty append, an
-    append to a CPU block or past the block's room, an immutable chunk that is not full,
+    append to a CPU block or past the block's room, an allocation on the CPU, an immutable
+    chunk that is not full,
     a block chained after one that is not full or on the other device, a swap from a
     device to itself, listing an object twice, naming a block not on its source device or
     splitting a chain, a foreign block, a call on a freed object, the caching queries of
@@ -527,6 +528,8 @@ class CallersOnly:
         return None if prev is None else self.wrapped.get(id(prev))
 
     def _chain_after(self, prev: Any, device: Any, what: str) -> Any:
+        if device is not PagedKVDevice.GPU:
+            self._out(f"{what}: an allocation on the CPU")
         if prev is None:
             return None
         inner = self._own(prev, what)

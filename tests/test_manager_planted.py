@@ -10,7 +10,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from pagedkv import AllocStatus, BlockSpaceManager, Sequence
 from pagedkv.naive_allocator import NaiveBlock
 from pagedkv_spec.device import Device
-from pagedkv_stateful.causes import cause
+from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import find_fast
 
@@ -161,10 +161,17 @@ def test_a_known_admission_root_cause_lets_the_search_reach_the_bug_behind_it() 
     case goes on past it (with the spec's answer) instead of being discarded, so the
     swap bug that only programs past an allocation reach is still found."""
     planted = machine_for(WrongAdmissionAndSwapsPerSequence)
-    with pytest.raises(AssertionError, match="admission"):
-        run_state_machine_as_test(planted, settings=FIND_FAST)
-    planted.known = frozenset({cause("can_allocate", "", "admission (can_allocate)")})
-    with pytest.raises(AssertionError) as caught:
-        run_state_machine_as_test(planted, settings=FIND_FAST)
+    causes: set[str] = set()
+    for _ in range(3):  # its answers err both ways: a yes too many and a yes refused
+        with pytest.raises(AssertionError) as caught:
+            run_state_machine_as_test(planted, settings=FIND_FAST)
+        if not isinstance(caught.value, Violation) or not caught.value.invariant.startswith(
+            "admission"
+        ):
+            break
+        assert caught.value.signature.startswith("can_allocate | admission (can_allocate) | ")
+        causes.add(caught.value.signature)
+        planted.known = frozenset(causes)
+    assert len(causes) == 2, causes
     assert "admission" not in str(caught.value).split("\n")[0]
     assert any(word in str(caught.value) for word in ("pool differs", "swap", "M5"))

@@ -188,6 +188,9 @@ class Capabilities:
                          caches shares the cached id and copies nothing
         dedup_before_copy  caching level: a shared block that fills with content cached
                          under a written id shares that id, with no copy-on-write first
+        exact_admission  manager: ``can_*`` answer exactly (not only safely: a no where
+                         the spec says yes is then a finding too)
+        atomic_rejections  misuse the target rejects changes nothing
     """
 
     cow: bool = True
@@ -206,6 +209,8 @@ class Capabilities:
     hit_rate: bool = True
     swap_hits: bool = True
     dedup_before_copy: bool = True
+    exact_admission: bool = True
+    atomic_rejections: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (the sets as sorted lists)."""
@@ -229,7 +234,7 @@ class Capabilities:
         if level != "caching":
             skip |= {"hit_rate", "swap_hits", "dedup_before_copy"}
         if level in ("allocator", "caching"):
-            skip |= {"lookahead", "sliding_window", "encoder_decoder"}
+            skip |= {"lookahead", "sliding_window", "encoder_decoder", "exact_admission"}
         else:
             skip |= {"queries"}
         features = [f.name for f in fields(self) if f.name not in skip and getattr(self, f.name)]

@@ -207,6 +207,8 @@ class AllocatorMachine(LockstepMachine):
 
     def _chain_situation(self, prev: int | None, device: Device) -> str:
         """The situation of a new block chained after ``prev`` on ``device``, or ""."""
+        if device is CPU:
+            return "an allocation on the CPU"
         if prev is None:
             return ""
         ref = self.model.blocks[prev]
@@ -478,6 +480,8 @@ class AllocatorMachine(LockstepMachine):
 
     @rule(target=blocks, prev=st.none() | blocks, device=devices)
     def allocate_mutable_block(self, prev: int | None, device: Device) -> object:
+        if not self.caps.beyond_callers:  # the callers' contract: allocations on the GPU
+            device = GPU
         prev_obj = None if prev is None else self.objs[prev]
         situation = self._chain_situation(prev, device)
         if not situation and not spec.pool_of(self.model, device).free:
@@ -557,8 +561,8 @@ class AllocatorMachine(LockstepMachine):
         """``allocate_immutable_block`` (``single``, one chunk) or ``allocate_immutable_blocks``
         on both sides; the spec models the single call as a one-chunk batch."""
         size = self.model.block_size
-        if not self.caps.beyond_callers:  # draw within the callers' contract: full chunks
-            lengths, overflow = [size] * len(lengths), False
+        if not self.caps.beyond_callers:  # the callers' contract: full chunks, on the GPU
+            lengths, overflow, device = [size] * len(lengths), False, GPU
         # Chunks fit the block unless this step tests the overflow error path.
         chunks = [list(range(token, token + (n if overflow else min(n, size)))) for n in lengths]
         prev_obj = None if prev is None else self.objs[prev]

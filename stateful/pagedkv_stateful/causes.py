@@ -64,6 +64,8 @@ CALLER_PRECONDITIONS: dict[str, str] = {
     "source device",
     "a swap that splits a chain": "the manager swaps every block of a sequence together",
     "a chain across devices": "a sequence's blocks are all on one device",
+    "an allocation on the CPU": "the manager allocates on the GPU; CPU blocks come from "
+    "swaps",
     "a block chained after one that is not full": "BlockTable starts a block when the last "
     "one is full",
     "an empty list among others": "the manager asks for the common prefix of one group's "

@@ -90,6 +90,7 @@ class LockstepMachine(RuleBasedStateMachine):
         :data:`~pagedkv_stateful.causes.STRICT_SITUATIONS`). O(1)."""
         if not situation:
             self.situation = (operation, situation)
+            self.__dict__["misuse"] = False
             return True
         kind = misuse or STRICT_SITUATIONS.get(situation, "")
         if kind and not self.caps.rejects(kind):
@@ -98,6 +99,7 @@ class LockstepMachine(RuleBasedStateMachine):
         if situation in CALLER_PRECONDITIONS and not self.caps.beyond_callers:
             event(f"skipped: {situation} (not done by the target's callers)")
             return False
+        self.__dict__["misuse"] = bool(kind)
         if cause(operation, situation) in self.known:
             event(f"went around a known cause: {operation}: {situation}")
             return False
@@ -131,6 +133,9 @@ class LockstepMachine(RuleBasedStateMachine):
         situation of the call the running rule made, when it is a named one; else that
         call, the check and the target's outcome ``why``."""
         op, situation = self.situation
+        if invariant.startswith("admission ("):  # a query's answer: its cause is the query
+            # erring one way (a count that is off), whatever the situation it was asked in
+            return cause(op or operation(check_line or ""), "", invariant, why)
         if not situation and "latent" in self.__dict__:  # an effect of an earlier call,
             # unless this call's own ordinary cause is already known (then it is that one)
             ordinary = cause(op, "", invariant, outcome(invariant, why))
@@ -143,12 +148,20 @@ class LockstepMachine(RuleBasedStateMachine):
             op = operation(judged)
         return cause(op, situation, invariant, outcome(invariant, why))
 
-    def _violate_query(self, invariant: str, detail: str, check_line: str) -> None:
+    def _violate_query(
+        self,
+        invariant: str,
+        detail: str,
+        check_line: str,
+        replace_last: bool = False,
+        direction: str = "",
+    ) -> None:
         """:meth:`_violate` for a query whose wrong answer changed nothing: a root cause
         already reported lets the test case go on (the caller carries on with the
-        spec's answer) instead of discarding it."""
-        if not self._goes_on(invariant, check_line, ""):
-            self._violate(invariant, detail, check_line)
+        spec's answer) instead of discarding it. ``direction``: how the answer errs
+        (``"a yes the spec does not give"``), part of the cause."""
+        if not self._goes_on(invariant, check_line, direction):
+            self._violate(invariant, detail, check_line, replace_last, cause=direction)
 
     def _goes_on(self, invariant: str, check_line: str, cause: str) -> bool:
         """Whether a failed check that left target and model alike is a known root cause,
@@ -266,6 +279,12 @@ class LockstepMachine(RuleBasedStateMachine):
         )
 
     def _check_unchanged(self, src: str, err: Exception) -> None:
+        if self.__dict__.get("misuse") and not self.caps.atomic_rejections:
+            # NOTE: the target rejected misuse, as promised, but does not promise that a
+            # rejection changes nothing (vLLM asserts midway): from here the model may
+            # not know its state, even where no observable shows it yet; stop here
+            event("a rejected misuse of a target that may change state on rejection")
+            reject()
         try:
             self._compare()
         except Violation as changed:

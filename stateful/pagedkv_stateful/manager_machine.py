@@ -157,6 +157,62 @@ class ManagerMachine(LockstepMachine):
             raise AssertionError("unreachable: the spec answers every question it is asked")
         return res
 
+    def _act(
+        self,
+        query: str,
+        answer: object,
+        expected: object,
+        yes: object,
+        mismatch: Callable[[str], None],
+    ) -> bool:
+        """After an admission question: report a wrong answer (``mismatch`` raises unless
+        its cause is known) and say whether the rule acts on it. An answer more
+        conservative than the spec's is no finding for a target that does not promise
+        exact answers (``Capabilities.exact_admission``). A target whose callers' contract
+        is all it defines is acted on only when it and the spec both said yes (a scheduler
+        acts only on a yes); any other target always (its error paths are checked)."""
+        if answer != expected:
+            if answer == yes or self.caps.exact_admission:
+                mismatch(
+                    "a yes the spec does not give"
+                    if answer == yes
+                    else "a yes refused" if expected == yes else "another no than the spec's"
+                )
+            else:
+                event(f"{query}: more conservative than the spec (not promised exact)")
+        if self.caps.beyond_callers:
+            return True
+        return answer == yes and expected == yes
+
+    def _group_situation(self, group: SequenceGroup, status: SequenceStatus) -> str:
+        """The named class of a group's swap or admission, else "": a group whose
+        sequences share blocks (a fork), or whose table the window has dropped blocks
+        from."""
+        tables = [self.model.tables.get(s.seq_id) for s in group.get_seqs(status)]
+        if any(t is not None and spec.NULL in t.handles for t in tables):
+            return "a table the sliding window dropped blocks from"
+        ids = [i for t in tables if t is not None for i in self._ids(t)]
+        if len(set(ids)) < len(ids):
+            return "a group whose sequences share blocks"
+        return ""
+
+    def _ids(self, table: spec.TableRef) -> list[int | None]:
+        """The block ids a table's real handles hold. O(table)."""
+        return [self.model.alloc.blocks[h].block_id for h in spec.real_handles(table)]
+
+    def _append_situation(self, seq: Sequence, lookahead: int) -> str:
+        table = self.model.tables.get(seq.seq_id)
+        if table is None:
+            return ""
+        if spec.NULL in table.handles:
+            return "a table the sliding window dropped blocks from"
+        if self.window is not None and spec.null_block_cost(self.model):
+            return "a window about to take the null block"
+        others = {i for q, t in self.model.tables.items() if q != seq.seq_id for i in self._ids(t)}
+        if others & set(self._ids(table)):
+            return "a table sharing blocks (copy-on-write)"
+        return "lookahead slots" if lookahead else ""
+
     def _explain_table(self, before: tuple[int, ...], after: list[int], src: str) -> None:
         """Name a fault in the ids a table took (new or copied slots), if any."""
         new = [
@@ -201,6 +257,8 @@ class ManagerMachine(LockstepMachine):
             self._violate(*fault)
 
     def _free(self, seq: Sequence) -> None:
+        swapped = seq.status is SWAPPED and seq.seq_id in self.model.tables
+        self._enter("free", "a swapped-out sequence" if swapped else "")
         src = f"mgr.free(s{seq.seq_id})"
         res = self._attempt(lambda: self.adapter.free(seq))
         if isinstance(res, Exception):
@@ -211,6 +269,7 @@ class ManagerMachine(LockstepMachine):
     def _free_cross(self, group: SequenceGroup) -> None:
         if not self.caps.encoder_decoder:
             return
+        self._enter("free_cross")
         src = f"mgr.free_cross({self._g(group)})"
         res = self._attempt(lambda: self.adapter.free_cross(group))
         rid = group.request_id
@@ -325,6 +384,8 @@ class ManagerMachine(LockstepMachine):
         """
         unseen = self._unseen(seq)
         computed = seq.get_num_computed_tokens()
+        if not self._enter("append_slots", self._append_situation(seq, lookahead)):
+            return False
         src = f"mgr.append_slots(s{seq.seq_id}, {lookahead})"
         res = self._attempt(lambda: self.adapter.append_slots(seq, lookahead))
         if isinstance(res, Exception):
@@ -395,18 +456,34 @@ class ManagerMachine(LockstepMachine):
         encoder = group.get_encoder_seq()
         enc_len = 0 if encoder is None else encoder.get_len()
         src = f"mgr.can_allocate({self._g(group)}, {lookahead})"
+        situation = ""
+        if encoder is not None:
+            situation = "an encoder-decoder group"
+        elif self.window is not None:
+            situation = "a sliding window"
+        if not self._enter("can_allocate", situation):
+            return False
         expected = spec.can_allocate(self.model, first.get_len(), enc_len, lookahead)
         answer = self._query(
             src, lambda: self.adapter.can_allocate(group, lookahead), lambda: expected
         )
-        if answer != expected:
-            self._violate_query(
+        self._log(f"{src}  # {answer.name}")  # the target's answer
+        event(f"can_allocate: {expected.name}")
+        act = self._act(
+            "can_allocate",
+            answer,
+            expected,
+            AllocStatus.OK,
+            lambda why: self._violate_query(
                 "admission (can_allocate)",
                 f"can_allocate: impl {answer.name} spec {expected.name}",
                 f"assert status({src}) == {expected.name!r}",
-            )
-        self._log(f"{src}  # {answer.name}")  # the target's answer
-        event(f"can_allocate: {expected.name}")
+                replace_last=True,
+                direction=why,
+            ),
+        )
+        if not act or not self._enter("allocate", situation):
+            return False
         waiting = [s.seq_id for s in group.get_seqs(WAITING)]
         tokens = list(first.get_token_ids())
         src = f"mgr.allocate({self._g(group)})"
@@ -527,18 +604,29 @@ class ManagerMachine(LockstepMachine):
                 self._log(f"s{seq.seq_id}.append_token_id({token})")
         appends = [(s.seq_id, len(self._unseen(s))) for s in group.get_seqs(RUNNING)]
         src = f"mgr.can_append_slots({self._g(group)}, {lookahead})"
+        first = group.get_seqs(RUNNING)[0]
+        if not self._enter("can_append_slots", self._append_situation(first, lookahead)):
+            return
         expected = spec.can_append_slots(self.model, appends, lookahead)
         answer = self._query(
             src, lambda: self.adapter.can_append_slots(group, lookahead), lambda: expected
         )
-        if answer != expected:
-            self._violate_query(
+        self._log(f"{src}  # {answer}")  # the target's answer
+        event(f"can_append_slots: {expected}")
+        if not self._act(
+            "can_append_slots",
+            bool(answer),
+            bool(expected),
+            True,
+            lambda why: self._violate_query(
                 "admission (can_append_slots)",
                 f"can_append_slots: impl {answer} spec {expected}",
                 f"assert {src} == {expected}",
-            )
-        self._log(f"{src}  # {answer}")  # the target's answer
-        event(f"can_append_slots: {expected}")
+                replace_last=True,
+                direction=why,
+            ),
+        ):
+            return
         for seq in group.get_seqs(RUNNING):
             if not self._append_slots(seq, lookahead, "can_append_slots" if answer else None):
                 break
@@ -558,6 +646,9 @@ class ManagerMachine(LockstepMachine):
         self._log(f"s{child.seq_id} = s{parent.seq_id}.fork({child.seq_id})")
         self.next_seq_id += 1
         src = f"mgr.fork(s{parent.seq_id}, s{child.seq_id})"
+        table = self.model.tables.get(parent.seq_id)
+        dropped = table is not None and spec.NULL in table.handles
+        self._enter("fork", "a table the sliding window dropped blocks from" if dropped else "")
         res = self._attempt(lambda: self.adapter.fork(parent, child))
         if isinstance(res, Exception):
             self._expect_same_error(
@@ -581,17 +672,28 @@ class ManagerMachine(LockstepMachine):
             return
         running = [s.seq_id for s in group.get_seqs(RUNNING)]
         g = self._g(group)
+        situation = self._group_situation(group, RUNNING)
+        if not self._enter("can_swap_out", situation):
+            return
         expected = spec.can_swap_out(self.model, running)
         answer = self._query(
             f"mgr.can_swap_out({g})", lambda: self.adapter.can_swap_out(group), lambda: expected
         )
-        if answer != expected:
-            self._violate_query(
+        self._log(f"mgr.can_swap_out({g})  # {answer}")  # the target's answer
+        if not self._act(
+            "can_swap_out",
+            bool(answer),
+            bool(expected),
+            True,
+            lambda why: self._violate_query(
                 "admission (can_swap_out)",
                 f"can_swap_out disagrees: impl {answer} spec {expected}",
                 f"assert mgr.can_swap_out({g}) == {expected}",
-            )
-        self._log(f"mgr.can_swap_out({g})  # {answer}")  # the target's answer
+                replace_last=True,
+                direction=why,
+            ),
+        ) or not self._enter("swap_out", situation):
+            return
         src = f"mgr.swap_out({g})"
         res = self._attempt(lambda: self.adapter.swap_out(group))
         if isinstance(res, Exception):
@@ -643,19 +745,31 @@ class ManagerMachine(LockstepMachine):
         ids = [s.seq_id for s in swapped]
         g = self._g(group)
         appends = [(s.seq_id, len(self._unseen(s))) for s in swapped]
+        situation = self._group_situation(group, SWAPPED)
+        if not self._enter("can_swap_in", situation):
+            return
         expected = spec.can_swap_in(self.model, appends, lookahead)
         src = f"mgr.can_swap_in({g}, {lookahead})"
         answer = self._query(
             src, lambda: self.adapter.can_swap_in(group, lookahead), lambda: expected
         )
-        if answer != expected:
-            self._violate_query(
+        self._log(f"{src}  # {answer.name}")  # the target's answer
+        event(f"can_swap_in: {expected.name}")
+        act = self._act(
+            "can_swap_in",
+            answer,
+            expected,
+            AllocStatus.OK,
+            lambda why: self._violate_query(
                 "admission (can_swap_in)",
                 f"can_swap_in: impl {answer.name} spec {expected.name}",
                 f"assert status({src}) == {expected.name!r}",
-            )
-        self._log(f"{src}  # {answer.name}")  # the target's answer
-        event(f"can_swap_in: {expected.name}")
+                replace_last=True,
+                direction=why,
+            ),
+        )
+        if not act or not self._enter("swap_in", situation):
+            return
         src = f"mgr.swap_in({g})"
         res = self._attempt(lambda: self.adapter.swap_in(group))
         if isinstance(res, Exception):
@@ -753,6 +867,16 @@ class ManagerMachine(LockstepMachine):
             st.sampled_from(sorted(k for k, c in kinds.items() if self.caps.rejects(c)))
         )
         g = self._g(group)
+        if not self._enter(
+            {"allocate": "allocate", "fork": "fork", "unknown": "append_slots"}.get(kind, kind),
+            {
+                "allocate": "a sequence that has a table allocated again",
+                "fork": "a fork onto a sequence that has a table",
+                "unknown": "a sequence without a table",
+            }.get(kind, "a group with nothing to move"),
+            kinds[kind],
+        ):
+            return
         if kind == "allocate":
             twin = Sequence(seq.seq_id, seq.get_token_ids())
             src = f'mgr.allocate(SequenceGroup("dup", [Sequence({seq.seq_id}, '
@@ -798,6 +922,8 @@ class ManagerMachine(LockstepMachine):
         if not swapped:
             return
         seq = swapped[0]
+        if not self._enter("append_slots", "an append to a swapped-out sequence", "wrong_device"):
+            return
         self._expect_rejected(
             self._attempt(lambda: self.adapter.append_slots(seq, 0)),
             lambda: spec.append_slots(self.model, seq.seq_id, self._unseen(seq), 0, 0, ()),

@@ -203,11 +203,17 @@ CAPABILITIES = Capabilities(
     typed_errors=False,
     misuse_kinds=MISUSE_KINDS - {"foreign_block", "same_device_swap", "stale_handle"},
 )
-#: Its manager also keeps cross-attention tables, but refuses them with a sliding window.
+#: Its manager also keeps cross-attention tables, but refuses them with a sliding window;
+#: its admission answers are safe, not exact (``can_swap_out`` counts a block shared by
+#: two sequences twice), it rejects misuse with asserts that may come after a change of
+#: state, and a swap of a group with nothing to move is no error there.
 MANAGER_CAPABILITIES = replace(
     CAPABILITIES,
     encoder_decoder=True,
     not_together=(frozenset({"encoder_decoder", "sliding_window"}),),
+    exact_admission=False,
+    atomic_rejections=False,
+    misuse_kinds=CAPABILITIES.misuse_kinds - {"wrong_state", "wrong_device"},
 )
 
 
