@@ -62,26 +62,26 @@ gpu-check: $(STAMP)
 # Downloads the vllm 0.6.3 wheel once (pip --no-deps, about 190 MB, into $(VLLM_WHEELS)),
 # copies only its pure-Python block-layer modules to $(VLLM_DIR) beside small stand-ins of
 # pagedkv's own (pagedkv_stateful/vllm063.py), and runs `pagedkv conform` at each level
-# with the shipped factories; reports go to $(VLLM_DIR)/conform-LEVEL.json too. Not part of
-# `make test` (about 10 minutes on 2 cores; needs the network once). Then every printed
+# with the shipped factories, under python and under python -O (vLLM's asserts off);
+# reports go to $(VLLM_DIR)/conform-LEVEL[-O].json too. Not part of `make test` (about 10
+# minutes on 2 cores; needs the network once). Then every printed
 # program is replayed in a fresh process (without PAGEDKV_VLLM_DIR: each program sets up
 # its own import path). Exit 0 when every level ran, whatever it found (vLLM's findings
 # are the point), and every program reproduced (failed at its last statement with its
 # check); else 1 (2: setup error).
 VLLM_WHEELS ?= build/wheels
 VLLM_DIR    ?= build/vllm-0.6.3
-CONFORM_VLLM_ARGS ?= --max-violations 100
+CONFORM_VLLM_ARGS ?= --max-violations 100 --max-examples 1500
 conform-vllm: $(STAMP)
 	ls $(VLLM_WHEELS)/vllm-0.6.3-*.whl >/dev/null 2>&1 || \
 	  $(BIN)/python -m pip download -q --no-deps vllm==0.6.3 -d $(VLLM_WHEELS)
 	$(BIN)/python -m pagedkv_stateful.vllm063 extract $$(ls $(VLLM_WHEELS)/vllm-0.6.3-*.whl | head -1) $(VLLM_DIR)
-	for level in allocator manager caching; do \
-	  PAGEDKV_VLLM_DIR=$(VLLM_DIR) $(BIN)/python -m pagedkv conform pagedkv_stateful.vllm063:$$level \
-	    --level $$level --json $(VLLM_DIR)/conform-$$level.json $(CONFORM_VLLM_ARGS); \
+	for opt in "" -O; do for level in allocator manager caching; do \
+	  PAGEDKV_VLLM_DIR=$(VLLM_DIR) $(BIN)/python $$opt -m pagedkv conform pagedkv_stateful.vllm063:$$level \
+	    --level $$level --json $(VLLM_DIR)/conform-$$level$$opt.json $(CONFORM_VLLM_ARGS); \
 	  rc=$$?; [ $$rc -le 1 ] || exit $$rc; \
-	done
-	$(BIN)/python -m pagedkv_stateful.vllm063 replay \
-	  $(VLLM_DIR)/conform-allocator.json $(VLLM_DIR)/conform-manager.json $(VLLM_DIR)/conform-caching.json
+	done; done
+	$(BIN)/python -m pagedkv_stateful.vllm063 replay $(VLLM_DIR)/conform-*.json
 
 # Mutation testing of the allocator, manager, KV-engine and scheduler layers
 # (docs/mutation.md); not part of `make test` (an hour or more on 2 cores). mutmut

@@ -39,10 +39,13 @@ __all__ = [
     "ORDINARY",
     "POLICIES",
     "POLICY_LIFO",
+    "PROMISES",
     "STRICTNESS",
     "STRICT_SITUATIONS",
     "cause",
     "outcome",
+    "outside_callers",
+    "stricter",
 ]
 
 #: The situation of a call in none of the named classes.
@@ -84,6 +87,71 @@ STRICTNESS: dict[str, str] = {
     "stale_handle": "a freed block object is rejected (append, fork, chain parent) even "
     "while nothing else holds it",
 }
+
+
+#: Promises beyond vLLM's contract that are ``Capabilities`` flags: ``{flag: (levels,
+#: what is promised)}``.
+PROMISES: dict[str, tuple[tuple[str, ...], str]] = {
+    "hit_rate": (("caching",), "the hit rate counts the lookups of allocations that happen"),
+    "swap_hits": (("caching",), "a swap of content the destination caches copies nothing"),
+    "dedup_before_copy": (
+        ("caching",),
+        "a shared block filling onto cached written content shares it without a copy",
+    ),
+    "exact_admission": (("manager",), "can_* answers are exact (a needless no is wrong too)"),
+    "atomic_rejections": (
+        ("allocator", "manager", "caching"),
+        "a rejected misuse changes nothing",
+    ),
+}
+#: The misuse kinds of each level (``Capabilities.misuse_kinds``).
+LEVEL_KINDS = {
+    "allocator": ("double_free", "stale_handle", "foreign_block", "same_device_swap"),
+    "caching": ("double_free", "stale_handle"),
+    "manager": (
+        "allocate_twice",
+        "fork_onto_table",
+        "unknown_sequence",
+        "wrong_state",
+        "wrong_device",
+    ),
+}
+#: What rejecting each kind of misuse means, for the report.
+MISUSE_MEANING = {
+    "double_free": "freeing a freed block object again is rejected",
+    "stale_handle": STRICTNESS["stale_handle"],
+    "foreign_block": STRICTNESS["foreign_block"],
+    "same_device_swap": STRICTNESS["same_device_swap"],
+    "allocate_twice": "allocating a sequence that has a table is rejected",
+    "fork_onto_table": "forking onto a sequence that has a table is rejected",
+    "unknown_sequence": "appending to a sequence without a table is rejected",
+    "wrong_state": "swapping a group with nothing to move is rejected",
+    "wrong_device": "appending to a swapped-out sequence is rejected",
+}
+
+
+def stricter(capabilities: object, level: str) -> list[str]:
+    """What pagedkv promises at ``level`` that a target with ``capabilities`` does not
+    (so the kit did not check it), one line each: the report's section "stricter than
+    this target". O(promises)."""
+    out = []
+    kinds: frozenset[str] = getattr(capabilities, "misuse_kinds", frozenset())
+    misuse = getattr(capabilities, "misuse", True)
+    for kind in LEVEL_KINDS.get(level, ()):
+        if not (misuse and kind in kinds):
+            out.append(MISUSE_MEANING[kind])
+    for flag, (levels, meaning) in PROMISES.items():
+        if level in levels and not getattr(capabilities, flag, True):
+            out.append(meaning)
+    return out
+
+
+def outside_callers(capabilities: object) -> list[str]:
+    """The caller preconditions the kit kept to (``situation: why``), for a target that
+    does not claim ``beyond_callers``; [] for one that does. O(preconditions)."""
+    if getattr(capabilities, "beyond_callers", False):
+        return []
+    return [f"{situation} ({why})" for situation, why in CALLER_PRECONDITIONS.items()]
 
 
 #: Situations that are misuse of a strictness kind, unless a call names another kind.

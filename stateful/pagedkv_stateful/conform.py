@@ -93,6 +93,7 @@ from pagedkv_stateful.adapters import (
 )
 from pagedkv_stateful.allocator_machine import AllocatorMachine
 from pagedkv_stateful.caching_machine import CachingAllocatorMachine
+from pagedkv_stateful.causes import outside_callers, stricter
 from pagedkv_stateful.coverage import STATE_CLASSES, reached, state_classes
 from pagedkv_stateful.lockstep import LockstepMachine
 from pagedkv_stateful.manager_machine import ManagerMachine
@@ -332,9 +333,24 @@ class ConformanceReport:
             lines += ["", f"  replayed in a fresh process: {f.replay}"]
         return "\n".join(lines)
 
+    def render_strictness(self) -> list[str]:
+        """The section "stricter than this target": what pagedkv promises that the target
+        does not (not checked, no finding), then the callers' contract the kit kept to."""
+        lines = []
+        promised = stricter(self.capabilities, self.level)
+        if promised:
+            lines += ["", "stricter than this target (pagedkv promises it; not checked here):"]
+            lines += [f"  - {line}" for line in promised]
+        kept = outside_callers(self.capabilities)
+        if kept:
+            lines += ["", "calls its callers never make (not made here):"]
+            lines += [f"  - {line}" for line in kept]
+        return lines
+
     def render_summary(self) -> str:
-        """The verdict, why the search ended and what it ran, after a blank line."""
-        lines = [""]
+        """The strictness section, then the verdict, why the search ended and what it
+        ran, after a blank line."""
+        lines = [*self.render_strictness(), ""]
         if self.findings:
             names = ", ".join(f.invariant for f in self.findings)
             lines.append(f"result: FAIL - {len(self.findings)} violation(s): {names}")
@@ -381,6 +397,8 @@ class ConformanceReport:
             "seed": self.seed,
             "search": self.search,
             "findings": [f.to_dict() for f in self.findings],
+            "stricter": stricter(self.capabilities, self.level),
+            "callers_contract": outside_callers(self.capabilities),
             "counts": {**asdict(self.counts), "seconds": round(self.counts.seconds, 3)},
             "interrupted": self.interrupted,
             "ended": self.ended,

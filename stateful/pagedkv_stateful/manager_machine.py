@@ -258,7 +258,8 @@ class ManagerMachine(LockstepMachine):
 
     def _free(self, seq: Sequence) -> None:
         swapped = seq.status is SWAPPED and seq.seq_id in self.model.tables
-        self._enter("free", "a swapped-out sequence" if swapped else "")
+        if not self._enter("free", "a swapped-out sequence" if swapped else ""):
+            return  # its table stays, in the target and in the model alike
         src = f"mgr.free(s{seq.seq_id})"
         res = self._attempt(lambda: self.adapter.free(seq))
         if isinstance(res, Exception):
@@ -648,7 +649,10 @@ class ManagerMachine(LockstepMachine):
         src = f"mgr.fork(s{parent.seq_id}, s{child.seq_id})"
         table = self.model.tables.get(parent.seq_id)
         dropped = table is not None and spec.NULL in table.handles
-        self._enter("fork", "a table the sliding window dropped blocks from" if dropped else "")
+        if not self._enter(
+            "fork", "a table the sliding window dropped blocks from" if dropped else ""
+        ):
+            return
         res = self._attempt(lambda: self.adapter.fork(parent, child))
         if isinstance(res, Exception):
             self._expect_same_error(
