@@ -577,6 +577,9 @@ class CallersOnly:
         self.inner.free(self._own(block, "free"))
 
     def fork(self, last_block: Any) -> list[_Recorded]:
+        live = isinstance(last_block, _Recorded) and last_block.block_id is not None
+        if live and self._device(last_block) is not PagedKVDevice.GPU:
+            self._out("fork: a block on the CPU")
         return [self._wrap(b) for b in self.inner.fork(self._own(last_block, "fork"))]
 
     def swap(self, blocks: list[Any], src_device: Any, dst_device: Any) -> dict[int, int]:

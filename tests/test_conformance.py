@@ -11,6 +11,7 @@ kept small (tens of examples) so the whole file runs in about a minute.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -643,3 +644,56 @@ def test_a_target_without_beyond_callers_is_only_called_within_its_contract(
     assert fa.OUTSIDE_CONTRACT == [], sorted(set(fa.OUTSIDE_CONTRACT))
     assert report.ok, report.render()
     assert "its callers' calls only" in report.render()
+
+
+# --------------------------------------------------------------------------- causes and report
+
+
+def test_a_cause_is_a_situation_a_policy_or_an_ordinary_call() -> None:
+    from pagedkv_stateful.causes import cause, outcome
+
+    assert cause("swap", "the destination lacks room", "free count (GPU)", "x") == (
+        "swap: the destination lacks room"
+    )
+    assert cause("free", "a freed block object handed out again") == (
+        "a freed block object handed out again"  # one cause whichever call meets it
+    )
+    assert cause("allocate_mutable_block", "", "LIFO policy", "") == "LIFO policy"
+    assert cause("fork", "", "same error as spec", "raised KeyError") == (
+        "fork | same error as spec | raised KeyError"
+    )
+    changed = "NoFreeBlocksError changed free count (GPU)"
+    assert outcome("failed call changes nothing", changed) == "failed and changed the state"
+    assert outcome("same error as spec", "raised X") == "raised X"
+
+
+def test_one_cause_is_one_finding_however_it_shows() -> None:
+    """vLLM's partial allocation leak shows as a changed GPU free count, CPU free count,
+    a block id...: one situation (not enough free blocks), one finding; the search then
+    goes on around it and finds nothing else in this otherwise correct allocator."""
+    report = check(fa.leaky_allocator, examples=150, max_violations=10)
+    assert [f.root_cause for f in report.findings] == [
+        "allocate_immutable_blocks: not enough free blocks"
+    ], report.render()
+    assert report.ended.startswith("a round found no violation other than those above")
+
+
+def test_the_report_lists_what_the_target_does_not_promise_once() -> None:
+    vllm_like = fa.VLLM_LIKE
+    report = ConformanceReport("t", "allocator", vllm_like, "s")
+    text = report.render()
+    section = text.split("stricter than this target", 1)[1].split("\n\n", 1)[0]
+    assert "a block of another allocator is rejected" in section
+    assert "a swap from a device to itself is rejected" in section
+    assert "freeing a freed block object again" not in section  # vLLM asserts: promised
+    assert "calls its callers never make (not made here):" in text
+    assert "  - an empty append (BlockTable never appends an empty chunk)" in text
+    data = report.to_dict()
+    assert data["stricter"] and data["callers_contract"]
+    manager = ConformanceReport(
+        "t", "manager", dataclasses.replace(vllm_like, exact_admission=False), "s"
+    )
+    assert "can_* answers are exact" in manager.render()
+    own = ConformanceReport("t", "allocator", adapters._FULL, "s")
+    assert "stricter than this target" not in own.render()
+    assert own.to_dict()["stricter"] == [] and own.to_dict()["callers_contract"] == []

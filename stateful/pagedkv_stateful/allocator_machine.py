@@ -637,7 +637,8 @@ class AllocatorMachine(LockstepMachine):
         if stale and not self._enter_stale("fork", stale[0], "stale_handle"):
             event("fork: skipped (the chain holds a freed block: misuse)")
             return multiple()
-        if not stale and not self._enter("fork"):
+        on_cpu = self.model.blocks[last].device is CPU
+        if not stale and not self._enter("fork", "a fork of a block on the CPU" if on_cpu else ""):
             return multiple()
         src = f"alloc.fork(b{last})"
         res = self._attempt(lambda: self.adapter.fork(self.objs[last]))

@@ -583,8 +583,9 @@ class CachingAllocatorMachine(LockstepMachine):
         stale = [h for h in self._chain(handle) if self.model.blocks[h].freed]
         if stale and not self._enter_stale("fork", stale[0], "stale_handle"):
             return multiple()
-        if not stale:
-            self._enter("fork")
+        on_cpu = self.model.blocks[handle].device is CPU
+        if not stale and not self._enter("fork", "a fork of a block on the CPU" if on_cpu else ""):
+            return multiple()
         src = f"alloc.fork(b{handle})"
         res = self._attempt(lambda: self.impl.fork(self.objs[handle]))
         if isinstance(res, Exception):

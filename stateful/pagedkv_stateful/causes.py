@@ -69,6 +69,7 @@ CALLER_PRECONDITIONS: dict[str, str] = {
     "a chain across devices": "a sequence's blocks are all on one device",
     "an allocation on the CPU": "the manager allocates on the GPU; CPU blocks come from "
     "swaps",
+    "a fork of a block on the CPU": "the manager forks running sequences, on the GPU",
     "a block chained after one that is not full": "BlockTable starts a block when the last "
     "one is full",
     "an empty list among others": "the manager asks for the common prefix of one group's "
