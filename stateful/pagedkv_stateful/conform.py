@@ -760,7 +760,7 @@ def run_conformance(
         raise UsageError(f"--profile must be ci or deep, got {profile!r}")
     if duration is not None and not duration > 0:
         raise UsageError(f"--duration must be a positive number of seconds, got {duration!r}")
-    if not import_line:
+    if not import_line and call == "factory":  # a program must import the factory
         import_line, call = _import_of(factory, call)
     probe = _probe(factory, level, call)
     caps = probe.capabilities
