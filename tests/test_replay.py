@@ -89,3 +89,12 @@ def test_explicit_asserts_keep_checking_under_O() -> None:
     program = [f"# {NEEDS_O}", *explicit_asserts(["x = 1", "assert x == 2  # check"])]
     assert replay(program).reproduced
     assert not replay([f"# {NEEDS_O}", "x = 1", "assert x == 2  # check"]).reproduced
+
+
+def test_explicit_asserts_split_a_line_of_statements() -> None:
+    line = "pairs = [(0, 0), (0, 1)]; assert len({s for s, _ in pairs}) == len(pairs), pairs  # M5"
+    out = explicit_asserts([line])
+    assert out[0] == "pairs = [(0, 0), (0, 1)]"
+    assert out[1].startswith("if not (len({s for s, _ in pairs}) == len(pairs)): raise ")
+    assert out[1].endswith("AssertionError(pairs)  # M5")
+    assert replay([f"# {NEEDS_O}", *out], expect="AssertionError").reproduced

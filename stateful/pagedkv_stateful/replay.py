@@ -100,33 +100,42 @@ def needs_optimize(program: Sequence[str]) -> bool:
 
 def explicit_asserts(lines: Sequence[str]) -> list[str]:
     """``lines`` with every one-line ``assert`` statement written as ``if not (...): raise
-    AssertionError(...)`` (indent and trailing comment kept), so that a program found under
-    ``python -O`` still checks under ``python -O``, where ``assert`` statements are off.
-    Other lines are unchanged. O(total length)."""
+    AssertionError(...)`` (indent and trailing comment kept; a line of several statements
+    split into one line each), so that a program found under ``python -O`` still checks
+    under ``python -O``, where ``assert`` statements are off. Other lines are unchanged.
+    O(total length)."""
     out = []
     for line in lines:
         body = line.lstrip()
-        if not body.startswith("assert "):
+        if "assert " not in body:
             out.append(line)
             continue
         indent = line[: len(line) - len(body)]
         comment = ""
         try:
             tokens = list(tokenize.generate_tokens(io.StringIO(body).readline))
-            node = ast.parse(body).body[0]
-        except (SyntaxError, tokenize.TokenError, IndexError):
+            nodes = ast.parse(body).body
+        except (SyntaxError, tokenize.TokenError):
             out.append(line)
             continue
         for tok in tokens:
             if tok.type == tokenize.COMMENT:
                 comment = f"  {tok.string}"
-        if not isinstance(node, ast.Assert):
+        if not any(isinstance(node, ast.Assert) for node in nodes):
             out.append(line)
             continue
-        message = ast.unparse(node.msg) if node.msg is not None else repr(ast.unparse(node.test))
-        out.append(
-            f"{indent}if not ({ast.unparse(node.test)}): raise AssertionError({message}){comment}"
-        )
+        parts = []  # the line's statements (``a = f(); assert a``), asserts made explicit
+        for node in nodes:
+            if isinstance(node, ast.Assert):
+                test = ast.unparse(node.test)
+                message = ast.unparse(node.msg) if node.msg is not None else repr(test)
+                parts.append(f"if not ({test}): raise AssertionError({message})")
+            else:
+                parts.append(ast.get_source_segment(body, node) or ast.unparse(node))
+        # one statement a line (``a = f(); assert a`` becomes two lines): ``if`` cannot
+        # follow ``;``
+        out += [f"{indent}{part}" for part in parts[:-1]]
+        out.append(f"{indent}{parts[-1]}{comment}")
     return out
 
 

@@ -168,6 +168,7 @@ def use(directory: str | Path) -> None:
             raise TargetSetupError(f"another vllm is already imported (from {where})")
         return
     sys.path.insert(0, str(directory))
+    importlib.import_module("vllm")  # so the factories find it loaded
 
 
 def conform_prelude() -> list[str]:
