@@ -71,6 +71,13 @@ from pagedkv_stateful.lockstep import (
     holders,
     pool_fault,
 )
+from pagedkv_stateful.situations import (
+    chain_situation,
+    chunk_situation,
+    misuse_kind,
+    splits_chain,
+    stale,
+)
 
 __all__ = ["AllocatorMachine", "or_bad"]
 
@@ -184,41 +191,19 @@ class AllocatorMachine(LockstepMachine):
     # ------------------------------------------------------------------ situations
 
     def _stale(self, handle: int) -> str:
-        """The situation of a call on a freed handle (:mod:`.causes`): its object handed
-        out again (vLLM pools block objects: the call then acts on another owner's
-        block), or not."""
-        obj = self.objs[handle]
-        again = any(
-            o is obj and spec.is_live(self.model.blocks[h])
-            for h, o in enumerate(self.objs)
-            if h != handle
-        )
-        # NOTE: a null block may wrap a block object taken from the pool (vLLM's NullBlock
-        # holds it as ``_proxy``): that one is handed out again too.
-        again = again or any(obj is o for o in (self.null, getattr(self.null, "_proxy", None)))
-        return "a freed block object handed out again" if again else "a freed block object"
+        """The situation of a call on a freed handle (:func:`.situations.stale`)."""
+        return stale(self.objs, self.model.blocks, handle, self.null)
 
     def _enter_stale(self, operation: str, handle: int, kind: str) -> bool:
         """:meth:`_enter` for misuse of the freed ``handle``: a freed object nothing else
         holds is misuse ``kind``."""
         situation = self._stale(handle)
-        misuse = kind if situation == "a freed block object" else ""
-        return self._enter(operation, situation, misuse)
+        return self._enter(operation, situation, misuse_kind(situation, kind))
 
     def _chain_situation(self, prev: int | None, device: Device) -> str:
         """The situation of a new block chained after ``prev`` on ``device``, or ""."""
-        if device is CPU:
-            return "an allocation on the CPU"
-        if prev is None:
-            return ""
-        ref = self.model.blocks[prev]
-        if ref.freed:
-            return self._stale(prev)
-        if ref.device is not device:
-            return "a chain across devices"
-        if len(ref.token_ids) < self.model.block_size:
-            return "a block chained after one that is not full"
-        return ""
+        m = self.model
+        return chain_situation(self.objs, m.blocks, prev, device, m.block_size, self.null)
 
     def _swap_situation(self, handles: list[int], src: Device, dst: Device) -> str:
         """The named class of a swap, most specific first, else ""."""
@@ -229,14 +214,7 @@ class AllocatorMachine(LockstepMachine):
             return "one block object listed twice"
         if any(r.device is not src or r.block_id is None for r in refs):
             return "a block not on the source device"
-        moved = set(handles)
-        if any(
-            (r.prev is not None and r.prev not in moved and spec.is_live(self.model.blocks[r.prev]))
-            for r in refs
-        ) or any(
-            ref.prev in moved and h not in moved and spec.is_live(ref)
-            for h, ref in enumerate(self.model.blocks)
-        ):
+        if splits_chain(self.model.blocks, handles):
             return "a swap that splits a chain"
         ids = {r.block_id for r in refs}
         if len(ids) < len(refs):
@@ -538,13 +516,10 @@ class AllocatorMachine(LockstepMachine):
         self, prev: int | None, chunks: list[list[int]], device: Device
     ) -> str:
         """The named class of an immutable allocation, most specific first, else ""."""
-        chained = self._chain_situation(prev, device)
-        if chained:
-            return chained
-        if any(len(c) > self.model.block_size for c in chunks):
-            return "a chunk longer than a block"
-        if any(len(c) < self.model.block_size for c in chunks):
-            return "an immutable block that is not full"
+        size = self.model.block_size
+        named = self._chain_situation(prev, device) or chunk_situation(chunks, size)
+        if named:
+            return named
         if len(chunks) > len(spec.pool_of(self.model, device).free):
             return "not enough free blocks"
         return ""

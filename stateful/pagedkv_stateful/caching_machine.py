@@ -42,6 +42,15 @@ from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds, label
 from pagedkv_stateful.adapters import Capabilities, Violation
 from pagedkv_stateful.lockstep import LockstepMachine
+from pagedkv_stateful.situations import (
+    STALE,
+    STALE_AGAIN,
+    chain_situation,
+    chunk_situation,
+    misuse_kind,
+    splits_chain,
+    stale,
+)
 
 __all__ = ["CachingAllocatorMachine", "normalised"]
 
@@ -201,44 +210,21 @@ class CachingAllocatorMachine(LockstepMachine):
     # The class of each call, read from the model before it (pagedkv_stateful.causes).
 
     def _stale(self, handle: int) -> str:
-        """A freed handle: its object handed out again (vLLM pools block objects) or not."""
-        obj = self.objs[handle]
-        again = any(
-            o is obj and spec.is_live(self.model.blocks[h])
-            for h, o in enumerate(self.objs)
-            if h != handle
-        )
-        # NOTE: vLLM's NullBlock wraps a block object taken from the pool (``_proxy``)
-        again = again or any(obj is o for o in (self.null, getattr(self.null, "_proxy", None)))
-        return "a freed block object handed out again" if again else "a freed block object"
-
-    @staticmethod
-    def _stale_kind(situation: str) -> str:
-        """The misuse kind of a call on a freed object nothing else holds, else ""."""
-        return "stale_handle" if situation == "a freed block object" else ""
+        """The situation of a call on a freed handle (:func:`.situations.stale`)."""
+        return stale(self.objs, self.model.blocks, handle, self.null)
 
     def _enter_stale(self, operation: str, handle: int, kind: str) -> bool:
         situation = self._stale(handle)
-        misuse = kind if situation == "a freed block object" else ""
-        return self._enter(operation, situation, misuse)
+        return self._enter(operation, situation, misuse_kind(situation, kind))
 
     def _chain_situation(self, prev: int | None, device: Device) -> str:
-        if device is CPU:
-            return "an allocation on the CPU"
-        if prev is None:
-            return ""
-        ref = self.model.blocks[prev]
-        if ref.freed:
-            return self._stale(prev)
-        if ref.device is not device:
-            return "a chain across devices"
-        if len(ref.token_ids) < self.model.block_size:
-            return "a block chained after one that is not full"
-        return self._freed_before(prev)
+        m = self.model
+        out = chain_situation(self.objs, m.blocks, prev, device, m.block_size, self.null)
+        return out or ("" if prev is None else self._freed_before(prev))
 
     def _freed_before(self, handle: int) -> str:
-        """"a chain holding a freed block" if a block before ``handle`` in its chain is
-        freed (vLLM's content hash walks the chain), else ""."""
+        """The situation of a chain with a freed block before ``handle`` (vLLM's content
+        hash walks the chain), else ""."""
         if any(self.model.blocks[h].freed for h in self._chain(handle)[:-1]):
             return "a chain holding a freed block"
         return ""
@@ -246,13 +232,10 @@ class CachingAllocatorMachine(LockstepMachine):
     def _alloc_situation(
         self, prev: int | None, chunks: list[list[int]], extra: spec.ExtraKeys, device: Device
     ) -> str:
-        chained = self._chain_situation(prev, device)
-        if chained:
-            return chained
-        if any(len(c) > self.model.block_size for c in chunks):
-            return "a chunk longer than a block"
-        if any(len(c) < self.model.block_size for c in chunks):
-            return "an immutable block that is not full"
+        size = self.model.block_size
+        named = self._chain_situation(prev, device) or chunk_situation(chunks, size)
+        if named:
+            return named
         need = spec.blocks_needed(self.model, prev, chunks, extra, device)
         if need > spec.get_num_free_blocks(self.model, device):
             return "not enough free blocks"
@@ -310,14 +293,7 @@ class CachingAllocatorMachine(LockstepMachine):
             return "one block object listed twice"
         if any(r.device is not src or r.block_id is None for r in refs):
             return "a block not on the source device"
-        moved = set(handles)
-        if any(
-            r.prev is not None and r.prev not in moved and spec.is_live(self.model.blocks[r.prev])
-            for r in refs
-        ) or any(
-            c.prev in moved and h not in moved and spec.is_live(c)
-            for h, c in enumerate(self.model.blocks)
-        ):
+        if splits_chain(self.model.blocks, handles):
             return "a swap that splits a chain"
         if len({r.block_id for r in refs}) < len(refs):
             return "block objects sharing an id"
@@ -554,7 +530,7 @@ class CachingAllocatorMachine(LockstepMachine):
         if ran and spec.is_live(b) and b.block_id in spec.pool_of(self.model, b.device).touched:
             self.mark_blocks_as_computed()
         situation = self._free_situation(handle)
-        if situation in ("a freed block object handed out again", "a freed block object"):
+        if situation in (STALE, STALE_AGAIN):
             entered = self._enter_stale("free", handle, "double_free")
         else:
             entered = self._enter("free", situation)
@@ -629,7 +605,7 @@ class CachingAllocatorMachine(LockstepMachine):
         situation = self._append_situation(handle, new, cow)
         if situation == SHARED_FILL_HIT and not self.caps.dedup_before_copy:
             return
-        if not self._enter("append_token_ids", situation, self._stale_kind(situation)):
+        if not self._enter("append_token_ids", situation, misuse_kind(situation, "stale_handle")):
             return
         src = f"b{handle}.append_token_ids({new})"
         res = self._attempt(lambda: obj.append_token_ids(new))
@@ -721,7 +697,8 @@ class CachingAllocatorMachine(LockstepMachine):
             hit = spec.lookup(pool_state, key) if key is not None else None
             if hit is not None and hit != b.block_id and hit not in pool_state.computed:
                 situation = "a promotion onto content cached under an id not written yet"
-        if not self._enter("promote_to_immutable_block", situation, self._stale_kind(situation)):
+        kind = misuse_kind(situation, "stale_handle")
+        if not self._enter("promote_to_immutable_block", situation, kind):
             return
         src = f"b{handle}.allocator.promote_to_immutable_block(b{handle})"
         res = self._attempt(lambda: pool.promote_to_immutable_block(obj))
@@ -834,7 +811,7 @@ class CachingAllocatorMachine(LockstepMachine):
         situation = self._swap_situation(handles, src_dev, dst_dev)
         if situation == SWAP_HIT and not self.caps.swap_hits:
             return
-        if not self._enter("swap", situation, self._stale_kind(situation)):
+        if not self._enter("swap", situation, misuse_kind(situation, "stale_handle")):
             return
         objs = [self.objs[h] for h in handles]
         names = ", ".join(f"b{h}" for h in handles)
