@@ -1773,6 +1773,12 @@ CONFORM_MESSAGES = [
         "AllocatorAdapter, see docs/conformance.md",
     ),
     case(
+        "conform: a factory module whose prelude is not a list of lines",
+        lambda: run_conformance(importlib.import_module("bad_prelude").allocator),
+        UsageError,
+        "bad_prelude.conform_prelude() must return a list of source lines, got 'import os'",
+    ),
+    case(
         "conform: manager that cannot take a SequenceGroup",
         lambda: run_conformance(faulty.own_types_manager, level="manager", call="mgr"),
         UsageError,

@@ -184,3 +184,29 @@ def test_replay_reports_the_programs_that_do_not_reproduce(tmp_path: Path) -> No
     path.write_text(__import__("json").dumps({"findings": findings[:1]}))
     assert vllm063.main(["replay", str(path)]) == 0
     assert vllm063.main(["replay", str(tmp_path / "missing.json")]) == 2
+
+
+def test_a_program_sets_up_its_own_import_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """conform_prelude(): the lines that put the extracted vLLM this process loaded on
+    sys.path and import it, so a printed program replays without PAGEDKV_VLLM_DIR; none
+    before anything is loaded."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    assert vllm063.conform_prelude() == []
+    out = vllm063.extract(_fake_wheel(tmp_path / "w.whl"), tmp_path / "v")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    vllm063.use(out)
+    try:
+        assert "vllm" in sys.modules  # imported, so the factories find it loaded
+        lines = vllm063.conform_prelude()
+        assert lines == [
+            "from pagedkv_stateful.vllm063 import use",
+            f"use({str(out.resolve())!r})",
+        ]
+    finally:
+        for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+            del sys.modules[name]
+
