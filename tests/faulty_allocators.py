@@ -13,8 +13,9 @@ freed id goes to the back, so it does not promise LIFO) and a plain
   forgets to report copy-on-write pairs (checked through the API only).
 
 :class:`CallersOnly` (``callers_only_allocator``, ``callers_only_caching_allocator``)
-is correct and declares vLLM 0.6.3's promises; it records each call outside vLLM's
-callers' contract or its promises, which the kit must never make of it.
+and :class:`CallersOnlyManager` (``callers_only_manager``) are correct and declare vLLM
+0.6.3's promises; they record each call outside vLLM's callers' contract or its
+promises, which the kit must never make of them.
 
 Setup mistakes, which the kit reports as usage errors before judging anything:
 ``bare_fifo_allocator`` returns :class:`FifoAllocator` without ``devices=`` (its
@@ -27,12 +28,19 @@ Each ``*_allocator`` / ``*_manager`` function is a conformance factory.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Sequence, SequenceGroup
+from pagedkv import (
+    BlockSpaceManager,
+    CpuGpuBlockAllocator,
+    Sequence,
+    SequenceGroup,
+    SequenceStatus,
+)
 from pagedkv import Device as PagedKVDevice
 from pagedkv.content_key import sha256_key
 from pagedkv.evictor import LRUEvictor
@@ -664,3 +672,105 @@ def callers_only_caching_allocator(
 ) -> tuple[Any, Capabilities]:
     """The same, prefix caching, with vLLM's promises."""
     return CallersOnly("prefix_caching", num_gpu_blocks, num_cpu_blocks, block_size), VLLM_LIKE
+
+
+class CallersOnlyManager(BlockSpaceManager):
+    """pagedkv's manager (correct), which records in :data:`OUTSIDE_CONTRACT` every call a
+    scheduler never makes or vLLM's manager does not promise to reject: an action
+    (allocate, append, swap out or in) not preceded by a yes to its question for the same
+    group, a swap of a group with nothing to move, an append to a swapped-out sequence."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.yes: set[tuple[str, str]] = set()  # (question, request id) answered yes
+
+    def _asked(self, question: str, group: SequenceGroup) -> None:
+        if (question, group.request_id) not in self.yes:
+            OUTSIDE_CONTRACT.append(f"{question} not answered yes for {group.request_id}")
+        self.yes.discard((question, group.request_id))
+
+    def _answer(self, question: str, group: SequenceGroup, yes: bool) -> None:
+        key = (question, group.request_id)
+        if yes:
+            self.yes.add(key)
+        else:
+            self.yes.discard(key)
+
+    def can_allocate(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocDecision:
+        answer = super().can_allocate(seq_group, num_lookahead_slots)
+        self._answer("can_allocate", seq_group, answer.status.name == "OK")
+        return answer
+
+    def allocate(self, seq_group: SequenceGroup) -> None:
+        if not any(s.seq_id in self.block_tables for s in seq_group.get_seqs()):
+            self._asked("can_allocate", seq_group)  # (allocating twice: misuse vLLM rejects)
+        super().allocate(seq_group)
+
+    def can_append_slots(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> bool:
+        answer = super().can_append_slots(seq_group, num_lookahead_slots)
+        for seq in seq_group.get_seqs():
+            self.yes.discard(("append", str(seq.seq_id)))
+            if answer:
+                self.yes.add(("append", str(seq.seq_id)))
+        return answer
+
+    def append_slots(self, seq: Sequence, num_lookahead_slots: int = 0) -> list[tuple[int, int]]:
+        if seq.seq_id not in self.block_tables:
+            pass  # an unknown sequence: misuse vLLM rejects
+        elif seq.status.name == "SWAPPED":
+            OUTSIDE_CONTRACT.append(f"append_slots of swapped-out s{seq.seq_id}")
+        elif ("append", str(seq.seq_id)) not in self.yes and (
+            "swapped in",
+            str(seq.seq_id),
+        ) not in self.yes:
+            OUTSIDE_CONTRACT.append(f"append_slots of s{seq.seq_id} without a yes")
+        self.yes.discard(("append", str(seq.seq_id)))
+        self.yes.discard(("swapped in", str(seq.seq_id)))
+        return super().append_slots(seq, num_lookahead_slots)
+
+    def can_swap_out(self, seq_group: SequenceGroup) -> bool:
+        answer = super().can_swap_out(seq_group)
+        self._answer("can_swap_out", seq_group, answer)
+        return answer
+
+    def swap_out(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
+        if not seq_group.get_seqs(SequenceStatus.RUNNING):
+            OUTSIDE_CONTRACT.append(f"swap_out of {seq_group.request_id}: nothing to move")
+        self._asked("can_swap_out", seq_group)
+        return super().swap_out(seq_group)
+
+    def can_swap_in(self, seq_group: SequenceGroup, num_lookahead_slots: int = 0) -> AllocDecision:
+        answer = super().can_swap_in(seq_group, num_lookahead_slots)
+        self._answer("can_swap_in", seq_group, answer.status.name == "OK")
+        return answer
+
+    def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
+        swapped = seq_group.get_seqs(SequenceStatus.SWAPPED)
+        if not swapped:
+            OUTSIDE_CONTRACT.append(f"swap_in of {seq_group.request_id}: nothing to move")
+        self._asked("can_swap_in", seq_group)
+        for seq in swapped:  # the scheduler appends right after a swap-in
+            self.yes.add(("swapped in", str(seq.seq_id)))
+        return super().swap_in(seq_group)
+
+
+def callers_only_manager(
+    block_size: int,
+    num_gpu_blocks: int,
+    num_cpu_blocks: int,
+    watermark: float,
+    sliding_window: int | None,
+) -> ManagerAdapter:
+    """A correct manager that records calls outside a scheduler's contract, with vLLM
+    0.6.3's manager promises."""
+    target = CallersOnlyManager(
+        block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window
+    )
+    caps = dataclasses.replace(
+        VLLM_LIKE,
+        encoder_decoder=True,
+        exact_admission=False,
+        atomic_rejections=False,
+        misuse_kinds=VLLM_LIKE.misuse_kinds - {"wrong_state", "wrong_device"},
+    )
+    return ManagerAdapter(target, caps)

@@ -627,8 +627,9 @@ def _throw(err: Exception) -> None:
     [
         (fa.callers_only_allocator, "allocator", 300),
         (fa.callers_only_caching_allocator, "caching", 300),
+        (fa.callers_only_manager, "manager", 150),
     ],
-    ids=["allocator", "caching"],
+    ids=["allocator", "caching", "manager"],
 )
 def test_a_target_without_beyond_callers_is_only_called_within_its_contract(
     factory: Callable[..., Any], level: str, examples: int
