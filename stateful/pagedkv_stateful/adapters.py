@@ -92,16 +92,6 @@ CHECKS: dict[str, str] = {
 }
 
 
-def root_cause(invariant: str, operation: str = "", cause: str = "") -> str:
-    """``"check | operation | cause"``: what tells two findings of one check apart.
-
-    ``operation`` is the target's method whose result was judged (the last call of
-    the program); ``cause`` the target's exception type, or how its outcome differed
-    (``accepted``, ``raised``). Complexity: O(1).
-    """
-    return " | ".join(part for part in (invariant, operation, cause) if part)
-
-
 class Violation(AssertionError):
     """A failed check. ``str()`` is ``"[<invariant>] <detail>"``, parseable by :meth:`parse`.
 
@@ -119,8 +109,8 @@ class Violation(AssertionError):
         self.invariant = invariant
         self.detail = detail
         self.check_line = check_line
-        #: the root cause: ``check | operation | the target's error or outcome`` (see
-        #: :func:`root_cause`); the check's name alone where nothing finer is known
+        #: the cause (:func:`pagedkv_stateful.causes.cause`); the check's name alone
+        #: where nothing finer is known
         self.signature = signature or invariant
 
     @staticmethod

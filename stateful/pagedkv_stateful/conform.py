@@ -29,12 +29,13 @@ usage error with a hint, not a violation.
 
 The lockstep machine runs under Hypothesis; every violated check is reported by
 name with the shortest failing program Hypothesis found, printed as Python
-against the target's own API. Findings are told apart by their *root cause*:
-the check, the target's operation whose result was judged, and the target's
-error type or outcome (``same error as spec | swap | raised ForeignBlockError,
-not InvalidSwapError``), so one check can report several distinct bugs. After a
-violation the search runs again, discarding only the test cases that hit a root
-cause already reported, until a round finds nothing (or ``--max-violations``).
+against the target's own API, and replayed in a fresh process (:mod:`.replay`).
+A finding is a *cause* (:mod:`.causes`): the situation of the call the target
+mishandles (``swap: the destination lacks room``), whatever check saw it, so one
+fix removes one finding. After a finding the search runs again, the situation
+adopted (calls in it are not made), until a round finds nothing (or
+``--max-violations``). The report ends with what the target does not promise
+("stricter than this target") and the callers' contract the kit kept to.
 
 Streaming: the report's header is printed when the search starts, each finding
 as soon as it is found (the same block the final report holds), then the
@@ -206,9 +207,9 @@ class Finding:
         calls       statements in the program's body (after the imports and helpers)
         shrunk      False when the search was stopped while Hypothesis was still
                     shrinking it: the program is the shortest seen, not the shortest
-        root_cause  ``check | operation | the target's error or outcome``
-                    (:func:`~pagedkv_stateful.adapters.root_cause`): findings are
-                    told apart by it, so one check can report several causes
+        root_cause  the cause (:func:`~pagedkv_stateful.causes.cause`): the situation
+                    the target mishandles, a policy, or ``operation | check | outcome``:
+                    findings are told apart by it, one finding per cause
     """
 
     invariant: str

@@ -65,13 +65,15 @@ GPU = Device.GPU
 class LockstepMachine(RuleBasedStateMachine):
     """Plumbing shared by the lockstep machines: verdicts, error judging, the program.
 
-    ``known``: root-cause signatures already reported (:meth:`Violation.signature`:
-    the check, the operation and the target's error or outcome); a run that fails
-    one of them is discarded (``reject``), so a search looks for the *other* root
-    causes, of other checks and of the same check alike. A check whose failure
-    leaves target and model in the same state (a query's answer: admission; a call
-    both reject, with another error type) goes on past it once known
-    (:meth:`_goes_on`), so the states behind it stay reachable.
+    ``known``: the causes already reported (:meth:`Violation.signature`, made by
+    :meth:`_signature` with :func:`~pagedkv_stateful.causes.cause`). Each rule names
+    the situation of every target call first (:meth:`_enter`): a call in the situation
+    of a known cause is not made (the search adopts it), nor one outside the target's
+    callers' contract or of unpromised strictness. A run that fails a known cause
+    anyway (an ordinary one) is discarded (``reject``), so a search looks for the
+    *other* causes. A check whose failure leaves target and model in the same state (a
+    query's answer: admission; a call both reject, with another error type) goes on
+    past it once known (:meth:`_goes_on`), so the states behind it stay reachable.
     """
 
     known: frozenset[str] = frozenset()
