@@ -692,10 +692,15 @@ def test_the_report_lists_what_the_target_does_not_promise_once() -> None:
     assert "  - an empty append (BlockTable never appends an empty chunk)" in text
     data = report.to_dict()
     assert data["stricter"] and data["callers_contract"]
+    assert "an id no block holds" not in text  # a caching-level precondition
+    caching = ConformanceReport("t", "caching", vllm_like, "s").render()
+    assert "an id no block holds" in caching and "an empty append" in caching
     manager = ConformanceReport(
         "t", "manager", dataclasses.replace(vllm_like, exact_admission=False), "s"
     )
     assert "can_* answers are exact" in manager.render()
+    assert "a scheduler acts only on a yes" in manager.render()
+    assert "an empty append" not in manager.render()
     own = ConformanceReport("t", "allocator", adapters._FULL, "s")
     assert "stricter than this target" not in own.render()
     assert own.to_dict()["stricter"] == [] and own.to_dict()["callers_contract"] == []

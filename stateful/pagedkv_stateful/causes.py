@@ -147,12 +147,37 @@ def stricter(capabilities: object, level: str) -> list[str]:
     return out
 
 
-def outside_callers(capabilities: object) -> list[str]:
-    """The caller preconditions the kit kept to (``situation: why``), for a target that
-    does not claim ``beyond_callers``; [] for one that does. O(preconditions)."""
+#: The caller preconditions of the caching level only (the table queries); the others
+#: hold at the allocator and caching levels alike.
+CACHING_ONLY = frozenset(
+    {
+        "a chain holding a freed block",
+        "an id no block holds",
+        "an empty list among others",
+        "ids that are not a sequence's table",
+        "a computed-blocks query of an empty table",
+    }
+)
+#: The manager level's one caller precondition (its rules draw nothing else outside).
+ACT_ON_YES = (
+    "an allocation, append or swap its question did not answer yes to (a scheduler acts "
+    "only on a yes)"
+)
+
+
+def outside_callers(capabilities: object, level: str = "allocator") -> list[str]:
+    """The caller preconditions the kit kept to at ``level`` (``situation (why)``), for a
+    target that does not claim ``beyond_callers``; [] for one that does.
+    O(preconditions)."""
     if getattr(capabilities, "beyond_callers", False):
         return []
-    return [f"{situation} ({why})" for situation, why in CALLER_PRECONDITIONS.items()]
+    if level == "manager":
+        return [ACT_ON_YES]
+    return [
+        f"{situation} ({why})"
+        for situation, why in CALLER_PRECONDITIONS.items()
+        if level == "caching" or situation not in CACHING_ONLY
+    ]
 
 
 #: Situations that are misuse of a strictness kind, unless a call names another kind.

@@ -342,7 +342,7 @@ class ConformanceReport:
         if promised:
             lines += ["", "stricter than this target (pagedkv promises it; not checked here):"]
             lines += [f"  - {line}" for line in promised]
-        kept = outside_callers(self.capabilities)
+        kept = outside_callers(self.capabilities, self.level)
         if kept:
             lines += ["", "calls its callers never make (not made here):"]
             lines += [f"  - {line}" for line in kept]
@@ -399,7 +399,7 @@ class ConformanceReport:
             "search": self.search,
             "findings": [f.to_dict() for f in self.findings],
             "stricter": stricter(self.capabilities, self.level),
-            "callers_contract": outside_callers(self.capabilities),
+            "callers_contract": outside_callers(self.capabilities, self.level),
             "counts": {**asdict(self.counts), "seconds": round(self.counts.seconds, 3)},
             "interrupted": self.interrupted,
             "ended": self.ended,
