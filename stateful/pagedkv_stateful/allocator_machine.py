@@ -75,8 +75,8 @@ from pagedkv_stateful.situations import (
     chain_situation,
     chunk_situation,
     misuse_kind,
-    splits_chain,
     stale,
+    swap_situation,
 )
 
 __all__ = ["AllocatorMachine", "or_bad"]
@@ -207,18 +207,12 @@ class AllocatorMachine(LockstepMachine):
 
     def _swap_situation(self, handles: list[int], src: Device, dst: Device) -> str:
         """The named class of a swap, most specific first, else ""."""
-        refs = [self.model.blocks[h] for h in handles]
         if src is dst:
             return "a swap from a device to itself"
-        if len(set(handles)) < len(handles):
-            return "one block object listed twice"
-        if any(r.device is not src or r.block_id is None for r in refs):
-            return "a block not on the source device"
-        if splits_chain(self.model.blocks, handles):
-            return "a swap that splits a chain"
-        ids = {r.block_id for r in refs}
-        if len(ids) < len(refs):
-            return "block objects sharing an id"
+        named = swap_situation(self.objs, self.model.blocks, handles, src, self.null)
+        if named:
+            return named
+        ids = {self.model.blocks[h].block_id for h in handles}
         if len(ids) > len(spec.pool_of(self.model, dst).free):
             return "the destination lacks room"
         return ""

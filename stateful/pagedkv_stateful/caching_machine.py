@@ -48,8 +48,8 @@ from pagedkv_stateful.situations import (
     chain_situation,
     chunk_situation,
     misuse_kind,
-    splits_chain,
     stale,
+    swap_situation,
 )
 
 __all__ = ["CachingAllocatorMachine", "normalised"]
@@ -285,18 +285,10 @@ class CachingAllocatorMachine(LockstepMachine):
         return ""
 
     def _swap_situation(self, handles: list[int], src: Device, dst: Device) -> str:
+        named = swap_situation(self.objs, self.model.blocks, handles, src, self.null)
+        if named:
+            return named
         refs = [self.model.blocks[h] for h in handles]
-        stale = [h for h in handles if self.model.blocks[h].freed]
-        if stale:
-            return self._stale(stale[0])
-        if len(set(handles)) < len(handles):
-            return "one block object listed twice"
-        if any(r.device is not src or r.block_id is None for r in refs):
-            return "a block not on the source device"
-        if splits_chain(self.model.blocks, handles):
-            return "a swap that splits a chain"
-        if len({r.block_id for r in refs}) < len(refs):
-            return "block objects sharing an id"
         source, target = spec.pool_of(self.model, src), spec.pool_of(self.model, dst)
         for r in refs:
             key = spec.key_of_id(source, r.block_id) if r.block_id is not None else None

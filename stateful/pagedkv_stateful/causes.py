@@ -23,11 +23,11 @@ Two further kinds of situation are not bugs of a target that does not claim them
   one on another device, never lists one block object twice in a swap, ...). The
   machines make them only for a target whose ``Capabilities.beyond_callers`` says
   it defines them (pagedkv's own).
-* :data:`STRICTNESS`: what pagedkv promises beyond vLLM's contract (a foreign
-  block or a same-device swap rejected, a freed handle rejected before its id is
-  reused). Each is a kind of ``Capabilities.misuse_kinds``; a target that does not
-  claim it is never called so, and the report lists it once, in its section
-  "stricter than this target".
+* strictness: what pagedkv promises beyond vLLM's contract, a misuse kind
+  (:data:`MISUSE_MEANING`: a foreign block or a same-device swap rejected, a freed
+  handle rejected before its id is reused) or a ``Capabilities`` flag
+  (:data:`PROMISES`). A target that does not claim it is never called so, and the
+  report lists it once, in its section "stricter than this target" (:func:`stricter`).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ __all__ = [
     "CALLER_PRECONDITIONS",
     "CROSS_OPERATION",
     "LATENT",
+    "MISUSE_MEANING",
     "ORDINARY",
     "POLICIES",
     "POLICY_LIFO",
     "PROMISES",
-    "STRICTNESS",
     "STRICT_SITUATIONS",
     "cause",
     "outcome",
@@ -80,15 +80,6 @@ CALLER_PRECONDITIONS: dict[str, str] = {
     "sequences",
 }
 
-#: Kinds of misuse pagedkv rejects beyond vLLM's contract: ``{kind: what is promised}``
-#: (the kind is a ``Capabilities.misuse_kinds`` entry).
-STRICTNESS: dict[str, str] = {
-    "foreign_block": "a block of another allocator is rejected by free, fork and swap",
-    "same_device_swap": "a swap from a device to itself is rejected",
-    "stale_handle": "a freed block object is rejected (append, fork, chain parent) even "
-    "while nothing else holds it",
-}
-
 
 #: Promises beyond vLLM's contract that are ``Capabilities`` flags: ``{flag: (levels,
 #: what is promised)}``.
@@ -120,9 +111,10 @@ LEVEL_KINDS = {
 #: What rejecting each kind of misuse means, for the report.
 MISUSE_MEANING = {
     "double_free": "freeing a freed block object again is rejected",
-    "stale_handle": STRICTNESS["stale_handle"],
-    "foreign_block": STRICTNESS["foreign_block"],
-    "same_device_swap": STRICTNESS["same_device_swap"],
+    "stale_handle": "a freed block object is rejected (append, fork, chain parent) even "
+    "while nothing else holds it",
+    "foreign_block": "a block of another allocator is rejected by free, fork and swap",
+    "same_device_swap": "a swap from a device to itself is rejected",
     "allocate_twice": "allocating a sequence that has a table is rejected",
     "fork_onto_table": "forking onto a sequence that has a table is rejected",
     "unknown_sequence": "appending to a sequence without a table is rejected",

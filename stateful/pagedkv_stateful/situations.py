@@ -20,6 +20,7 @@ __all__ = [
     "misuse_kind",
     "splits_chain",
     "stale",
+    "swap_situation",
 ]
 
 #: A call on a freed block object that nothing else holds (misuse of a strictness kind).
@@ -102,6 +103,27 @@ def misuse_kind(situation: str, kind: str) -> str:
     """``kind`` for a call on a freed object nothing else holds, else "" (a call on one
     handed out again is no strictness: it corrupts another owner's block)."""
     return kind if situation == STALE else ""
+
+
+def swap_situation(
+    objs: Sequence[Any], refs: Sequence[Ref], handles: Sequence[int], src: Device, null: Any
+) -> str:
+    """The named class of a swap of ``handles`` from ``src`` that both machines share,
+    most specific first, else "": a freed handle, an object listed twice, a block not on
+    the source device, a split chain, objects sharing an id. O(handles + refs)."""
+    picked = [refs[h] for h in handles]
+    freed = [h for h in handles if refs[h].freed]
+    if freed:
+        return stale(objs, refs, freed[0], null)
+    if len(set(handles)) < len(handles):
+        return "one block object listed twice"
+    if any(r.device is not src or r.block_id is None for r in picked):
+        return "a block not on the source device"
+    if splits_chain(refs, handles):
+        return "a swap that splits a chain"
+    if len({r.block_id for r in picked}) < len(picked):
+        return "block objects sharing an id"
+    return ""
 
 
 def splits_chain(refs: Sequence[Ref], handles: Sequence[int]) -> bool:
