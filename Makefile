@@ -76,8 +76,9 @@ conform-vllm: $(STAMP)
 	ls $(VLLM_WHEELS)/vllm-0.6.3-*.whl >/dev/null 2>&1 || \
 	  $(BIN)/python -m pip download -q --no-deps vllm==0.6.3 -d $(VLLM_WHEELS)
 	$(BIN)/python -m pagedkv_stateful.vllm063 extract $$(ls $(VLLM_WHEELS)/vllm-0.6.3-*.whl | head -1) $(VLLM_DIR)
-	for opt in "" -O; do for level in allocator manager caching; do \
-	  PAGEDKV_VLLM_DIR=$(VLLM_DIR) $(BIN)/python $$opt -m pagedkv conform pagedkv_stateful.vllm063:$$level \
+	for opt in "" -O; do for level in allocator manager caching caching-manager; do \
+	  PAGEDKV_VLLM_DIR=$(VLLM_DIR) $(BIN)/python $$opt -m pagedkv conform \
+	    pagedkv_stateful.vllm063:$$(echo $$level | tr - _) \
 	    --level $$level --json $(VLLM_DIR)/conform-$$level$$opt.json $(CONFORM_VLLM_ARGS); \
 	  rc=$$?; [ $$rc -le 1 ] || exit $$rc; \
 	done; done

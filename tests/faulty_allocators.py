@@ -774,3 +774,74 @@ def callers_only_manager(
         misuse_kinds=VLLM_LIKE.misuse_kinds - {"wrong_state", "wrong_device"},
     )
     return ManagerAdapter(target, caps)
+
+
+# --------------------------------------------------------------------------- caching manager
+
+#: vLLM 0.6.3's contract at the caching-manager level (exact answers not promised).
+VLLM_LIKE_CACHING_MANAGER = dataclasses.replace(
+    VLLM_LIKE,
+    exact_admission=False,
+    atomic_rejections=False,
+    misuse_kinds=VLLM_LIKE.misuse_kinds - {"wrong_state", "wrong_device"},
+)
+
+
+class StaleTrackerManager(BlockSpaceManager):
+    """Planted: remembers each sequence's first non-empty computed prefix until it is
+    freed, across swaps (vLLM 0.6.3's ``ComputedBlocksTracker``): after a swap moved the
+    sequence, the remembered ids are another request's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.remembered: dict[int, list[int]] = {}
+
+    def get_common_computed_block_ids(self, seqs: list[Sequence]) -> list[int]:
+        for seq in seqs:
+            if not self.remembered.get(seq.seq_id):
+                self.remembered[seq.seq_id] = super().get_common_computed_block_ids([seq])
+        lists = [self.remembered[seq.seq_id] for seq in seqs]
+        return self.block_allocator.get_common_computed_block_ids(lists)
+
+    def free(self, seq: Sequence) -> None:
+        super().free(seq)
+        self.remembered.pop(seq.seq_id, None)
+
+
+def stale_tracker_caching_manager(
+    block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float
+) -> ManagerAdapter:
+    """:class:`StaleTrackerManager` behind the bare API, with vLLM's contract."""
+    target = StaleTrackerManager(
+        block_size, num_gpu_blocks, num_cpu_blocks, watermark, enable_caching=True
+    )
+    return ManagerAdapter(target, VLLM_LIKE_CACHING_MANAGER)
+
+
+class NothingComputedManager(BlockSpaceManager):
+    """Says no block may be skipped: safe (prefill recomputes), not exact."""
+
+    def get_common_computed_block_ids(self, seqs: list[Sequence]) -> list[int]:
+        return []
+
+
+def nothing_computed_caching_manager(
+    block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float
+) -> ManagerAdapter:
+    """:class:`NothingComputedManager`, not promising exact answers."""
+    target = NothingComputedManager(
+        block_size, num_gpu_blocks, num_cpu_blocks, watermark, enable_caching=True
+    )
+    return ManagerAdapter(target, VLLM_LIKE_CACHING_MANAGER)
+
+
+def nothing_computed_exact_caching_manager(
+    block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float
+) -> ManagerAdapter:
+    """:class:`NothingComputedManager`, claiming exact answers (a finding)."""
+    target = NothingComputedManager(
+        block_size, num_gpu_blocks, num_cpu_blocks, watermark, enable_caching=True
+    )
+    return ManagerAdapter(
+        target, dataclasses.replace(VLLM_LIKE_CACHING_MANAGER, exact_admission=True)
+    )

@@ -30,12 +30,13 @@ def test_an_append_that_evicts_the_id_its_key_was_cached_under(
     (append_choices once read it as a dedup and asked the free pool for the fresh id)."""
     monkeypatch.setattr(machine_module, "event", lambda *args, **kwargs: None)
     m = CachingManagerMachine()
-    m.init(block_size=1, num_gpu=10, num_cpu=0)
-    m.allocate(_Draws([], False), extra=(), n=1, prefix=(0, 0, 0, 0))
-    m.free(_Draws(m.groups["g1"]))  # four cached ids to the evictor
+    m.init(block_size=1, num_gpu=10, num_cpu=0, watermark=0.0)
+    m.allocate(_Draws([], True), extra=(), n=1, prefix=(0, 0, 0, 0))  # its batch runs
+    m.free(_Draws(1, m.groups["r0"]))  # four cached written ids to the evictor
+    assert len(m.model.cache.gpu.evictor) == 4
     m.allocate(_Draws([0], False), extra=(), n=1, prefix=())  # a hit on the first
     m.allocate(_Draws([], False), extra=(), n=1, prefix=(1,) * 8)  # evicts all but (0, 0)
     m.manager_invariants_hold()
     assert m.manager.get_num_free_gpu_blocks() == 1
-    m.append_slots(_Draws(m.groups["g2"]), token=0)  # (0, 0) again: evicts its own id
+    m.append_slots(_Draws(m.groups["r1"], False), token=0)  # (0, 0) again: evicts its own id
     m.manager_invariants_hold()

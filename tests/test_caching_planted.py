@@ -192,8 +192,10 @@ class _DropsCopyOnWritePairs(BlockSpaceManager):
 
 def _manager_machine(cls: type[BlockSpaceManager]) -> type[CachingManagerMachine]:
     class Planted(CachingManagerMachine):
-        def make_manager(self, block_size: int, num_gpu: int, num_cpu: int) -> BlockSpaceManager:
-            return cls(block_size, num_gpu, num_cpu, 0.0, enable_caching=True)
+        def make_manager(
+            self, block_size: int, num_gpu: int, num_cpu: int, watermark: float
+        ) -> BlockSpaceManager:
+            return cls(block_size, num_gpu, num_cpu, watermark, enable_caching=True)
 
     return Planted
 

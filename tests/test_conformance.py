@@ -267,6 +267,45 @@ def test_the_caching_level_finds_planted_bugs(
         assert reproduced(finding), finding.replay
 
 
+# --------------------------------------------------------------------------- caching manager
+
+
+def test_the_caching_manager_level_passes_pagedkv() -> None:
+    report = check(adapters.pagedkv_caching_manager, examples=60, level="caching-manager")
+    assert report.ok, report.render()
+    assert report.coverage["prefix hit"] > 0 and report.coverage["copy-on-write"] > 0
+
+
+def test_the_caching_manager_level_finds_a_computed_prefix_memo_that_a_swap_made_stale() -> None:
+    """vLLM 0.6.3's tracker, planted: what a sequence may skip is remembered across a swap
+    that moved it, so it names another request's ids; found with no scenario, one cause."""
+    report = check(
+        fa.stale_tracker_caching_manager, examples=1500, level="caching-manager", max_violations=2
+    )
+    (finding,) = report.findings
+    assert finding.root_cause == (
+        "get_common_computed_block_ids: a sequence a swap moved since it was last asked"
+    ), report.render()
+    assert finding.invariant == "C5 computed_ok" and reproduced(finding), finding.replay
+
+
+@pytest.mark.parametrize(("exact", "found"), [(False, False), (True, True)])
+def test_a_shorter_computed_prefix_is_a_finding_only_for_a_target_promising_exact_answers(
+    exact: bool, found: bool
+) -> None:
+    """Telling a sequence to skip less than it could is safe (prefill recomputes it):
+    only a target claiming ``exact_admission`` gets a finding, and one cause at that."""
+    factory = (
+        fa.nothing_computed_exact_caching_manager if exact else fa.nothing_computed_caching_manager
+    )
+    report = check(factory, examples=300, level="caching-manager", max_violations=3)
+    assert len(report.findings) == int(found), report.render()
+    if found:
+        assert report.findings[0].root_cause.endswith("a shorter prefix than the state's")
+    else:
+        assert "a computed prefix shorter than the state's" in report.render()
+
+
 # --------------------------------------------------------------------------- command line
 
 

@@ -247,7 +247,7 @@ def test_caching_manager_operations_keep_their_name_in_spec_and_machine() -> Non
         if kind in (RULE, CAN, OBSERVED):
             assert name in functions, f"pagedkv_spec.caching_manager has no {name!r}"
         if kind in (CAN, OBSERVED):
-            assert re.search(rf"\bmanager\.{name}\b", source), name
+            assert re.search(rf"\badapter\.{name}\b", source), name
             assert re.search(rf"\bspec\.{name}\b", source), name
     ops = {n for n, k in CACHING_MANAGER.items() if k == RULE}
     assert have == ops | EXTRA_RULES[CachingManagerMachine], sorted(have ^ ops)

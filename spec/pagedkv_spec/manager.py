@@ -580,12 +580,18 @@ def _on(s: ManagerState, seq_id: int, t: TableRef, device: Device, operation: st
 
 
 def can_append_slots(
-    s: ManagerState, appends: Sequence[tuple[int, int]], num_lookahead_slots: int = 0
+    s: ManagerState,
+    appends: Sequence[tuple[int, int]],
+    num_lookahead_slots: int = 0,
+    *,
+    count_null: bool = True,
 ) -> bool:
-    """``appends`` = (seq_id, number of unseen tokens) of the group's RUNNING sequences."""
+    """``appends`` = (seq_id, number of unseen tokens) of the group's RUNNING sequences.
+    ``count_null=False``: the answer that leaves out the null block a window's first
+    slide takes (how a target that forgets it answers; the kit names that cause)."""
     assert manager_ok(s)
     tables = [(_table(s, seq_id), n) for seq_id, n in appends]
-    null = null_block_cost(s) if tables else 0
+    null = null_block_cost(s) if tables and count_null else 0
     touched = null + sum(
         get_num_blocks_touched_by_append_slots(s, t, n, num_lookahead_slots) for t, n in tables
     )
@@ -711,18 +717,23 @@ def can_swap_out(s: ManagerState, seq_ids: Sequence[int]) -> bool:
 
 
 def can_swap_in(
-    s: ManagerState, appends: Sequence[tuple[int, int]], num_lookahead_slots: int = 0
+    s: ManagerState,
+    appends: Sequence[tuple[int, int]],
+    num_lookahead_slots: int = 0,
+    *,
+    count_null: bool = True,
 ) -> AllocStatus:
     """``appends`` = (seq_id, unseen tokens) of the SWAPPED sequences.
 
     ``needed`` = distinct blocks to move + the exact blocks their next append
     takes after the move. NEVER if the GPU has fewer blocks than that; OK if
-    ``free - needed >= watermark``; else LATER.
+    ``free - needed >= watermark``; else LATER. ``count_null``: as for
+    :func:`can_append_slots`.
     """
     assert manager_ok(s)
     tables = [(_table(s, q), n) for q, n in appends]
     needed = (
-        (null_block_cost(s) if tables else 0)
+        (null_block_cost(s) if tables and count_null else 0)
         + distinct_ids(s, [t for t, _ in tables])
         + sum(get_num_blocks_needed_by_append(s, t, n, num_lookahead_slots) for t, n in tables)
     )

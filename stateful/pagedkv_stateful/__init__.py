@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         as_allocator_adapter,
         as_manager_adapter,
         pagedkv_allocator,
+        pagedkv_caching_manager,
         pagedkv_manager,
     )
     from pagedkv_stateful.allocator_machine import AllocatorMachine
@@ -45,6 +46,7 @@ _HOMES = {
     "as_allocator_adapter": "adapters",
     "as_manager_adapter": "adapters",
     "pagedkv_allocator": "adapters",
+    "pagedkv_caching_manager": "adapters",
     "pagedkv_manager": "adapters",
     "AllocatorMachine": "allocator_machine",
     "ManagerMachine": "manager_machine",
@@ -68,6 +70,7 @@ __all__ = [
     "as_allocator_adapter",
     "as_manager_adapter",
     "pagedkv_allocator",
+    "pagedkv_caching_manager",
     "pagedkv_manager",
     "run_conformance",
 ]

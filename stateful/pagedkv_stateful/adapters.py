@@ -32,6 +32,7 @@ from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator
 from pagedkv import Sequence as Seq
 from pagedkv.sequence import AllocDecision, SequenceGroup
 from pagedkv_spec.allocator import AllocatorState
+from pagedkv_spec.caching_manager import CachingManagerState, CTable
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import REGISTRY
 from pagedkv_spec.manager import ManagerView
@@ -221,8 +222,10 @@ class Capabilities:
     def describe(self, level: str = "manager") -> str:
         """One line: the features of ``level`` that are supported, then the promises."""
         skip = {"lifo", "typed_errors", "misuse_kinds", "not_together", "beyond_callers"}
-        if level != "caching":
+        if level not in ("caching", "caching-manager"):
             skip |= {"hit_rate", "swap_hits", "dedup_before_copy"}
+        if level == "caching-manager":  # no window, no cross-attention, no lookahead
+            skip |= {"lookahead", "sliding_window", "encoder_decoder", "null_block"}
         if level in ("allocator", "caching"):
             skip |= {"lookahead", "sliding_window", "encoder_decoder", "exact_admission"}
         else:
@@ -568,6 +571,62 @@ class ManagerAdapter:
     def check_invariants(self) -> None:
         """The target's own representation check (raise AssertionError); default: none."""
 
+    # ------------------------------------------------------------ prefix caching
+
+    def has(self, name: str) -> bool:
+        """The target has the optional method ``name`` (e.g. ``reset_prefix_cache``)."""
+        return callable(getattr(self.target, name, None))
+
+    def mark_blocks_as_computed(self, seq_group: SequenceGroup) -> None:
+        """The batch that scheduled the group ran (vLLM: ``token_chunk_size`` 0)."""
+        self.target.mark_blocks_as_computed(self.convert_group(seq_group), 0)
+
+    def access_all_blocks_in_seq(self, seq: Seq, now: float) -> None:
+        """The scheduler ran the sequence at ``now``."""
+        self.target.access_all_blocks_in_seq(self.convert_seq(seq), now)
+
+    def get_common_computed_block_ids(self, seqs: list[Seq]) -> list[int]:
+        """The GPU ids every sequence of ``seqs`` may skip."""
+        out = self.target.get_common_computed_block_ids([self.convert_seq(s) for s in seqs])
+        return [int(i) for i in out]
+
+    def get_prefix_cache_hit_rate(self, device: Device) -> float:
+        """Hits over lookups on ``device`` (``Capabilities.hit_rate``); a target with its
+        own device type overrides this."""
+        return float(self.target.get_prefix_cache_hit_rate(device))
+
+    def get_num_cached_prefix_tokens(self, seq: Seq) -> int | None:
+        """pagedkv's ``get_num_cached_prefix_tokens``; None for a target without it."""
+        if not self.has("get_num_cached_prefix_tokens"):
+            return None
+        return int(self.target.get_num_cached_prefix_tokens(self.convert_seq(seq)))
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached block no sequence uses (a target that has it)."""
+        return int(self.target.reset_prefix_cache())
+
+    def cache_stats(self, device: Device) -> tuple[int, int, int, int, int] | None:
+        """pagedkv's ``cache_stats(device)`` as ``(hits, queries, evictions, cached blocks,
+        evictable blocks)``; None for a target without it."""
+        if not self.has("cache_stats"):
+            return None
+        st = self.target.cache_stats(device)
+        return (st.hits, st.queries, st.evictions, st.cached_blocks, st.evictable_blocks)
+
+    def to_caching_spec(self) -> CachingManagerState | None:
+        """A caching manager's full state as the spec's (pools, block objects, tables);
+        None: API only (judged by its tables, free counts and answers)."""
+        return None
+
+    def free_block_ids(self, device: Device) -> list[int] | None:
+        """A caching manager's free pool on ``device`` (absolute ids neither in use nor
+        cached, the next one handed out first), if it can tell; None: the kit infers it
+        (it reads an append's fresh ids from it)."""
+        full = self.to_caching_spec()
+        if full is None:
+            return None
+        return list((full.cache.gpu if device is Device.GPU else full.cache.cpu).free)
+
 
 class PagedKVManagerAdapter(ManagerAdapter):
     """pagedkv's :class:`~pagedkv.BlockSpaceManager`: every capability, full abstraction."""
@@ -583,6 +642,28 @@ class PagedKVManagerAdapter(ManagerAdapter):
     def check_invariants(self) -> None:
         """``BlockSpaceManager.check_invariants`` (M2, M3, I1 and the pools)."""
         self.target.check_invariants()
+
+    def to_caching_spec(self) -> CachingManagerState | None:
+        """With caching on: the tables' block objects as the spec's handles, the
+        allocator's pools through ``to_caching_spec``. O(blocks)."""
+        manager = self.target
+        if not manager.enable_caching:
+            return None
+        handle_of: dict[int, int] = {}  # id(block object) -> handle
+        objects: list[Any] = []
+        tables: dict[int, CTable] = {}
+        for seq_id, table in manager.block_tables.items():
+            handles = []
+            for b in table.blocks:
+                if id(b) not in handle_of:
+                    handle_of[id(b)] = len(objects)
+                    objects.append(b)
+                handles.append(handle_of[id(b)])
+            tables[seq_id] = CTable(tuple(handles), table.num_full_slots)
+        cache = manager.block_allocator.to_caching_spec(dict(enumerate(objects)))
+        return CachingManagerState(
+            cache, manager.num_total_gpu_blocks, manager.watermark_blocks, tables
+        )
 
 
 def as_manager_adapter(obj: Any) -> ManagerAdapter:
@@ -623,6 +704,17 @@ def pagedkv_manager(
     """Conformance factory for pagedkv's own manager."""
     target = BlockSpaceManager(
         block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window
+    )
+    return PagedKVManagerAdapter(target)
+
+
+def pagedkv_caching_manager(
+    block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float
+) -> PagedKVManagerAdapter:
+    """Conformance factory for pagedkv's own manager with prefix caching
+    (``--level caching-manager``)."""
+    target = BlockSpaceManager(
+        block_size, num_gpu_blocks, num_cpu_blocks, watermark, enable_caching=True
     )
     return PagedKVManagerAdapter(target)
 

@@ -41,6 +41,7 @@ from pagedkv_spec import caching as spec
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds, label
 from pagedkv_stateful.adapters import Capabilities, Violation
+from pagedkv_stateful.causes import FILL_UNWRITTEN, SHARED_FILL_HIT, SWAP_HIT, UNWRITTEN_LAST
 from pagedkv_stateful.lockstep import LockstepMachine
 from pagedkv_stateful.situations import (
     STALE,
@@ -71,10 +72,6 @@ def normalised(s: spec.CachingState) -> spec.CachingState:
     return replace(s, gpu=pool(s.gpu), cpu=pool(s.cpu))
 
 
-#: The situation of a swap whose content the destination caches already.
-SWAP_HIT = "a swap of content the destination caches"
-#: The situation of a shared block that fills with content cached under a written id.
-SHARED_FILL_HIT = "a shared block filling onto written cached content"
 
 
 def _dev(device: Device) -> str:
@@ -203,8 +200,23 @@ class CachingAllocatorMachine(LockstepMachine):
     def _ids(self, objs: Sequence[Any]) -> list[int]:
         return [-1 if b.block_id is None else b.block_id for b in objs]
 
-    def _accepted(self, site: str, spec_call: Callable[[], Any], src: str, lhs: str = "") -> Any:
-        return self._judge(site, spec_call, src, lhs)
+    def _accepted(
+        self,
+        site: str,
+        spec_call: Callable[[], Any],
+        src: str,
+        lhs: str = "",
+        ids: Sequence[int] = (),
+    ) -> Any:
+        """:meth:`_judge`; ``ids``: the ids the target gave the blocks ``lhs`` names, which
+        a rejected choice's program asserts it does not give."""
+        line = None
+        if ids:
+            names = lhs.removesuffix(" = ").strip("[]")
+            got = f"{names}.block_id" if len(ids) == 1 else f"[b.block_id for b in ({names},)]"
+            shown = ids[0] if len(ids) == 1 else list(ids)
+            line = f"assert {got} != {shown!r}  # ids the spec does not give here"
+        return self._judge(site, spec_call, src, lhs, choice_line=line)
 
     # ------------------------------------------------------------------ situations
     # The class of each call, read from the model before it (pagedkv_stateful.causes).
@@ -259,7 +271,7 @@ class CachingAllocatorMachine(LockstepMachine):
             hit = spec.lookup(pool, key) if key is not None else None
             if hit is not None and hit != b.block_id:
                 if hit not in pool.computed:
-                    return "a fill onto content cached under an id not written yet"
+                    return FILL_UNWRITTEN
                 if b.block_id is not None and spec.rc(pool, b.block_id) > 1:
                     return SHARED_FILL_HIT
                 return "a fill onto cached content"
@@ -274,20 +286,31 @@ class CachingAllocatorMachine(LockstepMachine):
             return self._stale(handle)
         if handle in self.swapped:
             return "a block object moved by a swap"
-        pool = spec.pool_of(self.model, b.device)
-        if (
-            b.block_id is not None
-            and spec.key_of_id(pool, b.block_id) is not None
-            and b.block_id not in pool.computed
-            and spec.rc(pool, b.block_id) == 1
-        ):
-            return "the last reference to a cached block not written yet"
-        return ""
+        return UNWRITTEN_LAST if self._unwritten_last([handle]) else ""
+
+    def _unwritten_last(self, handles: list[int]) -> bool:
+        """Releasing ``handles`` (a free, a swap's source) drops the last reference to a
+        cached id whose KV is not written yet. O(handles)."""
+        for h in handles:
+            b = self.model.blocks[h]
+            pool = spec.pool_of(self.model, b.device)
+            if (
+                b.block_id is not None
+                and spec.key_of_id(pool, b.block_id) is not None
+                and b.block_id not in pool.computed
+                and spec.rc(pool, b.block_id) == sum(
+                    self.model.blocks[o].block_id == b.block_id for o in set(handles)
+                )
+            ):
+                return True
+        return False
 
     def _swap_situation(self, handles: list[int], src: Device, dst: Device) -> str:
         named = swap_situation(self.objs, self.model.blocks, handles, src, self.null)
         if named:
             return named
+        if any(self._freed_before(h) for h in handles):
+            return "a chain holding a freed block"
         refs = [self.model.blocks[h] for h in handles]
         source, target = spec.pool_of(self.model, src), spec.pool_of(self.model, dst)
         for r in refs:
@@ -296,7 +319,7 @@ class CachingAllocatorMachine(LockstepMachine):
                 return SWAP_HIT
         if len({r.block_id for r in refs}) > spec.get_num_free_blocks(self.model, dst):
             return "the destination lacks room"
-        return ""
+        return UNWRITTEN_LAST if self._unwritten_last(handles) else ""
 
     # ------------------------------------------------------------------ checks
 
@@ -409,6 +432,7 @@ class CachingAllocatorMachine(LockstepMachine):
             lambda: spec.allocate_mutable_block(self.model, prev, extra, device, chosen),
             src,
             self._lhs(1, single=True),
+            [chosen],
         )
         self._adopt([res])
         return handle
@@ -502,6 +526,7 @@ class CachingAllocatorMachine(LockstepMachine):
             lambda: spec.allocate_immutable_blocks(self.model, prev, chunks, extra, device, chosen),
             src,
             self._lhs(len(res), single),
+            ids,
         )
         self._adopt(res)
         return multiple(*handles)
@@ -514,6 +539,20 @@ class CachingAllocatorMachine(LockstepMachine):
         pick_live: bool = data.draw(st.booleans(), label="a live block")
         if live and pick_live:
             handle = data.draw(st.sampled_from(live), label="live handle")
+        # NOTE: steering: an engine frees a sequence it touched earlier after one it
+        # touched later, so cached blocks reach the evictor out of time order (an
+        # evictor that assumes arrival order evicts the wrong one: C8)
+        older = self._older_than_evictor()
+        if data.draw(st.booleans(), label="out of time order") and older:
+            handle = data.draw(st.sampled_from(older), label="older handle")
+        elif data.draw(st.booleans(), label="ran last") and handle in self._written_last_refs():
+            # NOTE: ... and the sequence it frees first often ran last: it is marked
+            # accessed after every other block, so those freed after it arrive older
+            pool = self.model.gpu
+            held = {b.block_id for b in self.model.blocks if spec.is_live(b) and b.device is GPU}
+            b = self.model.blocks[handle]
+            assert b.block_id is not None
+            self._mark_accessed([b.block_id], int(max(pool.last_accessed)) + 1, held)
         # NOTE: steering: an engine frees a block after the batch that wrote it ran, so
         # 3 frees in 4 of a block not written yet mark the batch first: its id then
         # reaches the evictor (C9 sends an unwritten one to the free pool).
@@ -528,7 +567,7 @@ class CachingAllocatorMachine(LockstepMachine):
             entered = self._enter("free", situation)
         if not entered:
             return
-        if situation == "the last reference to a cached block not written yet" and b.key:
+        if situation == UNWRITTEN_LAST and b.key:
             self.forgotten.append((b.key, b.device))
         src = f"alloc.free(b{handle})"
         res = self._attempt(lambda: self.impl.free(self.objs[handle]))
@@ -536,6 +575,33 @@ class CachingAllocatorMachine(LockstepMachine):
             self._expect_same_error(res, lambda: spec.free(self.model, handle), src)
             return
         self.model = self._accepted("free", lambda: spec.free(self.model, handle), src)
+
+    def _written_last_refs(self) -> list[int]:
+        """Handles whose free sends a written cached GPU id to the evictor. O(blocks)."""
+        pool = self.model.gpu
+        return [
+            h
+            for h, b in enumerate(self.model.blocks)
+            if spec.is_live(b)
+            and b.device is GPU
+            and b.block_id is not None
+            and b.key is not None
+            and b.block_id in pool.computed
+            and spec.rc(pool, b.block_id) == 1
+        ]
+
+    def _older_than_evictor(self) -> list[int]:
+        """:meth:`_written_last_refs` whose id is older (``last_accessed``) than the
+        newest id in the evictor: freed, they arrive out of time order. O(blocks)."""
+        pool = self.model.gpu
+        if not pool.evictor:
+            return []
+        newest = max(spec.eviction_rank(pool, i)[0] for i in pool.evictor)
+        return [
+            h
+            for h in self._written_last_refs()
+            if spec.eviction_rank(pool, self.model.blocks[h].block_id or 0)[0] < newest
+        ]
 
     @rule(target=blocks, handle=blocks, steer=st.booleans())
     def fork(self, handle: int, steer: bool) -> object:
@@ -708,8 +774,18 @@ class CachingAllocatorMachine(LockstepMachine):
     @rule(data=st.data(), now=st.integers(0, 6))
     def mark_blocks_as_accessed(self, data: st.DataObject, now: int) -> None:
         total = len(self.model.gpu.refcounts) + len(self.model.cpu.refcounts)
-        ids = data.draw(st.lists(st.integers(0, total), max_size=3), label="ids")
         held = {b.block_id for b in self.model.blocks if spec.is_live(b) and b.device is GPU}
+        # NOTE: mostly ids of held blocks (what the manager marks), so that blocks carry
+        # different times when they reach the evictor; sometimes any id
+        pick: st.SearchStrategy[int] = st.integers(0, total)
+        if data.draw(st.booleans(), label="held ids") and held:
+            pick = st.sampled_from(sorted(i for i in held if i is not None))
+        ids = data.draw(st.lists(pick, max_size=3), label="ids")
+        self._mark_accessed(ids, now, held)
+
+    def _mark_accessed(self, ids: list[int], now: int, held: set[int | None]) -> None:
+        """``mark_blocks_as_accessed(ids, now)`` on both sides (``held``: the ids live
+        GPU blocks hold)."""
         unheld = "an id no block holds" if any(i not in held for i in ids) else ""
         if not self._enter("mark_blocks_as_accessed", unheld):
             return

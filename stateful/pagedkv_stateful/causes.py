@@ -60,6 +60,8 @@ CALLER_PRECONDITIONS: dict[str, str] = {
     "an immutable block that is not full": "BlockTable allocates immutable blocks only for "
     "full chunks of a prompt",
     "a chain holding a freed block": "a sequence's blocks are freed together",
+    "a previous answer no longer true": "the manager passes back its last answer for the "
+    "same sequence; keeping it true is the manager's part",
     "an id no block holds": "the manager marks the blocks of its sequences' tables",
     "a chunk longer than a block": "BlockTable cuts token ids into chunks of the block size",
     "one block object listed twice": "a swap lists each of a sequence's block objects once",
@@ -84,13 +86,23 @@ CALLER_PRECONDITIONS: dict[str, str] = {
 #: Promises beyond vLLM's contract that are ``Capabilities`` flags: ``{flag: (levels,
 #: what is promised)}``.
 PROMISES: dict[str, tuple[tuple[str, ...], str]] = {
-    "hit_rate": (("caching",), "the hit rate counts the lookups of allocations that happen"),
-    "swap_hits": (("caching",), "a swap of content the destination caches copies nothing"),
+    "hit_rate": (
+        ("caching", "caching-manager"),
+        "the hit rate counts the lookups of allocations that happen",
+    ),
+    "swap_hits": (
+        ("caching", "caching-manager"),
+        "a swap of content the destination caches copies nothing",
+    ),
     "dedup_before_copy": (
-        ("caching",),
+        ("caching", "caching-manager"),
         "a shared block filling onto cached written content shares it without a copy",
     ),
-    "exact_admission": (("manager",), "can_* answers are exact (a needless no is wrong too)"),
+    "exact_admission": (
+        ("manager", "caching-manager"),
+        "can_* answers are exact (a needless no is wrong too; with caching, a computed "
+        "prefix shorter than the state's too)",
+    ),
     "atomic_rejections": (
         ("allocator", "manager", "caching"),
         "a rejected misuse changes nothing",
@@ -148,6 +160,7 @@ CACHING_ONLY = frozenset(
         "an empty list among others",
         "ids that are not a sequence's table",
         "a computed-blocks query of an empty table",
+        "a previous answer no longer true",
     }
 )
 #: The manager level's one caller precondition (its rules draw nothing else outside).
@@ -163,7 +176,7 @@ def outside_callers(capabilities: object, level: str = "allocator") -> list[str]
     O(preconditions)."""
     if getattr(capabilities, "beyond_callers", False):
         return []
-    if level == "manager":
+    if level in ("manager", "caching-manager"):
         return [ACT_ON_YES]
     return [
         f"{situation} ({why})"
@@ -180,11 +193,46 @@ STRICT_SITUATIONS: dict[str, str] = {
 }
 
 
+#: Admission queries that answer one question of the API (the blocks a group's swap
+#: takes on the destination, one direction or the other): a count erring the same way
+#: in both is one cause (one rule to fix), named by this key.
+ADMISSION_RULES: dict[str, str] = {
+    "can_swap_out": "can_swap_out / can_swap_in",
+    "can_swap_in": "can_swap_out / can_swap_in",
+}
+
+#: A yes that the spec gives once the null block a window's first slide takes is left
+#: out of the count (the machine asks the spec both ways): one cause whichever query
+#: shows it (one fix: count it, or take the null block before it is needed).
+NULL_UNCOUNTED = "a yes that leaves out the null block a window's first slide takes"
+
+
+def admission_cause(query: str, direction: str) -> str:
+    """The cause of an admission answer erring in ``direction``: the query's rule and
+    the direction, or the uncounted null block whichever query. O(1)."""
+    if direction == NULL_UNCOUNTED:
+        return cause("admission", direction)
+    rule = ADMISSION_RULES.get(query, query)
+    return cause(rule, "", f"admission ({rule})", direction)
+
+
 #: Checks of a policy across operations (the order ids are reused or evicted in): the
 #: policy is the cause whichever call showed it, and once found a machine stops judging it.
 POLICY_LIFO = "LIFO policy"
 POLICIES = frozenset({POLICY_LIFO, "C8 eviction_order_ok"})
 
+
+#: A free or a swap that drops the last reference to a cached id whose KV no batch has
+#: written yet: where that id goes (the evictor, as if written?) is one rule whichever
+#: call released it.
+UNWRITTEN_LAST = "the last reference to a cached block not written yet"
+#: A block that fills with content cached under an id whose KV no batch has written yet.
+FILL_UNWRITTEN = "a fill onto content cached under an id not written yet"
+#: A swap whose content the destination caches already (``Capabilities.swap_hits``).
+SWAP_HIT = "a swap of content the destination caches"
+#: A shared block that fills with content cached under a written id
+#: (``Capabilities.dedup_before_copy``).
+SHARED_FILL_HIT = "a shared block filling onto written cached content"
 
 #: Situations that are one cause whichever operation meets them (one fix for all): a
 #: block object the target handed out again after it was freed (vLLM pools them), one
@@ -196,15 +244,14 @@ CROSS_OPERATION = frozenset(
         "a freed block object",
         "a block of another allocator",
         "a chunk longer than a block",
+        UNWRITTEN_LAST,
     }
 )
 
 #: Situations whose effect on the target may show only later (a freed block object
 #: returned to the wrong pool is handed out again by a later allocation): a finding in
 #: an ordinary situation is caused by the last of these its test case entered.
-LATENT = frozenset(
-    {"a block object moved by a swap", "the last reference to a cached block not written yet"}
-)
+LATENT = frozenset({"a block object moved by a swap", UNWRITTEN_LAST})
 
 
 def cause(operation: str, situation: str, check: str = "", outcome_text: str = "") -> str:

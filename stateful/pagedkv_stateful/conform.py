@@ -1,6 +1,7 @@
 """Conformance kit: check any paged block allocator (or block manager) against pagedkv's spec.
 
-    pagedkv conform MODULE:FACTORY [--level allocator|manager|caching] [--profile ci|deep]
+    pagedkv conform MODULE:FACTORY [--level allocator|manager|caching|caching-manager]
+                    [--profile ci|deep]
                     [--max-examples N] [--seed S] [--max-violations K]
                     [--duration SECONDS] [--json [PATH]] [--progress]
     python -m pagedkv_stateful.conform MODULE:FACTORY ...
@@ -17,7 +18,12 @@
   :class:`~pagedkv_stateful.caching_machine.CachingAllocatorMachine` against
   :mod:`pagedkv_spec.caching` (C1–C8). It may return the target or a ``(target,
   Capabilities)`` pair; pagedkv's own allocator promises typed errors and LIFO
-  reuse and takes extra keys, any other target is judged on what the API shows.
+  reuse and takes extra keys, any other target is judged on what the API shows;
+* caching-manager level: ``FACTORY(block_size, num_gpu_blocks, num_cpu_blocks,
+  watermark)``, a manager with prefix caching (``BlockSpaceManager(...,
+  enable_caching=True)``'s API), driven by
+  :class:`~pagedkv_stateful.caching_manager_machine.CachingManagerMachine` against
+  :mod:`pagedkv_spec.caching_manager`; what it returns is read as at the manager level.
 
 It may return the target itself (default :class:`~pagedkv_stateful.adapters.Capabilities`:
 no LIFO promise, any exception counts as a rejection), a ``(target, Capabilities)``
@@ -77,8 +83,8 @@ from hypothesis.control import current_build_context
 from hypothesis.errors import Flaky, HypothesisException, Unsatisfiable
 from hypothesis.stateful import run_state_machine_as_test
 
+from pagedkv import BlockSpaceManager, SequenceGroup
 from pagedkv import Sequence as Seq
-from pagedkv import SequenceGroup
 from pagedkv.output_files import check_output_path, write_atomically
 from pagedkv_spec.device import Device
 from pagedkv_stateful.adapters import (
@@ -94,6 +100,7 @@ from pagedkv_stateful.adapters import (
 )
 from pagedkv_stateful.allocator_machine import AllocatorMachine
 from pagedkv_stateful.caching_machine import CachingAllocatorMachine
+from pagedkv_stateful.caching_manager_machine import CachingManagerMachine
 from pagedkv_stateful.causes import outside_callers, stricter
 from pagedkv_stateful.coverage import STATE_CLASSES, reached, state_classes
 from pagedkv_stateful.lockstep import LockstepMachine
@@ -123,18 +130,26 @@ __all__ = [
 #: Exit statuses (module docstring).
 EXIT_PASS, EXIT_VIOLATIONS, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 DESCRIPTION = "Check a paged block allocator (or block manager) against pagedkv's spec."
-LEVELS = ("allocator", "manager", "caching")
+LEVELS = ("allocator", "manager", "caching", "caching-manager")
 #: Arguments of the one call that checks a factory before the search starts.
 PROBE_ARGS: dict[str, tuple[Any, ...]] = {
     "allocator": (4, 2, 2),
     "manager": (2, 8, 4, 0.0, None),
     "caching": (4, 2, 2),
+    "caching-manager": (2, 8, 4, 0.0),
 }
 SIGNATURES = {
     "allocator": "(num_gpu_blocks, num_cpu_blocks, block_size)",
     "manager": "(block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window)",
     "caching": "(num_gpu_blocks, num_cpu_blocks, block_size)",
+    "caching-manager": "(block_size, num_gpu_blocks, num_cpu_blocks, watermark)",
 }
+#: What a caching-manager-level target must have besides the manager's methods.
+CACHING_MANAGER_METHODS = (
+    "mark_blocks_as_computed",
+    "access_all_blocks_in_seq",
+    "get_common_computed_block_ids",
+)
 #: What a caching-level target must have (vLLM 0.6.3's prefix-caching API).
 CACHING_METHODS = (
     "allocate_mutable_block",
@@ -480,7 +495,9 @@ def _probe(
     if level == "caching":
         return _probe_caching(result, shown)
     adapter = as_allocator_adapter(result) if level == "allocator" else as_manager_adapter(result)
-    missing = required_methods(adapter)
+    missing = list(required_methods(adapter))
+    if level == "caching-manager" and type(adapter) is ManagerAdapter:
+        missing += [m for m in CACHING_MANAGER_METHODS if not adapter.has(m)]
     if missing:
         kind = "AllocatorAdapter" if level == "allocator" else "ManagerAdapter"
         raise UsageError(
@@ -663,6 +680,21 @@ def _machine(
                 return f"{var} = {call}({g}, {c}, {block_size}){_suffix(self._result)}"
 
         return ConformAllocator
+
+    if level == "caching-manager":
+        own = isinstance(getattr(probe, "target", None), BlockSpaceManager)
+
+        class ConformCachingManager(CachingManagerMachine):
+            extra_keys = own
+
+            def make_adapter(self, block_size: int, g: int, c: int, watermark: float) -> Any:
+                self._result = factory(block_size, g, c, watermark)
+                return as_manager_adapter(self._result)
+
+            def setup_source(self, args: str) -> str:
+                return f"mgr = {call}({args}){_suffix(self._result)}"
+
+        return ConformCachingManager
 
     class ConformManager(ManagerMachine):
         capabilities = caps

@@ -36,15 +36,20 @@ STATE_CLASSES = (
     "copy-on-write",
     "copy-on-write with no free block",
     "window slide",
+    "prefix hit",
 )
 
 
 def state_classes(level: str) -> tuple[str, ...]:
-    """The state classes a search at ``level`` is meant to reach (lookahead slots are
-    a manager-level notion). O(1)."""
+    """The state classes a search at ``level`` is meant to reach (lookahead slots and
+    window slides are manager-level notions; prefix hits, a caching manager's). O(1)."""
     if level == "manager":  # its appends are not per block: a CoW with no room is an append
-        return tuple(c for c in STATE_CLASSES if c != "copy-on-write with no free block")
-    return tuple(c for c in STATE_CLASSES if c not in ("append with lookahead", "window slide"))
+        skip = {"copy-on-write with no free block", "prefix hit"}
+    elif level == "caching-manager":  # no lookahead, no window; one append per sequence
+        skip = {"append with lookahead", "window slide", "copy-on-write with no free block"}
+    else:
+        skip = {"append with lookahead", "window slide", "prefix hit"}
+    return tuple(c for c in STATE_CLASSES if c not in skip)
 
 
 def operation(line: str) -> str:

@@ -42,6 +42,7 @@ from pagedkv_stateful.causes import (
     LATENT,
     ORDINARY,
     STRICT_SITUATIONS,
+    admission_cause,
     cause,
     outcome,
 )
@@ -137,7 +138,7 @@ class LockstepMachine(RuleBasedStateMachine):
         op, situation = self.situation
         if invariant.startswith("admission ("):  # a query's answer: its cause is the query
             # erring one way (a count that is off), whatever the situation it was asked in
-            return cause(op or operation(check_line or ""), "", invariant, why)
+            return admission_cause(op or operation(check_line or ""), why)
         if not situation and "latent" in self.__dict__:  # an effect of an earlier call,
             # unless this call's own ordinary cause is already known (then it is that one)
             ordinary = cause(op, "", invariant, outcome(invariant, why))
@@ -305,13 +306,15 @@ class LockstepMachine(RuleBasedStateMachine):
         src: str,
         lhs: str = "",
         explain: Callable[[], None] | None = None,
+        choice_line: str | None = None,
     ) -> T:
         """Advance the spec with the target's results of an accepted call ``src``.
 
         The spec raising a typed error means the target accepted a call it must
         reject; a spec assertion means it rejects the target's choice: ``explain``
         may name the fault precisely, else the assertion message is mapped to a
-        check (``site`` when unknown).
+        check (``site`` when unknown), the program ending in the target's own check or
+        else ``choice_line`` (a statement that fails while the target makes that choice).
         """
         try:
             out = spec_call()
@@ -336,7 +339,7 @@ class LockstepMachine(RuleBasedStateMachine):
             self._violate(
                 name,
                 f"the spec rejects the result of {src}: {message}",
-                self._failing_check_line(),
+                self._failing_check_line() or choice_line,
             )
         self._log(f"{lhs}{src}")
         return out

@@ -45,6 +45,7 @@ from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds, label
 from pagedkv_spec.status import AllocStatus
 from pagedkv_stateful.adapters import Capabilities, ManagerAdapter, Violation, as_manager_adapter
+from pagedkv_stateful.causes import NULL_UNCOUNTED
 from pagedkv_stateful.lockstep import (
     LockstepMachine,
     check_same_pools,
@@ -164,15 +165,26 @@ class ManagerMachine(LockstepMachine):
         expected: object,
         yes: object,
         mismatch: Callable[[str], None],
+        without_null: Callable[[], object] | None = None,
     ) -> bool:
         """After an admission question: report a wrong answer (``mismatch`` raises unless
         its cause is known) and say whether the rule acts on it. An answer more
         conservative than the spec's is no finding for a target that does not promise
         exact answers (``Capabilities.exact_admission``). A target whose callers' contract
         is all it defines is acted on only when it and the spec both said yes (a scheduler
-        acts only on a yes); any other target always (its error paths are checked)."""
+        acts only on a yes); any other target always (its error paths are checked).
+        ``without_null``: the spec's answer leaving out the null block the window's first
+        slide takes; a yes equal to it has that cause (:data:`NULL_UNCOUNTED`)."""
         if answer != expected:
-            if answer == yes or self.caps.exact_admission:
+            null_left_out = (
+                answer == yes
+                and without_null is not None
+                and spec.null_block_cost(self.model) > 0
+                and without_null() == answer
+            )
+            if null_left_out:
+                mismatch(NULL_UNCOUNTED)
+            elif answer == yes or self.caps.exact_admission:
                 mismatch(
                     "a yes the spec does not give"
                     if answer == yes
@@ -626,6 +638,7 @@ class ManagerMachine(LockstepMachine):
                 replace_last=True,
                 direction=why,
             ),
+            lambda: spec.can_append_slots(self.model, appends, lookahead, count_null=False),
         ):
             return
         for seq in group.get_seqs(RUNNING):
@@ -771,6 +784,7 @@ class ManagerMachine(LockstepMachine):
                 replace_last=True,
                 direction=why,
             ),
+            lambda: spec.can_swap_in(self.model, appends, lookahead, count_null=False),
         )
         if not act or not self._enter("swap_in", situation):
             return

@@ -346,6 +346,16 @@ class VLLMManagerAdapter(ManagerAdapter):
         """vLLM's view of a kit group."""
         return _GroupView(seq_group)
 
+    def free_block_ids(self, device: Device) -> list[int] | None:
+        """The free pool of vLLM's allocator on ``device`` (its naive allocator's deque,
+        left first: the ids neither in use nor in the evictor)."""
+        allocators = getattr(self.target.block_allocator, "_allocators", {})
+        for own, allocator in allocators.items():
+            if getattr(own, "name", None) == device.name:
+                naive = getattr(allocator, "_hashless_allocator", allocator)
+                return [int(i) for i in naive._free_block_indices]
+        return None
+
 
 def manager(
     block_size: int,
@@ -360,6 +370,24 @@ def manager(
         block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window
     )
     return VLLMManagerAdapter(target, MANAGER_CAPABILITIES)
+
+
+#: vLLM's caching manager: the manager's contract; its hit rate counts its own way (as
+#: at the caching level).
+CACHING_MANAGER_CAPABILITIES = replace(
+    MANAGER_CAPABILITIES, hit_rate=False, swap_hits=False, dedup_before_copy=False
+)
+
+
+def caching_manager(
+    block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float
+) -> VLLMManagerAdapter:
+    """Caching-manager-level factory: vLLM's ``BlockSpaceManagerV2(enable_caching=True)``."""
+    v2 = _module("vllm.core.block_manager_v2")
+    target = v2.BlockSpaceManagerV2(
+        block_size, num_gpu_blocks, num_cpu_blocks, watermark, None, enable_caching=True
+    )
+    return VLLMManagerAdapter(target, CACHING_MANAGER_CAPABILITIES)
 
 
 # --------------------------------------------------------------------------- replay
