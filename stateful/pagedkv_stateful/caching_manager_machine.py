@@ -37,8 +37,9 @@ partial blocks and swaps of cached blocks happen within a few steps.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from hypothesis import event, reject
 from hypothesis import strategies as st
@@ -56,7 +57,7 @@ from pagedkv_spec.caching import (
 )
 from pagedkv_spec.caching_manager import CachingManagerState
 from pagedkv_spec.device import Device
-from pagedkv_spec.invariants import first_broken, label
+from pagedkv_spec.invariants import first_broken, holds, label
 from pagedkv_spec.status import AllocStatus
 from pagedkv_stateful.adapters import ManagerAdapter, Violation, as_manager_adapter
 from pagedkv_stateful.causes import FILL_UNWRITTEN, SHARED_FILL_HIT, UNWRITTEN_LAST
@@ -65,6 +66,7 @@ from pagedkv_stateful.lockstep import LockstepMachine
 __all__ = ["CachingManagerMachine"]
 
 GPU, CPU = Device.GPU, Device.CPU
+T = TypeVar("T")
 #: The situation of a computed-prefix query of a sequence a swap moved since it was
 #: last asked (an answer remembered per sequence names its old ids).
 MOVED = "a sequence a swap moved since it was last asked"
@@ -123,6 +125,7 @@ class CachingManagerMachine(LockstepMachine):
         self.clock = 0
         self.asked: set[int] = set()  # sequences asked for their computed prefix
         self.moved: set[int] = set()  # ... whose blocks a swap moved since
+        self.told: set[int] = set()  # ... told they may skip some blocks
         self._log(self.setup_source(f"{block_size}, {num_gpu}, {num_cpu}, {watermark}"))
 
     @property
@@ -192,9 +195,12 @@ class CachingManagerMachine(LockstepMachine):
         p = before.cache.gpu
         return [*p.free, *_drop_order(p)]
 
+    def _told(self, group: SequenceGroup) -> bool:
+        return any(s.seq_id in self.told for s in group.get_seqs())
+
     def _choice_line(self, seq: Sequence, table: list[int]) -> str:
         """A statement that fails while the target gives ``seq`` this table."""
-        return f"assert mgr.get_block_table(s{seq.seq_id}) != {table}  # ids the spec rejects"
+        return f"assert mgr.get_block_table(s{seq.seq_id}) != {table}"
 
     # ------------------------------------------------------------------ situations
     # The class of each call, read from the model before it (pagedkv_stateful.causes).
@@ -342,12 +348,39 @@ class CachingManagerMachine(LockstepMachine):
 
     @invariant()
     def manager_invariants_hold(self) -> None:
-        """After every step: the model keeps the caching invariants (C1–C7, C9) and the
-        target's own ``check_invariants()`` passes."""
+        """After every step: the model keeps the caching invariants (C1–C7, C9; each call
+        was judged on its own, :meth:`_step`) and the target's own ``check_invariants()``
+        passes."""
         broken = first_broken("caching", self.model.cache)
         if broken is not None:
             self._violate("spec self-check", f"the spec's state breaks {broken.label}")
         self._check_target_invariants(self.adapter.check_invariants)
+
+    def _step(
+        self,
+        site: str,
+        spec_call: Callable[[], T],
+        src: str,
+        lhs: str = "",
+        choice_line: str | None = None,
+    ) -> T:
+        """:meth:`_judge` one accepted call, then the invariants of that call: C8 (eviction
+        order) and C10 (a fill shares only written KV), which are steps, and under
+        ``python -O`` (the spec's ``assert`` statements that judge the target's choices
+        are off) the state invariants its choice may break. ``choice_line``: a statement
+        that fails while the target chooses so, ending the program."""
+        before = self.model.cache
+        out = self._judge(site, spec_call, src, lhs, choice_line=choice_line)
+        state = out[0] if isinstance(out, tuple) else out
+        after = state.cache if isinstance(state, CachingManagerState) else before
+        if sys.flags.optimize:
+            broken = first_broken("caching", after)
+            if broken is not None:
+                self._violate(broken.label, f"the choice of {src} breaks it", choice_line)
+        for step in ("C8", "C10"):
+            if label(step) not in self.known and not holds(step, before, after):
+                self._violate(label(step), f"{src} breaks {label(step)}", choice_line)
+        return out
 
     def _check_common_computed(self, group: SequenceGroup) -> None:
         """The group's common computed prefix: a prefix of the one recomputed from the
@@ -368,6 +401,8 @@ class CachingManagerMachine(LockstepMachine):
             )
             return
         got = [int(i) for i in got]
+        if got:
+            self.told.update(ids)
         self._log(f"{src}  # {got}")
         exact = got == want if self.caps.exact_admission else got == want[: len(got)]
         if not exact:
@@ -393,17 +428,17 @@ class CachingManagerMachine(LockstepMachine):
         own = data.draw(st.lists(st.integers(0, 1), min_size=0 if prefix else 1, max_size=5))
         self._arrive([*prefix, *own], data, extra, n)
 
-    def _crowd_out(self, data: st.DataObject, room: int) -> None:
-        """Requests come and go while a group of ``room`` blocks is swapped out: one takes
-        every free GPU id (a prompt of 3s), a second every cached one (a prompt of 2s: no
-        other prompt has these tokens), both run, and the first finishes: the ids the
-        group left cached belong to the second, the free ones are back, cached under 3s
-        (when they are ``room`` at least)."""
+    def _crowd_out(self, data: st.DataObject) -> None:
+        """Requests come and go while a group is swapped out: one takes every free GPU id
+        and every cached one but the last to evict (a prompt of 3s), a second that last
+        one (a prompt of 2s: no other prompt has these tokens), both run, and the first
+        finishes. The ids the group left cached now hold other content: it comes back
+        under other ids, its first block's id the second request's."""
         free, evictable = len(self.model.cache.gpu.free), len(self.model.cache.gpu.evictor)
-        if free < room or not evictable:
+        if evictable < 2:
             return
-        first = self._arrive([3] * (free * self.block_size), data, ran=True)
-        second = first and self._arrive([2] * (evictable * self.block_size), data, ran=True)
+        first = self._arrive([3] * ((free + evictable - 1) * self.block_size), data, ran=True)
+        second = first and self._arrive([2] * self.block_size, data, ran=True)
         if first and second and self._drop(first):
             del self.groups[first.request_id]
 
@@ -485,7 +520,7 @@ class CachingManagerMachine(LockstepMachine):
             self.waiting[group.request_id] = group
             return
         table = self._table_ids(seqs[0])
-        self.model = self._judge(
+        self.model = self._step(
             label("C1"),
             lambda: spec.allocate(self.model, ids, prompt, extra, table),
             src,
@@ -571,7 +606,7 @@ class CachingManagerMachine(LockstepMachine):
         table = self._table_ids(seq)
         free_after = self._free_pool_after(before)
         grown, cows = spec.append_choices(before, seq.seq_id, tokens, 0, table, free_after)
-        self.model, copies = self._judge(
+        self.model, copies = self._step(
             label("C1"),
             lambda: spec.append_slots(before, seq.seq_id, tokens, 0, grown, cows),
             src,
@@ -608,7 +643,7 @@ class CachingManagerMachine(LockstepMachine):
                 res, lambda: spec.fork(self.model, parent.seq_id, child.seq_id), src
             )
             return
-        self.model = self._judge(
+        self.model = self._step(
             label("C1"), lambda: spec.fork(self.model, parent.seq_id, child.seq_id), src
         )
         group.add(child)
@@ -649,7 +684,7 @@ class CachingManagerMachine(LockstepMachine):
         if isinstance(res, Exception):
             self._expect_same_error(res, lambda: spec.free(self.model, seq.seq_id), src)
             return False
-        self.model = self._judge(label("C1"), lambda: spec.free(self.model, seq.seq_id), src)
+        self.model = self._step(label("C1"), lambda: spec.free(self.model, seq.seq_id), src)
         return True
 
     @rule(data=st.data())
@@ -670,6 +705,11 @@ class CachingManagerMachine(LockstepMachine):
     @rule(data=st.data())
     def swap_out(self, data: st.DataObject) -> None:
         group = self._group(data, RUNNING)
+        # NOTE: steering: half the swaps out take a group told it may skip some blocks
+        # (a prefix hit), whose answer a move may make stale
+        told = [g for g in self.groups.values() if g.get_seqs(RUNNING) and self._told(g)]
+        if data.draw(st.booleans(), label="a group told to skip") and told:
+            group = data.draw(st.sampled_from(told), label="told group")
         if group is None:
             return
         # NOTE: a scheduler preempts a group that ran in an earlier step: that step's batch
@@ -706,7 +746,7 @@ class CachingManagerMachine(LockstepMachine):
             return
         hits = self._swap_hits(ids, CPU)
         mapping = self._copies(pairs, 0, self.num_gpu, hits)
-        self.model, moved = self._judge(
+        self.model, moved = self._step(
             label("C1"), lambda: spec.swap_out(self.model, ids, mapping), src, "pairs = "
         )
         self._swap_pairs(mapping, moved, src, 0, self.num_gpu, hits)
@@ -730,8 +770,7 @@ class CachingManagerMachine(LockstepMachine):
         # what it was told it may skip must follow (a per-sequence memo goes stale)
         swapped = group.get_seqs(SWAPPED)
         if data.draw(st.booleans(), label="others take its cached ids"):
-            handles = {h for s in swapped for h in self.model.tables[s.seq_id].handles}
-            self._crowd_out(data, len(handles))
+            self._crowd_out(data)
         ids = [s.seq_id for s in swapped]
         situation = self._swap_situation(ids)
         counted = [(s.seq_id, s.get_len()) for s in swapped]
@@ -763,7 +802,7 @@ class CachingManagerMachine(LockstepMachine):
             return
         hits = self._swap_hits(ids, GPU)
         mapping = self._copies(pairs, self.num_gpu, 0, hits)
-        self.model, moved = self._judge(
+        self.model, moved = self._step(
             label("C1"), lambda: spec.swap_in(self.model, ids, mapping), src, "pairs = "
         )
         self._swap_pairs(mapping, moved, src, self.num_gpu, 0, hits)
@@ -816,7 +855,7 @@ class CachingManagerMachine(LockstepMachine):
         if isinstance(res, Exception):
             self._expect_same_error(res, lambda: spec.mark_blocks_as_computed(self.model), src)
             return
-        self.model = self._judge(
+        self.model = self._step(
             label("C5"), lambda: spec.mark_blocks_as_computed(self.model), src
         )
 
@@ -845,7 +884,7 @@ class CachingManagerMachine(LockstepMachine):
         if isinstance(res, Exception):
             self._expect_same_error(res, call, src)
             return False
-        self.model = self._judge(label("C8"), call, src)
+        self.model = self._step(label("C8"), call, src)
         return True
 
     @precondition(lambda self: bool(self.groups))
@@ -875,7 +914,7 @@ class CachingManagerMachine(LockstepMachine):
             order_cpu = list(full.cache.cpu.free[: len(cpu)])
         else:  # a black box: the order the spec would drop them in
             order_gpu, order_cpu = _drop_order(before.cache.gpu), _drop_order(before.cache.cpu)
-        self.model, n = self._judge(
+        self.model, n = self._step(
             label("C1"), lambda: spec.reset_prefix_cache(before, order_gpu, order_cpu), src
         )
         if released != n:
