@@ -61,7 +61,7 @@ from pagedkv_spec.invariants import first_broken, holds, label
 from pagedkv_spec.status import AllocStatus
 from pagedkv_stateful.adapters import ManagerAdapter, Violation, as_manager_adapter
 from pagedkv_stateful.causes import FILL_UNWRITTEN, SHARED_FILL_HIT, UNWRITTEN_LAST
-from pagedkv_stateful.lockstep import LockstepMachine
+from pagedkv_stateful.lockstep import LockstepMachine, check_free_count
 
 __all__ = ["CachingManagerMachine"]
 
@@ -301,21 +301,9 @@ class CachingManagerMachine(LockstepMachine):
             ("GPU", self.adapter.get_num_free_gpu_blocks, GPU),
             ("CPU", self.adapter.get_num_free_cpu_blocks, CPU),
         ):
-            n = free()
-            p = pool_of(self.model.cache, device)
-            wanted = len(p.free) + len(p.evictor)
-            if n != wanted:
-                reading = (
-                    "a block that still has references was released"
-                    if n > wanted
-                    else "a block without references was not released (a leak)"
-                )
-                raise Violation(
-                    f"free count ({where})",
-                    f"the target has {n} free {where} blocks (free + evictable), the spec "
-                    f"{wanted}: {reading} ({label('C1')})",
-                    f"assert mgr.get_num_free_{where.lower()}_blocks() == {wanted}",
-                )
+            p = pool_of(self.model.cache, device)  # free + evictable
+            check = f"mgr.get_num_free_{where.lower()}_blocks()"
+            check_free_count(where, free(), len(p.free) + len(p.evictor), label("C1"), check)
         for seq_id in sorted(self.model.tables):
             ids = self._table_ids(self.seqs[seq_id])
             want_ids = list(spec.table_ids(self.model, seq_id))
@@ -507,13 +495,7 @@ class CachingManagerMachine(LockstepMachine):
         src = f"mgr.allocate({self._g(group)})"
         out = self._attempt(lambda: self.adapter.allocate(group))
         if isinstance(out, Exception):
-            if res is AllocStatus.OK:
-                self._violate(
-                    "can => do (can_allocate)",
-                    f"can_allocate OK but allocate raised {out!r}",
-                    f"expect_accepted(lambda: {src})",
-                    cause=f"raised {type(out).__name__}",
-                )
+            self._can_do("can_allocate", res, out, src)
             self._expect_same_error(
                 out, lambda: spec.allocate(self.model, ids, prompt, extra, []), src
             )
@@ -592,13 +574,7 @@ class CachingManagerMachine(LockstepMachine):
         before = self.model
         res = self._attempt(lambda: self.adapter.append_slots(seq))
         if isinstance(res, Exception):
-            if can is not None:
-                self._violate(
-                    f"can => do ({can})",
-                    f"{can} said yes but append_slots raised {res!r}",
-                    f"expect_accepted(lambda: {src})",
-                    cause=f"raised {type(res).__name__}",
-                )
+            self._can_do(can, True, res, src)
             self._expect_same_error(
                 res, lambda: spec.append_slots(before, seq.seq_id, tokens, 0, [], []), src
             )
@@ -735,13 +711,7 @@ class CachingManagerMachine(LockstepMachine):
         src = f"mgr.swap_out({self._g(group)})"
         pairs = self._attempt(lambda: self.adapter.swap_out(group))
         if isinstance(pairs, Exception):
-            if res:
-                self._violate(
-                    "can => do (can_swap_out)",
-                    f"can_swap_out True but swap_out raised {pairs!r}",
-                    f"expect_accepted(lambda: {src})",
-                    cause=f"raised {type(pairs).__name__}",
-                )
+            self._can_do("can_swap_out", res, pairs, src)
             self._expect_same_error(pairs, lambda: spec.swap_out(self.model, ids, {}), src)
             return
         hits = self._swap_hits(ids, CPU)
@@ -791,13 +761,7 @@ class CachingManagerMachine(LockstepMachine):
         src = f"mgr.swap_in({self._g(group)})"
         pairs = self._attempt(lambda: self.adapter.swap_in(group))
         if isinstance(pairs, Exception):
-            if res is AllocStatus.OK:
-                self._violate(
-                    "can => do (can_swap_in)",
-                    f"can_swap_in OK but swap_in raised {pairs!r}",
-                    f"expect_accepted(lambda: {src})",
-                    cause=f"raised {type(pairs).__name__}",
-                )
+            self._can_do("can_swap_in", res, pairs, src)
             self._expect_same_error(pairs, lambda: spec.swap_in(self.model, ids, {}), src)
             return
         hits = self._swap_hits(ids, GPU)

@@ -223,6 +223,18 @@ class LockstepMachine(RuleBasedStateMachine):
         except Violation as v:
             self._violate(v.invariant, v.detail, v.check_line)
 
+    def _can_do(self, query: str | None, answer: object, err: Exception, src: str) -> None:
+        """``src`` raised ``err`` after ``query`` answered it (``answer``): after a yes
+        (``OK``, ``True``) that is a finding, can => do. None: no question was asked."""
+        name = getattr(answer, "name", None)
+        if query is not None and (name == "OK" if name is not None else bool(answer)):
+            self._violate(
+                f"can => do ({query})",
+                f"{query} said {name or answer} but {src} raised {err!r}",
+                f"expect_accepted(lambda: {src})",
+                cause=f"raised {type(err).__name__}",
+            )
+
     def _error_name(self, err: BaseException) -> str:
         """The second argument of the program's ``expect_error`` (none for untyped targets)."""
         return f", {type(err).__name__!r}" if self.caps.typed_errors else ""
@@ -358,6 +370,24 @@ class LockstepMachine(RuleBasedStateMachine):
 
 
 # --------------------------------------------------------------------------- choices
+
+
+def check_free_count(where: str, got: int, want: int, invariant: str, check: str) -> None:
+    """A manager's free count on ``where`` must be the spec's: raise the Violation that
+    says which way it is off (``invariant``: the label cited; ``check``: the call that
+    reads the count in a program). O(1)."""
+    if got == want:
+        return
+    reading = (
+        "a block that still has references was released"
+        if got > want
+        else "a block without references was not released (a leak)"
+    )
+    raise Violation(
+        f"free count ({where})",
+        f"the target has {got} free {where} blocks, the spec {want}: {reading} ({invariant})",
+        f"assert {check} == {want}",
+    )
 
 
 def holders(

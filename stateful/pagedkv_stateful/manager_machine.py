@@ -48,6 +48,7 @@ from pagedkv_stateful.adapters import Capabilities, ManagerAdapter, Violation, a
 from pagedkv_stateful.causes import NULL_UNCOUNTED
 from pagedkv_stateful.lockstep import (
     LockstepMachine,
+    check_free_count,
     check_same_pools,
     choice_fault,
     free_as_set,
@@ -302,19 +303,8 @@ class ManagerMachine(LockstepMachine):
             ("GPU", self.adapter.get_num_free_gpu_blocks, spec.get_num_free_gpu_blocks),
             ("CPU", self.adapter.get_num_free_cpu_blocks, spec.get_num_free_cpu_blocks),
         ):
-            n, wanted = free(), expected(self.model)
-            if n != wanted:
-                reading = (
-                    "a block that still has references was released"
-                    if n > wanted
-                    else "a block without references was not released (a leak)"
-                )
-                raise Violation(
-                    f"free count ({where})",
-                    f"the target has {n} free {where} blocks, the spec {wanted}: "
-                    f"{reading} ({label('I1')})",
-                    f"assert mgr.get_num_free_{where.lower()}_blocks() == {wanted}",
-                )
+            check = f"mgr.get_num_free_{where.lower()}_blocks()"
+            check_free_count(where, free(), expected(self.model), label("I1"), check)
         stats = getattr(self.impl, "stats", None)
         if isinstance(stats, ManagerStats) and stats != self.stats:
             diff = {
@@ -402,13 +392,7 @@ class ManagerMachine(LockstepMachine):
         src = f"mgr.append_slots(s{seq.seq_id}, {lookahead})"
         res = self._attempt(lambda: self.adapter.append_slots(seq, lookahead))
         if isinstance(res, Exception):
-            if can is not None:
-                self._violate(
-                    f"can => do ({can})",
-                    f"{can} said yes but {src} raised {res!r}",
-                    f"expect_accepted(lambda: {src})",
-                    cause=f"raised {type(res).__name__}",
-                )
+            self._can_do(can, True, res, src)
             self._expect_same_error(
                 res,
                 lambda: spec.append_slots(self.model, seq.seq_id, unseen, lookahead, computed, ()),
@@ -503,13 +487,7 @@ class ManagerMachine(LockstepMachine):
         res = self._attempt(lambda: self.adapter.allocate(group))
         cross: tuple[str, list[int], list[int]] | None = None
         if isinstance(res, Exception):
-            if answer is AllocStatus.OK:
-                self._violate(
-                    "can => do (can_allocate)",
-                    f"can_allocate OK but allocate raised {res!r}",
-                    f"expect_accepted(lambda: {src})",
-                    cause=f"raised {type(res).__name__}",
-                )
+            self._can_do("can_allocate", answer, res, src)
             if encoder is not None:
                 cross = (group.request_id, list(encoder.get_token_ids()), [])
             self._expect_same_error(
@@ -714,13 +692,7 @@ class ManagerMachine(LockstepMachine):
         src = f"mgr.swap_out({g})"
         res = self._attempt(lambda: self.adapter.swap_out(group))
         if isinstance(res, Exception):
-            if answer:
-                self._violate(
-                    "can => do (can_swap_out)",
-                    f"can_swap_out True but swap_out raised {res!r}",
-                    f"expect_accepted(lambda: {src})",
-                    cause=f"raised {type(res).__name__}",
-                )
+            self._can_do("can_swap_out", answer, res, src)
             self._expect_same_error(res, lambda: spec.swap_out(self.model, running, {}), src)
             return
         before = self.model
@@ -791,13 +763,7 @@ class ManagerMachine(LockstepMachine):
         src = f"mgr.swap_in({g})"
         res = self._attempt(lambda: self.adapter.swap_in(group))
         if isinstance(res, Exception):
-            if answer is AllocStatus.OK:
-                self._violate(
-                    "can => do (can_swap_in)",
-                    f"can_swap_in OK but swap_in raised {res!r}",
-                    f"expect_accepted(lambda: {src})",
-                    cause=f"raised {type(res).__name__}",
-                )
+            self._can_do("can_swap_in", answer, res, src)
             self._expect_same_error(res, lambda: spec.swap_in(self.model, ids, {}), src)
             return
         before = self.model
