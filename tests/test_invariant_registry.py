@@ -97,6 +97,59 @@ def test_every_cited_id_is_registered() -> None:
     assert not unknown, unknown
 
 
+#: Names through which a spec operation receives the implementation's choices.
+CHOICES = {"chosen", "mapping", "table_ids", "grown", "cows", "gpu_order", "cpu_order"}
+
+
+def _first_text(msg: ast.expr | None) -> str:
+    """The leading string of an assertion message (a constant or an f-string)."""
+    if isinstance(msg, ast.Constant):
+        return str(msg.value)
+    if isinstance(msg, ast.JoinedStr) and msg.values and isinstance(msg.values[0], ast.Constant):
+        return str(msg.values[0].value)
+    return ""
+
+
+def test_every_spec_assertion_that_judges_a_choice_starts_with_its_id() -> None:
+    """A spec assertion that judges the implementation's choice (it reads a choice, or
+    calls a ``*choice*`` predicate) names the invariant the choice would break, so the
+    kit reports it under that id."""
+    uncited, judging = [], 0
+    for path, text in _sources("spec").items():
+        if path.name == "harness.py":  # CrossHair's properties, not operations
+            continue
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Assert) or _narrows(node.test):
+                continue
+            called = {id(c.func) for c in ast.walk(node.test) if isinstance(c, ast.Call)}
+            names = {
+                n.id for n in ast.walk(node.test) if isinstance(n, ast.Name) and id(n) not in called
+            }
+            predicates = {
+                c.func.id
+                for c in ast.walk(node.test)
+                if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+            }
+            if "out" in names:  # a postcondition: it judges the spec's own result
+                continue
+            if names & CHOICES or any("choice" in f or "fresh_ok" in f for f in predicates):
+                judging += 1
+                if invariants.cited(_first_text(node.msg)) is None:
+                    uncited.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert judging > 10, judging  # the scan sees the choice judgements
+    assert not uncited, uncited
+
+
+def _narrows(test: ast.expr) -> bool:
+    """``assert x is not None``: a type narrowing after a judged precondition."""
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.ops[0], ast.IsNot)
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value is None
+    )
+
+
 def test_cited_reads_a_leading_id_only() -> None:
     assert invariants.cited("P2: the implementation handed out an id that is not free") == "P2"
     assert invariants.cited("X9: not registered") is None

@@ -330,12 +330,12 @@ def allocate_immutable_blocks(
     assert state_ok(s)
     assert _alloc_rejected(s, prev, block_token_ids, device) or _alloc_choice_ok(
         s, block_token_ids, device, chosen
-    ), "the implementation handed out an id that is not free (or not one id per chunk)"
+    ), "P2: the implementation handed out an id that is not free (or not one id per chunk)"
     if prev is not None:
         block(s, prev)
     _check_chunks(s, block_token_ids)
     _check_capacity(s, device, len(block_token_ids))
-    assert len(chosen) == len(block_token_ids), "one id per chunk"
+    assert len(chosen) == len(block_token_ids), "P2: one id per chunk"
     assert len(set(chosen)) == len(chosen), "I1: the implementation handed out an id twice"
     p = pool_of(s, device)
     blocks = list(s.blocks)
@@ -358,7 +358,7 @@ def allocate_immutable_block(
     assert state_ok(s)
     assert _alloc_rejected(s, prev, [token_ids], device) or _alloc_choice_ok(
         s, [token_ids], device, [chosen]
-    ), "the implementation handed out an id that is not free"
+    ), "P2: the implementation handed out an id that is not free"
     out, handles = allocate_immutable_blocks(s, prev, [token_ids], device, [chosen])
     return out, handles[0]
 
@@ -369,7 +369,7 @@ def allocate_mutable_block(
     """One new empty block; returns its handle."""
     assert state_ok(s)
     assert _alloc_rejected(s, prev, [()], device) or _alloc_choice_ok(s, [()], device, [chosen]), (
-        "the implementation handed out an id that is not free"
+        "P2: the implementation handed out an id that is not free"
     )
     out, handles = allocate_immutable_blocks(s, prev, [()], device, [chosen])
     return out, handles[0]
@@ -520,11 +520,11 @@ def allocate_or_get_null_block(s: AllocatorState, chosen: int | None) -> tuple[A
         s.null_id is not None
         or get_num_free_blocks(s, Device.GPU) < 1
         or (chosen is not None and chosen in s.gpu.free)
-    ), "the null block needs a free GPU id"  # judged up front, unless a typed error comes first
+    ), "P2: the null block needs a free GPU id"  # judged up front, unless a typed error comes first
     if s.null_id is not None:
         return s, s.null_id
     _check_capacity(s, Device.GPU, 1)
-    assert chosen is not None, "the null block needs a GPU id"
+    assert chosen is not None, "P2: the null block needs a GPU id"
     out = replace(s, gpu=pool_take(s.gpu, chosen), null_id=chosen)
     assert state_ok(out)
     return out, chosen
