@@ -328,6 +328,14 @@ def eviction_rank(p: CachePool, block_id: int) -> tuple[float, int]:
     return (p.last_accessed[block_id - p.first_id], -(key.depth if key else 0))
 
 
+@exempt("the order C8's rank gives the evictor, which machines read")
+def eviction_order(p: CachePool) -> tuple[int, ...]:
+    """The evictor's ids in the order they are given up (C8): rank, then id."""
+    out = tuple(sorted(p.evictor, key=lambda i: (eviction_rank(p, i), i)))
+    assert sorted(out) == sorted(p.evictor)
+    return out
+
+
 def eviction_order_ok(before: CachingState, after: CachingState) -> bool:
     """C8 (a step): every id evicted ranks no later than every id left in the evictor."""
     for device in (Device.GPU, Device.CPU):

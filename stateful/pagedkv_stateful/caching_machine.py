@@ -931,7 +931,7 @@ class CachingAllocatorMachine(LockstepMachine):
                 got = self.impl.to_caching_spec(dict(enumerate(self.objs)))
                 order = spec.pool_of(got, device).free[: len(pool.evictor)]
             else:  # only the counts are observable: the spec's own order
-                order = tuple(sorted(pool.evictor, key=lambda i: (spec.eviction_rank(pool, i), i)))
+                order = spec.eviction_order(pool)
             self.model, released = self._accepted(
                 "reset",
                 lambda d=device, o=order: spec.reset_prefix_cache(self.model, d, o),  # type: ignore[misc]  # default args bind the loop variables

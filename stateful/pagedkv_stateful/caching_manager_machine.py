@@ -48,9 +48,8 @@ from hypothesis.stateful import initialize, invariant, precondition, rule
 from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec import caching_manager as spec
 from pagedkv_spec.caching import (
-    CachePool,
     content_key,
-    eviction_rank,
+    eviction_order,
     key_of_id,
     lookup,
     pool_of,
@@ -193,7 +192,7 @@ class CachingManagerMachine(LockstepMachine):
         if told is not None:
             return told
         p = before.cache.gpu
-        return [*p.free, *_drop_order(p)]
+        return [*p.free, *eviction_order(p)]
 
     def _told(self, group: SequenceGroup) -> bool:
         return any(s.seq_id in self.told for s in group.get_seqs())
@@ -819,9 +818,7 @@ class CachingManagerMachine(LockstepMachine):
         if isinstance(res, Exception):
             self._expect_same_error(res, lambda: spec.mark_blocks_as_computed(self.model), src)
             return
-        self.model = self._step(
-            label("C5"), lambda: spec.mark_blocks_as_computed(self.model), src
-        )
+        self.model = self._step(label("C5"), lambda: spec.mark_blocks_as_computed(self.model), src)
 
     @rule(data=st.data())
     def access_all_blocks_in_seq(self, data: st.DataObject) -> None:
@@ -867,9 +864,7 @@ class CachingManagerMachine(LockstepMachine):
         src = "mgr.reset_prefix_cache()"
         released = self._attempt(self.adapter.reset_prefix_cache)
         if isinstance(released, Exception):
-            self._expect_same_error(
-                released, lambda: spec.reset_prefix_cache(before, [], []), src
-            )
+            self._expect_same_error(released, lambda: spec.reset_prefix_cache(before, [], []), src)
             return
         full = self.adapter.to_caching_spec()
         gpu, cpu = before.cache.gpu.evictor, before.cache.cpu.evictor
@@ -877,7 +872,10 @@ class CachingManagerMachine(LockstepMachine):
             order_gpu = list(full.cache.gpu.free[: len(gpu)])
             order_cpu = list(full.cache.cpu.free[: len(cpu)])
         else:  # a black box: the order the spec would drop them in
-            order_gpu, order_cpu = _drop_order(before.cache.gpu), _drop_order(before.cache.cpu)
+            order_gpu, order_cpu = (
+                list(eviction_order(before.cache.gpu)),
+                list(eviction_order(before.cache.cpu)),
+            )
         self.model, n = self._step(
             label("C1"), lambda: spec.reset_prefix_cache(before, order_gpu, order_cpu), src
         )
@@ -897,12 +895,6 @@ def copies_expected(s: CachingManagerState, seq_id: int) -> bool:
         return False
     p = s.cache.gpu
     return any(
-        (b := s.cache.blocks[h]).block_id is not None
-        and p.refcounts[b.block_id - p.first_id] > 1
+        (b := s.cache.blocks[h]).block_id is not None and p.refcounts[b.block_id - p.first_id] > 1
         for h in t.handles
     )
-
-
-def _drop_order(p: CachePool) -> list[int]:
-    """The evictor's ids in the order the spec evicts them (C8)."""
-    return sorted(p.evictor, key=lambda i: (eviction_rank(p, i), i))
