@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
@@ -133,3 +135,110 @@ def test_the_private_access_finder_finds_one(tmp_path: Path) -> None:
     src = tmp_path / "m.py"
     src.write_text("class A:\n    def f(self, b):\n        self._x = b._y\n        return b._x\n")
     assert foreign_private_accesses(src) == ["m.py:3: b._y"]
+
+
+def class_table(paths: list[Path]) -> dict[str, tuple[Path, ast.ClassDef]]:
+    """Every class the files define, by name (a name defined twice keeps the first)."""
+    table: dict[str, tuple[Path, ast.ClassDef]] = {}
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                table.setdefault(node.name, (path, node))
+    return table
+
+
+def class_fields(cls: ast.ClassDef) -> set[str]:
+    """The private names a class itself introduces: ``__slots__``, ``self._x =``, methods."""
+    wrapper = ast.Module(body=[cls], type_ignores=[])
+    return {n for n in private_names_defined(wrapper) if n.startswith("_")}
+
+
+def inherited_and_aliased_fields(paths: list[Path]) -> list[str]:
+    """Accesses of one class's private fields that the per-module test cannot see.
+
+    - ``self._x`` in a class where ``_x`` is introduced by a base class defined in
+      another module: a subclass reading or writing its parent's representation.
+    - ``self._a = other._b`` (``other`` not ``self``): a field holding another
+      object's field, an alias under a name the owner does not know about.
+    """
+    table = class_table(paths)
+    found: list[str] = []
+    for name, (path, cls) in table.items():
+        if table[name][1] is not cls:
+            continue
+        inherited: set[str] = set()
+        todo = [b.id for b in cls.bases if isinstance(b, ast.Name)]
+        while todo:
+            base = todo.pop()
+            if base not in table:
+                continue  # a class of another library (ABC, Exception, ...)
+            base_path, base_cls = table[base]
+            if base_path != path:
+                inherited |= class_fields(base_cls)
+            todo += [b.id for b in base_cls.bases if isinstance(b, ast.Name)]
+        inherited -= {n for n in class_fields(cls) if n.startswith("__")}
+        for node in ast.walk(cls):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+                and node.attr in inherited
+                and not node.attr.startswith("__")
+            ):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)} (inherited)")
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr.startswith("_")
+                and not (isinstance(node.value.value, ast.Name) and node.value.value.id == "self")
+                and any(
+                    isinstance(t, ast.Attribute) and t.attr.startswith("_") for t in node.targets
+                )
+            ):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)} (alias)")
+    return found
+
+
+def test_no_class_uses_a_base_classs_fields_from_another_module_or_aliases_them() -> None:
+    """One writer per field: a class's private fields are its own module's business,
+    also for its subclasses elsewhere (they go through methods) and for fields that
+    would hold another object's field under a second name."""
+    found = inherited_and_aliased_fields(sorted((ROOT / "impl").rglob("*.py")))
+    assert not found, "fields of another module's class: " + "; ".join(found)
+
+
+def test_the_inherited_field_finder_finds_them(tmp_path: Path) -> None:
+    (tmp_path / "base.py").write_text(
+        "class Base:\n    __slots__ = ('_rc',)\n    def __init__(self):\n        self._rc = []\n"
+    )
+    (tmp_path / "sub.py").write_text(
+        "class Sub(Base):\n"
+        "    def __init__(self, pool):\n"
+        "        self._own = 1\n"
+        "        self._view = pool._counts\n"
+        "        self._rc.append(1)\n"
+        "class Fine(Sub):\n"
+        "    def f(self):\n"
+        "        return self._own\n"
+    )
+    paths = [tmp_path / "base.py", tmp_path / "sub.py"]
+    assert inherited_and_aliased_fields(paths) == [
+        "sub.py:4: self._view = pool._counts (alias)",
+        "sub.py:5: self._rc (inherited)",
+    ]
+
+
+def test_import_pagedkv_does_not_import_torch() -> None:
+    """The block layer is usable without torch: only the KV engine, the attention
+    inputs and the simulator need it, and they load on first use."""
+    code = (
+        "import sys, pagedkv\n"
+        "assert 'torch' not in sys.modules, 'import pagedkv imported torch'\n"
+        "pagedkv.CpuGpuBlockAllocator.create('prefix_caching', 4, 4, 2)\n"
+        "assert 'torch' not in sys.modules, 'the block layer imported torch'\n"
+        "missing = [n for n in pagedkv.__all__ if not hasattr(pagedkv, n)]\n"
+        "assert not missing, missing\n"
+        "assert 'torch' in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr

@@ -159,10 +159,20 @@ class SwapStrips(Opaque):
 
 
 class CountingBlock(NaiveBlock):
-    """A NaiveBlock subclass that counts writes: not the exact type the fast path knows."""
+    """A block type of its own that counts writes: it has no fast paths (the Block
+    interface's defaults), so every write must reach its append_token_ids."""
 
     __slots__ = ()
     writes: list[list[int]] = []  # noqa: RUF012  # shared log, reset by the test
+
+    def append_token_ids_if_private(self, token_ids: collections.abc.Sequence[int]) -> bool:
+        return False
+
+    def append_token_id_if_private(self, token_id: int) -> bool:
+        return False
+
+    def fill_if_private(self, token_id: int) -> int | None:
+        return None
 
     def append_token_ids(self, token_ids: collections.abc.Sequence[int]) -> None:
         CountingBlock.writes.append(list(token_ids))

@@ -57,16 +57,15 @@ def _key_without_salt(pool: PrefixCachingBlockAllocator) -> None:
 
 
 class _KeepsEvictedKeys(PrefixCachingBlockAllocator):
-    def _take_id(self) -> int:
-        if not self._stack and self._next_fresh >= self._end and len(self._evictor):
-            block_id, _ = self._evictor.evict()  # the key stays in the map: the bug
-            i = block_id - self._first
-            self._computed[i] = 0
-            self._key_of[i] = None
-            self._evictions += 1
-            self._rc[i] = 1
-            return block_id
-        return super()._take_id()
+    def _reclaim(self) -> int | None:
+        if not len(self._evictor):
+            return None
+        block_id, _ = self._evictor.evict()  # the key stays in the map: the bug
+        i = block_id - self._first
+        self._computed[i] = 0
+        self._key_of[i] = None
+        self._evictions += 1
+        return block_id
 
 
 class _ComputedAtPromotion(PrefixCachingBlockAllocator):
@@ -99,7 +98,7 @@ class _HitsNotRolledBack(PrefixCachingBlockAllocator):
             parent, keyed = key, key is not None
         out = super().allocate_immutable_blocks(prev_block, block_token_ids, extra_keys)
         for block_id in taken:  # on success the early hits are given back; on failure not
-            self._decref(block_id)
+            self._pool.decref(block_id)
         return out
 
 

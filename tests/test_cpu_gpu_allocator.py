@@ -408,7 +408,7 @@ def test_caching_check_invariants_checks_the_blocks_against_the_pools() -> None:
     c = CpuGpuBlockAllocator.create("prefix_caching", 2, 2, 2)
     b = c.allocate_immutable_block(None, [1, 2], GPU)
     c.check_invariants({0: b})
-    c.get_allocator(GPU)._rc[0] += 1
+    c.get_allocator(GPU)._pool._rc[0] += 1
     c.check_invariants()  # without the blocks, only the pools are checked
     err = raised(InvariantViolationError, c.check_invariants, {0: b})
     assert err.invariant == "C4" and f"{c!r} breaks C4" in str(err)
@@ -424,8 +424,8 @@ def test_two_pool_check_invariants() -> None:
     c._cpu = NaiveBlockAllocator(2, 2, block_ids=range(1, 3))
     err = raised(InvariantViolationError, c.check_invariants)
     assert err.invariant == "I4" and "I4 pools_disjoint" in str(err)
-    c.get_allocator(GPU)._rc[1] = -1
+    c.get_allocator(GPU)._pool._rc[1] = -1
     assert raised(InvariantViolationError, c.check_invariants).invariant == "P3"
     d = make(num_gpu=2, num_cpu=2)
-    d.get_allocator(CPU)._stack.append(3)
+    d.get_allocator(CPU)._pool._stack.append(3)
     assert raised(InvariantViolationError, d.check_invariants).invariant == "P1"

@@ -163,7 +163,7 @@ def _free_without_id() -> None:
 def _free_with_corrupt_refcount() -> None:
     a = NaiveBlockAllocator(2, 1)
     b = a.allocate_mutable_block(None)
-    a._rc[0] = 0  # a live block whose count says it is free
+    a._pool._rc[0] = 0  # a live block whose count says it is free
     a.free(b)
 
 
@@ -529,14 +529,14 @@ ALLOCATOR_MESSAGES = [
     ),
     case(
         "pool invariant P3",
-        _corrupt_pool(lambda a: a._rc.__setitem__(2, -1)),
+        _corrupt_pool(lambda a: a._pool._rc.__setitem__(2, -1)),
         InvariantViolationError,
         "invariant P3 violated: NaiveBlockAllocator(GPU ids 2..5) breaks P3 refcounts_ok: no "
         "refcount below zero; please report this",
     ),
     case(
         "pool invariant P2",
-        _corrupt_pool(lambda a: a._rc.__setitem__(2, 0)),
+        _corrupt_pool(lambda a: a._pool._rc.__setitem__(2, 0)),
         InvariantViolationError,
         "invariant P2 violated: NaiveBlockAllocator(GPU ids 2..5) breaks P2 free_is_rc_zero: "
         "an id is free iff its refcount is 0; please report this",
@@ -856,7 +856,7 @@ def _refcount_without_reference(extra: bool) -> Callable[[], None]:
     def call() -> None:
         m, _ = _manager_with([1, 2, 3])  # blocks 0 and 1
         if extra:
-            m.block_allocator.get_allocator(GPU)._rc[1] += 1
+            m.block_allocator.get_allocator(GPU)._pool._rc[1] += 1
         else:
             m.block_allocator.allocate_mutable_block(None, GPU)  # block 2
         m.check_invariants()

@@ -276,7 +276,7 @@ def _two_pools() -> tuple[CpuGpuBlockAllocator, Any]:
 
 def _planted_i1() -> str:
     alloc, b = _two_pools()
-    alloc.get_allocator(GPU)._rc[0] += 1  # a reference nobody holds
+    alloc.get_allocator(GPU)._pool._rc[0] += 1  # a reference nobody holds
     return _violation(lambda: alloc.check_invariants({0: b}))
 
 
@@ -527,21 +527,21 @@ def _planted_c8() -> str:
 
 
 PLANTED: dict[str, Callable[[], str]] = {
-    "C1": _planted_caching(lambda p, live: p._stack.append(live[0].block_id)),  # free and used
+    "C1": _planted_caching(lambda p, live: p._pool._stack.append(live[0].block_id)),  # free, used
     "C2": _planted_caching(_c2),
     "C3": _planted_caching(_c3),
-    "C4": _planted_caching(lambda p, live: p._rc.__setitem__(live[0].block_id, 3)),
+    "C4": _planted_caching(lambda p, live: p._pool._rc.__setitem__(live[0].block_id, 3)),
     "C5": _planted_caching(lambda p, live: p._computed.__setitem__(live[2].block_id, 1)),
-    "C6": _planted_caching(lambda p, live: p._cow.append((0, 0))),
+    "C6": _planted_caching(lambda p, live: p._pool._cow.append((0, 0))),
     "C7": _planted_caching(lambda p, live: setattr(p, "_hits", 9)),
     "C8": _planted_c8,
     # the evictor's entry for the block freed after its batch, as if never written
     "C9": _planted_caching(lambda p, live: p._computed.__setitem__(p._evictor.entries()[0][0], 0)),
     "C10": _planted_c10,
-    "P1": _planted_pool(lambda a: a._stack.append(3)),  # id 3 twice on the free list
-    "P2": _planted_pool(lambda a: a._rc.__setitem__(3, 1)),  # a free id with a reference
-    "P3": _planted_pool(lambda a: a._rc.__setitem__(0, -1)),
-    "P5": _planted_pool(lambda a: a._cow.append((0, 0))),  # a CoW pair onto itself
+    "P1": _planted_pool(lambda a: a._pool._stack.append(3)),  # id 3 twice on the free list
+    "P2": _planted_pool(lambda a: a._pool._rc.__setitem__(3, 1)),  # a free id with a reference
+    "P3": _planted_pool(lambda a: a._pool._rc.__setitem__(0, -1)),
+    "P5": _planted_pool(lambda a: a._pool._cow.append((0, 0))),  # a CoW pair onto itself
     "I1": _planted_i1,
     "I4": _planted_i4,
     "I6": _planted_i6,

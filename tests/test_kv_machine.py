@@ -156,15 +156,14 @@ class SharesUnwrittenKV(PrefixCachingBlockAllocator):
 
     __slots__ = ()
 
-    def _decref(self, block_id: int) -> None:
+    def _release(self, block_id: int) -> bool:
         i = block_id - self._first
         key = self._key_of[i]
-        if self._rc[i] == 1 and key is not None and not self._computed[i]:
-            self._rc[i] = 0
+        if key is not None and not self._computed[i]:
             self._touched.discard(block_id)
             self._evictor.add(block_id, key.digest, key.depth, self._last_accessed[i])
-            return
-        super()._decref(block_id)
+            return True
+        return super()._release(block_id)
 
     def _written_hit(self, digest: Any) -> int | None:
         return self._cached.get(digest)

@@ -1019,21 +1019,21 @@ def test_manager_check_invariants_catches_each_corruption() -> None:
     err = failure(m)
     assert err.invariant == "M2" and "a table slot holds NullBlock(id=0), not a block" in str(err)
     m, _, _ = fresh()
-    m.block_allocator.get_allocator(GPU)._rc[3] += 1
+    m.block_allocator.get_allocator(GPU)._pool._rc[3] += 1
     err = failure(m)
     assert err.invariant == "I1" and "(block 3 has refcount 2 but 1 references)" in str(err)
     m, _, _ = fresh()
-    m.block_allocator.get_allocator(GPU)._rc[0] = 2  # the null block is referenced once
+    m.block_allocator.get_allocator(GPU)._pool._rc[0] = 2  # the null block is referenced once
     assert failure(m).invariant == "I1"
     m, _, _ = fresh()
-    m.block_allocator.get_allocator(GPU)._stack.append(5)  # a pool fault only
+    m.block_allocator.get_allocator(GPU)._pool._stack.append(5)  # a pool fault only
     assert failure(m).invariant == "P1"
     m, _, _ = fresh()
     b = group_of("b", [1], first_id=1)
     b.get_seqs()[0].status = RUNNING
     m.swap_out(b)
     m.check_invariants()  # a table on the CPU counts against the CPU pool
-    m.block_allocator.get_allocator(CPU)._rc[0] += 1
+    m.block_allocator.get_allocator(CPU)._pool._rc[0] += 1
     err = failure(m)
     assert err.invariant == "I1" and "(block 6 has refcount 2 but 1 references)" in str(err)
 
@@ -1068,7 +1068,7 @@ def test_caching_manager_check_invariants_checks_the_caching_allocator_across_ob
     m = BlockSpaceManager(2, 6, 2, watermark=0.0, enable_caching=True)
     admit(m, group_of("a", [1, 2, 3]))
     m.check_invariants()
-    m.block_allocator.get_allocator(GPU)._rc[0] += 1
+    m.block_allocator.get_allocator(GPU)._pool._rc[0] += 1
     err = raised(InvariantViolationError, m.check_invariants)
     assert err.invariant == "C4" and f"{m!r} breaks C4" in str(err)
 
@@ -1090,8 +1090,8 @@ def test_manager_check_invariants_catches_a_table_block_holding_the_null_id() ->
     b = t._blocks[0]
     assert isinstance(b, NaiveBlock) and b.block_id == 1
     pool = m.block_allocator.get_allocator(GPU)
-    pool._rc[1] = 0  # id 1 is given back to the pool, consistently...
-    pool._stack.append(1)
+    pool._pool._rc[1] = 0  # id 1 is given back to the pool, consistently...
+    pool._pool._stack.append(1)
     b._block_id = 0  # ...while the table's block claims the null block's id
     t._block_ids[0] = 0
     err = raised(InvariantViolationError, m.check_invariants)
@@ -1157,7 +1157,7 @@ def test_an_invariant_violation_names_the_manager_it_was_found_in() -> None:
     assert err.invariant == "M2" and f"{m!r} breaks M2" in str(err)
     m = BlockSpaceManager(2, 6, 0, watermark=0.0)
     admit(m, group_of("a", [1, 2, 3]))
-    m.block_allocator.get_allocator(GPU)._rc[0] += 1  # a refcount no table explains: I1
+    m.block_allocator.get_allocator(GPU)._pool._rc[0] += 1  # a refcount no table explains: I1
     err = raised(InvariantViolationError, m.check_invariants)
     assert err.invariant == "I1" and f"{m!r} breaks I1" in str(err)
     cached = BlockSpaceManager(2, 6, 0, watermark=0.0, enable_caching=True)

@@ -356,7 +356,7 @@ def test_swapped_out_block_has_no_id_errors() -> None:
 def test_decrement_below_zero_is_reported() -> None:
     a = NaiveBlockAllocator(2, 1)
     b = a.allocate_mutable_block(None)
-    a._rc[0] = 0  # corrupt: a live block whose count says it is free
+    a._pool._rc[0] = 0  # corrupt: a live block whose count says it is free
     err = raised(RefCountError, a.free, b)
     assert err.block_id == 0 and "decrement below zero" in str(err)
 
@@ -596,32 +596,32 @@ def test_pool_check_invariants_catches_each_corruption() -> None:
         return raised(InvariantViolationError, a.check_invariants)
 
     a = pool()
-    a._rc[2] = -1
+    a._pool._rc[2] = -1
     err = failure(a)
     assert err.invariant == "P3" and "(GPU ids 2..5) breaks P3 refcounts_ok" in str(err)
     a = pool()
-    a._stack.append(3)
+    a._pool._stack.append(3)
     err = failure(a)
     assert err.invariant == "P1" and "P1 pool_ids_ok" in str(err)
     for bad in (1, 5):  # below the pool, and never handed out
         a = pool()
-        a._stack.append(bad)
+        a._pool._stack.append(bad)
         err = failure(a)
         assert err.invariant == "P1" and "P1 pool_ids_ok" in str(err)
     a = pool()
-    a._rc[2] = 0  # id 4 is in use but not free
+    a._pool._rc[2] = 0  # id 4 is in use but not free
     err = failure(a)
     assert err.invariant == "P2" and "P2 free_is_rc_zero" in str(err)
     a = pool()
-    a._rc[0] = 1
+    a._pool._rc[0] = 1
     assert failure(a).invariant == "P2"
     for pair, broken in (((4, 4), "P5"), ((1, 4), "P1"), ((4, 6), "P1"), ((6, 1), "P1")):
         a = pool()
-        a._cow.append(pair)
+        a._pool._cow.append(pair)
         err = failure(a)
         assert err.invariant == broken, pair  # an id outside the pool is P1's, a self-copy P5's
     a = pool()
-    a._cow.append((2, 5))
+    a._pool._cow.append((2, 5))
     a.check_invariants()
 
 

@@ -76,6 +76,7 @@ ALLOCATOR: dict[str, str] = {
     "all_block_ids": SUPPORT,
     "block_size": SUPPORT,
     "null_block": SUPPORT,
+    "owns_block": SUPPORT,  # the manager's check_invariants asks it of each table slot
     "NoFreeBlocksError": SUPPORT,  # vLLM's interface names the error class here
     "to_spec": SUPPORT,
     "check_invariants": SUPPORT,

@@ -17,42 +17,56 @@ import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv import CpuGpuBlockAllocator, NaiveBlockAllocator
+from pagedkv.id_pool import IdPool
 from pagedkv_stateful.allocator_machine import AllocatorMachine
 from pagedkv_stateful.profiles import find_fast
 
 FIND_FAST = find_fast(max_examples=300, steps=30)
 
 
+class _SkipsDecrementPool(IdPool):
+    __slots__ = ()
+
+    def decref(self, block_id: int) -> None:
+        if self._rc[block_id - self._first] > 1:
+            return
+        super().decref(block_id)
+
+
 class SkipsDecrement(NaiveBlockAllocator):
     """Planted bug: freeing a shared block forgets to decrement its refcount."""
 
-    def _decref(self, block_id: int) -> None:
-        if self._rc[block_id - self._first] > 1:
-            return
-        super()._decref(block_id)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._pool.__class__ = _SkipsDecrementPool
 
 
 class CowLeaksSource(NaiveBlockAllocator):
     """Planted bug: copy-on-write takes a new id but keeps the shared one's reference."""
 
-    def _take_id(self) -> int:
-        return super()._take_id()
-
     def append_token_ids(self, block: Any, token_ids: Any) -> None:
-        shared = block.block_id is not None and self._rc[block.block_id - self._first] > 1
+        shared = block.block_id is not None and self._pool.refcount(block.block_id) > 1
         if shared and token_ids:
-            self._incref(block.block_id)  # the missing decrement, undone
+            self._pool.incref(block.block_id)  # the missing decrement, undone
         super().append_token_ids(block, token_ids)
+
+
+class _FifoPool(IdPool):
+    __slots__ = ()
+
+    def decref(self, block_id: int) -> None:
+        rc = self._rc[block_id - self._first]
+        super().decref(block_id)
+        if rc == 1:
+            self._stack.insert(0, self._stack.pop())
 
 
 class FifoReuse(NaiveBlockAllocator):
     """Planted policy bug: a freed id goes to the back instead of the front."""
 
-    def _decref(self, block_id: int) -> None:
-        rc = self._rc[block_id - self._first]
-        super()._decref(block_id)
-        if rc == 1:
-            self._stack.insert(0, self._stack.pop())
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._pool.__class__ = _FifoPool
 
 
 def machine_for(

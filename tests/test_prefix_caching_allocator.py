@@ -667,7 +667,7 @@ def _pool_with_a_cached_block() -> tuple[PrefixCachingBlockAllocator, Block]:
 
 def test_check_invariants_names_the_pool_and_the_invariant_a_corruption_breaks() -> None:
     pool, _ = _pool_with_a_cached_block()
-    pool._rc[0] = 0  # a cached id at refcount 0 that is not in the evictor
+    pool._pool._rc[0] = 0  # a cached id at refcount 0 that is not in the evictor
     err = raised(InvariantViolationError, pool.check_invariants)
     assert str(err).startswith(f"invariant {err.invariant} violated: {pool!r} breaks ")
     pool, _ = _pool_with_a_cached_block()

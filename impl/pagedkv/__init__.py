@@ -6,17 +6,16 @@ The data layer: :class:`KVCacheEngine` (torch KV tensors that block ids index) a
 paged-attention inputs of :mod:`pagedkv.attention`.
 Errors live in :mod:`pagedkv.errors`. Every operation refines the executable spec in
 :mod:`pagedkv_spec`; the Hypothesis machines in :mod:`pagedkv_stateful` check it.
+
+``import pagedkv`` does not import torch: the names of the KV engine, the attention
+inputs and the simulator (which hold torch tensors) load on first use.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from pagedkv import errors
-from pagedkv.attention import (
-    PAD_BLOCK_ID,
-    AttentionInputs,
-    build_attention_inputs,
-    paged_attention_reference,
-)
 from pagedkv.block_table import BlockTable
-from pagedkv.cache import CopyHandle, KVCacheConfig, KVCacheEngine
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.interfaces import Block, BlockAllocator, DeviceAwareBlockAllocator
 from pagedkv.manager import AppendSlotsBatch, BlockSpaceManager, ManagerStats
@@ -44,9 +43,45 @@ from pagedkv.sequence import (
     SequenceGroup,
     SequenceStatus,
 )
-from pagedkv.simulator import SimulationConfig, Simulator
 from pagedkv.workload import PRESETS, RequestSpec
 from pagedkv_spec.device import Device
+
+if TYPE_CHECKING:
+    from pagedkv.attention import (
+        PAD_BLOCK_ID,
+        AttentionInputs,
+        build_attention_inputs,
+        paged_attention_reference,
+    )
+    from pagedkv.cache import CopyHandle, KVCacheConfig, KVCacheEngine
+    from pagedkv.simulator import SimulationConfig, Simulator
+
+# The names whose modules import torch, and where they live: loaded on first use.
+_TORCH_NAMES = {
+    "PAD_BLOCK_ID": "pagedkv.attention",
+    "AttentionInputs": "pagedkv.attention",
+    "build_attention_inputs": "pagedkv.attention",
+    "paged_attention_reference": "pagedkv.attention",
+    "CopyHandle": "pagedkv.cache",
+    "KVCacheConfig": "pagedkv.cache",
+    "KVCacheEngine": "pagedkv.cache",
+    "SimulationConfig": "pagedkv.simulator",
+    "Simulator": "pagedkv.simulator",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The torch-backed names, imported when first asked for (PEP 562)."""
+    module = _TORCH_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pagedkv' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_TORCH_NAMES})
 
 __all__ = [
     "PAD_BLOCK_ID",

@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv._arith import cdiv
+from pagedkv._block_args import require_blocks
 from pagedkv._validate import (
     CheckedTokenIds,
     require_int,
@@ -53,9 +54,8 @@ from pagedkv.errors import (
     TableAlreadyAllocatedError,
     TableNotAllocatedError,
 )
+from pagedkv.id_pool import NullBlock
 from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
-from pagedkv.naive_allocator import NaiveBlock, NullBlock, require_blocks
-from pagedkv.prefix_caching_allocator import PrefixCachingBlock
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
 from pagedkv_spec.table import TableRep, fill_ok, ids_distinct, null_prefix_exact
@@ -95,7 +95,7 @@ def live_id(block: Block, operation: str) -> int:
     """The block's id, or the typed error the allocator would raise for it."""
     block_id = block.block_id
     if block_id is None:
-        if isinstance(block, NaiveBlock | PrefixCachingBlock) and block.freed:
+        if block.freed:
             raise DoubleFreeError() if operation == "free" else StaleBlockError(operation)
         raise BlockWithoutIdError(operation)
     return block_id
@@ -295,18 +295,15 @@ class BlockTable:
         # NOTE: fast path for the common decode step: no window, the tokens fit in
         # the current block, the lookahead slots exist and the block is private, so
         # nothing is allocated or copied; the block itself says whether it is
-        # private (NaiveBlock.append_token_ids_if_private). This is the hot path.
+        # private (Block.append_token_ids_if_private). This is the hot path.
         if (
             self._max_block_sliding_window is None
             and 0 < num_tokens <= size - num_full % size
             and 0 <= num_lookahead_slots <= len(blocks) * size - num_full - num_tokens
+            and blocks[first_idx].append_token_ids_if_private(token_ids)
         ):
-            b = blocks[first_idx]
-            if (type(b) is NaiveBlock or type(b) is PrefixCachingBlock) and (
-                b.append_token_ids_if_private(token_ids)
-            ):
-                self._num_full_slots = num_full + num_tokens
-                return
+            self._num_full_slots = num_full + num_tokens
+            return
         # ---- plan: validate and count everything before the first change
         drop_end, num_new = self._plan_append(num_tokens, num_lookahead_slots, num_computed_slots)
 
@@ -333,10 +330,7 @@ class BlockTable:
             chunk = token_ids[pos : pos + room]
             # NOTE: a private block that needs no CoW or promotion (a new block, mostly)
             # takes the block's own fast path; any other goes through the full append.
-            if not (
-                (type(b) is NaiveBlock or type(b) is PrefixCachingBlock)
-                and b.append_token_ids_if_private(chunk)
-            ):
+            if not b.append_token_ids_if_private(chunk):
                 b.append_token_ids(chunk)
                 new_id = b.block_id  # a new id if the write copied on write
                 if new_id is not None:
@@ -363,16 +357,10 @@ class BlockTable:
         if full % size == 0 and full // size >= len(self._blocks):
             return False  # the last block is full: a new one is needed
         b = self._blocks[full // size]
-        # NOTE: NaiveBlock first: the type checks cost nothing on the common path
         token = sequence_token_ids[full]
-        if type(b) is NaiveBlock:
-            if not b.append_token_id_if_private(token):
-                return False
-        elif type(b) is not PrefixCachingBlock:
-            return False
-        elif full % size == size - 1:
-            # the token fills a private block: it is promoted (cached, or shares the id
-            # its key is cached under, giving its own back), which takes no block
+        if full % size == size - 1:
+            # the token fills the block: with caching it is promoted (cached, or it
+            # shares the id its key is cached under, giving its own back): no new block
             block_id = b.fill_if_private(token)
             if block_id is None:
                 return False

@@ -44,9 +44,11 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, TypeAlias
 
 from pagedkv.errors import ArgumentTypeError, InvalidAllocatorConfigError, InvalidExtraKeysError
+from pagedkv_spec.caching import ContentKey
 
 __all__ = [
     "KEY_FUNCTIONS",
+    "CacheKey",
     "ExtraKeys",
     "KeyFunction",
     "builtin_key",
@@ -197,3 +199,44 @@ def _big(value: int) -> bytes:
     """``u32 len + value`` as little-endian two's complement, ``len`` a function of ``value``."""
     length = (value.bit_length() + 8) // 8  # room for the sign bit
     return _U32.pack(length) + value.to_bytes(length, "little", signed=True)
+
+
+class CacheKey:
+    """A cached block's content: the key function's digest plus what it was computed from.
+
+    The parent link keeps the chain, so the structural key (the spec's
+    :class:`~pagedkv_spec.caching.ContentKey`) can be rebuilt for checking;
+    memory is one small object per cached block, shared by every block naming it.
+    """
+
+    __slots__ = ("_spec", "depth", "digest", "extra", "parent", "tokens")
+
+    def __init__(
+        self, digest: Hashable, parent: CacheKey | None, tokens: tuple[int, ...], extra: ExtraKeys
+    ) -> None:
+        self.digest = digest
+        self.parent = parent
+        self.tokens = tokens
+        self.extra = extra
+        self.depth: int = len(tokens) + (parent.depth if parent is not None else 0)
+        self._spec: ContentKey | None = None
+
+    def to_spec(self) -> ContentKey:
+        """The structural key of the spec, built once per key (keys never change), so
+        the spec keys of one chain are shared objects and compare by identity first.
+        Iterative: a long chain is fine. O(depth) the first time, then O(1)."""
+        chain: list[CacheKey] = []
+        k: CacheKey | None = self
+        while k is not None and k._spec is None:
+            chain.append(k)
+            k = k.parent
+        out = None if k is None else k._spec
+        for node in reversed(chain):
+            out = node._spec = ContentKey(
+                depth=node.depth, tokens=node.tokens, extra=node.extra, parent=out
+            )
+        assert out is not None  # the chain holds self
+        return out
+
+    def __repr__(self) -> str:
+        return f"CacheKey(depth={self.depth}, digest={self.digest!r:.20})"

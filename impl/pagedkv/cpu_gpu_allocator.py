@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TypeVar
+from typing import TypeAlias
 
 from pagedkv._arith import cdiv
+from pagedkv._block_args import chain_of, require_block, require_blocks
 from pagedkv._validate import (
     require_device,
     require_fits_in_memory,
@@ -21,20 +22,10 @@ from pagedkv.errors import (
     NullBlockError,
     StaleBlockError,
 )
+from pagedkv.id_pool import NullBlock, PoolBlock, fork_chain
 from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
-from pagedkv.naive_allocator import (
-    NaiveBlock,
-    NaiveBlockAllocator,
-    NullBlock,
-    chain_of,
-    require_block,
-    require_blocks,
-)
-from pagedkv.prefix_caching_allocator import (
-    CacheStats,
-    PrefixCachingBlock,
-    PrefixCachingBlockAllocator,
-)
+from pagedkv.naive_allocator import NaiveBlockAllocator
+from pagedkv.prefix_caching_allocator import CacheStats, PrefixCachingBlockAllocator
 from pagedkv_spec.allocator import AllocatorState, BlockRef
 from pagedkv_spec.caching import CachingState, CBlock
 from pagedkv_spec.device import Device
@@ -42,7 +33,8 @@ from pagedkv_spec.invariants import check
 
 __all__ = ["CpuGpuBlockAllocator"]
 
-_B = TypeVar("_B", NaiveBlock, PrefixCachingBlock)
+OneDeviceAllocator: TypeAlias = NaiveBlockAllocator | PrefixCachingBlockAllocator
+"""The allocator of one device's pool."""
 
 _GPU, _CPU = Device.GPU, Device.CPU
 
@@ -63,7 +55,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
     __slots__ = ("_caching", "_cpu", "_gpu", "_null_block")
 
     def __init__(
-        self, cpu_block_allocator: NaiveBlockAllocator, gpu_block_allocator: NaiveBlockAllocator
+        self, cpu_block_allocator: OneDeviceAllocator, gpu_block_allocator: OneDeviceAllocator
     ) -> None:
         gpu, cpu = gpu_block_allocator, cpu_block_allocator
         if gpu is cpu:
@@ -116,10 +108,10 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         gpu_ids = range(num_gpu_blocks)
         cpu_ids = range(num_gpu_blocks, num_gpu_blocks + num_cpu_blocks)
         if allocator_type == "prefix_caching":
-            gpu: NaiveBlockAllocator = PrefixCachingBlockAllocator(
+            gpu: OneDeviceAllocator = PrefixCachingBlockAllocator(
                 num_gpu_blocks, block_size, gpu_ids, "GPU", key_function
             )
-            cpu: NaiveBlockAllocator = PrefixCachingBlockAllocator(
+            cpu: OneDeviceAllocator = PrefixCachingBlockAllocator(
                 num_cpu_blocks, block_size, cpu_ids, "CPU", key_function
             )
         else:
@@ -143,7 +135,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
 
     # ------------------------------------------------------------------ routing helpers
 
-    def get_allocator(self, device: Device) -> NaiveBlockAllocator:
+    def get_allocator(self, device: Device) -> OneDeviceAllocator:
         """The allocator of ``device``. Complexity: O(1)."""
         if device is _GPU:
             return self._gpu
@@ -151,11 +143,13 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             return self._cpu
         raise ArgumentTypeError("device", device, "Device.GPU or Device.CPU")
 
-    def _owner(self, block: Block, operation: str) -> NaiveBlockAllocator:
-        if type(block) is NaiveBlock or type(block) is PrefixCachingBlock:
-            owner: NaiveBlockAllocator = block.allocator
-            if owner is self._gpu or owner is self._cpu:
-                return owner
+    def _owner(self, block: Block, operation: str) -> OneDeviceAllocator:
+        if type(block) is PoolBlock:
+            owner = block.allocator
+            if owner is self._gpu:
+                return self._gpu
+            if owner is self._cpu:
+                return self._cpu
         require_block("block", block)
         raise ForeignBlockError(
             block.block_id, f"cannot {operation}: not a block of this allocator"
@@ -264,16 +258,14 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         return self._fork_owned(chain)
 
     def _fork_owned(self, chain: list[Block]) -> list[Block]:
-        """Fork blocks that passed :meth:`_owner`, with the fork of their kind of pool."""
-        if self._caching:
-            return PrefixCachingBlockAllocator.fork_chain_of(chain)
-        owned: list[NaiveBlock] = []
+        """Fork blocks that passed :meth:`_owner` (live objects of the two pools)."""
+        owned: list[PoolBlock] = []
         for b in chain:
-            if type(b) is NaiveBlock:  # always true after the ownership check
+            if type(b) is PoolBlock:  # always true after the ownership check
                 if b.freed:
                     raise StaleBlockError("fork")
                 owned.append(b)
-        return NaiveBlockAllocator.fork_chain(owned)
+        return fork_chain(owned)
 
     def fork_blocks(self, blocks: list[Block]) -> list[Block]:
         """Fork an explicit list of blocks (a block table), not a ``prev_block`` chain.
@@ -289,6 +281,10 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             self._owner(b, "fork")
         forked = iter(self._fork_owned(real))
         return [b if b is self._null_block else next(forked) for b in blocks]
+
+    def owns_block(self, block: object) -> bool:
+        """``block`` is a block object of one of the two pools (not the null block). O(1)."""
+        return self._gpu.owns_block(block) or self._cpu.owns_block(block)
 
     def allocate_or_get_null_block(self) -> Block:
         """The shared null block; takes one GPU id the first time. Complexity: O(1)."""
@@ -319,7 +315,13 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         if src_device is dst_device:
             raise InvalidSwapError(f"source and destination are both {src_device.name}")
         src, dst = self.get_allocator(src_device), self.get_allocator(dst_device)
-        return src.swap_blocks_to(dst, blocks, src_device.name, dst_device.name)
+        names = (src_device.name, dst_device.name)
+        if isinstance(src, PrefixCachingBlockAllocator):
+            if isinstance(dst, PrefixCachingBlockAllocator):  # always: one kind (__init__)
+                return src.swap_blocks_to(dst, blocks, *names)
+        elif isinstance(dst, NaiveBlockAllocator):
+            return src.swap_blocks_to(dst, blocks, *names)
+        raise InvalidSwapError("cannot swap between a caching and a naive pool")
 
     # ------------------------------------------------------------------ queries
 
@@ -403,19 +405,17 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
     # ------------------------------------------------------------------ verification
 
     def _rows(
-        self, blocks: Mapping[int, Block] | None, block_type: type[_B], caller: str
-    ) -> list[tuple[_B, Device, int | None]]:
+        self, blocks: Mapping[int, Block] | None, kind: str, caller: str
+    ) -> list[tuple[PoolBlock, Device, int | None]]:
         """Per handle ``0..n-1`` of ``blocks``: the object, its device and its predecessor's
         handle (None if it has none, or one not among ``blocks``). O(handles)."""
         blocks = blocks or {}
         handle_of = {id(blocks[h]): h for h in range(len(blocks))}
-        rows: list[tuple[_B, Device, int | None]] = []
+        rows: list[tuple[PoolBlock, Device, int | None]] = []
         for handle in range(len(blocks)):
             b = blocks[handle]
-            if not isinstance(b, block_type):
-                raise ForeignBlockError(
-                    b.block_id, f"{caller} takes {block_type.__name__} objects only"
-                )
+            if not isinstance(b, PoolBlock) or b.id_pool.kind != kind:
+                raise ForeignBlockError(b.block_id, f"{caller} takes {kind} objects only")
             device = _GPU if b.allocator is self._gpu else _CPU
             prev = b.prev_block
             rows.append((b, device, None if prev is None else handle_of.get(id(prev))))
@@ -430,19 +430,25 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         """
         refs = [
             BlockRef(device, b.block_id, tuple(b.token_ids), prev, b.freed)
-            for b, device, prev in self._rows(blocks, NaiveBlock, "to_spec")
+            for b, device, prev in self._rows(blocks, "NaiveBlock", "to_spec")
         ]
+        gpu, cpu = self._gpu, self._cpu
+        if isinstance(gpu, PrefixCachingBlockAllocator) or isinstance(
+            cpu, PrefixCachingBlockAllocator
+        ):
+            raise InvalidAllocatorConfigError(
+                "to_spec() is the naive allocator's abstraction; with caching use "
+                "to_caching_spec()"
+            )
         null_id = None if self._null_block is None else self._null_block.block_id
-        return AllocatorState(
-            self._gpu.block_size, self._gpu.to_spec(), self._cpu.to_spec(), tuple(refs), null_id
-        )
+        return AllocatorState(gpu.block_size, gpu.to_spec(), cpu.to_spec(), tuple(refs), null_id)
 
     def to_caching_spec(self, blocks: Mapping[int, Block] | None = None) -> CachingState:
         """Abstraction function with caching: the spec's :class:`CachingState`, given the
         caller's block handles as for :meth:`to_spec`. Complexity: O(pool size + handles)."""
         gpu, cpu = self._caching_pool(_GPU), self._caching_pool(_CPU)
         refs: list[CBlock] = []
-        for b, device, prev in self._rows(blocks, PrefixCachingBlock, "to_caching_spec"):
+        for b, device, prev in self._rows(blocks, "PrefixCachingBlock", "to_caching_spec"):
             key = None if b.cache_key is None else b.cache_key.to_spec()
             refs.append(
                 CBlock(device, b.block_id, tuple(b.token_ids), prev, b.extra_keys, key, b.freed)

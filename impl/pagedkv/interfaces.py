@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 
+from pagedkv.content_key import CacheKey, ExtraKeys
 from pagedkv.errors import NoFreeBlocksError
 from pagedkv_spec.device import Device
 
@@ -69,6 +70,39 @@ class Block(ABC):
     @property
     def content_hash(self) -> Hashable | None:
         """Prefix-caching content key; always None for the naive allocator."""
+        return None
+
+    @property
+    def cache_key(self) -> CacheKey | None:
+        """Prefix-caching content key object (with its chain); None when not cached."""
+        return None
+
+    @property
+    def extra_keys(self) -> ExtraKeys:
+        """The sequence's extra cache keys the block was made with; ``()`` by default."""
+        return ()
+
+    @property
+    def freed(self) -> bool:
+        """The object was freed and is dead (a block that cannot tell says False)."""
+        return False
+
+    # The decode step's fast paths. A block that has none says so (False / None) and
+    # its caller takes the general append_token_ids, so no caller asks for a type.
+
+    def append_token_ids_if_private(self, token_ids: Sequence[int]) -> bool:
+        """Write ``token_ids`` if that needs no copy and no promotion; else change
+        nothing and return False. This default never writes."""
+        return False
+
+    def append_token_id_if_private(self, token_id: int) -> bool:
+        """:meth:`append_token_ids_if_private` for one token. This default never writes."""
+        return False
+
+    def fill_if_private(self, token_id: int) -> int | None:
+        """Write the block's last token if that needs no copy; return the block's id
+        after the write (a promotion may change it), else None with nothing
+        changed. This default never writes."""
         return None
 
 

@@ -40,8 +40,7 @@ from pagedkv.errors import (
     UnknownSequenceError,
 )
 from pagedkv.interfaces import Block
-from pagedkv.naive_allocator import NaiveBlock
-from pagedkv.prefix_caching_allocator import CacheStats, PrefixCachingBlock
+from pagedkv.prefix_caching_allocator import CacheStats
 from pagedkv.sequence import AllocDecision, Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec.allocator import AllocatorState, BlockRef
 from pagedkv_spec.caching import CachingState
@@ -186,9 +185,10 @@ class BlockSpaceManager:
         """Where the table's blocks are: its last block is always real (null slots are a
         prefix and the block being written is never dropped). Complexity: O(1)."""
         blocks = table.blocks
-        if not blocks or not isinstance(blocks[-1], NaiveBlock | PrefixCachingBlock):
+        block_id = blocks[-1].block_id if blocks else None
+        if block_id is None:
             return None
-        return _GPU if blocks[-1].allocator is self._gpu_pool else _CPU
+        return _GPU if self._gpu_pool.owns_block_id(block_id) else _CPU
 
     def _require_on(self, seq: Sequence, table: BlockTable, device: Device, what: str) -> None:
         where = self._device_of(table)
@@ -672,9 +672,10 @@ class BlockSpaceManager:
             )
         alloc = self.block_allocator
         null = alloc.null_block
+        pools = alloc.to_spec()
         return ManagerView(
-            alloc.get_allocator(_GPU).to_spec(),
-            alloc.get_allocator(_CPU).to_spec(),
+            pools.gpu,
+            pools.cpu,
             tuple(sorted((k, self._table_view(t)) for k, t in self.block_tables.items())),
             tuple(sorted((k, self._table_view(t)) for k, t in self.cross_block_tables.items())),
             None if null is None else null.block_id,
@@ -694,8 +695,10 @@ class BlockSpaceManager:
                 if b is null:
                     slots.append(NULL)
                     continue
-                if not isinstance(b, NaiveBlock | PrefixCachingBlock):
-                    raise InvariantViolationError("M2", f"a table slot holds {b!r}, not a block")
+                if not self.block_allocator.owns_block(b):
+                    raise InvariantViolationError(
+                        "M2", f"a table slot holds {b!r}, not a block of this manager's allocator"
+                    )
                 h = handles.setdefault(id(b), len(handles))
                 objects[h] = b
                 slots.append(h)

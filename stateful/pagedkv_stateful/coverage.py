@@ -35,6 +35,7 @@ STATE_CLASSES = (
     # recorded by the machines (LockstepMachine._reached), not read from the program:
     "copy-on-write",
     "copy-on-write with no free block",
+    "several copies in one append",
     "window slide",
     "prefix hit",
 )
@@ -42,13 +43,24 @@ STATE_CLASSES = (
 
 def state_classes(level: str) -> tuple[str, ...]:
     """The state classes a search at ``level`` is meant to reach (lookahead slots and
-    window slides are manager-level notions; prefix hits, a caching manager's). O(1)."""
+    window slides and an append copying several blocks are manager-level notions;
+    prefix hits, a caching manager's). O(1)."""
     if level == "manager":  # its appends are not per block: a CoW with no room is an append
         skip = {"copy-on-write with no free block", "prefix hit"}
     elif level == "caching-manager":  # no lookahead, no window; one append per sequence
-        skip = {"append with lookahead", "window slide", "copy-on-write with no free block"}
+        skip = {
+            "append with lookahead",
+            "window slide",
+            "copy-on-write with no free block",
+            "several copies in one append",
+        }
     else:
-        skip = {"append with lookahead", "window slide", "prefix hit"}
+        skip = {
+            "append with lookahead",
+            "window slide",
+            "prefix hit",
+            "several copies in one append",
+        }
     return tuple(c for c in STATE_CLASSES if c not in skip)
 
 

@@ -425,8 +425,45 @@ class ManagerMachine(LockstepMachine):
         if pairs:
             event("append_slots: copy-on-write")
             self._reached("copy-on-write")
+        if len(pairs) > 1:
+            event("append_slots: several copies in one append")
+            self._reached("several copies in one append")
         self._computed(seq)
         return True
+
+    def _shared_run(self, seq: Sequence, shared: bool = True) -> int:
+        """Tokens that would make an append copy two shared blocks: the room left in the
+        sequence's partial block plus one, when a (lookahead) block follows it and,
+        if ``shared``, both are shared with another table; else 0. O(tables)."""
+        table = self.model.tables.get(seq.seq_id)
+        if table is None:
+            return 0
+        size = self.block_size
+        i = table.num_full_slots // size
+        if table.num_full_slots % size == 0 or i + 1 >= len(table.handles):
+            return 0
+        if shared:
+            blocks = self.model.alloc.blocks
+            ids = [None if h == spec.NULL else blocks[h].block_id for h in table.handles]
+            others = {
+                x for q, t in self.model.tables.items() if q != seq.seq_id for x in self._ids(t)
+            }
+            if ids[i] not in others or ids[i + 1] not in others:
+                return 0
+        return size - table.num_full_slots % size + 1
+
+    def _two_copy_group(self, shared: bool) -> str | None:
+        """A live group whose first running sequence has a partial block followed by a
+        lookahead block: one fork, then one append, away from an append that copies two
+        blocks; if ``shared``, forked already (both blocks shared) and the GPU has the
+        two free blocks the copies take. O(groups * tables)."""
+        if shared and len(self.model.alloc.gpu.free) < 2:
+            return None
+        for request_id, group in self.live.items():
+            running = group.get_seqs(RUNNING)
+            if running and self._shared_run(running[0], shared):
+                return request_id
+        return None
 
     def _swap_check_line(
         self, src: str, res: list[tuple[int, int]], pairs: tuple[tuple[int, int], ...]
@@ -580,6 +617,21 @@ class ManagerMachine(LockstepMachine):
     )
     def append_slots(self, request_id: str, lookahead: int, new_tokens: int) -> None:
         lookahead = self._la(lookahead)
+        crossing = self._two_copy_group(shared=True)
+        if crossing is not None:
+            # NOTE: steering (with the fork rule's): a group whose shared partial block is
+            # followed by a shared lookahead block is appended to next, across both.
+            request_id = crossing
+        elif self.caps.cow and self._two_copy_group(shared=False) is not None:
+            # NOTE: ... and a group that has such blocks unshared is forked first, then
+            # appended to (forks are too rare in a short program to come while it has
+            # them).
+            event("append_slots: a fork first")
+            self.fork(self._two_copy_group(shared=False) or request_id)
+            crossing = self._two_copy_group(shared=True)
+            if crossing is None:
+                return
+            request_id = crossing
         group = self.live.get(request_id)
         if group is None or not group.get_seqs(RUNNING):
             event("append_slots: no running sequence")
@@ -588,6 +640,19 @@ class ManagerMachine(LockstepMachine):
             # NOTE: steering: a window slides only once a table outgrows it; half the
             # appends of a windowed manager write a block's worth, so slides are reached.
             new_tokens = self.block_size + 1
+        first = group.get_seqs(RUNNING)[0]
+        table = self.model.tables.get(first.seq_id)
+        if lookahead and table is not None:
+            # NOTE: steering: a lookahead reaches past the block being written, so a
+            # lookahead block follows a partial one (then forked: see fork).
+            full = table.num_full_slots + len(self._unseen(first)) + new_tokens
+            lookahead = max(lookahead, -full % self.block_size + 1)
+        if crossing is not None:
+            # NOTE: the append crosses from the shared partial block into the shared
+            # lookahead block: one append copies two blocks (the case where
+            # manager.stats counts several copies at once).
+            new_tokens = self._shared_run(first) or new_tokens
+            lookahead = 0  # two copies are the blocks it needs: a small pool has them
         for seq in group.get_seqs(RUNNING):
             for i in range(new_tokens):
                 token = (seq.get_len() * 7 + i) % 1000
@@ -628,6 +693,9 @@ class ManagerMachine(LockstepMachine):
     @precondition(lambda self: self.caps.cow)
     @rule(request_id=groups)
     def fork(self, request_id: str) -> None:
+        # NOTE: steering: a group with a lookahead block after its partial one is forked
+        # while it has it (the first step towards an append that copies two blocks).
+        request_id = self._two_copy_group(shared=False) or request_id
         group = self.live.get(request_id)
         if group is None or not group.get_seqs(RUNNING):
             event("fork: no running sequence")
