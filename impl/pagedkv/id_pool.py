@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol, TypeGuard
 
-from pagedkv._block_args import check_prev_block, require_block
+from pagedkv._block_args import check_prev_block, require_block, require_blocks, wrong_source
 from pagedkv._validate import require_fits_in_memory, require_int
 from pagedkv.content_key import CacheKey, ExtraKeys
 from pagedkv.errors import (
@@ -360,10 +360,13 @@ class IdPool:
         self._rc[block_id - self._first] = 1
         return block_id
 
-    def incref(self, block_id: int) -> None:
-        """One more reference; an id at 0 must be one the holder kept (``release``
-        returned True), never one on the free list. Complexity: O(1)."""
-        self._rc[block_id - self._first] += 1
+    def incref(self, block_id: int) -> int:
+        """One more reference; returns the new count. An id at 0 must be one the holder
+        kept (``release`` returned True), never one on the free list. Complexity: O(1)."""
+        i = block_id - self._first
+        rc = self._rc[i] + 1
+        self._rc[i] = rc
+        return rc
 
     def decref(self, block_id: int) -> None:
         """One reference fewer; at 0 the holder's ``release`` may keep the id, else it
@@ -460,20 +463,31 @@ class IdPool:
 
     def take_block(self, prev_block: Block | None, extra_keys: ExtraKeys = ()) -> PoolBlock:
         """An empty block with a fresh id (refcount 1) after ``prev_block`` (None, or a
-        block that was not freed: :func:`~pagedkv._block_args.check_prev_block`). O(1).
+        block it may follow: :meth:`_check_prev`). O(1) plus ``reclaim``'s.
 
         The naive allocator's ``allocate_mutable_block`` is this method."""
         # NOTE: the hottest allocation of a serving step: take's common case inline and
         # the block built without PoolBlock.__init__ (a call through type.__call__ costs
         # as much as the rest); keep the fields in step with __init__.
-        if prev_block is not None and (type(prev_block) is not PoolBlock or prev_block._freed):
-            check_prev_block(prev_block)
+        if prev_block is not None and (
+            type(prev_block) is not PoolBlock
+            or prev_block._freed
+            or prev_block._pool._kind is not self._kind
+        ):
+            self._check_prev(prev_block)
         stack = self._stack
         if stack:
             block_id = stack.pop()
-            self._rc[block_id - self._first] = 1
+        elif self._next_fresh < self._end:
+            block_id = self._next_fresh
+            self._next_fresh = block_id + 1
         else:
-            block_id = self.take()
+            reclaim = self._reclaim
+            got = None if reclaim is None else reclaim()
+            if got is None:
+                raise NoFreeBlocksError(1, 0, self._name)
+            block_id = got
+        self._rc[block_id - self._first] = 1
         block: PoolBlock = _new_block(PoolBlock)
         block._pool = self
         block._block_id = block_id
@@ -484,6 +498,20 @@ class IdPool:
         block._key = None
         return block
 
+    def _check_prev(self, prev_block: Block) -> None:
+        """Raise unless a new block of this pool may follow ``prev_block``: a block that
+        was not freed (:func:`~pagedkv._block_args.check_prev_block`) and, in a pool
+        whose blocks are cached (a ``fill`` hook), a block of a pool of the same kind
+        (its key chains on). O(1)."""
+        if self._fill is not None and not (
+            type(prev_block) is PoolBlock and prev_block._pool._kind == self._kind
+        ):
+            require_block("prev_block", prev_block)
+            raise ForeignBlockError(
+                prev_block.block_id, "prev_block must be a block of a prefix-caching allocator"
+            )
+        check_prev_block(prev_block)
+
     def make_block(
         self,
         block_id: int,
@@ -493,7 +521,17 @@ class IdPool:
         key: CacheKey | None = None,
     ) -> PoolBlock:
         """A block object naming ``block_id``, whose reference the caller took. O(1)."""
-        return PoolBlock(self, block_id, token_ids, prev_block, extra_keys, key)
+        # NOTE: built without PoolBlock.__init__, as in take_block (one per block of
+        # every prompt); keep the fields in step with __init__.
+        block: PoolBlock = _new_block(PoolBlock)
+        block._pool = self
+        block._block_id = block_id
+        block._token_ids = token_ids
+        block._prev_block = prev_block
+        block._freed = False
+        block._extra_keys = extra_keys
+        block._key = key
+        return block
 
     def free_block(self, block: Block) -> None:
         """Drop the reference of a block object of this pool; the object dies (at
@@ -573,6 +611,48 @@ class IdPool:
         self._cow.append((old, new))
         block._block_id = new
         return new
+
+    def move_blocks_to(
+        self, dst: IdPool, blocks: list[Block], src_name: str, dst_name: str
+    ) -> dict[int, int]:
+        """Move blocks of this pool to ``dst`` (no hooks on either: naive pools); returns
+        ``{src_id: dst_id}``. Each distinct source id moves once and all its references
+        follow it. Checks, in order, before any change: an object of neither pool,
+        a freed object, one without id, one on ``dst``, fewer free ids on ``dst`` than
+        distinct ids to move (``src_name`` / ``dst_name`` name the pools in those
+        errors); the naive allocator's ``swap_blocks_to``. Complexity: O(len(blocks))."""
+        if dst._kind != self._kind or self._release is not None or dst._release is not None:
+            raise ForeignBlockError(None, "cannot swap between a caching and a naive pool")
+        owned: list[PoolBlock] = []
+        for b in dict.fromkeys(require_blocks(blocks)):
+            if type(b) is not PoolBlock or (b._pool is not self and b._pool is not dst):
+                raise ForeignBlockError(b.block_id, "cannot swap: not a block of this allocator")
+            owned.append(b)
+        if any(b._freed for b in owned):
+            raise StaleBlockError("swap")
+        ids: list[int] = []
+        for b in owned:
+            if b._block_id is None:
+                raise BlockWithoutIdError("swap")
+            ids.append(b._block_id)
+        for b in owned:
+            if b._pool is not self:
+                raise wrong_source(b._block_id, src_name, dst_name)
+        num_distinct = len(set(ids))
+        available = dst.get_num_free_blocks()
+        if num_distinct > available:
+            raise NoFreeBlocksError(num_distinct, available, dst_name)
+        mapping: dict[int, int] = {}
+        for b, src_id in zip(owned, ids, strict=True):
+            self.decref(src_id)
+            dst_id = mapping.get(src_id)
+            if dst_id is None:
+                dst_id = mapping[src_id] = dst.take()
+            else:
+                dst._rc[dst_id - dst._first] += 1
+            b._block_id = dst_id
+            b._pool = dst
+        return mapping
 
     def fill_if_private(self, block: PoolBlock, token_id: int) -> int | None:
         """:meth:`PoolBlock.fill_if_private`. O(1) plus the ``fill`` hook's."""

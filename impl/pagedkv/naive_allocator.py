@@ -17,7 +17,6 @@ from pagedkv._block_args import (
     check_prev_block,
     require_blocks,
     still_live,
-    wrong_source,
 )
 from pagedkv._validate import (
     require_bool,
@@ -241,38 +240,7 @@ class NaiveBlockAllocator(BlockAllocator):
         name the pools in those errors (the devices, for a
         :class:`~pagedkv.CpuGpuBlockAllocator`). Complexity: O(len(blocks)).
         """
-        src_pool, dst_pool = self._pool, dst._pool
-        if dst_pool.kind != src_pool.kind:
-            raise ForeignBlockError(None, "cannot swap between a caching and a naive pool")
-        owned: list[PoolBlock] = []
-        for b in dict.fromkeys(require_blocks(blocks)):
-            if not (src_pool.owns(b) or dst_pool.owns(b)):
-                raise ForeignBlockError(b.block_id, "cannot swap: not a block of this allocator")
-            owned.append(b)
-        if any(b.freed for b in owned):
-            raise StaleBlockError("swap")
-        ids: list[int] = []
-        for b in owned:
-            block_id = b.block_id
-            if block_id is None:
-                raise BlockWithoutIdError("swap")
-            ids.append(block_id)
-        for b in owned:
-            if b.id_pool is not src_pool:
-                raise wrong_source(b.block_id, src_name, dst_name)
-        num_distinct = len(set(ids))
-        if num_distinct > dst.get_num_free_blocks():
-            raise NoFreeBlocksError(num_distinct, dst.get_num_free_blocks(), dst_name)
-        mapping: dict[int, int] = {}
-        for b, src_id in zip(owned, ids, strict=True):
-            src_pool.decref(src_id)
-            dst_id = mapping.get(src_id)
-            if dst_id is None:
-                dst_id = mapping[src_id] = dst_pool.take()
-            else:
-                dst_pool.incref(dst_id)
-            dst_pool.attach(b, dst_id)
-        return mapping
+        return self._pool.move_blocks_to(dst._pool, blocks, src_name, dst_name)
 
     # ------------------------------------------------------------------ queries
 

@@ -253,10 +253,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     def _share(self, block_id: int) -> None:
         """One more reference to an id; a cached id at refcount 0 leaves the evictor. O(1)."""
-        pool = self._pool
-        if pool.refcount(block_id) == 0:
+        if self._pool.incref(block_id) == 1:  # it was at 0: in the evictor
             self._evictor.remove(block_id)
-        pool.incref(block_id)
 
     def _hit(self, block_id: int) -> None:
         """Share a cached id; an unwritten one is touched: the batch of the sequence
@@ -339,17 +337,10 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self, prev_block: Block | None, extra_keys: ExtraKeys | None = None
     ) -> Block:
         """An empty block (spec: ``allocate_mutable_block``). Complexity: O(log n)."""
-        # NOTE: the block every decoding sequence takes each block_size steps: a live
-        # predecessor of this pool and no extra keys are checked inline.
-        pool = self._pool
-        if (
-            type(prev_block) is not PoolBlock
-            or prev_block.id_pool is not pool
-            or prev_block.freed
-        ):
-            self._prev(prev_block)
+        # NOTE: the block every decoding sequence takes each block_size steps: the pool
+        # checks the predecessor (a live caching block) in its own fast path.
         extra = () if extra_keys is None else check_extra_keys(extra_keys)
-        block = pool.take_block(prev_block, extra)
+        block = self._pool.take_block(prev_block, extra)
         block_id = block.block_id
         if block_id is not None:  # always: a new block holds its id
             self._last_accessed[block_id - self._first] = NEVER_ACCESSED
@@ -367,7 +358,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         size = self._block_size
         parent = None if prev is None else prev.cache_key
         parent_keyed = prev is None or parent is not None
-        pool = self._pool
+        refcounts, first = self._pool.refcount_list(), self._first
         keys: list[CacheKey | None] = []
         hits: list[int | None] = []
         need = 0
@@ -376,7 +367,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
                 raise BlockOverflowError(len(chunk), size)
             key = self._key(parent, chunk, extra) if parent_keyed and len(chunk) == size else None
             hit = None if key is None else self._cached.get(key.digest)
-            if hit is None or pool.refcount(hit) == 0:
+            if hit is None or refcounts[hit - first] == 0:
                 need += 1
             keys.append(key)
             hits.append(hit)
