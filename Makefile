@@ -44,7 +44,7 @@ fuzz: $(STAMP)
 	$(BIN)/python -m pagedkv_stateful.fuzz --duration $(DURATION) $(FUZZ_ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python -m pagedkv.bench
+	$(BIN)/python -m benchmarks.bench_allocator
 
 demo: $(STAMP)
 	$(BIN)/python -m pagedkv simulate --preset overload

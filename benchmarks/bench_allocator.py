@@ -1,4 +1,4 @@
-"""Allocator benchmarks: ``python -m pagedkv.bench`` (or ``make bench``).
+"""Allocator benchmarks: ``python -m benchmarks.bench_allocator`` (or ``make bench``).
 
 Prints figures, asserts nothing. Each figure stands beside a floor measured in
 the same run, so the ratio means something on any machine:
@@ -469,7 +469,9 @@ def heap_pop_us(num_entries: int, num_pops: int = 1000) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks and print a table."""
-    parser = argparse.ArgumentParser(prog="python -m pagedkv.bench", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_allocator", description=__doc__
+    )
     parser.add_argument("--pairs", type=int, default=200_000, help="allocate+free pairs per run")
     parser.add_argument("--repeat", type=int, default=7, help="runs; the best is reported")
     args = parser.parse_args(argv)
