@@ -26,7 +26,7 @@ import pytest
 
 import pagedkv_stateful
 from pagedkv_spec.invariants import REGISTRY
-from pagedkv_stateful import adapters, conform
+from pagedkv_stateful import adapters, conform, search
 from pagedkv_stateful.adapters import CHECKS, AllocatorAdapter, Capabilities, Violation
 from pagedkv_stateful.conform import ConformanceReport, Finding, run_conformance
 from pagedkv_stateful.coverage import STATE_CLASSES, reached, state_classes
@@ -639,10 +639,10 @@ def test_a_crash_inside_hypothesis_is_not_reported_as_the_targets(
     from pagedkv_stateful.adapters import Violation as V
     from pagedkv_stateful.allocator_machine import AllocatorMachine
 
-    assert conform._raised_by_the_engine(_raise(lambda: st.integers(2, 1).validate()))
-    assert not conform._raised_by_the_engine(_raise(lambda: int("x")))
+    assert search._raised_by_the_engine(_raise(lambda: st.integers(2, 1).validate()))
+    assert not search._raised_by_the_engine(_raise(lambda: int("x")))
     report = ConformanceReport("t", "allocator", Capabilities(), "s")
-    run = conform._Search(report, conform.Listener(), [], 0.0, None)
+    run = search._Search(report, conform.Listener(), [], 0.0, None)
     seen = V("free count (GPU)", "a leak", "assert x == 1", "free count (GPU) | free")
     engine_error = _raise(lambda: st.integers(2, 1).validate())
 
@@ -650,13 +650,13 @@ def test_a_crash_inside_hypothesis_is_not_reported_as_the_targets(
         run.failures.append((seen, ["b0 = alloc.allocate_mutable_block(None, Device.GPU)"]))
         raise engine_error
 
-    monkeypatch.setattr(conform, "run_state_machine_as_test", crashing_search)
-    finding, ended = conform._round(AllocatorMachine, frozenset(), settings(), None, run)
+    monkeypatch.setattr(search, "run_state_machine_as_test", crashing_search)
+    finding, ended = search._round(AllocatorMachine, frozenset(), settings(), None, run)
     assert ended == "" and finding is not None
     assert finding.invariant == "free count (GPU)" and not finding.shrunk
     run.failures.clear()
-    monkeypatch.setattr(conform, "run_state_machine_as_test", lambda *_, **__: _throw(engine_error))
-    finding, ended = conform._round(AllocatorMachine, frozenset(), settings(), None, run)
+    monkeypatch.setattr(search, "run_state_machine_as_test", lambda *_, **__: _throw(engine_error))
+    finding, ended = search._round(AllocatorMachine, frozenset(), settings(), None, run)
     assert finding is None and ended.startswith("the search engine failed (")
 
 

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
         pagedkv_manager,
     )
     from pagedkv_stateful.allocator_machine import AllocatorMachine
-    from pagedkv_stateful.conform import ConformanceReport, Finding, run_conformance
     from pagedkv_stateful.manager_machine import ManagerMachine
+    from pagedkv_stateful.report import ConformanceReport, Finding
+    from pagedkv_stateful.search import run_conformance
 
 _HOMES = {
     "CHECKS": "adapters",
@@ -50,9 +51,9 @@ _HOMES = {
     "pagedkv_manager": "adapters",
     "AllocatorMachine": "allocator_machine",
     "ManagerMachine": "manager_machine",
-    "ConformanceReport": "conform",
-    "Finding": "conform",
-    "run_conformance": "conform",
+    "ConformanceReport": "report",
+    "Finding": "report",
+    "run_conformance": "search",
 }
 
 __all__ = [

@@ -1,0 +1,430 @@
+"""The conformance kit's targets: levels, factories, probes, and the machine per level.
+
+A factory (``MODULE:FACTORY``) is loaded, one probe target is built and its cheap
+entry points called (so a factory whose objects lack the API is a usage error with
+a hint, not a violation), and the lockstep machine of its level is built over it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis.errors import HypothesisException
+
+from pagedkv import BlockSpaceManager, SequenceGroup
+from pagedkv import Sequence as Seq
+from pagedkv_spec.device import Device
+from pagedkv_stateful.adapters import (
+    AllocatorAdapter,
+    Capabilities,
+    ManagerAdapter,
+    PagedKVAllocatorAdapter,
+    PagedKVManagerAdapter,
+    as_allocator_adapter,
+    as_manager_adapter,
+    required_methods,
+)
+from pagedkv_stateful.allocator_machine import AllocatorMachine
+from pagedkv_stateful.caching_machine import CachingAllocatorMachine
+from pagedkv_stateful.caching_manager_machine import CachingManagerMachine
+from pagedkv_stateful.lockstep import LockstepMachine
+from pagedkv_stateful.manager_machine import ManagerMachine
+from pagedkv_stateful.replay import NEEDS_O, explicit_asserts
+
+__all__ = [
+    "CACHING_MANAGER_METHODS",
+    "CACHING_METHODS",
+    "DESCRIPTION",
+    "EXPECT_ACCEPTED",
+    "EXPECT_ERROR",
+    "LEVELS",
+    "OPTIMIZE_WARNING",
+    "PROBE_ARGS",
+    "SIGNATURES",
+    "STATUS",
+    "CachingProbe",
+    "UsageError",
+    "fuzz_machine",
+    "load_factory",
+    "prelude",
+]
+
+DESCRIPTION = "Check a paged block allocator (or block manager) against pagedkv's spec."
+LEVELS = ("allocator", "manager", "caching", "caching-manager")
+#: Arguments of the one call that checks a factory before the search starts.
+PROBE_ARGS: dict[str, tuple[Any, ...]] = {
+    "allocator": (4, 2, 2),
+    "manager": (2, 8, 4, 0.0, None),
+    "caching": (4, 2, 2),
+    "caching-manager": (2, 8, 4, 0.0),
+}
+SIGNATURES = {
+    "allocator": "(num_gpu_blocks, num_cpu_blocks, block_size)",
+    "manager": "(block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window)",
+    "caching": "(num_gpu_blocks, num_cpu_blocks, block_size)",
+    "caching-manager": "(block_size, num_gpu_blocks, num_cpu_blocks, watermark)",
+}
+#: What a caching-manager-level target must have besides the manager's methods.
+CACHING_MANAGER_METHODS = (
+    "mark_blocks_as_computed",
+    "access_all_blocks_in_seq",
+    "get_common_computed_block_ids",
+)
+#: What a caching-level target must have (vLLM 0.6.3's prefix-caching API).
+CACHING_METHODS = (
+    "allocate_mutable_block",
+    "allocate_immutable_block",
+    "allocate_immutable_blocks",
+    "free",
+    "fork",
+    "swap",
+    "clear_copy_on_writes",
+    "allocate_or_get_null_block",
+    "get_num_free_blocks",
+    "get_num_full_blocks_touched",
+    "mark_blocks_as_accessed",
+    "mark_blocks_as_computed",
+    "get_computed_block_ids",
+    "get_common_computed_block_ids",
+    "get_prefix_cache_hit_rate",
+)
+
+
+@dataclass(frozen=True)
+class CachingProbe:
+    """The probe of a caching-level factory: its target and what it promises."""
+
+    target: Any
+    capabilities: Capabilities
+    extra_keys: bool
+
+
+EXPECT_ERROR = '''def expect_error(call, name=None):
+    """The spec rejects this call: it must raise (an error named `name`, if given)."""
+    try:
+        call()
+    except Exception as err:
+        assert name is None or type(err).__name__ == name, f"raised {err!r}, spec: {name}"
+    else:
+        raise AssertionError("accepted a call the spec rejects")'''
+EXPECT_ACCEPTED = '''def expect_accepted(call):
+    """The spec accepts this call: it must not raise."""
+    try:
+        call()
+    except Exception as err:
+        raise AssertionError(f"raised {err!r}; the spec accepts the call") from err'''
+STATUS = '''def status(answer):
+    """OK / LATER / NEVER of an admission answer (an AllocStatus or an AllocDecision)."""
+    return getattr(answer, "status", answer).name'''
+
+
+class UsageError(Exception):
+    """Bad ``MODULE:FACTORY`` or options; :func:`main` prints it on one line and exits 2."""
+
+
+#: What ``python -O`` turns off (printed at the start of a run under -O).
+OPTIMIZE_WARNING = (
+    "running under python -O: the spec's contracts are assert statements and are off, "
+    "so the spec operations no longer judge the target's choices (the ids, CoW pairs, swap "
+    "mappings and tables it hands out) and the spec's postconditions are not checked; "
+    "only the comparisons after each step remain. Run without -O for a full check"
+)
+
+
+def load_factory(spec: str) -> tuple[Callable[..., Any], str, str]:
+    """``(factory, import_line, call_source)`` for ``"module:attr"`` (attr may be dotted)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"expected MODULE:FACTORY, got {spec!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to the caller
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:
+        raise UsageError(f"cannot import {module_name!r}: {type(err).__name__}: {err}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"{spec} is not callable")
+    head = attr.split(".")[0]
+    return obj, f"from {module_name} import {head}", attr
+
+
+def import_of(factory: Callable[..., Any], call: str) -> tuple[str, str]:
+    """``(import line, call)`` for a factory that a module names at its top level (so a
+    printed program can import it), else ``("", call)``: the program then names ``call``
+    without defining it and its replay says so."""
+    module, name = getattr(factory, "__module__", None), getattr(factory, "__qualname__", "")
+    loaded = sys.modules.get(module or "")
+    named = module and module != "__main__" and name.isidentifier()
+    if named and getattr(loaded, name, None) is factory:
+        return f"from {module} import {name}", name
+    return "", call
+
+
+def probe_target(
+    factory: Callable[..., Any], level: str, call: str
+) -> AllocatorAdapter | ManagerAdapter | CachingProbe:
+    """Build one target to check the factory, its API and arguments; read its capabilities."""
+    args = PROBE_ARGS[level]
+    shown = f"{call}{args}"
+    try:
+        result = factory(*args)
+    except Exception as err:
+        raise UsageError(
+            f"{shown} raised {type(err).__name__}: {err}; a {level}-level factory takes "
+            f"{SIGNATURES[level]}"
+        ) from None
+    if level == "caching":
+        return _probe_caching(result, shown)
+    adapter = as_allocator_adapter(result) if level == "allocator" else as_manager_adapter(result)
+    missing = list(required_methods(adapter))
+    if level == "caching-manager" and type(adapter) is ManagerAdapter:
+        missing += [m for m in CACHING_MANAGER_METHODS if not adapter.has(m)]
+    if missing:
+        kind = "AllocatorAdapter" if level == "allocator" else "ManagerAdapter"
+        raise UsageError(
+            f"{shown} returned {type(adapter.target).__name__}, which lacks "
+            f"{', '.join(missing)}; adapt it with a {kind} subclass (docs/conformance.md)"
+        )
+    if isinstance(adapter, AllocatorAdapter):
+        _probe_devices(adapter, shown)
+    else:
+        _probe_groups(adapter, shown)
+    return adapter
+
+
+def _caching_target(result: object) -> tuple[Any, Capabilities | None]:
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Capabilities):
+        return result[0], result[1]
+    return result, None
+
+
+def _probe_caching(result: object, shown: str) -> CachingProbe:
+    """The caching-level target's API and devices; pagedkv's own promises more."""
+    from pagedkv import CpuGpuBlockAllocator
+
+    target, caps = _caching_target(result)
+    missing = [m for m in CACHING_METHODS if not callable(getattr(target, m, None))]
+    if missing:
+        raise UsageError(
+            f"{shown} returned {type(target).__name__}, which lacks {', '.join(missing)}; "
+            "a caching-level target has vLLM 0.6.3's prefix-caching CpuGpuBlockAllocator API"
+        )
+    for device in Device:
+        try:
+            target.get_num_free_blocks(device)
+        except Exception as err:
+            raise UsageError(
+                f"{shown}: get_num_free_blocks(Device.{device.name}) raised "
+                f"{type(err).__name__}: {err}; the caching level passes pagedkv's Device values"
+            ) from None
+    own = isinstance(target, CpuGpuBlockAllocator) and target.enable_caching
+    if caps is None:
+        caps = Capabilities(typed_errors=own, lifo=own, beyond_callers=own)
+    return CachingProbe(target, caps, extra_keys=own)
+
+
+def _probe_devices(adapter: AllocatorAdapter, shown: str) -> None:
+    """The free and total counts of both devices: the machine's first calls after every
+    step, so a device value the target does not take fails here, not as a violation."""
+    for query in (adapter.get_num_free_blocks, adapter.get_num_total_blocks):
+        for device in Device:
+            try:
+                query(device)
+            except (KeyError, TypeError, AttributeError, ValueError) as err:
+                raise UsageError(
+                    f"{shown}: {query.__name__}(Device.{device.name}) raised "
+                    f"{type(err).__name__}: {err}; the target's device type differs: pass "
+                    "devices={Device.GPU: <its GPU value>, Device.CPU: <its CPU value>} (or its "
+                    "device enum class) to AllocatorAdapter, see docs/conformance.md"
+                ) from None
+
+
+def _probe_groups(adapter: ManagerAdapter, shown: str) -> None:
+    """``can_allocate`` of a one-sequence pagedkv group: a manager that expects its own
+    sequence types (vLLM's) fails here, not as a violation."""
+    block_size = PROBE_ARGS["manager"][0]
+    group = SequenceGroup("probe", [Seq(0, [1, 2, 3], block_size)])
+    try:
+        adapter.can_allocate(group)
+    except Exception as err:
+        raise UsageError(
+            f"{shown}: can_allocate(<a SequenceGroup of one 3-token Sequence>) raised "
+            f"{type(err).__name__}: {err}; the manager could not take a pagedkv "
+            "SequenceGroup: adapt sequences/groups in a ManagerAdapter subclass, see "
+            "docs/conformance.md"
+        ) from None
+
+
+def imports_of(
+    probe: AllocatorAdapter | ManagerAdapter | CachingProbe,
+    import_line: str,
+    factory: Callable[..., Any] | None = None,
+) -> list[str]:
+    """The lines a printed program starts with: the factory module's prelude (what makes
+    its imports work in a fresh process, :func:`prelude`), then the imports."""
+    if isinstance(probe, AllocatorAdapter):
+        first = probe.source_device_import()
+    elif isinstance(probe, CachingProbe):
+        first = "from pagedkv import Device"
+    else:
+        first = "from pagedkv import Sequence, SequenceGroup, SequenceStatus"
+    imports = merge_imports([line for line in (import_line, first) if line])
+    return [*prelude(factory), *imports]
+
+
+def prelude(factory: Callable[..., Any] | None) -> list[str]:
+    """The statements a program needs before its imports, from the factory's module: its
+    ``conform_prelude()`` if it has one (e.g. putting an extracted vLLM on ``sys.path``:
+    ``pagedkv_stateful.vllm063``), asked after the probe built a target; else none."""
+    module = sys.modules.get(getattr(factory, "__module__", "") or "")
+    make = getattr(module, "conform_prelude", None)
+    if not callable(make):
+        return []
+    lines = make()
+    if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+        raise UsageError(
+            f"{getattr(module, '__name__', '?')}.conform_prelude() must return a list of "
+            f"source lines, got {lines!r}"
+        )
+    return lines
+
+
+def fuzz_machine(
+    target: str, level: str, known: frozenset[str] = frozenset()
+) -> type[LockstepMachine]:
+    """The ``level`` machine against the factory ``target`` ("module:attr"), for a fuzzer.
+
+    What ``pagedkv conform`` runs, as a plain state machine (``.TestCase`` for pytest,
+    so HypoFuzz can run it: ``python -m pagedkv_stateful.fuzz --target``): root causes
+    in ``known`` do not stop a test case, and a failing test case's error carries the
+    program ``pagedkv conform`` would print for it (an exception note). Raises
+    :class:`UsageError` as :func:`run_conformance` does.
+    """
+    if level not in LEVELS:
+        raise UsageError(f"--level must be one of {', '.join(LEVELS)}, got {level!r}")
+    factory, import_line, call = load_factory(target)
+    probe = probe_target(factory, level, call)
+    machine = build_machine(factory, level, call, probe.capabilities, probe)
+    imports = imports_of(probe, import_line, factory)
+
+    def teardown(self: LockstepMachine) -> None:
+        err = sys.exc_info()[1]  # teardown runs in Hypothesis's ``finally``
+        try:
+            machine.teardown(self)
+        finally:
+            if isinstance(err, Exception) and not isinstance(err, HypothesisException):
+                program, _ = program_of(list(getattr(self, "program", [])), imports)
+                err.add_note("the program, as pagedkv conform prints it:\n" + "\n".join(program))
+
+    return type(machine.__name__, (machine,), {"known": known, "teardown": teardown})
+
+
+def _suffix(result: object) -> str:
+    """What the program appends to the factory call to reach the object it drives."""
+    if isinstance(result, tuple):
+        return "[0]"
+    forwarding = (AllocatorAdapter, PagedKVAllocatorAdapter, ManagerAdapter, PagedKVManagerAdapter)
+    return ".target" if type(result) in forwarding else ""
+
+
+def build_machine(
+    factory: Callable[..., Any],
+    level: str,
+    call: str,
+    caps: Capabilities,
+    probe: AllocatorAdapter | ManagerAdapter | CachingProbe | None = None,
+) -> type[LockstepMachine]:
+    if level == "caching":
+        takes_extra = isinstance(probe, CachingProbe) and probe.extra_keys
+
+        class ConformCaching(CachingAllocatorMachine):
+            capabilities = caps
+            extra_keys = takes_extra
+
+            def make_impl(self, g: int, c: int, block_size: int) -> Any:
+                self._result = factory(g, c, block_size)
+                return _caching_target(self._result)[0]
+
+            def setup_source(self, g: int, c: int, block_size: int) -> str:
+                suffix = "[0]" if isinstance(self._result, tuple) else ""
+                return f"alloc = {call}({g}, {c}, {block_size}){suffix}"
+
+        return ConformCaching
+    if level == "allocator":
+
+        class ConformAllocator(AllocatorMachine):
+            def make_adapter(self, g: int, c: int, block_size: int) -> AllocatorAdapter:
+                self._result = factory(g, c, block_size)
+                return as_allocator_adapter(self._result)
+
+            def setup_source(self, var: str, g: int, c: int, block_size: int) -> str:
+                return f"{var} = {call}({g}, {c}, {block_size}){_suffix(self._result)}"
+
+        return ConformAllocator
+
+    if level == "caching-manager":
+        own = isinstance(getattr(probe, "target", None), BlockSpaceManager)
+
+        class ConformCachingManager(CachingManagerMachine):
+            extra_keys = own
+
+            def make_adapter(self, block_size: int, g: int, c: int, watermark: float) -> Any:
+                self._result = factory(block_size, g, c, watermark)
+                return as_manager_adapter(self._result)
+
+            def setup_source(self, args: str) -> str:
+                return f"mgr = {call}({args}){_suffix(self._result)}"
+
+        return ConformCachingManager
+
+    class ConformManager(ManagerMachine):
+        capabilities = caps
+
+        def make_adapter(
+            self, block_size: int, g: int, c: int, watermark: float, window: int | None
+        ) -> ManagerAdapter:
+            self._result = factory(block_size, g, c, watermark, window)
+            return as_manager_adapter(self._result)
+
+        def setup_source(self, args: str) -> str:
+            return f"mgr = {call}({args}){_suffix(self._result)}"
+
+    return ConformManager
+
+def program_of(body: list[str], imports: list[str]) -> tuple[tuple[str, ...], int]:
+    helpers = [
+        h
+        for h, used in (
+            (EXPECT_ERROR, "expect_error("),
+            (EXPECT_ACCEPTED, "expect_accepted("),
+            (STATUS, "status("),
+        )
+        if any(used in line for line in body)
+    ]
+    head = [*imports, ""]
+    for helper in helpers:
+        head += [*helper.splitlines(), "", ""]
+    if sys.flags.optimize:  # found with assert statements off: it may need them off, and
+        # its own checks must not be asserts then
+        return (f"# {NEEDS_O}", *explicit_asserts([*head, *body])), len(body)
+    return (*head, *body), len(body)
+
+
+def merge_imports(lines: list[str]) -> list[str]:
+    """``from m import a`` + ``from m import b`` -> ``from m import a, b`` (order kept)."""
+    names: dict[str, list[str]] = {}
+    for line in lines:
+        module, _, imported = line.removeprefix("from ").partition(" import ")
+        names.setdefault(module, [])
+        names[module] += [n for n in imported.split(", ") if n not in names[module]]
+    return [f"from {module} import {', '.join(n)}" for module, n in names.items()]
