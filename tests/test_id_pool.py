@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import raised
 from pagedkv import NaiveBlockAllocator
 from pagedkv.errors import (
     ArgumentTypeError,
@@ -12,6 +13,7 @@ from pagedkv.errors import (
     ForeignBlockError,
     InvalidAllocatorConfigError,
     NoFreeBlocksError,
+    RefCountError,
     StaleBlockError,
 )
 from pagedkv.id_pool import IdPool, PoolBlock, fork_chain, pool_ids
@@ -129,3 +131,55 @@ def test_pool_ids() -> None:
         pool_ids(3, 2, range(2))
     with pytest.raises(InvalidAllocatorConfigError):
         pool_ids(1, 0, None)
+
+
+def test_a_block_says_its_kind_state_and_whether_it_is_cached() -> None:
+    from pagedkv import PrefixCachingBlockAllocator
+
+    naive = NaiveBlockAllocator(2, 2)
+    blk = naive.allocate_mutable_block(None)
+    assert repr(blk) == "NaiveBlock(id=0, tokens=[])"
+    blk.append_token_ids([5])
+    naive.free(blk)
+    assert repr(blk) == "NaiveBlock(freed, tokens=[5])"
+    caching = PrefixCachingBlockAllocator(2, 2)
+    full = caching.allocate_immutable_block(None, [1, 2])
+    assert repr(full) == "PrefixCachingBlock(id=0, cached, tokens=[1, 2])"
+    assert repr(caching.allocate_mutable_block(full)) == "PrefixCachingBlock(id=1, tokens=[])"
+
+
+def test_a_caching_pool_chains_only_after_a_live_caching_block() -> None:
+    from pagedkv import PrefixCachingBlockAllocator
+
+    caching = PrefixCachingBlockAllocator(4, 2)
+    naive_block = NaiveBlockAllocator(4, 2, range(10, 14)).allocate_mutable_block(None)
+    err = raised(ForeignBlockError, caching.allocate_mutable_block, naive_block)
+    assert err.block_id == 10
+    assert "prev_block must be a block of a prefix-caching allocator" in str(err)
+    bad = raised(ArgumentTypeError, caching.allocate_mutable_block, "b0")
+    assert "prev_block" in str(bad)
+    prev = caching.allocate_mutable_block(None)
+    caching.free(prev)
+    raised(StaleBlockError, caching.allocate_mutable_block, prev)
+    assert caching.get_num_free_blocks() == 4  # nothing taken by the failed calls
+
+
+def test_detach_and_copy_on_write_need_a_block_holding_an_id() -> None:
+    pool = _pool()
+    blk = pool.take_block(None)
+    pool.detach(blk)
+    for call in (pool.detach, pool.copy_on_write):
+        err = raised(RefCountError, call, blk)
+        assert "a block without id" in str(err)
+    assert pool.refcounts() == (0, 0, 0)
+
+
+def test_naive_and_caching_pools_do_not_swap_into_each_other() -> None:
+    from pagedkv import PrefixCachingBlockAllocator
+
+    naive = NaiveBlockAllocator(2, 2)
+    caching = PrefixCachingBlockAllocator(2, 2, range(2, 4))
+    blk = naive.allocate_mutable_block(None)
+    err = raised(ForeignBlockError, naive.swap_blocks_to, caching, [blk], "GPU", "CPU")
+    assert "cannot swap between a caching and a naive pool" in str(err)
+    assert naive.refcount_of(0) == 1 and not naive.block_is_computed(0)

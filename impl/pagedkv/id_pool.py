@@ -392,10 +392,6 @@ class IdPool:
         """The refcount of one of this pool's ids. O(1)."""
         return self._rc[block_id - self._first]
 
-    def record_cow(self, src: int, dst: int) -> None:
-        """Log a copy-on-write from ``src`` to ``dst``. O(1)."""
-        self._cow.append((src, dst))
-
     def clear_copy_on_writes(self) -> list[tuple[int, int]]:
         """Pending CoW pairs, in the order recorded; emptied. Complexity: O(1)."""
         pairs = self._cow
