@@ -1,7 +1,9 @@
 """pagedkv: a verified paged KV-cache block manager (vLLM 0.6.3 naive semantics).
 
 The block layer: :class:`NaiveBlockAllocator` (one device), :class:`CpuGpuBlockAllocator`
-(GPU + CPU, disjoint ids), :class:`NaiveBlock` / :class:`NullBlock`, :class:`RefCounter`.
+(GPU + CPU, disjoint ids), :class:`NullBlock`, :class:`RefCounter`; the block objects are
+:class:`~pagedkv.id_pool.PoolBlock` (importable here under vLLM's names ``NaiveBlock`` and
+``PrefixCachingBlock``).
 The data layer: :class:`KVCacheEngine` (torch KV tensors that block ids index) and the
 paged-attention inputs of :mod:`pagedkv.attention`.
 Errors live in :mod:`pagedkv.errors`. Every operation refines the executable spec in
@@ -19,11 +21,14 @@ from pagedkv.block_table import BlockTable
 from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.interfaces import Block, BlockAllocator, DeviceAwareBlockAllocator
 from pagedkv.manager import AppendSlotsBatch, BlockSpaceManager, ManagerStats
-from pagedkv.naive_allocator import NaiveBlock, NaiveBlockAllocator, NullBlock
+from pagedkv.naive_allocator import NaiveBlock as NaiveBlock  # vLLM's name, not in __all__
+from pagedkv.naive_allocator import NaiveBlockAllocator, NullBlock
 from pagedkv.prefix_caching_allocator import (
     CacheStats,
-    PrefixCachingBlock,
     PrefixCachingBlockAllocator,
+)
+from pagedkv.prefix_caching_allocator import (
+    PrefixCachingBlock as PrefixCachingBlock,  # vLLM's name, not in __all__
 )
 from pagedkv.refcount import RefCounter
 from pagedkv.report import SimulationResult, Summary
@@ -102,12 +107,10 @@ __all__ = [
     "KVCacheConfig",
     "KVCacheEngine",
     "ManagerStats",
-    "NaiveBlock",
     "NaiveBlockAllocator",
     "NullBlock",
     "Preemption",
     "PreemptionMode",
-    "PrefixCachingBlock",
     "PrefixCachingBlockAllocator",
     "RefCounter",
     "RequestSpec",
