@@ -155,9 +155,9 @@ def test_a_caching_pool_chains_only_after_a_live_caching_block() -> None:
     naive_block = NaiveBlockAllocator(4, 2, range(10, 14)).allocate_mutable_block(None)
     err = raised(ForeignBlockError, caching.allocate_mutable_block, naive_block)
     assert err.block_id == 10
-    assert "prev_block must be a block of a prefix-caching allocator" in str(err)
+    assert "(prev_block must be a block of a prefix-caching allocator);" in str(err)
     bad = raised(ArgumentTypeError, caching.allocate_mutable_block, "b0")
-    assert "prev_block" in str(bad)
+    assert str(bad).startswith("prev_block must be a Block")
     prev = caching.allocate_mutable_block(None)
     caching.free(prev)
     raised(StaleBlockError, caching.allocate_mutable_block, prev)
@@ -168,9 +168,12 @@ def test_detach_and_copy_on_write_need_a_block_holding_an_id() -> None:
     pool = _pool()
     blk = pool.take_block(None)
     pool.detach(blk)
-    for call in (pool.detach, pool.copy_on_write):
-        err = raised(RefCountError, call, blk)
-        assert "a block without id" in str(err)
+    err = raised(RefCountError, pool.detach, blk)
+    assert err.block_id == -1
+    assert str(err) == "refcount of block -1: a block without id holds no reference"
+    err = raised(RefCountError, pool.copy_on_write, blk)
+    assert err.block_id == -1
+    assert str(err) == "refcount of block -1: a block without id has nothing to copy"
     assert pool.refcounts() == (0, 0, 0)
 
 
@@ -181,5 +184,19 @@ def test_naive_and_caching_pools_do_not_swap_into_each_other() -> None:
     caching = PrefixCachingBlockAllocator(2, 2, range(2, 4))
     blk = naive.allocate_mutable_block(None)
     err = raised(ForeignBlockError, naive.swap_blocks_to, caching, [blk], "GPU", "CPU")
-    assert "cannot swap between a caching and a naive pool" in str(err)
+    assert "(cannot swap between a caching and a naive pool);" in str(err)
     assert naive.refcount_of(0) == 1 and not naive.block_is_computed(0)
+
+
+def test_a_block_argument_that_is_not_a_block_is_named() -> None:
+    naive = NaiveBlockAllocator(2, 2)
+    err = raised(ArgumentTypeError, naive.append_token_ids, "b0", [1])
+    assert str(err).startswith("block must be a Block")
+    freed = naive.allocate_mutable_block(None)
+    naive.free(freed)
+    raised(StaleBlockError, naive.append_token_ids, freed, [1])  # a use, not a double free
+
+
+def test_pool_ids_names_a_negative_count() -> None:
+    err = raised(InvalidAllocatorConfigError, pool_ids, -1, 2, None)
+    assert str(err) == "num_blocks must be an int >= 0, got -1"

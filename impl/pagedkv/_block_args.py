@@ -47,8 +47,7 @@ def check_prev_block(prev_block: object) -> None:
     that was not freed (its id may be another owner's now). O(1)."""
     if prev_block is None:
         return
-    require_block("prev_block", prev_block)
-    if getattr(prev_block, "freed", False):
+    if require_block("prev_block", prev_block).freed:
         raise StaleBlockError("chain a new block after")
 
 

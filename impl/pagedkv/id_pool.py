@@ -444,16 +444,14 @@ class IdPool:
     def checked(self, block: Block, operation: str) -> PoolBlock:
         """``block`` as a live-or-swapped object of this pool, else the typed error
         for ``operation``: :class:`ForeignBlockError` (another pool's, or not a
-        block: :class:`ArgumentTypeError`), :class:`DoubleFreeError` (a freed one,
-        freed again) or :class:`StaleBlockError` (a freed one, used). O(1)."""
+        block: :class:`ArgumentTypeError`) or :class:`StaleBlockError` (a freed one;
+        a free goes through :meth:`free_block`, which names a double free). O(1)."""
         if type(block) is not PoolBlock or block._pool is not self:
             require_block("block", block)
             raise ForeignBlockError(
                 block.block_id, f"cannot {operation}: not a block of {self._owner}"
             )
         if block._freed:
-            if operation == "free":
-                raise DoubleFreeError()
             raise StaleBlockError(operation)
         return block
 
@@ -617,7 +615,7 @@ class IdPool:
         a freed object, one without id, one on ``dst``, fewer free ids on ``dst`` than
         distinct ids to move (``src_name`` / ``dst_name`` name the pools in those
         errors); the naive allocator's ``swap_blocks_to``. Complexity: O(len(blocks))."""
-        if dst._kind != self._kind or self._release is not None or dst._release is not None:
+        if self._release is not None or dst._release is not None:  # a caching pool's moves
             raise ForeignBlockError(None, "cannot swap between a caching and a naive pool")
         owned: list[PoolBlock] = []
         for b in dict.fromkeys(require_blocks(blocks)):
