@@ -50,7 +50,7 @@ from pagedkv import (
     SequenceGroup,
     SequenceStatus,
 )
-from pagedkv.content_key import sha256_key
+from pagedkv.v0.content_key import sha256_key
 
 
 class _Floor:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from pagedkv.cache import KVCacheEngine
+from pagedkv.kv.cache import KVCacheEngine
 from pagedkv_spec.device import Device
 
 __all__ = ["main"]

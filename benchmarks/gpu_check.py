@@ -6,7 +6,7 @@ Run from the repository root: ``python -m benchmarks.gpu_check [--budget-s S] [-
 1. **tests**: ``pytest -m cuda`` over :data:`CUDA_TEST_FILES` in a subprocess, with a
    timeout of half the budget; the counts come from pytest's JUnit XML report.
 2. **benchmark**: for each block shape of :data:`BLOCK_SHAPES`, batches of
-   :data:`BATCH` blocks through :class:`~pagedkv.cache.KVCacheEngine` (pinned CPU tier,
+   :data:`BATCH` blocks through :class:`~pagedkv.kv.cache.KVCacheEngine` (pinned CPU tier,
    swaps on the side stream): ``swap_out``, ``swap_in`` and ``copy`` (copy-on-write),
    with consecutive (``runs``) and scattered (``random``) ids; beside them, one raw
    contiguous ``copy_`` of the same bytes device -> pinned host and pinned host ->
@@ -53,7 +53,7 @@ from typing import NoReturn, TextIO
 import torch
 
 from benchmarks.bench_cache import make_pairs
-from pagedkv.cache import KVCacheEngine
+from pagedkv.kv.cache import KVCacheEngine
 
 __all__ = [
     "BATCH",

@@ -35,7 +35,8 @@ from typing import Any
 import torch
 
 import pagedkv
-from pagedkv import cli, errors
+from pagedkv import errors
+from pagedkv.serving import cli
 
 # The battery passes wrong types on purpose: its names are typed Any, so that mypy
 # checks the battery's own code, not the bad calls it makes.
@@ -57,7 +58,7 @@ SequenceStatus: Any = _P.SequenceStatus
 SimulationConfig: Any = _P.SimulationConfig
 Simulator: Any = _P.Simulator
 build_attention_inputs: Any = _P.build_attention_inputs
-parse_trace: Any = pagedkv.workload.parse_trace
+parse_trace: Any = pagedkv.serving.workload.parse_trace
 
 __all__ = ["CASES", "CLI_CASES", "Case", "CliCase", "cli_verdict", "main", "verdict"]
 

@@ -42,9 +42,9 @@ from pagedkv import (
     SequenceStatus,
 )
 from pagedkv import Device as PagedKVDevice
-from pagedkv.content_key import sha256_key
-from pagedkv.evictor import LRUEvictor
-from pagedkv.sequence import AllocDecision
+from pagedkv.v0.content_key import sha256_key
+from pagedkv.v0.evictor import LRUEvictor
+from pagedkv.v0.sequence import AllocDecision
 from pagedkv_stateful.adapters import (
     MISUSE_KINDS,
     AllocatorAdapter,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
-from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 
 __all__ = ["add", "ids", "make", "one_in_each_queue", "step"]
 

@@ -1,4 +1,4 @@
-"""Tests of pagedkv.attention: per-step input tensors and the reference paged read.
+"""Tests of pagedkv.kv.attention: per-step input tensors and the reference paged read.
 
 The oracle for the paged read is standard softmax attention
 (``torch.nn.functional.scaled_dot_product_attention``) over the contiguous K/V
@@ -22,13 +22,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import raised_exactly
-from pagedkv.attention import (
-    PAD_BLOCK_ID,
-    AttentionInputs,
-    build_attention_inputs,
-    paged_attention_reference,
-)
-from pagedkv.cache import KVCacheEngine
 from pagedkv.errors import (
     ArgumentTypeError,
     KVBlockIdError,
@@ -36,6 +29,13 @@ from pagedkv.errors import (
     KVRangeError,
     KVTensorMismatchError,
 )
+from pagedkv.kv.attention import (
+    PAD_BLOCK_ID,
+    AttentionInputs,
+    build_attention_inputs,
+    paged_attention_reference,
+)
+from pagedkv.kv.cache import KVCacheEngine
 
 # ---------------------------------------------------------------- build_attention_inputs
 

@@ -1,4 +1,4 @@
-"""Unit and property tests for pagedkv.block_table: BlockTable (vLLM 0.6.3 semantics,
+"""Unit and property tests for pagedkv.v0.block_table: BlockTable (vLLM 0.6.3 semantics,
 pagedkv's stricter rules), its sliding window and its ``check_invariants``.
 
 Every test of the window step is here (section "sliding window"), also those over
@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from helpers import raised
 from pagedkv import Block, CpuGpuBlockAllocator, Device, DeviceAwareBlockAllocator, NullBlock
-from pagedkv.block_table import BlockTable
 from pagedkv.errors import (
     ArgumentTypeError,
     BlockSpaceManagerError,
@@ -32,8 +31,9 @@ from pagedkv.errors import (
     TableAlreadyAllocatedError,
     TableNotAllocatedError,
 )
-from pagedkv.naive_allocator import NaiveBlock
-from pagedkv.prefix_caching_allocator import PrefixCachingBlock
+from pagedkv.v0.block_table import BlockTable
+from pagedkv.v0.naive_allocator import NaiveBlock
+from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlock
 
 GPU, CPU = Device.GPU, Device.CPU
 

@@ -1,6 +1,6 @@
-"""Tests of the KV cache engine (pagedkv.cache): sizing, swaps, copies, writes, errors,
-and of the internal modules it uses: argument validation (pagedkv._kv_args) and block
-copies (pagedkv._block_copy: ``Rows``, ``runs``, ``wide``, ``BlockCopier``).
+"""Tests of the KV cache engine (pagedkv.kv.cache): sizing, swaps, copies, writes, errors,
+and of the internal modules it uses: argument validation (pagedkv.kv._kv_args) and block
+copies (pagedkv.kv._block_copy: ``Rows``, ``runs``, ``wide``, ``BlockCopier``).
 
 Storage is filled with random *bytes* (NaN and denormal patterns included) and
 compared as bytes, so "restores exactly" means bit for bit. The validation tests pin
@@ -24,11 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import raised
-from pagedkv import _validate, cache
-from pagedkv._block_copy import BlockCopier, Rows, runs, wide
-from pagedkv._kv_args import slot_tensor
-from pagedkv.cache import KVCacheConfig, KVCacheEngine, _require_room
-from pagedkv.copy_handle import CopyHandle, SwapQueue
+from pagedkv import _validate
 from pagedkv.errors import (
     ArgumentTypeError,
     InvalidKVCacheConfigError,
@@ -38,6 +34,11 @@ from pagedkv.errors import (
     KVTensorMismatchError,
     PagedKVError,
 )
+from pagedkv.kv import cache
+from pagedkv.kv._block_copy import BlockCopier, Rows, runs, wide
+from pagedkv.kv._kv_args import slot_tensor
+from pagedkv.kv.cache import KVCacheConfig, KVCacheEngine, _require_room
+from pagedkv.kv.copy_handle import CopyHandle, SwapQueue
 from pagedkv_spec.device import Device
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -18,9 +18,9 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Device
 from pagedkv import Sequence as Seq
-from pagedkv.content_key import ExtraKeys, check_extra_keys, sha256_key
-from pagedkv.evictor import LRUEvictor
-from pagedkv.prefix_caching_allocator import CacheKey, PrefixCachingBlockAllocator
+from pagedkv.v0.content_key import ExtraKeys, check_extra_keys, sha256_key
+from pagedkv.v0.evictor import LRUEvictor
+from pagedkv.v0.prefix_caching_allocator import CacheKey, PrefixCachingBlockAllocator
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.caching_manager_machine import CachingManagerMachine

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from helpers import raised
-from pagedkv import cli, report
 from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError
-from pagedkv.scheduler import SchedulerConfig
-from pagedkv.simulator import SimulationConfig, Simulator
+from pagedkv.serving import cli, report
+from pagedkv.serving.scheduler import SchedulerConfig
+from pagedkv.serving.simulator import SimulationConfig, Simulator
 
 SMALL = ["simulate", "--preset", "chat", "--num-requests", "4", "--quiet", "--device", "cpu"]
 
@@ -320,7 +320,7 @@ def test_the_help_says_what_each_command_and_option_is(
     )
     for option in [
         f"--preset {PRESET_CHOICES} synthetic workload with its cache size (default: overload)",
-        "--trace FILE JSONL trace; arrival_time in steps (pagedkv.workload)",
+        "--trace FILE JSONL trace; arrival_time in steps (pagedkv.serving.workload)",
         "--num-requests NUM_REQUESTS override the preset's count",
         "--seed SEED seed of the synthetic workload",
         "--block-size BLOCK_SIZE tokens per block",
@@ -496,7 +496,7 @@ def test_the_cache_and_scheduler_flags_reach_the_setup(
 def test_a_preset_run_serves_the_seeded_workload_and_names_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from pagedkv.workload import generate, preset
+    from pagedkv.serving.workload import generate, preset
 
     argv = [*SMALL, "--seed", "5", "--gpu-blocks", "400", "--json"]
     assert cli.main(argv) == 0
@@ -670,7 +670,7 @@ def test_console_script_errors_have_no_traceback() -> None:
 
 def test_pagedkv_conform_is_wired_into_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     """`pagedkv conform` reaches the conformance kit: a faulty allocator exits 1."""
-    from pagedkv import cli
+    from pagedkv.serving import cli
 
     code = cli.main(["conform", "faulty_allocators:shared_free_allocator", "--max-examples", "60"])
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Tests for pagedkv.content_key: the block encoding, the key functions, extra-key checks.
+"""Tests for pagedkv.v0.content_key: the block encoding, the key functions, extra-key checks.
 
 ``decode_block`` below parses the documented encoding independently of the
 implementation; ``encode_block`` is shown injective by decoding what it
@@ -20,7 +20,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from helpers import raised
-from pagedkv.content_key import (
+from pagedkv.errors import InvalidAllocatorConfigError, InvalidExtraKeysError
+from pagedkv.v0.content_key import (
     KEY_FUNCTIONS,
     ExtraKeys,
     builtin_key,
@@ -29,7 +30,6 @@ from pagedkv.content_key import (
     get_key_function,
     sha256_key,
 )
-from pagedkv.errors import InvalidAllocatorConfigError, InvalidExtraKeysError
 
 ROOT = Path(__file__).parent.parent
 I64 = 1 << 63
@@ -59,7 +59,7 @@ Triple = tuple[bytes | None, tuple[int, ...], ExtraKeys]
 
 
 def decode_block(data: bytes) -> Triple:
-    """Parse the encoding documented in pagedkv.content_key (an independent reading)."""
+    """Parse the encoding documented in pagedkv.v0.content_key (an independent reading)."""
     pos = 0
 
     def take(n: int) -> bytes:
@@ -263,7 +263,7 @@ def test_sha256_key_is_the_same_under_any_hash_seed() -> None:
         "import sys, types\n"
         f"pkg = types.ModuleType('pagedkv'); pkg.__path__ = [{str(ROOT / 'impl' / 'pagedkv')!r}]\n"
         "sys.modules['pagedkv'] = pkg\n"
-        "from pagedkv.content_key import sha256_key as k\n"
+        "from pagedkv.v0.content_key import sha256_key as k\n"
         "assert 'torch' not in sys.modules\n"
         "p = k(None, [1, 2, 3], (7, 'salt', b'mm'))\n"
         "print(k(p, [4, 5], ('salt', 1 << 70)).hex(), hash('salt'))\n"

@@ -1,4 +1,4 @@
-"""Tests of swap completion (pagedkv.copy_handle) on the CPU, with fake CUDA events and streams.
+"""Tests of swap completion (pagedkv.kv.copy_handle) on the CPU, with fake CUDA events and streams.
 
 :class:`CopyHandle`, :class:`SwapQueue` and :func:`event_done` only call
 ``event.query()``, ``event.synchronize()``, ``stream.wait_event(event)`` and
@@ -16,8 +16,8 @@ from typing import cast
 import pytest
 import torch
 
-from pagedkv.cache import KVCacheEngine
-from pagedkv.copy_handle import CopyHandle, PendingSwap, SwapQueue, event_done
+from pagedkv.kv.cache import KVCacheEngine
+from pagedkv.kv.copy_handle import CopyHandle, PendingSwap, SwapQueue, event_done
 from pagedkv_spec.device import Device
 
 DEV = torch.device("cuda", 1)  # not the default device: tests see that it is passed on

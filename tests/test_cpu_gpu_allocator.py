@@ -1,4 +1,4 @@
-"""Unit tests for pagedkv.cpu_gpu_allocator: two pools (GPU and CPU, disjoint ids), routing
+"""Unit tests for pagedkv.v0.cpu_gpu_allocator: two pools (GPU and CPU, disjoint ids), routing
 by device, fork and swap across them, the null block, ``to_spec`` and ``check_invariants``.
 
 The allocator machine covers sequences of operations; these tests pin corner cases,

@@ -35,10 +35,6 @@ from pagedkv import (
     SequenceStatus,
 )
 from pagedkv._validate import available_memory
-from pagedkv.attention import build_attention_inputs, paged_attention_reference
-from pagedkv.block_table import BlockTable
-from pagedkv.cache import KVCacheConfig, KVCacheEngine
-from pagedkv.cli import parse_size
 from pagedkv.errors import (
     ArgumentTypeError,
     BlockNotInUseError,
@@ -75,12 +71,16 @@ from pagedkv.errors import (
     UnknownSequenceError,
     WorkloadError,
 )
-from pagedkv.evictor import LRUEvictor
-from pagedkv.prefix_caching_allocator import PrefixCachingBlockAllocator
-from pagedkv.refcount import contiguous_range
-from pagedkv.scheduler import Scheduler, SchedulerConfig
-from pagedkv.simulator import SimulationConfig, Simulator
-from pagedkv.workload import parse_trace, preset
+from pagedkv.kv.attention import build_attention_inputs, paged_attention_reference
+from pagedkv.kv.cache import KVCacheConfig, KVCacheEngine
+from pagedkv.serving.cli import parse_size
+from pagedkv.serving.scheduler import Scheduler, SchedulerConfig
+from pagedkv.serving.simulator import SimulationConfig, Simulator
+from pagedkv.serving.workload import parse_trace, preset
+from pagedkv.v0.block_table import BlockTable
+from pagedkv.v0.evictor import LRUEvictor
+from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
+from pagedkv.v0.refcount import contiguous_range
 from pagedkv_stateful.conform import UsageError, run_conformance
 from scheduler_helpers import add, one_in_each_queue, step
 from scheduler_helpers import make as make_scheduler

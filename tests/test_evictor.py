@@ -1,4 +1,4 @@
-"""Unit and model-based tests for pagedkv.evictor: ``LRUEvictor``.
+"""Unit and model-based tests for pagedkv.v0.evictor: ``LRUEvictor``.
 
 The machine drives an ``LRUEvictor`` and a reference model (a dict scanned for
 the minimum of ``(last_accessed, -num_hashed_tokens, seq)``) in lockstep
@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from helpers import raised
 from pagedkv.errors import EvictorError
-from pagedkv.evictor import LRUEvictor
+from pagedkv.v0.evictor import LRUEvictor
 
 BLOCK_IDS = st.integers(0, 7)
 TIMES = st.sampled_from([0.0, 1.0, 1.5, 2.0, 3.0, -1.0])

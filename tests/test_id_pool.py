@@ -16,7 +16,7 @@ from pagedkv.errors import (
     RefCountError,
     StaleBlockError,
 )
-from pagedkv.id_pool import IdPool, PoolBlock, fork_chain, pool_ids
+from pagedkv.v0.id_pool import IdPool, PoolBlock, fork_chain, pool_ids
 
 
 def _pool(n: int = 3, first: int = 0, **hooks: object) -> IdPool:

@@ -30,9 +30,9 @@ from pagedkv import (
     SequenceStatus,
 )
 from pagedkv.errors import InvariantViolationError
-from pagedkv.evictor import LRUEvictor
-from pagedkv.prefix_caching_allocator import PrefixCachingBlockAllocator
-from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.v0.evictor import LRUEvictor
+from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv_spec import invariants
 from pagedkv_spec.invariants import LAYERS, REGISTRY, observe
 from pagedkv_stateful.allocator_machine import AllocatorMachine

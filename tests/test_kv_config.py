@@ -1,4 +1,4 @@
-"""Unit tests for pagedkv.kv_config: ``KVCacheConfig`` validation, tier names
+"""Unit tests for pagedkv.kv.kv_config: ``KVCacheConfig`` validation, tier names
 (``as_tier``) and device resolution (``resolve_device``), seen through the engine
 that uses them.
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from helpers import raised
-from pagedkv.cache import KVCacheConfig, KVCacheEngine
 from pagedkv.errors import ArgumentTypeError, InvalidKVCacheConfigError, KVTensorMismatchError
-from pagedkv.kv_config import resolve_device
+from pagedkv.kv.cache import KVCacheConfig, KVCacheEngine
+from pagedkv.kv.kv_config import resolve_device
 from pagedkv_spec.device import Device
 
 GPU, CPU = Device.GPU, Device.CPU

@@ -15,8 +15,8 @@ import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Device, Sequence
-from pagedkv.content_key import sha256_key
-from pagedkv.prefix_caching_allocator import PrefixCachingBlockAllocator
+from pagedkv.v0.content_key import sha256_key
+from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv_stateful.kv_machine import CachingKVMachine, KVMachine, Pairs, prefix_digest
 from pagedkv_stateful.profiles import find_fast
 

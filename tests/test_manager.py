@@ -1,4 +1,4 @@
-"""Unit tests for pagedkv.manager: BlockSpaceManager corner cases (the manager machine
+"""Unit tests for pagedkv.v0.manager: BlockSpaceManager corner cases (the manager machine
 covers sequences), its stats and usage figures, its sliding-window part and its
 ``check_invariants`` on corrupted states.
 
@@ -20,7 +20,6 @@ from pagedkv import (
     SequenceGroup,
     SequenceStatus,
 )
-from pagedkv.block_table import BlockTable
 from pagedkv.errors import (
     ArgumentTypeError,
     DoubleFreeError,
@@ -32,8 +31,9 @@ from pagedkv.errors import (
     SequenceAlreadyAllocatedError,
     UnknownSequenceError,
 )
-from pagedkv.naive_allocator import NaiveBlock
-from pagedkv.prefix_caching_allocator import PrefixCachingBlock, PrefixCachingBlockAllocator
+from pagedkv.v0.block_table import BlockTable
+from pagedkv.v0.naive_allocator import NaiveBlock
+from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlock, PrefixCachingBlockAllocator
 from pagedkv_spec import manager as spec
 
 GPU, CPU = Device.GPU, Device.CPU

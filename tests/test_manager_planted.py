@@ -8,7 +8,7 @@ import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv import AllocStatus, BlockSpaceManager, Sequence
-from pagedkv.naive_allocator import NaiveBlock
+from pagedkv.v0.naive_allocator import NaiveBlock
 from pagedkv_spec.device import Device
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.manager_machine import ManagerMachine

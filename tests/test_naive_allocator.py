@@ -1,4 +1,4 @@
-"""Unit tests for pagedkv.naive_allocator: one pool (``NaiveBlockAllocator``), its blocks
+"""Unit tests for pagedkv.v0.naive_allocator: one pool (``NaiveBlockAllocator``), its blocks
 (``NaiveBlock``) and the null block's own behaviour (``NullBlock``).
 
 The allocator machine drives the two-pool allocator through sequences of operations;

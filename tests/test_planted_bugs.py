@@ -17,7 +17,7 @@ import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv import CpuGpuBlockAllocator, NaiveBlockAllocator
-from pagedkv.id_pool import IdPool
+from pagedkv.v0.id_pool import IdPool
 from pagedkv_stateful.allocator_machine import AllocatorMachine
 from pagedkv_stateful.profiles import find_fast
 

@@ -1,4 +1,4 @@
-"""Unit tests for pagedkv.refcount: ``contiguous_range`` and ``RefCounter``."""
+"""Unit tests for pagedkv.v0.refcount: ``contiguous_range`` and ``RefCounter``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from helpers import raised
 from pagedkv import RefCounter
 from pagedkv.errors import ArgumentTypeError, InvalidAllocatorConfigError, RefCountError
-from pagedkv.refcount import contiguous_range
+from pagedkv.v0.refcount import contiguous_range
 
 
 def test_contiguous_range_accepts_any_ascending_run() -> None:

@@ -1,10 +1,10 @@
-"""Unit tests for pagedkv.scheduler (and its types, pagedkv.scheduler_types): admission,
-preemption (and its fallbacks), swap-in, parallel sampling, aborts, budgets, lookahead
-slots, the step figures of ``SchedulerOutputs``, the exact reasons of preemptions,
-rejections and aborts, the typed errors of misuse and ``check_invariants`` on corrupted
-queues. The scheduler machine (tests/test_scheduler_machine.py) drives random workloads.
-
-Full error messages are pinned once, in tests/test_error_messages.py.
+"""Unit tests for pagedkv.serving.scheduler (and its types,
+pagedkv.serving.scheduler_types): admission, preemption (and its fallbacks), swap-in,
+parallel sampling, aborts, budgets, lookahead slots, the step figures of
+``SchedulerOutputs``, the exact reasons of preemptions, rejections and aborts, the typed
+errors of misuse and ``check_invariants`` on corrupted queues. The scheduler machine
+(tests/test_scheduler_machine.py) drives random workloads. Full error messages are
+pinned once, in tests/test_error_messages.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pagedkv.errors import (
     InvariantViolationError,
     UnknownSequenceError,
 )
-from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerConfig
+from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerConfig
 from pagedkv_spec.invariants import REGISTRY
 from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef
 from scheduler_helpers import add, ids, make, one_in_each_queue, step

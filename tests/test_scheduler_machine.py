@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv import BlockSpaceManager, SequenceGroup
-from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv_stateful.scheduler_machine import SchedulerMachine
 
 TestSchedulerMachine = SchedulerMachine.TestCase

@@ -1,4 +1,4 @@
-"""Unit tests for pagedkv.sequence: Sequence, SequenceGroup and the admission answer types.
+"""Unit tests for pagedkv.v0.sequence: Sequence, SequenceGroup and the admission answer types.
 
 Full error messages are pinned once, in tests/test_error_messages.py.
 """
@@ -17,7 +17,7 @@ from pagedkv.errors import (
     InvalidSequenceError,
     SequenceNotInGroupError,
 )
-from pagedkv.sequence import (
+from pagedkv.v0.sequence import (
     AllocDecision,
     AllocStatus,
     Sequence,

@@ -22,8 +22,6 @@ from hypothesis import strategies as st
 
 from helpers import cleared_per_module, raised
 from pagedkv import Device
-from pagedkv.cache import KVCacheEngine
-from pagedkv.content_key import ExtraKeys, sha256_key
 from pagedkv.errors import (
     ArgumentTypeError,
     InvalidKVCacheConfigError,
@@ -31,13 +29,15 @@ from pagedkv.errors import (
     InvariantViolationError,
     WorkloadError,
 )
-from pagedkv.manager import BlockSpaceManager
-from pagedkv.prefix_caching_allocator import CacheKey, PrefixCachingBlockAllocator
-from pagedkv.report import SimulationResult, Summary
-from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
-from pagedkv.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedkv.simulator import SimulationConfig, Simulator, StepObservation
-from pagedkv.workload import PRESETS, Preset, RequestSpec, generate, preset
+from pagedkv.kv.cache import KVCacheEngine
+from pagedkv.serving.report import SimulationResult, Summary
+from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.serving.simulator import SimulationConfig, Simulator, StepObservation
+from pagedkv.serving.workload import PRESETS, Preset, RequestSpec, generate, preset
+from pagedkv.v0.content_key import ExtraKeys, sha256_key
+from pagedkv.v0.manager import BlockSpaceManager
+from pagedkv.v0.prefix_caching_allocator import CacheKey, PrefixCachingBlockAllocator
+from pagedkv.v0.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -899,7 +899,7 @@ def test_prompts_share_exactly_their_named_prefix() -> None:
 
 
 def test_two_writes_of_the_same_kv_into_one_slot_are_kept_once() -> None:
-    from pagedkv.simulator import _one_write_per_slot
+    from pagedkv.serving.simulator import _one_write_per_slot
 
     slots = torch.tensor([5, 7, 5, 9])
     values = torch.tensor([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [5.0, 6.0]])
@@ -911,7 +911,7 @@ def test_two_writes_of_the_same_kv_into_one_slot_are_kept_once() -> None:
 
 
 def test_two_writes_of_different_kv_into_one_slot_are_kv1() -> None:
-    from pagedkv.simulator import _one_write_per_slot
+    from pagedkv.serving.simulator import _one_write_per_slot
 
     slots = torch.tensor([4, 5, 6, 5])
     values = torch.zeros(4, 2, 2)

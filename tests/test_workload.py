@@ -1,4 +1,4 @@
-"""Unit tests for pagedkv.workload: the presets' random process (arrivals, lengths, n)
+"""Unit tests for pagedkv.serving.workload: the presets' random process (arrivals, lengths, n)
 checked statistically, seeds, preset validation, and trace parsing, table-driven
 (the command line's view of bad traces is in tests/test_cli.py)."""
 
@@ -22,7 +22,7 @@ import pytest
 
 from helpers import cleared_per_module, raised
 from pagedkv.errors import ArgumentTypeError, WorkloadError
-from pagedkv.workload import (
+from pagedkv.serving.workload import (
     PRESETS,
     Preset,
     RequestSpec,
@@ -277,7 +277,7 @@ def test_arrival_times_are_rounded_to_3_decimals(name: str) -> None:
 
 def test_num_requests_is_in_1_to_max_requests() -> None:
     assert len(generate(preset("chat"), 0, 1)) == 1
-    with mock.patch("pagedkv.workload.MAX_REQUESTS", 3):  # 10**6 takes seconds
+    with mock.patch("pagedkv.serving.workload.MAX_REQUESTS", 3):  # 10**6 takes seconds
         assert len(generate(preset("chat"), 0, 3)) == 3
         err = raised(WorkloadError, generate, preset("chat"), 0, 4)
     assert (err.source, err.detail) == ("--num-requests", "must be an int in 1..3, got 4")
@@ -407,7 +407,7 @@ def test_a_trace_is_read_as_utf8_under_any_locale(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     code = (
-        "import locale, sys; from pagedkv.workload import load_trace; "
+        "import locale, sys; from pagedkv.serving.workload import load_trace; "
         "assert locale.getpreferredencoding(False).lower() in ('ascii', 'ansi_x3.4-1968'); "
         f"print([r.request_id for r in load_trace({str(path)!r})] == ['caf\\xe9'])"
     )

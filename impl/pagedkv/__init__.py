@@ -2,10 +2,10 @@
 
 The block layer: :class:`NaiveBlockAllocator` (one device), :class:`CpuGpuBlockAllocator`
 (GPU + CPU, disjoint ids), :class:`NullBlock`, :class:`RefCounter`; the block objects are
-:class:`~pagedkv.id_pool.PoolBlock` (importable here under vLLM's names ``NaiveBlock`` and
+:class:`~pagedkv.v0.id_pool.PoolBlock` (importable here under vLLM's names ``NaiveBlock`` and
 ``PrefixCachingBlock``).
 The data layer: :class:`KVCacheEngine` (torch KV tensors that block ids index) and the
-paged-attention inputs of :mod:`pagedkv.attention`.
+paged-attention inputs of :mod:`pagedkv.kv.attention`.
 Errors live in :mod:`pagedkv.errors`. Every operation refines the executable spec in
 :mod:`pagedkv_spec`; the Hypothesis machines in :mod:`pagedkv_stateful` check it.
 
@@ -17,22 +17,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from pagedkv import errors
-from pagedkv.block_table import BlockTable
-from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
-from pagedkv.interfaces import Block, BlockAllocator, DeviceAwareBlockAllocator
-from pagedkv.manager import AppendSlotsBatch, BlockSpaceManager, ManagerStats
-from pagedkv.naive_allocator import NaiveBlock as NaiveBlock  # vLLM's name, not in __all__
-from pagedkv.naive_allocator import NaiveBlockAllocator, NullBlock
-from pagedkv.prefix_caching_allocator import (
-    CacheStats,
-    PrefixCachingBlockAllocator,
-)
-from pagedkv.prefix_caching_allocator import (
-    PrefixCachingBlock as PrefixCachingBlock,  # vLLM's name, not in __all__
-)
-from pagedkv.refcount import RefCounter
-from pagedkv.report import SimulationResult, Summary
-from pagedkv.scheduler import (
+from pagedkv.serving.report import SimulationResult, Summary
+from pagedkv.serving.scheduler import (
     Preemption,
     PreemptionMode,
     ScheduledSequenceGroup,
@@ -41,37 +27,51 @@ from pagedkv.scheduler import (
     SchedulerEvent,
     SchedulerOutputs,
 )
-from pagedkv.sequence import (
+from pagedkv.serving.workload import PRESETS, RequestSpec
+from pagedkv.v0.block_table import BlockTable
+from pagedkv.v0.cpu_gpu_allocator import CpuGpuBlockAllocator
+from pagedkv.v0.interfaces import Block, BlockAllocator, DeviceAwareBlockAllocator
+from pagedkv.v0.manager import AppendSlotsBatch, BlockSpaceManager, ManagerStats
+from pagedkv.v0.naive_allocator import NaiveBlock as NaiveBlock  # vLLM's name, not in __all__
+from pagedkv.v0.naive_allocator import NaiveBlockAllocator, NullBlock
+from pagedkv.v0.prefix_caching_allocator import (
+    CacheStats,
+    PrefixCachingBlockAllocator,
+)
+from pagedkv.v0.prefix_caching_allocator import (
+    PrefixCachingBlock as PrefixCachingBlock,  # vLLM's name, not in __all__
+)
+from pagedkv.v0.refcount import RefCounter
+from pagedkv.v0.sequence import (
     AllocDecision,
     AllocStatus,
     Sequence,
     SequenceGroup,
     SequenceStatus,
 )
-from pagedkv.workload import PRESETS, RequestSpec
 from pagedkv_spec.device import Device
 
 if TYPE_CHECKING:
-    from pagedkv.attention import (
+    from pagedkv.kv.attention import (
         PAD_BLOCK_ID,
         AttentionInputs,
         build_attention_inputs,
         paged_attention_reference,
     )
-    from pagedkv.cache import CopyHandle, KVCacheConfig, KVCacheEngine
-    from pagedkv.simulator import SimulationConfig, Simulator
+    from pagedkv.kv.cache import CopyHandle, KVCacheConfig, KVCacheEngine
+    from pagedkv.serving.simulator import SimulationConfig, Simulator
 
 # The names whose modules import torch, and where they live: loaded on first use.
 _TORCH_NAMES = {
-    "PAD_BLOCK_ID": "pagedkv.attention",
-    "AttentionInputs": "pagedkv.attention",
-    "build_attention_inputs": "pagedkv.attention",
-    "paged_attention_reference": "pagedkv.attention",
-    "CopyHandle": "pagedkv.cache",
-    "KVCacheConfig": "pagedkv.cache",
-    "KVCacheEngine": "pagedkv.cache",
-    "SimulationConfig": "pagedkv.simulator",
-    "Simulator": "pagedkv.simulator",
+    "PAD_BLOCK_ID": "pagedkv.kv.attention",
+    "AttentionInputs": "pagedkv.kv.attention",
+    "build_attention_inputs": "pagedkv.kv.attention",
+    "paged_attention_reference": "pagedkv.kv.attention",
+    "CopyHandle": "pagedkv.kv.cache",
+    "KVCacheConfig": "pagedkv.kv.cache",
+    "KVCacheEngine": "pagedkv.kv.cache",
+    "SimulationConfig": "pagedkv.serving.simulator",
+    "Simulator": "pagedkv.serving.simulator",
 }
 
 

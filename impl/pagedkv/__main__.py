@@ -1,10 +1,10 @@
-"""``python -m pagedkv`` and the ``pagedkv`` console script: see :mod:`pagedkv.cli`."""
+"""``python -m pagedkv`` and the ``pagedkv`` console script: see :mod:`pagedkv.serving.cli`."""
 
 from __future__ import annotations
 
 import sys
 
-from pagedkv.cli import main
+from pagedkv.serving.cli import main
 
 __all__ = ["main"]
 

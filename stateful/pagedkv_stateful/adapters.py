@@ -30,7 +30,7 @@ from typing import Any
 
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator
 from pagedkv import Sequence as Seq
-from pagedkv.sequence import AllocDecision, SequenceGroup
+from pagedkv.v0.sequence import AllocDecision, SequenceGroup
 from pagedkv_spec.allocator import AllocatorState
 from pagedkv_spec.caching_manager import CachingManagerState, CTable
 from pagedkv_spec.device import Device

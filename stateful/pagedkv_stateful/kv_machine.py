@@ -62,8 +62,8 @@ from pagedkv import (
     SequenceGroup,
     SequenceStatus,
 )
-from pagedkv.content_key import ExtraKeys
 from pagedkv.errors import KVCacheError
+from pagedkv.v0.content_key import ExtraKeys
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import holds, label
 from pagedkv_spec.kv import first_lost

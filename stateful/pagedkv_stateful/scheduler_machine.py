@@ -44,7 +44,7 @@ from pagedkv.errors import (
     PagedKVError,
     UnknownSequenceError,
 )
-from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds, label
 from pagedkv_spec.kv import first_lost

@@ -13,7 +13,7 @@ from pagedkv.errors import (
     InvalidTokenIdsError,
     StaleBlockError,
 )
-from pagedkv.interfaces import Block
+from pagedkv.v0.interfaces import Block
 
 __all__ = [
     "chain_of",

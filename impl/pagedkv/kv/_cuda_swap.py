@@ -1,18 +1,18 @@
 """Swaps on a CUDA side stream: the engine code that runs only with a CUDA device.
 
 With a CUDA device the CPU tier is pinned host memory and
-:class:`~pagedkv.cache.KVCacheEngine` queues each swap on a side stream:
+:class:`~pagedkv.kv.cache.KVCacheEngine` queues each swap on a side stream:
 :func:`swap_on_side_stream` issues the copies there, records an event after the
 last device operation and queues the swap (and, for a swap-out, its host step,
 the scatter of the staged pinned rows into the CPU tier) on the engine's
-:class:`~pagedkv.copy_handle.SwapQueue`. :func:`gather_host` stages CPU-tier rows
+:class:`~pagedkv.kv.copy_handle.SwapQueue`. :func:`gather_host` stages CPU-tier rows
 for a swap-in.
 
-This module is separate from :mod:`pagedkv.cache` because none of it can run on
+This module is separate from :mod:`pagedkv.kv.cache` because none of it can run on
 a CPU-only machine (pinned memory, streams and events need a CUDA device), so it
 is left out of mutation runs: no CPU test could kill a mutant here. The engine
 calls it from ``KVCacheEngine._swap`` when it has a side stream; the queue and
-handle logic it relies on lives in :mod:`pagedkv.copy_handle` and is tested on
+handle logic it relies on lives in :mod:`pagedkv.kv.copy_handle` and is tested on
 the CPU with fake events and streams.
 """
 
@@ -22,8 +22,8 @@ from collections.abc import Callable
 
 import torch
 
-from pagedkv._block_copy import BlockCopier, Rows, wide
-from pagedkv.copy_handle import CopyHandle, SwapQueue
+from pagedkv.kv._block_copy import BlockCopier, Rows, wide
+from pagedkv.kv.copy_handle import CopyHandle, SwapQueue
 
 __all__ = ["gather_host", "swap_on_side_stream"]
 

@@ -28,13 +28,13 @@ from pagedkv._validate import (
     require_str,
     require_token_ids,
 )
-from pagedkv.content_key import ExtraKeys, check_extra_keys
 from pagedkv.errors import (
     ArgumentTypeError,
     DuplicateSequenceIdError,
     InvalidSequenceError,
     SequenceNotInGroupError,
 )
+from pagedkv.v0.content_key import ExtraKeys, check_extra_keys
 from pagedkv_spec.status import AllocStatus
 
 __all__ = ["AllocDecision", "AllocStatus", "Sequence", "SequenceGroup", "SequenceStatus"]

@@ -10,7 +10,7 @@ rows on one device by one of two paths, chosen per call:
   on the CPU), one ``index_copy_`` scatters them, over 16-byte elements where the
   row allows (:func:`wide`).
 
-The copier never validates ids: :mod:`pagedkv._kv_args` does that first.
+The copier never validates ids: :mod:`pagedkv.kv._kv_args` does that first.
 """
 
 from __future__ import annotations

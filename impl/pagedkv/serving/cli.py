@@ -2,7 +2,7 @@
 
 Commands:
     simulate   serve a preset or a JSONL trace with the scheduler, the block
-               manager and the KV cache engine (see :mod:`pagedkv.simulator`)
+               manager and the KV cache engine (see :mod:`pagedkv.serving.simulator`)
 
 Bad input (unknown preset, malformed trace line, impossible sizes, missing
 matplotlib for ``--plot``) prints one line ``pagedkv: error: ...`` on stderr and
@@ -21,11 +21,11 @@ from typing import NoReturn, TextIO
 
 import torch
 
-from pagedkv import report, workload
 from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError, PagedKVError
 from pagedkv.output_files import check_output_path, write_atomically
-from pagedkv.scheduler import SchedulerConfig
-from pagedkv.simulator import SimulationConfig, Simulator
+from pagedkv.serving import report, workload
+from pagedkv.serving.scheduler import SchedulerConfig
+from pagedkv.serving.simulator import SimulationConfig, Simulator
 
 __all__ = ["build_parser", "main", "parse_size"]
 
@@ -132,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="synthetic workload with its cache size (default: overload)",
     )
     source.add_argument(
-        "--trace", metavar="FILE", help="JSONL trace; arrival_time in steps (pagedkv.workload)"
+        "--trace",
+        metavar="FILE",
+        help="JSONL trace; arrival_time in steps (pagedkv.serving.workload)",
     )
     sim.add_argument("--num-requests", type=_int_at_least(1), help="override the preset's count")
     sim.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")

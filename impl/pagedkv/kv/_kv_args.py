@@ -16,7 +16,7 @@ from typing import SupportsIndex, cast
 import torch
 
 from pagedkv.errors import KVBlockIdError, KVCopyConflictError, KVTensorMismatchError
-from pagedkv.kv_config import KVCacheConfig
+from pagedkv.kv.kv_config import KVCacheConfig
 from pagedkv_spec.device import Device
 
 __all__ = [

@@ -1,9 +1,9 @@
 """The naive (no prefix caching) allocator of one device's block pool.
 
-:class:`NaiveBlockAllocator` holds one :class:`~pagedkv.id_pool.IdPool` (the
+:class:`NaiveBlockAllocator` holds one :class:`~pagedkv.v0.id_pool.IdPool` (the
 refcounts, the LIFO free list, the copy-on-write log and the block objects) and
 decides, for each operation, what is checked and which of the pool's changes it
-makes. Its blocks are :class:`~pagedkv.id_pool.PoolBlock` objects (vLLM's name
+makes. Its blocks are :class:`~pagedkv.v0.id_pool.PoolBlock` objects (vLLM's name
 for them, ``NaiveBlock``, is kept).
 """
 
@@ -11,13 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from pagedkv._block_args import (
-    chain_of,
-    check_chunks,
-    check_prev_block,
-    require_blocks,
-    still_live,
-)
 from pagedkv._validate import (
     require_bool,
     require_id_lists,
@@ -37,22 +30,29 @@ from pagedkv.errors import (
     NoFreeBlocksError,
     StaleBlockError,
 )
-from pagedkv.id_pool import IdPool, NullBlock, PoolBlock, fork_chain, pool_ids
-from pagedkv.interfaces import Block, BlockAllocator
-from pagedkv.refcount import ReadOnlyRefCounter
+from pagedkv.v0._block_args import (
+    chain_of,
+    check_chunks,
+    check_prev_block,
+    require_blocks,
+    still_live,
+)
+from pagedkv.v0.id_pool import IdPool, NullBlock, PoolBlock, fork_chain, pool_ids
+from pagedkv.v0.interfaces import Block, BlockAllocator
+from pagedkv.v0.refcount import ReadOnlyRefCounter
 from pagedkv_spec.invariants import check
 from pagedkv_spec.pool import PoolState
 
 __all__ = ["NaiveBlock", "NaiveBlockAllocator", "NullBlock"]
 
 NaiveBlock = PoolBlock
-"""vLLM's name for a block object of a naive pool: a :class:`~pagedkv.id_pool.PoolBlock`."""
+"""vLLM's name for a block object of a naive pool: a :class:`~pagedkv.v0.id_pool.PoolBlock`."""
 
 
 class NaiveBlockAllocator(BlockAllocator):
     """Allocates the blocks of one pool of contiguous ids; refines :mod:`pagedkv_spec.pool`.
 
-    Representation (private): ``_pool``, the :class:`~pagedkv.id_pool.IdPool` whose
+    Representation (private): ``_pool``, the :class:`~pagedkv.v0.id_pool.IdPool` whose
     free list is the spec's (``reversed(stack) + never-used ids``: LIFO reuse,
     initially ascending, exactly vLLM 0.6.3's deque order, with O(1)
     construction apart from the refcount list), ``_block_size`` and ``_ids``.

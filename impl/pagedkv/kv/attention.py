@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedkv._kv_args import id_list
 from pagedkv._validate import require_int
 from pagedkv.errors import (
     ArgumentTypeError,
@@ -35,6 +34,7 @@ from pagedkv.errors import (
     KVRangeError,
     KVTensorMismatchError,
 )
+from pagedkv.kv._kv_args import id_list
 
 __all__ = ["PAD_BLOCK_ID", "AttentionInputs", "build_attention_inputs", "paged_attention_reference"]
 

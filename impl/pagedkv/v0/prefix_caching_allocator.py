@@ -2,10 +2,10 @@
 :mod:`pagedkv_spec.caching`; vLLM 0.6.3's ``prefix_caching_block.py``).
 
 A full block whose predecessor is cached (or that is first) gets a content key
-(:mod:`pagedkv.content_key`: its parent's key, its tokens and the sequence's
+(:mod:`pagedkv.v0.content_key`: its parent's key, its tokens and the sequence's
 extra keys) and is *promoted*: its id is entered in the key -> id map, or, if
 the key is there already, the block shares that id and gives its own back. A
-cached id whose refcount drops to 0 goes to the :class:`~pagedkv.evictor.LRUEvictor`
+cached id whose refcount drops to 0 goes to the :class:`~pagedkv.v0.evictor.LRUEvictor`
 and stays findable until an allocation finds the free pool empty.
 
 Where this is stricter than vLLM 0.6.3 (see the spec module): the key covers
@@ -25,14 +25,6 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from pagedkv._block_args import (
-    chain_of,
-    check_chunks,
-    require_block,
-    require_blocks,
-    still_live,
-    wrong_source,
-)
 from pagedkv._validate import (
     require_bool,
     require_id_lists,
@@ -40,13 +32,6 @@ from pagedkv._validate import (
     require_int,
     require_real,
     require_token_ids,
-)
-from pagedkv.content_key import (
-    CacheKey,
-    ExtraKeys,
-    KeyFunction,
-    check_extra_keys,
-    get_key_function,
 )
 from pagedkv.errors import (
     BlockNotInUseError,
@@ -61,10 +46,25 @@ from pagedkv.errors import (
     PromotionError,
     StaleBlockError,
 )
-from pagedkv.evictor import LRUEvictor
-from pagedkv.id_pool import IdPool, PoolBlock, fork_chain, pool_ids
-from pagedkv.interfaces import Block, BlockAllocator
-from pagedkv.refcount import ReadOnlyRefCounter
+from pagedkv.v0._block_args import (
+    chain_of,
+    check_chunks,
+    require_block,
+    require_blocks,
+    still_live,
+    wrong_source,
+)
+from pagedkv.v0.content_key import (
+    CacheKey,
+    ExtraKeys,
+    KeyFunction,
+    check_extra_keys,
+    get_key_function,
+)
+from pagedkv.v0.evictor import LRUEvictor
+from pagedkv.v0.id_pool import IdPool, PoolBlock, fork_chain, pool_ids
+from pagedkv.v0.interfaces import Block, BlockAllocator
+from pagedkv.v0.refcount import ReadOnlyRefCounter
 from pagedkv_spec.caching import NEVER_ACCESSED, CachePool, CachingState, ContentKey
 from pagedkv_spec.invariants import check, require
 
@@ -93,13 +93,13 @@ class CacheStats:
 
 
 PrefixCachingBlock = PoolBlock
-"""vLLM's name for a block object of a caching pool: a :class:`~pagedkv.id_pool.PoolBlock`."""
+"""vLLM's name for a block object of a caching pool: a :class:`~pagedkv.v0.id_pool.PoolBlock`."""
 
 
 class PrefixCachingBlockAllocator(BlockAllocator):
     """Allocates the blocks of one pool with prefix caching; refines :mod:`pagedkv_spec.caching`.
 
-    Holds an :class:`~pagedkv.id_pool.IdPool` (refcounts, LIFO free list, CoW log,
+    Holds an :class:`~pagedkv.v0.id_pool.IdPool` (refcounts, LIFO free list, CoW log,
     the block objects: the pool writes them all) and adds, through the pool's
     moments (``reclaim``: the evictor gives up its victim when no free id is left;
     ``release``: a written cached id at refcount 0 stays in the evictor; ``fill``:
@@ -107,7 +107,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     private, written only by this class):
         _cached         digest -> id: every cached id, in use or in the evictor
         _key_of         per id (``id - first_id``), the :class:`CacheKey` it is cached under
-        _evictor        cached ids with refcount 0 (:class:`~pagedkv.evictor.LRUEvictor`)
+        _evictor        cached ids with refcount 0 (:class:`~pagedkv.v0.evictor.LRUEvictor`)
         _computed       per id, 1 if its KV is known to be written
         _touched        ids promoted (or hit while unwritten) since the last
                         :meth:`mark_blocks_as_computed`: the running batch writes them

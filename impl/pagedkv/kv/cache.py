@@ -19,10 +19,10 @@ The engine's own methods are always ordered after earlier swaps; code that
 reads the cache tensors directly must ``wait()`` on the handle first.
 
 The parts live in their own modules and are re-exported here:
-:mod:`pagedkv.kv_config` (:class:`KVCacheConfig`, tiers), :mod:`pagedkv.copy_handle`
-(:class:`CopyHandle`, the side-stream queue), :mod:`pagedkv._block_copy` (row copies),
-:mod:`pagedkv._kv_args` (argument validation, :data:`BlockPairs`) and
-:mod:`pagedkv._cuda_swap` (the swaps on the CUDA side stream: code that runs only
+:mod:`pagedkv.kv.kv_config` (:class:`KVCacheConfig`, tiers), :mod:`pagedkv.kv.copy_handle`
+(:class:`CopyHandle`, the side-stream queue), :mod:`pagedkv.kv._block_copy` (row copies),
+:mod:`pagedkv.kv._kv_args` (argument validation, :data:`BlockPairs`) and
+:mod:`pagedkv.kv._cuda_swap` (the swaps on the CUDA side stream: code that runs only
 with a CUDA device, kept apart so mutation runs on CPU-only machines leave it out).
 """
 
@@ -33,18 +33,18 @@ from collections.abc import Sequence
 
 import torch
 
-from pagedkv._block_copy import BlockCopier, Rows
-from pagedkv._cuda_swap import swap_on_side_stream
-from pagedkv._kv_args import BlockPairs, as_id, check_ids, check_pairs, id_list, slot_tensor
 from pagedkv._validate import require_fits_in_memory, require_int
-from pagedkv.copy_handle import CopyHandle, SwapQueue
 from pagedkv.errors import (
     ArgumentTypeError,
     InvalidKVCacheConfigError,
     KVRangeError,
     KVTensorMismatchError,
 )
-from pagedkv.kv_config import KVCacheConfig, TierLike, as_tier, block_bytes, resolve_device
+from pagedkv.kv._block_copy import BlockCopier, Rows
+from pagedkv.kv._cuda_swap import swap_on_side_stream
+from pagedkv.kv._kv_args import BlockPairs, as_id, check_ids, check_pairs, id_list, slot_tensor
+from pagedkv.kv.copy_handle import CopyHandle, SwapQueue
+from pagedkv.kv.kv_config import KVCacheConfig, TierLike, as_tier, block_bytes, resolve_device
 from pagedkv_spec.device import Device
 
 __all__ = ["BlockPairs", "CopyHandle", "KVCacheConfig", "KVCacheEngine", "TierLike"]
@@ -323,7 +323,7 @@ class KVCacheEngine:
         self, src: list[int], dst: list[int], src_tier: Device, dst_tier: Device
     ) -> CopyHandle:
         """Copy validated rows between tiers; synchronous unless on CUDA (then queued
-        on the side stream by :func:`~pagedkv._cuda_swap.swap_on_side_stream`).
+        on the side stream by :func:`~pagedkv.kv._cuda_swap.swap_on_side_stream`).
 
         Complexity: O(n log n) host work plus the copies.
         """

@@ -34,15 +34,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv._arith import cdiv
-from pagedkv._block_args import require_blocks
 from pagedkv._validate import (
     CheckedTokenIds,
     require_int,
     require_optional_int,
     require_token_ids,
 )
-from pagedkv.content_key import ExtraKeys, check_extra_keys
-from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.errors import (
     ArgumentTypeError,
     BlockWithoutIdError,
@@ -54,8 +51,11 @@ from pagedkv.errors import (
     TableAlreadyAllocatedError,
     TableNotAllocatedError,
 )
-from pagedkv.id_pool import NullBlock
-from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
+from pagedkv.v0._block_args import require_blocks
+from pagedkv.v0.content_key import ExtraKeys, check_extra_keys
+from pagedkv.v0.cpu_gpu_allocator import CpuGpuBlockAllocator
+from pagedkv.v0.id_pool import NullBlock
+from pagedkv.v0.interfaces import Block, DeviceAwareBlockAllocator
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
 from pagedkv_spec.table import TableRep, fill_ok, ids_distinct, null_prefix_exact

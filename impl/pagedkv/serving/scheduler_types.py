@@ -1,7 +1,7 @@
 """The scheduler's configuration and per-step outputs (plain data).
 
 :class:`SchedulerConfig` validates itself on construction; the scheduler
-itself is in :mod:`pagedkv.scheduler`.
+itself is in :mod:`pagedkv.serving.scheduler`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from pagedkv._validate import require_int, require_optional_int, require_str
 from pagedkv.errors import InvalidSchedulerConfigError
-from pagedkv.sequence import SequenceGroup
+from pagedkv.v0.sequence import SequenceGroup
 
 __all__ = [
     "Preemption",

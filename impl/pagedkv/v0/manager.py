@@ -26,9 +26,6 @@ from pagedkv._validate import (
     require_optional_int,
     require_real,
 )
-from pagedkv.block_table import BlockTable
-from pagedkv.content_key import ExtraKeys
-from pagedkv.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.errors import (
     ArgumentTypeError,
     InvalidAllocatorConfigError,
@@ -39,9 +36,12 @@ from pagedkv.errors import (
     SequenceAlreadyAllocatedError,
     UnknownSequenceError,
 )
-from pagedkv.interfaces import Block
-from pagedkv.prefix_caching_allocator import CacheStats
-from pagedkv.sequence import AllocDecision, Sequence, SequenceGroup, SequenceStatus
+from pagedkv.v0.block_table import BlockTable
+from pagedkv.v0.content_key import ExtraKeys
+from pagedkv.v0.cpu_gpu_allocator import CpuGpuBlockAllocator
+from pagedkv.v0.interfaces import Block
+from pagedkv.v0.prefix_caching_allocator import CacheStats
+from pagedkv.v0.sequence import AllocDecision, Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec.allocator import AllocatorState, BlockRef
 from pagedkv_spec.caching import CachingState
 from pagedkv_spec.device import Device

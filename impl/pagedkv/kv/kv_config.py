@@ -1,7 +1,7 @@
 """The shape of a KV cache: sizes per tier, the layout of one block, and tier names.
 
 :class:`KVCacheConfig` is immutable and validated on construction; everything
-else in :mod:`pagedkv.cache` derives its sizes from it. Two tiers:
+else in :mod:`pagedkv.kv.cache` derives its sizes from it. Two tiers:
 
 * ``Device.GPU``: lives on the engine's device (CUDA when available, else the CPU);
 * ``Device.CPU``: host memory, the swap space (0 blocks disables swapping).

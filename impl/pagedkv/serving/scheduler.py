@@ -60,8 +60,7 @@ from pagedkv.errors import (
     InvalidSequenceStateError,
     UnknownSequenceError,
 )
-from pagedkv.manager import BlockSpaceManager
-from pagedkv.scheduler_types import (
+from pagedkv.serving.scheduler_types import (
     Preemption,
     PreemptionMode,
     ScheduledSequenceGroup,
@@ -69,7 +68,8 @@ from pagedkv.scheduler_types import (
     SchedulerEvent,
     SchedulerOutputs,
 )
-from pagedkv.sequence import AllocStatus, Sequence, SequenceGroup, SequenceStatus
+from pagedkv.v0.manager import BlockSpaceManager
+from pagedkv.v0.sequence import AllocStatus, Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
 from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef

@@ -40,9 +40,6 @@ from pagedkv._validate import (
     require_real,
     require_str,
 )
-from pagedkv.attention import build_attention_inputs
-from pagedkv.cache import KVCacheEngine
-from pagedkv.content_key import sha256_key
 from pagedkv.errors import (
     ArgumentTypeError,
     InvalidKVCacheConfigError,
@@ -50,11 +47,14 @@ from pagedkv.errors import (
     InvariantViolationError,
     WorkloadError,
 )
-from pagedkv.manager import BlockSpaceManager
-from pagedkv.report import SimulationResult, Tally
-from pagedkv.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
-from pagedkv.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedkv.workload import RequestSpec
+from pagedkv.kv.attention import build_attention_inputs
+from pagedkv.kv.cache import KVCacheEngine
+from pagedkv.serving.report import SimulationResult, Tally
+from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.serving.workload import RequestSpec
+from pagedkv.v0.content_key import sha256_key
+from pagedkv.v0.manager import BlockSpaceManager
+from pagedkv.v0.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec.device import Device
 from pagedkv_spec.table import slot_fill
 

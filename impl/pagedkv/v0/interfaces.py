@@ -9,8 +9,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 
-from pagedkv.content_key import CacheKey, ExtraKeys
 from pagedkv.errors import NoFreeBlocksError
+from pagedkv.v0.content_key import CacheKey, ExtraKeys
 from pagedkv_spec.device import Device
 
 __all__ = ["Block", "BlockAllocator", "DeviceAwareBlockAllocator"]

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import OptionalDependencyError
-from pagedkv.prefix_caching_allocator import CacheStats
-from pagedkv.scheduler import PreemptionMode, Scheduler, SchedulerOutputs
+from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerOutputs
+from pagedkv.v0.prefix_caching_allocator import CacheStats
 
 __all__ = [
     "SimulationResult",

@@ -6,14 +6,12 @@ from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
 from pagedkv._arith import cdiv
-from pagedkv._block_args import chain_of, require_block, require_blocks
 from pagedkv._validate import (
     require_device,
     require_fits_in_memory,
     require_int,
     require_str,
 )
-from pagedkv.content_key import ExtraKeys
 from pagedkv.errors import (
     ArgumentTypeError,
     ForeignBlockError,
@@ -22,10 +20,12 @@ from pagedkv.errors import (
     NullBlockError,
     StaleBlockError,
 )
-from pagedkv.id_pool import NullBlock, PoolBlock, fork_chain
-from pagedkv.interfaces import Block, DeviceAwareBlockAllocator
-from pagedkv.naive_allocator import NaiveBlockAllocator
-from pagedkv.prefix_caching_allocator import CacheStats, PrefixCachingBlockAllocator
+from pagedkv.v0._block_args import chain_of, require_block, require_blocks
+from pagedkv.v0.content_key import ExtraKeys
+from pagedkv.v0.id_pool import NullBlock, PoolBlock, fork_chain
+from pagedkv.v0.interfaces import Block, DeviceAwareBlockAllocator
+from pagedkv.v0.naive_allocator import NaiveBlockAllocator
+from pagedkv.v0.prefix_caching_allocator import CacheStats, PrefixCachingBlockAllocator
 from pagedkv_spec.allocator import AllocatorState, BlockRef
 from pagedkv_spec.caching import CachingState, CBlock
 from pagedkv_spec.device import Device

@@ -25,9 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol, TypeGuard
 
-from pagedkv._block_args import check_prev_block, require_block, require_blocks, wrong_source
 from pagedkv._validate import require_fits_in_memory, require_int
-from pagedkv.content_key import CacheKey, ExtraKeys
 from pagedkv.errors import (
     BlockWithoutIdError,
     DoubleFreeError,
@@ -38,8 +36,10 @@ from pagedkv.errors import (
     RefCountError,
     StaleBlockError,
 )
-from pagedkv.interfaces import Block
-from pagedkv.refcount import contiguous_range
+from pagedkv.v0._block_args import check_prev_block, require_block, require_blocks, wrong_source
+from pagedkv.v0.content_key import CacheKey, ExtraKeys
+from pagedkv.v0.interfaces import Block
+from pagedkv.v0.refcount import contiguous_range
 
 __all__ = ["Fill", "IdPool", "NullBlock", "PoolBlock", "PoolOwner", "fork_chain", "pool_ids"]
 
@@ -78,7 +78,7 @@ class PoolBlock(Block):
         _prev_block the previous block of the sequence, or ``None``
         _freed      the object has been freed and is dead
         _extra_keys the sequence's extra cache keys (``()`` without caching)
-        _key        the :class:`~pagedkv.content_key.CacheKey` once the block is
+        _key        the :class:`~pagedkv.v0.content_key.CacheKey` once the block is
                     cached (it is then immutable); ``None`` otherwise
     """
 
@@ -494,7 +494,7 @@ class IdPool:
 
     def _check_prev(self, prev_block: Block) -> None:
         """Raise unless a new block of this pool may follow ``prev_block``: a block that
-        was not freed (:func:`~pagedkv._block_args.check_prev_block`) and, in a pool
+        was not freed (:func:`~pagedkv.v0._block_args.check_prev_block`) and, in a pool
         whose blocks are cached (a ``fill`` hook), a block of a pool of the same kind
         (its key chains on). O(1)."""
         if self._fill is not None and not (
