@@ -92,7 +92,7 @@ conform-vllm: $(STAMP)
 MUTATE_DIR  ?= build/mutmut
 MUTATE_JOBS ?= 2
 MUTATE_MIN  ?= 95
-# Mutant name patterns to run (default: all), e.g. MUTATE_ONLY="'pagedkv.kv.cache*' 'pagedkv.kv_*'";
+# Mutant name patterns to run (default: all), e.g. MUTATE_ONLY="'pagedkv.kv.cache*' 'pagedkv.kv.kv_*'";
 # the score then counts those mutants only.
 MUTATE_ONLY ?=
 mutate: $(STAMP)
