@@ -161,7 +161,7 @@ class SharesUnwrittenKV(PrefixCachingBlockAllocator):
         key = self._key_of[i]
         if key is not None and not self._computed[i]:
             self._touched.discard(block_id)
-            self._evictor.add(block_id, key.digest, key.depth, self._last_accessed[i])
+            self._evictor.add(block_id, key.digest, key.depth, self._pool.last_accessed(block_id))
             return True
         return super()._release(block_id)
 

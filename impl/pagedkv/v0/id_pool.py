@@ -40,6 +40,7 @@ from pagedkv.v0._block_args import check_prev_block, require_block, require_bloc
 from pagedkv.v0.content_key import CacheKey, ExtraKeys
 from pagedkv.v0.interfaces import Block
 from pagedkv.v0.refcount import contiguous_range
+from pagedkv_spec.caching import NEVER_ACCESSED
 
 __all__ = ["Fill", "IdPool", "NullBlock", "PoolBlock", "PoolOwner", "fork_chain", "pool_ids"]
 
@@ -307,6 +308,7 @@ class IdPool:
         "_release",
         "_room",
         "_stack",
+        "_stamps",
     )
 
     def __init__(
@@ -320,6 +322,7 @@ class IdPool:
         reclaim: Callable[[], int | None] | None = None,
         release: Callable[[int], bool] | None = None,
         fill: Fill | None = None,
+        stamped: bool = False,
     ) -> None:
         """A pool of the (checked) contiguous ``ids``; ``kind`` names its blocks in
         their repr; the hooks as in the module docstring (a ``fill`` hook leaves the
@@ -338,6 +341,9 @@ class IdPool:
         self._release = release
         self._fill = fill
         self._room = block_size if fill is None else block_size - 1
+        # per id, when it was last accessed (``stamped`` pools: the caching allocator's
+        # eviction order); NEVER_ACCESSED when it is handed out
+        self._stamps = [NEVER_ACCESSED] * len(ids) if stamped else None
 
     # ------------------------------------------------------------------ ids
 
@@ -357,7 +363,11 @@ class IdPool:
             if got is None:
                 raise NoFreeBlocksError(1, 0, self._name)
             block_id = got
-        self._rc[block_id - self._first] = 1
+        i = block_id - self._first
+        self._rc[i] = 1
+        stamps = self._stamps
+        if stamps is not None:
+            stamps[i] = NEVER_ACCESSED
         return block_id
 
     def incref(self, block_id: int) -> int:
@@ -418,6 +428,22 @@ class IdPool:
     def name(self) -> str:
         """The pool's name in messages (the device, in a two-device allocator)."""
         return self._name
+
+    def last_accessed(self, block_id: int) -> float:
+        """When the id was last accessed (a stamped pool); NEVER_ACCESSED since it was
+        handed out. O(1)."""
+        stamps = self._stamps
+        return NEVER_ACCESSED if stamps is None else stamps[block_id - self._first]
+
+    def set_last_accessed(self, block_id: int, now: float) -> None:
+        """Stamp an id of a stamped pool with ``now``. O(1)."""
+        if self._stamps is not None:
+            self._stamps[block_id - self._first] = now
+
+    def last_accessed_times(self) -> tuple[float, ...]:
+        """Every id's stamp, in id order (all NEVER_ACCESSED in an unstamped pool). O(n)."""
+        stamps = self._stamps
+        return (NEVER_ACCESSED,) * len(self._rc) if stamps is None else tuple(stamps)
 
     def refcounts(self) -> tuple[int, ...]:
         """Every id's refcount, in id order. O(n)."""
@@ -481,7 +507,11 @@ class IdPool:
             if got is None:
                 raise NoFreeBlocksError(1, 0, self._name)
             block_id = got
-        self._rc[block_id - self._first] = 1
+        i = block_id - self._first
+        self._rc[i] = 1
+        stamps = self._stamps
+        if stamps is not None:
+            stamps[i] = NEVER_ACCESSED
         block: PoolBlock = _new_block(PoolBlock)
         block._pool = self
         block._block_id = block_id

@@ -65,7 +65,7 @@ from pagedkv.v0.evictor import LRUEvictor
 from pagedkv.v0.id_pool import IdPool, PoolBlock, fork_chain, pool_ids
 from pagedkv.v0.interfaces import Block, BlockAllocator
 from pagedkv.v0.refcount import ReadOnlyRefCounter
-from pagedkv_spec.caching import NEVER_ACCESSED, CachePool, CachingState, ContentKey
+from pagedkv_spec.caching import CachePool, CachingState, ContentKey
 from pagedkv_spec.invariants import check, require
 
 __all__ = ["CacheKey", "CacheStats", "PrefixCachingBlock", "PrefixCachingBlockAllocator"]
@@ -111,7 +111,6 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         _computed       per id, 1 if its KV is known to be written
         _touched        ids promoted (or hit while unwritten) since the last
                         :meth:`mark_blocks_as_computed`: the running batch writes them
-        _last_accessed  per id, the time of the last :meth:`mark_blocks_as_accessed`
         _hits, _queries, _evictions   statistics
         _key_fn, _key_name            the content-key function and its name
 
@@ -136,7 +135,6 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         "_key_fn",
         "_key_name",
         "_key_of",
-        "_last_accessed",
         "_pool",
         "_queries",
         "_touched",
@@ -170,7 +168,6 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         self._evictor = LRUEvictor()
         self._computed = bytearray(num_blocks)
         self._touched: set[int] = set()
-        self._last_accessed = [NEVER_ACCESSED] * num_blocks
         self._hits = 0
         self._queries = 0
         self._evictions = 0
@@ -183,6 +180,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             reclaim=self._reclaim,
             release=self._release,
             fill=self._fill,
+            stamped=True,  # last_accessed (C8), reset by the pool at every take
         )
         self.free = pool.free_block
         self.try_free = pool.try_free
@@ -212,7 +210,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         if key is None:
             return False
         if self._computed[i]:
-            self._evictor.add(block_id, key.digest, key.depth, self._last_accessed[i])
+            last = self._pool.last_accessed(block_id)
+            self._evictor.add(block_id, key.digest, key.depth, last)
             return True
         del self._cached[key.digest]
         self._key_of[i] = None
@@ -246,10 +245,8 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     def _take_id(self) -> int:
         """A fresh id (the free list's front, else the evictor's victim), refcount 1,
-        never accessed. Complexity: O(log n)."""
-        block_id = self._pool.take()
-        self._last_accessed[block_id - self._first] = NEVER_ACCESSED
-        return block_id
+        never accessed (the pool resets its stamp). Complexity: O(log n)."""
+        return self._pool.take()
 
     def _share(self, block_id: int) -> None:
         """One more reference to an id; a cached id at refcount 0 leaves the evictor. O(1)."""
@@ -340,11 +337,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         # NOTE: the block every decoding sequence takes each block_size steps: the pool
         # checks the predecessor (a live caching block) in its own fast path.
         extra = () if extra_keys is None else check_extra_keys(extra_keys)
-        block = self._pool.take_block(prev_block, extra)
-        block_id = block.block_id
-        if block_id is not None:  # always: a new block holds its id
-            self._last_accessed[block_id - self._first] = NEVER_ACCESSED
-        return block
+        return self._pool.take_block(prev_block, extra)
 
     def _plan(
         self,
@@ -500,7 +493,6 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             if pool.refcount(block_id) > 1:
                 self._check_capacity(1)
                 block_id = pool.copy_on_write(blk)
-                self._last_accessed[block_id - self._first] = NEVER_ACCESSED
             if key is not None:
                 self._promote(block_id, key)
                 pool.set_key(blk, key)
@@ -777,8 +769,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """
         require_real("now", now, InvalidArgumentError)
         ids = [self._known_id(b) for b in require_ids("block_ids", block_ids)]
+        pool = self._pool
         for block_id in ids:
-            self._last_accessed[block_id - self._first] = float(now)
+            pool.set_last_accessed(block_id, float(now))
             if block_id in self._evictor:
                 self._evictor.update(block_id, float(now))
 
@@ -876,7 +869,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             tuple(cached),
             frozenset(first + i for i, c in enumerate(self._computed) if c),
             frozenset(self._touched),
-            tuple(self._last_accessed),
+            pool.last_accessed_times(),
             pool.copy_on_writes(),
             self._hits,
             self._queries,
@@ -922,7 +915,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             )
             require(
                 "C8",
-                last == self._last_accessed[i],
+                last == self._pool.last_accessed(block_id),
                 f"{self!r}: evictor entry {block_id} has a stale last_accessed",
             )
 
