@@ -39,7 +39,7 @@ from pagedkv.errors import (
 from pagedkv.v0._block_args import check_prev_block, require_block, require_blocks, wrong_source
 from pagedkv.v0.content_key import CacheKey, ExtraKeys
 from pagedkv.v0.interfaces import Block
-from pagedkv.v0.refcount import contiguous_range
+from pagedkv.v0.refcount import ReadOnlyRefCounter, contiguous_range
 from pagedkv_spec.caching import NEVER_ACCESSED
 
 __all__ = ["Fill", "IdPool", "NullBlock", "PoolBlock", "PoolOwner", "fork_chain", "pool_ids"]
@@ -445,6 +445,18 @@ class IdPool:
         stamps = self._stamps
         return (NEVER_ACCESSED,) * len(self._rc) if stamps is None else tuple(stamps)
 
+    def physical_id(self, absolute_id: int) -> int:
+        """``absolute_id - first``: the index of one of the pool's ids; an id of another
+        pool is a :class:`ForeignBlockError`, a non-int an ``ArgumentTypeError``. O(1)."""
+        require_int("absolute_id", absolute_id, InvalidAllocatorConfigError, None)
+        if not self._first <= absolute_id < self._end:
+            raise ForeignBlockError(absolute_id, f"not an id of {self._owner}")
+        return absolute_id - self._first
+
+    def refcounter(self) -> ReadOnlyRefCounter:
+        """A read-only view of the refcounts (it shows the current counts). O(1)."""
+        return ReadOnlyRefCounter(self._rc, range(self._first, self._end))
+
     def refcounts(self) -> tuple[int, ...]:
         """Every id's refcount, in id order. O(n)."""
         return tuple(self._rc)
@@ -483,7 +495,7 @@ class IdPool:
 
     def take_block(self, prev_block: Block | None, extra_keys: ExtraKeys = ()) -> PoolBlock:
         """An empty block with a fresh id (refcount 1) after ``prev_block`` (None, or a
-        block it may follow: :meth:`_check_prev`). O(1) plus ``reclaim``'s.
+        block it may follow: :meth:`check_prev`). O(1) plus ``reclaim``'s.
 
         The naive allocator's ``allocate_mutable_block`` is this method."""
         # NOTE: the hottest allocation of a serving step: take's common case inline and
@@ -494,7 +506,7 @@ class IdPool:
             or prev_block._freed
             or prev_block._pool._kind is not self._kind
         ):
-            self._check_prev(prev_block)
+            self.check_prev(prev_block)
         stack = self._stack
         if stack:
             block_id = stack.pop()
@@ -522,7 +534,7 @@ class IdPool:
         block._key = None
         return block
 
-    def _check_prev(self, prev_block: Block) -> None:
+    def check_prev(self, prev_block: Block) -> None:
         """Raise unless a new block of this pool may follow ``prev_block``: a block that
         was not freed (:func:`~pagedkv.v0._block_args.check_prev_block`) and, in a pool
         whose blocks are cached (a ``fill`` hook), a block of a pool of the same kind

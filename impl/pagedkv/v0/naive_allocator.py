@@ -15,7 +15,6 @@ from pagedkv._validate import (
     require_bool,
     require_id_lists,
     require_ids,
-    require_int,
     require_real,
     require_token_ids,
     show,
@@ -250,10 +249,7 @@ class NaiveBlockAllocator(BlockAllocator):
 
     def get_physical_block_id(self, absolute_id: int) -> int:
         """``absolute_id - first_id``. Complexity: O(1) (vLLM 0.6.3 sorts all ids per call)."""
-        require_int("absolute_id", absolute_id, InvalidAllocatorConfigError, None)
-        if absolute_id not in self._ids:
-            raise ForeignBlockError(absolute_id, f"not an id of {self}")
-        return absolute_id - self._ids.start
+        return self._pool.physical_id(absolute_id)
 
     @property
     def block_ids(self) -> range:
@@ -281,7 +277,7 @@ class NaiveBlockAllocator(BlockAllocator):
     @property
     def refcounter(self) -> ReadOnlyRefCounter:
         """Read-only view of the refcounts."""
-        return ReadOnlyRefCounter(self._pool.refcount_list(), self._ids)
+        return self._pool.refcounter()
 
     def refcount_of(self, block_id: int) -> int:
         """The refcount of one of this pool's ids. O(1)."""

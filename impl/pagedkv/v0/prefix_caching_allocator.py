@@ -29,7 +29,6 @@ from pagedkv._validate import (
     require_bool,
     require_id_lists,
     require_ids,
-    require_int,
     require_real,
     require_token_ids,
 )
@@ -39,7 +38,6 @@ from pagedkv.errors import (
     BlockWithoutIdError,
     ForeignBlockError,
     ImmutableBlockError,
-    InvalidAllocatorConfigError,
     InvalidArgumentError,
     InvalidTokenIdsError,
     NoFreeBlocksError,
@@ -49,7 +47,6 @@ from pagedkv.errors import (
 from pagedkv.v0._block_args import (
     chain_of,
     check_chunks,
-    require_block,
     require_blocks,
     still_live,
     wrong_source,
@@ -315,17 +312,11 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         """``block`` is a block object of some caching pool. O(1)."""
         return type(block) is PoolBlock and block.id_pool.kind == "PrefixCachingBlock"
 
-    def _prev(self, prev_block: Block | None) -> PoolBlock | None:
-        """``prev_block`` checked: None, or a live-or-swapped block of a caching pool."""
-        if prev_block is None:
-            return None
-        if not self._caching_block(prev_block):
-            require_block("prev_block", prev_block)
-            raise ForeignBlockError(
-                prev_block.block_id, "prev_block must be a block of a prefix-caching allocator"
-            )
-        if prev_block.freed:
-            raise StaleBlockError("chain a new block after")
+    def _prev(self, prev_block: Block | None) -> Block | None:
+        """``prev_block`` checked (:meth:`IdPool.check_prev`): None, or a live-or-swapped
+        block of a caching pool."""
+        if prev_block is not None:
+            self._pool.check_prev(prev_block)
         return prev_block
 
     # ------------------------------------------------------------------ allocation
@@ -341,7 +332,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     def _plan(
         self,
-        prev: PoolBlock | None,
+        prev: Block | None,
         block_token_ids: Sequence[Sequence[int]],
         extra: ExtraKeys,
     ) -> tuple[list[CacheKey | None], list[int | None], int]:
@@ -671,10 +662,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     def get_physical_block_id(self, absolute_id: int) -> int:
         """``absolute_id - first_id``. Complexity: O(1)."""
-        require_int("absolute_id", absolute_id, InvalidAllocatorConfigError, None)
-        if absolute_id not in self._ids:
-            raise ForeignBlockError(absolute_id, f"not an id of {self}")
-        return absolute_id - self._first
+        return self._pool.physical_id(absolute_id)
 
     @property
     def block_ids(self) -> range:
@@ -702,7 +690,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     @property
     def refcounter(self) -> ReadOnlyRefCounter:
         """Read-only view of the refcounts."""
-        return ReadOnlyRefCounter(self._pool.refcount_list(), self._ids)
+        return self._pool.refcounter()
 
     def refcount_of(self, block_id: int) -> int:
         """The refcount of one of this pool's ids. O(1)."""
