@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 import pagedkv
+import pagedkv.v1
 from pagedkv import errors
 from pagedkv.serving import cli
 
@@ -201,6 +202,15 @@ def _state(obj: object) -> object:
         return (obj.physical_block_ids, obj.num_full_slots, obj.get_block_token_ids())
     if isinstance(obj, KVCacheEngine):
         return (obj.storage(GPU).clone(), obj.storage(CPU).clone())
+    if isinstance(obj, pagedkv.v1.KVCacheManager):
+        return (obj.to_spec(), len(obj.block_pool.kv_event_queue))
+    if isinstance(obj, pagedkv.v1.Request):
+        return (
+            tuple(obj.all_token_ids),
+            obj.num_computed_tokens,
+            obj.status,
+            tuple(obj.block_hashes),
+        )
     if isinstance(obj, SequenceGroup):
         return tuple(_state(s) for s in obj.seqs)
     if isinstance(obj, Sequence):
@@ -1416,6 +1426,213 @@ for _bad, _exp in (
         lambda w, b=_bad: build_attention_inputs([[0]], b, BS),
         _exp,
     )
+
+# ---- pagedkv.v1: the V1 KV cache manager, its pool and requests
+
+_V1: Any = pagedkv.v1
+_V1_HASHER = _V1.get_request_block_hasher(BS)
+
+
+def _v1() -> World:
+    """A caching manager holding "held" (9 tokens, two cached blocks) and a waiting
+    "other" whose lookup hits one of them."""
+    m = _V1.KVCacheManager(_V1.KVCacheConfig.full_attention(8, BS), 32, enable_kv_cache_events=True)
+    held = _V1.Request("held", list(range(9)), block_hasher=_V1_HASHER)
+    m.allocate_slots(held, 9)
+    held.num_computed_tokens, held.status = 9, _V1.RequestStatus.RUNNING
+    other = _V1.Request("other", list(range(6)), block_hasher=_V1_HASHER)
+    return {"mgr": m, "held": held, "other": other}
+
+
+def _v1_alloc(w: World, **kwargs: Any) -> object:
+    blocks, hit, _ = w["mgr"].get_computed_blocks(w["other"])
+    args: dict[str, Any] = {"num_new_tokens": 2, "num_new_computed_tokens": hit}
+    args["new_computed_blocks"] = blocks
+    return w["mgr"].allocate_slots(w["other"], **(args | kwargs))
+
+
+for _param in ("num_new_tokens", "num_lookahead_tokens", "num_external_computed_tokens"):
+    int_param(
+        f"v1 allocate_slots {_param}",
+        _v1,
+        lambda w, b, p=_param: _v1_alloc(w, **{p: b}),
+        0,
+    )
+int_param(
+    "v1 allocate_slots num_encoder_tokens", _v1, lambda w, b: _v1_alloc(w, num_encoder_tokens=b), 0
+)
+for _bad in (1, None, "x"):
+    add(
+        f"v1 allocate_slots delay_cache_blocks={_bad!r}",
+        _v1,
+        lambda w, b=_bad: _v1_alloc(w, delay_cache_blocks=b),
+        TypeError,
+    )
+    add(
+        f"v1 allocate_slots has_scheduled_reqs={_bad!r}",
+        _v1,
+        lambda w, b=_bad: _v1_alloc(w, has_scheduled_reqs=b),
+        TypeError,
+    )
+for _bad in ("held", None, 3):
+    add(
+        f"v1 allocate_slots request={_bad!r}",
+        _v1,
+        lambda w, b=_bad: w["mgr"].allocate_slots(b, 1),
+        TypeError,
+    )
+    add(f"v1 free request={_bad!r}", _v1, lambda w, b=_bad: w["mgr"].free(b), TypeError)
+    add(
+        f"v1 get_computed_blocks request={_bad!r}",
+        _v1,
+        lambda w, b=_bad: w["mgr"].get_computed_blocks(b),
+        TypeError,
+    )
+    add(
+        f"v1 cache_blocks request={_bad!r}",
+        _v1,
+        lambda w, b=_bad: w["mgr"].cache_blocks(b, 4),
+        TypeError,
+    )
+add(
+    "v1 allocate_slots new_computed_blocks=[]",
+    _v1,
+    lambda w: _v1_alloc(w, new_computed_blocks=[]),
+    TypeError,
+)
+add(
+    "v1 allocate_slots nothing to allocate",
+    _v1,
+    lambda w: _v1_alloc(w, num_new_tokens=0, num_new_computed_tokens=0, new_computed_blocks=None),
+    ValueError,
+)
+add(
+    "v1 allocate_slots hit tokens off by one",
+    _v1,
+    lambda w: _v1_alloc(w, num_new_computed_tokens=5),
+    ValueError,
+)
+add(
+    "v1 allocate_slots past max_model_len",
+    _v1,
+    lambda w: _v1_alloc(w, num_new_tokens=40),
+    ValueError,
+)
+add(
+    "v1 allocate_slots adopt for a held request",
+    _v1,
+    lambda w: w["mgr"].allocate_slots(w["held"], 1, 0, None, 0, 4),
+    ValueError,
+)
+add(
+    "v1 allocate_slots a hit from another pool",
+    _v1,
+    lambda w: _v1_alloc(w, new_computed_blocks=_V1.KVCacheBlocks(([_V1.KVCacheBlock(1)],))),
+    ValueError,
+)
+int_param(
+    "v1 get_computed_blocks max_cache_hit_length",
+    _v1,
+    lambda w, b: w["mgr"].get_computed_blocks(w["other"], b),
+    0,
+    none_ok=True,
+)
+int_param(
+    "v1 cache_blocks num_computed_tokens", _v1, lambda w, b: w["mgr"].cache_blocks(w["held"], b), 0
+)
+for _bad in ([8], [-1], ["1"], [None], [1.0]):
+    add(f"v1 evict_blocks {_bad!r}", _v1, lambda w, b=_bad: w["mgr"].evict_blocks(b), ValueError)
+for _bad in (None, 3):
+    add(f"v1 evict_blocks {_bad!r}", _v1, lambda w, b=_bad: w["mgr"].evict_blocks(b), TypeError)
+int_param(
+    "v1 KVCacheManager max_model_len",
+    _none,
+    lambda w, b: _V1.KVCacheManager(_V1.KVCacheConfig.full_attention(4, BS), b),
+    1,
+)
+int_param(
+    "v1 KVCacheManager scheduler_block_size",
+    _none,
+    lambda w, b: _V1.KVCacheManager(_V1.KVCacheConfig.full_attention(4, BS), 16, b),
+    1,
+    none_ok=True,
+)
+for _bad in (None, "config", 4):
+    add(
+        f"v1 KVCacheManager kv_cache_config={_bad!r}",
+        _none,
+        lambda w, b=_bad: _V1.KVCacheManager(b, 16),
+        TypeError,
+    )
+for _bad in (-0.1, 1.5, float("nan")):
+    add(
+        f"v1 KVCacheManager watermark={_bad!r}",
+        _none,
+        lambda w, b=_bad: _V1.KVCacheManager(
+            _V1.KVCacheConfig.full_attention(4, BS), 16, watermark=b
+        ),
+        ValueError,
+    )
+for _bad in (1, None):
+    add(
+        f"v1 KVCacheManager enable_caching={_bad!r}",
+        _none,
+        lambda w, b=_bad: _V1.KVCacheManager(
+            _V1.KVCacheConfig.full_attention(4, BS), 16, enable_caching=b
+        ),
+        TypeError,
+    )
+int_param(
+    "v1 KVCacheConfig num_blocks", _none, lambda w, b: _V1.KVCacheConfig.full_attention(b, BS), 1
+)
+int_param("v1 FullAttentionSpec block_size", _none, lambda w, b: _V1.FullAttentionSpec(b), 1)
+int_param("v1 BlockPool num_gpu_blocks", _none, lambda w, b: _V1.BlockPool(b, True, BS), 1)
+int_param("v1 BlockPool hash_block_size", _none, lambda w, b: _V1.BlockPool(4, True, b), 1)
+token_param("v1 Request prompt_token_ids", _none, lambda w, b: _V1.Request("r", b), empty_ok=False)
+for _bad in (None, 3, b"r"):
+    add(f"v1 Request request_id={_bad!r}", _none, lambda w, b=_bad: _V1.Request(b, [1]), TypeError)
+for _bad in (3, b"s"):
+    add(
+        f"v1 Request cache_salt={_bad!r}",
+        _none,
+        lambda w, b=_bad: _V1.Request("r", [1], cache_salt=b),
+        TypeError,
+    )
+add(
+    "v1 Request lora_request='a'",
+    _none,
+    lambda w: _V1.Request("r", [1], lora_request="a"),
+    TypeError,
+)
+add(
+    "v1 Request mm_features=['x']",
+    _none,
+    lambda w: _V1.Request("r", [1], mm_features=["x"]),
+    TypeError,
+)
+int_param(
+    "v1 Request prefix_cache_hit_limit",
+    _none,
+    lambda w, b: _V1.Request("r", [1], prefix_cache_hit_limit=b),
+    0,
+    none_ok=True,
+)
+for _bad, _exp in (
+    (None, TypeError),
+    ("abc", TypeError),
+    (True, TypeError),
+    ([1.0], TypeError),
+    ({1: 2}, TypeError),
+    (-1, ValueError),
+    ([2, -1], ValueError),
+):
+    add(
+        f"v1 Request append_output_token_ids={_bad!r}",
+        _v1,
+        lambda w, b=_bad: w["held"].append_output_token_ids(b),
+        _exp,
+    )
+
 
 # ---- simulator and workload
 for _param, _low in (

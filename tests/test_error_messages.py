@@ -33,23 +33,28 @@ from pagedkv import (
     Sequence,
     SequenceGroup,
     SequenceStatus,
+    v1,
 )
 from pagedkv._validate import available_memory
 from pagedkv.errors import (
     ArgumentTypeError,
     BlockNotInUseError,
     BlockOverflowError,
+    BlockPoolError,
     BlockWithoutIdError,
     DoubleFreeError,
     DuplicateRequestError,
     EvictorError,
     ForeignBlockError,
     ImmutableBlockError,
+    InvalidAllocationError,
     InvalidAllocatorConfigError,
     InvalidArgumentError,
     InvalidBlockTableArgumentError,
     InvalidExtraKeysError,
     InvalidKVCacheConfigError,
+    InvalidKVCacheManagerConfigError,
+    InvalidRequestError,
     InvalidSchedulerConfigError,
     InvalidSequenceError,
     InvalidSequenceStateError,
@@ -1790,6 +1795,227 @@ CONFORM_MESSAGES = [
 ]
 
 
+# ---------------------------------------------------------------------------- pagedkv.v1
+
+V1_HASHER = v1.get_request_block_hasher(4)
+
+
+def _v1_manager() -> v1.KVCacheManager:
+    return v1.KVCacheManager(v1.KVCacheConfig.full_attention(10, 4), 16)
+
+
+def _v1_held() -> tuple[v1.KVCacheManager, v1.Request]:
+    """A manager holding request "a": 9 tokens, blocks 1..3, the first two cached."""
+    m = _v1_manager()
+    r = v1.Request("a", list(range(9)), block_hasher=V1_HASHER)
+    m.allocate_slots(r, 9)
+    return m, r
+
+
+def _v1_cache_again(first: int, last: int) -> None:
+    m, r = _v1_held()
+    table = m.get_blocks("a").blocks[0]
+    m.block_pool.cache_full_blocks(r, table, first, last, 4, 0)
+
+
+def _v1_touch_free() -> None:
+    pool = v1.BlockPool(3, True, 4)
+    pool.touch([pool.blocks[1]])
+
+
+def _v1_two_groups() -> v1.KVCacheConfig:
+    group = v1.KVCacheGroupSpec(("l",), v1.FullAttentionSpec(4))
+    return v1.KVCacheConfig(4, (group, group))
+
+
+def _v1_adopt_when_held() -> None:
+    m, r = _v1_held()
+    m.allocate_slots(r, 1, 0, None, 0, 4)
+
+
+def _v1_foreign_hit() -> None:
+    m, _ = _v1_held()
+    b = v1.Request("b", list(range(9)), block_hasher=V1_HASHER)
+    m.allocate_slots(b, 1, 4, v1.KVCacheBlocks(([m.block_pool.blocks[5]],)))
+
+
+V1_MESSAGES = [
+    case(
+        "v1 free queue: fewer blocks than asked",
+        lambda: v1.FreeKVCacheBlockQueue([v1.KVCacheBlock(1)]).popleft_n(2),
+        BlockPoolError,
+        "cannot take 2 block(s) from a free queue of 1; check get_num_free_blocks() first",
+    ),
+    case(
+        "v1 free queue: remove a block not in it",
+        lambda: v1.FreeKVCacheBlockQueue([]).remove(v1.KVCacheBlock(3)),
+        BlockPoolError,
+        "block 3 is not in the free queue",
+    ),
+    case(
+        "v1 pool: touch a free uncached block",
+        _v1_touch_free,
+        BlockPoolError,
+        "cannot touch block 1: it is free and not cached, so its KV may belong to anyone; "
+        "touch only blocks a lookup just returned",
+    ),
+    case(
+        "v1 pool: touch a foreign block",
+        lambda: v1.BlockPool(3, True, 4).touch([v1.KVCacheBlock(7)]),
+        BlockPoolError,
+        "block 7 is not a block of this pool",
+    ),
+    case(
+        "v1 pool: double free",
+        lambda: v1.BlockPool(3, True, 4).free_blocks([v1.KVCacheBlock(1)]),
+        BlockPoolError,
+        "cannot free block 1: nobody holds it (ref_cnt 0); free each table's blocks once",
+    ),
+    case(
+        "v1 pool: evict an id outside the pool",
+        lambda: v1.BlockPool(3, True, 4).evict_blocks([5]),
+        BlockPoolError,
+        "cannot evict block id 5: the pool has ids 0..2",
+    ),
+    case(
+        "v1 pool: cache a block twice",
+        lambda: _v1_cache_again(0, 1),
+        BlockPoolError,
+        "block 1 is already cached; a block gets one hash (cache each block once: "
+        "num_cached_blocks is behind)",
+    ),
+    case(
+        "v1 pool: cache a block without a hash",
+        lambda: _v1_cache_again(2, 3),
+        BlockPoolError,
+        "cannot cache 3 block(s) of request 'a': it has hashes for 2; cache only full, "
+        "hashed blocks",
+    ),
+    case(
+        "v1 pool: no block",
+        lambda: v1.BlockPool(0, True, 4),
+        InvalidKVCacheManagerConfigError,
+        "num_gpu_blocks must be an int >= 1 (the null block is one of them), got 0",
+    ),
+    case(
+        "v1 config: no group",
+        lambda: v1.KVCacheConfig(4, ()),
+        InvalidKVCacheManagerConfigError,
+        "a KVCacheConfig needs at least one KV cache group",
+    ),
+    case(
+        "v1 config: not a group",
+        lambda: v1.KVCacheConfig(4, ("x",)),  # type: ignore[arg-type]  # the bad input
+        InvalidKVCacheManagerConfigError,
+        "kv_cache_groups must hold KVCacheGroupSpecs with a KVCacheSpec, got 'x'",
+    ),
+    case(
+        "v1 config: several groups with caching",
+        lambda: v1.KVCacheManager(_v1_two_groups(), 16),
+        InvalidKVCacheManagerConfigError,
+        "2 KV cache groups with caching on need the hybrid coordinator, which this release "
+        "of pagedkv.v1 does not have yet; turn caching off or use one group",
+    ),
+    case(
+        "v1 config: block sizes",
+        lambda: v1.KVCacheManager(v1.KVCacheConfig.full_attention(4, 4), 16, 6),
+        InvalidKVCacheManagerConfigError,
+        "scheduler_block_size 6 must be a multiple of hash_block_size 4 and of every "
+        "group's block size [4]",
+    ),
+    case(
+        "v1 config: hash function",
+        lambda: v1.get_hash_fn_by_name("md5"),
+        InvalidKVCacheManagerConfigError,
+        "unknown prefix caching hash algorithm 'md5'; use one of ['sha256']",
+    ),
+    case(
+        "v1 config: a spec without a manager",
+        lambda: v1.get_manager_for_kv_cache_spec(
+            v1.KVCacheSpec(4), v1.BlockPool(2, True, 4), True, 0
+        ),
+        InvalidKVCacheManagerConfigError,
+        "no V1 manager for KVCacheSpec yet; this release manages FullAttentionSpec groups",
+    ),
+    case(
+        "v1 config: unitary hash block size",
+        lambda: v1.UnitaryKVCacheCoordinator(v1.KVCacheConfig.full_attention(4, 4), False, 2),
+        InvalidKVCacheManagerConfigError,
+        "hash_block_size 2 must equal the group's block size 4 with one group and caching on",
+    ),
+    case(
+        "v1 config: unitary with two groups",
+        lambda: v1.UnitaryKVCacheCoordinator(_v1_two_groups(), False, 4),
+        InvalidKVCacheManagerConfigError,
+        "the unitary coordinator manages one group",
+    ),
+    case(
+        "v1 request: empty prompt",
+        lambda: v1.Request("r", []),
+        InvalidRequestError,
+        "request 'r' has an empty prompt; give it at least one token",
+    ),
+    case(
+        "v1 request: multimodal item past the prompt",
+        lambda: v1.Request(
+            "r", [1, 2], mm_features=[v1.MultiModalFeatureSpec("i", v1.PlaceholderRange(1, 2))]
+        ),
+        InvalidRequestError,
+        "request 'r': multimodal item 'i' at 1+2 overlaps the previous one, is empty or ends "
+        "past the prompt (2 tokens); give items sorted by offset",
+    ),
+    case(
+        "v1 request: prompt embeds rows",
+        lambda: v1.Request("r", [1, 2], prompt_embeds=[b"x"]),
+        InvalidRequestError,
+        "request 'r': 1 prompt_embeds rows for 2 prompt tokens; give one row per token",
+    ),
+    case(
+        "v1 allocate_slots: nothing to allocate",
+        lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 0),
+        InvalidAllocationError,
+        "request 'r': num_new_tokens must be > 0 when there is no hit or external token to adopt",
+    ),
+    case(
+        "v1 allocate_slots: past max_model_len",
+        lambda: _v1_manager().allocate_slots(v1.Request("r", list(range(17))), 17),
+        InvalidAllocationError,
+        "request 'r': computed and new tokens reach 17, past max_model_len 16; schedule at "
+        "most max_model_len - num_computed_tokens new tokens (only lookahead slots are capped)",
+    ),
+    case(
+        "v1 allocate_slots: hit with other groups",
+        lambda: _v1_manager().allocate_slots(
+            v1.Request("r", [1]), 1, 0, v1.KVCacheBlocks(((), ()))
+        ),
+        InvalidAllocationError,
+        "request 'r': new_computed_blocks has 2 group(s), the manager 1; pass "
+        "get_computed_blocks()' result",
+    ),
+    case(
+        "v1 allocate_slots: adopt for a request holding blocks",
+        _v1_adopt_when_held,
+        InvalidAllocationError,
+        "request 'a': it already holds blocks, so it cannot adopt a hit or external tokens; "
+        "only a request's first allocation adopts them (free it to start over)",
+    ),
+    case(
+        "v1 allocate_slots: hit tokens not the hit blocks",
+        lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, 4),
+        InvalidAllocationError,
+        "request 'r': num_new_computed_tokens 4 is not the 0 hit block(s) of group 0 × block "
+        "size 4; pass the count get_computed_blocks() returned",
+    ),
+    case(
+        "v1 allocate_slots: a hit block cached under another hash",
+        _v1_foreign_hit,
+        InvalidAllocationError,
+        "request 'b': hit block 5 (position 0, group 0) is not cached under the request's "
+        "hash there; pass get_computed_blocks()' blocks, right after the lookup",
+    ),
+]
+
+
 MESSAGES = [
     *ALLOCATOR_MESSAGES,
     *CACHING_MESSAGES,
@@ -1800,6 +2026,7 @@ MESSAGES = [
     *KV_MESSAGES,
     *ATTENTION_MESSAGES,
     *CONFORM_MESSAGES,
+    *V1_MESSAGES,
 ]
 
 

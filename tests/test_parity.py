@@ -252,3 +252,54 @@ def test_caching_manager_operations_keep_their_name_in_spec_and_machine() -> Non
             assert re.search(rf"\bspec\.{name}\b", source), name
     ops = {n for n, k in CACHING_MANAGER.items() if k == RULE}
     assert have == ops | EXTRA_RULES[CachingManagerMachine], sorted(have ^ ops)
+
+
+# --------------------------------------------------------------------------- pagedkv.v1
+
+#: ``pagedkv.v1.KVCacheManager``: the operations ``V1ManagerMachine`` drives in lockstep
+#: with ``pagedkv_spec.v1.manager``. ``STATS`` are checked by tests/test_v1_kv_cache_manager.py
+#: against counts made there; ``HYBRID`` does nothing with full attention (the hybrid
+#: groups' machine will drive it).
+STATS, HYBRID = "stats", "hybrid"
+V1_MANAGER: dict[str, str] = {
+    "allocate_slots": RULE,
+    "free": RULE,
+    "cache_blocks": RULE,
+    "evict_blocks": RULE,
+    "reset_prefix_cache": RULE,
+    "get_computed_blocks": OBSERVED,
+    "get_num_cached_tokens": OBSERVED,
+    "get_block_ids": OBSERVED,
+    "usage": OBSERVED,
+    "take_events": OBSERVED,  # drained after every step and replayed (V1-14)
+    "get_blocks": SUPPORT,  # get_block_ids' blocks
+    "make_prefix_cache_stats": STATS,
+    "record_prefix_cache_stats": STATS,
+    "prefix_cache_lookup_enabled": SUPPORT,
+    "remove_skipped_blocks": HYBRID,
+    "to_spec": SUPPORT,
+    "check_invariants": SUPPORT,
+}
+V1_EXTRA_RULES = {"add_request"}
+
+
+def test_v1_manager_operations_keep_their_name_in_spec_and_machine() -> None:
+    import pagedkv_spec.v1.manager as spec_v1
+    from pagedkv.v1 import KVCacheManager
+    from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+
+    assert public(KVCacheManager) == set(V1_MANAGER), sorted(
+        public(KVCacheManager) ^ set(V1_MANAGER)
+    )
+    have = rules(V1ManagerMachine)
+    source = inspect.getsource(V1ManagerMachine)
+    functions = spec_functions(spec_v1)
+    for name, kind in V1_MANAGER.items():
+        if kind == RULE:
+            assert name in have, f"V1ManagerMachine has no rule {name!r}"
+            assert name in functions, f"pagedkv_spec.v1.manager has no {name!r}"
+        if kind == OBSERVED:
+            assert re.search(rf"\btarget\.{name}\b", source), name
+            assert name in functions or name == "take_events", name
+    ops = {n for n, k in V1_MANAGER.items() if k == RULE}
+    assert have == ops | V1_EXTRA_RULES, sorted(have ^ (ops | V1_EXTRA_RULES))

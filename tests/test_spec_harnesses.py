@@ -14,6 +14,7 @@ import pytest
 
 from pagedkv_spec import harness as H
 from pagedkv_spec.pool import PoolState, pool_initial, pool_take
+from pagedkv_spec.v1 import harness as V1
 
 DOMAINS: list[tuple[Callable[..., None], list[range | list[bool]]]] = [
     (H.prop_alloc_is_all_or_nothing, [range(4), range(5), range(4)]),
@@ -31,6 +32,9 @@ DOMAINS: list[tuple[Callable[..., None], list[range | list[bool]]]] = [
         H.prop_caching_admission_is_exact,
         [range(1, 5), range(3), range(2), [False, True], [False, True]],
     ),
+    (V1.prop_v1_allocate_is_all_or_nothing, [range(1, 6), range(1, 4), range(1, 9), range(3)]),
+    (V1.prop_v1_hit_then_free_restores_pool, [range(2, 6), range(1, 3), range(1, 7), range(1, 7)]),
+    (V1.prop_v1_reset_iff_idle, [range(1, 5), range(1, 3), range(1, 7), [False, True]]),
 ]
 
 

@@ -6,6 +6,7 @@ only in the CrossHair pass.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -19,6 +20,8 @@ from pagedkv_spec.invariants import REGISTRY
 from pagedkv_spec.pool import PoolState
 from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef, StepRecord
 from pagedkv_spec.table import TableRep
+from pagedkv_spec.v1 import manager as V1M
+from pagedkv_spec.v1 import pool as V1pool
 
 GPU, CPU = Device.GPU, Device.CPU
 
@@ -91,7 +94,42 @@ C_RUN = replace(C_NEW, admitted=True, seqs=(_seq(2, "RUNNING", frozenset({GPU}))
 AFTER = SchedulerView((), (A_RUN, C_RUN), (), ("a", "c"))
 STEP = StepRecord(("c",), (), (), (), (), True, 2, 4, 2, 8)
 
+# V1: blocks 1, 2 cached (a's hashes), 3 a's partial block; 4, 5 free; "p" preempted
+_H = (b"h0", b"h1")
+_A = V1M.RequestView("a", 5, 5, _H)
+_P = V1M.RequestView("p", 3, 0, (b"x0",), preempted=True)
+V1 = V1M.allocate_slots(V1M.manager_initial(6, 2, 16, True), _A, 5)[0]
+V1 = replace(V1, requests=(_A, _P))
+V1P = V1.pool
+V1_IDLE = V1M.free(V1, "a").pool
+V1_RESET = V1pool.reset(V1_IDLE)[0]
+V1_EVENTS = Counter(V1M.event_hash(k) for k, _ in V1P.cached)
+_B = V1M.RequestView("b", 6, 0, (b"h0", b"h1", b"h2"))
+
+
+def _v1pool(**kw: Any) -> V1pool.PoolState:
+    return replace(V1P, **kw)
+
+
+def _v1(**kw: Any) -> V1M.ManagerState:
+    return replace(V1, **kw)
+
+
 GOOD: dict[str, tuple[Any, ...]] = {
+    "V1-1": (V1P,),
+    "V1-2": (V1,),
+    "V1-3": (V1P,),
+    "V1-4": (V1P,),
+    "V1-5": (V1,),
+    "V1-6": (V1, _B, (1, 2), 4),
+    "V1-7": (V1P, V1P),
+    "V1-8": (V1, V1, True),
+    "V1-9": (V1M.free(V1, "a"), V1),
+    "V1-11": (V1,),
+    "V1-12": (2, 4, 2),
+    "V1-13": (V1,),
+    "V1-14": (V1P, V1_EVENTS, True),
+    "V1-15": (V1_IDLE, V1_RESET, True),
     "C1": (CACHE,),
     "C2": (CACHE,),
     "C3": (CACHE,),
@@ -433,6 +471,77 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
     ("Q7", "a GPU block not returned", (SchedulerView((), (), (), ()), 3, 4, 2, 2)),
     ("Q7", "a CPU block not returned", (SchedulerView((), (), (), ()), 4, 4, 1, 2)),
     ("KV1", "a position holding other KV", (((0, 0, "kv", "kv"), (0, 1, "kv", "stale")),)),
+    ("V1-1", "the null block free", (_v1pool(free=(4, 5, 0)),)),
+    ("V1-1", "the null block counted", (_v1pool(ref_cnt=(1, *V1P.ref_cnt[1:])),)),
+    ("V1-1", "the null block hashed", (_v1pool(hashes=(b"k", *V1P.hashes[1:])),)),
+    ("V1-1", "the null block in the map", (_v1pool(cached=(*V1P.cached, (b"k", 0))),)),
+    ("V1-1", "block 0 not marked null", (_v1pool(null_ok=False),)),
+    ("V1-3", "a free block twice", (_v1pool(free=(4, 5, 4)),)),
+    ("V1-3", "an uncounted block not free", (_v1pool(free=(4,)),)),
+    ("V1-3", "a counted block free", (_v1pool(free=(4, 5, 3)),)),
+    ("V1-3", "a negative count", (_v1pool(ref_cnt=(0, 1, 1, 1, -1, 0)),)),
+    ("V1-3", "the count is not the walk", (_v1pool(num_free=3),)),
+    ("V1-4", "a key in the map its block lacks", (_v1pool(hashes=(None, None, *V1P.hashes[2:])),)),
+    ("V1-4", "a block key not in the map", (_v1pool(cached=tuple(V1P.cached)[:1]),)),
+    ("V1-4", "a pair twice", (_v1pool(cached=(*V1P.cached, next(iter(V1P.cached)))),)),
+    ("V1-2", "a count above the tables", (_v1(pool=_v1pool(ref_cnt=(0, 2, 1, 1, 0, 0))),)),
+    ("V1-2", "a block twice in one table", (_v1(tables=(("a", (1, 2, 3, 3)),)),)),
+    (
+        "V1-5",
+        "a cached block under another hash",
+        (_v1(requests=(replace(_A, block_hashes=(b"h1", b"h0")),)),),
+    ),
+    (
+        "V1-5",
+        "a cached block past the request's hashes",
+        (_v1(requests=(replace(_A, block_hashes=(b"h0",)),)),),
+    ),
+    ("V1-6", "other blocks", (V1, _B, (2, 1), 4)),
+    ("V1-6", "another length", (V1, _B, (1, 2), 2)),
+    ("V1-7", "another free order", (V1P, _v1pool(free=(5, 4)))),
+    ("V1-8", "a refusal that changed the tables", (V1M.free(V1, "a"), V1, True)),
+    (
+        "V1-8",
+        "a refusal that changed a count",
+        (V1, _v1(pool=_v1pool(ref_cnt=(0, 2, 1, 1, 0, 0))), True),
+    ),
+    ("V1-9", "a table that shrank", (V1, _v1(tables=(("a", (1, 2)),)))),
+    ("V1-9", "a table entry replaced", (V1, _v1(tables=(("a", (1, 4, 3)),)))),
+    ("V1-11", "a preempted request holding blocks", (_v1(tables=(*V1.tables, ("p", (4,)))),)),
+    (
+        "V1-11",
+        "a preempted request with computed tokens",
+        (_v1(requests=(replace(_P, num_computed_tokens=2),)),),
+    ),
+    ("V1-11", "a finished request holding blocks", (_v1(requests=(replace(_A, finished=True),)),)),
+    ("V1-12", "a count not its blocks", (2, 3, 2)),
+    ("V1-13", "a count above the table", (_v1(num_cached=(("a", 4),)),)),
+    ("V1-13", "a count above the hashes", (_v1(num_cached=(("a", 3),)),)),
+    ("V1-13", "a block past the count cached", (_v1(num_cached=(("a", 1),)),)),
+    ("V1-14", "a store not replayed", (V1P, Counter(list(V1_EVENTS)[:1]), True)),
+    (
+        "V1-14",
+        "a removal of what was never stored",
+        (V1P, Counter({**V1_EVENTS, (0, 1): -1}), True),
+    ),
+    ("V1-14", "an event while events are off", (V1P, Counter({(0, 1): 1}), False)),
+    (
+        "V1-15",
+        "a reset while blocks are in use",
+        (V1P, _v1pool(hashes=(None,) * 6, cached=()), True),
+    ),
+    ("V1-15", "a refusal while idle", (V1_IDLE, V1_IDLE, False)),
+    ("V1-15", "a reset keeping a key", (V1_IDLE, V1_IDLE, True)),
+    (
+        "V1-15",
+        "a reset reordering the free queue",
+        (V1_IDLE, replace(V1_RESET, free=V1_RESET.free[::-1]), True),
+    ),
+    (
+        "V1-15",
+        "a refusal that changed the keys",
+        (V1P, _v1pool(hashes=(None,) * 6, cached=()), False),
+    ),
 ]
 
 

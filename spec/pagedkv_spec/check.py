@@ -50,6 +50,9 @@ DEFAULT_TARGETS = (
     "pagedkv_spec.harness.prop_manager_swap_round_trip",
     "pagedkv_spec.harness.prop_caching_alloc_is_all_or_nothing",
     "pagedkv_spec.harness.prop_caching_admission_is_exact",
+    "pagedkv_spec.v1.harness.prop_v1_allocate_is_all_or_nothing",
+    "pagedkv_spec.v1.harness.prop_v1_hit_then_free_restores_pool",
+    "pagedkv_spec.v1.harness.prop_v1_reset_iff_idle",
 )
 
 
@@ -63,6 +66,10 @@ SPEC_MODULES = (
     "pagedkv_spec.scheduler",
     "pagedkv_spec.kv",
     "pagedkv_spec.harness",
+    "pagedkv_spec.v1.pool",
+    "pagedkv_spec.v1.manager",
+    "pagedkv_spec.v1.hashing",
+    "pagedkv_spec.v1.harness",
 )
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "BlockAllocatorError",
     "BlockNotInUseError",
     "BlockOverflowError",
+    "BlockPoolError",
     "BlockSpaceManagerError",
     "BlockTableError",
     "BlockWithoutIdError",
@@ -26,11 +27,14 @@ __all__ = [
     "EvictorError",
     "ForeignBlockError",
     "ImmutableBlockError",
+    "InvalidAllocationError",
     "InvalidAllocatorConfigError",
     "InvalidArgumentError",
     "InvalidBlockTableArgumentError",
     "InvalidExtraKeysError",
     "InvalidKVCacheConfigError",
+    "InvalidKVCacheManagerConfigError",
+    "InvalidRequestError",
     "InvalidSchedulerConfigError",
     "InvalidSequenceError",
     "InvalidSequenceStateError",
@@ -39,6 +43,7 @@ __all__ = [
     "InvariantViolationError",
     "KVBlockIdError",
     "KVCacheError",
+    "KVCacheManagerError",
     "KVCopyConflictError",
     "KVRangeError",
     "KVTensorMismatchError",
@@ -54,6 +59,7 @@ __all__ = [
     "StaleBlockError",
     "TableAlreadyAllocatedError",
     "TableNotAllocatedError",
+    "UnknownRequestError",
     "UnknownSequenceError",
     "WorkloadError",
 ]
@@ -488,3 +494,61 @@ class OptionalDependencyError(SchedulerError, ImportError):
             f"{feature} needs {package}, which is not installed; "
             f"install it with: pip install 'pagedkv[{extra}]'"
         )
+
+
+# --------------------------------------------------------------------------- V1 KV cache manager
+
+
+class KVCacheManagerError(PagedKVError):
+    """Misuse of the V1 KV cache manager or its block pool (:mod:`pagedkv.v1`)."""
+
+
+class InvalidKVCacheManagerConfigError(KVCacheManagerError, ValueError):
+    """Bad V1 construction arguments: block counts, block sizes, groups, hash settings."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class InvalidAllocationError(KVCacheManagerError, ValueError):
+    """Bad ``allocate_slots`` / ``cache_blocks`` arguments (vLLM raises a ValueError for
+    the all-zero call; pagedkv also for negative counts and hits it cannot adopt)."""
+
+    def __init__(self, request_id: str, detail: str) -> None:
+        self.request_id = request_id
+        self.detail = detail
+        super().__init__(f"request {request_id!r}: {detail}")
+
+
+class BlockPoolError(KVCacheManagerError, ValueError):
+    """Misuse of a V1 block pool: freeing a block nobody holds, touching the null block
+    into a table, a block id outside the pool, more blocks than are free."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class UnknownRequestError(KVCacheManagerError, KeyError):
+    """An operation names a request the manager holds no blocks for."""
+
+    def __init__(self, request_id: str, operation: str) -> None:
+        self.request_id = request_id
+        self.operation = operation
+        super().__init__(
+            f"cannot {operation} request {request_id!r}: the manager holds no blocks for it; "
+            "allocate_slots() it first (or it was already freed)"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class InvalidRequestError(KVCacheManagerError, ValueError):
+    """Bad arguments for a V1 :class:`~pagedkv.v1.Request` (empty prompt, bad token id,
+    multimodal features out of order)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)

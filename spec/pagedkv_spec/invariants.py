@@ -9,11 +9,13 @@ assertion that judges a target's choice starts its message with the id
 
 An :class:`Invariant` has:
     id         ``P1``.., ``I1``.., ``C1``.., ``M1``.., ``T1``.., ``Q1``.., ``KV1`` (the layer's
-               letter; ``C`` is the prefix-caching allocator)
+               letter; ``C`` is the prefix-caching allocator), ``V1-1``.. (vLLM V1's
+               KV cache manager, numbered as the V1 reference numbers them)
     name       its predicate's name (``label`` is ``"<id> <name>"``)
     meaning    one line: what it protects
-    layer      ``pool``, ``allocator``, ``caching``, ``manager``, ``table``, ``scheduler``
-               or ``kv``
+    layer      ``pool``, ``allocator``, ``caching``, ``manager``, ``table``, ``scheduler``,
+               ``kv`` or ``v1`` (whose state predicates take a pool, a manager or, for
+               V1-14, a pool and the replayed events: check them by ``ids``)
     kind       ``state``: a predicate over one state, checked after every step;
                ``step``: over one transition, checked after each step making it
     predicate  the spec function that decides it
@@ -44,6 +46,8 @@ from typing import Any
 
 from pagedkv_spec import allocator, caching, kv, manager, pool, scheduler, table
 from pagedkv_spec.errors import InvariantViolationError
+from pagedkv_spec.v1 import manager as v1m
+from pagedkv_spec.v1 import pool as v1p
 
 __all__ = [
     "REGISTRY",
@@ -58,7 +62,7 @@ __all__ = [
     "require",
 ]
 
-LAYERS = ("pool", "allocator", "caching", "manager", "table", "scheduler", "kv")
+LAYERS = ("pool", "allocator", "caching", "manager", "table", "scheduler", "kv", "v1")
 
 
 @dataclass(frozen=True)
@@ -277,6 +281,78 @@ def _entries() -> Iterable[Invariant]:
         kv.kv_conserved,
         "every computed position holds the KV written for it (fork, CoW, swap, recompute)",
         "kv",
+        "step",
+    )
+    # vLLM V1's KV cache manager (pagedkv.v1): ids as ../shared/reference/v1-kv-manager.md
+    # numbers them (V1-10, hybrid alignment, comes with the hybrid coordinator).
+    yield inv("V1-1", v1p.null_block_ok, "the null block is never free, cached or counted", "v1")
+    yield inv(
+        "V1-3",
+        v1p.free_queue_ok,
+        "the free queue is exactly the uncounted non-null blocks, once each; count = walk",
+        "v1",
+    )
+    yield inv("V1-4", v1p.hash_map_ok, "the map holds (key, b) iff b's key is key", "v1")
+    yield inv(
+        "V1-2",
+        v1m.refcounts_match_tables,
+        "a block's ref_cnt is the number of tables holding it; once per table",
+        "v1",
+    )
+    yield inv(
+        "V1-5",
+        v1m.table_keys_ok,
+        "a cached block at position i of a table carries its request's i-th chained hash",
+        "v1",
+    )
+    yield inv(
+        "V1-6",
+        v1m.lookup_ok,
+        "a hit is the longest cached run of the hashes, capped below the prompt, aligned",
+        "v1",
+        "step",
+    )
+    yield inv(
+        "V1-7",
+        v1m.eviction_order_ok,
+        "allocation pops the head; a freed uncached block goes first, a cached one last",
+        "v1",
+        "step",
+    )
+    yield inv("V1-8", v1m.all_or_nothing, "a refused allocation changes nothing", "v1", "step")
+    yield inv(
+        "V1-9", v1m.tables_append_only, "a live block table only grows at its end", "v1", "step"
+    )
+    yield inv(
+        "V1-11",
+        v1m.preempted_holds_nothing,
+        "a preempted or finished request holds no block; a preempted one computed nothing",
+        "v1",
+    )
+    yield inv(
+        "V1-12",
+        v1m.computed_aligned,
+        "a hit of n blocks is n times the block size in tokens",
+        "v1",
+        "step",
+    )
+    yield inv(
+        "V1-13",
+        v1m.verified_only,
+        "only a request's hashed (verified) blocks are cached",
+        "v1",
+    )
+    yield inv(
+        "V1-14",
+        v1m.events_replay_ok,
+        "replaying the KV events gives the cached keys, as a multiset",
+        "v1",
+    )
+    yield inv(
+        "V1-15",
+        v1m.reset_ok,
+        "reset succeeds iff only the null block is in use, then clears every key",
+        "v1",
         "step",
     )
 

@@ -1,0 +1,401 @@
+"""The V1 block pool: every block, the free queue, the prefix-cache map and the events.
+
+vLLM V1's :class:`BlockPool`. Block 0 is the null block, taken at construction and
+never freed, counted or cached (V1-1). A block is *in use* while ``ref_cnt > 0``;
+at 0 it is in the free queue (V1-3), and if it still has a hash it is
+*cached-free*: a later request can hit it (``touch`` unlinks it from the middle
+of the queue) or an allocation can evict it (its hash is removed, with a
+``BlockRemoved`` event, before the block is handed out: V1-4).
+
+Order (V1-7): ``get_new_blocks`` pops the queue's head; ``free_blocks`` takes the
+blocks in eviction order and puts a block whose count reaches 0 at the head when
+it has no hash (or caching is off: LIFO reuse), at the tail when it has one
+(LRU eviction among cached blocks).
+
+Ownership: this class is the only writer of ``ref_cnt`` and ``block_hash``.
+Complexity: every operation is O(1) per block it touches; ``reset_prefix_cache``
+is O(pool); ``check_invariants`` / ``to_spec`` are O(pool).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pagedkv.v1.block import (
+    BlockHash,
+    BlockHashWithGroupId,
+    KVCacheBlock,
+    get_block_hash,
+    get_group_id,
+    make_block_hash_with_group_id,
+)
+from pagedkv.v1.events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    ExternalBlockHash,
+    KVCacheEvent,
+    external_hash,
+)
+from pagedkv.v1.free_queue import FreeKVCacheBlockQueue
+from pagedkv.v1.hashing import generate_block_hash_extra_keys, to_event_extra_keys
+from pagedkv_spec.errors import (
+    ArgumentTypeError,
+    BlockPoolError,
+    InvalidKVCacheManagerConfigError,
+    NoFreeBlocksError,
+)
+from pagedkv_spec.invariants import check
+from pagedkv_spec.v1.pool import PoolState
+
+if TYPE_CHECKING:
+    from pagedkv.v1.request import Request
+
+__all__ = ["BlockHashToBlockMap", "BlockPool"]
+
+
+class BlockHashToBlockMap:
+    """The prefix-cache map: a key to one block, or to several (duplicates are kept,
+    so block tables stay append-only: a block that fills with content already cached
+    elsewhere keeps its id). ``get_one_block`` returns the earliest inserted."""
+
+    __slots__ = ("_cache", "_dups")
+
+    def __init__(self) -> None:
+        self._cache: dict[bytes, KVCacheBlock] = {}
+        #: keys held by several blocks: all of them by id, in insertion order
+        self._dups: dict[bytes, dict[int, KVCacheBlock]] = {}
+
+    def get_one_block(self, key: bytes) -> KVCacheBlock | None:
+        """A block cached under ``key``, or None. O(1)."""
+        return self._cache.get(key)
+
+    def insert(self, key: bytes, block: KVCacheBlock) -> None:
+        """Cache ``block`` under ``key`` (beside any block already there). O(1)."""
+        first = self._cache.setdefault(key, block)
+        if first is not block:
+            self._dups.setdefault(key, {first.block_id: first})[block.block_id] = block
+
+    def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
+        """Remove block ``block_id`` from ``key``; the block, or None if it was not there."""
+        dups = self._dups.get(key)
+        if dups is None:
+            block = self._cache.get(key)
+            if block is None or block.block_id != block_id:
+                return None
+            del self._cache[key]
+            return block
+        block = dups.pop(block_id, None)
+        if block is None:
+            return None
+        self._cache[key] = next(iter(dups.values()))
+        if len(dups) == 1:
+            del self._dups[key]
+        return block
+
+    def pairs(self) -> set[tuple[bytes, int]]:
+        """Every ``(key, block_id)`` cached. O(size)."""
+        out = {(k, b.block_id) for k, b in self._cache.items()}
+        for k, dups in self._dups.items():
+            out.update((k, i) for i in dups)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def clear(self) -> None:
+        """Forget every key. O(size)."""
+        self._cache.clear()
+        self._dups.clear()
+
+
+class BlockPool:
+    """The blocks of one KV cache, their free queue and prefix cache (module docstring).
+
+    Args:
+        num_gpu_blocks: blocks in the pool, the null block included (>= 1).
+        enable_caching: keep full blocks' hashes for prefix hits.
+        hash_block_size: the block size the requests' hashes are computed at.
+        enable_kv_cache_events: record events for :meth:`take_events`.
+        int_event_hashes: publish hashes as 64-bit ints (vLLM's default) or bytes.
+    """
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        int_event_hashes: bool = True,
+    ) -> None:
+        from pagedkv._validate import require_bool, require_int
+
+        bad = InvalidKVCacheManagerConfigError
+        require_int(
+            "num_gpu_blocks", num_gpu_blocks, bad, low=1, hint=" (the null block is one of them)"
+        )
+        require_int("hash_block_size", hash_block_size, bad, low=1)
+        require_bool("enable_caching", enable_caching)
+        require_bool("enable_kv_cache_events", enable_kv_cache_events)
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.hash_block_size = hash_block_size
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.int_event_hashes = int_event_hashes
+        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.null_block = self.free_block_queue.popleft()
+        self.null_block.is_null = True
+        self.kv_event_queue: list[KVCacheEvent] = []
+
+    # ------------------------------------------------------------------ lookup
+
+    def get_cached_block(
+        self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
+    ) -> list[KVCacheBlock] | None:
+        """The cached block of ``block_hash`` in every group of ``kv_cache_group_ids``,
+        or None if any group misses. A pure lookup. O(groups)."""
+        out = []
+        get = self.cached_block_hash_to_block.get_one_block
+        for group_id in kv_cache_group_ids:
+            block = get(make_block_hash_with_group_id(block_hash, group_id))
+            if block is None:
+                return None
+            out.append(block)
+        return out
+
+    # ------------------------------------------------------------------ caching
+
+    def cache_full_blocks(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+    ) -> None:
+        """Cache ``blocks[num_cached_blocks:num_full_blocks]`` under the request's
+        hashes (null blocks skipped) and record one ``BlockStored``.
+
+        The request must hold hashes for those blocks; a block gets a hash once (V1-4).
+        O(new blocks)."""
+        if num_cached_blocks >= num_full_blocks:
+            return
+        hashes = request.block_hashes
+        scale = block_size // self.hash_block_size
+        if len(hashes) < num_full_blocks * scale:
+            raise BlockPoolError(
+                f"cannot cache {num_full_blocks} block(s) of request {request.request_id!r}: "
+                f"it has hashes for {len(hashes) // scale}; cache only full, hashed blocks"
+            )
+        suffix = make_block_hash_with_group_id(b"", kv_cache_group_id)
+        insert = self.cached_block_hash_to_block.insert
+        events = self.enable_kv_cache_events
+        new_hashes: list[ExternalBlockHash] = []
+        extra: list[tuple[Any, ...] | None] = []
+        for i in range(num_cached_blocks, num_full_blocks):
+            block = blocks[i]
+            if block.is_null:
+                continue
+            block_hash = hashes[(i + 1) * scale - 1]
+            if block.block_hash is not None:
+                raise BlockPoolError(
+                    f"block {block.block_id} is already cached; a block gets one hash "
+                    "(cache each block once: num_cached_blocks is behind)"
+                )
+            key = BlockHashWithGroupId(block_hash + suffix)
+            block.block_hash = key
+            insert(key, block)
+            if events:
+                new_hashes.append(external_hash(block_hash, self.int_event_hashes))
+                extra.append(
+                    generate_block_hash_extra_keys(request, i * block_size, (i + 1) * block_size)
+                )
+        if events and new_hashes:
+            parent = None
+            if num_cached_blocks:
+                parent = external_hash(hashes[num_cached_blocks * scale - 1], self.int_event_hashes)
+            lora = request.lora_request
+            self.kv_event_queue.append(
+                BlockStored(
+                    block_hashes=new_hashes,
+                    parent_block_hash=parent,
+                    token_ids=request.token_slice(
+                        num_cached_blocks * block_size, num_full_blocks * block_size
+                    ),
+                    block_size=block_size,
+                    lora_id=None if lora is None else lora.adapter_id,
+                    medium=MEDIUM_GPU,
+                    lora_name=None if lora is None else lora.name,
+                    extra_keys=to_event_extra_keys(extra),
+                    group_idx=kv_cache_group_id,
+                )
+            )
+
+    def _evict_hash(self, block: KVCacheBlock) -> bool:
+        """Remove ``block``'s key from the cache (and reset it), with a ``BlockRemoved``."""
+        key = block.block_hash
+        if key is None:
+            return False
+        self.cached_block_hash_to_block.pop(key, block.block_id)
+        block.block_hash = None
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(
+                BlockRemoved(
+                    block_hashes=[external_hash(get_block_hash(key), self.int_event_hashes)],
+                    medium=MEDIUM_GPU,
+                    group_idx=get_group_id(key),
+                )
+            )
+        return True
+
+    # ------------------------------------------------------------------ allocation
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Take ``num_blocks`` from the head of the free queue, evicting the hash of
+        any cached-free one first; each comes back with ``ref_cnt`` 1.
+
+        Raises NoFreeBlocksError (nothing taken) when fewer are free. O(num_blocks)."""
+        if num_blocks > self.free_block_queue.num_free_blocks:
+            raise NoFreeBlocksError(num_blocks, self.free_block_queue.num_free_blocks)
+        out = self.free_block_queue.popleft_n(num_blocks)
+        for block in out:
+            if block.block_hash is not None:
+                self._evict_hash(block)
+            block.ref_cnt = 1
+        return out
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Take one more reference to each block (a prefix hit joining a table); a
+        cached-free block leaves the free queue. The null block is skipped.
+
+        Raises BlockPoolError (nothing changed) for a free block that is not cached
+        (a hit can only be on a cached block) or a block of another pool. O(blocks)."""
+        blocks = list(blocks)
+        mine = self.blocks
+        for block in blocks:
+            if mine[block.block_id] is not block if 0 <= block.block_id < len(mine) else True:
+                raise BlockPoolError(f"block {block.block_id} is not a block of this pool")
+            if block.ref_cnt == 0 and block.block_hash is None and not block.is_null:
+                raise BlockPoolError(
+                    f"cannot touch block {block.block_id}: it is free and not cached, so its "
+                    "KV may belong to anyone; touch only blocks a lookup just returned"
+                )
+        remove = self.free_block_queue.remove
+        for block in blocks:
+            if block.is_null:
+                continue
+            if block.ref_cnt == 0:
+                remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop one reference to each block, given in eviction order (first evicted
+        first); a block reaching 0 joins the free queue (order: module docstring).
+        The null block is skipped.
+
+        Raises BlockPoolError (nothing changed) when a block's count would go below 0
+        (a double free). O(blocks)."""
+        first: list[KVCacheBlock] = []
+        last: list[KVCacheBlock] = []
+        caching = self.enable_caching
+        done: list[KVCacheBlock] = []
+        for block in ordered_blocks:
+            if block.is_null:
+                continue
+            if block.ref_cnt <= 0:
+                for b in done:  # put the counts back: state unchanged on error
+                    b.ref_cnt += 1
+                raise BlockPoolError(
+                    f"cannot free block {block.block_id}: nobody holds it (ref_cnt 0); "
+                    "free each table's blocks once"
+                )
+            block.ref_cnt -= 1
+            done.append(block)
+            if block.ref_cnt == 0:
+                if block.block_hash is None or not caching:
+                    first.append(block)
+                else:
+                    last.append(block)
+        self.free_block_queue.prepend_n(first)
+        self.free_block_queue.append_n(last)
+
+    # ------------------------------------------------------------------ eviction and reset
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Remove the given blocks' hashes from the prefix cache (blocks in use stay in
+        use; free ones stay free). Raises BlockPoolError (nothing evicted) for an id
+        outside the pool. O(ids)."""
+        if not isinstance(block_ids, Iterable) or isinstance(block_ids, str | bytes):
+            raise ArgumentTypeError("block_ids", block_ids, "an iterable of block ids")
+        ids = list(block_ids)
+        for i in ids:
+            if type(i) is not int or not 0 <= i < self.num_gpu_blocks:
+                raise BlockPoolError(
+                    f"cannot evict block id {i!r}: the pool has ids 0..{self.num_gpu_blocks - 1}"
+                )
+        for i in ids:
+            self._evict_hash(self.blocks[i])
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash, if no block but the null block is in use; then
+        record ``AllBlocksCleared``. True iff it reset (V1-15). O(pool)."""
+        if self.num_gpu_blocks - self.free_block_queue.num_free_blocks != 1:
+            return False
+        self.cached_block_hash_to_block.clear()
+        for block in self.blocks:
+            block.block_hash = None
+        if self.enable_kv_cache_events:
+            self.kv_event_queue.append(AllBlocksCleared())
+        return True
+
+    # ------------------------------------------------------------------ queries
+
+    def get_num_free_blocks(self) -> int:
+        """Blocks in the free queue (cached-free ones included). O(1)."""
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Fraction of the non-null blocks in use, in [0, 1]. O(1)."""
+        total = self.num_gpu_blocks - 1
+        return 0.0 if not total else 1.0 - self.free_block_queue.num_free_blocks / total
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events recorded since the last call, oldest first (empty when events
+        are off). O(1)."""
+        events, self.kv_event_queue = self.kv_event_queue, []
+        return events
+
+    def is_block_cached(self, block_hash: BlockHash, group_id: int = 0) -> bool:
+        """Whether some block is cached under ``block_hash`` in ``group_id``. O(1)."""
+        key = make_block_hash_with_group_id(block_hash, group_id)
+        return self.cached_block_hash_to_block.get_one_block(key) is not None
+
+    # ------------------------------------------------------------------ checking
+
+    def to_spec(self) -> PoolState:
+        """This pool as the spec's state (:class:`pagedkv_spec.v1.pool.PoolState`). O(pool)."""
+        walk = self.free_block_queue.get_all_free_blocks()
+        return PoolState(
+            ref_cnt=tuple(b.ref_cnt for b in self.blocks),
+            free=tuple(b.block_id for b in walk),
+            hashes=tuple(b.block_hash for b in self.blocks),
+            cached=frozenset(self.cached_block_hash_to_block.pairs()),
+            null_ok=self.null_block is self.blocks[0] and self.null_block.is_null,
+            num_free=self.free_block_queue.num_free_blocks,
+        )
+
+    def check_invariants(self) -> None:
+        """Check the pool's invariants (V1-1, V1-3, V1-4) with the spec's predicates.
+        Raises InvariantViolationError with the id of the first broken one. O(pool)."""
+        check("v1", self.to_spec(), repr(self), ids=("V1-1", "V1-3", "V1-4"))
+
+    def __repr__(self) -> str:
+        return (
+            f"BlockPool({self.num_gpu_blocks} blocks, {self.get_num_free_blocks()} free, "
+            f"caching {'on' if self.enable_caching else 'off'})"
+        )

@@ -1,0 +1,151 @@
+"""Chained block hashes and their extra keys, as vLLM V1 computes them.
+
+The hash of block ``i`` of a request is ``H((parent, tokens, extra))`` where
+``parent`` is block ``i-1``'s hash (``NONE_HASH`` for block 0), ``tokens`` the
+tuple of the block's token ids and ``extra`` the block's tagged extra keys, or
+None (V1-5). ``H`` is :func:`sha256` by default: SHA-256 of the pickled tuple,
+byte for byte what vLLM computes, so hashes and KV events agree with a vLLM
+engine's. ``NONE_HASH`` is ``H(seed)`` with the seed ``PYTHONHASHSEED`` when set,
+else vLLM's fixed ``"vllm-none-hash"``.
+
+Extra keys, in this order (vLLM 0.33+): ``("lora", name, path)``; one
+``("mm", identifier, offset_in_block)`` per multimodal item overlapping the
+block; ``("cache_salt", salt)`` on block 0 only; ``("prompt_embeds", digest)``.
+Two requests whose identities differ anywhere get different hashes from the
+first block their identities differ on, so they never share a block (V1-5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+from pagedkv.v1.block import BlockHash
+from pagedkv.v1.request import Request
+from pagedkv_spec.errors import InvalidKVCacheManagerConfigError
+
+__all__ = [
+    "DEFAULT_NONE_HASH_SEED",
+    "HashFunction",
+    "generate_block_hash_extra_keys",
+    "get_hash_fn_by_name",
+    "get_request_block_hasher",
+    "hash_block_tokens",
+    "none_hash",
+    "sha256",
+    "to_event_extra_keys",
+]
+
+#: A block hash function: any picklable tuple to a digest.
+HashFunction = Callable[[Any], bytes]
+#: vLLM's seed of ``NONE_HASH`` for cryptographic hashes when PYTHONHASHSEED is unset.
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+
+
+def sha256(value: Any) -> bytes:
+    """SHA-256 of ``pickle.dumps(value, HIGHEST_PROTOCOL)`` (vLLM's default)."""
+    return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+_BY_NAME: dict[str, HashFunction] = {"sha256": sha256}
+
+
+def get_hash_fn_by_name(name: str) -> HashFunction:
+    """The hash function called ``name`` (``"sha256"``)."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise InvalidKVCacheManagerConfigError(
+            f"unknown prefix caching hash algorithm {name!r}; use one of {sorted(_BY_NAME)}"
+        ) from None
+
+
+def none_hash(hash_fn: HashFunction = sha256) -> BlockHash:
+    """The parent hash of every block 0: ``hash_fn(seed)`` (see the module docstring)."""
+    return BlockHash(hash_fn(os.getenv("PYTHONHASHSEED", DEFAULT_NONE_HASH_SEED)))
+
+
+def hash_block_tokens(
+    hash_fn: HashFunction,
+    parent_block_hash: bytes | None,
+    curr_block_token_ids: Any,
+    extra_keys: tuple[Any, ...] | None = None,
+    *,
+    none: bytes | None = None,
+) -> BlockHash:
+    """The chained hash of one full block (``none``: the NONE_HASH to use for block 0)."""
+    parent = parent_block_hash or (none if none is not None else none_hash(hash_fn))
+    return BlockHash(hash_fn((parent, tuple(curr_block_token_ids), extra_keys)))
+
+
+def _mm_keys(request: Request, start: int, end: int) -> list[tuple[Any, ...]]:
+    keys: list[tuple[Any, ...]] = []
+    for f in request.mm_features:
+        offset, length = f.mm_position.offset, f.mm_position.length
+        if offset >= end:
+            break
+        if offset + length > start:
+            keys.append(("mm", f.identifier, offset - start))
+    return keys
+
+
+def generate_block_hash_extra_keys(
+    request: Request, start_token_idx: int, end_token_idx: int
+) -> tuple[Any, ...] | None:
+    """The tagged extra keys of the block ``[start_token_idx, end_token_idx)``, or None.
+
+    O(number of multimodal items) (features are sorted by offset)."""
+    keys: list[tuple[Any, ...]] = []
+    lora = request.lora_request
+    if lora is not None:
+        keys.append(("lora", lora.lora_name, lora.lora_path))
+    if request.mm_features:
+        keys.extend(_mm_keys(request, start_token_idx, end_token_idx))
+    if start_token_idx == 0 and request.cache_salt:
+        keys.append(("cache_salt", request.cache_salt))
+    embeds = request.prompt_embeds
+    if embeds is not None:  # also past the prompt: the digest of no bytes, as vLLM
+        digest = hashlib.sha256(b"".join(embeds[start_token_idx:end_token_idx])).digest()
+        keys.append(("prompt_embeds", digest))
+    return tuple(keys) if keys else None
+
+
+def to_event_extra_keys(
+    extra_keys: list[tuple[Any, ...] | None],
+) -> list[tuple[Any, ...] | None] | None:
+    """Per-block extra keys as KV events publish them: untagged (a LoRA name, a salt,
+    ``(identifier, offset)`` pairs, a digest), None when there are none."""
+    if not extra_keys:
+        return None
+    return [
+        None if keys is None else tuple(k[1:] if k[0] == "mm" else k[1] for k in keys)
+        for keys in extra_keys
+    ]
+
+
+def get_request_block_hasher(
+    block_size: int, caching_hash_fn: HashFunction = sha256
+) -> Callable[[Request], list[BlockHash]]:
+    """A function giving the hashes of a request's full blocks not hashed yet.
+
+    Each call is O(new full blocks × block_size)."""
+    none = none_hash(caching_hash_fn)
+
+    def request_block_hasher(request: Request) -> list[BlockHash]:
+        start = len(request.block_hashes) * block_size
+        num_tokens = request.num_tokens
+        parent: bytes = request.block_hashes[-1] if request.block_hashes else none
+        new: list[BlockHash] = []
+        while start + block_size <= num_tokens:
+            end = start + block_size
+            extra = generate_block_hash_extra_keys(request, start, end)
+            h = BlockHash(caching_hash_fn((parent, tuple(request.token_slice(start, end)), extra)))
+            new.append(h)
+            parent = h
+            start = end
+        return new
+
+    return request_block_hasher

@@ -1,0 +1,432 @@
+"""The scheduler's entry point to the V1 KV cache: :class:`KVCacheManager`.
+
+vLLM V1's ``KVCacheManager`` (0.34.0 signatures). A scheduler step calls, per
+request: :meth:`KVCacheManager.get_computed_blocks` (a pure lookup of the longest
+cached prefix) when it first schedules a waiting request, then
+:meth:`~KVCacheManager.allocate_slots` with the hit and the tokens to compute;
+:meth:`~KVCacheManager.free` when the request finishes or is preempted
+(preemption is recompute only: free, then ``num_computed_tokens = 0``).
+
+``allocate_slots`` runs in vLLM's three stages: (1) free what left the window
+and check capacity, returning None with **nothing changed** if the pool cannot
+serve the call (V1-8); (2) adopt the hit: touch every group's hit blocks, then
+allocate blocks for external (connector) tokens; (3) allocate the new and
+lookahead slots and, unless ``delay_cache_blocks``, cache every full block of
+verified tokens (never draft or lookahead slots: V1-13).
+
+Stricter than vLLM, on purpose (docs/design.md): every argument is checked before
+anything changes and misuse raises a typed error from :mod:`pagedkv.errors`
+(vLLM asserts, or corrupts its state under ``python -O``): negative counts, a hit
+whose token count is not its blocks × block size (V1-12), a hit block that is not
+cached under the request's own hash (V1-5), a hit or external tokens for a request
+that already holds blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pagedkv._validate import require_bool, require_instance, require_int, require_real
+from pagedkv.v1.block import KVCacheBlock, make_block_hash_with_group_id
+from pagedkv.v1.coordinator import get_kv_cache_coordinator
+from pagedkv.v1.events import BlockStored, KVCacheEvent
+from pagedkv.v1.kv_cache_interface import KVCacheConfig
+from pagedkv.v1.request import Request, RequestStatus
+from pagedkv_spec.errors import InvalidAllocationError, InvalidKVCacheManagerConfigError
+from pagedkv_spec.invariants import check
+from pagedkv_spec.v1.manager import ManagerState
+
+__all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
+
+
+@dataclass
+class KVCacheBlocks:
+    """Blocks per KV cache group (``blocks[g]``): what the manager hands the scheduler."""
+
+    blocks: tuple[Sequence[KVCacheBlock], ...]
+
+    def __add__(self, other: KVCacheBlocks) -> KVCacheBlocks:
+        pairs = zip(self.blocks, other.blocks, strict=True)
+        return KVCacheBlocks(tuple([*a, *b] for a, b in pairs))
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        """The block ids per group."""
+        return tuple([b.block_id for b in group] for group in self.blocks)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        """Ids of the blocks without a hash (one group only)."""
+        if len(self.blocks) != 1:
+            raise InvalidKVCacheManagerConfigError("get_unhashed_block_ids needs one group")
+        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def new_empty(self) -> KVCacheBlocks:
+        """No blocks, as many groups."""
+        return KVCacheBlocks(tuple(() for _ in self.blocks))
+
+
+@dataclass
+class PrefixCacheStats:
+    """Prefix-cache figures since the last :meth:`KVCacheManager.make_prefix_cache_stats`:
+    requests looked up, tokens queried and hit, the same for previously preempted
+    requests, and whether the cache was reset."""
+
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        """Count one lookup of ``num_tokens`` tokens that hit ``num_hits``."""
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
+
+
+class KVCacheManager:
+    """The V1 KV cache manager (module docstring).
+
+    Args:
+        kv_cache_config: the pool size and the groups.
+        max_model_len: the longest request, in tokens (slots are capped there).
+        scheduler_block_size: the scheduling granularity (default: the block size).
+        hash_block_size: the block size hashes are computed at (default: the block size).
+        enable_caching: prefix caching on.
+        log_stats: keep :class:`PrefixCacheStats`.
+        enable_kv_cache_events: record KV events (:meth:`take_events`).
+        watermark: fraction of blocks kept free when admitting waiting requests.
+        int_event_hashes: events publish 64-bit int hashes (vLLM's default) or bytes.
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int | None = None,
+        hash_block_size: int | None = None,
+        *,
+        enable_caching: bool = True,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        watermark: float = 0.0,
+        int_event_hashes: bool = True,
+    ) -> None:
+        bad = InvalidKVCacheManagerConfigError
+        require_instance("kv_cache_config", kv_cache_config, KVCacheConfig, "a KVCacheConfig")
+        require_int("max_model_len", max_model_len, bad, low=1)
+        require_bool("enable_caching", enable_caching)
+        require_bool("log_stats", log_stats)
+        require_bool("enable_kv_cache_events", enable_kv_cache_events)
+        require_real("watermark", watermark, bad, low=0.0, high=1.0)
+        sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+        if scheduler_block_size is None:
+            scheduler_block_size = max(sizes)
+        if hash_block_size is None:
+            hash_block_size = min(sizes)
+        require_int("scheduler_block_size", scheduler_block_size, bad, low=1)
+        require_int("hash_block_size", hash_block_size, bad, low=1)
+        if scheduler_block_size % hash_block_size or any(scheduler_block_size % s for s in sizes):
+            raise bad(
+                f"scheduler_block_size {scheduler_block_size} must be a multiple of "
+                f"hash_block_size {hash_block_size} and of every group's block size {sizes}"
+            )
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = max_model_len
+        self.scheduler_block_size = scheduler_block_size
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.log_stats = log_stats
+        self.coordinator = get_kv_cache_coordinator(
+            kv_cache_config,
+            enable_caching,
+            enable_kv_cache_events,
+            hash_block_size,
+            int_event_hashes,
+        )
+        self.block_pool = self.coordinator.block_pool
+        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in sizes))
+        self._kinds = tuple(g.kv_cache_spec.kind for g in kv_cache_config.kv_cache_groups)
+
+    # ------------------------------------------------------------------ lookup
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the non-null blocks in use. O(1)."""
+        return self.block_pool.get_usage()
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        """Whether a lookup may run for ``request`` (caching on, reads not skipped)."""
+        return self.enable_caching and request.prefix_cache_hit_limit != 0
+
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]:
+        """The longest cached prefix of ``request`` (V1-6): its blocks per group, its
+        length in tokens (block-aligned, below the request's last token, within the
+        request's hit limit and ``max_cache_hit_length``) and the shared-prefix
+        boundary (always 0 with one group). A pure lookup. O(hit blocks)."""
+        require_instance("request", request, Request, "a pagedkv.v1.Request")
+        if max_cache_hit_length is not None:
+            require_int(
+                "max_cache_hit_length", max_cache_hit_length, InvalidKVCacheManagerConfigError
+            )
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        limit = request.get_max_cache_hit_length(max_cache_hit_length)
+        blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes, limit)
+        return self._blocks(blocks), hit, 0
+
+    def get_num_cached_tokens(self, request: Request) -> int:
+        """How many of ``request``'s tokens a lookup would hit now (a pure probe)."""
+        return self.get_computed_blocks(request)[1]
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        """Count one lookup of ``request`` that hit ``num_hits`` tokens (if stats are on)."""
+        if self.prefix_cache_stats is None or not self.prefix_cache_lookup_enabled(request):
+            return
+        self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """The stats since the last call (and start new ones); None if stats are off."""
+        if self.prefix_cache_stats is None:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    # ------------------------------------------------------------------ allocation
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        has_scheduled_reqs: bool = True,
+    ) -> KVCacheBlocks | None:
+        """Give ``request`` slots for its hit, its external tokens, ``num_new_tokens``
+        and ``num_lookahead_tokens`` (module docstring); the newly allocated blocks per
+        group, or None if the pool cannot serve it (nothing changed: V1-8).
+
+        Complexity: O(blocks adopted, allocated and cached)."""
+        rid = self._check_allocation(
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_lookahead_tokens,
+            num_external_computed_tokens,
+            num_encoder_tokens,
+        )
+        require_bool("delay_cache_blocks", delay_cache_blocks)
+        require_bool("has_scheduled_reqs", has_scheduled_reqs)
+        hits = (
+            self.empty_kv_cache_blocks.blocks
+            if new_computed_blocks is None
+            else new_computed_blocks.blocks
+        )
+        coordinator = self.coordinator
+        local = request.num_computed_tokens + num_new_computed_tokens
+        total = min(local + num_external_computed_tokens, self.max_model_len)
+        watermark = 0
+        if has_scheduled_reqs and request.status in (
+            RequestStatus.WAITING,
+            RequestStatus.PREEMPTED,
+        ):
+            watermark = self.watermark_blocks
+        need = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        coordinator.remove_skipped_blocks(rid, max(0, total - request.num_in_flight_tokens))
+        wanted = coordinator.get_num_blocks_to_allocate(rid, need, hits, total)
+        if wanted + watermark > self.block_pool.get_num_free_blocks():
+            return None
+        if num_new_computed_tokens or num_external_computed_tokens:
+            coordinator.allocate_new_computed_blocks(rid, hits, total, num_external_computed_tokens)
+        new = coordinator.allocate_new_blocks(rid, need)
+        if not delay_cache_blocks and self.enable_caching:
+            coordinator.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
+        return self._blocks(new)
+
+    def _check_allocation(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: KVCacheBlocks | None,
+        num_lookahead_tokens: int,
+        num_external_computed_tokens: int,
+        num_encoder_tokens: int,
+    ) -> str:
+        """Every argument check of ``allocate_slots``, before anything changes. O(hit)."""
+        require_instance("request", request, Request, "a pagedkv.v1.Request")
+        rid = request.request_id
+
+        def bad(detail: str) -> InvalidAllocationError:
+            return InvalidAllocationError(rid, detail)
+
+        require_int("num_new_tokens", num_new_tokens, bad)
+        require_int("num_new_computed_tokens", num_new_computed_tokens, bad)
+        require_int("num_lookahead_tokens", num_lookahead_tokens, bad)
+        require_int("num_external_computed_tokens", num_external_computed_tokens, bad)
+        require_int("num_encoder_tokens", num_encoder_tokens, bad)
+        if not (num_new_tokens or num_new_computed_tokens or num_external_computed_tokens):
+            raise bad("num_new_tokens must be > 0 when there is no hit or external token to adopt")
+        end = request.num_computed_tokens + num_new_computed_tokens
+        end += num_external_computed_tokens + num_new_tokens
+        if end > self.max_model_len:
+            raise bad(
+                f"computed and new tokens reach {end}, past max_model_len {self.max_model_len}; "
+                "schedule at most max_model_len - num_computed_tokens new tokens (only "
+                "lookahead slots are capped)"
+            )
+        hits = self.empty_kv_cache_blocks.blocks
+        if new_computed_blocks is not None:
+            require_instance(
+                "new_computed_blocks", new_computed_blocks, KVCacheBlocks, "KVCacheBlocks"
+            )
+            hits = new_computed_blocks.blocks
+            if len(hits) != self.num_kv_cache_groups:
+                raise bad(
+                    f"new_computed_blocks has {len(hits)} group(s), the manager "
+                    f"{self.num_kv_cache_groups}; pass get_computed_blocks()' result"
+                )
+        if (num_new_computed_tokens or num_external_computed_tokens) and self.coordinator.holds(
+            rid
+        ):
+            raise bad(
+                "it already holds blocks, so it cannot adopt a hit or external tokens; "
+                "only a request's first allocation adopts them (free it to start over)"
+            )
+        pool = self.block_pool
+        for g, group in enumerate(hits):
+            size = self.coordinator.single_type_managers[g].block_size
+            if num_new_computed_tokens != len(group) * size:
+                raise bad(
+                    f"num_new_computed_tokens {num_new_computed_tokens} is not the "
+                    f"{len(group)} hit block(s) of group {g} × block size {size}; pass the "
+                    "count get_computed_blocks() returned"
+                )
+            hashes = request.block_hashes
+            for i, block in enumerate(group):
+                key = make_block_hash_with_group_id(hashes[i], g) if i < len(hashes) else None
+                if not (
+                    block.is_null
+                    or (
+                        0 <= block.block_id < pool.num_gpu_blocks
+                        and pool.blocks[block.block_id] is block
+                        and block.block_hash == key
+                    )
+                ):
+                    raise bad(
+                        f"hit block {block.block_id} (position {i}, group {g}) is not cached "
+                        "under the request's hash there; pass get_computed_blocks()' blocks, "
+                        "right after the lookup"
+                    )
+        return rid
+
+    def free(self, request: Request) -> None:
+        """Free every block of ``request``, each table tail first (a request holding none:
+        nothing). O(blocks)."""
+        require_instance("request", request, Request, "a pagedkv.v1.Request")
+        self.coordinator.free(request.request_id)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache ``request``'s full, hashed blocks up to ``num_computed_tokens`` (after
+        ``delay_cache_blocks``, once the external KV arrived). O(new cached blocks)."""
+        require_instance("request", request, Request, "a pagedkv.v1.Request")
+        rid = request.request_id
+        require_int(
+            "num_computed_tokens", num_computed_tokens, lambda d: InvalidAllocationError(rid, d)
+        )
+        if self.enable_caching and self.coordinator.holds(rid):
+            self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """Free the blocks that left every group's window (none with full attention)."""
+        self.coordinator.remove_skipped_blocks(request_id, num_computed_tokens)
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        """Drop the given blocks from the prefix cache (BlockPoolError for an id outside
+        the pool, nothing evicted). O(ids)."""
+        self.block_pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache if no block but the null block is in use (V1-15)."""
+        if not self.coordinator.reset_prefix_cache():
+            return False
+        if self.prefix_cache_stats is not None:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV events since the last call, each ``BlockStored`` annotated with its
+        group's kind."""
+        events = self.block_pool.take_events()
+        for e in events:
+            if isinstance(e, BlockStored) and e.group_idx is not None:
+                e.kv_cache_spec_kind = self._kinds[e.group_idx]
+        return events
+
+    # ------------------------------------------------------------------ tables
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's blocks per group (empty if it holds none)."""
+        return self._blocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block ids per group."""
+        return self.get_blocks(request_id).get_block_ids()
+
+    def _blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    # ------------------------------------------------------------------ checking
+
+    def to_spec(self, requests: Sequence[object] = ()) -> ManagerState:
+        """This manager as the spec's state (group 0's tables under the request id,
+        other groups' under ``"<id>@<group>"``). O(pool + table entries)."""
+        tables: list[tuple[str, tuple[int, ...]]] = []
+        cached: list[tuple[str, int]] = []
+        for g, m in enumerate(self.coordinator.single_type_managers):
+            suffix = "" if g == 0 else f"@{g}"
+            tables += [
+                (r + suffix, tuple(b.block_id for b in t)) for r, t in m.req_to_blocks.items()
+            ]
+            cached += [(r + suffix, n) for r, n in m.num_cached_block.items()]
+        manager = self.coordinator.single_type_managers[0]
+        return ManagerState(
+            pool=self.block_pool.to_spec(),
+            tables=tuple(tables),
+            num_cached=tuple(cached),
+            block_size=manager.block_size,
+            max_model_len=self.max_model_len,
+            caching=self.enable_caching,
+            watermark_blocks=self.watermark_blocks,
+        )
+
+    def check_invariants(self) -> None:
+        """Check the pool's and the tables' invariants (V1-1..V1-4, V1-13) with the spec's
+        predicates; InvariantViolationError names the first broken one. O(pool + tables)."""
+        state = self.to_spec()
+        where = repr(self)
+        check("v1", state.pool, where, ids=("V1-1", "V1-3", "V1-4"))
+        check("v1", state, where, ids=("V1-2", "V1-13"))
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCacheManager({self.num_kv_cache_groups} group(s), {self.block_pool.num_gpu_blocks} "
+            f"blocks, {self.block_pool.get_num_free_blocks()} free)"
+        )

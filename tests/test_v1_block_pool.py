@@ -1,0 +1,257 @@
+"""pagedkv.v1's block pool (``block_pool.py``) and its free queue (``free_queue.py``):
+order, eviction, caching, events, reset and misuse, on small pools by hand. The V1
+machine drives them through the manager; here each rule is pinned on its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import raised
+from pagedkv.errors import BlockPoolError, InvalidKVCacheManagerConfigError, NoFreeBlocksError
+from pagedkv.v1 import (
+    AllBlocksCleared,
+    BlockPool,
+    BlockRemoved,
+    BlockStored,
+    FreeKVCacheBlockQueue,
+    KVCacheBlock,
+    LoRARequest,
+    Request,
+    get_request_block_hasher,
+    make_block_hash_with_group_id,
+)
+from pagedkv.v1.block import get_block_hash, get_group_id
+from pagedkv.v1.events import external_hash
+
+
+def ids(blocks: list[KVCacheBlock]) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+def free_ids(pool: BlockPool) -> list[int]:
+    return ids(pool.free_block_queue.get_all_free_blocks())
+
+
+# ---- FreeKVCacheBlockQueue
+
+
+def test_the_queue_pops_from_the_head_removes_anywhere_and_appends_at_both_ends() -> None:
+    blocks = [KVCacheBlock(i) for i in range(6)]
+    q = FreeKVCacheBlockQueue(blocks)
+    assert ids(q.popleft_n(2)) == [0, 1] and q.num_free_blocks == 4
+    q.remove(blocks[3])
+    assert ids(q.get_all_free_blocks()) == [2, 4, 5]
+    q.append(blocks[3])
+    q.prepend_n([blocks[1], blocks[0]])
+    assert ids(list(q)) == [1, 0, 2, 4, 5, 3] and q.num_free_blocks == 6
+    assert blocks[3].next_free_block is q.fake_free_list_tail
+    assert q.popleft() is blocks[1] and blocks[1].prev_free_block is None
+
+
+def test_the_queue_refuses_what_it_cannot_do_and_changes_nothing() -> None:
+    blocks = [KVCacheBlock(i) for i in range(2)]
+    q = FreeKVCacheBlockQueue(blocks)
+    assert "cannot take 3 block(s)" in str(raised(BlockPoolError, q.popleft_n, 3))
+    taken = q.popleft()
+    raised(BlockPoolError, q.remove, taken)
+    assert ids(list(q)) == [1] and q.num_free_blocks == 1
+    q.popleft()
+    raised(BlockPoolError, q.popleft)
+    assert q.num_free_blocks == 0 and list(q) == []
+
+
+# ---- construction
+
+
+def test_the_null_block_is_block_0_taken_at_construction() -> None:
+    pool = BlockPool(4, True, 2)
+    assert pool.null_block is pool.blocks[0] and pool.null_block.is_null
+    assert free_ids(pool) == [1, 2, 3] and pool.get_num_free_blocks() == 3
+    assert pool.get_usage() == 0.0 and BlockPool(1, True, 2).get_usage() == 0.0
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("n", [0, -1])
+def test_a_pool_needs_at_least_the_null_block(n: int) -> None:
+    raised(InvalidKVCacheManagerConfigError, BlockPool, n, True, 2)
+
+
+# ---- get_new_blocks, touch, free_blocks
+
+
+def test_allocation_pops_the_head_and_counts_one_reference() -> None:
+    pool = BlockPool(5, True, 2)
+    got = pool.get_new_blocks(2)
+    assert ids(got) == [1, 2] and [b.ref_cnt for b in got] == [1, 1]
+    err = raised(NoFreeBlocksError, pool.get_new_blocks, 3)
+    assert (err.requested, err.available) == (3, 2) and free_ids(pool) == [3, 4]
+    assert pool.get_usage() == 0.5
+
+
+def test_freed_uncached_blocks_go_to_the_head_in_the_order_given() -> None:
+    pool = BlockPool(5, True, 2)
+    a = pool.get_new_blocks(3)
+    pool.free_blocks(reversed(a))  # a table's blocks, tail first
+    assert free_ids(pool) == [3, 2, 1, 4]
+
+
+def test_freed_cached_blocks_go_to_the_tail_and_are_evicted_last() -> None:
+    pool = BlockPool(6, True, 2)
+    r = Request("r", [1, 2, 3, 4], block_hasher=get_request_block_hasher(2))
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(r, blocks, 0, 2, 2, 0)
+    pool.free_blocks(reversed(blocks))  # 3 is uncached: head; 2, 1 cached: tail
+    assert free_ids(pool) == [3, 4, 5, 2, 1]
+    pool.check_invariants()
+
+
+def test_with_caching_off_every_freed_block_goes_to_the_head() -> None:
+    pool = BlockPool(5, False, 2)
+    blocks = pool.get_new_blocks(3)
+    blocks[0].block_hash = make_block_hash_with_group_id(b"h", 0)  # even with a hash
+    pool.free_blocks(reversed(blocks))
+    assert free_ids(pool) == [3, 2, 1, 4]
+
+
+def test_touch_unlinks_a_cached_free_block_and_skips_the_null_block() -> None:
+    pool = BlockPool(5, True, 2)
+    r = Request("r", [1, 2], block_hasher=get_request_block_hasher(2))
+    (b,) = pool.get_new_blocks(1)
+    pool.cache_full_blocks(r, [b], 0, 1, 2, 0)
+    pool.free_blocks([b])
+    assert free_ids(pool) == [2, 3, 4, 1]
+    pool.touch([pool.null_block, b])
+    assert b.ref_cnt == 1 and free_ids(pool) == [2, 3, 4] and pool.null_block.ref_cnt == 0
+    pool.touch([b])
+    assert b.ref_cnt == 2
+    pool.free_blocks([b, b])
+    assert free_ids(pool) == [2, 3, 4, 1]
+
+
+def test_touch_refuses_a_free_uncached_block_or_a_foreign_one_and_changes_nothing() -> None:
+    pool = BlockPool(4, True, 2)
+    (b,) = pool.get_new_blocks(1)
+    free = pool.blocks[2]
+    assert "free and not cached" in str(raised(BlockPoolError, pool.touch, [b, free]))
+    assert b.ref_cnt == 1  # b was not touched before the refusal
+    raised(BlockPoolError, pool.touch, [KVCacheBlock(1)])
+    raised(BlockPoolError, pool.touch, [KVCacheBlock(9)])
+    pool.check_invariants()
+
+
+def test_a_double_free_is_refused_and_changes_nothing() -> None:
+    pool = BlockPool(4, True, 2)
+    a, b = pool.get_new_blocks(2)
+    err = raised(BlockPoolError, pool.free_blocks, [b, a, a])
+    assert "nobody holds it" in str(err)
+    assert (a.ref_cnt, b.ref_cnt) == (1, 1) and free_ids(pool) == [3]
+    pool.free_blocks([pool.null_block])  # skipped, never counted
+    pool.check_invariants()
+
+
+# ---- caching, eviction, events
+
+
+def _cached_pool(events: bool = True) -> tuple[BlockPool, Request, list[KVCacheBlock]]:
+    pool = BlockPool(6, True, 2, enable_kv_cache_events=events)
+    r = Request(
+        "r", [1, 2, 3, 4, 5], block_hasher=get_request_block_hasher(2),
+        lora_request=LoRARequest("ad", 7, "/p"),
+    )  # fmt: skip
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(r, blocks, 0, 2, 2, 0)
+    return pool, r, blocks
+
+
+def test_caching_keys_each_full_block_by_its_hash_and_group() -> None:
+    pool, r, blocks = _cached_pool()
+    keys = [make_block_hash_with_group_id(h, 0) for h in r.block_hashes]
+    assert [b.block_hash for b in blocks] == [*keys, None]
+    assert pool.get_cached_block(r.block_hashes[1], [0]) == [blocks[1]]
+    assert pool.get_cached_block(r.block_hashes[1], [0, 1]) is None
+    assert get_block_hash(keys[0]) == r.block_hashes[0] and get_group_id(keys[0]) == 0
+    (stored,) = pool.take_events()
+    assert isinstance(stored, BlockStored)
+    assert stored.block_hashes == [external_hash(h) for h in r.block_hashes]
+    assert stored.parent_block_hash is None and stored.token_ids == [1, 2, 3, 4]
+    assert (stored.lora_id, stored.lora_name, stored.group_idx) == (7, "ad", 0)
+    assert stored.extra_keys == [("ad",), ("ad",)] and stored.block_size == 2
+    assert pool.take_events() == []
+
+
+def test_caching_more_blocks_names_the_parent_and_only_the_new_tokens() -> None:
+    pool, r, blocks = _cached_pool()
+    pool.take_events()
+    r.append_output_token_ids(6)
+    pool.cache_full_blocks(r, blocks, 2, 3, 2, 0)
+    (stored,) = pool.take_events()
+    assert isinstance(stored, BlockStored)
+    assert stored.parent_block_hash == external_hash(r.block_hashes[1])
+    assert stored.token_ids == [5, 6]
+
+
+def test_a_block_is_cached_once_and_only_with_a_hash() -> None:
+    pool, r, blocks = _cached_pool()
+    assert "already cached" in str(
+        raised(BlockPoolError, pool.cache_full_blocks, r, blocks, 1, 2, 2, 0)
+    )
+    err = raised(BlockPoolError, pool.cache_full_blocks, r, blocks, 2, 3, 2, 0)
+    assert "it has hashes for 2" in str(err)
+    pool.check_invariants()
+
+
+def test_duplicates_stay_cached_and_a_lookup_returns_the_earliest() -> None:
+    pool, r, blocks = _cached_pool()
+    twin = pool.get_new_blocks(2)
+    pool.cache_full_blocks(r, twin, 0, 2, 2, 0)
+    assert pool.get_cached_block(r.block_hashes[0], [0]) == [blocks[0]]
+    pool.evict_blocks([blocks[0].block_id])
+    assert pool.get_cached_block(r.block_hashes[0], [0]) == [twin[0]]
+    pool.check_invariants()
+
+
+def test_allocation_evicts_a_cached_free_block_with_a_removed_event() -> None:
+    pool, r, blocks = _cached_pool()
+    pool.free_blocks(reversed(blocks))
+    pool.take_events()
+    assert free_ids(pool) == [3, 4, 5, 2, 1]
+    got = pool.get_new_blocks(4)  # 3, 4, 5, then the cached 2 (the chain's tail)
+    assert ids(got) == [3, 4, 5, 2] and got[3].block_hash is None
+    (removed,) = pool.take_events()
+    assert removed == BlockRemoved([external_hash(r.block_hashes[1])], "GPU", 0)
+    assert pool.get_cached_block(r.block_hashes[1], [0]) is None
+    pool.check_invariants()
+
+
+def test_evict_blocks_drops_keys_and_refuses_ids_outside_the_pool() -> None:
+    pool, _, blocks = _cached_pool()
+    pool.take_events()
+    raised(BlockPoolError, pool.evict_blocks, [1, 6])
+    assert pool.take_events() == [] and blocks[0].block_hash is not None
+    pool.evict_blocks([0, 1, 3])  # the null block and an uncached one: nothing to drop
+    assert blocks[0].block_hash is None and blocks[0].ref_cnt == 1
+    assert len(pool.take_events()) == 1
+    pool.check_invariants()
+
+
+def test_events_off_records_nothing() -> None:
+    pool, _, blocks = _cached_pool(events=False)
+    pool.free_blocks(blocks)
+    pool.get_new_blocks(5)
+    assert pool.take_events() == []
+
+
+# ---- reset_prefix_cache
+
+
+def test_reset_needs_every_block_free_and_keeps_the_free_order() -> None:
+    pool, r, blocks = _cached_pool()
+    assert not pool.reset_prefix_cache()
+    pool.free_blocks(reversed(blocks))
+    order = free_ids(pool)
+    pool.take_events()
+    assert pool.reset_prefix_cache()
+    assert all(b.block_hash is None for b in pool.blocks) and free_ids(pool) == order
+    assert pool.get_cached_block(r.block_hashes[0], [0]) is None
+    assert pool.take_events() == [AllBlocksCleared()]
+    pool.check_invariants()

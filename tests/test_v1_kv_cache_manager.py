@@ -1,0 +1,291 @@
+"""pagedkv.v1's ``KVCacheManager`` (``kv_cache_manager.py``, over ``coordinator.py`` and
+``single_type_manager.py``): a V1 scheduler's calls, by hand, with the exact blocks vLLM
+0.34.0 hands out. The V1 machine checks the same operations against the spec on random
+workloads; these pin the scenarios and the misuse."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from helpers import raised
+from pagedkv.errors import (
+    ArgumentTypeError,
+    InvalidAllocationError,
+    InvalidKVCacheManagerConfigError,
+)
+from pagedkv.v1 import (
+    BlockStored,
+    FullAttentionSpec,
+    KVCacheBlocks,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheManager,
+    Request,
+    RequestStatus,
+    get_request_block_hasher,
+)
+
+HASHER = get_request_block_hasher(4)
+
+
+def manager(num_blocks: int = 10, **kwargs: object) -> KVCacheManager:
+    return KVCacheManager(KVCacheConfig.full_attention(num_blocks, 4), 64, **kwargs)  # type: ignore[arg-type]  # keyword options
+
+
+def request(rid: str, n: int, first: int = 0) -> Request:
+    return Request(rid, list(range(first, first + n)), block_hasher=HASHER)
+
+
+def admit(m: KVCacheManager, r: Request, n: int | None = None) -> KVCacheBlocks | None:
+    """The scheduler's admission: look up, allocate the rest (or ``n`` tokens)."""
+    blocks, hit, _ = m.get_computed_blocks(r)
+    out = m.allocate_slots(r, (r.num_tokens - hit) if n is None else n, hit, blocks)
+    if out is not None:
+        r.num_computed_tokens = hit + ((r.num_tokens - hit) if n is None else n)
+        r.status = RequestStatus.RUNNING
+    return out
+
+
+def free_ids(m: KVCacheManager) -> list[int]:
+    return [b.block_id for b in m.block_pool.free_block_queue.get_all_free_blocks()]
+
+
+# ---- get_computed_blocks
+
+
+def test_a_hit_is_block_aligned_and_below_the_last_token() -> None:
+    m = manager()
+    a = request("a", 8)  # two full blocks, both cached once computed
+    admit(m, a)
+    b = request("b", 8)
+    blocks, hit, boundary = m.get_computed_blocks(b)
+    assert (blocks.get_block_ids(), hit, boundary) == (([1],), 4, 0)  # not the last block
+    assert m.get_num_cached_tokens(b) == 4
+    c = request("c", 11)
+    assert m.get_computed_blocks(c)[1] == 8
+    assert m.get_computed_blocks(c, max_cache_hit_length=7)[1] == 4
+    m.check_invariants()
+
+
+def test_no_hit_when_reads_are_skipped_limited_or_caching_is_off() -> None:
+    m = manager()
+    admit(m, request("a", 9))
+    skip = Request("s", list(range(9)), block_hasher=HASHER, skip_reading_prefix_cache=True)
+    assert m.get_computed_blocks(skip)[1] == 0
+    limited = Request("l", list(range(9)), block_hasher=HASHER, prefix_cache_hit_limit=5)
+    assert m.get_computed_blocks(limited)[1] == 4
+    off = manager(enable_caching=False)
+    admit(off, request("a", 9))
+    assert off.get_computed_blocks(request("b", 9))[1] == 0
+    assert all(b.block_hash is None for b in off.block_pool.blocks)
+
+
+# ---- allocate_slots
+
+
+def test_a_hit_is_shared_and_only_the_rest_is_allocated() -> None:
+    m = manager()
+    admit(m, request("a", 9))
+    out = admit(m, request("b", 10))
+    assert out is not None and out.get_block_ids() == ([4],)
+    assert m.get_block_ids("b") == ([1, 2, 4],)
+    assert [m.block_pool.blocks[i].ref_cnt for i in (1, 2, 3, 4)] == [2, 2, 1, 1]
+    m.check_invariants()
+
+
+def test_chunked_prefill_caches_the_full_blocks_of_each_chunk() -> None:
+    m = manager()
+    r = request("r", 10)
+    assert admit(m, r, 5) is not None
+    assert m.get_block_ids("r") == ([1, 2],)
+    assert [m.block_pool.blocks[i].block_hash is not None for i in (1, 2)] == [True, False]
+    out = m.allocate_slots(r, 5)
+    assert out is not None and out.get_block_ids() == ([3],)
+    assert [m.block_pool.blocks[i].block_hash is not None for i in (1, 2, 3)] == [True, True, False]
+
+
+def test_draft_and_lookahead_slots_are_allocated_never_cached() -> None:
+    m = manager()
+    r = request("r", 7)
+    admit(m, r)  # 7 computed; the step samples token 8
+    r.append_output_token_ids(100)
+    # decode: the new token plus 3 drafts, and 2 lookahead slots: 7 + 4 + 2 = 13 slots
+    out = m.allocate_slots(r, 1 + 3, num_lookahead_tokens=2)
+    assert out is not None and m.get_block_ids("r") == ([1, 2, 3, 4],)
+    cached = [m.block_pool.blocks[i].block_hash is not None for i in (1, 2, 3, 4)]
+    assert cached == [True, True, False, False]  # 8 verified tokens: two blocks
+    # drafts rejected: the table keeps its blocks (append-only)
+    assert m.allocate_slots(r, 1) is not None and m.get_block_ids("r") == ([1, 2, 3, 4],)
+
+
+def test_lookahead_is_capped_at_max_model_len_but_new_tokens_are_not() -> None:
+    m = KVCacheManager(KVCacheConfig.full_attention(10, 4), 8)
+    r = request("r", 7)
+    assert m.allocate_slots(r, 7, num_lookahead_tokens=5) is not None
+    assert m.get_block_ids("r") == ([1, 2],)
+    err = raised(InvalidAllocationError, m.allocate_slots, request("s", 9), 9)
+    assert err.request_id == "s" and "past max_model_len 8" in str(err)
+
+
+def test_a_refused_allocation_changes_nothing_and_counts_cached_free_hits() -> None:
+    m = manager(5)  # 4 usable blocks
+    a = request("a", 9)
+    admit(m, a)
+    m.free(a)  # blocks 1, 2 cached-free; 3 uncached
+    b = request("b", 17)  # hit 8 tokens on cached-free 1, 2: they count against capacity
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 8
+    before = (free_ids(m), [blk.ref_cnt for blk in m.block_pool.blocks])
+    assert m.allocate_slots(b, 9, hit, blocks) is None  # needs 2 hit + 3 new > 4
+    assert (free_ids(m), [blk.ref_cnt for blk in m.block_pool.blocks]) == before
+    assert m.get_block_ids("b") == ([],)
+    assert m.allocate_slots(b, 5, hit, blocks) is not None  # 2 hit + 2 new
+    m.check_invariants()
+
+
+def test_the_watermark_applies_to_waiting_requests_when_others_are_scheduled() -> None:
+    m = manager(11, watermark=0.2)  # 10 usable, watermark 2
+    big = request("big", 33)  # 9 blocks
+    assert m.allocate_slots(big, 33) is None  # 9 + 2 > 10
+    assert m.allocate_slots(big, 33, has_scheduled_reqs=False) is not None
+    big.status = RequestStatus.RUNNING
+    big.num_computed_tokens = 33
+    assert m.allocate_slots(big, 4) is not None  # running: no watermark; 10 blocks
+
+
+def test_external_tokens_get_blocks_after_the_hit_is_adopted() -> None:
+    m = manager()
+    admit(m, request("a", 9))
+    r = request("r", 20)
+    blocks, hit, _ = m.get_computed_blocks(r)
+    out = m.allocate_slots(
+        r, 3, hit, blocks, num_external_computed_tokens=8, delay_cache_blocks=True
+    )
+    # hit 8 (blocks 1, 2); external tokens 8..15 need blocks 4, 5; new 16..18 block 6
+    assert out is not None and out.get_block_ids() == ([6],)
+    assert m.get_block_ids("r") == ([1, 2, 4, 5, 6],)
+    assert m.block_pool.blocks[4].block_hash is None  # delayed: nothing cached yet
+    r.num_computed_tokens = 19
+    m.cache_blocks(r, 19)
+    assert [m.block_pool.blocks[i].block_hash is not None for i in (4, 5, 6)] == [True, True, False]
+    m.check_invariants()
+
+
+def test_free_returns_a_tables_blocks_tail_first() -> None:
+    m = manager()
+    a, b = request("a", 9), request("b", 6, first=50)
+    admit(m, a)
+    admit(m, b)
+    m.free(a)  # 3 (uncached) to the head; 2 then 1 (cached) to the tail
+    assert free_ids(m) == [3, 6, 7, 8, 9, 2, 1]
+    m.free(b)  # 5 uncached, 4 cached
+    assert free_ids(m) == [5, 3, 6, 7, 8, 9, 2, 1, 4]
+    m.free(a)  # a request holding nothing: nothing happens
+    m.check_invariants()
+
+
+def test_preemption_frees_and_the_request_hits_its_own_blocks_again() -> None:
+    m = manager(log_stats=True)
+    r = request("r", 9)
+    admit(m, r)
+    m.record_prefix_cache_stats(r, 0)
+    m.free(r)
+    r.num_computed_tokens, r.status, r.num_preemptions = 0, RequestStatus.PREEMPTED, 1
+    blocks, hit, _ = m.get_computed_blocks(r)
+    assert hit == 8 and blocks.get_block_ids() == ([1, 2],)
+    m.record_prefix_cache_stats(r, hit)
+    stats = m.make_prefix_cache_stats()
+    assert stats is not None
+    assert (stats.requests, stats.queries, stats.hits) == (1, 9, 0)
+    assert (stats.preempted_requests, stats.preempted_queries, stats.preempted_hits) == (1, 9, 8)
+    fresh = m.make_prefix_cache_stats()
+    assert fresh is not None and fresh.requests == 0
+    assert manager().make_prefix_cache_stats() is None
+
+
+# ---- reset, events, usage
+
+
+def test_reset_fails_while_blocks_are_in_use_and_marks_the_stats() -> None:
+    m = manager(log_stats=True, enable_kv_cache_events=True)
+    r = request("r", 9)
+    admit(m, r)
+    assert not m.reset_prefix_cache()
+    m.free(r)
+    assert m.reset_prefix_cache() and m.get_computed_blocks(request("s", 9))[1] == 0
+    stats = m.make_prefix_cache_stats()
+    assert stats is not None and stats.reset
+    events = m.take_events()
+    assert isinstance(events[0], BlockStored)
+    assert events[0].kv_cache_spec_kind == "full_attention"
+    assert m.usage == 0.0
+
+
+# ---- configuration
+
+
+def test_several_groups_need_the_hybrid_coordinator_unless_caching_is_off() -> None:
+    groups = tuple(KVCacheGroupSpec((f"l{i}",), FullAttentionSpec(4)) for i in range(2))
+    config = KVCacheConfig(10, groups)
+    err = raised(InvalidKVCacheManagerConfigError, KVCacheManager, config, 64)
+    assert "hybrid coordinator" in str(err)
+    m = KVCacheManager(config, 64, enable_caching=False)
+    r = request("r", 5)
+    out = m.allocate_slots(r, 5)
+    assert out is not None and out.get_block_ids() == ([1, 2], [3, 4])
+    m.free(r)
+    m.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((KVCacheConfig.full_attention(4, 4), 0), {}),
+        ((KVCacheConfig.full_attention(4, 4), 64, 6), {}),
+        ((KVCacheConfig.full_attention(4, 4), 64, 4, 3), {}),
+        ((KVCacheConfig.full_attention(4, 4), 64), {"watermark": 1.5}),
+    ],
+)
+def test_bad_configurations_are_refused(
+    args: tuple[object, ...], kwargs: dict[str, object]
+) -> None:
+    raised(InvalidKVCacheManagerConfigError, lambda: KVCacheManager(*args, **kwargs))  # type: ignore[arg-type]  # the case's types
+
+
+# ---- misuse: typed errors, nothing changed
+
+
+Case = tuple[type[Exception], tuple[Any, ...], str]
+
+
+def _misuse_cases(m: KVCacheManager, held: Request, other: Request) -> list[Case]:
+    hit, n, _ = m.get_computed_blocks(other)
+    foreign = KVCacheManager(KVCacheConfig.full_attention(10, 4), 64)
+    admit(foreign, request("x", 9))
+    fhit, fn, _ = foreign.get_computed_blocks(request("y", 9))
+    return [
+        (InvalidAllocationError, (other, 0), "num_new_tokens must be > 0"),
+        (InvalidAllocationError, (other, -1), "num_new_tokens"),
+        (InvalidAllocationError, (other, 1, n + 1, hit), "is not the 1 hit block"),
+        (InvalidAllocationError, (other, 1, n), "is not the 0 hit block"),
+        (InvalidAllocationError, (held, 1, n, hit), "already holds blocks"),
+        (InvalidAllocationError, (held, 1, 0, None, 0, 4), "already holds blocks"),
+        (InvalidAllocationError, (other, 1, fn, fhit), "is not cached under"),
+        (ArgumentTypeError, ("r", 1), "request must be a pagedkv.v1.Request"),
+        (ArgumentTypeError, (other, 1.0), "num_new_tokens must be an int"),
+    ]
+
+
+def test_misuse_raises_a_typed_error_and_changes_nothing() -> None:
+    m = manager()
+    held = request("held", 9)
+    admit(m, held)
+    other = request("other", 6)
+    for err_type, args, fragment in _misuse_cases(m, held, other):
+        before = m.to_spec()
+        err = raised(err_type, m.allocate_slots, *args)
+        assert fragment in str(err), (fragment, str(err))
+        assert m.to_spec() == before
+    m.check_invariants()

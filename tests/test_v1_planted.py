@@ -1,0 +1,271 @@
+"""Planted bugs in pagedkv.v1, one per V1 invariant, each reported under its id.
+
+State invariants the manager checks itself (V1-1..V1-4, V1-13 via
+``check_invariants()``) are planted by corrupting a real manager; the others, and
+every step invariant, by a buggy target run through the V1 manager machine, which
+must report that invariant. :data:`V1_PLANTED` joins the registry's ``PLANTED``, whose
+test runs each (tests/test_invariant_registry.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+from hypothesis.stateful import run_state_machine_as_test
+
+from pagedkv.errors import InvariantViolationError
+from pagedkv.v1 import (
+    BlockHash,
+    BlockPool,
+    KVCacheBlock,
+    KVCacheBlocks,
+    KVCacheConfig,
+    KVCacheManager,
+    LoRARequest,
+    Request,
+    get_request_block_hasher,
+)
+from pagedkv.v1.hashing import sha256
+from pagedkv.v1.single_type_manager import FullAttentionManager
+from pagedkv_spec.invariants import REGISTRY
+from pagedkv_stateful.profiles import find_fast
+from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+
+# --------------------------------------------------------------------------- corrupted state
+
+
+def _manager() -> tuple[KVCacheManager, Request]:
+    """A caching manager holding one request of two full blocks and a partial one."""
+    m = KVCacheManager(KVCacheConfig.full_attention(8, 2), 32)
+    r = Request("a", [1, 2, 3, 4, 5], block_hasher=get_request_block_hasher(2))
+    m.allocate_slots(r, 5)
+    m.check_invariants()
+    return m, r
+
+
+def _corrupted(corrupt: Callable[[KVCacheManager], None]) -> Callable[[], str]:
+    def run() -> str:
+        m, _ = _manager()
+        corrupt(m)
+        with pytest.raises(InvariantViolationError) as info:
+            m.check_invariants()
+        return info.value.invariant
+
+    return run
+
+
+def _first_table(m: KVCacheManager) -> list[KVCacheBlock]:
+    return m.coordinator.single_type_managers[0].req_to_blocks["a"]
+
+
+def _unhash(m: KVCacheManager) -> None:  # the block forgets its key; the map keeps it
+    _first_table(m)[0].block_hash = None
+
+
+def _overcount(m: KVCacheManager) -> None:  # the partial block counted as cached
+    m.coordinator.single_type_managers[0].num_cached_block["a"] = 4
+
+
+# --------------------------------------------------------------------------- buggy targets
+
+
+def _machine(make: Callable[..., KVCacheManager], hasher: Any = None) -> type[V1ManagerMachine]:
+    class Planted(V1ManagerMachine):
+        def make_manager(self, *args: Any) -> KVCacheManager:
+            return make(*args)
+
+        if hasher is not None:
+
+            def make_hasher(self, block_size: int) -> Any:
+                return hasher(block_size)
+
+    return Planted
+
+
+def _manager_with(
+    pool_cls: type[BlockPool] | None = None,
+    manager_cls: type[KVCacheManager] = KVCacheManager,
+    single_cls: type[FullAttentionManager] | None = None,
+) -> Callable[..., KVCacheManager]:
+    def make(
+        config: KVCacheConfig, max_model_len: int, caching: bool, events: bool, watermark: float
+    ) -> KVCacheManager:
+        m = manager_cls(
+            config,
+            max_model_len,
+            enable_caching=caching,
+            enable_kv_cache_events=events,
+            watermark=watermark,
+        )
+        if pool_cls is not None:
+            m.block_pool.__class__ = pool_cls
+        if single_cls is not None:
+            for s in m.coordinator.single_type_managers:
+                s.__class__ = single_cls
+        return m
+
+    return make
+
+
+def _found(machine: type[V1ManagerMachine], examples: int = 400) -> str:
+    """The invariant id a machine run reports (its message starts with the label)."""
+    with pytest.raises(AssertionError) as info:
+        run_state_machine_as_test(machine, settings=find_fast(examples, 30))
+    if isinstance(info.value, InvariantViolationError):
+        return info.value.invariant
+    message = str(info.value)
+    found = [inv.id for inv in REGISTRY.values() if message.startswith(inv.label)]
+    return found[0] if found else message
+
+
+def _name_only_hasher(block_size: int) -> Callable[[Request], list[BlockHash]]:
+    """Hashes a LoRA by its name only (vLLM's key before it added the path): two adapters
+    of one name at different paths share blocks (V1-5)."""
+    real = get_request_block_hasher(block_size, sha256)
+
+    def hasher(request: Request) -> list[BlockHash]:
+        lora = request.lora_request
+        if lora is not None:
+            request.lora_request = LoRARequest(lora.lora_name, 0, "")
+        try:
+            return real(request)
+        finally:
+            request.lora_request = lora
+
+    return hasher
+
+
+class _LookupPastTheCap(KVCacheManager):
+    """Looks up the whole request, not below its last token: an all-hit prompt gets no
+    token to compute its logits from (V1-6)."""
+
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]:
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        blocks, hit = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, request.num_tokens
+        )
+        return self._blocks(blocks), hit, 0
+
+
+class _FifoFree(BlockPool):
+    """Frees every block to the tail: uncached blocks are no longer reused first (V1-7)."""
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        out = []
+        for b in ordered_blocks:
+            if not b.is_null:
+                b.ref_cnt -= 1
+                if b.ref_cnt == 0:
+                    out.append(b)
+        self.free_block_queue.append_n(out)
+
+
+class _LeaksHitOnRefusal(KVCacheManager):
+    """Takes its references on the hit even when it then refuses the allocation (V1-8)."""
+
+    def allocate_slots(self, request: Request, *args: Any, **kwargs: Any) -> KVCacheBlocks | None:
+        out = super().allocate_slots(request, *args, **kwargs)
+        hits = args[2] if len(args) > 2 else kwargs.get("new_computed_blocks")
+        if out is None and hits is not None:
+            self.block_pool.touch(hits.blocks[0])
+        return out
+
+
+class _TrimsRejectedDrafts(FullAttentionManager):
+    """Frees the blocks that only rejected draft tokens used (V1-9: the table shrinks)."""
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        blocks = self.req_to_blocks.setdefault(request_id, [])
+        keep = -(-num_tokens // self.block_size)
+        extra = blocks[keep:]
+        del blocks[keep:]
+        self.block_pool.free_blocks(reversed(extra))
+        return super().allocate_new_blocks(request_id, num_tokens)
+
+
+class _KeepsCachedBlocks(KVCacheManager):
+    """Keeps a freed request's cached blocks for its next turn (V1-11)."""
+
+    def free(self, request: Request) -> None:
+        for s in self.coordinator.single_type_managers:
+            blocks = s.req_to_blocks.get(request.request_id, [])
+            n = s.num_cached_block.get(request.request_id, 0)
+            if n and len(blocks) > n:
+                self.block_pool.free_blocks(reversed(blocks[n:]))
+                del blocks[n:]
+            elif not n:
+                s.free(request.request_id)
+
+
+class _UnalignedHit(KVCacheManager):
+    """Reports a hit reaching into the prompt's last, partial block (V1-12)."""
+
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]:
+        blocks, hit, b = super().get_computed_blocks(request, max_cache_hit_length)
+        limit = request.get_max_cache_hit_length(max_cache_hit_length)
+        size = self.coordinator.single_type_managers[0].block_size
+        if hit and hit < limit < hit + size:
+            hit = limit
+        return blocks, hit, b
+
+
+class _CountsPartialBlock(FullAttentionManager):
+    """Counts a request's partial block as cached (V1-13): it is never cached when full."""
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        super().cache_blocks(request, num_tokens)
+        if request.request_id in self.num_cached_block:
+            self.num_cached_block[request.request_id] = -(-num_tokens // self.block_size)
+
+
+class _SilentEviction(BlockPool):
+    """Evicts cached-free blocks without a BlockRemoved event (V1-14)."""
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        events = self.enable_kv_cache_events
+        self.enable_kv_cache_events = False
+        try:
+            return super().get_new_blocks(num_blocks)
+        finally:
+            self.enable_kv_cache_events = events
+
+
+class _ResetsInUse(BlockPool):
+    """Resets the prefix cache while blocks are in use (V1-15)."""
+
+    def reset_prefix_cache(self) -> bool:
+        self.cached_block_hash_to_block.clear()
+        for b in self.blocks:
+            b.block_hash = None
+        return True
+
+
+V1_PLANTED: dict[str, Callable[[], str]] = {
+    "V1-1": _corrupted(lambda m: m.block_pool.free_block_queue.append(m.block_pool.null_block)),
+    "V1-2": _corrupted(lambda m: setattr(_first_table(m)[0], "ref_cnt", 2)),
+    "V1-3": _corrupted(lambda m: setattr(m.block_pool.free_block_queue, "num_free_blocks", 9)),
+    "V1-4": _corrupted(_unhash),
+    "V1-5": lambda: _found(_machine(_manager_with(), _name_only_hasher)),
+    "V1-6": lambda: _found(_machine(_manager_with(manager_cls=_LookupPastTheCap))),
+    "V1-7": lambda: _found(_machine(_manager_with(pool_cls=_FifoFree))),
+    "V1-8": lambda: _found(_machine(_manager_with(manager_cls=_LeaksHitOnRefusal)), 1500),
+    "V1-9": lambda: _found(_machine(_manager_with(single_cls=_TrimsRejectedDrafts)), 1500),
+    "V1-11": lambda: _found(_machine(_manager_with(manager_cls=_KeepsCachedBlocks))),
+    "V1-12": lambda: _found(_machine(_manager_with(manager_cls=_UnalignedHit))),
+    "V1-13": _corrupted(_overcount),
+    "V1-14": lambda: _found(_machine(_manager_with(pool_cls=_SilentEviction)), 3000),
+    "V1-15": lambda: _found(_machine(_manager_with(pool_cls=_ResetsInUse))),
+}
+
+
+def test_the_machine_also_catches_a_partial_block_counted_as_cached() -> None:
+    """The corruption V1-13 plants, made by a buggy manager, through the machine."""
+    machine = _machine(_manager_with(single_cls=_CountsPartialBlock))
+    assert _found(machine) == "V1-13"
