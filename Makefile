@@ -45,6 +45,7 @@ fuzz: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_allocator
+	$(BIN)/python -m benchmarks.bench_v1
 
 demo: $(STAMP)
 	$(BIN)/python -m pagedkv simulate --preset overload

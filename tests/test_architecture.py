@@ -229,13 +229,17 @@ def test_the_inherited_field_finder_finds_them(tmp_path: Path) -> None:
 
 
 def test_import_pagedkv_does_not_import_torch() -> None:
-    """The block layer is usable without torch: only the KV engine, the attention
-    inputs and the simulator need it, and they load on first use."""
+    """The block layers (V0 and pagedkv.v1) are usable without torch: only the KV
+    engine, the attention inputs and the simulator need it, and they load on first use."""
     code = (
         "import sys, pagedkv\n"
         "assert 'torch' not in sys.modules, 'import pagedkv imported torch'\n"
         "pagedkv.CpuGpuBlockAllocator.create('prefix_caching', 4, 4, 2)\n"
         "assert 'torch' not in sys.modules, 'the block layer imported torch'\n"
+        "import pagedkv.v1 as v1\n"
+        "m = v1.KVCacheManager(v1.KVCacheConfig.full_attention(4, 2), 8)\n"
+        "m.allocate_slots(v1.Request('r', [1, 2, 3]), 3)\n"
+        "assert 'torch' not in sys.modules, 'pagedkv.v1 imported torch'\n"
         "missing = [n for n in pagedkv.__all__ if not hasattr(pagedkv, n)]\n"
         "assert not missing, missing\n"
         "assert 'torch' in sys.modules\n"

@@ -4,6 +4,8 @@ machine drives them through the manager; here each rule is pinned on its own."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from helpers import raised
@@ -19,6 +21,7 @@ from pagedkv.v1 import (
     Request,
     get_request_block_hasher,
     make_block_hash_with_group_id,
+    replay,
 )
 from pagedkv.v1.block import get_block_hash, get_group_id
 from pagedkv.v1.events import external_hash
@@ -255,3 +258,22 @@ def test_reset_needs_every_block_free_and_keeps_the_free_order() -> None:
     assert pool.get_cached_block(r.block_hashes[0], [0]) is None
     assert pool.take_events() == [AllBlocksCleared()]
     pool.check_invariants()
+
+
+# ---- events: replay
+
+
+def test_replaying_the_events_rebuilds_the_cached_keys_as_a_multiset() -> None:
+    pool, r, blocks = _cached_pool()
+    twin = pool.get_new_blocks(2)
+    pool.cache_full_blocks(r, twin, 0, 2, 2, 0)  # duplicates: each key cached twice
+    events = pool.take_events()
+    want = Counter((0, external_hash(h)) for h in r.block_hashes for _ in range(2))
+    assert replay(events) == want
+    pool.evict_blocks([twin[0].block_id])
+    events += pool.take_events()  # one BlockRemoved although a copy remains (vLLM's too)
+    assert +replay(events) == want - Counter({(0, external_hash(r.block_hashes[0])): 1})
+    pool.free_blocks([*blocks, *twin])
+    assert pool.reset_prefix_cache()
+    assert replay(events + pool.take_events()) == Counter()
+    assert replay([BlockRemoved([5], "GPU", 0)])[(0, 5)] == -1  # removed, never stored

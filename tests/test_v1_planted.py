@@ -179,13 +179,23 @@ class _LeaksHitOnRefusal(KVCacheManager):
 class _TrimsRejectedDrafts(FullAttentionManager):
     """Frees the blocks that only rejected draft tokens used (V1-9: the table shrinks)."""
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+    def _trim(self, request_id: str, num_tokens: int) -> None:
         blocks = self.req_to_blocks.setdefault(request_id, [])
         keep = -(-num_tokens // self.block_size)
         extra = blocks[keep:]
         del blocks[keep:]
         self.block_pool.free_blocks(reversed(extra))
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        self._trim(request_id, num_tokens)
         return super().allocate_new_blocks(request_id, num_tokens)
+
+    def allocate_plain(
+        self, request: Request, new: int, lookahead: int, max_len: int, *args: Any
+    ) -> list[KVCacheBlock] | None:
+        need = min(request.num_computed_tokens + new + lookahead, max_len)
+        self._trim(request.request_id, need)
+        return super().allocate_plain(request, new, lookahead, max_len, *args)
 
 
 class _KeepsCachedBlocks(KVCacheManager):

@@ -28,16 +28,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pagedkv._validate import require_bool, require_instance, require_int, require_real
-from pagedkv.v1.block import KVCacheBlock, make_block_hash_with_group_id
+from pagedkv.v1.block import KVCacheBlock
 from pagedkv.v1.coordinator import get_kv_cache_coordinator
 from pagedkv.v1.events import BlockStored, KVCacheEvent
 from pagedkv.v1.kv_cache_interface import KVCacheConfig
 from pagedkv.v1.request import Request, RequestStatus
+from pagedkv.v1.single_type_manager import FullAttentionManager
 from pagedkv_spec.errors import InvalidAllocationError, InvalidKVCacheManagerConfigError
 from pagedkv_spec.invariants import check
 from pagedkv_spec.v1.manager import ManagerState
 
 __all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
+
+#: the statuses the watermark applies to (requests being admitted)
+_WATERMARKED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 @dataclass
@@ -157,6 +161,13 @@ class KVCacheManager:
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in sizes))
         self._kinds = tuple(g.kv_cache_spec.kind for g in kv_cache_config.kv_cache_groups)
+        managers = self.coordinator.single_type_managers
+        #: the one group's manager, when it is full attention: plain calls go straight to it
+        self._plain_group = (
+            managers[0]
+            if len(managers) == 1 and type(managers[0]) is FullAttentionManager
+            else None
+        )
 
     # ------------------------------------------------------------------ lookup
 
@@ -222,7 +233,42 @@ class KVCacheManager:
         and ``num_lookahead_tokens`` (module docstring); the newly allocated blocks per
         group, or None if the pool cannot serve it (nothing changed: V1-8).
 
-        Complexity: O(blocks adopted, allocated and cached)."""
+        Complexity: O(blocks adopted, allocated and cached); a call without a hit or
+        external tokens on one full-attention group takes a fast path (the group
+        manager's ``allocate_plain``)."""
+        single = self._plain_group
+        if (
+            single is not None
+            and request.__class__ is Request
+            and num_new_tokens.__class__ is int
+            and num_new_tokens > 0
+            and num_lookahead_tokens.__class__ is int
+            and num_lookahead_tokens >= 0
+            and num_new_computed_tokens.__class__ is int
+            and num_new_computed_tokens == 0
+            and num_external_computed_tokens.__class__ is int
+            and num_external_computed_tokens == 0
+            and num_encoder_tokens.__class__ is int
+            and num_encoder_tokens == 0
+            and new_computed_blocks is None
+            and delay_cache_blocks.__class__ is bool
+            and has_scheduled_reqs.__class__ is bool
+            and request.num_computed_tokens + num_new_tokens <= self.max_model_len
+        ):
+            watermark = 0
+            if has_scheduled_reqs and request.status in _WATERMARKED:
+                watermark = self.watermark_blocks
+            new_blocks = single.allocate_plain(
+                request,
+                num_new_tokens,
+                num_lookahead_tokens,
+                self.max_model_len,
+                watermark,
+                self.enable_caching and not delay_cache_blocks,
+            )
+            if new_blocks is None:
+                return None
+            return KVCacheBlocks((new_blocks,)) if new_blocks else self.empty_kv_cache_blocks
         rid = self._check_allocation(
             request,
             num_new_tokens,
@@ -243,10 +289,7 @@ class KVCacheManager:
         local = request.num_computed_tokens + num_new_computed_tokens
         total = min(local + num_external_computed_tokens, self.max_model_len)
         watermark = 0
-        if has_scheduled_reqs and request.status in (
-            RequestStatus.WAITING,
-            RequestStatus.PREEMPTED,
-        ):
+        if has_scheduled_reqs and request.status in _WATERMARKED:
             watermark = self.watermark_blocks
         need = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         coordinator.remove_skipped_blocks(rid, max(0, total - request.num_in_flight_tokens))
@@ -310,31 +353,21 @@ class KVCacheManager:
                 "it already holds blocks, so it cannot adopt a hit or external tokens; "
                 "only a request's first allocation adopts them (free it to start over)"
             )
-        pool = self.block_pool
         for g, group in enumerate(hits):
-            size = self.coordinator.single_type_managers[g].block_size
-            if num_new_computed_tokens != len(group) * size:
+            manager = self.coordinator.single_type_managers[g]
+            if num_new_computed_tokens != len(group) * manager.block_size:
                 raise bad(
                     f"num_new_computed_tokens {num_new_computed_tokens} is not the "
-                    f"{len(group)} hit block(s) of group {g} × block size {size}; pass the "
-                    "count get_computed_blocks() returned"
+                    f"{len(group)} hit block(s) of group {g} × block size {manager.block_size}; "
+                    "pass the count get_computed_blocks() returned"
                 )
-            hashes = request.block_hashes
-            for i, block in enumerate(group):
-                key = make_block_hash_with_group_id(hashes[i], g) if i < len(hashes) else None
-                if not (
-                    block.is_null
-                    or (
-                        0 <= block.block_id < pool.num_gpu_blocks
-                        and pool.blocks[block.block_id] is block
-                        and block.block_hash == key
-                    )
-                ):
-                    raise bad(
-                        f"hit block {block.block_id} (position {i}, group {g}) is not cached "
-                        "under the request's hash there; pass get_computed_blocks()' blocks, "
-                        "right after the lookup"
-                    )
+            i = manager.first_bad_hit(request, group) if group else None
+            if i is not None:
+                raise bad(
+                    f"hit block {group[i].block_id} (position {i}, group {g}) is not cached "
+                    "under the request's hash there; pass get_computed_blocks()' blocks, "
+                    "right after the lookup"
+                )
         return rid
 
     def free(self, request: Request) -> None:

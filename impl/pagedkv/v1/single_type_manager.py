@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pagedkv._arith import cdiv
-from pagedkv.v1.block import KVCacheBlock
+from pagedkv.v1.block import KVCacheBlock, make_block_hash_with_group_id
 from pagedkv.v1.block_pool import BlockPool
 from pagedkv.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 from pagedkv.v1.request import Request
@@ -45,6 +45,7 @@ class SingleTypeKVCacheManager:
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         self._null_block = block_pool.null_block
+        self._key_suffix = make_block_hash_with_group_id(b"", kv_cache_group_id)
 
     def get_num_blocks_to_allocate(
         self,
@@ -104,6 +105,52 @@ class SingleTypeKVCacheManager:
         blocks.extend(new)
         return new
 
+    def allocate_plain(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_lookahead_tokens: int,
+        max_model_len: int,
+        watermark: int,
+        cache: bool,
+    ) -> list[KVCacheBlock] | None:
+        """``allocate_slots`` for a call without a hit or external tokens, when this is
+        the only group and nothing leaves its window: capacity check, new blocks,
+        caching of the verified full blocks. Arguments checked by the caller. The new
+        blocks, or None (nothing changed) if the pool cannot serve them.
+
+        Complexity: O(1) plus O(new and newly cached blocks)."""
+        rid = request.request_id
+        total = request.num_computed_tokens
+        need = total + num_new_tokens + num_lookahead_tokens
+        if need > max_model_len:
+            need = max_model_len
+        blocks = self.req_to_blocks.get(rid)
+        n = -(-need // self.block_size) - (len(blocks) if blocks is not None else 0)
+        new: list[KVCacheBlock] = []
+        if n > 0:
+            pool = self.block_pool
+            if n + watermark > pool.free_block_queue.num_free_blocks:
+                return None
+            new = pool.get_new_blocks(n)
+            if blocks is None:
+                self.req_to_blocks[rid] = new[:]
+            else:
+                blocks.extend(new)
+        elif watermark and watermark > self.block_pool.free_block_queue.num_free_blocks:
+            return None
+        if cache:
+            end = total + num_new_tokens
+            if end > request.num_tokens:
+                end = request.num_tokens
+            done = self.num_cached_block.get(rid, 0)
+            if (end // self.block_size > done) and (
+                len(request.block_hashes) * self.block_pool.hash_block_size
+                >= (done + 1) * self.block_size
+            ):
+                self.cache_blocks(request, end)
+        return new
+
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the request's full, hashed blocks up to ``num_tokens`` tokens."""
         rid = request.request_id
@@ -148,14 +195,34 @@ class SingleTypeKVCacheManager:
         """Full attention's rule: the cached blocks of the hashes from block 0 on, up to
         the first miss, within ``max_length`` tokens (block-aligned). A pure lookup."""
         out: list[KVCacheBlock] = []
-        group = (self.kv_cache_group_id,)
-        get = self.block_pool.get_cached_block
+        suffix = self._key_suffix
+        get = self.block_pool.cached_block_hash_to_block.get_one_block
         for h in block_hashes[: max_length // self.block_size]:
-            hit = get(h, group)
+            hit = get(h + suffix)
             if hit is None:
                 break
-            out.append(hit[0])
+            out.append(hit)
         return out
+
+    def first_bad_hit(self, request: Request, blocks: Sequence[KVCacheBlock]) -> int | None:
+        """The position of the first block of ``blocks`` that is not this pool's block
+        cached under ``request``'s hash at that position (null pads pass), else None.
+        O(len(blocks))."""
+        hashes = request.block_hashes
+        suffix = self._key_suffix
+        mine = self.block_pool.blocks
+        n = len(mine)
+        for i, block in enumerate(blocks):
+            if block.is_null:
+                continue
+            if (
+                i >= len(hashes)
+                or block.block_hash != hashes[i] + suffix
+                or not 0 <= block.block_id < n
+                or mine[block.block_id] is not block
+            ):
+                return i
+        return None
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
