@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch (already on disk on our machines); users with a GPU keep their own build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test lint typecheck pytest crosshair bench fuzz verify demo mutate gpu-check conform-vllm clean
+.PHONY: install test lint typecheck pytest crosshair bench bench-vllm-v1 fuzz verify demo mutate gpu-check conform-vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -84,6 +84,19 @@ conform-vllm: $(STAMP)
 	  rc=$$?; [ $$rc -le 1 ] || exit $$rc; \
 	done; done
 	$(BIN)/python -m pagedkv_stateful.vllm063 replay $(VLLM_DIR)/conform-*.json
+
+# pagedkv.v1 beside vLLM's own V1 KV cache manager, in one process (benchmarks/bench_v1.py).
+# Downloads the vllm 0.34.0 wheel once (pip --no-deps, about 240 MB, into $(VLLM_WHEELS)),
+# copies its V1 KV-cache files to $(VLLM_V1_DIR) beside pagedkv's stand-ins
+# (pagedkv_stateful/vllm_v1.py) and times both on the same workloads. Needs the network once.
+VLLM_V1_RELEASE ?= 0.34.0
+VLLM_V1_DIR     ?= build/vllm-v1-$(VLLM_V1_RELEASE)
+bench-vllm-v1: $(STAMP)
+	ls $(VLLM_WHEELS)/vllm-$(VLLM_V1_RELEASE)-*.whl >/dev/null 2>&1 || \
+	  $(BIN)/python -m pip download -q --no-deps vllm==$(VLLM_V1_RELEASE) -d $(VLLM_WHEELS)
+	$(BIN)/python -m pagedkv_stateful.vllm_v1 extract \
+	  $$(ls $(VLLM_WHEELS)/vllm-$(VLLM_V1_RELEASE)-*.whl | head -1) $(VLLM_V1_DIR)
+	$(BIN)/python -m benchmarks.bench_v1 --vllm $(VLLM_V1_DIR)
 
 # Mutation testing of the allocator, manager, KV-engine and scheduler layers
 # (docs/mutation.md); not part of `make test` (an hour or more on 2 cores). mutmut

@@ -1531,6 +1531,29 @@ add(
     ValueError,
 )
 int_param(
+    "v1 allocate_slots reserved_blocks", _v1, lambda w, b: _v1_alloc(w, reserved_blocks=b), 0
+)
+for _bad in (1, None, "x"):
+    add(
+        f"v1 allocate_slots full_sequence_must_fit={_bad!r}",
+        _v1,
+        lambda w, b=_bad: _v1_alloc(w, full_sequence_must_fit=b),
+        TypeError,
+    )
+for _bad in ([0], None, 0):
+    add(
+        f"v1 allocate_slots skip_zeroing_group_ids={_bad!r}",
+        _v1,
+        lambda w, b=_bad: _v1_alloc(w, skip_zeroing_group_ids=b),
+        TypeError,
+    )
+add(
+    "v1 Request kv_cache_report_mode='all'",
+    _none,
+    lambda w: _V1.Request("r", [1], kv_cache_report_mode="all"),
+    ValueError,
+)
+int_param(
     "v1 get_computed_blocks max_cache_hit_length",
     _v1,
     lambda w, b: w["mgr"].get_computed_blocks(w["other"], b),

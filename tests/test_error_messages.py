@@ -1839,7 +1839,26 @@ def _v1_foreign_hit() -> None:
     m.allocate_slots(b, 1, 4, v1.KVCacheBlocks(([m.block_pool.blocks[5]],)))
 
 
+def _v1_hash_twice() -> None:
+    block = v1.KVCacheBlock(1)
+    block.set_block_hash(v1.make_block_hash_with_group_id(b"h", 0))
+    block.set_block_hash(v1.make_block_hash_with_group_id(b"h", 0))
+
+
 V1_MESSAGES = [
+    case(
+        "v1 block: a second hash",
+        _v1_hash_twice,
+        BlockPoolError,
+        "block 1 already has a hash; a block is cached once, and its hash is reset before "
+        "it is reused",
+    ),
+    case(
+        "v1 request: report mode",
+        lambda: v1.Request("r", [1], kv_cache_report_mode="all"),
+        InvalidRequestError,
+        "request 'r': kv_cache_report_mode 'all'; use 'incremental' or 'full'",
+    ),
     case(
         "v1 free queue: fewer blocks than asked",
         lambda: v1.FreeKVCacheBlockQueue([v1.KVCacheBlock(1)]).popleft_n(2),

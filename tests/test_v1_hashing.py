@@ -55,18 +55,20 @@ def test_extra_keys_are_tagged_and_ordered_lora_mm_salt_embeds() -> None:
         mm_features=[MultiModalFeatureSpec("img", PlaceholderRange(1, 3))],
         prompt_embeds=[bytes([i]) for i in range(6)],
     )
-    keys = generate_block_hash_extra_keys(r, 0, 2)
+    keys, nxt = generate_block_hash_extra_keys(r, 0, 2)
+    assert nxt == 0  # the image goes on into the next block
     assert keys == (
         ("lora", "ad", "/p"),
         ("mm", "img", 1),
         ("cache_salt", "s"),
         ("prompt_embeds", hashlib.sha256(b"\x00\x01").digest()),
     )
-    second = generate_block_hash_extra_keys(r, 2, 4)
+    second, nxt = generate_block_hash_extra_keys(r, 2, 4, nxt)
+    assert nxt == 1  # the image ends in this block
     assert second is not None and second[1] == ("mm", "img", -1)  # starts before the block
-    third = generate_block_hash_extra_keys(r, 4, 6)
+    third, _ = generate_block_hash_extra_keys(r, 4, 6, nxt)
     assert third is not None and [k[0] for k in third] == ["lora", "prompt_embeds"]
-    assert generate_block_hash_extra_keys(Request("q", [1, 2]), 0, 2) is None
+    assert generate_block_hash_extra_keys(Request("q", [1, 2]), 0, 2) == (None, 0)
     assert to_event_extra_keys([keys, None]) == [
         ("ad", ("img", 1), "s", hashlib.sha256(b"\x00\x01").digest()),
         None,

@@ -289,3 +289,68 @@ def test_misuse_raises_a_typed_error_and_changes_nothing() -> None:
         assert fragment in str(err), (fragment, str(err))
         assert m.to_spec() == before
     m.check_invariants()
+
+
+# ---- vLLM 0.34.0's admission gates and the other arguments of its signature
+
+
+def test_full_sequence_must_fit_refuses_a_first_chunk_whose_request_would_not() -> None:
+    m = manager(6)  # 5 usable blocks
+    r = request("r", 24)  # 6 blocks in all; its first chunk of 4 tokens needs 1
+    assert m.allocate_slots(r, 4, full_sequence_must_fit=True) is None
+    assert m.get_block_ids("r") == ([],)
+    assert m.allocate_slots(r, 4) is not None
+
+
+def test_reserved_blocks_stay_free() -> None:
+    m = manager(6)  # 5 usable
+    r = request("r", 16)  # 4 blocks
+    assert m.allocate_slots(r, 16, reserved_blocks=2) is None
+    assert m.allocate_slots(r, 16, reserved_blocks=1) is not None
+    r.num_computed_tokens, r.status = 16, RequestStatus.RUNNING
+    assert m.allocate_slots(r, 1, reserved_blocks=1) is None  # a new block would take it
+    assert m.allocate_slots(r, 1) is not None
+
+
+def test_block_ids_by_group_and_unhashed_ones() -> None:
+    m = manager()
+    r = request("r", 9)
+    out = m.allocate_slots(r, 9)
+    assert out is not None
+    assert out.get_block_ids(group_ids=[0]) == ([1, 2, 3],)
+    assert m.empty_kv_cache_blocks.get_block_ids(allow_none=True) is None
+    assert out.get_unhashed_block_ids_all_groups() == [[3]]
+    assert out.get_unhashed_block_ids() == [3]
+
+
+def test_a_full_report_request_reports_its_hit_as_stored() -> None:
+    m = manager(enable_kv_cache_events=True)
+    admit(m, request("a", 9))
+    m.take_events()
+    b = Request("b", list(range(9)), block_hasher=HASHER, kv_cache_report_mode="full")
+    b.session_id = "s1"
+    _, hit, _ = m.get_computed_blocks(b)
+    (event,) = m.take_events()
+    assert isinstance(event, BlockStored) and hit == 8
+    assert event.parent_block_hash is None and event.token_ids == list(range(8))
+    assert len(event.block_hashes) == 2 and event.session_id == "s1"
+    m.get_computed_blocks(request("c", 9))  # incremental (the default): nothing
+    assert m.take_events() == []
+
+
+def test_events_of_a_group_the_manager_does_not_know_are_left_unannotated() -> None:
+    m = manager(enable_kv_cache_events=True)
+    m.block_pool.kv_event_queue.append(
+        BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", group_idx=3)
+    )
+    (event,) = m.take_events()
+    assert isinstance(event, BlockStored) and event.kv_cache_spec_kind is None
+
+
+def test_precomputed_hashes_are_kept_and_extended() -> None:
+    full = request("a", 9)
+    r = Request("b", list(range(9)), block_hasher=HASHER, block_hashes=full.block_hashes[:1])
+    assert r.block_hashes == full.block_hashes
+    assert not r.skip_reading_external_kv
+    limited = Request("c", [1, 2], prefix_cache_hit_limit=0)
+    assert limited.skip_reading_external_kv

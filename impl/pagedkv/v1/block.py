@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import NewType
 
+from pagedkv_spec.errors import BlockPoolError
+
 __all__ = [
     "BlockHash",
     "BlockHashWithGroupId",
@@ -71,6 +73,19 @@ class KVCacheBlock:
         self.prev_free_block: KVCacheBlock | None = None
         self.next_free_block: KVCacheBlock | None = None
         self.is_null = False
+
+    def set_block_hash(self, block_hash: BlockHashWithGroupId) -> None:
+        """Give the block its cache key (the pool's job; once: V1-4). O(1)."""
+        if self.block_hash is not None:
+            raise BlockPoolError(
+                f"block {self.block_id} already has a hash; a block is cached once, and "
+                "its hash is reset before it is reused"
+            )
+        self.block_hash = block_hash
+
+    def reset_hash(self) -> None:
+        """Forget the block's cache key (eviction, reset). O(1)."""
+        self.block_hash = None
 
     def __repr__(self) -> str:
         prev_id = None if self.prev_free_block is None else self.prev_free_block.block_id

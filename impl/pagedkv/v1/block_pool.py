@@ -197,6 +197,7 @@ class BlockPool:
         events = self.enable_kv_cache_events
         new_hashes: list[ExternalBlockHash] = []
         extra: list[tuple[Any, ...] | None] = []
+        mm_idx = 0
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.is_null:
@@ -212,29 +213,80 @@ class BlockPool:
             insert(key, block)
             if events:
                 new_hashes.append(external_hash(block_hash, self.int_event_hashes))
-                extra.append(
-                    generate_block_hash_extra_keys(request, i * block_size, (i + 1) * block_size)
+                keys, mm_idx = generate_block_hash_extra_keys(
+                    request, i * block_size, (i + 1) * block_size, mm_idx
                 )
+                extra.append(keys)
         if events and new_hashes:
             parent = None
             if num_cached_blocks:
                 parent = external_hash(hashes[num_cached_blocks * scale - 1], self.int_event_hashes)
-            lora = request.lora_request
-            self.kv_event_queue.append(
-                BlockStored(
-                    block_hashes=new_hashes,
-                    parent_block_hash=parent,
-                    token_ids=request.token_slice(
-                        num_cached_blocks * block_size, num_full_blocks * block_size
-                    ),
-                    block_size=block_size,
-                    lora_id=None if lora is None else lora.adapter_id,
-                    medium=MEDIUM_GPU,
-                    lora_name=None if lora is None else lora.name,
-                    extra_keys=to_event_extra_keys(extra),
-                    group_idx=kv_cache_group_id,
-                )
+            self._record_stored(
+                request,
+                new_hashes,
+                parent,
+                (num_cached_blocks * block_size, num_full_blocks * block_size),
+                block_size,
+                kv_cache_group_id,
+                extra,
             )
+
+    def emit_cached_block_events(
+        self, request: Request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int
+    ) -> None:
+        """Record a ``BlockStored`` for the first ``num_cached_blocks`` blocks of
+        ``request``, which a lookup just found cached (vLLM's ``kv_cache_report_mode
+        "full"``: consumers learn about reused blocks). Changes no block; events off:
+        nothing. O(blocks)."""
+        if not self.enable_kv_cache_events or num_cached_blocks <= 0:
+            return
+        scale = block_size // self.hash_block_size
+        hashes = request.block_hashes
+        extra: list[tuple[Any, ...] | None] = []
+        mm_idx = 0
+        for i in range(num_cached_blocks):
+            keys, mm_idx = generate_block_hash_extra_keys(
+                request, i * block_size, (i + 1) * block_size, mm_idx
+            )
+            extra.append(keys)
+        self._record_stored(
+            request,
+            [
+                external_hash(hashes[(i + 1) * scale - 1], self.int_event_hashes)
+                for i in range(num_cached_blocks)
+            ],
+            None,
+            (0, num_cached_blocks * block_size),
+            block_size,
+            kv_cache_group_id,
+            extra,
+        )
+
+    def _record_stored(
+        self,
+        request: Request,
+        hashes: list[ExternalBlockHash],
+        parent: ExternalBlockHash | None,
+        tokens: tuple[int, int],
+        block_size: int,
+        group: int,
+        extra: list[tuple[Any, ...] | None],
+    ) -> None:
+        lora = request.lora_request
+        self.kv_event_queue.append(
+            BlockStored(
+                block_hashes=hashes,
+                parent_block_hash=parent,
+                token_ids=request.token_slice(*tokens),
+                block_size=block_size,
+                lora_id=None if lora is None else lora.adapter_id,
+                medium=MEDIUM_GPU,
+                lora_name=None if lora is None else lora.name,
+                extra_keys=to_event_extra_keys(extra),
+                group_idx=group,
+                session_id=request.session_id,
+            )
+        )
 
     def _evict_hash(self, block: KVCacheBlock) -> bool:
         """Remove ``block``'s key from the cache (and reset it), with a ``BlockRemoved``."""

@@ -57,6 +57,7 @@ class BlockStored:
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    session_id: str | None = None
 
 
 @dataclass

@@ -32,9 +32,11 @@ __all__ = [
     "HashFunction",
     "generate_block_hash_extra_keys",
     "get_hash_fn_by_name",
+    "get_none_hash_seed",
     "get_request_block_hasher",
     "hash_block_tokens",
     "none_hash",
+    "resolve_none_hash_seed",
     "sha256",
     "to_event_extra_keys",
 ]
@@ -63,9 +65,21 @@ def get_hash_fn_by_name(name: str) -> HashFunction:
         ) from None
 
 
+def resolve_none_hash_seed(hash_fn: HashFunction = sha256) -> str:
+    """The seed of ``NONE_HASH``: ``PYTHONHASHSEED`` if set, else vLLM's fixed
+    ``"vllm-none-hash"`` (pagedkv's hash functions are all cryptographic; vLLM draws a
+    random seed for its non-cryptographic ones, which pagedkv does not offer)."""
+    return os.getenv("PYTHONHASHSEED", DEFAULT_NONE_HASH_SEED)
+
+
+def get_none_hash_seed() -> str:
+    """The seed ``NONE_HASH`` is derived from (what processes sharing a cache agree on)."""
+    return resolve_none_hash_seed()
+
+
 def none_hash(hash_fn: HashFunction = sha256) -> BlockHash:
     """The parent hash of every block 0: ``hash_fn(seed)`` (see the module docstring)."""
-    return BlockHash(hash_fn(os.getenv("PYTHONHASHSEED", DEFAULT_NONE_HASH_SEED)))
+    return BlockHash(hash_fn(resolve_none_hash_seed(hash_fn)))
 
 
 def hash_block_tokens(
@@ -81,36 +95,55 @@ def hash_block_tokens(
     return BlockHash(hash_fn((parent, tuple(curr_block_token_ids), extra_keys)))
 
 
-def _mm_keys(request: Request, start: int, end: int) -> list[tuple[Any, ...]]:
+def _mm_keys(
+    request: Request, start: int, end: int, mm_idx: int
+) -> tuple[list[tuple[Any, ...]], int]:
+    """The ``("mm", identifier, offset - start)`` keys of the items overlapping
+    ``[start, end)``, scanning from item ``mm_idx``; and the index of the first item
+    that may overlap a later block. Amortised O(1) per item along a request."""
+    features = request.mm_features
+    last = features[-1].mm_position
+    if last.offset + last.length <= start:
+        return [], mm_idx
+    if mm_idx < 0:
+        mm_idx += len(features)
     keys: list[tuple[Any, ...]] = []
-    for f in request.mm_features:
+    while mm_idx < len(features):
+        f = features[mm_idx]
         offset, length = f.mm_position.offset, f.mm_position.length
         if offset >= end:
             break
-        if offset + length > start:
-            keys.append(("mm", f.identifier, offset - start))
-    return keys
+        if start >= offset + length:  # the block is past this item
+            mm_idx += 1
+            continue
+        keys.append(("mm", f.identifier, offset - start))
+        if end < offset + length:  # the item goes on into the next block
+            break
+        mm_idx += 1
+    return keys, mm_idx
 
 
 def generate_block_hash_extra_keys(
-    request: Request, start_token_idx: int, end_token_idx: int
-) -> tuple[Any, ...] | None:
-    """The tagged extra keys of the block ``[start_token_idx, end_token_idx)``, or None.
-
-    O(number of multimodal items) (features are sorted by offset)."""
+    request: Request, start_token_idx: int, end_token_idx: int, start_mm_idx: int = 0
+) -> tuple[tuple[Any, ...] | None, int]:
+    """The tagged extra keys of the block ``[start_token_idx, end_token_idx)`` (or None)
+    and the multimodal item index to start the next block's scan from (vLLM's
+    signature). O(items overlapping the block) along a request."""
     keys: list[tuple[Any, ...]] = []
     lora = request.lora_request
     if lora is not None:
         keys.append(("lora", lora.lora_name, lora.lora_path))
+    mm_idx = start_mm_idx
     if request.mm_features:
-        keys.extend(_mm_keys(request, start_token_idx, end_token_idx))
+        mm, mm_idx = _mm_keys(request, start_token_idx, end_token_idx, start_mm_idx)
+        keys.extend(mm)
     if start_token_idx == 0 and request.cache_salt:
         keys.append(("cache_salt", request.cache_salt))
     embeds = request.prompt_embeds
     if embeds is not None:  # also past the prompt: the digest of no bytes, as vLLM
         digest = hashlib.sha256(b"".join(embeds[start_token_idx:end_token_idx])).digest()
         keys.append(("prompt_embeds", digest))
-    return tuple(keys) if keys else None
+    return (tuple(keys) if keys else None), mm_idx
 
 
 def to_event_extra_keys(
@@ -139,9 +172,10 @@ def get_request_block_hasher(
         num_tokens = request.num_tokens
         parent: bytes = request.block_hashes[-1] if request.block_hashes else none
         new: list[BlockHash] = []
+        mm_idx = 0
         while start + block_size <= num_tokens:
             end = start + block_size
-            extra = generate_block_hash_extra_keys(request, start, end)
+            extra, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
             h = BlockHash(caching_hash_fn((parent, tuple(request.token_slice(start, end)), extra)))
             new.append(h)
             parent = h

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal, overload
 
 from pagedkv._validate import require_bool, require_instance, require_int, require_real
 from pagedkv.v1.block import KVCacheBlock
@@ -54,9 +55,32 @@ class KVCacheBlocks:
         pairs = zip(self.blocks, other.blocks, strict=True)
         return KVCacheBlocks(tuple([*a, *b] for a, b in pairs))
 
-    def get_block_ids(self) -> tuple[list[int], ...]:
-        """The block ids per group."""
-        return tuple([b.block_id for b in group] for group in self.blocks)
+    @overload
+    def get_block_ids(
+        self, allow_none: Literal[False] = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...]: ...
+
+    @overload
+    def get_block_ids(
+        self, allow_none: bool, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None: ...
+
+    def get_block_ids(
+        self, allow_none: bool = False, *, group_ids: Sequence[int] | None = None
+    ) -> tuple[list[int], ...] | None:
+        """The block ids per group (of ``group_ids``, default all); with ``allow_none``,
+        None when every selected group is empty."""
+        groups = self.blocks if group_ids is None else tuple(self.blocks[g] for g in group_ids)
+        if allow_none and not any(groups):
+            return None
+        return tuple([b.block_id for b in group] for group in groups)
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        """Per group, the ids of the blocks without a hash (null pads left out)."""
+        return [
+            [b.block_id for b in group if b.block_hash is None and not b.is_null]
+            for group in self.blocks
+        ]
 
     def get_unhashed_block_ids(self) -> list[int]:
         """Ids of the blocks without a hash (one group only)."""
@@ -196,6 +220,11 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         limit = request.get_max_cache_hit_length(max_cache_hit_length)
         blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes, limit)
+        if hit and self.enable_kv_cache_events and request.kv_cache_report_mode == "full":
+            for g, group in enumerate(blocks):
+                if group:
+                    size = self.coordinator.single_type_managers[g].block_size
+                    self.block_pool.emit_cached_block_events(request, len(group), size, g)
         return self._blocks(blocks), hit, 0
 
     def get_num_cached_tokens(self, request: Request) -> int:
@@ -227,11 +256,21 @@ class KVCacheManager:
         num_external_computed_tokens: int = 0,
         delay_cache_blocks: bool = False,
         num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
         """Give ``request`` slots for its hit, its external tokens, ``num_new_tokens``
         and ``num_lookahead_tokens`` (module docstring); the newly allocated blocks per
         group, or None if the pool cannot serve it (nothing changed: V1-8).
+
+        ``full_sequence_must_fit``: also refuse unless the whole request (up to
+        ``max_model_len``) would fit now (an admission gate for chunked prefill);
+        ``reserved_blocks``: free blocks to leave for requests already in flight;
+        ``has_scheduled_reqs``: whether the watermark applies to a waiting request;
+        ``skip_zeroing_group_ids``: accepted for vLLM's signature (pagedkv hands out no
+        block ids for zeroing).
 
         Complexity: O(blocks adopted, allocated and cached); a call without a hit or
         external tokens on one full-attention group takes a fast path (the group
@@ -253,17 +292,20 @@ class KVCacheManager:
             and new_computed_blocks is None
             and delay_cache_blocks.__class__ is bool
             and has_scheduled_reqs.__class__ is bool
+            and full_sequence_must_fit is False
+            and reserved_blocks.__class__ is int
+            and reserved_blocks >= 0
             and request.num_computed_tokens + num_new_tokens <= self.max_model_len
         ):
-            watermark = 0
+            keep_free = reserved_blocks
             if has_scheduled_reqs and request.status in _WATERMARKED:
-                watermark = self.watermark_blocks
+                keep_free += self.watermark_blocks
             new_blocks = single.allocate_plain(
                 request,
                 num_new_tokens,
                 num_lookahead_tokens,
                 self.max_model_len,
-                watermark,
+                keep_free,
                 self.enable_caching and not delay_cache_blocks,
             )
             if new_blocks is None:
@@ -280,6 +322,11 @@ class KVCacheManager:
         )
         require_bool("delay_cache_blocks", delay_cache_blocks)
         require_bool("has_scheduled_reqs", has_scheduled_reqs)
+        require_bool("full_sequence_must_fit", full_sequence_must_fit)
+        require_int("reserved_blocks", reserved_blocks, lambda d: InvalidAllocationError(rid, d))
+        require_instance(
+            "skip_zeroing_group_ids", skip_zeroing_group_ids, tuple, "a tuple of group ids"
+        )
         hits = (
             self.empty_kv_cache_blocks.blocks
             if new_computed_blocks is None
@@ -292,9 +339,15 @@ class KVCacheManager:
         if has_scheduled_reqs and request.status in _WATERMARKED:
             watermark = self.watermark_blocks
         need = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        free = self.block_pool.get_num_free_blocks()
+        if full_sequence_must_fit:
+            whole = min(request.num_tokens, self.max_model_len)
+            wanted = coordinator.get_num_blocks_to_allocate(rid, whole, hits, total)
+            if wanted + watermark > free:
+                return None
         coordinator.remove_skipped_blocks(rid, max(0, total - request.num_in_flight_tokens))
         wanted = coordinator.get_num_blocks_to_allocate(rid, need, hits, total)
-        if wanted + watermark > self.block_pool.get_num_free_blocks():
+        if wanted + watermark > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
         if num_new_computed_tokens or num_external_computed_tokens:
             coordinator.allocate_new_computed_blocks(rid, hits, total, num_external_computed_tokens)
@@ -408,9 +461,16 @@ class KVCacheManager:
         """The KV events since the last call, each ``BlockStored`` annotated with its
         group's kind."""
         events = self.block_pool.take_events()
+        kinds = self._kinds
         for e in events:
-            if isinstance(e, BlockStored) and e.group_idx is not None:
-                e.kv_cache_spec_kind = self._kinds[e.group_idx]
+            # a group the manager does not know (a pool shared with another manager)
+            # is left unannotated, as vLLM does
+            if (
+                isinstance(e, BlockStored)
+                and e.group_idx is not None
+                and 0 <= e.group_idx < len(kinds)
+            ):
+                e.kv_cache_spec_kind = kinds[e.group_idx]
         return events
 
     # ------------------------------------------------------------------ tables

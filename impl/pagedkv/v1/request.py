@@ -7,8 +7,9 @@ What the manager reads of a request (and nothing else of vLLM's request is here)
 construction and on :meth:`Request.append_output_token_ids`, as vLLM does), the
 identity that enters the hashes (``lora_request``, ``cache_salt``,
 ``mm_features``, ``prompt_embeds``), ``prefix_cache_hit_limit`` (0 when the
-request skips cache reads, e.g. for prompt logprobs), ``num_preemptions`` and
-``num_in_flight_tokens``.
+request skips cache reads, e.g. for prompt logprobs), ``num_preemptions``,
+``num_in_flight_tokens``, ``kv_cache_report_mode`` (``"full"``: a hit is reported in
+KV events too) and ``session_id`` (copied into KV events).
 
 Differences from vLLM, on purpose: ``prompt_embeds`` is one ``bytes`` row per
 prompt token (its digest per block is the same SHA-256 of the block's bytes), so
@@ -115,6 +116,8 @@ class Request:
         prompt_embeds: Sequence[bytes] | None = None,
         prefix_cache_hit_limit: int | None = None,
         skip_reading_prefix_cache: bool = False,
+        block_hashes: Sequence[BlockHash] | None = None,
+        kv_cache_report_mode: str = "incremental",
     ) -> None:
         require_str("request_id", request_id, InvalidRequestError)
         require_token_ids("prompt_token_ids", prompt_token_ids, InvalidRequestError)
@@ -162,7 +165,14 @@ class Request:
         self.num_preemptions = 0
         self.spec_token_ids: list[int] = []
         self.prefix_cache_hit_limit = 0 if skip_reading_prefix_cache else prefix_cache_hit_limit
-        self.block_hashes: list[BlockHash] = []
+        if kv_cache_report_mode not in ("incremental", "full"):
+            raise InvalidRequestError(
+                f"request {request_id!r}: kv_cache_report_mode {kv_cache_report_mode!r}; use "
+                "'incremental' or 'full'"
+            )
+        self.kv_cache_report_mode = kv_cache_report_mode
+        # hashes the frontend computed (vLLM's block_hashes=): the hasher goes on from them
+        self.block_hashes: list[BlockHash] = list(block_hashes or ())
         self._block_hasher = block_hasher
         self.update_block_hashes()
 
@@ -214,6 +224,12 @@ class Request:
         if self.prefix_cache_hit_limit is not None:
             limit = min(limit, self.prefix_cache_hit_limit)
         return limit if bound is None else min(limit, bound)
+
+    @property
+    def skip_reading_external_kv(self) -> bool:
+        """A request with a hit limit reuses only the local prefix cache (a KV connector's
+        hits are not bounded by the limit)."""
+        return self.prefix_cache_hit_limit is not None
 
     def is_finished(self) -> bool:
         """Whether the request reached a finished state."""

@@ -111,13 +111,14 @@ class SingleTypeKVCacheManager:
         num_new_tokens: int,
         num_lookahead_tokens: int,
         max_model_len: int,
-        watermark: int,
+        keep_free: int,
         cache: bool,
     ) -> list[KVCacheBlock] | None:
         """``allocate_slots`` for a call without a hit or external tokens, when this is
         the only group and nothing leaves its window: capacity check, new blocks,
-        caching of the verified full blocks. Arguments checked by the caller. The new
-        blocks, or None (nothing changed) if the pool cannot serve them.
+        caching of the verified full blocks; ``keep_free``: the free blocks the call must
+        leave (the watermark plus reserved blocks). Arguments checked by the caller. The
+        new blocks, or None (nothing changed) if the pool cannot serve them.
 
         Complexity: O(1) plus O(new and newly cached blocks)."""
         rid = request.request_id
@@ -130,14 +131,14 @@ class SingleTypeKVCacheManager:
         new: list[KVCacheBlock] = []
         if n > 0:
             pool = self.block_pool
-            if n + watermark > pool.free_block_queue.num_free_blocks:
+            if n + keep_free > pool.free_block_queue.num_free_blocks:
                 return None
             new = pool.get_new_blocks(n)
             if blocks is None:
                 self.req_to_blocks[rid] = new[:]
             else:
                 blocks.extend(new)
-        elif watermark and watermark > self.block_pool.free_block_queue.num_free_blocks:
+        elif keep_free and keep_free > self.block_pool.free_block_queue.num_free_blocks:
             return None
         if cache:
             end = total + num_new_tokens

@@ -322,10 +322,15 @@ def allocate_slots(
     num_external_computed_tokens: int = 0,
     delay_cache_blocks: bool = False,
     has_scheduled_reqs: bool = True,
+    full_sequence_must_fit: bool = False,
+    reserved_blocks: int = 0,
 ) -> tuple[ManagerState, tuple[int, ...] | None, tuple[bytes, ...], tuple[bytes, ...]]:
     """vLLM's ``allocate_slots`` (module docstring). Returns the manager, the new blocks
-    (None: refused, nothing changed), the keys evicted and the keys stored, in order."""
+    (None: refused, nothing changed), the keys evicted and the keys stored, in order.
+    ``full_sequence_must_fit``: refuse unless the whole request (up to max_model_len)
+    would fit now; ``reserved_blocks``: free blocks this call must leave untouched."""
     assert num_new_tokens >= 0 and num_lookahead_tokens >= 0, "counts are non-negative"
+    assert reserved_blocks >= 0, "a count is non-negative"
     assert num_new_computed_tokens >= 0 and num_external_computed_tokens >= 0, "counts >= 0"
     rid, bs = r.request_id, m.block_size
     if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
@@ -342,15 +347,21 @@ def allocate_slots(
     local = r.num_computed_tokens + num_new_computed_tokens
     total = min(local + num_external_computed_tokens, m.max_model_len)
     watermark = m.watermark_blocks if has_scheduled_reqs and r.waiting else 0
+    held = len(table or ())
+    evictable = sum(1 for b in new_computed_blocks if b != 0 and m.pool.ref_cnt[b] == 0)
+
+    def blocks_for(slots: int) -> int:  # vLLM's get_num_blocks_to_allocate, full attention
+        if running:
+            return max(_cdiv(slots, bs) - held, 0)
+        return max(_cdiv(slots, bs) - (len(new_computed_blocks) + held), 0) + evictable
+
+    if full_sequence_must_fit:
+        whole = min(r.num_tokens, m.max_model_len)
+        if blocks_for(whole) + watermark > len(m.pool.free):
+            return m, None, (), ()
     need = min(total + num_new_tokens + num_lookahead_tokens, m.max_model_len)
     required = _cdiv(need, bs)
-    held = len(table or ())
-    if running:
-        to_allocate = max(required - held, 0)
-    else:
-        evictable = sum(1 for b in new_computed_blocks if b != 0 and m.pool.ref_cnt[b] == 0)
-        to_allocate = max(required - (len(new_computed_blocks) + held), 0) + evictable
-    if to_allocate + watermark > len(m.pool.free):
+    if blocks_for(need) + watermark > len(m.pool.free) - reserved_blocks:
         return m, None, (), ()
     pool = m.pool
     evicted: list[bytes] = []

@@ -127,6 +127,7 @@ class V1ManagerMachine(RuleBasedStateMachine):
         self.requests: dict[str, Request] = {}
         self.delayed: set[str] = set()
         self.finished: list[RequestView] = []  # finished in the current step
+        self.limits: tuple[int, bool] = (0, False)  # reserved_blocks, full_sequence_must_fit
         self.prompts: list[tuple[Any, ...]] = []
         self.replayed: Counter[tuple[int, int]] = Counter()
         self.next_id = 0
@@ -226,6 +227,8 @@ class V1ManagerMachine(RuleBasedStateMachine):
         delay=st.booleans(),
         has_scheduled=st.booleans(),
         drafts=st.integers(0, 3),
+        reserved=st.sampled_from((0, 0, 0, 1, 2)),
+        whole=st.sampled_from((False, False, True)),
     )
     def allocate_slots(
         self,
@@ -235,6 +238,8 @@ class V1ManagerMachine(RuleBasedStateMachine):
         delay: bool,
         has_scheduled: bool,
         drafts: int,
+        reserved: int,
+        whole: bool,
     ) -> None:
         """One request's step: admit a waiting one (its hit, its first chunk, maybe
         external tokens loaded later) or run a running one (the next prompt chunk, or a
@@ -242,6 +247,7 @@ class V1ManagerMachine(RuleBasedStateMachine):
         waiting, running = self.ids_of("waiting"), self.ids_of("running")
         admit = data.draw(st.booleans(), label="admit") if waiting and running else bool(waiting)
         rid = data.draw(st.sampled_from(waiting if admit else running), label="request")
+        self.limits = (reserved, whole and admit)  # vLLM's admission gates
         if admit:
             self._admit(data, self.requests[rid], use_hit, lookahead, delay, has_scheduled)
         else:
@@ -382,9 +388,21 @@ class V1ManagerMachine(RuleBasedStateMachine):
             num_external_computed_tokens=ext,
             delay_cache_blocks=delay,
             has_scheduled_reqs=has_scheduled,
+            reserved_blocks=self.limits[0],
+            full_sequence_must_fit=self.limits[1],
         )
         self.model, want, evicted, stored = spec.allocate_slots(
-            self.model, self.view(r), new, hit, hit_ids, lookahead, ext, delay, has_scheduled
+            self.model,
+            self.view(r),
+            new,
+            hit,
+            hit_ids,
+            lookahead,
+            ext,
+            delay,
+            has_scheduled,
+            full_sequence_must_fit=self.limits[1],
+            reserved_blocks=self.limits[0],
         )
         if hit_ids:
             event("allocate_slots: adopts a hit")
@@ -404,11 +422,11 @@ class V1ManagerMachine(RuleBasedStateMachine):
             if want is not None:
                 raise fail("V1-8", f"{r.request_id}: refused; the spec allocates {want}")
             return
+        if not holds("V1-9", before, after):
+            raise fail("V1-9", f"{r.request_id}: a table lost or replaced blocks")
         got = tuple(out.get_block_ids()[0])
         if want is None or got != want:
             raise fail("V1-7", f"{r.request_id}: allocated {got}, the spec {want}")
-        if not holds("V1-9", before, after):
-            raise fail("V1-9", f"{r.request_id}: a table lost or replaced blocks")
         if delay:
             self.delayed.add(r.request_id)
         prompt_done = r.num_computed_tokens + hit + ext + new >= r.num_tokens
