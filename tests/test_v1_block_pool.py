@@ -277,3 +277,34 @@ def test_replaying_the_events_rebuilds_the_cached_keys_as_a_multiset() -> None:
     assert pool.reset_prefix_cache()
     assert replay(events + pool.take_events()) == Counter()
     assert replay([BlockRemoved([5], "GPU", 0)])[(0, 5)] == -1  # removed, never stored
+
+
+def test_caching_refuses_before_any_change_when_one_block_is_already_cached() -> None:
+    pool, r, blocks = _cached_pool()
+    blocks[0].block_hash, first_key = None, blocks[0].block_hash  # as if block 0 were not
+    pool.cached_block_hash_to_block.pop(first_key, blocks[0].block_id)  # cached yet
+    epoch = pool.epoch
+    raised(BlockPoolError, pool.cache_full_blocks, r, blocks, 0, 2, 2, 0)  # block 1 is
+    assert blocks[0].block_hash is None and pool.epoch == epoch
+    pool.check_invariants()
+
+
+def test_the_map_pops_a_key_only_from_the_block_it_names() -> None:
+    pool, _, blocks = _cached_pool()
+    key = blocks[0].block_hash
+    assert key is not None
+    cache = pool.cached_block_hash_to_block
+    assert cache.pop(key, blocks[1].block_id) is None  # another block's id: kept
+    assert cache.get_one_block(key) is blocks[0]
+    assert cache.pop(key, blocks[0].block_id) is blocks[0]
+    assert cache.get_one_block(key) is None and cache.pop(key, 1) is None
+
+
+def test_remove_n_checks_every_block_before_unlinking_any() -> None:
+    blocks = [KVCacheBlock(i) for i in range(4)]
+    q = FreeKVCacheBlockQueue(blocks)
+    taken = q.popleft()
+    raised(BlockPoolError, q.remove_n, [blocks[2], taken])
+    assert ids(list(q)) == [1, 2, 3]
+    q.remove_n([blocks[3], blocks[1]])
+    assert ids(list(q)) == [2] and q.num_free_blocks == 1

@@ -354,3 +354,18 @@ def test_precomputed_hashes_are_kept_and_extended() -> None:
     assert not r.skip_reading_external_kv
     limited = Request("c", [1, 2], prefix_cache_hit_limit=0)
     assert limited.skip_reading_external_kv
+
+
+def test_a_lookup_result_is_checked_again_once_the_pool_changed() -> None:
+    m = manager(5)  # 4 usable
+    a = request("a", 9)
+    admit(m, a)
+    m.free(a)  # 1, 2 cached-free at the tail; 3 uncached at the head
+    b = request("b", 9)
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 8
+    c = request("c", 16, first=100)  # takes 3, 4, then evicts 2 and 1: b's hit is gone
+    assert m.allocate_slots(c, 16) is not None
+    err = raised(InvalidAllocationError, m.allocate_slots, b, 1, hit, blocks)
+    assert "is not cached under the request's hash" in str(err)
+    m.check_invariants()

@@ -72,20 +72,42 @@ class BlockHashToBlockMap:
         """A block cached under ``key``, or None. O(1)."""
         return self._cache.get(key)
 
+    def get_run(self, block_hashes: Sequence[bytes], suffix: bytes) -> list[KVCacheBlock]:
+        """The cached blocks of ``h + suffix`` for the hashes from the first on, up to
+        the first miss (a full-attention lookup). O(hit)."""
+        out: list[KVCacheBlock] = []
+        get = self._cache.get
+        append = out.append
+        for h in block_hashes:
+            block = get(h + suffix)
+            if block is None:
+                break
+            append(block)
+        return out
+
     def insert(self, key: bytes, block: KVCacheBlock) -> None:
         """Cache ``block`` under ``key`` (beside any block already there). O(1)."""
         first = self._cache.setdefault(key, block)
         if first is not block:
             self._dups.setdefault(key, {first.block_id: first})[block.block_id] = block
 
+    def insert_n(self, pairs: Sequence[tuple[bytes, KVCacheBlock]]) -> None:
+        """:meth:`insert` each ``(key, block)``. O(len(pairs))."""
+        setdefault = self._cache.setdefault
+        for key, block in pairs:
+            first = setdefault(key, block)
+            if first is not block:
+                self._dups.setdefault(key, {first.block_id: first})[block.block_id] = block
+
     def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
         """Remove block ``block_id`` from ``key``; the block, or None if it was not there."""
-        dups = self._dups.get(key)
-        if dups is None:
-            block = self._cache.get(key)
-            if block is None or block.block_id != block_id:
+        dups = self._dups.get(key) if self._dups else None
+        if dups is None:  # one block under the key: one dict operation
+            cache = self._cache
+            block = cache.pop(key, None)
+            if block is not None and block.block_id != block_id:
+                cache[key] = block  # another block's key: put it back
                 return None
-            del self._cache[key]
             return block
         block = dups.pop(block_id, None)
         if block is None:
@@ -150,6 +172,9 @@ class BlockPool:
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.kv_event_queue: list[KVCacheEvent] = []
+        #: counts the changes of blocks, keys and the free queue: a lookup's result is
+        #: still exact while the epoch has not moved (what the manager's hit check skips)
+        self.epoch = 0
 
     # ------------------------------------------------------------------ lookup
 
@@ -193,25 +218,30 @@ class BlockPool:
                 f"it has hashes for {len(hashes) // scale}; cache only full, hashed blocks"
             )
         suffix = make_block_hash_with_group_id(b"", kv_cache_group_id)
-        insert = self.cached_block_hash_to_block.insert
-        events = self.enable_kv_cache_events
-        new_hashes: list[ExternalBlockHash] = []
-        extra: list[tuple[Any, ...] | None] = []
-        mm_idx = 0
+        pairs: list[tuple[BlockHashWithGroupId, KVCacheBlock]] = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.is_null:
                 continue
-            block_hash = hashes[(i + 1) * scale - 1]
-            if block.block_hash is not None:
+            if block.block_hash is not None:  # before any change: state unchanged
                 raise BlockPoolError(
                     f"block {block.block_id} is already cached; a block gets one hash "
                     "(cache each block once: num_cached_blocks is behind)"
                 )
-            key = BlockHashWithGroupId(block_hash + suffix)
+            pairs.append((BlockHashWithGroupId(hashes[(i + 1) * scale - 1] + suffix), block))
+        self.epoch += 1
+        for key, block in pairs:
             block.block_hash = key
-            insert(key, block)
-            if events:
+        self.cached_block_hash_to_block.insert_n(pairs)
+        events = self.enable_kv_cache_events
+        new_hashes: list[ExternalBlockHash] = []
+        extra: list[tuple[Any, ...] | None] = []
+        if events:
+            mm_idx = 0
+            for i in range(num_cached_blocks, num_full_blocks):
+                if blocks[i].is_null:
+                    continue
+                block_hash = hashes[(i + 1) * scale - 1]
                 new_hashes.append(external_hash(block_hash, self.int_event_hashes))
                 keys, mm_idx = generate_block_hash_extra_keys(
                     request, i * block_size, (i + 1) * block_size, mm_idx
@@ -293,17 +323,21 @@ class BlockPool:
         key = block.block_hash
         if key is None:
             return False
+        self.epoch += 1
         self.cached_block_hash_to_block.pop(key, block.block_id)
         block.block_hash = None
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(
-                BlockRemoved(
-                    block_hashes=[external_hash(get_block_hash(key), self.int_event_hashes)],
-                    medium=MEDIUM_GPU,
-                    group_idx=get_group_id(key),
-                )
-            )
+            self._record_removed(key)
         return True
+
+    def _record_removed(self, key: bytes) -> None:
+        self.kv_event_queue.append(
+            BlockRemoved(
+                block_hashes=[external_hash(get_block_hash(key), self.int_event_hashes)],
+                medium=MEDIUM_GPU,
+                group_idx=get_group_id(key),
+            )
+        )
 
     # ------------------------------------------------------------------ allocation
 
@@ -312,12 +346,20 @@ class BlockPool:
         any cached-free one first; each comes back with ``ref_cnt`` 1.
 
         Raises NoFreeBlocksError (nothing taken) when fewer are free. O(num_blocks)."""
-        if num_blocks > self.free_block_queue.num_free_blocks:
-            raise NoFreeBlocksError(num_blocks, self.free_block_queue.num_free_blocks)
-        out = self.free_block_queue.popleft_n(num_blocks)
+        queue = self.free_block_queue
+        if num_blocks > queue.num_free_blocks:
+            raise NoFreeBlocksError(num_blocks, queue.num_free_blocks)
+        self.epoch += 1
+        out = queue.popleft_n(num_blocks)
+        pop = self.cached_block_hash_to_block.pop
+        events = self.enable_kv_cache_events
         for block in out:
-            if block.block_hash is not None:
-                self._evict_hash(block)
+            key = block.block_hash
+            if key is not None:  # cached-free: evict (_evict_hash, inlined on this path)
+                pop(key, block.block_id)
+                block.block_hash = None
+                if events:
+                    self._record_removed(key)
             block.ref_cnt = 1
         return out
 
@@ -327,23 +369,27 @@ class BlockPool:
 
         Raises BlockPoolError (nothing changed) for a free block that is not cached
         (a hit can only be on a cached block) or a block of another pool. O(blocks)."""
-        blocks = list(blocks)
+        if not isinstance(blocks, list | tuple):
+            blocks = list(blocks)
         mine = self.blocks
+        n = len(mine)
+        free: list[KVCacheBlock] = []
         for block in blocks:
-            if mine[block.block_id] is not block if 0 <= block.block_id < len(mine) else True:
+            i = block.block_id
+            if i < 0 or i >= n or mine[i] is not block:
                 raise BlockPoolError(f"block {block.block_id} is not a block of this pool")
-            if block.ref_cnt == 0 and block.block_hash is None and not block.is_null:
-                raise BlockPoolError(
-                    f"cannot touch block {block.block_id}: it is free and not cached, so its "
-                    "KV may belong to anyone; touch only blocks a lookup just returned"
-                )
-        remove = self.free_block_queue.remove
+            if block.ref_cnt == 0 and not block.is_null:
+                if block.block_hash is None:
+                    raise BlockPoolError(
+                        f"cannot touch block {block.block_id}: it is free and not cached, so "
+                        "its KV may belong to anyone; touch only blocks a lookup just returned"
+                    )
+                free.append(block)
+        self.epoch += 1
+        self.free_block_queue.remove_n(free)
         for block in blocks:
-            if block.is_null:
-                continue
-            if block.ref_cnt == 0:
-                remove(block)
-            block.ref_cnt += 1
+            if not block.is_null:
+                block.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference to each block, given in eviction order (first evicted
@@ -352,22 +398,25 @@ class BlockPool:
 
         Raises BlockPoolError (nothing changed) when a block's count would go below 0
         (a double free). O(blocks)."""
+        self.epoch += 1
         first: list[KVCacheBlock] = []
         last: list[KVCacheBlock] = []
         caching = self.enable_caching
-        done: list[KVCacheBlock] = []
-        for block in ordered_blocks:
+        blocks = (
+            ordered_blocks if isinstance(ordered_blocks, list | tuple) else list(ordered_blocks)
+        )
+        for k, block in enumerate(blocks):
             if block.is_null:
                 continue
             if block.ref_cnt <= 0:
-                for b in done:  # put the counts back: state unchanged on error
-                    b.ref_cnt += 1
+                for b in blocks[:k]:  # put the counts back: state unchanged on error
+                    if not b.is_null:
+                        b.ref_cnt += 1
                 raise BlockPoolError(
                     f"cannot free block {block.block_id}: nobody holds it (ref_cnt 0); "
                     "free each table's blocks once"
                 )
             block.ref_cnt -= 1
-            done.append(block)
             if block.ref_cnt == 0:
                 if block.block_hash is None or not caching:
                     first.append(block)
@@ -398,6 +447,7 @@ class BlockPool:
         record ``AllBlocksCleared``. True iff it reset (V1-15). O(pool)."""
         if self.num_gpu_blocks - self.free_block_queue.num_free_blocks != 1:
             return False
+        self.epoch += 1
         self.cached_block_hash_to_block.clear()
         for block in self.blocks:
             block.block_hash = None

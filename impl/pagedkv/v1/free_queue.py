@@ -53,9 +53,17 @@ class FreeKVCacheBlockQueue:
                 f"cannot take {n} block(s) from a free queue of {self.num_free_blocks}; "
                 "check get_num_free_blocks() first"
             )
-        out: list[KVCacheBlock] = []
         head = self.fake_free_list_head
         block = head.next_free_block
+        if n == 1:  # the common case (a decode step, an eviction): no loop
+            assert block is not None and block.next_free_block is not None  # a real block
+            after = block.next_free_block
+            head.next_free_block = after
+            after.prev_free_block = head
+            block.prev_free_block = block.next_free_block = None
+            self.num_free_blocks -= 1
+            return [block]
+        out: list[KVCacheBlock] = []
         for _ in range(n):
             assert block is not None  # n <= num_free_blocks: a real block
             out.append(block)
@@ -79,6 +87,20 @@ class FreeKVCacheBlockQueue:
         nxt.prev_free_block = prev
         block.prev_free_block = block.next_free_block = None
         self.num_free_blocks -= 1
+
+    def remove_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Unlink each of ``blocks`` (a hit on several cached-free blocks). O(len).
+
+        Raises BlockPoolError (nothing unlinked) when one is not in the queue."""
+        for block in blocks:
+            if block.prev_free_block is None or block.next_free_block is None:
+                raise BlockPoolError(f"block {block.block_id} is not in the free queue")
+        for block in blocks:
+            prev, nxt = block.prev_free_block, block.next_free_block
+            prev.next_free_block = nxt  # type: ignore[union-attr]  # checked above
+            nxt.prev_free_block = prev  # type: ignore[union-attr]  # checked above
+            block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= len(blocks)
 
     def append(self, block: KVCacheBlock) -> None:
         """Add ``block`` at the tail (evicted last). O(1)."""

@@ -185,6 +185,8 @@ class KVCacheManager:
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in sizes))
         self._kinds = tuple(g.kv_cache_spec.kind for g in kv_cache_config.kv_cache_groups)
+        #: the last lookup: (request id, pool epoch, its blocks per group)
+        self._last_lookup: tuple[str, int, tuple[tuple[KVCacheBlock, ...], ...]] | None = None
         managers = self.coordinator.single_type_managers
         #: the one group's manager, when it is full attention: plain calls go straight to it
         self._plain_group = (
@@ -220,6 +222,8 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         limit = request.get_max_cache_hit_length(max_cache_hit_length)
         blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes, limit)
+        # what allocate_slots need not check again while the pool has not changed
+        self._last_lookup = (request.request_id, self.block_pool.epoch, tuple(map(tuple, blocks)))
         if hit and self.enable_kv_cache_events and request.kv_cache_report_mode == "full":
             for g, group in enumerate(blocks):
                 if group:
@@ -406,6 +410,7 @@ class KVCacheManager:
                 "it already holds blocks, so it cannot adopt a hit or external tokens; "
                 "only a request's first allocation adopts them (free it to start over)"
             )
+        fresh = self._last_lookup == (rid, self.block_pool.epoch, tuple(map(tuple, hits)))
         for g, group in enumerate(hits):
             manager = self.coordinator.single_type_managers[g]
             if num_new_computed_tokens != len(group) * manager.block_size:
@@ -414,7 +419,7 @@ class KVCacheManager:
                     f"{len(group)} hit block(s) of group {g} × block size {manager.block_size}; "
                     "pass the count get_computed_blocks() returned"
                 )
-            i = manager.first_bad_hit(request, group) if group else None
+            i = manager.first_bad_hit(request, group) if group and not fresh else None
             if i is not None:
                 raise bad(
                     f"hit block {group[i].block_id} (position {i}, group {g}) is not cached "

@@ -63,7 +63,8 @@ class SingleTypeKVCacheManager:
         skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         num_new = max(required - max(skipped, len(new_computed_blocks) + held), 0)
         evictable = 0
-        for block in new_computed_blocks[max(0, skipped - held) :]:
+        start = skipped - held
+        for block in new_computed_blocks[start:] if start > 0 else new_computed_blocks:
             if block.ref_cnt == 0 and not block.is_null:
                 evictable += 1
         return num_new + evictable
@@ -195,15 +196,8 @@ class SingleTypeKVCacheManager:
     ) -> list[KVCacheBlock]:
         """Full attention's rule: the cached blocks of the hashes from block 0 on, up to
         the first miss, within ``max_length`` tokens (block-aligned). A pure lookup."""
-        out: list[KVCacheBlock] = []
-        suffix = self._key_suffix
-        get = self.block_pool.cached_block_hash_to_block.get_one_block
-        for h in block_hashes[: max_length // self.block_size]:
-            hit = get(h + suffix)
-            if hit is None:
-                break
-            out.append(hit)
-        return out
+        run = block_hashes[: max_length // self.block_size]
+        return self.block_pool.cached_block_hash_to_block.get_run(run, self._key_suffix)
 
     def first_bad_hit(self, request: Request, blocks: Sequence[KVCacheBlock]) -> int | None:
         """The position of the first block of ``blocks`` that is not this pool's block
@@ -213,16 +207,14 @@ class SingleTypeKVCacheManager:
         suffix = self._key_suffix
         mine = self.block_pool.blocks
         n = len(mine)
-        for i, block in enumerate(blocks):
+        for i, (block, h) in enumerate(zip(blocks, hashes, strict=False)):
             if block.is_null:
                 continue
-            if (
-                i >= len(hashes)
-                or block.block_hash != hashes[i] + suffix
-                or not 0 <= block.block_id < n
-                or mine[block.block_id] is not block
-            ):
+            j = block.block_id
+            if block.block_hash != h + suffix or j < 0 or j >= n or mine[j] is not block:
                 return i
+        if len(blocks) > len(hashes):
+            return len(hashes)
         return None
 
 
