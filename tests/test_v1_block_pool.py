@@ -281,8 +281,10 @@ def test_replaying_the_events_rebuilds_the_cached_keys_as_a_multiset() -> None:
 
 def test_caching_refuses_before_any_change_when_one_block_is_already_cached() -> None:
     pool, r, blocks = _cached_pool()
-    blocks[0].block_hash, first_key = None, blocks[0].block_hash  # as if block 0 were not
-    pool.cached_block_hash_to_block.pop(first_key, blocks[0].block_id)  # cached yet
+    first_key = blocks[0].block_hash
+    assert first_key is not None
+    blocks[0].block_hash = None  # as if block 0 were not cached yet
+    pool.cached_block_hash_to_block.pop(first_key, blocks[0].block_id)
     epoch = pool.epoch
     raised(BlockPoolError, pool.cache_full_blocks, r, blocks, 0, 2, 2, 0)  # block 1 is
     assert blocks[0].block_hash is None and pool.epoch == epoch
