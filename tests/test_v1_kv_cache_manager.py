@@ -338,13 +338,16 @@ def test_a_full_report_request_reports_its_hit_as_stored() -> None:
     assert m.take_events() == []
 
 
-def test_events_of_a_group_the_manager_does_not_know_are_left_unannotated() -> None:
+def test_events_of_a_group_the_manager_does_not_know_are_left_unannotated(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     m = manager(enable_kv_cache_events=True)
     m.block_pool.kv_event_queue.append(
         BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", group_idx=3)
     )
     (event,) = m.take_events()
     assert isinstance(event, BlockStored) and event.kv_cache_spec_kind is None
+    assert "KV event of group 3" in caplog.text
 
 
 def test_precomputed_hashes_are_kept_and_extended() -> None:

@@ -24,6 +24,7 @@ that already holds blocks.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
@@ -40,6 +41,8 @@ from pagedkv_spec.invariants import check
 from pagedkv_spec.v1.manager import ManagerState
 
 __all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
+
+_log = logging.getLogger(__name__)
 
 #: the statuses the watermark applies to (requests being admitted)
 _WATERMARKED = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -468,14 +471,11 @@ class KVCacheManager:
         events = self.block_pool.take_events()
         kinds = self._kinds
         for e in events:
-            # a group the manager does not know (a pool shared with another manager)
-            # is left unannotated, as vLLM does
-            if (
-                isinstance(e, BlockStored)
-                and e.group_idx is not None
-                and 0 <= e.group_idx < len(kinds)
-            ):
-                e.kv_cache_spec_kind = kinds[e.group_idx]
+            if isinstance(e, BlockStored) and e.group_idx is not None:
+                if 0 <= e.group_idx < len(kinds):
+                    e.kv_cache_spec_kind = kinds[e.group_idx]
+                else:  # a pool shared with another manager: left as it is, as vLLM does
+                    _log.warning("KV event of group %d, which this manager has not", e.group_idx)
         return events
 
     # ------------------------------------------------------------------ tables
