@@ -42,6 +42,7 @@ from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.scheduler_machine import SchedulerMachine
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.pool_machine import V1PoolMachine
 from test_v1_planted import V1_PLANTED
 
 ROOT = Path(__file__).parent.parent
@@ -214,12 +215,16 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
     KVMachine: ({"KV1"}, set()),
     SchedulerMachine: ({"Q1", "Q2", "Q3", "Q4", "M2", "M3", "M4", "I1", "KV1"}, {"T1", "T4"}),
     V1ManagerMachine: ({"V1-1", "V1-2", "V1-3", "V1-4", "V1-5", "V1-11", "V1-13", "V1-14"}, set()),
+    V1PoolMachine: ({"V1-1", "V1-2", "V1-3", "V1-4", "V1-14"}, set()),
 }
 
 
 #: Machines whose step invariants need longer runs to be reached: the V1 machine's
 #: allocations need a request first (add_request), and its first examples add several.
-PROBE_BUDGET: dict[type[RuleBasedStateMachine], tuple[int, int]] = {V1ManagerMachine: (30, 20)}
+PROBE_BUDGET: dict[type[RuleBasedStateMachine], tuple[int, int]] = {
+    V1ManagerMachine: (30, 20),
+    V1PoolMachine: (30, 20),
+}
 
 
 def _leaves(id_: str) -> set[str]:

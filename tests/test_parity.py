@@ -303,3 +303,45 @@ def test_v1_manager_operations_keep_their_name_in_spec_and_machine() -> None:
             assert name in functions or name == "take_events", name
     ops = {n for n, k in V1_MANAGER.items() if k == RULE}
     assert have == ops | V1_EXTRA_RULES, sorted(have ^ (ops | V1_EXTRA_RULES))
+
+
+#: ``pagedkv.v1.BlockPool``: the operations ``V1PoolMachine`` drives in lockstep with
+#: ``pagedkv_spec.v1.pool``. ``REPORT``: an event-only call of the manager's lookup (tested
+#: in tests/test_v1_kv_cache_manager.py).
+REPORT = "report"
+V1_POOL: dict[str, str] = {
+    "get_new_blocks": RULE,
+    "touch": RULE,
+    "free_blocks": RULE,
+    "cache_full_blocks": RULE,
+    "evict_blocks": RULE,
+    "reset_prefix_cache": RULE,
+    "get_cached_block": OBSERVED,
+    "take_events": OBSERVED,
+    "get_num_free_blocks": OBSERVED,
+    "get_usage": OBSERVED,
+    "emit_cached_block_events": REPORT,
+    "is_block_cached": SUPPORT,
+    "to_spec": SUPPORT,
+    "check_invariants": SUPPORT,
+}
+V1_POOL_EXTRA_RULES = {"new_table"}
+
+
+def test_v1_pool_operations_keep_their_name_in_spec_and_machine() -> None:
+    import pagedkv_spec.v1.pool as spec_pool
+    from pagedkv.v1 import BlockPool
+    from pagedkv_stateful.v1.pool_machine import V1PoolMachine
+
+    assert public(BlockPool) == set(V1_POOL), sorted(public(BlockPool) ^ set(V1_POOL))
+    have = rules(V1PoolMachine)
+    source = inspect.getsource(V1PoolMachine)
+    functions = spec_functions(spec_pool)
+    for name, kind in V1_POOL.items():
+        if kind == RULE:
+            assert name in have, f"V1PoolMachine has no rule {name!r}"
+            assert name in functions, f"pagedkv_spec.v1.pool has no {name!r}"
+        if kind == OBSERVED:
+            assert re.search(rf"\btarget\.{name}\b", source), name
+    ops = {n for n, k in V1_POOL.items() if k == RULE}
+    assert have == ops | V1_POOL_EXTRA_RULES, sorted(have ^ (ops | V1_POOL_EXTRA_RULES))

@@ -102,7 +102,7 @@ V1 = V1M.allocate_slots(V1M.manager_initial(6, 2, 16, True), _A, 5)[0]
 V1 = replace(V1, requests=(_A, _P))
 V1P = V1.pool
 V1_IDLE = V1M.free(V1, "a").pool
-V1_RESET = V1pool.reset(V1_IDLE)[0]
+V1_RESET = V1pool.reset_prefix_cache(V1_IDLE)[0]
 V1_EVENTS = Counter(V1M.event_hash(k) for k, _ in V1P.cached)
 _B = V1M.RequestView("b", 6, 0, (b"h0", b"h1", b"h2"))
 

@@ -303,12 +303,9 @@ def _cache(
     full = min(num_tokens, len(r.block_hashes) * m.block_size) // m.block_size
     if done >= full:
         return m, ()
-    pool = m.pool
-    stored: list[bytes] = []
-    for i in range(done, full):
-        if t[i] != 0:
-            pool = P.cache_block(pool, t[i], group_key(r.block_hashes[i]))
-            stored.append(group_key(r.block_hashes[i]))
+    pairs = tuple((t[i], group_key(r.block_hashes[i])) for i in range(done, full) if t[i] != 0)
+    pool = P.cache_full_blocks(m.pool, pairs)
+    stored = [key for _, key in pairs]
     return replace(m, pool=pool, num_cached=_set(m.num_cached, r.request_id, full)), tuple(stored)
 
 
@@ -418,17 +415,13 @@ def evict_blocks(
 ) -> tuple[ManagerState, tuple[bytes, ...]]:
     """Remove the given blocks' keys from the map (in the order given); the keys removed."""
     assert all(0 <= b < len(m.pool.ref_cnt) for b in block_ids), "blocks of the pool"
-    pool, removed = m.pool, []
-    for b in block_ids:
-        pool, key = P.evict(pool, b)
-        if key is not None:
-            removed.append(key)
+    pool, removed = P.evict_blocks(m.pool, block_ids)
     return replace(m, pool=pool), tuple(removed)
 
 
 def reset_prefix_cache(m: ManagerState) -> tuple[ManagerState, bool]:
     """vLLM's ``reset_prefix_cache`` (V1-15)."""
     assert m.block_size >= 1, "a manager"
-    pool, ok = P.reset(m.pool)
+    pool, ok = P.reset_prefix_cache(m.pool)
     assert reset_ok(m.pool, pool, ok)
     return replace(m, pool=pool), ok

@@ -30,8 +30,8 @@ from pagedkv_spec.errors import BlockPoolError, NoFreeBlocksError
 
 __all__ = [
     "PoolState",
-    "cache_block",
-    "evict",
+    "cache_full_blocks",
+    "evict_blocks",
     "free_blocks",
     "free_queue_ok",
     "get_new_blocks",
@@ -40,7 +40,7 @@ __all__ = [
     "null_block_ok",
     "pool_initial",
     "pool_ok",
-    "reset",
+    "reset_prefix_cache",
     "touch",
 ]
 
@@ -176,29 +176,35 @@ def free_blocks(p: PoolState, ordered: tuple[int, ...], caching: bool) -> PoolSt
     return out
 
 
-def cache_block(p: PoolState, block: int, key: Key) -> PoolState:
-    """Give ``block`` (in use, not null, without a key) the key ``key``."""
-    assert 0 < block < len(p.ref_cnt), "a non-null block of the pool"
-    if p.hashes[block] is not None:
-        raise BlockPoolError(f"block {block} is already cached")
+def cache_full_blocks(p: PoolState, pairs: tuple[tuple[int, Key], ...]) -> PoolState:
+    """Give each ``(block, key)`` block (in use, not null, without a key) its key, in
+    order (the map keeps insertion order). A block already keyed: BlockPoolError."""
+    assert all(0 < b < len(p.ref_cnt) for b, _ in pairs), "non-null blocks of the pool"
     hashes = list(p.hashes)
-    hashes[block] = key
-    return replace(p, hashes=tuple(hashes), cached=(*p.cached, (key, block)))
+    for b, _ in pairs:
+        if hashes[b] is not None:
+            raise BlockPoolError(f"block {b} is already cached")
+    for b, key in pairs:
+        hashes[b] = key
+    cached = (*p.cached, *((key, b) for b, key in pairs))
+    return replace(p, hashes=tuple(hashes), cached=cached)
 
 
-def evict(p: PoolState, block: int) -> tuple[PoolState, Key | None]:
-    """Remove ``block``'s key from the map; the pool and the key removed (None if none)."""
-    assert 0 <= block < len(p.ref_cnt), "a block of the pool"
-    key = p.hashes[block]
-    if key is None:
-        return p, None
+def evict_blocks(p: PoolState, blocks: tuple[int, ...]) -> tuple[PoolState, tuple[Key, ...]]:
+    """Remove each block's key from the map, in order; the pool and the keys removed."""
+    assert all(0 <= b < len(p.ref_cnt) for b in blocks), "blocks of the pool"
     hashes = list(p.hashes)
-    hashes[block] = None
-    cached = tuple(pair for pair in p.cached if pair != (key, block))
-    return replace(p, hashes=tuple(hashes), cached=cached), key
+    removed: list[tuple[Key, int]] = []
+    for b in blocks:
+        key = hashes[b]
+        if key is not None:
+            hashes[b] = None
+            removed.append((key, b))
+    cached = tuple(pair for pair in p.cached if pair not in removed)
+    return replace(p, hashes=tuple(hashes), cached=cached), tuple(k for k, _ in removed)
 
 
-def reset(p: PoolState) -> tuple[PoolState, bool]:
+def reset_prefix_cache(p: PoolState) -> tuple[PoolState, bool]:
     """Forget every key if only the null block is in use (V1-15); else nothing changes.
     The free order is unchanged."""
     assert len(p.ref_cnt) >= 1, "a pool"
