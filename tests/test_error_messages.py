@@ -1847,6 +1847,30 @@ def _v1_hash_twice() -> None:
 
 V1_MESSAGES = [
     case(
+        "v1 free queue: remove_n of a block not in it",
+        lambda: v1.FreeKVCacheBlockQueue([]).remove_n([v1.KVCacheBlock(4)]),
+        BlockPoolError,
+        "block 4 is not in the free queue",
+    ),
+    case(
+        "v1 KVCacheBlocks: unhashed ids of several groups",
+        lambda: v1.KVCacheBlocks(((), ())).get_unhashed_block_ids(),
+        InvalidKVCacheManagerConfigError,
+        "get_unhashed_block_ids needs one group",
+    ),
+    case(
+        "v1 get_computed_blocks: not a request",
+        lambda: _v1_manager().get_computed_blocks("r"),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "request must be a pagedkv.v1.Request, got str 'r'",
+    ),
+    case(
+        "v1 get_computed_blocks: a negative bound",
+        lambda: _v1_manager().get_computed_blocks(v1.Request("r", [1]), -1),
+        InvalidKVCacheManagerConfigError,
+        "max_cache_hit_length must be an int >= 0, got -1",
+    ),
+    case(
         "v1 block: a second hash",
         _v1_hash_twice,
         BlockPoolError,

@@ -9,7 +9,12 @@ from collections import Counter
 import pytest
 
 from helpers import raised
-from pagedkv.errors import BlockPoolError, InvalidKVCacheManagerConfigError, NoFreeBlocksError
+from pagedkv.errors import (
+    BlockPoolError,
+    InvalidKVCacheManagerConfigError,
+    InvariantViolationError,
+    NoFreeBlocksError,
+)
 from pagedkv.v1 import (
     AllBlocksCleared,
     BlockPool,
@@ -310,3 +315,72 @@ def test_remove_n_checks_every_block_before_unlinking_any() -> None:
     assert ids(list(q)) == [1, 2, 3]
     q.remove_n([blocks[3], blocks[1]])
     assert ids(list(q)) == [2] and q.num_free_blocks == 1
+
+
+# ---- details the mutation run asked for
+
+
+def test_remove_relinks_both_neighbours_and_refuses_a_half_linked_block() -> None:
+    blocks = [KVCacheBlock(i) for i in range(5)]
+    q = FreeKVCacheBlockQueue(blocks)
+    q.remove(blocks[2])
+    assert blocks[1].next_free_block is blocks[3] and blocks[3].prev_free_block is blocks[1]
+    assert blocks[2].prev_free_block is None and blocks[2].next_free_block is None
+    q.remove_n([blocks[3]])
+    assert blocks[1].next_free_block is blocks[4] and blocks[4].prev_free_block is blocks[1]
+    assert blocks[3].prev_free_block is None and blocks[3].next_free_block is None
+    half = KVCacheBlock(9)
+    half.next_free_block = blocks[4]  # linked on one side only: not in the queue
+    raised(BlockPoolError, q.remove, half)
+    raised(BlockPoolError, q.remove_n, [half])
+    assert q.num_free_blocks == 3 and ids(list(q)) == [0, 1, 4]
+
+
+def test_set_block_hash_sets_once_and_reset_forgets() -> None:
+    block = KVCacheBlock(3)
+    key = make_block_hash_with_group_id(b"h", 300)
+    block.set_block_hash(key)
+    assert block.block_hash == key and get_group_id(key) == 300
+    raised(BlockPoolError, block.set_block_hash, key)
+    block.reset_hash()
+    assert block.block_hash is None
+
+
+def test_removed_events_publish_bytes_when_asked() -> None:
+    pool = BlockPool(4, True, 2, enable_kv_cache_events=True, int_event_hashes=False)
+    r = Request("r", [1, 2], block_hasher=get_request_block_hasher(2))
+    blocks = pool.get_new_blocks(1)
+    pool.cache_full_blocks(r, blocks, 0, 1, 2, 0)
+    pool.evict_blocks([blocks[0].block_id])
+    stored, removed = pool.take_events()
+    assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
+    assert stored.block_hashes == removed.block_hashes == [r.block_hashes[0]]
+
+
+def test_replay_starts_from_a_given_multiset() -> None:
+    start: Counter[tuple[int | None, int | bytes]] = Counter({(0, 7): 2})
+    assert replay([BlockRemoved([7], "GPU", 0)], start) == Counter({(0, 7): 1})
+    assert start == Counter({(0, 7): 2})  # not changed
+    assert replay([], None) == Counter()
+
+
+def test_repr_and_a_broken_pool_named_in_the_error() -> None:
+    pool = BlockPool(3, True, 2)
+    assert repr(pool) == "BlockPool(3 blocks, 2 free, caching on)"
+    assert repr(BlockPool(3, False, 2)) == "BlockPool(3 blocks, 2 free, caching off)"
+    pool.free_block_queue.num_free_blocks = 5  # the count no longer its walk
+    err = raised(InvariantViolationError, pool.check_invariants)
+    assert err.invariant == "V1-3" and "BlockPool(3 blocks, 5 free, caching on)" in str(err)
+
+
+def test_insert_keeps_duplicates_and_is_block_cached_sees_them() -> None:
+    pool = BlockPool(4, True, 2)
+    a, b = pool.get_new_blocks(2)
+    key = make_block_hash_with_group_id(b"k", 1)
+    cache = pool.cached_block_hash_to_block
+    cache.insert(key, a)
+    cache.insert(key, b)
+    cache.insert(key, a)  # again: nothing new
+    assert cache.pairs() == {(key, a.block_id), (key, b.block_id)} and len(cache) == 1
+    assert pool.is_block_cached(b"k", 1) and not pool.is_block_cached(b"k", 0)
+    assert cache.pop(key, a.block_id) is a and cache.get_one_block(key) is b

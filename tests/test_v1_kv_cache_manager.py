@@ -17,15 +17,22 @@ from pagedkv.errors import (
 )
 from pagedkv.v1 import (
     BlockStored,
+    FullAttentionManager,
     FullAttentionSpec,
+    KVCacheBlock,
     KVCacheBlocks,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheManager,
+    LoRARequest,
+    MultiModalFeatureSpec,
+    PlaceholderRange,
+    PrefixCacheStats,
     Request,
     RequestStatus,
     get_request_block_hasher,
 )
+from pagedkv.v1.events import external_hash
 
 HASHER = get_request_block_hasher(4)
 
@@ -372,3 +379,95 @@ def test_a_lookup_result_is_checked_again_once_the_pool_changed() -> None:
     err = raised(InvalidAllocationError, m.allocate_slots, b, 1, hit, blocks)
     assert "is not cached under the request's hash" in str(err)
     m.check_invariants()
+
+
+# ---- details the mutation run asked for
+
+
+def test_stats_add_up_over_several_lookups() -> None:
+    stats = PrefixCacheStats()
+    for tokens, hits, preempted in ((9, 4, False), (5, 0, False), (7, 3, True), (6, 2, True)):
+        stats.record(tokens, hits, preempted)
+    assert (stats.requests, stats.queries, stats.hits) == (2, 14, 4)
+    assert (stats.preempted_requests, stats.preempted_queries, stats.preempted_hits) == (2, 13, 5)
+
+
+def test_a_full_report_names_each_blocks_keys_hashes_and_group() -> None:
+    m = manager(enable_kv_cache_events=True)
+    lora = LoRARequest("ad", 3, "/p")
+    image = [MultiModalFeatureSpec("img", PlaceholderRange(5, 2))]
+    a = Request("a", list(range(13)), block_hasher=HASHER, lora_request=lora, mm_features=image)
+    admit(m, a)
+    m.take_events()
+    b = Request(
+        "b", list(range(13)), block_hasher=HASHER, lora_request=lora, mm_features=image,
+        kv_cache_report_mode="full",
+    )  # fmt: skip
+    _, hit, _ = m.get_computed_blocks(b)
+    (event,) = m.take_events()
+    assert isinstance(event, BlockStored) and hit == 12
+    assert event.block_hashes == [external_hash(h) for h in b.block_hashes[:3]]
+    assert event.extra_keys == [("ad",), ("ad", ("img", 1)), ("ad",)]
+    assert (event.block_size, event.group_idx, event.lora_id) == (4, 0, 3)
+    assert event.token_ids == list(range(12))
+    one = Request(
+        "c", list(range(5)), block_hasher=HASHER, lora_request=lora, kv_cache_report_mode="full"
+    )
+    assert m.get_computed_blocks(one)[1] == 4 and len(m.take_events()) == 1  # one block
+    quiet = manager()  # events off: a full report records nothing
+    admit(quiet, request("a", 9))
+    quiet.get_computed_blocks(
+        Request("q", list(range(9)), block_hasher=HASHER, kv_cache_report_mode="full")
+    )
+    assert quiet.take_events() == []
+
+
+def test_a_lookup_with_reads_off_has_no_shared_prefix_boundary() -> None:
+    off = manager(enable_caching=False)
+    assert off.get_computed_blocks(request("r", 9)) == (off.empty_kv_cache_blocks, 0, 0)
+
+
+def test_a_fresh_lookup_is_not_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = manager()
+    admit(m, request("a", 9))
+    calls: list[int] = []
+    real = FullAttentionManager.first_bad_hit
+
+    def counted(self: FullAttentionManager, *args: Any) -> int | None:
+        calls.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(FullAttentionManager, "first_bad_hit", counted)
+    b = request("b", 9)
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert m.allocate_slots(b, 9 - hit, hit, blocks) is not None
+    assert calls == []  # the lookup's own result, the pool unchanged since
+    c = request("c", 9)
+    blocks, hit, _ = m.get_computed_blocks(c)
+    m.allocate_slots(request("d", 4, first=50), 4)  # the pool changes in between
+    assert m.allocate_slots(c, 9 - hit, hit, blocks) is not None
+    assert calls == [1]
+
+
+def test_a_hit_check_catches_every_kind_of_wrong_block() -> None:
+    m = manager()
+    admit(m, request("a", 9))
+    r = request("r", 9)
+    group = m.coordinator.single_type_managers[0]
+    good = list(m.get_computed_blocks(r)[0].blocks[0])
+    null = m.block_pool.null_block
+    assert group.first_bad_hit(r, good) is None
+    assert group.first_bad_hit(r, [null, *good[1:]]) is None  # a pad is fine
+    for bad_block in (KVCacheBlock(1), KVCacheBlock(0), KVCacheBlock(10), KVCacheBlock(-1)):
+        bad_block.block_hash = good[1].block_hash  # the right key, not the pool's block
+        assert group.first_bad_hit(r, [good[0], bad_block]) == 1
+        assert group.first_bad_hit(r, [null, bad_block]) == 1
+    short = request("s", 5)  # one hashed block
+    assert group.first_bad_hit(short, good) == 1
+
+
+def test_hash_block_tokens_uses_the_given_none_hash() -> None:
+    from pagedkv.v1 import hash_block_tokens, sha256
+
+    assert hash_block_tokens(sha256, None, [1], none=b"x") == sha256((b"x", (1,), None))
+    assert hash_block_tokens(sha256, b"p", [1], none=b"x") == sha256((b"p", (1,), None))

@@ -23,7 +23,6 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pagedkv.v1.block import (
-    BlockHash,
     BlockHashWithGroupId,
     KVCacheBlock,
     get_block_hash,
@@ -472,7 +471,7 @@ class BlockPool:
         events, self.kv_event_queue = self.kv_event_queue, []
         return events
 
-    def is_block_cached(self, block_hash: BlockHash, group_id: int = 0) -> bool:
+    def is_block_cached(self, block_hash: bytes, group_id: int = 0) -> bool:
         """Whether some block is cached under ``block_hash`` in ``group_id``. O(1)."""
         key = make_block_hash_with_group_id(block_hash, group_id)
         return self.cached_block_hash_to_block.get_one_block(key) is not None

@@ -15,7 +15,7 @@ Invariant V1-14 (pagedkv_spec.invariants): replaying the stream
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +79,7 @@ KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 def replay(
     events: Iterable[KVCacheEvent],
-    start: Counter[tuple[int | None, ExternalBlockHash]] | None = None,
+    start: Mapping[tuple[int | None, ExternalBlockHash], int] | None = None,
 ) -> Counter[tuple[int | None, ExternalBlockHash]]:
     """The multiset of ``(group_idx, hash)`` cached after ``events``, from ``start``
     (default: empty). A removal of a key not present leaves a negative count, so a
