@@ -1847,6 +1847,18 @@ def _v1_hash_twice() -> None:
 
 V1_MESSAGES = [
     case(
+        "v1 request: an output token of the wrong type",
+        lambda: v1.Request("r", [1]).append_output_token_ids("x"),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "token_ids must be a list of int token ids, got str 'x'",
+    ),
+    case(
+        "v1 request: a negative output token",
+        lambda: v1.Request("r", [1]).append_output_token_ids([-2]),
+        InvalidRequestError,
+        "token_ids: token ids must be ints >= 0, got -2",
+    ),
+    case(
         "v1 free queue: remove_n of a block not in it",
         lambda: v1.FreeKVCacheBlockQueue([]).remove_n([v1.KVCacheBlock(4)]),
         BlockPoolError,

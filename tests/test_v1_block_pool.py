@@ -384,3 +384,28 @@ def test_insert_keeps_duplicates_and_is_block_cached_sees_them() -> None:
     assert cache.pairs() == {(key, a.block_id), (key, b.block_id)} and len(cache) == 1
     assert pool.is_block_cached(b"k", 1) and not pool.is_block_cached(b"k", 0)
     assert cache.pop(key, a.block_id) is a and cache.get_one_block(key) is b
+
+
+def test_the_map_pops_duplicates_in_any_order() -> None:
+    pool = BlockPool(5, True, 2)
+    a, b, c = pool.get_new_blocks(3)
+    key = make_block_hash_with_group_id(b"k", 0)
+    cache = pool.cached_block_hash_to_block
+    cache.insert_n([(key, a), (key, b), (key, c)])
+    assert cache.pop(key, 4) is None  # not one of them
+    assert cache.pop(key, b.block_id) is b and cache.get_one_block(key) is a
+    assert cache.pop(key, a.block_id) is a and cache.get_one_block(key) is c
+    assert cache.pairs() == {(key, c.block_id)}
+    assert cache.pop(key, c.block_id) is c and cache.get_one_block(key) is None
+    assert len(cache) == 0 and cache.pairs() == set()
+    cache.insert(key, b)  # the key again, from scratch
+    assert cache.pairs() == {(key, b.block_id)}
+
+
+def test_touch_takes_any_iterable_and_refuses_the_id_past_the_pool() -> None:
+    pool, _, blocks = _cached_pool()
+    pool.free_blocks(reversed(blocks))
+    pool.touch(b for b in blocks[:2])  # a generator: both blocks touched
+    assert [b.ref_cnt for b in blocks[:2]] == [1, 1]
+    raised(BlockPoolError, pool.touch, [KVCacheBlock(pool.num_gpu_blocks)])
+    pool.check_invariants()

@@ -444,8 +444,14 @@ def test_a_fresh_lookup_is_not_checked_again(monkeypatch: pytest.MonkeyPatch) ->
     assert calls == []  # the lookup's own result, the pool unchanged since
     c = request("c", 9)
     blocks, hit, _ = m.get_computed_blocks(c)
-    m.allocate_slots(request("d", 4, first=50), 4)  # the pool changes in between
+    d = request("d", 4, first=50)
+    m.allocate_slots(d, 4)  # blocks taken, a key added: the lookup still stands
     assert m.allocate_slots(c, 9 - hit, hit, blocks) is not None
+    assert calls == []
+    e = request("e", 9)
+    blocks, hit, _ = m.get_computed_blocks(e)
+    m.evict_blocks(m.get_block_ids("d")[0])  # a key leaves the map: check again
+    assert m.allocate_slots(e, 9 - hit, hit, blocks) is not None
     assert calls == [1]
 
 
@@ -471,3 +477,25 @@ def test_hash_block_tokens_uses_the_given_none_hash() -> None:
 
     assert hash_block_tokens(sha256, None, [1], none=b"x") == sha256((b"x", (1,), None))
     assert hash_block_tokens(sha256, b"p", [1], none=b"x") == sha256((b"p", (1,), None))
+
+
+def test_a_decode_step_caches_only_when_it_completes_a_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    m = manager()
+    r = request("r", 6)
+    admit(m, r)  # 6 computed: one full block cached
+    calls: list[int] = []
+    real = FullAttentionManager.cache_blocks
+
+    def counted(self: FullAttentionManager, request: Request, num_tokens: int) -> None:
+        calls.append(num_tokens)
+        real(self, request, num_tokens)
+
+    monkeypatch.setattr(FullAttentionManager, "cache_blocks", counted)
+    for step in range(6):  # tokens 7..12: blocks complete at 8 and 12
+        r.append_output_token_ids(7)
+        assert m.allocate_slots(r, 1) is not None
+        r.num_computed_tokens += 1
+        assert len(calls) == (step >= 1) + (step >= 5), step
+    assert calls == [8, 12]

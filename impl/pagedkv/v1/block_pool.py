@@ -171,8 +171,9 @@ class BlockPool:
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.kv_event_queue: list[KVCacheEvent] = []
-        #: counts the changes of blocks, keys and the free queue: a lookup's result is
-        #: still exact while the epoch has not moved (what the manager's hit check skips)
+        #: counts the keys removed from the map (evictions, resets): while it stands, every
+        #: block a lookup returned is still cached under the same key (the manager's hit
+        #: check skips a lookup's own result then)
         self.epoch = 0
 
     # ------------------------------------------------------------------ lookup
@@ -228,7 +229,6 @@ class BlockPool:
                     "(cache each block once: num_cached_blocks is behind)"
                 )
             pairs.append((BlockHashWithGroupId(hashes[(i + 1) * scale - 1] + suffix), block))
-        self.epoch += 1
         for key, block in pairs:
             block.block_hash = key
         self.cached_block_hash_to_block.insert_n(pairs)
@@ -348,13 +348,13 @@ class BlockPool:
         queue = self.free_block_queue
         if num_blocks > queue.num_free_blocks:
             raise NoFreeBlocksError(num_blocks, queue.num_free_blocks)
-        self.epoch += 1
         out = queue.popleft_n(num_blocks)
         pop = self.cached_block_hash_to_block.pop
         events = self.enable_kv_cache_events
         for block in out:
             key = block.block_hash
             if key is not None:  # cached-free: evict (_evict_hash, inlined on this path)
+                self.epoch += 1
                 pop(key, block.block_id)
                 block.block_hash = None
                 if events:
@@ -384,7 +384,6 @@ class BlockPool:
                         "its KV may belong to anyone; touch only blocks a lookup just returned"
                     )
                 free.append(block)
-        self.epoch += 1
         self.free_block_queue.remove_n(free)
         for block in blocks:
             if not block.is_null:
@@ -397,7 +396,6 @@ class BlockPool:
 
         Raises BlockPoolError (nothing changed) when a block's count would go below 0
         (a double free). O(blocks)."""
-        self.epoch += 1
         first: list[KVCacheBlock] = []
         last: list[KVCacheBlock] = []
         caching = self.enable_caching
