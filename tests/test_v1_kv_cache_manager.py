@@ -499,3 +499,12 @@ def test_a_decode_step_caches_only_when_it_completes_a_block(
         r.num_computed_tokens += 1
         assert len(calls) == (step >= 1) + (step >= 5), step
     assert calls == [8, 12]
+
+
+def test_the_cached_token_probe_records_no_event() -> None:
+    m = manager(enable_kv_cache_events=True)
+    admit(m, request("a", 9))
+    m.take_events()
+    probe = Request("p", list(range(9)), block_hasher=HASHER, kv_cache_report_mode="full")
+    assert m.get_num_cached_tokens(probe) == 8 and m.take_events() == []
+    assert m.get_num_cached_tokens(Request("q", [1], prefix_cache_hit_limit=0)) == 0

@@ -225,7 +225,7 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         limit = request.get_max_cache_hit_length(max_cache_hit_length)
         blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes, limit)
-        # what allocate_slots need not check again while the pool has not changed
+        # what allocate_slots need not check again while no key leaves the map
         self._last_lookup = (request.request_id, self.block_pool.epoch, tuple(map(tuple, blocks)))
         if hit and self.enable_kv_cache_events and request.kv_cache_report_mode == "full":
             for g, group in enumerate(blocks):
@@ -235,8 +235,13 @@ class KVCacheManager:
         return self._blocks(blocks), hit, 0
 
     def get_num_cached_tokens(self, request: Request) -> int:
-        """How many of ``request``'s tokens a lookup would hit now (a pure probe)."""
-        return self.get_computed_blocks(request)[1]
+        """How many of ``request``'s tokens a lookup would hit now: a pure probe (no
+        event, even for a ``"full"`` report request). O(hit blocks)."""
+        require_instance("request", request, Request, "a pagedkv.v1.Request")
+        if not self.prefix_cache_lookup_enabled(request):
+            return 0
+        limit = request.get_max_cache_hit_length()
+        return self.coordinator.find_longest_cache_hit(request.block_hashes, limit)[1]
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
         """Count one lookup of ``request`` that hit ``num_hits`` tokens (if stats are on)."""
@@ -300,6 +305,7 @@ class KVCacheManager:
             and delay_cache_blocks.__class__ is bool
             and has_scheduled_reqs.__class__ is bool
             and full_sequence_must_fit is False
+            and skip_zeroing_group_ids.__class__ is tuple
             and reserved_blocks.__class__ is int
             and reserved_blocks >= 0
             and request.num_computed_tokens + num_new_tokens <= self.max_model_len
