@@ -1847,6 +1847,24 @@ def _v1_hash_twice() -> None:
 
 V1_MESSAGES = [
     case(
+        "v1 free: not a request",
+        lambda: _v1_manager().free("f"),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "request must be a pagedkv.v1.Request, got str 'f'",
+    ),
+    case(
+        "v1 cache_blocks: not a request",
+        lambda: _v1_manager().cache_blocks("q", 4),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "request must be a pagedkv.v1.Request, got str 'q'",
+    ),
+    case(
+        "v1 cache_blocks: a negative count",
+        lambda: _v1_manager().cache_blocks(v1.Request("r", [1]), -1),
+        InvalidAllocationError,
+        "request 'r': num_computed_tokens must be an int >= 0, got -1",
+    ),
+    case(
         "v1 request: an output token of the wrong type",
         lambda: v1.Request("r", [1]).append_output_token_ids("x"),  # type: ignore[arg-type]  # the bad input
         ArgumentTypeError,

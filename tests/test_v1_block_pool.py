@@ -5,6 +5,7 @@ machine drives them through the manager; here each rule is pinned on its own."""
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 
 import pytest
 
@@ -409,3 +410,29 @@ def test_touch_takes_any_iterable_and_refuses_the_id_past_the_pool() -> None:
     assert [b.ref_cnt for b in blocks[:2]] == [1, 1]
     raised(BlockPoolError, pool.touch, [KVCacheBlock(pool.num_gpu_blocks)])
     pool.check_invariants()
+
+
+def test_prepend_links_every_block_both_ways() -> None:
+    blocks = [KVCacheBlock(i) for i in range(5)]
+    q = FreeKVCacheBlockQueue(blocks[3:])
+    q.prepend_n(blocks[:3])
+    walk = [q.fake_free_list_head, *blocks, q.fake_free_list_tail]
+    for before, after in pairwise(walk):
+        assert before.next_free_block is after and after.prev_free_block is before
+
+
+def test_free_blocks_skips_nulls_takes_iterators_and_rolls_back_exactly() -> None:
+    pool = BlockPool(5, True, 2)
+    a, b = pool.get_new_blocks(2)
+    pool.touch([a])  # a held twice
+    pool.free_blocks([pool.null_block, b])  # a pad first: b is still freed
+    assert b.ref_cnt == 0 and free_ids(pool)[0] == b.block_id
+    err = raised(BlockPoolError, pool.free_blocks, (x for x in [a, pool.null_block, b]))
+    assert "cannot free block 2" in str(err) and a.ref_cnt == 2  # a's count put back
+    pool.check_invariants()
+
+
+def test_stored_events_name_the_gpu_medium() -> None:
+    pool, _, _ = _cached_pool()
+    (stored,) = pool.take_events()
+    assert isinstance(stored, BlockStored) and stored.medium == "GPU"

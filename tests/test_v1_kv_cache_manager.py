@@ -508,3 +508,23 @@ def test_the_cached_token_probe_records_no_event() -> None:
     probe = Request("p", list(range(9)), block_hasher=HASHER, kv_cache_report_mode="full")
     assert m.get_num_cached_tokens(probe) == 8 and m.take_events() == []
     assert m.get_num_cached_tokens(Request("q", [1], prefix_cache_hit_limit=0)) == 0
+
+
+def test_a_request_without_hashes_never_asks_to_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    m = manager()
+    calls: list[int] = []
+    real = FullAttentionManager.cache_blocks
+
+    def counted(self: FullAttentionManager, request: Request, num_tokens: int) -> None:
+        calls.append(num_tokens)
+        real(self, request, num_tokens)
+
+    monkeypatch.setattr(FullAttentionManager, "cache_blocks", counted)
+    r = Request("r", list(range(9)))  # no hasher: nothing can be cached
+    assert m.allocate_slots(r, 9) is not None
+    r.num_computed_tokens = 9
+    for _ in range(4):
+        r.append_output_token_ids(1)
+        assert m.allocate_slots(r, 1) is not None
+        r.num_computed_tokens += 1
+    assert calls == []
