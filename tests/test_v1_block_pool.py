@@ -24,6 +24,8 @@ from pagedkv.v1 import (
     FreeKVCacheBlockQueue,
     KVCacheBlock,
     LoRARequest,
+    MultiModalFeatureSpec,
+    PlaceholderRange,
     Request,
     get_request_block_hasher,
     make_block_hash_with_group_id,
@@ -436,3 +438,27 @@ def test_stored_events_name_the_gpu_medium() -> None:
     pool, _, _ = _cached_pool()
     (stored,) = pool.take_events()
     assert isinstance(stored, BlockStored) and stored.medium == "GPU"
+
+
+def test_caching_skips_null_pads_and_reports_each_blocks_keys() -> None:
+    pool = BlockPool(6, True, 2, enable_kv_cache_events=True, int_event_hashes=False)
+    image = [MultiModalFeatureSpec("img", PlaceholderRange(1, 2))]
+    r = Request(
+        "r", [1, 2, 3, 4, 5, 6], block_hasher=get_request_block_hasher(2), mm_features=image
+    )
+    a, b = pool.get_new_blocks(2)
+    pool.cache_full_blocks(r, [pool.null_block, a, b], 0, 3, 2, 0)  # a pad, then two blocks
+    assert pool.null_block.block_hash is None
+    assert (a.block_hash, b.block_hash) == tuple(
+        make_block_hash_with_group_id(h, 0) for h in r.block_hashes[1:]
+    )
+    (stored,) = pool.take_events()
+    assert isinstance(stored, BlockStored)
+    assert stored.block_hashes == r.block_hashes[1:]  # bytes, as asked
+    assert stored.extra_keys == [(("img", -1),), None]  # the image reaches into block 1 only
+    assert stored.token_ids == [1, 2, 3, 4, 5, 6]
+    c = pool.get_new_blocks(1)
+    r.append_output_token_ids([7, 8])
+    pool.cache_full_blocks(r, [pool.null_block, a, b, *c], 3, 4, 2, 0)
+    (more,) = pool.take_events()
+    assert isinstance(more, BlockStored) and more.parent_block_hash == r.block_hashes[2]

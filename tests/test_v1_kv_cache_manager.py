@@ -528,3 +528,14 @@ def test_a_request_without_hashes_never_asks_to_cache(monkeypatch: pytest.Monkey
         assert m.allocate_slots(r, 1) is not None
         r.num_computed_tokens += 1
     assert calls == []
+
+
+def test_block_ids_of_chosen_groups() -> None:
+    one, two = KVCacheBlock(1), KVCacheBlock(2)
+    blocks = KVCacheBlocks(([one], [two]))
+    assert blocks.get_block_ids(group_ids=[1]) == ([2],)
+    assert blocks.get_block_ids() == ([1], [2])
+    assert blocks.get_block_ids(True, group_ids=[0]) == ([1],)
+    assert KVCacheBlocks(([], [two])).get_block_ids(True, group_ids=[0]) is None
+    assert (blocks + blocks).get_block_ids() == ([1, 1], [2, 2])
+    assert blocks.new_empty().blocks == ((), ())

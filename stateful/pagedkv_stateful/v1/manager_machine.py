@@ -66,6 +66,11 @@ SALTS = (None, None, None, "s")
 MM_IDS = (None, None, None, "img0", "img1")
 
 
+class GeneralPathRequest(Request):
+    """A ``Request`` subclass: pagedkv's ``allocate_slots`` takes its fast path for
+    exact ``Request`` objects only, so these exercise the general path."""
+
+
 def fail(id_: str, detail: str) -> AssertionError:
     """The machine's verdict: ``"<label>: <meaning>: <detail>"``."""
     return AssertionError(f"{label(id_)}: {REGISTRY[id_].meaning}: {detail}")
@@ -181,6 +186,7 @@ class V1ManagerMachine(RuleBasedStateMachine):
         mm=st.sampled_from(MM_IDS),
         skip_reads=st.sampled_from((False, False, False, True)),
         repeat=st.sampled_from((None, -1, -1, -2)),
+        general=st.booleans(),
     )
     def add_request(
         self,
@@ -192,9 +198,12 @@ class V1ManagerMachine(RuleBasedStateMachine):
         mm: str | None,
         skip_reads: bool,
         repeat: int | None,
+        general: bool,
     ) -> None:
         """A new request (WAITING; the scheduler looks it up when it admits it), maybe
-        the same prompt and identity as a recent one (``repeat``)."""
+        the same prompt and identity as a recent one (``repeat``); ``general``: of a
+        ``Request`` subclass, which pagedkv's decode fast path leaves to the general path,
+        so both are checked against the spec."""
         if repeat is not None and len(self.prompts) >= -repeat:
             base, cut, tail, lora, salt, mm = self.prompts[repeat]
         self.prompts.append((base, cut, tail, lora, salt, mm))
@@ -209,7 +218,7 @@ class V1ManagerMachine(RuleBasedStateMachine):
             salt,
             tuple((f.identifier, f.mm_position.offset, f.mm_position.length) for f in features),
         )
-        self.requests[rid] = Request(
+        self.requests[rid] = (GeneralPathRequest if general else Request)(
             rid,
             tokens,
             block_hasher=self.hasher,
