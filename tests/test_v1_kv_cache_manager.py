@@ -479,12 +479,8 @@ def test_hash_block_tokens_uses_the_given_none_hash() -> None:
     assert hash_block_tokens(sha256, b"p", [1], none=b"x") == sha256((b"p", (1,), None))
 
 
-def test_a_decode_step_caches_only_when_it_completes_a_block(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    m = manager()
-    r = request("r", 6)
-    admit(m, r)  # 6 computed: one full block cached
+def _count_cache_blocks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The token counts of every FullAttentionManager.cache_blocks call from now on."""
     calls: list[int] = []
     real = FullAttentionManager.cache_blocks
 
@@ -493,6 +489,16 @@ def test_a_decode_step_caches_only_when_it_completes_a_block(
         real(self, request, num_tokens)
 
     monkeypatch.setattr(FullAttentionManager, "cache_blocks", counted)
+    return calls
+
+
+def test_a_decode_step_caches_only_when_it_completes_a_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    m = manager()
+    r = request("r", 6)
+    admit(m, r)  # 6 computed: one full block cached
+    calls = _count_cache_blocks(monkeypatch)
     for step in range(6):  # tokens 7..12: blocks complete at 8 and 12
         r.append_output_token_ids(7)
         assert m.allocate_slots(r, 1) is not None
@@ -512,14 +518,7 @@ def test_the_cached_token_probe_records_no_event() -> None:
 
 def test_a_request_without_hashes_never_asks_to_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     m = manager()
-    calls: list[int] = []
-    real = FullAttentionManager.cache_blocks
-
-    def counted(self: FullAttentionManager, request: Request, num_tokens: int) -> None:
-        calls.append(num_tokens)
-        real(self, request, num_tokens)
-
-    monkeypatch.setattr(FullAttentionManager, "cache_blocks", counted)
+    calls = _count_cache_blocks(monkeypatch)
     r = Request("r", list(range(9)))  # no hasher: nothing can be cached
     assert m.allocate_slots(r, 9) is not None
     r.num_computed_tokens = 9

@@ -47,6 +47,7 @@ from pagedkv_spec.invariants import REGISTRY, check, holds, label
 from pagedkv_spec.v1 import manager as spec
 from pagedkv_spec.v1.hashing import Identity, block_hashes
 from pagedkv_spec.v1.manager import ManagerState, RequestView
+from pagedkv_spec.v1.pool import PoolState
 
 __all__ = ["V1ManagerMachine"]
 
@@ -64,6 +65,23 @@ LORAS = (
 )
 SALTS = (None, None, None, "s")
 MM_IDS = (None, None, None, "img0", "img1")
+
+
+def check_events(
+    events: list[Any], replayed: Counter[tuple[int, int]], pool: PoolState, enabled: bool
+) -> None:
+    """Replay ``events`` (a target's, drained this step) into ``replayed`` and check V1-14
+    against ``pool`` (the target's, as the spec's state). Both V1 machines use it."""
+    for e in events:
+        if isinstance(e, BlockStored):
+            replayed.update((e.group_idx or 0, int(h)) for h in e.block_hashes)
+        elif isinstance(e, BlockRemoved):
+            replayed.subtract((e.group_idx or 0, int(h)) for h in e.block_hashes)
+        else:
+            replayed.clear()
+            replayed[(-1, -1)] = 0  # a clear is an event too (events off: none at all)
+    if not holds("V1-14", pool, replayed, enabled):
+        raise fail("V1-14", f"replayed {dict(+replayed)} vs the map {pool.cached}")
 
 
 class GeneralPathRequest(Request):
@@ -472,18 +490,7 @@ class V1ManagerMachine(RuleBasedStateMachine):
 
     def _check_events(self, actual: ManagerState) -> None:
         """Replay the events this step recorded (a subscriber drains them every step)."""
-        for e in self.target.take_events():
-            if isinstance(e, BlockStored):
-                for h in e.block_hashes:
-                    self.replayed[(e.group_idx or 0, int(h))] += 1
-            elif isinstance(e, BlockRemoved):
-                for h in e.block_hashes:
-                    self.replayed[(e.group_idx or 0, int(h))] -= 1
-            else:
-                self.replayed.clear()
-                self.replayed[(-1, -1)] = 0  # a clear is an event too (events off: none)
-        if not holds("V1-14", actual.pool, self.replayed, self.events_on):
-            raise fail("V1-14", f"replayed {dict(+self.replayed)} vs the map {actual.pool.cached}")
+        check_events(self.target.take_events(), self.replayed, actual.pool, self.events_on)
 
     def _compare(self, actual: ManagerState, model: ManagerState) -> None:
         a, m = actual.pool, model.pool

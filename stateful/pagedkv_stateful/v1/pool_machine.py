@@ -26,8 +26,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from pagedkv.errors import NoFreeBlocksError
 from pagedkv.v1 import (
     BlockPool,
-    BlockRemoved,
-    BlockStored,
     Request,
     get_request_block_hasher,
     make_block_hash_with_group_id,
@@ -35,7 +33,7 @@ from pagedkv.v1 import (
 from pagedkv_spec.invariants import check, holds
 from pagedkv_spec.v1 import pool as spec
 from pagedkv_spec.v1.manager import ManagerState
-from pagedkv_stateful.v1.manager_machine import fail
+from pagedkv_stateful.v1.manager_machine import check_events, fail
 
 __all__ = ["V1PoolMachine"]
 
@@ -169,16 +167,7 @@ class V1PoolMachine(RuleBasedStateMachine):
         tables = tuple((name, tuple(ids)) for name, (_, ids, _) in self.tables.items())
         held = ManagerState(actual, tables, (), BS, 1 << 20, self.caching)
         check("v1", held, where, ids=("V1-2",))
-        for e in self.target.take_events():
-            if isinstance(e, BlockStored):
-                self.replayed.update((e.group_idx or 0, int(h)) for h in e.block_hashes)
-            elif isinstance(e, BlockRemoved):
-                self.replayed.subtract((e.group_idx or 0, int(h)) for h in e.block_hashes)
-            else:
-                self.replayed.clear()
-                self.replayed[(-1, -1)] = 0
-        if not holds("V1-14", actual, self.replayed, self.events_on):
-            raise fail("V1-14", f"replayed {dict(+self.replayed)} vs the map {actual.cached}")
+        check_events(self.target.take_events(), self.replayed, actual, self.events_on)
         m = self.model
         free, usage = self.target.get_num_free_blocks(), self.target.get_usage()
         total = len(m.ref_cnt) - 1
