@@ -1847,6 +1847,12 @@ def _v1_hash_twice() -> None:
 
 V1_MESSAGES = [
     case(
+        "v1 get_num_cached_tokens: not a request",
+        lambda: _v1_manager().get_num_cached_tokens("p"),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "request must be a pagedkv.v1.Request, got str 'p'",
+    ),
+    case(
         "v1 free: not a request",
         lambda: _v1_manager().free("f"),  # type: ignore[arg-type]  # the bad input
         ArgumentTypeError,

@@ -462,3 +462,16 @@ def test_caching_skips_null_pads_and_reports_each_blocks_keys() -> None:
     pool.cache_full_blocks(r, [pool.null_block, a, b, *c], 3, 4, 2, 0)
     (more,) = pool.take_events()
     assert isinstance(more, BlockStored) and more.parent_block_hash == r.block_hashes[2]
+
+
+def test_a_reuse_report_needs_events_and_a_hit_and_follows_the_hash_format() -> None:
+    pool, r, _ = _cached_pool(events=False)
+    pool.emit_cached_block_events(r, 2, 2, 0)  # events off: nothing
+    assert pool.kv_event_queue == []
+    on = BlockPool(4, True, 2, enable_kv_cache_events=True, int_event_hashes=False)
+    on.emit_cached_block_events(r, 0, 2, 0)  # no block: nothing
+    assert on.take_events() == []
+    on.emit_cached_block_events(r, 1, 2, 0)
+    (event,) = on.take_events()
+    assert isinstance(event, BlockStored) and event.block_hashes == [r.block_hashes[0]]
+    assert pool.is_block_cached(r.block_hashes[0]) and not pool.is_block_cached(b"other")

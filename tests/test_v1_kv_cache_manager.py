@@ -14,6 +14,7 @@ from pagedkv.errors import (
     ArgumentTypeError,
     InvalidAllocationError,
     InvalidKVCacheManagerConfigError,
+    InvariantViolationError,
 )
 from pagedkv.v1 import (
     BlockStored,
@@ -538,3 +539,19 @@ def test_block_ids_of_chosen_groups() -> None:
     assert KVCacheBlocks(([], [two])).get_block_ids(True, group_ids=[0]) is None
     assert (blocks + blocks).get_block_ids() == ([1, 1], [2, 2])
     assert blocks.new_empty().blocks == ((), ())
+
+
+def test_adding_results_of_different_group_counts_is_refused() -> None:
+    with pytest.raises(ValueError):
+        KVCacheBlocks(([KVCacheBlock(1)],)) + KVCacheBlocks(([], []))
+
+
+def test_a_broken_manager_is_named_in_the_error() -> None:
+    m = manager()
+    admit(m, request("a", 9))
+    m.block_pool.blocks[1].ref_cnt = 5  # a count the tables do not explain (V1-2)
+    err = raised(InvariantViolationError, m.check_invariants)
+    assert err.invariant == "V1-2" and "KVCacheManager(1 group(s), 10 blocks, 6 free)" in str(err)
+    m.block_pool.free_block_queue.num_free_blocks = 7  # now V1-3 first
+    err = raised(InvariantViolationError, m.check_invariants)
+    assert err.invariant == "V1-3" and "KVCacheManager(1 group(s), 10 blocks, 7 free)" in str(err)
