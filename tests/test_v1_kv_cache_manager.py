@@ -555,3 +555,80 @@ def test_a_broken_manager_is_named_in_the_error() -> None:
     m.block_pool.free_block_queue.num_free_blocks = 7  # now V1-3 first
     err = raised(InvariantViolationError, m.check_invariants)
     assert err.invariant == "V1-3" and "KVCacheManager(1 group(s), 10 blocks, 7 free)" in str(err)
+
+
+class _General(Request):
+    """A Request subclass: allocate_slots' general path, not the decode fast path."""
+
+
+def test_the_general_path_needs_no_free_block_when_none_is_due() -> None:
+    m = manager(4)  # 3 usable
+    r = _General("r", list(range(10)), block_hasher=HASHER)
+    assert m.allocate_slots(r, 10) is not None  # all 3 blocks taken
+    r.num_computed_tokens, r.status = 10, RequestStatus.RUNNING
+    r.append_output_token_ids(5)
+    assert m.block_pool.get_num_free_blocks() == 0
+    assert m.allocate_slots(r, 1) is not None  # token 11 fits in block 3
+
+
+def test_adopting_a_hit_alone_needs_no_free_block() -> None:
+    m = manager(4)  # 3 usable
+    a = request("a", 9)
+    admit(m, a)  # blocks 1, 2 cached and held; 3 held
+    b = request("b", 9)
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert m.block_pool.get_num_free_blocks() == 0 and hit == 8
+    out = m.allocate_slots(b, 0, hit, blocks)  # the hit only: no new slot
+    assert out is not None and m.get_block_ids("b") == ([1, 2],)
+    m.check_invariants()
+
+
+def test_hit_blocks_in_use_cost_no_capacity() -> None:
+    m = manager(5)  # 4 usable
+    admit(m, request("a", 9))  # 1, 2 cached and held, 3 held: one block free
+    b = request("b", 10)
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert m.allocate_slots(b, 10 - hit, hit, blocks) is not None  # one new block: fits
+
+
+def test_stats_count_only_lookups_that_may_read_the_cache() -> None:
+    off = manager(enable_caching=False, log_stats=True)
+    off.record_prefix_cache_stats(request("r", 9), 0)
+    on = manager(log_stats=True)
+    on.record_prefix_cache_stats(Request("z", [1, 2], prefix_cache_hit_limit=0), 0)
+    on.record_prefix_cache_stats(Request("o", [1, 2], prefix_cache_hit_limit=1), 0)
+    off_stats, on_stats = off.make_prefix_cache_stats(), on.make_prefix_cache_stats()
+    assert off_stats is not None and off_stats.requests == 0
+    assert on_stats is not None and on_stats.requests == 1
+
+
+def test_an_event_of_the_group_just_past_the_last_is_unknown_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    m = manager(enable_kv_cache_events=True)
+    m.block_pool.kv_event_queue.append(
+        BlockStored([1], None, [1, 2, 3, 4], 4, None, "GPU", group_idx=1)
+    )
+    (event,) = m.take_events()
+    assert isinstance(event, BlockStored) and event.kv_cache_spec_kind is None
+    assert caplog.messages == ["KV event of group 1, which this manager has not"]
+
+
+def test_nothing_new_is_the_shared_empty_result() -> None:
+    m = manager()
+    r = request("r", 3)
+    assert m.allocate_slots(r, 3) is not None
+    r.num_computed_tokens = 3
+    r.append_output_token_ids(1)
+    assert m.allocate_slots(r, 1) is m.empty_kv_cache_blocks  # token 4 fits in block 1
+    g = _General("g", [1, 2, 3], block_hasher=HASHER)
+    assert m.allocate_slots(g, 3) is not None
+    g.num_computed_tokens = 3
+    g.append_output_token_ids(1)
+    assert m.allocate_slots(g, 1) is m.empty_kv_cache_blocks
+
+
+def test_preempted_is_not_finished() -> None:
+    assert not RequestStatus.is_finished(RequestStatus.PREEMPTED)
+    assert RequestStatus.is_finished(RequestStatus.FINISHED_STOPPED)
+    assert str(RequestStatus.RUNNING) == "RUNNING"
