@@ -1848,31 +1848,27 @@ def _v1_hash_twice() -> None:
 V1_MESSAGES = [
     case(
         "v1 allocate_slots: a negative num_new_computed_tokens",
-        lambda: _v1_manager().allocate_slots(
-            v1.Request("r", [1]), 1, **{"num_new_computed_tokens": -1}
-        ),
+        lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, num_new_computed_tokens=-1),
         InvalidAllocationError,
         "request 'r': num_new_computed_tokens must be an int >= 0, got -1",
     ),
     case(
         "v1 allocate_slots: a negative num_lookahead_tokens",
-        lambda: _v1_manager().allocate_slots(
-            v1.Request("r", [1]), 1, **{"num_lookahead_tokens": -1}
-        ),
+        lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, num_lookahead_tokens=-1),
         InvalidAllocationError,
         "request 'r': num_lookahead_tokens must be an int >= 0, got -1",
     ),
     case(
         "v1 allocate_slots: a negative num_external_computed_tokens",
         lambda: _v1_manager().allocate_slots(
-            v1.Request("r", [1]), 1, **{"num_external_computed_tokens": -1}
+            v1.Request("r", [1]), 1, num_external_computed_tokens=-1
         ),
         InvalidAllocationError,
         "request 'r': num_external_computed_tokens must be an int >= 0, got -1",
     ),
     case(
         "v1 allocate_slots: a negative num_encoder_tokens",
-        lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, **{"num_encoder_tokens": -1}),
+        lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, num_encoder_tokens=-1),
         InvalidAllocationError,
         "request 'r': num_encoder_tokens must be an int >= 0, got -1",
     ),
