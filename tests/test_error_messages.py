@@ -1847,6 +1847,48 @@ def _v1_hash_twice() -> None:
 
 V1_MESSAGES = [
     case(
+        "v1 allocate_slots: delay_cache_blocks not a bool",
+        lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, delay_cache_blocks=1),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "delay_cache_blocks must be a bool (True or False), got int 1",
+    ),
+    case(
+        "v1 allocate_slots: has_scheduled_reqs not a bool",
+        lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, has_scheduled_reqs=0),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "has_scheduled_reqs must be a bool (True or False), got int 0",
+    ),
+    case(
+        "v1 allocate_slots: full_sequence_must_fit not a bool",
+        lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, full_sequence_must_fit=2),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "full_sequence_must_fit must be a bool (True or False), got int 2",
+    ),
+    case(
+        "v1 allocate_slots: a negative reserved_blocks",
+        lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, reserved_blocks=-3),
+        InvalidAllocationError,
+        "request 'r': reserved_blocks must be an int >= 0, got -3",
+    ),
+    case(
+        "v1 allocate_slots: skip_zeroing_group_ids not a tuple",
+        lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, skip_zeroing_group_ids=[0]),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "skip_zeroing_group_ids must be a tuple of group ids, got list [0]",
+    ),
+    case(
+        "v1 allocate_slots: new_computed_blocks not KVCacheBlocks",
+        lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, 0, []),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "new_computed_blocks must be KVCacheBlocks, got list []",
+    ),
+    case(
+        "v1 KVCacheManager: not a config",
+        lambda: v1.KVCacheManager("c", 16),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "kv_cache_config must be a KVCacheConfig, got str 'c'",
+    ),
+    case(
         "v1 allocate_slots: a negative num_new_computed_tokens",
         lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, num_new_computed_tokens=-1),
         InvalidAllocationError,

@@ -23,6 +23,7 @@ from pagedkv.v1 import (
     KVCacheBlock,
     KVCacheBlocks,
     KVCacheConfig,
+    KVCacheCoordinatorNoPrefixCache,
     KVCacheGroupSpec,
     KVCacheManager,
     LoRARequest,
@@ -31,6 +32,8 @@ from pagedkv.v1 import (
     PrefixCacheStats,
     Request,
     RequestStatus,
+    UnitaryKVCacheCoordinator,
+    get_kv_cache_coordinator,
     get_request_block_hasher,
 )
 from pagedkv.v1.events import external_hash
@@ -632,3 +635,59 @@ def test_preempted_is_not_finished() -> None:
     assert not RequestStatus.is_finished(RequestStatus.PREEMPTED)
     assert RequestStatus.is_finished(RequestStatus.FINISHED_STOPPED)
     assert str(RequestStatus.RUNNING) == "RUNNING"
+
+
+def test_to_spec_carries_the_configuration_and_every_groups_tables() -> None:
+    m = manager(10, watermark=0.2)
+    r = request("r", 5)
+    admit(m, r)
+    state = m.to_spec()
+    assert (state.block_size, state.max_model_len, state.caching) == (4, 64, True)
+    assert state.watermark_blocks == 2 and dict(state.tables) == {"r": (1, 2)}
+    assert dict(state.num_cached) == {"r": 1}
+    groups = tuple(KVCacheGroupSpec((f"l{i}",), FullAttentionSpec(4)) for i in range(2))
+    two = KVCacheManager(KVCacheConfig(10, groups), 64, enable_caching=False)
+    two.allocate_slots(request("r", 5), 5)
+    assert dict(two.to_spec().tables) == {"r": (1, 2), "r@1": (3, 4)}
+    assert not two.to_spec().caching
+
+
+def test_event_hashes_are_ints_by_default_and_bytes_when_asked() -> None:
+    for int_hashes in (True, False):
+        m = KVCacheManager(
+            KVCacheConfig.full_attention(6, 4),
+            16,
+            enable_kv_cache_events=True,
+            int_event_hashes=int_hashes,
+        )
+        r = request("r", 4)
+        m.allocate_slots(r, 4)
+        (event,) = m.take_events()
+        assert isinstance(event, BlockStored)
+        assert event.block_hashes == [external_hash(r.block_hashes[0], int_hashes)]
+    assert manager().block_pool.int_event_hashes
+    assert manager(enable_caching=False).block_pool.int_event_hashes
+    coordinator = get_kv_cache_coordinator(KVCacheConfig.full_attention(4, 4), True, True, 4)
+    assert coordinator.block_pool.int_event_hashes and coordinator.enable_caching
+    assert coordinator.kv_cache_config == KVCacheConfig.full_attention(4, 4)
+    assert UnitaryKVCacheCoordinator(
+        KVCacheConfig.full_attention(4, 4), True, 4
+    ).block_pool.int_event_hashes
+    off = KVCacheCoordinatorNoPrefixCache(KVCacheConfig.full_attention(4, 4), True, 4)
+    assert off.block_pool.int_event_hashes and not off.block_pool.enable_caching
+
+
+def test_the_general_path_at_the_edges_of_its_checks() -> None:
+    m = KVCacheManager(KVCacheConfig.full_attention(5, 4), 12, watermark=0.2)  # 4 usable, wm 1
+    g = _General("g", list(range(12)), block_hasher=HASHER)  # exactly max_model_len
+    assert m.allocate_slots(g, 12, has_scheduled_reqs=False) is not None  # 3 of 4 blocks
+    m.free(g)
+    assert m.allocate_slots(g, 12) is not None  # 3 + watermark 1 = 4: fits exactly
+    m.free(g)
+    w = _General("w", list(range(13)), block_hasher=HASHER)
+    raised(InvalidAllocationError, m.allocate_slots, w, 13)
+    m2 = manager(5)  # 4 usable
+    whole = _General("whole", list(range(16)), block_hasher=HASHER)
+    assert m2.allocate_slots(whole, 4, full_sequence_must_fit=True) is not None  # 4 of 4
+    adopt_only = _General("a", list(range(9)), block_hasher=HASHER)
+    raised(InvalidAllocationError, m2.allocate_slots, adopt_only, 0)  # nothing to do
