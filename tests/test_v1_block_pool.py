@@ -475,3 +475,13 @@ def test_a_reuse_report_needs_events_and_a_hit_and_follows_the_hash_format() -> 
     (event,) = on.take_events()
     assert isinstance(event, BlockStored) and event.block_hashes == [r.block_hashes[0]]
     assert pool.is_block_cached(r.block_hashes[0]) and not pool.is_block_cached(b"other")
+
+
+def test_touching_one_cached_free_block_twice_counts_two_references() -> None:
+    pool, _, blocks = _cached_pool()
+    pool.free_blocks(reversed(blocks))
+    free_before = pool.get_num_free_blocks()
+    pool.touch([blocks[0], blocks[0]])  # as vLLM: unlinked once, counted twice
+    assert blocks[0].ref_cnt == 2 and pool.get_num_free_blocks() == free_before - 1
+    pool.free_blocks([blocks[0], blocks[0]])
+    pool.check_invariants()

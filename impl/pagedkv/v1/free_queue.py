@@ -89,9 +89,12 @@ class FreeKVCacheBlockQueue:
         self.num_free_blocks -= 1
 
     def remove_n(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Unlink each of ``blocks`` (a hit on several cached-free blocks). O(len).
+        """Unlink each of ``blocks`` (a hit on several cached-free blocks; a block named
+        twice is unlinked once). O(len).
 
         Raises BlockPoolError (nothing unlinked) when one is not in the queue."""
+        if len(blocks) > 1:
+            blocks = list(dict.fromkeys(blocks))
         for block in blocks:
             if block.prev_free_block is None or block.next_free_block is None:
                 raise BlockPoolError(f"block {block.block_id} is not in the free queue")
