@@ -88,7 +88,9 @@ conform-vllm: $(STAMP)
 # pagedkv.v1 beside vLLM's own V1 KV cache manager, in one process (benchmarks/bench_v1.py).
 # Downloads the vllm 0.34.0 wheel once (pip --no-deps, about 240 MB, into $(VLLM_WHEELS)),
 # copies its V1 KV-cache files to $(VLLM_V1_DIR) beside pagedkv's stand-ins
-# (pagedkv_stateful/vllm_v1.py) and times both on the same workloads. Needs the network once.
+# (pagedkv_stateful/vllm_v1.py), checks the loaded code against pagedkv's (hashes, events,
+# a shared prefix: tests/vllm_v1_wheel_checks.py) and times both on the same workloads.
+# Needs the network once.
 VLLM_V1_RELEASE ?= 0.34.0
 VLLM_V1_DIR     ?= build/vllm-v1-$(VLLM_V1_RELEASE)
 bench-vllm-v1: $(STAMP)
@@ -96,6 +98,7 @@ bench-vllm-v1: $(STAMP)
 	  $(BIN)/python -m pip download -q --no-deps vllm==$(VLLM_V1_RELEASE) -d $(VLLM_WHEELS)
 	$(BIN)/python -m pagedkv_stateful.vllm_v1 extract \
 	  $$(ls $(VLLM_WHEELS)/vllm-$(VLLM_V1_RELEASE)-*.whl | head -1) $(VLLM_V1_DIR)
+	$(BIN)/python -m pytest -q tests/vllm_v1_wheel_checks.py
 	$(BIN)/python -m benchmarks.bench_v1 --vllm $(VLLM_V1_DIR)
 
 # Mutation testing of the allocator, manager, KV-engine and scheduler layers

@@ -14,6 +14,7 @@ tokens, so no group's allocation evicts a block another group just hit.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from pagedkv.v1.block import KVCacheBlock
@@ -33,7 +34,7 @@ __all__ = [
 Blocks = tuple[list[KVCacheBlock], ...]
 
 
-class KVCacheCoordinator:
+class KVCacheCoordinator(ABC):
     """The groups' managers over one pool (module docstring)."""
 
     def __init__(
@@ -119,11 +120,11 @@ class KVCacheCoordinator:
             for m in self.single_type_managers
         )
 
+    @abstractmethod
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
     ) -> tuple[Blocks, int]:
-        """Every group's hit blocks and the hit length in tokens."""
-        raise NotImplementedError
+        """Every group's hit blocks and the hit length in tokens (each coordinator's rule)."""
 
     def reset_prefix_cache(self) -> bool:
         """Reset the pool's prefix cache (V1-15)."""

@@ -1,8 +1,9 @@
 """vLLM 0.34.0's own V1 KV cache manager, loaded by pagedkv_stateful.vllm_v1.
 
-Needs the wheel (``pip download --no-deps vllm==0.34.0 -d build/wheels``); skipped
-without it. The files are extracted once per module into a temporary directory and
-imported in this process; every ``vllm`` module is unloaded again afterwards.
+Needs the wheel (``pip download --no-deps vllm==0.34.0 -d build/wheels``), so it is not
+a ``test_*`` module of ``make test``: ``make bench-vllm-v1`` fetches the wheel and runs it
+(``pytest tests/vllm_v1_wheel_checks.py``) before the benchmark. The files are extracted
+once per module into a temporary directory and imported in this process; every ``vllm`` module is unloaded again afterwards.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import pytest
 ROOT = Path(__file__).parent.parent
 WHEELS = sorted((ROOT / "build" / "wheels").glob("vllm-0.34.0-*.whl"))
 if not WHEELS:
-    pytest.skip(
-        "no vllm 0.34.0 wheel in build/wheels "
-        "(pip download --no-deps vllm==0.34.0 -d build/wheels)",
-        allow_module_level=True,
+    pytest.fail(
+        "no vllm 0.34.0 wheel in build/wheels: run make bench-vllm-v1 "
+        "(or pip download --no-deps vllm==0.34.0 -d build/wheels)",
+        pytrace=False,
     )
 
 from benchmarks import bench_v1  # noqa: E402
