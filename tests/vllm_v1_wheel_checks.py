@@ -3,7 +3,8 @@
 Needs the wheel (``pip download --no-deps vllm==0.34.0 -d build/wheels``), so it is not
 a ``test_*`` module of ``make test``: ``make bench-vllm-v1`` fetches the wheel and runs it
 (``pytest tests/vllm_v1_wheel_checks.py``) before the benchmark. The files are extracted
-once per module into a temporary directory and imported in this process; every ``vllm`` module is unloaded again afterwards.
+once per module into a temporary directory and imported in this process; every ``vllm``
+module is unloaded again afterwards.
 """
 
 from __future__ import annotations
