@@ -1818,6 +1818,12 @@ def _v1_cache_again(first: int, last: int) -> None:
     m.block_pool.cache_full_blocks(r, table, first, last, 4, 0)
 
 
+def _v1_cache_short_table() -> None:
+    m, r = _v1_held()
+    table = m.get_blocks("a").blocks[0]
+    m.block_pool.cache_full_blocks(r, table[:1], 0, 2, 4, 0)
+
+
 def _v1_touch_free() -> None:
     pool = v1.BlockPool(3, True, 4)
     pool.touch([pool.blocks[1]])
@@ -2037,6 +2043,13 @@ V1_MESSAGES = [
         BlockPoolError,
         "cannot cache 3 block(s) of request 'a': it has hashes for 2; cache only full, "
         "hashed blocks",
+    ),
+    case(
+        "v1 pool: cache beyond the table",
+        lambda: _v1_cache_short_table(),
+        BlockPoolError,
+        "cannot cache 2 block(s) of request 'a' from a table of 1; pass the request's "
+        "whole table",
     ),
     case(
         "v1 pool: no block",

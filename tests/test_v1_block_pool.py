@@ -208,6 +208,10 @@ def test_a_block_is_cached_once_and_only_with_a_hash() -> None:
     )
     err = raised(BlockPoolError, pool.cache_full_blocks, r, blocks, 2, 3, 2, 0)
     assert "it has hashes for 2" in str(err)
+    r.append_output_token_ids([6, 7])  # hashes for 3 blocks, a table of 2
+    err = raised(BlockPoolError, pool.cache_full_blocks, r, blocks[:2], 1, 3, 2, 0)
+    assert "from a table of 2" in str(err)
+    assert blocks[1].block_hash is not None and blocks[2].block_hash is None
     pool.check_invariants()
 
 

@@ -20,7 +20,7 @@ is O(pool); ``check_invariants`` / ``to_spec`` are O(pool).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pagedkv.v1.block import (
     BlockHashWithGroupId,
@@ -115,6 +115,19 @@ class BlockHashToBlockMap:
         if len(dups) == 1:
             del self._dups[key]
         return block
+
+    def pop_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Remove each of ``blocks`` (all cached) from under its own key. O(len(blocks)):
+        one dict operation per block while no key holds two blocks."""
+        if self._dups:
+            for block in blocks:
+                if block.block_hash is not None:
+                    self.pop(block.block_hash, block.block_id)
+            return
+        cache = self._cache
+        for block in blocks:
+            if block.block_hash is not None:
+                del cache[block.block_hash]  # the only block under its key
 
     def pairs(self) -> set[tuple[bytes, int]]:
         """Every ``(key, block_id)`` cached. O(size)."""
@@ -217,10 +230,21 @@ class BlockPool:
                 f"cannot cache {num_full_blocks} block(s) of request {request.request_id!r}: "
                 f"it has hashes for {len(hashes) // scale}; cache only full, hashed blocks"
             )
+        if len(blocks) < num_full_blocks:
+            raise BlockPoolError(
+                f"cannot cache {num_full_blocks} block(s) of request {request.request_id!r} "
+                f"from a table of {len(blocks)}; pass the request's whole table"
+            )
         suffix = make_block_hash_with_group_id(b"", kv_cache_group_id)
+        # the key of block i: the hash of its last hash-sized piece, then the group id
+        if scale == 1:
+            joined = [h + suffix for h in hashes[num_cached_blocks:num_full_blocks]]
+        else:
+            ends = range((num_cached_blocks + 1) * scale - 1, num_full_blocks * scale, scale)
+            joined = [hashes[j] + suffix for j in ends]
+        new_keys = cast(list[BlockHashWithGroupId], joined)  # each: a hash, then the group id
         pairs: list[tuple[BlockHashWithGroupId, KVCacheBlock]] = []
-        for i in range(num_cached_blocks, num_full_blocks):
-            block = blocks[i]
+        for key, block in zip(new_keys, blocks[num_cached_blocks:num_full_blocks], strict=True):
             if block.is_null:
                 continue
             if block.block_hash is not None:  # before any change: state unchanged
@@ -228,7 +252,7 @@ class BlockPool:
                     f"block {block.block_id} is already cached; a block gets one hash "
                     "(cache each block once: num_cached_blocks is behind)"
                 )
-            pairs.append((BlockHashWithGroupId(hashes[(i + 1) * scale - 1] + suffix), block))
+            pairs.append((key, block))
         for key, block in pairs:
             block.block_hash = key
         self.cached_block_hash_to_block.insert_n(pairs)
@@ -349,16 +373,17 @@ class BlockPool:
         if num_blocks > queue.num_free_blocks:
             raise NoFreeBlocksError(num_blocks, queue.num_free_blocks)
         out = queue.popleft_n(num_blocks)
-        pop = self.cached_block_hash_to_block.pop
-        events = self.enable_kv_cache_events
-        for block in out:
-            key = block.block_hash
-            if key is not None:  # cached-free: evict (_evict_hash, inlined on this path)
-                self.epoch += 1
-                pop(key, block.block_id)
+        evicted = [block for block in out if block.block_hash is not None]
+        if evicted:  # cached-free ones: evict (_evict_hash, batched on this path)
+            self.epoch += len(evicted)
+            self.cached_block_hash_to_block.pop_blocks(evicted)
+            if self.enable_kv_cache_events:
+                for block in evicted:
+                    if block.block_hash is not None:
+                        self._record_removed(block.block_hash)
+            for block in evicted:
                 block.block_hash = None
-                if events:
-                    self._record_removed(key)
+        for block in out:
             block.ref_cnt = 1
         return out
 
