@@ -192,3 +192,68 @@ def test_the_bench_target_runs_every_benchmark(vllm_dir: Path) -> None:
     assert bench_v1.bench_decode(target, n_req=4, prompt=32, steps=20)["per_request"] > 0
     assert bench_v1.bench_all_hit(target, tokens=64, repeat=2)["seconds"] > 0
     assert bench_v1.bench_eviction(target, 64, rounds=3)["per_block"] > 0
+
+
+# --------------------------------------------------------------------------- the V1 machine
+
+
+def _vllm_machine(steps: int, examples: int) -> type[Any]:
+    """pagedkv's V1 manager machine with vLLM's ``KVCacheManager`` as its target."""
+    from hypothesis import HealthCheck, settings
+
+    from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+
+    class VllmManagerMachine(V1ManagerMachine):
+        def make_manager(
+            self,
+            config: pv.KVCacheConfig,
+            max_model_len: int,
+            caching: bool,
+            events: bool,
+            watermark: float,
+        ) -> Any:
+            size = config.kv_cache_groups[0].kv_cache_spec.block_size
+            manager = vllm_v1.manager(
+                config.num_blocks,
+                size,
+                max_model_len,
+                enable_caching=caching,
+                enable_kv_cache_events=events,
+                watermark=watermark,
+            )
+            return vllm_v1.ManagerTarget(manager, size)
+
+    VllmManagerMachine.TestCase.settings = settings(
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    return VllmManagerMachine
+
+
+def test_vllms_manager_agrees_with_the_spec_step_by_step(vllm_dir: Path) -> None:
+    """No difference on one full-attention group: hits, chunked prefill, drafts,
+    external tokens, delayed caching, preemption, eviction, reset and events."""
+    _vllm_machine(30, 300).TestCase().runTest()
+
+
+def test_the_machine_on_vllm_catches_a_planted_bug(
+    vllm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adapter reads vLLM's own state: a vLLM whose free() forgets the reverse order
+    of a table (tail first) fails the free-queue order check."""
+    stm: Any = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+    original = stm.SingleTypeKVCacheManager.free
+
+    def free_head_first(self: Any, request_id: str) -> None:
+        blocks = self.req_to_blocks.get(request_id)
+        if blocks:
+            blocks.reverse()  # vLLM frees reversed(blocks): now head first
+        original(self, request_id)
+
+    monkeypatch.setattr(stm.SingleTypeKVCacheManager, "free", free_head_first)
+    with pytest.raises(AssertionError, match="V1-7"):
+        _vllm_machine(30, 300).TestCase().runTest()

@@ -54,6 +54,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pagedkv_spec.v1.manager import ManagerState
+from pagedkv_spec.v1.pool import PoolState
+
 # --------------------------------------------------------------------------- stand-ins
 
 #: pagedkv's stand-ins for what vLLM 0.34.0's KV cache files import (module path -> source);
@@ -785,6 +788,152 @@ def request(
     req = _module("vllm.v1.request")
     params = _module("vllm.sampling_params").SamplingParams(max_tokens=MAX_TOKENS)
     return req.Request(request_id, list(prompt_token_ids), params, None, block_hasher=block_hasher)
+
+
+# --------------------------------------------------------------------------- the machine's target
+
+
+def state_of(target: Any) -> ManagerState:
+    """vLLM 0.34.0's ``KVCacheManager`` as the spec's state, read from its fields (vLLM's
+    names: the pool's blocks, free queue and hash map; each group manager's tables and
+    cached counts; group 0's tables under the request id, group g's under ``"<id>@g"``).
+    The hash map is read from its own dicts (one id per key, the duplicates apart), so a
+    map that disagrees with the blocks' hashes shows. O(pool + table entries)."""
+    pool = target.block_pool
+    index = pool.cached_block_hash_to_block
+    cached = {(key, i) for key, i in index._cache.items()}
+    for key, ids in index._dup_ids.items():
+        cached.update((key, i) for i in ids)
+    blocks = pool.blocks
+    tables: list[tuple[str, tuple[int, ...]]] = []
+    counts: list[tuple[str, int]] = []
+    managers = target.coordinator.single_type_managers
+    for g, m in enumerate(managers):
+        suffix = "" if g == 0 else f"@{g}"
+        tables += [(r + suffix, tuple(b.block_id for b in t)) for r, t in m.req_to_blocks.items()]
+        counts += [(r + suffix, n) for r, n in m.num_cached_block.items()]
+    return ManagerState(
+        pool=PoolState(
+            ref_cnt=tuple(b.ref_cnt for b in blocks),
+            free=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
+            hashes=tuple(b.block_hash for b in blocks),
+            cached=frozenset(cached),
+            null_ok=pool.null_block is blocks[0] and blocks[0].is_null,
+            num_free=pool.free_block_queue.num_free_blocks,
+        ),
+        tables=tuple(tables),
+        num_cached=tuple(counts),
+        block_size=managers[0].block_size,
+        max_model_len=target.max_model_len,
+        caching=target.enable_caching,
+        watermark_blocks=target.watermark_blocks,
+    )
+
+
+class ManagerTarget:
+    """vLLM's ``KVCacheManager`` as the target of pagedkv's V1 manager machine.
+
+    The machine drives pagedkv ``Request`` objects and plays the scheduler on them; this
+    adapter keeps one vLLM ``Request`` per request id (same prompt, LoRA, cache salt,
+    multimodal features, prefix-cache reading; block hashes by vLLM's own hasher) and,
+    before each call that takes a request, copies onto it what a vLLM scheduler writes
+    between calls: ``status``, ``num_computed_tokens``, the sampled output tokens (through
+    vLLM's ``append_output_token_ids``, which extends its block hashes) and
+    ``num_preemptions``. Everything else is vLLM's: each call goes to the manager as is,
+    and the state the machine compares is read from vLLM's fields (:func:`state_of`).
+    """
+
+    def __init__(self, target: Any, block_size: int) -> None:
+        self.manager = target
+        self.block_hasher = hasher(block_size)
+        self.requests: dict[str, Any] = {}
+        self.empty_kv_cache_blocks = target.empty_kv_cache_blocks
+        self._status = _module("vllm.v1.request").RequestStatus
+
+    def request(self, r: Any) -> Any:
+        """The vLLM ``Request`` of ``r`` (a pagedkv ``Request``), brought up to date."""
+        v = self.requests.get(r.request_id)
+        if v is None:
+            inputs = _module("vllm.multimodal.inputs")
+            features = [
+                inputs.MultiModalFeatureSpec(
+                    None,
+                    "image",
+                    f.identifier,
+                    inputs.PlaceholderRange(f.mm_position.offset, f.mm_position.length),
+                )
+                for f in r.mm_features
+            ]
+            params = _module("vllm.sampling_params").SamplingParams(
+                max_tokens=MAX_TOKENS,
+                skip_reading_prefix_cache=True if r.prefix_cache_hit_limit == 0 else None,
+            )
+            v = _module("vllm.v1.request").Request(
+                r.request_id,
+                list(r.prompt_token_ids),
+                params,
+                None,
+                mm_features=features or None,
+                lora_request=r.lora_request,
+                cache_salt=r.cache_salt,
+                block_hasher=self.block_hasher,
+            )
+            self.requests[r.request_id] = v
+        v.status = self._status[r.status.name]
+        v.num_computed_tokens = r.num_computed_tokens
+        new = list(r.output_token_ids[len(v.output_token_ids) :])
+        if new:
+            v.append_output_token_ids(new)
+        v.num_preemptions = r.num_preemptions
+        return v
+
+    def block_hashes(self, r: Any) -> tuple[bytes, ...]:
+        """The block hashes vLLM's hasher gave ``r``'s vLLM ``Request``."""
+        return tuple(self.request(r).block_hashes)
+
+    def get_computed_blocks(self, r: Any) -> Any:
+        return self.manager.get_computed_blocks(self.request(r))
+
+    def get_num_cached_tokens(self, r: Any) -> int:
+        n: int = self.manager.get_num_cached_tokens(self.request(r))
+        return n
+
+    def record_prefix_cache_stats(self, r: Any, num_hits: int) -> None:
+        self.manager.record_prefix_cache_stats(self.request(r), num_hits)
+
+    def allocate_slots(self, r: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.manager.allocate_slots(self.request(r), *args, **kwargs)
+
+    def cache_blocks(self, r: Any, num_computed_tokens: int) -> None:
+        self.manager.cache_blocks(self.request(r), num_computed_tokens)
+
+    def free(self, r: Any) -> None:
+        self.manager.free(self.request(r))
+
+    def evict_blocks(self, block_ids: Any) -> None:
+        self.manager.evict_blocks(set(block_ids))  # vLLM takes a set
+
+    def reset_prefix_cache(self) -> bool:
+        ok: bool = self.manager.reset_prefix_cache()
+        return ok
+
+    def take_events(self) -> list[Any]:
+        events: list[Any] = self.manager.take_events()
+        return events
+
+    @property
+    def usage(self) -> float:
+        u: float = self.manager.usage
+        return u
+
+    def get_block_ids(self, request_id: str) -> Any:
+        return self.manager.get_block_ids(request_id)
+
+    def to_spec(self) -> ManagerState:
+        return state_of(self.manager)
+
+    def __repr__(self) -> str:
+        return f"vLLM {self.manager.__class__.__name__}"
 
 
 class BenchTarget:
