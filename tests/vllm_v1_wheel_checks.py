@@ -1,40 +1,57 @@
-"""vLLM 0.34.0's own V1 KV cache manager, loaded by pagedkv_stateful.vllm_v1.
+"""vLLM's own V1 KV cache manager, loaded by pagedkv_stateful.vllm_v1, per release.
 
-Needs the wheel (``pip download --no-deps vllm==0.34.0 -d build/wheels``), so it is not
-a ``test_*`` module of ``make test``: ``make bench-vllm-v1`` fetches the wheel and runs it
-(``pytest tests/vllm_v1_wheel_checks.py``) before the benchmark. The files are extracted
-once per module into a temporary directory and imported in this process; every ``vllm``
-module is unloaded again afterwards.
+Needs the wheels (``pip download --no-deps vllm==X -d build/wheels``), so it is not a
+``test_*`` module of ``make test``: ``make bench-vllm-v1`` fetches the 0.34.0 wheel and
+runs it (``pytest tests/vllm_v1_wheel_checks.py``) before the benchmark. Every check
+that reads a release runs once per release of :data:`vllm_v1.RELEASES` whose wheel is in
+build/wheels: its files are extracted once per release into a temporary directory and
+imported in this process, and every ``vllm`` module is unloaded again before the next
+release is loaded (one process holds one vllm at a time).
+
+:data:`FINDINGS` lists the vLLM bugs pagedkv's V1 manager machine and these checks find in
+a release: each has a direct check (it reproduces exactly on the releases it names), and
+each the machine reaches is applied fixed (its one-line fix, monkeypatched) when the
+machine runs on that release, so the machine checks the rest.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import types
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from benchmarks import bench_v1
+
+import pagedkv.v1 as pv
+from pagedkv.v1.events import external_hash
+from pagedkv_stateful import vllm_v1
 
 ROOT = Path(__file__).parent.parent
-WHEELS = sorted((ROOT / "build" / "wheels").glob("vllm-0.34.0-*.whl"))
+
+
+def _version(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
+
+
+#: The wheel of each release this target knows that build/wheels holds, oldest first.
+WHEELS: dict[str, Path] = {
+    release: found[0]
+    for release in sorted(vllm_v1.RELEASES, key=_version)
+    if (found := sorted((ROOT / "build" / "wheels").glob(f"vllm-{release}-*.whl")))
+}
 if not WHEELS:
     pytest.fail(
-        "no vllm 0.34.0 wheel in build/wheels: run make bench-vllm-v1 "
-        "(or pip download --no-deps vllm==0.34.0 -d build/wheels)",
+        f"no vllm wheel of {', '.join(sorted(vllm_v1.RELEASES))} in build/wheels: run make "
+        "bench-vllm-v1 (or pip download --no-deps vllm==0.34.0 -d build/wheels)",
         pytrace=False,
     )
-
-from benchmarks import bench_v1  # noqa: E402
-
-import pagedkv.v1 as pv  # noqa: E402
-from pagedkv.v1.events import external_hash  # noqa: E402
-from pagedkv_stateful import vllm_v1  # noqa: E402
-
-WHEEL = WHEELS[0]
 
 
 def _unload_vllm() -> None:
@@ -42,12 +59,19 @@ def _unload_vllm() -> None:
         del sys.modules[name]
 
 
+@pytest.fixture(scope="module", params=list(WHEELS))
+def release(request: pytest.FixtureRequest) -> str:
+    """A release whose wheel is present (the checks below run once per release)."""
+    version: str = request.param
+    return version
+
+
 @pytest.fixture(scope="module")
-def vllm_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The wheel's KV cache layer, extracted and imported (unloaded at the end)."""
+def vllm_dir(release: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The release's KV cache layer, extracted and imported (unloaded at the end)."""
     if "vllm" in sys.modules:
         pytest.fail(f"a vllm is already imported: {sys.modules['vllm']!r}")
-    out = vllm_v1.extract(WHEEL, tmp_path_factory.mktemp("vllm-v1"))
+    out = vllm_v1.extract(WHEELS[release], tmp_path_factory.mktemp(f"vllm-v1-{release}"))
     path = list(sys.path)
     vllm_v1.use(out)
     try:
@@ -57,30 +81,41 @@ def vllm_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         sys.path[:] = path
 
 
+def _vllm(name: str) -> Any:
+    return importlib.import_module(name)
+
+
 # --------------------------------------------------------------------------- extraction
 
 
-def test_extract_copies_the_release_files_and_writes_the_stand_ins(tmp_path: Path) -> None:
-    out = vllm_v1.extract(WHEEL, tmp_path / "v")
-    with zipfile.ZipFile(WHEEL) as z:
-        for name in vllm_v1.WHEEL_FILES:
+def test_extract_copies_the_release_files_and_writes_the_stand_ins(
+    release: str, tmp_path: Path
+) -> None:
+    spec = vllm_v1.RELEASES[release]
+    wheel = WHEELS[release]
+    out = vllm_v1.extract(wheel, tmp_path / "v")
+    with zipfile.ZipFile(wheel) as z:
+        for name in spec.wheel_files:
             assert (out / name).read_bytes() == z.read(name)
-    for name, text in vllm_v1.STAND_INS.items():
+    for name, text in spec.stand_ins.items():
         assert (out / name).read_text() == text
     written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    assert written == {*vllm_v1.WHEEL_FILES, *vllm_v1.STAND_INS, vllm_v1.RELEASE_FILE}
-    assert vllm_v1.release_of(out) == "0.34.0"
-    assert not set(vllm_v1.WHEEL_FILES) & set(vllm_v1.STAND_INS)
+    assert written == {*spec.wheel_files, *spec.stand_ins, vllm_v1.RELEASE_FILE}
+    assert vllm_v1.release_of(out) == release
+    assert not set(spec.wheel_files) & set(spec.stand_ins)
 
 
-def test_the_command_line_extracts_and_refuses_what_it_did_not_write(tmp_path: Path) -> None:
-    assert vllm_v1.main(["extract", str(WHEEL), str(tmp_path / "v")]) == 0
+def test_the_command_line_extracts_and_refuses_what_it_did_not_write(
+    release: str, tmp_path: Path
+) -> None:
+    wheel = str(WHEELS[release])
+    assert vllm_v1.main(["extract", wheel, str(tmp_path / "v")]) == 0
     (tmp_path / "v" / "vllm" / "stale.py").write_text("")
-    assert vllm_v1.main(["extract", str(WHEEL), str(tmp_path / "v")]) == 0  # replaced
+    assert vllm_v1.main(["extract", wheel, str(tmp_path / "v")]) == 0  # replaced
     assert not (tmp_path / "v" / "vllm" / "stale.py").exists()
     (tmp_path / "other" / "vllm").mkdir(parents=True)
-    assert vllm_v1.main(["extract", str(WHEEL), str(tmp_path / "other")]) == 2
-    assert vllm_v1.main(["extract", str(WHEEL), str(tmp_path / "w"), "--release", "0.1"]) == 2
+    assert vllm_v1.main(["extract", wheel, str(tmp_path / "other")]) == 2
+    assert vllm_v1.main(["extract", wheel, str(tmp_path / "w"), "--release", "0.1"]) == 2
     (tmp_path / "junk.whl").write_text("not a zip")
     assert vllm_v1.main(["extract", str(tmp_path / "junk.whl"), str(tmp_path / "w")]) == 2
 
@@ -98,14 +133,19 @@ def test_use_refuses_a_directory_extract_did_not_write_and_another_vllm(
         vllm_v1.use(vllm_dir)
 
 
-def test_every_loaded_vllm_module_is_a_wheel_file_or_a_stand_in(vllm_dir: Path) -> None:
-    vllm_v1.manager(8, 4, 32)
+def test_every_loaded_vllm_module_is_a_wheel_file_or_a_stand_in(
+    vllm_dir: Path, release: str
+) -> None:
+    spec = vllm_v1.RELEASES[release]
+    assert vllm_v1.loaded_release() is spec
+    vllm_v1.ManagerTarget(vllm_v1.manager(8, 4, 32), 4).to_spec()
+    vllm_v1.request("r", [1, 2, 3, 4, 5], vllm_v1.hasher(4))
     loaded = {
         Path(m.__file__).resolve().relative_to(vllm_dir).as_posix()
         for name, m in sys.modules.items()
         if (name == "vllm" or name.startswith("vllm.")) and m.__file__
     }
-    assert loaded <= {*vllm_v1.WHEEL_FILES, *vllm_v1.STAND_INS}
+    assert loaded <= {*spec.wheel_files, *spec.stand_ins}
     assert {"vllm/v1/core/kv_cache_manager.py", "vllm/v1/request.py"} <= loaded
 
 
@@ -137,10 +177,16 @@ def test_a_second_request_hits_the_first_ones_cached_blocks(vllm_dir: Path) -> N
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
-def test_vllm_block_hashes_equal_pagedkvs(vllm_dir: Path, block_size: int) -> None:
-    """The same SHA-256-of-pickle chain from the same NONE_HASH, as tokens arrive."""
+def test_vllm_block_hashes_equal_pagedkvs(
+    vllm_dir: Path, block_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same SHA-256-of-pickle chain from the same NONE_HASH, as tokens arrive (a
+    release that draws NONE_HASH at random is seeded as later ones, and the
+    environment is left as it was)."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     tokens = [(7 * i) % 50_000 for i in range(1, 70)]
     theirs = vllm_v1.request("r", tokens, vllm_v1.hasher(block_size))
+    assert "PYTHONHASHSEED" not in os.environ
     ours = pv.Request("r", tokens, block_hasher=pv.get_request_block_hasher(block_size))
     assert len(theirs.block_hashes) == len(tokens) // block_size
     assert list(theirs.block_hashes) == list(ours.block_hashes)
@@ -166,13 +212,15 @@ def test_kv_events_publish_hashes_as_pagedkv_does(
     assert stored.kv_cache_spec_kind == "full_attention"
 
 
-def test_the_hash_and_window_stand_ins_do_what_vllm_documents(vllm_dir: Path) -> None:
-    hashing: Any = importlib.import_module("vllm.utils.hashing")
+def test_the_hash_and_window_stand_ins_do_what_vllm_documents(vllm_dir: Path, release: str) -> None:
+    hashing: Any = _vllm("vllm.utils.hashing")
     for value in [("x", (1, 2, 3), None), b"", 7]:
         assert hashing.sha256(value) == pv.sha256(value)
     assert hashing.get_hash_fn_by_name("sha256") is hashing.sha256
-    utils: Any = importlib.import_module("vllm.multimodal.utils")
-    inputs: Any = importlib.import_module("vllm.multimodal.inputs")
+    if "vllm/multimodal/utils.py" not in vllm_v1.RELEASES[release].stand_ins:
+        return  # a release whose files search no window (0.27.1)
+    utils: Any = _vllm("vllm.multimodal.utils")
+    inputs: Any = _vllm("vllm.multimodal.inputs")
     spans = [(2, 3), (6, 1), (10, 4)]  # (offset, length), sorted, disjoint
     feats = [
         inputs.MultiModalFeatureSpec(None, "image", f"m{i}", inputs.PlaceholderRange(o, n))
@@ -185,21 +233,248 @@ def test_the_hash_and_window_stand_ins_do_what_vllm_documents(vllm_dir: Path) ->
             assert list(range(lo, hi)) == overlapping
 
 
-def test_the_bench_target_runs_every_benchmark(vllm_dir: Path) -> None:
+def test_the_bench_target_runs_every_benchmark(vllm_dir: Path, release: str) -> None:
     target = vllm_v1.bench_target(vllm_dir)
-    assert target.name == "vllm 0.34.0"
-    assert target.RUNNING is importlib.import_module("vllm.v1.request").RequestStatus.RUNNING
+    assert target.name == f"vllm {release}"
+    assert target.RUNNING is _vllm("vllm.v1.request").RequestStatus.RUNNING
     assert bench_v1.bench_decode(target, n_req=4, prompt=32, steps=20)["per_request"] > 0
     assert bench_v1.bench_all_hit(target, tokens=64, repeat=2)["seconds"] > 0
     assert bench_v1.bench_eviction(target, 64, rounds=3)["per_block"] > 0
 
 
+def test_the_target_refuses_an_allocate_slots_keyword_its_release_lacks(vllm_dir: Path) -> None:
+    """A keyword the release's allocate_slots lacks passes only with the value that asks
+    for nothing; any other raises rather than being dropped."""
+    target = vllm_v1.ManagerTarget(vllm_v1.manager(8, 4, 32), 4)
+    target._allocate_keywords -= {"reserved_blocks"}  # as a release without it
+    r = pv.Request("r", [1, 2, 3, 4, 5])
+    with pytest.raises(vllm_v1.UnsupportedCall, match="has no reserved_blocks: reserved_blocks=1"):
+        target.allocate_slots(r, 5, reserved_blocks=1)
+    assert target.get_block_ids("r") == ([],)
+    out = target.allocate_slots(r, 5, reserved_blocks=0)
+    assert out.get_block_ids() == ([1, 2],)
+
+
+def test_the_cached_token_probe_takes_nothing(vllm_dir: Path) -> None:
+    """get_num_cached_tokens (vLLM's, or the adapter's probe on a release without it)
+    reports the hit get_computed_blocks finds, and changes no state."""
+    target = vllm_v1.ManagerTarget(vllm_v1.manager(8, 4, 32), 4)
+    first = pv.Request("a", list(range(1, 11)))
+    target.allocate_slots(first, 10)
+    target.free(first)
+    second = pv.Request("b", list(range(1, 11)))
+    before = target.to_spec()
+    assert target.get_num_cached_tokens(second) == 8
+    assert target.to_spec() == before
+    assert target.get_computed_blocks(second)[1] == 8
+    skipping = pv.Request("c", list(range(1, 11)), skip_reading_prefix_cache=True)
+    assert target.get_num_cached_tokens(skipping) == 0
+
+
+def test_the_target_gives_a_partial_hit_limit_or_refuses_it(vllm_dir: Path, release: str) -> None:
+    """A hit limit between none and all reaches a release that has one (0.34.0, as prompt
+    scoring sets it); a release without one refuses the request rather than reading all.
+    (0.34.0's get_num_cached_tokens ignores the limit: a finding, checked below.)"""
+    target = vllm_v1.ManagerTarget(vllm_v1.manager(8, 4, 32), 4)
+    first = pv.Request("a", list(range(1, 11)))
+    target.allocate_slots(first, 10)
+    target.free(first)
+    bounded = pv.Request("b", list(range(1, 11)), prefix_cache_hit_limit=5)
+    if not vllm_v1.RELEASES[release].partial_hit_limit:
+        with pytest.raises(vllm_v1.UnsupportedCall, match="prefix_cache_hit_limit=5"):
+            target.get_computed_blocks(bounded)
+        return
+    blocks, hit, _ = target.get_computed_blocks(bounded)
+    assert hit == 4 and blocks.get_block_ids() == ([1],)
+
+
+# --------------------------------------------------------------------------- findings
+
+
+def _lora(name: str, path: str) -> pv.LoRARequest:
+    return pv.LoRARequest(name, 1, path)
+
+
+def _block0(**identity: Any) -> bytes:
+    """Block 0's hash of a five-token prompt with ``identity`` (vLLM's Request, hasher)."""
+    params = _vllm("vllm.sampling_params").SamplingParams(max_tokens=8)
+    r = _vllm("vllm.v1.request").Request(
+        "r", [1, 2, 3, 4, 5], params, None, block_hasher=vllm_v1.hasher(4), **identity
+    )
+    digest: bytes = r.block_hashes[0]
+    return digest
+
+
+def _lora_path_ignored() -> bool:
+    """One adapter name at two paths (re-pointed): do their blocks share hashes?"""
+    return _block0(lora_request=_lora("a", "/p1")) == _block0(lora_request=_lora("a", "/p2"))
+
+
+def _salt_is_a_lora_name() -> bool:
+    """A cache salt equal to a LoRA adapter's name: do their first blocks share a hash?"""
+    return _block0(cache_salt="a") == _block0(lora_request=_lora("a", "/p1"))
+
+
+def _uncached_free_goes_last() -> bool:
+    """Caching off, a freed block goes to the back of the free queue (reused last)?"""
+    manager = vllm_v1.manager(3, 1, 16, enable_caching=False)
+    r = vllm_v1.request("r", [1])
+    assert manager.allocate_slots(r, 1).get_block_ids() == ([1],)
+    manager.free(r)
+    free = manager.block_pool.free_block_queue.get_all_free_blocks()
+    return [b.block_id for b in free] == [2, 1]
+
+
+def _decode_hash_skips_earlier_images() -> bool:
+    """Two images in a prompt's last partial block: does the block's hash, made once an
+    output token fills it, differ from the same block's hash made at once?"""
+    inputs = _vllm("vllm.multimodal.inputs")
+    params = _vllm("vllm.sampling_params").SamplingParams(max_tokens=8)
+    hasher = vllm_v1.hasher(4)
+
+    def request(tokens: list[int]) -> Any:
+        feats = [
+            inputs.MultiModalFeatureSpec(None, "image", i, inputs.PlaceholderRange(o, 1))
+            for i, o in (("x", 9), ("y", 10))
+        ]
+        return _vllm("vllm.v1.request").Request(
+            "r", tokens, params, None, mm_features=feats, block_hasher=hasher
+        )
+
+    decoded = request(list(range(11)))
+    decoded.append_output_token_ids(99)  # fills block [8, 12)
+    return bool(decoded.block_hashes[2] != request([*range(11), 99]).block_hashes[2])
+
+
+def _probe_ignores_the_hit_limit() -> bool:
+    """A prompt-scoring request that may reuse its first 5 cached tokens (its hit limit):
+    does get_num_cached_tokens report more than get_computed_blocks hits?"""
+    if not vllm_v1.loaded_release().partial_hit_limit:
+        return False  # no get_num_cached_tokens, no partial limit
+    manager, hasher = vllm_v1.manager(8, 4, 32), vllm_v1.hasher(4)
+    first = vllm_v1.request("a", list(range(1, 11)), hasher)
+    manager.allocate_slots(first, 10)
+    manager.free(first)  # tokens 1..8 cached
+    scoring = _vllm("vllm.sampling_params").SamplingParams(
+        max_tokens=1, prompt_logprobs=0, prompt_logprob_start=5, skip_reading_prefix_cache=False
+    )
+    r = _vllm("vllm.v1.request").Request(
+        "b", list(range(1, 11)), scoring, None, block_hasher=hasher
+    )
+    assert r.prefix_cache_hit_limit == 5
+    return bool(manager.get_num_cached_tokens(r) != manager.get_computed_blocks(r)[1])
+
+
+def _fix_extra_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Block hash extra keys as later releases make them: tagged, the LoRA's path in."""
+    utils = _vllm("vllm.v1.core.kv_cache_utils")
+
+    def tagged(request: Any, start: int, end: int, start_mm_idx: int) -> tuple[Any, int]:
+        mm, next_mm_idx = utils._gen_mm_extra_hash_keys(request, start, end, start_mm_idx)
+        keys: list[Any] = []
+        lora = request.lora_request
+        if lora:
+            keys.append(("lora", lora.lora_name, lora.lora_path))
+        keys += [("mm", identifier, offset) for identifier, offset in mm]
+        if start == 0 and request.cache_salt:
+            keys.append(("cache_salt", request.cache_salt))
+        embeds = utils._gen_prompt_embeds_extra_hash_keys(request, start, end)
+        keys += [("prompt_embeds", digest) for digest in embeds]
+        return (tuple(keys) if keys else None), next_mm_idx
+
+    monkeypatch.setattr(utils, "generate_block_hash_extra_keys", tagged)
+    block_pool = _vllm("vllm.v1.core.block_pool")
+    monkeypatch.setattr(block_pool, "generate_block_hash_extra_keys", tagged)
+
+
+def _fix_uncached_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """free_blocks' condition as later releases have it: ``block_hash is None or not
+    enable_caching`` goes first. With caching off no block has a hash, so calling it as
+    if caching were on runs exactly that."""
+    pool = _vllm("vllm.v1.core.block_pool").BlockPool
+    free_blocks = pool.free_blocks
+
+    def fixed(self: Any, ordered_blocks: Any) -> None:
+        caching = self.enable_caching
+        self.enable_caching = True
+        try:
+            free_blocks(self, ordered_blocks)
+        finally:
+            self.enable_caching = caching
+
+    monkeypatch.setattr(pool, "free_blocks", fixed)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A vLLM bug found on some releases: ``check()`` is True exactly on ``releases``;
+    ``label`` the invariant the V1 machine reports it under (None: out of its reach) and
+    ``fix`` its one-line fix, applied to the loaded release (None: nothing to apply)."""
+
+    name: str
+    releases: frozenset[str]
+    check: Callable[[], bool]
+    label: str | None
+    fix: Callable[[pytest.MonkeyPatch], None] | None
+
+
+#: The vLLM KV cache bugs found (lines of the release's vllm/v1/core/): 0.27.1's are all
+#: fixed by 0.33.0; 0.34.0's is in the latest release here.
+FINDINGS = (
+    # kv_cache_utils.py:529 keys a LoRA by its name alone
+    Finding("lora-path", frozenset({"0.27.1"}), _lora_path_ignored, "V1-5", _fix_extra_keys),
+    # kv_cache_utils.py:580/587: extra keys are bare values, so a salt "a" is LoRA "a"
+    Finding("salt-lora", frozenset({"0.27.1"}), _salt_is_a_lora_name, "V1-5", _fix_extra_keys),
+    # block_pool.py:735: caching off, freed blocks are appended (reused last)
+    Finding(
+        "uncached-free",
+        frozenset({"0.27.1"}),
+        _uncached_free_goes_last,
+        "V1-7",
+        _fix_uncached_free,
+    ),
+    # kv_cache_utils.py:719: hashing past the prompt starts at the last image only
+    Finding(
+        "decode-hash-images",
+        frozenset({"0.27.1"}),
+        _decode_hash_skips_earlier_images,
+        None,  # the machine's requests have one image
+        None,
+    ),
+    # kv_cache_manager.py:273 (0.34.0) bounds the probe by num_tokens - 1 only
+    Finding(
+        "probe-hit-limit",
+        frozenset({"0.34.0"}),
+        _probe_ignores_the_hit_limit,
+        None,  # the machine's hit limits are none or 0
+        None,
+    ),
+)
+
+
+@pytest.mark.parametrize("finding", FINDINGS, ids=lambda f: f.name)
+def test_each_finding_reproduces_exactly_on_its_releases(
+    vllm_dir: Path, release: str, finding: Finding
+) -> None:
+    assert finding.check() == (release in finding.releases)
+
+
+def _fix(release: str, monkeypatch: pytest.MonkeyPatch, but: Finding | None = None) -> None:
+    """Apply the fix of every finding of ``release`` the machine reaches (but ``but``'s)."""
+    fixes = {f.fix for f in FINDINGS if release in f.releases and f.label and f.fix}
+    if but is not None:
+        fixes.discard(but.fix)
+    for fix in fixes:
+        assert fix is not None
+        fix(monkeypatch)
+
+
 # --------------------------------------------------------------------------- the V1 machine
 
 
-def _vllm_machine(steps: int, examples: int) -> type[Any]:
+def _vllm_machine(steps: int, examples: int, shrink: bool = True) -> type[Any]:
     """pagedkv's V1 manager machine with vLLM's ``KVCacheManager`` as its target."""
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
 
     from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
 
@@ -230,22 +505,43 @@ def _vllm_machine(steps: int, examples: int) -> type[Any]:
         derandomize=True,
         database=None,
         suppress_health_check=list(HealthCheck),
+        phases=list(Phase) if shrink else [Phase.explicit, Phase.generate],
+        report_multiple_bugs=shrink,
     )
     return VllmManagerMachine
 
 
-def test_vllms_manager_agrees_with_the_spec_step_by_step(vllm_dir: Path) -> None:
+def test_vllms_manager_agrees_with_the_spec_step_by_step(
+    vllm_dir: Path, release: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """No difference on one full-attention group: hits, chunked prefill, drafts,
-    external tokens, delayed caching, preemption, eviction, reset and events."""
+    external tokens, delayed caching, preemption, eviction, reset and events (the
+    release's known findings fixed)."""
+    _fix(release, monkeypatch)
     _vllm_machine(30, 300).TestCase().runTest()
 
 
+def test_the_machine_reports_each_finding_it_reaches(
+    vllm_dir: Path, release: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each finding of the release the machine reaches, alone unfixed, fails it under its
+    label (no shrinking: the direct checks above are the small reproductions)."""
+    reached = {f.fix: f for f in FINDINGS if release in f.releases and f.label}
+    for finding in reached.values():  # one run per fix (findings may share one)
+        with monkeypatch.context() as patch:
+            _fix(release, patch, but=finding)
+            with pytest.raises(AssertionError, match=f"^{finding.label} "):
+                _vllm_machine(30, 300, shrink=False).TestCase().runTest()
+
+
 def test_the_machine_on_vllm_catches_a_planted_bug(
-    vllm_dir: Path, monkeypatch: pytest.MonkeyPatch
+    vllm_dir: Path, release: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The adapter reads vLLM's own state: a vLLM whose free() forgets the reverse order
-    of a table (tail first) fails the free-queue order check."""
-    stm: Any = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+    of a table (tail first) fails the free-queue order check (not shrunk: only the
+    label matters)."""
+    _fix(release, monkeypatch)
+    stm: Any = _vllm("vllm.v1.core.single_type_kv_cache_manager")
     original = stm.SingleTypeKVCacheManager.free
 
     def free_head_first(self: Any, request_id: str) -> None:
@@ -255,5 +551,5 @@ def test_the_machine_on_vllm_catches_a_planted_bug(
         original(self, request_id)
 
     monkeypatch.setattr(stm.SingleTypeKVCacheManager, "free", free_head_first)
-    with pytest.raises(AssertionError, match="V1-7"):
-        _vllm_machine(30, 300).TestCase().runTest()
+    with pytest.raises(AssertionError, match=r"^V1-7 "):
+        _vllm_machine(30, 300, shrink=False).TestCase().runTest()

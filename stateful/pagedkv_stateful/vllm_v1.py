@@ -27,10 +27,15 @@ directory :func:`extract` wrote) build vLLM's own objects:
   ``init_none_hash``), the hasher a vLLM engine uses by default;
 * :func:`request` -- vLLM's ``Request``;
 * :func:`bench_target` -- all of them behind the surface ``benchmarks.bench_v1``
-  times (its ``PagedKV`` class), for ``python -m benchmarks.bench_v1 --vllm DIR``.
+  times (its ``PagedKV`` class), for ``python -m benchmarks.bench_v1 --vllm DIR``;
+* :class:`ManagerTarget` and :func:`state_of` -- the manager as the target of
+  pagedkv's V1 manager machine, and its fields as the spec's state.
 
-Releases are listed in :data:`RELEASES` (wheel files and stand-ins per release);
-the wheel's own metadata names its release. Only vLLM 0.34.0 is listed today.
+Releases are listed in :data:`RELEASES`: vLLM 0.34.0, 0.33.0 and 0.27.1, each with its
+wheel files, its stand-ins (0.34.0's, less or more what the release's files import)
+and the few ways its objects differ where the factories and the machine's target read
+them (:class:`Release`); the wheel's own metadata names its release, and the factories
+follow the release :func:`release_of` reports for the loaded directory.
 
 Usage::
 
@@ -44,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import os
 import re
 import shutil
@@ -59,17 +65,21 @@ from pagedkv_spec.v1.pool import PoolState
 
 # --------------------------------------------------------------------------- stand-ins
 
-#: pagedkv's stand-ins for what vLLM 0.34.0's KV cache files import (module path -> source);
-#: another release reuses them, overriding or adding what its files need.
-_COMMON_STAND_INS: dict[str, str] = {
-    "vllm/__init__.py": '''\
-"""Stand-in package written by pagedkv_stateful.vllm_v1.
-
-vLLM's own package module loads the engine; the KV cache files need none of it.
+#: The ``vllm.envs`` variable every release's KV files read (an entry of the stand-in's
+#: ``_VARIABLES``: the variable's name, then a function of no argument returning its value).
+_INT_BLOCK_HASHES = """\
+    # KV events publish each block hash as the low 64 bits of its big-endian digest
+    # when set (vLLM's default, "1"), the digest's bytes when "0".
+    "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": lambda: _flag(
+        "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1"
+    ),
 """
-''',
-    "vllm/envs.py": '''\
-"""Stand-in: the vllm.envs variable the KV cache files read.
+
+
+def _envs_module(*variables: str) -> str:
+    """The source of a ``vllm.envs`` stand-in holding ``variables`` (``_VARIABLES`` entries)."""
+    return (
+        '''"""Stand-in: the vllm.envs variables the KV cache files read.
 
 Read from the environment on every access, with vLLM's default, as vLLM's envs
 module does (until an engine caches them).
@@ -82,13 +92,15 @@ def _flag(name, default):
     return bool(int(os.getenv(name, default)))
 
 
+def _count(name):
+    value = os.getenv(name)
+    return None if value is None else int(value)
+
+
 _VARIABLES = {
-    # KV events publish each block hash as the low 64 bits of its big-endian digest
-    # when set (vLLM's default, "1"), the digest's bytes when "0".
-    "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": lambda: _flag(
-        "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1"
-    ),
-}
+'''
+        + "".join(variables)
+        + """}
 
 
 def __getattr__(name):
@@ -99,7 +111,113 @@ def __getattr__(name):
 
 def __dir__():
     return list(_VARIABLES)
+"""
+    )
+
+
+@dataclass(frozen=True)
+class _EventFields:
+    """The fields a release's ``BlockStored`` and ``BlockRemoved`` add after the ones
+    every release has (each a dataclass field line: name, annotation, default)."""
+
+    stored: tuple[str, ...]
+    removed: tuple[str, ...]
+
+
+_EVENT_FIELDS_0_34_0 = _EventFields(
+    stored=(
+        'locality: "str | None" = None',
+        'ownership: "str | None" = None',
+        'session_id: "str | None" = None',
+        'lookahead_token_ids: "list[list[int]] | None" = None',
+    ),
+    removed=('locality: "str | None" = None', 'ownership: "str | None" = None'),
+)
+
+
+def _kv_events_module(extra: _EventFields) -> str:
+    """The source of a ``vllm.distributed.kv_events`` stand-in whose events have the
+    fields every release has, then ``extra``."""
+
+    def lines(fields: tuple[str, ...]) -> str:
+        return "".join(f"    {f}\n" for f in fields)
+
+    return (
+        '''"""Stand-in: vllm.distributed.kv_events' event types, as dataclasses.
+
+vLLM declares them as tagged msgspec Structs for its ZMQ publisher (not loaded
+here); the KV cache layer only builds them, sets their fields and compares them, so
+dataclasses with the same names, fields, order and defaults serve.
+"""
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"
+MEDIUM_STORAGE = "STORAGE"
+
+
+def _frozen(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+class KVCacheEvent:
+    """Base class of the events: hashable by value (vLLM counts them in a Counter)."""
+
+    def __hash__(self):
+        return hash((type(self).__name__, *(_frozen(getattr(self, f.name)) for f in fields(self))))
+
+
+@dataclass
+class BlockStored(KVCacheEvent):
+    block_hashes: "list[bytes | int]"
+    parent_block_hash: "bytes | int | None"
+    token_ids: "list[int]"
+    block_size: int
+    lora_id: "int | None"
+    medium: "str | None"
+    lora_name: "str | None"
+    extra_keys: "list[tuple[Any, ...] | None] | None" = None
+    group_idx: "int | None" = None
+    kv_cache_spec_kind: "str | None" = None
+    kv_cache_spec_sliding_window: "int | None" = None
+'''
+        + lines(extra.stored)
+        + """
+    __hash__ = KVCacheEvent.__hash__
+
+
+@dataclass
+class BlockRemoved(KVCacheEvent):
+    block_hashes: "list[bytes | int]"
+    medium: "str | None"
+    group_idx: "int | None" = None
+"""
+        + lines(extra.removed)
+        + """
+    __hash__ = KVCacheEvent.__hash__
+
+
+@dataclass
+class AllBlocksCleared(KVCacheEvent):
+    __hash__ = KVCacheEvent.__hash__
+"""
+    )
+
+
+#: pagedkv's stand-ins for what vLLM 0.34.0's KV cache files import (module path -> source);
+#: another release reuses them, overriding or adding what its files need.
+_COMMON_STAND_INS: dict[str, str] = {
+    "vllm/__init__.py": '''\
+"""Stand-in package written by pagedkv_stateful.vllm_v1.
+
+vLLM's own package module loads the engine; the KV cache files need none of it.
+"""
 ''',
+    "vllm/envs.py": _envs_module(_INT_BLOCK_HASHES),
     "vllm/logger.py": '''\
 """Stand-in: vllm.logger.init_logger, a standard logger with vLLM's *_once methods."""
 
@@ -157,71 +275,7 @@ class _Platform:
 current_platform = _Platform()
 ''',
     "vllm/distributed/__init__.py": '"""Stand-in package (vLLM\'s loads torch.distributed)."""\n',
-    "vllm/distributed/kv_events.py": '''\
-"""Stand-in: vllm.distributed.kv_events' event types, as dataclasses.
-
-vLLM declares them as tagged msgspec Structs for its ZMQ publisher (not loaded
-here); the KV cache layer only builds them, sets their fields and compares them, so
-dataclasses with the same names, fields, order and defaults serve.
-"""
-
-from dataclasses import dataclass, fields
-from typing import Any
-
-MEDIUM_GPU = "GPU"
-MEDIUM_CPU = "CPU"
-MEDIUM_STORAGE = "STORAGE"
-
-
-def _frozen(value):
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
-    return value
-
-
-class KVCacheEvent:
-    """Base class of the events: hashable by value (vLLM counts them in a Counter)."""
-
-    def __hash__(self):
-        return hash((type(self).__name__, *(_frozen(getattr(self, f.name)) for f in fields(self))))
-
-
-@dataclass
-class BlockStored(KVCacheEvent):
-    block_hashes: "list[bytes | int]"
-    parent_block_hash: "bytes | int | None"
-    token_ids: "list[int]"
-    block_size: int
-    lora_id: "int | None"
-    medium: "str | None"
-    lora_name: "str | None"
-    extra_keys: "list[tuple[Any, ...] | None] | None" = None
-    group_idx: "int | None" = None
-    kv_cache_spec_kind: "str | None" = None
-    kv_cache_spec_sliding_window: "int | None" = None
-    locality: "str | None" = None
-    ownership: "str | None" = None
-    session_id: "str | None" = None
-    lookahead_token_ids: "list[list[int]] | None" = None
-
-    __hash__ = KVCacheEvent.__hash__
-
-
-@dataclass
-class BlockRemoved(KVCacheEvent):
-    block_hashes: "list[bytes | int]"
-    medium: "str | None"
-    group_idx: "int | None" = None
-    locality: "str | None" = None
-    ownership: "str | None" = None
-
-    __hash__ = KVCacheEvent.__hash__
-
-
-@dataclass
-class AllBlocksCleared(KVCacheEvent):
-    __hash__ = KVCacheEvent.__hash__
-''',
+    "vllm/distributed/kv_events.py": _kv_events_module(_EVENT_FIELDS_0_34_0),
     "vllm/multimodal/__init__.py": '"""Stand-in package (vLLM\'s loads the registry)."""\n',
     "vllm/multimodal/inputs.py": '''\
 """Stand-in: the multimodal feature record a Request carries (vLLM's field names)."""
@@ -595,18 +649,168 @@ _FILES_0_34_0 = (
 )
 
 
+#: vLLM 0.33.0's files: 0.34.0's but ``token_buffer`` (its ``Request`` keeps plain lists).
+_FILES_0_33_0 = tuple(f for f in _FILES_0_34_0 if f != "vllm/v1/token_buffer.py")
+
+#: vLLM 0.27.1's files: 0.33.0's but the HiSparse pool and ``kv_cache_layout`` (not there).
+_FILES_0_27_1 = tuple(
+    f
+    for f in _FILES_0_33_0
+    if not f.startswith("vllm/v1/hisparse/") and f != "vllm/v1/kv_cache_layout.py"
+)
+
+
+def _stand_ins(
+    base: Mapping[str, str], *, add: Mapping[str, str] | None = None, drop: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """``base`` without the modules ``drop`` names (a release whose files do not import
+    them), with ``add``'s modules added or replacing ``base``'s."""
+    unknown = [name for name in drop if name not in base]
+    if unknown:
+        raise ValueError(f"no stand-in {', '.join(unknown)} to drop")
+    out = {name: text for name, text in base.items() if name not in drop}
+    out.update(add or {})
+    return out
+
+
+#: vLLM 0.33.0's stand-ins: its files import no ``gc_utils`` (it untracks nothing).
+_STAND_INS_0_33_0 = _stand_ins(_COMMON_STAND_INS, drop=("vllm/utils/gc_utils.py",))
+
+#: The ``vllm.envs`` variable vLLM 0.27.1's KV cache coordinator reads besides.
+_RETENTION_INTERVAL = """\
+    # Sparse retention of sliding-window / Mamba prefix blocks (tokens between kept
+    # checkpoints; a multiple of the block size): unset (None) by default.
+    "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": lambda: _count(
+        "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
+    ),
+"""
+
+#: vLLM 0.27.1's events: ``BlockStored`` ends at ``locality``; ``BlockRemoved`` too.
+_EVENT_FIELDS_0_27_1 = _EventFields(
+    stored=('locality: "str | None" = None',), removed=('locality: "str | None" = None',)
+)
+
+#: vLLM 0.27.1's stand-ins: its files import no ``gc_utils``, KV hints or multimodal window
+#: search; they read one more ``envs`` variable, older event types, ``format_gib`` and the
+#: NVFP4 page width, and its ``SamplingParams`` has no prompt-logprob token ids.
+_STAND_INS_0_27_1 = _stand_ins(
+    _STAND_INS_0_33_0,
+    drop=("vllm/v1/kv_hints/__init__.py", "vllm/multimodal/utils.py"),
+    add={
+        "vllm/envs.py": _envs_module(_INT_BLOCK_HASHES, _RETENTION_INTERVAL),
+        "vllm/distributed/kv_events.py": _kv_events_module(_EVENT_FIELDS_0_27_1),
+        "vllm/utils/torch_utils.py": '''\
+"""Stand-in: the two vllm.utils.torch_utils helpers vLLM 0.27.1's KV cache specs import."""
+
+import torch
+
+
+def get_dtype_size(dtype):
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def nvfp4_kv_cache_full_dim(head_size):
+    # An NVFP4 row packs two 4-bit values a byte, then one FP8 scale byte per 16 values.
+    return head_size // 2 + head_size // 16
+''',
+        "vllm/utils/mem_utils.py": '''\
+"""Stand-in: vllm.utils.mem_utils.format_gib (only in vLLM 0.27.1's error messages)."""
+
+
+def format_gib(num_bytes):
+    """``num_bytes`` in GiB, to two decimals, as vLLM prints it."""
+    return f"{round(num_bytes / (1 << 30), 2)}"
+''',
+        "vllm/sampling_params.py": '''\
+"""Stand-in: what vLLM 0.27.1's Request reads of SamplingParams (its names and defaults)."""
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: "int | None" = 16
+    prompt_logprobs: "int | None" = None
+    structured_outputs: Any = None
+    extra_args: "dict[str, Any] | None" = None
+    skip_reading_prefix_cache: "bool | None" = None
+
+    def __post_init__(self):
+        # As vLLM 0.27.1: a request asking for prompt logprobs skips reading the prefix
+        # cache unless told otherwise (cached tokens would have no logprobs).
+        if self.skip_reading_prefix_cache is None:
+            self.skip_reading_prefix_cache = self.prompt_logprobs is not None
+''',
+    },
+)
+
+
+# How the releases' own objects differ where the factories and the machine's target read
+# them (the rest of their surface is the same):
+
+
+def _cached_ids_by_key(index: Any) -> set[tuple[bytes, int]]:
+    """vLLM 0.34.0's ``BlockHashToBlockMap``: ``_cache`` holds one block id per key,
+    ``_dup_ids`` every id of a key cached by several blocks."""
+    cached = set(index._cache.items())
+    for key, ids in index._dup_ids.items():
+        cached.update((key, i) for i in ids)
+    return cached
+
+
+def _cached_blocks_by_key(index: Any) -> set[tuple[bytes, int]]:
+    """vLLM 0.33.0's and 0.27.1's ``BlockHashToBlockMap``: ``_cache`` holds a key's block,
+    or a dict of its blocks by id when several blocks cache it."""
+    cached: set[tuple[bytes, int]] = set()
+    for key, held in index._cache.items():
+        ids = list(held) if isinstance(held, dict) else [held.block_id]
+        cached.update((key, i) for i in ids)
+    return cached
+
+
 @dataclass(frozen=True)
 class Release:
-    """What one vLLM release needs: the wheel's files to copy and the stand-ins to write."""
+    """What one vLLM release needs: the wheel's files to copy and the stand-ins to write,
+    and how its objects differ where the factories and :class:`ManagerTarget` read them."""
 
     version: str
     wheel_files: tuple[str, ...]
     stand_ins: Mapping[str, str]
+    #: The (key, block id) pairs of a ``BlockPool.cached_block_hash_to_block``, read from
+    #: its own dicts (so a map that disagrees with the blocks' hashes shows).
+    cached_entries: Callable[[Any], set[tuple[bytes, int]]] = _cached_ids_by_key
+    #: Whether ``KVCacheManager`` has ``get_num_cached_tokens`` (0.34.0 on); before it,
+    #: :class:`ManagerTarget` runs the same side-effect-free probe on vLLM's coordinator.
+    probes_cached_tokens: bool = True
+    #: Whether ``init_none_hash`` draws ``NONE_HASH`` at random when ``PYTHONHASHSEED`` is
+    #: unset (0.27.1; 0.33.0 and 0.34.0 derive it from :data:`NONE_HASH_SEED` then).
+    random_none_hash: bool = False
+    #: Whether a ``Request`` can read a prefix of the cache between none and all (0.34.0's
+    #: ``prefix_cache_hit_limit``; before it, ``skip_reading_prefix_cache`` only).
+    partial_hit_limit: bool = True
 
 
 #: The releases this target knows, by version.
 RELEASES: dict[str, Release] = {
     "0.34.0": Release("0.34.0", _FILES_0_34_0, _COMMON_STAND_INS),
+    "0.33.0": Release(
+        "0.33.0",
+        _FILES_0_33_0,
+        _STAND_INS_0_33_0,
+        cached_entries=_cached_blocks_by_key,
+        probes_cached_tokens=False,
+        partial_hit_limit=False,
+    ),
+    "0.27.1": Release(
+        "0.27.1",
+        _FILES_0_27_1,
+        _STAND_INS_0_27_1,
+        cached_entries=_cached_blocks_by_key,
+        probes_cached_tokens=False,
+        random_none_hash=True,
+        partial_hit_limit=False,
+    ),
 }
 DEFAULT_RELEASE = "0.34.0"
 #: vLLM 0.34.0's files and stand-ins (the default release's).
@@ -620,10 +824,30 @@ RELEASE_FILE = "pagedkv-vllm-release.txt"
 _MARKER = "vllm/v1/core/kv_cache_manager.py"
 #: ``max_tokens`` of the requests :func:`request` builds (never the limit in a benchmark).
 MAX_TOKENS = 1 << 30
+#: The seed of ``NONE_HASH`` when ``PYTHONHASHSEED`` is unset: pagedkv's, vLLM 0.33.0's and
+#: 0.34.0's (for its cryptographic hashes).
+NONE_HASH_SEED = "vllm-none-hash"
+#: The ``allocate_slots`` keywords :class:`ManagerTarget` passes on, each with the value
+#: that asks for nothing (vLLM's default where a release has it): a release whose
+#: ``allocate_slots`` lacks one can only be called with that value.
+ALLOCATE_NEUTRAL: Mapping[str, object] = {
+    "num_lookahead_tokens": 0,
+    "num_external_computed_tokens": 0,
+    "delay_cache_blocks": False,
+    "num_encoder_tokens": 0,
+    "full_sequence_must_fit": False,
+    "reserved_blocks": 0,
+    "has_scheduled_reqs": True,
+}
 
 
 class TargetSetupError(RuntimeError):
     """The vLLM modules cannot be loaded (no directory, a wrong wheel, another vllm)."""
+
+
+class UnsupportedCall(TypeError):
+    """A call the loaded release's API cannot express (a keyword it lacks, with a value
+    other than :data:`ALLOCATE_NEUTRAL`'s): the caller must not make it for that release."""
 
 
 def wheel_release(names: list[str], wheel: str | Path) -> str:
@@ -723,6 +947,12 @@ def _module(name: str) -> Any:
     return importlib.import_module(name)
 
 
+def loaded_release() -> Release:
+    """The :class:`Release` of the ``vllm`` imported (by :func:`use`, or from ``ENV``)."""
+    vllm = _module("vllm")
+    return RELEASES[release_of(Path(vllm.__file__).resolve().parent.parent)]
+
+
 # --------------------------------------------------------------------------- factories
 
 
@@ -770,10 +1000,22 @@ def pool(num_blocks: int) -> Any:
 
 def hasher(block_size: int) -> Callable[[Any], list[bytes]]:
     """vLLM's ``get_request_block_hasher(block_size, sha256)``, after
-    ``init_none_hash(sha256)`` (what an engine with the default hash does)."""
+    ``init_none_hash(sha256)`` (what an engine with the default hash does).
+
+    A release that draws ``NONE_HASH`` at random without ``PYTHONHASHSEED``
+    (:attr:`Release.random_none_hash`) runs ``init_none_hash`` with ``PYTHONHASHSEED``
+    set to later releases' fixed seed, as a deployment of it sharing a cache sets it:
+    every release then chains from the same ``NONE_HASH``, pagedkv's."""
     utils = _module("vllm.v1.core.kv_cache_utils")
     sha256 = _module("vllm.utils.hashing").sha256
-    utils.init_none_hash(sha256)
+    if loaded_release().random_none_hash and "PYTHONHASHSEED" not in os.environ:
+        os.environ["PYTHONHASHSEED"] = NONE_HASH_SEED
+        try:
+            utils.init_none_hash(sha256)
+        finally:
+            del os.environ["PYTHONHASHSEED"]
+    else:
+        utils.init_none_hash(sha256)
     block_hasher: Callable[[Any], list[bytes]] = utils.get_request_block_hasher(block_size, sha256)
     return block_hasher
 
@@ -793,17 +1035,15 @@ def request(
 # --------------------------------------------------------------------------- the machine's target
 
 
-def state_of(target: Any) -> ManagerState:
-    """vLLM 0.34.0's ``KVCacheManager`` as the spec's state, read from its fields (vLLM's
-    names: the pool's blocks, free queue and hash map; each group manager's tables and
-    cached counts; group 0's tables under the request id, group g's under ``"<id>@g"``).
-    The hash map is read from its own dicts (one id per key, the duplicates apart), so a
-    map that disagrees with the blocks' hashes shows. O(pool + table entries)."""
+def state_of(target: Any, release: Release | None = None) -> ManagerState:
+    """vLLM's ``KVCacheManager`` (of ``release``, by default the loaded one) as the spec's
+    state, read from its fields (vLLM's names: the pool's blocks, free queue and hash
+    map; each group manager's tables and cached counts; group 0's tables under the
+    request id, group g's under ``"<id>@g"``). The hash map is read from its own dicts
+    (:attr:`Release.cached_entries`), so a map that disagrees with the blocks' hashes
+    shows. O(pool + table entries)."""
     pool = target.block_pool
-    index = pool.cached_block_hash_to_block
-    cached = {(key, i) for key, i in index._cache.items()}
-    for key, ids in index._dup_ids.items():
-        cached.update((key, i) for i in ids)
+    cached = (release or loaded_release()).cached_entries(pool.cached_block_hash_to_block)
     blocks = pool.blocks
     tables: list[tuple[str, tuple[int, ...]]] = []
     counts: list[tuple[str, int]] = []
@@ -841,14 +1081,24 @@ class ManagerTarget:
     vLLM's ``append_output_token_ids``, which extends its block hashes) and
     ``num_preemptions``. Everything else is vLLM's: each call goes to the manager as is,
     and the state the machine compares is read from vLLM's fields (:func:`state_of`).
+
+    Per release (:attr:`release`, the loaded one): ``get_num_cached_tokens`` of a release
+    without it (:attr:`Release.probes_cached_tokens`) is the probe 0.34.0 added, run on
+    the release's own coordinator (the lookup ``get_computed_blocks`` does, without
+    taking the blocks); an ``allocate_slots`` keyword the release lacks is dropped when
+    its value asks for nothing (:data:`ALLOCATE_NEUTRAL`) and raises
+    :class:`UnsupportedCall` otherwise, never silently; so does a request whose
+    prefix-cache hit limit the release's ``Request`` cannot take.
     """
 
     def __init__(self, target: Any, block_size: int) -> None:
         self.manager = target
+        self.release = loaded_release()
         self.block_hasher = hasher(block_size)
         self.requests: dict[str, Any] = {}
         self.empty_kv_cache_blocks = target.empty_kv_cache_blocks
         self._status = _module("vllm.v1.request").RequestStatus
+        self._allocate_keywords = frozenset(inspect.signature(target.allocate_slots).parameters)
 
     def request(self, r: Any) -> Any:
         """The vLLM ``Request`` of ``r`` (a pagedkv ``Request``), brought up to date."""
@@ -864,14 +1114,10 @@ class ManagerTarget:
                 )
                 for f in r.mm_features
             ]
-            params = _module("vllm.sampling_params").SamplingParams(
-                max_tokens=MAX_TOKENS,
-                skip_reading_prefix_cache=True if r.prefix_cache_hit_limit == 0 else None,
-            )
             v = _module("vllm.v1.request").Request(
                 r.request_id,
                 list(r.prompt_token_ids),
-                params,
+                self._sampling_params(r),
                 None,
                 mm_features=features or None,
                 lora_request=r.lora_request,
@@ -887,6 +1133,27 @@ class ManagerTarget:
         v.num_preemptions = r.num_preemptions
         return v
 
+    def _sampling_params(self, r: Any) -> Any:
+        """The ``SamplingParams`` that give a vLLM ``Request`` ``r``'s prefix-cache hit
+        limit: none, 0 (cache reads skipped), or -- on a release with
+        :attr:`Release.partial_hit_limit` -- a prefix as prompt scoring bounds it
+        (prompt logprobs from that token on, cache reads not skipped)."""
+        params = _module("vllm.sampling_params").SamplingParams
+        limit = r.prefix_cache_hit_limit
+        if limit is None or limit == 0:
+            return params(max_tokens=MAX_TOKENS, skip_reading_prefix_cache=limit == 0 or None)
+        if not self.release.partial_hit_limit:
+            raise UnsupportedCall(
+                f"vLLM {self.release.version}'s Request reads all or none of the prefix cache: "
+                f"{r.request_id}'s prefix_cache_hit_limit={limit} cannot be given to it"
+            )
+        return params(
+            max_tokens=MAX_TOKENS,
+            prompt_logprobs=0,
+            prompt_logprob_start=limit,
+            skip_reading_prefix_cache=False,
+        )
+
     def block_hashes(self, r: Any) -> tuple[bytes, ...]:
         """The block hashes vLLM's hasher gave ``r``'s vLLM ``Request``."""
         return tuple(self.request(r).block_hashes)
@@ -895,13 +1162,30 @@ class ManagerTarget:
         return self.manager.get_computed_blocks(self.request(r))
 
     def get_num_cached_tokens(self, r: Any) -> int:
-        n: int = self.manager.get_num_cached_tokens(self.request(r))
-        return n
+        v = self.request(r)
+        if self.release.probes_cached_tokens:
+            n: int = self.manager.get_num_cached_tokens(v)
+            return n
+        if not self.manager.prefix_cache_lookup_enabled(v):
+            return 0
+        # the lookup get_computed_blocks does (all but the last token), nothing taken
+        _, hit, *_ = self.manager.coordinator.find_longest_cache_hit(
+            v.block_hashes, v.num_tokens - 1
+        )
+        return int(hit)
 
     def record_prefix_cache_stats(self, r: Any, num_hits: int) -> None:
         self.manager.record_prefix_cache_stats(self.request(r), num_hits)
 
     def allocate_slots(self, r: Any, *args: Any, **kwargs: Any) -> Any:
+        for name in [k for k in kwargs if k not in self._allocate_keywords]:
+            value = kwargs.pop(name)
+            if name not in ALLOCATE_NEUTRAL or value != ALLOCATE_NEUTRAL[name]:
+                raise UnsupportedCall(
+                    f"vLLM {self.release.version}'s allocate_slots has no {name}: "
+                    f"{name}={value!r} cannot be asked of it (only the default, "
+                    f"{ALLOCATE_NEUTRAL.get(name)!r})"
+                )
         return self.manager.allocate_slots(self.request(r), *args, **kwargs)
 
     def cache_blocks(self, r: Any, num_computed_tokens: int) -> None:
@@ -930,10 +1214,10 @@ class ManagerTarget:
         return self.manager.get_block_ids(request_id)
 
     def to_spec(self) -> ManagerState:
-        return state_of(self.manager)
+        return state_of(self.manager, self.release)
 
     def __repr__(self) -> str:
-        return f"vLLM {self.manager.__class__.__name__}"
+        return f"vLLM {self.release.version} {self.manager.__class__.__name__}"
 
 
 class BenchTarget:
