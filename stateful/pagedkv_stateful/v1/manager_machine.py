@@ -64,7 +64,11 @@ LORAS = (
     LoRARequest("b", 3, "/p1"),
 )
 SALTS = (None, None, None, "s")
-MM_IDS = (None, None, None, "img0", "img1")
+#: the images of a request (identifiers, by offset): mostly none, sometimes two
+MM_IDS: tuple[tuple[str, ...], ...] = ((), (), (), ("img0",), ("img1",), ("img0", "img1"))
+#: prefix-cache hit limits: mostly unbounded; 0 skips reads; others bound them (prompt
+#: scoring from a row), drawn only for a target that takes them (``partial_hit_limits``)
+HIT_LIMITS = (None, None, None, 0, 2, 5)
 
 
 def check_events(
@@ -97,6 +101,9 @@ def fail(id_: str, detail: str) -> AssertionError:
 
 class V1ManagerMachine(RuleBasedStateMachine):
     """A V1 scheduler's calls on a target and on the spec (module docstring)."""
+
+    #: whether the target takes a prefix-cache hit limit between 0 and unbounded
+    partial_hit_limits = True
 
     def make_manager(
         self,
@@ -203,7 +210,8 @@ class V1ManagerMachine(RuleBasedStateMachine):
         lora=st.sampled_from(LORAS),
         salt=st.sampled_from(SALTS),
         mm=st.sampled_from(MM_IDS),
-        skip_reads=st.sampled_from((False, False, False, True)),
+        mm_at_end=st.booleans(),
+        limit=st.sampled_from(HIT_LIMITS),
         repeat=st.sampled_from((None, -1, -1, -2)),
         general=st.booleans(),
     )
@@ -214,22 +222,38 @@ class V1ManagerMachine(RuleBasedStateMachine):
         tail: list[int],
         lora: LoRARequest | None,
         salt: str | None,
-        mm: str | None,
-        skip_reads: bool,
+        mm: tuple[str, ...],
+        mm_at_end: bool,
+        limit: int | None,
         repeat: int | None,
         general: bool,
     ) -> None:
         """A new request (WAITING; the scheduler looks it up when it admits it), maybe
         the same prompt and identity as a recent one (``repeat``); ``general``: of a
         ``Request`` subclass, which pagedkv's decode fast path leaves to the general path,
-        so both are checked against the spec."""
+        so both are checked against the spec. Its images sit after the first token or,
+        one token each, at the end of the prompt (in its last, partial block: decoded
+        tokens fill that block and hash it with them)."""
         if repeat is not None and len(self.prompts) >= -repeat:
-            base, cut, tail, lora, salt, mm = self.prompts[repeat]
-        self.prompts.append((base, cut, tail, lora, salt, mm))
+            # the same prompt and identity; its own hit limit (not part of the identity)
+            base, cut, tail, lora, salt, mm, mm_at_end = self.prompts[repeat]
+        self.prompts.append((base, cut, tail, lora, salt, mm, mm_at_end))
+        if limit and not self.partial_hit_limits:
+            limit = None
         tokens = [*BASES[base][:cut], *tail]
+        bs = self.model.block_size
+        if mm_at_end and len(mm) > 1 and bs > len(mm):
+            # NOTE: steering: images at the end all sit in the prompt's last, partial
+            # block, so the token sampled after the prompt completes a block holding them
+            tokens += [0] * ((len(mm) - len(tokens)) % bs)
         features = []
-        if mm is not None and len(tokens) >= 3:
-            features.append(MultiModalFeatureSpec(mm, PlaceholderRange(1, 2)))
+        if len(mm) == 1 and len(tokens) >= 3 and not mm_at_end:
+            features.append(MultiModalFeatureSpec(mm[0], PlaceholderRange(1, 2)))
+        elif mm and len(tokens) >= len(mm) + 1:
+            start = len(tokens) - len(mm) if mm_at_end else 1
+            features += [
+                MultiModalFeatureSpec(m, PlaceholderRange(start + i, 1)) for i, m in enumerate(mm)
+            ]
         rid = f"r{self.next_id}"
         self.next_id += 1
         self.identity[rid] = Identity(
@@ -244,7 +268,7 @@ class V1ManagerMachine(RuleBasedStateMachine):
             lora_request=lora,
             cache_salt=salt,
             mm_features=features,
-            skip_reading_prefix_cache=skip_reads,
+            prefix_cache_hit_limit=limit,
         )
 
     @precondition(lambda self: self.ids_of("waiting") or self.ids_of("running"))
