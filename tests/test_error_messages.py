@@ -1818,6 +1818,10 @@ def _v1_cache_again(first: int, last: int) -> None:
     m.block_pool.cache_full_blocks(r, table, first, last, 4, 0)
 
 
+def _v1_manager_with(max_model_len: int = 16, **options: object) -> v1.KVCacheManager:
+    return v1.KVCacheManager(v1.KVCacheConfig.full_attention(4, 4), max_model_len, **options)  # type: ignore[arg-type]  # bad values on purpose
+
+
 def _v1_cache_short_table() -> None:
     m, r = _v1_held()
     table = m.get_blocks("a").blocks[0]
@@ -2082,6 +2086,74 @@ V1_MESSAGES = [
         InvalidKVCacheManagerConfigError,
         "scheduler_block_size 6 must be a multiple of hash_block_size 4 and of every "
         "group's block size [4]",
+    ),
+    case(
+        "v1 config: hash block size not dividing the scheduler's",
+        lambda: v1.KVCacheManager(v1.KVCacheConfig.full_attention(4, 4), 16, 4, 3),
+        InvalidKVCacheManagerConfigError,
+        "scheduler_block_size 4 must be a multiple of hash_block_size 3 and of every "
+        "group's block size [4]",
+    ),
+    case(
+        "v1 config: scheduler block size not a multiple of the group's",
+        lambda: v1.KVCacheManager(v1.KVCacheConfig.full_attention(4, 4), 16, 6, 2),
+        InvalidKVCacheManagerConfigError,
+        "scheduler_block_size 6 must be a multiple of hash_block_size 2 and of every "
+        "group's block size [4]",
+    ),
+    case(
+        "v1 config: num_blocks",
+        lambda: v1.KVCacheConfig(0, (v1.KVCacheGroupSpec(("l",), v1.FullAttentionSpec(4)),)),
+        InvalidKVCacheManagerConfigError,
+        "num_blocks must be an int >= 1, got 0",
+    ),
+    case(
+        "v1 config: a spec's block_size",
+        lambda: v1.FullAttentionSpec(-3),
+        InvalidKVCacheManagerConfigError,
+        "block_size must be an int >= 1, got -3",
+    ),
+    case(
+        "v1 manager: max_model_len",
+        lambda: _v1_manager_with(max_model_len=0),
+        InvalidKVCacheManagerConfigError,
+        "max_model_len must be an int >= 1, got 0",
+    ),
+    case(
+        "v1 manager: scheduler_block_size",
+        lambda: _v1_manager_with(scheduler_block_size=0),
+        InvalidKVCacheManagerConfigError,
+        "scheduler_block_size must be an int >= 1, got 0",
+    ),
+    case(
+        "v1 manager: hash_block_size",
+        lambda: _v1_manager_with(hash_block_size=0),
+        InvalidKVCacheManagerConfigError,
+        "hash_block_size must be an int >= 1, got 0",
+    ),
+    case(
+        "v1 manager: enable_caching",
+        lambda: _v1_manager_with(enable_caching="on"),
+        ArgumentTypeError,
+        "enable_caching must be a bool (True or False), got str 'on'",
+    ),
+    case(
+        "v1 manager: log_stats",
+        lambda: _v1_manager_with(log_stats=None),
+        ArgumentTypeError,
+        "log_stats must be a bool (True or False), got NoneType None",
+    ),
+    case(
+        "v1 manager: enable_kv_cache_events",
+        lambda: _v1_manager_with(enable_kv_cache_events=1),
+        ArgumentTypeError,
+        "enable_kv_cache_events must be a bool (True or False), got int 1",
+    ),
+    case(
+        "v1 manager: watermark",
+        lambda: _v1_manager_with(watermark=1.5),
+        InvalidKVCacheManagerConfigError,
+        "watermark must be a finite number in [0.0, 1.0], got 1.5",
     ),
     case(
         "v1 config: hash function",

@@ -128,3 +128,35 @@ def test_two_identities_that_differ_share_no_block(
             for s in range(0, (i + 1) * block_size, block_size)
         )
         assert (x == y) == same_so_far
+
+
+def _images(*spans: tuple[int, int]) -> Request:
+    """A 12-token request with one image per ``(offset, length)``, named m0, m1, ..."""
+    feats = [
+        MultiModalFeatureSpec(f"m{i}", PlaceholderRange(o, n)) for i, (o, n) in enumerate(spans)
+    ]
+    return Request("r", list(range(12)), mm_features=feats)
+
+
+def test_the_image_scan_skips_items_that_ended_and_resumes_where_it_stopped() -> None:
+    r = _images((0, 2), (2, 1), (6, 3))
+    keys = generate_block_hash_extra_keys
+    # block [2, 4): m0 ended exactly at its start (skipped), m1 in it; the scan moves on
+    assert keys(r, 2, 4, 0) == ((("mm", "m1", 0),), 2)
+    # block [4, 8): m2 starts in it and goes on, so the next scan starts at m2 again
+    assert keys(r, 4, 8, 2) == ((("mm", "m2", 2),), 2)
+    assert keys(r, 8, 12, 2) == ((("mm", "m2", -2),), 3)
+    # from item 1, a block past m1 skips it and finds m2
+    assert keys(r, 4, 8, 1) == ((("mm", "m2", 2),), 2)
+
+
+def test_a_block_after_every_image_keeps_the_scan_index() -> None:
+    r = _images((0, 2), (2, 2))
+    assert generate_block_hash_extra_keys(r, 4, 8, 1) == (None, 1)
+    assert generate_block_hash_extra_keys(r, 4, 8, 0) == (None, 0)
+
+
+def test_a_negative_scan_index_counts_from_the_last_image() -> None:
+    r = _images((0, 2), (5, 1), (6, 1))
+    assert generate_block_hash_extra_keys(r, 4, 8, -1) == ((("mm", "m2", 2),), 3)
+    assert generate_block_hash_extra_keys(r, 4, 8, -2) == ((("mm", "m1", 1), ("mm", "m2", 2)), 3)

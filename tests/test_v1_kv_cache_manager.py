@@ -691,3 +691,33 @@ def test_the_general_path_at_the_edges_of_its_checks() -> None:
     assert m2.allocate_slots(whole, 4, full_sequence_must_fit=True) is not None  # 4 of 4
     adopt_only = _General("a", list(range(9)), block_hasher=HASHER)
     raised(InvalidAllocationError, m2.allocate_slots, adopt_only, 0)  # nothing to do
+
+
+def test_the_manager_keeps_its_configuration_down_to_one_block_and_one_token() -> None:
+    config = KVCacheConfig.full_attention(1, 4)  # the null block only
+    assert config.kv_cache_groups[0].layer_names == ("layers",)
+    m = KVCacheManager(config, 1, log_stats=True)
+    assert m.kv_cache_config is config and m.max_model_len == 1 and m.log_stats is True
+    assert m.scheduler_block_size == 4 and m.block_pool.get_num_free_blocks() == 0
+    assert m.allocate_slots(request("r", 1), 1) is None  # no block to give
+    wide = KVCacheManager(KVCacheConfig.full_attention(4, 2), 16, 8, 2)
+    assert wide.scheduler_block_size == 8
+
+
+def test_a_block_shows_its_id_count_key_and_neighbours() -> None:
+    m = manager(5)
+    r = request("r", 5)
+    admit(m, r)
+    held, null = m.block_pool.blocks[1], m.block_pool.null_block
+    key = held.block_hash.hex()[:12] if held.block_hash is not None else None
+    assert key is not None and len(key) == 12
+    assert (
+        repr(held) == f"KVCacheBlock(block_id=1, ref_cnt=1, block_hash={key}, prev=None, next=None)"
+    )
+    assert (
+        repr(null)
+        == "KVCacheBlock(block_id=0, ref_cnt=0, block_hash=None, prev=None, next=None, null)"
+    )
+    # free: 3 then 4, between the queue's fake head and tail (id -1)
+    assert repr(m.block_pool.blocks[3]).endswith("block_hash=None, prev=-1, next=4)")
+    assert repr(m.block_pool.blocks[4]).endswith("block_hash=None, prev=3, next=-1)")
