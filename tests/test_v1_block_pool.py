@@ -489,3 +489,23 @@ def test_touching_one_cached_free_block_twice_counts_two_references() -> None:
     assert blocks[0].ref_cnt == 2 and pool.get_num_free_blocks() == free_before - 1
     pool.free_blocks([blocks[0], blocks[0]])
     pool.check_invariants()
+
+
+def test_a_block_of_several_hash_blocks_is_keyed_by_its_last_hash() -> None:
+    pool = BlockPool(6, True, 2)  # hashes every 2 tokens; blocks of 4 tokens
+    r = Request("r", list(range(1, 13)), block_hasher=get_request_block_hasher(2))
+    assert len(r.block_hashes) == 6
+    blocks = pool.get_new_blocks(3)
+    pool.cache_full_blocks(r, blocks, 1, 3, 4, 0)  # blocks 1 and 2 (block 0 skipped)
+    assert blocks[0].block_hash is None
+    assert [b.block_hash for b in blocks[1:]] == [
+        make_block_hash_with_group_id(r.block_hashes[i], 0) for i in (3, 5)
+    ]
+    short = Request("s", list(range(1, 7)), block_hasher=get_request_block_hasher(2))
+    fresh = pool.get_new_blocks(2)  # 3 hashes: one whole 4-token block, not two
+    err = raised(BlockPoolError, pool.cache_full_blocks, short, fresh, 0, 2, 4, 0)
+    assert "it has hashes for 1" in str(err)
+    pool.cache_full_blocks(short, fresh, 2, 2, 4, 0)  # nothing to cache: no check, no change
+    pool.cache_full_blocks(short, fresh, 3, 2, 4, 0)
+    assert [b.block_hash for b in fresh] == [None, None]
+    pool.check_invariants()

@@ -721,3 +721,73 @@ def test_a_block_shows_its_id_count_key_and_neighbours() -> None:
     # free: 3 then 4, between the queue's fake head and tail (id -1)
     assert repr(m.block_pool.blocks[3]).endswith("block_hash=None, prev=-1, next=4)")
     assert repr(m.block_pool.blocks[4]).endswith("block_hash=None, prev=3, next=-1)")
+
+
+def test_a_hit_limit_of_one_token_reads_one_block_of_one_token() -> None:
+    m = KVCacheManager(KVCacheConfig.full_attention(8, 1), 64)
+    first = Request("a", [1, 2, 3], block_hasher=get_request_block_hasher(1))
+    admit(m, first)
+    limited = Request(
+        "b", [1, 2, 3], block_hasher=get_request_block_hasher(1), prefix_cache_hit_limit=1
+    )
+    blocks, hit, _ = m.get_computed_blocks(limited)
+    assert hit == 1 and blocks.get_block_ids() == ([1],)
+    assert m.get_num_cached_tokens(limited) == 1
+
+
+def test_the_whole_sequence_gate_counts_the_watermark() -> None:
+    m = manager(10, watermark=0.7)  # 7 watermark blocks, 9 free
+    r = request("r", 9)  # 3 blocks in all; a first chunk of 4 tokens needs 1
+    assert m.allocate_slots(r, 4, full_sequence_must_fit=True) is None  # 3 + 7 > 9
+    assert m.block_pool.get_num_free_blocks() == 9
+    assert m.allocate_slots(r, 4) is not None  # 1 + 7 <= 9
+
+
+def test_hit_and_new_tokens_past_max_model_len_are_refused() -> None:
+    m = KVCacheManager(KVCacheConfig.full_attention(10, 4), 16)
+    admit(m, request("a", 12))
+    m.free(request("a", 12))
+    r = request("b", 12)
+    blocks, hit, _ = m.get_computed_blocks(r)
+    assert hit == 8
+    before = m.to_spec()
+    err = raised(InvalidAllocationError, m.allocate_slots, r, 9, hit, blocks)
+    assert "reach 17, past max_model_len 16" in str(err)
+    assert m.to_spec() == before
+
+
+def test_a_lookup_before_an_eviction_and_a_reset_is_stale() -> None:
+    m = manager(10)
+    admit(m, request("a", 12))
+    m.free(request("a", 12))
+    r = request("b", 12)
+    blocks, hit, _ = m.get_computed_blocks(r)  # fresh: blocks 1, 2
+    m.evict_blocks([3])  # one key leaves
+    assert m.reset_prefix_cache()  # the rest leave: the hit's blocks hold no key now
+    before = m.to_spec()
+    err = raised(InvalidAllocationError, m.allocate_slots, r, 4, hit, blocks)
+    assert "is not cached under the request's hash" in str(err)
+    assert m.to_spec() == before
+
+
+def test_the_no_cache_coordinator_never_hits_and_keeps_the_event_hash_form() -> None:
+    config = KVCacheConfig.full_attention(4, 4)
+    c = get_kv_cache_coordinator(config, False, True, 4, int_event_hashes=False)
+    assert isinstance(c, KVCacheCoordinatorNoPrefixCache)
+    assert c.block_pool.int_event_hashes is False
+    assert c.find_longest_cache_hit([b"x" * 32], 8) == (([],), 0)
+    u = get_kv_cache_coordinator(config, True, True, 4, int_event_hashes=False)
+    assert u.block_pool.int_event_hashes is False
+
+
+def test_a_lookup_between_an_eviction_and_a_reset_is_stale() -> None:
+    m = manager(10)
+    admit(m, request("a", 12))
+    m.free(request("a", 12))
+    m.evict_blocks([3])  # a key leaves before the lookup
+    r = request("b", 12)
+    blocks, hit, _ = m.get_computed_blocks(r)
+    assert hit == 8
+    assert m.reset_prefix_cache()
+    err = raised(InvalidAllocationError, m.allocate_slots, r, 4, hit, blocks)
+    assert "is not cached under the request's hash" in str(err)
