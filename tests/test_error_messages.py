@@ -2052,8 +2052,7 @@ V1_MESSAGES = [
         "v1 pool: cache beyond the table",
         lambda: _v1_cache_short_table(),
         BlockPoolError,
-        "cannot cache 2 block(s) of request 'a' from a table of 1; pass the request's "
-        "whole table",
+        "cannot cache 2 block(s) of request 'a' from a table of 1; pass the request's whole table",
     ),
     case(
         "v1 pool: no block",
@@ -2180,6 +2179,41 @@ V1_MESSAGES = [
         lambda: v1.UnitaryKVCacheCoordinator(_v1_two_groups(), False, 4),
         InvalidKVCacheManagerConfigError,
         "the unitary coordinator manages one group",
+    ),
+    case(
+        "v1 request: a multimodal item of another type",
+        lambda: v1.Request("r", [1, 2, 3], mm_features=["x"]),  # type: ignore[list-item]  # on purpose
+        ArgumentTypeError,
+        "mm_features must be MultiModalFeatureSpecs, got str 'x'",
+    ),
+    case(
+        "v1 request: overlapping multimodal items",
+        lambda: v1.Request(
+            "r",
+            [1, 2, 3, 4],
+            mm_features=[
+                v1.MultiModalFeatureSpec("a", v1.PlaceholderRange(0, 2)),
+                v1.MultiModalFeatureSpec("b", v1.PlaceholderRange(1, 1)),
+            ],
+        ),
+        InvalidRequestError,
+        "request 'r': multimodal item 'b' at 1+1 overlaps the previous one, is empty or ends "
+        "past the prompt (4 tokens); give items sorted by offset",
+    ),
+    case(
+        "v1 request: an empty multimodal item",
+        lambda: v1.Request(
+            "r", [1, 2, 3], mm_features=[v1.MultiModalFeatureSpec("a", v1.PlaceholderRange(1, 0))]
+        ),
+        InvalidRequestError,
+        "request 'r': multimodal item 'a' at 1+0 overlaps the previous one, is empty or ends "
+        "past the prompt (3 tokens); give items sorted by offset",
+    ),
+    case(
+        "v1 request: prefix_cache_hit_limit",
+        lambda: v1.Request("r", [1, 2], prefix_cache_hit_limit="2"),  # type: ignore[arg-type]  # on purpose
+        ArgumentTypeError,
+        "prefix_cache_hit_limit must be an int, got str '2'",
     ),
     case(
         "v1 request: empty prompt",

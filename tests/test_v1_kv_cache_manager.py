@@ -791,3 +791,14 @@ def test_a_lookup_between_an_eviction_and_a_reset_is_stale() -> None:
     assert m.reset_prefix_cache()
     err = raised(InvalidAllocationError, m.allocate_slots, r, 4, hit, blocks)
     assert "is not cached under the request's hash" in str(err)
+
+
+def test_a_new_request_starts_with_vllms_defaults() -> None:
+    items = [
+        MultiModalFeatureSpec("a", PlaceholderRange(0, 1)),
+        MultiModalFeatureSpec("b", PlaceholderRange(1, 1)),  # adjacent items are fine
+    ]
+    r = Request("r", [1, 2, 3], mm_features=items, skip_reading_prefix_cache=True)
+    assert r.prompt_token_ids == [1, 2, 3] and r.prefix_cache_hit_limit == 0
+    assert r.session_id is None and r.num_in_flight_tokens == 0 and r.spec_token_ids == []
+    assert Request("s", [1]).prefix_cache_hit_limit is None
