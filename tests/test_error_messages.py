@@ -2055,6 +2055,30 @@ V1_MESSAGES = [
         "cannot cache 2 block(s) of request 'a' from a table of 1; pass the request's whole table",
     ),
     case(
+        "v1 pool: hash_block_size",
+        lambda: v1.BlockPool(3, True, -2),
+        InvalidKVCacheManagerConfigError,
+        "hash_block_size must be an int >= 1, got -2",
+    ),
+    case(
+        "v1 pool: enable_caching",
+        lambda: v1.BlockPool(3, "yes", 4),  # type: ignore[arg-type]  # on purpose
+        ArgumentTypeError,
+        "enable_caching must be a bool (True or False), got str 'yes'",
+    ),
+    case(
+        "v1 pool: enable_kv_cache_events",
+        lambda: v1.BlockPool(3, True, 4, enable_kv_cache_events="no"),  # type: ignore[arg-type]  # on purpose
+        ArgumentTypeError,
+        "enable_kv_cache_events must be a bool (True or False), got str 'no'",
+    ),
+    case(
+        "v1 pool: evict ids that are no iterable",
+        lambda: v1.BlockPool(3, True, 4).evict_blocks(5),  # type: ignore[arg-type]  # on purpose
+        ArgumentTypeError,
+        "block_ids must be an iterable of block ids, got int 5",
+    ),
+    case(
         "v1 pool: no block",
         lambda: v1.BlockPool(0, True, 4),
         InvalidKVCacheManagerConfigError,

@@ -509,3 +509,11 @@ def test_a_block_of_several_hash_blocks_is_keyed_by_its_last_hash() -> None:
     pool.cache_full_blocks(short, fresh, 3, 2, 4, 0)
     assert [b.block_hash for b in fresh] == [None, None]
     pool.check_invariants()
+
+
+def test_a_pool_records_no_events_unless_asked() -> None:
+    pool = BlockPool(4, True, 2)
+    assert pool.enable_kv_cache_events is False
+    r = Request("r", [1, 2, 3], block_hasher=get_request_block_hasher(2))
+    pool.cache_full_blocks(r, pool.get_new_blocks(1), 0, 1, 2, 0)
+    assert pool.take_events() == []
