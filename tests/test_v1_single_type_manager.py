@@ -118,3 +118,19 @@ def test_blocks_to_allocate_for_a_request_that_holds_blocks_count_only_growth() 
     assert m2.get_num_blocks_to_allocate("s", 20, (), 16) == 2
     # 8 skipped (2 blocks), as many as it holds: 5 - 2 new
     assert m2.get_num_blocks_to_allocate("s", 20, (), 12) == 3
+
+
+def test_blocks_to_allocate_count_the_hits_past_both_the_window_and_the_held_blocks() -> None:
+    pool = BlockPool(12, True, BS)
+    _, hit = cached_free_run(pool, 4)  # four cached-free hit blocks
+    m = Windowed(pool, window=8)
+    m.allocate_new_blocks("s", 4)  # holds 1 block, not counted as cached
+    # 12 tokens skipped (3 blocks), 1 held: hits from position 2 on are adopted; 2 of
+    # them cached-free; 6 slots blocks - max(3, 4 + 1) = 1 new
+    assert m.get_num_blocks_to_allocate("s", 24, hit, 20) == 1 + 2
+    # 8 tokens skipped (2 blocks), 1 held: hits from position 1 on, 3 of them
+    assert m.get_num_blocks_to_allocate("s", 24, hit, 16) == 1 + 3
+    # 4 tokens skipped (1 block), 1 held: every hit is adopted
+    assert m.get_num_blocks_to_allocate("s", 24, hit, 12) == 1 + 4
+    m.window = 100  # nothing skipped, 1 held: every hit is adopted
+    assert m.get_num_blocks_to_allocate("s", 24, hit, 20) == 1 + 4
