@@ -139,8 +139,8 @@ def shim(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def test_mapped_names_are_pagedkvs_and_other_names_are_out_of_scope(shim: None) -> None:
-    from vllm.v1.core import kv_cache_utils  # type: ignore[import-not-found]
-    from vllm.v1.kv_cache_interface import MambaSpec  # type: ignore[import-not-found]
+    from vllm.v1.core import kv_cache_utils  # type: ignore[import-not-found]  # the shim's fake module
+    from vllm.v1.kv_cache_interface import MambaSpec  # type: ignore[import-not-found]  # the shim's fake module
 
     assert kv_cache_utils.FreeKVCacheBlockQueue is pv1.FreeKVCacheBlockQueue
     kv_cache_utils.init_none_hash(pv1.sha256)
