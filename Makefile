@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch (already on disk on our machines); users with a GPU keep their own build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test lint typecheck pytest crosshair bench bench-vllm-v1 vllm-v1-tests fuzz verify demo mutate gpu-check conform-vllm clean
+.PHONY: install test lint typecheck pytest crosshair bench bench-vllm-v1 vllm-v1-tests fuzz verify demo mutate gpu-check conform-vllm conform-vllm-v1 clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -118,6 +118,33 @@ vllm-v1-tests: $(STAMP)
 	  $(BIN)/python -m pagedkv_stateful.vllm_v1_tests fetch $(VLLM_V1_TESTS_DIR) \
 	    --release $(VLLM_V1_RELEASE)
 	$(BIN)/python -m pagedkv_stateful.vllm_v1_tests run $(VLLM_V1_TESTS_DIR) $(VLLM_V1_TESTS_ARGS)
+
+# The conformance kit's V1 level against vLLM's own KVCacheManager, per release
+# (docs/conformance.md): each wheel downloaded once (pip --no-deps, 240-340 MB, into
+# $(VLLM_WHEELS)), its V1 KV-cache files extracted to build/vllm-v1-RELEASE beside
+# pagedkv's stand-ins, then `pagedkv conform pagedkv_stateful.vllm_v1:manager --level v1`
+# under python and python -O: one report per release and run, text and JSON in
+# $(CONFORM_VLLM_V1_DIR) (each printed as it goes), then every finding's program replayed
+# in a fresh process. Findings exit 1 per run and are kept; a usage error stops.
+VLLM_V1_RELEASES     ?= 0.34.0 0.33.0 0.27.1
+CONFORM_VLLM_V1_DIR  ?= build/conform-vllm-v1
+CONFORM_VLLM_V1_ARGS ?= --max-violations 8
+conform-vllm-v1: $(STAMP)
+	mkdir -p $(CONFORM_VLLM_V1_DIR)
+	for release in $(VLLM_V1_RELEASES); do \
+	  ls $(VLLM_WHEELS)/vllm-$$release-*.whl >/dev/null 2>&1 || \
+	    $(BIN)/python -m pip download -q --no-deps vllm==$$release -d $(VLLM_WHEELS) || exit 2; \
+	  $(BIN)/python -m pagedkv_stateful.vllm_v1 extract \
+	    $$(ls $(VLLM_WHEELS)/vllm-$$release-*.whl | head -1) build/vllm-v1-$$release || exit 2; \
+	  for opt in "" -O; do \
+	    out=$(CONFORM_VLLM_V1_DIR)/v1-$$release$$opt; \
+	    PAGEDKV_VLLM_V1_DIR=build/vllm-v1-$$release $(BIN)/python $$opt -m pagedkv conform \
+	      pagedkv_stateful.vllm_v1:manager --level v1 $(CONFORM_VLLM_V1_ARGS) \
+	      --json $$out.json > $$out.txt; \
+	    rc=$$?; cat $$out.txt; [ $$rc -le 1 ] || exit $$rc; \
+	  done; \
+	done
+	$(BIN)/python -m pagedkv_stateful.vllm_v1 replay $(CONFORM_VLLM_V1_DIR)/*.json
 
 # Mutation testing of the allocator, manager, KV-engine and scheduler layers
 # (docs/mutation.md); not part of `make test` (an hour or more on 2 cores). mutmut

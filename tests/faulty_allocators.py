@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -845,3 +846,136 @@ def nothing_computed_exact_caching_manager(
     return ManagerAdapter(
         target, dataclasses.replace(VLLM_LIKE_CACHING_MANAGER, exact_admission=True)
     )
+
+
+# --------------------------------------------------------------------------- V1 level
+
+
+def _v1(config: Any, max_model_len: int, caching: bool, events: bool, watermark: float) -> Any:
+    from pagedkv.v1 import KVCacheManager
+
+    return KVCacheManager(
+        config,
+        max_model_len,
+        enable_caching=caching,
+        enable_kv_cache_events=events,
+        watermark=watermark,
+    )
+
+
+def own_v1_manager(
+    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+) -> Any:
+    """pagedkv's own V1 manager (the v1 level's reference target)."""
+    return _v1(config, max_model_len, caching, events, watermark)
+
+
+def newest_first_v1_manager(
+    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+) -> Any:
+    """Frees a table head first (V1-7: the tail must be reused last), caching on or off."""
+    from pagedkv.v1 import BlockPool
+
+    class NewestFirst(BlockPool):
+        def free_blocks(self, ordered_blocks: Any) -> None:
+            super().free_blocks(list(ordered_blocks)[::-1])
+
+    m = _v1(config, max_model_len, caching, events, watermark)
+    m.block_pool.__class__ = NewestFirst
+    return m
+
+
+class HashesThrough:
+    """pagedkv's V1 manager whose requests' block hashes are read through ``hash_of``
+    (another format: a target's own hasher), the rest forwarded."""
+
+    def __init__(self, target: Any, hash_of: Any) -> None:
+        self.target, self.hash_of = target, hash_of
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
+
+    def block_hashes(self, r: Any) -> tuple[Any, ...]:
+        return tuple(self.hash_of(r, h) for h in r.block_hashes)
+
+
+def _other_format(r: Any, h: bytes) -> bytes:
+    """A one-to-one change of format (what an older release's hash bytes look like)."""
+    return hashlib.sha256(b"other" + h).digest()
+
+
+def _name_only(r: Any) -> tuple[bytes, ...]:
+    """Hashes keyed by a LoRA's name only (every adapter at one path): one name at two
+    paths shares hashes, as vLLM 0.27.1 keyed it."""
+    from pagedkv.v1 import LoRARequest, Request
+
+    lora = r.lora_request
+    if lora is not None:
+        lora = LoRARequest(lora.lora_name, lora.lora_int_id, "/p1")
+    twin = Request(
+        "twin",
+        list(r.prompt_token_ids),
+        block_hasher=r._block_hasher,
+        lora_request=lora,
+        cache_salt=r.cache_salt,
+        mm_features=list(r.mm_features),
+    )
+    twin.append_output_token_ids(list(r.output_token_ids))
+    return tuple(_other_format(r, h) for h in twin.block_hashes)
+
+
+class NameOnlyHashes(HashesThrough):
+    def __init__(self, target: Any, hash_of: Any) -> None:
+        super().__init__(target, hash_of)
+        self.memo: dict[tuple[str, int], tuple[bytes, ...]] = {}
+
+    def block_hashes(self, r: Any) -> tuple[Any, ...]:
+        key = (r.request_id, r.num_tokens)
+        if key not in self.memo:
+            self.memo[key] = _name_only(r)
+        return self.memo[key]
+
+
+def name_only_v1_manager(
+    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+) -> Any:
+    """Its requests' hashes (another format, not promised) key a LoRA by its name only."""
+    target = NameOnlyHashes(_v1(config, max_model_len, caching, events, watermark), None)
+    return target, Capabilities(exact_hashes=False)
+
+
+def other_format_v1_manager(
+    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+) -> Any:
+    """Hashes in another format, one to one with the spec's keys, not promising the bytes:
+    no finding."""
+    target = HashesThrough(_v1(config, max_model_len, caching, events, watermark), _other_format)
+    return target, Capabilities(exact_hashes=False)
+
+
+def other_format_exact_v1_manager(
+    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+) -> Any:
+    """The same, claiming the bytes: a V1-5 finding."""
+    target = HashesThrough(_v1(config, max_model_len, caching, events, watermark), _other_format)
+    return target, Capabilities()
+
+
+def not_v1_manager(
+    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+) -> Any:
+    """A V0 manager where a V1 manager is expected."""
+    return BlockSpaceManager(2, 8, 4, 0.0)
+
+
+class OwnRequestsOnly(HashesThrough):
+    """Takes its own request type only (as vLLM's manager does without an adapter)."""
+
+    def get_num_cached_tokens(self, r: Any) -> int:
+        return int(r.sampling_params.prompt_logprobs)
+
+
+def own_requests_v1_manager(
+    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+) -> Any:
+    return OwnRequestsOnly(_v1(config, max_model_len, caching, events, watermark), None)

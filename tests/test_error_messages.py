@@ -86,6 +86,7 @@ from pagedkv.v0.block_table import BlockTable
 from pagedkv.v0.evictor import LRUEvictor
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv.v0.refcount import contiguous_range
+from pagedkv_stateful import vllm_v1
 from pagedkv_stateful.conform import UsageError, run_conformance
 from scheduler_helpers import add, one_in_each_queue, step
 from scheduler_helpers import make as make_scheduler
@@ -1792,7 +1793,41 @@ CONFORM_MESSAGES = [
         "SequenceGroup: adapt sequences/groups in a ManagerAdapter subclass, see "
         "docs/conformance.md",
     ),
+    case(
+        "conform: v1 target without the KVCacheManager surface",
+        lambda: run_conformance(faulty.not_v1_manager, level="v1", call="mgr"),
+        UsageError,
+        "mgr(KVCacheConfig.full_attention(8, 2), 16, True, False, 0.0) returned "
+        "BlockSpaceManager, which lacks get_computed_blocks, get_num_cached_tokens, "
+        "record_prefix_cache_stats, allocate_slots, cache_blocks, evict_blocks, take_events, "
+        "get_block_ids, empty_kv_cache_blocks, usage; a v1-level target has vLLM V1's "
+        "KVCacheManager surface, takes pagedkv Request objects and gives its state as "
+        "to_spec() (an adapter such as pagedkv_stateful.vllm_v1.ManagerTarget, "
+        "docs/conformance.md)",
+    ),
+    case(
+        "conform: v1 target that cannot take a pagedkv Request",
+        lambda: run_conformance(faulty.own_requests_v1_manager, level="v1", call="mgr"),
+        UsageError,
+        "mgr(KVCacheConfig.full_attention(8, 2), 16, True, False, 0.0): "
+        "get_num_cached_tokens(<a pagedkv Request of 3 tokens>) raised AttributeError: "
+        "'Request' object has no attribute 'sampling_params'; a v1-level target takes "
+        "pagedkv Request objects (adapt them to its own, as "
+        "pagedkv_stateful.vllm_v1.ManagerTarget does)",
+    ),
+    case(
+        "vllm_v1.manager: a configuration of two groups",
+        lambda: vllm_v1.manager(_two_groups(), 16, True, False, 0.0),
+        vllm_v1.UnsupportedCall,
+        "pagedkv_stateful.vllm_v1.manager maps one full-attention group only, got "
+        "['full_attention', 'full_attention']",
+    ),
 ]
+
+
+def _two_groups() -> v1.KVCacheConfig:
+    config = v1.KVCacheConfig.full_attention(8, 2)
+    return dataclasses.replace(config, kv_cache_groups=config.kv_cache_groups * 2)
 
 
 # ---------------------------------------------------------------------------- pagedkv.v1
@@ -1856,6 +1891,36 @@ def _v1_hash_twice() -> None:
 
 
 V1_MESSAGES = [
+    case(
+        "v1 Request: an empty request id",
+        lambda: v1.Request("", [1]),
+        InvalidRequestError,
+        "request_id must be a non-empty str, got ''",
+    ),
+    case(
+        "v1 Request: a request id not a str",
+        lambda: v1.Request(5, [1]),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "request_id must be a str, got int 5",
+    ),
+    case(
+        "v1 Request: a token id not an int",
+        lambda: v1.Request("r", ["a"]),  # type: ignore[list-item]  # the bad input
+        ArgumentTypeError,
+        "prompt_token_ids (each token id) must be an int, got str 'a'",
+    ),
+    case(
+        "v1 Request: a LoRA request of another type",
+        lambda: v1.Request("r", [1], lora_request="x"),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "lora_request must be a LoRARequest or None, got str 'x'",
+    ),
+    case(
+        "v1 Request: a cache salt not a str",
+        lambda: v1.Request("r", [1], cache_salt=5),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "cache_salt must be a str, got int 5",
+    ),
     case(
         "v1 allocate_slots: delay_cache_blocks not a bool",
         lambda: _v1_manager().allocate_slots(v1.Request("r", [1]), 1, delay_cache_blocks=1),  # type: ignore[arg-type]  # the bad input

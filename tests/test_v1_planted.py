@@ -30,6 +30,7 @@ from pagedkv.v1 import (
 from pagedkv.v1.hashing import sha256
 from pagedkv.v1.single_type_manager import FullAttentionManager
 from pagedkv_spec.invariants import REGISTRY
+from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
 
@@ -115,6 +116,8 @@ def _found(machine: type[V1ManagerMachine], examples: int = 400) -> str:
         run_state_machine_as_test(machine, settings=find_fast(examples, 30))
     if isinstance(info.value, InvariantViolationError):
         return info.value.invariant
+    if isinstance(info.value, Violation):  # named by the invariant's label
+        return info.value.invariant.split()[0]
     message = str(info.value)
     found = [inv.id for inv in REGISTRY.values() if message.startswith(inv.label)]
     return found[0] if found else message

@@ -18,6 +18,7 @@ from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec.device import Device
 from pagedkv_stateful import vllm063
 from pagedkv_stateful.adapters import ManagerAdapter, PagedKVManagerAdapter
+from pagedkv_stateful.replay import replay_report
 
 
 def _fake_wheel(path: Path, skip: str = "") -> Path:
@@ -177,7 +178,7 @@ def test_replay_reports_the_programs_that_do_not_reproduce(tmp_path: Path) -> No
     ]
     path = tmp_path / "r.json"
     path.write_text(__import__("json").dumps({"findings": findings}))
-    total, failed = vllm063.replay_report(path)
+    total, failed = replay_report(path)
     assert total == 4 and [line.split(":")[0] for line in failed] == ["clean", "import"]
     assert "ran clean" in failed[0] and "ModuleNotFoundError" in failed[1]
     assert vllm063.main(["replay", str(path)]) == 1
@@ -209,4 +210,3 @@ def test_a_program_sets_up_its_own_import_path(
     finally:
         for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
             del sys.modules[name]
-

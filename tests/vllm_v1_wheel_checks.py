@@ -138,7 +138,7 @@ def test_every_loaded_vllm_module_is_a_wheel_file_or_a_stand_in(
 ) -> None:
     spec = vllm_v1.RELEASES[release]
     assert vllm_v1.loaded_release() is spec
-    vllm_v1.ManagerTarget(vllm_v1.manager(8, 4, 32), 4).to_spec()
+    vllm_v1.ManagerTarget(vllm_v1.kv_cache_manager(8, 4, 32), 4).to_spec()
     vllm_v1.request("r", [1, 2, 3, 4, 5], vllm_v1.hasher(4))
     loaded = {
         Path(m.__file__).resolve().relative_to(vllm_dir).as_posix()
@@ -153,7 +153,7 @@ def test_every_loaded_vllm_module_is_a_wheel_file_or_a_stand_in(
 
 
 def test_a_second_request_hits_the_first_ones_cached_blocks(vllm_dir: Path) -> None:
-    manager = vllm_v1.manager(10, 4, 64)
+    manager = vllm_v1.kv_cache_manager(10, 4, 64)
     hasher = vllm_v1.hasher(4)
     first = vllm_v1.request("a", list(range(1, 11)), hasher)  # 2 full blocks + 2 tokens
     blocks, hit, *_ = manager.get_computed_blocks(first)
@@ -202,7 +202,7 @@ def test_kv_events_publish_hashes_as_pagedkv_does(
 ) -> None:
     monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1" if int_hashes else "0")
     tokens = list(range(1, 15))
-    manager = vllm_v1.manager(8, 4, 32, enable_kv_cache_events=True)
+    manager = vllm_v1.kv_cache_manager(8, 4, 32, enable_kv_cache_events=True)
     r = vllm_v1.request("r", tokens, vllm_v1.hasher(4))
     assert manager.allocate_slots(r, len(tokens)) is not None
     (stored,) = manager.take_events()
@@ -245,7 +245,7 @@ def test_the_bench_target_runs_every_benchmark(vllm_dir: Path, release: str) -> 
 def test_the_target_refuses_an_allocate_slots_keyword_its_release_lacks(vllm_dir: Path) -> None:
     """A keyword the release's allocate_slots lacks passes only with the value that asks
     for nothing; any other raises rather than being dropped."""
-    target = vllm_v1.ManagerTarget(vllm_v1.manager(8, 4, 32), 4)
+    target = vllm_v1.ManagerTarget(vllm_v1.kv_cache_manager(8, 4, 32), 4)
     target._allocate_keywords -= {"reserved_blocks"}  # as a release without it
     r = pv.Request("r", [1, 2, 3, 4, 5])
     with pytest.raises(vllm_v1.UnsupportedCall, match="has no reserved_blocks: reserved_blocks=1"):
@@ -258,7 +258,7 @@ def test_the_target_refuses_an_allocate_slots_keyword_its_release_lacks(vllm_dir
 def test_the_cached_token_probe_takes_nothing(vllm_dir: Path) -> None:
     """get_num_cached_tokens (vLLM's, or the adapter's probe on a release without it)
     reports the hit get_computed_blocks finds, and changes no state."""
-    target = vllm_v1.ManagerTarget(vllm_v1.manager(8, 4, 32), 4)
+    target = vllm_v1.ManagerTarget(vllm_v1.kv_cache_manager(8, 4, 32), 4)
     first = pv.Request("a", list(range(1, 11)))
     target.allocate_slots(first, 10)
     target.free(first)
@@ -275,7 +275,7 @@ def test_the_target_gives_a_partial_hit_limit_or_refuses_it(vllm_dir: Path, rele
     """A hit limit between none and all reaches a release that has one (0.34.0, as prompt
     scoring sets it); a release without one refuses the request rather than reading all.
     (0.34.0's get_num_cached_tokens ignores the limit: a finding, checked below.)"""
-    target = vllm_v1.ManagerTarget(vllm_v1.manager(8, 4, 32), 4)
+    target = vllm_v1.ManagerTarget(vllm_v1.kv_cache_manager(8, 4, 32), 4)
     first = pv.Request("a", list(range(1, 11)))
     target.allocate_slots(first, 10)
     target.free(first)
@@ -317,7 +317,7 @@ def _salt_is_a_lora_name() -> bool:
 
 def _uncached_free_goes_last() -> bool:
     """Caching off, a freed block goes to the back of the free queue (reused last)?"""
-    manager = vllm_v1.manager(3, 1, 16, enable_caching=False)
+    manager = vllm_v1.kv_cache_manager(3, 1, 16, enable_caching=False)
     r = vllm_v1.request("r", [1])
     assert manager.allocate_slots(r, 1).get_block_ids() == ([1],)
     manager.free(r)
@@ -351,7 +351,7 @@ def _probe_ignores_the_hit_limit() -> bool:
     does get_num_cached_tokens report more than get_computed_blocks hits?"""
     if not vllm_v1.loaded_release().partial_hit_limit:
         return False  # no get_num_cached_tokens, no partial limit
-    manager, hasher = vllm_v1.manager(8, 4, 32), vllm_v1.hasher(4)
+    manager, hasher = vllm_v1.kv_cache_manager(8, 4, 32), vllm_v1.hasher(4)
     first = vllm_v1.request("a", list(range(1, 11)), hasher)
     manager.allocate_slots(first, 10)
     manager.free(first)  # tokens 1..8 cached
@@ -518,7 +518,7 @@ def _vllm_machine(steps: int, examples: int, shrink: bool = True) -> type[Any]:
             watermark: float,
         ) -> Any:
             size = config.kv_cache_groups[0].kv_cache_spec.block_size
-            manager = vllm_v1.manager(
+            manager = vllm_v1.kv_cache_manager(
                 config.num_blocks,
                 size,
                 max_model_len,
@@ -560,7 +560,7 @@ def test_the_machine_reports_each_finding_it_reaches(
     for finding in reached.values():  # one run per fix (findings may share one)
         with monkeypatch.context() as patch:
             _fix(release, patch, but=finding)
-            with pytest.raises(AssertionError, match=f"^{finding.label} "):
+            with pytest.raises(AssertionError, match=rf"^\[{finding.label} "):
                 _vllm_machine(30, 1000, shrink=False).TestCase().runTest()
 
 
@@ -581,7 +581,7 @@ def test_the_machine_on_vllm_catches_a_planted_bug(
         original(self, request_id)
 
     monkeypatch.setattr(stm.SingleTypeKVCacheManager, "free", free_head_first)
-    with pytest.raises(AssertionError, match=r"^V1-7 "):
+    with pytest.raises(AssertionError, match=r"^\[V1-7 "):
         _vllm_machine(30, 300, shrink=False).TestCase().runTest()
 
 

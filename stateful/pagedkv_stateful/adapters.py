@@ -182,6 +182,11 @@ class Capabilities:
         exact_admission  manager: ``can_*`` answer exactly (not only safely: a no where
                          the spec says yes is then a finding too)
         atomic_rejections  misuse the target rejects changes nothing
+        hit_limits       V1: a request's prefix-cache hit limit may bound its lookup
+                         partially (prompt scoring), not only all or nothing
+        exact_hashes     V1: block hashes are vLLM's current format byte for byte (KV
+                         events and external caches read them); if False, only which
+                         blocks share a hash is compared with the spec's keys
     """
 
     cow: bool = True
@@ -202,6 +207,8 @@ class Capabilities:
     dedup_before_copy: bool = True
     exact_admission: bool = True
     atomic_rejections: bool = True
+    hit_limits: bool = True
+    exact_hashes: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (the sets as sorted lists)."""
@@ -222,6 +229,11 @@ class Capabilities:
     def describe(self, level: str = "manager") -> str:
         """One line: the features of ``level`` that are supported, then the promises."""
         skip = {"lifo", "typed_errors", "misuse_kinds", "not_together", "beyond_callers"}
+        if level == "v1":  # V1's one optional feature; the rest are V0 notions
+            features = [f for f in ("hit_limits", "exact_hashes") if getattr(self, f)]
+            errors = "typed errors" if self.typed_errors else "any exception as rejection"
+            return f"{' '.join(features) or 'no optional feature'}; {errors}"
+        skip |= {"hit_limits", "exact_hashes"}
         if level not in ("caching", "caching-manager"):
             skip |= {"hit_rate", "swap_hits", "dedup_before_copy"}
         if level == "caching-manager":  # no window, no cross-attention, no lookahead

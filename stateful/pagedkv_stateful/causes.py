@@ -69,8 +69,7 @@ CALLER_PRECONDITIONS: dict[str, str] = {
     "source device",
     "a swap that splits a chain": "the manager swaps every block of a sequence together",
     "a chain across devices": "a sequence's blocks are all on one device",
-    "an allocation on the CPU": "the manager allocates on the GPU; CPU blocks come from "
-    "swaps",
+    "an allocation on the CPU": "the manager allocates on the GPU; CPU blocks come from swaps",
     "a fork of a block on the CPU": "the manager forks running sequences, on the GPU",
     "a block chained after one that is not full": "BlockTable starts a block when the last "
     "one is full",
@@ -78,8 +77,7 @@ CALLER_PRECONDITIONS: dict[str, str] = {
     "sequences in prefill, which share one prompt's blocks",
     "ids that are not a sequence's table": "the manager asks for the ids of a sequence's "
     "table: full blocks, then at most one that is not full",
-    "a computed-blocks query of an empty table": "the manager asks only for allocated "
-    "sequences",
+    "a computed-blocks query of an empty table": "the manager asks only for allocated sequences",
 }
 
 
@@ -106,6 +104,14 @@ PROMISES: dict[str, tuple[tuple[str, ...], str]] = {
     "atomic_rejections": (
         ("allocator", "manager", "caching"),
         "a rejected misuse changes nothing",
+    ),
+    "hit_limits": (
+        ("v1",),
+        "a partial prefix-cache hit limit (prompt scoring) bounds the lookup and the probe",
+    ),
+    "exact_hashes": (
+        ("v1",),
+        "block hashes are vLLM's current format byte for byte (extra keys tagged by kind)",
     ),
 }
 #: The misuse kinds of each level (``Capabilities.misuse_kinds``).
@@ -170,12 +176,23 @@ ACT_ON_YES = (
 )
 
 
+#: The V1 level's callers' contract (the machine plays vLLM's scheduler).
+V1_SCHEDULER = (
+    "a V1 scheduler's calls only (a request admitted with its own lookup's blocks, "
+    "allocate_slots for waiting or running requests, free once per finish or preemption, "
+    "cache_blocks after a delayed allocation, the scheduler's writes on requests between "
+    "calls)"
+)
+
+
 def outside_callers(capabilities: object, level: str = "allocator") -> list[str]:
     """The caller preconditions the kit kept to at ``level`` (``situation (why)``), for a
     target that does not claim ``beyond_callers``; [] for one that does.
     O(preconditions)."""
     if getattr(capabilities, "beyond_callers", False):
         return []
+    if level == "v1":
+        return [V1_SCHEDULER]
     if level in ("manager", "caching-manager"):
         return [ACT_ON_YES]
     return [
@@ -219,7 +236,7 @@ def admission_cause(query: str, direction: str) -> str:
 #: Checks of a policy across operations (the order ids are reused or evicted in): the
 #: policy is the cause whichever call showed it, and once found a machine stops judging it.
 POLICY_LIFO = "LIFO policy"
-POLICIES = frozenset({POLICY_LIFO, "C8 eviction_order_ok"})
+POLICIES = frozenset({POLICY_LIFO, "C8 eviction_order_ok", "V1-7 eviction_order_ok"})
 
 
 #: A free or a swap that drops the last reference to a cached id whose KV no batch has

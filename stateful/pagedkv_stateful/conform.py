@@ -1,6 +1,6 @@
 """Conformance kit: check any paged block allocator (or block manager) against pagedkv's spec.
 
-    pagedkv conform MODULE:FACTORY [--level allocator|manager|caching|caching-manager]
+    pagedkv conform MODULE:FACTORY [--level allocator|manager|caching|caching-manager|v1]
                     [--profile ci|deep]
                     [--max-examples N] [--seed S] [--max-violations K]
                     [--duration SECONDS] [--json [PATH]] [--progress]
@@ -23,7 +23,13 @@
   watermark)``, a manager with prefix caching (``BlockSpaceManager(...,
   enable_caching=True)``'s API), driven by
   :class:`~pagedkv_stateful.caching_manager_machine.CachingManagerMachine` against
-  :mod:`pagedkv_spec.caching_manager`; what it returns is read as at the manager level.
+  :mod:`pagedkv_spec.caching_manager`; what it returns is read as at the manager level;
+* v1 level: ``FACTORY(kv_cache_config, max_model_len, enable_caching,
+  enable_kv_cache_events, watermark)``, a vLLM V1 ``KVCacheManager`` taking pagedkv
+  ``Request`` objects and giving its state as ``to_spec()``, driven by
+  :class:`~pagedkv_stateful.v1.manager_machine.V1ManagerMachine` against
+  :mod:`pagedkv_spec.v1.manager` (V1-1..V1-15); it may return ``(target,
+  Capabilities)`` (``hit_limits``, ``exact_hashes``).
 
 It may return the target itself (default :class:`~pagedkv_stateful.adapters.Capabilities`:
 no LIFO promise, any exception counts as a rejection), a ``(target, Capabilities)``
@@ -117,6 +123,7 @@ __all__ = [
     "run_conformance",
     "run_from_args",
 ]
+
 
 def _seconds(text: str) -> float:
     """``--duration``'s type: a positive number of seconds."""

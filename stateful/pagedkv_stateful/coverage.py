@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["STATE_CLASSES", "operation", "reached", "state_classes"]
+__all__ = ["STATE_CLASSES", "V1_STATE_CLASSES", "operation", "reached", "state_classes"]
 
 # A call on the target (``alloc.``, ``mgr.``, ``pool.``) or on one of its block objects
 # (``b3.append_token_ids(...)``: vLLM's blocks are written through their own method).
@@ -39,12 +39,34 @@ STATE_CLASSES = (
     "window slide",
     "prefix hit",
 )
+#: The V1 manager machine's state classes (recorded by the machine), in table order:
+#: what a V1 scheduler's calls reach, and each configuration of the target.
+V1_STATE_CLASSES = (
+    "prefix hit",
+    "partial hit (limited)",
+    "hit on a cached-free block",
+    "eviction of a cached-free block",
+    "preemption with cached blocks",
+    "chunked prefill",
+    "lookahead",
+    "decode with draft tokens",
+    "external tokens",
+    "delayed caching",
+    "refused allocation",
+    "events recorded",
+    "caching on",
+    "caching off",
+    "events on",
+    "events off",
+)
 
 
 def state_classes(level: str) -> tuple[str, ...]:
     """The state classes a search at ``level`` is meant to reach (lookahead slots and
     window slides and an append copying several blocks are manager-level notions;
-    prefix hits, a caching manager's). O(1)."""
+    prefix hits, a caching manager's; the V1 level has its own). O(1)."""
+    if level == "v1":
+        return V1_STATE_CLASSES
     if level == "manager":  # its appends are not per block: a CoW with no room is an append
         skip = {"copy-on-write with no free block", "prefix hit"}
     elif level == "caching-manager":  # no lookahead, no window; one append per sequence

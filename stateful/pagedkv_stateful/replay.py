@@ -25,6 +25,7 @@ import sys
 import tokenize
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = [
     "NEEDS_O",
@@ -34,6 +35,8 @@ __all__ = [
     "last_statement",
     "needs_optimize",
     "replay",
+    "replay_report",
+    "replay_reports",
 ]
 
 #: The first line (after ``# ``) of a program found under ``python -O``.
@@ -178,3 +181,30 @@ def replay(
     if expect not in end_state["bases"]:
         return Replay(False, f"kit error: the last statement raised {said}, not {expect}")
     return Replay(True, f"reproduced ({error} at line {line})")
+
+
+def replay_report(path: str | Path) -> tuple[int, list[str]]:
+    """Replay every finding of a ``pagedkv conform --json`` report, each in a fresh
+    process (:func:`replay`); ``(findings, one line per finding
+    that did not reproduce: its root cause and the replay's verdict)``."""
+    report = json.loads(Path(path).read_text())
+    failed = []
+    for f in report["findings"]:
+        result = replay(list(f["program"]), str(f.get("expect", "AssertionError")))
+        if not result.reproduced:
+            failed.append(f"{f['root_cause']}: {result.verdict}")
+    return len(report["findings"]), failed
+
+
+def replay_reports(paths: Sequence[str]) -> int:
+    """Replay the findings of each ``pagedkv conform --json`` report in ``paths``
+    (:func:`replay_report`), printing one line per report and one per program that
+    did not reproduce; exit status 1 if one did not, else 0."""
+    status = 0
+    for path in paths:
+        total, failed = replay_report(path)
+        print(f"{path}: {total - len(failed)} of {total} programs reproduce as printed")
+        for line in failed:
+            print(f"  not reproduced: {line}")
+        status = 1 if failed else status
+    return status

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypothesis.errors import HypothesisException
+from hypothesis.stateful import RuleBasedStateMachine
 
 from pagedkv import BlockSpaceManager, SequenceGroup
 from pagedkv import Sequence as Seq
@@ -32,9 +33,10 @@ from pagedkv_stateful.adapters import (
 from pagedkv_stateful.allocator_machine import AllocatorMachine
 from pagedkv_stateful.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.caching_manager_machine import CachingManagerMachine
-from pagedkv_stateful.lockstep import LockstepMachine
 from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.replay import NEEDS_O, explicit_asserts
+from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.program import EVENTS_AGREE
 
 __all__ = [
     "CACHING_MANAGER_METHODS",
@@ -47,28 +49,54 @@ __all__ = [
     "PROBE_ARGS",
     "SIGNATURES",
     "STATUS",
+    "V1_METHODS",
     "CachingProbe",
     "UsageError",
+    "V1Probe",
     "fuzz_machine",
     "load_factory",
     "prelude",
 ]
 
-DESCRIPTION = "Check a paged block allocator (or block manager) against pagedkv's spec."
-LEVELS = ("allocator", "manager", "caching", "caching-manager")
+DESCRIPTION = (
+    "Check a paged block allocator (or block manager, or vLLM V1 KV cache manager) against "
+    "pagedkv's spec."
+)
+LEVELS = ("allocator", "manager", "caching", "caching-manager", "v1")
 #: Arguments of the one call that checks a factory before the search starts.
 PROBE_ARGS: dict[str, tuple[Any, ...]] = {
     "allocator": (4, 2, 2),
     "manager": (2, 8, 4, 0.0, None),
     "caching": (4, 2, 2),
     "caching-manager": (2, 8, 4, 0.0),
+    "v1": ("KVCacheConfig.full_attention(8, 2)", 16, True, False, 0.0),
 }
 SIGNATURES = {
     "allocator": "(num_gpu_blocks, num_cpu_blocks, block_size)",
     "manager": "(block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window)",
     "caching": "(num_gpu_blocks, num_cpu_blocks, block_size)",
     "caching-manager": "(block_size, num_gpu_blocks, num_cpu_blocks, watermark)",
+    "v1": "(kv_cache_config, max_model_len, enable_caching, enable_kv_cache_events, watermark)",
 }
+#: What a V1-level target must have: vLLM V1's ``KVCacheManager`` surface (taking
+#: pagedkv ``Request`` objects), and its state as the spec's (``to_spec()``).
+V1_METHODS = (
+    "get_computed_blocks",
+    "get_num_cached_tokens",
+    "record_prefix_cache_stats",
+    "allocate_slots",
+    "cache_blocks",
+    "free",
+    "evict_blocks",
+    "reset_prefix_cache",
+    "take_events",
+    "get_block_ids",
+    "to_spec",
+)
+V1_IMPORTS = (
+    "from pagedkv.v1 import KVCacheConfig, LoRARequest, MultiModalFeatureSpec, "
+    "PlaceholderRange, Request, RequestStatus, get_request_block_hasher"
+)
 #: What a caching-manager-level target must have besides the manager's methods.
 CACHING_MANAGER_METHODS = (
     "mark_blocks_as_computed",
@@ -123,6 +151,15 @@ STATUS = '''def status(answer):
     return getattr(answer, "status", answer).name'''
 
 
+@dataclass(frozen=True)
+class V1Probe:
+    """The probe of a V1-level factory: its target and what it promises."""
+
+    target: Any
+    capabilities: Capabilities
+    own: bool
+
+
 class UsageError(Exception):
     """Bad ``MODULE:FACTORY`` or options; :func:`main` prints it on one line and exits 2."""
 
@@ -170,12 +207,18 @@ def import_of(factory: Callable[..., Any], call: str) -> tuple[str, str]:
     return "", call
 
 
-def probe_target(
-    factory: Callable[..., Any], level: str, call: str
-) -> AllocatorAdapter | ManagerAdapter | CachingProbe:
+Probe = AllocatorAdapter | ManagerAdapter | CachingProbe | V1Probe
+
+
+def probe_target(factory: Callable[..., Any], level: str, call: str) -> Probe:
     """Build one target to check the factory, its API and arguments; read its capabilities."""
     args = PROBE_ARGS[level]
     shown = f"{call}{args}"
+    if level == "v1":
+        from pagedkv.v1 import KVCacheConfig
+
+        shown = f"{call}({', '.join(str(a) for a in args)})"
+        args = (KVCacheConfig.full_attention(8, 2), *args[1:])
     try:
         result = factory(*args)
     except Exception as err:
@@ -185,6 +228,8 @@ def probe_target(
         ) from None
     if level == "caching":
         return _probe_caching(result, shown)
+    if level == "v1":
+        return _probe_v1(result, shown)
     adapter = as_allocator_adapter(result) if level == "allocator" else as_manager_adapter(result)
     missing = list(required_methods(adapter))
     if level == "caching-manager" and type(adapter) is ManagerAdapter:
@@ -233,6 +278,36 @@ def _probe_caching(result: object, shown: str) -> CachingProbe:
     return CachingProbe(target, caps, extra_keys=own)
 
 
+def _probe_v1(result: object, shown: str) -> V1Probe:
+    """The V1-level target's surface, and a pagedkv ``Request`` it must take (a lookup of
+    a three-token prompt); pagedkv's own manager promises typed errors."""
+    from pagedkv.v1 import KVCacheManager, Request, get_request_block_hasher
+
+    target, caps = _caching_target(result)
+    missing = [m for m in V1_METHODS if not callable(getattr(target, m, None))]
+    missing += [a for a in ("empty_kv_cache_blocks", "usage") if not hasattr(target, a)]
+    if missing:
+        raise UsageError(
+            f"{shown} returned {type(target).__name__}, which lacks {', '.join(missing)}; a "
+            "v1-level target has vLLM V1's KVCacheManager surface, takes pagedkv Request "
+            "objects and gives its state as to_spec() (an adapter such as "
+            "pagedkv_stateful.vllm_v1.ManagerTarget, docs/conformance.md)"
+        )
+    probe = Request("probe", [1, 2, 3], block_hasher=get_request_block_hasher(2))
+    try:
+        target.get_num_cached_tokens(probe)
+    except Exception as err:
+        raise UsageError(
+            f"{shown}: get_num_cached_tokens(<a pagedkv Request of 3 tokens>) raised "
+            f"{type(err).__name__}: {err}; a v1-level target takes pagedkv Request objects "
+            "(adapt them to its own, as pagedkv_stateful.vllm_v1.ManagerTarget does)"
+        ) from None
+    own = isinstance(target, KVCacheManager)
+    if caps is None:
+        caps = Capabilities(typed_errors=own, beyond_callers=own)
+    return V1Probe(target, caps, own)
+
+
 def _probe_devices(adapter: AllocatorAdapter, shown: str) -> None:
     """The free and total counts of both devices: the machine's first calls after every
     step, so a device value the target does not take fails here, not as a violation."""
@@ -266,7 +341,7 @@ def _probe_groups(adapter: ManagerAdapter, shown: str) -> None:
 
 
 def imports_of(
-    probe: AllocatorAdapter | ManagerAdapter | CachingProbe,
+    probe: Probe,
     import_line: str,
     factory: Callable[..., Any] | None = None,
 ) -> list[str]:
@@ -276,9 +351,13 @@ def imports_of(
         first = probe.source_device_import()
     elif isinstance(probe, CachingProbe):
         first = "from pagedkv import Device"
+    elif isinstance(probe, V1Probe):
+        first = V1_IMPORTS
+        if probe.own:  # its requests include the general path's (a Request subclass)
+            first += "\nfrom pagedkv_stateful.v1.manager_machine import GeneralPathRequest"
     else:
         first = "from pagedkv import Sequence, SequenceGroup, SequenceStatus"
-    imports = merge_imports([line for line in (import_line, first) if line])
+    imports = merge_imports([line for line in (import_line, *first.split("\n")) if line])
     return [*prelude(factory), *imports]
 
 
@@ -301,7 +380,7 @@ def prelude(factory: Callable[..., Any] | None) -> list[str]:
 
 def fuzz_machine(
     target: str, level: str, known: frozenset[str] = frozenset()
-) -> type[LockstepMachine]:
+) -> type[RuleBasedStateMachine]:
     """The ``level`` machine against the factory ``target`` ("module:attr"), for a fuzzer.
 
     What ``pagedkv conform`` runs, as a plain state machine (``.TestCase`` for pytest,
@@ -317,7 +396,7 @@ def fuzz_machine(
     machine = build_machine(factory, level, call, probe.capabilities, probe)
     imports = imports_of(probe, import_line, factory)
 
-    def teardown(self: LockstepMachine) -> None:
+    def teardown(self: Any) -> None:
         err = sys.exc_info()[1]  # teardown runs in Hypothesis's ``finally``
         try:
             machine.teardown(self)
@@ -342,8 +421,12 @@ def build_machine(
     level: str,
     call: str,
     caps: Capabilities,
-    probe: AllocatorAdapter | ManagerAdapter | CachingProbe | None = None,
-) -> type[LockstepMachine]:
+    probe: Probe | None = None,
+) -> type[RuleBasedStateMachine]:
+    """The machine of ``level`` over targets built by ``factory`` (named ``call`` in the
+    programs it writes)."""
+    if level == "v1":
+        return _v1_machine(factory, call, caps, isinstance(probe, V1Probe) and probe.own)
     if level == "caching":
         takes_extra = isinstance(probe, CachingProbe) and probe.extra_keys
 
@@ -401,6 +484,28 @@ def build_machine(
 
     return ConformManager
 
+
+def _v1_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, own: bool
+) -> type[V1ManagerMachine]:
+    class ConformV1(V1ManagerMachine):
+        partial_hit_limits = caps.hit_limits
+        exact_hashes = caps.exact_hashes
+        general_path_requests = own  # pagedkv's own: its fast and general paths
+
+        def make_manager(
+            self, config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+        ) -> Any:
+            self._result = factory(config, max_model_len, caching, events, watermark)
+            return _caching_target(self._result)[0]
+
+        def setup_source(self, args: str) -> str:
+            suffix = "[0]" if isinstance(self._result, tuple) else ""
+            return f"mgr = {call}({args}){suffix}"
+
+    return ConformV1
+
+
 def program_of(body: list[str], imports: list[str]) -> tuple[tuple[str, ...], int]:
     helpers = [
         h
@@ -408,6 +513,7 @@ def program_of(body: list[str], imports: list[str]) -> tuple[tuple[str, ...], in
             (EXPECT_ERROR, "expect_error("),
             (EXPECT_ACCEPTED, "expect_accepted("),
             (STATUS, "status("),
+            (EVENTS_AGREE, "events_agree("),
         )
         if any(used in line for line in body)
     ]

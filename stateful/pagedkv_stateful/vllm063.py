@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import sys
 import zipfile
@@ -58,7 +57,7 @@ from pagedkv_stateful.adapters import (
     Capabilities,
     ManagerAdapter,
 )
-from pagedkv_stateful.replay import replay
+from pagedkv_stateful.replay import replay_reports
 
 #: The wheel's files this target loads (pure Python, no imports beyond the stand-ins).
 WHEEL_FILES = (
@@ -390,22 +389,6 @@ def caching_manager(
     return VLLMManagerAdapter(target, CACHING_MANAGER_CAPABILITIES)
 
 
-# --------------------------------------------------------------------------- replay
-
-
-def replay_report(path: str | Path) -> tuple[int, list[str]]:
-    """Replay every finding of a ``pagedkv conform --json`` report, each in a fresh
-    process (:func:`pagedkv_stateful.replay.replay`); ``(findings, one line per finding
-    that did not reproduce: its root cause and the replay's verdict)``."""
-    report = json.loads(Path(path).read_text())
-    failed = []
-    for f in report["findings"]:
-        result = replay(list(f["program"]), str(f.get("expect", "AssertionError")))
-        if not result.reproduced:
-            failed.append(f"{f['root_cause']}: {result.verdict}")
-    return len(report["findings"]), failed
-
-
 # --------------------------------------------------------------------------- command line
 
 
@@ -423,14 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "replay":
-            status = 0
-            for path in args.reports:
-                total, failed = replay_report(path)
-                print(f"{path}: {total - len(failed)} of {total} programs reproduce as printed")
-                for line in failed:
-                    print(f"  not reproduced: {line}")
-                status = 1 if failed else status
-            return status
+            return replay_reports(args.reports)
         out = extract(args.wheel, args.dest)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)

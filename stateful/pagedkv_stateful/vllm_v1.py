@@ -20,7 +20,11 @@ them), nothing else beyond the standard library.
 The factories (call :func:`use` first, or set ``PAGEDKV_VLLM_V1_DIR`` to the
 directory :func:`extract` wrote) build vLLM's own objects:
 
-* :func:`manager` -- ``KVCacheManager`` over one full-attention group
+* :func:`manager` -- the conformance kit's V1-level factory (``pagedkv conform
+  pagedkv_stateful.vllm_v1:manager --level v1``): vLLM's ``KVCacheManager`` for a
+  pagedkv ``KVCacheConfig`` behind :class:`ManagerTarget`, with the release's
+  capabilities;
+* :func:`kv_cache_manager` -- ``KVCacheManager`` over one full-attention group
   (``FullAttentionSpec`` / ``KVCacheGroupSpec`` / ``KVCacheConfig``, vLLM's);
 * :func:`pool` -- a bare ``BlockPool``;
 * :func:`hasher` -- ``get_request_block_hasher`` with vLLM's ``sha256`` (after
@@ -62,6 +66,8 @@ from typing import Any
 
 from pagedkv_spec.v1.manager import ManagerState
 from pagedkv_spec.v1.pool import PoolState
+from pagedkv_stateful.adapters import Capabilities
+from pagedkv_stateful.replay import replay_reports
 
 # --------------------------------------------------------------------------- stand-ins
 
@@ -244,6 +250,11 @@ class _Logger(logging.LoggerAdapter):
 
     def warning_once(self, msg, *args, scope="local"):
         self._once(logging.WARNING, msg, args)
+
+
+# vLLM's messages reach a handler the application configures; none are printed by
+# default (Python's last-resort handler would print each warning on stderr)
+logging.getLogger("vllm").addHandler(logging.NullHandler())
 
 
 def init_logger(name):
@@ -789,6 +800,10 @@ class Release:
     #: Whether a ``Request`` can read a prefix of the cache between none and all (0.34.0's
     #: ``prefix_cache_hit_limit``; before it, ``skip_reading_prefix_cache`` only).
     partial_hit_limit: bool = True
+    #: Whether its block hashes are the current format byte for byte (extra keys tagged
+    #: by kind, as pagedkv's spec hashes): before 0.33.0 they were bare values, so the
+    #: kit compares which keys share a hash instead of the bytes.
+    exact_hashes: bool = True
 
 
 #: The releases this target knows, by version.
@@ -810,6 +825,7 @@ RELEASES: dict[str, Release] = {
         probes_cached_tokens=False,
         random_none_hash=True,
         partial_hit_limit=False,
+        exact_hashes=False,
     ),
 }
 DEFAULT_RELEASE = "0.34.0"
@@ -957,6 +973,51 @@ def loaded_release() -> Release:
 
 
 def manager(
+    kv_cache_config: Any,
+    max_model_len: int,
+    enable_caching: bool,
+    enable_kv_cache_events: bool,
+    watermark: float,
+) -> tuple[ManagerTarget, Capabilities]:
+    """The conformance kit's V1-level factory: vLLM's ``KVCacheManager`` (the loaded
+    release's) for ``kv_cache_config`` (pagedkv's), behind :class:`ManagerTarget`, with
+    what the release takes (:attr:`Release.partial_hit_limit`). vLLM promises no error
+    types and is judged on its scheduler's calls only. Raises :class:`UnsupportedCall`
+    for a configuration other than one full-attention group (the hybrid groups are not
+    mapped yet)."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1 or groups[0].kv_cache_spec.kind != "full_attention":
+        raise UnsupportedCall(
+            "pagedkv_stateful.vllm_v1.manager maps one full-attention group only, got "
+            f"{[g.kv_cache_spec.kind for g in groups]}"
+        )
+    size = groups[0].kv_cache_spec.block_size
+    target = kv_cache_manager(
+        kv_cache_config.num_blocks,
+        size,
+        max_model_len,
+        enable_caching=enable_caching,
+        enable_kv_cache_events=enable_kv_cache_events,
+        watermark=watermark,
+    )
+    release = loaded_release()
+    caps = Capabilities(hit_limits=release.partial_hit_limit, exact_hashes=release.exact_hashes)
+    return ManagerTarget(target, size), caps
+
+
+def conform_prelude() -> list[str]:
+    """What a printed program runs before its imports (``pagedkv conform`` asks): load
+    the extracted vLLM this process loaded, so the program replays as printed in a fresh
+    process, with or without ``PAGEDKV_VLLM_V1_DIR``."""
+    loaded = sys.modules.get("vllm")
+    where = getattr(loaded, "__file__", None)
+    if not where:
+        return []
+    directory = str(Path(where).resolve().parent.parent)
+    return ["from pagedkv_stateful.vllm_v1 import use", f"use({directory!r})"]
+
+
+def kv_cache_manager(
     num_blocks: int,
     block_size: int,
     max_model_len: int,
@@ -1229,7 +1290,7 @@ class BenchTarget:
 
     @staticmethod
     def manager(num_blocks: int, block_size: int, max_model_len: int) -> Any:
-        return manager(num_blocks, block_size, max_model_len)
+        return kv_cache_manager(num_blocks, block_size, max_model_len)
 
     @staticmethod
     def pool(num_blocks: int) -> Any:
@@ -1257,15 +1318,20 @@ def bench_target(directory: str | Path) -> BenchTarget:
 
 def main(argv: list[str] | None = None) -> int:
     """``extract WHEEL DIR [--release X]``: write the target's modules (exit 2 on a bad
-    wheel or directory)."""
+    wheel or directory); ``replay REPORT...``: replay each finding's program of ``pagedkv
+    conform --json`` reports in a fresh process (exit 1 if one does not reproduce)."""
     parser = argparse.ArgumentParser(prog="python -m pagedkv_stateful.vllm_v1")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("extract", help="copy vLLM's V1 KV cache layer out of a vllm wheel")
     ex.add_argument("wheel")
     ex.add_argument("dest")
     ex.add_argument("--release", help="the wheel's vLLM version (default: its metadata's)")
+    rp = sub.add_parser("replay", help="replay the programs of `pagedkv conform --json` reports")
+    rp.add_argument("reports", nargs="+")
     args = parser.parse_args(argv)
     try:
+        if args.command == "replay":
+            return replay_reports(args.reports)
         out = extract(args.wheel, args.dest, args.release)
     except (OSError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)

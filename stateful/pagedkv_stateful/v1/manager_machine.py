@@ -14,8 +14,19 @@ Every call goes to the target (a :class:`~pagedkv.v1.KVCacheManager`, or whateve
 :meth:`V1ManagerMachine.make_manager` returns) and to the spec
 (:mod:`pagedkv_spec.v1.manager`); results are compared, and after every step the
 target's state (``to_spec()``) must equal the spec's and satisfy every V1 state
-invariant of the registry (V1-1..V1-5, V1-11, V1-13, V1-14). A failure is an
-``AssertionError`` whose message starts with the broken invariant's label.
+invariant of the registry (V1-1..V1-5, V1-11, V1-13, V1-14). A failure is a
+:class:`~pagedkv_stateful.adapters.Violation` (an ``AssertionError``) named by the broken
+invariant's label.
+
+As the conformance kit's lockstep machines do, it writes every call to the target, and
+what the scheduler writes on requests, to ``self.program`` (:mod:`.program`), ends a
+failing program with a statement that fails on the target, and names the *situation* of
+each call (:meth:`V1ManagerMachine._enter`): a finding's cause is its situation (a
+request with a LoRA adapter whose block hashes differ, a probe under a partial hit
+limit), the free queue's order for V1-7 whichever call shows it (one policy), or, in an
+ordinary situation, the call and the check. A cause in
+``known`` is adopted: calls in its situation are not made (a request's feature is left
+out), and a test case failing an ordinary known cause is discarded.
 """
 
 from __future__ import annotations
@@ -23,9 +34,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
-from hypothesis import event
+from hypothesis import event, reject
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -43,13 +54,21 @@ from pagedkv.v1 import (
     RequestStatus,
     get_request_block_hasher,
 )
+from pagedkv_spec.errors import InvariantViolationError
 from pagedkv_spec.invariants import REGISTRY, check, holds, label
 from pagedkv_spec.v1 import manager as spec
 from pagedkv_spec.v1.hashing import Identity, block_hashes
 from pagedkv_spec.v1.manager import ManagerState, RequestView
 from pagedkv_spec.v1.pool import PoolState
+from pagedkv_stateful.adapters import Violation
+from pagedkv_stateful.causes import ORDINARY, cause
+from pagedkv_stateful.v1.program import (
+    allocate_source,
+    first_difference,
+    request_source,
+)
 
-__all__ = ["V1ManagerMachine"]
+__all__ = ["FEATURES", "V1ManagerMachine", "check_events", "fail"]
 
 #: prompts share prefixes: a few bases, then a short random tail
 BASES = ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 3, 4, 9, 9, 9, 9), (5, 5, 5, 5, 5, 5))
@@ -63,7 +82,7 @@ LORAS = (
     LoRARequest("a", 2, "/p2"),
     LoRARequest("b", 3, "/p1"),
 )
-SALTS = (None, None, None, "s")
+SALTS = (None, None, None, "s", "a")  # "a": also a LoRA name
 #: the images of a request (identifiers, by offset): mostly none, sometimes two
 MM_IDS: tuple[tuple[str, ...], ...] = ((), (), (), ("img0",), ("img1",), ("img0", "img1"))
 #: prefix-cache hit limits: mostly unbounded; 0 skips reads; others bound them (prompt
@@ -94,9 +113,26 @@ class GeneralPathRequest(Request):
     exact ``Request`` objects only, so these exercise the general path."""
 
 
-def fail(id_: str, detail: str) -> AssertionError:
-    """The machine's verdict: ``"<label>: <meaning>: <detail>"``."""
-    return AssertionError(f"{label(id_)}: {REGISTRY[id_].meaning}: {detail}")
+def fail(id_: str, detail: str, check_line: str | None = None, signature: str = "") -> Violation:
+    """The machine's verdict on invariant ``id_``: a Violation named by its label, its
+    detail ``"<meaning>: <detail>"``."""
+    return Violation(label(id_), f"{REGISTRY[id_].meaning}: {detail}", check_line, signature)
+
+
+#: The features of a request that enter its block hashes, in the order a finding about
+#: its hashes is put down to them: ``(situation, the request's attribute)``.
+FEATURES = (
+    ("a request with a LoRA adapter", "lora_request"),
+    ("a request with a cache salt", "cache_salt"),
+    ("a request with images", "mm_features"),
+)
+#: The situation of a probe or lookup under a hit limit that bounds it partially.
+PARTIAL_LIMIT = "a partial prefix-cache hit limit"
+#: Two keys sharing a hash, by what tells them apart (a target judged on which keys
+#: share a hash, not on the bytes): adopted, the requests no longer differ so.
+LORA_PATHS = "LoRA adapters of one name at two paths"
+SALT_IS_LORA = "a cache salt equal to a LoRA name"
+IMAGES = "a request with images"
 
 
 class V1ManagerMachine(RuleBasedStateMachine):
@@ -104,6 +140,19 @@ class V1ManagerMachine(RuleBasedStateMachine):
 
     #: whether the target takes a prefix-cache hit limit between 0 and unbounded
     partial_hit_limits = True
+    #: whether some requests are of a ``Request`` subclass (pagedkv's general path)
+    general_path_requests = True
+    #: whether the target's block hashes must be the spec's bytes; if not, only which
+    #: keys share a hash is compared (a collision, or one key hashed two ways)
+    exact_hashes = True
+    #: causes already reported (the kit's search adopts them)
+    known: frozenset[str] = frozenset()
+    #: ``(operation, situation)`` of the target call the running step makes
+    situation: tuple[str, str] = ("", ORDINARY)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.program: list[str] = []
 
     def make_manager(
         self,
@@ -121,6 +170,15 @@ class V1ManagerMachine(RuleBasedStateMachine):
             enable_kv_cache_events=events,
             watermark=watermark,
             log_stats=True,
+        )
+
+    def setup_source(self, args: str) -> str:
+        """The program's line that builds the target, ``args`` being :meth:`make_manager`'s
+        arguments as source (override with the factory's call)."""
+        config, max_model_len, caching, events, watermark = args.split(", ", 4)
+        return (
+            f"mgr = KVCacheManager({config}, {max_model_len}, enable_caching={caching}, "
+            f"enable_kv_cache_events={events}, watermark={watermark}, log_stats=True)"
         )
 
     def make_hasher(self, block_size: int) -> Callable[[Request], list[BlockHash]]:
@@ -148,6 +206,11 @@ class V1ManagerMachine(RuleBasedStateMachine):
     ) -> None:
         config = KVCacheConfig.full_attention(num_blocks, block_size)
         self.target = self.make_manager(config, max_model_len, caching, events, watermark)
+        config_source = f"KVCacheConfig.full_attention({num_blocks}, {block_size})"
+        self._log(
+            self.setup_source(f"{config_source}, {max_model_len}, {caching}, {events}, {watermark}")
+        )
+        self._log(f"hasher = get_request_block_hasher({block_size})")
         self.events_on = events
         self.model: ManagerState = spec.manager_initial(
             num_blocks, block_size, max_model_len, caching, int(watermark * num_blocks)
@@ -161,7 +224,62 @@ class V1ManagerMachine(RuleBasedStateMachine):
         self.limits: tuple[int, bool] = (0, False)  # reserved_blocks, full_sequence_must_fit
         self.prompts: list[tuple[Any, ...]] = []
         self.replayed: Counter[tuple[int, int]] = Counter()
+        #: target hash -> (spec hash, request, index) and back, first seen (inexact)
+        self.by_target: dict[Any, tuple[bytes, str, int]] = {}
+        self.by_spec: dict[bytes, tuple[Any, str, int]] = {}
         self.next_id = 0
+        self._reached("caching on" if caching else "caching off")
+        self._reached("events on" if events else "events off")
+
+    # ------------------------------------------------------------------ the program
+
+    def _log(self, line: str) -> None:
+        self.program.append(line)
+
+    def _reached(self, state_class: str) -> None:
+        """Record that this test case reached ``state_class`` (the kit's coverage table),
+        and tell Hypothesis (``event``)."""
+        self.__dict__.setdefault("reached_classes", set()).add(state_class)
+        event(state_class)
+
+    def _write(self, r: Request, field: str, value: Any) -> None:
+        """The scheduler writes ``field`` of ``r`` (in the program too, if it changes)."""
+        if getattr(r, field) == value:
+            return
+        setattr(r, field, value)
+        shown = f"RequestStatus.{value.name}" if isinstance(value, RequestStatus) else repr(value)
+        self._log(f"{r.request_id}.{field} = {shown}")
+
+    def _enter(self, operation: str, situation: str = ORDINARY) -> bool:
+        """The step is about to call the target's ``operation`` in ``situation``; False
+        (the call is not made) when the search adopted that situation. O(1)."""
+        if situation and cause(operation, situation) in self.known:
+            event(f"went around a known cause: {operation}: {situation}")
+            return False
+        self.situation = (operation, situation)
+        return True
+
+    def _violate(
+        self,
+        id_: str,
+        detail: str,
+        check_line: str | None = None,
+        replace_last: bool = False,
+        why: str = "",
+    ) -> NoReturn:
+        """Raise the Violation of ``id_`` (or discard the test case if its cause, the
+        running call's situation, is known); ``check_line`` ends the program (replacing
+        its last line when that made the same call); ``why``: the target's outcome, part
+        of the cause in an ordinary situation."""
+        op, situation = self.situation
+        signature = cause(op or "?", situation, label(id_), why)
+        if signature in self.known:
+            reject()
+        if check_line:
+            if replace_last:
+                self.program.pop()
+            self._log(f"{check_line}  # {id_}")
+        raise fail(id_, detail, check_line, signature)
 
     # ------------------------------------------------------------------ views
 
@@ -213,6 +331,7 @@ class V1ManagerMachine(RuleBasedStateMachine):
         mm_at_end=st.booleans(),
         limit=st.sampled_from(HIT_LIMITS),
         repeat=st.sampled_from((None, -1, -1, -2)),
+        same_identity=st.booleans(),
         general=st.booleans(),
     )
     def add_request(
@@ -226,18 +345,25 @@ class V1ManagerMachine(RuleBasedStateMachine):
         mm_at_end: bool,
         limit: int | None,
         repeat: int | None,
+        same_identity: bool,
         general: bool,
     ) -> None:
         """A new request (WAITING; the scheduler looks it up when it admits it), maybe
-        the same prompt and identity as a recent one (``repeat``); ``general``: of a
+        the same prompt as a recent one (``repeat``), with its identity too or with its
+        own (``same_identity``: a hit, or isolation); ``general``: of a
         ``Request`` subclass, which pagedkv's decode fast path leaves to the general path,
         so both are checked against the spec. Its images sit after the first token or,
         one token each, at the end of the prompt (in its last, partial block: decoded
-        tokens fill that block and hash it with them)."""
+        tokens fill that block and hash it with them). A feature whose hashing is a
+        known cause (:data:`FEATURES`) is left out."""
         if repeat is not None and len(self.prompts) >= -repeat:
-            # the same prompt and identity; its own hit limit (not part of the identity)
-            base, cut, tail, lora, salt, mm, mm_at_end = self.prompts[repeat]
+            # the same prompt (and identity); its own hit limit (not part of the identity)
+            earlier = self.prompts[repeat]
+            base, cut, tail = earlier[:3]
+            if same_identity:
+                lora, salt, mm, mm_at_end = earlier[3:]
         self.prompts.append((base, cut, tail, lora, salt, mm, mm_at_end))
+        lora, salt, mm = self._adopt(lora, salt, mm)
         if limit and not self.partial_hit_limits:
             limit = None
         tokens = [*BASES[base][:cut], *tail]
@@ -261,7 +387,8 @@ class V1ManagerMachine(RuleBasedStateMachine):
             salt,
             tuple((f.identifier, f.mm_position.offset, f.mm_position.length) for f in features),
         )
-        self.requests[rid] = (GeneralPathRequest if general else Request)(
+        general = general and self.general_path_requests
+        r = (GeneralPathRequest if general else Request)(
             rid,
             tokens,
             block_hasher=self.hasher,
@@ -270,6 +397,8 @@ class V1ManagerMachine(RuleBasedStateMachine):
             mm_features=features,
             prefix_cache_hit_limit=limit,
         )
+        self.requests[rid] = r
+        self._log(request_source(rid, r).replace("Request(", f"{type(r).__name__}(", 1))
 
     @precondition(lambda self: self.ids_of("waiting") or self.ids_of("running"))
     @rule(
@@ -314,15 +443,20 @@ class V1ManagerMachine(RuleBasedStateMachine):
         delay: bool,
         has_scheduled: bool,
     ) -> None:
-        blocks, hit = self._get_computed_blocks(r)
+        found = self._get_computed_blocks(r)
+        if found is None:  # a known cause's lookup: admitted without a hit
+            use_hit = False
+            found = self.target.empty_kv_cache_blocks, 0
+        blocks, hit = found
+        source = "blocks"
         if not use_hit:
-            blocks, hit = self.target.empty_kv_cache_blocks, 0
+            blocks, hit, source = self.target.empty_kv_cache_blocks, 0, "mgr.empty_kv_cache_blocks"
         left = r.num_tokens - hit
         ext = data.draw(st.integers(0, max(0, left - 1)) | st.just(0), label="external")
         new = data.draw(st.integers(1 if left - ext else 0, left - ext), label="new tokens")
         if not (new or ext or hit):
             return
-        self._allocate(r, new, hit, blocks, lookahead, ext, delay, has_scheduled)
+        self._allocate(r, new, hit, blocks, lookahead, ext, delay, has_scheduled, source=source)
 
     def _run(self, data: st.DataObject, r: Request, drafts: int, lookahead: int) -> None:
         left = r.num_tokens - r.num_computed_tokens
@@ -330,6 +464,7 @@ class V1ManagerMachine(RuleBasedStateMachine):
         new = data.draw(st.integers(1, left), label="chunk") if prefill and left > 1 else left
         room = self.model.max_model_len - r.num_computed_tokens - new
         if room < 0:  # at max_model_len: the scheduler finishes it (length capped)
+            self._enter("free")
             self._finish(r, RequestStatus.FINISHED_LENGTH_CAPPED)
             return
         drafts = 0 if prefill else min(drafts, room)
@@ -343,10 +478,14 @@ class V1ManagerMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(self.delayed)), label="request")
         r = self.requests[rid]
         self.delayed.discard(rid)
+        self._enter("cache_blocks")
         self.target.cache_blocks(r, r.num_computed_tokens)
+        self._log(f"mgr.cache_blocks({rid}, {r.num_computed_tokens})")
         self.model, _ = spec.cache_blocks(self.model, self.view(r), r.num_computed_tokens)
+        self._reached("delayed caching")
         # as vLLM's scheduler: a fully loaded prompt recomputes its last token
-        r.num_computed_tokens = min(r.num_computed_tokens, r.num_tokens - 1)
+        if r.num_computed_tokens > r.num_tokens - 1:
+            self._write(r, "num_computed_tokens", r.num_tokens - 1)
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data(), preempt=st.booleans())
@@ -359,54 +498,105 @@ class V1ManagerMachine(RuleBasedStateMachine):
             st.sampled_from(running if preempt else sorted(self.requests)), label="request"
         )
         r = self.requests[rid]
+        self._enter("free")
         if not preempt:
             self._finish(r, RequestStatus.FINISHED_STOPPED)
             return
+        if any(self.model.pool.hashes[b] for b in self.model.table(rid) or ()):
+            self._reached("preemption with cached blocks")
         self._free(r)
-        r.num_computed_tokens = 0
-        r.status = RequestStatus.PREEMPTED
-        r.num_preemptions += 1
+        self._write(r, "num_computed_tokens", 0)
+        self._write(r, "status", RequestStatus.PREEMPTED)
+        self._write(r, "num_preemptions", r.num_preemptions + 1)
 
     def _finish(self, r: Request, status: RequestStatus) -> None:
         del self.requests[r.request_id]
         self.delayed.discard(r.request_id)
         self._free(r)
-        r.status = status
+        self._write(r, "status", status)
         self.finished.append(self.view(r))
 
+    @precondition(lambda self: self.model.pool.cached)  # else nothing to lose
     @rule(ids=st.sets(st.integers(0, 11), max_size=3))
     def evict_blocks(self, ids: set[int]) -> None:
         """A KV connector reports blocks it lost: drop them from the prefix cache."""
         ids = {i for i in ids if i < len(self.model.pool.ref_cnt)}
         order = sorted(ids)
+        self._enter("evict_blocks")
         self.target.evict_blocks(order)
+        self._log(f"mgr.evict_blocks({order})")
         self.model, _ = spec.evict_blocks(self.model, tuple(order))
 
+    @precondition(lambda self: self.model.pool.cached)  # else a reset changes nothing
     @rule()
     def reset_prefix_cache(self) -> None:
+        self._enter("reset_prefix_cache")
         before = self.target.to_spec()
         ok = self.target.reset_prefix_cache()
+        self._log("mgr.reset_prefix_cache()")
         self.model, expected = spec.reset_prefix_cache(self.model)
-        if not holds("V1-15", before.pool, self.target.to_spec().pool, ok) or ok != expected:
-            raise fail("V1-15", f"reset returned {ok} with {self._in_use(before)} block(s) in use")
+        if ok != expected:
+            self._violate(
+                "V1-15",
+                f"reset returned {ok} with {self._in_use(before)} block(s) in use",
+                f"assert mgr.reset_prefix_cache() == {expected}",
+                replace_last=True,
+                why=f"returned {ok}",
+            )
+        if not holds("V1-15", before.pool, self.target.to_spec().pool, ok):
+            self._violate(
+                "V1-15",
+                f"reset returned {ok} with {self._in_use(before)} block(s) in use",
+                first_difference(self.target.to_spec(), self.model),
+            )
 
     # ------------------------------------------------------------------ steps
 
     def _in_use(self, m: ManagerState) -> int:
         return len(m.pool.ref_cnt) - len(m.pool.free)
 
-    def _get_computed_blocks(self, r: Request) -> tuple[KVCacheBlocks, int]:
+    def _get_computed_blocks(self, r: Request) -> tuple[KVCacheBlocks, int] | None:
+        """The scheduler's lookup for ``r`` (and the probe and stats it reads with it);
+        None when a known cause is in its situation (the caller admits without a hit)."""
+        limit = r.prefix_cache_hit_limit
+        situation = PARTIAL_LIMIT if limit not in (None, 0) else ORDINARY
+        rid = r.request_id
+        if not self._enter("get_computed_blocks", situation):
+            return None
         blocks, hit, _ = self.target.get_computed_blocks(r)
+        self._log(f"blocks, hit, _ = mgr.get_computed_blocks({rid})")
         ids = tuple(blocks.get_block_ids()[0])
+        want = spec.get_computed_blocks(self.model, self.view(r))
+        check_line = f"assert (tuple(blocks.get_block_ids()[0]), hit) == {want!r}"
         if not holds("V1-12", len(ids), hit, self.model.block_size):
-            raise fail("V1-12", f"{r.request_id}: {len(ids)} block(s) but {hit} tokens")
+            self._violate("V1-12", f"{rid}: {len(ids)} block(s) but {hit} tokens", check_line)
         if not holds("V1-6", self.model, self.view(r), ids, hit):
-            want = spec.get_computed_blocks(self.model, self.view(r))
-            raise fail("V1-6", f"{r.request_id}: hit {ids} ({hit} tokens), the spec {want}")
-        probe = self.target.get_num_cached_tokens(r)
-        if probe != spec.get_num_cached_tokens(self.model, self.view(r)):
-            raise fail("V1-6", f"{r.request_id}: get_num_cached_tokens() is {probe}, the hit {hit}")
+            self._violate("V1-6", f"{rid}: hit {ids} ({hit} tokens), the spec {want}", check_line)
+        if self._enter("get_num_cached_tokens", situation):
+            probe = self.target.get_num_cached_tokens(r)
+            self._log(f"mgr.get_num_cached_tokens({rid})")
+            expected = spec.get_num_cached_tokens(self.model, self.view(r))
+            if probe != expected:
+                self._violate(
+                    "V1-6",
+                    f"{rid}: get_num_cached_tokens() is {probe}, the hit {hit}",
+                    f"assert mgr.get_num_cached_tokens({rid}) == {expected}",
+                    replace_last=True,
+                    why=f"{'more' if probe > expected else 'less'} than the lookup",
+                )
+        self._enter("record_prefix_cache_stats")
         self.target.record_prefix_cache_stats(r, hit)
+        self._log(f"mgr.record_prefix_cache_stats({rid}, {hit})")
+        if hit:
+            self._reached("prefix hit")
+        if (
+            situation
+            and hit
+            < spec.get_computed_blocks(
+                self.model, replace(self.view(r), prefix_cache_hit_limit=None)
+            )[1]
+        ):
+            self._reached("partial hit (limited)")
         if (
             hit
             and r.num_tokens % self.model.block_size == 0
@@ -428,21 +618,22 @@ class V1ManagerMachine(RuleBasedStateMachine):
         delay: bool,
         has_scheduled: bool,
         accepted: int = 0,
+        source: str = "None",
     ) -> None:
+        self._enter("allocate_slots")
         before = self.target.to_spec()
         hit_ids = () if blocks is None else tuple(blocks.get_block_ids()[0])
-        out = self.target.allocate_slots(
-            r,
-            new,
-            hit,
-            blocks,
-            num_lookahead_tokens=lookahead,
-            num_external_computed_tokens=ext,
-            delay_cache_blocks=delay,
-            has_scheduled_reqs=has_scheduled,
-            reserved_blocks=self.limits[0],
-            full_sequence_must_fit=self.limits[1],
-        )
+        keywords: dict[str, Any] = {
+            "num_lookahead_tokens": lookahead,
+            "num_external_computed_tokens": ext,
+            "delay_cache_blocks": delay,
+            "has_scheduled_reqs": has_scheduled,
+            "reserved_blocks": self.limits[0],
+            "full_sequence_must_fit": self.limits[1],
+        }
+        out = self.target.allocate_slots(r, new, hit, blocks, **keywords)
+        call = allocate_source(r.request_id, new, hit, source, keywords)
+        self._log(f"out = {call}")
         self.model, want, evicted, stored = spec.allocate_slots(
             self.model,
             self.view(r),
@@ -456,43 +647,79 @@ class V1ManagerMachine(RuleBasedStateMachine):
             full_sequence_must_fit=self.limits[1],
             reserved_blocks=self.limits[0],
         )
-        if hit_ids:
-            event("allocate_slots: adopts a hit")
-        if any(before.pool.ref_cnt[b] == 0 for b in hit_ids):
-            event("allocate_slots: a hit on a cached-free block")
-        if evicted:
-            event("allocate_slots: evicts a cached-free block")
-        if stored:
-            event("allocate_slots: caches blocks")
-        if new > r.num_tokens - r.num_computed_tokens:
-            event("allocate_slots: decode with draft tokens")
+        self._classify(r, new, hit, hit_ids, before, evicted, stored, (lookahead, ext, delay))
         after = self.target.to_spec()
+        got = None if out is None else tuple(out.get_block_ids()[0])
+        result = f"assert (None if out is None else tuple(out.get_block_ids()[0])) == {want!r}"
         if not holds("V1-8", before, after, out is None):
-            raise fail("V1-8", f"{r.request_id}: refused, yet the manager changed")
+            self._violate(
+                "V1-8",
+                f"{r.request_id}: refused, yet the manager changed",
+                first_difference(after, before),
+            )
         if out is None:
-            event("allocate_slots: refused" + (" with a hit" if hit_ids else ""))
+            self._reached("refused allocation")
             if want is not None:
-                raise fail("V1-8", f"{r.request_id}: refused; the spec allocates {want}")
+                self._violate("V1-8", f"{r.request_id}: refused; the spec allocates {want}", result)
             return
         if not holds("V1-9", before, after):
-            raise fail("V1-9", f"{r.request_id}: a table lost or replaced blocks")
-        got = tuple(out.get_block_ids()[0])
+            self._violate(
+                "V1-9",
+                f"{r.request_id}: a table lost or replaced blocks",
+                first_difference(after, self.model),
+            )
         if want is None or got != want:
-            raise fail("V1-7", f"{r.request_id}: allocated {got}, the spec {want}")
+            self._violate("V1-7", f"{r.request_id}: allocated {got}, the spec {want}", result)
         if delay:
             self.delayed.add(r.request_id)
         prompt_done = r.num_computed_tokens + hit + ext + new >= r.num_tokens
         was_decode = r.num_computed_tokens >= r.num_prompt_tokens
         drafts = new - (r.num_tokens - r.num_computed_tokens) if was_decode else 0
-        r.num_computed_tokens = min(r.num_computed_tokens + hit + ext + new - drafts, r.num_tokens)
-        r.status = RequestStatus.RUNNING
+        computed = min(r.num_computed_tokens + hit + ext + new - drafts, r.num_tokens)
+        self._write(r, "num_computed_tokens", computed)
+        self._write(r, "status", RequestStatus.RUNNING)
         if prompt_done and not delay:
             # the step sampled: accepted drafts plus one token; rejected drafts roll back
-            r.append_output_token_ids([7 + (r.num_tokens % 3)] * (min(accepted, drafts) + 1))
-            r.num_computed_tokens = r.num_tokens - 1
+            sampled = [7 + (r.num_tokens % 3)] * (min(accepted, drafts) + 1)
+            r.append_output_token_ids(sampled)
+            self._log(f"{r.request_id}.append_output_token_ids({sampled})")
+            self._write(r, "num_computed_tokens", r.num_tokens - 1)
+
+    def _classify(
+        self,
+        r: Request,
+        new: int,
+        hit: int,
+        hit_ids: tuple[int, ...],
+        before: ManagerState,
+        evicted: Any,
+        stored: Any,
+        extras: tuple[int, int, bool],
+    ) -> None:
+        """The state classes an allocation reached (the kit's coverage table); ``extras``:
+        its lookahead tokens, external tokens and delayed caching."""
+        lookahead, ext, delay = extras
+        if any(before.pool.ref_cnt[b] == 0 for b in hit_ids):
+            self._reached("hit on a cached-free block")
+        if evicted:
+            self._reached("eviction of a cached-free block")
+        if stored:
+            event("allocate_slots: caches blocks")
+        left = r.num_tokens - r.num_computed_tokens
+        if new > left:
+            self._reached("decode with draft tokens")
+        elif r.num_computed_tokens < r.num_prompt_tokens and hit + ext + new < left:
+            self._reached("chunked prefill")
+        if lookahead:
+            self._reached("lookahead")
+        if ext:
+            self._reached("external tokens")
+        if delay:
+            event("allocate_slots: delayed caching")
 
     def _free(self, r: Request) -> None:
         self.target.free(r)
+        self._log(f"mgr.free({r.request_id})")
         self.model = spec.free(self.model, r.request_id)
 
     # ------------------------------------------------------------------ after every step
@@ -502,46 +729,189 @@ class V1ManagerMachine(RuleBasedStateMachine):
         """The target's state is the spec's and keeps every V1 state invariant."""
         if not hasattr(self, "target"):
             return
-        actual = self.with_requests(self.target.to_spec())
+        self._check_hashes()
+        raw = self.target.to_spec()
+        actual = self.with_requests(self._as_spec_keys(raw))
         where = f"after this step ({self.target!r})"
-        check("v1", actual.pool, where, ids=("V1-1", "V1-3", "V1-4"))
-        check("v1", actual, where, ids=("V1-2", "V1-5", "V1-11", "V1-13"))
-        hashes_of = getattr(self.target, "block_hashes", None)  # a target's own requests'
-        for r in self.requests.values():
-            got = tuple(r.block_hashes if hashes_of is None else hashes_of(r))
-            if got != self.spec_hashes(r):
-                raise fail("V1-5", f"{r.request_id}'s block hashes are not the chained hashes")
-        self._check_events(actual)
-        self._compare(actual, self.with_requests(self.model))
+        model = self.with_requests(self.model)
+        for layer_state, ids in (
+            (actual.pool, ("V1-1", "V1-3", "V1-4")),
+            (actual, ("V1-2", "V1-5", "V1-11", "V1-13")),
+        ):
+            try:
+                check("v1", layer_state, where, ids=ids)
+            except InvariantViolationError as err:
+                self._violate(err.invariant, str(err), first_difference(actual, model))
+        self._check_events(raw)
+        self._compare(actual, model)
         self.finished.clear()
+        self.situation = ("", ORDINARY)
+
+    def _adopt(
+        self, lora: LoRARequest | None, salt: str | None, mm: tuple[str, ...]
+    ) -> tuple[LoRARequest | None, str | None, tuple[str, ...]]:
+        """A request's features with those of known hashing causes left out: a feature
+        whose hashes differ from the spec's, or two keys sharing a hash (one LoRA name at
+        one path only; salts unlike LoRA names)."""
+        known = {s for s in (*(s for s, _ in FEATURES), LORA_PATHS, SALT_IS_LORA)}
+        known = {s for s in known if cause("block hashes", s) in self.known}
+        if "a request with a LoRA adapter" in known:
+            lora = None
+        if "a request with a cache salt" in known:
+            salt = None
+        if IMAGES in known:
+            mm = ()
+        if LORA_PATHS in known and lora is not None:
+            lora = LoRARequest(lora.lora_name, lora.lora_int_id, "/p1")
+        if SALT_IS_LORA in known and salt is not None:
+            salt = "s"
+        return lora, salt, mm
+
+    def _check_hashes(self) -> None:
+        """V1-5: each live request's block hashes are the spec's chained hashes (read
+        through the target's ``block_hashes`` where it has one: its own requests'); for
+        a target not promising the bytes (``exact_hashes``), two blocks share a hash iff
+        the spec's keys are equal."""
+        hashes_of = getattr(self.target, "block_hashes", None)
+        for rid, r in self.requests.items():
+            got = tuple(r.block_hashes if hashes_of is None else hashes_of(r))
+            want = self.spec_hashes(r)
+            if not self.exact_hashes and len(got) == len(want):
+                self._check_same_keys(rid, got, want, hashes_of is not None)
+                continue
+            if got == want:
+                continue
+            self.situation = ("block hashes", self._feature(r))
+            read = f"{rid}.block_hashes" if hashes_of is None else f"mgr.block_hashes({rid})"
+            self._violate(
+                "V1-5",
+                f"{rid}'s block hashes are not the chained hashes",
+                f"assert tuple({read}) == {want!r}",
+            )
+
+    def _as_spec_keys(self, m: ManagerState) -> ManagerState:
+        """``m`` with its keys (hash + 4-byte group id) as the spec's, for a target not
+        promising the bytes: each target hash seen as a request's is mapped to that
+        request's spec hash (:meth:`_check_same_keys` keeps the mapping one to one); an
+        unseen one is kept. O(pool)."""
+        if self.exact_hashes:
+            return m
+
+        def key(k: Any) -> Any:
+            if k is None or k[:-4] not in self.by_target:
+                return k
+            return self.by_target[k[:-4]][0] + k[-4:]
+
+        pool = replace(
+            m.pool,
+            hashes=tuple(key(k) for k in m.pool.hashes),
+            cached=frozenset((key(k), b) for k, b in m.pool.cached),
+        )
+        return replace(m, pool=pool)
+
+    def _check_same_keys(
+        self, rid: str, got: tuple[Any, ...], want: tuple[bytes, ...], through: bool
+    ) -> None:
+        """Two blocks share a target hash iff their spec keys are equal (across every
+        request of the test case). O(blocks of ``rid``)."""
+        for i, (t, s) in enumerate(zip(got, want, strict=True)):
+            s_seen, other, j = self.by_target.setdefault(t, (s, rid, i))
+            t_seen, other2, k = self.by_spec.setdefault(s, (t, rid, i))
+            if s_seen == s and t_seen == t:
+                continue
+            if s_seen != s:  # a collision: another key's hash
+                situation = self._collision(self.identity[other], self.identity[rid])
+                self.situation = ("block hashes", situation)
+                a, b = (f"{x}.block_hashes" for x in (other, rid))
+                if through:
+                    a, b = (f"mgr.block_hashes({x})" for x in (other, rid))
+                self._violate(
+                    "V1-5",
+                    f"{rid}'s block {i} has the hash of {other}'s block {j}, another key",
+                    f"assert {a}[{j}] != {b}[{i}]",
+                    why="two keys share a hash",
+                )
+            self.situation = ("block hashes", self._feature(self.requests[rid]))
+            a, b = (f"{x}.block_hashes" for x in (other2, rid))
+            if through:
+                a, b = (f"mgr.block_hashes({x})" for x in (other2, rid))
+            self._violate(
+                "V1-5",
+                f"{rid}'s block {i} and {other2}'s block {k} have one key, two hashes",
+                f"assert {a}[{k}] == {b}[{i}]",
+                why="one key hashed two ways",
+            )
+
+    @staticmethod
+    def _collision(a: Identity, b: Identity) -> str:
+        """The situation of two identities whose keys share a hash: what tells them
+        apart."""
+        if a.lora and b.lora and a.lora[0] == b.lora[0] and a.lora != b.lora:
+            return LORA_PATHS
+        names = {x.lora[0] for x in (a, b) if x.lora}
+        if {a.cache_salt, b.cache_salt} & names:
+            return SALT_IS_LORA
+        if a.mm or b.mm:
+            return IMAGES
+        return ORDINARY
+
+    @staticmethod
+    def _feature(r: Request) -> str:
+        """The situation of a request whose hashes are not the spec's: its first feature
+        entering the hashes (:data:`FEATURES`), else ordinary."""
+        return next((s for s, a in FEATURES if getattr(r, a)), ORDINARY)
 
     def _check_events(self, actual: ManagerState) -> None:
-        """Replay the events this step recorded (a subscriber drains them every step)."""
-        check_events(self.target.take_events(), self.replayed, actual.pool, self.events_on)
+        """Replay the events this step recorded (a subscriber drains them every step)
+        against the target's own keys (``actual``)."""
+        try:
+            check_events(self.target.take_events(), self.replayed, actual.pool, self.events_on)
+        except Violation as v:
+            self.situation = ("take_events", ORDINARY)
+            self._violate("V1-14", v.detail, f"events_agree(mgr, {self.events_on})")
+        if self.events_on and self.replayed:
+            self._reached("events recorded")
 
     def _compare(self, actual: ManagerState, model: ManagerState) -> None:
         a, m = actual.pool, model.pool
-        if abs(self.target.usage - spec.usage(model)) > 1e-9:
-            raise fail("V1-3", f"usage {self.target.usage}, the spec's {spec.usage(model)}")
+        usage = spec.usage(model)
+        if abs(self.target.usage - usage) > 1e-9:
+            self._violate(
+                "V1-3",
+                f"usage {self.target.usage}, the spec's {usage}",
+                f"assert abs(mgr.usage - {usage!r}) < 1e-9",
+            )
         for rid in self.requests:
             got = tuple(self.target.get_block_ids(rid)[0])
-            if got != spec.get_block_ids(model, rid):
-                raise fail(
-                    "V1-9", f"get_block_ids({rid!r}) is {got}, the table's {model.table(rid)}"
+            want = spec.get_block_ids(model, rid)
+            if got != want:
+                self._violate(
+                    "V1-9",
+                    f"get_block_ids({rid!r}) is {got}, the table's {model.table(rid)}",
+                    f"assert tuple(mgr.get_block_ids({rid!r})[0]) == {want!r}",
                 )
-        if not holds("V1-7", m, a):
-            raise fail("V1-7", f"free queue {a.free}, the spec's {m.free}")
-        if a.ref_cnt != m.ref_cnt:
-            raise fail("V1-2", f"ref_cnt {a.ref_cnt}, the spec's {m.ref_cnt}")
-        if a.hashes != m.hashes or set(a.cached) != set(m.cached):
-            raise fail("V1-4", "the cached keys differ from the spec's")
-        if dict(actual.tables) != dict(model.tables):
-            raise fail("V1-9", f"tables {dict(actual.tables)}, the spec's {dict(model.tables)}")
-        if dict(actual.num_cached) != dict(model.num_cached):
-            raise fail(
+        differs = [
+            ("V1-7", not holds("V1-7", m, a), f"free queue {a.free}, the spec's {m.free}"),
+            ("V1-2", a.ref_cnt != m.ref_cnt, f"ref_cnt {a.ref_cnt}, the spec's {m.ref_cnt}"),
+            (
+                "V1-4",
+                a.hashes != m.hashes or set(a.cached) != set(m.cached),
+                "the cached keys differ from the spec's",
+            ),
+            (
+                "V1-9",
+                dict(actual.tables) != dict(model.tables),
+                f"tables {dict(actual.tables)}, the spec's {dict(model.tables)}",
+            ),
+            (
                 "V1-13",
+                dict(actual.num_cached) != dict(model.num_cached),
                 f"cached counts {dict(actual.num_cached)}, the spec's {dict(model.num_cached)}",
-            )
+            ),
+        ]
+        for id_, broken, detail in differs:
+            if broken:
+                self._violate(id_, detail, first_difference(actual, model))
 
 
 def v1_after_step_ids() -> set[str]:

@@ -1,0 +1,93 @@
+"""The conformance kit's V1 level (``pagedkv conform --level v1``): the V1 manager machine
+against a target built from a KV cache configuration.
+
+pagedkv's own manager passes; a manager freeing tables head first is one finding (the
+free queue's order, V1-7) whatever the caching switch; a target whose hashes are another
+format passes when it does not promise the bytes (which keys share a hash is compared)
+and fails when it does; one keying a LoRA by its name alone is found as two keys sharing
+a hash. Every finding's program replays in a fresh process. Searches are small.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import pytest
+
+from pagedkv_stateful.adapters import Capabilities
+from pagedkv_stateful.conform import ConformanceReport, main, run_conformance
+from pagedkv_stateful.coverage import V1_STATE_CLASSES, state_classes
+
+# tests/ is on sys.path under pytest (not on mypy's path, hence the import by name).
+fa: Any = importlib.import_module("faulty_allocators")
+
+
+def check(name: str, examples: int = 60, **kwargs: Any) -> ConformanceReport:
+    return run_conformance(
+        getattr(fa, name),
+        level="v1",
+        name=f"faulty_allocators:{name}",
+        import_line=f"from faulty_allocators import {name}",
+        call=name,
+        max_examples=examples,
+        **kwargs,
+    )
+
+
+def test_pagedkvs_own_manager_passes_and_the_report_counts_v1_states() -> None:
+    report = check("own_v1_manager", examples=80)
+    assert report.exit_status == 0, report.render()
+    text = report.render()
+    assert "(v1 level)" in text and "capabilities: hit_limits exact_hashes; typed errors" in text
+    assert "stricter than this target" not in text
+    assert state_classes("v1") == V1_STATE_CLASSES
+    assert all(f" {name} " in text for name in V1_STATE_CLASSES)
+    assert report.coverage["prefix hit"] > 0 and report.coverage["chunked prefill"] > 0
+
+
+def test_a_free_queue_order_bug_is_one_finding_that_replays() -> None:
+    report = check("newest_first_v1_manager", examples=40, max_violations=2)
+    assert [f.root_cause for f in report.findings] == ["V1-7 eviction_order_ok"]
+    (finding,) = report.findings
+    assert finding.reproduced, finding.replay
+    program = "\n".join(finding.program)
+    assert "mgr = newest_first_v1_manager(KVCacheConfig.full_attention(" in program
+    assert "mgr.free(r" in program and program.splitlines()[-1].endswith("# V1-7")
+
+
+def test_hashes_in_another_format_pass_unless_the_bytes_are_promised() -> None:
+    assert check("other_format_v1_manager").exit_status == 0
+    report = check("other_format_exact_v1_manager", max_violations=1)
+    (finding,) = report.findings
+    assert finding.invariant == "V1-5 table_keys_ok" and finding.reproduced, finding.replay
+    assert "block hashes are vLLM's current format" not in report.render()
+
+
+def test_a_lora_keyed_by_its_name_alone_is_found_as_two_keys_sharing_a_hash() -> None:
+    report = check("name_only_v1_manager", max_violations=1)
+    causes = [f.root_cause for f in report.findings]
+    assert causes == ["block hashes: LoRA adapters of one name at two paths"], causes
+    assert report.findings[0].reproduced, report.findings[0].replay
+    assert "block hashes are vLLM's current format byte for byte" in report.render()
+
+
+def test_capabilities_of_the_v1_level_describe_its_own_features() -> None:
+    assert Capabilities().describe("v1") == "hit_limits exact_hashes; any exception as rejection"
+    older = Capabilities(hit_limits=False, exact_hashes=False, typed_errors=True)
+    assert older.describe("v1") == "no optional feature; typed errors"
+    assert "hit_limits" not in Capabilities().describe("manager")
+
+
+@pytest.mark.parametrize(
+    ("factory", "words"),
+    [
+        ("not_v1_manager", "which lacks get_computed_blocks"),
+        ("own_requests_v1_manager", "takes pagedkv Request objects"),
+    ],
+)
+def test_a_target_without_the_v1_surface_is_a_usage_error(
+    factory: str, words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([f"faulty_allocators:{factory}", "--level", "v1"]) == 2
+    assert words in capsys.readouterr().err
