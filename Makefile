@@ -119,11 +119,12 @@ vllm-v1-tests: $(STAMP)
 	    --release $(VLLM_V1_RELEASE)
 	$(BIN)/python -m pagedkv_stateful.vllm_v1_tests run $(VLLM_V1_TESTS_DIR) $(VLLM_V1_TESTS_ARGS)
 
-# The conformance kit's V1 level against vLLM's own KVCacheManager, per release
+# The conformance kit's V1 levels against vLLM's own KVCacheManager and BlockPool, per release
 # (docs/conformance.md): each wheel downloaded once (pip --no-deps, 240-340 MB, into
 # $(VLLM_WHEELS)), its V1 KV-cache files extracted to build/vllm-v1-RELEASE beside
 # pagedkv's stand-ins, then `pagedkv conform pagedkv_stateful.vllm_v1:manager --level v1`
-# under python and python -O: one report per release and run, text and JSON in
+# and `pagedkv_stateful.vllm_v1:pool --level v1-pool` under python and python -O: one
+# report per release, level and run, text and JSON in
 # $(CONFORM_VLLM_V1_DIR) (each printed as it goes), then every finding's program replayed
 # in a fresh process. Findings exit 1 per run and are kept; a usage error stops.
 VLLM_V1_RELEASES     ?= 0.34.0 0.33.0 0.27.1
@@ -136,13 +137,14 @@ conform-vllm-v1: $(STAMP)
 	    $(BIN)/python -m pip download -q --no-deps vllm==$$release -d $(VLLM_WHEELS) || exit 2; \
 	  $(BIN)/python -m pagedkv_stateful.vllm_v1 extract \
 	    $$(ls $(VLLM_WHEELS)/vllm-$$release-*.whl | head -1) build/vllm-v1-$$release || exit 2; \
-	  for opt in "" -O; do \
-	    out=$(CONFORM_VLLM_V1_DIR)/v1-$$release$$opt; \
+	  for opt in "" -O; do for level in v1 v1-pool; do \
+	    out=$(CONFORM_VLLM_V1_DIR)/$$level-$$release$$opt; \
+	    factory=$$([ $$level = v1 ] && echo manager || echo pool); \
 	    PAGEDKV_VLLM_V1_DIR=build/vllm-v1-$$release $(BIN)/python $$opt -m pagedkv conform \
-	      pagedkv_stateful.vllm_v1:manager --level v1 $(CONFORM_VLLM_V1_ARGS) \
+	      pagedkv_stateful.vllm_v1:$$factory --level $$level $(CONFORM_VLLM_V1_ARGS) \
 	      --json $$out.json > $$out.txt; \
 	    rc=$$?; cat $$out.txt; [ $$rc -le 1 ] || exit $$rc; \
-	  done; \
+	  done; done; \
 	done
 	$(BIN)/python -m pagedkv_stateful.vllm_v1 replay $(CONFORM_VLLM_V1_DIR)/*.json
 

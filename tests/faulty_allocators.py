@@ -979,3 +979,26 @@ def own_requests_v1_manager(
     config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
 ) -> Any:
     return OwnRequestsOnly(_v1(config, max_model_len, caching, events, watermark), None)
+
+
+def own_v1_pool(num_blocks: int, caching: bool, hash_block_size: int, events: bool) -> Any:
+    """pagedkv's own V1 block pool (the v1-pool level's reference target)."""
+    from pagedkv.v1 import BlockPool
+
+    return BlockPool(num_blocks, caching, hash_block_size, enable_kv_cache_events=events)
+
+
+def newest_first_v1_pool(num_blocks: int, caching: bool, hash_block_size: int, events: bool) -> Any:
+    """Frees a table head first (V1-7)."""
+    from pagedkv.v1 import BlockPool
+
+    class NewestFirst(BlockPool):
+        def free_blocks(self, ordered_blocks: Any) -> None:
+            super().free_blocks(list(ordered_blocks)[::-1])
+
+    return NewestFirst(num_blocks, caching, hash_block_size, enable_kv_cache_events=events)
+
+
+def not_v1_pool(num_blocks: int, caching: bool, hash_block_size: int, events: bool) -> Any:
+    """A V0 manager where a V1 block pool is expected."""
+    return BlockSpaceManager(2, 8, 4, 0.0)

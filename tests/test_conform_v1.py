@@ -1,5 +1,6 @@
-"""The conformance kit's V1 level (``pagedkv conform --level v1``): the V1 manager machine
-against a target built from a KV cache configuration.
+"""The conformance kit's V1 levels: ``--level v1`` (the V1 manager machine against a
+target built from a KV cache configuration) and ``--level v1-pool`` (the V1 pool machine
+against a block pool).
 
 pagedkv's own manager passes; a manager freeing tables head first is one finding (the
 free queue's order, V1-7) whatever the caching switch; a target whose hashes are another
@@ -16,17 +17,18 @@ from typing import Any
 import pytest
 
 from pagedkv_stateful.adapters import Capabilities
+from pagedkv_stateful.causes import outside_callers
 from pagedkv_stateful.conform import ConformanceReport, main, run_conformance
-from pagedkv_stateful.coverage import V1_STATE_CLASSES, state_classes
+from pagedkv_stateful.coverage import V1_POOL_STATE_CLASSES, V1_STATE_CLASSES, state_classes
 
 # tests/ is on sys.path under pytest (not on mypy's path, hence the import by name).
 fa: Any = importlib.import_module("faulty_allocators")
 
 
-def check(name: str, examples: int = 60, **kwargs: Any) -> ConformanceReport:
+def check(name: str, examples: int = 60, level: str = "v1", **kwargs: Any) -> ConformanceReport:
     return run_conformance(
         getattr(fa, name),
-        level="v1",
+        level=level,
         name=f"faulty_allocators:{name}",
         import_line=f"from faulty_allocators import {name}",
         call=name,
@@ -91,3 +93,26 @@ def test_a_target_without_the_v1_surface_is_a_usage_error(
 ) -> None:
     assert main([f"faulty_allocators:{factory}", "--level", "v1"]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_the_pool_level_passes_pagedkvs_pool_and_finds_a_free_order_bug() -> None:
+    assert check("own_v1_pool", examples=100, level="v1-pool").exit_status == 0
+    report = check("newest_first_v1_pool", examples=60, level="v1-pool", max_violations=2)
+    assert [f.root_cause for f in report.findings] == ["V1-7 eviction_order_ok"]
+    (finding,) = report.findings
+    assert finding.reproduced, finding.replay
+    program = "\n".join(finding.program)
+    assert (
+        "pool = newest_first_v1_pool(" in program and "pool.free_blocks(t0_blocks[::-1])" in program
+    )
+    assert state_classes("v1-pool") == V1_POOL_STATE_CLASSES
+    # pagedkv's own pool (a subclass here) promises calls beyond its callers'; another
+    # target is called as a per-group manager calls it
+    assert outside_callers(Capabilities(), "v1-pool")[0].startswith("a per-group manager's")
+
+
+def test_a_target_without_the_pool_surface_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["faulty_allocators:not_v1_pool", "--level", "v1-pool"]) == 2
+    assert "which lacks get_new_blocks" in capsys.readouterr().err

@@ -1816,6 +1816,16 @@ CONFORM_MESSAGES = [
         "pagedkv_stateful.vllm_v1.ManagerTarget does)",
     ),
     case(
+        "conform: v1-pool target without the BlockPool surface",
+        lambda: run_conformance(faulty.not_v1_pool, level="v1-pool", call="pool"),
+        UsageError,
+        "pool(8, True, 2, False) returned BlockSpaceManager, which lacks get_new_blocks, "
+        "get_cached_block, touch, free_blocks, cache_full_blocks, evict_blocks, take_events, "
+        "get_num_free_blocks, get_usage; a v1-pool-level target has vLLM V1's BlockPool "
+        "surface and gives its state as to_spec() (an adapter such as "
+        "pagedkv_stateful.vllm_v1.PoolTarget)",
+    ),
+    case(
         "vllm_v1.manager: a configuration of two groups",
         lambda: vllm_v1.manager(_two_groups(), 16, True, False, 0.0),
         vllm_v1.UnsupportedCall,

@@ -229,8 +229,9 @@ class Capabilities:
     def describe(self, level: str = "manager") -> str:
         """One line: the features of ``level`` that are supported, then the promises."""
         skip = {"lifo", "typed_errors", "misuse_kinds", "not_together", "beyond_callers"}
-        if level == "v1":  # V1's one optional feature; the rest are V0 notions
-            features = [f for f in ("hit_limits", "exact_hashes") if getattr(self, f)]
+        if level in ("v1", "v1-pool"):  # V1's optional features; the rest are V0 notions
+            optional = ("hit_limits", "exact_hashes") if level == "v1" else ()
+            features = [f for f in optional if getattr(self, f)]
             errors = "typed errors" if self.typed_errors else "any exception as rejection"
             return f"{' '.join(features) or 'no optional feature'}; {errors}"
         skip |= {"hit_limits", "exact_hashes"}

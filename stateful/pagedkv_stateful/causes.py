@@ -185,6 +185,13 @@ V1_SCHEDULER = (
 )
 
 
+#: The V1 pool level's callers' contract (the machine plays a full-attention manager).
+V1_POOL_CALLERS = (
+    "a per-group manager's calls only (blocks touched only after a lookup found them, "
+    "a table's full blocks cached in order, a table freed tail first and once)"
+)
+
+
 def outside_callers(capabilities: object, level: str = "allocator") -> list[str]:
     """The caller preconditions the kit kept to at ``level`` (``situation (why)``), for a
     target that does not claim ``beyond_callers``; [] for one that does.
@@ -193,6 +200,8 @@ def outside_callers(capabilities: object, level: str = "allocator") -> list[str]
         return []
     if level == "v1":
         return [V1_SCHEDULER]
+    if level == "v1-pool":
+        return [V1_POOL_CALLERS]
     if level in ("manager", "caching-manager"):
         return [ACT_ON_YES]
     return [

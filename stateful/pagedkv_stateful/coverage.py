@@ -17,7 +17,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["STATE_CLASSES", "V1_STATE_CLASSES", "operation", "reached", "state_classes"]
+__all__ = [
+    "STATE_CLASSES",
+    "V1_POOL_STATE_CLASSES",
+    "V1_STATE_CLASSES",
+    "operation",
+    "reached",
+    "state_classes",
+]
 
 # A call on the target (``alloc.``, ``mgr.``, ``pool.``) or on one of its block objects
 # (``b3.append_token_ids(...)``: vLLM's blocks are written through their own method).
@@ -59,6 +66,21 @@ V1_STATE_CLASSES = (
     "events on",
     "events off",
 )
+#: The V1 pool machine's state classes (recorded by the machine), in table order.
+V1_POOL_STATE_CLASSES = (
+    "touch",
+    "touch of a cached-free block",
+    "eviction of a cached-free block",
+    "a key cached by two blocks",
+    "evict_blocks of a cached block",
+    "reset of a cached block",
+    "refused allocation",
+    "events recorded",
+    "caching on",
+    "caching off",
+    "events on",
+    "events off",
+)
 
 
 def state_classes(level: str) -> tuple[str, ...]:
@@ -67,6 +89,8 @@ def state_classes(level: str) -> tuple[str, ...]:
     prefix hits, a caching manager's; the V1 level has its own). O(1)."""
     if level == "v1":
         return V1_STATE_CLASSES
+    if level == "v1-pool":
+        return V1_POOL_STATE_CLASSES
     if level == "manager":  # its appends are not per block: a CoW with no room is an append
         skip = {"copy-on-write with no free block", "prefix hit"}
     elif level == "caching-manager":  # no lookahead, no window; one append per sequence

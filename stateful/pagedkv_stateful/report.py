@@ -15,7 +15,12 @@ from pagedkv_stateful.adapters import (
     Capabilities,
 )
 from pagedkv_stateful.causes import outside_callers, stricter
-from pagedkv_stateful.coverage import STATE_CLASSES, V1_STATE_CLASSES, state_classes
+from pagedkv_stateful.coverage import (
+    STATE_CLASSES,
+    V1_POOL_STATE_CLASSES,
+    V1_STATE_CLASSES,
+    state_classes,
+)
 from pagedkv_stateful.replay import replay as replay_program
 
 __all__ = [
@@ -209,7 +214,11 @@ class ConformanceReport:
             return []
         states = ", ".join(f"{name} {self.coverage[name]:,}" for name in state_classes(self.level))
         ops = sorted(
-            (k for k in self.coverage if k not in STATE_CLASSES and k not in V1_STATE_CLASSES),
+            (
+                k
+                for k in self.coverage
+                if k not in {*STATE_CLASSES, *V1_STATE_CLASSES, *V1_POOL_STATE_CLASSES}
+            ),
             key=lambda k: (-self.coverage[k], k),
         )
         calls = ", ".join(f"{k} {self.coverage[k]:,}" for k in ops)

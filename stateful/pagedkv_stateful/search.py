@@ -44,7 +44,7 @@ __all__ = ["run_conformance"]
 #: Examples per round of the ``ci`` profile where a level needs more than the profile's
 #: to reach every state class of its coverage table 20 times (the V1 machine's test cases
 #: spend their first steps adding requests; a prefix hit needs two of them).
-CI_EXAMPLES = {"v1": 600}
+CI_EXAMPLES = {"v1": 600, "v1-pool": 600}
 
 
 def _settings(

@@ -36,6 +36,7 @@ from pagedkv_stateful.caching_manager_machine import CachingManagerMachine
 from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.replay import NEEDS_O, explicit_asserts
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.pool_machine import BS, V1PoolMachine
 from pagedkv_stateful.v1.program import EVENTS_AGREE
 
 __all__ = [
@@ -62,7 +63,7 @@ DESCRIPTION = (
     "Check a paged block allocator (or block manager, or vLLM V1 KV cache manager) against "
     "pagedkv's spec."
 )
-LEVELS = ("allocator", "manager", "caching", "caching-manager", "v1")
+LEVELS = ("allocator", "manager", "caching", "caching-manager", "v1", "v1-pool")
 #: Arguments of the one call that checks a factory before the search starts.
 PROBE_ARGS: dict[str, tuple[Any, ...]] = {
     "allocator": (4, 2, 2),
@@ -70,6 +71,7 @@ PROBE_ARGS: dict[str, tuple[Any, ...]] = {
     "caching": (4, 2, 2),
     "caching-manager": (2, 8, 4, 0.0),
     "v1": ("KVCacheConfig.full_attention(8, 2)", 16, True, False, 0.0),
+    "v1-pool": (8, True, 2, False),
 }
 SIGNATURES = {
     "allocator": "(num_gpu_blocks, num_cpu_blocks, block_size)",
@@ -77,7 +79,23 @@ SIGNATURES = {
     "caching": "(num_gpu_blocks, num_cpu_blocks, block_size)",
     "caching-manager": "(block_size, num_gpu_blocks, num_cpu_blocks, watermark)",
     "v1": "(kv_cache_config, max_model_len, enable_caching, enable_kv_cache_events, watermark)",
+    "v1-pool": "(num_blocks, enable_caching, hash_block_size, enable_kv_cache_events)",
 }
+#: What a V1-pool-level target must have: vLLM V1's ``BlockPool`` surface (its
+#: ``cache_full_blocks`` taking pagedkv ``Request`` objects) and ``to_spec()``.
+V1_POOL_METHODS = (
+    "get_new_blocks",
+    "get_cached_block",
+    "touch",
+    "free_blocks",
+    "cache_full_blocks",
+    "evict_blocks",
+    "reset_prefix_cache",
+    "take_events",
+    "get_num_free_blocks",
+    "get_usage",
+    "to_spec",
+)
 #: What a V1-level target must have: vLLM V1's ``KVCacheManager`` surface (taking
 #: pagedkv ``Request`` objects), and its state as the spec's (``to_spec()``).
 V1_METHODS = (
@@ -158,6 +176,7 @@ class V1Probe:
     target: Any
     capabilities: Capabilities
     own: bool
+    pool: bool = False
 
 
 class UsageError(Exception):
@@ -230,6 +249,8 @@ def probe_target(factory: Callable[..., Any], level: str, call: str) -> Probe:
         return _probe_caching(result, shown)
     if level == "v1":
         return _probe_v1(result, shown)
+    if level == "v1-pool":
+        return _probe_v1_pool(result, shown)
     adapter = as_allocator_adapter(result) if level == "allocator" else as_manager_adapter(result)
     missing = list(required_methods(adapter))
     if level == "caching-manager" and type(adapter) is ManagerAdapter:
@@ -308,6 +329,24 @@ def _probe_v1(result: object, shown: str) -> V1Probe:
     return V1Probe(target, caps, own)
 
 
+def _probe_v1_pool(result: object, shown: str) -> V1Probe:
+    """The V1-pool-level target's surface; pagedkv's own pool promises typed errors."""
+    from pagedkv.v1 import BlockPool
+
+    target, caps = _caching_target(result)
+    missing = [m for m in V1_POOL_METHODS if not callable(getattr(target, m, None))]
+    if missing:
+        raise UsageError(
+            f"{shown} returned {type(target).__name__}, which lacks {', '.join(missing)}; a "
+            "v1-pool-level target has vLLM V1's BlockPool surface and gives its state as "
+            "to_spec() (an adapter such as pagedkv_stateful.vllm_v1.PoolTarget)"
+        )
+    own = isinstance(target, BlockPool)
+    if caps is None:
+        caps = Capabilities(typed_errors=own, beyond_callers=own)
+    return V1Probe(target, caps, own, pool=True)
+
+
 def _probe_devices(adapter: AllocatorAdapter, shown: str) -> None:
     """The free and total counts of both devices: the machine's first calls after every
     step, so a device value the target does not take fails here, not as a violation."""
@@ -351,6 +390,8 @@ def imports_of(
         first = probe.source_device_import()
     elif isinstance(probe, CachingProbe):
         first = "from pagedkv import Device"
+    elif isinstance(probe, V1Probe) and probe.pool:
+        first = "from pagedkv.v1 import Request, get_request_block_hasher"
     elif isinstance(probe, V1Probe):
         first = V1_IMPORTS
         if probe.own:  # its requests include the general path's (a Request subclass)
@@ -427,6 +468,8 @@ def build_machine(
     programs it writes)."""
     if level == "v1":
         return _v1_machine(factory, call, caps, isinstance(probe, V1Probe) and probe.own)
+    if level == "v1-pool":
+        return _v1_pool_machine(factory, call)
     if level == "caching":
         takes_extra = isinstance(probe, CachingProbe) and probe.extra_keys
 
@@ -504,6 +547,20 @@ def _v1_machine(
             return f"mgr = {call}({args}){suffix}"
 
     return ConformV1
+
+
+def _v1_pool_machine(factory: Callable[..., Any], call: str) -> type[V1PoolMachine]:
+    class ConformV1Pool(V1PoolMachine):
+        def make_pool(self, num_blocks: int, caching: bool, events: bool) -> Any:
+            self._result = factory(num_blocks, caching, BS, events)
+            return _caching_target(self._result)[0]
+
+        def setup_source(self, args: str) -> str:
+            num_blocks, caching, events = args.split(", ")
+            suffix = "[0]" if isinstance(self._result, tuple) else ""
+            return f"pool = {call}({num_blocks}, {caching}, {BS}, {events}){suffix}"
+
+    return ConformV1Pool
 
 
 def program_of(body: list[str], imports: list[str]) -> tuple[tuple[str, ...], int]:

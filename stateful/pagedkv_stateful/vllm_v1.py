@@ -26,7 +26,8 @@ directory :func:`extract` wrote) build vLLM's own objects:
   capabilities;
 * :func:`kv_cache_manager` -- ``KVCacheManager`` over one full-attention group
   (``FullAttentionSpec`` / ``KVCacheGroupSpec`` / ``KVCacheConfig``, vLLM's);
-* :func:`pool` -- a bare ``BlockPool``;
+* :func:`pool` -- the kit's V1-pool-level factory (``--level v1-pool``): vLLM's
+  ``BlockPool`` behind :class:`PoolTarget`; :func:`block_pool` -- a bare ``BlockPool``;
 * :func:`hasher` -- ``get_request_block_hasher`` with vLLM's ``sha256`` (after
   ``init_none_hash``), the hasher a vLLM engine uses by default;
 * :func:`request` -- vLLM's ``Request``;
@@ -1053,10 +1054,25 @@ def kv_cache_manager(
     )
 
 
-def pool(num_blocks: int) -> Any:
+def block_pool(num_blocks: int) -> Any:
     """vLLM's ``BlockPool(num_blocks, enable_caching=True, hash_block_size=1)``."""
-    block_pool = _module("vllm.v1.core.block_pool")
-    return block_pool.BlockPool(num_blocks, enable_caching=True, hash_block_size=1)
+    module = _module("vllm.v1.core.block_pool")
+    return module.BlockPool(num_blocks, enable_caching=True, hash_block_size=1)
+
+
+def pool(
+    num_blocks: int, enable_caching: bool, hash_block_size: int, enable_kv_cache_events: bool
+) -> PoolTarget:
+    """The conformance kit's V1-pool-level factory: vLLM's ``BlockPool`` (the loaded
+    release's) behind :class:`PoolTarget`."""
+    module = _module("vllm.v1.core.block_pool")
+    target = module.BlockPool(
+        num_blocks,
+        enable_caching=enable_caching,
+        hash_block_size=hash_block_size,
+        enable_kv_cache_events=enable_kv_cache_events,
+    )
+    return PoolTarget(target, hash_block_size)
 
 
 def hasher(block_size: int) -> Callable[[Any], list[bytes]]:
@@ -1103,9 +1119,6 @@ def state_of(target: Any, release: Release | None = None) -> ManagerState:
     request id, group g's under ``"<id>@g"``). The hash map is read from its own dicts
     (:attr:`Release.cached_entries`), so a map that disagrees with the blocks' hashes
     shows. O(pool + table entries)."""
-    pool = target.block_pool
-    cached = (release or loaded_release()).cached_entries(pool.cached_block_hash_to_block)
-    blocks = pool.blocks
     tables: list[tuple[str, tuple[int, ...]]] = []
     counts: list[tuple[str, int]] = []
     managers = target.coordinator.single_type_managers
@@ -1114,14 +1127,7 @@ def state_of(target: Any, release: Release | None = None) -> ManagerState:
         tables += [(r + suffix, tuple(b.block_id for b in t)) for r, t in m.req_to_blocks.items()]
         counts += [(r + suffix, n) for r, n in m.num_cached_block.items()]
     return ManagerState(
-        pool=PoolState(
-            ref_cnt=tuple(b.ref_cnt for b in blocks),
-            free=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
-            hashes=tuple(b.block_hash for b in blocks),
-            cached=frozenset(cached),
-            null_ok=pool.null_block is blocks[0] and blocks[0].is_null,
-            num_free=pool.free_block_queue.num_free_blocks,
-        ),
+        pool=pool_state_of(target.block_pool, release),
         tables=tuple(tables),
         num_cached=tuple(counts),
         block_size=managers[0].block_size,
@@ -1131,35 +1137,35 @@ def state_of(target: Any, release: Release | None = None) -> ManagerState:
     )
 
 
-class ManagerTarget:
-    """vLLM's ``KVCacheManager`` as the target of pagedkv's V1 manager machine.
+def pool_state_of(pool: Any, release: Release | None = None) -> PoolState:
+    """vLLM's ``BlockPool`` as the spec's pool, read from its fields (its blocks, free
+    queue and hash map, the map from its own dicts: :attr:`Release.cached_entries`).
+    O(pool)."""
+    cached = (release or loaded_release()).cached_entries(pool.cached_block_hash_to_block)
+    blocks = pool.blocks
+    return PoolState(
+        ref_cnt=tuple(b.ref_cnt for b in blocks),
+        free=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
+        hashes=tuple(b.block_hash for b in blocks),
+        cached=frozenset(cached),
+        null_ok=pool.null_block is blocks[0] and blocks[0].is_null,
+        num_free=pool.free_block_queue.num_free_blocks,
+    )
 
-    The machine drives pagedkv ``Request`` objects and plays the scheduler on them; this
-    adapter keeps one vLLM ``Request`` per request id (same prompt, LoRA, cache salt,
-    multimodal features, prefix-cache reading; block hashes by vLLM's own hasher) and,
-    before each call that takes a request, copies onto it what a vLLM scheduler writes
-    between calls: ``status``, ``num_computed_tokens``, the sampled output tokens (through
-    vLLM's ``append_output_token_ids``, which extends its block hashes) and
-    ``num_preemptions``. Everything else is vLLM's: each call goes to the manager as is,
-    and the state the machine compares is read from vLLM's fields (:func:`state_of`).
 
-    Per release (:attr:`release`, the loaded one): ``get_num_cached_tokens`` of a release
-    without it (:attr:`Release.probes_cached_tokens`) is the probe 0.34.0 added, run on
-    the release's own coordinator (the lookup ``get_computed_blocks`` does, without
-    taking the blocks); an ``allocate_slots`` keyword the release lacks is dropped when
-    its value asks for nothing (:data:`ALLOCATE_NEUTRAL`) and raises
-    :class:`UnsupportedCall` otherwise, never silently; so does a request whose
-    prefix-cache hit limit the release's ``Request`` cannot take.
-    """
+class RequestMirror:
+    """One vLLM ``Request`` per pagedkv ``Request`` a machine drives (same prompt, LoRA,
+    cache salt, multimodal features, prefix-cache reading; block hashes by vLLM's own
+    hasher), brought up to date before each call that takes it with what a vLLM
+    scheduler writes between calls: ``status``, ``num_computed_tokens``, the sampled
+    output tokens (through vLLM's ``append_output_token_ids``, which extends its block
+    hashes) and ``num_preemptions``."""
 
-    def __init__(self, target: Any, block_size: int) -> None:
-        self.manager = target
+    def __init__(self, block_size: int) -> None:
         self.release = loaded_release()
         self.block_hasher = hasher(block_size)
         self.requests: dict[str, Any] = {}
-        self.empty_kv_cache_blocks = target.empty_kv_cache_blocks
         self._status = _module("vllm.v1.request").RequestStatus
-        self._allocate_keywords = frozenset(inspect.signature(target.allocate_slots).parameters)
 
     def request(self, r: Any) -> Any:
         """The vLLM ``Request`` of ``r`` (a pagedkv ``Request``), brought up to date."""
@@ -1218,6 +1224,30 @@ class ManagerTarget:
     def block_hashes(self, r: Any) -> tuple[bytes, ...]:
         """The block hashes vLLM's hasher gave ``r``'s vLLM ``Request``."""
         return tuple(self.request(r).block_hashes)
+
+
+class ManagerTarget(RequestMirror):
+    """vLLM's ``KVCacheManager`` as the target of pagedkv's V1 manager machine.
+
+    The machine drives pagedkv ``Request`` objects and plays the scheduler on them; this
+    adapter gives vLLM its own ``Request`` for each (:class:`RequestMirror`). Everything
+    else is vLLM's: each call goes to the manager as is,
+    and the state the machine compares is read from vLLM's fields (:func:`state_of`).
+
+    Per release (:attr:`release`, the loaded one): ``get_num_cached_tokens`` of a release
+    without it (:attr:`Release.probes_cached_tokens`) is the probe 0.34.0 added, run on
+    the release's own coordinator (the lookup ``get_computed_blocks`` does, without
+    taking the blocks); an ``allocate_slots`` keyword the release lacks is dropped when
+    its value asks for nothing (:data:`ALLOCATE_NEUTRAL`) and raises
+    :class:`UnsupportedCall` otherwise, never silently; so does a request whose
+    prefix-cache hit limit the release's ``Request`` cannot take.
+    """
+
+    def __init__(self, target: Any, block_size: int) -> None:
+        super().__init__(block_size)
+        self.manager = target
+        self.empty_kv_cache_blocks = target.empty_kv_cache_blocks
+        self._allocate_keywords = frozenset(inspect.signature(target.allocate_slots).parameters)
 
     def get_computed_blocks(self, r: Any) -> Any:
         return self.manager.get_computed_blocks(self.request(r))
@@ -1281,6 +1311,61 @@ class ManagerTarget:
         return f"vLLM {self.release.version} {self.manager.__class__.__name__}"
 
 
+class PoolTarget(RequestMirror):
+    """vLLM's ``BlockPool`` as the target of pagedkv's V1 pool machine: each call as is,
+    but ``cache_full_blocks`` takes the vLLM ``Request`` of the machine's
+    (:class:`RequestMirror`) and ``evict_blocks`` a set (vLLM's type); the state is read
+    from vLLM's fields (:func:`pool_state_of`)."""
+
+    def __init__(self, target: Any, block_size: int) -> None:
+        super().__init__(block_size)
+        self.pool = target
+
+    def get_new_blocks(self, num_blocks: int) -> Any:
+        return self.pool.get_new_blocks(num_blocks)
+
+    def get_cached_block(self, block_hash: bytes, group_ids: list[int]) -> Any:
+        return self.pool.get_cached_block(block_hash, group_ids)
+
+    def touch(self, blocks: Any) -> None:
+        self.pool.touch(blocks)
+
+    def free_blocks(self, ordered_blocks: Any) -> None:
+        self.pool.free_blocks(ordered_blocks)
+
+    def cache_full_blocks(
+        self, r: Any, blocks: Any, num_cached: int, num_full: int, block_size: int, group: int
+    ) -> None:
+        self.pool.cache_full_blocks(
+            self.request(r), blocks, num_cached, num_full, block_size, group
+        )
+
+    def evict_blocks(self, block_ids: Any) -> None:
+        self.pool.evict_blocks(set(block_ids))
+
+    def reset_prefix_cache(self) -> bool:
+        ok: bool = self.pool.reset_prefix_cache()
+        return ok
+
+    def take_events(self) -> list[Any]:
+        events: list[Any] = self.pool.take_events()
+        return events
+
+    def get_num_free_blocks(self) -> int:
+        n: int = self.pool.get_num_free_blocks()
+        return n
+
+    def get_usage(self) -> float:
+        u: float = self.pool.get_usage()
+        return u
+
+    def to_spec(self) -> PoolState:
+        return pool_state_of(self.pool, self.release)
+
+    def __repr__(self) -> str:
+        return f"vLLM {self.release.version} {self.pool.__class__.__name__}"
+
+
 class BenchTarget:
     """vLLM's classes behind the surface ``benchmarks.bench_v1`` times (its ``PagedKV``)."""
 
@@ -1294,7 +1379,7 @@ class BenchTarget:
 
     @staticmethod
     def pool(num_blocks: int) -> Any:
-        return pool(num_blocks)
+        return block_pool(num_blocks)
 
     @staticmethod
     def hasher(block_size: int) -> Callable[[Any], list[bytes]]:

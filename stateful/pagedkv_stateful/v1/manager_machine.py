@@ -34,16 +34,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any
 
-from hypothesis import event, reject
+from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from pagedkv.v1 import (
     BlockHash,
-    BlockRemoved,
-    BlockStored,
     KVCacheBlocks,
     KVCacheConfig,
     KVCacheManager,
@@ -55,20 +53,20 @@ from pagedkv.v1 import (
     get_request_block_hasher,
 )
 from pagedkv_spec.errors import InvariantViolationError
-from pagedkv_spec.invariants import REGISTRY, check, holds, label
+from pagedkv_spec.invariants import check, holds
 from pagedkv_spec.v1 import manager as spec
 from pagedkv_spec.v1.hashing import Identity, block_hashes
 from pagedkv_spec.v1.manager import ManagerState, RequestView
-from pagedkv_spec.v1.pool import PoolState
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.causes import ORDINARY, cause
+from pagedkv_stateful.v1.lockstep import V1LockstepMachine, check_events
 from pagedkv_stateful.v1.program import (
     allocate_source,
     first_difference,
     request_source,
 )
 
-__all__ = ["FEATURES", "V1ManagerMachine", "check_events", "fail"]
+__all__ = ["FEATURES", "GeneralPathRequest", "V1ManagerMachine"]
 
 #: prompts share prefixes: a few bases, then a short random tail
 BASES = ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 3, 4, 9, 9, 9, 9), (5, 5, 5, 5, 5, 5))
@@ -90,33 +88,9 @@ MM_IDS: tuple[tuple[str, ...], ...] = ((), (), (), ("img0",), ("img1",), ("img0"
 HIT_LIMITS = (None, None, None, 0, 2, 5)
 
 
-def check_events(
-    events: list[Any], replayed: Counter[tuple[int, int]], pool: PoolState, enabled: bool
-) -> None:
-    """Replay ``events`` (a target's, drained this step) into ``replayed`` and check V1-14
-    against ``pool`` (the target's, as the spec's state). Both V1 machines use it."""
-    for e in events:
-        kind = type(e).__name__  # by name: a target's own event classes count too
-        if kind == BlockStored.__name__:
-            replayed.update((e.group_idx or 0, int(h)) for h in e.block_hashes)
-        elif kind == BlockRemoved.__name__:
-            replayed.subtract((e.group_idx or 0, int(h)) for h in e.block_hashes)
-        else:
-            replayed.clear()
-            replayed[(-1, -1)] = 0  # a clear is an event too (events off: none at all)
-    if not holds("V1-14", pool, replayed, enabled):
-        raise fail("V1-14", f"replayed {dict(+replayed)} vs the map {pool.cached}")
-
-
 class GeneralPathRequest(Request):
     """A ``Request`` subclass: pagedkv's ``allocate_slots`` takes its fast path for
     exact ``Request`` objects only, so these exercise the general path."""
-
-
-def fail(id_: str, detail: str, check_line: str | None = None, signature: str = "") -> Violation:
-    """The machine's verdict on invariant ``id_``: a Violation named by its label, its
-    detail ``"<meaning>: <detail>"``."""
-    return Violation(label(id_), f"{REGISTRY[id_].meaning}: {detail}", check_line, signature)
 
 
 #: The features of a request that enter its block hashes, in the order a finding about
@@ -135,7 +109,7 @@ SALT_IS_LORA = "a cache salt equal to a LoRA name"
 IMAGES = "a request with images"
 
 
-class V1ManagerMachine(RuleBasedStateMachine):
+class V1ManagerMachine(V1LockstepMachine):
     """A V1 scheduler's calls on a target and on the spec (module docstring)."""
 
     #: whether the target takes a prefix-cache hit limit between 0 and unbounded
@@ -145,14 +119,6 @@ class V1ManagerMachine(RuleBasedStateMachine):
     #: whether the target's block hashes must be the spec's bytes; if not, only which
     #: keys share a hash is compared (a collision, or one key hashed two ways)
     exact_hashes = True
-    #: causes already reported (the kit's search adopts them)
-    known: frozenset[str] = frozenset()
-    #: ``(operation, situation)`` of the target call the running step makes
-    situation: tuple[str, str] = ("", ORDINARY)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.program: list[str] = []
 
     def make_manager(
         self,
@@ -233,15 +199,6 @@ class V1ManagerMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ the program
 
-    def _log(self, line: str) -> None:
-        self.program.append(line)
-
-    def _reached(self, state_class: str) -> None:
-        """Record that this test case reached ``state_class`` (the kit's coverage table),
-        and tell Hypothesis (``event``)."""
-        self.__dict__.setdefault("reached_classes", set()).add(state_class)
-        event(state_class)
-
     def _write(self, r: Request, field: str, value: Any) -> None:
         """The scheduler writes ``field`` of ``r`` (in the program too, if it changes)."""
         if getattr(r, field) == value:
@@ -249,37 +206,6 @@ class V1ManagerMachine(RuleBasedStateMachine):
         setattr(r, field, value)
         shown = f"RequestStatus.{value.name}" if isinstance(value, RequestStatus) else repr(value)
         self._log(f"{r.request_id}.{field} = {shown}")
-
-    def _enter(self, operation: str, situation: str = ORDINARY) -> bool:
-        """The step is about to call the target's ``operation`` in ``situation``; False
-        (the call is not made) when the search adopted that situation. O(1)."""
-        if situation and cause(operation, situation) in self.known:
-            event(f"went around a known cause: {operation}: {situation}")
-            return False
-        self.situation = (operation, situation)
-        return True
-
-    def _violate(
-        self,
-        id_: str,
-        detail: str,
-        check_line: str | None = None,
-        replace_last: bool = False,
-        why: str = "",
-    ) -> NoReturn:
-        """Raise the Violation of ``id_`` (or discard the test case if its cause, the
-        running call's situation, is known); ``check_line`` ends the program (replacing
-        its last line when that made the same call); ``why``: the target's outcome, part
-        of the cause in an ordinary situation."""
-        op, situation = self.situation
-        signature = cause(op or "?", situation, label(id_), why)
-        if signature in self.known:
-            reject()
-        if check_line:
-            if replace_last:
-                self.program.pop()
-            self._log(f"{check_line}  # {id_}")
-        raise fail(id_, detail, check_line, signature)
 
     # ------------------------------------------------------------------ views
 

@@ -16,12 +16,14 @@ from dataclasses import fields
 from typing import Any
 
 from pagedkv_spec.v1.manager import ManagerState
+from pagedkv_spec.v1.pool import PoolState
 
 __all__ = [
     "ALLOCATE_DEFAULTS",
     "EVENTS_AGREE",
     "allocate_source",
     "first_difference",
+    "pool_difference",
     "request_source",
 ]
 
@@ -37,13 +39,14 @@ ALLOCATE_DEFAULTS: dict[str, object] = {
 }
 
 #: A program's helper for V1-14: every event the target recorded, replayed.
-EVENTS_AGREE = '''def events_agree(mgr, enabled):
+EVENTS_AGREE = '''def events_agree(target, enabled):
     """V1-14: replaying every event the target recorded gives its cached keys."""
     from collections import Counter
 
-    from pagedkv_stateful.v1.manager_machine import check_events
+    from pagedkv_stateful.v1.lockstep import check_events
 
-    check_events(mgr.take_events(), Counter(), mgr.to_spec().pool, enabled)'''
+    state = target.to_spec()
+    check_events(target.take_events(), Counter(), getattr(state, "pool", state), enabled)'''
 
 
 def request_source(var: str, r: Any) -> str:
@@ -69,20 +72,30 @@ def allocate_source(var: str, new: int, hit: int, blocks: str, keywords: dict[st
     return f"mgr.allocate_slots({', '.join(args)})"
 
 
+def pool_difference(got: PoolState, want: PoolState, where: str) -> str | None:
+    """A statement that fails while the target's pool is ``got`` and holds when it is
+    ``want``: the first differing field of the pool ``where`` reads (``pool.to_spec()``,
+    ``mgr.to_spec().pool``; the cached keys compared as sets), or None. O(pool)."""
+    for f in fields(got):
+        g, w = getattr(got, f.name), getattr(want, f.name)
+        if f.name == "cached":
+            if set(g) != set(w):
+                return f"assert set({where}.cached) == {_set(w)}"
+        elif f.name == "num_free" and (g is None or w is None):
+            continue  # a state that does not say (the spec's own) is not compared
+        elif g != w:
+            return f"assert {where}.{f.name} == {w!r}"
+    return None
+
+
 def first_difference(got: ManagerState, want: ManagerState) -> str | None:
     """A statement that fails while the target's state is ``got`` and holds when it is
     ``want``: the first differing field of ``mgr.to_spec()`` (the pool's, then the
     tables and cached counts, compared as dicts), or None if the two agree.
     O(state)."""
-    for f in fields(got.pool):
-        g, w = getattr(got.pool, f.name), getattr(want.pool, f.name)
-        if f.name == "cached":
-            if set(g) != set(w):
-                return f"assert set(mgr.to_spec().pool.cached) == {_set(w)}"
-        elif f.name == "num_free" and (g is None or w is None):
-            continue  # a state that does not say (the spec's own) is not compared
-        elif g != w:
-            return f"assert mgr.to_spec().pool.{f.name} == {w!r}"
+    line = pool_difference(got.pool, want.pool, "mgr.to_spec().pool")
+    if line is not None:
+        return line
     for name in ("tables", "num_cached"):
         g, w = dict(getattr(got, name)), dict(getattr(want, name))
         if g != w:
