@@ -745,26 +745,23 @@ class V1ManagerMachine(V1LockstepMachine):
             t_seen, other2, k = self.by_spec.setdefault(s, (t, rid, i))
             if s_seen == s and t_seen == t:
                 continue
+            mine = f"mgr.block_hashes({rid})" if through else f"{rid}.block_hashes"
             if s_seen != s:  # a collision: another key's hash
                 situation = self._collision(self.identity[other], self.identity[rid])
                 self.situation = ("block hashes", situation)
-                a, b = (f"{x}.block_hashes" for x in (other, rid))
-                if through:
-                    a, b = (f"mgr.block_hashes({x})" for x in (other, rid))
+                theirs = f"mgr.block_hashes({other})" if through else f"{other}.block_hashes"
                 self._violate(
                     "V1-5",
                     f"{rid}'s block {i} has the hash of {other}'s block {j}, another key",
-                    f"assert {a}[{j}] != {b}[{i}]",
+                    f"assert {theirs}[{j}] != {mine}[{i}]",
                     why="two keys share a hash",
                 )
             self.situation = ("block hashes", self._feature(self.requests[rid]))
-            a, b = (f"{x}.block_hashes" for x in (other2, rid))
-            if through:
-                a, b = (f"mgr.block_hashes({x})" for x in (other2, rid))
+            theirs = f"mgr.block_hashes({other2})" if through else f"{other2}.block_hashes"
             self._violate(
                 "V1-5",
                 f"{rid}'s block {i} and {other2}'s block {k} have one key, two hashes",
-                f"assert {a}[{k}] == {b}[{i}]",
+                f"assert {theirs}[{k}] == {mine}[{i}]",
                 why="one key hashed two ways",
             )
 
