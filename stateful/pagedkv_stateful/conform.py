@@ -1,6 +1,6 @@
 """Conformance kit: check any paged block allocator (or block manager) against pagedkv's spec.
 
-    pagedkv conform MODULE:FACTORY [--level allocator|manager|caching|caching-manager|v1]
+    pagedkv conform MODULE:FACTORY [--level allocator|manager|caching|caching-manager|v1|v1-pool]
                     [--profile ci|deep]
                     [--max-examples N] [--seed S] [--max-violations K]
                     [--duration SECONDS] [--json [PATH]] [--progress]
@@ -29,7 +29,11 @@
   ``Request`` objects and giving its state as ``to_spec()``, driven by
   :class:`~pagedkv_stateful.v1.manager_machine.V1ManagerMachine` against
   :mod:`pagedkv_spec.v1.manager` (V1-1..V1-15); it may return ``(target,
-  Capabilities)`` (``hit_limits``, ``exact_hashes``).
+  Capabilities)`` (``hit_limits``, ``exact_hashes``);
+* v1-pool level: ``FACTORY(num_blocks, enable_caching, hash_block_size,
+  enable_kv_cache_events)``, a vLLM V1 ``BlockPool`` with ``to_spec()``, driven by
+  :class:`~pagedkv_stateful.v1.pool_machine.V1PoolMachine` against
+  :mod:`pagedkv_spec.v1.pool`.
 
 It may return the target itself (default :class:`~pagedkv_stateful.adapters.Capabilities`:
 no LIFO promise, any exception counts as a rejection), a ``(target, Capabilities)``
