@@ -46,6 +46,8 @@ STATE_CLASSES = (
     "window slide",
     "prefix hit",
 )
+#: What both V1 machines record of each test case's configuration (and its events).
+_V1_CONFIGURATIONS = ("events recorded", "caching on", "caching off", "events on", "events off")
 #: The V1 manager machine's state classes (recorded by the machine), in table order:
 #: what a V1 scheduler's calls reach, and each configuration of the target.
 V1_STATE_CLASSES = (
@@ -60,11 +62,7 @@ V1_STATE_CLASSES = (
     "external tokens",
     "delayed caching",
     "refused allocation",
-    "events recorded",
-    "caching on",
-    "caching off",
-    "events on",
-    "events off",
+    *_V1_CONFIGURATIONS,
 )
 #: The V1 pool machine's state classes (recorded by the machine), in table order.
 V1_POOL_STATE_CLASSES = (
@@ -75,11 +73,7 @@ V1_POOL_STATE_CLASSES = (
     "evict_blocks of a cached block",
     "reset of a cached block",
     "refused allocation",
-    "events recorded",
-    "caching on",
-    "caching off",
-    "events on",
-    "events off",
+    *_V1_CONFIGURATIONS,
 )
 
 

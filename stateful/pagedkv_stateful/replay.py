@@ -37,6 +37,7 @@ __all__ = [
     "replay",
     "replay_report",
     "replay_reports",
+    "use_prelude",
 ]
 
 #: The first line (after ``# ``) of a program found under ``python -O``.
@@ -208,3 +209,16 @@ def replay_reports(paths: Sequence[str]) -> int:
             print(f"  not reproduced: {line}")
         status = 1 if failed else status
     return status
+
+
+def use_prelude(module: str) -> list[str]:
+    """The lines that load, in a fresh process, the extracted vLLM this process loaded
+    (``from MODULE import use; use(DIR)``), so a program replays as printed against the
+    same files; [] when no vllm is loaded. ``module``: the target module whose ``use``
+    loads it (``pagedkv_stateful.vllm063``, ``pagedkv_stateful.vllm_v1``). O(1)."""
+    loaded = sys.modules.get("vllm")
+    where = getattr(loaded, "__file__", None)
+    if not where:
+        return []
+    directory = str(Path(where).resolve().parent.parent)
+    return [f"from {module} import use", f"use({directory!r})"]

@@ -274,17 +274,36 @@ def _caching_target(result: object) -> tuple[Any, Capabilities | None]:
     return result, None
 
 
+def _with_surface(
+    result: object,
+    shown: str,
+    methods: tuple[str, ...],
+    hint: str,
+    attributes: tuple[str, ...] = (),
+) -> tuple[Any, Capabilities | None]:
+    """``(target, capabilities)`` of a factory's result (a target or a ``(target,
+    Capabilities)`` pair) that has every one of ``methods`` and ``attributes``; else the
+    UsageError naming what it lacks, then ``hint`` (what a target of its level is)."""
+    target, caps = _caching_target(result)
+    missing = [m for m in methods if not callable(getattr(target, m, None))]
+    missing += [a for a in attributes if not hasattr(target, a)]
+    if missing:
+        raise UsageError(
+            f"{shown} returned {type(target).__name__}, which lacks {', '.join(missing)}; {hint}"
+        )
+    return target, caps
+
+
 def _probe_caching(result: object, shown: str) -> CachingProbe:
     """The caching-level target's API and devices; pagedkv's own promises more."""
     from pagedkv import CpuGpuBlockAllocator
 
-    target, caps = _caching_target(result)
-    missing = [m for m in CACHING_METHODS if not callable(getattr(target, m, None))]
-    if missing:
-        raise UsageError(
-            f"{shown} returned {type(target).__name__}, which lacks {', '.join(missing)}; "
-            "a caching-level target has vLLM 0.6.3's prefix-caching CpuGpuBlockAllocator API"
-        )
+    target, caps = _with_surface(
+        result,
+        shown,
+        CACHING_METHODS,
+        "a caching-level target has vLLM 0.6.3's prefix-caching CpuGpuBlockAllocator API",
+    )
     for device in Device:
         try:
             target.get_num_free_blocks(device)
@@ -304,16 +323,15 @@ def _probe_v1(result: object, shown: str) -> V1Probe:
     a three-token prompt); pagedkv's own manager promises typed errors."""
     from pagedkv.v1 import KVCacheManager, Request, get_request_block_hasher
 
-    target, caps = _caching_target(result)
-    missing = [m for m in V1_METHODS if not callable(getattr(target, m, None))]
-    missing += [a for a in ("empty_kv_cache_blocks", "usage") if not hasattr(target, a)]
-    if missing:
-        raise UsageError(
-            f"{shown} returned {type(target).__name__}, which lacks {', '.join(missing)}; a "
-            "v1-level target has vLLM V1's KVCacheManager surface, takes pagedkv Request "
-            "objects and gives its state as to_spec() (an adapter such as "
-            "pagedkv_stateful.vllm_v1.ManagerTarget, docs/conformance.md)"
-        )
+    target, caps = _with_surface(
+        result,
+        shown,
+        V1_METHODS,
+        "a v1-level target has vLLM V1's KVCacheManager surface, takes pagedkv Request "
+        "objects and gives its state as to_spec() (an adapter such as "
+        "pagedkv_stateful.vllm_v1.ManagerTarget, docs/conformance.md)",
+        ("empty_kv_cache_blocks", "usage"),
+    )
     probe = Request("probe", [1, 2, 3], block_hasher=get_request_block_hasher(2))
     try:
         target.get_num_cached_tokens(probe)
@@ -333,14 +351,13 @@ def _probe_v1_pool(result: object, shown: str) -> V1Probe:
     """The V1-pool-level target's surface; pagedkv's own pool promises typed errors."""
     from pagedkv.v1 import BlockPool
 
-    target, caps = _caching_target(result)
-    missing = [m for m in V1_POOL_METHODS if not callable(getattr(target, m, None))]
-    if missing:
-        raise UsageError(
-            f"{shown} returned {type(target).__name__}, which lacks {', '.join(missing)}; a "
-            "v1-pool-level target has vLLM V1's BlockPool surface and gives its state as "
-            "to_spec() (an adapter such as pagedkv_stateful.vllm_v1.PoolTarget)"
-        )
+    target, caps = _with_surface(
+        result,
+        shown,
+        V1_POOL_METHODS,
+        "a v1-pool-level target has vLLM V1's BlockPool surface and gives its state as "
+        "to_spec() (an adapter such as pagedkv_stateful.vllm_v1.PoolTarget)",
+    )
     own = isinstance(target, BlockPool)
     if caps is None:
         caps = Capabilities(typed_errors=own, beyond_callers=own)

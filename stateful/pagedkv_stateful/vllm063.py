@@ -57,7 +57,7 @@ from pagedkv_stateful.adapters import (
     Capabilities,
     ManagerAdapter,
 )
-from pagedkv_stateful.replay import replay_reports
+from pagedkv_stateful.replay import replay_reports, use_prelude
 
 #: The wheel's files this target loads (pure Python, no imports beyond the stand-ins).
 WHEEL_FILES = (
@@ -174,12 +174,7 @@ def conform_prelude() -> list[str]:
     """What a printed program runs before its imports (``pagedkv conform`` asks): put the
     extracted vLLM this process loaded on ``sys.path``, so the program replays as printed
     in a fresh process, with or without ``PAGEDKV_VLLM_DIR``."""
-    loaded = sys.modules.get("vllm")
-    where = getattr(loaded, "__file__", None)
-    if not where:
-        return []
-    directory = str(Path(where).resolve().parent.parent)
-    return ["from pagedkv_stateful.vllm063 import use", f"use({directory!r})"]
+    return use_prelude("pagedkv_stateful.vllm063")
 
 
 def _module(name: str) -> Any:

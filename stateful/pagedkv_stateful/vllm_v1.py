@@ -68,7 +68,7 @@ from typing import Any
 from pagedkv_spec.v1.manager import ManagerState
 from pagedkv_spec.v1.pool import PoolState
 from pagedkv_stateful.adapters import Capabilities
-from pagedkv_stateful.replay import replay_reports
+from pagedkv_stateful.replay import replay_reports, use_prelude
 
 # --------------------------------------------------------------------------- stand-ins
 
@@ -1010,12 +1010,7 @@ def conform_prelude() -> list[str]:
     """What a printed program runs before its imports (``pagedkv conform`` asks): load
     the extracted vLLM this process loaded, so the program replays as printed in a fresh
     process, with or without ``PAGEDKV_VLLM_V1_DIR``."""
-    loaded = sys.modules.get("vllm")
-    where = getattr(loaded, "__file__", None)
-    if not where:
-        return []
-    directory = str(Path(where).resolve().parent.parent)
-    return ["from pagedkv_stateful.vllm_v1 import use", f"use({directory!r})"]
+    return use_prelude("pagedkv_stateful.vllm_v1")
 
 
 def kv_cache_manager(

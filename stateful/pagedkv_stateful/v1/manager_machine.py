@@ -492,16 +492,18 @@ class V1ManagerMachine(V1LockstepMachine):
         blocks, hit, _ = self.target.get_computed_blocks(r)
         self._log(f"blocks, hit, _ = mgr.get_computed_blocks({rid})")
         ids = tuple(blocks.get_block_ids()[0])
-        want = spec.get_computed_blocks(self.model, self.view(r))
-        check_line = f"assert (tuple(blocks.get_block_ids()[0]), hit) == {want!r}"
+        view = self.view(r)  # the request does not change until allocate_slots
         if not holds("V1-12", len(ids), hit, self.model.block_size):
-            self._violate("V1-12", f"{rid}: {len(ids)} block(s) but {hit} tokens", check_line)
-        if not holds("V1-6", self.model, self.view(r), ids, hit):
-            self._violate("V1-6", f"{rid}: hit {ids} ({hit} tokens), the spec {want}", check_line)
+            self._violate("V1-12", f"{rid}: {len(ids)} block(s) but {hit} tokens", self._hit(view))
+        if not holds("V1-6", self.model, view, ids, hit):
+            want = spec.get_computed_blocks(self.model, view)
+            self._violate(
+                "V1-6", f"{rid}: hit {ids} ({hit} tokens), the spec {want}", self._hit(view)
+            )
         if self._enter("get_num_cached_tokens", situation):
             probe = self.target.get_num_cached_tokens(r)
             self._log(f"mgr.get_num_cached_tokens({rid})")
-            expected = spec.get_num_cached_tokens(self.model, self.view(r))
+            expected = spec.get_num_cached_tokens(self.model, view)
             if probe != expected:
                 self._violate(
                     "V1-6",
@@ -518,9 +520,7 @@ class V1ManagerMachine(V1LockstepMachine):
         if (
             situation
             and hit
-            < spec.get_computed_blocks(
-                self.model, replace(self.view(r), prefix_cache_hit_limit=None)
-            )[1]
+            < spec.get_computed_blocks(self.model, replace(view, prefix_cache_hit_limit=None))[1]
         ):
             self._reached("partial hit (limited)")
         if (
@@ -532,6 +532,12 @@ class V1ManagerMachine(V1LockstepMachine):
         if r.num_preemptions and hit:
             event("get_computed_blocks: a preempted request hits again")
         return blocks, hit
+
+    def _hit(self, view: RequestView) -> str:
+        """The check line of a lookup whose answer is not the spec's (on a failure only:
+        it looks the request up in the spec again)."""
+        want = spec.get_computed_blocks(self.model, view)
+        return f"assert (tuple(blocks.get_block_ids()[0]), hit) == {want!r}"
 
     def _allocate(
         self,
@@ -576,7 +582,8 @@ class V1ManagerMachine(V1LockstepMachine):
         self._classify(r, new, hit, hit_ids, before, evicted, stored, (lookahead, ext, delay))
         after = self.target.to_spec()
         got = None if out is None else tuple(out.get_block_ids()[0])
-        result = f"assert (None if out is None else tuple(out.get_block_ids()[0])) == {want!r}"
+        # the check line of a wrong result (written only on a failure)
+        result = "assert (None if out is None else tuple(out.get_block_ids()[0])) == {!r}"
         if not holds("V1-8", before, after, out is None):
             self._violate(
                 "V1-8",
@@ -586,7 +593,11 @@ class V1ManagerMachine(V1LockstepMachine):
         if out is None:
             self._reached("refused allocation")
             if want is not None:
-                self._violate("V1-8", f"{r.request_id}: refused; the spec allocates {want}", result)
+                self._violate(
+                    "V1-8",
+                    f"{r.request_id}: refused; the spec allocates {want}",
+                    result.format(want),
+                )
             return
         if not holds("V1-9", before, after):
             self._violate(
@@ -595,7 +606,9 @@ class V1ManagerMachine(V1LockstepMachine):
                 first_difference(after, self.model),
             )
         if want is None or got != want:
-            self._violate("V1-7", f"{r.request_id}: allocated {got}, the spec {want}", result)
+            self._violate(
+                "V1-7", f"{r.request_id}: allocated {got}, the spec {want}", result.format(want)
+            )
         if delay:
             self.delayed.add(r.request_id)
         prompt_done = r.num_computed_tokens + hit + ext + new >= r.num_tokens
