@@ -75,10 +75,23 @@ def test_a_lora_keyed_by_its_name_alone_is_found_as_two_keys_sharing_a_hash() ->
 
 
 def test_capabilities_of_the_v1_level_describe_its_own_features() -> None:
-    assert Capabilities().describe("v1") == "hit_limits exact_hashes; any exception as rejection"
-    older = Capabilities(hit_limits=False, exact_hashes=False, typed_errors=True)
-    assert older.describe("v1") == "no optional feature; typed errors"
+    assert (
+        Capabilities().describe("v1")
+        == "hit_limits exact_hashes; any exception as rejection; groups: every configuration"
+    )
+    older = Capabilities(
+        hit_limits=False,
+        exact_hashes=False,
+        typed_errors=True,
+        configurations=("full attention", "sliding window"),
+    )
+    assert (
+        older.describe("v1")
+        == "no optional feature; typed errors; groups: full attention, sliding window"
+    )
+    assert older.describe("v1-pool") == "no optional feature; typed errors"
     assert "hit_limits" not in Capabilities().describe("manager")
+    assert "configurations" not in Capabilities().describe("manager")
 
 
 @pytest.mark.parametrize(

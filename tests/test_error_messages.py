@@ -2172,11 +2172,46 @@ V1_MESSAGES = [
         "kv_cache_groups must hold KVCacheGroupSpecs with a KVCacheSpec, got 'x'",
     ),
     case(
-        "v1 config: several groups with caching",
-        lambda: v1.KVCacheManager(_v1_two_groups(), 16),
+        "v1 config: a hybrid's block size not a multiple of the hash block size",
+        lambda: v1.HybridKVCacheCoordinator(
+            v1.KVCacheConfig.of_specs(8, v1.FullAttentionSpec(4), v1.FullAttentionSpec(6)), False, 4
+        ),
         InvalidKVCacheManagerConfigError,
-        "2 KV cache groups with caching on need the hybrid coordinator, which this release "
-        "of pagedkv.v1 does not have yet; turn caching off or use one group",
+        "every group's block size [4, 6] must be a multiple of hash_block_size 4 with caching on",
+    ),
+    case(
+        "v1 config: chunked local attention with a coarser alignment",
+        lambda: v1.KVCacheManager(
+            v1.KVCacheConfig.of_specs(
+                8,
+                v1.FullAttentionSpec(4),
+                v1.ChunkedLocalAttentionSpec(2, attention_chunk_size=8),
+            ),
+            16,
+        ),
+        InvalidKVCacheManagerConfigError,
+        "chunked local attention with block size 2 cannot have hits aligned to 4 tokens; "
+        "give every group this block size",
+    ),
+    case(
+        "v1 config: a sliding window",
+        lambda: v1.SlidingWindowSpec(4, sliding_window=-2),
+        InvalidKVCacheManagerConfigError,
+        "sliding_window must be an int >= 1, got -2",
+    ),
+    case(
+        "v1 config: an attention chunk",
+        lambda: v1.ChunkedLocalAttentionSpec(4, attention_chunk_size=-8),
+        InvalidKVCacheManagerConfigError,
+        "attention_chunk_size must be an int >= 1, got -8",
+    ),
+    case(
+        "v1 manager: max_in_flight_tokens",
+        lambda: v1.KVCacheManager(
+            v1.KVCacheConfig.full_attention(4, 4), 16, max_in_flight_tokens=0
+        ),
+        InvalidKVCacheManagerConfigError,
+        "max_in_flight_tokens must be an int >= 1, got 0",
     ),
     case(
         "v1 config: block sizes",
@@ -2265,7 +2300,8 @@ V1_MESSAGES = [
             v1.KVCacheSpec(4), v1.BlockPool(2, True, 4), True, 0
         ),
         InvalidKVCacheManagerConfigError,
-        "no V1 manager for KVCacheSpec yet; this release manages FullAttentionSpec groups",
+        "no V1 manager for KVCacheSpec; pagedkv.v1 manages FullAttentionSpec, "
+        "SlidingWindowSpec and ChunkedLocalAttentionSpec groups",
     ),
     case(
         "v1 config: unitary hash block size",

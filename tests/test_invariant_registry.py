@@ -214,7 +214,10 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
     ),
     KVMachine: ({"KV1"}, set()),
     SchedulerMachine: ({"Q1", "Q2", "Q3", "Q4", "M2", "M3", "M4", "I1", "KV1"}, {"T1", "T4"}),
-    V1ManagerMachine: ({"V1-1", "V1-2", "V1-3", "V1-4", "V1-5", "V1-11", "V1-13", "V1-14"}, set()),
+    V1ManagerMachine: (
+        {"V1-1", "V1-2", "V1-3", "V1-4", "V1-5", "V1-10", "V1-11", "V1-13", "V1-14"},
+        set(),
+    ),
     V1PoolMachine: ({"V1-1", "V1-2", "V1-3", "V1-4", "V1-14"}, set()),
 }
 

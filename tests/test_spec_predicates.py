@@ -105,6 +105,13 @@ V1_IDLE = V1M.free(V1, "a").pool
 V1_RESET = V1pool.reset_prefix_cache(V1_IDLE)[0]
 V1_EVENTS = Counter(V1M.event_hash(k) for k, _ in V1P.cached)
 _B = V1M.RequestView("b", 6, 0, (b"h0", b"h1", b"h2"))
+# a hybrid: full attention and a sliding window of 3 tokens, blocks of 2; "a" (5 tokens
+# computed, 5 more slots): its window group nulled block 0 (tokens before 5 - 3 + 1 = 3)
+V1H = V1M.manager_initial(
+    12, 2, 16, True, groups=(V1M.GroupSpec(V1M.FULL, 2), V1M.GroupSpec(V1M.SLIDING, 2, 3))
+)
+V1H = V1M.allocate_slots(V1H, _A, 5)[0]
+V1H = replace(V1M.remove_skipped_blocks(V1H, "a", 5), requests=(_A,))
 
 
 def _v1pool(**kw: Any) -> V1pool.PoolState:
@@ -121,10 +128,12 @@ GOOD: dict[str, tuple[Any, ...]] = {
     "V1-3": (V1P,),
     "V1-4": (V1P,),
     "V1-5": (V1,),
-    "V1-6": (V1, _B, (1, 2), 4),
+    "V1-6": (V1, _B, ((1, 2),), 4),
     "V1-7": (V1P, V1P),
     "V1-8": (V1, V1, True),
     "V1-9": (V1M.free(V1, "a"), V1),
+    "V1-10": (V1H,),
+    "V1-16": (V1, _A, ((1, 2),)),
     "V1-11": (V1,),
     "V1-12": (2, 4, 2),
     "V1-13": (V1,),
@@ -496,8 +505,8 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
         "a cached block past the request's hashes",
         (_v1(requests=(replace(_A, block_hashes=(b"h0",)),)),),
     ),
-    ("V1-6", "other blocks", (V1, _B, (2, 1), 4)),
-    ("V1-6", "another length", (V1, _B, (1, 2), 2)),
+    ("V1-6", "other blocks", (V1, _B, ((2, 1),), 4)),
+    ("V1-6", "another length", (V1, _B, ((1, 2),), 2)),
     ("V1-7", "another free order", (V1P, _v1pool(free=(5, 4)))),
     ("V1-8", "a refusal that changed the tables", (V1M.free(V1, "a"), V1, True)),
     (
@@ -507,6 +516,32 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
     ),
     ("V1-9", "a table that shrank", (V1, _v1(tables=(("a", (1, 2)),)))),
     ("V1-9", "a table entry replaced", (V1, _v1(tables=(("a", (1, 4, 3)),)))),
+    ("V1-9", "a full-attention block nulled", (V1, _v1(tables=(("a", (0, 2, 3)),)))),
+    (
+        "V1-9",
+        "a window's block nulled after a live one",
+        (V1H, replace(V1H, tables=(("a", (1, 2, 3, 4, 5)), ("a@1", (0, 7, 0, 9, 10))))),
+    ),
+    (
+        "V1-10",
+        "groups covering other slot counts",
+        (replace(V1H, tables=(("a", (1, 2, 3)), ("a@1", (0, 5)))),),
+    ),
+    (
+        "V1-10",
+        "a null pad in full attention",
+        (replace(V1H, tables=(("a", (0, 2, 3)), ("a@1", (0, 5, 6)))),),
+    ),
+    (
+        "V1-10",
+        "a null pad after a block",
+        (replace(V1H, tables=(("a", (1, 2, 3)), ("a@1", (4, 0, 6)))),),
+    ),
+    (
+        "V1-16",
+        "an adopted hit block without its key",
+        (_v1(pool=_v1pool(hashes=(None, None, *V1P.hashes[2:]))), _A, ((1, 2),)),
+    ),
     ("V1-11", "a preempted request holding blocks", (_v1(tables=(*V1.tables, ("p", (4,)))),)),
     (
         "V1-11",

@@ -20,18 +20,21 @@ from pagedkv.v1 import (
     BlockStored,
     FullAttentionManager,
     FullAttentionSpec,
+    HybridKVCacheCoordinator,
     KVCacheBlock,
     KVCacheBlocks,
     KVCacheConfig,
     KVCacheCoordinatorNoPrefixCache,
     KVCacheGroupSpec,
     KVCacheManager,
+    KVCacheSpec,
     LoRARequest,
     MultiModalFeatureSpec,
     PlaceholderRange,
     PrefixCacheStats,
     Request,
     RequestStatus,
+    SlidingWindowSpec,
     UnitaryKVCacheCoordinator,
     get_kv_cache_coordinator,
     get_request_block_hasher,
@@ -237,12 +240,12 @@ def test_reset_fails_while_blocks_are_in_use_and_marks_the_stats() -> None:
 # ---- configuration
 
 
-def test_several_groups_need_the_hybrid_coordinator_unless_caching_is_off() -> None:
+def test_several_groups_get_the_hybrid_coordinator_with_caching_on() -> None:
     groups = tuple(KVCacheGroupSpec((f"l{i}",), FullAttentionSpec(4)) for i in range(2))
     config = KVCacheConfig(10, groups)
-    err = raised(InvalidKVCacheManagerConfigError, KVCacheManager, config, 64)
-    assert "hybrid coordinator" in str(err)
+    assert isinstance(KVCacheManager(config, 64).coordinator, HybridKVCacheCoordinator)
     m = KVCacheManager(config, 64, enable_caching=False)
+    assert isinstance(m.coordinator, KVCacheCoordinatorNoPrefixCache)
     r = request("r", 5)
     out = m.allocate_slots(r, 5)
     assert out is not None and out.get_block_ids() == ([1, 2], [3, 4])
@@ -802,3 +805,42 @@ def test_a_new_request_starts_with_vllms_defaults() -> None:
     assert r.prompt_token_ids == [1, 2, 3] and r.prefix_cache_hit_limit == 0
     assert r.session_id is None and r.num_in_flight_tokens == 0 and r.spec_token_ids == []
     assert Request("s", [1]).prefix_cache_hit_limit is None
+
+
+# ---- windows (stage 1 of allocate_slots, the admission bound)
+
+
+def _window_manager(num_blocks: int, *specs: KVCacheSpec, **kwargs: Any) -> KVCacheManager:
+    return KVCacheManager(KVCacheConfig.of_specs(num_blocks, *specs), 64, **kwargs)
+
+
+def test_a_refused_allocation_keeps_the_frees_of_its_first_stage() -> None:
+    m = _window_manager(7, FullAttentionSpec(2), SlidingWindowSpec(2, sliding_window=3))
+    r = Request("r", list(range(6)), block_hasher=get_request_block_hasher(2))
+    m.allocate_slots(r, 6)  # 3 + 3 of the 6 blocks
+    r.num_computed_tokens = 6
+    r.status = RequestStatus.RUNNING
+    # 6 computed tokens: tokens before 4 left the window (2 blocks); 8 more slots would
+    # need 4 + 4 blocks: refused, but the 2 window blocks are freed (as vLLM does)
+    assert m.allocate_slots(r, 8) is None
+    assert m.get_block_ids("r")[1][:2] == [0, 0]
+    assert m.block_pool.get_num_free_blocks() == 2
+    m.check_invariants()
+
+
+def test_a_whole_sequence_admission_counts_at_most_a_window_of_blocks() -> None:
+    spec = SlidingWindowSpec(2, sliding_window=4)
+    r = Request("r", list(range(40)), block_hasher=get_request_block_hasher(2))
+    bounded = _window_manager(16, spec, max_in_flight_tokens=4)
+    # the window's 3 tokens and 4 in flight: cdiv(7, 2) + 1 = 5 blocks, not 20
+    assert bounded.coordinator.single_type_managers[0].max_admission_blocks == 5
+    assert bounded.allocate_slots(r, 4, full_sequence_must_fit=True) is not None
+    unbounded = KVCacheManager(KVCacheConfig.of_specs(16, spec), 64)
+    assert (
+        unbounded.allocate_slots(
+            Request("s", list(range(40)), block_hasher=get_request_block_hasher(2)),
+            4,
+            full_sequence_must_fit=True,
+        )
+        is None
+    )

@@ -3,7 +3,9 @@
 State invariants the manager checks itself (V1-1..V1-4, V1-13 via
 ``check_invariants()``) are planted by corrupting a real manager; the others, and
 every step invariant, by a buggy target run through the V1 manager machine, which
-must report that invariant. :data:`V1_PLANTED` joins the registry's ``PLANTED``, whose
+must report that invariant (the hybrids' in the machine's hybrid configurations), but
+V1-16, whose bug (a one-phase adoption) the machine's search does not reach: a fixed
+scenario and the machine's check. :data:`V1_PLANTED` joins the registry's ``PLANTED``, whose
 test runs each (tests/test_invariant_registry.py).
 """
 
@@ -19,20 +21,25 @@ from pagedkv.errors import InvariantViolationError
 from pagedkv.v1 import (
     BlockHash,
     BlockPool,
+    FullAttentionSpec,
+    HybridKVCacheCoordinator,
     KVCacheBlock,
     KVCacheBlocks,
     KVCacheConfig,
     KVCacheManager,
     LoRARequest,
     Request,
+    SlidingWindowManager,
+    SlidingWindowSpec,
     get_request_block_hasher,
 )
 from pagedkv.v1.hashing import sha256
 from pagedkv.v1.single_type_manager import FullAttentionManager
-from pagedkv_spec.invariants import REGISTRY
+from pagedkv_spec.invariants import REGISTRY, holds
+from pagedkv_spec.v1.manager import RequestView
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.profiles import find_fast
-from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.manager_machine import CONFIGURATIONS, V1ManagerMachine
 
 # --------------------------------------------------------------------------- corrupted state
 
@@ -72,7 +79,14 @@ def _overcount(m: KVCacheManager) -> None:  # the partial block counted as cache
 # --------------------------------------------------------------------------- buggy targets
 
 
-def _machine(make: Callable[..., KVCacheManager], hasher: Any = None) -> type[V1ManagerMachine]:
+def _machine(
+    make: Callable[..., KVCacheManager],
+    hasher: Any = None,
+    configurations: tuple[str, ...] = ("full attention",),
+) -> type[V1ManagerMachine]:
+    """The V1 manager machine over ``make``'s targets, in ``configurations`` (full
+    attention unless the bug is a hybrid's)."""
+
     class Planted(V1ManagerMachine):
         def make_manager(self, *args: Any) -> KVCacheManager:
             return make(*args)
@@ -82,6 +96,7 @@ def _machine(make: Callable[..., KVCacheManager], hasher: Any = None) -> type[V1
             def make_hasher(self, block_size: int) -> Any:
                 return hasher(block_size)
 
+    Planted.configurations = configurations
     return Planted
 
 
@@ -89,6 +104,8 @@ def _manager_with(
     pool_cls: type[BlockPool] | None = None,
     manager_cls: type[KVCacheManager] = KVCacheManager,
     single_cls: type[FullAttentionManager] | None = None,
+    windowed_cls: type[SlidingWindowManager] | None = None,
+    coordinator_cls: type[HybridKVCacheCoordinator] | None = None,
 ) -> Callable[..., KVCacheManager]:
     def make(
         config: KVCacheConfig, max_model_len: int, caching: bool, events: bool, watermark: float
@@ -105,6 +122,12 @@ def _manager_with(
         if single_cls is not None:
             for s in m.coordinator.single_type_managers:
                 s.__class__ = single_cls
+        if windowed_cls is not None:
+            for s in m.coordinator.single_type_managers:
+                if type(s) is SlidingWindowManager:
+                    s.__class__ = windowed_cls
+        if coordinator_cls is not None and type(m.coordinator) is HybridKVCacheCoordinator:
+            m.coordinator.__class__ = coordinator_cls
         return m
 
     return make
@@ -250,6 +273,59 @@ class _SilentEviction(BlockPool):
             self.enable_kv_cache_events = events
 
 
+class _CountsPadsTwice(SlidingWindowManager):
+    """Counts each null pad twice when sizing its table (a pad taken for a block and its
+    slot): once blocks left the window it allocates less than the other groups (V1-10)."""
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        blocks = self.req_to_blocks.setdefault(request_id, [])
+        held = len(blocks) + sum(b.is_null for b in blocks)
+        n = -(-num_tokens // self.block_size) - held
+        new = self.block_pool.get_new_blocks(n) if n > 0 else []
+        blocks.extend(new)
+        return new
+
+
+class _OnePhaseAdoption(HybridKVCacheCoordinator):
+    """Adopts each group's hit and allocates its external blocks group by group (vLLM's
+    order before its two-phase fix): a group's external blocks may evict a later group's
+    hit, not yet touched (V1-16)."""
+
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Any,
+        total_computed_tokens: int,
+        num_external_computed_tokens: int,
+    ) -> None:
+        for i, m in enumerate(self.single_type_managers):
+            m.add_local_computed_blocks(request_id, new_computed_blocks[i], total_computed_tokens)
+            if num_external_computed_tokens > 0:
+                m.allocate_external_computed_blocks(request_id, total_computed_tokens)
+
+
+def _adopt_with_external_tokens(coordinator: type[HybridKVCacheCoordinator]) -> str:
+    """A fixed scenario for V1-16 (the machine's search does not reach it: the eviction
+    needs a full pool whose next block to evict is another group's hit): full attention
+    and a sliding window over 8 blocks; a prompt of 4 blocks fills both groups and is
+    freed (its window group's blocks last in the queue); the same prompt and 2 tokens
+    more hits all of it, with 1 external token. Returns the invariant the V1 manager
+    machine's check after ``allocate_slots`` reports, or "" if none."""
+    config = KVCacheConfig.of_specs(9, FullAttentionSpec(2), SlidingWindowSpec(2, sliding_window=3))
+    m = KVCacheManager(config, 64)
+    m.coordinator.__class__ = coordinator
+    hasher = get_request_block_hasher(2)
+    a = Request("a", list(range(1, 9)), block_hasher=hasher)
+    m.allocate_slots(a, 8)
+    m.free(a)
+    b = Request("b", [*range(1, 9), 9, 9], block_hasher=hasher)
+    blocks, hit, _ = m.get_computed_blocks(b)
+    hits = tuple(tuple(g) for g in blocks.get_block_ids())
+    m.allocate_slots(b, 1, hit, blocks, num_external_computed_tokens=1)
+    view = RequestView("b", b.num_tokens, block_hashes=tuple(b.block_hashes))
+    return "" if holds("V1-16", m.to_spec(), view, hits) else "V1-16"
+
+
 class _ResetsInUse(BlockPool):
     """Resets the prefix cache while blocks are in use (V1-15)."""
 
@@ -259,6 +335,9 @@ class _ResetsInUse(BlockPool):
             b.block_hash = None
         return True
 
+
+#: the hybrid configurations (several groups)
+_HYBRIDS = tuple(name for name, groups in CONFIGURATIONS.items() if len(groups) > 1)
 
 V1_PLANTED: dict[str, Callable[[], str]] = {
     "V1-1": _corrupted(lambda m: m.block_pool.free_block_queue.append(m.block_pool.null_block)),
@@ -270,12 +349,21 @@ V1_PLANTED: dict[str, Callable[[], str]] = {
     "V1-7": lambda: _found(_machine(_manager_with(pool_cls=_FifoFree))),
     "V1-8": lambda: _found(_machine(_manager_with(manager_cls=_LeaksHitOnRefusal)), 1500),
     "V1-9": lambda: _found(_machine(_manager_with(single_cls=_TrimsRejectedDrafts)), 1500),
+    "V1-10": lambda: _found(
+        _machine(_manager_with(windowed_cls=_CountsPadsTwice), configurations=_HYBRIDS), 1500
+    ),
     "V1-11": lambda: _found(_machine(_manager_with(manager_cls=_KeepsCachedBlocks))),
     "V1-12": lambda: _found(_machine(_manager_with(manager_cls=_UnalignedHit))),
     "V1-13": _corrupted(_overcount),
     "V1-14": lambda: _found(_machine(_manager_with(pool_cls=_SilentEviction)), 3000),
     "V1-15": lambda: _found(_machine(_manager_with(pool_cls=_ResetsInUse))),
+    "V1-16": lambda: _adopt_with_external_tokens(_OnePhaseAdoption),
 }
+
+
+def test_two_phase_adoption_keeps_the_hits_of_the_v1_16_scenario() -> None:
+    """The scenario V1-16's planted bug fails passes with pagedkv's coordinator."""
+    assert _adopt_with_external_tokens(HybridKVCacheCoordinator) == ""
 
 
 def test_the_machine_also_catches_a_partial_block_counted_as_cached() -> None:

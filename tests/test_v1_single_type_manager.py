@@ -1,20 +1,25 @@
-"""The per-group manager's hooks for the hybrid kinds (pagedkv.v1.single_type_manager).
+"""The per-group managers (pagedkv.v1.single_type_manager).
 
-Full attention skips no token, so the base class's window arithmetic -- what a
-sliding-window or chunked-local manager inherits once it says how many tokens left its
-window (``get_num_skipped_tokens``) -- is exercised here through a small windowed
-subclass: a hit adopted past the window (null pads, only the kept blocks touched and
-counted), the blocks a new allocation must take, and the freeing of blocks that left.
+The base class's window arithmetic -- what a sliding-window or chunked-local manager
+inherits once it says how many tokens left its window (``get_num_skipped_tokens``) --
+is exercised through a small windowed subclass: a hit adopted past the window (null
+pads, only the kept blocks touched and counted), the blocks a new allocation must take,
+and the freeing of blocks that left. Then the two windowed kinds themselves: their hit
+rules (null pads, alignment), what they cache and what they free.
 """
 
 from __future__ import annotations
 
 from pagedkv.v1 import (
     BlockPool,
+    ChunkedLocalAttentionManager,
+    ChunkedLocalAttentionSpec,
     FullAttentionManager,
     FullAttentionSpec,
     KVCacheBlock,
     Request,
+    SlidingWindowManager,
+    SlidingWindowSpec,
     get_request_block_hasher,
 )
 
@@ -85,10 +90,12 @@ def test_a_hit_shorter_than_the_skipped_span_is_all_padding() -> None:
     pool = BlockPool(10, True, BS)
     _, hit = cached_free_run(pool, 2)
     m = Windowed(pool, window=4)
-    m.add_local_computed_blocks("r", hit, 20)  # 4 blocks skipped, 2 hit blocks
-    assert ids(m.req_to_blocks["r"]) == [0, 0]
+    # 4 blocks skipped, 2 hit blocks: every skipped position is padded (as vLLM does:
+    # external tokens fill the table up to the computed tokens)
+    m.add_local_computed_blocks("r", hit, 20)
+    assert ids(m.req_to_blocks["r"]) == [0, 0, 0, 0]
     assert [b.ref_cnt for b in hit] == [0, 0]
-    assert m.num_cached_block["r"] == 2
+    assert m.num_cached_block["r"] == 4
 
 
 def test_blocks_to_allocate_skip_the_window_and_count_kept_cached_free_hits() -> None:
@@ -134,3 +141,96 @@ def test_blocks_to_allocate_count_the_hits_past_both_the_window_and_the_held_blo
     assert m.get_num_blocks_to_allocate("s", 24, hit, 12) == 1 + 4
     m.window = 100  # nothing skipped, 1 held: every hit is adopted
     assert m.get_num_blocks_to_allocate("s", 24, hit, 20) == 1 + 4
+
+
+def request(rid: str, tokens: list[int], block_size: int) -> Request:
+    return Request(rid, tokens, block_hasher=get_request_block_hasher(block_size))
+
+
+def cached_run(pool: BlockPool, r: Request, n: int, block_size: int) -> list[KVCacheBlock]:
+    """``n`` blocks caching ``r``'s first ``n`` blocks in group 0, then freed."""
+    blocks = pool.get_new_blocks(n)
+    pool.cache_full_blocks(r, blocks, 0, n, block_size, 0)
+    pool.free_blocks(reversed(blocks))
+    return blocks
+
+
+# ---- the sliding-window manager
+
+
+def test_a_sliding_window_hit_needs_only_the_blocks_its_window_reads() -> None:
+    pool = BlockPool(12, True, 4)
+    r = request("r", list(range(25)), 4)
+    blocks = cached_run(pool, r, 6, 4)
+    m = SlidingWindowManager(SlidingWindowSpec(4, sliding_window=8), pool, True, 0)
+    assert m.window_blocks == 2  # the 7 tokens before the next one span 2 blocks
+    pool.evict_blocks([blocks[1].block_id])  # a hole early in the prompt: not read
+    found, hit = m.lookup(r.block_hashes, 24, (0,))
+    assert hit == 24 and ids(found[0]) == [0, 0, 0, 0, *ids(blocks[4:6])]
+    pool.evict_blocks([blocks[5].block_id])  # the last block: the window ends earlier
+    found, hit = m.lookup(r.block_hashes, 24, (0,))
+    assert hit == 20 and ids(found[0]) == [0, 0, 0, *ids(blocks[3:5])]
+
+
+def test_without_a_whole_window_a_sliding_window_hit_is_the_run_from_block_0() -> None:
+    pool = BlockPool(12, True, 4)
+    r = request("r", list(range(25)), 4)
+    blocks = cached_run(pool, r, 3, 4)
+    m = SlidingWindowManager(SlidingWindowSpec(4, sliding_window=20), pool, True, 0)
+    assert m.window_blocks == 5  # more than the three cached blocks
+    found, hit = m.lookup(r.block_hashes, 24, (0,))
+    assert hit == 12 and ids(found[0]) == ids(blocks)
+
+
+def test_a_sliding_window_hit_ends_on_the_alignment() -> None:
+    pool = BlockPool(12, True, 2)
+    r = request("r", list(range(13)), 2)
+    blocks = cached_run(pool, r, 5, 2)
+    # blocks of 2, hits aligned to 4 tokens: a run ending after block 4 (10 tokens) is
+    # not aligned, so the window ends after block 3 (8 tokens)
+    m = SlidingWindowManager(SlidingWindowSpec(2, sliding_window=3), pool, True, 0, alignment=4)
+    found, hit = m.lookup(r.block_hashes, 12, (0,))
+    assert hit == 8 and ids(found[0]) == [0, 0, 0, blocks[3].block_id]
+    # with a window of 1 token a hit still ends on a cached block (vLLM's search)
+    m1 = SlidingWindowManager(SlidingWindowSpec(2, sliding_window=1), pool, True, 0, alignment=4)
+    assert m1.window_blocks == 0 and m1.lookup(r.block_hashes, 12, (0,))[1] == 8
+
+
+def test_a_sliding_window_caches_only_blocks_that_can_end_a_hit() -> None:
+    pool = BlockPool(12, True, 2)
+    m = SlidingWindowManager(SlidingWindowSpec(2, sliding_window=3), pool, True, 0, alignment=4)
+    # segments of 2 blocks, a hit needs 1: only the second block of each segment
+    assert m.cache_mask(0, 5) == [False, True, False, True, False]
+    wide = SlidingWindowManager(SlidingWindowSpec(2, sliding_window=5), pool, True, 0, alignment=4)
+    assert wide.cache_mask(0, 4) is None  # 2 blocks needed: every block can serve
+
+
+# ---- the chunked-local manager
+
+
+def test_a_chunked_local_hit_pads_the_chunks_before_the_current_one() -> None:
+    pool = BlockPool(12, True, 4)
+    r = request("r", list(range(17)), 4)
+    blocks = cached_run(pool, r, 3, 4)
+    m = ChunkedLocalAttentionManager(
+        ChunkedLocalAttentionSpec(4, attention_chunk_size=8), pool, True, 0
+    )
+    # 15 tokens: the chunk of token 15 starts at 8 (block 2): pads, then block 2 if cached
+    found, hit = m.lookup(r.block_hashes, 15, (0,))
+    assert hit == 12 and ids(found[0]) == [0, 0, blocks[2].block_id]
+    pool.evict_blocks([blocks[2].block_id])
+    assert m.lookup(r.block_hashes, 15, (0,))[1] == 8
+    # 16 tokens: every block before the next chunk is outside every window: all pads
+    found, hit = m.lookup(r.block_hashes, 16, (0,))
+    assert hit == 16 and ids(found[0]) == [0, 0, 0, 0]
+
+
+def test_chunked_local_frees_whole_chunks() -> None:
+    pool = BlockPool(12, True, 4)
+    m = ChunkedLocalAttentionManager(
+        ChunkedLocalAttentionSpec(4, attention_chunk_size=8), pool, True, 0
+    )
+    assert [m.get_num_skipped_tokens(n) for n in (7, 8, 13, 16)] == [0, 8, 8, 16]
+    m.allocate_new_blocks("r", 16)
+    m.remove_skipped_blocks("r", 13)
+    assert ids(m.req_to_blocks["r"]) == [0, 0, 3, 4]

@@ -283,8 +283,7 @@ def _entries() -> Iterable[Invariant]:
         "kv",
         "step",
     )
-    # vLLM V1's KV cache manager (pagedkv.v1): ids as ../shared/reference/v1-kv-manager.md
-    # numbers them (V1-10, hybrid alignment, comes with the hybrid coordinator).
+    # vLLM V1's KV cache manager (pagedkv.v1): ids as docs/design.md numbers them
     yield inv("V1-1", v1p.null_block_ok, "the null block is never free, cached or counted", "v1")
     yield inv(
         "V1-3",
@@ -302,13 +301,13 @@ def _entries() -> Iterable[Invariant]:
     yield inv(
         "V1-5",
         v1m.table_keys_ok,
-        "a cached block at position i of a table carries its request's i-th chained hash",
+        "a cached block at position i of a group's table carries its request's key of block i",
         "v1",
     )
     yield inv(
         "V1-6",
         v1m.lookup_ok,
-        "a hit is the longest cached run of the hashes, capped below the prompt, aligned",
+        "a hit is the fixpoint of the groups' hit rules, capped below the prompt, aligned",
         "v1",
         "step",
     )
@@ -319,9 +318,25 @@ def _entries() -> Iterable[Invariant]:
         "v1",
         "step",
     )
-    yield inv("V1-8", v1m.all_or_nothing, "a refused allocation changes nothing", "v1", "step")
     yield inv(
-        "V1-9", v1m.tables_append_only, "a live block table only grows at its end", "v1", "step"
+        "V1-8",
+        v1m.all_or_nothing,
+        "a refused allocation changes nothing but the frees of its first stage",
+        "v1",
+        "step",
+    )
+    yield inv(
+        "V1-9",
+        v1m.tables_append_only,
+        "a live table only grows, but for a window's leading blocks becoming null",
+        "v1",
+        "step",
+    )
+    yield inv(
+        "V1-10",
+        v1m.tables_aligned,
+        "a request's tables cover one slot count: cdiv(S, block size) blocks in each group",
+        "v1",
     )
     yield inv(
         "V1-11",
@@ -352,6 +367,13 @@ def _entries() -> Iterable[Invariant]:
         "V1-15",
         v1m.reset_ok,
         "reset succeeds iff only the null block is in use, then clears every key",
+        "v1",
+        "step",
+    )
+    yield inv(
+        "V1-16",
+        v1m.hits_kept,
+        "an adopted hit block keeps its key: no group's allocation evicts another's hit",
         "v1",
         "step",
     )

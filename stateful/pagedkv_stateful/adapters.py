@@ -187,6 +187,9 @@ class Capabilities:
         exact_hashes     V1: block hashes are vLLM's current format byte for byte (KV
                          events and external caches read them); if False, only which
                          blocks share a hash is compared with the spec's keys
+        configurations   V1: the group configurations the target takes (names of the V1
+                         manager machine's ``CONFIGURATIONS``: ``"full attention"``,
+                         ``"full + sliding window"``, ...); empty: every one
     """
 
     cow: bool = True
@@ -209,12 +212,14 @@ class Capabilities:
     atomic_rejections: bool = True
     hit_limits: bool = True
     exact_hashes: bool = True
+    configurations: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (the sets as sorted lists)."""
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
         out["misuse_kinds"] = sorted(self.misuse_kinds)
         out["not_together"] = [sorted(c) for c in self.not_together]
+        out["configurations"] = list(self.configurations)
         return out
 
     def rejects(self, kind: str) -> bool:
@@ -233,8 +238,11 @@ class Capabilities:
             optional = ("hit_limits", "exact_hashes") if level == "v1" else ()
             features = [f for f in optional if getattr(self, f)]
             errors = "typed errors" if self.typed_errors else "any exception as rejection"
-            return f"{' '.join(features) or 'no optional feature'}; {errors}"
-        skip |= {"hit_limits", "exact_hashes"}
+            groups = ""
+            if level == "v1":
+                groups = f"; groups: {', '.join(self.configurations) or 'every configuration'}"
+            return f"{' '.join(features) or 'no optional feature'}; {errors}{groups}"
+        skip |= {"hit_limits", "exact_hashes", "configurations"}
         if level not in ("caching", "caching-manager"):
             skip |= {"hit_rate", "swap_hits", "dedup_before_copy"}
         if level == "caching-manager":  # no window, no cross-attention, no lookahead

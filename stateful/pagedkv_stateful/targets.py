@@ -112,8 +112,9 @@ V1_METHODS = (
     "to_spec",
 )
 V1_IMPORTS = (
-    "from pagedkv.v1 import KVCacheConfig, LoRARequest, MultiModalFeatureSpec, "
-    "PlaceholderRange, Request, RequestStatus, get_request_block_hasher"
+    "from pagedkv.v1 import ChunkedLocalAttentionSpec, FullAttentionSpec, KVCacheConfig, "
+    "LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus, "
+    "SlidingWindowSpec, get_request_block_hasher"
 )
 #: What a caching-manager-level target must have besides the manager's methods.
 CACHING_MANAGER_METHODS = (
@@ -552,6 +553,7 @@ def _v1_machine(
         partial_hit_limits = caps.hit_limits
         exact_hashes = caps.exact_hashes
         general_path_requests = own  # pagedkv's own: its fast and general paths
+        configurations = caps.configurations or V1ManagerMachine.configurations
 
         def make_manager(
             self, config: Any, max_model_len: int, caching: bool, events: bool, watermark: float

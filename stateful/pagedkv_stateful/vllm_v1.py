@@ -1002,7 +1002,11 @@ def manager(
         watermark=watermark,
     )
     release = loaded_release()
-    caps = Capabilities(hit_limits=release.partial_hit_limit, exact_hashes=release.exact_hashes)
+    caps = Capabilities(
+        hit_limits=release.partial_hit_limit,
+        exact_hashes=release.exact_hashes,
+        configurations=("full attention",),
+    )
     return ManagerTarget(target, size), caps
 
 

@@ -8,11 +8,12 @@ names and with vLLM 0.34.0's semantics, checked against the executable spec in
   their free queue (O(1) pop, unlink and append) and the prefix-cache map;
 - the chained block hashes and their extra keys (:mod:`pagedkv.v1.hashing`);
 - :class:`Request`: what the manager reads of a request;
-- :class:`KVCacheManager` (over the per-group managers and a coordinator) and its
+- :class:`KVCacheManager` (over the per-group managers: full attention, sliding window,
+  chunked local attention; and a coordinator, hybrid for several groups) and its
   result type :class:`KVCacheBlocks`;
 - KV events (:class:`BlockStored`, :class:`BlockRemoved`, :class:`AllBlocksCleared`).
 
-Torch-free. The invariants are V1-1 .. V1-15 of :mod:`pagedkv_spec.invariants`.
+Torch-free. The invariants are V1-1 .. V1-16 of :mod:`pagedkv_spec.invariants`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pagedkv.v1.block import (
 )
 from pagedkv.v1.block_pool import BlockHashToBlockMap, BlockPool
 from pagedkv.v1.coordinator import (
+    HybridKVCacheCoordinator,
     KVCacheCoordinator,
     KVCacheCoordinatorNoPrefixCache,
     UnitaryKVCacheCoordinator,
@@ -43,11 +45,14 @@ from pagedkv.v1.hashing import (
     sha256,
 )
 from pagedkv.v1.kv_cache_interface import (
+    AttentionSpec,
+    ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     KVCacheTensor,
+    SlidingWindowSpec,
 )
 from pagedkv.v1.kv_cache_manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
 from pagedkv.v1.request import (
@@ -58,22 +63,28 @@ from pagedkv.v1.request import (
     RequestStatus,
 )
 from pagedkv.v1.single_type_manager import (
+    ChunkedLocalAttentionManager,
     FullAttentionManager,
     SingleTypeKVCacheManager,
+    SlidingWindowManager,
     get_manager_for_kv_cache_spec,
 )
 
 __all__ = [
     "AllBlocksCleared",
+    "AttentionSpec",
     "BlockHash",
     "BlockHashToBlockMap",
     "BlockHashWithGroupId",
     "BlockPool",
     "BlockRemoved",
     "BlockStored",
+    "ChunkedLocalAttentionManager",
+    "ChunkedLocalAttentionSpec",
     "FreeKVCacheBlockQueue",
     "FullAttentionManager",
     "FullAttentionSpec",
+    "HybridKVCacheCoordinator",
     "KVCacheBlock",
     "KVCacheBlocks",
     "KVCacheConfig",
@@ -91,6 +102,8 @@ __all__ = [
     "Request",
     "RequestStatus",
     "SingleTypeKVCacheManager",
+    "SlidingWindowManager",
+    "SlidingWindowSpec",
     "UnitaryKVCacheCoordinator",
     "generate_block_hash_extra_keys",
     "get_block_hash",

@@ -215,9 +215,11 @@ class BlockPool:
         num_full_blocks: int,
         block_size: int,
         kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
     ) -> None:
         """Cache ``blocks[num_cached_blocks:num_full_blocks]`` under the request's
-        hashes (null blocks skipped) and record one ``BlockStored``.
+        hashes (null blocks, and those ``block_mask`` (one flag per block of the range)
+        leaves out, skipped) and record one ``BlockStored``.
 
         The request must hold hashes for those blocks; a block gets a hash once (V1-4).
         O(new blocks)."""
@@ -244,8 +246,10 @@ class BlockPool:
             joined = [hashes[j] + suffix for j in ends]
         new_keys = cast(list[BlockHashWithGroupId], joined)  # each: a hash, then the group id
         pairs: list[tuple[BlockHashWithGroupId, KVCacheBlock]] = []
-        for key, block in zip(new_keys, blocks[num_cached_blocks:num_full_blocks], strict=True):
-            if block.is_null:
+        for j, (key, block) in enumerate(
+            zip(new_keys, blocks[num_cached_blocks:num_full_blocks], strict=True)
+        ):
+            if block.is_null or (block_mask is not None and not block_mask[j]):
                 continue
             if block.block_hash is not None:  # before any change: state unchanged
                 raise BlockPoolError(
@@ -262,7 +266,9 @@ class BlockPool:
         if events:
             mm_idx = 0
             for i in range(num_cached_blocks, num_full_blocks):
-                if blocks[i].is_null:
+                if blocks[i].is_null or (
+                    block_mask is not None and not block_mask[i - num_cached_blocks]
+                ):
                     continue
                 block_hash = hashes[(i + 1) * scale - 1]
                 new_hashes.append(external_hash(block_hash, self.int_event_hashes))

@@ -3,9 +3,10 @@
 vLLM V1's ``KVCacheCoordinator``: it fans each manager operation out to every
 group (in group order) and owns the rule that makes the groups agree on a hit.
 :class:`KVCacheCoordinatorNoPrefixCache` (caching off: no lookup, any number of
-groups) and :class:`UnitaryKVCacheCoordinator` (one group; its block size is the
-hash block size) are here; the hybrid coordinator (several groups, a fixpoint over
-their lookup rules) extends :class:`KVCacheCoordinator` the same way.
+groups), :class:`UnitaryKVCacheCoordinator` (one group; its block size is the hash
+block size) and :class:`HybridKVCacheCoordinator` (several groups: a fixpoint over
+their kinds' lookup rules, so every group ends with the same hit length, aligned to
+the scheduler block size, the LCM of the groups' block sizes).
 
 Adoption is two-phase, as vLLM's since its fix of the cross-group eviction bug:
 first every group touches its hit, then groups allocate blocks for external
@@ -17,14 +18,20 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from pagedkv._arith import cdiv
 from pagedkv.v1.block import KVCacheBlock
 from pagedkv.v1.block_pool import BlockPool
-from pagedkv.v1.kv_cache_interface import KVCacheConfig
+from pagedkv.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
 from pagedkv.v1.request import Request
-from pagedkv.v1.single_type_manager import SingleTypeKVCacheManager, get_manager_for_kv_cache_spec
+from pagedkv.v1.single_type_manager import (
+    FullAttentionManager,
+    SingleTypeKVCacheManager,
+    get_manager_for_kv_cache_spec,
+)
 from pagedkv_spec.errors import InvalidKVCacheManagerConfigError
 
 __all__ = [
+    "HybridKVCacheCoordinator",
     "KVCacheCoordinator",
     "KVCacheCoordinatorNoPrefixCache",
     "UnitaryKVCacheCoordinator",
@@ -44,6 +51,9 @@ class KVCacheCoordinator(ABC):
         enable_kv_cache_events: bool,
         hash_block_size: int,
         int_event_hashes: bool = True,
+        scheduler_block_size: int | None = None,
+        max_in_flight_tokens: int | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         self.kv_cache_config = kv_cache_config
         self.enable_caching = enable_caching
@@ -55,7 +65,15 @@ class KVCacheCoordinator(ABC):
             int_event_hashes,
         )
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
-            get_manager_for_kv_cache_spec(g.kv_cache_spec, self.block_pool, enable_caching, i)
+            get_manager_for_kv_cache_spec(
+                g.kv_cache_spec,
+                self.block_pool,
+                enable_caching,
+                i,
+                scheduler_block_size,
+                max_in_flight_tokens,
+                max_model_len,
+            )
             for i, g in enumerate(kv_cache_config.kv_cache_groups)
         )
 
@@ -65,11 +83,16 @@ class KVCacheCoordinator(ABC):
         num_tokens: int,
         new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
         total_computed_tokens: int,
+        apply_admission_cap: bool = False,
     ) -> int:
         """Blocks every group together needs from the pool."""
         return sum(
             m.get_num_blocks_to_allocate(
-                request_id, num_tokens, new_computed_blocks[i], total_computed_tokens
+                request_id,
+                num_tokens,
+                new_computed_blocks[i],
+                total_computed_tokens,
+                apply_admission_cap,
             )
             for i, m in enumerate(self.single_type_managers)
         )
@@ -95,9 +118,10 @@ class KVCacheCoordinator(ABC):
         )
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Cache every group's full blocks up to ``num_computed_tokens``."""
+        """Cache every group's full blocks up to ``num_computed_tokens``, rounded down to
+        the hit alignment (a block past it could never serve a hit)."""
         for m in self.single_type_managers:
-            m.cache_blocks(request, num_computed_tokens)
+            m.cache_blocks(request, num_computed_tokens - num_computed_tokens % m.alignment)
 
     def free(self, request_id: str) -> None:
         """Free every group's table of the request."""
@@ -140,9 +164,19 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         enable_kv_cache_events: bool,
         hash_block_size: int,
         int_event_hashes: bool = True,
+        scheduler_block_size: int | None = None,
+        max_in_flight_tokens: int | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         super().__init__(
-            kv_cache_config, False, enable_kv_cache_events, hash_block_size, int_event_hashes
+            kv_cache_config,
+            False,
+            enable_kv_cache_events,
+            hash_block_size,
+            int_event_hashes,
+            scheduler_block_size,
+            max_in_flight_tokens,
+            max_model_len,
         )
 
     def find_longest_cache_hit(
@@ -161,6 +195,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
         enable_kv_cache_events: bool,
         hash_block_size: int,
         int_event_hashes: bool = True,
+        scheduler_block_size: int | None = None,
+        max_in_flight_tokens: int | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         if len(kv_cache_config.kv_cache_groups) != 1:
             raise InvalidKVCacheManagerConfigError("the unitary coordinator manages one group")
@@ -171,16 +208,112 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
                 f"{block_size} with one group and caching on"
             )
         super().__init__(
-            kv_cache_config, True, enable_kv_cache_events, hash_block_size, int_event_hashes
+            kv_cache_config,
+            True,
+            enable_kv_cache_events,
+            hash_block_size,
+            int_event_hashes,
+            scheduler_block_size,
+            max_in_flight_tokens,
+            max_model_len,
         )
         self._manager = self.single_type_managers[0]
+        self._full = type(self._manager) is FullAttentionManager and (
+            self._manager.alignment == block_size
+        )
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
     ) -> tuple[Blocks, int]:
         """The group's own rule."""
-        hit = self._manager.find_longest_cache_hit(block_hashes, max_cache_hit_length)
-        return (hit,), len(hit) * self._manager.block_size
+        manager = self._manager
+        if self._full:
+            hit = manager.find_longest_cache_hit(block_hashes, max_cache_hit_length)
+            return (hit,), len(hit) * manager.block_size
+        return manager.lookup(block_hashes, max_cache_hit_length, (0,))
+
+
+class HybridKVCacheCoordinator(KVCacheCoordinator):
+    """Several groups with caching on: groups of one spec are looked up together, full
+    attention first, and the kinds' rules are applied in turn, each within the length
+    the previous ones left, until a whole round leaves the length unchanged (a
+    fixpoint: lengths only shrink). Every group's blocks then cover that length."""
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        enable_kv_cache_events: bool,
+        hash_block_size: int,
+        int_event_hashes: bool = True,
+        scheduler_block_size: int | None = None,
+        max_in_flight_tokens: int | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
+        sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+        if any(s % hash_block_size for s in sizes):
+            raise InvalidKVCacheManagerConfigError(
+                f"every group's block size {sizes} must be a multiple of hash_block_size "
+                f"{hash_block_size} with caching on"
+            )
+        super().__init__(
+            kv_cache_config,
+            True,
+            enable_kv_cache_events,
+            hash_block_size,
+            int_event_hashes,
+            scheduler_block_size,
+            max_in_flight_tokens,
+            max_model_len,
+        )
+        #: (the first manager of a spec, the group ids sharing that spec), full first
+        specs: list[tuple[KVCacheSpec, SingleTypeKVCacheManager, list[int]]] = []
+        for i, m in enumerate(self.single_type_managers):
+            for spec, first, ids in specs:
+                if spec == m.kv_cache_spec and type(first) is type(m):
+                    ids.append(i)
+                    break
+            else:
+                specs.append((m.kv_cache_spec, m, [i]))
+        specs.sort(key=lambda e: not isinstance(e[0], FullAttentionSpec))
+        self.spec_groups: tuple[tuple[SingleTypeKVCacheManager, tuple[int, ...]], ...] = tuple(
+            (first, tuple(ids)) for _, first, ids in specs
+        )
+        # full attention and one other kind: the second round would change nothing (full
+        # attention keeps any shorter aligned length, the other kind's own answer)
+        self._one_round = len(specs) == 2 and isinstance(specs[0][0], FullAttentionSpec)
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[bytes], max_cache_hit_length: int
+    ) -> tuple[Blocks, int]:
+        """The fixpoint of the kinds' rules (class docstring). Full attention's rule is
+        downward closed, so after its first lookup a shorter length only trims it.
+        O(rounds × lookups)."""
+        managers = self.single_type_managers
+        found: list[list[KVCacheBlock]] = [[] for _ in managers]
+        full_hit: dict[int, int] = {}
+        length = max_cache_hit_length
+        while True:
+            current = length
+            for manager, ids in self.spec_groups:
+                if ids[0] in full_hit:
+                    current = min(current, full_hit[ids[0]])
+                    continue
+                blocks, current = manager.lookup(block_hashes, current, ids)
+                for g, b in zip(ids, blocks, strict=True):
+                    found[g] = b
+                if isinstance(manager, FullAttentionManager):
+                    full_hit[ids[0]] = current
+            if current >= length:
+                break
+            length = current
+            if self._one_round:
+                break
+        for manager, ids in self.spec_groups:
+            if ids[0] in full_hit:
+                keep = cdiv(length, manager.block_size)
+                for g in ids:
+                    del found[g][keep:]
+        return tuple(found), length
 
 
 def get_kv_cache_coordinator(
@@ -189,18 +322,22 @@ def get_kv_cache_coordinator(
     enable_kv_cache_events: bool,
     hash_block_size: int,
     int_event_hashes: bool = True,
+    scheduler_block_size: int | None = None,
+    max_in_flight_tokens: int | None = None,
+    max_model_len: int | None = None,
 ) -> KVCacheCoordinator:
     """The coordinator for this configuration (module docstring)."""
-    if not enable_caching:
-        return KVCacheCoordinatorNoPrefixCache(
-            kv_cache_config, enable_kv_cache_events, hash_block_size, int_event_hashes
-        )
-    if len(kv_cache_config.kv_cache_groups) == 1:
-        return UnitaryKVCacheCoordinator(
-            kv_cache_config, enable_kv_cache_events, hash_block_size, int_event_hashes
-        )
-    raise InvalidKVCacheManagerConfigError(
-        f"{len(kv_cache_config.kv_cache_groups)} KV cache groups with caching on need the "
-        "hybrid coordinator, which this release of pagedkv.v1 does not have yet; turn "
-        "caching off or use one group"
+    args = (
+        kv_cache_config,
+        enable_kv_cache_events,
+        hash_block_size,
+        int_event_hashes,
+        scheduler_block_size,
+        max_in_flight_tokens,
+        max_model_len,
     )
+    if not enable_caching:
+        return KVCacheCoordinatorNoPrefixCache(*args)
+    if len(kv_cache_config.kv_cache_groups) == 1:
+        return UnitaryKVCacheCoordinator(*args)
+    return HybridKVCacheCoordinator(*args)

@@ -3,9 +3,12 @@
 vLLM V1's names. A :class:`KVCacheSpec` says how one kind of layer uses the cache
 (its block size, its kind); a :class:`KVCacheGroupSpec` is a set of layers sharing
 one spec and one block table per request; :class:`KVCacheConfig` is the pool size
-and the groups. This core release knows full attention
-(:class:`FullAttentionSpec`); the hybrid kinds (sliding window, chunked local,
-Mamba, cross-attention) extend :class:`KVCacheSpec` the same way.
+and the groups. The attention kinds share :class:`AttentionSpec` (what sizes a
+block): full attention (:class:`FullAttentionSpec`), sliding window
+(:class:`SlidingWindowSpec`: a token attends to the last ``sliding_window`` tokens)
+and chunked local attention (:class:`ChunkedLocalAttentionSpec`: a token attends to
+the tokens of its own ``attention_chunk_size`` chunk). A model whose layers are of
+several kinds has one group per kind (a *hybrid*).
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ from pagedkv._validate import require_int
 from pagedkv_spec.errors import InvalidKVCacheManagerConfigError
 
 __all__ = [
+    "AttentionSpec",
+    "ChunkedLocalAttentionSpec",
     "FullAttentionSpec",
     "KVCacheConfig",
     "KVCacheGroupSpec",
     "KVCacheSpec",
     "KVCacheTensor",
+    "SlidingWindowSpec",
 ]
 
 
@@ -38,22 +44,59 @@ class KVCacheSpec:
 
 
 @dataclass(frozen=True)
-class FullAttentionSpec(KVCacheSpec):
-    """Full attention: every token's KV is kept until the request ends.
-
-    ``num_kv_heads``, ``head_size`` and ``dtype_size`` (bytes per element) size a
-    block (:attr:`page_size_bytes`); the manager reads only ``block_size``."""
+class AttentionSpec(KVCacheSpec):
+    """An attention layer's cache: ``num_kv_heads``, ``head_size`` and ``dtype_size``
+    (bytes per element) size a block (:attr:`page_size_bytes`); the manager reads only
+    ``block_size`` and, for the windowed kinds, the window."""
 
     num_kv_heads: int = 1
     head_size: int = 1
     dtype_size: int = 2
 
-    kind = "full_attention"
-
     @property
     def page_size_bytes(self) -> int:
         """Bytes of one block of one layer: K and V."""
         return 2 * self.block_size * self.num_kv_heads * self.head_size * self.dtype_size
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec(AttentionSpec):
+    """Full attention: every token's KV is kept until the request ends."""
+
+    kind = "full_attention"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindowSpec(AttentionSpec):
+    """Sliding-window attention: a token attends to itself and the ``sliding_window - 1``
+    tokens before it, so blocks wholly before that can be freed."""
+
+    sliding_window: int
+
+    kind = "sliding_window"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_int("sliding_window", self.sliding_window, InvalidKVCacheManagerConfigError, low=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkedLocalAttentionSpec(AttentionSpec):
+    """Chunked local attention: the sequence is cut into ``attention_chunk_size``-token
+    chunks and a token attends only to the tokens of its own chunk."""
+
+    attention_chunk_size: int
+
+    kind = "chunked_local_attention"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_int(
+            "attention_chunk_size",
+            self.attention_chunk_size,
+            InvalidKVCacheManagerConfigError,
+            low=1,
+        )
 
 
 @dataclass(frozen=True)
@@ -96,3 +139,12 @@ class KVCacheConfig:
     def full_attention(cls, num_blocks: int, block_size: int) -> KVCacheConfig:
         """One full-attention group of ``block_size``-token blocks over ``num_blocks``."""
         return cls(num_blocks, (KVCacheGroupSpec(("layers",), FullAttentionSpec(block_size)),))
+
+    @classmethod
+    def of_specs(cls, num_blocks: int, *specs: KVCacheSpec) -> KVCacheConfig:
+        """One group per spec, in order (group ``g``'s layers named ``"layers.g"``), over
+        ``num_blocks``: e.g. ``KVCacheConfig.of_specs(64, FullAttentionSpec(16),
+        SlidingWindowSpec(16, sliding_window=512))``."""
+        return cls(
+            num_blocks, tuple(KVCacheGroupSpec((f"layers.{g}",), s) for g, s in enumerate(specs))
+        )

@@ -9,10 +9,11 @@ cached prefix) when it first schedules a waiting request, then
 
 ``allocate_slots`` runs in vLLM's three stages: (1) free what left the window
 and check capacity, returning None with **nothing changed** if the pool cannot
-serve the call (V1-8); (2) adopt the hit: touch every group's hit blocks, then
-allocate blocks for external (connector) tokens; (3) allocate the new and
-lookahead slots and, unless ``delay_cache_blocks``, cache every full block of
-verified tokens (never draft or lookahead slots: V1-13).
+serve the call (V1-8: nothing but the frees of stage 1, which a sliding-window or
+chunked-local group makes even for a refused call, as vLLM does); (2) adopt the hit:
+touch every group's hit blocks, then allocate blocks for external (connector)
+tokens; (3) allocate the new and lookahead slots and, unless ``delay_cache_blocks``,
+cache every full block of verified tokens (never draft or lookahead slots: V1-13).
 
 Stricter than vLLM, on purpose (docs/design.md): every argument is checked before
 anything changes and misuse raises a typed error from :mod:`pagedkv.errors`
@@ -25,6 +26,7 @@ that already holds blocks.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, overload
@@ -35,10 +37,15 @@ from pagedkv.v1.coordinator import get_kv_cache_coordinator
 from pagedkv.v1.events import BlockStored, KVCacheEvent
 from pagedkv.v1.kv_cache_interface import KVCacheConfig
 from pagedkv.v1.request import Request, RequestStatus
-from pagedkv.v1.single_type_manager import FullAttentionManager
+from pagedkv.v1.single_type_manager import (
+    ChunkedLocalAttentionManager,
+    FullAttentionManager,
+    SingleTypeKVCacheManager,
+    SlidingWindowManager,
+)
 from pagedkv_spec.errors import InvalidAllocationError, InvalidKVCacheManagerConfigError
 from pagedkv_spec.invariants import check
-from pagedkv_spec.v1.manager import ManagerState
+from pagedkv_spec.v1.manager import CHUNKED, FULL, SLIDING, GroupSpec, ManagerState
 
 __all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
 
@@ -128,13 +135,19 @@ class KVCacheManager:
     Args:
         kv_cache_config: the pool size and the groups.
         max_model_len: the longest request, in tokens (slots are capped there).
-        scheduler_block_size: the scheduling granularity (default: the block size).
-        hash_block_size: the block size hashes are computed at (default: the block size).
+        scheduler_block_size: the scheduling granularity, hits are aligned to it (default:
+            the LCM of the groups' block sizes).
+        hash_block_size: the block size hashes are computed at (default: the GCD of the
+            groups' block sizes; with one group and caching on, its block size).
         enable_caching: prefix caching on.
         log_stats: keep :class:`PrefixCacheStats`.
         enable_kv_cache_events: record KV events (:meth:`take_events`).
         watermark: fraction of blocks kept free when admitting waiting requests.
         int_event_hashes: events publish 64-bit int hashes (vLLM's default) or bytes.
+        max_in_flight_tokens: the most tokens scheduled but not yet processed (vLLM's
+            ``max_num_batched_tokens`` per step in flight); it bounds what a
+            sliding-window or chunked-local group counts in a ``full_sequence_must_fit``
+            admission check (default: no bound).
     """
 
     def __init__(
@@ -149,6 +162,7 @@ class KVCacheManager:
         enable_kv_cache_events: bool = False,
         watermark: float = 0.0,
         int_event_hashes: bool = True,
+        max_in_flight_tokens: int | None = None,
     ) -> None:
         bad = InvalidKVCacheManagerConfigError
         require_instance("kv_cache_config", kv_cache_config, KVCacheConfig, "a KVCacheConfig")
@@ -159,11 +173,13 @@ class KVCacheManager:
         require_real("watermark", watermark, bad, low=0.0, high=1.0)
         sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
         if scheduler_block_size is None:
-            scheduler_block_size = max(sizes)
+            scheduler_block_size = math.lcm(*sizes)
         if hash_block_size is None:
-            hash_block_size = min(sizes)
+            hash_block_size = math.gcd(*sizes)
         require_int("scheduler_block_size", scheduler_block_size, bad, low=1)
         require_int("hash_block_size", hash_block_size, bad, low=1)
+        if max_in_flight_tokens is not None:
+            require_int("max_in_flight_tokens", max_in_flight_tokens, bad, low=1)
         if scheduler_block_size % hash_block_size or any(scheduler_block_size % s for s in sizes):
             raise bad(
                 f"scheduler_block_size {scheduler_block_size} must be a multiple of "
@@ -181,6 +197,9 @@ class KVCacheManager:
             enable_kv_cache_events,
             hash_block_size,
             int_event_hashes,
+            scheduler_block_size,
+            max_in_flight_tokens,
+            max_model_len,
         )
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
@@ -355,7 +374,7 @@ class KVCacheManager:
         free = self.block_pool.get_num_free_blocks()
         if full_sequence_must_fit:
             whole = min(request.num_tokens, self.max_model_len)
-            wanted = coordinator.get_num_blocks_to_allocate(rid, whole, hits, total)
+            wanted = coordinator.get_num_blocks_to_allocate(rid, whole, hits, total, True)
             if wanted + watermark > free:
                 return None
         coordinator.remove_skipped_blocks(rid, max(0, total - request.num_in_flight_tokens))
@@ -510,27 +529,40 @@ class KVCacheManager:
                 (r + suffix, tuple(b.block_id for b in t)) for r, t in m.req_to_blocks.items()
             ]
             cached += [(r + suffix, n) for r, n in m.num_cached_block.items()]
-        manager = self.coordinator.single_type_managers[0]
+        managers = self.coordinator.single_type_managers
         return ManagerState(
             pool=self.block_pool.to_spec(),
             tables=tuple(tables),
             num_cached=tuple(cached),
-            block_size=manager.block_size,
+            block_size=managers[0].block_size,
             max_model_len=self.max_model_len,
             caching=self.enable_caching,
             watermark_blocks=self.watermark_blocks,
+            groups=tuple(_group_spec(m) for m in managers),
+            hash_block_size=self.block_pool.hash_block_size,
+            alignment=self.scheduler_block_size,
         )
 
     def check_invariants(self) -> None:
-        """Check the pool's and the tables' invariants (V1-1..V1-4, V1-13) with the spec's
-        predicates; InvariantViolationError names the first broken one. O(pool + tables)."""
+        """Check the pool's and the tables' invariants (V1-1..V1-4, V1-10, V1-13) with the
+        spec's predicates; InvariantViolationError names the first broken one.
+        O(pool + tables)."""
         state = self.to_spec()
         where = repr(self)
         check("v1", state.pool, where, ids=("V1-1", "V1-3", "V1-4"))
-        check("v1", state, where, ids=("V1-2", "V1-13"))
+        check("v1", state, where, ids=("V1-2", "V1-10", "V1-13"))
 
     def __repr__(self) -> str:
         return (
             f"KVCacheManager({self.num_kv_cache_groups} group(s), {self.block_pool.num_gpu_blocks} "
             f"blocks, {self.block_pool.get_num_free_blocks()} free)"
         )
+
+
+def _group_spec(m: SingleTypeKVCacheManager) -> GroupSpec:
+    """A group's manager as the spec's :class:`GroupSpec`."""
+    if isinstance(m, SlidingWindowManager):
+        return GroupSpec(SLIDING, m.block_size, m.sliding_window, m.max_admission_blocks)
+    if isinstance(m, ChunkedLocalAttentionManager):
+        return GroupSpec(CHUNKED, m.block_size, m.attention_chunk_size, m.max_admission_blocks)
+    return GroupSpec(FULL, m.block_size)

@@ -1,15 +1,23 @@
 """The per-group managers: each group's block tables over the shared pool.
 
-vLLM V1's ``SingleTypeKVCacheManager`` and :class:`FullAttentionManager`. A manager
+vLLM V1's ``SingleTypeKVCacheManager`` and its kinds: :class:`FullAttentionManager`,
+:class:`SlidingWindowManager`, :class:`ChunkedLocalAttentionManager`. A manager
 holds, per request, the group's block table (``req_to_blocks``) and how many of its
 blocks are cached (``num_cached_block``, set at the request's first adoption or
 caching); it asks the pool for blocks and references and never writes a block
-itself. The base class is the full-attention behaviour with the hooks the hybrid
-kinds override: :meth:`get_num_skipped_tokens` (tokens that left the attention
-window; 0 here) and :meth:`find_longest_cache_hit` (the lookup rule).
+itself. The base class is the full-attention behaviour with the hooks the windowed
+kinds override: :meth:`get_num_skipped_tokens` (tokens before the attention window,
+whose blocks are freed and replaced by the null block; 0 here), :meth:`lookup` (the
+kind's hit rule) and :meth:`cache_mask` (which full blocks can ever serve a hit).
 
-Complexity: every operation is O(blocks it adds, frees or caches); a lookup is
-O(hit length); ``req_to_blocks`` lookups are O(1).
+A group's blocks may be larger than the hash block (``block_size`` a multiple of the
+pool's ``hash_block_size``): block ``i``'s key is then the hash of its last hash-sized
+piece (which chains over the whole prefix). Hits are ``alignment``-token aligned (the
+scheduler block size: the LCM of the groups' block sizes).
+
+Complexity: every operation is O(blocks it adds, frees or caches); a full-attention
+lookup is O(hit length), a sliding-window one O(blocks searched × window blocks) at
+worst; ``req_to_blocks`` lookups are O(1).
 """
 
 from __future__ import annotations
@@ -19,11 +27,25 @@ from collections.abc import Sequence
 from pagedkv._arith import cdiv
 from pagedkv.v1.block import KVCacheBlock, make_block_hash_with_group_id
 from pagedkv.v1.block_pool import BlockPool
-from pagedkv.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
+from pagedkv.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
 from pagedkv.v1.request import Request
 from pagedkv_spec.errors import InvalidKVCacheManagerConfigError
 
-__all__ = ["FullAttentionManager", "SingleTypeKVCacheManager", "get_manager_for_kv_cache_spec"]
+__all__ = [
+    "ChunkedLocalAttentionManager",
+    "FullAttentionManager",
+    "SingleTypeKVCacheManager",
+    "SlidingWindowManager",
+    "get_manager_for_kv_cache_spec",
+]
+
+#: each group's hit blocks (a joint lookup of several groups) and the hit in tokens
+Hit = tuple[tuple[list[KVCacheBlock], ...], int]
 
 
 class SingleTypeKVCacheManager:
@@ -36,16 +58,24 @@ class SingleTypeKVCacheManager:
         block_pool: BlockPool,
         enable_caching: bool,
         kv_cache_group_id: int,
+        alignment: int | None = None,
+        max_admission_blocks: int | None = None,
     ) -> None:
         self.kv_cache_spec = kv_cache_spec
         self.block_size = kv_cache_spec.block_size
         self.block_pool = block_pool
         self.enable_caching = enable_caching
         self.kv_cache_group_id = kv_cache_group_id
+        #: hits are this many tokens aligned (the scheduler block size)
+        self.alignment = self.block_size if alignment is None else alignment
+        #: the most blocks a whole-sequence admission check counts (windowed kinds)
+        self.max_admission_blocks = max_admission_blocks
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         self._null_block = block_pool.null_block
         self._key_suffix = make_block_hash_with_group_id(b"", kv_cache_group_id)
+        #: hash-sized pieces per block (block i's key: hash (i + 1) * scale - 1)
+        self._scale = self.block_size // block_pool.hash_block_size
 
     def get_num_blocks_to_allocate(
         self,
@@ -53,10 +83,15 @@ class SingleTypeKVCacheManager:
         num_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock],
         total_computed_tokens: int,
+        apply_admission_cap: bool = False,
     ) -> int:
         """Blocks the pool must hand out for ``num_tokens`` slots: new ones, plus the
-        hit blocks that are cached-free (touching them takes them off the queue)."""
+        hit blocks that are cached-free (touching them takes them off the queue).
+        ``apply_admission_cap``: a whole-sequence admission check, where a windowed kind
+        counts at most :attr:`max_admission_blocks` (it frees as it goes)."""
         required = cdiv(num_tokens, self.block_size)
+        if apply_admission_cap and self.max_admission_blocks is not None:
+            required = min(required, self.max_admission_blocks)
         held = len(self.req_to_blocks.get(request_id, ()))
         if request_id in self.num_cached_block:
             return max(required - held, 0)
@@ -82,7 +117,8 @@ class SingleTypeKVCacheManager:
         kept = new_computed_blocks[skipped:] if skipped else new_computed_blocks
         if self.enable_caching:
             self.block_pool.touch(kept)
-        blocks.extend([self._null_block] * min(skipped, len(new_computed_blocks)))
+        # every skipped position is a pad, even past the hit (external tokens fill it)
+        blocks.extend([self._null_block] * skipped)
         blocks.extend(kept)
         self.num_cached_block[request_id] = len(blocks)
 
@@ -92,6 +128,8 @@ class SingleTypeKVCacheManager:
         """Blocks for the tokens a KV connector computed, after every group's hit is
         touched (so no group's allocation evicts another group's hit)."""
         blocks = self.req_to_blocks.setdefault(request_id, [])
+        if total_computed_tokens - self.get_num_skipped_tokens(total_computed_tokens) <= 0:
+            return  # every external token already left the window
         n = cdiv(total_computed_tokens, self.block_size) - len(blocks)
         if n > 0:
             blocks.extend(self.block_pool.get_new_blocks(n))
@@ -154,7 +192,8 @@ class SingleTypeKVCacheManager:
         return new
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
-        """Cache the request's full, hashed blocks up to ``num_tokens`` tokens."""
+        """Cache the request's full, hashed blocks up to ``num_tokens`` tokens (those
+        :meth:`cache_mask` keeps)."""
         rid = request.request_id
         done = self.num_cached_block.get(rid, 0)
         hashed = len(request.block_hashes) * self.block_pool.hash_block_size
@@ -162,9 +201,20 @@ class SingleTypeKVCacheManager:
         if done >= full:
             return
         self.block_pool.cache_full_blocks(
-            request, self.req_to_blocks[rid], done, full, self.block_size, self.kv_cache_group_id
+            request,
+            self.req_to_blocks[rid],
+            done,
+            full,
+            self.block_size,
+            self.kv_cache_group_id,
+            self.cache_mask(done, full),
         )
         self.num_cached_block[rid] = full
+
+    def cache_mask(self, start: int, end: int) -> list[bool] | None:
+        """Which of blocks ``start..end-1`` can ever serve a hit (None: all of them, full
+        attention's case); the others are not cached."""
+        return None
 
     def free(self, request_id: str) -> None:
         """Free the request's table, tail first (so a chain's tail is evicted first)."""
@@ -194,16 +244,54 @@ class SingleTypeKVCacheManager:
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_length: int
     ) -> list[KVCacheBlock]:
-        """Full attention's rule: the cached blocks of the hashes from block 0 on, up to
-        the first miss, within ``max_length`` tokens (block-aligned). A pure lookup."""
+        """Full attention's rule for this group alone, hashes at the group's block size:
+        the cached blocks of the hashes from block 0 on, up to the first miss, within
+        ``max_length`` tokens (block-aligned). A pure lookup (the one-group fast path)."""
         run = block_hashes[: max_length // self.block_size]
         return self.block_pool.cached_block_hash_to_block.get_run(run, self._key_suffix)
+
+    def hashes_at_block_size(self, block_hashes: Sequence[bytes]) -> Sequence[bytes]:
+        """The request's hashes (at the pool's hash block size) as this group's block
+        keys: the hash of each block's last hash-sized piece. O(1) at scale 1."""
+        scale = self._scale
+        return block_hashes if scale == 1 else block_hashes[scale - 1 :: scale]
+
+    def lookup(
+        self, block_hashes: Sequence[bytes], max_length: int, group_ids: Sequence[int]
+    ) -> Hit:
+        """This kind's hit rule for the groups ``group_ids`` (all of this kind and block
+        size) together: a block position hits only if every group has it cached. The
+        blocks per group and the hit in tokens, ``alignment``-aligned, within
+        ``max_length``. A pure lookup. Full attention: the run from block 0."""
+        hashes = self.hashes_at_block_size(block_hashes)
+        n = max_length // self.block_size
+        pool = self.block_pool
+        if len(group_ids) == 1:
+            suffix = make_block_hash_with_group_id(b"", group_ids[0])
+            found: tuple[list[KVCacheBlock], ...] = (
+                pool.cached_block_hash_to_block.get_run(hashes[:n], suffix),
+            )
+        else:
+            found = tuple([] for _ in group_ids)
+            for h in hashes[:n]:
+                blocks = pool.get_cached_block(h, group_ids)
+                if blocks is None:
+                    break
+                for out, b in zip(found, blocks, strict=True):
+                    out.append(b)
+        hit = len(found[0]) * self.block_size
+        hit -= hit % self.alignment
+        keep = hit // self.block_size
+        if keep < len(found[0]):
+            for out in found:
+                del out[keep:]
+        return found, hit
 
     def first_bad_hit(self, request: Request, blocks: Sequence[KVCacheBlock]) -> int | None:
         """The position of the first block of ``blocks`` that is not this pool's block
         cached under ``request``'s hash at that position (null pads pass), else None.
         O(len(blocks))."""
-        hashes = request.block_hashes
+        hashes = self.hashes_at_block_size(request.block_hashes)
         suffix = self._key_suffix
         mine = self.block_pool.blocks
         n = len(mine)
@@ -222,13 +310,175 @@ class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention (every token's KV kept to the end): the base behaviour."""
 
 
+class SlidingWindowManager(SingleTypeKVCacheManager):
+    """Sliding-window attention: a token attends to the last ``sliding_window`` tokens,
+    so blocks wholly before the window are freed (nulled in the table), and a hit
+    needs only the blocks the window reads."""
+
+    def __init__(
+        self,
+        kv_cache_spec: SlidingWindowSpec,
+        block_pool: BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        alignment: int | None = None,
+        max_admission_blocks: int | None = None,
+    ) -> None:
+        super().__init__(
+            kv_cache_spec,
+            block_pool,
+            enable_caching,
+            kv_cache_group_id,
+            alignment,
+            max_admission_blocks,
+        )
+        self.sliding_window = kv_cache_spec.sliding_window
+        #: the blocks a hit must hold: those the window of the next token reads
+        self.window_blocks = cdiv(self.sliding_window - 1, self.block_size)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """The tokens before the window of the next token: ``n - window + 1``."""
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    def lookup(
+        self, block_hashes: Sequence[bytes], max_length: int, group_ids: Sequence[int]
+    ) -> Hit:
+        """The longest aligned prefix whose last :attr:`window_blocks` blocks are all
+        cached (the blocks before them are null pads), or, failing any such, the
+        aligned run of cached blocks from block 0. Searched right to left."""
+        hashes = self.hashes_at_block_size(block_hashes)
+        bs, need, align = self.block_size, self.window_blocks, self.alignment
+        n = max_length // bs
+        pool = self.block_pool
+        found: list[list[KVCacheBlock] | None] = [None] * n
+        run = 0
+        end = -1
+        for i in range(n - 1, -1, -1):
+            blocks = pool.get_cached_block(hashes[i], group_ids)
+            if blocks is None:
+                run = 0
+                continue
+            if run == 0 and ((i + 1) * bs) % align:
+                continue  # a hit cannot end here: not aligned
+            found[i] = blocks
+            run += 1
+            if run >= need:
+                end = i + run
+                break
+        if end < 0:  # no whole window: the run from block 0, aligned
+            end = run
+            while (end * bs) % align:
+                end -= 1
+        null = self._null_block
+        out: tuple[list[KVCacheBlock], ...] = tuple([] for _ in group_ids)
+        for i in range(end):
+            blocks = found[i]
+            for g, table in enumerate(out):
+                table.append(null if blocks is None else blocks[g])
+        return out, end * bs
+
+    def cache_mask(self, start: int, end: int) -> list[bool] | None:
+        """With hits aligned to several blocks, only the last :attr:`window_blocks` of
+        each aligned segment can serve one; the others are not cached."""
+        if self.alignment % self.block_size:
+            return None
+        per = self.alignment // self.block_size
+        need = self.window_blocks
+        if need >= per:
+            return None
+        return [i % per >= per - need for i in range(start, end)]
+
+
+class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
+    """Chunked local attention: a token attends only to its own
+    ``attention_chunk_size``-token chunk, so blocks of earlier chunks are freed and a
+    hit needs only the blocks of the last chunk."""
+
+    def __init__(
+        self,
+        kv_cache_spec: ChunkedLocalAttentionSpec,
+        block_pool: BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        alignment: int | None = None,
+        max_admission_blocks: int | None = None,
+    ) -> None:
+        super().__init__(
+            kv_cache_spec,
+            block_pool,
+            enable_caching,
+            kv_cache_group_id,
+            alignment,
+            max_admission_blocks,
+        )
+        self.attention_chunk_size = kv_cache_spec.attention_chunk_size
+        if enable_caching and self.alignment != self.block_size:
+            raise InvalidKVCacheManagerConfigError(
+                f"chunked local attention with block size {self.block_size} cannot have "
+                f"hits aligned to {self.alignment} tokens; give every group this block size"
+            )
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """The tokens of the chunks before the current one."""
+        chunk = self.attention_chunk_size
+        return num_computed_tokens // chunk * chunk
+
+    def lookup(
+        self, block_hashes: Sequence[bytes], max_length: int, group_ids: Sequence[int]
+    ) -> Hit:
+        """Null pads for the blocks before ``max_length``'s chunk (outside every window
+        a later token reads), then the cached run from there, within ``max_length``."""
+        hashes = self.hashes_at_block_size(block_hashes)
+        bs, chunk = self.block_size, self.attention_chunk_size
+        n = max_length // bs
+        start = (max_length // chunk * chunk) // bs
+        null = self._null_block
+        out: tuple[list[KVCacheBlock], ...] = tuple([null] * start for _ in group_ids)
+        for i in range(start, n):
+            blocks = self.block_pool.get_cached_block(hashes[i], group_ids)
+            if blocks is None:
+                break
+            for table, b in zip(out, blocks, strict=True):
+                table.append(b)
+        return out, len(out[0]) * bs
+
+
 def get_manager_for_kv_cache_spec(
-    kv_cache_spec: KVCacheSpec, block_pool: BlockPool, enable_caching: bool, kv_cache_group_id: int
+    kv_cache_spec: KVCacheSpec,
+    block_pool: BlockPool,
+    enable_caching: bool,
+    kv_cache_group_id: int,
+    alignment: int | None = None,
+    max_in_flight_tokens: int | None = None,
+    max_model_len: int | None = None,
 ) -> SingleTypeKVCacheManager:
-    """The manager class for ``kv_cache_spec``'s kind."""
+    """The manager class for ``kv_cache_spec``'s kind. ``max_in_flight_tokens`` (tokens
+    scheduled but not yet processed) and ``max_model_len`` bound a windowed kind's
+    whole-sequence admission count (its blocks at the window's widest); without them
+    there is no bound."""
+    cap: int | None = None
+    limit = max_model_len if max_in_flight_tokens is not None else None
+    if isinstance(kv_cache_spec, SlidingWindowSpec):
+        if limit is not None and max_in_flight_tokens is not None:
+            # the window's tokens, the in-flight ones, and one block the window may
+            # start inside
+            tokens = min(kv_cache_spec.sliding_window - 1 + max_in_flight_tokens, limit)
+            cap = cdiv(tokens, kv_cache_spec.block_size) + 1
+        return SlidingWindowManager(
+            kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, alignment, cap
+        )
+    if isinstance(kv_cache_spec, ChunkedLocalAttentionSpec):
+        if limit is not None and max_in_flight_tokens is not None:
+            tokens = min(kv_cache_spec.attention_chunk_size + max_in_flight_tokens, limit)
+            cap = cdiv(tokens, kv_cache_spec.block_size)
+        return ChunkedLocalAttentionManager(
+            kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, alignment, cap
+        )
     if isinstance(kv_cache_spec, FullAttentionSpec):
-        return FullAttentionManager(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id)
+        return FullAttentionManager(
+            kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, alignment
+        )
     raise InvalidKVCacheManagerConfigError(
-        f"no V1 manager for {type(kv_cache_spec).__name__} yet; this release manages "
-        "FullAttentionSpec groups"
+        f"no V1 manager for {type(kv_cache_spec).__name__}; pagedkv.v1 manages "
+        "FullAttentionSpec, SlidingWindowSpec and ChunkedLocalAttentionSpec groups"
     )

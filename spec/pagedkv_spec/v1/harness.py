@@ -37,8 +37,8 @@ def prop_v1_allocate_is_all_or_nothing(
         assert out == m
     else:
         slots = min(n_tokens + lookahead, 16)
-        assert len(new) == -(-slots // block_size) == len(out.table("a") or ())
-        assert len(out.pool.free) == num_blocks - 1 - len(new)
+        assert len(new[0]) == -(-slots // block_size) == len(out.table("a") or ())
+        assert len(out.pool.free) == num_blocks - 1 - len(new[0])
 
 
 def prop_v1_hit_then_free_restores_pool(num_blocks: int, block_size: int, n1: int, n2: int) -> None:

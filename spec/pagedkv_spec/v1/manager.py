@@ -1,26 +1,44 @@
-"""Spec of vLLM V1's KV cache manager for one full-attention group (``KVCacheManager``
-with the unitary coordinator, or caching off).
+"""Spec of vLLM V1's KV cache manager: its groups' block tables over one pool
+(``KVCacheManager`` with the no-cache, unitary or hybrid coordinator).
 
 State (:class:`ManagerState`):
     pool        the block pool (:class:`~pagedkv_spec.v1.pool.PoolState`)
-    tables      request id -> its block table (block ids), for requests holding blocks
-    num_cached  request id -> blocks of its table already cached (vLLM's
+    tables      table name -> its block table (block ids, 0 the null block) for requests
+                holding blocks; group 0's table is named by the request id, group g's
+                ``"<id>@<g>"`` (:func:`table_name`)
+    num_cached  table name -> blocks of that table already cached (vLLM's
                 ``num_cached_block``; absent until the request's first caching)
-    block_size, max_model_len, caching, watermark_blocks: the configuration
+    block_size, max_model_len, caching, watermark_blocks: the configuration (one
+                full-attention group of ``block_size``-token blocks unless ``groups``)
+    groups      the groups (:class:`GroupSpec`: kind, block size, window)
+    hash_block_size, alignment: the block size hashes are computed at, and the hit
+                alignment (the LCM of the groups' block sizes)
     requests    what the machine knows of each live request (:class:`RequestView`):
                 its hashes and status; empty when only the manager is known
+
+The kinds' rules: a full-attention group keeps every block; a sliding-window group
+(window w) reads only the last w tokens, so after n computed tokens the blocks wholly
+before token ``n - w + 1`` leave the window; a chunked-local group (chunk c) reads only
+the current chunk, so the blocks before ``n // c * c`` leave it. Blocks that left the
+window are freed and their table positions hold the null block (0), the only change to
+a table besides growth. A lookup is the fixpoint of the kinds' hit rules
+(:func:`get_computed_blocks`), so every group ends with the same hit length.
 
 Invariants (each a named predicate; ``state`` ones hold after every step, ``step``
 ones judge one transition):
     V1-2  ``refcounts_match_tables``  ref_cnt(b) = the tables holding b; a block at most
                                       once per table
-    V1-5  ``table_keys_ok``           a cached block at position i of r's table has r's
-                                      i-th chained hash as its key
-    V1-6  ``lookup_ok``               (step) a hit is the longest run of cached hashes,
-                                      capped below the prompt length, block-aligned
+    V1-5  ``table_keys_ok``           a cached block at position i of r's table in group g
+                                      has r's key of block i at g's block size
+    V1-6  ``lookup_ok``               (step) a hit is the fixpoint of the kinds' rules,
+                                      capped below the prompt length, aligned
     V1-7  ``eviction_order_ok``       (step) the free queue after a step is the spec's
-    V1-8  ``all_or_nothing``          (step) a refused allocation changes nothing
-    V1-9  ``tables_append_only``      (step) a live table only grows
+    V1-8  ``all_or_nothing``          (step) a refused allocation changes nothing but the
+                                      frees of its first stage
+    V1-9  ``tables_append_only``      (step) a live table only grows, but for leading
+                                      blocks of a windowed group becoming the null block
+    V1-10 ``tables_aligned``          a request's tables cover one slot count: group g
+                                      holds cdiv(S, block_size_g) blocks, null pads counted
     V1-11 ``preempted_holds_nothing`` a preempted or finished request holds no block; a
                                       preempted one has no computed token
     V1-12 ``computed_aligned``        (step) the hit's token count is its blocks × block size
@@ -28,10 +46,14 @@ ones judge one transition):
     V1-14 ``events_replay_ok``        replaying the events gives the cached keys, as a multiset
     V1-15 ``reset_ok``                (step) reset succeeds iff only the null block is in
                                       use, and then clears every key, keeping the free order
+    V1-16 ``hits_kept``               (step) an adopted hit block still carries its key
+                                      after the allocation (no group's allocation evicted
+                                      another group's hit: two phases)
 
-Operations follow vLLM 0.34.0's ``allocate_slots`` in its three stages (the
-capacity check, adopting the hit, allocating and caching), ``get_computed_blocks``,
-``free`` (each table in reverse), ``cache_blocks``, ``evict_blocks`` and
+Operations follow vLLM 0.34.0's ``allocate_slots`` in its three stages (freeing what
+left the windows and the capacity check, adopting the hit, allocating and caching),
+``get_computed_blocks``, ``free`` (each table in reverse, group by group),
+``cache_blocks``, ``remove_skipped_blocks``, ``evict_blocks`` and
 ``reset_prefix_cache``. Complexity: irrelevant.
 """
 
@@ -39,6 +61,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from math import lcm
 from typing import TypeVar
 
 from pagedkv_spec.contracts import exempt
@@ -47,6 +70,10 @@ from pagedkv_spec.v1 import pool as P
 from pagedkv_spec.v1.pool import PoolState
 
 __all__ = [
+    "CHUNKED",
+    "FULL",
+    "SLIDING",
+    "GroupSpec",
     "ManagerState",
     "RequestView",
     "all_or_nothing",
@@ -62,20 +89,45 @@ __all__ = [
     "get_computed_blocks",
     "get_num_cached_tokens",
     "group_key",
+    "hits_kept",
     "lookup_ok",
     "manager_initial",
     "preempted_holds_nothing",
     "refcounts_match_tables",
+    "remove_skipped_blocks",
     "reset_ok",
     "reset_prefix_cache",
     "table_keys_ok",
+    "table_name",
+    "tables_aligned",
     "tables_append_only",
     "usage",
     "verified_only",
 ]
 
 GROUP = 0
+FULL, SLIDING, CHUNKED = "full_attention", "sliding_window", "chunked_local_attention"
 V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One group: its kind (:data:`FULL`, :data:`SLIDING`, :data:`CHUNKED`), its block
+    size, its window (the sliding window or the attention chunk, in tokens) and the most
+    blocks a whole-sequence admission check counts for it (None: no bound)."""
+
+    kind: str = FULL
+    block_size: int = 1
+    window: int = 0
+    admission_blocks: int | None = None
+
+    def skipped(self, num_computed_tokens: int) -> int:
+        """The tokens before the window of the token after ``num_computed_tokens``."""
+        if self.kind == SLIDING:
+            return max(0, num_computed_tokens - self.window + 1)
+        if self.kind == CHUNKED:
+            return num_computed_tokens // self.window * self.window
+        return 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +142,7 @@ class RequestView:
     preempted: bool = False
     finished: bool = False
     prefix_cache_hit_limit: int | None = None
+    num_in_flight_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,23 +157,77 @@ class ManagerState:
     caching: bool
     watermark_blocks: int = 0
     requests: tuple[RequestView, ...] = field(default=(), compare=False)
+    groups: tuple[GroupSpec, ...] = ()
+    hash_block_size: int = 0
+    alignment: int = 0
 
-    def table(self, request_id: str) -> tuple[int, ...] | None:
-        """The request's table, or None if it holds none."""
-        return dict(self.tables).get(request_id)
+    @property
+    def specs(self) -> tuple[GroupSpec, ...]:
+        """The groups (one full-attention group of ``block_size`` if none is given)."""
+        return self.groups or (GroupSpec(FULL, self.block_size),)
 
-    def cached_count(self, request_id: str) -> int | None:
-        """The request's ``num_cached_block`` entry, or None if absent."""
-        return dict(self.num_cached).get(request_id)
+    @property
+    def hash_size(self) -> int:
+        """The block size hashes are computed at."""
+        return self.hash_block_size or self.block_size
+
+    @property
+    def align(self) -> int:
+        """Hits are this many tokens aligned: the LCM of the groups' block sizes."""
+        return self.alignment or lcm(*(g.block_size for g in self.specs))
+
+    def table(self, request_id: str, group: int = GROUP) -> tuple[int, ...] | None:
+        """The request's table in ``group``, or None if it holds none."""
+        return dict(self.tables).get(table_name(request_id, group))
+
+    def cached_count(self, request_id: str, group: int = GROUP) -> int | None:
+        """The request's ``num_cached_block`` entry in ``group``, or None if absent."""
+        return dict(self.num_cached).get(table_name(request_id, group))
+
+    def key_of(self, hashes: tuple[bytes, ...], group: int, i: int) -> bytes | None:
+        """The key of block i of ``group`` for a request of ``hashes`` (the hash of its
+        last hash-sized piece, then the group id), or None if not hashed that far."""
+        scale = self.specs[group].block_size // self.hash_size
+        j = (i + 1) * scale - 1
+        return group_key(hashes[j], group) if j < len(hashes) else None
+
+
+@exempt("a naming helper, total over strings and ints.")
+def table_name(request_id: str, group: int = GROUP) -> str:
+    """The name of a request's table in ``group``: its id for group 0, ``"<id>@<g>"``."""
+    return request_id if group == GROUP else f"{request_id}@{group}"
+
+
+def _split(name: str) -> tuple[str, int]:
+    rid, _, g = name.rpartition("@")
+    return (rid, int(g)) if rid and g.isdigit() else (name, GROUP)
 
 
 def manager_initial(
-    num_blocks: int, block_size: int, max_model_len: int, caching: bool, watermark_blocks: int = 0
+    num_blocks: int,
+    block_size: int,
+    max_model_len: int,
+    caching: bool,
+    watermark_blocks: int = 0,
+    groups: tuple[GroupSpec, ...] = (),
+    hash_block_size: int = 0,
+    alignment: int = 0,
 ) -> ManagerState:
-    """A manager over a new pool, holding no request."""
+    """A manager over a new pool, holding no request: one full-attention group of
+    ``block_size`` unless ``groups`` (then ``block_size`` is group 0's)."""
     assert num_blocks >= 1 and block_size >= 1 and max_model_len >= 1, "positive sizes"
+    assert all(g.block_size >= 1 for g in groups), "positive block sizes"
     return ManagerState(
-        P.pool_initial(num_blocks), (), (), block_size, max_model_len, caching, watermark_blocks
+        P.pool_initial(num_blocks),
+        (),
+        (),
+        groups[0].block_size if groups else block_size,
+        max_model_len,
+        caching,
+        watermark_blocks,
+        groups=groups,
+        hash_block_size=hash_block_size,
+        alignment=alignment,
     )
 
 
@@ -161,38 +268,59 @@ def refcounts_match_tables(m: ManagerState) -> bool:
 
 
 def table_keys_ok(m: ManagerState) -> bool:
-    """V1-5: a cached block at position i of r's table carries r's i-th hash as its key."""
+    """V1-5: a cached block at position i of r's table in group g carries r's key of
+    block i at g's block size."""
     for r in m.requests:
-        t = m.table(r.request_id) or ()
-        for i, b in enumerate(t):
-            key = m.pool.hashes[b]
-            if (
-                b != 0
-                and key is not None
-                and (i >= len(r.block_hashes) or key != group_key(r.block_hashes[i]))
-            ):
-                return False
+        for g in range(len(m.specs)):
+            for i, b in enumerate(m.table(r.request_id, g) or ()):
+                key = m.pool.hashes[b]
+                if b != 0 and key is not None and key != m.key_of(r.block_hashes, g, i):
+                    return False
     return True
 
 
 def verified_only(m: ManagerState) -> bool:
-    """V1-13: a request's cached count covers only blocks of its table that are hashed
-    (verified tokens), and no block of its table past that count has a key."""
+    """V1-13: a table's cached count covers only blocks of the table that are hashed
+    (verified tokens), and no block of the table past that count has a key."""
     hashes = {r.request_id: r.block_hashes for r in m.requests}
-    for rid, t in m.tables:
-        n = m.cached_count(rid) or 0
-        if n > len(t) or (rid in hashes and n > len(hashes[rid])):
+    for name, t in m.tables:
+        rid, g = _split(name)
+        n = m.cached_count(rid, g) or 0
+        scale = m.specs[g].block_size // m.hash_size if g < len(m.specs) else 1
+        if n > len(t) or (rid in hashes and n > len(hashes[rid]) // scale):
             return False
         if any(m.pool.hashes[b] is not None for b in t[n:] if b != 0):
             return False
     return True
 
 
+def tables_aligned(m: ManagerState) -> bool:
+    """V1-10: a request's tables cover one slot count S: group g's table holds
+    ``cdiv(S, block_size_g)`` blocks, null pads counted (a missing table: none), and only
+    a windowed group's table holds null pads, all leading."""
+    rids = {_split(name)[0] for name, _ in m.tables}
+    for rid in rids:
+        low, high = 0, None
+        for g, spec in enumerate(m.specs):
+            t = m.table(rid, g) or ()
+            nulls = len(t) - len(tuple(b for b in t if b != 0))
+            if nulls and (spec.kind == FULL or any(t[:nulls])):
+                return False
+            bs = spec.block_size
+            lo, hi = ((len(t) - 1) * bs + 1, len(t) * bs) if t else (0, 0)
+            low, high = max(low, lo), hi if high is None else min(high, hi)
+        if high is not None and low > high:
+            return False
+    return True
+
+
 def preempted_holds_nothing(m: ManagerState) -> bool:
-    """V1-11: a preempted or finished request holds no block, and a preempted one has no
-    computed token (preemption is recompute only: free, then start over)."""
+    """V1-11: a preempted or finished request holds no block in any group, and a
+    preempted one has no computed token (preemption is recompute only: free, then start
+    over)."""
     return all(
-        m.table(r.request_id) is None and (r.finished or r.num_computed_tokens == 0)
+        all(m.table(r.request_id, g) is None for g in range(len(m.specs)))
+        and (r.finished or r.num_computed_tokens == 0)
         for r in m.requests
         if r.preempted or r.finished
     )
@@ -207,8 +335,11 @@ def events_replay_ok(pool: PoolState, replayed: Counter[tuple[int, int]], enable
     return +replayed == cached and all(c >= 0 for c in replayed.values())
 
 
-def lookup_ok(m: ManagerState, r: RequestView, blocks: tuple[int, ...], num_tokens: int) -> bool:
-    """V1-6 (step): ``(blocks, num_tokens)`` is the spec's hit for ``r``."""
+def lookup_ok(
+    m: ManagerState, r: RequestView, blocks: tuple[tuple[int, ...], ...], num_tokens: int
+) -> bool:
+    """V1-6 (step): ``(blocks, num_tokens)`` (blocks per group) is the spec's hit for
+    ``r``."""
     return (blocks, num_tokens) == get_computed_blocks(m, r)
 
 
@@ -220,19 +351,44 @@ def eviction_order_ok(expected: PoolState, actual: PoolState) -> bool:
 
 def all_or_nothing(before: ManagerState, after: ManagerState, refused: bool) -> bool:
     """V1-8 (step): an allocation that returned None (``refused``) left the manager as
-    it was."""
+    it was after its first stage (``before``: with a windowed group, the blocks that
+    left the window are freed even for a refused call)."""
     return not refused or (
         before.pool.ref_cnt == after.pool.ref_cnt
         and before.pool.free == after.pool.free
         and before.pool.hashes == after.pool.hashes
-        and before.tables == after.tables
+        and dict(before.tables) == dict(after.tables)
     )
 
 
 def tables_append_only(before: ManagerState, after: ManagerState) -> bool:
-    """V1-9 (step): a table present before and after a step only grew at its end."""
+    """V1-9 (step): a table present before and after a step only grew at its end, but
+    for leading blocks of a windowed group's table that became the null block."""
     old = dict(before.tables)
-    return all(t[: len(old[rid])] == old[rid] for rid, t in after.tables if rid in old)
+    for name, t in after.tables:
+        if name not in old:
+            continue
+        o, g = old[name], _split(name)[1]
+        windowed = g < len(after.specs) and after.specs[g].kind != FULL
+        if len(t) < len(o):
+            return False
+        for i, (now, was) in enumerate(zip(t, o, strict=False)):
+            if now != was and not (windowed and now == 0 and not any(t[:i])):
+                return False
+    return True
+
+
+def hits_kept(after: ManagerState, r: RequestView, hits: tuple[tuple[int, ...], ...]) -> bool:
+    """V1-16 (step): after an allocation that adopted ``hits`` (blocks per group), each
+    non-null hit block still at its position in r's table carries r's key there: no
+    group's allocation evicted a block another group's lookup returned."""
+    for g, blocks in enumerate(hits):
+        t = after.table(r.request_id, g) or ()
+        for i, b in enumerate(blocks):
+            kept = b != 0 and i < len(t) and t[i] == b
+            if kept and after.pool.hashes[b] != after.key_of(r.block_hashes, g, i):
+                return False
+    return True
 
 
 def computed_aligned(num_blocks: int, num_tokens: int, block_size: int) -> bool:
@@ -251,27 +407,88 @@ def reset_ok(before: PoolState, after: PoolState, result: bool) -> bool:
     return all(h is None for h in after.hashes) and not after.cached and after.free == before.free
 
 
-# ----------------------------------------------------------------------------- operations
+# ----------------------------------------------------------------------------- lookup
 
 
-def get_computed_blocks(m: ManagerState, r: RequestView) -> tuple[tuple[int, ...], int]:
-    """The longest run of ``r``'s hashes cached from block 0, within
-    ``min(num_tokens - 1, prefix_cache_hit_limit)`` tokens; ``((), 0)`` with caching off
-    or a hit limit of 0. A pure lookup."""
+def _hit_at(m: ManagerState, r: RequestView, ids: tuple[int, ...], i: int) -> tuple[int, ...]:
+    """The cached block of block i in each group of ``ids`` (one spec), or () if any
+    group misses it."""
+    out = []
+    for g in ids:
+        key = m.key_of(r.block_hashes, g, i)
+        b = None if key is None else P.lookup(m.pool, key)
+        if b is None:
+            return ()
+        out.append(b)
+    return tuple(out)
+
+
+def _rule(
+    m: ManagerState, r: RequestView, ids: tuple[int, ...], limit: int
+) -> tuple[int, tuple[tuple[int, ...], ...]]:
+    """The hit rule of the groups ``ids`` (one spec) within ``limit`` tokens: its length
+    and each group's blocks (0: a null pad).
+
+    full attention: the longest aligned run of cached blocks from block 0;
+    sliding window (w): the longest aligned length j·bs whose last max(1, cdiv(w - 1,
+        bs)) blocks (fewer at the start) are all cached, the ones before padded;
+    chunked local (c): pads up to ``limit``'s chunk, then the run of cached blocks."""
+    g = m.specs[ids[0]]
+    bs, n = g.block_size, limit // g.block_size
+    hits = [_hit_at(m, r, ids, i) for i in range(n)]
+    if g.kind == SLIDING:
+        need = max(1, _cdiv(g.window - 1, bs))  # a hit ends on a cached block (vLLM's search)
+        j = next(
+            j
+            for j in range(n, -1, -1)
+            if (j * bs) % m.align == 0 and all(hits[i] for i in range(max(0, j - need), j))
+        )
+        start = max(0, j - need)
+    elif g.kind == CHUNKED:
+        start = (limit // g.window * g.window) // bs if limit > 0 else 0
+        j = start
+        while j < n and hits[j]:
+            j += 1
+    else:
+        start, j = 0, 0
+        while j < n and hits[j]:
+            j += 1
+        j = (j * bs - (j * bs) % m.align) // bs
+    blocks = tuple(tuple(0 if i < start else hits[i][k] for i in range(j)) for k in range(len(ids)))
+    return j * bs, blocks
+
+
+def get_computed_blocks(m: ManagerState, r: RequestView) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """The hit of ``r``: each group's blocks and the length in tokens, within
+    ``min(num_tokens - 1, prefix_cache_hit_limit)`` tokens; no blocks with caching off or
+    a hit limit of 0. The groups of one spec are looked up together (a block hits only
+    if cached in each); the rules are applied in turn, full attention first, each within
+    the length left by the previous one, until a round changes nothing. A pure lookup."""
     assert r.num_tokens >= 1, "a request has a token"
+    empty = tuple(() for _ in m.specs)
     limit = r.num_tokens - 1
     if r.prefix_cache_hit_limit is not None:
         limit = min(limit, r.prefix_cache_hit_limit)
     if not m.caching or r.prefix_cache_hit_limit == 0:
-        return (), 0
-    hit: list[int] = []
-    for h in r.block_hashes[: limit // m.block_size]:
-        b = P.lookup(m.pool, group_key(h))
-        if b is None:
+        return empty, 0
+    together: dict[GroupSpec, list[int]] = {}
+    for g, spec in enumerate(m.specs):
+        together.setdefault(spec, []).append(g)
+    order = sorted(together.items(), key=lambda e: e[0].kind != FULL)
+    found: dict[int, tuple[int, ...]] = {}
+    length = limit
+    while True:
+        current = length
+        for _, ids in order:
+            current, blocks = _rule(m, r, tuple(ids), current)
+            found.update(zip(ids, blocks, strict=True))
+        if current == length:
             break
-        hit.append(b)
-    out = tuple(hit), len(hit) * m.block_size
-    assert computed_aligned(len(out[0]), out[1], m.block_size)
+        length = current
+    out = tuple(found[g] for g in range(len(m.specs))), length
+    assert all(
+        computed_aligned(len(b), length, s.block_size) for b, s in zip(out[0], m.specs, strict=True)
+    )
     return out
 
 
@@ -281,10 +498,10 @@ def get_num_cached_tokens(m: ManagerState, r: RequestView) -> int:
     return get_computed_blocks(m, r)[1]
 
 
-def get_block_ids(m: ManagerState, request_id: str) -> tuple[int, ...]:
-    """The request's table (empty if it holds none)."""
+def get_block_ids(m: ManagerState, request_id: str) -> tuple[tuple[int, ...], ...]:
+    """The request's table in each group (empty if it holds none)."""
     assert isinstance(request_id, str), "a request id"
-    return m.table(request_id) or ()
+    return tuple(m.table(request_id, g) or () for g in range(len(m.specs)))
 
 
 def usage(m: ManagerState) -> float:
@@ -294,19 +511,67 @@ def usage(m: ManagerState) -> float:
     return 0.0 if not total else 1.0 - len(m.pool.free) / total
 
 
+# ----------------------------------------------------------------------------- operations
+
+
+def _cacheable(m: ManagerState, g: int, i: int) -> bool:
+    """Whether full block i of group g can ever serve a hit: in a sliding-window group
+    whose hits are aligned to several blocks, only the last cdiv(w - 1, bs) blocks of
+    each aligned segment can (the others are not cached)."""
+    spec = m.specs[g]
+    if spec.kind != SLIDING or m.align % spec.block_size:
+        return True
+    per, need = m.align // spec.block_size, _cdiv(spec.window - 1, spec.block_size)
+    return need >= per or i % per >= per - need
+
+
 def _cache(
     m: ManagerState, r: RequestView, num_tokens: int
 ) -> tuple[ManagerState, tuple[bytes, ...]]:
-    """vLLM's ``cache_blocks``: cache r's full hashed blocks up to ``num_tokens``."""
-    t = m.table(r.request_id) or ()
-    done = m.cached_count(r.request_id) or 0
-    full = min(num_tokens, len(r.block_hashes) * m.block_size) // m.block_size
-    if done >= full:
-        return m, ()
-    pairs = tuple((t[i], group_key(r.block_hashes[i])) for i in range(done, full) if t[i] != 0)
-    pool = P.cache_full_blocks(m.pool, pairs)
-    stored = [key for _, key in pairs]
-    return replace(m, pool=pool, num_cached=_set(m.num_cached, r.request_id, full)), tuple(stored)
+    """vLLM's ``cache_blocks``, group by group: cache r's full hashed blocks up to
+    ``num_tokens`` rounded down to the hit alignment (those that can serve a hit)."""
+    stored: list[bytes] = []
+    num_tokens -= num_tokens % m.align
+    for g, spec in enumerate(m.specs):
+        t = m.table(r.request_id, g) or ()
+        done = m.cached_count(r.request_id, g) or 0
+        full = min(num_tokens, len(r.block_hashes) * m.hash_size) // spec.block_size
+        if done >= full:
+            continue
+        pairs = tuple(
+            (t[i], m.key_of(r.block_hashes, g, i) or b"")
+            for i in range(done, full)
+            if t[i] != 0 and _cacheable(m, g, i)
+        )
+        pool = P.cache_full_blocks(m.pool, pairs)
+        stored += [key for _, key in pairs]
+        m = replace(m, pool=pool, num_cached=_set(m.num_cached, table_name(r.request_id, g), full))
+    return m, tuple(stored)
+
+
+def remove_skipped_blocks(
+    m: ManagerState, request_id: str, num_computed_tokens: int
+) -> ManagerState:
+    """Free, group by group, the blocks that left the window after
+    ``num_computed_tokens`` tokens, from the window's edge back to the first null pad,
+    each position becoming the null block."""
+    assert num_computed_tokens >= 0, "a count is non-negative"
+    for g, spec in enumerate(m.specs):
+        t = list(m.table(request_id, g) or ())
+        skipped = min(spec.skipped(num_computed_tokens) // spec.block_size, len(t))
+        freed = []
+        for i in range(skipped - 1, -1, -1):
+            if t[i] == 0:
+                break
+            freed.append(t[i])
+            t[i] = 0
+        if freed:
+            m = replace(
+                m,
+                pool=P.free_blocks(m.pool, tuple(freed), m.caching),
+                tables=_set(m.tables, table_name(request_id, g), tuple(t)),
+            )
+    return m
 
 
 def allocate_slots(
@@ -314,77 +579,106 @@ def allocate_slots(
     r: RequestView,
     num_new_tokens: int,
     num_new_computed_tokens: int = 0,
-    new_computed_blocks: tuple[int, ...] = (),
+    new_computed_blocks: tuple[tuple[int, ...], ...] = (),
     num_lookahead_tokens: int = 0,
     num_external_computed_tokens: int = 0,
     delay_cache_blocks: bool = False,
     has_scheduled_reqs: bool = True,
     full_sequence_must_fit: bool = False,
     reserved_blocks: int = 0,
-) -> tuple[ManagerState, tuple[int, ...] | None, tuple[bytes, ...], tuple[bytes, ...]]:
-    """vLLM's ``allocate_slots`` (module docstring). Returns the manager, the new blocks
-    (None: refused, nothing changed), the keys evicted and the keys stored, in order.
-    ``full_sequence_must_fit``: refuse unless the whole request (up to max_model_len)
-    would fit now; ``reserved_blocks``: free blocks this call must leave untouched."""
+) -> tuple[ManagerState, tuple[tuple[int, ...], ...] | None, tuple[bytes, ...], tuple[bytes, ...]]:
+    """vLLM's ``allocate_slots`` (module docstring); ``new_computed_blocks``: the hit's
+    blocks per group (or none). Returns the manager, the new blocks per group (None:
+    refused, nothing changed but the first stage's frees), the keys evicted and the keys
+    stored, in order. ``full_sequence_must_fit``: refuse unless the whole request (up to
+    max_model_len) would fit now; ``reserved_blocks``: free blocks this call must leave
+    untouched."""
     assert num_new_tokens >= 0 and num_lookahead_tokens >= 0, "counts are non-negative"
     assert reserved_blocks >= 0, "a count is non-negative"
     assert num_new_computed_tokens >= 0 and num_external_computed_tokens >= 0, "counts >= 0"
-    rid, bs = r.request_id, m.block_size
+    specs = m.specs
+    rid = r.request_id
+    hits = new_computed_blocks or tuple(() for _ in specs)
+    if len(hits) != len(specs):
+        raise InvalidAllocationError(rid, "the hit has another number of groups")
     if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
         raise InvalidAllocationError(rid, "nothing to allocate")
     end = r.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
     if end + num_new_tokens > m.max_model_len:
         raise InvalidAllocationError(rid, "past max_model_len")
-    table = m.table(rid)
+    held = [len(m.table(rid, g) or ()) for g in range(len(specs))]
     running = m.cached_count(rid) is not None
-    if (new_computed_blocks or num_external_computed_tokens) and (running or table):
+    if (any(hits) or num_external_computed_tokens) and (running or any(held)):
         raise InvalidAllocationError(rid, "a hit or external tokens for a request holding blocks")
-    if num_new_computed_tokens != len(new_computed_blocks) * bs:
+    sizes = (len(h) * g.block_size for h, g in zip(hits, specs, strict=True))
+    if any(num_new_computed_tokens != n for n in sizes):
         raise InvalidAllocationError(rid, "hit tokens are not the hit blocks")
     local = r.num_computed_tokens + num_new_computed_tokens
     total = min(local + num_external_computed_tokens, m.max_model_len)
     watermark = m.watermark_blocks if has_scheduled_reqs and r.waiting else 0
-    held = len(table or ())
-    evictable = sum(1 for b in new_computed_blocks if b != 0 and m.pool.ref_cnt[b] == 0)
 
-    def blocks_for(slots: int) -> int:  # vLLM's get_num_blocks_to_allocate, full attention
-        if running:
-            return max(_cdiv(slots, bs) - held, 0)
-        return max(_cdiv(slots, bs) - (len(new_computed_blocks) + held), 0) + evictable
+    def blocks_for(state: ManagerState, slots: int, cap: bool) -> int:
+        """vLLM's get_num_blocks_to_allocate, summed over the groups."""
+        count = 0
+        for g, spec in enumerate(specs):
+            required = _cdiv(slots, spec.block_size)
+            if cap and spec.admission_blocks is not None:
+                required = min(required, spec.admission_blocks)
+            have = len(state.table(rid, g) or ())
+            if state.cached_count(rid, g) is not None:
+                count += max(required - have, 0)
+                continue
+            skipped = spec.skipped(total) // spec.block_size
+            count += max(required - max(skipped, len(hits[g]) + have), 0)
+            kept = hits[g][max(0, skipped - have) :]
+            count += sum(1 for b in kept if b != 0 and state.pool.ref_cnt[b] == 0)
+        return count
 
     if full_sequence_must_fit:
         whole = min(r.num_tokens, m.max_model_len)
-        if blocks_for(whole) + watermark > len(m.pool.free):
+        if blocks_for(m, whole, True) + watermark > len(m.pool.free):
             return m, None, (), ()
+    # stage 1: free what left the windows (kept even if the call is refused)
+    m = remove_skipped_blocks(m, rid, max(0, total - r.num_in_flight_tokens))
     need = min(total + num_new_tokens + num_lookahead_tokens, m.max_model_len)
-    required = _cdiv(need, bs)
-    if blocks_for(need) + watermark > len(m.pool.free) - reserved_blocks:
+    if blocks_for(m, need, False) + watermark > len(m.pool.free) - reserved_blocks:
         return m, None, (), ()
     pool = m.pool
     evicted: list[bytes] = []
-    t = list(table or ())
+    tables = [list(m.table(rid, g) or ()) for g in range(len(specs))]
     num_cached = m.num_cached
-    if (new_computed_blocks or num_external_computed_tokens > 0) and not running:
-        pool = P.touch(pool, new_computed_blocks)
-        t.extend(new_computed_blocks)
-        num_cached = _set(num_cached, rid, len(t))
-        if num_external_computed_tokens > 0:
-            n = max(0, _cdiv(total, bs) - len(t))
-            pool, ext, ev = P.get_new_blocks(pool, n)
+    if (any(hits) or num_external_computed_tokens > 0) and not running:
+        # stage 2, phase 1: every group adopts its hit (pads for what left the window)
+        for g, spec in enumerate(specs):
+            skipped = spec.skipped(total) // spec.block_size
+            kept = hits[g][skipped:]
+            pool = P.touch(pool, kept)
+            tables[g] += [0] * skipped + list(kept)
+            num_cached = _set(num_cached, table_name(rid, g), len(tables[g]))
+        # phase 2: only then blocks for the external tokens, so none evicts a hit
+        for g, spec in enumerate(specs):
+            if num_external_computed_tokens > 0 and total - spec.skipped(total) > 0:
+                n = max(0, _cdiv(total, spec.block_size) - len(tables[g]))
+                pool, ext, ev = P.get_new_blocks(pool, n)
+                evicted.extend(ev)
+                tables[g] += ext
+    new: list[tuple[int, ...]] = []
+    for g, spec in enumerate(specs):
+        n = _cdiv(need, spec.block_size) - len(tables[g])
+        got: tuple[int, ...] = ()
+        if n > 0:
+            pool, got, ev = P.get_new_blocks(pool, n)
             evicted.extend(ev)
-            t.extend(ext)
-    n = required - len(t)
-    new: tuple[int, ...] = ()
-    if n > 0:
-        pool, new, ev = P.get_new_blocks(pool, n)
-        evicted.extend(ev)
-        t.extend(new)
-    out = replace(m, pool=pool, tables=_set(m.tables, rid, tuple(t)), num_cached=num_cached)
+            tables[g] += got
+        new.append(got)
+    out = replace(m, pool=pool, num_cached=num_cached)
+    for g in range(len(specs)):
+        out = replace(out, tables=_set(out.tables, table_name(rid, g), tuple(tables[g])))
     stored: tuple[bytes, ...] = ()
     if not delay_cache_blocks and m.caching:
         out, stored = _cache(out, r, min(total + num_new_tokens, r.num_tokens))
     assert refcounts_match_tables(out) or not refcounts_match_tables(m)
-    return out, new, tuple(evicted), stored
+    return out, tuple(new), tuple(evicted), stored
 
 
 def cache_blocks(
@@ -398,16 +692,20 @@ def cache_blocks(
 
 
 def free(m: ManagerState, request_id: str) -> ManagerState:
-    """Free the request's table, tail first; a request holding nothing is a no-op."""
+    """Free the request's tables group by group, each tail first (its leading null pads
+    dropped); a request holding nothing is a no-op."""
     assert isinstance(request_id, str), "a request id"
-    t = m.table(request_id) or ()
-    pool = P.free_blocks(m.pool, tuple(reversed(t)), m.caching)
-    return replace(
-        m,
-        pool=pool,
-        tables=_set(m.tables, request_id, None),
-        num_cached=_set(m.num_cached, request_id, None),
-    )
+    for g in range(len(m.specs)):
+        name = table_name(request_id, g)
+        t = m.table(request_id, g) or ()
+        pool = P.free_blocks(m.pool, tuple(reversed(t)), m.caching)
+        m = replace(
+            m,
+            pool=pool,
+            tables=_set(m.tables, name, None),
+            num_cached=_set(m.num_cached, name, None),
+        )
+    return m
 
 
 def evict_blocks(

@@ -4,11 +4,16 @@ Each rule is what a V1 scheduler does, named after the manager operation it call
 ``get_computed_blocks`` + ``allocate_slots`` for a waiting request (prefix hits,
 chunked prefill, external tokens, delayed caching, the watermark), ``allocate_slots``
 for a running one (decode with draft tokens, some rejected, and lookahead slots),
-``cache_blocks`` after a delayed allocation, ``free`` (finish, and preemption:
+``cache_blocks`` after a delayed allocation, ``remove_skipped_blocks`` (what left a
+window, before a KV connector reads the tables), ``free`` (finish, and preemption:
 free + ``num_computed_tokens = 0``), ``evict_blocks``, ``reset_prefix_cache`` and
-``take_events``. Requests come from a few shared prompts with overlapping
-identities (LoRA name / path, cache salt, multimodal ids from small sets), so hits,
-partial hits, duplicates and isolation all happen in a few steps.
+``take_events``. The model's groups are one of :data:`CONFIGURATIONS`: full attention,
+sliding window, or a hybrid of full attention with sliding-window or chunked-local
+groups (windows and chunks a few blocks long, so blocks leave them within a few steps;
+one hybrid with two block sizes, one with two groups of one spec). Requests come from a
+few shared prompts with overlapping identities (LoRA name / path, cache salt,
+multimodal ids from small sets), so hits, partial hits, duplicates and isolation all
+happen in a few steps.
 
 Every call goes to the target (a :class:`~pagedkv.v1.KVCacheManager`, or whatever
 :meth:`V1ManagerMachine.make_manager` returns) and to the spec
@@ -42,6 +47,8 @@ from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from pagedkv.v1 import (
     BlockHash,
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
     KVCacheBlocks,
     KVCacheConfig,
     KVCacheManager,
@@ -50,13 +57,15 @@ from pagedkv.v1 import (
     PlaceholderRange,
     Request,
     RequestStatus,
+    SlidingWindowSpec,
     get_request_block_hasher,
 )
+from pagedkv.v1.kv_cache_interface import KVCacheSpec
 from pagedkv_spec.errors import InvariantViolationError
 from pagedkv_spec.invariants import check, holds
 from pagedkv_spec.v1 import manager as spec
 from pagedkv_spec.v1.hashing import Identity, block_hashes
-from pagedkv_spec.v1.manager import ManagerState, RequestView
+from pagedkv_spec.v1.manager import CHUNKED, FULL, SLIDING, GroupSpec, ManagerState, RequestView
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.causes import ORDINARY, cause
 from pagedkv_stateful.v1.lockstep import V1LockstepMachine, check_events
@@ -66,7 +75,7 @@ from pagedkv_stateful.v1.program import (
     request_source,
 )
 
-__all__ = ["FEATURES", "GeneralPathRequest", "V1ManagerMachine"]
+__all__ = ["CONFIGURATIONS", "FEATURES", "GeneralPathRequest", "V1ManagerMachine", "ids_of"]
 
 #: prompts share prefixes: a few bases, then a short random tail
 BASES = ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 3, 4, 9, 9, 9, 9), (5, 5, 5, 5, 5, 5))
@@ -86,6 +95,39 @@ MM_IDS: tuple[tuple[str, ...], ...] = ((), (), (), ("img0",), ("img1",), ("img0"
 #: prefix-cache hit limits: mostly unbounded; 0 skips reads; others bound them (prompt
 #: scoring from a row), drawn only for a target that takes them (``partial_hit_limits``)
 HIT_LIMITS = (None, None, None, 0, 2, 5)
+#: The model's groups, by name: (kind, block size as a multiple of the drawn one)
+#: per group; a windowed group's window is drawn with the configuration.
+CONFIGURATIONS: dict[str, tuple[tuple[str, int], ...]] = {
+    "full attention": ((FULL, 1),),
+    "sliding window": ((SLIDING, 1),),
+    "full + sliding window": ((FULL, 1), (SLIDING, 1)),
+    # the sliding group first, as a model whose first layers slide (Gemma 3) orders them
+    "sliding window + full": ((SLIDING, 1), (FULL, 1)),
+    "full + chunked local": ((FULL, 1), (CHUNKED, 1)),
+    "full (2x blocks) + sliding window": ((FULL, 2), (SLIDING, 1)),
+    "full + sliding window x2": ((FULL, 1), (SLIDING, 1), (SLIDING, 1)),
+}
+
+
+def ids_of(blocks: KVCacheBlocks) -> tuple[tuple[int, ...], ...]:
+    """The block ids of ``blocks``, per group, as tuples."""
+    return tuple(tuple(g) for g in blocks.get_block_ids())
+
+
+def _kv_spec(group: GroupSpec) -> KVCacheSpec:
+    if group.kind == SLIDING:
+        return SlidingWindowSpec(group.block_size, sliding_window=group.window)
+    if group.kind == CHUNKED:
+        return ChunkedLocalAttentionSpec(group.block_size, attention_chunk_size=group.window)
+    return FullAttentionSpec(group.block_size)
+
+
+def _spec_source(group: GroupSpec) -> str:
+    if group.kind == SLIDING:
+        return f"SlidingWindowSpec({group.block_size}, sliding_window={group.window})"
+    if group.kind == CHUNKED:
+        return f"ChunkedLocalAttentionSpec({group.block_size}, attention_chunk_size={group.window})"
+    return f"FullAttentionSpec({group.block_size})"
 
 
 class GeneralPathRequest(Request):
@@ -119,6 +161,8 @@ class V1ManagerMachine(V1LockstepMachine):
     #: whether the target's block hashes must be the spec's bytes; if not, only which
     #: keys share a hash is compared (a collision, or one key hashed two ways)
     exact_hashes = True
+    #: the group configurations the target takes (names of :data:`CONFIGURATIONS`)
+    configurations: tuple[str, ...] = tuple(CONFIGURATIONS)
 
     def make_manager(
         self,
@@ -141,7 +185,7 @@ class V1ManagerMachine(V1LockstepMachine):
     def setup_source(self, args: str) -> str:
         """The program's line that builds the target, ``args`` being :meth:`make_manager`'s
         arguments as source (override with the factory's call)."""
-        config, max_model_len, caching, events, watermark = args.split(", ", 4)
+        config, max_model_len, caching, events, watermark = args.rsplit(", ", 4)
         return (
             f"mgr = KVCacheManager({config}, {max_model_len}, enable_caching={caching}, "
             f"enable_kv_cache_events={events}, watermark={watermark}, log_stats=True)"
@@ -154,6 +198,7 @@ class V1ManagerMachine(V1LockstepMachine):
     # ------------------------------------------------------------------ set-up
 
     @initialize(
+        data=st.data(),
         num_blocks=st.integers(3, 24),
         block_size=st.sampled_from((1, 2, 2, 3, 4)),
         caching=st.sampled_from((True, True, True, False)),
@@ -163,6 +208,7 @@ class V1ManagerMachine(V1LockstepMachine):
     )
     def setup(
         self,
+        data: st.DataObject,
         num_blocks: int,
         block_size: int,
         caching: bool,
@@ -170,16 +216,40 @@ class V1ManagerMachine(V1LockstepMachine):
         watermark: float,
         max_model_len: int,
     ) -> None:
-        config = KVCacheConfig.full_attention(num_blocks, block_size)
+        name = self.configurations[0]
+        if len(self.configurations) > 1:
+            name = data.draw(st.sampled_from(self.configurations), label="configuration")
+        windows = {  # one window per kind: groups of one kind share their spec
+            kind: data.draw(st.integers(1, 3 * block_size + 2), label=f"{kind} window")
+            for kind in dict(CONFIGURATIONS[name])
+            if kind != FULL
+        }
+        groups = tuple(
+            GroupSpec(kind, block_size * scale, windows.get(kind, 0))
+            for kind, scale in CONFIGURATIONS[name]
+        )
+        num_blocks += 2 * (len(groups) - 1)  # tight: hybrids evict and refuse often
+        if groups == (GroupSpec(FULL, block_size),):
+            config = KVCacheConfig.full_attention(num_blocks, block_size)
+            config_source = f"KVCacheConfig.full_attention({num_blocks}, {block_size})"
+        else:
+            config = KVCacheConfig.of_specs(num_blocks, *map(_kv_spec, groups))
+            specs = ", ".join(map(_spec_source, groups))
+            config_source = f"KVCacheConfig.of_specs({num_blocks}, {specs})"
         self.target = self.make_manager(config, max_model_len, caching, events, watermark)
-        config_source = f"KVCacheConfig.full_attention({num_blocks}, {block_size})"
         self._log(
             self.setup_source(f"{config_source}, {max_model_len}, {caching}, {events}, {watermark}")
         )
         self._log(f"hasher = get_request_block_hasher({block_size})")
         self.events_on = events
         self.model: ManagerState = spec.manager_initial(
-            num_blocks, block_size, max_model_len, caching, int(watermark * num_blocks)
+            num_blocks,
+            block_size,
+            max_model_len,
+            caching,
+            int(watermark * num_blocks),
+            self._group_specs(groups, max_model_len),
+            block_size,
         )
         self.hasher = self.make_hasher(block_size)
         self.identity: dict[str, Identity] = {}
@@ -196,6 +266,24 @@ class V1ManagerMachine(V1LockstepMachine):
         self.next_id = 0
         self._reached("caching on" if caching else "caching off")
         self._reached("events on" if events else "events off")
+        self._reached(name)
+
+    def _group_specs(
+        self, groups: tuple[GroupSpec, ...], max_model_len: int
+    ) -> tuple[GroupSpec, ...]:
+        """The spec's groups: one full-attention group is the spec's default (no
+        groups); the target's admission bounds as it reports them."""
+        if groups == (GroupSpec(FULL, groups[0].block_size),):
+            return ()
+        reported = getattr(self.target, "to_spec", None)
+        if reported is not None:
+            own = reported().groups
+            if len(own) == len(groups):
+                return tuple(
+                    GroupSpec(g.kind, g.block_size, g.window, o.admission_blocks)
+                    for g, o in zip(groups, own, strict=True)
+                )
+        return groups
 
     # ------------------------------------------------------------------ the program
 
@@ -214,7 +302,7 @@ class V1ManagerMachine(V1LockstepMachine):
         n, hashes = self.hashes.get(r.request_id, (-1, ()))
         if n != r.num_tokens:
             tokens = tuple(r.all_token_ids)
-            hashes = block_hashes(tokens, self.model.block_size, self.identity[r.request_id])
+            hashes = block_hashes(tokens, self.model.hash_size, self.identity[r.request_id])
             self.hashes[r.request_id] = (r.num_tokens, hashes)
         return hashes
 
@@ -229,6 +317,7 @@ class V1ManagerMachine(V1LockstepMachine):
             preempted=r.status is RequestStatus.PREEMPTED,
             finished=r.is_finished(),
             prefix_cache_hit_limit=r.prefix_cache_hit_limit,
+            num_in_flight_tokens=r.num_in_flight_tokens,
         )
 
     def with_requests(self, m: ManagerState) -> ManagerState:
@@ -257,6 +346,7 @@ class V1ManagerMachine(V1LockstepMachine):
         mm_at_end=st.booleans(),
         limit=st.sampled_from(HIT_LIMITS),
         repeat=st.sampled_from((None, -1, -1, -2)),
+        follow_up=st.sampled_from((False, False, True)),
         same_identity=st.booleans(),
         general=st.booleans(),
     )
@@ -271,12 +361,15 @@ class V1ManagerMachine(V1LockstepMachine):
         mm_at_end: bool,
         limit: int | None,
         repeat: int | None,
+        follow_up: bool,
         same_identity: bool,
         general: bool,
     ) -> None:
         """A new request (WAITING; the scheduler looks it up when it admits it), maybe
-        the same prompt as a recent one (``repeat``), with its identity too or with its
-        own (``same_identity``: a hit, or isolation); ``general``: of a
+        the same prompt as a recent one (``repeat``), or that prompt and three tokens
+        more (``follow_up``: the next turn of a chat, which hits all of the earlier one
+        and computes or loads the rest), with its identity too or with its own
+        (``same_identity``: a hit, or isolation); ``general``: of a
         ``Request`` subclass, which pagedkv's decode fast path leaves to the general path,
         so both are checked against the spec. Its images sit after the first token or,
         one token each, at the end of the prompt (in its last, partial block: decoded
@@ -286,6 +379,8 @@ class V1ManagerMachine(V1LockstepMachine):
             # the same prompt (and identity); its own hit limit (not part of the identity)
             earlier = self.prompts[repeat]
             base, cut, tail = earlier[:3]
+            if follow_up:
+                tail = [*tail, 6, 6, 6]
             if same_identity:
                 lora, salt, mm, mm_at_end = earlier[3:]
         self.prompts.append((base, cut, tail, lora, salt, mm, mm_at_end))
@@ -377,8 +472,12 @@ class V1ManagerMachine(V1LockstepMachine):
         source = "blocks"
         if not use_hit:
             blocks, hit, source = self.target.empty_kv_cache_blocks, 0, "mgr.empty_kv_cache_blocks"
-        left = r.num_tokens - hit
-        ext = data.draw(st.integers(0, max(0, left - 1)) | st.just(0), label="external")
+        # as the scheduler: never past max_model_len (a preempted request may hold one
+        # sampled token more)
+        left = min(r.num_tokens, self.model.max_model_len) - hit
+        # a P/D consumer's connector loads all but the last token: the common large case
+        most = max(0, left - 1)
+        ext = data.draw(st.integers(0, most) | st.just(0) | st.just(most), label="external")
         new = data.draw(st.integers(1 if left - ext else 0, left - ext), label="new tokens")
         if not (new or ext or hit):
             return
@@ -428,8 +527,10 @@ class V1ManagerMachine(V1LockstepMachine):
         if not preempt:
             self._finish(r, RequestStatus.FINISHED_STOPPED)
             return
-        if any(self.model.pool.hashes[b] for b in self.model.table(rid) or ()):
+        if any(self.model.pool.hashes[b] for t in spec.get_block_ids(self.model, rid) for b in t):
             self._reached("preemption with cached blocks")
+        if any(0 in t for t in spec.get_block_ids(self.model, rid)):
+            self._reached("preemption holding null pads")
         self._free(r)
         self._write(r, "num_computed_tokens", 0)
         self._write(r, "status", RequestStatus.PREEMPTED)
@@ -491,10 +592,15 @@ class V1ManagerMachine(V1LockstepMachine):
             return None
         blocks, hit, _ = self.target.get_computed_blocks(r)
         self._log(f"blocks, hit, _ = mgr.get_computed_blocks({rid})")
-        ids = tuple(blocks.get_block_ids()[0])
+        ids = ids_of(blocks)
         view = self.view(r)  # the request does not change until allocate_slots
-        if not holds("V1-12", len(ids), hit, self.model.block_size):
-            self._violate("V1-12", f"{rid}: {len(ids)} block(s) but {hit} tokens", self._hit(view))
+        for g, group in enumerate(self.model.specs):
+            if not holds("V1-12", len(ids[g]), hit, group.block_size):
+                self._violate(
+                    "V1-12",
+                    f"{rid}: {len(ids[g])} block(s) in group {g} but {hit} tokens",
+                    self._hit(view),
+                )
         if not holds("V1-6", self.model, view, ids, hit):
             want = spec.get_computed_blocks(self.model, view)
             self._violate(
@@ -523,6 +629,8 @@ class V1ManagerMachine(V1LockstepMachine):
             < spec.get_computed_blocks(self.model, replace(view, prefix_cache_hit_limit=None))[1]
         ):
             self._reached("partial hit (limited)")
+        if any(0 in g for g in ids):
+            self._reached("a hit with null pads")
         if (
             hit
             and r.num_tokens % self.model.block_size == 0
@@ -537,7 +645,7 @@ class V1ManagerMachine(V1LockstepMachine):
         """The check line of a lookup whose answer is not the spec's (on a failure only:
         it looks the request up in the spec again)."""
         want = spec.get_computed_blocks(self.model, view)
-        return f"assert (tuple(blocks.get_block_ids()[0]), hit) == {want!r}"
+        return f"assert (tuple(map(tuple, blocks.get_block_ids())), hit) == {want!r}"
 
     def _allocate(
         self,
@@ -554,7 +662,7 @@ class V1ManagerMachine(V1LockstepMachine):
     ) -> None:
         self._enter("allocate_slots")
         before = self.target.to_spec()
-        hit_ids = () if blocks is None else tuple(blocks.get_block_ids()[0])
+        hit_ids = () if blocks is None or not hit else ids_of(blocks)
         keywords: dict[str, Any] = {
             "num_lookahead_tokens": lookahead,
             "num_external_computed_tokens": ext,
@@ -581,15 +689,9 @@ class V1ManagerMachine(V1LockstepMachine):
         )
         self._classify(r, new, hit, hit_ids, before, evicted, stored, (lookahead, ext, delay))
         after = self.target.to_spec()
-        got = None if out is None else tuple(out.get_block_ids()[0])
+        got = None if out is None else ids_of(out)
         # the check line of a wrong result (written only on a failure)
-        result = "assert (None if out is None else tuple(out.get_block_ids()[0])) == {!r}"
-        if not holds("V1-8", before, after, out is None):
-            self._violate(
-                "V1-8",
-                f"{r.request_id}: refused, yet the manager changed",
-                first_difference(after, before),
-            )
+        result = "assert (None if out is None else tuple(map(tuple, out.get_block_ids()))) == {!r}"
         if out is None:
             self._reached("refused allocation")
             if want is not None:
@@ -598,7 +700,26 @@ class V1ManagerMachine(V1LockstepMachine):
                     f"{r.request_id}: refused; the spec allocates {want}",
                     result.format(want),
                 )
+            # the spec refused too: its state is the one after the first stage
+            if not holds("V1-8", self.model, after, True):
+                self._violate(
+                    "V1-8",
+                    f"{r.request_id}: refused, yet the manager changed",
+                    first_difference(after, self.model),
+                )
             return
+        if hit_ids and not holds("V1-16", self._as_spec_keys(after), self.view(r), hit_ids):
+            self._violate(
+                "V1-16",
+                f"{r.request_id}: a hit block lost its key in the allocation that adopted it",
+                first_difference(after, self.model),
+            )
+        if not holds("V1-10", self.with_requests(after)):
+            self._violate(
+                "V1-10",
+                f"{r.request_id}: its groups' tables cover different slot counts",
+                first_difference(after, self.model),
+            )
         if not holds("V1-9", before, after):
             self._violate(
                 "V1-9",
@@ -629,7 +750,7 @@ class V1ManagerMachine(V1LockstepMachine):
         r: Request,
         new: int,
         hit: int,
-        hit_ids: tuple[int, ...],
+        hit_ids: tuple[tuple[int, ...], ...],
         before: ManagerState,
         evicted: Any,
         stored: Any,
@@ -638,8 +759,11 @@ class V1ManagerMachine(V1LockstepMachine):
         """The state classes an allocation reached (the kit's coverage table); ``extras``:
         its lookahead tokens, external tokens and delayed caching."""
         lookahead, ext, delay = extras
-        if any(before.pool.ref_cnt[b] == 0 for b in hit_ids):
+        if any(before.pool.ref_cnt[b] == 0 for g in hit_ids for b in g if b):
             self._reached("hit on a cached-free block")
+        old = dict(before.tables)
+        if any(t.count(0) > old[name].count(0) for name, t in self.model.tables if name in old):
+            self._reached("blocks left a window")
         if evicted:
             self._reached("eviction of a cached-free block")
         if stored:
@@ -675,7 +799,7 @@ class V1ManagerMachine(V1LockstepMachine):
         model = self.with_requests(self.model)
         for layer_state, ids in (
             (actual.pool, ("V1-1", "V1-3", "V1-4")),
-            (actual, ("V1-2", "V1-5", "V1-11", "V1-13")),
+            (actual, ("V1-2", "V1-5", "V1-10", "V1-11", "V1-13")),
         ):
             try:
                 check("v1", layer_state, where, ids=ids)
@@ -818,13 +942,13 @@ class V1ManagerMachine(V1LockstepMachine):
                 f"assert abs(mgr.usage - {usage!r}) < 1e-9",
             )
         for rid in self.requests:
-            got = tuple(self.target.get_block_ids(rid)[0])
+            got = tuple(map(tuple, self.target.get_block_ids(rid)))
             want = spec.get_block_ids(model, rid)
             if got != want:
                 self._violate(
                     "V1-9",
-                    f"get_block_ids({rid!r}) is {got}, the table's {model.table(rid)}",
-                    f"assert tuple(mgr.get_block_ids({rid!r})[0]) == {want!r}",
+                    f"get_block_ids({rid!r}) is {got}, the tables' {want}",
+                    f"assert tuple(map(tuple, mgr.get_block_ids({rid!r}))) == {want!r}",
                 )
         differs = [
             ("V1-7", not holds("V1-7", m, a), f"free queue {a.free}, the spec's {m.free}"),
@@ -852,4 +976,4 @@ class V1ManagerMachine(V1LockstepMachine):
 
 def v1_after_step_ids() -> set[str]:
     """The state invariants :class:`V1ManagerMachine` checks after every step."""
-    return {"V1-1", "V1-2", "V1-3", "V1-4", "V1-5", "V1-11", "V1-13", "V1-14"}
+    return {"V1-1", "V1-2", "V1-3", "V1-4", "V1-5", "V1-10", "V1-11", "V1-13", "V1-14"}

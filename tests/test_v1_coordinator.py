@@ -1,0 +1,84 @@
+"""The coordinators (pagedkv.v1.coordinator): the hybrid coordinator's fixpoint over its
+groups' hit rules (every group ends with the same hit), groups of two block sizes (hits
+on their LCM, caching up to it), and groups of one spec looked up together.
+
+Small scenarios to follow by hand; the V1 manager machine runs these configurations
+against the spec (tests/test_v1_manager_machine.py).
+"""
+
+from __future__ import annotations
+
+from pagedkv.v1 import (
+    FullAttentionSpec,
+    HybridKVCacheCoordinator,
+    KVCacheConfig,
+    KVCacheManager,
+    KVCacheSpec,
+    Request,
+    SlidingWindowSpec,
+    get_request_block_hasher,
+)
+
+
+def request(rid: str, tokens: list[int], block_size: int) -> Request:
+    return Request(rid, tokens, block_hasher=get_request_block_hasher(block_size))
+
+
+# ---- the hybrid coordinator
+
+
+def hybrid(num_blocks: int, *specs: KVCacheSpec) -> KVCacheManager:
+    return KVCacheManager(KVCacheConfig.of_specs(num_blocks, *specs), 64)
+
+
+def test_every_group_of_a_hybrid_ends_with_the_same_hit() -> None:
+    m = hybrid(24, FullAttentionSpec(2), SlidingWindowSpec(2, sliding_window=3))
+    assert isinstance(m.coordinator, HybridKVCacheCoordinator)
+    a = request("a", list(range(11)), 2)
+    m.allocate_slots(a, 11)
+    a_window = m.get_block_ids("a")[1]
+    m.free(a)
+    b = request("b", [*range(11), 99], 2)
+    blocks, hit, _ = m.get_computed_blocks(b)
+    full, window = blocks.get_block_ids()
+    assert hit == 10 and len(full) == 5 and len(window) == 5 and window[:4] == [0] * 4
+    # the window's block 4 is evicted: the window group's hit ends at block 3, and full
+    # attention keeps the same 8 tokens
+    m.evict_blocks([window[4]])
+    blocks, hit, _ = m.get_computed_blocks(b)
+    full2, window2 = blocks.get_block_ids()
+    assert hit == 8 and full2 == full[:4] and window2 == [0, 0, 0, a_window[3]]
+    m.check_invariants()
+
+
+def test_a_hybrid_of_two_block_sizes_hits_on_their_lcm() -> None:
+    m = hybrid(40, FullAttentionSpec(4), SlidingWindowSpec(2, sliding_window=3))
+    assert m.scheduler_block_size == 4 and m.block_pool.hash_block_size == 2
+    a = request("a", list(range(15)), 2)  # hashed every 2 tokens
+    m.allocate_slots(a, 15)
+    full, window = m.get_block_ids("a")
+    # caching stops at 12 tokens (aligned to 4): 3 full blocks; the window group caches
+    # only the blocks that can end a hit (the second of each 4-token segment)
+    cached = [b.block_id for b in m.block_pool.blocks if b.block_hash is not None]
+    assert cached == [*full[:3], window[1], window[3], window[5]]
+    m.free(a)
+    b = request("b", list(range(15)), 2)
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 12
+    assert blocks.get_block_ids() == ([*full[:3]], [0, 0, 0, 0, 0, window[5]])
+    m.check_invariants()
+
+
+def test_two_groups_of_one_spec_hit_only_where_both_are_cached() -> None:
+    window = SlidingWindowSpec(2, sliding_window=3)
+    m = hybrid(30, FullAttentionSpec(2), window, window)
+    a = request("a", list(range(9)), 2)
+    m.allocate_slots(a, 9)
+    a_window = m.get_block_ids("a")[1]
+    m.free(a)
+    b = request("b", list(range(9)), 2)
+    _, w1, w2 = m.get_computed_blocks(b)[0].get_block_ids()
+    assert m.get_computed_blocks(b)[1] == 8 and w1[3] and w2[3]
+    m.evict_blocks([w2[3]])  # one group lost its copy: neither hits there
+    blocks, hit, _ = m.get_computed_blocks(b)
+    assert hit == 6 and blocks.get_block_ids()[1][-1] == a_window[2]
