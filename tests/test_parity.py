@@ -258,9 +258,8 @@ def test_caching_manager_operations_keep_their_name_in_spec_and_machine() -> Non
 
 #: ``pagedkv.v1.KVCacheManager``: the operations ``V1ManagerMachine`` drives in lockstep
 #: with ``pagedkv_spec.v1.manager``. ``STATS`` are checked by tests/test_v1_kv_cache_manager.py
-#: against counts made there; ``HYBRID`` does nothing with full attention (the hybrid
-#: groups' machine will drive it).
-STATS, HYBRID = "stats", "hybrid"
+#: against counts made there.
+STATS = "stats"
 V1_MANAGER: dict[str, str] = {
     "allocate_slots": RULE,
     "free": RULE,
@@ -276,7 +275,7 @@ V1_MANAGER: dict[str, str] = {
     "make_prefix_cache_stats": STATS,
     "record_prefix_cache_stats": STATS,
     "prefix_cache_lookup_enabled": SUPPORT,
-    "remove_skipped_blocks": HYBRID,
+    "remove_skipped_blocks": RULE,
     "to_spec": SUPPORT,
     "check_invariants": SUPPORT,
 }

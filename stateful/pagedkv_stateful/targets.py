@@ -104,6 +104,7 @@ V1_METHODS = (
     "record_prefix_cache_stats",
     "allocate_slots",
     "cache_blocks",
+    "remove_skipped_blocks",
     "free",
     "evict_blocks",
     "reset_prefix_cache",

@@ -1284,6 +1284,9 @@ class ManagerTarget(RequestMirror):
     def free(self, r: Any) -> None:
         self.manager.free(self.request(r))
 
+    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
+        self.manager.remove_skipped_blocks(request_id, processed_computed_tokens)
+
     def evict_blocks(self, block_ids: Any) -> None:
         self.manager.evict_blocks(set(block_ids))  # vLLM takes a set
 

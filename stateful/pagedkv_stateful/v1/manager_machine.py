@@ -496,6 +496,19 @@ class V1ManagerMachine(V1LockstepMachine):
         accepted = data.draw(st.integers(0, drafts), label="accepted")
         self._allocate(r, new + drafts, 0, None, lookahead, 0, False, True, accepted)
 
+    @precondition(lambda self: self.ids_of("running"))
+    @rule(data=st.data())
+    def remove_skipped_blocks(self, data: st.DataObject) -> None:
+        """A request finished with a KV connector: before the connector reads its tables,
+        the scheduler frees what left the windows (on the processed-token basis)."""
+        rid = data.draw(st.sampled_from(self.ids_of("running")), label="request")
+        r = self.requests[rid]
+        processed = max(0, r.num_computed_tokens - r.num_in_flight_tokens)
+        self._enter("remove_skipped_blocks")
+        self.target.remove_skipped_blocks(rid, processed)
+        self._log(f"mgr.remove_skipped_blocks({rid!r}, {processed})")
+        self.model = spec.remove_skipped_blocks(self.model, rid, processed)
+
     @precondition(lambda self: self.delayed)
     @rule(data=st.data())
     def cache_blocks(self, data: st.DataObject) -> None:
