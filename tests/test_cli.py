@@ -410,8 +410,11 @@ def test_the_simulate_defaults_are_the_librarys() -> None:
     """A flag left out means what SimulationConfig and SchedulerConfig default to."""
     args = cli.build_parser().parse_args(["simulate"])
     sim, sched = SimulationConfig(), SchedulerConfig()
-    for name in ("num_layers", "num_kv_heads", "head_size", "watermark", "max_steps", "seed"):
+    for name in ("watermark", "max_steps", "seed"):
         assert getattr(args, name) == getattr(sim, name), name
+    # The toy shape's flags are None when left out (so --model can tell them from given
+    # ones) and the run then uses SimulationConfig's: the setup test below sees 2, 2, 8.
+    assert (args.num_layers, args.num_kv_heads, args.head_size) == (None, None, None)
     assert (not args.no_check, args.enable_caching) == (sim.check, sim.enable_caching)
     assert (args.preemption, args.lookahead, args.max_num_seqs, args.max_num_batched_tokens) == (
         sched.preemption_mode,
@@ -466,6 +469,7 @@ def test_the_cache_and_scheduler_flags_reach_the_setup(
         "model": "1 layers x 3 KV heads x head size 4",
         "dtype": "float32",
         "device": "cpu",
+        "kv_backing": "toy",
         "watermark": 0.25,
         "preemption": "swap",
         "lookahead": 2,
@@ -483,6 +487,7 @@ def test_the_cache_and_scheduler_flags_reach_the_setup(
         "block_bytes": 2 * 2 * 16 * 2 * 8 * (4 if on_cpu else 2),
         "model": "2 layers x 2 KV heads x head size 8",
         "dtype": "float32" if on_cpu else "float16",
+        "kv_backing": "toy",
         "watermark": 0.01,
         "preemption": "auto",
         "lookahead": 0,
@@ -637,7 +642,10 @@ def test_parse_size_rejects(text: str, fragment: str) -> None:
         (["--cpu-memory", "1PB"], "argument --cpu-memory: unknown size unit 'PB'"),
         (["--gpu-memory", "9" * 30], "argument --gpu-memory: size '999"),
         (["--gpu-memory", "4096PiB"], "unknown size unit"),
-        (["--gpu-memory", "1000TiB"], "a KV cache of 268435456000 GPU + 64 CPU blocks needs about"),
+        (
+            ["--gpu-memory", "1000TiB"],
+            "a toy KV cache of 268435456000 GPU + 64 CPU blocks needs about",
+        ),
         (["--gpu-memory", "8388607TiB"], "more than the"),  # over torch's int64
         (["--gpu-blocks", "9" * 30], "cannot allocate a KV cache"),
         (["--gpu-memory", "0"], "budgets gpu_bytes=0"),

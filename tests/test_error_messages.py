@@ -1517,9 +1517,10 @@ DRIVER_MESSAGES = [
         "simulator cache beyond this machine's memory",
         lambda: Simulator(SimulationConfig(block_size=4, num_gpu_blocks=2**45, device="cpu")),
         InvalidKVCacheConfigError,
-        "a KV cache of 35184372088832 GPU + 0 CPU blocks needs about 36,028,797,018,963,968 "
-        f"bytes, more than the {available_memory():,} bytes of memory this machine has; use "
-        "fewer or smaller blocks",
+        "a toy KV cache of 35184372088832 GPU + 0 CPU blocks needs about "
+        f"36,028,797,018,963,968 bytes, more than the {available_memory():,} bytes of memory "
+        "this machine has; give fewer or smaller blocks, or run without KV tensors: "
+        "kv_backing='none' (--kv-backing none)",
     ),
 ]
 

@@ -899,7 +899,7 @@ def test_prompts_share_exactly_their_named_prefix() -> None:
 
 
 def test_two_writes_of_the_same_kv_into_one_slot_are_kept_once() -> None:
-    from pagedkv.serving.simulator import _one_write_per_slot
+    from pagedkv.serving.toy_kv import _one_write_per_slot
 
     slots = torch.tensor([5, 7, 5, 9])
     values = torch.tensor([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [5.0, 6.0]])
@@ -911,7 +911,7 @@ def test_two_writes_of_the_same_kv_into_one_slot_are_kept_once() -> None:
 
 
 def test_two_writes_of_different_kv_into_one_slot_are_kv1() -> None:
-    from pagedkv.serving.simulator import _one_write_per_slot
+    from pagedkv.serving.toy_kv import _one_write_per_slot
 
     slots = torch.tensor([4, 5, 6, 5])
     values = torch.zeros(4, 2, 2)

@@ -23,13 +23,15 @@ says so (:meth:`CapacityPlan.layer_note`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from pagedkv._validate import require_int
 from pagedkv.errors import InvalidKVCacheConfigError
 from pagedkv.serving.model_config import ModelShape, dtype_bytes, resolve_kv_cache_dtype
 
-__all__ = ["CapacityPlan", "format_bytes", "plan_capacity"]
+__all__ = ["CapacityPlan", "format_bytes", "plan_capacity", "summary_rows"]
 
 _GIB = 1024**3
 
@@ -84,29 +86,9 @@ class CapacityPlan:
         return text
 
     def summary_rows(self) -> list[tuple[str, str]]:
-        """(label, text) rows of the figures vLLM's startup log gives. O(layers)."""
-        m = self.model
-        shape = f"{m.num_layers} layers x {self.num_kv_heads} KV heads x head dim {m.head_dim}" + (
-            f" (tp {self.tensor_parallel_size})" if self.tensor_parallel_size > 1 else ""
-        )
-        return [
-            ("model", f"{m.name}: {shape}, {self.kv_cache_dtype} KV; {self.layer_note()}"),
-            (
-                "KV per token",
-                f"{self.bytes_per_token:,} B; block of {self.block_size} tokens "
-                f"{self.block_bytes:,} B ({format_bytes(self.block_bytes)})",
-            ),
-            ("KV memory", f"{format_bytes(self.kv_memory)} ({self.memory_source})"),
-            (
-                "blocks",
-                f"{self.num_gpu_blocks:,} GPU ({self.gpu_kv_tokens:,} tokens), "
-                f"{self.num_cpu_blocks:,} CPU ({format_bytes(self.swap_space)} swap space)",
-            ),
-            (
-                "concurrency",
-                f"{self.max_concurrency:.2f}x at {self.max_model_len:,} tokens per request",
-            ),
-        ]
+        """(label, text) rows of the figures vLLM's startup log gives
+        (:func:`summary_rows`). Complexity: O(layers)."""
+        return summary_rows(self.to_dict())
 
     def to_dict(self) -> dict[str, object]:
         """The plan as plain JSON types (the ``capacity`` entry of ``--json``). O(layers)."""
@@ -131,6 +113,33 @@ class CapacityPlan:
             "max_model_len": self.max_model_len,
             "max_concurrency": round(self.max_concurrency, 2),
         }
+
+
+def summary_rows(plan: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(label, text) rows of a plan's :meth:`CapacityPlan.to_dict` (what a run's
+    ``setup["capacity"]`` holds): the model's shape, KV bytes per token and per block,
+    the KV memory, both tiers' blocks and the maximum concurrency. Complexity: O(1)."""
+    tp = plan["tensor_parallel_size"]
+    shape = f"{plan['num_layers']} layers x {plan['num_kv_heads']} KV heads x head dim "
+    shape += f"{plan['head_dim']}" + (f" per rank (tp {tp})" if tp > 1 else "")
+    return [
+        ("model", f"{plan['model']}: {shape}, {plan['kv_cache_dtype']} KV; {plan['layers']}"),
+        (
+            "KV per token",
+            f"{plan['bytes_per_token']:,} B; block of {plan['block_size']} tokens "
+            f"{plan['block_bytes']:,} B ({format_bytes(plan['block_bytes'])})",
+        ),
+        ("KV memory", f"{format_bytes(plan['kv_memory'])} ({plan['memory_source']})"),
+        (
+            "blocks",
+            f"{plan['num_gpu_blocks']:,} GPU ({plan['gpu_kv_tokens']:,} tokens), "
+            f"{plan['num_cpu_blocks']:,} CPU ({format_bytes(plan['swap_space'])} swap space)",
+        ),
+        (
+            "concurrency",
+            f"{plan['max_concurrency']:.2f}x at {plan['max_model_len']:,} tokens per request",
+        ),
+    ]
 
 
 def format_bytes(n: int) -> str:
