@@ -433,7 +433,8 @@ def plan_from_args(args: argparse.Namespace) -> CapacityPlan | None:
     if args.model is None:
         if given:
             raise InvalidKVCacheConfigError(
-                f"{', '.join(sorted(given))} size a model's cache: give --model CONFIG too"
+                f"{', '.join(sorted(given))}: only with --model (these flags size a "
+                "model's cache); give --model CONFIG too"
             )
         return None
     toy = sorted(flag for name, flag in _MODEL_EXCLUDES.items() if getattr(args, name) is not None)

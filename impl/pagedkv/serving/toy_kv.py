@@ -52,8 +52,9 @@ def toy_dtype(name: str) -> torch.dtype:
     dtype = _TOY_DTYPES.get(name)
     if dtype is None:
         raise InvalidKVCacheConfigError(
-            f"a {name} KV cache has no toy backing (the toy model writes bfloat16, float16 "
-            "or float32); run it without KV tensors: kv_backing='none' (--kv-backing none)"
+            f"KV cache dtype {name} has no toy backing (the toy model writes bfloat16, "
+            "float16 or float32); run it without KV tensors: kv_backing='none' "
+            "(--kv-backing none)"
         )
     return dtype
 
