@@ -1013,6 +1013,16 @@ def test_the_other_acceptance_models(
     assert per_token in (57_344, 98_304)  # the figures
 
 
+def test_dtype_sizes_the_blocks_of_a_counting_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    setup = simulated(capsys, tmp_path, "--kv-backing", "none")["setup"]
+    assert (setup["dtype"], setup["block_bytes"]) == ("float32", 2 * 2 * 16 * 2 * 8 * 4)
+    half = simulated(capsys, tmp_path, "--kv-backing", "none", "--dtype", "float16")["setup"]
+    assert (half["dtype"], half["block_bytes"]) == ("float16", 2 * 2 * 16 * 2 * 8 * 2)
+    assert half["device"] == "none (no KV tensors)"
+
+
 def test_the_table_shows_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["simulate", "--preset", "overload", "--quiet", "--model", LLAMA, *H100]
     assert cli.main([*argv, "--kv-backing", "none"]) == 0
@@ -1110,7 +1120,6 @@ def test_the_config_folder_tp_and_block_size_reach_the_plan(
         (["--model", LLAMA, *H100, "--gpu-memory-utilization", "0"], "must be a number in (0, 1]"),
         (["--model", LLAMA, *H100, "--kv-cache-dtype", "fp8", "--kv-backing", "toy"], "no toy"),
         (["--model", "/no/such/config.json", *H100], "cannot read it"),
-        (["--kv-backing", "none", "--dtype", "float16"], "drop --dtype"),
         (["--kv-backing", "gpu"], "invalid choice: 'gpu'"),
     ],
 )

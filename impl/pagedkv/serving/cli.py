@@ -340,11 +340,6 @@ def _simulate(args: argparse.Namespace) -> int:
     Simulator.check_requests(requests)  # before the cache is allocated
     plan = plan_from_args(args)
     backing = kv_backing(args.kv_backing, plan)
-    if args.dtype and backing == "none":
-        raise InvalidKVCacheConfigError(
-            "--dtype sets the toy KV tensors' dtype, and --kv-backing none has none; "
-            "drop --dtype (or use --model with --kv-cache-dtype)"
-        )
     settings: dict[str, Any] = {
         "device": None if args.device == "auto" else args.device,
         "watermark": args.watermark,
@@ -371,7 +366,7 @@ def _simulate(args: argparse.Namespace) -> int:
             else _first(args.cpu_blocks, sizes["num_cpu_blocks"]),
             gpu_memory=args.gpu_memory,
             cpu_memory=args.cpu_memory,
-            dtype=_torch_dtype(args.dtype) if args.dtype and backing == "toy" else None,
+            dtype=_torch_dtype(args.dtype) if args.dtype else None,  # loads torch
             **shape,
             **settings,
         )
