@@ -1530,9 +1530,7 @@ add(
     lambda w: _v1_alloc(w, new_computed_blocks=_V1.KVCacheBlocks(([_V1.KVCacheBlock(1)],))),
     ValueError,
 )
-int_param(
-    "v1 allocate_slots reserved_blocks", _v1, lambda w, b: _v1_alloc(w, reserved_blocks=b), 0
-)
+int_param("v1 allocate_slots reserved_blocks", _v1, lambda w, b: _v1_alloc(w, reserved_blocks=b), 0)
 for _bad in (1, None, "x"):
     add(
         f"v1 allocate_slots full_sequence_must_fit={_bad!r}",
@@ -1875,6 +1873,56 @@ for _name, _line in (
             f"simulate trace {_name}",
             _sim("--trace", "@bad.jsonl"),
             files={"bad.jsonl": _line + "\n"},
+        )
+    )
+_MODEL = (
+    '{"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, '
+    '"hidden_size": 4096, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}'
+)
+_H100 = ("--kv-memory", "51.38GiB", "--max-model-len", "16000")
+for _name, _args in (
+    ("model missing", ("--model", "@none.json", *_H100)),
+    ("model not JSON", ("--model", "@bad.json", *_H100)),
+    ("model without layers", ("--model", "@nolayers.json", *_H100)),
+    ("model is a folder without config.json", ("--model", "@", *_H100)),
+    ("model without memory", ("--model", "@m.json")),
+    ("model with gpu blocks", ("--model", "@m.json", *_H100, "--gpu-blocks", "4")),
+    ("model with head size", ("--model", "@m.json", *_H100, "--head-size", "4")),
+    ("kv memory without model", ("--kv-memory", "1GiB")),
+    ("kv memory and gpu total", ("--model", "@m.json", *_H100, "--gpu-total", "80GB")),
+    ("kv memory below a block", ("--model", "@m.json", "--kv-memory", "1MiB")),
+    ("kv memory 1PB", ("--model", "@m.json", "--kv-memory", "1PB")),
+    ("gpu total without non-kv", ("--model", "@m.json", "--gpu-total", "80GB")),
+    (
+        "non-kv over the total",
+        ("--model", "@m.json", "--gpu-total", "80GB", "--non-kv-memory", "80GB"),
+    ),
+    ("utilization 0", ("--model", "@m.json", *_H100, "--gpu-memory-utilization", "0")),
+    ("utilization 1.5", ("--model", "@m.json", *_H100, "--gpu-memory-utilization", "1.5")),
+    ("tp 0", ("--model", "@m.json", *_H100, "--tp", "0")),
+    ("tp 3", ("--model", "@m.json", *_H100, "--tp", "3")),
+    ("override 0", ("--model", "@m.json", "--num-gpu-blocks-override", "0")),
+    (
+        "max-model-len past the positions",
+        ("--model", "@m.json", "--kv-memory", "51GiB", "--max-model-len", "200000"),
+    ),
+    ("max-model-len over the cache", ("--model", "@m.json", "--kv-memory", "1GiB")),
+    ("kv cache dtype int4", ("--model", "@m.json", *_H100, "--kv-cache-dtype", "int4")),
+    (
+        "fp8 with the toy backing",
+        ("--model", "@m.json", *_H100, "--kv-cache-dtype", "fp8", "--kv-backing", "toy"),
+    ),
+    ("kv backing gpu", ("--kv-backing", "gpu")),
+):
+    CLI_CASES.append(
+        CliCase(
+            f"simulate {_name}",
+            _sim(*_args),
+            files={
+                "m.json": _MODEL,
+                "bad.json": "{",
+                "nolayers.json": '{"num_attention_heads": 8, "head_dim": 8}',
+            },
         )
     )
 for _name, _args in (

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import tempfile
 from collections.abc import Callable, Collection
+from pathlib import Path
 
 import pytest
 import torch
@@ -64,6 +66,7 @@ from pagedkv.errors import (
     KVCopyConflictError,
     KVRangeError,
     KVTensorMismatchError,
+    ModelConfigError,
     NoFreeBlocksError,
     NullBlockError,
     PromotionError,
@@ -78,7 +81,15 @@ from pagedkv.errors import (
 )
 from pagedkv.kv.attention import build_attention_inputs, paged_attention_reference
 from pagedkv.kv.cache import KVCacheConfig, KVCacheEngine
+from pagedkv.serving import cli
+from pagedkv.serving.capacity import plan_capacity
 from pagedkv.serving.cli import parse_size
+from pagedkv.serving.model_config import (
+    dtype_bytes,
+    load_model_config,
+    model_shape,
+    resolve_kv_cache_dtype,
+)
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
 from pagedkv.serving.workload import parse_trace, preset
@@ -94,6 +105,8 @@ from scheduler_helpers import make as make_scheduler
 GPU, CPU = Device.GPU, Device.CPU
 RUNNING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+LLAMA = Path(__file__).parent / "data" / "models" / "llama-3.1-8b.json"
+GIB = 1024**3
 
 # The fixed endings of the spec's templates.
 FOREIGN_HINT = "; pass the block to the allocator that created it"
@@ -1517,12 +1530,283 @@ DRIVER_MESSAGES = [
         "simulator cache beyond this machine's memory",
         lambda: Simulator(SimulationConfig(block_size=4, num_gpu_blocks=2**45, device="cpu")),
         InvalidKVCacheConfigError,
-        "a KV cache of 35184372088832 GPU + 0 CPU blocks needs about 36,028,797,018,963,968 "
-        f"bytes, more than the {available_memory():,} bytes of memory this machine has; use "
-        "fewer or smaller blocks",
+        "a toy KV cache of 35184372088832 GPU + 0 CPU blocks needs about "
+        f"36,028,797,018,963,968 bytes, more than the {available_memory():,} bytes of memory "
+        "this machine has; give fewer or smaller blocks, or run without KV tensors: "
+        "kv_backing='none' (--kv-backing none)",
+    ),
+    case(
+        "simulator: unknown backing",
+        lambda: SimulationConfig(kv_backing="gpu"),
+        InvalidKVCacheConfigError,
+        "kv_backing must be 'toy' or 'none', got 'gpu'",
+    ),
+    case(
+        "simulator: a config contradicting its plan",
+        lambda: dataclasses.replace(
+            SimulationConfig.for_capacity(
+                plan_capacity(
+                    load_model_config(LLAMA), num_gpu_blocks_override=64, max_model_len=1024
+                ),
+                kv_backing="none",
+            ),
+            num_gpu_blocks=9,
+            head_size=64,
+        ),
+        InvalidKVCacheConfigError,
+        "the capacity plan sets the cache's shape and size, but num_gpu_blocks=9, head_size=64 "
+        "differ from it; build the config with SimulationConfig.for_capacity(plan, ...)",
+    ),
+    case(
+        "simulator: no KV tensors",
+        lambda: Simulator(SimulationConfig(num_gpu_blocks=4, kv_backing="none")).engine,
+        InvalidKVCacheConfigError,
+        "Simulator.engine needs KV tensors, but this simulator runs with kv_backing='none'; use "
+        "kv_backing='toy'",
+    ),
+    case(
+        "simulator: counting budget below one block",
+        lambda: Simulator(SimulationConfig(gpu_memory=100, kv_backing="none")),
+        InvalidKVCacheConfigError,
+        "gpu_memory=100 is below one block of 4096 bytes; raise it, or shrink block_size, "
+        "layers or heads",
+    ),
+    case(
+        "simulator: fp8 has no toy backing",
+        lambda: Simulator(
+            SimulationConfig.for_capacity(
+                plan_capacity(
+                    load_model_config(LLAMA),
+                    num_gpu_blocks_override=64,
+                    max_model_len=1024,
+                    kv_cache_dtype="fp8_e4m3",
+                ),
+            )
+        ),
+        InvalidKVCacheConfigError,
+        "KV cache dtype fp8_e4m3 has no toy backing (the toy model writes bfloat16, float16 or "
+        "float32); run it without KV tensors: kv_backing='none' (--kv-backing none)",
     ),
 ]
 
+
+# ---------------------------------------------------------------- model_config.py, capacity.py
+
+SHAPE: dict[str, object] = {"num_hidden_layers": 2, "num_attention_heads": 8, "head_dim": 8}
+
+
+def _llama_plan(**kwargs: object) -> object:
+    settings: dict[str, object] = {"max_model_len": 1024, **kwargs}
+    return plan_capacity(load_model_config(LLAMA), **settings)  # type: ignore[arg-type]  # bad on purpose
+
+
+def _config_file(tmp: str, text: str) -> Path:
+    path = Path(tmp) / "config.json"
+    path.write_text(text)
+    return path
+
+
+def _load_text(text: str) -> object:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _config_file(tmp, text)
+        try:
+            return load_model_config(path)
+        except ModelConfigError as err:  # name the file by its base name: the rows are fixed
+            raise ModelConfigError("config.json", err.detail) from None
+
+
+CAPACITY_MESSAGES = [
+    case(
+        "model config: not a path",
+        lambda: load_model_config(3),  # type: ignore[arg-type]  # bad on purpose
+        ModelConfigError,
+        "model config 3: give the path of a config.json file or its folder",
+    ),
+    case(
+        "model config: missing file",
+        lambda: load_model_config("/no/such/config.json"),
+        ModelConfigError,
+        "model config /no/such/config.json: cannot read it (No such file or directory); give a "
+        "Hugging Face config.json or its folder",
+    ),
+    case(
+        "model config: not JSON",
+        lambda: _load_text("{"),
+        ModelConfigError,
+        "model config config.json: not valid JSON (Expecting property name enclosed in double "
+        "quotes, line 1)",
+    ),
+    case(
+        "model config: not an object",
+        lambda: _load_text("[]"),
+        ModelConfigError,
+        "model config config.json: expected a JSON object (a Hugging Face config)",
+    ),
+    case(
+        "model config: MLA",
+        lambda: model_shape({**SHAPE, "kv_lora_rank": 512}, "c"),
+        ModelConfigError,
+        "model config c: multi-head latent attention (kv_lora_rank) has a different KV layout; "
+        "only configs with KV heads are supported",
+    ),
+    case(
+        "model config: hidden size not a multiple of the heads",
+        lambda: model_shape(
+            {"num_hidden_layers": 2, "num_attention_heads": 7, "hidden_size": 64}, "c"
+        ),
+        ModelConfigError,
+        "model config c: hidden_size 64 is not a multiple of num_attention_heads 7; give "
+        "head_dim in the config",
+    ),
+    case(
+        "model config: a field below 1",
+        lambda: model_shape({**SHAPE, "num_key_value_heads": 0}, "c"),
+        ModelConfigError,
+        "model config c: num_key_value_heads must be an integer >= 1, got 0",
+    ),
+    case(
+        "model config: a missing field",
+        lambda: model_shape({"num_attention_heads": 8, "head_dim": 8}, "c"),
+        ModelConfigError,
+        "model config c: no layer count (num_hidden_layers or n_layer or num_layers) in the config",
+    ),
+    case(
+        "model config: unknown dtype",
+        lambda: model_shape({**SHAPE, "torch_dtype": "int8"}, "c"),
+        ModelConfigError,
+        "model config c: torch_dtype 'int8' is not a dtype pagedkv knows (bf16, bfloat16, "
+        "float, float16, float32, fp16, half); give --kv-cache-dtype",
+    ),
+    case(
+        "model config: layer_types",
+        lambda: model_shape({**SHAPE, "sliding_window": 4, "layer_types": ["full"]}, "c"),
+        ModelConfigError,
+        "model config c: layer_types must list 'full_attention' or 'sliding_attention' for each "
+        "of the 2 layers",
+    ),
+    case(
+        "model shape: tp and attention heads",
+        lambda: load_model_config(LLAMA).num_kv_heads_per_rank(3),
+        InvalidKVCacheConfigError,
+        "--tp 3 does not divide the model's 32 attention heads; use a tensor-parallel size that "
+        "divides them",
+    ),
+    case(
+        "model shape: tp and KV heads",
+        lambda: model_shape(
+            {**SHAPE, "num_attention_heads": 12, "n_head_kv": 3}, "c"
+        ).num_kv_heads_per_rank(2),
+        InvalidKVCacheConfigError,
+        "--tp 2 and the model's 3 KV heads: one must divide the other (heads are split evenly, "
+        "or replicated when tp > KV heads)",
+    ),
+    case(
+        "kv cache dtype: unknown",
+        lambda: dtype_bytes("int4"),
+        InvalidKVCacheConfigError,
+        "unknown KV cache dtype 'int4'; use auto or one of bfloat16, float16, float32, fp8, "
+        "fp8_e4m3, fp8_e5m2",
+    ),
+    case(
+        "kv cache dtype: auto without a config dtype",
+        lambda: resolve_kv_cache_dtype("auto", model_shape(SHAPE, "c", "tiny")),
+        InvalidKVCacheConfigError,
+        "--kv-cache-dtype auto: the config of 'tiny' names no torch_dtype; give "
+        "--kv-cache-dtype (e.g. bfloat16)",
+    ),
+    case(
+        "capacity: two sizes",
+        lambda: _llama_plan(kv_memory=GIB, num_gpu_blocks_override=4),
+        InvalidKVCacheConfigError,
+        "size the KV cache one way: --kv-memory, or --gpu-total with --non-kv-memory, or "
+        "--num-gpu-blocks-override",
+    ),
+    case(
+        "capacity: non-KV memory without a total",
+        lambda: _llama_plan(kv_memory=GIB, non_kv_memory=GIB),
+        InvalidKVCacheConfigError,
+        "--non-kv-memory is subtracted from --gpu-total x --gpu-memory-utilization; give "
+        "--gpu-total too",
+    ),
+    case(
+        "capacity: a total without non-KV memory",
+        lambda: _llama_plan(gpu_total=80 * GIB),
+        InvalidKVCacheConfigError,
+        "--gpu-total needs --non-kv-memory (weights + activation peak + non-torch memory, from a "
+        "vLLM startup log or a profile)",
+    ),
+    case(
+        "capacity: utilization",
+        lambda: _llama_plan(gpu_total=80 * GIB, non_kv_memory=0, gpu_memory_utilization=0.0),
+        InvalidKVCacheConfigError,
+        "gpu_memory_utilization must be a number in (0, 1], got 0.0",
+    ),
+    case(
+        "capacity: no KV memory left",
+        lambda: _llama_plan(gpu_total=80 * GIB, non_kv_memory=72 * GIB),
+        InvalidKVCacheConfigError,
+        "no KV memory left: 0.9 x 80.00 GiB - 72.00 GiB non-KV = 0 B; raise "
+        "--gpu-memory-utilization or lower --non-kv-memory",
+    ),
+    case(
+        "capacity: below one block",
+        lambda: _llama_plan(kv_memory=1024**2),
+        InvalidKVCacheConfigError,
+        "1.00 MiB of KV memory (1,048,576 B) is below one block of 2,097,152 B (16 tokens x "
+        "131,072 B); give more KV memory",
+    ),
+    case(
+        "capacity: not one request",
+        lambda: _llama_plan(kv_memory=GIB, max_model_len=10_000),
+        InvalidKVCacheConfigError,
+        "512 blocks hold 8,192 tokens, fewer than one request of --max-model-len 10,000; lower "
+        "--max-model-len or give more KV memory",
+    ),
+    case(
+        "capacity: no max_position_embeddings",
+        lambda: plan_capacity(
+            model_shape({**SHAPE, "torch_dtype": "float16"}, "c", "tiny"), kv_memory=GIB
+        ),
+        InvalidKVCacheConfigError,
+        "the config of 'tiny' has no max_position_embeddings; give --max-model-len",
+    ),
+    case(
+        "capacity: past max_position_embeddings",
+        lambda: _llama_plan(kv_memory=GIB, max_model_len=200_000),
+        InvalidKVCacheConfigError,
+        "--max-model-len 200,000 is past the model's max_position_embeddings 131,072; give at "
+        "most 131,072",
+    ),
+]
+
+
+def _plan_args(*argv: str) -> object:
+    return cli.plan_from_args(cli.build_parser().parse_args(["simulate", *argv]))
+
+
+CLI_MESSAGES = [
+    case(
+        "cli: capacity flags without --model",
+        lambda: _plan_args("--kv-memory", "1GiB", "--tp", "2"),
+        InvalidKVCacheConfigError,
+        "--kv-memory, --tp: only with --model (these flags size a model's cache); give --model "
+        "CONFIG too",
+    ),
+    case(
+        "cli: toy flags with --model",
+        lambda: _plan_args("--model", str(LLAMA), "--kv-memory", "1GiB", "--dtype", "float16"),
+        InvalidKVCacheConfigError,
+        "--model sets the cache's shape and size; drop --dtype (size it with --kv-memory, "
+        "--gpu-total or --num-gpu-blocks-override)",
+    ),
+    case(
+        "cli: --model without memory",
+        lambda: _plan_args("--model", str(LLAMA)),
+        InvalidKVCacheConfigError,
+        "--model needs the KV memory: --kv-memory SIZE, or --gpu-total SIZE with --non-kv-memory "
+        "SIZE, or --num-gpu-blocks-override N",
+    ),
+]
 
 # ---------------------------------------------------------------- kv_config.py, cache.py
 
@@ -2424,6 +2708,8 @@ MESSAGES = [
     *MANAGER_MESSAGES,
     *SCHEDULER_MESSAGES,
     *DRIVER_MESSAGES,
+    *CAPACITY_MESSAGES,
+    *CLI_MESSAGES,
     *KV_MESSAGES,
     *ATTENTION_MESSAGES,
     *CONFORM_MESSAGES,

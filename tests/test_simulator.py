@@ -1,18 +1,25 @@
 """Simulator: presets run with every check on, runs are reproducible, the KV check
 catches corruption and a scheduler that loses copies, and every figure a run reports
 (report.Tally's summary and timeline) matches an independent recount from the per-step
-state. (Workload parsing: tests/test_workload.py; how the summary table and the JSON
-print the figures: tests/test_cli.py.)"""
+state; the counting backend (``kv_backing="none"``) schedules exactly as the toy
+backing does, without KV tensors or torch, and a capacity plan sizes a run. (The toy
+backing itself, ``pagedkv.serving.toy_kv``, is tested here through the simulator;
+workload parsing: tests/test_workload.py; how the summary table and the JSON print the
+figures: tests/test_cli.py; the plan's own arithmetic: tests/test_capacity.py.)"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -27,9 +34,12 @@ from pagedkv.errors import (
     InvalidKVCacheConfigError,
     InvalidSchedulerConfigError,
     InvariantViolationError,
+    ModelConfigError,
     WorkloadError,
 )
 from pagedkv.kv.cache import KVCacheEngine
+from pagedkv.serving.capacity import CapacityPlan, plan_capacity
+from pagedkv.serving.model_config import load_model_config
 from pagedkv.serving.report import SimulationResult, Summary
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv.serving.simulator import SimulationConfig, Simulator, StepObservation
@@ -899,7 +909,7 @@ def test_prompts_share_exactly_their_named_prefix() -> None:
 
 
 def test_two_writes_of_the_same_kv_into_one_slot_are_kept_once() -> None:
-    from pagedkv.serving.simulator import _one_write_per_slot
+    from pagedkv.serving.toy_kv import _one_write_per_slot
 
     slots = torch.tensor([5, 7, 5, 9])
     values = torch.tensor([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [5.0, 6.0]])
@@ -911,7 +921,7 @@ def test_two_writes_of_the_same_kv_into_one_slot_are_kept_once() -> None:
 
 
 def test_two_writes_of_different_kv_into_one_slot_are_kv1() -> None:
-    from pagedkv.serving.simulator import _one_write_per_slot
+    from pagedkv.serving.toy_kv import _one_write_per_slot
 
     slots = torch.tensor([4, 5, 6, 5])
     values = torch.zeros(4, 2, 2)
@@ -919,3 +929,170 @@ def test_two_writes_of_different_kv_into_one_slot_are_kv1() -> None:
     err = raised(InvariantViolationError, _one_write_per_slot, slots, values)
     assert err.invariant == "KV1"
     assert "two sequences write different KV into one slot (5) in one step" in str(err)
+
+
+# ---- the counting backend (kv_backing="none") and capacity plans
+
+_TIMING = {"sched_ms_mean", "sched_ms_p99", "wall_s"}
+
+
+def _figures(result: SimulationResult) -> dict[str, object]:
+    return {k: v for k, v in dataclasses.asdict(result.summary).items() if k not in _TIMING}
+
+
+@pytest.mark.parametrize("name", ["overload", "parallel-sampling", "system-prompt"])
+@pytest.mark.parametrize("caching", [False, True])
+def test_the_counting_backend_schedules_exactly_as_the_toy_backing(
+    name: str, caching: bool
+) -> None:
+    """Same requests, same cache: every figure and the whole timeline agree; only the
+    KV tensors (and the KV check) are missing."""
+    spec = preset(name)
+    requests = generate(spec, seed=2, num_requests=16)
+    results = {}
+    for backing in ("toy", "none"):
+        config = SimulationConfig(
+            block_size=spec.block_size,
+            num_gpu_blocks=spec.num_gpu_blocks // 2,  # pressure: preemptions and swaps
+            num_cpu_blocks=spec.num_cpu_blocks,
+            device="cpu",
+            enable_caching=caching,
+            kv_backing=backing,
+        )
+        results[backing] = Simulator(config).run(requests)
+    toy, counted = results["toy"], results["none"]
+    assert _figures(toy) == _figures(counted) and toy.timeline == counted.timeline
+    assert (toy.rejected, toy.aborted) == (counted.rejected, counted.aborted)
+    assert counted.summary.checked and counted.summary.finished  # invariants still checked
+    if name == "overload":
+        assert counted.summary.preempted_swap and counted.summary.preempted_recompute
+
+
+def test_the_counting_backend_still_checks_the_block_layers_invariants() -> None:
+    sim = Simulator(SimulationConfig(num_gpu_blocks=16, num_cpu_blocks=8, kv_backing="none"))
+    with mock.patch.object(
+        sim.manager, "check_invariants", side_effect=InvariantViolationError("M1", "x")
+    ):
+        raised(InvariantViolationError, sim.run, generate(preset("chat"), 0, 2))
+
+
+def test_the_counting_backend_has_no_kv_tensors() -> None:
+    sim = Simulator(SimulationConfig(num_gpu_blocks=8, num_cpu_blocks=2, kv_backing="none"))
+    for call in (lambda: sim.engine, sim.check_kv, lambda: sim.check_skipped(mock.Mock())):
+        assert "kv_backing='none'" in str(raised(InvalidKVCacheConfigError, call))
+    setup = sim.setup()
+    assert (setup["kv_backing"], setup["device"], setup["dtype"]) == (
+        "none",
+        "none (no KV tensors)",
+        "float32",
+    )
+    assert setup["block_bytes"] == 2 * 2 * 16 * 2 * 8 * 4  # K/V, layers, block, heads, head, fp32
+    half = Simulator(
+        SimulationConfig(num_gpu_blocks=8, dtype=torch.float16, kv_backing="none")
+    ).setup()
+    assert (half["dtype"], half["block_bytes"]) == ("float16", 2 * 2 * 16 * 2 * 8 * 2)
+
+
+def test_the_counting_backend_sizes_tiers_from_memory_budgets() -> None:
+    per_block = 2 * 2 * 4 * 2 * 8 * 4
+    config = SimulationConfig(
+        block_size=4, gpu_memory=5 * per_block + 1, cpu_memory=3 * per_block - 1, kv_backing="none"
+    )
+    sim = Simulator(config)
+    assert (sim.num_gpu_blocks, sim.num_cpu_blocks) == (5, 2)
+    below = dataclasses.replace(config, gpu_memory=per_block - 1)
+    assert "below one block" in str(raised(InvalidKVCacheConfigError, Simulator, below))
+
+
+def test_the_counting_backend_does_not_import_torch() -> None:
+    code = (
+        "import sys\n"
+        "from pagedkv.serving.simulator import SimulationConfig, Simulator\n"
+        "from pagedkv.serving.workload import generate, preset\n"
+        "spec = preset('overload')\n"
+        "config = SimulationConfig(num_gpu_blocks=spec.num_gpu_blocks, "
+        "num_cpu_blocks=spec.num_cpu_blocks, kv_backing='none')\n"
+        "result = Simulator(config).run(generate(spec, 0, 8))\n"
+        "assert result.summary.finished == 8, result.summary\n"
+        "assert 'torch' not in sys.modules, 'the counting backend imported torch'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("backing", ["gpu", ""])
+def test_a_config_names_a_known_backing(backing: str) -> None:
+    err = raised(InvalidKVCacheConfigError, lambda: SimulationConfig(kv_backing=backing))
+    assert repr(backing) in str(err)
+    raised(ArgumentTypeError, lambda: SimulationConfig(kv_backing=None))  # type: ignore[arg-type]  # bad on purpose
+
+
+_LLAMA = Path(__file__).parent / "data" / "models" / "llama-3.1-8b.json"
+
+
+def _llama_plan(**kwargs: object) -> CapacityPlan:
+    settings: dict[str, object] = {"num_gpu_blocks_override": 8, "max_model_len": 128, **kwargs}
+    return plan_capacity(load_model_config(_LLAMA), **settings)  # type: ignore[arg-type]  # test kwargs
+
+
+def test_a_capacity_plan_sizes_a_counting_run() -> None:
+    plan = plan_capacity(
+        load_model_config(_LLAMA),
+        kv_memory=int(51.38 * 1024**3),
+        max_model_len=16_000,
+        swap_space=4 * 1024**3,
+    )
+    sim = Simulator(SimulationConfig.for_capacity(plan, kv_backing="none", check=False))
+    assert (sim.num_gpu_blocks, sim.num_cpu_blocks) == (26_306, 2048)
+    setup = sim.setup()
+    assert setup["capacity"] == plan.to_dict()
+    assert setup["block_bytes"] == plan.block_bytes == 16 * 2 * 32 * 8 * 128 * 2
+    assert setup["model"] == "meta-llama/Llama-3.1-8B: 32 layers x 8 KV heads x head size 128"
+    assert setup["dtype"] == "bfloat16"  # the config's, never the toy default float32
+    result = sim.run(generate(preset("overload"), 0, None))
+    assert result.summary.finished == result.summary.requests == 64
+
+
+def test_a_capacity_plan_with_the_toy_backing_allocates_its_real_shape() -> None:
+    plan = _llama_plan(swap_space=16 * 1024**2)  # 8 CPU blocks: room to swap n=2 groups
+    sim = Simulator(SimulationConfig.for_capacity(plan, device="cpu"))
+    assert sim.engine.config.block_shape == (32, 2, 16, 8, 128)
+    assert sim.engine.dtype == torch.bfloat16 and sim.engine.config.block_bytes == 2 * 1024**2
+    requests = [RequestSpec(f"r{i}", float(i), 40, 8, 1 + i % 2) for i in range(4)]
+    result = sim.run(requests)  # the KV check after every step, at the real shape
+    assert result.summary.finished == 4 and result.summary.checked
+
+
+def test_an_fp8_plan_runs_only_without_kv_tensors() -> None:
+    plan = _llama_plan(kv_cache_dtype="fp8_e5m2")
+    err = raised(InvalidKVCacheConfigError, Simulator, SimulationConfig.for_capacity(plan))
+    assert "--kv-backing none" in str(err)
+    counted = Simulator(SimulationConfig.for_capacity(plan, kv_backing="none"))
+    assert counted.setup()["dtype"] == "fp8_e5m2"
+    assert counted.setup()["block_bytes"] == 16 * 2 * 32 * 8 * 128 * 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("num_gpu_blocks", 9),
+        ("num_cpu_blocks", 1),
+        ("block_size", 8),
+        ("num_layers", 2),
+        ("num_kv_heads", 4),
+        ("head_size", 64),
+        ("gpu_memory", 1024),
+        ("dtype", torch.float32),
+    ],
+)
+def test_a_config_that_contradicts_its_plan_is_refused(field: str, value: object) -> None:
+    config = SimulationConfig.for_capacity(_llama_plan(), kv_backing="none")
+    changed: dict[str, Any] = {field: value}
+    err = raised(InvalidKVCacheConfigError, lambda: dataclasses.replace(config, **changed))
+    assert f"{field}={value!r}" in str(err)
+
+
+def test_a_plan_must_be_a_plan() -> None:
+    raised(ArgumentTypeError, SimulationConfig.for_capacity, "llama")
+    raised(ArgumentTypeError, lambda: SimulationConfig(capacity="llama"))  # type: ignore[arg-type]  # bad on purpose
+    raised(ModelConfigError, load_model_config, _LLAMA.parent / "nope.json")

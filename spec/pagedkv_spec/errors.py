@@ -47,6 +47,7 @@ __all__ = [
     "KVCopyConflictError",
     "KVRangeError",
     "KVTensorMismatchError",
+    "ModelConfigError",
     "NoFreeBlocksError",
     "NullBlockError",
     "OptionalDependencyError",
@@ -388,6 +389,16 @@ class InvalidKVCacheConfigError(KVCacheError):
     def __init__(self, detail: str) -> None:
         self.detail = detail
         super().__init__(detail)
+
+
+class ModelConfigError(KVCacheError):
+    """A model config (a Hugging Face ``config.json``) cannot be read, or lacks or
+    contradicts a field the KV cache's size depends on."""
+
+    def __init__(self, source: str, detail: str) -> None:
+        self.source = source
+        self.detail = detail
+        super().__init__(f"model config {source}: {detail}")
 
 
 class KVRangeError(KVCacheError):

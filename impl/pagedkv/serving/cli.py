@@ -2,7 +2,12 @@
 
 Commands:
     simulate   serve a preset or a JSONL trace with the scheduler, the block
-               manager and the KV cache engine (see :mod:`pagedkv.serving.simulator`)
+               manager and the KV cache engine (see :mod:`pagedkv.serving.simulator`);
+               with ``--model config.json``, a real model's cache sized as vLLM sizes
+               it (:mod:`pagedkv.serving.capacity`)
+
+torch is imported only when KV tensors are needed (the toy backing): ``--help``, bad
+input and ``--kv-backing none`` runs answer without it.
 
 Bad input (unknown preset, malformed trace line, impossible sizes, missing
 matplotlib for ``--plot``) prints one line ``pagedkv: error: ...`` on stderr and
@@ -17,19 +22,47 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TextIO
-
-import torch
+from typing import Any, NoReturn, TextIO
 
 from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError, PagedKVError
 from pagedkv.output_files import check_output_path, write_atomically
 from pagedkv.serving import report, workload
+from pagedkv.serving.capacity import CapacityPlan, plan_capacity
+from pagedkv.serving.model_config import KV_CACHE_DTYPES, load_model_config
 from pagedkv.serving.scheduler import SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
 
-__all__ = ["build_parser", "main", "parse_size"]
+__all__ = ["TOY_LIMIT", "build_parser", "kv_backing", "main", "parse_size", "plan_from_args"]
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_DTYPES = ("bfloat16", "float16", "float32")  # the toy backing's --dtype (torch dtypes)
+#: ``--kv-backing auto`` allocates toy KV tensors up to this many bytes (both tiers), and
+#: runs a larger model cache without KV tensors: a fixed limit, not this machine's RAM,
+#: so a command means the same run everywhere.
+TOY_LIMIT = 1024**3
+_TOY_SHAPE = ("num_layers", "num_kv_heads", "head_size")
+#: Flags that size or shape the toy cache; --model sets all of these itself.
+_MODEL_EXCLUDES = {
+    "gpu_blocks": "--gpu-blocks",
+    "gpu_memory": "--gpu-memory",
+    "cpu_blocks": "--cpu-blocks",
+    "cpu_memory": "--cpu-memory",
+    "num_layers": "--num-layers",
+    "num_kv_heads": "--num-kv-heads",
+    "head_size": "--head-size",
+    "dtype": "--dtype",
+}
+#: Flags that only mean something with --model.
+_MODEL_ONLY = {
+    "kv_memory": "--kv-memory",
+    "gpu_total": "--gpu-total",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "non_kv_memory": "--non-kv-memory",
+    "num_gpu_blocks_override": "--num-gpu-blocks-override",
+    "swap_space": "--swap-space",
+    "tp": "--tp",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "max_model_len": "--max-model-len",
+}
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3}
 _UNITS |= {"gb": 1000**3, "t": 1000**4, "tb": 1000**4}
 _UNITS |= {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
@@ -117,6 +150,16 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _utilization(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (``simulate`` subcommand). Complexity: O(1)."""
     parser = _Parser(prog="pagedkv", description="pagedkv: a verified paged KV-cache manager")
@@ -145,11 +188,60 @@ def build_parser() -> argparse.ArgumentParser:
     cpu = sim.add_mutually_exclusive_group()
     cpu.add_argument("--cpu-blocks", type=_int_at_least(0), help="CPU swap blocks")
     cpu.add_argument("--cpu-memory", type=_size, help="CPU swap bytes, e.g. 16MiB")
-    sim.add_argument("--num-layers", type=_int_at_least(1), default=2)
-    sim.add_argument("--num-kv-heads", type=_int_at_least(1), default=2)
-    sim.add_argument("--head-size", type=_int_at_least(1), default=8)
+    # NOTE: None, not the library's defaults, so that --model can tell them apart from
+    # flags given; left out, SimulationConfig's defaults apply (2, 2, 8).
+    sim.add_argument("--num-layers", type=_int_at_least(1))
+    sim.add_argument("--num-kv-heads", type=_int_at_least(1))
+    sim.add_argument("--head-size", type=_int_at_least(1))
     sim.add_argument(
         "--dtype", choices=sorted(_DTYPES), help="default: float16 on CUDA, else float32"
+    )
+    model = sim.add_argument_group(
+        "capacity planning",
+        "a real model's KV cache, sized as vLLM sizes it (replaces the toy cache's flags)",
+    )
+    model.add_argument(
+        "--model", metavar="CONFIG", help="a Hugging Face config.json, or its folder"
+    )
+    model.add_argument(
+        "--tp", type=_int_at_least(1), help="tensor-parallel size (KV heads per rank; default 1)"
+    )
+    model.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", *sorted(KV_CACHE_DTYPES)],
+        help="auto: the config's torch_dtype (default)",
+    )
+    model.add_argument(
+        "--max-model-len",
+        type=_int_at_least(1),
+        help="tokens per request for the concurrency figure (default: max_position_embeddings)",
+    )
+    memory = model.add_mutually_exclusive_group()
+    memory.add_argument("--kv-memory", type=_size, help="KV cache bytes per GPU, e.g. 51.38GiB")
+    memory.add_argument(
+        "--gpu-total",
+        type=_size,
+        help="GPU memory: KV = total x --gpu-memory-utilization - --non-kv-memory (vLLM)",
+    )
+    memory.add_argument(
+        "--num-gpu-blocks-override", type=_int_at_least(1), help="GPU blocks, as vLLM's flag"
+    )
+    model.add_argument(
+        "--gpu-memory-utilization", type=_utilization, help="share of --gpu-total (default 0.9)"
+    )
+    model.add_argument(
+        "--non-kv-memory",
+        type=_size,
+        help="weights + activation peak + non-torch memory, with --gpu-total",
+    )
+    model.add_argument(
+        "--swap-space", type=_size, help="CPU swap bytes per GPU (default 4GiB, as vLLM)"
+    )
+    sim.add_argument(
+        "--kv-backing",
+        choices=["auto", "toy", "none"],
+        default="auto",
+        help="toy: KV tensors and the KV check; none: no KV tensors; auto: toy up to 1 GiB",
     )
     sim.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: CUDA if present"
@@ -246,42 +338,47 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.trace and args.num_requests:
         requests = requests[: args.num_requests]
     Simulator.check_requests(requests)  # before the cache is allocated
-    config = SimulationConfig(
-        block_size=args.block_size or sizes["block_size"],
-        num_gpu_blocks=None
-        if args.gpu_memory is not None
-        else args.gpu_blocks or sizes["num_gpu_blocks"],
-        num_cpu_blocks=None
-        if args.cpu_memory is not None
-        else _first(args.cpu_blocks, sizes["num_cpu_blocks"]),
-        gpu_memory=args.gpu_memory,
-        cpu_memory=args.cpu_memory,
-        num_layers=args.num_layers,
-        num_kv_heads=args.num_kv_heads,
-        head_size=args.head_size,
-        dtype=_DTYPES[args.dtype] if args.dtype else None,
-        device=None if args.device == "auto" else args.device,
-        watermark=args.watermark,
-        scheduler=SchedulerConfig(
+    plan = plan_from_args(args)
+    backing = kv_backing(args.kv_backing, plan)
+    settings: dict[str, Any] = {
+        "device": None if args.device == "auto" else args.device,
+        "watermark": args.watermark,
+        "scheduler": SchedulerConfig(
             args.preemption, args.lookahead, args.max_num_seqs, args.max_num_batched_tokens
         ),
-        max_steps=args.max_steps,
-        check=not args.no_check,
-        seed=args.seed,
-        enable_caching=args.enable_caching,
-    )
+        "max_steps": args.max_steps,
+        "check": not args.no_check,
+        "seed": args.seed,
+        "enable_caching": args.enable_caching,
+        "kv_backing": backing,
+    }
+    if plan is not None:
+        config = SimulationConfig.for_capacity(plan, **settings)
+    else:
+        shape = {k: getattr(args, k) for k in _TOY_SHAPE if getattr(args, k) is not None}
+        config = SimulationConfig(
+            block_size=args.block_size or sizes["block_size"],
+            num_gpu_blocks=None
+            if args.gpu_memory is not None
+            else args.gpu_blocks or sizes["num_gpu_blocks"],
+            num_cpu_blocks=None
+            if args.cpu_memory is not None
+            else _first(args.cpu_blocks, sizes["num_cpu_blocks"]),
+            gpu_memory=args.gpu_memory,
+            cpu_memory=args.cpu_memory,
+            dtype=_torch_dtype(args.dtype) if args.dtype else None,  # loads torch
+            **shape,
+            **settings,
+        )
     simulator = Simulator(config)
     bar = _ProgressBar(sys.stderr, enabled=not args.quiet and sys.stderr.isatty())
-    # NOTE: the toy model's tensors are tiny; torch's intra-op thread pool only adds
-    # contention (10x slower steps measured on a busy 2-core machine).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
-        result = simulator.run(requests, bar.update)
+        result = _run(simulator, requests, bar.update, threads=backing == "toy")
     finally:
-        torch.set_num_threads(threads)
         bar.close()
     result.setup["workload"] = title
+    if args.kv_backing == "auto" and backing == "none":
+        result.setup["kv_backing_auto"] = f"KV tensors over {TOY_LIMIT:,} B"
     print(report.to_json(result) if args.json else report.format_summary(result, title))
     if args.plot:
         plot_path = args.plot
@@ -291,6 +388,91 @@ def _simulate(args: argparse.Namespace) -> int:
             raise _UsageError(f"cannot write --plot {plot_path!r}: {err.strerror or err}") from None
         print(f"pagedkv: plot written to {plot_path}", file=sys.stderr)
     return 0
+
+
+def _run(
+    simulator: Simulator,
+    requests: list[workload.RequestSpec],
+    progress: Callable[[int, int, int], None],
+    threads: bool,
+) -> report.SimulationResult:
+    if not threads:  # no KV tensors: torch is not loaded
+        return simulator.run(requests, progress)
+    import torch
+
+    # NOTE: the toy model's tensors are tiny; torch's intra-op thread pool only adds
+    # contention (10x slower steps measured on a busy 2-core machine).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return simulator.run(requests, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def plan_from_args(args: argparse.Namespace) -> CapacityPlan | None:
+    """The capacity plan of ``simulate --model ...`` (None without ``--model``).
+
+    Raises InvalidKVCacheConfigError for a toy-cache flag beside ``--model`` (it sets
+    the cache itself), a capacity flag without it, or a size the plan rejects
+    (:func:`~pagedkv.serving.capacity.plan_capacity`); ModelConfigError for a config it
+    cannot read. Complexity: O(config file).
+    """
+    given = {flag for name, flag in _MODEL_ONLY.items() if getattr(args, name) is not None}
+    if args.model is None:
+        if given:
+            raise InvalidKVCacheConfigError(
+                f"{', '.join(sorted(given))}: only with --model (these flags size a "
+                "model's cache); give --model CONFIG too"
+            )
+        return None
+    toy = sorted(flag for name, flag in _MODEL_EXCLUDES.items() if getattr(args, name) is not None)
+    if toy:
+        raise InvalidKVCacheConfigError(
+            f"--model sets the cache's shape and size; drop {', '.join(toy)} (size it with "
+            "--kv-memory, --gpu-total or --num-gpu-blocks-override)"
+        )
+    if args.kv_memory is None and args.gpu_total is None and args.num_gpu_blocks_override is None:
+        raise InvalidKVCacheConfigError(
+            "--model needs the KV memory: --kv-memory SIZE, or --gpu-total SIZE with "
+            "--non-kv-memory SIZE, or --num-gpu-blocks-override N"
+        )
+    return plan_capacity(
+        load_model_config(args.model),
+        block_size=args.block_size or 16,
+        tensor_parallel_size=args.tp or 1,
+        kv_cache_dtype=args.kv_cache_dtype or "auto",
+        max_model_len=args.max_model_len,
+        kv_memory=args.kv_memory,
+        gpu_total=args.gpu_total,
+        gpu_memory_utilization=_first_float(args.gpu_memory_utilization, 0.9),
+        non_kv_memory=args.non_kv_memory,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        swap_space=_first(args.swap_space, 4 * 1024**3),
+    )
+
+
+def kv_backing(choice: str, plan: CapacityPlan | None) -> str:
+    """The backing ``--kv-backing choice`` runs: ``auto`` is ``toy`` without a plan, and
+    with one ``toy`` while both tiers' KV tensors fit in :data:`TOY_LIMIT` bytes and
+    the dtype is one the toy model writes, else ``none``. Complexity: O(1)."""
+    if choice != "auto":
+        return choice
+    if plan is None:
+        return "toy"
+    tensors = (plan.num_gpu_blocks + plan.num_cpu_blocks) * plan.block_bytes
+    toy_dtype = plan.kv_cache_dtype in _DTYPES
+    return "toy" if tensors <= TOY_LIMIT and toy_dtype else "none"
+
+
+def _first_float(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def _first(value: int | None, default: int) -> int:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv.errors import OptionalDependencyError
+from pagedkv.serving.capacity import summary_rows
 from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerOutputs
 from pagedkv.v0.prefix_caching_allocator import CacheStats
 
@@ -202,18 +203,27 @@ def _pct(x: float) -> str:
 def format_summary(result: SimulationResult, title: str = "") -> str:
     """The summary as an aligned text table. Complexity: O(1)."""
     s, cfg = result.summary, result.setup
+    counted = cfg.get("kv_backing") == "none"  # no KV tensors: no KV conservation check
     checks = (
-        "manager + scheduler invariants and KV conservation after every step: all held"
-        if s.checked
-        else "off (--no-check)"
+        "off (--no-check)"
+        if not s.checked
+        else "manager + scheduler invariants after every step: all held (no KV tensors)"
+        if counted
+        else "manager + scheduler invariants and KV conservation after every step: all held"
     )
+    auto = cfg.get("kv_backing_auto")  # why --kv-backing auto chose none
+    where = f" on {cfg['device']}"
+    if counted:
+        where = f", no KV tensors (--kv-backing auto: {auto})" if auto else ", no KV tensors"
+    capacity = cfg.get("capacity")
     rows = [
         ("workload", title or "-"),
+        *(summary_rows(capacity) if isinstance(capacity, dict) else []),
         (
             "cache",
             f"{cfg['num_gpu_blocks']} GPU + {cfg['num_cpu_blocks']} CPU blocks of "
             f"{cfg['block_size']} tokens ({cfg['block_bytes']} B/block; {cfg['model']}, "
-            f"{cfg['dtype']} on {cfg['device']})",
+            f"{cfg['dtype']}{where})",
         ),
         (
             "requests",

@@ -1,23 +1,24 @@
-"""Serve a workload with the scheduler, the block manager, the KV cache engine and a toy model.
+"""Serve a workload with the scheduler, the block manager and a KV backing.
 
-Each step: requests that arrived are added; :meth:`Scheduler.schedule` plans
-the step; the worker applies swap-outs, swap-ins and copy-on-writes to the real
-:class:`KVCacheEngine`, then the toy model writes the KV of every token it
-computes at ``block_id * block_size + offset``. A token's KV is a pure function
-of (the whole prefix up to and including it, position, token id, layer,
-key/value), an integer exactly representable in the cache dtype: two requests
-with the same prefix write the same KV (so a prefix cache may share it), and a
-block reused under another prefix, or skipped before it was written, reads wrong.
-The model then samples one token per running sequence (a function of the seed,
+Each step: requests that arrived are added; :meth:`Scheduler.schedule` plans the
+step; the KV backing applies it (below); the sequences' computed counts advance;
+the model samples one token per running sequence (a function of the seed,
 sequence id and position) and finishes the sequences that reached their output
-length. With prefix caching, each step also marks the scheduled sequences'
-blocks accessed (the step number is the time) and, after the forward pass, the
-blocks it promoted as computed.
+length. With prefix caching, each step also marks the scheduled sequences' blocks
+accessed (the step number is the time) and, after the forward pass, the blocks it
+promoted as computed.
+
+Two KV backings (``SimulationConfig.kv_backing``):
+
+* ``"toy"`` (the default): a real :class:`~pagedkv.kv.cache.KVCacheEngine` that a
+  toy model writes, checked for KV conservation after every step
+  (:mod:`pagedkv.serving.toy_kv`; it loads torch);
+* ``"none"``: no KV tensors. Manager and scheduler run for real, block moves are
+  planned and counted but move no bytes; torch is not imported. This is how a
+  real model's cache (``SimulationConfig.capacity``, tens of GiB) is simulated.
 
 With checking on (the default), after every step: ``check_invariants()`` of
-manager and scheduler, and **KV conservation**: for every RUNNING (GPU tier)
-and SWAPPED (CPU tier) sequence the cache holds exactly the KV of each computed
-token, through fork, copy-on-write, swap and recompute (invariant KV1 of
+manager and scheduler, and with the toy backing KV conservation (invariant KV1 of
 :mod:`pagedkv_spec.invariants`; InvariantViolationError otherwise).
 """
 
@@ -28,9 +29,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from pagedkv._arith import mix64
 from pagedkv._validate import (
     require_bool,
     require_fits_in_memory,
@@ -44,28 +45,29 @@ from pagedkv.errors import (
     ArgumentTypeError,
     InvalidKVCacheConfigError,
     InvalidSchedulerConfigError,
-    InvariantViolationError,
     WorkloadError,
 )
-from pagedkv.kv.attention import build_attention_inputs
-from pagedkv.kv.cache import KVCacheEngine
+from pagedkv.serving.capacity import CapacityPlan
+from pagedkv.serving.model_config import dtype_bytes
 from pagedkv.serving.report import SimulationResult, Tally
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv.serving.workload import RequestSpec
-from pagedkv.v0.content_key import sha256_key
 from pagedkv.v0.manager import BlockSpaceManager
 from pagedkv.v0.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedkv_spec.device import Device
 from pagedkv_spec.table import slot_fill
+
+if TYPE_CHECKING:
+    import torch
+
+    from pagedkv.kv.cache import KVCacheEngine
+    from pagedkv.serving.toy_kv import ToyKV
 
 __all__ = ["ObserveFn", "SimulationConfig", "Simulator", "StepObservation"]
 
-_RUNNING, _SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
+_RUNNING = SequenceStatus.RUNNING
 _VOCAB = 32_000
-_MASK = (1 << 64) - 1
 _PREFIX_STREAM = 1 << 40  # token streams of shared prefixes, apart from requests' own
-_CODE_MOD = 1_000_003  # prefix codes are reduced to this before they enter the KV
-_MAX_TENSOR_BYTES = 2**63 - 1  # torch sizes are int64; larger shapes overflow, not fail cleanly
+KV_BACKINGS = ("toy", "none")  # SimulationConfig.kv_backing (module docstring)
 #: Called after every step with (step, requests done, requests total).
 ProgressFn = Callable[[int, int, int], None]
 
@@ -77,7 +79,8 @@ class StepObservation:
     The callback runs after the step's forward pass, before its tokens are
     sampled: the state the KV usage and fragmentation figures are read from
     (the step's KV written, finished sequences of earlier steps freed). It may
-    read the simulator's ``manager``, ``scheduler`` and ``engine``, not change them.
+    read the simulator's ``manager``, ``scheduler`` and ``engine`` (toy backing), not
+    change them.
     """
 
     step: int  # index among executed steps, from 0
@@ -94,7 +97,9 @@ ObserveFn = Callable[[StepObservation], None]
 @dataclass(frozen=True)
 class SimulationConfig:
     """Cache shape and run settings. Give block counts or byte budgets per tier
-    (``num_gpu_blocks`` / ``gpu_memory``; the block count wins if both are set)."""
+    (``num_gpu_blocks`` / ``gpu_memory``; the block count wins if both are set), or a
+    model's :class:`~pagedkv.serving.capacity.CapacityPlan` through
+    :meth:`for_capacity`, which sets the shape and sizes from the plan."""
 
     block_size: int = 16
     num_gpu_blocks: int | None = None
@@ -112,6 +117,25 @@ class SimulationConfig:
     check: bool = True
     seed: int = 0
     enable_caching: bool = False  # prefix caching in the block manager
+    kv_backing: str = "toy"  # "toy": KV tensors and the KV check; "none": no KV tensors
+    capacity: CapacityPlan | None = None  # a model's cache, sized without allocating it
+
+    @classmethod
+    def for_capacity(cls, plan: CapacityPlan, **settings: Any) -> SimulationConfig:
+        """A config whose cache is ``plan``'s: its block size, block counts and per-rank
+        shape (layers, KV heads, head dim; dtype from ``plan.kv_cache_dtype``).
+        ``settings`` are the other fields (``kv_backing``, ``scheduler``, ...). O(1)."""
+        require_instance("plan", plan, CapacityPlan, "a CapacityPlan")
+        return cls(
+            block_size=plan.block_size,
+            num_gpu_blocks=plan.num_gpu_blocks,
+            num_cpu_blocks=plan.num_cpu_blocks,
+            num_layers=plan.model.num_layers,
+            num_kv_heads=plan.num_kv_heads,
+            head_size=plan.model.head_dim,
+            capacity=plan,
+            **settings,
+        )
 
     def __post_init__(self) -> None:
         kv, sched = InvalidKVCacheConfigError, InvalidSchedulerConfigError
@@ -120,8 +144,11 @@ class SimulationConfig:
         require_optional_int("num_gpu_blocks", self.num_gpu_blocks, kv, 1)
         for name in ("num_cpu_blocks", "gpu_memory", "cpu_memory"):
             require_optional_int(name, getattr(self, name), kv, 0)
-        if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
-            raise ArgumentTypeError("dtype", self.dtype, "a torch.dtype or None")
+        if self.dtype is not None:
+            import torch  # loaded already: the caller made a torch.dtype (or passed junk)
+
+            if not isinstance(self.dtype, torch.dtype):
+                raise ArgumentTypeError("dtype", self.dtype, "a torch.dtype or None")
         if self.device is not None:
             require_str("device", self.device, kv)
         require_real("watermark", self.watermark, kv, 0.0, 1.0, high_open=True)
@@ -130,21 +157,41 @@ class SimulationConfig:
         require_int("seed", self.seed, sched, None)
         require_bool("check", self.check)
         require_bool("enable_caching", self.enable_caching)
+        require_str("kv_backing", self.kv_backing, kv)
+        if self.kv_backing not in KV_BACKINGS:
+            raise kv(f"kv_backing must be 'toy' or 'none', got {self.kv_backing!r}")
+        if self.capacity is not None:
+            self._check_capacity(self.capacity)
 
-
-def _mix(a: int, b: int, c: int) -> int:
-    """A 64-bit hash of three ints (splitmix-style); deterministic across runs."""
-    x = (a * 0x9E3779B97F4A7C15 + b * 0xBF58476D1CE4E5B9 + c * 0x94D049BB133111EB) & _MASK
-    x ^= x >> 31
-    return (x * 0xD6E8FEB86659FD93) & _MASK
+    def _check_capacity(self, plan: CapacityPlan) -> None:
+        """The shape and size fields must be the plan's (one source of truth)."""
+        require_instance("capacity", plan, CapacityPlan, "a CapacityPlan or None")
+        want = {
+            "block_size": plan.block_size,
+            "num_gpu_blocks": plan.num_gpu_blocks,
+            "num_cpu_blocks": plan.num_cpu_blocks,
+            "gpu_memory": None,
+            "cpu_memory": None,
+            "num_layers": plan.model.num_layers,
+            "num_kv_heads": plan.num_kv_heads,
+            "head_size": plan.model.head_dim,
+            "dtype": None,
+        }
+        wrong = [f"{k}={getattr(self, k)!r}" for k, v in want.items() if getattr(self, k) != v]
+        if wrong:
+            raise InvalidKVCacheConfigError(
+                f"the capacity plan sets the cache's shape and size, but {', '.join(wrong)} "
+                "differ from it; build the config with SimulationConfig.for_capacity(plan, ...)"
+            )
 
 
 class Simulator:
-    """Owns engine, manager and scheduler for one run; :meth:`run` serves a workload.
+    """Owns the KV backing, manager and scheduler for one run; :meth:`run` serves a workload.
 
     Construction validates the configuration (InvalidKVCacheConfigError,
-    InvalidSchedulerConfigError, InvalidAllocatorConfigError) and allocates the
-    cache tensors: O(cache bytes).
+    InvalidSchedulerConfigError, InvalidAllocatorConfigError) and, with the toy
+    backing, allocates the cache tensors: O(cache bytes); with ``kv_backing="none"``
+    O(blocks) for the manager's pools.
     """
 
     def __init__(self, config: SimulationConfig) -> None:
@@ -155,32 +202,33 @@ class Simulator:
             raise InvalidKVCacheConfigError(
                 f"the GPU cache needs >= 1 block, got {c.num_gpu_blocks}"
             )
-        dtype = c.dtype or (torch.float16 if _cuda(c.device) else torch.float32)
-        per_block = KVCacheEngine.block_bytes(
-            c.num_layers, c.block_size, c.num_kv_heads, c.head_size, dtype
-        )
-        gpu = c.gpu_memory if c.num_gpu_blocks is None else c.num_gpu_blocks * per_block
-        cpu = c.cpu_memory if c.num_cpu_blocks is None else c.num_cpu_blocks * per_block
-        if cpu is not None and cpu < 0:
-            raise InvalidKVCacheConfigError(f"the CPU cache size must be >= 0, got {cpu}")
-        num_gpu, num_cpu = (gpu or 0) // per_block, (cpu or 0) // per_block
-        if (num_gpu + num_cpu) * per_block > _MAX_TENSOR_BYTES:
-            raise _too_big(num_gpu, num_cpu, per_block, c.device)
-        try:
-            self.engine = KVCacheEngine.from_memory_budget(
-                gpu or 0,
-                cpu or 0,
+        self._kv: ToyKV | None = None
+        if c.kv_backing == "toy":
+            from pagedkv.serving.toy_kv import ToyKV, toy_dtype  # loads torch
+
+            self._kv = ToyKV.allocate(
                 num_layers=c.num_layers,
                 num_kv_heads=c.num_kv_heads,
                 head_size=c.head_size,
                 block_size=c.block_size,
-                dtype=dtype,
+                num_gpu_blocks=c.num_gpu_blocks,
+                num_cpu_blocks=c.num_cpu_blocks,
+                gpu_memory=c.gpu_memory,
+                cpu_memory=c.cpu_memory,
+                dtype=toy_dtype(c.capacity.kv_cache_dtype) if c.capacity else c.dtype,
                 device=c.device,
+                seed=c.seed,
             )
-        except RuntimeError as err:  # torch could not allocate (torch.OutOfMemoryError on CUDA)
-            raise _too_big(num_gpu, num_cpu, per_block, c.device) from err
-        cfg = self.engine.config
-        self.num_gpu_blocks, self.num_cpu_blocks = cfg.num_gpu_blocks, cfg.num_cpu_blocks
+            cfg = self._kv.engine.config
+            self.num_gpu_blocks, self.num_cpu_blocks = cfg.num_gpu_blocks, cfg.num_cpu_blocks
+            self._block_bytes, self._dtype = cfg.block_bytes, str(cfg.dtype).removeprefix("torch.")
+            self._device = str(self._kv.engine.device)
+        else:
+            self._dtype, itemsize = _counted_dtype(c)
+            self._block_bytes = 2 * c.num_layers * c.block_size * c.num_kv_heads * c.head_size
+            self._block_bytes *= itemsize
+            self.num_gpu_blocks, self.num_cpu_blocks = _counted_blocks(c, self._block_bytes)
+            self._device = "none (no KV tensors)"
         self.manager = BlockSpaceManager(
             c.block_size,
             self.num_gpu_blocks,
@@ -189,13 +237,23 @@ class Simulator:
             enable_caching=c.enable_caching,
         )
         self.scheduler = Scheduler(self.manager, c.scheduler)
-        mantissa_bits = round(-math.log2(torch.finfo(cfg.dtype).eps))
-        self._code_range = 2 ** min(24, mantissa_bits + 1)  # ints the dtype holds exactly
         self._request_index: dict[str, int] = {}
         self._prefix_index: dict[str, int] = {}
         self._specs: dict[str, RequestSpec] = {}
-        self._codes: dict[int, list[int]] = {}  # seq_id -> prefix code of each position
-        self._code_state: dict[int, int] = {}  # seq_id -> the running hash after them
+
+    @property
+    def engine(self) -> KVCacheEngine:
+        """The KV cache engine of the toy backing. InvalidKVCacheConfigError with
+        ``kv_backing="none"`` (there are no KV tensors). Complexity: O(1)."""
+        return self._toy("engine").engine
+
+    def _toy(self, what: str) -> ToyKV:
+        if self._kv is None:
+            raise InvalidKVCacheConfigError(
+                f"Simulator.{what} needs KV tensors, but this simulator runs with "
+                "kv_backing='none'; use kv_backing='toy'"
+            )
+        return self._kv
 
     # ------------------------------------------------------------------ the run
 
@@ -251,7 +309,8 @@ class Simulator:
             if self.config.check:
                 self.manager.check_invariants()
                 sched.check_invariants()
-                self.check_kv()
+                if self._kv is not None:
+                    self.check_kv()
             tally.record(clock, out, sched)
             clock += 1
             if progress is not None:
@@ -261,22 +320,28 @@ class Simulator:
         return tally.result(unfinished, self.manager.stats.cow_copies, wall, self.setup())
 
     def setup(self) -> dict[str, object]:
-        """The resolved cache and scheduler settings, for reports. Complexity: O(1)."""
-        c, e = self.config, self.engine.config
-        return {
+        """The resolved cache and scheduler settings, for reports; with a capacity plan
+        also its figures under ``"capacity"``. Complexity: O(layers)."""
+        c = self.config
+        setup: dict[str, object] = {
             "block_size": c.block_size,
             "num_gpu_blocks": self.num_gpu_blocks,
             "num_cpu_blocks": self.num_cpu_blocks,
-            "block_bytes": e.block_bytes,
+            "block_bytes": self._block_bytes,
             "model": f"{c.num_layers} layers x {c.num_kv_heads} KV heads x head size {c.head_size}",
-            "dtype": str(e.dtype).removeprefix("torch."),
-            "device": str(self.engine.device),
+            "dtype": self._dtype,
+            "device": self._device,
+            "kv_backing": c.kv_backing,
             "watermark": c.watermark,
             "preemption": c.scheduler.preemption_mode,
             "lookahead": c.scheduler.num_lookahead_slots,
             "seed": c.seed,
             "prefix_caching": c.enable_caching,
         }
+        if c.capacity is not None:
+            setup["model"] = f"{c.capacity.model.name}: {setup['model']}"
+            setup["capacity"] = c.capacity.to_dict()
+        return setup
 
     def _add(self, spec: RequestSpec) -> None:
         index = self._request_index.setdefault(spec.request_id, len(self._request_index))
@@ -286,95 +351,25 @@ class Simulator:
         if spec.prefix:  # a shared prefix's tokens come from its own stream
             stream = self._prefix_index.setdefault(spec.prefix, len(self._prefix_index))
         prompt = [
-            _mix(seed, _PREFIX_STREAM + stream, p) % _VOCAB
+            mix64(seed, _PREFIX_STREAM + stream, p) % _VOCAB
             if p < shared
-            else _mix(seed, index, p) % _VOCAB
+            else mix64(seed, index, p) % _VOCAB
             for p in range(spec.prompt_len)
         ]
         seq = Sequence(self.scheduler.next_seq_id(), prompt, self.config.block_size)
         group = SequenceGroup(spec.request_id, [seq], spec.arrival_time, n=spec.n)
         self.scheduler.add_seq_group(group)
 
-    # ------------------------------------------------------------------ worker and toy model
+    # ------------------------------------------------------------------ the step
 
     def _forward(self, out: SchedulerOutputs) -> None:
-        """Apply the block moves in the worker's order, then write the new tokens' KV."""
-        engine = self.engine
-        if out.blocks_to_swap_out:
-            engine.swap_out(out.blocks_to_swap_out)
-        if out.blocks_to_swap_in:
-            engine.swap_in(out.blocks_to_swap_in)
-        if out.blocks_to_copy:
-            engine.copy(out.blocks_to_copy)
-        if self.config.check and out.num_cached_tokens:
-            self.check_skipped(out)
-        tables: list[list[int]] = []
-        ctx: list[int] = []
-        qry: list[int] = []
-        codes: list[int] = []
-        positions: list[int] = []
-        tokens: list[int] = []
+        """The KV backing applies the step (toy: block moves, then the new tokens' KV);
+        then every scheduled sequence has computed its tokens."""
+        if self._kv is not None:
+            self._kv.forward(out, self.manager, self.config.check)
         for scheduled in out.scheduled_seq_groups:
-            group = scheduled.seq_group
-            seqs = group.get_seqs(_RUNNING)
-            # A prefill computes the group's shared prompt once, through its first sequence.
-            for seq in seqs[:1] if scheduled.is_prefill else seqs:
-                n0, n1 = seq.get_num_computed_tokens(), seq.get_len()
-                tables.append(self.manager.get_block_table(seq))
-                ctx.append(n1)
-                qry.append(n1 - n0)
-                codes.extend(self._prefix_codes(seq, n1)[n0:n1])
-                positions.extend(range(n0, n1))
-                tokens.extend(seq.get_token_ids()[n0:n1])
-            for seq in seqs:
+            for seq in scheduled.seq_group.get_seqs(_RUNNING):
                 seq.update_num_computed_tokens(seq.get_num_uncomputed_tokens())
-        if not tables:
-            return
-        inputs = build_attention_inputs(
-            tables,
-            ctx,
-            self.config.block_size,
-            query_lens=qry,
-            num_blocks=self.num_gpu_blocks,
-            device=engine.device,
-        )
-        values = self._kv(torch.tensor(codes), torch.tensor(positions), torch.tensor(tokens))
-        slots = inputs.slot_mapping
-        if self.manager.enable_caching:
-            slots, values = _one_write_per_slot(slots, values)
-        values = values.to(engine.device)
-        for layer in range(self.config.num_layers):
-            engine.write(slots, values[:, layer, 0], values[:, layer, 1], layer)
-
-    def _prefix_codes(self, seq: Sequence, n: int) -> list[int]:
-        """The prefix code of each of ``seq``'s first ``n`` positions: a hash of every
-        token up to and including it (and of the sequence's extra keys), reduced to
-        ``_CODE_MOD``. Kept per sequence and extended as it grows. O(new positions)."""
-        codes = self._codes.get(seq.seq_id)
-        if codes is None:
-            codes = self._codes[seq.seq_id] = []
-        if len(codes) < n:
-            tokens, seed = seq.get_token_ids(), self.config.seed
-            h = self._code_state.get(seq.seq_id)
-            if h is None:
-                extra = seq.extra_keys
-                salt = int.from_bytes(sha256_key(None, (), extra)[:8]) if extra else 0
-                h = _mix(seed, len(extra), salt)
-            for p in range(len(codes), n):
-                h = _mix(h, tokens[p], p)
-                codes.append(h % _CODE_MOD)
-            self._code_state[seq.seq_id] = h
-        return codes
-
-    def _kv(self, codes: torch.Tensor, pos: torch.Tensor, toks: torch.Tensor) -> torch.Tensor:
-        """KV of tokens, ``(N, layers, 2, heads, head_size)`` in the cache dtype (CPU)."""
-        c = self.config
-        base = (codes * 31 + pos * 7_919 + toks + 1).view(-1, 1, 1)
-        layer = torch.arange(c.num_layers).view(1, -1, 1) * 101
-        kv = torch.arange(2).view(1, 1, 2) * 53
-        codes = ((base + layer + kv) % self._code_range).to(self.engine.dtype)
-        full: torch.Tensor = codes[:, :, :, None, None]
-        return full.expand(-1, -1, -1, c.num_kv_heads, c.head_size)
 
     def _access(self, out: SchedulerOutputs, clock: int) -> None:
         """Prefix caching: the scheduled sequences' blocks were used at ``clock``."""
@@ -389,12 +384,12 @@ class Simulator:
             group = scheduled.seq_group
             limit = self._specs[group.request_id].output_len
             for seq in group.get_seqs(_RUNNING):
-                seq.append_token_id(_mix(seed + 1, seq.seq_id, seq.get_len()) % _VOCAB)
+                seq.append_token_id(mix64(seed + 1, seq.seq_id, seq.get_len()) % _VOCAB)
                 count += 1
                 if seq.get_output_len() >= limit:
                     self.scheduler.finish_seq(seq)
-                    self._codes.pop(seq.seq_id, None)
-                    self._code_state.pop(seq.seq_id, None)
+                    if self._kv is not None:
+                        self._kv.forget(seq.seq_id)
         return count
 
     def _filled_slots(self) -> int:
@@ -410,93 +405,40 @@ class Simulator:
     # ------------------------------------------------------------------ checking
 
     def check_kv(self) -> None:
-        """KV conservation (module docstring). Complexity: O(live tokens) tensor work."""
-        for tier, status, queue in (
-            (Device.GPU, _RUNNING, self.scheduler.running),
-            (Device.CPU, _SWAPPED, self.scheduler.swapped),
-        ):
-            seqs = [(g, q) for g in queue for q in g.get_seqs(status)]
-            self._verify(tier, [(g, q, q.get_num_computed_tokens()) for g, q in seqs], "lost")
+        """KV conservation (:meth:`pagedkv.serving.toy_kv.ToyKV.check_kv`) of the toy
+        backing; InvalidKVCacheConfigError with ``kv_backing="none"``. Complexity:
+        O(live tokens) tensor work."""
+        self._toy("check_kv").check_kv(self.scheduler, self.manager)
 
     def check_skipped(self, out: SchedulerOutputs) -> None:
-        """Before a step's forward pass: every prompt position a prefill skips (its KV
-        was found in the prefix cache) already holds exactly the KV the model writes for
-        that prefix. Complexity: O(skipped tokens) tensor work."""
-        seqs = [
-            (s.seq_group, q, q.get_num_computed_tokens())
-            for s in out.scheduled_seq_groups
-            if s.is_prefill
-            for q in s.seq_group.get_seqs(_RUNNING)[:1]
-        ]
-        self._verify(Device.GPU, seqs, "was told to skip unwritten or foreign KV for")
+        """Before a step's forward pass: the prompt positions a prefill skips hold their
+        prefix's KV (:meth:`pagedkv.serving.toy_kv.ToyKV.check_skipped`); toy backing
+        only. Complexity: O(skipped tokens) tensor work."""
+        self._toy("check_skipped").check_skipped(out, self.manager)
 
-    def _verify(
-        self, tier: Device, seqs: list[tuple[SequenceGroup, Sequence, int]], what: str
-    ) -> None:
-        """Each sequence's first ``n`` positions hold their KV on ``tier``, else KV1."""
-        seqs = [entry for entry in seqs if entry[2]]
-        if not seqs:
-            return
-        self.engine.synchronize()
-        size = self.config.block_size
-        first = 0 if tier is Device.GPU else self.num_gpu_blocks
-        lens = [n for _, _, n in seqs]
-        tables = [self.manager.get_block_table(q) for _, q, _ in seqs]
-        width = max(len(t) for t in tables)
-        table = torch.tensor([[b - first for b in t] + [0] * (width - len(t)) for t in tables])
-        lens_t = torch.tensor(lens)
-        owner = torch.repeat_interleave(torch.arange(len(seqs)), lens_t)
-        pos = torch.arange(int(lens_t.sum())) - (torch.cumsum(lens_t, 0) - lens_t)[owner]
-        blocks, offsets = table[owner, pos // size], pos % size
-        codes = torch.tensor([c for _, q, n in seqs for c in self._prefix_codes(q, n)[:n]])
-        toks = torch.tensor([t for _, q, n in seqs for t in q.get_token_ids()[:n]])
-        store = self.engine.storage(tier)
-        got = store[blocks.to(store.device), :, :, offsets.to(store.device)].cpu()
-        want = self._kv(codes, pos, toks)
-        if not torch.equal(got, want):
-            bad = int((got != want).flatten(1).any(1).nonzero()[0])
-            group, seq, _ = seqs[int(owner[bad])]
-            raise InvariantViolationError(
-                "KV1",
-                f"{tier.name} cache {what} the KV of request {group.request_id!r} sequence "
-                f"{seq.seq_id} position {int(pos[bad])} (block {int(blocks[bad])})",
+
+def _counted_dtype(c: SimulationConfig) -> tuple[str, int]:
+    """The KV dtype's name and bytes per element without KV tensors: the plan's, the
+    config's, else float32 (the toy backing's CPU default)."""
+    if c.capacity is not None:
+        return c.capacity.kv_cache_dtype, dtype_bytes(c.capacity.kv_cache_dtype)
+    if c.dtype is not None:
+        return str(c.dtype).removeprefix("torch."), c.dtype.itemsize
+    return "float32", 4
+
+
+def _counted_blocks(c: SimulationConfig, per_block: int) -> tuple[int, int]:
+    """Both tiers' block counts without KV tensors: a count wins over a byte budget."""
+    gpu = c.num_gpu_blocks
+    if gpu is None:
+        gpu = (c.gpu_memory or 0) // per_block
+        if gpu < 1:
+            raise InvalidKVCacheConfigError(
+                f"gpu_memory={c.gpu_memory} is below one block of {per_block} bytes; "
+                "raise it, or shrink block_size, layers or heads"
             )
-
-
-def _one_write_per_slot(
-    slots: torch.Tensor, values: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """With prefix caching two prefills of one step may share a block neither has
-    written yet (the second found it cached, not computed): both compute its tokens.
-    Their KV must be equal (same prefix), and one write per slot is kept; different KV
-    for one slot is two owners of one block (KV1). O(tokens log tokens)."""
-    unique, inverse = torch.unique(slots.cpu(), return_inverse=True)
-    if len(unique) == len(slots):
-        return slots, values
-    index = torch.arange(len(slots))
-    first = torch.full((len(unique),), len(slots)).scatter_reduce(0, inverse, index, "amin")
-    kept = values[first[inverse]]  # per token, the KV of its slot's first writer
-    if not torch.equal(values, kept):
-        row = int((values != kept).flatten(1).any(1).nonzero()[0])
-        bad = int(unique[inverse[row]])
-        raise InvariantViolationError(
-            "KV1", f"two sequences write different KV into one slot ({bad}) in one step"
-        )
-    return slots[first.to(slots.device)], values[first]
-
-
-def _too_big(
-    num_gpu: int, num_cpu: int, per_block: int, device: str | None
-) -> InvalidKVCacheConfigError:
-    return InvalidKVCacheConfigError(
-        f"cannot allocate a KV cache of {num_gpu} GPU + {num_cpu} CPU blocks "
-        f"({(num_gpu + num_cpu) * per_block} bytes at {per_block} B/block) on "
-        f"{device or 'the default device'}; give fewer blocks or smaller memory budgets"
-    )
-
-
-def _cuda(device: str | None) -> bool:
-    return torch.device(device).type == "cuda" if device else torch.cuda.is_available()
+    cpu = c.num_cpu_blocks
+    return gpu, (c.cpu_memory or 0) // per_block if cpu is None else cpu
 
 
 def _check_requests(requests: object) -> None:

@@ -194,9 +194,7 @@ def generate(spec: Preset, seed: int, num_requests: int | None = None) -> list[R
     if isinstance(count, bool) or not isinstance(count, int):
         raise ArgumentTypeError("num_requests", count, "an int")
     if not 1 <= count <= MAX_REQUESTS:
-        raise WorkloadError(
-            "--num-requests", f"must be an int in 1..{MAX_REQUESTS:,}, got {count}"
-        )
+        raise WorkloadError("--num-requests", f"must be an int in 1..{MAX_REQUESTS:,}, got {count}")
     rng = random.Random(seed)
     choices, weights = zip(*spec.n_weights, strict=True)
     requests: list[RequestSpec] = []
