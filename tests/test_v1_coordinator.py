@@ -9,6 +9,7 @@ against the spec (tests/test_v1_manager_machine.py).
 from __future__ import annotations
 
 from pagedkv.v1 import (
+    BlockStored,
     FullAttentionSpec,
     HybridKVCacheCoordinator,
     KVCacheConfig,
@@ -82,3 +83,17 @@ def test_two_groups_of_one_spec_hit_only_where_both_are_cached() -> None:
     m.evict_blocks([w2[3]])  # one group lost its copy: neither hits there
     blocks, hit, _ = m.get_computed_blocks(b)
     assert hit == 6 and blocks.get_block_ids()[1][-1] == a_window[2]
+
+
+def test_a_hybrids_stored_events_carry_each_groups_kind_and_window() -> None:
+    config = KVCacheConfig.of_specs(
+        24, FullAttentionSpec(2), SlidingWindowSpec(2, sliding_window=3)
+    )
+    m = KVCacheManager(config, 64, enable_kv_cache_events=True)
+    m.allocate_slots(request("a", list(range(5)), 2), 5)
+    stored = [
+        (e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window)
+        for e in m.take_events()
+        if isinstance(e, BlockStored)
+    ]
+    assert stored == [(0, "full_attention", None), (1, "sliding_window", 3)]

@@ -364,10 +364,78 @@ class FullAttentionSpec(pv1.FullAttentionSpec):
         self.__post_init__()
 
 
+def _attention_fields(
+    spec: pv1.AttentionSpec,
+    name: str,
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    dtype: Any,
+    more: dict[str, Any],
+) -> None:
+    """Set an attention spec's sizing fields from vLLM's arguments; any other argument
+    but its neutral value is out of scope."""
+    for key, value in more.items():
+        if key == "extra_retained_tokens":
+            _only_default(EAGLE, f"{name}(extra_retained_tokens", value, 0)
+        elif key not in ("dcp_sharded", "is_draft", "head_size_v", "kv_quant_mode") or (
+            value and key in ("is_draft",)
+        ):
+            _only_default(MERGING, f"{name}({key}", value)
+    setter = object.__setattr__
+    setter(spec, "block_size", block_size)
+    setter(spec, "num_kv_heads", num_kv_heads)
+    setter(spec, "head_size", head_size)
+    setter(spec, "dtype_size", _dtype_size(dtype))
+
+
 @dataclass(frozen=True, init=False)
+class SlidingWindowSpec(pv1.SlidingWindowSpec):
+    """vLLM's ``SlidingWindowSpec(block_size, num_kv_heads, head_size, dtype,
+    sliding_window, ...)`` over pagedkv's; retained extra tokens (multi-module MTP) are
+    out of scope."""
+
+    def __init__(
+        self,
+        block_size: int,
+        num_kv_heads: int = 1,
+        head_size: int = 1,
+        dtype: Any = None,
+        sliding_window: int = 1,
+        **more: Any,
+    ) -> None:
+        _attention_fields(
+            self, "SlidingWindowSpec", block_size, num_kv_heads, head_size, dtype, more
+        )
+        object.__setattr__(self, "sliding_window", sliding_window)
+        self.__post_init__()
+
+
+@dataclass(frozen=True, init=False)
+class ChunkedLocalAttentionSpec(pv1.ChunkedLocalAttentionSpec):
+    """vLLM's ``ChunkedLocalAttentionSpec(block_size, num_kv_heads, head_size, dtype,
+    attention_chunk_size, ...)`` over pagedkv's."""
+
+    def __init__(
+        self,
+        block_size: int,
+        num_kv_heads: int = 1,
+        head_size: int = 1,
+        dtype: Any = None,
+        attention_chunk_size: int = 1,
+        **more: Any,
+    ) -> None:
+        _attention_fields(
+            self, "ChunkedLocalAttentionSpec", block_size, num_kv_heads, head_size, dtype, more
+        )
+        object.__setattr__(self, "attention_chunk_size", attention_chunk_size)
+        self.__post_init__()
+
+
 class KVCacheGroupSpec(pv1.KVCacheGroupSpec):
     """vLLM's ``KVCacheGroupSpec(layer_names, kv_cache_spec, ...)``; an EAGLE group, a
-    host-resident group or a HiSparse role is out of scope."""
+    host-resident group or a HiSparse role is out of scope. Not a dataclass of its own:
+    vLLM's fields stay writable (see ``__setattr__``), pagedkv's frozen."""
 
     is_eagle_group: bool = False
     host_resident: bool = False
@@ -394,6 +462,18 @@ class KVCacheGroupSpec(pv1.KVCacheGroupSpec):
         setter(self, "host_resident", host_resident)
         setter(self, "enable_kv_transfer", enable_kv_transfer)
         setter(self, "role", role)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        """vLLM's group spec is mutable: a test may set a vLLM-only field, with the
+        same checks as the constructor's (pagedkv's own fields stay frozen)."""
+        if name == "is_eagle_group":
+            _only_default(EAGLE, "KVCacheGroupSpec.is_eagle_group", value, False)
+        elif name == "host_resident":
+            _only_default(HISPARSE, "KVCacheGroupSpec.host_resident", value, False)
+        elif name != "enable_kv_transfer":
+            super().__setattr__(name, value)
+            return
+        object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True, init=False)
@@ -533,8 +613,13 @@ class BlockPool(pv1.BlockPool):
         super().__init__(num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events)
 
 
+#: the group kinds pagedkv.v1 manages
+_KINDS = (pv1.FullAttentionSpec, pv1.SlidingWindowSpec, pv1.ChunkedLocalAttentionSpec)
+
+
 def _check_config(config: pv1.KVCacheConfig, enable_caching: bool) -> None:
-    """Out of scope: the HiSparse pool, retention, alignment, several groups with caching on."""
+    """Out of scope: the HiSparse pool, retention, alignment, a group of a kind pagedkv
+    does not manage (Mamba, cross-attention, ...)."""
     if isinstance(config, KVCacheConfig):
         for reason, name, default in (
             (HISPARSE, "hisparse_host_num_blocks", None),
@@ -545,18 +630,16 @@ def _check_config(config: pv1.KVCacheConfig, enable_caching: bool) -> None:
             (PLANNING, "kv_tp_replicas", 1),
         ):
             _only_default(reason, f"KVCacheConfig({name}", getattr(config, name), default)
-    if enable_caching and len(config.kv_cache_groups) > 1:
-        _out(HYBRID, f"KVCacheConfig with {len(config.kv_cache_groups)} groups, caching on")
     for group in config.kv_cache_groups:
-        if not isinstance(group.kv_cache_spec, pv1.FullAttentionSpec):
+        if not isinstance(group.kv_cache_spec, _KINDS):
             _out(HYBRID, f"a {type(group.kv_cache_spec).__name__} group")
 
 
 class KVCacheManager(pv1.KVCacheManager):
     """vLLM's ``KVCacheManager`` arguments over pagedkv's. Out of scope: EAGLE and MTP
     lookahead, context parallelism, a metrics collector, Mamba's shared-prefix checkpoint
-    and the configurations :func:`_check_config` rejects. ``max_in_flight_tokens`` is
-    accepted and unused: vLLM passes it to the windowed managers only."""
+    and the configurations :func:`_check_config` rejects. ``max_in_flight_tokens`` bounds
+    the windowed groups' whole-sequence admission, as vLLM's does."""
 
     def __init__(
         self,
@@ -601,13 +684,76 @@ class KVCacheManager(pv1.KVCacheManager):
             log_stats=log_stats,
             enable_kv_cache_events=enable_kv_cache_events,
             watermark=watermark,
+            max_in_flight_tokens=max_in_flight_tokens or None,
         )
 
+    def new_step_starts(self) -> None:
+        """vLLM's per-step hook, for Mamba's per-step state: pagedkv has no Mamba group,
+        so nothing to do."""
 
-class FullAttentionManager(pv1.FullAttentionManager):
-    """vLLM's ``FullAttentionManager`` arguments and the per-group calls whose arguments
-    differ (``allocate_new_blocks`` with the main model's token count,
-    ``allocate_external_computed_blocks`` with local and external counts)."""
+
+class _VllmManagerCalls(pv1.SingleTypeKVCacheManager):
+    """The per-group calls whose arguments differ in vLLM: ``get_num_blocks_to_allocate``
+    and ``add_local_computed_blocks`` with local and external counts,
+    ``allocate_new_blocks`` with the main model's token count,
+    ``allocate_external_computed_blocks`` with local and external counts."""
+
+    def get_num_blocks_to_allocate(  # type: ignore[override]  # vLLM's arguments
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[pv1.KVCacheBlock],
+        total_computed_tokens: int,
+        num_local_computed_tokens: int = 0,
+        num_tokens_main_model: int | None = None,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """pagedkv's, when the hit is whole blocks and there is no draft model."""
+        if new_computed_blocks and num_local_computed_tokens % self.block_size:
+            _out(MAMBA, "a partial local hit (fine-grained hashes)")
+        if num_tokens_main_model is not None and num_tokens_main_model != num_tokens:
+            _out(EAGLE, "get_num_blocks_to_allocate(num_tokens_main_model != num_tokens)")
+        return super().get_num_blocks_to_allocate(
+            request_id, num_tokens, new_computed_blocks, total_computed_tokens, apply_admission_cap
+        )
+
+    def add_local_computed_blocks(  # vLLM's arguments: local and external counts
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[pv1.KVCacheBlock],
+        num_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> None:
+        """pagedkv's with the total of vLLM's two counts."""
+        total = num_local_computed_tokens + num_external_computed_tokens
+        super().add_local_computed_blocks(request_id, new_computed_blocks, total)
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
+    ) -> list[pv1.KVCacheBlock]:
+        """pagedkv's, when the main model's count is the count (no draft model)."""
+        if num_tokens_main_model is not None and num_tokens_main_model != num_tokens:
+            _out(EAGLE, "allocate_new_blocks(num_tokens_main_model != num_tokens)")
+        return super().allocate_new_blocks(request_id, num_tokens)
+
+    def allocate_external_computed_blocks(  # type: ignore[override]  # vLLM's keywords
+        self,
+        request_id: str,
+        num_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        total_computed_tokens: int | None = None,
+        record_for_zeroing: bool = True,
+    ) -> None:
+        """pagedkv's with the total of vLLM's two counts."""
+        if total_computed_tokens is None:
+            total_computed_tokens = num_local_computed_tokens + num_external_computed_tokens
+        super().allocate_external_computed_blocks(request_id, total_computed_tokens)
+
+
+class FullAttentionManager(_VllmManagerCalls, pv1.FullAttentionManager):
+    """vLLM's ``FullAttentionManager`` arguments and per-group calls
+    (:class:`_VllmManagerCalls`)."""
 
     def __init__(
         self,
@@ -633,25 +779,120 @@ class FullAttentionManager(pv1.FullAttentionManager):
         )
         super().__init__(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id)
 
-    def allocate_new_blocks(
-        self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
-    ) -> list[pv1.KVCacheBlock]:
-        """pagedkv's, when the main model's count is the count (no draft model)."""
-        if num_tokens_main_model is not None and num_tokens_main_model != num_tokens:
-            _out(EAGLE, "allocate_new_blocks(num_tokens_main_model != num_tokens)")
-        return super().allocate_new_blocks(request_id, num_tokens)
 
-    def allocate_external_computed_blocks(  # type: ignore[override]  # vLLM's keywords
+def _window_manager_args(
+    name: str,
+    scheduler_block_size: int | None,
+    dcp_world_size: int,
+    pcp_world_size: int,
+    needs_kv_cache_zeroing: bool,
+) -> None:
+    _only_default(PLANNING, f"{name}(dcp_world_size", dcp_world_size, 1)
+    _only_default(PLANNING, f"{name}(pcp_world_size", pcp_world_size, 1)
+    _only_default(ENGINE, f"{name}(needs_kv_cache_zeroing", needs_kv_cache_zeroing, False)
+
+
+def _find_longest_cache_hit(
+    cls: type[pv1.SingleTypeKVCacheManager],
+    block_hashes: Sequence[bytes],
+    max_length: int,
+    kv_cache_group_ids: Sequence[int],
+    block_pool: pv1.BlockPool,
+    kv_cache_spec: Any,
+    drop_eagle_block: bool = False,
+    alignment_tokens: int | None = None,
+    dcp_world_size: int = 1,
+    pcp_world_size: int = 1,
+) -> tuple[tuple[list[pv1.KVCacheBlock], ...], int]:
+    """vLLM's class-level lookup: pagedkv's ``lookup`` of a manager of ``cls`` over
+    ``block_pool`` with hits ``alignment_tokens`` aligned."""
+    _only_default(EAGLE, "find_longest_cache_hit(drop_eagle_block", drop_eagle_block, False)
+    _only_default(PLANNING, "find_longest_cache_hit(dcp_world_size", dcp_world_size, 1)
+    _only_default(PLANNING, "find_longest_cache_hit(pcp_world_size", pcp_world_size, 1)
+    manager = cls(kv_cache_spec, block_pool, True, kv_cache_group_ids[0], alignment_tokens)
+    return manager.lookup(block_hashes, max_length, tuple(kv_cache_group_ids))
+
+
+class _VllmLookup:
+    """vLLM's ``find_longest_cache_hit(block_hashes, max_length, kv_cache_group_ids,
+    block_pool, kv_cache_spec, drop_eagle_block, alignment_tokens, ...)``, callable on the
+    class or an instance (vLLM's is a classmethod)."""
+
+    def __get__(self, obj: object, owner: type[pv1.SingleTypeKVCacheManager]) -> Any:
+        def find(*args: Any, **kwargs: Any) -> Any:
+            return _find_longest_cache_hit(owner, *args, **kwargs)
+
+        return find
+
+
+class SlidingWindowManager(_VllmManagerCalls, pv1.SlidingWindowManager):
+    """vLLM's ``SlidingWindowManager`` arguments over pagedkv's, its per-group calls
+    (:class:`_VllmManagerCalls`) and its class-level lookup (:class:`_VllmLookup`)."""
+
+    find_longest_cache_hit = _VllmLookup()  # vLLM's signature, on the class or an instance
+
+    def __init__(
         self,
-        request_id: str,
-        num_local_computed_tokens: int = 0,
-        num_external_computed_tokens: int = 0,
-        total_computed_tokens: int | None = None,
+        kv_cache_spec: pv1.SlidingWindowSpec,
+        block_pool: pv1.BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int | None = None,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        needs_kv_cache_zeroing: bool = False,
+        max_admission_blocks_per_request: int | None = None,
     ) -> None:
-        """pagedkv's with the total of vLLM's two counts."""
-        if total_computed_tokens is None:
-            total_computed_tokens = num_local_computed_tokens + num_external_computed_tokens
-        super().allocate_external_computed_blocks(request_id, total_computed_tokens)
+        _window_manager_args(
+            "SlidingWindowManager",
+            scheduler_block_size,
+            dcp_world_size,
+            pcp_world_size,
+            needs_kv_cache_zeroing,
+        )
+        super().__init__(
+            kv_cache_spec,
+            block_pool,
+            enable_caching,
+            kv_cache_group_id,
+            scheduler_block_size,
+            max_admission_blocks_per_request,
+        )
+
+
+class ChunkedLocalAttentionManager(_VllmManagerCalls, pv1.ChunkedLocalAttentionManager):
+    """vLLM's ``ChunkedLocalAttentionManager`` arguments over pagedkv's, its per-group
+    calls (:class:`_VllmManagerCalls`) and its class-level lookup (:class:`_VllmLookup`)."""
+
+    find_longest_cache_hit = _VllmLookup()  # vLLM's signature, on the class or an instance
+
+    def __init__(
+        self,
+        kv_cache_spec: pv1.ChunkedLocalAttentionSpec,
+        block_pool: pv1.BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int | None = None,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        needs_kv_cache_zeroing: bool = False,
+        max_admission_blocks_per_request: int | None = None,
+    ) -> None:
+        _window_manager_args(
+            "ChunkedLocalAttentionManager",
+            scheduler_block_size,
+            dcp_world_size,
+            pcp_world_size,
+            needs_kv_cache_zeroing,
+        )
+        super().__init__(
+            kv_cache_spec,
+            block_pool,
+            enable_caching,
+            kv_cache_group_id,
+            scheduler_block_size,
+            max_admission_blocks_per_request,
+        )
 
 
 def get_manager_for_kv_cache_spec(
@@ -661,12 +902,25 @@ def get_manager_for_kv_cache_spec(
     role: str | None = None,
     **kwargs: Any,
 ) -> pv1.SingleTypeKVCacheManager:
-    """vLLM's signature: the manager of a full-attention spec."""
+    """vLLM's signature: the manager of a full-attention, sliding-window or chunked-local
+    spec (a windowed one bounded as vLLM's: pagedkv's factory computes the bound)."""
     if role is not None:
         _out(HISPARSE, f"get_manager_for_kv_cache_spec(role={role!r})")
-    if not isinstance(kv_cache_spec, pv1.FullAttentionSpec):
+    if isinstance(kv_cache_spec, pv1.FullAttentionSpec):
+        return FullAttentionManager(kv_cache_spec, **kwargs)
+    if not isinstance(kv_cache_spec, _KINDS):
         _out(HYBRID, f"a manager for {type(kv_cache_spec).__name__}")
-    return FullAttentionManager(kv_cache_spec, **kwargs)
+    for key in ("dcp_world_size", "pcp_world_size", "needs_kv_cache_zeroing"):
+        _only_default(PLANNING, f"get_manager_for_kv_cache_spec({key}", kwargs.pop(key, None))
+    return pv1.get_manager_for_kv_cache_spec(
+        kv_cache_spec,
+        kwargs.pop("block_pool"),
+        kwargs.pop("enable_caching"),
+        kwargs.pop("kv_cache_group_id"),
+        kwargs.pop("scheduler_block_size", None),
+        max_in_flight_tokens or None,
+        max_model_len or None,
+    )
 
 
 @dataclass(frozen=True, init=False)
@@ -1003,6 +1257,8 @@ MAPPED: dict[str, Callable[[types.ModuleType], None]] = {
         {
             "SingleTypeKVCacheManager": pv1.SingleTypeKVCacheManager,
             "FullAttentionManager": FullAttentionManager,
+            "SlidingWindowManager": SlidingWindowManager,
+            "ChunkedLocalAttentionManager": ChunkedLocalAttentionManager,
             "get_manager_for_kv_cache_spec": get_manager_for_kv_cache_spec,
         }
     ),
@@ -1011,12 +1267,15 @@ MAPPED: dict[str, Callable[[types.ModuleType], None]] = {
             "KVCacheCoordinator": pv1.KVCacheCoordinator,
             "KVCacheCoordinatorNoPrefixCache": pv1.KVCacheCoordinatorNoPrefixCache,
             "UnitaryKVCacheCoordinator": pv1.UnitaryKVCacheCoordinator,
+            "HybridKVCacheCoordinator": pv1.HybridKVCacheCoordinator,
         }
     ),
     "vllm.v1.kv_cache_interface": _fill(
         {
             "KVCacheSpec": pv1.KVCacheSpec,
             "FullAttentionSpec": FullAttentionSpec,
+            "SlidingWindowSpec": SlidingWindowSpec,
+            "ChunkedLocalAttentionSpec": ChunkedLocalAttentionSpec,
             "KVCacheGroupSpec": KVCacheGroupSpec,
             "KVCacheTensor": KVCacheTensor,
             "KVCacheConfig": KVCacheConfig,
@@ -1064,13 +1323,9 @@ NAME_REASONS: dict[str, str] = {
     "MLAAttentionSpec": MLA,
     "SlidingWindowMLASpec": MLA,
     "new_mla_spec": MLA,
-    "SlidingWindowSpec": WINDOW,
-    "ChunkedLocalAttentionSpec": WINDOW,
     "SinkFullAttentionSpec": WINDOW,
     "RSWASpec": WINDOW,
     "CircularBufferSpec": WINDOW,
-    "SlidingWindowManager": WINDOW,
-    "ChunkedLocalAttentionManager": WINDOW,
     "RSWAManager": WINDOW,
     "CircularBufferManager": WINDOW,
     "null_head_len": WINDOW,
@@ -1127,6 +1382,9 @@ MODULE_REASONS: dict[str, str] = {
 #: object) or ``TypeError: unexpected keyword argument`` naming one is out of scope.
 VLLM_ONLY: dict[str, str] = {
     "get_computed_blocks_for_connector": CONNECTORS,  # KVCacheManager
+    "estimate_cached_tokens": CONNECTORS,  # KVCacheManager: per-block hashed-token counts
+    "pop_blocks_for_free": CONNECTORS,  # a manager's deferred free (async P/D consumer)
+    "reachable_block_mask": WINDOW,  # sparse retention (pagedkv: cache_mask, dense only)
     "transfer_group_ids": CONNECTORS,  # KVCacheConfig
     "merge": MERGING,  # KVCacheSpec
 }
@@ -1307,6 +1565,25 @@ DOCUMENTED: tuple[Documented, ...] = (
         "stricter, intended",
         "prompts with token id -1 (image placeholders): InvalidRequestError",
         "token ids must be ints >= 0",
+    ),
+    Documented(
+        "test_sliding_window_remove_skipped_blocks",
+        "stricter, intended",
+        "frees blocks made outside the pool (ref_cnt 0): BlockPoolError (vLLM counts below 0)",
+        "nobody holds it",
+    ),
+    Documented(
+        "test_chunked_local_attention_remove_skipped_blocks",
+        "stricter, intended",
+        "frees blocks made outside the pool (ref_cnt 0): BlockPoolError (vLLM counts below 0)",
+        "nobody holds it",
+    ),
+    Documented(
+        "test_evictable_cached_blocks_not_double_allocated",
+        "stricter, intended",
+        "adopts a free block that is not cached as a hit: BlockPoolError (its KV may be "
+        "anyone's)",
+        "free and not cached",
     ),
     Documented(
         "test_allocate_with_lookahead",

@@ -35,7 +35,7 @@ from pagedkv._validate import require_bool, require_instance, require_int, requi
 from pagedkv.v1.block import KVCacheBlock
 from pagedkv.v1.coordinator import get_kv_cache_coordinator
 from pagedkv.v1.events import BlockStored, KVCacheEvent
-from pagedkv.v1.kv_cache_interface import KVCacheConfig
+from pagedkv.v1.kv_cache_interface import KVCacheConfig, SlidingWindowSpec
 from pagedkv.v1.request import Request, RequestStatus
 from pagedkv.v1.single_type_manager import (
     ChunkedLocalAttentionManager,
@@ -207,6 +207,12 @@ class KVCacheManager:
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in sizes))
         self._kinds = tuple(g.kv_cache_spec.kind for g in kv_cache_config.kv_cache_groups)
+        self._windows = tuple(
+            g.kv_cache_spec.sliding_window
+            if isinstance(g.kv_cache_spec, SlidingWindowSpec)
+            else None
+            for g in kv_cache_config.kv_cache_groups
+        )
         #: the last lookup: (request id, pool epoch, its blocks per group)
         self._last_lookup: tuple[str, int, tuple[tuple[KVCacheBlock, ...], ...]] | None = None
         managers = self.coordinator.single_type_managers
@@ -492,13 +498,14 @@ class KVCacheManager:
 
     def take_events(self) -> list[KVCacheEvent]:
         """The KV events since the last call, each ``BlockStored`` annotated with its
-        group's kind."""
+        group's kind and sliding window (None but for a sliding-window group)."""
         events = self.block_pool.take_events()
         kinds = self._kinds
         for e in events:
             if isinstance(e, BlockStored) and e.group_idx is not None:
                 if 0 <= e.group_idx < len(kinds):
                     e.kv_cache_spec_kind = kinds[e.group_idx]
+                    e.kv_cache_spec_sliding_window = self._windows[e.group_idx]
                 else:  # a pool shared with another manager: left as it is, as vLLM does
                     _log.warning("KV event of group %d, which this manager has not", e.group_idx)
         return events
