@@ -11,6 +11,10 @@ same run, so the ratio means something on any machine:
 * all-hit prefill: ``get_computed_blocks`` + ``allocate_slots`` of a 4,096-token
   prompt whose 255 hashed blocks below its last token are all cached, then ``free``;
   floor: 256 dict lookups and list appends, and 256 pops back;
+* the same two with a hybrid model (a full-attention group and a sliding-window group
+  of 256 tokens, the windowed one freeing the blocks that leave its window as the
+  requests decode; the all-hit lookup runs the hybrid coordinator's rules); floor: the
+  single-group floor done for both groups;
 * allocation under eviction pressure: ``allocate_slots`` of new 256-token prompts
   (16 blocks, no hit) when every free block is cached-free, so each block allocated
   evicts one, with 1k and 100k cached-free blocks: the per-block cost should stay
@@ -32,14 +36,18 @@ from typing import Any
 
 from pagedkv.v1 import (
     BlockPool,
+    FullAttentionSpec,
     KVCacheConfig,
     KVCacheManager,
     Request,
     RequestStatus,
+    SlidingWindowSpec,
     get_request_block_hasher,
 )
 
 BS = 16
+#: the hybrid benchmarks' sliding window, in tokens
+WINDOW = 256
 
 
 def _best(samples: list[float]) -> float:
@@ -66,11 +74,13 @@ class FloorDecode:
 
 
 def bench_decode(
-    api: Any, n_req: int = 256, prompt: int = 512, steps: int = 128
+    api: Any, n_req: int = 256, prompt: int = 512, steps: int = 128, window: int | None = None
 ) -> dict[str, float]:
-    """Per-request time of a decode step's ``allocate_slots``, and the floor's."""
-    num_blocks = n_req * (-(-(prompt + steps) // BS)) + 2
-    manager = api.manager(num_blocks, BS, prompt + steps + 1)
+    """Per-request time of a decode step's ``allocate_slots``, and the floor's (with a
+    ``window``: a full-attention and a sliding-window group)."""
+    groups = 1 if window is None else 2
+    num_blocks = groups * n_req * (-(-(prompt + steps) // BS)) + 2
+    manager = api.manager(num_blocks, BS, prompt + steps + 1, window)
     hasher = api.hasher(BS)
     reqs = [api.request(f"r{i}", [i % 50000 + 1] * prompt, hasher) for i in range(n_req)]
     for r in reqs:
@@ -78,9 +88,10 @@ def bench_decode(
         r.num_computed_tokens = prompt
         r.status = api.RUNNING
         r.append_output_token_ids(7)
-    floor = FloorDecode(num_blocks)
-    for r in reqs:
-        floor.step(r.request_id, prompt)
+    floors = [FloorDecode(num_blocks) for _ in range(groups)]
+    for floor in floors:
+        for r in reqs:
+            floor.step(r.request_id, prompt)
     ours: list[float] = []
     base: list[float] = []
     gc.disable()
@@ -90,8 +101,9 @@ def bench_decode(
             for r in reqs:
                 manager.allocate_slots(r, 1)
             t1 = time.perf_counter()
-            for r in reqs:
-                floor.step(r.request_id, prompt + step + 1)
+            for floor in floors:
+                for r in reqs:
+                    floor.step(r.request_id, prompt + step + 1)
             t2 = time.perf_counter()
             ours.append((t1 - t0) / n_req)
             base.append((t2 - t1) / n_req)
@@ -106,10 +118,14 @@ def bench_decode(
 # ----------------------------------------------------------------------------- all-hit prefill
 
 
-def bench_all_hit(api: Any, tokens: int = 4096, repeat: int = 40) -> dict[str, float]:
-    """Time of lookup + allocation + free of an all-hit prompt, and the floor's."""
-    num_blocks = 2 * (tokens // BS) + 4
-    manager = api.manager(num_blocks, BS, tokens + 1)
+def bench_all_hit(
+    api: Any, tokens: int = 4096, repeat: int = 40, window: int | None = None
+) -> dict[str, float]:
+    """Time of lookup + allocation + free of an all-hit prompt, and the floor's (with a
+    ``window``: a full-attention and a sliding-window group)."""
+    groups = 1 if window is None else 2
+    num_blocks = groups * 2 * (tokens // BS) + 4
+    manager = api.manager(num_blocks, BS, tokens + 1, window)
     hasher = api.hasher(BS)
     prompt = list(range(1, tokens + 1))
     warm = api.request("warm", prompt, hasher)
@@ -126,12 +142,13 @@ def bench_all_hit(api: Any, tokens: int = 4096, repeat: int = 40) -> dict[str, f
             out = manager.allocate_slots(r, tokens - hit, hit, blocks)
             manager.free(r)
             t1 = time.perf_counter()
-            table: list[int] = []
-            for h in r.block_hashes[: (tokens - 1) // BS]:
-                table.append(cache[h])
-            table.append(0)
-            while table:
-                table.pop()
+            for _ in range(groups):
+                table: list[int] = []
+                for h in r.block_hashes[: (tokens - 1) // BS]:
+                    table.append(cache[h])
+                table.append(0)
+                while table:
+                    table.pop()
             t2 = time.perf_counter()
             assert out is not None and hit == (tokens - 1) // BS * BS
             ours.append(t1 - t0)
@@ -189,8 +206,18 @@ class PagedKV:
     RUNNING = RequestStatus.RUNNING
 
     @staticmethod
-    def manager(num_blocks: int, block_size: int, max_model_len: int) -> Any:
-        return KVCacheManager(KVCacheConfig.full_attention(num_blocks, block_size), max_model_len)
+    def manager(
+        num_blocks: int, block_size: int, max_model_len: int, window: int | None = None
+    ) -> Any:
+        if window is None:
+            config = KVCacheConfig.full_attention(num_blocks, block_size)
+        else:
+            config = KVCacheConfig.of_specs(
+                num_blocks,
+                FullAttentionSpec(block_size),
+                SlidingWindowSpec(block_size, sliding_window=window),
+            )
+        return KVCacheManager(config, max_model_len)
 
     @staticmethod
     def pool(num_blocks: int) -> Any:
@@ -216,6 +243,17 @@ def run(targets: list[Any]) -> list[str]:
         h = bench_all_hit(t)
         lines.append(
             f"{t.name:12} all-hit 4,096-token prefill: {h['seconds'] * 1e3:6.3f} ms"
+            f"  floor {h['floor'] * 1e3:6.3f} ms  ratio {h['seconds'] / h['floor']:5.2f}x"
+        )
+        d = bench_decode(t, window=WINDOW)
+        lines.append(
+            f"{t.name:12} hybrid decode step (256 requests): {d['per_request'] * 1e6:6.2f} "
+            f"us/request  floor {d['floor'] * 1e6:5.2f} us  "
+            f"ratio {d['per_request'] / d['floor']:5.2f}x"
+        )
+        h = bench_all_hit(t, window=WINDOW)
+        lines.append(
+            f"{t.name:12} hybrid all-hit 4,096-token prefill: {h['seconds'] * 1e3:6.3f} ms"
             f"  floor {h['floor'] * 1e3:6.3f} ms  ratio {h['seconds'] / h['floor']:5.2f}x"
         )
         for n in (1_000, 100_000):

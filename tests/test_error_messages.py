@@ -2083,8 +2083,9 @@ CONFORM_MESSAGES = [
         UsageError,
         "mgr(KVCacheConfig.full_attention(8, 2), 16, True, False, 0.0) returned "
         "BlockSpaceManager, which lacks get_computed_blocks, get_num_cached_tokens, "
-        "record_prefix_cache_stats, allocate_slots, cache_blocks, evict_blocks, take_events, "
-        "get_block_ids, empty_kv_cache_blocks, usage; a v1-level target has vLLM V1's "
+        "record_prefix_cache_stats, allocate_slots, cache_blocks, remove_skipped_blocks, "
+        "evict_blocks, take_events, get_block_ids, empty_kv_cache_blocks, usage; a v1-level "
+        "target has vLLM V1's "
         "KVCacheManager surface, takes pagedkv Request objects and gives its state as "
         "to_spec() (an adapter such as pagedkv_stateful.vllm_v1.ManagerTarget, "
         "docs/conformance.md)",

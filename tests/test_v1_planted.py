@@ -327,9 +327,12 @@ def _adopt_with_external_tokens(coordinator: type[HybridKVCacheCoordinator]) -> 
 
 
 class _ResetsInUse(BlockPool):
-    """Resets the prefix cache while blocks are in use (V1-15)."""
+    """Resets the prefix cache also while blocks are in use, dropping every key (and no
+    event, as it was never meant to happen); an idle reset is the real one (V1-15)."""
 
     def reset_prefix_cache(self) -> bool:
+        if super().reset_prefix_cache():
+            return True
         self.cached_block_hash_to_block.clear()
         for b in self.blocks:
             b.block_hash = None

@@ -1025,10 +1025,12 @@ def kv_cache_manager(
     enable_caching: bool = True,
     enable_kv_cache_events: bool = False,
     watermark: float = 0.0,
+    sliding_window: int | None = None,
 ) -> Any:
     """vLLM's ``KVCacheManager`` over one full-attention group of ``num_blocks`` blocks
     of ``block_size`` tokens (scheduler and hash block size alike, as a vLLM engine
-    with one group sets them). The layer's heads and dtype only size its pages, which
+    with one group sets them), and a sliding-window group of the same block size after
+    it with ``sliding_window``. The layer's heads and dtype only size its pages, which
     the manager never reads."""
     import torch
 
@@ -1037,11 +1039,17 @@ def kv_cache_manager(
     spec = iface.FullAttentionSpec(
         block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float16
     )
-    config = iface.KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[iface.KVCacheGroupSpec(["model.layers.0.self_attn"], spec)],
-    )
+    groups = [iface.KVCacheGroupSpec(["model.layers.0.self_attn"], spec)]
+    if sliding_window is not None:
+        window = iface.SlidingWindowSpec(
+            block_size=block_size,
+            num_kv_heads=1,
+            head_size=64,
+            dtype=torch.float16,
+            sliding_window=sliding_window,
+        )
+        groups.append(iface.KVCacheGroupSpec(["model.layers.1.self_attn"], window))
+    config = iface.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     return kvm.KVCacheManager(
         config,
         max_model_len,
@@ -1376,8 +1384,10 @@ class BenchTarget:
         self.RUNNING = running
 
     @staticmethod
-    def manager(num_blocks: int, block_size: int, max_model_len: int) -> Any:
-        return kv_cache_manager(num_blocks, block_size, max_model_len)
+    def manager(
+        num_blocks: int, block_size: int, max_model_len: int, window: int | None = None
+    ) -> Any:
+        return kv_cache_manager(num_blocks, block_size, max_model_len, sliding_window=window)
 
     @staticmethod
     def pool(num_blocks: int) -> Any:

@@ -721,7 +721,8 @@ class V1ManagerMachine(V1LockstepMachine):
                     first_difference(after, self.model),
                 )
             return
-        if hit_ids and not holds("V1-16", self._as_spec_keys(after), self.view(r), hit_ids):
+        # every allocation (vacuous without a hit): the adopted hit blocks keep their keys
+        if not holds("V1-16", self._as_spec_keys(after), self.view(r), hit_ids):
             self._violate(
                 "V1-16",
                 f"{r.request_id}: a hit block lost its key in the allocation that adopted it",
