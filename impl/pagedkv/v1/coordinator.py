@@ -76,6 +76,12 @@ class KVCacheCoordinator(ABC):
             )
             for i, g in enumerate(kv_cache_config.kv_cache_groups)
         )
+        #: the groups whose blocks leave a window
+        self._windowed = tuple(
+            m
+            for m in self.single_type_managers
+            if type(m).get_num_skipped_tokens is not SingleTypeKVCacheManager.get_num_skipped_tokens
+        )
 
     def get_num_blocks_to_allocate(
         self,
@@ -116,6 +122,67 @@ class KVCacheCoordinator(ABC):
         return tuple(
             m.allocate_new_blocks(request_id, num_tokens) for m in self.single_type_managers
         )
+
+    def holds_computed(self, request: Request) -> bool:
+        """Whether every group's table of ``request`` covers its computed tokens (a
+        running request; or a new one, holding nothing and having computed nothing): then
+        a call without a hit or external tokens may take :meth:`allocate_plain`. O(groups)."""
+        n = request.num_computed_tokens
+        rid = request.request_id
+        for m in self.single_type_managers:
+            blocks = m.req_to_blocks.get(rid)
+            if (len(blocks) if blocks is not None else 0) * m.block_size < n:
+                return False
+        return True
+
+    def allocate_plain(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_lookahead_tokens: int,
+        max_model_len: int,
+        keep_free: int,
+        cache: bool,
+    ) -> Blocks | None:
+        """``allocate_slots`` for a call without a hit or external tokens, for a request
+        whose tables cover its computed tokens (:meth:`holds_computed`): free what left
+        the windows (kept even if refused), check capacity (``keep_free``: the free
+        blocks the call must leave), grow every table, cache the verified full blocks.
+        Arguments checked by the caller. The new blocks per group, or None if the pool
+        cannot serve them.
+
+        Complexity: O(groups) plus O(blocks freed, allocated and newly cached)."""
+        rid = request.request_id
+        total = request.num_computed_tokens
+        processed = total - request.num_in_flight_tokens
+        for m in self._windowed:
+            m.remove_skipped_blocks(rid, processed if processed > 0 else 0)
+        need = total + num_new_tokens + num_lookahead_tokens
+        if need > max_model_len:
+            need = max_model_len
+        wanted = 0
+        for m in self.single_type_managers:
+            blocks = m.req_to_blocks.get(rid)
+            n = -(-need // m.block_size) - (len(blocks) if blocks is not None else 0)
+            if n > 0:
+                wanted += n
+        if wanted + keep_free > self.block_pool.free_block_queue.num_free_blocks:
+            return None
+        new = tuple(
+            m.allocate_new_blocks(rid, need) if wanted else [] for m in self.single_type_managers
+        )
+        if cache:
+            end = total + num_new_tokens
+            if end > request.num_tokens:
+                end = request.num_tokens
+            hashed = len(request.block_hashes) * self.block_pool.hash_block_size
+            for m in self.single_type_managers:
+                # as cache_blocks, but calling a group only when a block is due
+                upto = end - end % m.alignment
+                done = m.num_cached_block.get(rid, 0)
+                if upto // m.block_size > done and hashed >= (done + 1) * m.block_size:
+                    m.cache_blocks(request, upto)
+        return new
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache every group's full blocks up to ``num_computed_tokens``, rounded down to

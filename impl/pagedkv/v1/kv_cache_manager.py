@@ -310,12 +310,11 @@ class KVCacheManager:
         block ids for zeroing).
 
         Complexity: O(blocks adopted, allocated and cached); a call without a hit or
-        external tokens on one full-attention group takes a fast path (the group
-        manager's ``allocate_plain``)."""
+        external tokens takes a fast path (on one full-attention group the group
+        manager's ``allocate_plain``, else the coordinator's)."""
         single = self._plain_group
         if (
-            single is not None
-            and request.__class__ is Request
+            request.__class__ is Request
             and num_new_tokens.__class__ is int
             and num_new_tokens > 0
             and num_lookahead_tokens.__class__ is int
@@ -338,17 +337,29 @@ class KVCacheManager:
             keep_free = reserved_blocks
             if has_scheduled_reqs and request.status in _WATERMARKED:
                 keep_free += self.watermark_blocks
-            new_blocks = single.allocate_plain(
-                request,
-                num_new_tokens,
-                num_lookahead_tokens,
-                self.max_model_len,
-                keep_free,
-                self.enable_caching and not delay_cache_blocks,
-            )
-            if new_blocks is None:
-                return None
-            return KVCacheBlocks((new_blocks,)) if new_blocks else self.empty_kv_cache_blocks
+            cache = self.enable_caching and not delay_cache_blocks
+            if single is not None:
+                new_blocks = single.allocate_plain(
+                    request,
+                    num_new_tokens,
+                    num_lookahead_tokens,
+                    self.max_model_len,
+                    keep_free,
+                    cache,
+                )
+                if new_blocks is None:
+                    return None
+                return KVCacheBlocks((new_blocks,)) if new_blocks else self.empty_kv_cache_blocks
+            if self.coordinator.holds_computed(request):
+                blocks = self.coordinator.allocate_plain(
+                    request,
+                    num_new_tokens,
+                    num_lookahead_tokens,
+                    self.max_model_len,
+                    keep_free,
+                    cache,
+                )
+                return None if blocks is None else self._blocks(blocks)
         rid = self._check_allocation(
             request,
             num_new_tokens,

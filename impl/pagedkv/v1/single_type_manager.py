@@ -97,11 +97,12 @@ class SingleTypeKVCacheManager:
             return max(required - held, 0)
         skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
         num_new = max(required - max(skipped, len(new_computed_blocks) + held), 0)
-        evictable = 0
         start = skipped - held
-        for block in new_computed_blocks[start:] if start > 0 else new_computed_blocks:
-            if block.ref_cnt == 0 and not block.is_null:
-                evictable += 1
+        kept = new_computed_blocks[start:] if start > 0 else new_computed_blocks
+        if not kept:
+            return num_new
+        # the kept blocks nobody holds (cached-free) but the null pads (never counted)
+        evictable = [b.ref_cnt for b in kept].count(0) - kept.count(self._null_block)
         return num_new + evictable
 
     def add_local_computed_blocks(
@@ -217,11 +218,21 @@ class SingleTypeKVCacheManager:
         return None
 
     def free(self, request_id: str) -> None:
-        """Free the request's table, tail first (so a chain's tail is evicted first)."""
+        """Free the request's table, tail first (so a chain's tail is evicted first),
+        its leading null pads dropped first. O(live blocks + log(pads))."""
         blocks = self.req_to_blocks.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
         if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+            if blocks[0].is_null:  # a window's pads, a prefix (V1-10): bisect its end
+                lo, hi = 0, len(blocks)
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if blocks[mid].is_null:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                blocks = blocks[lo:]
+            self.block_pool.free_blocks(blocks[::-1])
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Tokens before the attention window (whose blocks can be freed): none here."""
@@ -239,7 +250,8 @@ class SingleTypeKVCacheManager:
                 break
             freed.append(blocks[i])
             blocks[i] = self._null_block
-        self.block_pool.free_blocks(freed)
+        if freed:
+            self.block_pool.free_blocks(freed)
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_length: int
@@ -345,36 +357,39 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     ) -> Hit:
         """The longest aligned prefix whose last :attr:`window_blocks` blocks are all
         cached (the blocks before them are null pads), or, failing any such, the
-        aligned run of cached blocks from block 0. Searched right to left."""
+        aligned run of cached blocks from block 0. Searched right to left: O(blocks
+        searched) lookups, then O(hit length) for the pads."""
         hashes = self.hashes_at_block_size(block_hashes)
         bs, need, align = self.block_size, self.window_blocks, self.alignment
-        n = max_length // bs
         pool = self.block_pool
-        found: list[list[KVCacheBlock] | None] = [None] * n
-        run = 0
+        one = len(group_ids) == 1
+        get_one = pool.cached_block_hash_to_block.get_one_block
+        suffix = make_block_hash_with_group_id(b"", group_ids[0])
+        run: list[Sequence[KVCacheBlock]] = []  # the current run, right to left
         end = -1
-        for i in range(n - 1, -1, -1):
-            blocks = pool.get_cached_block(hashes[i], group_ids)
+        for i in range(max_length // bs - 1, -1, -1):
+            if one:
+                block = get_one(hashes[i] + suffix)
+                blocks: Sequence[KVCacheBlock] | None = None if block is None else (block,)
+            else:
+                blocks = pool.get_cached_block(hashes[i], group_ids)
             if blocks is None:
-                run = 0
+                run.clear()
                 continue
-            if run == 0 and ((i + 1) * bs) % align:
+            if not run and ((i + 1) * bs) % align:
                 continue  # a hit cannot end here: not aligned
-            found[i] = blocks
-            run += 1
-            if run >= need:
-                end = i + run
+            run.append(blocks)
+            if len(run) >= need:
+                end = i + len(run)
                 break
         if end < 0:  # no whole window: the run from block 0, aligned
-            end = run
+            end = len(run)
             while (end * bs) % align:
                 end -= 1
-        null = self._null_block
-        out: tuple[list[KVCacheBlock], ...] = tuple([] for _ in group_ids)
-        for i in range(end):
-            blocks = found[i]
-            for g, table in enumerate(out):
-                table.append(null if blocks is None else blocks[g])
+            del run[: len(run) - end]  # the blocks past ``end`` (first in the list)
+        run.reverse()
+        pads = [self._null_block] * (end - len(run))
+        out = tuple(pads + [blocks[g] for blocks in run] for g in range(len(group_ids)))
         return out, end * bs
 
     def cache_mask(self, start: int, end: int) -> list[bool] | None:
