@@ -365,6 +365,31 @@ def _probe_ignores_the_hit_limit() -> bool:
     return bool(manager.get_num_cached_tokens(r) != manager.get_computed_blocks(r)[1])
 
 
+def _null_pads_counted_down() -> bool:
+    """A sliding window of one token: a request's block leaves the window (its table
+    position becomes the null block), the request is freed: is the null block's count
+    still 0?"""
+    config = pv.KVCacheConfig.of_specs(3, pv.SlidingWindowSpec(1, sliding_window=1))
+    manager = vllm_v1.hybrid_kv_cache_manager(config, 16)
+    r = vllm_v1.request("r", [1])
+    manager.allocate_slots(r, 1)
+    r.num_computed_tokens = 1
+    manager.remove_skipped_blocks("r", 1)
+    manager.free(r)
+    return bool(manager.block_pool.null_block.ref_cnt != 0)
+
+
+def _fix_null_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    """free_blocks as later releases have it: the null block skipped (never pooled)."""
+    pool = _vllm("vllm.v1.core.block_pool").BlockPool
+    free_blocks = pool.free_blocks
+
+    def fixed(self: Any, ordered_blocks: Any) -> None:
+        free_blocks(self, [b for b in ordered_blocks if not b.is_null])
+
+    monkeypatch.setattr(pool, "free_blocks", fixed)
+
+
 def _fix_extra_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     """Block hash extra keys as later releases make them: tagged, the LoRA's path in."""
     utils = _vllm("vllm.v1.core.kv_cache_utils")
@@ -469,6 +494,15 @@ FINDINGS = (
         # block, then a decoded token) too rarely to reach it in 1,000 derandomized runs
         _fix_mm_from_first,
     ),
+    # block_pool.py:731 decrements every block's count, the null block's too, and the
+    # sliding window's freed table keeps its null pads (no trim_null_head)
+    Finding(
+        "null-pad-free",
+        frozenset({"0.27.1"}),
+        _null_pads_counted_down,
+        "V1-1",
+        _fix_null_free,
+    ),
     # kv_cache_manager.py:273 (0.34.0) bounds the probe by num_tokens - 1 only
     Finding(
         "probe-hit-limit",
@@ -508,6 +542,7 @@ def _vllm_machine(steps: int, examples: int, shrink: bool = True) -> type[Any]:
 
     class VllmManagerMachine(V1ManagerMachine):
         partial_hit_limits = vllm_v1.loaded_release().partial_hit_limit
+        configurations = vllm_v1.SAME_BLOCK_SIZE
 
         def make_manager(
             self,
@@ -517,16 +552,8 @@ def _vllm_machine(steps: int, examples: int, shrink: bool = True) -> type[Any]:
             events: bool,
             watermark: float,
         ) -> Any:
-            size = config.kv_cache_groups[0].kv_cache_spec.block_size
-            manager = vllm_v1.kv_cache_manager(
-                config.num_blocks,
-                size,
-                max_model_len,
-                enable_caching=caching,
-                enable_kv_cache_events=events,
-                watermark=watermark,
-            )
-            return vllm_v1.ManagerTarget(manager, size)
+            target, _ = vllm_v1.manager(config, max_model_len, caching, events, watermark)
+            return target
 
     VllmManagerMachine.TestCase.settings = settings(
         max_examples=examples,
@@ -544,9 +571,10 @@ def _vllm_machine(steps: int, examples: int, shrink: bool = True) -> type[Any]:
 def test_vllms_manager_agrees_with_the_spec_step_by_step(
     vllm_dir: Path, release: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No difference on one full-attention group: hits, chunked prefill, drafts,
-    external tokens, delayed caching, preemption, eviction, reset and events (the
-    release's known findings fixed)."""
+    """No difference in the group configurations of one block size (full attention,
+    sliding window, hybrids): hits, chunked prefill, drafts, external tokens, delayed
+    caching, preemption, eviction, reset and events (the release's known findings
+    fixed)."""
     _fix(release, monkeypatch)
     _vllm_machine(30, 300).TestCase().runTest()
 

@@ -62,6 +62,10 @@ V1_STATE_CLASSES = (
     "external tokens",
     "delayed caching",
     "refused allocation",
+    # the hybrid groups'
+    "blocks left a window",
+    "a hit with null pads",
+    "preemption holding null pads",
     *_V1_CONFIGURATIONS,
 )
 #: The V1 pool machine's state classes (recorded by the machine), in table order.

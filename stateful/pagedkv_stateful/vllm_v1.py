@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import math
 import os
 import re
 import shutil
@@ -65,10 +66,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pagedkv_spec.v1.manager import ManagerState
+from pagedkv_spec.v1.manager import CHUNKED, FULL, SLIDING, GroupSpec, ManagerState
 from pagedkv_spec.v1.pool import PoolState
 from pagedkv_stateful.adapters import Capabilities
 from pagedkv_stateful.replay import replay_reports, use_prelude
+from pagedkv_stateful.v1.manager_machine import CONFIGURATIONS
 
 # --------------------------------------------------------------------------- stand-ins
 
@@ -983,19 +985,13 @@ def manager(
     """The conformance kit's V1-level factory: vLLM's ``KVCacheManager`` (the loaded
     release's) for ``kv_cache_config`` (pagedkv's), behind :class:`ManagerTarget`, with
     what the release takes (:attr:`Release.partial_hit_limit`). vLLM promises no error
-    types and is judged on its scheduler's calls only. Raises :class:`UnsupportedCall`
-    for a configuration other than one full-attention group (the hybrid groups are not
-    mapped yet)."""
+    types and is judged on its scheduler's calls only. The groups are vLLM's specs of the
+    same kinds, block sizes and windows (full attention, sliding window, chunked local);
+    the scheduler block size is their LCM, hashes are at their GCD."""
     groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1 or groups[0].kv_cache_spec.kind != "full_attention":
-        raise UnsupportedCall(
-            "pagedkv_stateful.vllm_v1.manager maps one full-attention group only, got "
-            f"{[g.kv_cache_spec.kind for g in groups]}"
-        )
-    size = groups[0].kv_cache_spec.block_size
-    target = kv_cache_manager(
-        kv_cache_config.num_blocks,
-        size,
+    sizes = [g.kv_cache_spec.block_size for g in groups]
+    target = hybrid_kv_cache_manager(
+        kv_cache_config,
         max_model_len,
         enable_caching=enable_caching,
         enable_kv_cache_events=enable_kv_cache_events,
@@ -1005,9 +1001,70 @@ def manager(
     caps = Capabilities(
         hit_limits=release.partial_hit_limit,
         exact_hashes=release.exact_hashes,
-        configurations=("full attention",),
+        configurations=SAME_BLOCK_SIZE,
     )
-    return ManagerTarget(target, size), caps
+    return ManagerTarget(target, math.gcd(*sizes)), caps
+
+
+#: The kit's group configurations vLLM is run in: those whose groups share one block
+#: size. With a group's blocks larger than the hash block, 0.34.0's full-attention
+#: manager also registers the prompt's tail inside a block as a partial cache entry (a
+#: second key of that block, for Mamba's fine-grained hits), which pagedkv does not
+#: model (docs/design.md, section 7).
+SAME_BLOCK_SIZE = tuple(
+    name for name, groups in CONFIGURATIONS.items() if len({scale for _, scale in groups}) == 1
+)
+
+
+def hybrid_kv_cache_manager(
+    kv_cache_config: Any,
+    max_model_len: int,
+    *,
+    enable_caching: bool = True,
+    enable_kv_cache_events: bool = False,
+    watermark: float = 0.0,
+) -> Any:
+    """vLLM's ``KVCacheManager`` over the groups of ``kv_cache_config`` (pagedkv's:
+    full-attention, sliding-window and chunked-local specs), each as vLLM's spec of that
+    kind; the scheduler block size the LCM of the block sizes, the hash block size their
+    GCD (as pagedkv's defaults). The layers' heads and dtype only size pages."""
+    import torch
+
+    iface = _module("vllm.v1.kv_cache_interface")
+    kvm = _module("vllm.v1.core.kv_cache_manager")
+    groups = []
+    for g, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        common = {
+            "block_size": spec.block_size,
+            "num_kv_heads": 1,
+            "head_size": 64,
+            "dtype": torch.float16,
+        }
+        if spec.kind == "sliding_window":
+            vspec = iface.SlidingWindowSpec(**common, sliding_window=spec.sliding_window)
+        elif spec.kind == "chunked_local_attention":
+            vspec = iface.ChunkedLocalAttentionSpec(
+                **common, attention_chunk_size=spec.attention_chunk_size
+            )
+        elif spec.kind == "full_attention":
+            vspec = iface.FullAttentionSpec(**common)
+        else:
+            raise UnsupportedCall(f"no vLLM spec mapped for a {spec.kind} group")
+        groups.append(iface.KVCacheGroupSpec([f"model.layers.{g}.self_attn"], vspec))
+    config = iface.KVCacheConfig(
+        num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+    )
+    sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+    return kvm.KVCacheManager(
+        config,
+        max_model_len,
+        scheduler_block_size=math.lcm(*sizes),
+        hash_block_size=math.gcd(*sizes),
+        enable_caching=enable_caching,
+        enable_kv_cache_events=enable_kv_cache_events,
+        watermark=watermark,
+    )
 
 
 def conform_prelude() -> list[str]:
@@ -1131,7 +1188,12 @@ def state_of(target: Any, release: Release | None = None) -> ManagerState:
     managers = target.coordinator.single_type_managers
     for g, m in enumerate(managers):
         suffix = "" if g == 0 else f"@{g}"
-        tables += [(r + suffix, tuple(b.block_id for b in t)) for r, t in m.req_to_blocks.items()]
+        # an empty table is no table: vLLM's req_to_blocks is a defaultdict, and reading a
+        # request's table (remove_skipped_blocks does, first thing in allocate_slots) adds
+        # an empty entry even to a call it then refuses
+        tables += [
+            (r + suffix, tuple(b.block_id for b in t)) for r, t in m.req_to_blocks.items() if t
+        ]
         counts += [(r + suffix, n) for r, n in m.num_cached_block.items()]
     return ManagerState(
         pool=pool_state_of(target.block_pool, release),
@@ -1141,7 +1203,23 @@ def state_of(target: Any, release: Release | None = None) -> ManagerState:
         max_model_len=target.max_model_len,
         caching=target.enable_caching,
         watermark_blocks=target.watermark_blocks,
+        groups=tuple(_group_of(m) for m in managers),
+        hash_block_size=target.block_pool.hash_block_size,
+        alignment=getattr(target.coordinator, "scheduler_block_size", 0),
     )
+
+
+def _group_of(manager: Any) -> GroupSpec:
+    """A vLLM group manager as the spec's group: its kind (by its spec's class name),
+    block size, window and admission bound."""
+    spec = manager.kv_cache_spec
+    kind = type(spec).__name__
+    cap = getattr(manager, "max_admission_blocks_per_request", None)
+    if kind == "SlidingWindowSpec":
+        return GroupSpec(SLIDING, manager.block_size, spec.sliding_window, cap)
+    if kind == "ChunkedLocalAttentionSpec":
+        return GroupSpec(CHUNKED, manager.block_size, spec.attention_chunk_size, cap)
+    return GroupSpec(FULL, manager.block_size)
 
 
 def pool_state_of(pool: Any, release: Release | None = None) -> PoolState:

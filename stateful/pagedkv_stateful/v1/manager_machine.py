@@ -713,8 +713,9 @@ class V1ManagerMachine(V1LockstepMachine):
                     f"{r.request_id}: refused; the spec allocates {want}",
                     result.format(want),
                 )
-            # the spec refused too: its state is the one after the first stage
-            if not holds("V1-8", self.model, after, True):
+            # the spec refused too: its state is the one after the first stage (the
+            # target's keys as the spec's, for a target not promising the bytes)
+            if not holds("V1-8", self.model, self._as_spec_keys(after), True):
                 self._violate(
                     "V1-8",
                     f"{r.request_id}: refused, yet the manager changed",
