@@ -2111,18 +2111,19 @@ CONFORM_MESSAGES = [
         "pagedkv_stateful.vllm_v1.PoolTarget)",
     ),
     case(
-        "vllm_v1.manager: a configuration of two groups",
-        lambda: vllm_v1.manager(_two_groups(), 16, True, False, 0.0),
+        "vllm_v1.manager: a group of a kind it does not map",
+        lambda: vllm_v1.manager(
+            v1.KVCacheConfig.of_specs(8, v1.FullAttentionSpec(2), v1.KVCacheSpec(2)),
+            16,
+            True,
+            False,
+            0.0,
+        ),
         vllm_v1.UnsupportedCall,
-        "pagedkv_stateful.vllm_v1.manager maps one full-attention group only, got "
-        "['full_attention', 'full_attention']",
+        "pagedkv_stateful.vllm_v1 maps full_attention, sliding_window, "
+        "chunked_local_attention groups, not unknown",
     ),
 ]
-
-
-def _two_groups() -> v1.KVCacheConfig:
-    config = v1.KVCacheConfig.full_attention(8, 2)
-    return dataclasses.replace(config, kv_cache_groups=config.kv_cache_groups * 2)
 
 
 # ---------------------------------------------------------------------------- pagedkv.v1
@@ -2477,6 +2478,20 @@ V1_MESSAGES = [
         InvalidKVCacheManagerConfigError,
         "chunked local attention with block size 2 cannot have hits aligned to 4 tokens; "
         "give every group this block size",
+    ),
+    case(
+        "v1 config: a sliding-window manager of another spec",
+        lambda: v1.SlidingWindowManager(v1.FullAttentionSpec(4), v1.BlockPool(4, True, 4), True, 0),
+        InvalidKVCacheManagerConfigError,
+        "a SlidingWindowManager needs a SlidingWindowSpec, got FullAttentionSpec",
+    ),
+    case(
+        "v1 config: a chunked-local manager of another spec",
+        lambda: v1.ChunkedLocalAttentionManager(
+            v1.FullAttentionSpec(4), v1.BlockPool(4, True, 4), True, 0
+        ),
+        InvalidKVCacheManagerConfigError,
+        "a ChunkedLocalAttentionManager needs a ChunkedLocalAttentionSpec, got FullAttentionSpec",
     ),
     case(
         "v1 config: a sliding window",

@@ -1016,6 +1016,10 @@ SAME_BLOCK_SIZE = tuple(
 )
 
 
+#: the group kinds :func:`hybrid_kv_cache_manager` gives vLLM specs of
+_MAPPED_KINDS = ("full_attention", "sliding_window", "chunked_local_attention")
+
+
 def hybrid_kv_cache_manager(
     kv_cache_config: Any,
     max_model_len: int,
@@ -1028,6 +1032,13 @@ def hybrid_kv_cache_manager(
     full-attention, sliding-window and chunked-local specs), each as vLLM's spec of that
     kind; the scheduler block size the LCM of the block sizes, the hash block size their
     GCD (as pagedkv's defaults). The layers' heads and dtype only size pages."""
+    kinds = [g.kv_cache_spec.kind for g in kv_cache_config.kv_cache_groups]
+    unmapped = [k for k in kinds if k not in _MAPPED_KINDS]
+    if unmapped:
+        raise UnsupportedCall(
+            f"pagedkv_stateful.vllm_v1 maps {', '.join(_MAPPED_KINDS)} groups, not "
+            f"{', '.join(unmapped)}"
+        )
     import torch
 
     iface = _module("vllm.v1.kv_cache_interface")
@@ -1047,10 +1058,8 @@ def hybrid_kv_cache_manager(
             vspec = iface.ChunkedLocalAttentionSpec(
                 **common, attention_chunk_size=spec.attention_chunk_size
             )
-        elif spec.kind == "full_attention":
-            vspec = iface.FullAttentionSpec(**common)
         else:
-            raise UnsupportedCall(f"no vLLM spec mapped for a {spec.kind} group")
+            vspec = iface.FullAttentionSpec(**common)
         groups.append(iface.KVCacheGroupSpec([f"model.layers.{g}.self_attn"], vspec))
     config = iface.KVCacheConfig(
         num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups

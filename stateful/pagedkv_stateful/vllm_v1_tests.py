@@ -781,12 +781,9 @@ class FullAttentionManager(_VllmManagerCalls, pv1.FullAttentionManager):
 
 
 def _window_manager_args(
-    name: str,
-    scheduler_block_size: int | None,
-    dcp_world_size: int,
-    pcp_world_size: int,
-    needs_kv_cache_zeroing: bool,
+    name: str, dcp_world_size: int, pcp_world_size: int, needs_kv_cache_zeroing: bool
 ) -> None:
+    """Out of scope: a windowed manager with context parallelism or zeroing hand-offs."""
     _only_default(PLANNING, f"{name}(dcp_world_size", dcp_world_size, 1)
     _only_default(PLANNING, f"{name}(pcp_world_size", pcp_world_size, 1)
     _only_default(ENGINE, f"{name}(needs_kv_cache_zeroing", needs_kv_cache_zeroing, False)
@@ -825,15 +822,15 @@ class _VllmLookup:
         return find
 
 
-class SlidingWindowManager(_VllmManagerCalls, pv1.SlidingWindowManager):
-    """vLLM's ``SlidingWindowManager`` arguments over pagedkv's, its per-group calls
-    (:class:`_VllmManagerCalls`) and its class-level lookup (:class:`_VllmLookup`)."""
+class _VllmWindowed(_VllmManagerCalls):
+    """A windowed kind's vLLM constructor arguments over pagedkv's, and vLLM's
+    class-level lookup (:class:`_VllmLookup`)."""
 
     find_longest_cache_hit = _VllmLookup()  # vLLM's signature, on the class or an instance
 
     def __init__(
         self,
-        kv_cache_spec: pv1.SlidingWindowSpec,
+        kv_cache_spec: pv1.KVCacheSpec,
         block_pool: pv1.BlockPool,
         enable_caching: bool,
         kv_cache_group_id: int,
@@ -844,11 +841,7 @@ class SlidingWindowManager(_VllmManagerCalls, pv1.SlidingWindowManager):
         max_admission_blocks_per_request: int | None = None,
     ) -> None:
         _window_manager_args(
-            "SlidingWindowManager",
-            scheduler_block_size,
-            dcp_world_size,
-            pcp_world_size,
-            needs_kv_cache_zeroing,
+            type(self).__name__, dcp_world_size, pcp_world_size, needs_kv_cache_zeroing
         )
         super().__init__(
             kv_cache_spec,
@@ -860,39 +853,12 @@ class SlidingWindowManager(_VllmManagerCalls, pv1.SlidingWindowManager):
         )
 
 
-class ChunkedLocalAttentionManager(_VllmManagerCalls, pv1.ChunkedLocalAttentionManager):
-    """vLLM's ``ChunkedLocalAttentionManager`` arguments over pagedkv's, its per-group
-    calls (:class:`_VllmManagerCalls`) and its class-level lookup (:class:`_VllmLookup`)."""
+class SlidingWindowManager(_VllmWindowed, pv1.SlidingWindowManager):
+    """vLLM's ``SlidingWindowManager`` over pagedkv's (:class:`_VllmWindowed`)."""
 
-    find_longest_cache_hit = _VllmLookup()  # vLLM's signature, on the class or an instance
 
-    def __init__(
-        self,
-        kv_cache_spec: pv1.ChunkedLocalAttentionSpec,
-        block_pool: pv1.BlockPool,
-        enable_caching: bool,
-        kv_cache_group_id: int,
-        scheduler_block_size: int | None = None,
-        dcp_world_size: int = 1,
-        pcp_world_size: int = 1,
-        needs_kv_cache_zeroing: bool = False,
-        max_admission_blocks_per_request: int | None = None,
-    ) -> None:
-        _window_manager_args(
-            "ChunkedLocalAttentionManager",
-            scheduler_block_size,
-            dcp_world_size,
-            pcp_world_size,
-            needs_kv_cache_zeroing,
-        )
-        super().__init__(
-            kv_cache_spec,
-            block_pool,
-            enable_caching,
-            kv_cache_group_id,
-            scheduler_block_size,
-            max_admission_blocks_per_request,
-        )
+class ChunkedLocalAttentionManager(_VllmWindowed, pv1.ChunkedLocalAttentionManager):
+    """vLLM's ``ChunkedLocalAttentionManager`` over pagedkv's (:class:`_VllmWindowed`)."""
 
 
 def get_manager_for_kv_cache_spec(
@@ -1581,8 +1547,7 @@ DOCUMENTED: tuple[Documented, ...] = (
     Documented(
         "test_evictable_cached_blocks_not_double_allocated",
         "stricter, intended",
-        "adopts a free block that is not cached as a hit: BlockPoolError (its KV may be "
-        "anyone's)",
+        "adopts a free block that is not cached as a hit: BlockPoolError (its KV may be anyone's)",
         "free and not cached",
     ),
     Documented(

@@ -76,6 +76,10 @@ class SingleTypeKVCacheManager:
         self._key_suffix = make_block_hash_with_group_id(b"", kv_cache_group_id)
         #: hash-sized pieces per block (block i's key: hash (i + 1) * scale - 1)
         self._scale = self.block_size // block_pool.hash_block_size
+        self._configure()
+
+    def _configure(self) -> None:
+        """Read the kind's own fields from :attr:`kv_cache_spec` (none here)."""
 
     def get_num_blocks_to_allocate(
         self,
@@ -327,24 +331,13 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     so blocks wholly before the window are freed (nulled in the table), and a hit
     needs only the blocks the window reads."""
 
-    def __init__(
-        self,
-        kv_cache_spec: SlidingWindowSpec,
-        block_pool: BlockPool,
-        enable_caching: bool,
-        kv_cache_group_id: int,
-        alignment: int | None = None,
-        max_admission_blocks: int | None = None,
-    ) -> None:
-        super().__init__(
-            kv_cache_spec,
-            block_pool,
-            enable_caching,
-            kv_cache_group_id,
-            alignment,
-            max_admission_blocks,
-        )
-        self.sliding_window = kv_cache_spec.sliding_window
+    def _configure(self) -> None:
+        spec = self.kv_cache_spec
+        if not isinstance(spec, SlidingWindowSpec):
+            raise InvalidKVCacheManagerConfigError(
+                f"a SlidingWindowManager needs a SlidingWindowSpec, got {type(spec).__name__}"
+            )
+        self.sliding_window = spec.sliding_window
         #: the blocks a hit must hold: those the window of the next token reads
         self.window_blocks = cdiv(self.sliding_window - 1, self.block_size)
 
@@ -409,25 +402,15 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
     ``attention_chunk_size``-token chunk, so blocks of earlier chunks are freed and a
     hit needs only the blocks of the last chunk."""
 
-    def __init__(
-        self,
-        kv_cache_spec: ChunkedLocalAttentionSpec,
-        block_pool: BlockPool,
-        enable_caching: bool,
-        kv_cache_group_id: int,
-        alignment: int | None = None,
-        max_admission_blocks: int | None = None,
-    ) -> None:
-        super().__init__(
-            kv_cache_spec,
-            block_pool,
-            enable_caching,
-            kv_cache_group_id,
-            alignment,
-            max_admission_blocks,
-        )
-        self.attention_chunk_size = kv_cache_spec.attention_chunk_size
-        if enable_caching and self.alignment != self.block_size:
+    def _configure(self) -> None:
+        spec = self.kv_cache_spec
+        if not isinstance(spec, ChunkedLocalAttentionSpec):
+            raise InvalidKVCacheManagerConfigError(
+                "a ChunkedLocalAttentionManager needs a ChunkedLocalAttentionSpec, got "
+                f"{type(spec).__name__}"
+            )
+        self.attention_chunk_size = spec.attention_chunk_size
+        if self.enable_caching and self.alignment != self.block_size:
             raise InvalidKVCacheManagerConfigError(
                 f"chunked local attention with block size {self.block_size} cannot have "
                 f"hits aligned to {self.alignment} tokens; give every group this block size"
