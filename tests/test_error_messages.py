@@ -2494,6 +2494,17 @@ V1_MESSAGES = [
         "a ChunkedLocalAttentionManager needs a ChunkedLocalAttentionSpec, got FullAttentionSpec",
     ),
     case(
+        "v1 config: an attention chunk inside a block",
+        lambda: v1.ChunkedLocalAttentionManager(
+            v1.ChunkedLocalAttentionSpec(4, attention_chunk_size=6),
+            v1.BlockPool(4, True, 4),
+            True,
+            0,
+        ),
+        InvalidKVCacheManagerConfigError,
+        "attention_chunk_size 6 must be a multiple of the block size 4",
+    ),
+    case(
         "v1 config: a sliding window",
         lambda: v1.SlidingWindowSpec(4, sliding_window=-2),
         InvalidKVCacheManagerConfigError,

@@ -410,6 +410,13 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
                 f"{type(spec).__name__}"
             )
         self.attention_chunk_size = spec.attention_chunk_size
+        if self.attention_chunk_size % self.block_size:
+            # a chunk starting inside a block: a hit ending before that block would keep
+            # a null pad the next token's window reads (vLLM does not check this)
+            raise InvalidKVCacheManagerConfigError(
+                f"attention_chunk_size {self.attention_chunk_size} must be a multiple of the "
+                f"block size {self.block_size}"
+            )
         if self.enable_caching and self.alignment != self.block_size:
             raise InvalidKVCacheManagerConfigError(
                 f"chunked local attention with block size {self.block_size} cannot have "
