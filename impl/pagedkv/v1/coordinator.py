@@ -42,12 +42,15 @@ Blocks = tuple[list[KVCacheBlock], ...]
 
 
 class KVCacheCoordinator(ABC):
-    """The groups' managers over one pool (module docstring)."""
+    """The groups' managers over one pool (module docstring). Each coordinator checks the
+    configuration it takes (:meth:`_check`) and sets its own fields (:meth:`_setup`)."""
+
+    #: whether this coordinator caches (looks hits up, caches full blocks)
+    caching = True
 
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,
-        enable_caching: bool,
         enable_kv_cache_events: bool,
         hash_block_size: int,
         int_event_hashes: bool = True,
@@ -55,6 +58,8 @@ class KVCacheCoordinator(ABC):
         max_in_flight_tokens: int | None = None,
         max_model_len: int | None = None,
     ) -> None:
+        self._check(kv_cache_config, hash_block_size)
+        enable_caching = self.caching
         self.kv_cache_config = kv_cache_config
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(
@@ -82,6 +87,14 @@ class KVCacheCoordinator(ABC):
             for m in self.single_type_managers
             if type(m).get_num_skipped_tokens is not SingleTypeKVCacheManager.get_num_skipped_tokens
         )
+        self._setup()
+
+    def _check(self, kv_cache_config: KVCacheConfig, hash_block_size: int) -> None:  # noqa: B027  # a hook: most coordinators take any configuration
+        """Raise InvalidKVCacheManagerConfigError for a configuration this coordinator
+        does not take (before anything is built)."""
+
+    def _setup(self) -> None:  # noqa: B027  # a hook: most coordinators add no field
+        """Set this coordinator's own fields, once the pool and the managers exist."""
 
     def get_num_blocks_to_allocate(
         self,
@@ -225,26 +238,7 @@ class KVCacheCoordinator(ABC):
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     """Caching off: no hit, ever; any number of groups."""
 
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfig,
-        enable_kv_cache_events: bool,
-        hash_block_size: int,
-        int_event_hashes: bool = True,
-        scheduler_block_size: int | None = None,
-        max_in_flight_tokens: int | None = None,
-        max_model_len: int | None = None,
-    ) -> None:
-        super().__init__(
-            kv_cache_config,
-            False,
-            enable_kv_cache_events,
-            hash_block_size,
-            int_event_hashes,
-            scheduler_block_size,
-            max_in_flight_tokens,
-            max_model_len,
-        )
+    caching = False
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
@@ -256,16 +250,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """One group; hashes are computed at its block size."""
 
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfig,
-        enable_kv_cache_events: bool,
-        hash_block_size: int,
-        int_event_hashes: bool = True,
-        scheduler_block_size: int | None = None,
-        max_in_flight_tokens: int | None = None,
-        max_model_len: int | None = None,
-    ) -> None:
+    def _check(self, kv_cache_config: KVCacheConfig, hash_block_size: int) -> None:
         if len(kv_cache_config.kv_cache_groups) != 1:
             raise InvalidKVCacheManagerConfigError("the unitary coordinator manages one group")
         block_size = kv_cache_config.kv_cache_groups[0].kv_cache_spec.block_size
@@ -274,19 +259,11 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
                 f"hash_block_size {hash_block_size} must equal the group's block size "
                 f"{block_size} with one group and caching on"
             )
-        super().__init__(
-            kv_cache_config,
-            True,
-            enable_kv_cache_events,
-            hash_block_size,
-            int_event_hashes,
-            scheduler_block_size,
-            max_in_flight_tokens,
-            max_model_len,
-        )
+
+    def _setup(self) -> None:
         self._manager = self.single_type_managers[0]
         self._full = type(self._manager) is FullAttentionManager and (
-            self._manager.alignment == block_size
+            self._manager.alignment == self._manager.block_size
         )
 
     def find_longest_cache_hit(
@@ -306,32 +283,15 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     the previous ones left, until a whole round leaves the length unchanged (a
     fixpoint: lengths only shrink). Every group's blocks then cover that length."""
 
-    def __init__(
-        self,
-        kv_cache_config: KVCacheConfig,
-        enable_kv_cache_events: bool,
-        hash_block_size: int,
-        int_event_hashes: bool = True,
-        scheduler_block_size: int | None = None,
-        max_in_flight_tokens: int | None = None,
-        max_model_len: int | None = None,
-    ) -> None:
+    def _check(self, kv_cache_config: KVCacheConfig, hash_block_size: int) -> None:
         sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
         if any(s % hash_block_size for s in sizes):
             raise InvalidKVCacheManagerConfigError(
                 f"every group's block size {sizes} must be a multiple of hash_block_size "
                 f"{hash_block_size} with caching on"
             )
-        super().__init__(
-            kv_cache_config,
-            True,
-            enable_kv_cache_events,
-            hash_block_size,
-            int_event_hashes,
-            scheduler_block_size,
-            max_in_flight_tokens,
-            max_model_len,
-        )
+
+    def _setup(self) -> None:
         #: (the first manager of a spec, the group ids sharing that spec), full first
         specs: list[tuple[KVCacheSpec, SingleTypeKVCacheManager, list[int]]] = []
         for i, m in enumerate(self.single_type_managers):
@@ -345,8 +305,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         self.spec_groups: tuple[tuple[SingleTypeKVCacheManager, tuple[int, ...]], ...] = tuple(
             (first, tuple(ids)) for _, first, ids in specs
         )
-        # full attention and one other kind: the second round would change nothing (full
-        # attention keeps any shorter aligned length, the other kind's own answer)
+        # full attention and one other kind: a second round would change nothing (full
+        # attention keeps any shorter aligned length; a sliding window's answer, and a
+        # whole-block chunk's, is stable at its own length)
         self._one_round = len(specs) == 2 and isinstance(specs[0][0], FullAttentionSpec)
 
     def find_longest_cache_hit(
@@ -394,7 +355,12 @@ def get_kv_cache_coordinator(
     max_model_len: int | None = None,
 ) -> KVCacheCoordinator:
     """The coordinator for this configuration (module docstring)."""
-    args = (
+    cls: type[KVCacheCoordinator] = HybridKVCacheCoordinator
+    if not enable_caching:
+        cls = KVCacheCoordinatorNoPrefixCache
+    elif len(kv_cache_config.kv_cache_groups) == 1:
+        cls = UnitaryKVCacheCoordinator
+    return cls(
         kv_cache_config,
         enable_kv_cache_events,
         hash_block_size,
@@ -403,8 +369,3 @@ def get_kv_cache_coordinator(
         max_in_flight_tokens,
         max_model_len,
     )
-    if not enable_caching:
-        return KVCacheCoordinatorNoPrefixCache(*args)
-    if len(kv_cache_config.kv_cache_groups) == 1:
-        return UnitaryKVCacheCoordinator(*args)
-    return HybridKVCacheCoordinator(*args)
