@@ -819,7 +819,7 @@ def test_the_json_is_indented_by_two_spaces() -> None:
 
 def _timeline_result(cached: bool) -> report.SimulationResult:
     line = report.Timeline(
-        step=[0, 1, 3],
+        time=[0.0, 1.0, 3.0],
         kv_usage=[0.1, 0.5, 0.25],
         waiting=[2, 1, 0],
         running=[1, 2, 1],

@@ -101,7 +101,7 @@ def test_every_preset_runs_with_checks(name: str) -> None:
     s = result.summary
     assert accounted(result) and s.unfinished == 0 and s.checked and s.finished
     assert 0 < s.peak_kv_usage <= 1 and 0 <= s.mean_kv_usage <= s.peak_kv_usage
-    assert 0 <= s.fragmentation < 1 and s.steps == len(result.timeline.step)
+    assert 0 <= s.fragmentation < 1 and s.steps == len(result.timeline.time)
     assert s.generated_tokens >= s.finished
 
 
@@ -171,7 +171,7 @@ def test_idle_gaps_are_skipped_and_max_steps_stops_the_run() -> None:
     requests = [RequestSpec("a", 0.0, 4, 3), RequestSpec("b", 1e9, 4, 3)]
     result = run(requests)
     assert result.summary.finished == 2 and result.summary.steps == 6
-    assert result.timeline.step[-1] == 10**9 + 2
+    assert result.timeline.time[-1] == 10**9 + 2
     cut = run([RequestSpec("a", 0.0, 4, 50)], max_steps=5)
     assert cut.summary.steps == 5 and cut.summary.unfinished == 1
 
@@ -212,7 +212,7 @@ def test_the_wall_time_is_the_runs_own() -> None:
 
 
 def test_steps_count_from_0_and_a_request_joins_at_the_first_step_after_it_arrives() -> None:
-    first_step: dict[str, int] = {}
+    first_step: dict[str, float] = {}
 
     def observe(obs: StepObservation) -> None:
         for scheduled in obs.outputs.scheduled_seq_groups:
@@ -222,7 +222,7 @@ def test_steps_count_from_0_and_a_request_joins_at_the_first_step_after_it_arriv
     requests = [RequestSpec("a", 0.0, 4, 6), RequestSpec("b", 2.5, 4, 2), RequestSpec("c", 3, 4, 2)]
     result = Simulator(config).run(requests, observe=observe)
     assert first_step == {"a": 0, "b": 3, "c": 3}
-    assert result.timeline.step == list(range(6))
+    assert result.timeline.time == list(range(6))
 
 
 def test_kv_check_catches_a_corrupted_block() -> None:
@@ -607,7 +607,7 @@ class _RecordingScheduler(Scheduler):
 class _Observed:
     """What the hooks saw, one entry per step."""
 
-    clocks: list[int] = field(default_factory=list)
+    clocks: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     usage: list[float] = field(default_factory=list)
     empty: list[float] = field(default_factory=list)  # steps with a used block only
@@ -868,7 +868,7 @@ def test_every_reported_figure_matches_an_independent_recount(index: int) -> Non
     got["wall_s"] = 0.0
     assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
     line = result.timeline
-    assert line.step == seen.clocks and line.kv_usage == pytest.approx(seen.usage, abs=1e-12)
+    assert line.time == seen.clocks and line.kv_usage == pytest.approx(seen.usage, abs=1e-12)
     assert line.preempted_recompute == seen.preempted_recompute
     assert line.preempted_swap == seen.preempted_swap
     assert list(zip(line.waiting, line.running, line.swapped, strict=True)) == seen.queues_after

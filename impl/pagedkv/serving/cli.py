@@ -31,6 +31,7 @@ from pagedkv.serving.capacity import CapacityPlan, plan_capacity
 from pagedkv.serving.model_config import KV_CACHE_DTYPES, load_model_config
 from pagedkv.serving.scheduler import SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
+from pagedkv.serving.step_time import StepTimeModel
 
 __all__ = ["TOY_LIMIT", "build_parser", "kv_backing", "main", "parse_size", "plan_from_args"]
 
@@ -259,6 +260,27 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--max-num-seqs", type=_int_at_least(1))
     sim.add_argument("--max-num-batched-tokens", type=_int_at_least(1))
     sim.add_argument("--max-steps", type=_int_at_least(1), default=100_000)
+    timing = sim.add_argument_group(
+        "time and latency",
+        "a step-time model makes the clock seconds (TTFT, TPOT, ITL, E2EL in ms); "
+        "without one, time is counted in scheduler steps",
+    )
+    timing.add_argument(
+        "--time-model",
+        metavar="FILE|K=V,...",
+        help="step-time coefficients: a JSON file, or c0=...,c_prefill=...,c_decode=...,"
+        "c_ctx=...,h2d_bandwidth=...,d2d_bandwidth=... (seconds, bytes/s)",
+    )
+    timing.add_argument(
+        "--max-concurrency",
+        type=_int_at_least(1),
+        help="most requests in the server at once; later ones are sent as earlier ones end",
+    )
+    timing.add_argument(
+        "--requests-out",
+        metavar="FILE",
+        help="one row per request (times, latencies, outcome): .csv or .jsonl",
+    )
     sim.add_argument(
         "--enable-caching",
         action="store_true",
@@ -324,6 +346,13 @@ def _simulate(args: argparse.Namespace) -> int:
         problem = check_output_path(args.plot, "--plot", PLOT_FORMATS)
         if problem:
             raise _UsageError(problem)
+    if args.requests_out:
+        problem = check_output_path(
+            args.requests_out, "--requests-out", report.REQUESTS_OUT_FORMATS
+        )
+        if problem:
+            raise _UsageError(problem)
+    time_model = StepTimeModel.parse(args.time_model) if args.time_model else None
     if args.trace:
         requests, title, sizes = workload.load_trace(args.trace), args.trace, _TRACE_DEFAULTS
     else:
@@ -351,6 +380,8 @@ def _simulate(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "enable_caching": args.enable_caching,
         "kv_backing": backing,
+        "time_model": time_model,
+        "max_concurrency": args.max_concurrency,
     }
     if plan is not None:
         config = SimulationConfig.for_capacity(plan, **settings)
@@ -387,6 +418,17 @@ def _simulate(args: argparse.Namespace) -> int:
         except OSError as err:  # e.g. the disk filled up: no partial file is left
             raise _UsageError(f"cannot write --plot {plot_path!r}: {err.strerror or err}") from None
         print(f"pagedkv: plot written to {plot_path}", file=sys.stderr)
+    if args.requests_out:
+        out_path = args.requests_out
+        try:
+            write_atomically(out_path, lambda tmp: report.write_requests(result, tmp))
+        except OSError as err:
+            raise _UsageError(
+                f"cannot write --requests-out {out_path!r}: {err.strerror or err}"
+            ) from None
+        print(
+            f"pagedkv: {len(result.requests)} request rows written to {out_path}", file=sys.stderr
+        )
     return 0
 
 

@@ -16,6 +16,7 @@ Definitions of the figures (fields of :class:`Summary`):
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import itertools
 import json
@@ -25,6 +26,7 @@ from typing import Any
 
 from pagedkv.errors import OptionalDependencyError
 from pagedkv.serving.capacity import summary_rows
+from pagedkv.serving.latency import Distribution, RequestRecord, ServingMetrics
 from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerOutputs
 from pagedkv.v0.prefix_caching_allocator import CacheStats
 
@@ -38,6 +40,7 @@ __all__ = [
     "require_matplotlib",
     "to_dict",
     "to_json",
+    "write_requests",
 ]
 
 
@@ -78,10 +81,10 @@ class Summary:
 
 @dataclass
 class Timeline:
-    """Per executed step: KV usage (used / total GPU blocks), queue lengths (groups),
-    preemptions by mode."""
+    """Per executed step: its start time (steps, or seconds with a time model), KV usage
+    (used / total GPU blocks), queue lengths (groups), preemptions by mode."""
 
-    step: list[int] = field(default_factory=list)
+    time: list[float] = field(default_factory=list)
     kv_usage: list[float] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
     running: list[int] = field(default_factory=list)
@@ -93,13 +96,17 @@ class Timeline:
 
 @dataclass
 class SimulationResult:
-    """Summary, timeline, and the reasons of every rejected or aborted request."""
+    """Summary, timeline, the reasons of every rejected or aborted request, and the
+    serving metrics with the per-request rows they come from
+    (:mod:`pagedkv.serving.latency`)."""
 
     summary: Summary
     timeline: Timeline
     rejected: list[tuple[str, str]]
     aborted: list[tuple[str, str]]
     setup: dict[str, object]
+    metrics: ServingMetrics | None = None
+    requests: list[RequestRecord] = field(default_factory=list)
 
 
 class Tally:
@@ -169,10 +176,10 @@ class Tally:
             self.empty_sum += empty
             self.empty_steps += 1
 
-    def record(self, clock: int, out: SchedulerOutputs, sched: Scheduler) -> None:
-        """The step's timeline entry (queues after the step)."""
+    def record(self, clock: float, out: SchedulerOutputs, sched: Scheduler) -> None:
+        """The step's timeline entry (its start time; queues after the step)."""
         line = self.timeline
-        line.step.append(clock)
+        line.time.append(clock)
         line.waiting.append(len(sched.waiting))
         line.running.append(len(sched.running))
         line.swapped.append(len(sched.swapped))
@@ -260,6 +267,7 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
             else []
         ),
         ("fragmentation", f"{_pct(s.fragmentation)} of allocated token slots empty (mean)"),
+        *(_metric_rows(result.metrics, cfg) if result.metrics is not None else []),
         ("scheduler", f"{s.sched_ms_mean:.3f} ms/step mean, {s.sched_ms_p99:.3f} ms p99"),
         ("checks", checks),
         ("wall time", f"{s.wall_s:.2f} s"),
@@ -273,14 +281,76 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
     return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
 
 
+def _metric_rows(m: ServingMetrics, cfg: dict[str, object]) -> list[tuple[str, str]]:
+    """The serving metrics' rows: in ms and per second with a time model, else in
+    steps."""
+    seconds = m.unit == "s"
+    scale, unit, per = (1e3, "ms", "s") if seconds else (1.0, "steps", "step")
+
+    def dist(d: Distribution) -> str:
+        if not d.count:
+            return "-"
+        return (
+            ", ".join(
+                f"{name} {scale * getattr(d, name):,.1f}"
+                for name in ("mean", "p50", "p90", "p99", "max")
+            )
+            + f" {unit}"
+        )
+
+    model = cfg.get("time_model")
+    source = model.get("source", "") if isinstance(model, dict) else ""
+    clock = (
+        f"{m.duration:,.2f} s on the step-time model ({source or 'given in code'})"
+        if seconds
+        else f"{m.duration:,.0f} steps (no step-time model: every step lasts one step)"
+    )
+    return [
+        ("time", clock),
+        ("TTFT", dist(m.ttft)),
+        ("TPOT", dist(m.tpot)),
+        ("ITL", dist(m.itl)),
+        ("E2EL", dist(m.e2el)),
+        ("queueing", dist(m.queue)),
+        (
+            "throughput",
+            f"{m.request_throughput:,.3f} requests/{per}, {m.output_throughput:,.1f} output "
+            f"tokens/{per}, {m.total_token_throughput:,.1f} total tokens/{per} "
+            f"({m.completed} finished requests)",
+        ),
+    ]
+
+
 def to_dict(result: SimulationResult) -> dict[str, Any]:
-    """Setup, summary and reasons as plain JSON types. Complexity: O(requests)."""
+    """Setup, summary, serving metrics, the reasons, the per-request rows and the
+    timeline as plain JSON types. Complexity: O(requests + steps)."""
     return {
         "setup": result.setup,
         "summary": dataclasses.asdict(result.summary),
+        "metrics": None if result.metrics is None else dataclasses.asdict(result.metrics),
         "rejected": [{"request_id": r, "reason": why} for r, why in result.rejected],
         "aborted": [{"request_id": r, "reason": why} for r, why in result.aborted],
+        "requests": [r.to_dict() for r in result.requests],
+        "timeline": dataclasses.asdict(result.timeline),
     }
+
+
+#: The columns of ``--requests-out`` (:meth:`RequestRecord.to_dict`'s keys).
+REQUEST_COLUMNS = tuple(RequestRecord("", 0.0, 1, 1, 1).to_dict())
+REQUESTS_OUT_FORMATS = (".csv", ".jsonl")
+
+
+def write_requests(result: SimulationResult, path: str | Path) -> None:
+    """One row per request: CSV (a header, empty cells for None) for ``.csv``, else
+    JSON Lines. Complexity: O(requests)."""
+    rows = [r.to_dict() for r in result.requests]
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        if Path(path).suffix.lower() == ".csv":
+            writer = csv.DictWriter(f, fieldnames=REQUEST_COLUMNS)
+            writer.writeheader()
+            writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
+        else:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
 
 
 def to_json(result: SimulationResult) -> str:
@@ -309,11 +379,11 @@ def plot(result: SimulationResult, path: str | Path, title: str = "") -> None:
 
     line = result.timeline
     fig, (ax_kv, ax_q, ax_p) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
-    ax_kv.plot(line.step, [100 * u for u in line.kv_usage], color="tab:blue", lw=1, label="used")
+    ax_kv.plot(line.time, [100 * u for u in line.kv_usage], color="tab:blue", lw=1, label="used")
     if line.cached_blocks:
         total = max(1, int(str(result.setup["num_gpu_blocks"])))
         cached = [100 * c / total for c in line.cached_blocks]
-        ax_kv.plot(line.step, cached, color="tab:cyan", lw=1, label="cached (prefix cache)")
+        ax_kv.plot(line.time, cached, color="tab:cyan", lw=1, label="cached (prefix cache)")
         ax_kv.legend(loc="upper right")
     ax_kv.set_ylabel("GPU KV blocks used (%)")
     ax_kv.set_ylim(0, 105)
@@ -322,7 +392,7 @@ def plot(result: SimulationResult, path: str | Path, title: str = "") -> None:
         ("running", line.running, "tab:green"),
         ("swapped", line.swapped, "tab:red"),
     ):
-        ax_q.plot(line.step, values, label=name, color=color, lw=1)
+        ax_q.plot(line.time, values, label=name, color=color, lw=1)
     ax_q.set_ylabel("requests in queue")
     ax_q.legend(loc="upper right")
     for name, values, color in (
@@ -330,10 +400,10 @@ def plot(result: SimulationResult, path: str | Path, title: str = "") -> None:
         ("swap", line.preempted_swap, "tab:red"),
     ):
         ax_p.step(
-            line.step, list(itertools.accumulate(values)), where="post", label=name, color=color
+            line.time, list(itertools.accumulate(values)), where="post", label=name, color=color
         )
     ax_p.set_ylabel("preemptions (cumulative)")
-    ax_p.set_xlabel("scheduler step")
+    ax_p.set_xlabel("time (s)" if result.setup.get("time_unit") == "s" else "time (steps)")
     ax_p.legend(loc="upper left")
     s = result.summary
     fig.suptitle(

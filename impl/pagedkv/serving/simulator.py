@@ -5,8 +5,18 @@ step; the KV backing applies it (below); the sequences' computed counts advance;
 the model samples one token per running sequence (a function of the seed,
 sequence id and position) and finishes the sequences that reached their output
 length. With prefix caching, each step also marks the scheduled sequences' blocks
-accessed (the step number is the time) and, after the forward pass, the blocks it
-promoted as computed.
+accessed (the step's start time is the time) and, after the forward pass, the
+blocks it promoted as computed.
+
+Time: a step lasts one *step* by default, or what ``SimulationConfig.time_model``
+(:class:`~pagedkv.serving.step_time.StepTimeModel`) says in seconds; the next step
+starts when it ends, and an idle simulator skips ahead to the next arrival (in
+steps, to the first whole step at or after it). A request enters the scheduler at
+the start of the first step at or after its arrival; with ``max_concurrency`` at
+most that many requests are in the server (sent and not ended), the others wait
+in arrival order and are sent when one ends. Per-request times and the serving
+metrics (TTFT, TPOT, ITL, E2EL, queueing, throughput) are defined in
+:mod:`pagedkv.serving.latency`.
 
 Two KV backings (``SimulationConfig.kv_backing``):
 
@@ -48,9 +58,11 @@ from pagedkv.errors import (
     WorkloadError,
 )
 from pagedkv.serving.capacity import CapacityPlan
+from pagedkv.serving.latency import LatencyTally
 from pagedkv.serving.model_config import dtype_bytes
 from pagedkv.serving.report import SimulationResult, Tally
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.serving.step_time import StepTimeModel, StepWork
 from pagedkv.serving.workload import RequestSpec
 from pagedkv.v0.manager import BlockSpaceManager
 from pagedkv.v0.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -84,9 +96,11 @@ class StepObservation:
     """
 
     step: int  # index among executed steps, from 0
-    clock: int  # the step's time in steps (``Timeline.step``); jumps over idle gaps
+    clock: float  # the step's start time (``Timeline.time``); jumps over idle gaps
     outputs: SchedulerOutputs  # what ``schedule()`` returned this step
     schedule_seconds: float  # wall time of that ``schedule()`` call (the scheduler figures)
+    duration: float = 1.0  # how long the step lasts on the clock (1 step without a model)
+    work: StepWork | None = None  # what the time model priced (None without a model)
 
 
 #: Called once per step with the step's :class:`StepObservation` (tests recompute
@@ -119,6 +133,8 @@ class SimulationConfig:
     enable_caching: bool = False  # prefix caching in the block manager
     kv_backing: str = "toy"  # "toy": KV tensors and the KV check; "none": no KV tensors
     capacity: CapacityPlan | None = None  # a model's cache, sized without allocating it
+    time_model: StepTimeModel | None = None  # seconds per step; None: time in steps
+    max_concurrency: int | None = None  # requests in the server at once (None: no limit)
 
     @classmethod
     def for_capacity(cls, plan: CapacityPlan, **settings: Any) -> SimulationConfig:
@@ -162,6 +178,14 @@ class SimulationConfig:
             raise kv(f"kv_backing must be 'toy' or 'none', got {self.kv_backing!r}")
         if self.capacity is not None:
             self._check_capacity(self.capacity)
+        if self.time_model is not None:
+            require_instance("time_model", self.time_model, StepTimeModel, "a StepTimeModel")
+        require_optional_int("max_concurrency", self.max_concurrency, sched, 1)
+
+    @property
+    def time_unit(self) -> str:
+        """``"s"`` with a time model, else ``"step"``. O(1)."""
+        return "step" if self.time_model is None else "s"
 
     def _check_capacity(self, plan: CapacityPlan) -> None:
         """The shape and size fields must be the plan's (one source of truth)."""
@@ -280,18 +304,40 @@ class Simulator:
         tokens) tensor work for the KV check when checking is on.
         """
         self.check_requests(requests)
-        sched, tally = self.scheduler, Tally(len(requests), self.config.check)
+        c, sched, tally = self.config, self.scheduler, Tally(len(requests), self.config.check)
+        latency, model = LatencyTally(), c.time_model
         pending = deque(sorted(requests, key=lambda r: r.arrival_time))
-        clock, start = 0, time.perf_counter()
-        while (pending or sched.has_unfinished_seqs()) and tally.steps < self.config.max_steps:
+        # max_concurrency: when each free place in the server freed (in time order)
+        places = deque([-math.inf] * min(c.max_concurrency or 0, len(requests)))
+        limited = c.max_concurrency is not None
+        clock, start, end = 0.0, time.perf_counter(), 0.0
+        while (pending or sched.has_unfinished_seqs()) and tally.steps < c.max_steps:
             if not sched.has_unfinished_seqs():  # idle: skip ahead to the next arrival
-                clock = max(clock, math.ceil(pending[0].arrival_time))
+                at = max(pending[0].arrival_time, places[0] if limited else 0.0)
+                clock = max(clock, at if model else float(math.ceil(at)))
             while pending and pending[0].arrival_time <= clock:
-                self._add(pending.popleft())
+                if limited and not (places and places[0] <= clock):
+                    break
+                spec = pending.popleft()
+                sent = max(spec.arrival_time, places.popleft()) if limited else spec.arrival_time
+                latency.sent(spec.request_id, sent, spec.prompt_len, spec.output_len, spec.n)
+                self._add(spec)
             t0 = time.perf_counter()
             out = sched.schedule()
             seconds = time.perf_counter() - t0
             tally.plan(out, seconds)
+            work = self._work(out) if model else None
+            duration = 1.0 if model is None or work is None else model.duration(work)
+            end = clock + duration
+            for scheduled in out.scheduled_seq_groups:
+                latency.scheduled(scheduled.seq_group.request_id, clock)
+            for preemption in out.preempted:
+                latency.preempted(preemption.request_id)
+            for event, status in ((out.rejected, "rejected"), (out.aborted, "aborted")):
+                for ended in event:
+                    latency.ended(ended.request_id, status, end, ended.reason)
+                    if limited:
+                        places.append(end)
             if self.manager.enable_caching:
                 self._access(out, clock)
             self._forward(out)
@@ -300,24 +346,35 @@ class Simulator:
                     self.manager.mark_blocks_as_computed(scheduled.seq_group)
                 tally.cache(self.manager.cache_stats())
             used = self.num_gpu_blocks - self.manager.get_num_free_gpu_blocks()
-            empty = 1.0 - self._filled_slots() / (used * self.config.block_size) if used else None
+            empty = 1.0 - self._filled_slots() / (used * c.block_size) if used else None
             tally.usage(used / self.num_gpu_blocks, empty)
             if observe is not None:
-                observe(StepObservation(tally.steps - 1, clock, out, seconds))
-            tally.summary.generated_tokens += self._sample(out)
-            tally.summary.finished += len(sched.free_finished_seq_groups())
-            if self.config.check:
+                observe(StepObservation(tally.steps - 1, clock, out, seconds, duration, work))
+            tally.summary.generated_tokens += self._sample(out, latency, end)
+            for group in sched.free_finished_seq_groups():
+                latency.ended(group.request_id, "finished", end)
+                if limited:
+                    places.append(end)
+                tally.summary.finished += 1
+            if c.check:
                 self.manager.check_invariants()
                 sched.check_invariants()
                 if self._kv is not None:
                     self.check_kv()
             tally.record(clock, out, sched)
-            clock += 1
+            clock = end
             if progress is not None:
                 progress(tally.steps, tally.done, len(requests))
+        for spec in pending:  # never sent: the run stopped at max_steps
+            latency.sent(
+                spec.request_id, spec.arrival_time, spec.prompt_len, spec.output_len, spec.n
+            )
         unfinished = sched.get_num_unfinished_seq_groups() + len(pending)
         wall = time.perf_counter() - start
-        return tally.result(unfinished, self.manager.stats.cow_copies, wall, self.setup())
+        result = tally.result(unfinished, self.manager.stats.cow_copies, wall, self.setup())
+        result.metrics = latency.metrics(c.time_unit, end)
+        result.requests = list(latency.records.values())
+        return result
 
     def setup(self) -> dict[str, object]:
         """The resolved cache and scheduler settings, for reports; with a capacity plan
@@ -337,7 +394,11 @@ class Simulator:
             "lookahead": c.scheduler.num_lookahead_slots,
             "seed": c.seed,
             "prefix_caching": c.enable_caching,
+            "time_unit": c.time_unit,
+            "max_concurrency": c.max_concurrency,
         }
+        if c.time_model is not None:
+            setup["time_model"] = c.time_model.to_dict()
         if c.capacity is not None:
             setup["model"] = f"{c.capacity.model.name}: {setup['model']}"
             setup["capacity"] = c.capacity.to_dict()
@@ -371,17 +432,19 @@ class Simulator:
             for seq in scheduled.seq_group.get_seqs(_RUNNING):
                 seq.update_num_computed_tokens(seq.get_num_uncomputed_tokens())
 
-    def _access(self, out: SchedulerOutputs, clock: int) -> None:
+    def _access(self, out: SchedulerOutputs, clock: float) -> None:
         """Prefix caching: the scheduled sequences' blocks were used at ``clock``."""
         for scheduled in out.scheduled_seq_groups:
             for seq in scheduled.seq_group.get_seqs(_RUNNING):
-                self.manager.access_all_blocks_in_seq(seq, float(clock))
+                self.manager.access_all_blocks_in_seq(seq, clock)
 
-    def _sample(self, out: SchedulerOutputs) -> int:
-        """One token per RUNNING sequence; finish those at their output length."""
+    def _sample(self, out: SchedulerOutputs, latency: LatencyTally, end: float) -> int:
+        """One token per RUNNING sequence, produced at ``end``; finish those at their
+        output length."""
         seed, count = self.config.seed, 0
         for scheduled in out.scheduled_seq_groups:
             group = scheduled.seq_group
+            latency.tokens(group.request_id, end)
             limit = self._specs[group.request_id].output_len
             for seq in group.get_seqs(_RUNNING):
                 seq.append_token_id(mix64(seed + 1, seq.seq_id, seq.get_len()) % _VOCAB)
@@ -391,6 +454,27 @@ class Simulator:
                     if self._kv is not None:
                         self._kv.forget(seq.seq_id)
         return count
+
+    def _work(self, out: SchedulerOutputs) -> StepWork:
+        """What the step computes and moves, for the time model
+        (:class:`~pagedkv.serving.step_time.StepWork`): a prefill's tokens once per group
+        (its samples share the prompt, as the scheduler's budget counts it), one decode
+        per running sequence, each scheduled sequence's length as context read.
+        Complexity: O(scheduled sequences)."""
+        prefill = decode = context = 0
+        for scheduled in out.scheduled_seq_groups:
+            seqs = scheduled.seq_group.get_seqs(_RUNNING)
+            if scheduled.is_prefill:
+                prefill += scheduled.token_chunk_size
+            else:
+                decode += len(seqs)
+            for seq in seqs:
+                context += seq.get_len()
+        moved = len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in)
+        copied = len(out.blocks_to_copy)
+        return StepWork(
+            prefill, decode, context, moved * self._block_bytes, copied * self._block_bytes
+        )
 
     def _filled_slots(self) -> int:
         """GPU token slots holding a computed token (each shared block counted once)."""
