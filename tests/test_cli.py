@@ -85,7 +85,7 @@ def test_enable_caching_reports_the_prefix_cache(
     assert data["setup"]["prefix_caching"] is True
     summary = data["summary"]
     assert (summary["cache_hits"], summary["cached_prompt_tokens"]) == (6, 96)
-    assert summary["prompt_tokens"] == 3 * 60 - 96
+    assert summary["prompt_tokens"] == 3 * 60  # the admitted prompts, cached or not
     assert cli.main([*argv, "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)["summary"]
     assert plain["prefix_caching"] is False and plain["prompt_tokens"] == 180
@@ -491,6 +491,8 @@ def test_the_cache_and_scheduler_flags_reach_the_setup(
         "lookahead": 2,
         "seed": 7,
         "prefix_caching": False,
+        "time_unit": "step",
+        "max_concurrency": None,
         "workload": str(tmp_path / "trace.jsonl"),
     }
     assert data["summary"]["checked"] is False
@@ -509,6 +511,8 @@ def test_the_cache_and_scheduler_flags_reach_the_setup(
         "lookahead": 0,
         "seed": 0,
         "prefix_caching": False,
+        "time_unit": "step",
+        "max_concurrency": None,
         "workload": str(tmp_path / "trace.jsonl"),
     }
     assert defaults["summary"]["checked"] is True
@@ -910,7 +914,7 @@ def test_the_plot_draws_usage_queues_and_cumulative_preemptions(
     ]
     assert _legend(ax_p) == ["recompute", "swap"]
     assert ax_p.get_ylabel() == "preemptions (cumulative)"
-    assert ax_p.get_xlabel() == "scheduler step"
+    assert ax_p.get_xlabel() == "time (steps)"
 
 
 def test_the_plot_without_a_prefix_cache_has_one_usage_line(

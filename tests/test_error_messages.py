@@ -1398,8 +1398,8 @@ SCHEDULER_MESSAGES = [
         lambda: _trace('{"arrival_time": 0, "prompt_len": 3, "output_len": 2, "x": 1}'),
         WorkloadError,
         "t.jsonl, line 2: unknown key(s) ['x']; "
-        "allowed: ['arrival_time', 'n', 'output_len', 'prefix', 'prefix_len', 'prompt_len', "
-        "'request_id']",
+        "allowed: ['arrival_time', 'hash_block_size', 'hash_ids', 'n', 'output_len', "
+        "'parent', 'prefix', 'prefix_len', 'prompt_len', 'request_id']",
     ),
     case(
         "trace prefix type",

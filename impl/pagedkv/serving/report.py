@@ -53,9 +53,9 @@ class Summary:
     rejected: int = 0
     aborted: int = 0
     unfinished: int = 0
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # prompts of the admitted requests (computed or found in the cache)
     generated_tokens: int = 0
-    recomputed_tokens: int = 0
+    recomputed_tokens: int = 0  # tokens prefilled again after a recompute preemption
     steps: int = 0
     preempted_recompute: int = 0
     preempted_swap: int = 0
@@ -148,9 +148,9 @@ class Tally:
         for g in out.scheduled_seq_groups:
             if g.is_prefill and g.seq_group.request_id in self.admitted:
                 s.recomputed_tokens += g.token_chunk_size
-            elif g.is_prefill:
+            elif g.is_prefill:  # the whole prompt, whether its KV was computed or cached
                 self.admitted.add(g.seq_group.request_id)
-                s.prompt_tokens += g.token_chunk_size
+                s.prompt_tokens += len(g.seq_group.prompt_token_ids)
 
     def cache(self, stats: CacheStats | None) -> None:
         """Prefix-cache counters after the step (cumulative) and its cached blocks."""

@@ -79,6 +79,7 @@ __all__ = ["ObserveFn", "SimulationConfig", "Simulator", "StepObservation"]
 _RUNNING = SequenceStatus.RUNNING
 _VOCAB = 32_000
 _PREFIX_STREAM = 1 << 40  # token streams of shared prefixes, apart from requests' own
+_HASH_STREAM = 1 << 41  # token streams of content ids (RequestSpec.hash_ids)
 KV_BACKINGS = ("toy", "none")  # SimulationConfig.kv_backing (module docstring)
 #: Called after every step with (step, requests done, requests total).
 ProgressFn = Callable[[int, int, int], None]
@@ -264,6 +265,9 @@ class Simulator:
         self._request_index: dict[str, int] = {}
         self._prefix_index: dict[str, int] = {}
         self._specs: dict[str, RequestSpec] = {}
+        self._parent_ids: set[str] = set()  # requests a later request continues
+        # parent id -> (its prompt, its first sequence's id: the answer's token stream)
+        self._parents: dict[str, tuple[tuple[int, ...], int]] = {}
 
     @property
     def engine(self) -> KVCacheEngine:
@@ -304,6 +308,7 @@ class Simulator:
         tokens) tensor work for the KV check when checking is on.
         """
         self.check_requests(requests)
+        self._parent_ids = {r.parent for r in requests if r.parent is not None}
         c, sched, tally = self.config, self.scheduler, Tally(len(requests), self.config.check)
         latency, model = LatencyTally(), c.time_model
         pending = deque(sorted(requests, key=lambda r: r.arrival_time))
@@ -408,16 +413,29 @@ class Simulator:
         index = self._request_index.setdefault(spec.request_id, len(self._request_index))
         self._specs[spec.request_id] = spec
         seed, shared = self.config.seed, spec.prefix_len if spec.prefix else 0
-        stream = 0
-        if spec.prefix:  # a shared prefix's tokens come from its own stream
-            stream = self._prefix_index.setdefault(spec.prefix, len(self._prefix_index))
-        prompt = [
-            mix64(seed, _PREFIX_STREAM + stream, p) % _VOCAB
-            if p < shared
-            else mix64(seed, index, p) % _VOCAB
-            for p in range(spec.prompt_len)
-        ]
+        if spec.parent is not None:  # the parent's prompt and its first sample's answer
+            before, parent_seq = self._parents[spec.parent]
+            answer = self._specs[spec.parent].output_len
+            prompt = list(before)
+            prompt += [
+                mix64(seed + 1, parent_seq, p) % _VOCAB
+                for p in range(len(before), len(before) + answer)
+            ]
+        elif spec.hash_ids:  # one stream per content id; a piece's tokens by offset in it
+            size = spec.hash_block_size
+            prompt = [
+                mix64(seed, _HASH_STREAM + spec.hash_ids[p // size], p % size) % _VOCAB
+                for p in range(min(spec.prompt_len, len(spec.hash_ids) * size))
+            ]
+        else:
+            stream = 0
+            if spec.prefix:  # a shared prefix's tokens come from its own stream
+                stream = self._prefix_index.setdefault(spec.prefix, len(self._prefix_index))
+            prompt = [mix64(seed, _PREFIX_STREAM + stream, p) % _VOCAB for p in range(shared)]
+        prompt += [mix64(seed, index, p) % _VOCAB for p in range(len(prompt), spec.prompt_len)]
         seq = Sequence(self.scheduler.next_seq_id(), prompt, self.config.block_size)
+        if spec.request_id in self._parent_ids:  # a later turn starts with this one
+            self._parents[spec.request_id] = (tuple(prompt), seq.seq_id)
         group = SequenceGroup(spec.request_id, [seq], spec.arrival_time, n=spec.n)
         self.scheduler.add_seq_group(group)
 
@@ -531,7 +549,7 @@ def _check_requests(requests: object) -> None:
     sequence). O(n)."""
     if not isinstance(requests, list | tuple):
         raise ArgumentTypeError("requests", requests, "a list of RequestSpec")
-    seen: set[str] = set()
+    seen: dict[str, RequestSpec] = {}
     tokens = 0
     for r in requests:
         require_instance("requests (each request)", r, RequestSpec, "a RequestSpec")
@@ -539,7 +557,9 @@ def _check_requests(requests: object) -> None:
             raise WorkloadError(
                 "Simulator.run", f"duplicate request_id {r.request_id!r}; give each its own id"
             )
-        seen.add(r.request_id)
+        if r.parent is not None:
+            _check_parent(r, seen.get(r.parent))
+        seen[r.request_id] = r
         tokens += (r.prompt_len + r.output_len) * r.n
     require_fits_in_memory(
         f"a workload of {len(requests)} requests ({tokens:,} tokens over all sequences)",
@@ -547,6 +567,29 @@ def _check_requests(requests: object) -> None:
         lambda detail: WorkloadError("Simulator.run", detail),
         hint="give fewer or shorter requests (or a smaller n)",
     )
+
+
+def _check_parent(request: RequestSpec, parent: RequestSpec | None) -> None:
+    """A request that continues ``parent`` (RequestSpec.parent): the parent comes earlier
+    in the list, arrives no later, and its prompt and answer fit in the request's
+    prompt. O(1)."""
+    where = f"request {request.request_id!r}"
+    if parent is None:
+        raise WorkloadError(
+            "Simulator.run",
+            f"{where}: parent {request.parent!r} is not an earlier request of the list; "
+            "list a turn after the request it continues",
+        )
+    if parent.arrival_time > request.arrival_time:
+        raise WorkloadError(
+            "Simulator.run", f"{where} arrives before its parent {parent.request_id!r}"
+        )
+    if request.prompt_len < parent.prompt_len + parent.output_len:
+        raise WorkloadError(
+            "Simulator.run",
+            f"{where}: prompt_len {request.prompt_len} is shorter than its parent's prompt "
+            f"and answer ({parent.prompt_len} + {parent.output_len}), which it starts with",
+        )
 
 
 #: Bytes a token of a sequence costs the simulator at most: the token in the

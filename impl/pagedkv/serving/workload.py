@@ -8,7 +8,9 @@ next arrival).
 
 Trace format: UTF-8 text (a byte-order mark is allowed), one JSON object per
 line; blank lines and lines starting with ``#`` (after spaces) are skipped. Keys:
-    arrival_time  number in 0..2**53 (an int or a finite float), in steps (see above)
+    arrival_time  number in 0..2**53 (an int or a finite float), in steps (see above), or
+                  in the unit ``time_unit`` names (``parse_trace``: s, ms, us; converted
+                  to seconds, the clock of a simulator with a step-time model)
     prompt_len    int in 1..2**24, prompt tokens
     output_len    int in 1..2**24, tokens each sequence generates before it finishes
     n             int in 1..1024, optional (default 1): parallel samples sharing the prompt
@@ -19,6 +21,17 @@ line; blank lines and lines starting with ``#`` (after spaces) are skipped. Keys
                   leading prompt tokens come from the named prefix
     request_id    non-empty printable string, optional (default ``"r<index>"``, index among the
                   trace's requests in file order); unique
+    parent        a request_id of an earlier line, optional: this prompt starts with the
+                  parent's prompt *and answer* (its first sample's generated tokens; a
+                  conversation's next turn), so ``prompt_len`` must be at least the parent's
+                  prompt_len + output_len; the parent may not arrive later
+    hash_ids      list of ints in 0..2**63-1, optional: content ids of the prompt's
+                  consecutive ``hash_block_size``-token pieces (Mooncake's traces): pieces
+                  with the same id at the same place hold the same tokens, so they hit the
+                  prefix cache exactly; at most ceil(prompt_len / hash_block_size) of them,
+                  the tokens after them are the request's own
+    hash_block_size  int in 1..2**24, optional (default 512, Mooncake's; needs hash_ids)
+At most one of ``prefix``, ``parent`` and ``hash_ids`` per request.
 "Int" means a JSON integer: ``2.0``, ``"2"`` and ``true`` are not ints; ``null`` is a
 wrong type, not a missing key. Any other key, a key given twice, a wrong type, a
 value out of range, a duplicate id or a line that is not one JSON object is an
@@ -40,10 +53,16 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pagedkv._validate import require_int, require_real, require_str
 from pagedkv._validate import show as _show
 from pagedkv.errors import ArgumentTypeError, WorkloadError
+
+MOONCAKE_BLOCK = 512  # tokens per hash id in Mooncake's traces
+MAX_HASH_ID = 2**63 - 1
+#: ``time_unit`` of a trace -> seconds per unit (``"step"``: arrival times are steps)
+TIME_UNITS = {"step": None, "s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 __all__ = ["PRESETS", "Preset", "RequestSpec", "generate", "load_trace", "parse_trace", "preset"]
 
@@ -59,6 +78,9 @@ class RequestSpec:
     n: int = 1
     prefix: str | None = None
     prefix_len: int = 0
+    parent: str | None = None
+    hash_ids: tuple[int, ...] = ()
+    hash_block_size: int = MOONCAKE_BLOCK
 
     def __post_init__(self) -> None:
         """The trace format's rules (module docstring), for requests built in code too."""
@@ -78,6 +100,25 @@ class RequestSpec:
         require_int("prefix_len", self.prefix_len, error, 0, self.prompt_len)
         if self.prefix_len and self.prefix is None:
             raise error("prefix_len needs a prefix (its name)")
+        if self.parent is not None:
+            require_str("parent", self.parent, error)
+        if not isinstance(self.hash_ids, tuple):
+            raise ArgumentTypeError("hash_ids", self.hash_ids, "a tuple of ints")
+        for value in self.hash_ids:
+            require_int("hash_ids (each id)", value, error, 0, MAX_HASH_ID)
+        require_int("hash_block_size", self.hash_block_size, error, 1, MAX_TOKENS)
+        if len(self.hash_ids) > -(-self.prompt_len // self.hash_block_size):
+            raise error(
+                f"{len(self.hash_ids)} hash_ids of {self.hash_block_size} tokens are more "
+                f"than a prompt of {self.prompt_len} tokens holds"
+            )
+        sources = [k for k, v in (("prefix", self.prefix), ("parent", self.parent)) if v]
+        sources += ["hash_ids"] if self.hash_ids else []
+        if len(sources) > 1:
+            raise error(
+                f"give at most one of prefix, parent and hash_ids (what the prompt shares), "
+                f"got {' and '.join(sources)}"
+            )
 
     def to_json(self) -> str:
         """One trace line. Complexity: O(1)."""
@@ -90,6 +131,10 @@ class RequestSpec:
         }
         if self.prefix is not None:
             line |= {"prefix": self.prefix, "prefix_len": self.prefix_len}
+        if self.parent is not None:
+            line["parent"] = self.parent
+        if self.hash_ids:
+            line |= {"hash_ids": list(self.hash_ids), "hash_block_size": self.hash_block_size}
         return json.dumps(line)
 
 
@@ -104,7 +149,8 @@ class Preset:
     system_prompt_len      tokens of one system prompt every request starts with (0: none);
                            ``prompt_len`` is then what follows it
     turns                  > 1: multi-turn chat; each request is a turn of a conversation
-                           whose prompt extends the previous turn's by ``prompt_len`` tokens
+                           whose prompt is the previous turn's prompt and answer
+                           (``RequestSpec.parent``) and ``prompt_len`` more tokens
     """
 
     name: str
@@ -199,27 +245,26 @@ def generate(spec: Preset, seed: int, num_requests: int | None = None) -> list[R
     choices, weights = zip(*spec.n_weights, strict=True)
     requests: list[RequestSpec] = []
     clock = 0.0
-    # multi-turn: turns waiting for their time, (arrival, order, chat, prompt so far, turn)
-    pending: list[tuple[float, int, int, int, int]] = []
-    next_chat = 0
+    # multi-turn: turns waiting for their time,
+    # (arrival, order, the previous turn's id, its prompt and answer, turn)
+    pending: list[tuple[float, int, str | None, int, int]] = []
     for i in range(count):
         if spec.turns > 1:
             # requests come out in arrival order: the next pending turn, or a new chat
             if pending and pending[0][0] <= clock:
-                at, _, chat, before, turn = heapq.heappop(pending)
+                at, _, parent, before, turn = heapq.heappop(pending)
             else:
-                at, chat, before, turn = clock, next_chat, 0, 0
-                next_chat += 1
+                at, parent, before, turn = clock, None, 0, 0
                 clock += rng.expovariate(spec.rate / spec.turns)
             own = rng.randint(*spec.prompt_len)
             output_len = rng.randint(*spec.output_len)
             n = rng.choices(choices, weights)[0]
             prompt = before + own
             if turn + 1 < spec.turns:  # the next turn after this one's answer
-                later = at + output_len + rng.expovariate(0.2)
-                heapq.heappush(pending, (later, i, chat, prompt + output_len, turn + 1))
+                later = round(at, 3) + output_len + rng.expovariate(0.2)
+                heapq.heappush(pending, (later, i, f"r{i}", prompt + output_len, turn + 1))
             requests.append(
-                RequestSpec(f"r{i}", round(at, 3), prompt, output_len, n, f"chat{chat}", prompt)
+                RequestSpec(f"r{i}", round(at, 3), prompt, output_len, n, parent=parent)
             )
             continue
         own = rng.randint(*spec.prompt_len)
@@ -245,21 +290,28 @@ def generate(spec: Preset, seed: int, num_requests: int | None = None) -> list[R
 
 
 _KEYS = {"arrival_time", "prompt_len", "output_len", "n", "request_id", "prefix", "prefix_len"}
+_KEYS |= {"parent", "hash_ids", "hash_block_size"}
 MAX_ARRIVAL_TIME = 2**53  # floats hold every int up to here
 MAX_TOKENS = 2**24  # prompt_len, output_len
 MAX_N = 1024
 MAX_REQUESTS = 10**6  # a generated workload (each request holds its prompt in memory)
 
 
-def parse_trace(lines: Iterable[str], source: str = "<trace>") -> list[RequestSpec]:
+def parse_trace(
+    lines: Iterable[str], source: str = "<trace>", time_unit: str = "step"
+) -> list[RequestSpec]:
     """Parse trace lines (module docstring); WorkloadError names the bad line.
+    ``time_unit`` (:data:`TIME_UNITS`) is the unit of the arrival times: ``"step"``
+    keeps them, ``"s"``, ``"ms"``, ``"us"`` convert them to seconds.
 
     Complexity: O(total length) plus a sort by arrival time.
     """
     if isinstance(lines, str | bytes) or not hasattr(lines, "__iter__"):
         raise ArgumentTypeError("lines", lines, "an iterable of str lines (e.g. an open file)")
+    scale = _seconds_per(time_unit)
     requests: list[RequestSpec] = []
     first_line: dict[str, int] = {}  # request id -> the line that has it
+    by_id: dict[str, RequestSpec] = {}
     for number, raw in enumerate(lines, start=1):
         if not isinstance(raw, str):
             raise ArgumentTypeError(f"line {number} of {source}", raw, "a str")
@@ -301,7 +353,8 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> list[RequestSp
         ):
             raise WorkloadError(
                 source,
-                f"arrival_time must be a number in 0..2**53 (steps), got {_show(arrival)}",
+                f"arrival_time must be a number in 0..2**53 "
+                f"({'steps' if scale is None else time_unit}), got {_show(arrival)}",
                 number,
             )
         prompt_len = _int_in(obj, "prompt_len", MAX_TOKENS, source, number)
@@ -329,13 +382,81 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> list[RequestSp
                     number,
                 )
             prefix_len = value
-        requests.append(
-            RequestSpec(rid, float(arrival), prompt_len, output_len, n, prefix, prefix_len)
-        )
+        at = float(arrival) if scale is None else arrival * scale
+        shared = _shared_content(obj, by_id, at, prompt_len, source, number)
+        try:
+            request = RequestSpec(rid, at, prompt_len, output_len, n, prefix, prefix_len, **shared)
+        except WorkloadError as err:  # the rules between fields (RequestSpec's own)
+            raise WorkloadError(source, err.detail, number) from None
+        requests.append(request)
+        by_id[rid] = request
     if not requests:
         raise WorkloadError(source, "the trace holds no request")
     requests.sort(key=lambda r: r.arrival_time)
     return requests
+
+
+def _seconds_per(time_unit: object) -> float | None:
+    """Seconds per ``time_unit`` (None for steps); WorkloadError for another unit."""
+    if not isinstance(time_unit, str) or time_unit not in TIME_UNITS:
+        raise WorkloadError(
+            "--time-unit", f"must be one of {', '.join(TIME_UNITS)}, got {_show(time_unit)}"
+        )
+    return TIME_UNITS[time_unit]
+
+
+def _shared_content(
+    obj: dict[str, object],
+    earlier: dict[str, RequestSpec],
+    arrival: float,
+    prompt_len: int,
+    source: str,
+    line: int,
+) -> dict[str, Any]:
+    """The ``parent`` / ``hash_ids`` / ``hash_block_size`` fields of a trace line, checked
+    against the earlier lines (module docstring)."""
+    shared: dict[str, Any] = {}
+    if "parent" in obj:
+        parent = obj["parent"]
+        if not isinstance(parent, str) or not parent:
+            raise WorkloadError(
+                source, f"parent must be a non-empty string, got {_show(parent)}", line
+            )
+        before = earlier.get(parent)
+        if before is None:
+            raise WorkloadError(
+                source,
+                f"parent {parent!r} is not the request_id of an earlier line; a turn follows "
+                "the request it continues",
+                line,
+            )
+        if before.arrival_time > arrival:
+            raise WorkloadError(
+                source, f"arrives before its parent {parent!r}; a turn follows its parent", line
+            )
+        needed = before.prompt_len + before.output_len
+        if prompt_len < needed:
+            raise WorkloadError(
+                source,
+                f"prompt_len {prompt_len} is shorter than its parent's prompt and answer "
+                f"({before.prompt_len} + {before.output_len}), which it starts with",
+                line,
+            )
+        shared["parent"] = parent
+    if "hash_ids" in obj:
+        ids = obj["hash_ids"]
+        if not isinstance(ids, list) or not all(
+            type(i) is int and 0 <= i <= MAX_HASH_ID for i in ids
+        ):
+            raise WorkloadError(
+                source, f"hash_ids must be a list of ints in 0..2**63-1, got {_show(ids)}", line
+            )
+        shared["hash_ids"] = tuple(ids)
+    if "hash_block_size" in obj:
+        if "hash_ids" not in obj:
+            raise WorkloadError(source, "hash_block_size needs hash_ids", line)
+        shared["hash_block_size"] = _int_in(obj, "hash_block_size", MAX_TOKENS, source, line)
+    return shared
 
 
 def _json_object(text: str, source: str, line: int) -> dict[str, object]:
@@ -372,11 +493,12 @@ def _int_in(obj: dict[str, object], key: str, high: int, source: str, line: int)
     return value
 
 
-def load_trace(path: str | Path) -> list[RequestSpec]:
-    """Read a JSONL trace file. Complexity: O(file size)."""
+def load_trace(path: str | Path, time_unit: str = "step") -> list[RequestSpec]:
+    """Read a JSONL trace file (:func:`parse_trace`). Complexity: O(file size)."""
+    _seconds_per(time_unit)
     try:
         with open(path, encoding="utf-8") as f:  # a BOM is dropped by parse_trace
-            return parse_trace(f, str(path))
+            return parse_trace(f, str(path), time_unit)
     except OSError as err:
         raise WorkloadError(str(path), f"cannot read the trace ({err.strerror})") from None
     except UnicodeDecodeError:
