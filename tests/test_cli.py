@@ -320,7 +320,19 @@ def test_the_help_says_what_each_command_and_option_is(
     )
     for option in [
         f"--preset {PRESET_CHOICES} synthetic workload with its cache size (default: overload)",
-        "--trace FILE JSONL trace; arrival_time in steps (pagedkv.serving.workload)",
+        "--trace FILE a trace file (--trace-format; pagedkv.serving.traces)",
+        "--trace-format {jsonl,azure,burstgpt,mooncake,vidur} jsonl (pagedkv's own; arrival "
+        "times in --time-unit), azure, burstgpt, mooncake, vidur (real time: need --time-model)",
+        "--time-unit {step,s,ms,us} unit of a jsonl trace's arrival_time (default: step)",
+        "--request-rate REQUEST_RATE re-time the workload's arrivals: requests per time unit "
+        "(inf: all at once), gaps gamma-distributed as vLLM's benchmark",
+        "--burstiness BURSTINESS shape of the gaps with --request-rate: 1 Poisson, < 1 burstier "
+        "(default 1)",
+        "--time-model FILE|K=V,... step-time coefficients: a JSON file, or c0=...,c_prefill=...,"
+        "c_decode=...,c_ctx=...,h2d_bandwidth=...,d2d_bandwidth=... (seconds, bytes/s)",
+        "--max-concurrency MAX_CONCURRENCY most requests in the server at once; later ones are "
+        "sent as earlier ones end",
+        "--requests-out FILE one row per request (times, latencies, outcome): .csv or .jsonl",
         "--num-requests NUM_REQUESTS override the preset's count",
         "--seed SEED seed of the synthetic workload",
         "--block-size BLOCK_SIZE tokens per block",

@@ -26,7 +26,7 @@ from typing import Any, NoReturn, TextIO
 
 from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError, PagedKVError
 from pagedkv.output_files import check_output_path, write_atomically
-from pagedkv.serving import report, workload
+from pagedkv.serving import report, traces, workload
 from pagedkv.serving.capacity import CapacityPlan, plan_capacity
 from pagedkv.serving.model_config import KV_CACHE_DTYPES, load_model_config
 from pagedkv.serving.scheduler import SchedulerConfig
@@ -141,6 +141,26 @@ def _int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:  # False for NaN
+        raise argparse.ArgumentTypeError(f"must be a number > 0 or inf, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -178,7 +198,32 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--trace",
         metavar="FILE",
-        help="JSONL trace; arrival_time in steps (pagedkv.serving.workload)",
+        help="a trace file (--trace-format; pagedkv.serving.traces)",
+    )
+    sim.add_argument(
+        "--trace-format",
+        choices=traces.TRACE_FORMATS,
+        default="jsonl",
+        help="jsonl (pagedkv's own; arrival times in --time-unit), azure, burstgpt, "
+        "mooncake, vidur (real time: need --time-model)",
+    )
+    sim.add_argument(
+        "--time-unit",
+        choices=tuple(workload.TIME_UNITS),
+        default="step",
+        help="unit of a jsonl trace's arrival_time (default: step)",
+    )
+    sim.add_argument(
+        "--request-rate",
+        type=_rate,
+        help="re-time the workload's arrivals: requests per time unit (inf: all at once), "
+        "gaps gamma-distributed as vLLM's benchmark",
+    )
+    sim.add_argument(
+        "--burstiness",
+        type=_positive,
+        default=1.0,
+        help="shape of the gaps with --request-rate: 1 Poisson, < 1 burstier (default 1)",
     )
     sim.add_argument("--num-requests", type=_int_at_least(1), help="override the preset's count")
     sim.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
@@ -325,6 +370,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail("interrupted", 130)
 
 
+def _check_time_unit(unit: str, model: StepTimeModel | None, args: argparse.Namespace) -> None:
+    """The workload's arrival times and the clock must be in one unit."""
+    if unit == "s" and model is None:
+        what = (
+            "--time-unit " + args.time_unit
+            if args.trace_format == "jsonl"
+            else (f"a {args.trace_format} trace")
+        )
+        raise _UsageError(
+            f"the arrival times of {what} are in seconds, but without --time-model the clock "
+            "counts steps; give --time-model (seconds per step)"
+        )
+    if unit == "step" and model is not None:
+        what = "the preset's" if not args.trace else "the trace's"
+        raise _UsageError(
+            f"{what} arrival times are in steps, but --time-model makes the clock seconds; "
+            "give --request-rate R (requests per second)"
+            + ("" if not args.trace else " or --time-unit s|ms|us")
+        )
+
+
 def _conform(argv: list[str]) -> int:
     try:
         from pagedkv_stateful import conform
@@ -354,11 +420,18 @@ def _simulate(args: argparse.Namespace) -> int:
             raise _UsageError(problem)
     time_model = StepTimeModel.parse(args.time_model) if args.time_model else None
     if args.trace:
-        requests, title, sizes = workload.load_trace(args.trace), args.trace, _TRACE_DEFAULTS
+        trace = traces.load(args.trace, args.trace_format, args.time_unit)
+        requests, title, sizes, unit = trace.requests, args.trace, _TRACE_DEFAULTS, trace.time_unit
+        if args.trace_format != "jsonl":
+            title += f" ({args.trace_format} trace)"
+        if trace.skipped:
+            title += f"; {trace.skipped_why} skipped"
     else:
+        if args.trace_format != "jsonl" or args.time_unit != "step":
+            raise _UsageError("--trace-format and --time-unit describe a --trace file")
         spec = workload.preset(args.preset or "overload")
         requests = workload.generate(spec, args.seed, args.num_requests)
-        title = f"--preset {spec.name}"
+        title, unit = f"--preset {spec.name}", "step"
         sizes = {
             "block_size": spec.block_size,
             "num_gpu_blocks": spec.num_gpu_blocks,
@@ -366,6 +439,14 @@ def _simulate(args: argparse.Namespace) -> int:
         }
     if args.trace and args.num_requests:
         requests = requests[: args.num_requests]
+    if args.request_rate is not None:
+        requests = workload.retime(requests, args.request_rate, args.burstiness, args.seed)
+        unit = "step" if time_model is None else "s"
+        per = "step" if time_model is None else "s"
+        title += f"; re-timed: {args.request_rate:g} requests/{per}, burstiness {args.burstiness:g}"
+    elif args.burstiness != 1.0:
+        raise _UsageError("--burstiness shapes the arrivals of --request-rate; give it too")
+    _check_time_unit(unit, time_model, args)
     Simulator.check_requests(requests)  # before the cache is allocated
     plan = plan_from_args(args)
     backing = kv_backing(args.kv_backing, plan)

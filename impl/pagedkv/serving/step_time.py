@@ -21,7 +21,7 @@ over the step's :class:`StepWork`:
 
 The coefficients are a user's: measured on their GPU (a regression over profiled
 steps, as Vidur fits its own) or estimated from a roofline
-(``examples/time-model-llama-3.1-8b-h100.json`` shows how, with its arithmetic); the
+(``tests/data/time-models/llama-3.1-8b-h100.json`` shows how, with its arithmetic); the
 bandwidths may come from ``make gpu-check``. A model is read from a JSON object with
 those keys (:meth:`StepTimeModel.load`), or from ``key=value,...`` text
 (:meth:`StepTimeModel.parse`, the command line's ``--time-model``).

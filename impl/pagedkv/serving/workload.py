@@ -45,6 +45,7 @@ Presets (:data:`PRESETS`) also carry the cache size they are meant for, so
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import math
@@ -64,7 +65,16 @@ MAX_HASH_ID = 2**63 - 1
 #: ``time_unit`` of a trace -> seconds per unit (``"step"``: arrival times are steps)
 TIME_UNITS = {"step": None, "s": 1.0, "ms": 1e-3, "us": 1e-6}
 
-__all__ = ["PRESETS", "Preset", "RequestSpec", "generate", "load_trace", "parse_trace", "preset"]
+__all__ = [
+    "PRESETS",
+    "Preset",
+    "RequestSpec",
+    "generate",
+    "load_trace",
+    "parse_trace",
+    "preset",
+    "retime",
+]
 
 
 @dataclass(frozen=True)
@@ -287,6 +297,36 @@ def generate(spec: Preset, seed: int, num_requests: int | None = None) -> list[R
             requests.append(RequestSpec(f"r{i}", round(clock, 3), own, output_len, n))
         clock += rng.expovariate(spec.rate)
     return requests
+
+
+def retime(
+    requests: list[RequestSpec], rate: float, burstiness: float = 1.0, seed: int = 0
+) -> list[RequestSpec]:
+    """``requests`` in their order with new arrival times, as vLLM's benchmark client
+    sends a dataset: the first at 0, then gaps drawn from a gamma distribution of shape
+    ``burstiness`` and mean ``1 / rate`` (burstiness 1: Poisson arrivals; below 1
+    burstier, above 1 steadier); ``rate`` ``inf`` sends all at 0. Times are in the
+    clock's unit (steps, or seconds with a step-time model). Reproducible for a seed.
+
+    Complexity: O(len(requests)).
+    """
+
+    def error(detail: str) -> WorkloadError:
+        return WorkloadError("--request-rate", detail)
+
+    if not (isinstance(rate, int | float) and not isinstance(rate, bool) and rate > 0):
+        raise error(f"must be a number > 0 (requests per unit of time) or inf, got {_show(rate)}")
+    require_real("burstiness", burstiness, error, 0.0)
+    if burstiness <= 0:
+        raise error(f"burstiness must be > 0 (1: Poisson), got {burstiness!r}")
+    rng, clock, out = random.Random(seed), 0.0, []
+    for request in requests:
+        out.append(dataclasses.replace(request, arrival_time=round(clock, 6)))
+        if rate != math.inf:
+            clock += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+    if clock > MAX_ARRIVAL_TIME:
+        raise error(f"{rate!r} spreads {len(requests)} requests past 2**53 units of time")
+    return out
 
 
 _KEYS = {"arrival_time", "prompt_len", "output_len", "n", "request_id", "prefix", "prefix_len"}
