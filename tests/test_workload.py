@@ -30,6 +30,7 @@ from pagedkv.serving.workload import (
     load_trace,
     parse_trace,
     preset,
+    retime,
 )
 
 # ---- the arrival process
@@ -163,23 +164,36 @@ def test_num_requests_and_preset_names_are_checked() -> None:
     assert raised(WorkloadError, preset, "nope").source == "--preset"
 
 
+def _chat_of(requests: list[RequestSpec]) -> dict[str, str]:
+    """Each request's chat: the first turn's id, following ``parent`` links."""
+    chat: dict[str, str] = {}
+    for r in requests:
+        chat[r.request_id] = r.request_id if r.parent is None else chat[r.parent]
+    return chat
+
+
 @pytest.mark.parametrize("turns", [2, 4])
-def test_multi_turn_chats_are_numbered_in_order_and_have_all_their_turns(turns: int) -> None:
-    """Requests come out in arrival order; a new chat gets the next name, chat0 first;
-    a chat has at most, and with 200 requests some chat has, ``turns`` turns."""
+def test_multi_turn_chats_are_chained_by_parent_and_have_all_their_turns(turns: int) -> None:
+    """Requests come out in arrival order; a turn names the previous turn of its chat as
+    its parent (listed and arriving earlier); a chat has at most, and with 200 requests
+    some chat has, ``turns`` turns; a turn's prompt is its parent's prompt and answer and
+    a new part of ``prompt_len`` tokens."""
     spec = dataclasses.replace(preset("multi-turn"), turns=turns)
     requests = generate(spec, 5, 200)
     arrivals = [r.arrival_time for r in requests]
     assert arrivals == sorted(arrivals)
-    chats = list(dict.fromkeys(r.prefix for r in requests))
-    assert chats == [f"chat{i}" for i in range(len(chats))] and len(chats) > 1
-    assert max(Counter(r.prefix for r in requests).values()) == turns
-    last: dict[str | None, RequestSpec] = {}
-    for r in requests:  # each turn's prompt is the last one's, its answer and a new part
-        if r.prefix in last:
-            before = last[r.prefix].prompt_len + last[r.prefix].output_len
+    by_id = {r.request_id: r for r in requests}
+    chat = _chat_of(requests)  # KeyError if a parent came later
+    assert len(set(chat.values())) > 1
+    assert max(Counter(chat.values()).values()) == turns
+    assert all(r.prefix is None and not r.hash_ids for r in requests)
+    for r in requests:
+        if r.parent is not None:
+            parent = by_id[r.parent]
+            assert parent.arrival_time <= r.arrival_time
+            before = parent.prompt_len + parent.output_len
             assert spec.prompt_len[0] <= r.prompt_len - before <= spec.prompt_len[1]
-        last[r.prefix] = r
+    assert len({r.parent for r in requests if r.parent}) == sum(1 for r in requests if r.parent)
     weighted = dataclasses.replace(spec, n_weights=((1, 1e6), (4, 1e-6)))
     assert {r.n for r in generate(weighted, 5, 200)} == {1}
 
@@ -188,17 +202,17 @@ THINK_MEAN = 5.0  # steps a chat waits after a turn's answer before its next tur
 
 
 def test_a_multi_turn_chat_thinks_an_exponential_time_of_mean_5_steps() -> None:
-    """A turn arrives when the last turn's answer is done (its arrival plus output_len
+    """A turn arrives when its parent's answer is done (its arrival plus output_len
     steps) plus a think time drawn from Exp(0.2): mean and standard deviation 5 steps
     (the sample variance has standard error sqrt(8 / M) * 25, as for the gaps above)."""
     spec = dataclasses.replace(preset("multi-turn"), turns=4)
-    last: dict[str | None, RequestSpec] = {}
-    thinks: list[float] = []
-    for r in generate(spec, 7, 4000):
-        if r.prefix in last:
-            before = last[r.prefix]
-            thinks.append(r.arrival_time - before.arrival_time - before.output_len)
-        last[r.prefix] = r
+    requests = generate(spec, 7, 4000)
+    by_id = {r.request_id: r for r in requests}
+    thinks = [
+        r.arrival_time - by_id[r.parent].arrival_time - by_id[r.parent].output_len
+        for r in requests
+        if r.parent is not None
+    ]
     m = len(thinks)
     assert m > 2500 and min(thinks) >= -2 * ROUNDING  # never before the answer is done
     assert abs(statistics.fmean(thinks) - THINK_MEAN) <= Z * THINK_MEAN / math.sqrt(m) + ROUNDING
@@ -575,3 +589,95 @@ def test_load_trace_errors_name_the_file(tmp_path: Path) -> None:
     err = raised(WorkloadError, load_trace, missing)
     assert err.source == str(missing)
     assert "cannot read the trace (No such file or directory)" in err.detail
+
+
+# ---- parent, hash_ids, time units
+
+
+def test_parent_and_hash_ids_lines_parse_and_round_trip() -> None:
+    lines = [
+        '{"request_id": "a", "arrival_time": 1, "prompt_len": 10, "output_len": 5}',
+        '{"request_id": "b", "arrival_time": 2, "prompt_len": 15, "output_len": 2, "parent": "a"}',
+        '{"arrival_time": 3, "prompt_len": 1100, "output_len": 2, "hash_ids": [0, 1, 7]}',
+        '{"arrival_time": 3, "prompt_len": 9, "output_len": 2, "hash_ids": [4], '
+        '"hash_block_size": 4}',
+    ]
+    parsed = parse_trace(lines)
+    assert parsed[1].parent == "a" and parsed[2].hash_ids == (0, 1, 7)
+    assert (parsed[2].hash_block_size, parsed[3].hash_block_size) == (512, 4)
+    assert parse_trace([r.to_json() for r in parsed]) == parsed
+
+
+@pytest.mark.parametrize(
+    ("bad", "fragment"),
+    [
+        ({"parent": "zz"}, "parent 'zz' is not the request_id of an earlier line"),
+        ({"parent": ""}, "parent must be a non-empty string, got ''"),
+        ({"parent": "a", "arrival_time": 0.5}, "arrives before its parent 'a'"),
+        ({"parent": "a", "prompt_len": 14}, "shorter than its parent's prompt and answer (10 + 5)"),
+        ({"parent": "a", "prefix": "s"}, "at most one of prefix, parent and hash_ids"),
+        ({"hash_ids": [1], "prefix": "s"}, "at most one of prefix, parent and hash_ids"),
+        ({"hash_ids": [1, -1]}, "hash_ids must be a list of ints in 0..2**63-1"),
+        ({"hash_ids": [1.0]}, "hash_ids must be a list of ints"),
+        ({"hash_ids": [True]}, "hash_ids must be a list of ints"),
+        ({"hash_ids": 1}, "hash_ids must be a list of ints"),
+        ({"hash_ids": [1, 2]}, "2 hash_ids of 512 tokens are more than a prompt of 15 tokens"),
+        ({"hash_block_size": 4}, "hash_block_size needs hash_ids"),
+        ({"hash_ids": [1], "hash_block_size": 0}, "hash_block_size must be an int in 1..2**24"),
+    ],
+)
+def test_parent_and_hash_ids_are_checked_with_the_line(
+    bad: dict[str, object], fragment: str
+) -> None:
+    first = '{"request_id": "a", "arrival_time": 1, "prompt_len": 10, "output_len": 5}'
+    fields = {"arrival_time": 2, "prompt_len": 15, "output_len": 2, **bad}
+    err = raised(WorkloadError, parse_trace, [first, json.dumps(fields)], "t.jsonl")
+    assert err.line == 2 and fragment in err.detail, err.detail
+
+
+@pytest.mark.parametrize(("unit", "seconds"), [("s", 1.5), ("ms", 1.5e-3), ("us", 1.5e-6)])
+def test_a_time_unit_converts_arrivals_to_seconds(unit: str, seconds: float) -> None:
+    line = '{"arrival_time": 1.5, "prompt_len": 3, "output_len": 2}'
+    assert parse_trace([line], time_unit=unit)[0].arrival_time == pytest.approx(seconds)
+    assert parse_trace([line])[0].arrival_time == 1.5  # steps
+    err = raised(WorkloadError, parse_trace, [line], "t", "minutes")
+    assert "must be one of step, s, ms, us" in err.detail
+
+
+def test_a_request_spec_in_code_keeps_the_sharing_rules() -> None:
+    raised(WorkloadError, lambda: RequestSpec("r", 0.0, 10, 1, prefix="p", parent="q"))
+    raised(ArgumentTypeError, lambda: RequestSpec("r", 0.0, 10, 1, hash_ids=[1]))  # type: ignore[arg-type]  # the bad type is the point
+    raised(WorkloadError, lambda: RequestSpec("r", 0.0, 10, 1, hash_ids=(-1,)))
+    assert RequestSpec("r", 0.0, 513, 1, hash_ids=(1, 2)).hash_ids == (1, 2)
+
+
+# ---- retime: vLLM's benchmark arrivals
+
+
+@pytest.mark.parametrize("burstiness", [0.5, 1.0, 4.0])
+def test_retimed_gaps_are_gamma_with_the_rate_and_burstiness(burstiness: float) -> None:
+    """Gaps of shape k = burstiness and mean 1/rate: variance mean**2 / k (the sample
+    mean's standard error sqrt(var / N); the variance's sqrt((m4 - var**2) / N) with the
+    gamma's fourth central moment m4 = 3 k (k + 2) theta**4)."""
+    rate, n = 20.0, N
+    base = [RequestSpec(f"r{i}", 0.0, 1, 1) for i in range(n + 1)]
+    times = [r.arrival_time for r in retime(base, rate, burstiness, seed=9)]
+    assert times[0] == 0.0 and [r.request_id for r in retime(base, rate)] == [
+        r.request_id for r in base
+    ]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    mean, theta = 1 / rate, 1 / (rate * burstiness)
+    var = burstiness * theta**2
+    assert abs(statistics.fmean(gaps) - mean) <= Z * math.sqrt(var / n) + 1e-6
+    m4 = 3 * burstiness * (burstiness + 2) * theta**4
+    assert abs(statistics.variance(gaps) - var) <= Z * math.sqrt((m4 - var**2) / n) + 1e-6
+    assert retime(base[:50], rate, burstiness, 1) == retime(base[:50], rate, burstiness, 1)
+
+
+def test_an_infinite_rate_sends_everything_at_once_and_bad_rates_are_refused() -> None:
+    base = [RequestSpec(f"r{i}", float(i), 1, 1) for i in range(5)]
+    assert {r.arrival_time for r in retime(base, math.inf)} == {0.0}
+    for rate in (0, -1.0, math.nan, True, "1"):
+        raised(WorkloadError, retime, base, rate)
+    raised(WorkloadError, retime, base, 1.0, 0.0)
+    raised(ArgumentTypeError, retime, base, 1.0, "1")

@@ -170,7 +170,9 @@ def _csv_trace(lines: Iterator[str], source: str, fmt: _CsvFormat) -> Trace:
             f"rows of {len(days)} days ({fmt.day} column); the times restart each day: keep "
             f"one day's rows",
         )
-    why = f"{skipped} failed requests (0 {fmt.output})" if skipped else ""
+    why = (
+        f"{skipped} failed request{'' if skipped == 1 else 's'} (0 {fmt.output})" if skipped else ""
+    )
     return _trace(rows, source, skipped, why)
 
 
