@@ -4,6 +4,7 @@ two run ``python -m pagedkv`` and the console script for real."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import io
 import json
@@ -1188,3 +1189,67 @@ def test_the_h100_overload_run_is_small_and_torch_free() -> None:
     rss_kib = json.loads("{" + rss_json)["rss_kib"]
     assert json.loads(summary_json)["setup"]["num_gpu_blocks"] == 26_306
     assert rss_kib * 1024 < 300 * 10**6
+
+
+# ---- time, latency, public traces
+
+DATA = Path(__file__).parent / "data"
+AZURE = str(DATA / "traces" / "azure-conv-sample.csv")
+H100_TIME = str(DATA / "time-models" / "llama-3.1-8b-h100.json")
+LLAMA_FLAGS = ["--model", str(DATA / "models" / "llama-3.1-8b.json"), "--kv-memory", "51.38GiB"]
+
+
+def test_an_azure_trace_on_a_time_model_prints_latencies_in_ms(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rows = tmp_path / "rows.csv"
+    argv = ["simulate", "--trace", AZURE, "--trace-format", "azure", "--time-model", H100_TIME]
+    argv += [*LLAMA_FLAGS, "--quiet", "--requests-out", str(rows), "--num-requests", "50"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    table = dict(line.split(None, 1) for line in captured.out.splitlines())
+    assert table["workload"] == f"{AZURE} (azure trace)"
+    assert table["time"].endswith(
+        "s on the step-time model (roofline estimate: Llama-3.1-8B bf16 on H100 SXM "
+        "(tests/data/time-models))"
+    )
+    for metric in ("TTFT", "TPOT", "ITL", "E2EL", "queueing"):
+        assert table[metric].startswith("mean ") and table[metric].endswith(" ms")
+    assert table["throughput"].endswith("total tokens/s (50 finished requests)")
+    assert "50 request rows written" in captured.err
+    with open(rows, newline="") as f:
+        written = list(csv.DictReader(f))
+    assert [r["request_id"] for r in written] == [f"r{i}" for i in range(50)]
+    assert list(written[0]) == list(report.REQUEST_COLUMNS)
+    assert float(written[1]["arrival"]) == 4.314579 and written[1]["status"] == "finished"
+    assert float(written[1]["ttft"]) == pytest.approx(
+        float(written[1]["first_token"]) - float(written[1]["arrival"])
+    )
+
+
+def test_the_json_carries_metrics_request_rows_and_the_timeline(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rows = tmp_path / "rows.jsonl"
+    argv = [*SMALL, "--json", "--requests-out", str(rows), "--max-concurrency", "2"]
+    argv += ["--time-model", "c0=0.01,c_prefill=1e-4", "--request-rate", "50"]
+    assert cli.main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["setup"]["time_unit"] == "s" and data["setup"]["max_concurrency"] == 2
+    assert data["setup"]["time_model"]["c_prefill"] == 1e-4
+    assert data["setup"]["workload"].endswith("re-timed: 50 requests/s, burstiness 1")
+    assert data["metrics"]["unit"] == "s" and data["metrics"]["completed"] == 4
+    assert set(data["metrics"]["ttft"]) == {"count", "mean", "p50", "p90", "p99", "max"}
+    assert [json.loads(line) for line in rows.read_text().splitlines()] == data["requests"]
+    assert len(data["timeline"]["time"]) == data["summary"]["steps"]
+    starts = data["timeline"]["time"]
+    assert starts == sorted(starts) and all(isinstance(t, float) for t in starts)
+
+
+def test_without_a_time_model_the_metrics_are_in_steps(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(SMALL) == 0
+    table = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert table["time"].endswith("steps (no step-time model: every step lasts one step)")
+    assert table["TTFT"].endswith(" steps") and "requests/step" in table["throughput"]

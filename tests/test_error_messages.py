@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import tempfile
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -81,7 +82,7 @@ from pagedkv.errors import (
 )
 from pagedkv.kv.attention import build_attention_inputs, paged_attention_reference
 from pagedkv.kv.cache import KVCacheConfig, KVCacheEngine
-from pagedkv.serving import cli
+from pagedkv.serving import cli, traces
 from pagedkv.serving.capacity import plan_capacity
 from pagedkv.serving.cli import parse_size
 from pagedkv.serving.model_config import (
@@ -92,7 +93,8 @@ from pagedkv.serving.model_config import (
 )
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
-from pagedkv.serving.workload import parse_trace, preset
+from pagedkv.serving.step_time import StepTimeModel
+from pagedkv.serving.workload import RequestSpec, parse_trace, preset, retime
 from pagedkv.v0.block_table import BlockTable
 from pagedkv.v0.evictor import LRUEvictor
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
@@ -2728,6 +2730,367 @@ V1_MESSAGES = [
 ]
 
 
+# ------------------------------------------------ step_time.py, traces.py, workload.py (time)
+
+
+def _in_tmp(name: str, data: bytes, load: Callable[[Path], object]) -> object:
+    """``load`` a file ``name`` holding ``data`` in a scratch directory; the message names
+    the file by its base name (the rows are fixed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / name
+        if data:
+            path.write_bytes(data)
+        try:
+            return load(path)
+        except WorkloadError as err:
+            raise WorkloadError(Path(err.source).name, err.detail, err.line) from None
+        except InvalidSchedulerConfigError as err:
+            raise InvalidSchedulerConfigError(err.detail.replace(tmp + "/", "")) from None
+
+
+def _format(fmt: str, text: str) -> object:
+    return _in_tmp("t.csv", text.encode(), lambda p: traces.load(p, fmt))
+
+
+PARENT_LINE = '{"request_id": "a", "arrival_time": 1, "prompt_len": 10, "output_len": 5}'
+
+
+def _turn(**fields: object) -> object:
+    line = {"arrival_time": 2, "prompt_len": 15, "output_len": 2, **fields}
+    return parse_trace([PARENT_LINE, json.dumps(line)], "t.jsonl")
+
+
+def _run(*requests: RequestSpec) -> object:
+    config = SimulationConfig(block_size=4, num_gpu_blocks=8, kv_backing="none")
+    return Simulator(config).run(list(requests))
+
+
+AZ_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+BG_HEADER = "Timestamp,Request tokens,Response tokens\n"
+FIRST = RequestSpec("a", 1.0, 10, 5)
+
+TIME_MESSAGES = [
+    case(
+        "time model c0 zero",
+        lambda: StepTimeModel(c0=0.0),
+        InvalidSchedulerConfigError,
+        "time model c0 must be > 0 seconds (the fixed cost of a step; with 0 a decode step of "
+        "few sequences would take no time), got 0.0",
+    ),
+    case(
+        "time model bandwidth zero",
+        lambda: StepTimeModel(c0=1.0, h2d_bandwidth=0.0),
+        InvalidSchedulerConfigError,
+        "time model h2d_bandwidth must be > 0 bytes/s (or inf), got 0.0",
+    ),
+    case(
+        "time model negative coefficient",
+        lambda: StepTimeModel(c0=1.0, c_ctx=-1.0),
+        InvalidSchedulerConfigError,
+        "time model c_ctx must be a finite number >= 0.0, got -1.0",
+    ),
+    case(
+        "time model not an object",
+        lambda: StepTimeModel.from_dict([1], "m.json"),
+        InvalidSchedulerConfigError,
+        "m.json: a time model is a JSON object of c0, c_prefill, c_decode, c_ctx, "
+        "h2d_bandwidth, d2d_bandwidth, got [1]",
+    ),
+    case(
+        "time model unknown key",
+        lambda: StepTimeModel.from_dict({"c0": 1, "c1": 2}, "m.json"),
+        InvalidSchedulerConfigError,
+        "m.json: unknown time-model key(s) c1; allowed: c0, c_prefill, c_decode, c_ctx, "
+        "h2d_bandwidth, d2d_bandwidth, source",
+    ),
+    case(
+        "time model without c0",
+        lambda: StepTimeModel.from_dict({"c_ctx": 1}, "m.json"),
+        InvalidSchedulerConfigError,
+        "m.json: the time model needs c0 (seconds per step, > 0)",
+    ),
+    case(
+        "time model file with a bad value",
+        lambda: StepTimeModel.from_dict({"c0": -1}, "m.json"),
+        InvalidSchedulerConfigError,
+        "m.json: time model c0 must be a finite number >= 0.0, got -1",
+    ),
+    case(
+        "time model file missing",
+        lambda: _in_tmp("m.json", b"", StepTimeModel.load),
+        InvalidSchedulerConfigError,
+        "cannot read the time model 'm.json' (No such file or directory)",
+    ),
+    case(
+        "time model file not utf-8",
+        lambda: _in_tmp("m.json", b'{"\xe9": 1}', StepTimeModel.load),
+        InvalidSchedulerConfigError,
+        "the time model 'm.json' is not UTF-8 text",
+    ),
+    case(
+        "time model file not json",
+        lambda: _in_tmp("m.json", b"{", StepTimeModel.load),
+        InvalidSchedulerConfigError,
+        "the time model 'm.json' is not valid JSON (Expecting property name enclosed in "
+        "double quotes)",
+    ),
+    case(
+        "time model text not pairs",
+        lambda: StepTimeModel.parse("c0=1,c_ctx"),
+        InvalidSchedulerConfigError,
+        "time model 'c0=1,c_ctx': expected key=value pairs separated by commas, got 'c_ctx'",
+    ),
+    case(
+        "time model text twice",
+        lambda: StepTimeModel.parse("c0=1,c0=2"),
+        InvalidSchedulerConfigError,
+        "time model 'c0=1,c0=2': c0 given twice",
+    ),
+    case(
+        "time model text not a number",
+        lambda: StepTimeModel.parse("c0=fast"),
+        InvalidSchedulerConfigError,
+        "time model 'c0=fast': c0 must be a number, got 'fast'",
+    ),
+    case(
+        "time model text not finite",
+        lambda: StepTimeModel.parse("c0=inf"),
+        InvalidSchedulerConfigError,
+        "time model 'c0=inf': c0 must be a finite number, got 'inf'",
+    ),
+    case(
+        "request spec hash ids beyond the prompt",
+        lambda: RequestSpec("r", 0.0, 10, 1, hash_ids=(1, 2)),
+        WorkloadError,
+        "RequestSpec: 2 hash_ids of 512 tokens are more than a prompt of 10 tokens holds",
+    ),
+    case(
+        "request spec two sources",
+        lambda: RequestSpec("r", 0.0, 10, 1, prefix="p", parent="q"),
+        WorkloadError,
+        "RequestSpec: give at most one of prefix, parent and hash_ids (what the prompt shares), "
+        "got prefix and parent",
+    ),
+    case(
+        "trace parent empty",
+        lambda: _turn(parent=""),
+        WorkloadError,
+        "t.jsonl, line 2: parent must be a non-empty string, got ''",
+    ),
+    case(
+        "trace parent unknown",
+        lambda: _turn(parent="zz"),
+        WorkloadError,
+        "t.jsonl, line 2: parent 'zz' is not the request_id of an earlier line; a turn follows "
+        "the request it continues",
+    ),
+    case(
+        "trace parent later",
+        lambda: _turn(parent="a", arrival_time=0),
+        WorkloadError,
+        "t.jsonl, line 2: arrives before its parent 'a'; a turn follows its parent",
+    ),
+    case(
+        "trace parent longer",
+        lambda: _turn(parent="a", prompt_len=14),
+        WorkloadError,
+        "t.jsonl, line 2: prompt_len 14 is shorter than its parent's prompt and answer "
+        "(10 + 5), which it starts with",
+    ),
+    case(
+        "trace hash ids not ints",
+        lambda: _turn(hash_ids=[1.5]),
+        WorkloadError,
+        "t.jsonl, line 2: hash_ids must be a list of ints in 0..2**63-1, got [1.5]",
+    ),
+    case(
+        "trace hash block without ids",
+        lambda: _turn(hash_block_size=4),
+        WorkloadError,
+        "t.jsonl, line 2: hash_block_size needs hash_ids",
+    ),
+    case(
+        "trace hash ids beyond the prompt",
+        lambda: _turn(hash_ids=[1, 2]),
+        WorkloadError,
+        "t.jsonl, line 2: 2 hash_ids of 512 tokens are more than a prompt of 15 tokens holds",
+    ),
+    case(
+        "trace time unit",
+        lambda: parse_trace([PARENT_LINE], "t.jsonl", "minutes"),
+        WorkloadError,
+        "--time-unit: must be one of step, s, ms, us, got 'minutes'",
+    ),
+    case(
+        "retime rate",
+        lambda: retime([FIRST], 0),
+        WorkloadError,
+        "--request-rate: must be a number > 0 (requests per unit of time) or inf, got 0",
+    ),
+    case(
+        "retime burstiness",
+        lambda: retime([FIRST], 1.0, 0.0),
+        WorkloadError,
+        "--burstiness: must be > 0 (1: Poisson arrivals), got 0.0",
+    ),
+    case(
+        "retime past 2**53",
+        lambda: retime([FIRST, FIRST, FIRST], 1e-300),
+        WorkloadError,
+        "--request-rate: 1e-300 spreads 3 requests past 2**53 units of time; raise the rate",
+    ),
+    case(
+        "run parent unknown",
+        lambda: _run(RequestSpec("b", 1.0, 20, 1, parent="a")),
+        WorkloadError,
+        "Simulator.run: request 'b': parent 'a' is not an earlier request of the list; list a "
+        "turn after the request it continues",
+    ),
+    case(
+        "run parent later",
+        lambda: _run(RequestSpec("a", 2.0, 10, 5), RequestSpec("b", 1.0, 20, 1, parent="a")),
+        WorkloadError,
+        "Simulator.run: request 'b' arrives before its parent 'a'",
+    ),
+    case(
+        "run parent longer",
+        lambda: _run(FIRST, RequestSpec("b", 1.0, 12, 1, parent="a")),
+        WorkloadError,
+        "Simulator.run: request 'b': prompt_len 12 is shorter than its parent's prompt and "
+        "answer (10 + 5), which it starts with",
+    ),
+    case(
+        "traces format",
+        lambda: traces.load("x", "csv"),
+        WorkloadError,
+        "--trace-format: must be one of jsonl, azure, burstgpt, mooncake, vidur, got 'csv'",
+    ),
+    case(
+        "traces time unit",
+        lambda: traces.load("x", "azure", "ms"),
+        WorkloadError,
+        "--time-unit: applies to jsonl traces only; azure traces carry their own time unit",
+    ),
+    case(
+        "traces missing file",
+        lambda: _in_tmp("t.csv", b"", lambda p: traces.load(p, "azure")),
+        WorkloadError,
+        "t.csv: cannot read the trace (No such file or directory)",
+    ),
+    case(
+        "traces not utf-8",
+        lambda: _in_tmp("t.csv", b"\xe9", lambda p: traces.load(p, "azure")),
+        WorkloadError,
+        "t.csv: the trace is not UTF-8 text",
+    ),
+    case(
+        "traces no column",
+        lambda: _format("azure", "TIMESTAMP,ContextTokens\n"),
+        WorkloadError,
+        "t.csv, line 1: not a trace in the azure format: no column(s) 'GeneratedTokens' in the "
+        "header ['TIMESTAMP', 'ContextTokens']",
+    ),
+    case(
+        "traces short row",
+        lambda: _format("azure", AZ_HEADER + "2023-11-16 10:00:00,3\n"),
+        WorkloadError,
+        "t.csv, line 2: expected 3 columns as in the header",
+    ),
+    case(
+        "traces not a wall clock time",
+        lambda: _format("azure", AZ_HEADER + "noon,3,4\n"),
+        WorkloadError,
+        "t.csv, line 2: TIMESTAMP must be a date and time like 2023-11-16 18:15:46.6805900, "
+        "got 'noon'",
+    ),
+    case(
+        "traces not seconds",
+        lambda: _format("burstgpt", BG_HEADER + "soon,3,4\n"),
+        WorkloadError,
+        "t.csv, line 2: Timestamp must be a number of seconds in 0..2**53, got 'soon'",
+    ),
+    case(
+        "traces bad count",
+        lambda: _format("vidur", "Time,PromptTokenCount,CompletionTokenCount\n1,x,4\n"),
+        WorkloadError,
+        "t.csv, line 2: PromptTokenCount must be an int in 1..2**24, got 'x'",
+    ),
+    case(
+        "traces zero output",
+        lambda: _format("azure", AZ_HEADER + "2023-11-16 10:00:00,3,0\n"),
+        WorkloadError,
+        "t.csv, line 2: GeneratedTokens must be >= 1, got 0",
+    ),
+    case(
+        "traces days",
+        lambda: _format(
+            "vidur", "Date,Time,PromptTokenCount,CompletionTokenCount\na,0,1,1\nb,0,1,1\n"
+        ),
+        WorkloadError,
+        "t.csv: rows of 2 days (Date column); the times restart each day: keep one day's rows",
+    ),
+    case(
+        "traces all failed",
+        lambda: _format("burstgpt", BG_HEADER + "1,3,0\n"),
+        WorkloadError,
+        "t.csv: the trace holds no request (1 failed request (0 Response tokens) skipped)",
+    ),
+    case(
+        "traces empty",
+        lambda: _format("mooncake", "\n"),
+        WorkloadError,
+        "t.csv: the trace holds no request",
+    ),
+    case(
+        "mooncake not json",
+        lambda: _format("mooncake", "{\n"),
+        WorkloadError,
+        "t.csv, line 1: not valid JSON (one object per line)",
+    ),
+    case(
+        "mooncake not an object",
+        lambda: _format("mooncake", "[1]\n"),
+        WorkloadError,
+        "t.csv, line 1: expected a JSON object, got [1]",
+    ),
+    case(
+        "mooncake missing",
+        lambda: _format("mooncake", '{"timestamp": 0}\n'),
+        WorkloadError,
+        "t.csv, line 1: missing 'input_length'",
+    ),
+    case(
+        "mooncake timestamp",
+        lambda: _format("mooncake", '{"timestamp": "0", "input_length": 3, "output_length": 1}\n'),
+        WorkloadError,
+        "t.csv, line 1: timestamp must be a number of ms >= 0, got '0'",
+    ),
+    case(
+        "mooncake length",
+        lambda: _format("mooncake", '{"timestamp": 0, "input_length": 0, "output_length": 1}\n'),
+        WorkloadError,
+        "t.csv, line 1: input_length must be an int in 1..2**24, got 0",
+    ),
+    case(
+        "mooncake hash ids",
+        lambda: _format(
+            "mooncake",
+            '{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": "ab"}\n',
+        ),
+        WorkloadError,
+        "t.csv, line 1: hash_ids must be a list of ints >= 0, got 'ab'",
+    ),
+    case(
+        "mooncake hash ids beyond the input",
+        lambda: _format(
+            "mooncake",
+            '{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [1, 2]}\n',
+        ),
+        WorkloadError,
+        "t.csv, line 1: 2 hash_ids of 512 tokens are more than an input of 3 tokens holds",
+    ),
+]
+
 MESSAGES = [
     *ALLOCATOR_MESSAGES,
     *CACHING_MESSAGES,
@@ -2737,6 +3100,7 @@ MESSAGES = [
     *DRIVER_MESSAGES,
     *CAPACITY_MESSAGES,
     *CLI_MESSAGES,
+    *TIME_MESSAGES,
     *KV_MESSAGES,
     *ATTENTION_MESSAGES,
     *CONFORM_MESSAGES,

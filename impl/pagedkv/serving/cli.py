@@ -374,13 +374,13 @@ def _check_time_unit(unit: str, model: StepTimeModel | None, args: argparse.Name
     """The workload's arrival times and the clock must be in one unit."""
     if unit == "s" and model is None:
         what = (
-            "--time-unit " + args.time_unit
+            f"the trace's arrival times are in seconds (--time-unit {args.time_unit})"
             if args.trace_format == "jsonl"
-            else (f"a {args.trace_format} trace")
+            else f"the {args.trace_format} trace's arrival times are in seconds"
         )
         raise _UsageError(
-            f"the arrival times of {what} are in seconds, but without --time-model the clock "
-            "counts steps; give --time-model (seconds per step)"
+            f"{what}, but without --time-model the clock counts steps; give --time-model "
+            "(seconds per step)"
         )
     if unit == "step" and model is not None:
         what = "the preset's" if not args.trace else "the trace's"

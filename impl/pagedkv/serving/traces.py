@@ -38,6 +38,7 @@ from pagedkv.errors import WorkloadError
 from pagedkv.serving.workload import (
     MAX_ARRIVAL_TIME,
     MAX_TOKENS,
+    MOONCAKE_BLOCK,
     RequestSpec,
     load_trace,
 )
@@ -74,7 +75,7 @@ def load(path: str | Path, trace_format: str = "jsonl", time_unit: str = "step")
     if time_unit != "step":
         raise WorkloadError(
             "--time-unit",
-            f"applies to jsonl traces only; a {trace_format} trace carries its own time unit",
+            f"applies to jsonl traces only; {trace_format} traces carry their own time unit",
         )
     source = str(path)
     try:
@@ -97,6 +98,7 @@ class _CsvFormat:
     prompt: str
     output: str
     parse_time: Callable[[str], float]
+    time_text: str  # what a time looks like, for messages
     skip_zero_output: bool = False  # BurstGPT: failed requests have 0 response tokens
     day: str | None = None  # Vidur: the Date column, one day per trace
 
@@ -119,14 +121,28 @@ def _wall_clock(text: str) -> float:
 
 
 _EPOCH = datetime(1970, 1, 1)
+_SECONDS = "a number of seconds in 0..2**53"
 
 _CSV_FORMATS = {
-    "azure": _CsvFormat("azure", "TIMESTAMP", "ContextTokens", "GeneratedTokens", _wall_clock),
+    "azure": _CsvFormat(
+        "azure",
+        "TIMESTAMP",
+        "ContextTokens",
+        "GeneratedTokens",
+        _wall_clock,
+        "a date and time like 2023-11-16 18:15:46.6805900",
+    ),
     "burstgpt": _CsvFormat(
-        "burstgpt", "Timestamp", "Request tokens", "Response tokens", _seconds, True
+        "burstgpt", "Timestamp", "Request tokens", "Response tokens", _seconds, _SECONDS, True
     ),
     "vidur": _CsvFormat(
-        "vidur", "Time", "PromptTokenCount", "CompletionTokenCount", _seconds, day="Date"
+        "vidur",
+        "Time",
+        "PromptTokenCount",
+        "CompletionTokenCount",
+        _seconds,
+        _SECONDS,
+        day="Date",
     ),
 }
 
@@ -138,8 +154,8 @@ def _csv_trace(lines: Iterator[str], source: str, fmt: _CsvFormat) -> Trace:
     if missing:
         raise WorkloadError(
             source,
-            f"not a {fmt.name} trace: no column(s) {', '.join(map(repr, missing))} in the "
-            f"header {show(header)}",
+            f"not a trace in the {fmt.name} format: no column(s) "
+            f"{', '.join(map(repr, missing))} in the header {show(header)}",
             1,
         )
     rows: list[_Row] = []
@@ -152,7 +168,7 @@ def _csv_trace(lines: Iterator[str], source: str, fmt: _CsvFormat) -> Trace:
             at = fmt.parse_time(row[fmt.time])
         except ValueError:
             raise WorkloadError(
-                source, f"{fmt.time} is not a time: {show(row[fmt.time])}", line
+                source, f"{fmt.time} must be {fmt.time_text}, got {show(row[fmt.time])}", line
             ) from None
         prompt = _count(row[fmt.prompt], fmt.prompt, 1, source, line)
         output = _count(row[fmt.output], fmt.output, 0, source, line)
@@ -194,7 +210,7 @@ def _mooncake(lines: Iterator[str], source: str) -> Trace:
         try:
             obj = json.loads(text)
         except ValueError:
-            raise WorkloadError(source, "not valid JSON", number) from None
+            raise WorkloadError(source, "not valid JSON (one object per line)", number) from None
         if not isinstance(obj, dict):
             raise WorkloadError(source, f"expected a JSON object, got {show(obj)}", number)
         for key in ("timestamp", "input_length", "output_length"):
@@ -222,6 +238,13 @@ def _mooncake(lines: Iterator[str], source: str) -> Trace:
             raise WorkloadError(
                 source, f"hash_ids must be a list of ints >= 0, got {show(ids)}", number
             )
+        if len(ids) > -(-lengths[0] // MOONCAKE_BLOCK):
+            raise WorkloadError(
+                source,
+                f"{len(ids)} hash_ids of {MOONCAKE_BLOCK} tokens are more than an input of "
+                f"{lengths[0]} tokens holds",
+                number,
+            )
         rows.append((stamp / 1000, lengths[0], lengths[1], tuple(ids)))
     return _trace(rows, source, 0, "")
 
@@ -230,7 +253,8 @@ def _trace(rows: list[_Row], source: str, skipped: int, why: str) -> Trace:
     """Requests from ``(time, prompt, output, hash ids)`` rows in file order, times from
     the first arrival to the microsecond (a wall clock's float loses the 7th digit)."""
     if not rows:
-        raise WorkloadError(source, "the trace holds no request")
+        detail = f" ({why} skipped)" if why else ""
+        raise WorkloadError(source, f"the trace holds no request{detail}")
     start = min(row[0] for row in rows)
     requests = []
     for index, (at, prompt, output, ids) in enumerate(rows):

@@ -316,16 +316,23 @@ def retime(
 
     if not (isinstance(rate, int | float) and not isinstance(rate, bool) and rate > 0):
         raise error(f"must be a number > 0 (requests per unit of time) or inf, got {_show(rate)}")
-    require_real("burstiness", burstiness, error, 0.0)
+
+    def shape_error(detail: str) -> WorkloadError:
+        return WorkloadError("--burstiness", detail)
+
+    require_real("burstiness", burstiness, shape_error, 0.0)
     if burstiness <= 0:
-        raise error(f"burstiness must be > 0 (1: Poisson), got {burstiness!r}")
+        raise shape_error(f"must be > 0 (1: Poisson arrivals), got {burstiness!r}")
     rng, clock, out = random.Random(seed), 0.0, []
     for request in requests:
+        if clock > MAX_ARRIVAL_TIME:
+            raise error(
+                f"{rate!r} spreads {len(requests)} requests past 2**53 units of time; "
+                "raise the rate"
+            )
         out.append(dataclasses.replace(request, arrival_time=round(clock, 6)))
         if rate != math.inf:
             clock += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
-    if clock > MAX_ARRIVAL_TIME:
-        raise error(f"{rate!r} spreads {len(requests)} requests past 2**53 units of time")
     return out
 
 
