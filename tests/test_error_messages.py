@@ -2744,6 +2744,16 @@ def _v1_updated() -> None:
     s.update_from_output(out, {"a": 5})
 
 
+def _v1_update(tokens: object) -> Callable[[], object]:
+    """Update the step in flight (a samples, b's prefill is chunked) with ``tokens``."""
+
+    def call() -> object:
+        s, out = v1_in_flight()
+        return s.update_from_output(out, tokens)  # type: ignore[arg-type]  # the bad input
+
+    return call
+
+
 def _v1_not_fresh() -> None:
     r = v1_req("c", 4)
     r.num_computed_tokens = 2
@@ -2858,26 +2868,26 @@ V1_SCHEDULER_MESSAGES = [
     ),
     case(
         "v1 scheduler: update with tokens not in a mapping",
-        lambda: (lambda s, o: s.update_from_output(o, [1]))(*v1_in_flight()),  # type: ignore[arg-type]  # the bad input
+        _v1_update([1]),
         ArgumentTypeError,
         "sampled_token_ids must be a mapping of request id to token id, got list [1]",
     ),
     case(
         "v1 scheduler: a token for a request that samples nothing",
-        lambda: (lambda s, o: s.update_from_output(o, {"a": 1, "b": 2}))(*v1_in_flight()),
+        _v1_update({"a": 1, "b": 2}),
         InvalidSchedulerCallError,
         "sampled_token_ids has a token for 'b', which samples nothing in step 1; give tokens "
         "for sampling_req_ids only",
     ),
     case(
         "v1 scheduler: a negative token",
-        lambda: (lambda s, o: s.update_from_output(o, {"a": -1}))(*v1_in_flight()),
+        _v1_update({"a": -1}),
         InvalidSchedulerCallError,
         "sampled_token_ids['a'] must be an int >= 0, got -1",
     ),
     case(
         "v1 scheduler: a missing token",
-        lambda: (lambda s, o: s.update_from_output(o, {}))(*v1_in_flight()),
+        _v1_update({}),
         InvalidSchedulerCallError,
         "sampled_token_ids lacks a token for ['a'] of step 1; give one for every id of "
         "sampling_req_ids",
