@@ -355,6 +355,9 @@ def test_a_request_finishes_at_its_max_tokens_and_its_blocks_are_freed() -> None
     assert results[:2] == [[], []]
     assert results[2] == [FinishedRequest("a", CAPPED, 5, 3, 0)]
     assert not s.has_unfinished_requests() and not s.running and free_blocks(s) == 8
+    empty = s.schedule()
+    assert empty.finished_req_ids == ["a"] and not empty.scheduled  # as vLLM tells the worker
+    s.update_from_output(empty, {})
     # the finished request's full block stays cached: a request with its prefix hits it
     add(s, "b", 6)
     out, _ = step(s)

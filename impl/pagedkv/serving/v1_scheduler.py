@@ -96,8 +96,9 @@ class V1Scheduler:
         _max_tokens       request id -> its ``max_tokens`` (None: up to max_model_len)
         _arrival          request id -> its arrival index (S6)
         _admitted         ids of the unfinished requests admitted at least once (S2)
-        _finished_req_ids requests finished by :meth:`finish_requests` since the last
-                          step, reported by the next one
+        _finished_req_ids requests finished (by :meth:`finish_requests` or an update)
+                          since the last step, reported by the next one (as vLLM's
+                          ``finished_req_ids``, which tell the worker to drop them)
         _in_flight        the output of the step scheduled and not yet updated, or None
         _step             steps scheduled so far
     """
@@ -368,6 +369,7 @@ class V1Scheduler:
                 self._free(request, status)
         if finished:
             self.running = [r for r in self.running if r.status is _RUNNING]
+            self._finished_req_ids.extend(f.request_id for f in finished)
         return finished
 
     # ------------------------------------------------------------------ helpers

@@ -114,9 +114,10 @@ class V1SchedulerOutput:
                               blocks freed, back at the front of ``waiting``), in order
     rejected                  waiting requests that can never run (FINISHED_IGNORED),
                               each with its reason
-    finished_req_ids          requests finished since the previous step (by
-                              :meth:`V1Scheduler.finish_requests`); those finished by
-                              an update are in its own result
+    finished_req_ids          requests finished since the previous step: by the previous
+                              step's update (also in its result) or by
+                              :meth:`V1Scheduler.finish_requests` (vLLM's name: the
+                              worker drops their state)
     """
 
     step: int

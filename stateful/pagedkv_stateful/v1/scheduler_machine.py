@@ -275,6 +275,7 @@ class V1SchedulerMachine(RuleBasedStateMachine):
                 assert not any(self.manager.get_blocks(rid).blocks), f"finished {rid} keeps blocks"
                 del self.computed[rid]
         assert done <= set(tokens), "a request finished without sampling"
+        self.finished_between += [f.request_id for f in finished]
 
     @invariant()
     def scheduler_and_manager_invariants(self) -> None:
