@@ -2760,6 +2760,12 @@ def _v1_not_fresh() -> None:
     make_v1_scheduler().add_request(r)
 
 
+def _v1_reused_in_flight() -> None:
+    s, _ = v1_in_flight()
+    s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    s.add_request(v1_req("a", 2))
+
+
 def _v1_duplicate() -> None:
     s = make_v1_scheduler()
     v1_add(s, "a", 2)
@@ -2814,6 +2820,13 @@ V1_SCHEDULER_MESSAGES = [
         _v1_duplicate,
         DuplicateRequestError,
         f"request 'a': an unfinished request with this id is scheduled{FRESH_ID_HINT}",
+    ),
+    case(
+        "v1 scheduler: an id of the step in flight",
+        _v1_reused_in_flight,
+        DuplicateRequestError,
+        "request 'a': a finished request with this id is in the step in flight; add it after "
+        f"update_from_output(){FRESH_ID_HINT}",
     ),
     case(
         "v1 scheduler: a request that is not fresh",

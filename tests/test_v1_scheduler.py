@@ -485,6 +485,17 @@ def test_an_update_without_a_step_in_flight_is_refused() -> None:
     assert "no step is in flight" in str(err) and snapshot(s) == before
 
 
+def test_an_id_of_the_step_in_flight_is_not_reused_before_the_update() -> None:
+    s, out = _in_flight()
+    s.finish_requests("a", ABORTED)
+    before = snapshot(s)
+    err = raised(DuplicateRequestError, s.add_request, req("a", 2))
+    assert err.request_id == "a" and snapshot(s) == before
+    s.update_from_output(out, {})
+    s.add_request(req("a", 2))
+    s.check_invariants()
+
+
 def test_add_request_refuses_a_request_holding_blocks() -> None:
     s = make(num_blocks=20)
     r = req("x", 4)

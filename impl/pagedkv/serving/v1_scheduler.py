@@ -133,8 +133,9 @@ class V1Scheduler:
 
         The request must be WAITING with nothing computed or generated and hold no
         block in the manager (InvalidSchedulerCallError), with an id no unfinished
-        request has (DuplicateRequestError). A request that can never run is
-        accepted here and rejected when it reaches the front of ``waiting``.
+        request and no request of the step in flight has (DuplicateRequestError). A
+        request that can never run is accepted here and rejected when it reaches the
+        front of ``waiting``.
         """
         require_instance("request", request, Request, "a pagedkv.v1.Request")
         if max_tokens is not None:
@@ -142,6 +143,12 @@ class V1Scheduler:
         rid = request.request_id
         if rid in self.requests:
             raise DuplicateRequestError(rid, "an unfinished request with this id is scheduled")
+        if self._in_flight is not None and rid in self._in_flight.num_scheduled_tokens:
+            raise DuplicateRequestError(
+                rid,
+                "a finished request with this id is in the step in flight; add it after "
+                "update_from_output()",
+            )
         if (
             request.status is not _WAITING
             or request.num_computed_tokens
