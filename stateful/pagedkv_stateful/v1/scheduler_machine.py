@@ -31,7 +31,7 @@ rule                    operation                         checks
 
 After every rule: S1-S6 (``V1Scheduler.check_invariants()``, by the registry's
 predicates) and the manager's V1-1..V1-4, V1-10, V1-13 (``check_invariants()``).
-At teardown (liveness): stepping with drawn-free tokens finishes every request within
+At teardown (liveness): stepping (token 0 for every sample) finishes every request within
 ``sum(max_model_len + 2)`` steps, and every block comes back free.
 """
 
