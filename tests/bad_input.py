@@ -37,7 +37,7 @@ import torch
 import pagedkv
 import pagedkv.v1
 from pagedkv import errors
-from pagedkv.serving import cli
+from pagedkv.serving import cli, v1_scheduler
 
 # The battery passes wrong types on purpose: its names are typed Any, so that mypy
 # checks the battery's own code, not the bad calls it makes.
@@ -60,6 +60,8 @@ SimulationConfig: Any = _P.SimulationConfig
 Simulator: Any = _P.Simulator
 build_attention_inputs: Any = _P.build_attention_inputs
 parse_trace: Any = pagedkv.serving.workload.parse_trace
+V1Scheduler: Any = v1_scheduler.V1Scheduler
+V1SchedulerConfig: Any = v1_scheduler.V1SchedulerConfig
 
 __all__ = ["CASES", "CLI_CASES", "Case", "CliCase", "cli_verdict", "main", "verdict"]
 
@@ -198,6 +200,9 @@ def _state(obj: object) -> object:
         )
     if isinstance(obj, Scheduler):
         return obj.to_spec()
+    if isinstance(obj, V1Scheduler):
+        requests = [*obj.waiting, *obj.running]
+        return (obj.to_spec(), tuple(_state(r) for r in requests), _state(obj.kv_cache_manager))
     if isinstance(obj, BlockTable):
         return (obj.physical_block_ids, obj.num_full_slots, obj.get_block_token_ids())
     if isinstance(obj, KVCacheEngine):
@@ -1652,6 +1657,108 @@ for _bad, _exp in (
         _v1,
         lambda w, b=_bad: w["held"].append_output_token_ids(b),
         _exp,
+    )
+
+
+# ---- the V1 scheduler (pagedkv.serving.v1_scheduler)
+
+
+def _v1_scheduler() -> World:
+    """A V1 scheduler with a step in flight: "a" samples, "b"'s prefill is chunked,
+    "c" waits (max_num_seqs=2)."""
+    m = _V1.KVCacheManager(_V1.KVCacheConfig.full_attention(12, BS), 32)
+    s = V1Scheduler(m, V1SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=8))
+    for rid, n in (("a", 3), ("b", 10), ("c", 2)):
+        s.add_request(_V1.Request(rid, list(range(n)), block_hasher=_V1_HASHER), 4)
+    out = s.schedule()
+    return {"s": s, "out": out}
+
+
+for _param, _low in (
+    ("max_num_seqs", 1),
+    ("max_num_batched_tokens", 1),
+    ("long_prefill_token_threshold", 0),
+):
+    int_param(
+        f"V1SchedulerConfig {_param}",
+        _none,
+        lambda w, b, p=_param: V1SchedulerConfig(**{p: b}),
+        _low,
+    )
+for _bad in (None, "m", BlockSpaceManager(BS, 4, 0, 0.0)):
+    add(f"V1Scheduler manager={_bad!r}", _none, lambda w, b=_bad: V1Scheduler(b), TypeError)
+int_param(
+    "V1Scheduler.add_request max_tokens",
+    _v1_scheduler,
+    lambda w, b: w["s"].add_request(_V1.Request("new", [1]), b),
+    1,
+    none_ok=True,
+)
+for _bad in (None, "a", SequenceGroup("g", [_seq()])):
+    add(
+        f"V1Scheduler.add_request request={_bad!r}",
+        _v1_scheduler,
+        lambda w, b=_bad: w["s"].add_request(b),
+        TypeError,
+    )
+add(
+    "V1Scheduler.add_request a duplicate id",
+    _v1_scheduler,
+    lambda w: w["s"].add_request(_V1.Request("c", [1])),
+    ValueError,
+)
+add(
+    "V1Scheduler.schedule while a step is in flight",
+    _v1_scheduler,
+    lambda w: w["s"].schedule(),
+    ValueError,
+)
+int_param(
+    "V1Scheduler.update_from_output token",
+    _v1_scheduler,
+    lambda w, b: w["s"].update_from_output(w["out"], {"a": b}),
+    0,
+)
+for _bad in (None, [1], "a", 5):
+    add(
+        f"V1Scheduler.update_from_output sampled_token_ids={_bad!r}",
+        _v1_scheduler,
+        lambda w, b=_bad: w["s"].update_from_output(w["out"], b),
+        TypeError,
+    )
+for _bad in ({}, {"a": 1, "b": 1}, {"a": 1, "zz": 1}):
+    add(
+        f"V1Scheduler.update_from_output sampled_token_ids={_bad!r}",
+        _v1_scheduler,
+        lambda w, b=_bad: w["s"].update_from_output(w["out"], b),
+        ValueError,
+    )
+for _bad in (None, {}, "out"):
+    add(
+        f"V1Scheduler.update_from_output scheduler_output={_bad!r}",
+        _v1_scheduler,
+        lambda w, b=_bad: w["s"].update_from_output(b, {"a": 1}),
+        TypeError,
+    )
+for _bad in (None, 8, "FINISHED_ABORTED"):
+    add(
+        f"V1Scheduler.finish_requests finished_status={_bad!r}",
+        _v1_scheduler,
+        lambda w, b=_bad: w["s"].finish_requests("a", b),
+        TypeError,
+    )
+add(
+    "V1Scheduler.finish_requests finished_status=RUNNING",
+    _v1_scheduler,
+    lambda w: w["s"].finish_requests("a", _V1.RequestStatus.RUNNING),
+    ValueError,
+)
+for _bad in ([5], [None], ["a", b"b"]):
+    add(
+        f"V1Scheduler.finish_requests request_ids={_bad!r}",
+        _v1_scheduler,
+        lambda w, b=_bad: w["s"].finish_requests(b, _V1.RequestStatus.FINISHED_ABORTED),
+        TypeError,
     )
 
 

@@ -58,6 +58,7 @@ from pagedkv.errors import (
     InvalidKVCacheConfigError,
     InvalidKVCacheManagerConfigError,
     InvalidRequestError,
+    InvalidSchedulerCallError,
     InvalidSchedulerConfigError,
     InvalidSequenceError,
     InvalidSequenceStateError,
@@ -94,15 +95,21 @@ from pagedkv.serving.model_config import (
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
 from pagedkv.serving.step_time import StepTimeModel
+from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerConfig, V1SchedulerOutput
 from pagedkv.serving.workload import RequestSpec, parse_trace, preset, retime
 from pagedkv.v0.block_table import BlockTable
 from pagedkv.v0.evictor import LRUEvictor
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv.v0.refcount import contiguous_range
+from pagedkv.v1 import RequestStatus
 from pagedkv_stateful import vllm_v1
 from pagedkv_stateful.conform import UsageError, run_conformance
 from scheduler_helpers import add, one_in_each_queue, step
 from scheduler_helpers import make as make_scheduler
+from test_v1_scheduler import _in_flight as v1_in_flight
+from test_v1_scheduler import add as v1_add
+from test_v1_scheduler import make as make_v1_scheduler
+from test_v1_scheduler import req as v1_req
 
 GPU, CPU = Device.GPU, Device.CPU
 RUNNING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
@@ -3091,6 +3098,180 @@ TIME_MESSAGES = [
     ),
 ]
 
+
+# ---------------------------------------------------------------- serving/v1_scheduler.py
+
+
+def _v1_updated() -> None:
+    s, out = v1_in_flight()
+    s.update_from_output(out, {"a": 5})
+    s.update_from_output(out, {"a": 5})
+
+
+def _v1_update(tokens: object) -> Callable[[], object]:
+    """Update the step in flight (a samples, b's prefill is chunked) with ``tokens``."""
+
+    def call() -> object:
+        s, out = v1_in_flight()
+        return s.update_from_output(out, tokens)  # type: ignore[arg-type]  # the bad input
+
+    return call
+
+
+def _v1_not_fresh() -> None:
+    r = v1_req("c", 4)
+    r.num_computed_tokens = 2
+    make_v1_scheduler().add_request(r)
+
+
+def _v1_reused_in_flight() -> None:
+    s, _ = v1_in_flight()
+    s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    s.add_request(v1_req("a", 2))
+
+
+def _v1_duplicate() -> None:
+    s = make_v1_scheduler()
+    v1_add(s, "a", 2)
+    v1_add(s, "a", 3)
+
+
+V1_SCHEDULER_MESSAGES = [
+    case(
+        "v1 scheduler config: max_num_seqs",
+        lambda: V1SchedulerConfig(max_num_seqs=-2),
+        InvalidSchedulerConfigError,
+        "max_num_seqs must be an int >= 1, got -2",
+    ),
+    case(
+        "v1 scheduler config: max_num_batched_tokens",
+        lambda: V1SchedulerConfig(max_num_batched_tokens=-3),
+        InvalidSchedulerConfigError,
+        "max_num_batched_tokens must be an int >= 1, got -3",
+    ),
+    case(
+        "v1 scheduler config: long_prefill_token_threshold",
+        lambda: V1SchedulerConfig(long_prefill_token_threshold=-1),
+        InvalidSchedulerConfigError,
+        "long_prefill_token_threshold must be an int >= 0, got -1",
+    ),
+    case(
+        "v1 scheduler: not a manager",
+        lambda: V1Scheduler(None),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "kv_cache_manager must be a pagedkv.v1.KVCacheManager, got NoneType None",
+    ),
+    case(
+        "v1 scheduler: not a config",
+        lambda: V1Scheduler(make_v1_scheduler().kv_cache_manager, {"max_num_seqs": 2}),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "config must be a V1SchedulerConfig or None, got dict {'max_num_seqs': 2}",
+    ),
+    case(
+        "v1 scheduler: add a request of another type",
+        lambda: make_v1_scheduler().add_request(["r"]),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "request must be a pagedkv.v1.Request, got list ['r']",
+    ),
+    case(
+        "v1 scheduler: max_tokens 0",
+        lambda: make_v1_scheduler().add_request(v1_req("c", 2), 0),
+        InvalidSchedulerCallError,
+        "max_tokens must be an int >= 1, got 0",
+    ),
+    case(
+        "v1 scheduler: a duplicate request",
+        _v1_duplicate,
+        DuplicateRequestError,
+        f"request 'a': an unfinished request with this id is scheduled{FRESH_ID_HINT}",
+    ),
+    case(
+        "v1 scheduler: an id of the step in flight",
+        _v1_reused_in_flight,
+        DuplicateRequestError,
+        "request 'a': a finished request with this id is in the step in flight; add it after "
+        f"update_from_output(){FRESH_ID_HINT}",
+    ),
+    case(
+        "v1 scheduler: a request that is not fresh",
+        _v1_not_fresh,
+        InvalidSchedulerCallError,
+        "request 'c' is not fresh (WAITING, 2 computed and 0 output tokens, or blocks in "
+        "the manager); add a new Request",
+    ),
+    case(
+        "v1 scheduler: finish with a status that is not finished",
+        lambda: make_v1_scheduler().finish_requests("a", RequestStatus.RUNNING),
+        InvalidSchedulerCallError,
+        "finished_status must be a FINISHED_* status, got RUNNING; use FINISHED_ABORTED to abort",
+    ),
+    case(
+        "v1 scheduler: finish with a status of another type",
+        lambda: make_v1_scheduler().finish_requests("a", 8),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "finished_status must be a RequestStatus, got int 8",
+    ),
+    case(
+        "v1 scheduler: finish an empty id",
+        lambda: make_v1_scheduler().finish_requests([""], RequestStatus.FINISHED_ABORTED),
+        InvalidSchedulerCallError,
+        "request_ids must be a non-empty str, got ''",
+    ),
+    case(
+        "v1 scheduler: schedule twice",
+        lambda: v1_in_flight()[0].schedule(),
+        InvalidSchedulerCallError,
+        "schedule() while step 1 is in flight; pass its output to update_from_output() first",
+    ),
+    case(
+        "v1 scheduler: update with another step's output",
+        lambda: v1_in_flight()[0].update_from_output(V1SchedulerOutput(9), {}),
+        InvalidSchedulerCallError,
+        "update_from_output() with the output of step 9, but step 1 is in flight; pass the "
+        "output of the last schedule(), once",
+    ),
+    case(
+        "v1 scheduler: update twice",
+        _v1_updated,
+        InvalidSchedulerCallError,
+        "update_from_output() with the output of step 1, but no step is in flight; pass the "
+        "output of the last schedule(), once",
+    ),
+    case(
+        "v1 scheduler: update with an output of another type",
+        lambda: v1_in_flight()[0].update_from_output({}, {}),  # type: ignore[arg-type]  # the bad input
+        ArgumentTypeError,
+        "scheduler_output must be a V1SchedulerOutput, got dict {}",
+    ),
+    case(
+        "v1 scheduler: update with tokens not in a mapping",
+        _v1_update([1]),
+        ArgumentTypeError,
+        "sampled_token_ids must be a mapping of request id to token id, got list [1]",
+    ),
+    case(
+        "v1 scheduler: a token for a request that samples nothing",
+        _v1_update({"a": 1, "b": 2}),
+        InvalidSchedulerCallError,
+        "sampled_token_ids has a token for 'b', which samples nothing in step 1; give tokens "
+        "for sampling_req_ids only",
+    ),
+    case(
+        "v1 scheduler: a negative token",
+        _v1_update({"a": -1}),
+        InvalidSchedulerCallError,
+        "sampled_token_ids['a'] must be an int >= 0, got -1",
+    ),
+    case(
+        "v1 scheduler: a missing token",
+        _v1_update({}),
+        InvalidSchedulerCallError,
+        "sampled_token_ids lacks a token for ['a'] of step 1; give one for every id of "
+        "sampling_req_ids",
+    ),
+]
+
+
 MESSAGES = [
     *ALLOCATOR_MESSAGES,
     *CACHING_MESSAGES,
@@ -3105,6 +3286,7 @@ MESSAGES = [
     *ATTENTION_MESSAGES,
     *CONFORM_MESSAGES,
     *V1_MESSAGES,
+    *V1_SCHEDULER_MESSAGES,
 ]
 
 

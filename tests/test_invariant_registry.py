@@ -43,7 +43,9 @@ from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.scheduler_machine import SchedulerMachine
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
 from pagedkv_stateful.v1.pool_machine import V1PoolMachine
+from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
 from test_v1_planted import V1_PLANTED
+from test_v1_scheduler import V1_SCHEDULER_PLANTED
 
 ROOT = Path(__file__).parent.parent
 GPU, CPU = Device.GPU, Device.CPU
@@ -55,7 +57,7 @@ RUNNING, WAITING = SequenceStatus.RUNNING, SequenceStatus.WAITING
 
 def test_registry_is_well_formed() -> None:
     prefixes = {"pool": "P", "allocator": "I", "caching": "C", "manager": "M", "table": "T"}
-    prefixes |= {"scheduler": "Q", "kv": "KV", "v1": "V1-"}
+    prefixes |= {"scheduler": "Q", "kv": "KV", "v1": "V1-", "v1scheduler": "S"}
     for id_, inv in REGISTRY.items():
         assert inv.id == id_ and inv.layer in LAYERS and inv.kind in ("state", "step")
         assert re.fullmatch(prefixes[inv.layer] + r"[0-9]+", id_), id_
@@ -219,6 +221,10 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
         set(),
     ),
     V1PoolMachine: ({"V1-1", "V1-2", "V1-3", "V1-4", "V1-14"}, set()),
+    V1SchedulerMachine: (
+        {"S1", "S2", "S3", "S4", "S5", "S6", "V1-1", "V1-2", "V1-3", "V1-4", "V1-10", "V1-13"},
+        set(),
+    ),
 }
 
 
@@ -579,6 +585,7 @@ PLANTED: dict[str, Callable[[], str]] = {
     "Q7": lambda: _machine_failure(_scheduler_machine(_SaysDoneEarly), 400),
     "KV1": _planted_kv1,
     **V1_PLANTED,  # vLLM V1's manager: planted in tests/test_v1_planted.py
+    **V1_SCHEDULER_PLANTED,  # the V1 scheduler: planted in tests/test_v1_scheduler.py
 }
 
 

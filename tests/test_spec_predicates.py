@@ -22,6 +22,7 @@ from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef, StepRecord
 from pagedkv_spec.table import TableRep
 from pagedkv_spec.v1 import manager as V1M
 from pagedkv_spec.v1 import pool as V1pool
+from pagedkv_spec.v1.scheduler import SchedRequestView, V1SchedulerView
 
 GPU, CPU = Device.GPU, Device.CPU
 
@@ -122,7 +123,26 @@ def _v1(**kw: Any) -> V1M.ManagerState:
     return replace(V1, **kw)
 
 
+# the V1 scheduler, block size 4: a running with a step in flight that computed its
+# 5 tokens, b running (3 of 9 computed), c preempted, d never admitted
+_RA = SchedRequestView("a", 0, True, "RUNNING", 5, 5, (2,))
+_RB = SchedRequestView("b", 1, True, "RUNNING", 9, 3, (1,))
+_WC = SchedRequestView("c", 2, True, "PREEMPTED", 6, 0, (0,))
+_WD = SchedRequestView("d", 3, False, "WAITING", 2, 0, (0,))
+V1S = V1SchedulerView((_WC, _WD), (_RA, _RB), ("a", "b", "c", "d"), (4,), 2, 8, (("a", 1),))
+
+
+def _v1s(**kw: Any) -> V1SchedulerView:
+    return replace(V1S, **kw)
+
+
 GOOD: dict[str, tuple[Any, ...]] = {
+    "S1": (V1S,),
+    "S2": (V1S,),
+    "S3": (V1S,),
+    "S4": (V1S,),
+    "S5": (V1S,),
+    "S6": (V1S,),
     "V1-1": (V1P,),
     "V1-2": (V1,),
     "V1-3": (V1P,),
@@ -196,6 +216,59 @@ def _gpu(**kw: Any) -> C.CachingState:
 
 
 BAD: list[tuple[str, str, tuple[Any, ...]]] = [
+    ("S1", "a request in both queues", (_v1s(waiting=(_WC, _WD, _RB)),)),
+    ("S1", "a queued request not tracked", (_v1s(tracked=("a", "b", "c")),)),
+    ("S1", "a tracked request in no queue", (_v1s(tracked=("a", "b", "c", "d", "e")),)),
+    ("S2", "a running request not RUNNING", (_v1s(running=(_RA, replace(_RB, status="WAITING"))),)),
+    (
+        "S2",
+        "a never admitted request PREEMPTED",
+        (_v1s(waiting=(_WC, replace(_WD, status="PREEMPTED"))),),
+    ),
+    ("S2", "a preempted request WAITING", (_v1s(waiting=(replace(_WC, status="WAITING"), _WD)),)),
+    (
+        "S3",
+        "a waiting request holding a block",
+        (_v1s(waiting=(replace(_WC, num_blocks=(1,)), _WD)),),
+    ),
+    (
+        "S3",
+        "a waiting request with computed tokens",
+        (_v1s(waiting=(replace(_WC, num_computed_tokens=4), _WD)),),
+    ),
+    (
+        "S3",
+        "a running request short of a block",
+        (_v1s(running=(replace(_RA, num_blocks=(1,)), _RB)),),
+    ),
+    (
+        "S3",
+        "a running request with a block too many",
+        (_v1s(running=(_RA, replace(_RB, num_blocks=(2,)))),),
+    ),
+    ("S3", "a table missing for a group", (_v1s(block_sizes=(4, 4)),)),
+    (
+        "S4",
+        "computed past the tokens",
+        (_v1s(running=(replace(_RA, num_computed_tokens=6, num_blocks=(2,)), _RB)),),
+    ),
+    ("S4", "all computed with no step in flight", (_v1s(step=()),)),
+    (
+        "S4",
+        "a running request with nothing computed",
+        (_v1s(running=(_RA, replace(_RB, num_computed_tokens=0, num_blocks=(0,)))),),
+    ),
+    ("S5", "more running requests than max_num_seqs", (_v1s(max_num_seqs=1),)),
+    ("S5", "a step past the budget", (_v1s(step=(("a", 1), ("b", 8))),)),
+    ("S5", "a step scheduling no token", (_v1s(step=(("a", 1), ("b", 0))),)),
+    ("S5", "a step scheduling a waiting request", (_v1s(step=(("a", 1), ("d", 2))),)),
+    ("S5", "a step naming a request twice", (_v1s(step=(("a", 1), ("a", 1))),)),
+    (
+        "S6",
+        "a later arrival first",
+        (_v1s(waiting=(_WC, _WD, replace(_WD, request_id="e", arrival=1))),),
+    ),
+    ("S6", "a never admitted request before a preempted one", (_v1s(waiting=(_WD, _WC)),)),
     ("C1", "an id both free and in the evictor", (_gpu(free=(2, 1)),)),
     ("C1", "an id in no place", (_gpu(free=()),)),
     ("C1", "a negative refcount", (_gpu(refcounts=(1, 0, -1)),)),

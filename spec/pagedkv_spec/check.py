@@ -70,6 +70,7 @@ SPEC_MODULES = (
     "pagedkv_spec.v1.manager",
     "pagedkv_spec.v1.hashing",
     "pagedkv_spec.v1.harness",
+    "pagedkv_spec.v1.scheduler",
 )
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "InvalidKVCacheConfigError",
     "InvalidKVCacheManagerConfigError",
     "InvalidRequestError",
+    "InvalidSchedulerCallError",
     "InvalidSchedulerConfigError",
     "InvalidSequenceError",
     "InvalidSequenceStateError",
@@ -465,6 +466,16 @@ class SchedulerError(PagedKVError):
 
 class InvalidSchedulerConfigError(SchedulerError, ValueError):
     """Bad scheduler or simulator settings (unknown preemption mode, negative budget, ...)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class InvalidSchedulerCallError(SchedulerError, ValueError):
+    """A scheduler call out of turn or with arguments its state contradicts: a second
+    ``schedule()`` before the first step's update, an update with another step's
+    output or without a sampled token the step needs, a request that is not fresh."""
 
     def __init__(self, detail: str) -> None:
         self.detail = detail

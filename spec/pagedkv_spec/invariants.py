@@ -8,14 +8,16 @@ assertion that judges a target's choice starts its message with the id
 (``"P2: ..."``, read back by :func:`cited`), and the docs use the same ids.
 
 An :class:`Invariant` has:
-    id         ``P1``.., ``I1``.., ``C1``.., ``M1``.., ``T1``.., ``Q1``.., ``KV1`` (the layer's
-               letter; ``C`` is the prefix-caching allocator), ``V1-1``.. (vLLM V1's
-               KV cache manager, numbered as the V1 reference numbers them)
+    id         ``P1``.., ``I1``.., ``C1``.., ``M1``.., ``T1``.., ``Q1``.., ``KV1``, ``S1``..
+               (the layer's letter; ``C`` is the prefix-caching allocator, ``S`` the
+               V1 scheduler), ``V1-1``.. (vLLM V1's KV cache manager, numbered as the
+               V1 reference numbers them)
     name       its predicate's name (``label`` is ``"<id> <name>"``)
     meaning    one line: what it protects
     layer      ``pool``, ``allocator``, ``caching``, ``manager``, ``table``, ``scheduler``,
-               ``kv`` or ``v1`` (whose state predicates take a pool, a manager or, for
-               V1-14, a pool and the replayed events: check them by ``ids``)
+               ``kv``, ``v1`` (whose state predicates take a pool, a manager or, for
+               V1-14, a pool and the replayed events: check them by ``ids``) or
+               ``v1scheduler`` (the reference V1 scheduler, ids ``S1``..)
     kind       ``state``: a predicate over one state, checked after every step;
                ``step``: over one transition, checked after each step making it
     predicate  the spec function that decides it
@@ -48,6 +50,7 @@ from pagedkv_spec import allocator, caching, kv, manager, pool, scheduler, table
 from pagedkv_spec.errors import InvariantViolationError
 from pagedkv_spec.v1 import manager as v1m
 from pagedkv_spec.v1 import pool as v1p
+from pagedkv_spec.v1 import scheduler as v1s
 
 __all__ = [
     "REGISTRY",
@@ -62,7 +65,17 @@ __all__ = [
     "require",
 ]
 
-LAYERS = ("pool", "allocator", "caching", "manager", "table", "scheduler", "kv", "v1")
+LAYERS = (
+    "pool",
+    "allocator",
+    "caching",
+    "manager",
+    "table",
+    "scheduler",
+    "kv",
+    "v1",
+    "v1scheduler",
+)
 
 
 @dataclass(frozen=True)
@@ -377,6 +390,28 @@ def _entries() -> Iterable[Invariant]:
         "v1",
         "step",
     )
+    # the reference V1 scheduler (pagedkv.serving.v1_scheduler)
+    for id_, fn, meaning in (
+        ("S1", v1s.queues_ok, "each tracked request is in exactly one of waiting and running"),
+        ("S2", v1s.statuses_ok, "running requests are RUNNING, waiting ones WAITING or PREEMPTED"),
+        (
+            "S3",
+            v1s.blocks_ok,
+            "a waiting request holds no block; a running one exactly its computed tokens' blocks",
+        ),
+        (
+            "S4",
+            v1s.computed_ok,
+            "a running request computed at most its tokens, all of them only while in flight",
+        ),
+        (
+            "S5",
+            v1s.budget_ok,
+            "the running requests and the step in flight stay within max_num_seqs and the budget",
+        ),
+        ("S6", v1s.fcfs_ok, "never-admitted requests are a suffix of waiting, in arrival order"),
+    ):
+        yield inv(id_, fn, meaning, "v1scheduler", explain=v1s.explain)
 
 
 #: Every invariant by id, in the order above (layer by layer).

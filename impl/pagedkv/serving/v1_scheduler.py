@@ -1,0 +1,500 @@
+"""A reference V1 scheduler over :class:`pagedkv.v1.KVCacheManager` (vLLM V1's policy).
+
+Text-only, one engine, synchronous steps: ``schedule()``, then
+``update_from_output()`` with the tokens the step sampled, then ``schedule()`` again.
+There is no prefill or decode phase: each request has ``num_tokens`` (prompt and
+output) and ``num_computed_tokens``, and a step gives requests tokens so the second
+catches up with the first. Chunked prefill is always on, prefix caching is the
+manager's (on by default), preemption is recompute only.
+
+Queues: ``waiting`` (a deque of requests holding no block: arrivals at the back in
+:meth:`V1Scheduler.add_request` order, preempted requests back at the *front*) and
+``running`` (a list, in admission order).
+
+One :meth:`V1Scheduler.schedule` call plans one step with one token budget,
+``max_num_batched_tokens``::
+
+    running:  r0  r1  r2 ... rk      waiting:  w0  w1 ...
+              |---budget, in order-->|         |--rest of the budget, FCFS-->
+              preempt from the back <-|         stop at the first that does not fit
+
+ 1. running, in order, while budget is left: a request gets
+    ``min(num_tokens - num_computed_tokens, long_prefill_token_threshold if set,
+    budget)`` tokens; while ``allocate_slots`` refuses it, preempt the *last* running
+    request (free its blocks, ``num_computed_tokens = 0``, PREEMPTED, front of
+    ``waiting``) until it fits or it preempted itself (then the loop stops).
+ 2. waiting, only if nothing was preempted, from the front while budget is left and
+    fewer than ``max_num_seqs`` run: a request that can never run (its prompt is
+    longer than ``max_model_len``, or its longest sequence needs more blocks than the
+    whole cache) is rejected (FINISHED_IGNORED, with a reason); else its prefix-cache
+    hit (``get_computed_blocks``: block-aligned, at most ``num_tokens - 1``, so at
+    least one token is computed) is skipped and the rest, capped as in 1, allocated
+    with the hit; if ``allocate_slots`` refuses, admission stops for this step.
+ 3. every scheduled request's ``num_computed_tokens`` (and ``num_in_flight_tokens``)
+    advances by its scheduled tokens, as vLLM's ``_update_after_schedule`` does.
+
+:meth:`V1Scheduler.update_from_output` takes one sampled token per request whose
+step reached its last token (``V1SchedulerOutput.sampling_req_ids``), appends it,
+and finishes a request at its ``max_tokens`` or at ``max_model_len``
+(FINISHED_LENGTH_CAPPED), freeing its blocks.
+
+Invariants S1-S6 (:mod:`pagedkv_spec.v1.scheduler`, registered in
+:mod:`pagedkv_spec.invariants`), checked by :meth:`V1Scheduler.check_invariants`.
+Liveness: a request whose longest sequence fits in the cache alone is never
+rejected, and the oldest running request is never preempted, so every accepted
+request finishes (the V1 scheduler machine checks this over a bounded number of
+steps).
+
+Misuse raises a typed error from :mod:`pagedkv.errors` before anything changes.
+Differences from vLLM are listed in docs/design.md ("The V1 scheduler").
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+from pagedkv._validate import require_instance, require_int, require_str
+from pagedkv.errors import ArgumentTypeError, DuplicateRequestError, InvalidSchedulerCallError
+from pagedkv.serving.v1_scheduler_types import (
+    FinishedRequest,
+    ScheduledRequest,
+    ScheduleKind,
+    SchedulerEvent,
+    V1SchedulerConfig,
+    V1SchedulerOutput,
+)
+from pagedkv.v1.kv_cache_manager import KVCacheManager
+from pagedkv.v1.request import Request, RequestStatus
+from pagedkv_spec.invariants import check
+from pagedkv_spec.v1.scheduler import SchedRequestView, V1SchedulerView
+
+__all__ = [
+    "FinishedRequest",
+    "ScheduledRequest",
+    "SchedulerEvent",
+    "V1Scheduler",
+    "V1SchedulerConfig",
+    "V1SchedulerOutput",
+]
+
+_WAITING = RequestStatus.WAITING
+_RUNNING = RequestStatus.RUNNING
+_PREEMPTED = RequestStatus.PREEMPTED
+
+
+class V1Scheduler:
+    """Waiting and running queues over a V1 KV cache manager (see the module docstring).
+
+    Representation:
+        kv_cache_manager  the manager every block decision goes through
+        config            a :class:`V1SchedulerConfig`
+        max_model_len     the manager's ``max_model_len``
+        requests          request id -> request, for every unfinished request (S1), in
+                          arrival order
+        waiting, running  the queues; read them, do not edit
+        _max_tokens       request id -> its ``max_tokens`` (None: up to max_model_len)
+        _arrival          request id -> its arrival index (S6)
+        _admitted         ids of the unfinished requests admitted at least once (S2)
+        _finished_req_ids requests finished (by :meth:`finish_requests` or an update)
+                          since the last step, reported by the next one (as vLLM's
+                          ``finished_req_ids``, which tell the worker to drop them)
+        _in_flight        the output of the step scheduled and not yet updated, or None
+        _step             steps scheduled so far
+    """
+
+    def __init__(
+        self, kv_cache_manager: KVCacheManager, config: V1SchedulerConfig | None = None
+    ) -> None:
+        require_instance(
+            "kv_cache_manager", kv_cache_manager, KVCacheManager, "a pagedkv.v1.KVCacheManager"
+        )
+        if config is not None:
+            require_instance("config", config, V1SchedulerConfig, "a V1SchedulerConfig or None")
+        self.kv_cache_manager = kv_cache_manager
+        self.config = config or V1SchedulerConfig()
+        self.max_model_len = kv_cache_manager.max_model_len
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._max_tokens: dict[str, int | None] = {}
+        self._arrival: dict[str, int] = {}
+        self._next_arrival = 0
+        self._admitted: set[str] = set()
+        self._finished_req_ids: list[str] = []
+        self._in_flight: V1SchedulerOutput | None = None
+        self._step = 0
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, request: Request, max_tokens: int | None = None) -> None:
+        """Queue a fresh request at the back of ``waiting``; it generates at most
+        ``max_tokens`` tokens (None: until ``max_model_len``). Complexity: O(1).
+
+        The request must be WAITING with nothing computed or generated and hold no
+        block in the manager (InvalidSchedulerCallError), with an id no unfinished
+        request and no request of the step in flight has (DuplicateRequestError). A
+        request that can never run is accepted here and rejected when it reaches the
+        front of ``waiting``.
+        """
+        require_instance("request", request, Request, "a pagedkv.v1.Request")
+        if max_tokens is not None:
+            require_int("max_tokens", max_tokens, InvalidSchedulerCallError, low=1)
+        rid = request.request_id
+        if rid in self.requests:
+            raise DuplicateRequestError(rid, "an unfinished request with this id is scheduled")
+        if self._in_flight is not None and rid in self._in_flight.num_scheduled_tokens:
+            raise DuplicateRequestError(
+                rid,
+                "a finished request with this id is in the step in flight; add it after "
+                "update_from_output()",
+            )
+        if (
+            request.status is not _WAITING
+            or request.num_computed_tokens
+            or request.num_output_tokens
+            or any(self.kv_cache_manager.get_blocks(rid).blocks)
+        ):
+            raise InvalidSchedulerCallError(
+                f"request {rid!r} is not fresh ({request.status}, "
+                f"{request.num_computed_tokens} computed and {request.num_output_tokens} "
+                "output tokens, or blocks in the manager); add a new Request"
+            )
+        self.requests[rid] = request
+        self._max_tokens[rid] = max_tokens
+        self._arrival[rid] = self._next_arrival
+        self._next_arrival += 1
+        self.waiting.append(request)
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str], finished_status: RequestStatus
+    ) -> list[str]:
+        """Finish the given unfinished requests with ``finished_status`` (an abort, or a
+        stop the caller detected), free their blocks; unknown or finished ids are
+        skipped, as vLLM does. The ids finished, reported again by the next step's
+        ``finished_req_ids``. Complexity: O(ids × queue length + their blocks)."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        for rid in ids:
+            require_str("request_ids", rid, InvalidSchedulerCallError)
+        require_instance("finished_status", finished_status, RequestStatus, "a RequestStatus")
+        if not RequestStatus.is_finished(finished_status):
+            raise InvalidSchedulerCallError(
+                f"finished_status must be a FINISHED_* status, got {finished_status}; "
+                "use FINISHED_ABORTED to abort"
+            )
+        done: list[str] = []
+        for rid in ids:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            if request.status is _RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._free(request, finished_status)
+            done.append(rid)
+        self._finished_req_ids.extend(done)
+        return done
+
+    def has_unfinished_requests(self) -> bool:
+        """Some request is waiting or running. Complexity: O(1)."""
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        """Waiting and running requests. Complexity: O(1)."""
+        return len(self.requests)
+
+    def get_request_counts(self) -> tuple[int, int]:
+        """``(running, waiting)`` request counts (vLLM's order). Complexity: O(1)."""
+        return len(self.running), len(self.waiting)
+
+    # ------------------------------------------------------------------ one step
+
+    def schedule(self) -> V1SchedulerOutput:
+        """Plan one step (module docstring). InvalidSchedulerCallError while the previous
+        step awaits its :meth:`update_from_output`.
+
+        Complexity: O(scheduled + preempted + rejected requests + the blocks they
+        allocate, adopt or free), plus the manager's work."""
+        if self._in_flight is not None:
+            raise InvalidSchedulerCallError(
+                f"schedule() while step {self._in_flight.step} is in flight; pass its "
+                "output to update_from_output() first"
+            )
+        self._step += 1
+        out = V1SchedulerOutput(self._step, finished_req_ids=self._finished_req_ids)
+        self._finished_req_ids = []
+        budget = self.config.max_num_batched_tokens
+        threshold = self.config.long_prefill_token_threshold
+        if len(self.running) + len(self.waiting) <= 1:
+            threshold = 0  # nobody to starve: a lone request takes the whole budget
+        budget = self._schedule_running(out, budget, threshold)
+        if not out.preempted_req_ids:
+            self._schedule_waiting(out, budget, threshold)
+        for s in out.scheduled:  # vLLM's _update_after_schedule
+            request = self.requests[s.request_id]
+            request.num_computed_tokens += s.num_scheduled_tokens
+            request.num_in_flight_tokens += s.num_scheduled_tokens
+        self._in_flight = out
+        return out
+
+    def _schedule_running(self, out: V1SchedulerOutput, budget: int, threshold: int) -> int:
+        """Step 1: give running requests tokens in order, preempting from the back."""
+        manager, running = self.kv_cache_manager, self.running
+        index = 0
+        while index < len(running) and budget > 0:
+            request = running[index]
+            num_new = request.num_tokens - request.num_computed_tokens
+            if 0 < threshold < num_new:
+                num_new = threshold
+            num_new = min(num_new, budget)
+            while True:
+                new_blocks = manager.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                victim = running.pop()
+                self._preempt(victim)
+                out.preempted_req_ids.append(victim.request_id)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            ids = tuple(map(tuple, new_blocks.get_block_ids()))
+            self._record(out, request, "running", num_new, 0, ids)
+            budget -= num_new
+            index += 1
+        return budget
+
+    def _schedule_waiting(self, out: V1SchedulerOutput, budget: int, threshold: int) -> None:
+        """Step 2: admit waiting requests first come, first served."""
+        manager, waiting = self.kv_cache_manager, self.waiting
+        while waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = waiting[0]
+            reason = self._never_fits(request)
+            if reason:
+                waiting.popleft()
+                self._free(request, RequestStatus.FINISHED_IGNORED)
+                out.rejected.append(SchedulerEvent(request.request_id, reason))
+                continue
+            hit_blocks, num_hit, _ = manager.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit
+            if 0 < threshold < num_new:
+                num_new = threshold
+            num_new = min(num_new, budget)
+            new_blocks = manager.allocate_slots(
+                request,
+                num_new,
+                num_hit,
+                hit_blocks if num_hit else None,
+                has_scheduled_reqs=bool(self.running),
+            )
+            if new_blocks is None:
+                break  # FCFS: nobody overtakes it
+            manager.record_prefix_cache_stats(request, num_hit)
+            waiting.popleft()
+            kind: ScheduleKind = "resumed" if request.status is _PREEMPTED else "new"
+            request.status = _RUNNING
+            request.num_computed_tokens = num_hit
+            self.running.append(request)
+            self._admitted.add(request.request_id)
+            ids = tuple(map(tuple, manager.get_block_ids(request.request_id)))
+            self._record(out, request, kind, num_new, num_hit, ids)
+            budget -= num_new
+
+    def update_from_output(
+        self, scheduler_output: V1SchedulerOutput, sampled_token_ids: Mapping[str, int]
+    ) -> list[FinishedRequest]:
+        """Apply the step in flight: one sampled token for each request of its
+        ``sampling_req_ids`` still unfinished (more or fewer, or another step's output:
+        InvalidSchedulerCallError, nothing changed), appended to the request; a request
+        at its ``max_tokens`` or at ``max_model_len`` tokens finishes
+        (FINISHED_LENGTH_CAPPED) and its blocks are freed. Returns those finished.
+
+        Complexity: O(scheduled requests + freed blocks), plus O(running) C-level list
+        moves when a request finishes (as vLLM's list compaction)."""
+        require_instance(
+            "scheduler_output", scheduler_output, V1SchedulerOutput, "a V1SchedulerOutput"
+        )
+        if not isinstance(sampled_token_ids, Mapping):
+            raise ArgumentTypeError(
+                "sampled_token_ids", sampled_token_ids, "a mapping of request id to token id"
+            )
+        if scheduler_output is not self._in_flight:
+            raise InvalidSchedulerCallError(
+                f"update_from_output() with the output of step {scheduler_output.step}, but "
+                + (
+                    "no step is in flight"
+                    if self._in_flight is None
+                    else f"step {self._in_flight.step} is in flight"
+                )
+                + "; pass the output of the last schedule(), once"
+            )
+        sampling = set(scheduler_output.sampling_req_ids)
+        for rid in sampled_token_ids:
+            if rid not in sampling:
+                raise InvalidSchedulerCallError(
+                    f"sampled_token_ids has a token for {rid!r}, which samples nothing in "
+                    f"step {scheduler_output.step}; give tokens for sampling_req_ids only"
+                )
+            require_int(
+                f"sampled_token_ids[{rid!r}]", sampled_token_ids[rid], InvalidSchedulerCallError
+            )
+        missing = [
+            r
+            for r in scheduler_output.sampling_req_ids
+            if r in self.requests and r not in sampled_token_ids
+        ]
+        if missing:
+            raise InvalidSchedulerCallError(
+                f"sampled_token_ids lacks a token for {missing} of step "
+                f"{scheduler_output.step}; give one for every id of sampling_req_ids"
+            )
+        self._in_flight = None
+        finished: list[FinishedRequest] = []
+        for s in scheduler_output.scheduled:
+            request = self.requests.get(s.request_id)
+            if request is None:  # finished (aborted) while the step was in flight
+                continue
+            request.num_in_flight_tokens = 0
+            if not s.samples:
+                continue
+            request.append_output_token_ids(sampled_token_ids[s.request_id])
+            max_tokens = self._max_tokens[s.request_id]
+            if request.num_tokens >= self.max_model_len or (
+                max_tokens is not None and request.num_output_tokens >= max_tokens
+            ):
+                status = RequestStatus.FINISHED_LENGTH_CAPPED
+                finished.append(
+                    FinishedRequest(
+                        request.request_id,
+                        status,
+                        request.num_prompt_tokens,
+                        request.num_output_tokens,
+                        request.num_preemptions,
+                    )
+                )
+                self._free(request, status)
+        if finished:
+            self.running = [r for r in self.running if r.status is _RUNNING]
+            self._finished_req_ids.extend(f.request_id for f in finished)
+        return finished
+
+    # ------------------------------------------------------------------ helpers
+
+    def _record(
+        self,
+        out: V1SchedulerOutput,
+        request: Request,
+        kind: ScheduleKind,
+        num_new: int,
+        num_hit: int,
+        block_ids: tuple[tuple[int, ...], ...],
+    ) -> None:
+        """Add one scheduled request to ``out`` (before its computed tokens advance)."""
+        rid = request.request_id
+        out.scheduled.append(
+            ScheduledRequest(
+                rid,
+                kind,
+                num_new,
+                request.num_computed_tokens,
+                num_hit,
+                request.num_prompt_tokens,
+                request.num_tokens,
+                block_ids,
+            )
+        )
+        out.num_scheduled_tokens[rid] = num_new
+        out.total_num_scheduled_tokens += num_new
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute preemption (V1-11): free, nothing computed, front of ``waiting``."""
+        self.kv_cache_manager.free(request)
+        request.status = _PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_in_flight_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _free(self, request: Request, status: RequestStatus) -> None:
+        """Finish ``request`` with ``status``: free its blocks, forget it (it stays in
+        ``running`` until the caller drops it)."""
+        self.kv_cache_manager.free(request)
+        request.status = status
+        rid = request.request_id
+        del self.requests[rid], self._max_tokens[rid], self._arrival[rid]
+        self._admitted.discard(rid)
+
+    def _peak_num_tokens(self, request: Request) -> int:
+        """The most tokens ``request`` will ever hold KV for: its last sampled token is
+        never computed, and it stops at its ``max_tokens`` or at ``max_model_len``
+        (a prompt of exactly ``max_model_len`` tokens is computed whole). O(1)."""
+        longest = self.max_model_len - 1
+        max_tokens = self._max_tokens.get(request.request_id)
+        if max_tokens is not None:
+            longest = min(longest, request.num_prompt_tokens + max_tokens - 1)
+        return max(longest, request.num_prompt_tokens)
+
+    def _never_fits(self, request: Request) -> str:
+        """Why ``request`` (waiting, holding no block) can never run, or "". O(groups)."""
+        if request.num_prompt_tokens > self.max_model_len:
+            return (
+                f"its prompt of {request.num_prompt_tokens} tokens exceeds "
+                f"max_model_len={self.max_model_len}"
+            )
+        manager = self.kv_cache_manager
+        peak = self._peak_num_tokens(request)
+        empty = manager.empty_kv_cache_blocks.blocks
+        need = manager.coordinator.get_num_blocks_to_allocate(
+            request.request_id, peak, empty, 0, True
+        )
+        usable = manager.block_pool.num_gpu_blocks - 1  # all but the null block
+        if need > usable:
+            return (
+                f"its longest sequence ({peak} tokens) needs {need} blocks, the whole "
+                f"cache has {usable}"
+            )
+        return ""
+
+    # ------------------------------------------------------------------ verification
+
+    def to_spec(self) -> V1SchedulerView:
+        """Abstraction function: the queues and the step in flight as a spec
+        :class:`V1SchedulerView`. Complexity: O(queued requests + groups)."""
+        manager = self.kv_cache_manager
+
+        def view(r: Request) -> SchedRequestView:
+            rid = r.request_id
+            blocks = manager.get_blocks(rid).blocks
+            return SchedRequestView(
+                rid,
+                self._arrival.get(rid, -1),
+                rid in self._admitted,
+                r.status.name,
+                r.num_tokens,
+                r.num_computed_tokens,
+                tuple(len(g) for g in blocks),
+            )
+
+        step = self._in_flight
+        return V1SchedulerView(
+            tuple(view(r) for r in self.waiting),
+            tuple(view(r) for r in self.running),
+            tuple(self.requests),
+            tuple(m.block_size for m in manager.coordinator.single_type_managers),
+            self.config.max_num_seqs,
+            self.config.max_num_batched_tokens,
+            () if step is None else tuple(step.num_scheduled_tokens.items()),
+        )
+
+    def check_invariants(self) -> None:
+        """Check S1-S6 on :meth:`to_spec` with the spec's predicates; raises
+        :class:`~pagedkv.errors.InvariantViolationError` carrying the id.
+        Complexity: O(queued requests + groups)."""
+        check("v1scheduler", self.to_spec(), repr(self))
+
+    def __repr__(self) -> str:
+        return (
+            f"V1Scheduler({len(self.waiting)} waiting, {len(self.running)} running, "
+            f"step {self._step}{' in flight' if self._in_flight is not None else ''})"
+        )
