@@ -292,7 +292,6 @@ class _GivenPrompts(Simulator):
         self.prompts = prompts
 
     def _add(self, spec: RequestSpec) -> None:
-        self._request_index.setdefault(spec.request_id, len(self._request_index))
         self._specs[spec.request_id] = spec
         prompt = self.prompts[spec.request_id]
         seq = Sequence(self.scheduler.next_seq_id(), prompt, self.config.block_size)

@@ -34,14 +34,11 @@ manager and scheduler, and with the toy backing KV conservation (invariant KV1 o
 
 from __future__ import annotations
 
-import math
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pagedkv._arith import mix64
 from pagedkv._validate import (
     require_bool,
     require_fits_in_memory,
@@ -57,9 +54,11 @@ from pagedkv.errors import (
     InvalidSchedulerConfigError,
     WorkloadError,
 )
+from pagedkv.serving.arrivals import Arrivals
 from pagedkv.serving.capacity import CapacityPlan
 from pagedkv.serving.latency import LatencyTally
 from pagedkv.serving.model_config import dtype_bytes
+from pagedkv.serving.prompts import PromptBuilder, answer_token
 from pagedkv.serving.report import SimulationResult, Tally
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv.serving.step_time import StepTimeModel, StepWork
@@ -77,9 +76,6 @@ if TYPE_CHECKING:
 __all__ = ["ObserveFn", "SimulationConfig", "Simulator", "StepObservation"]
 
 _RUNNING = SequenceStatus.RUNNING
-_VOCAB = 32_000
-_PREFIX_STREAM = 1 << 40  # token streams of shared prefixes, apart from requests' own
-_HASH_STREAM = 1 << 41  # token streams of content ids (RequestSpec.hash_ids)
 KV_BACKINGS = ("toy", "none")  # SimulationConfig.kv_backing (module docstring)
 #: Called after every step with (step, requests done, requests total).
 ProgressFn = Callable[[int, int, int], None]
@@ -262,12 +258,8 @@ class Simulator:
             enable_caching=c.enable_caching,
         )
         self.scheduler = Scheduler(self.manager, c.scheduler)
-        self._request_index: dict[str, int] = {}
-        self._prefix_index: dict[str, int] = {}
         self._specs: dict[str, RequestSpec] = {}
-        self._parent_ids: set[str] = set()  # requests a later request continues
-        # parent id -> (its prompt, its first sequence's id: the answer's token stream)
-        self._parents: dict[str, tuple[tuple[int, ...], int]] = {}
+        self._prompts = PromptBuilder(c.seed, set())
 
     @property
     def engine(self) -> KVCacheEngine:
@@ -308,23 +300,15 @@ class Simulator:
         tokens) tensor work for the KV check when checking is on.
         """
         self.check_requests(requests)
-        self._parent_ids = {r.parent for r in requests if r.parent is not None}
+        self._prompts = PromptBuilder(self.config.seed, {r.parent for r in requests if r.parent})
         c, sched, tally = self.config, self.scheduler, Tally(len(requests), self.config.check)
         latency, model = LatencyTally(), c.time_model
-        pending = deque(sorted(requests, key=lambda r: r.arrival_time))
-        # max_concurrency: when each free place in the server freed (in time order)
-        places = deque([-math.inf] * min(c.max_concurrency or 0, len(requests)))
-        limited = c.max_concurrency is not None
+        arrivals = Arrivals(requests, c.max_concurrency, whole_steps=model is None)
         clock, start, end = 0.0, time.perf_counter(), 0.0
-        while (pending or sched.has_unfinished_seqs()) and tally.steps < c.max_steps:
+        while (arrivals.pending or sched.has_unfinished_seqs()) and tally.steps < c.max_steps:
             if not sched.has_unfinished_seqs():  # idle: skip ahead to the next arrival
-                at = max(pending[0].arrival_time, places[0] if limited else 0.0)
-                clock = max(clock, at if model else float(math.ceil(at)))
-            while pending and pending[0].arrival_time <= clock:
-                if limited and not (places and places[0] <= clock):
-                    break
-                spec = pending.popleft()
-                sent = max(spec.arrival_time, places.popleft()) if limited else spec.arrival_time
+                clock = arrivals.idle_start(clock)
+            for spec, sent in arrivals.due(clock):
                 latency.sent(spec.request_id, sent, spec.prompt_len, spec.output_len, spec.n)
                 self._add(spec)
             t0 = time.perf_counter()
@@ -341,8 +325,7 @@ class Simulator:
             for event, status in ((out.rejected, "rejected"), (out.aborted, "aborted")):
                 for ended in event:
                     latency.ended(ended.request_id, status, end, ended.reason)
-                    if limited:
-                        places.append(end)
+                    arrivals.ended(end)
             if self.manager.enable_caching:
                 self._access(out, clock)
             self._forward(out)
@@ -358,8 +341,7 @@ class Simulator:
             tally.summary.generated_tokens += self._sample(out, latency, end)
             for group in sched.free_finished_seq_groups():
                 latency.ended(group.request_id, "finished", end)
-                if limited:
-                    places.append(end)
+                arrivals.ended(end)
                 tally.summary.finished += 1
             if c.check:
                 self.manager.check_invariants()
@@ -370,11 +352,11 @@ class Simulator:
             clock = end
             if progress is not None:
                 progress(tally.steps, tally.done, len(requests))
-        for spec in pending:  # never sent: the run stopped at max_steps
+        for spec in arrivals.pending:  # never sent: the run stopped at max_steps
             latency.sent(
                 spec.request_id, spec.arrival_time, spec.prompt_len, spec.output_len, spec.n
             )
-        unfinished = sched.get_num_unfinished_seq_groups() + len(pending)
+        unfinished = sched.get_num_unfinished_seq_groups() + len(arrivals.pending)
         wall = time.perf_counter() - start
         result = tally.result(unfinished, self.manager.stats.cow_copies, wall, self.setup())
         result.metrics = latency.metrics(c.time_unit, end)
@@ -410,32 +392,10 @@ class Simulator:
         return setup
 
     def _add(self, spec: RequestSpec) -> None:
-        index = self._request_index.setdefault(spec.request_id, len(self._request_index))
         self._specs[spec.request_id] = spec
-        seed, shared = self.config.seed, spec.prefix_len if spec.prefix else 0
-        if spec.parent is not None:  # the parent's prompt and its first sample's answer
-            before, parent_seq = self._parents[spec.parent]
-            answer = self._specs[spec.parent].output_len
-            prompt = list(before)
-            prompt += [
-                mix64(seed + 1, parent_seq, p) % _VOCAB
-                for p in range(len(before), len(before) + answer)
-            ]
-        elif spec.hash_ids:  # one stream per content id; a piece's tokens by offset in it
-            size = spec.hash_block_size
-            prompt = [
-                mix64(seed, _HASH_STREAM + spec.hash_ids[p // size], p % size) % _VOCAB
-                for p in range(min(spec.prompt_len, len(spec.hash_ids) * size))
-            ]
-        else:
-            stream = 0
-            if spec.prefix:  # a shared prefix's tokens come from its own stream
-                stream = self._prefix_index.setdefault(spec.prefix, len(self._prefix_index))
-            prompt = [mix64(seed, _PREFIX_STREAM + stream, p) % _VOCAB for p in range(shared)]
-        prompt += [mix64(seed, index, p) % _VOCAB for p in range(len(prompt), spec.prompt_len)]
+        prompt = self._prompts.prompt(spec)
         seq = Sequence(self.scheduler.next_seq_id(), prompt, self.config.block_size)
-        if spec.request_id in self._parent_ids:  # a later turn starts with this one
-            self._parents[spec.request_id] = (tuple(prompt), seq.seq_id)
+        self._prompts.answered_by(spec, prompt, seq.seq_id)
         group = SequenceGroup(spec.request_id, [seq], spec.arrival_time, n=spec.n)
         self.scheduler.add_seq_group(group)
 
@@ -465,7 +425,7 @@ class Simulator:
             latency.tokens(group.request_id, end)
             limit = self._specs[group.request_id].output_len
             for seq in group.get_seqs(_RUNNING):
-                seq.append_token_id(mix64(seed + 1, seq.seq_id, seq.get_len()) % _VOCAB)
+                seq.append_token_id(answer_token(seed, seq.seq_id, seq.get_len()))
                 count += 1
                 if seq.get_output_len() >= limit:
                     self.scheduler.finish_seq(seq)
