@@ -72,8 +72,8 @@ class Summary:
     checked: bool = False
     prefix_caching: bool = False
     cached_prompt_tokens: int = 0  # prompt tokens admissions skipped (KV found in the cache)
-    cache_hits: int = 0  # GPU block queries that found a cached block
-    cache_queries: int = 0
+    cache_hits: int = 0  # V0: GPU block queries that found a cached block; V1: hit tokens
+    cache_queries: int = 0  # V0: block queries; V1: tokens looked up
     cache_hit_rate: float = 0.0  # hits / queries (0.0 before any query)
     cache_evictions: int = 0
     peak_cached_blocks: int = 0  # GPU blocks findable by content key, at most
@@ -132,25 +132,54 @@ class Tally:
         return s.finished + s.rejected + s.aborted
 
     def plan(self, out: SchedulerOutputs, seconds: float) -> None:
-        """Count what ``schedule()`` decided."""
+        """Count what the V0 scheduler's ``schedule()`` decided."""
         s = self.summary
-        self.sched_seconds.append(seconds)
         swaps = sum(p.mode is PreemptionMode.SWAP for p in out.preempted)
-        s.preempted_swap += swaps
-        s.preempted_recompute += len(out.preempted) - swaps
         s.blocks_swapped_out += len(out.blocks_to_swap_out)
         s.blocks_swapped_in += len(out.blocks_to_swap_in)
         s.swap_ins += len(out.swapped_in)
-        self.rejected += [(e.request_id, e.reason) for e in out.rejected]
         self.aborted += [(e.request_id, e.reason) for e in out.aborted]
-        s.rejected, s.aborted = len(self.rejected), len(self.aborted)
-        s.cached_prompt_tokens += out.num_cached_tokens
+        prompt = recomputed = 0
         for g in out.scheduled_seq_groups:
             if g.is_prefill and g.seq_group.request_id in self.admitted:
-                s.recomputed_tokens += g.token_chunk_size
+                recomputed += g.token_chunk_size
             elif g.is_prefill:  # the whole prompt, whether its KV was computed or cached
                 self.admitted.add(g.seq_group.request_id)
-                s.prompt_tokens += len(g.seq_group.prompt_token_ids)
+                prompt += len(g.seq_group.prompt_token_ids)
+        self.count(
+            seconds,
+            preempted_recompute=len(out.preempted) - swaps,
+            preempted_swap=swaps,
+            rejected=[(e.request_id, e.reason) for e in out.rejected],
+            prompt_tokens=prompt,
+            recomputed_tokens=recomputed,
+            cached_prompt_tokens=out.num_cached_tokens,
+        )
+
+    def count(
+        self,
+        seconds: float,
+        *,
+        preempted_recompute: int = 0,
+        preempted_swap: int = 0,
+        rejected: list[tuple[str, str]] | None = None,
+        prompt_tokens: int = 0,
+        recomputed_tokens: int = 0,
+        cached_prompt_tokens: int = 0,
+    ) -> None:
+        """Count one step's scheduling decisions (either engine): the wall time of its
+        ``schedule()``, preemptions, rejected requests with their reasons, the prompts of
+        requests admitted for the first time, tokens computed again after a preemption,
+        prompt tokens admissions found in the prefix cache."""
+        s = self.summary
+        self.sched_seconds.append(seconds)
+        s.preempted_swap += preempted_swap
+        s.preempted_recompute += preempted_recompute
+        self.rejected += rejected or []
+        s.rejected, s.aborted = len(self.rejected), len(self.aborted)
+        s.prompt_tokens += prompt_tokens
+        s.recomputed_tokens += recomputed_tokens
+        s.cached_prompt_tokens += cached_prompt_tokens
 
     def cache(self, stats: CacheStats | None) -> None:
         """Prefix-cache counters after the step (cumulative) and its cached blocks."""
@@ -177,15 +206,35 @@ class Tally:
             self.empty_steps += 1
 
     def record(self, clock: float, out: SchedulerOutputs, sched: Scheduler) -> None:
-        """The step's timeline entry (its start time; queues after the step)."""
+        """The V0 step's timeline entry (its start time; queues after the step)."""
+        swaps = sum(p.mode is PreemptionMode.SWAP for p in out.preempted)
+        self.queues(
+            clock,
+            len(sched.waiting),
+            len(sched.running),
+            len(sched.swapped),
+            len(out.preempted) - swaps,
+            swaps,
+        )
+
+    def queues(
+        self,
+        clock: float,
+        waiting: int,
+        running: int,
+        swapped: int,
+        preempted_recompute: int,
+        preempted_swap: int,
+    ) -> None:
+        """A step's timeline entry (either engine): its start time, the queues after it
+        and its preemptions."""
         line = self.timeline
         line.time.append(clock)
-        line.waiting.append(len(sched.waiting))
-        line.running.append(len(sched.running))
-        line.swapped.append(len(sched.swapped))
-        swaps = sum(p.mode is PreemptionMode.SWAP for p in out.preempted)
-        line.preempted_swap.append(swaps)
-        line.preempted_recompute.append(len(out.preempted) - swaps)
+        line.waiting.append(waiting)
+        line.running.append(running)
+        line.swapped.append(swapped)
+        line.preempted_recompute.append(preempted_recompute)
+        line.preempted_swap.append(preempted_swap)
 
     def result(
         self, unfinished: int, cow_copies: int, wall_s: float, setup: dict[str, object]
@@ -259,7 +308,8 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
                 (
                     "prefix cache",
                     f"hit rate {_pct(s.cache_hit_rate)} ({s.cache_hits}/{s.cache_queries} "
-                    f"block lookups), {s.cached_prompt_tokens} prompt tokens skipped, "
+                    f"{'tokens looked up' if cfg.get('engine') == 'v1' else 'block lookups'}), "
+                    f"{s.cached_prompt_tokens} prompt tokens skipped, "
                     f"{s.cache_evictions} evictions, peak {s.peak_cached_blocks} cached blocks",
                 )
             ]

@@ -37,7 +37,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pagedkv._validate import (
     require_bool,
@@ -62,6 +62,7 @@ from pagedkv.serving.prompts import PromptBuilder, answer_token
 from pagedkv.serving.report import SimulationResult, Tally
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv.serving.step_time import StepTimeModel, StepWork
+from pagedkv.serving.v1_engine import V1Engine, V1ObserveFn
 from pagedkv.serving.workload import RequestSpec
 from pagedkv.v0.manager import BlockSpaceManager
 from pagedkv.v0.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -77,6 +78,7 @@ __all__ = ["ObserveFn", "SimulationConfig", "Simulator", "StepObservation"]
 
 _RUNNING = SequenceStatus.RUNNING
 KV_BACKINGS = ("toy", "none")  # SimulationConfig.kv_backing (module docstring)
+ENGINES = ("v0", "v1")  # SimulationConfig.engine
 #: Called after every step with (step, requests done, requests total).
 ProgressFn = Callable[[int, int, int], None]
 
@@ -132,6 +134,7 @@ class SimulationConfig:
     capacity: CapacityPlan | None = None  # a model's cache, sized without allocating it
     time_model: StepTimeModel | None = None  # seconds per step; None: time in steps
     max_concurrency: int | None = None  # requests in the server at once (None: no limit)
+    engine: str = "v0"  # "v0": the V0 scheduler and block manager; "v1": pagedkv.v1's
 
     @classmethod
     def for_capacity(cls, plan: CapacityPlan, **settings: Any) -> SimulationConfig:
@@ -178,6 +181,31 @@ class SimulationConfig:
         if self.time_model is not None:
             require_instance("time_model", self.time_model, StepTimeModel, "a StepTimeModel")
         require_optional_int("max_concurrency", self.max_concurrency, sched, 1)
+        require_str("engine", self.engine, sched)
+        if self.engine not in ENGINES:
+            raise sched(f"engine must be 'v0' or 'v1', got {self.engine!r}")
+        if self.engine == "v1":
+            self._check_v1()
+
+    def _check_v1(self) -> None:
+        """What the V1 engine does not have: KV tensors, swap, lookahead slots."""
+        sc = self.scheduler
+        wrong = [
+            text
+            for text, given in (
+                ("kv_backing='toy' (use 'none': the V1 engine holds no KV tensors)",
+                 self.kv_backing == "toy"),
+                (f"preemption_mode={sc.preemption_mode!r} (V1 preempts by recompute only)",
+                 sc.preemption_mode not in ("auto", "recompute")),
+                (f"num_lookahead_slots={sc.num_lookahead_slots} (not modelled in V1)",
+                 sc.num_lookahead_slots != 0),
+            )
+            if given
+        ]  # fmt: skip
+        if wrong:
+            raise InvalidSchedulerConfigError(
+                f"engine 'v1' does not take {'; '.join(wrong)}; drop them or use engine 'v0'"
+            )
 
     @property
     def time_unit(self) -> str:
@@ -250,6 +278,11 @@ class Simulator:
             self._block_bytes *= itemsize
             self.num_gpu_blocks, self.num_cpu_blocks = _counted_blocks(c, self._block_bytes)
             self._device = "none (no KV tensors)"
+        self.v1: V1Engine | None = None
+        if c.engine == "v1":  # no swap: the CPU tier is not used
+            self.num_cpu_blocks = 0
+            max_len = c.capacity.max_model_len if c.capacity else self.num_gpu_blocks * c.block_size
+            self.v1 = V1Engine(c, self.num_gpu_blocks, self._block_bytes, max_len)
         self.manager = BlockSpaceManager(
             c.block_size,
             self.num_gpu_blocks,
@@ -289,17 +322,24 @@ class Simulator:
         self,
         requests: list[RequestSpec],
         progress: ProgressFn | None = None,
-        observe: ObserveFn | None = None,
+        observe: ObserveFn | V1ObserveFn | None = None,
     ) -> SimulationResult:
         """Serve ``requests`` (sorted by arrival) until all are done or ``max_steps``.
 
         ``progress`` is called at the end of every step, ``observe`` after every
-        step's forward pass (:class:`StepObservation`).
+        step's forward pass (:class:`StepObservation`; with engine ``"v1"``
+        :class:`~pagedkv.serving.v1_engine.V1StepObservation`, and the run is
+        :meth:`V1Engine.run <pagedkv.serving.v1_engine.V1Engine.run>`).
 
         Complexity: per step O(scheduled tokens + live blocks), plus O(live
         tokens) tensor work for the KV check when checking is on.
         """
         self.check_requests(requests)
+        if self.v1 is not None:
+            return self.v1.run(
+                requests, progress, cast("V1ObserveFn | None", observe), self.setup()
+            )
+        v0_observe = cast("ObserveFn | None", observe)
         self._prompts = PromptBuilder(self.config.seed, {r.parent for r in requests if r.parent})
         c, sched, tally = self.config, self.scheduler, Tally(len(requests), self.config.check)
         latency, model = LatencyTally(), c.time_model
@@ -336,8 +376,8 @@ class Simulator:
             used = self.num_gpu_blocks - self.manager.get_num_free_gpu_blocks()
             empty = 1.0 - self._filled_slots() / (used * c.block_size) if used else None
             tally.usage(used / self.num_gpu_blocks, empty)
-            if observe is not None:
-                observe(StepObservation(tally.steps - 1, clock, out, seconds, duration, work))
+            if v0_observe is not None:
+                v0_observe(StepObservation(tally.steps - 1, clock, out, seconds, duration, work))
             tally.summary.generated_tokens += self._sample(out, latency, end)
             for group in sched.free_finished_seq_groups():
                 latency.ended(group.request_id, "finished", end)
@@ -384,6 +424,15 @@ class Simulator:
             "time_unit": c.time_unit,
             "max_concurrency": c.max_concurrency,
         }
+        if self.v1 is not None:
+            sc = self.v1.scheduler_config
+            setup |= {
+                "engine": "v1",
+                "preemption": "recompute",
+                "max_num_seqs": sc.max_num_seqs,
+                "max_num_batched_tokens": sc.max_num_batched_tokens,
+                "max_model_len": self.v1.manager.max_model_len,
+            }
         if c.time_model is not None:
             setup["time_model"] = c.time_model.to_dict()
         if c.capacity is not None:
