@@ -1956,6 +1956,12 @@ for _name, _args in (
     ("max concurrency 0", ("--max-concurrency", "0")),
     ("requests out xlsx", ("--requests-out", "@rows.xlsx")),
     ("requests out into a missing directory", ("--requests-out", "@no/rows.csv")),
+    ("engine v2", ("--engine", "v2")),
+    ("engine v1 with toy KV", ("--engine", "v1", "--kv-backing", "toy")),
+    ("engine v1 with swap", ("--engine", "v1", "--preemption", "swap")),
+    ("engine v1 with lookahead", ("--engine", "v1", "--lookahead", "1")),
+    ("engine v1 with --enable-caching", ("--engine", "v1", "--enable-caching")),
+    ("no prefix caching on v0", ("--no-enable-prefix-caching",)),
 ):
     CLI_CASES.append(
         CliCase(

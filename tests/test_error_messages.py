@@ -2778,6 +2778,22 @@ FIRST = RequestSpec("a", 1.0, 10, 5)
 
 TIME_MESSAGES = [
     case(
+        "simulation config v1 without toy KV, swap, lookahead",
+        lambda: SimulationConfig(
+            engine="v1", scheduler=SchedulerConfig("swap", num_lookahead_slots=2)
+        ),
+        InvalidSchedulerConfigError,
+        "engine 'v1' does not take kv_backing='toy' (use 'none': the V1 engine holds no KV "
+        "tensors); preemption_mode='swap' (V1 preempts by recompute only); "
+        "num_lookahead_slots=2 (not modelled in V1); drop them or use engine 'v0'",
+    ),
+    case(
+        "simulation config engine",
+        lambda: SimulationConfig(engine="v2"),
+        InvalidSchedulerConfigError,
+        "engine must be 'v0' or 'v1', got 'v2'",
+    ),
+    case(
         "time model c0 zero",
         lambda: StepTimeModel(c0=0.0),
         InvalidSchedulerConfigError,

