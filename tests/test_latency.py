@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,6 +123,8 @@ class _Steps:
     scheduled: list[list[str]] = field(default_factory=list)
     preempted: list[list[str]] = field(default_factory=list)
     sampled: list[list[str]] = field(default_factory=list)  # requests given a token
+    usage: list[float] = field(default_factory=list)  # V1: used blocks / blocks
+    empty: list[float] = field(default_factory=list)  # V1: steps with a used block only
 
 
 def _observed(
@@ -187,8 +190,21 @@ def _observed_v1(
         ]
         steps.sampled.append(list(dict.fromkeys(_owner(s.request_id) for s in done)))
         steps.preempted.append([_owner(r) for r in out.preempted_req_ids])
+        assert sim.v1 is not None  # every running request's blocks, each counted once
+        fill: dict[int, int] = {}
+        size = config.block_size
+        for request in sim.v1.scheduler.running:
+            n = request.num_computed_tokens
+            for i, block in enumerate(sim.v1.manager.get_block_ids(request.request_id)[0]):
+                fill[block] = max(fill.get(block, 0), min(size, max(0, n - i * size)))
+        steps.usage.append(len(fill) / sim.num_gpu_blocks)
+        if fill:
+            steps.empty.append(1 - sum(fill.values()) / (len(fill) * size))
 
-    return sim.run(requests, observe=observe), steps
+    result = sim.run(requests, observe=observe)
+    assert result.timeline.kv_usage == pytest.approx(steps.usage, abs=1e-12)
+    assert result.summary.fragmentation == pytest.approx(statistics.fmean(steps.empty))
+    return result, steps
 
 
 def _recounted(requests: list[RequestSpec], steps: _Steps, result: SimulationResult) -> None:

@@ -66,7 +66,7 @@ from pagedkv.serving.v1_engine import V1Engine, V1ObserveFn
 from pagedkv.serving.workload import RequestSpec
 from pagedkv.v0.manager import BlockSpaceManager
 from pagedkv.v0.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedkv_spec.table import slot_fill
+from pagedkv_spec.device import Device
 
 if TYPE_CHECKING:
     import torch
@@ -374,7 +374,7 @@ class Simulator:
                     self.manager.mark_blocks_as_computed(scheduled.seq_group)
                 tally.cache(self.manager.cache_stats())
             used = self.num_gpu_blocks - self.manager.get_num_free_gpu_blocks()
-            empty = 1.0 - self._filled_slots() / (used * c.block_size) if used else None
+            empty = self._empty_slots() / (used * c.block_size) if used else None
             tally.usage(used / self.num_gpu_blocks, empty)
             if v0_observe is not None:
                 v0_observe(StepObservation(tally.steps - 1, clock, out, seconds, duration, work))
@@ -503,15 +503,27 @@ class Simulator:
             prefill, decode, context, moved * self._block_bytes, copied * self._block_bytes
         )
 
-    def _filled_slots(self) -> int:
-        """GPU token slots holding a computed token (each shared block counted once)."""
-        size, filled = self.config.block_size, dict[int, int]()
+    def _empty_slots(self) -> int:
+        """GPU token slots of used blocks that hold no computed token, each shared block
+        counted once. A block before a sequence's computed tail is full; so only the
+        tail blocks (the one being filled, lookahead blocks) are looked at, and a tail
+        block counts only if no other holder has it in its full part (its holders, its
+        refcount, are all tails here). Complexity: O(running sequences + their tail
+        blocks), not O(blocks)."""
+        size, tails = self.config.block_size, dict[int, list[int]]()
+        refs = self.manager.block_allocator.get_allocator(Device.GPU).refcounter
+        table_of = self.manager.get_block_table
         for group in self.scheduler.running:
             for seq in group.get_seqs(_RUNNING):
                 n = seq.get_num_computed_tokens()
-                for i, block in enumerate(self.manager.get_block_table(seq)):
-                    filled[block] = max(filled.get(block, 0), slot_fill(n, i, size))
-        return sum(filled.values())
+                table = table_of(seq)
+                for i in range(n // size, len(table)):
+                    fill, entry = max(0, n - i * size), tails.get(table[i])
+                    if entry is None:
+                        tails[table[i]] = [fill, 1]
+                    else:
+                        entry[0], entry[1] = max(entry[0], fill), entry[1] + 1
+        return sum(size - fill for b, (fill, k) in tails.items() if refs.get(b) == k)
 
     # ------------------------------------------------------------------ checking
 

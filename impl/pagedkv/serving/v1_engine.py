@@ -37,7 +37,6 @@ from pagedkv.serving.workload import RequestSpec
 from pagedkv.v0.prefix_caching_allocator import CacheStats
 from pagedkv.v1 import KVCacheConfig, KVCacheManager, Request
 from pagedkv.v1.hashing import get_request_block_hasher, sha256
-from pagedkv_spec.table import slot_fill
 
 if TYPE_CHECKING:
     from pagedkv.serving.simulator import ProgressFn, SimulationConfig
@@ -233,13 +232,25 @@ class V1Engine:
 
     def _empty_share(self, num_blocks: int) -> float | None:
         """The share of the used blocks' token slots that hold no computed token (each
-        shared block counted once), None when no block is used. O(running blocks)."""
-        size, filled = self.config.block_size, dict[int, int]()
-        for request in self.scheduler.running:
-            n = request.num_computed_tokens
-            for i, block in enumerate(self.manager.get_block_ids(request.request_id)[0]):
-                filled[block] = max(filled.get(block, 0), slot_fill(n, i, size))
+        shared block counted once), None when no block is used. As the V0 engine
+        counts it: only the running requests' tail blocks can be partly empty, and one
+        counts if all its holders (its ``ref_cnt``) are tails. O(running requests +
+        their tail blocks)."""
         used = num_blocks - self.manager.block_pool.get_num_free_blocks()
         if not used:
             return None
-        return max(0.0, 1.0 - sum(filled.values()) / (used * size))
+        size, tails = self.config.block_size, dict[int, list[int]]()
+        refs: dict[int, int] = {}
+        for request in self.scheduler.running:
+            n = request.num_computed_tokens
+            blocks = self.manager.get_blocks(request.request_id).blocks[0]
+            for i in range(n // size, len(blocks)):
+                block, fill = blocks[i], max(0, n - i * size)
+                entry = tails.get(block.block_id)
+                if entry is None:
+                    tails[block.block_id] = [fill, 1]
+                    refs[block.block_id] = block.ref_cnt
+                else:
+                    entry[0], entry[1] = max(entry[0], fill), entry[1] + 1
+        empty = sum(size - fill for b, (fill, k) in tails.items() if refs[b] == k)
+        return empty / (used * size)
