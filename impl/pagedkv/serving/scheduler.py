@@ -121,6 +121,7 @@ class Scheduler:
         self._groups: dict[str, SequenceGroup] = {}
         self._admitted: set[str] = set()
         self._finished: list[SequenceGroup] = []
+        self._finishing = False  # finish_seq ran since running was last swept
         self._seq_ids: set[int] = set()
         self._next_seq_id = 0
 
@@ -205,6 +206,7 @@ class Scheduler:
             raise UnknownSequenceError(seq.seq_id)
         self.block_manager.free(seq)  # first: if it raises, the sequence is unchanged
         seq.status = status
+        self._finishing = True
 
     def free_finished_seq_groups(self) -> list[SequenceGroup]:
         """Drop finished groups from ``running``; returns them. Complexity: O(running)."""
@@ -421,6 +423,11 @@ class Scheduler:
         self._seq_ids.difference_update(s.seq_id for s in group.get_seqs())
 
     def _drop_finished_running(self) -> None:
+        # NOTE: only finish_seq finishes a running sequence: no sweep of every running
+        # group in a step where none did (a decode step's hot path)
+        if not self._finishing:
+            return
+        self._finishing = False
         if any(g.is_finished() for g in self.running):
             kept = deque[SequenceGroup]()
             for group in self.running:
