@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import types
@@ -206,10 +207,10 @@ def test_a_failed_check_exits_1_and_says_so(
     ]
 
 
-def test_an_interrupted_run_exits_130(
+def test_a_keyboard_interrupt_outside_the_steps_exits_130(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def interrupted(self: Simulator, *args: object) -> None:
+    def interrupted(self: Simulator, *args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Simulator, "run", interrupted)
@@ -401,7 +402,7 @@ def test_the_progress_bar_redraws_at_most_ten_times_a_second(
     clock = iter([1000.0, 1000.05, 1000.15, 1000.2, 1000.21])  # time.monotonic() per update
     monkeypatch.setattr(cli, "time", types.SimpleNamespace(monotonic=lambda: next(clock)))
     stream = io.StringIO()
-    bar = cli._ProgressBar(stream, enabled=True)
+    bar = cli._ProgressBar(stream, enabled=True, terminal=True)
     for step, done in ((1, 0), (2, 1), (3, 1), (4, 3), (5, 4)):
         bar.update(step, done, 4)
     frames = [frame.rsplit("step ", 1)[1] for frame in stream.getvalue().split("\r")[1:]]
@@ -506,6 +507,8 @@ def test_the_cache_and_scheduler_flags_reach_the_setup(
         "prefix_caching": False,
         "time_unit": "step",
         "max_concurrency": None,
+        "max_steps": 100_000,
+        "check_every": 1,
         "workload": str(tmp_path / "trace.jsonl"),
     }
     assert data["summary"]["checked"] is False
@@ -526,6 +529,8 @@ def test_the_cache_and_scheduler_flags_reach_the_setup(
         "prefix_caching": False,
         "time_unit": "step",
         "max_concurrency": None,
+        "max_steps": 100_000,
+        "check_every": 1,
         "workload": str(tmp_path / "trace.jsonl"),
     }
     assert defaults["summary"]["checked"] is True
@@ -1253,3 +1258,67 @@ def test_without_a_time_model_the_metrics_are_in_steps(
     table = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
     assert table["time"].endswith("steps (no step-time model: every step lasts one step)")
     assert table["TTFT"].endswith(" steps") and "requests/step" in table["throughput"]
+
+
+# ---- operability: progress, Ctrl-C, a closed pipe, max_steps
+
+
+def test_progress_is_a_line_every_few_seconds_when_stderr_is_not_a_terminal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stream, now = io.StringIO(), [100.0]
+    monkeypatch.setattr(cli, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    bar = cli._ProgressBar(stream, enabled=True, terminal=False)
+    bar.update(1, 0, 10)  # the clock starts
+    now[0] += cli.PROGRESS_EVERY_S - 1
+    bar.update(2, 1, 10)
+    assert stream.getvalue() == ""  # not yet
+    now[0] += 1
+    bar.update(3, 2, 10)
+    now[0] += 1
+    bar.update(4, 3, 10)  # within the next period: nothing
+    bar.close()
+    assert stream.getvalue() == "pagedkv: 2/10 requests done, step 3, 10 s\n"
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    argv = [sys.executable, "-m", "pagedkv", *SMALL, "--json"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.read(10)
+        proc.stdout.close()  # as `| head -c 10` does
+        err = proc.stderr.read().decode()
+        code = proc.wait()
+    assert "Traceback" not in err and code in (0, 141), (code, err)
+
+
+def test_ctrl_c_stops_after_the_step_and_prints_the_partial_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    real_run = Simulator.run
+
+    def run(self: Simulator, *args: Any, **kwargs: Any) -> Any:
+        def progress(step: int, done: int, total: int) -> None:
+            if step == 5:
+                os.kill(os.getpid(), signal.SIGINT)  # the handler asks the run to stop
+
+        return real_run(self, args[0], progress, stop=kwargs["stop"])
+
+    monkeypatch.setattr(Simulator, "run", run)
+    rows = tmp_path / "rows.csv"
+    assert cli.main([*SMALL, "--requests-out", str(rows)]) == 130
+    captured = capsys.readouterr()
+    table = dict(line.split(None, 1) for line in captured.out.splitlines())
+    assert table["steps"] == "5" and table["stopped"].startswith("interrupted after 5 steps")
+    assert "stopping after this step" in captured.err
+    assert len(rows.read_text().splitlines()) == 1 + 4  # every request has its row
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_a_run_cut_by_max_steps_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*SMALL, "--max-steps", "3"]) == 0
+    captured = capsys.readouterr()
+    assert "stopped        at max_steps=3 with 4 requests unfinished" in captured.out
+    assert "warning: the run stopped at --max-steps 3 with 4 requests unfinished" in captured.err
+    assert cli.main([*SMALL, "--max-steps", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stopped"] == "max_steps"

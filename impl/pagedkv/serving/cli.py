@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import argparse
 import decimal
+import os
 import re
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
@@ -72,6 +75,7 @@ _MAX_SIZE = 2**63 - 1
 _MAX_SIZE_DIGITS = len(str(_MAX_SIZE))  # longer whole parts are too large in any unit
 _TRACE_DEFAULTS = {"block_size": 16, "num_gpu_blocks": 256, "num_cpu_blocks": 64}
 PLOT_FORMATS = (".png", ".pdf", ".svg")  # what the plot's writer (matplotlib) is asked for
+PROGRESS_EVERY_S = 10.0  # a progress line on a stderr that is not a terminal
 
 
 class _UsageError(Exception):
@@ -344,6 +348,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="--engine v1 without prefix caching (on by default there, as in vLLM V1)",
     )
     sim.add_argument("--no-check", action="store_true", help="skip per-step invariant/KV checks")
+    sim.add_argument(
+        "--check-every",
+        type=_int_at_least(1),
+        default=1,
+        metavar="N",
+        help="check the invariants after every N steps and the last (default 1)",
+    )
     sim.add_argument("--json", action="store_true", help="print the results as JSON")
     sim.add_argument(
         "--plot", metavar="FILE.png", help="plot usage, queues and preemptions (.png, .pdf, .svg)"
@@ -380,6 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return done.code if isinstance(done.code, int) else 0
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
+    except BrokenPipeError:  # e.g. `pagedkv simulate --json | head`: end quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit must not fail again
+        return 141  # as a shell reports a process ended by SIGPIPE
 
 
 def _check_time_unit(unit: str, model: StepTimeModel | None, args: argparse.Namespace) -> None:
@@ -479,6 +494,7 @@ def _simulate(args: argparse.Namespace) -> int:
         ),
         "max_steps": args.max_steps,
         "check": not args.no_check,
+        "check_every": args.check_every,
         "seed": args.seed,
         "enable_caching": args.enable_caching or (v1 and not args.no_enable_prefix_caching),
         "engine": args.engine,
@@ -505,9 +521,11 @@ def _simulate(args: argparse.Namespace) -> int:
             **settings,
         )
     simulator = Simulator(config)
-    bar = _ProgressBar(sys.stderr, enabled=not args.quiet and sys.stderr.isatty())
+    bar = _ProgressBar(sys.stderr, enabled=not args.quiet, terminal=sys.stderr.isatty())
+    interrupted = _Interrupt()
     try:
-        result = _run(simulator, requests, bar.update, threads=backing == "toy")
+        with interrupted:
+            result = _run(simulator, requests, bar.update, interrupted, threads=backing == "toy")
     finally:
         bar.close()
     result.setup["workload"] = title
@@ -532,17 +550,52 @@ def _simulate(args: argparse.Namespace) -> int:
         print(
             f"pagedkv: {len(result.requests)} request rows written to {out_path}", file=sys.stderr
         )
-    return 0
+    if result.stopped == "max_steps":
+        print(
+            f"pagedkv: warning: the run stopped at --max-steps {args.max_steps} with "
+            f"{result.summary.unfinished} requests unfinished; raise --max-steps",
+            file=sys.stderr,
+        )
+    return 130 if interrupted.asked else 0
+
+
+class _Interrupt:
+    """While active, the first Ctrl-C asks the run to stop after its step (the partial
+    results are printed and written); a second one interrupts at once."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self._before: Any = None
+
+    def __call__(self) -> bool:
+        return self.asked
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
+        print("pagedkv: interrupted; stopping after this step (Ctrl-C again to quit)",
+              file=sys.stderr)  # fmt: skip
+
+    def __enter__(self) -> _Interrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._before = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._before is not None:
+            signal.signal(signal.SIGINT, self._before)
 
 
 def _run(
     simulator: Simulator,
     requests: list[workload.RequestSpec],
     progress: Callable[[int, int, int], None],
+    stop: Callable[[], bool],
     threads: bool,
 ) -> report.SimulationResult:
     if not threads:  # no KV tensors: torch is not loaded
-        return simulator.run(requests, progress)
+        return simulator.run(requests, progress, stop=stop)
     import torch
 
     # NOTE: the toy model's tensors are tiny; torch's intra-op thread pool only adds
@@ -550,7 +603,7 @@ def _run(
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return simulator.run(requests, progress)
+        return simulator.run(requests, progress, stop=stop)
     finally:
         torch.set_num_threads(before)
 
@@ -625,14 +678,30 @@ def _first(value: int | None, default: int) -> int:
 
 
 class _ProgressBar:
-    """``[#####-----] 40/100 requests, step 230`` on one rewritten line, <= 10 updates/s."""
+    """On a terminal: ``[#####-----] 40/100 requests, step 230`` on one rewritten line,
+    <= 10 updates/s. Elsewhere (a log file, a pipe): one line every
+    :data:`PROGRESS_EVERY_S` seconds of wall time, so a long run shows it is alive."""
 
-    def __init__(self, stream: TextIO, enabled: bool) -> None:
-        self.stream, self.enabled, self.last, self.drawn = stream, enabled, 0.0, False
+    def __init__(self, stream: TextIO, enabled: bool, terminal: bool) -> None:
+        self.stream, self.enabled, self.terminal = stream, enabled, terminal
+        self.last, self.drawn, self.start = 0.0, False, -1.0
 
     def update(self, step: int, done: int, total: int) -> None:
+        if not self.enabled:
+            return
         now = time.monotonic()
-        if not self.enabled or (now - self.last < 0.1 and done < total):
+        if self.start < 0:  # the first step's end
+            self.start = now
+        if not self.terminal:
+            if now - self.last >= PROGRESS_EVERY_S and now - self.start >= PROGRESS_EVERY_S:
+                self.last = now
+                self.stream.write(
+                    f"pagedkv: {done}/{total} requests done, step {step}, "
+                    f"{now - self.start:.0f} s\n"
+                )
+                self.stream.flush()
+            return
+        if now - self.last < 0.1 and done < total:
             return
         self.last, self.drawn = now, True
         filled = 30 * done // max(1, total)

@@ -38,6 +38,7 @@ __all__ = [
     "format_summary",
     "plot",
     "require_matplotlib",
+    "stop_reason",
     "to_dict",
     "to_json",
     "write_requests",
@@ -107,6 +108,7 @@ class SimulationResult:
     setup: dict[str, object]
     metrics: ServingMetrics | None = None
     requests: list[RequestRecord] = field(default_factory=list)
+    stopped: str = ""  # why requests were left: "max_steps", "stopped" (asked to), or ""
 
 
 class Tally:
@@ -249,6 +251,14 @@ class Tally:
         return SimulationResult(s, self.timeline, self.rejected, self.aborted, setup)
 
 
+def stop_reason(unfinished: int, steps: int, max_steps: int) -> str:
+    """Why a run ended with requests left: ``"max_steps"`` when it used them all,
+    else ``"stopped"`` (asked to); ``""`` when every request ended. O(1)."""
+    if not unfinished:
+        return ""
+    return "max_steps" if steps >= max_steps else "stopped"
+
+
 _LISTED = 3  # rejected / aborted requests named in the table
 
 
@@ -322,6 +332,18 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
         ("checks", checks),
         ("wall time", f"{s.wall_s:.2f} s"),
     ]
+    if result.stopped == "max_steps":
+        rows.append(
+            (
+                "stopped",
+                f"at max_steps={cfg.get('max_steps')} with {s.unfinished} requests unfinished: "
+                "the figures cover the steps run (raise --max-steps)",
+            )
+        )
+    elif result.stopped:
+        rows.append(
+            ("stopped", f"interrupted after {s.steps} steps: the figures cover the steps run")
+        )
     for label, events in (("rejected", result.rejected), ("aborted", result.aborted)):
         for rid, reason in events[:_LISTED]:
             rows.append((label, f"{rid}: {reason}"))
@@ -377,6 +399,7 @@ def to_dict(result: SimulationResult) -> dict[str, Any]:
     return {
         "setup": result.setup,
         "summary": dataclasses.asdict(result.summary),
+        "stopped": result.stopped,
         "metrics": None if result.metrics is None else dataclasses.asdict(result.metrics),
         "rejected": [{"request_id": r, "reason": why} for r, why in result.rejected],
         "aborted": [{"request_id": r, "reason": why} for r, why in result.aborted],

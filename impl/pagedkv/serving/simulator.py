@@ -59,7 +59,7 @@ from pagedkv.serving.capacity import CapacityPlan
 from pagedkv.serving.latency import LatencyTally
 from pagedkv.serving.model_config import dtype_bytes
 from pagedkv.serving.prompts import PromptBuilder, answer_token
-from pagedkv.serving.report import SimulationResult, Tally
+from pagedkv.serving.report import SimulationResult, Tally, stop_reason
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv.serving.step_time import StepTimeModel, StepWork
 from pagedkv.serving.v1_engine import V1Engine, V1ObserveFn
@@ -81,6 +81,8 @@ KV_BACKINGS = ("toy", "none")  # SimulationConfig.kv_backing (module docstring)
 ENGINES = ("v0", "v1")  # SimulationConfig.engine
 #: Called after every step with (step, requests done, requests total).
 ProgressFn = Callable[[int, int, int], None]
+#: Asked before every step: True ends the run there (e.g. Ctrl-C in the command line).
+StopFn = Callable[[], bool]
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,7 @@ class SimulationConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     max_steps: int = 100_000
     check: bool = True
+    check_every: int = 1  # with check: the invariants after every this many steps (and the last)
     seed: int = 0
     enable_caching: bool = False  # prefix caching in the block manager
     kv_backing: str = "toy"  # "toy": KV tensors and the KV check; "none": no KV tensors
@@ -170,6 +173,7 @@ class SimulationConfig:
         require_real("watermark", self.watermark, kv, 0.0, 1.0, high_open=True)
         require_instance("scheduler", self.scheduler, SchedulerConfig, "a SchedulerConfig")
         require_int("max_steps", self.max_steps, sched, 1)
+        require_int("check_every", self.check_every, sched, 1)
         require_int("seed", self.seed, sched, None)
         require_bool("check", self.check)
         require_bool("enable_caching", self.enable_caching)
@@ -323,13 +327,16 @@ class Simulator:
         requests: list[RequestSpec],
         progress: ProgressFn | None = None,
         observe: ObserveFn | V1ObserveFn | None = None,
+        stop: StopFn | None = None,
     ) -> SimulationResult:
         """Serve ``requests`` (sorted by arrival) until all are done or ``max_steps``.
 
         ``progress`` is called at the end of every step, ``observe`` after every
         step's forward pass (:class:`StepObservation`; with engine ``"v1"``
         :class:`~pagedkv.serving.v1_engine.V1StepObservation`, and the run is
-        :meth:`V1Engine.run <pagedkv.serving.v1_engine.V1Engine.run>`).
+        :meth:`V1Engine.run <pagedkv.serving.v1_engine.V1Engine.run>`). ``stop`` is
+        asked before every step; True ends the run there (the result says why:
+        ``SimulationResult.stopped``), as reaching ``max_steps`` does.
 
         Complexity: per step O(scheduled tokens + live blocks), plus O(live
         tokens) tensor work for the KV check when checking is on.
@@ -337,7 +344,7 @@ class Simulator:
         self.check_requests(requests)
         if self.v1 is not None:
             return self.v1.run(
-                requests, progress, cast("V1ObserveFn | None", observe), self.setup()
+                requests, progress, cast("V1ObserveFn | None", observe), self.setup(), stop
             )
         v0_observe = cast("ObserveFn | None", observe)
         self._prompts = PromptBuilder(self.config.seed, {r.parent for r in requests if r.parent})
@@ -345,7 +352,9 @@ class Simulator:
         latency, model = LatencyTally(), c.time_model
         arrivals = Arrivals(requests, c.max_concurrency, whole_steps=model is None)
         clock, start, end = 0.0, time.perf_counter(), 0.0
-        while (arrivals.pending or sched.has_unfinished_seqs()) and tally.steps < c.max_steps:
+        while arrivals.pending or sched.has_unfinished_seqs():
+            if tally.steps >= c.max_steps or (stop is not None and stop()):
+                break
             if not sched.has_unfinished_seqs():  # idle: skip ahead to the next arrival
                 clock = arrivals.idle_start(clock)
             for spec, sent in arrivals.due(clock):
@@ -383,11 +392,8 @@ class Simulator:
                 latency.ended(group.request_id, "finished", end)
                 arrivals.ended(end)
                 tally.summary.finished += 1
-            if c.check:
-                self.manager.check_invariants()
-                sched.check_invariants()
-                if self._kv is not None:
-                    self.check_kv()
+            if c.check and tally.steps % c.check_every == 0:
+                self._check_step()
             tally.record(clock, out, sched)
             clock = end
             if progress is not None:
@@ -396,12 +402,21 @@ class Simulator:
             latency.sent(
                 spec.request_id, spec.arrival_time, spec.prompt_len, spec.output_len, spec.n
             )
+        if c.check and tally.steps % c.check_every:
+            self._check_step()  # the state the run ends in
         unfinished = sched.get_num_unfinished_seq_groups() + len(arrivals.pending)
         wall = time.perf_counter() - start
         result = tally.result(unfinished, self.manager.stats.cow_copies, wall, self.setup())
+        result.stopped = stop_reason(unfinished, tally.steps, c.max_steps)
         result.metrics = latency.metrics(c.time_unit, end)
         result.requests = list(latency.records.values())
         return result
+
+    def _check_step(self) -> None:
+        self.manager.check_invariants()
+        self.scheduler.check_invariants()
+        if self._kv is not None:
+            self.check_kv()
 
     def setup(self) -> dict[str, object]:
         """The resolved cache and scheduler settings, for reports; with a capacity plan
@@ -423,6 +438,8 @@ class Simulator:
             "prefix_caching": c.enable_caching,
             "time_unit": c.time_unit,
             "max_concurrency": c.max_concurrency,
+            "max_steps": c.max_steps,
+            "check_every": c.check_every,
         }
         if self.v1 is not None:
             sc = self.v1.scheduler_config

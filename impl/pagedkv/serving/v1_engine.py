@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from pagedkv.serving.arrivals import Arrivals
 from pagedkv.serving.latency import LatencyTally
 from pagedkv.serving.prompts import PromptBuilder, answer_token
-from pagedkv.serving.report import SimulationResult, Tally
+from pagedkv.serving.report import SimulationResult, Tally, stop_reason
 from pagedkv.serving.step_time import StepWork
 from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerConfig, V1SchedulerOutput
 from pagedkv.serving.workload import RequestSpec
@@ -39,7 +39,7 @@ from pagedkv.v1 import KVCacheConfig, KVCacheManager, Request
 from pagedkv.v1.hashing import get_request_block_hasher, sha256
 
 if TYPE_CHECKING:
-    from pagedkv.serving.simulator import ProgressFn, SimulationConfig
+    from pagedkv.serving.simulator import ProgressFn, SimulationConfig, StopFn
 
 __all__ = ["V1Engine", "V1ObserveFn", "V1StepObservation"]
 
@@ -99,6 +99,7 @@ class V1Engine:
         progress: ProgressFn | None = None,
         observe: V1ObserveFn | None = None,
         setup: dict[str, object] | None = None,
+        stop: StopFn | None = None,
     ) -> SimulationResult:
         """Serve ``requests`` until all are done or ``max_steps``. Complexity: per step
         O(scheduled requests + their new blocks), plus O(running requests' blocks) for
@@ -114,7 +115,9 @@ class V1Engine:
         ended_early: dict[str, str] = {}  # workload request -> why it was rejected
         clock, start, end = 0.0, time.perf_counter(), 0.0
         num_blocks = manager.kv_cache_config.num_blocks - 1
-        while (arrivals.pending or sched.has_unfinished_requests()) and tally.steps < c.max_steps:
+        while arrivals.pending or sched.has_unfinished_requests():
+            if tally.steps >= c.max_steps or (stop is not None and stop()):
+                break
             if not sched.has_unfinished_requests():
                 clock = arrivals.idle_start(clock)
             for spec, sent in arrivals.due(clock):
@@ -182,7 +185,7 @@ class V1Engine:
                     latency.ended(owner, status, end, ended_early.get(owner, ""))
                     arrivals.ended(end)
                     tally.summary.finished += status == "finished"
-            if c.check:
+            if c.check and tally.steps % c.check_every == 0:
                 manager.check_invariants()
                 sched.check_invariants()
             waiting, running = len(sched.waiting), len(sched.running)
@@ -194,9 +197,13 @@ class V1Engine:
             latency.sent(
                 spec.request_id, spec.arrival_time, spec.prompt_len, spec.output_len, spec.n
             )
+        if c.check and tally.steps % c.check_every:  # the state the run ends in
+            manager.check_invariants()
+            sched.check_invariants()
         unfinished = sum(1 for n in left.values() if n) + len(arrivals.pending)
         wall = time.perf_counter() - start
         result = tally.result(unfinished, 0, wall, setup or {})
+        result.stopped = stop_reason(unfinished, tally.steps, c.max_steps)
         result.metrics = latency.metrics(c.time_unit, end)
         result.requests = list(latency.records.values())
         return result
