@@ -2612,7 +2612,7 @@ V1_MESSAGES = [
         ),
         InvalidKVCacheManagerConfigError,
         "no V1 manager for KVCacheSpec; pagedkv.v1 manages FullAttentionSpec, "
-        "SlidingWindowSpec and ChunkedLocalAttentionSpec groups",
+        "SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec and CrossAttentionSpec groups",
     ),
     case(
         "v1 config: unitary hash block size",

@@ -1006,18 +1006,19 @@ def manager(
     return ManagerTarget(target, math.gcd(*sizes)), caps
 
 
-#: The kit's group configurations vLLM is run in: those whose groups share one block
-#: size. With a group's blocks larger than the hash block, 0.34.0's full-attention
+#: the group kinds :func:`hybrid_kv_cache_manager` gives vLLM specs of
+_MAPPED_KINDS = ("full_attention", "sliding_window", "chunked_local_attention")
+
+#: The kit's group configurations vLLM is run in: those of mapped kinds whose groups
+#: share one block size. With a group's blocks larger than the hash block, 0.34.0's full-attention
 #: manager also registers the prompt's tail inside a block as a partial cache entry (a
 #: second key of that block, for Mamba's fine-grained hits), which pagedkv does not
 #: model (docs/design.md, section 7).
 SAME_BLOCK_SIZE = tuple(
-    name for name, groups in CONFIGURATIONS.items() if len({scale for _, scale in groups}) == 1
+    name
+    for name, groups in CONFIGURATIONS.items()
+    if len({scale for _, scale in groups}) == 1 and all(kind in _MAPPED_KINDS for kind, _ in groups)
 )
-
-
-#: the group kinds :func:`hybrid_kv_cache_manager` gives vLLM specs of
-_MAPPED_KINDS = ("full_attention", "sliding_window", "chunked_local_attention")
 
 
 def hybrid_kv_cache_manager(

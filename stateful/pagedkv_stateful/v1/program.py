@@ -96,7 +96,7 @@ def first_difference(got: ManagerState, want: ManagerState) -> str | None:
     line = pool_difference(got.pool, want.pool, "mgr.to_spec().pool")
     if line is not None:
         return line
-    for name in ("tables", "num_cached"):
+    for name in ("tables", "num_cached", "mamba"):
         g, w = dict(getattr(got, name)), dict(getattr(want, name))
         if g != w:
             return f"assert dict(mgr.to_spec().{name}) == {w!r}"
