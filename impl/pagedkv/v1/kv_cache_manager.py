@@ -556,7 +556,7 @@ class KVCacheManager:
         other groups' under ``"<id>@<group>"``). O(pool + table entries)."""
         tables: list[tuple[str, tuple[int, ...]]] = []
         cached: list[tuple[str, int]] = []
-        mamba: list[tuple[str, tuple[bool, int, int]]] = []
+        mamba: list[tuple[str, tuple[bool, int]]] = []
         for g, m in enumerate(self.coordinator.single_type_managers):
             suffix = "" if g == 0 else f"@{g}"
             tables += [

@@ -474,11 +474,15 @@ class MambaManager(SingleTypeKVCacheManager):
     allocation) at the end of the slots its tokens reach, the slots between being null
     pads; so only block boundaries a step ends on hold a state. A full state block is
     cached under its block's hash, and a hit is one such block at an aligned boundary
-    (:meth:`lookup`), the slots before it null. The state the next step copies from
-    (``last_state_block_idx``) is freed once the computed tokens pass it. A scratch
-    block the tokens overtook is relocated to the table's end (its slot nulled), only
-    if the request owns it alone and it is not cached (else BlockPoolError, before any
-    change).
+    (:meth:`lookup`), the slots before it null. Once the computed tokens pass a state
+    (the one the step copied from included), it is freed. A scratch block the tokens
+    overtook is relocated to the table's end (its slot nulled), only if the request
+    owns it alone and it is not cached (else BlockPoolError, before any change).
+
+    vLLM also records the slot the step copies from (``last_state_block_idx``) and frees
+    it once the tokens pass its block; that slot always lies in the range
+    :meth:`remove_skipped_blocks` retires at the same count (with whole-block hits: no
+    partial-hit copy-on-write here), so pagedkv does not keep it: the same frees.
 
     Complexity: as the base class; a lookup is O(blocks searched + hit length), an
     ``align`` allocation O(pads + speculative blocks + new blocks)."""
@@ -498,9 +502,6 @@ class MambaManager(SingleTypeKVCacheManager):
             )
         #: align: the requests whose first state allocation is done
         self._allocated_block_reqs: set[str] = set()
-        #: align: request -> the slot of the state the current step copies from (freed
-        #: once the computed tokens pass it)
-        self.last_state_block_idx: dict[str, int] = {}
         #: align: request -> slots below this were retired (freed and nulled) already
         self._num_retired_blocks: dict[str, int] = {}
 
@@ -509,19 +510,11 @@ class MambaManager(SingleTypeKVCacheManager):
         """Whether the group keeps states at block boundaries (``"align"``)."""
         return self.mamba_cache_mode == "align"
 
-    def align_bookkeeping(self) -> list[tuple[str, tuple[bool, int, int]]]:
+    def align_bookkeeping(self) -> list[tuple[str, tuple[bool, int]]]:
         """Per request of the ``align`` bookkeeping, by id: (first state allocation
-        done, the slot of the state the step copies from or -1, the slots retired), as
-        the spec states it. O(requests)."""
-        done, last, retired = (
-            self._allocated_block_reqs,
-            self.last_state_block_idx,
-            self._num_retired_blocks,
-        )
-        return [
-            (r, (r in done, last.get(r, -1), retired.get(r, 0)))
-            for r in sorted(done | last.keys() | retired.keys())
-        ]
+        done, the slots retired), as the spec states it. O(requests)."""
+        done, retired = self._allocated_block_reqs, self._num_retired_blocks
+        return [(r, (r in done, retired.get(r, 0))) for r in sorted(done | retired.keys())]
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         """Every token but the last: only the latest state is read."""
@@ -594,7 +587,6 @@ class MambaManager(SingleTypeKVCacheManager):
         blocks = self.req_to_blocks.setdefault(request_id, [])
         prev = len(blocks)
         n, skipped, moved = self._align_plan(request_id, prev, main)
-        allocated = request_id in self._allocated_block_reqs
         if n == 0:
             self._allocated_block_reqs.add(request_id)
             return []
@@ -607,10 +599,6 @@ class MambaManager(SingleTypeKVCacheManager):
                     "scratch block is the request's own"
                 )
         self._allocated_block_reqs.add(request_id)
-        if allocated:
-            self.last_state_block_idx[request_id] = prev - 1 - spec
-        elif prev > 0:  # a hit's (or external tokens') state: the first step copies it
-            self.last_state_block_idx[request_id] = prev - 1
         null = self._null_block
         if prev < skipped:
             blocks.extend([null] * (skipped - prev))
@@ -622,8 +610,7 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """``"none"``: the base rule. ``"align"``: free every state block before the
-        last computed token's (slots below the retired mark skipped, pads passed over),
-        then the state the last step copied from, once the tokens passed its block.
+        last computed token's (slots below the retired mark skipped, pads passed over).
         O(slots newly retired)."""
         if not self.align_mode:
             super().remove_skipped_blocks(request_id, num_computed_tokens)
@@ -641,14 +628,6 @@ class MambaManager(SingleTypeKVCacheManager):
                     freed.append(blocks[i])
                     blocks[i] = null
             self._num_retired_blocks[request_id] = last
-        state = self.last_state_block_idx.get(request_id)
-        if (
-            state is not None
-            and state < cdiv(num_computed_tokens, self.block_size) - 1
-            and not blocks[state].is_null
-        ):
-            freed.append(blocks[state])
-            blocks[state] = null
         if freed:
             self.block_pool.free_blocks(freed)
 
@@ -656,7 +635,6 @@ class MambaManager(SingleTypeKVCacheManager):
         """Free the request's table tail first (pads anywhere are skipped) and forget
         its ``align`` bookkeeping. O(table length)."""
         self._allocated_block_reqs.discard(request_id)
-        self.last_state_block_idx.pop(request_id, None)
         self._num_retired_blocks.pop(request_id, None)
         blocks = self.req_to_blocks.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)

@@ -15,9 +15,8 @@ State (:class:`ManagerState`):
                 alignment (the LCM of the groups' block sizes)
     requests    what the machine knows of each live request (:class:`RequestView`):
                 its hashes and status; empty when only the manager is known
-    mamba       table name -> (first state allocation done, the slot of the state the
-                step copies from or -1, the slots retired) of a Mamba ``align`` group's
-                request (vLLM's ``_allocated_block_reqs``, ``last_state_block_idx``,
+    mamba       table name -> (first state allocation done, the slots retired) of a
+                Mamba ``align`` group's request (vLLM's ``_allocated_block_reqs``,
                 ``_num_retired_blocks``); absent until its first allocation
 
 The kinds' rules: a full-attention group keeps every block; a sliding-window group
@@ -201,7 +200,7 @@ class ManagerState:
     groups: tuple[GroupSpec, ...] = ()
     hash_block_size: int = 0
     alignment: int = 0
-    mamba: tuple[tuple[str, tuple[bool, int, int]], ...] = ()
+    mamba: tuple[tuple[str, tuple[bool, int]], ...] = ()
 
     @property
     def specs(self) -> tuple[GroupSpec, ...]:
@@ -222,10 +221,10 @@ class ManagerState:
         """The request's table in ``group``, or None if it holds none."""
         return dict(self.tables).get(table_name(request_id, group))
 
-    def mamba_of(self, request_id: str, group: int) -> tuple[bool, int, int]:
+    def mamba_of(self, request_id: str, group: int) -> tuple[bool, int]:
         """A Mamba ``align`` group's bookkeeping of the request: (first state allocation
-        done, the slot of the state the step copies from or -1, the slots retired)."""
-        return dict(self.mamba).get(table_name(request_id, group), (False, -1, 0))
+        done, the slots retired)."""
+        return dict(self.mamba).get(table_name(request_id, group), (False, 0))
 
     def cached_count(self, request_id: str, group: int = GROUP) -> int | None:
         """The request's ``num_cached_block`` entry in ``group``, or None if absent."""
@@ -661,8 +660,7 @@ def remove_skipped_blocks(
     """Free, group by group, the blocks that left the window after
     ``num_computed_tokens`` tokens, from the window's edge back to the first null pad,
     each position becoming the null block. A Mamba ``align`` group frees every state
-    block in the slots not yet retired before the last computed token's, then the state
-    the last step copied from once the tokens passed its block."""
+    block in the slots not yet retired before the last computed token's."""
     assert num_computed_tokens >= 0, "a count is non-negative"
     for g, spec in enumerate(m.specs):
         t = list(m.table(request_id, g) or ())
@@ -671,16 +669,11 @@ def remove_skipped_blocks(
         if spec.align_mode:
             if not t:
                 continue
-            allocated, state, retired = m.mamba_of(request_id, g)
+            allocated, retired = m.mamba_of(request_id, g)
             if retired < skipped:
                 freed += [t[i] for i in range(skipped - 1, retired - 1, -1) if t[i]]
                 t[retired:skipped] = [0] * (skipped - retired)
-                retired = skipped
-            if 0 <= state < _cdiv(num_computed_tokens, spec.block_size) - 1 and t[state]:
-                freed.append(t[state])
-                t[state] = 0
-            if (allocated, state, retired) != m.mamba_of(request_id, g):
-                entry = (allocated, state, retired)
+                entry = (allocated, skipped)
                 m = replace(m, mamba=_set(m.mamba, table_name(request_id, g), entry))
         else:
             for i in range(skipped - 1, -1, -1):
@@ -852,19 +845,20 @@ def allocate_slots(
 
 def _mamba_grow(
     m: ManagerState, request_id: str, g: int, t: tuple[int, ...], main: int
-) -> tuple[tuple[int, ...], tuple[bool, int, int]]:
+) -> tuple[tuple[int, ...], tuple[bool, int]]:
     """A Mamba ``align`` group's table ``t`` after a step whose tokens reach ``main``
     slots, new blocks as -1, and the group's bookkeeping after it. The table grows to
     ``cdiv(main, bs) + s`` slots (s speculative blocks): the slot of the new state and
     the s after it hold blocks, the slots before it up to the old end null pads; the
     scratch blocks of an earlier step that now fall before the new state's slot move,
-    in order, to the end (their slots nulled); the remaining slots get new blocks. The
-    state the step copies from: the old running state (a hit's, at the first step)."""
+    in order, to the end (their slots nulled); the remaining slots get new blocks.
+    (The state the step copies from, the old running one, is freed by a later
+    :func:`remove_skipped_blocks`.)"""
     spec = m.specs[g]
     s = spec.num_speculative_blocks
-    allocated, state, retired = m.mamba_of(request_id, g)
+    allocated, retired = m.mamba_of(request_id, g)
     required = _cdiv(main, spec.block_size) + s
-    entry = (True, state, retired)
+    entry = (True, retired)
     if required <= len(t):
         return t, entry
     head = required - s - 1  # the new state's slot
@@ -875,9 +869,6 @@ def _mamba_grow(
             if 0 <= i < head:
                 moved.append(out[i])
                 out[i] = 0
-        entry = (True, len(t) - 1 - s, retired)
-    elif t:
-        entry = (True, len(t) - 1, retired)
     out += moved
     out += [-1] * (required - len(out))
     return tuple(out), entry
