@@ -374,7 +374,9 @@ def fill_shares_written(before: CachingState, after: CachingState) -> bool:
 
 
 @exempt("a field accessor of the fill rule (C10), which contracts call")
-def fill_outcome(p: CachePool, key: ContentKey | None) -> tuple[ContentKey | None, int | None]:
+def fill_outcome(
+    p: CachePool, key: ContentKey | None
+) -> tuple[ContentKey | None, int | None]:
     """``(key, shared)`` of a block that fills with ``key`` (None: not cacheable): a key
     cached under a computed id is shared (dedup); one cached under an id whose KV is
     not written yet leaves the block uncached, keeping its own id (C10); a new key is

@@ -382,7 +382,8 @@ def _final_keys(
     for idx in range(len(t.handles) + num_new):
         held = tuple(tokens[idx * size : min((idx + 1) * size, len(tokens))])
         if idx < len(t.handles) and (
-            blocks[t.handles[idx]].key is not None or len(blocks[t.handles[idx]].token_ids) == size
+            blocks[t.handles[idx]].key is not None
+            or len(blocks[t.handles[idx]].token_ids) == size
         ):
             key = blocks[t.handles[idx]].key
         elif len(held) == size and (idx == 0 or parent is not None):
@@ -430,7 +431,9 @@ def append_choices(
     # empty, evicted that very id as its fresh one and cached it again: then nothing
     # came back, and no evictor id is new in the free pool for it.
     pre_free = set(p.free)
-    came_back = {s.cache.blocks[t.handles[i]].block_id for i, _ in writes if i < len(t.handles)}
+    came_back = {
+        s.cache.blocks[t.handles[i]].block_id for i, _ in writes if i < len(t.handles)
+    }
     from_evictor = sum(1 for i in free_after if i not in pre_free and i not in came_back)
     returned: list[int | None] = []  # ids given back to the free pool, in write order
     recached: set[int] = set()  # new blocks that evicted their own key's id
