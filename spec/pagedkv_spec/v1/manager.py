@@ -17,7 +17,8 @@ State (:class:`ManagerState`):
                 its hashes and status; empty when only the manager is known
     mamba       table name -> (first state allocation done, the slots retired) of a
                 Mamba ``align`` group's request (vLLM's ``_allocated_block_reqs``,
-                ``_num_retired_blocks``); absent until its first allocation
+                ``_num_retired_blocks``); absent until its first allocation (None in a
+                target's state: not reported, its tables alone are compared)
 
 The kinds' rules: a full-attention group keeps every block; a sliding-window group
 (window w) reads only the last w tokens, so after n computed tokens the blocks wholly
@@ -200,7 +201,7 @@ class ManagerState:
     groups: tuple[GroupSpec, ...] = ()
     hash_block_size: int = 0
     alignment: int = 0
-    mamba: tuple[tuple[str, tuple[bool, int]], ...] = ()
+    mamba: tuple[tuple[str, tuple[bool, int]], ...] | None = ()
 
     @property
     def specs(self) -> tuple[GroupSpec, ...]:
@@ -224,7 +225,7 @@ class ManagerState:
     def mamba_of(self, request_id: str, group: int) -> tuple[bool, int]:
         """A Mamba ``align`` group's bookkeeping of the request: (first state allocation
         done, the slots retired)."""
-        return dict(self.mamba).get(table_name(request_id, group), (False, 0))
+        return dict(self.mamba or ()).get(table_name(request_id, group), (False, 0))
 
     def cached_count(self, request_id: str, group: int = GROUP) -> int | None:
         """The request's ``num_cached_block`` entry in ``group``, or None if absent."""
@@ -674,7 +675,7 @@ def remove_skipped_blocks(
                 freed += [t[i] for i in range(skipped - 1, retired - 1, -1) if t[i]]
                 t[retired:skipped] = [0] * (skipped - retired)
                 entry = (allocated, skipped)
-                m = replace(m, mamba=_set(m.mamba, table_name(request_id, g), entry))
+                m = replace(m, mamba=_set(m.mamba or (), table_name(request_id, g), entry))
         else:
             for i in range(skipped - 1, -1, -1):
                 if t[i] == 0:
@@ -807,7 +808,7 @@ def allocate_slots(
                 evicted.extend(ev)
                 tables[g] += ext
     new: list[tuple[int, ...]] = []
-    mamba = m.mamba
+    mamba = m.mamba or ()
     for g, spec in enumerate(specs):
         if spec.align_mode:
             state = replace(m, pool=pool, mamba=mamba)
@@ -897,7 +898,7 @@ def free(m: ManagerState, request_id: str) -> ManagerState:
             pool=pool,
             tables=_set(m.tables, name, None),
             num_cached=_set(m.num_cached, name, None),
-            mamba=_set(m.mamba, name, None),
+            mamba=_set(m.mamba or (), name, None),
         )
     return m
 

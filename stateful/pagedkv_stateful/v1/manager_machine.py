@@ -1110,8 +1110,8 @@ class V1ManagerMachine(V1LockstepMachine):
             ),
             (
                 "V1-9",
-                dict(actual.mamba) != dict(model.mamba),
-                f"Mamba bookkeeping {dict(actual.mamba)}, the spec's {dict(model.mamba)}",
+                actual.mamba is not None and dict(actual.mamba) != dict(model.mamba or ()),
+                f"Mamba bookkeeping {actual.mamba}, the spec's {model.mamba}",
             ),
         ]
         for id_, broken, detail in differs:
