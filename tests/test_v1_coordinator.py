@@ -133,6 +133,16 @@ def test_a_mamba_hybrid_hits_at_its_last_cached_state() -> None:
     m.check_invariants()
 
 
+def test_a_mamba_only_model_hits_through_the_unitary_coordinator() -> None:
+    m = KVCacheManager(KVCacheConfig.of_specs(8, MambaSpec(4, mamba_cache_mode="align")), 64)
+    a = request("a", list(range(10)), 4)
+    m.allocate_slots(a, 8)  # one state block, after 8 tokens, cached
+    assert m.get_block_ids("a") == ([0, 1],)
+    m.free(a)
+    blocks, hit, _ = m.get_computed_blocks(request("b", list(range(10)), 4))
+    assert hit == 8 and blocks.get_block_ids() == ([0, 1],)
+
+
 def test_an_encoder_decoder_model_allocates_its_encoder_blocks_once() -> None:
     config = KVCacheConfig.of_specs(16, FullAttentionSpec(2), CrossAttentionSpec(2))
     m = KVCacheManager(config, 64, enable_caching=False)

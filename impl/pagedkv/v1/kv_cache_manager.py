@@ -316,6 +316,8 @@ class KVCacheManager:
         ``max_model_len``) would fit now (an admission gate for chunked prefill);
         ``reserved_blocks``: free blocks to leave for requests already in flight;
         ``has_scheduled_reqs``: whether the watermark applies to a waiting request;
+        ``num_encoder_tokens``: a cross-attention group's slots (the encoder's tokens,
+        which the scheduler passes at the request's first step; 0 afterwards);
         ``skip_zeroing_group_ids``: accepted for vLLM's signature (pagedkv hands out no
         block ids for zeroing).
 
