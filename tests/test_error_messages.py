@@ -148,6 +148,16 @@ def case(
     return pytest.param(call, error, message, id=name, marks=marks)
 
 
+def _relocate_shared_scratch() -> object:
+    """A Mamba scratch block with a second holder, overtaken by the next step."""
+    pool = v1.BlockPool(8, True, 4)
+    spec = v1.MambaSpec(4, mamba_cache_mode="align", num_speculative_blocks=1)
+    m = v1.MambaManager(spec, pool, True, 0)
+    m.allocate_new_blocks("r", 4)
+    m.req_to_blocks["r"][1].ref_cnt += 1
+    return m.allocate_new_blocks("r", 12)
+
+
 # ---------------------------------------------------------------------------- refcount.py
 
 
@@ -2130,7 +2140,7 @@ CONFORM_MESSAGES = [
         ),
         vllm_v1.UnsupportedCall,
         "pagedkv_stateful.vllm_v1 maps full_attention, sliding_window, "
-        "chunked_local_attention groups, not unknown",
+        "chunked_local_attention, mamba, cross_attention groups, not unknown",
     ),
 ]
 
@@ -2503,6 +2513,63 @@ V1_MESSAGES = [
         "a ChunkedLocalAttentionManager needs a ChunkedLocalAttentionSpec, got FullAttentionSpec",
     ),
     case(
+        "v1 config: a Mamba cache mode pagedkv does not manage",
+        lambda: v1.MambaSpec(4, mamba_cache_mode="all"),
+        InvalidKVCacheManagerConfigError,
+        "mamba_cache_mode must be one of ('none', 'align'), got 'all'",
+    ),
+    case(
+        "v1 config: negative Mamba speculative blocks",
+        lambda: v1.MambaSpec(4, num_speculative_blocks=-1),
+        InvalidKVCacheManagerConfigError,
+        "num_speculative_blocks must be an int >= 0, got -1",
+    ),
+    case(
+        "v1 config: a Mamba state of no bytes",
+        lambda: v1.MambaSpec(4, page_size_bytes=0),
+        InvalidKVCacheManagerConfigError,
+        "page_size_bytes must be an int >= 1, got 0",
+    ),
+    case(
+        "v1 config: a Mamba manager of another spec",
+        lambda: v1.MambaManager(v1.FullAttentionSpec(4), v1.BlockPool(4, True, 4), True, 0),
+        InvalidKVCacheManagerConfigError,
+        "a MambaManager needs a MambaSpec, got FullAttentionSpec",
+    ),
+    case(
+        "v1 config: Mamba caching without align mode",
+        lambda: v1.KVCacheManager(
+            v1.KVCacheConfig.of_specs(8, v1.FullAttentionSpec(4), v1.MambaSpec(4)), 16
+        ),
+        InvalidKVCacheManagerConfigError,
+        "Mamba prefix caching needs mamba_cache_mode='align', got 'none'; turn caching off "
+        "or use 'align'",
+    ),
+    case(
+        "v1 config: a cross-attention manager of another spec",
+        lambda: v1.CrossAttentionManager(
+            v1.FullAttentionSpec(4), v1.BlockPool(4, False, 4), False, 0
+        ),
+        InvalidKVCacheManagerConfigError,
+        "a CrossAttentionManager needs a CrossAttentionSpec, got FullAttentionSpec",
+    ),
+    case(
+        "v1 config: cross-attention with caching on",
+        lambda: v1.KVCacheManager(
+            v1.KVCacheConfig.of_specs(8, v1.FullAttentionSpec(4), v1.CrossAttentionSpec(4)), 16
+        ),
+        InvalidKVCacheManagerConfigError,
+        "a cross-attention group cannot be prefix cached (the decoder's KV depends on the "
+        "encoder's input); run an encoder-decoder model with caching off",
+    ),
+    case(
+        "v1 Mamba: relocating a shared speculative block",
+        _relocate_shared_scratch,
+        BlockPoolError,
+        "cannot relocate speculative Mamba block 2 of request 'r': it is shared (ref_cnt 2) "
+        "or cached; a scratch block is the request's own",
+    ),
+    case(
         "v1 config: an attention chunk inside a block",
         lambda: v1.ChunkedLocalAttentionManager(
             v1.ChunkedLocalAttentionSpec(4, attention_chunk_size=6),
@@ -2621,7 +2688,7 @@ V1_MESSAGES = [
         ),
         InvalidKVCacheManagerConfigError,
         "no V1 manager for KVCacheSpec; pagedkv.v1 manages FullAttentionSpec, "
-        "SlidingWindowSpec and ChunkedLocalAttentionSpec groups",
+        "SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec and CrossAttentionSpec groups",
     ),
     case(
         "v1 config: unitary hash block size",

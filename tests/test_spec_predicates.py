@@ -115,6 +115,29 @@ V1H = V1M.allocate_slots(V1H, _A, 5)[0]
 V1H = replace(V1M.remove_skipped_blocks(V1H, "a", 5), requests=(_A,))
 
 
+# a Mamba hybrid: full attention in blocks of 4, Mamba "align" in blocks of 2 (hits
+# aligned to 4 tokens); "m" (9 tokens, 8 computed in one step): its Mamba table is three
+# null pads then the state after token 8 (slot 3, an aligned boundary), cached
+_M = V1M.RequestView("m", 9, 0, (b"h0", b"h1", b"h2", b"h3"))
+V1MB = V1M.manager_initial(
+    12,
+    4,
+    16,
+    True,
+    groups=(V1M.GroupSpec(V1M.FULL, 4), V1M.GroupSpec(V1M.MAMBA, 2, mamba_cache_mode="align")),
+    hash_block_size=2,
+)
+V1MB = replace(V1M.allocate_slots(V1MB, _M, 8)[0], requests=(_M,))
+_MT = dict(V1MB.tables)["m@1"]
+# an encoder-decoder model (caching off): "e" (5 tokens) with 3 encoder tokens, blocks of 2
+_E = V1M.RequestView("e", 5, 0, num_encoder_tokens=3)
+V1ED = V1M.manager_initial(
+    12, 2, 16, False, groups=(V1M.GroupSpec(V1M.FULL, 2), V1M.GroupSpec(V1M.CROSS, 2))
+)
+V1ED = replace(V1M.allocate_slots(V1ED, _E, 5, num_encoder_tokens=3)[0], requests=(_E,))
+_ET = dict(V1ED.tables)["e@1"]
+
+
 def _v1pool(**kw: Any) -> V1pool.PoolState:
     return replace(V1P, **kw)
 
@@ -154,6 +177,8 @@ GOOD: dict[str, tuple[Any, ...]] = {
     "V1-9": (V1M.free(V1, "a"), V1),
     "V1-10": (V1H,),
     "V1-16": (V1, _A, ((1, 2),)),
+    "V1-17": (V1MB,),
+    "V1-18": (V1ED,),
     "V1-11": (V1,),
     "V1-12": (2, 4, 2),
     "V1-13": (V1,),
@@ -609,6 +634,46 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
         "V1-10",
         "a null pad after a block",
         (replace(V1H, tables=(("a", (1, 2, 3)), ("a@1", (4, 0, 6)))),),
+    ),
+    (
+        "V1-17",
+        "a Mamba table ending with a null pad",
+        (replace(V1MB, tables=(*V1MB.tables[:-1], ("m@1", (*_MT, 0)))),),
+    ),
+    (
+        "V1-17",
+        "a Mamba state cached off an aligned boundary",
+        (replace(V1MB, tables=(*V1MB.tables[:-1], ("m@1", (0, 0, _MT[3])))),),
+    ),
+    (
+        "V1-18",
+        "a cross-attention table past the encoder's tokens",
+        (replace(V1ED, tables=(*V1ED.tables[:-1], ("e@1", (*_ET, 9)))),),
+    ),
+    (
+        "V1-18",
+        "a null pad in a cross-attention table",
+        (replace(V1ED, tables=(*V1ED.tables[:-1], ("e@1", (0, _ET[1])))),),
+    ),
+    (
+        "V1-18",
+        "a cross-attention table with a cached count",
+        (replace(V1ED, num_cached=(*V1ED.num_cached, ("e@1", 0))),),
+    ),
+    (
+        "V1-18",
+        "a cached cross-attention block",
+        (
+            replace(
+                V1ED,
+                pool=replace(
+                    V1ED.pool,
+                    hashes=tuple(
+                        b"k" if i == _ET[0] else h for i, h in enumerate(V1ED.pool.hashes)
+                    ),
+                ),
+            ),
+        ),
     ),
     (
         "V1-16",

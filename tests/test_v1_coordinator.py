@@ -1,6 +1,8 @@
 """The coordinators (pagedkv.v1.coordinator): the hybrid coordinator's fixpoint over its
 groups' hit rules (every group ends with the same hit), groups of two block sizes (hits
-on their LCM, caching up to it), and groups of one spec looked up together.
+on their LCM, caching up to it), and groups of one spec looked up together; a hybrid
+Mamba model (full attention + Mamba ``align``) and an encoder-decoder model (full
+attention + cross-attention, caching off).
 
 Small scenarios to follow by hand; the V1 manager machine runs these configurations
 against the spec (tests/test_v1_manager_machine.py).
@@ -8,13 +10,19 @@ against the spec (tests/test_v1_manager_machine.py).
 
 from __future__ import annotations
 
+import pytest
+
+from pagedkv.errors import InvalidKVCacheManagerConfigError
 from pagedkv.v1 import (
     BlockStored,
+    CrossAttentionSpec,
     FullAttentionSpec,
     HybridKVCacheCoordinator,
     KVCacheConfig,
+    KVCacheCoordinatorNoPrefixCache,
     KVCacheManager,
     KVCacheSpec,
+    MambaSpec,
     Request,
     SlidingWindowSpec,
     get_request_block_hasher,
@@ -97,3 +105,54 @@ def test_a_hybrids_stored_events_carry_each_groups_kind_and_window() -> None:
         if isinstance(e, BlockStored)
     ]
     assert stored == [(0, "full_attention", None), (1, "sliding_window", 3)]
+
+
+# ---- Mamba and cross-attention groups
+
+
+def test_a_mamba_hybrid_hits_at_its_last_cached_state() -> None:
+    m = hybrid(24, FullAttentionSpec(2), MambaSpec(2, mamba_cache_mode="align"))
+    a = request("a", list(range(11)), 2)
+    m.allocate_slots(a, 8)  # a chunk ending on a block boundary: its state is kept
+    assert m.get_block_ids("a") == ([1, 2, 3, 4], [0, 0, 0, 5])
+    a.num_computed_tokens = 8
+    m.allocate_slots(a, 3)  # the prompt's rest: a new state after a pad
+    assert m.get_block_ids("a") == ([1, 2, 3, 4, 6, 7], [0, 0, 0, 5, 0, 8])
+    a.num_computed_tokens = 11
+    m.remove_skipped_blocks("a", 11)  # the state it copied from (after 8) is freed
+    assert m.get_block_ids("a")[1] == [0, 0, 0, 0, 0, 8]
+    m.free(a)
+    b = request("b", [*range(11), 99], 2)
+    blocks, hit, _ = m.get_computed_blocks(b)
+    # full attention has 10 tokens cached, Mamba a state only after 8: the hit is 8
+    assert hit == 8 and blocks.get_block_ids() == ([1, 2, 3, 4], [0, 0, 0, 5])
+    out = m.allocate_slots(b, 4, hit, blocks)
+    assert out is not None
+    new_state = out.get_block_ids()[1]
+    assert new_state[0] == 0 and m.get_block_ids("b")[1] == [0, 0, 0, 5, *new_state]
+    m.check_invariants()
+
+
+def test_a_mamba_only_model_hits_through_the_unitary_coordinator() -> None:
+    m = KVCacheManager(KVCacheConfig.of_specs(8, MambaSpec(4, mamba_cache_mode="align")), 64)
+    a = request("a", list(range(10)), 4)
+    m.allocate_slots(a, 8)  # one state block, after 8 tokens, cached
+    assert m.get_block_ids("a") == ([0, 1],)
+    m.free(a)
+    blocks, hit, _ = m.get_computed_blocks(request("b", list(range(10)), 4))
+    assert hit == 8 and blocks.get_block_ids() == ([0, 1],)
+
+
+def test_an_encoder_decoder_model_allocates_its_encoder_blocks_once() -> None:
+    config = KVCacheConfig.of_specs(16, FullAttentionSpec(2), CrossAttentionSpec(2))
+    m = KVCacheManager(config, 64, enable_caching=False)
+    assert isinstance(m.coordinator, KVCacheCoordinatorNoPrefixCache)
+    a = request("a", list(range(5)), 2)
+    out = m.allocate_slots(a, 5, num_encoder_tokens=7)
+    assert out is not None and out.get_block_ids() == ([1, 2, 3], [4, 5, 6, 7])
+    a.num_computed_tokens = 5
+    m.allocate_slots(a, 3)  # decode: the decoder grows, the encoder's blocks do not
+    assert m.get_block_ids("a") == ([1, 2, 3, 8], [4, 5, 6, 7])
+    m.check_invariants()
+    with pytest.raises(InvalidKVCacheManagerConfigError, match="cannot be prefix cached"):
+        KVCacheManager(config, 64)

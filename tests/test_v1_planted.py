@@ -26,8 +26,11 @@ from pagedkv.v1 import (
     KVCacheBlock,
     KVCacheBlocks,
     KVCacheConfig,
+    KVCacheCoordinator,
+    KVCacheCoordinatorNoPrefixCache,
     KVCacheManager,
     LoRARequest,
+    MambaManager,
     Request,
     SlidingWindowManager,
     SlidingWindowSpec,
@@ -36,7 +39,7 @@ from pagedkv.v1 import (
 from pagedkv.v1.hashing import sha256
 from pagedkv.v1.single_type_manager import FullAttentionManager
 from pagedkv_spec.invariants import REGISTRY, holds
-from pagedkv_spec.v1.manager import RequestView
+from pagedkv_spec.v1.manager import TOKEN_KINDS, RequestView
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.v1.manager_machine import CONFIGURATIONS, V1ManagerMachine
@@ -105,7 +108,8 @@ def _manager_with(
     manager_cls: type[KVCacheManager] = KVCacheManager,
     single_cls: type[FullAttentionManager] | None = None,
     windowed_cls: type[SlidingWindowManager] | None = None,
-    coordinator_cls: type[HybridKVCacheCoordinator] | None = None,
+    coordinator_cls: type[KVCacheCoordinator] | None = None,
+    mamba_cls: type[MambaManager] | None = None,
 ) -> Callable[..., KVCacheManager]:
     def make(
         config: KVCacheConfig, max_model_len: int, caching: bool, events: bool, watermark: float
@@ -126,8 +130,12 @@ def _manager_with(
             for s in m.coordinator.single_type_managers:
                 if type(s) is SlidingWindowManager:
                     s.__class__ = windowed_cls
-        if coordinator_cls is not None and type(m.coordinator) is HybridKVCacheCoordinator:
+        if coordinator_cls is not None and type(m.coordinator) in coordinator_cls.__bases__:
             m.coordinator.__class__ = coordinator_cls
+        if mamba_cls is not None:
+            for s in m.coordinator.single_type_managers:
+                if type(s) is MambaManager:
+                    s.__class__ = mamba_cls
         return m
 
     return make
@@ -212,7 +220,9 @@ class _TrimsRejectedDrafts(FullAttentionManager):
         del blocks[keep:]
         self.block_pool.free_blocks(reversed(extra))
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
+    ) -> list[KVCacheBlock]:
         self._trim(request_id, num_tokens)
         return super().allocate_new_blocks(request_id, num_tokens)
 
@@ -277,13 +287,40 @@ class _CountsPadsTwice(SlidingWindowManager):
     """Counts each null pad twice when sizing its table (a pad taken for a block and its
     slot): once blocks left the window it allocates less than the other groups (V1-10)."""
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
+    ) -> list[KVCacheBlock]:
         blocks = self.req_to_blocks.setdefault(request_id, [])
         held = len(blocks) + sum(b.is_null for b in blocks)
         n = -(-num_tokens // self.block_size) - held
         new = self.block_pool.get_new_blocks(n) if n > 0 else []
         blocks.extend(new)
         return new
+
+
+class _CachesEveryState(MambaManager):
+    """Caches every full Mamba state block, also those at boundaries no hit can end on
+    (hits aligned to several blocks): V1-17."""
+
+    def cache_mask(self, start: int, end: int) -> list[bool] | None:
+        return None
+
+
+class _EncoderAsDecoder(KVCacheCoordinatorNoPrefixCache):
+    """Sizes every group by the decoder's tokens, the cross-attention group too (the
+    encoder's token count forgotten): its table grows with the decoder (V1-18)."""
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, *args: Any) -> int:
+        hits, total = args[0], args[1]
+        return sum(
+            m.get_num_blocks_to_allocate(request_id, num_tokens, hits[i], total)
+            for i, m in enumerate(self.single_type_managers)
+        )
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, *args: Any) -> Any:
+        return tuple(
+            m.allocate_new_blocks(request_id, num_tokens) for m in self.single_type_managers
+        )
 
 
 class _OnePhaseAdoption(HybridKVCacheCoordinator):
@@ -339,8 +376,12 @@ class _ResetsInUse(BlockPool):
         return True
 
 
-#: the hybrid configurations (several groups)
-_HYBRIDS = tuple(name for name, groups in CONFIGURATIONS.items() if len(groups) > 1)
+#: the hybrid configurations (several groups) of attention kinds over the decoder's tokens
+_HYBRIDS = tuple(
+    name
+    for name, groups in CONFIGURATIONS.items()
+    if len(groups) > 1 and all(kind in TOKEN_KINDS for kind, _ in groups)
+)
 
 V1_PLANTED: dict[str, Callable[[], str]] = {
     "V1-1": _corrupted(lambda m: m.block_pool.free_block_queue.append(m.block_pool.null_block)),
@@ -361,6 +402,17 @@ V1_PLANTED: dict[str, Callable[[], str]] = {
     "V1-14": lambda: _found(_machine(_manager_with(pool_cls=_SilentEviction)), 3000),
     "V1-15": lambda: _found(_machine(_manager_with(pool_cls=_ResetsInUse))),
     "V1-16": lambda: _adopt_with_external_tokens(_OnePhaseAdoption),
+    "V1-17": lambda: _found(
+        _machine(
+            _manager_with(mamba_cls=_CachesEveryState),
+            configurations=("full (2x blocks) + Mamba",),
+        )
+    ),
+    "V1-18": lambda: _found(
+        _machine(
+            _manager_with(coordinator_cls=_EncoderAsDecoder), configurations=("encoder-decoder",)
+        )
+    ),
 }
 
 

@@ -5,18 +5,27 @@ inherits once it says how many tokens left its window (``get_num_skipped_tokens`
 is exercised through a small windowed subclass: a hit adopted past the window (null
 pads, only the kept blocks touched and counted), the blocks a new allocation must take,
 and the freeing of blocks that left. Then the two windowed kinds themselves: their hit
-rules (null pads, alignment), what they cache and what they free.
+rules (null pads, alignment), what they cache and what they free; the Mamba manager
+(state blocks at step ends, its hit rule, relocated scratch blocks) and the
+cross-attention manager (the encoder's tokens, never cached).
 """
 
 from __future__ import annotations
 
+import pytest
+
+from pagedkv.errors import BlockPoolError, InvalidKVCacheManagerConfigError
 from pagedkv.v1 import (
     BlockPool,
     ChunkedLocalAttentionManager,
     ChunkedLocalAttentionSpec,
+    CrossAttentionManager,
+    CrossAttentionSpec,
     FullAttentionManager,
     FullAttentionSpec,
     KVCacheBlock,
+    MambaManager,
+    MambaSpec,
     Request,
     SlidingWindowManager,
     SlidingWindowSpec,
@@ -234,3 +243,122 @@ def test_chunked_local_frees_whole_chunks() -> None:
     m.allocate_new_blocks("r", 16)
     m.remove_skipped_blocks("r", 13)
     assert ids(m.req_to_blocks["r"]) == [0, 0, 3, 4]
+
+
+# ---- the Mamba manager
+
+
+def mamba(pool: BlockPool, block_size: int, num_speculative_blocks: int = 0) -> MambaManager:
+    """An ``align`` Mamba manager over ``pool``, hits aligned to its block size."""
+    spec = MambaSpec(
+        block_size, mamba_cache_mode="align", num_speculative_blocks=num_speculative_blocks
+    )
+    return MambaManager(spec, pool, pool.enable_caching, 0)
+
+
+def test_an_align_step_allocates_one_state_block_after_null_pads() -> None:
+    pool = BlockPool(12, True, 4)
+    m = mamba(pool, 4)
+    # 10 tokens: one state block in the slot of token 10 (slot 2), pads before it
+    assert ids(m.allocate_new_blocks("r", 10)) == [0, 0, 1]
+    assert m.get_num_skipped_tokens(10) == 9
+    m.remove_skipped_blocks("r", 10)  # slots 0, 1 retired: pads, nothing freed
+    assert m.align_bookkeeping() == [("r", (True, 2))]
+    # lookahead slots get no block: 16 main-model tokens, 20 with lookahead
+    assert m.get_num_blocks_to_allocate("r", 20, (), 10, num_tokens_main_model=16) == 1
+    assert ids(m.allocate_new_blocks("r", 20, num_tokens_main_model=16)) == [2]
+    assert ids(m.req_to_blocks["r"]) == [0, 0, 1, 2]
+    # once 16 tokens are computed, the state it copied from (slot 2) is freed
+    m.remove_skipped_blocks("r", 16)
+    assert ids(m.req_to_blocks["r"]) == [0, 0, 0, 2] and free_ids(pool)[0] == 1
+    m.free("r")
+    assert m.align_bookkeeping() == [] and "r" not in m.req_to_blocks
+
+
+def test_an_align_hit_is_one_cached_state_at_an_aligned_boundary() -> None:
+    pool = BlockPool(12, True, 2)
+    r = request("r", list(range(13)), 2)
+    blocks = cached_run(pool, r, 4, 2)
+    m = MambaManager(MambaSpec(2, mamba_cache_mode="align"), pool, True, 0, alignment=4)
+    # blocks of 2, hits aligned to 4 tokens: the last cached state on a multiple of 4
+    found, hit = m.lookup(r.block_hashes, 12, (0,))
+    assert hit == 8 and ids(found[0]) == [0, 0, 0, blocks[3].block_id]
+    pool.evict_blocks([blocks[3].block_id])
+    found, hit = m.lookup(r.block_hashes, 12, (0,))
+    assert hit == 4 and ids(found[0]) == [0, blocks[1].block_id]
+    # the states after tokens 2 and 6 are cached but off the alignment: no hit
+    pool.evict_blocks([blocks[1].block_id])
+    assert m.lookup(r.block_hashes, 12, (0,)) == (([],), 0)
+
+
+def test_align_caches_only_the_states_a_hit_can_end_on() -> None:
+    pool = BlockPool(12, True, 2)
+    m = MambaManager(MambaSpec(2, mamba_cache_mode="align"), pool, True, 0, alignment=4)
+    assert m.cache_mask(0, 4) == [False, True, False, True]
+    assert mamba(pool, 2).cache_mask(0, 4) is None  # alignment = block size: every state
+
+
+def test_adopting_a_state_hit_keeps_it_and_counts_what_the_step_takes() -> None:
+    pool = BlockPool(12, True, 4)
+    r = request("r", list(range(13)), 4)
+    blocks = cached_run(pool, r, 2, 4)
+    m = mamba(pool, 4)
+    hit, _ = m.lookup(r.block_hashes, 12, (0,))
+    assert ids(hit[0]) == [0, blocks[1].block_id]
+    # the hit's state (cached-free: taken off the queue) and one new state block
+    assert m.get_num_blocks_to_allocate("r", 12, hit[0], 8) == 1 + 1
+    m.add_local_computed_blocks("r", hit[0], 8)
+    assert ids(m.allocate_new_blocks("r", 12)) == [3]
+    assert ids(m.req_to_blocks["r"]) == [0, blocks[1].block_id, 3]
+    # 4 external tokens past the hit: its state is passed over (not kept), and the
+    # count is their block and a new state block (vLLM's count: 1, the first left out)
+    assert m.get_num_blocks_to_allocate("s", 16, hit[0], 12) == 1 + 1
+
+
+def test_a_scratch_block_the_tokens_overtook_moves_to_the_tables_end() -> None:
+    pool = BlockPool(12, True, 4)
+    m = mamba(pool, 4, num_speculative_blocks=1)
+    assert ids(m.allocate_new_blocks("r", 4)) == [1, 2]  # the state and a scratch block
+    # 12 tokens: the new state's slot is 2; the scratch block (slot 1) moves to the end
+    assert m.get_num_blocks_to_allocate("r", 12, (), 4) == 1
+    assert ids(m.allocate_new_blocks("r", 12)) == [2, 3]
+    assert ids(m.req_to_blocks["r"]) == [1, 0, 2, 3]
+
+
+def test_a_shared_scratch_block_is_not_relocated() -> None:
+    pool = BlockPool(12, True, 4)
+    m = mamba(pool, 4, num_speculative_blocks=1)
+    m.allocate_new_blocks("r", 4)
+    scratch = m.req_to_blocks["r"][1]
+    scratch.ref_cnt += 1  # another holder (corrupt on purpose)
+    with pytest.raises(BlockPoolError, match="cannot relocate speculative Mamba block 2"):
+        m.allocate_new_blocks("r", 12)
+    assert ids(m.req_to_blocks["r"]) == [1, 2] and pool.get_num_free_blocks() == 9
+
+
+def test_mamba_none_holds_the_running_state_and_its_scratch_blocks() -> None:
+    pool = BlockPool(12, False, 16)
+    m = MambaManager(MambaSpec(16, num_speculative_blocks=1), pool, False, 0)
+    # the model length as block size (vLLM's for "none"): 1 + 1 blocks for the request
+    assert m.get_num_blocks_to_allocate("r", 10, (), 0) == 2
+    assert ids(m.allocate_new_blocks("r", 10)) == [1, 2]
+    assert m.allocate_new_blocks("r", 16) == []
+    with pytest.raises(InvalidKVCacheManagerConfigError, match="needs mamba_cache_mode='align'"):
+        MambaManager(MambaSpec(16), BlockPool(4, True, 16), True, 0)
+
+
+# ---- the cross-attention manager
+
+
+def test_cross_attention_holds_the_encoders_tokens_and_caches_nothing() -> None:
+    pool = BlockPool(12, False, 4)
+    m = CrossAttentionManager(CrossAttentionSpec(4), pool, False, 0)
+    m.add_local_computed_blocks("r", (), 8)  # nothing to adopt, no cached count
+    m.allocate_external_computed_blocks("r", 8)
+    assert m.req_to_blocks.get("r", []) == [] and "r" not in m.num_cached_block
+    assert ids(m.allocate_new_blocks("r", 6)) == [1, 2]
+    assert m.allocate_new_blocks("r", 0) == []  # later steps: no encoder token
+    m.cache_blocks(request("r", list(range(9)), 4), 8)
+    assert all(b.block_hash is None for b in pool.blocks)
+    with pytest.raises(InvalidKVCacheManagerConfigError, match="cannot be prefix cached"):
+        CrossAttentionManager(CrossAttentionSpec(4), BlockPool(4, True, 4), True, 0)

@@ -83,8 +83,8 @@ def test_a_documented_row_that_passes_is_reported() -> None:
 
 def test_the_shipped_table_has_one_row_per_test_with_evidence() -> None:
     names = [row.test for row in vt.DOCUMENTED]
-    assert len(names) == len(set(names)) == 11
-    assert sum(row.count for row in vt.DOCUMENTED) == 12
+    assert len(names) == len(set(names)) == 15
+    assert sum(row.count for row in vt.DOCUMENTED) == 19
     assert all(row.evidence and row.test.startswith("test_") for row in vt.DOCUMENTED)
 
 
@@ -145,13 +145,15 @@ def test_mapped_names_are_pagedkvs_and_other_names_are_out_of_scope(shim: None) 
     assert kv_cache_utils.FreeKVCacheBlockQueue is pv1.FreeKVCacheBlockQueue
     kv_cache_utils.init_none_hash(pv1.sha256)
     assert pv1.none_hash(pv1.sha256) == kv_cache_utils.NONE_HASH
-    spec = MambaSpec(block_size=4)  # outside a test (collection): a poisoned value
+    assert isinstance(MambaSpec(block_size=4, shapes=((1, 1),)), pv1.MambaSpec)
+    checkpoints = kv_cache_utils.compute_mamba_prefill_checkpoints
+    value = checkpoints([8])  # outside a test (collection): a poisoned value
     vt.RECORDER.begin()
     with pytest.raises(vt.OutOfScope) as err:
-        MambaSpec(block_size=4)
+        checkpoints([8])
     assert err.value.reason == vt.MAMBA
     with pytest.raises(vt.OutOfScope):
-        bool(spec)
+        bool(value)
     assert len(vt.RECORDER.seen) == 2
 
 

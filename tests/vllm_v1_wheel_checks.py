@@ -365,6 +365,23 @@ def _probe_ignores_the_hit_limit() -> bool:
     return bool(manager.get_num_cached_tokens(r) != manager.get_computed_blocks(r)[1])
 
 
+def _mamba_count_leaves_out_external_blocks() -> bool:
+    """Full attention and Mamba ``align`` (blocks of 4) over 4 usable blocks; a 9-token
+    request admitted with 8 external tokens and 1 new: it needs 3 + 2 blocks, so the
+    allocation must be refused. Does vLLM's Mamba count leave out the external tokens'
+    block (it admits the call, then runs out of blocks half-way: ValueError)?"""
+    config = pv.KVCacheConfig.of_specs(
+        5, pv.FullAttentionSpec(4), pv.MambaSpec(4, mamba_cache_mode="align")
+    )
+    manager = vllm_v1.hybrid_kv_cache_manager(config, 64)
+    r = vllm_v1.request("r", list(range(1, 10)), vllm_v1.hasher(4))
+    try:
+        manager.allocate_slots(r, 1, num_external_computed_tokens=8)
+    except ValueError:
+        return True
+    return False
+
+
 def _null_pads_counted_down() -> bool:
     """A sliding window of one token: a request's block leaves the window (its table
     position becomes the null block), the request is freed: is the null block's count
@@ -502,6 +519,16 @@ FINDINGS = (
         _null_pads_counted_down,
         "V1-1",
         _fix_null_free,
+    ),
+    # single_type_kv_cache_manager.py:1697 (0.34.0): Mamba align counts the new state
+    # blocks past the hit, not those for the external tokens; out of the machine's reach
+    # (it runs vLLM in the attention configurations only)
+    Finding(
+        "mamba-external-count",
+        frozenset({"0.34.0", "0.33.0", "0.27.1"}),
+        _mamba_count_leaves_out_external_blocks,
+        None,
+        None,
     ),
     # kv_cache_manager.py:273 (0.34.0) bounds the probe by num_tokens - 1 only
     Finding(

@@ -341,14 +341,14 @@ def _entries() -> Iterable[Invariant]:
     yield inv(
         "V1-9",
         v1m.tables_append_only,
-        "a live table only grows, but for a window's leading blocks becoming null",
+        "a live table only grows, but for a window's leading blocks or Mamba's becoming null",
         "v1",
         "step",
     )
     yield inv(
         "V1-10",
         v1m.tables_aligned,
-        "a request's tables cover one slot count: cdiv(S, block size) blocks in each group",
+        "a request's token tables cover one slot count: cdiv(S, block size) blocks in each",
         "v1",
     )
     yield inv(
@@ -389,6 +389,18 @@ def _entries() -> Iterable[Invariant]:
         "an adopted hit block keeps its key: no group's allocation evicts another's hit",
         "v1",
         "step",
+    )
+    yield inv(
+        "V1-17",
+        v1m.mamba_states_aligned,
+        "a Mamba table ends with a state block; its cached states sit at aligned boundaries",
+        "v1",
+    )
+    yield inv(
+        "V1-18",
+        v1m.encoder_blocks_once,
+        "a cross-attention table is the encoder's cdiv(tokens, bs) blocks, never cached",
+        "v1",
     )
     # the reference V1 scheduler (pagedkv.serving.v1_scheduler)
     for id_, fn, meaning in (

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pagedkv_spec.v1.manager import CHUNKED, FULL, SLIDING, GroupSpec, ManagerState
+from pagedkv_spec.v1.manager import CHUNKED, CROSS, FULL, MAMBA, SLIDING, GroupSpec, ManagerState
 from pagedkv_spec.v1.pool import PoolState
 from pagedkv_stateful.adapters import Capabilities
 from pagedkv_stateful.replay import replay_reports, use_prelude
@@ -1006,18 +1006,30 @@ def manager(
     return ManagerTarget(target, math.gcd(*sizes)), caps
 
 
-#: The kit's group configurations vLLM is run in: those whose groups share one block
-#: size. With a group's blocks larger than the hash block, 0.34.0's full-attention
-#: manager also registers the prompt's tail inside a block as a partial cache entry (a
-#: second key of that block, for Mamba's fine-grained hits), which pagedkv does not
-#: model (docs/design.md, section 7).
-SAME_BLOCK_SIZE = tuple(
-    name for name, groups in CONFIGURATIONS.items() if len({scale for _, scale in groups}) == 1
+#: the group kinds :func:`hybrid_kv_cache_manager` gives vLLM specs of
+_MAPPED_KINDS = (
+    "full_attention",
+    "sliding_window",
+    "chunked_local_attention",
+    "mamba",
+    "cross_attention",
 )
 
-
-#: the group kinds :func:`hybrid_kv_cache_manager` gives vLLM specs of
-_MAPPED_KINDS = ("full_attention", "sliding_window", "chunked_local_attention")
+#: The kit's group configurations vLLM is run in: those of attention kinds whose groups
+#: share one block size. With a group's blocks larger than the hash block, 0.34.0's
+#: full-attention manager also registers the prompt's tail inside a block as a partial
+#: cache entry (a second key of that block, for Mamba's fine-grained hits), which pagedkv
+#: does not model (docs/design.md, section 7). The Mamba and encoder-decoder
+#: configurations are mapped but not run by default: vLLM's Mamba ``align`` count leaves
+#: out the external tokens' blocks (a finding: tests/vllm_v1_wheel_checks.py), and it
+#: re-keys the state at the prompt's last hash boundary after an ``evict_blocks``
+#: (docs/conformance.md).
+SAME_BLOCK_SIZE = tuple(
+    name
+    for name, groups in CONFIGURATIONS.items()
+    if len({scale for _, scale in groups}) == 1
+    and all(kind in _MAPPED_KINDS[:3] for kind, _ in groups)
+)
 
 
 def hybrid_kv_cache_manager(
@@ -1029,9 +1041,10 @@ def hybrid_kv_cache_manager(
     watermark: float = 0.0,
 ) -> Any:
     """vLLM's ``KVCacheManager`` over the groups of ``kv_cache_config`` (pagedkv's:
-    full-attention, sliding-window and chunked-local specs), each as vLLM's spec of that
-    kind; the scheduler block size the LCM of the block sizes, the hash block size their
-    GCD (as pagedkv's defaults). The layers' heads and dtype only size pages."""
+    full-attention, sliding-window, chunked-local, Mamba and cross-attention specs), each
+    as vLLM's spec of that kind; the scheduler block size the LCM of the block sizes, the
+    hash block size their GCD (as pagedkv's defaults). The layers' heads and dtype only
+    size pages."""
     kinds = [g.kv_cache_spec.kind for g in kv_cache_config.kv_cache_groups]
     unmapped = [k for k in kinds if k not in _MAPPED_KINDS]
     if unmapped:
@@ -1052,7 +1065,17 @@ def hybrid_kv_cache_manager(
             "head_size": 64,
             "dtype": torch.float16,
         }
-        if spec.kind == "sliding_window":
+        if spec.kind == "mamba":
+            vspec = iface.MambaSpec(
+                block_size=spec.block_size,
+                shapes=((1, 1),),
+                dtypes=(torch.float32,),
+                mamba_cache_mode=spec.mamba_cache_mode,
+                num_speculative_blocks=spec.num_speculative_blocks,
+            )
+        elif spec.kind == "cross_attention":
+            vspec = iface.CrossAttentionSpec(**common)
+        elif spec.kind == "sliding_window":
             vspec = iface.SlidingWindowSpec(**common, sliding_window=spec.sliding_window)
         elif spec.kind == "chunked_local_attention":
             vspec = iface.ChunkedLocalAttentionSpec(
@@ -1194,6 +1217,8 @@ def state_of(target: Any, release: Release | None = None) -> ManagerState:
     shows. O(pool + table entries)."""
     tables: list[tuple[str, tuple[int, ...]]] = []
     counts: list[tuple[str, int]] = []
+    mamba: list[tuple[str, tuple[bool, int]]] = []
+    reported = True  # the Mamba bookkeeping (vLLM's _allocated_block_reqs, retired mark)
     managers = target.coordinator.single_type_managers
     for g, m in enumerate(managers):
         suffix = "" if g == 0 else f"@{g}"
@@ -1204,6 +1229,15 @@ def state_of(target: Any, release: Release | None = None) -> ManagerState:
             (r + suffix, tuple(b.block_id for b in t)) for r, t in m.req_to_blocks.items() if t
         ]
         counts += [(r + suffix, n) for r, n in m.num_cached_block.items()]
+        if getattr(m, "mamba_cache_mode", None) == "align":
+            retired = getattr(m, "_num_retired_blocks", None)
+            if retired is None:  # a release before the retired mark (0.27.1): not reported
+                reported = False
+                continue
+            done = m._allocated_block_reqs
+            mamba += [
+                (r + suffix, (r in done, retired.get(r, 0))) for r in sorted(done | retired.keys())
+            ]
     return ManagerState(
         pool=pool_state_of(target.block_pool, release),
         tables=tuple(tables),
@@ -1215,6 +1249,7 @@ def state_of(target: Any, release: Release | None = None) -> ManagerState:
         groups=tuple(_group_of(m) for m in managers),
         hash_block_size=target.block_pool.hash_block_size,
         alignment=getattr(target.coordinator, "scheduler_block_size", 0),
+        mamba=tuple(mamba) if reported else None,
     )
 
 
@@ -1228,6 +1263,15 @@ def _group_of(manager: Any) -> GroupSpec:
         return GroupSpec(SLIDING, manager.block_size, spec.sliding_window, cap)
     if kind == "ChunkedLocalAttentionSpec":
         return GroupSpec(CHUNKED, manager.block_size, spec.attention_chunk_size, cap)
+    if kind == "MambaSpec":
+        return GroupSpec(
+            MAMBA,
+            manager.block_size,
+            mamba_cache_mode=spec.mamba_cache_mode,
+            num_speculative_blocks=spec.num_speculative_blocks,
+        )
+    if kind == "CrossAttentionSpec":
+        return GroupSpec(CROSS, manager.block_size)
     return GroupSpec(FULL, manager.block_size)
 
 
@@ -1363,6 +1407,11 @@ class ManagerTarget(RequestMirror):
         self.manager.record_prefix_cache_stats(self.request(r), num_hits)
 
     def allocate_slots(self, r: Any, *args: Any, **kwargs: Any) -> Any:
+        step = getattr(self.manager, "new_step_starts", None)
+        if step is not None:
+            # one call, one scheduler step: vLLM's Mamba group defers a hit on a state
+            # cached in the same step; the kit's scheduler schedules one request a step
+            step()
         for name in [k for k in kwargs if k not in self._allocate_keywords]:
             value = kwargs.pop(name)
             if name not in ALLOCATE_NEUTRAL or value != ALLOCATE_NEUTRAL[name]:

@@ -432,10 +432,74 @@ class ChunkedLocalAttentionSpec(pv1.ChunkedLocalAttentionSpec):
         self.__post_init__()
 
 
+@dataclass(frozen=True, init=False)
+class CrossAttentionSpec(pv1.CrossAttentionSpec):
+    """vLLM's ``CrossAttentionSpec(block_size, num_kv_heads, head_size, dtype, ...)``
+    over pagedkv's."""
+
+    def __init__(
+        self,
+        block_size: int,
+        num_kv_heads: int = 1,
+        head_size: int = 1,
+        dtype: Any = None,
+        **more: Any,
+    ) -> None:
+        _attention_fields(
+            self, "CrossAttentionSpec", block_size, num_kv_heads, head_size, dtype, more
+        )
+        self.__post_init__()
+
+
+@dataclass(frozen=True, init=False)
+class MambaSpec(pv1.MambaSpec):
+    """vLLM's ``MambaSpec(block_size, shapes, dtypes, ..., mamba_cache_mode,
+    num_speculative_blocks, ...)`` over pagedkv's, ``page_size_bytes`` from the state
+    shapes and dtypes (or ``page_size_padded``); prefill checkpoint blocks are out of
+    scope (Mamba)."""
+
+    shapes: Any = ()
+    dtypes: Any = ()
+
+    def __init__(
+        self,
+        block_size: int,
+        shapes: Any = (),
+        dtypes: Any = (),
+        state_alignment: int = 1,
+        page_size_padded: int | None = None,
+        mamba_type: object = None,
+        mamba_cache_mode: str = "none",
+        num_speculative_blocks: int = 0,
+        num_prefill_checkpoint_blocks: int = 0,
+        prefill_checkpoint_alignment: int | None = None,
+        **more: Any,
+    ) -> None:
+        _only_default(
+            MAMBA, "MambaSpec(num_prefill_checkpoint_blocks", num_prefill_checkpoint_blocks, 0
+        )
+        _only_default(MAMBA, "MambaSpec(prefill_checkpoint_alignment", prefill_checkpoint_alignment)
+        size = 0
+        for shape, dtype in zip(shapes, dtypes, strict=False):
+            n = _dtype_size(dtype)
+            for d in shape if isinstance(shape, tuple | list) else (shape,):
+                n *= d
+            size += -(-n // state_alignment) * state_alignment
+        setter = object.__setattr__
+        setter(self, "block_size", block_size)
+        setter(self, "mamba_cache_mode", mamba_cache_mode)
+        setter(self, "num_speculative_blocks", num_speculative_blocks)
+        setter(self, "page_size_bytes", page_size_padded or max(size, 1))
+        setter(self, "shapes", shapes)
+        setter(self, "dtypes", dtypes)
+        self.__post_init__()
+
+
 class KVCacheGroupSpec(pv1.KVCacheGroupSpec):
     """vLLM's ``KVCacheGroupSpec(layer_names, kv_cache_spec, ...)``; an EAGLE group, a
     host-resident group or a HiSparse role is out of scope. Not a dataclass of its own:
-    vLLM's fields stay writable (see ``__setattr__``), pagedkv's frozen."""
+    vLLM's fields stay writable (see ``__setattr__``: the spec too, which a test may
+    replace before building a manager), pagedkv's others frozen."""
 
     is_eagle_group: bool = False
     host_resident: bool = False
@@ -470,7 +534,7 @@ class KVCacheGroupSpec(pv1.KVCacheGroupSpec):
             _only_default(EAGLE, "KVCacheGroupSpec.is_eagle_group", value, False)
         elif name == "host_resident":
             _only_default(HISPARSE, "KVCacheGroupSpec.host_resident", value, False)
-        elif name != "enable_kv_transfer":
+        elif name not in ("enable_kv_transfer", "kv_cache_spec"):
             super().__setattr__(name, value)
             return
         object.__setattr__(self, name, value)
@@ -614,7 +678,13 @@ class BlockPool(pv1.BlockPool):
 
 
 #: the group kinds pagedkv.v1 manages
-_KINDS = (pv1.FullAttentionSpec, pv1.SlidingWindowSpec, pv1.ChunkedLocalAttentionSpec)
+_KINDS = (
+    pv1.FullAttentionSpec,
+    pv1.SlidingWindowSpec,
+    pv1.ChunkedLocalAttentionSpec,
+    pv1.MambaSpec,
+    pv1.CrossAttentionSpec,
+)
 
 
 def _check_config(config: pv1.KVCacheConfig, enable_caching: bool) -> None:
@@ -688,8 +758,9 @@ class KVCacheManager(pv1.KVCacheManager):
         )
 
     def new_step_starts(self) -> None:
-        """vLLM's per-step hook, for Mamba's per-step state: pagedkv has no Mamba group,
-        so nothing to do."""
+        """vLLM's per-step hook, for Mamba's per-step state (the deferral of a hit on a
+        state cached in the same step): pagedkv's manager has no step, so nothing to
+        do."""
 
 
 class _VllmManagerCalls(pv1.SingleTypeKVCacheManager):
@@ -717,6 +788,15 @@ class _VllmManagerCalls(pv1.SingleTypeKVCacheManager):
         return super().get_num_blocks_to_allocate(
             request_id, num_tokens, new_computed_blocks, total_computed_tokens, apply_admission_cap
         )
+
+    def remove_skipped_blocks(  # vLLM's keywords
+        self,
+        request_id: str,
+        processed_computed_tokens: int = 0,
+        num_prompt_tokens: int | None = None,
+    ) -> None:
+        """pagedkv's, on the processed-token count (the prompt length is R-SWA's)."""
+        super().remove_skipped_blocks(request_id, processed_computed_tokens)
 
     def add_local_computed_blocks(  # vLLM's arguments: local and external counts
         self,
@@ -857,6 +937,90 @@ class SlidingWindowManager(_VllmWindowed, pv1.SlidingWindowManager):
     """vLLM's ``SlidingWindowManager`` over pagedkv's (:class:`_VllmWindowed`)."""
 
 
+class MambaManager(_VllmWindowed, pv1.MambaManager):
+    """vLLM's ``MambaManager`` over pagedkv's (:class:`_VllmWindowed`): the main
+    model's token count reaches ``align`` mode (its lookahead slots get no block)."""
+
+    def get_num_blocks_to_allocate(  # type: ignore[override]  # vLLM's arguments
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[pv1.KVCacheBlock],
+        total_computed_tokens: int,
+        num_local_computed_tokens: int = 0,
+        num_tokens_main_model: int | None = None,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        """pagedkv's, when the hit is whole blocks."""
+        if new_computed_blocks and num_local_computed_tokens % self.block_size:
+            _out(MAMBA, "a partial local hit (fine-grained hashes)")
+        return pv1.MambaManager.get_num_blocks_to_allocate(
+            self,
+            request_id,
+            num_tokens,
+            new_computed_blocks,
+            total_computed_tokens,
+            apply_admission_cap,
+            num_tokens_main_model,
+        )
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
+    ) -> list[pv1.KVCacheBlock]:
+        """pagedkv's, with the main model's count."""
+        return pv1.MambaManager.allocate_new_blocks(
+            self, request_id, num_tokens, num_tokens_main_model
+        )
+
+
+class CrossAttentionManager(pv1.CrossAttentionManager):
+    """vLLM's ``CrossAttentionManager`` over pagedkv's: vLLM's constructor arguments
+    and the no-op adoptions with vLLM's counts."""
+
+    find_longest_cache_hit = _VllmLookup()  # vLLM's signature (pagedkv: caching off)
+
+    def __init__(
+        self,
+        kv_cache_spec: pv1.KVCacheSpec,
+        block_pool: pv1.BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int | None = None,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        needs_kv_cache_zeroing: bool = False,
+    ) -> None:
+        _window_manager_args(
+            "CrossAttentionManager", dcp_world_size, pcp_world_size, needs_kv_cache_zeroing
+        )
+        super().__init__(
+            kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, scheduler_block_size
+        )
+
+    def add_local_computed_blocks(  # vLLM's arguments: local and external counts
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[pv1.KVCacheBlock],
+        num_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> None:
+        """pagedkv's (nothing to adopt)."""
+        total = num_local_computed_tokens + num_external_computed_tokens
+        super().add_local_computed_blocks(request_id, new_computed_blocks, total)
+
+    def allocate_external_computed_blocks(  # vLLM's keywords
+        self,
+        request_id: str,
+        num_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        record_for_zeroing: bool = True,
+    ) -> None:
+        """pagedkv's (nothing: a connector loads the decoder's tokens only)."""
+        total = num_local_computed_tokens + num_external_computed_tokens
+        super().allocate_external_computed_blocks(request_id, total)
+
+
 class ChunkedLocalAttentionManager(_VllmWindowed, pv1.ChunkedLocalAttentionManager):
     """vLLM's ``ChunkedLocalAttentionManager`` over pagedkv's (:class:`_VllmWindowed`)."""
 
@@ -874,6 +1038,10 @@ def get_manager_for_kv_cache_spec(
         _out(HISPARSE, f"get_manager_for_kv_cache_spec(role={role!r})")
     if isinstance(kv_cache_spec, pv1.FullAttentionSpec):
         return FullAttentionManager(kv_cache_spec, **kwargs)
+    if isinstance(kv_cache_spec, pv1.MambaSpec):
+        return MambaManager(kv_cache_spec, **kwargs)
+    if isinstance(kv_cache_spec, pv1.CrossAttentionSpec):
+        return CrossAttentionManager(kv_cache_spec, **kwargs)
     if not isinstance(kv_cache_spec, _KINDS):
         _out(HYBRID, f"a manager for {type(kv_cache_spec).__name__}")
     for key in ("dcp_world_size", "pcp_world_size", "needs_kv_cache_zeroing"):
@@ -1225,6 +1393,8 @@ MAPPED: dict[str, Callable[[types.ModuleType], None]] = {
             "FullAttentionManager": FullAttentionManager,
             "SlidingWindowManager": SlidingWindowManager,
             "ChunkedLocalAttentionManager": ChunkedLocalAttentionManager,
+            "MambaManager": MambaManager,
+            "CrossAttentionManager": CrossAttentionManager,
             "get_manager_for_kv_cache_spec": get_manager_for_kv_cache_spec,
         }
     ),
@@ -1242,6 +1412,8 @@ MAPPED: dict[str, Callable[[types.ModuleType], None]] = {
             "FullAttentionSpec": FullAttentionSpec,
             "SlidingWindowSpec": SlidingWindowSpec,
             "ChunkedLocalAttentionSpec": ChunkedLocalAttentionSpec,
+            "MambaSpec": MambaSpec,
+            "CrossAttentionSpec": CrossAttentionSpec,
             "KVCacheGroupSpec": KVCacheGroupSpec,
             "KVCacheTensor": KVCacheTensor,
             "KVCacheConfig": KVCacheConfig,
@@ -1282,8 +1454,6 @@ MAPPED: dict[str, Callable[[types.ModuleType], None]] = {
 #: The reason of a stub, by the last part of its name (checked before the module's).
 NAME_REASONS: dict[str, str] = {
     # kv_cache_interface
-    "MambaSpec": MAMBA,
-    "MambaManager": MAMBA,
     "compute_mamba_prefill_checkpoints": MAMBA,
     "new_mamba_spec": MAMBA,
     "MLAAttentionSpec": MLA,
@@ -1353,6 +1523,14 @@ VLLM_ONLY: dict[str, str] = {
     "reachable_block_mask": WINDOW,  # sparse retention (pagedkv: cache_mask, dense only)
     "transfer_group_ids": CONNECTORS,  # KVCacheConfig
     "merge": MERGING,  # KVCacheSpec
+    # Mamba align's 0.34.0 machinery pagedkv does not model (docs/design.md, section 7)
+    "_relocate_speculative_block": MAMBA,  # private (pagedkv relocates inside allocation)
+    "last_state_block_idx": MAMBA,  # not kept: its frees are remove_skipped_blocks' own
+    "cached_blocks_this_step": MAMBA,  # the same-step hit deferral
+    "_checkpoints": MAMBA,  # prefill checkpoint blocks
+    "_partial_hit_reqs": MAMBA,  # partial-hit copy-on-write
+    "take_pending_boundary_state_offloads": CONNECTORS,
+    "take_boundary_state_offloads": CONNECTORS,
 }
 
 #: Handled by the import hook: these packages and everything under them.
@@ -1593,6 +1771,35 @@ DOCUMENTED: tuple[Documented, ...] = (
         "vLLM internals",
         "vLLM memoises per-block prompt-embeds digests; pagedkv recomputes them (same digests)",
         "num_tensor_data_calls",
+    ),
+    Documented(
+        "test_hybrid_cache_mamba_align_shared_prefix_detection",
+        "not modelled",
+        "Mamba align's shared-prefix junction (get_computed_blocks' third value): pagedkv "
+        "returns 0",
+        "shared_prefix_boundary == 2 * block_size",
+    ),
+    Documented(
+        "test_mamba_shared_prefix_reuse_under_zero_retention",
+        "not modelled",
+        "Mamba align's shared-prefix junction and the state kept there: pagedkv detects none",
+        "junction detected",
+    ),
+    Documented(
+        "test_lookahead_checkpoint_has_available_hash",
+        "not modelled",
+        "Mamba's partial-tail state entry (a state cached at a hash-block boundary inside a "
+        "Mamba block): pagedkv caches whole Mamba blocks only",
+        "assert blocks is not None",
+        count=2,
+    ),
+    Documented(
+        "test_mamba_partial_hit_requires_matching_lookahead_tokens",
+        "not modelled",
+        "Mamba's fine-grained partial hits (a hit inside a Mamba block): pagedkv hits at "
+        "whole Mamba blocks only",
+        "assert num_computed == (boundary if diverge_offset",
+        count=3,
     ),
 )
 

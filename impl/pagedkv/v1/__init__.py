@@ -13,7 +13,7 @@ names and with vLLM 0.34.0's semantics, checked against the executable spec in
   result type :class:`KVCacheBlocks`;
 - KV events (:class:`BlockStored`, :class:`BlockRemoved`, :class:`AllBlocksCleared`).
 
-Torch-free. The invariants are V1-1 .. V1-16 of :mod:`pagedkv_spec.invariants`.
+Torch-free. The invariants are V1-1 .. V1-18 of :mod:`pagedkv_spec.invariants`.
 """
 
 from __future__ import annotations
@@ -47,11 +47,13 @@ from pagedkv.v1.hashing import (
 from pagedkv.v1.kv_cache_interface import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheSpec,
     KVCacheTensor,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from pagedkv.v1.kv_cache_manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
@@ -64,7 +66,9 @@ from pagedkv.v1.request import (
 )
 from pagedkv.v1.single_type_manager import (
     ChunkedLocalAttentionManager,
+    CrossAttentionManager,
     FullAttentionManager,
+    MambaManager,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
     get_manager_for_kv_cache_spec,
@@ -81,6 +85,8 @@ __all__ = [
     "BlockStored",
     "ChunkedLocalAttentionManager",
     "ChunkedLocalAttentionSpec",
+    "CrossAttentionManager",
+    "CrossAttentionSpec",
     "FreeKVCacheBlockQueue",
     "FullAttentionManager",
     "FullAttentionSpec",
@@ -96,6 +102,8 @@ __all__ = [
     "KVCacheSpec",
     "KVCacheTensor",
     "LoRARequest",
+    "MambaManager",
+    "MambaSpec",
     "MultiModalFeatureSpec",
     "PlaceholderRange",
     "PrefixCacheStats",

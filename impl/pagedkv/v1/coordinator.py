@@ -8,6 +8,14 @@ block size) and :class:`HybridKVCacheCoordinator` (several groups: a fixpoint ov
 their kinds' lookup rules, so every group ends with the same hit length, aligned to
 the scheduler block size, the LCM of the groups' block sizes).
 
+A Mamba group (:class:`~pagedkv.v1.single_type_manager.MambaManager`) takes part like
+a windowed one: its lookup rule joins the fixpoint (one state block at an aligned
+boundary), its ``remove_skipped_blocks`` runs at each allocation's first stage, and its
+``align`` mode is told the token count without lookahead slots. A cross-attention group
+(:class:`~pagedkv.v1.single_type_manager.CrossAttentionManager`) is asked for the
+request's ``num_encoder_tokens`` slots instead of the decoder's, and refuses caching, so
+encoder-decoder models use the no-cache coordinator.
+
 Adoption is two-phase, as vLLM's since its fix of the cross-group eviction bug:
 first every group touches its hit, then groups allocate blocks for external
 tokens, so no group's allocation evicts a block another group just hit.
@@ -24,7 +32,9 @@ from pagedkv.v1.block_pool import BlockPool
 from pagedkv.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
 from pagedkv.v1.request import Request
 from pagedkv.v1.single_type_manager import (
+    CrossAttentionManager,
     FullAttentionManager,
+    MambaManager,
     SingleTypeKVCacheManager,
     get_manager_for_kv_cache_spec,
 )
@@ -87,6 +97,11 @@ class KVCacheCoordinator(ABC):
             for m in self.single_type_managers
             if type(m).get_num_skipped_tokens is not SingleTypeKVCacheManager.get_num_skipped_tokens
         )
+        #: whether every group is an attention kind over the decoder's tokens (the
+        #: plain path counts and grows tables by the token count alone)
+        self._plain = not any(
+            isinstance(m, MambaManager | CrossAttentionManager) for m in self.single_type_managers
+        )
         self._setup()
 
     def _check(self, kv_cache_config: KVCacheConfig, hash_block_size: int) -> None:  # noqa: B027  # a hook: most coordinators take any configuration
@@ -103,18 +118,25 @@ class KVCacheCoordinator(ABC):
         new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_tokens_main_model: int | None = None,
+        num_encoder_tokens: int = 0,
     ) -> int:
-        """Blocks every group together needs from the pool."""
-        return sum(
-            m.get_num_blocks_to_allocate(
+        """Blocks every group together needs from the pool (a cross-attention group:
+        for ``num_encoder_tokens`` slots, without a hit)."""
+        count = 0
+        for i, m in enumerate(self.single_type_managers):
+            if isinstance(m, CrossAttentionManager):
+                count += m.get_num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0)
+                continue
+            count += m.get_num_blocks_to_allocate(
                 request_id,
                 num_tokens,
                 new_computed_blocks[i],
                 total_computed_tokens,
                 apply_admission_cap,
+                num_tokens_main_model,
             )
-            for i, m in enumerate(self.single_type_managers)
-        )
+        return count
 
     def allocate_new_computed_blocks(
         self,
@@ -130,16 +152,29 @@ class KVCacheCoordinator(ABC):
             for m in self.single_type_managers:
                 m.allocate_external_computed_blocks(request_id, total_computed_tokens)
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> Blocks:
-        """Grow every group's table to hold ``num_tokens`` slots; the new blocks."""
+    def allocate_new_blocks(
+        self,
+        request_id: str,
+        num_tokens: int,
+        num_tokens_main_model: int | None = None,
+        num_encoder_tokens: int = 0,
+    ) -> Blocks:
+        """Grow every group's table to hold ``num_tokens`` slots (a cross-attention
+        group: ``num_encoder_tokens``); the new blocks."""
         return tuple(
-            m.allocate_new_blocks(request_id, num_tokens) for m in self.single_type_managers
+            m.allocate_new_blocks(request_id, num_encoder_tokens)
+            if isinstance(m, CrossAttentionManager)
+            else m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+            for m in self.single_type_managers
         )
 
     def holds_computed(self, request: Request) -> bool:
         """Whether every group's table of ``request`` covers its computed tokens (a
         running request; or a new one, holding nothing and having computed nothing): then
-        a call without a hit or external tokens may take :meth:`allocate_plain`. O(groups)."""
+        a call without a hit or external tokens may take :meth:`allocate_plain` (never
+        with a Mamba or cross-attention group, whose tables follow other counts). O(groups)."""
+        if not self._plain:
+            return False
         n = request.num_computed_tokens
         rid = request.request_id
         for m in self.single_type_managers:

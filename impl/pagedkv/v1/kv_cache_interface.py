@@ -7,7 +7,11 @@ and the groups. The attention kinds share :class:`AttentionSpec` (what sizes a
 block): full attention (:class:`FullAttentionSpec`), sliding window
 (:class:`SlidingWindowSpec`: a token attends to the last ``sliding_window`` tokens)
 and chunked local attention (:class:`ChunkedLocalAttentionSpec`: a token attends to
-the tokens of its own ``attention_chunk_size`` chunk). A model whose layers are of
+the tokens of its own ``attention_chunk_size`` chunk). :class:`MambaSpec` is a
+state-space (linear attention) layer: it keeps one recurrent state per request, not a
+token's KV, so a block holds the state after the block's last token.
+:class:`CrossAttentionSpec` is an encoder-decoder model's cross-attention: its blocks
+hold the encoder's tokens, allocated once per request. A model whose layers are of
 several kinds has one group per kind (a *hybrid*).
 """
 
@@ -19,15 +23,23 @@ from pagedkv._validate import require_int
 from pagedkv_spec.errors import InvalidKVCacheManagerConfigError
 
 __all__ = [
+    "MAMBA_CACHE_MODES",
     "AttentionSpec",
     "ChunkedLocalAttentionSpec",
+    "CrossAttentionSpec",
     "FullAttentionSpec",
     "KVCacheConfig",
     "KVCacheGroupSpec",
     "KVCacheSpec",
     "KVCacheTensor",
+    "MambaSpec",
     "SlidingWindowSpec",
 ]
+
+#: vLLM's ``mamba_cache_mode`` values pagedkv manages: ``"none"`` (no prefix caching:
+#: one running state block per request, plus the speculative ones) and ``"align"``
+#: (prefix caching: a state block at each block boundary a hit may end on)
+MAMBA_CACHE_MODES = ("none", "align")
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,50 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
             self.attention_chunk_size,
             InvalidKVCacheManagerConfigError,
             low=1,
+        )
+
+
+@dataclass(frozen=True)
+class CrossAttentionSpec(AttentionSpec):
+    """Cross-attention of an encoder-decoder model (Whisper): the decoder attends to
+    the encoder's tokens, whose KV is computed once per request. Its blocks hold the
+    request's ``num_encoder_tokens`` slots, allocated at once and never cached (the
+    encoder's input is the request's own)."""
+
+    kind = "cross_attention"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MambaSpec(KVCacheSpec):
+    """A Mamba (state-space) layer: one recurrent state per request, not a KV per
+    token; block ``i`` holds the state after token ``(i + 1) * block_size``.
+    ``mamba_cache_mode``: ``"none"`` (caching off; vLLM then makes ``block_size`` the
+    model length, so a request holds one state block) or ``"align"`` (prefix caching:
+    the states at block boundaries are kept and cached, the slots between are null);
+    ``num_speculative_blocks``: scratch state blocks for draft tokens (MTP/EAGLE).
+    ``page_size_bytes`` sizes one state (not read by the manager)."""
+
+    mamba_cache_mode: str = "none"
+    num_speculative_blocks: int = 0
+    page_size_bytes: int = 1
+
+    kind = "mamba"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise InvalidKVCacheManagerConfigError(
+                f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, got "
+                f"{self.mamba_cache_mode!r:.40}"
+            )
+        require_int(
+            "num_speculative_blocks",
+            self.num_speculative_blocks,
+            InvalidKVCacheManagerConfigError,
+            low=0,
+        )
+        require_int(
+            "page_size_bytes", self.page_size_bytes, InvalidKVCacheManagerConfigError, low=1
         )
 
 

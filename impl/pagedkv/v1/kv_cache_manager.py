@@ -39,13 +39,23 @@ from pagedkv.v1.kv_cache_interface import KVCacheConfig, SlidingWindowSpec
 from pagedkv.v1.request import Request, RequestStatus
 from pagedkv.v1.single_type_manager import (
     ChunkedLocalAttentionManager,
+    CrossAttentionManager,
     FullAttentionManager,
+    MambaManager,
     SingleTypeKVCacheManager,
     SlidingWindowManager,
 )
 from pagedkv_spec.errors import InvalidAllocationError, InvalidKVCacheManagerConfigError
 from pagedkv_spec.invariants import check
-from pagedkv_spec.v1.manager import CHUNKED, FULL, SLIDING, GroupSpec, ManagerState
+from pagedkv_spec.v1.manager import (
+    CHUNKED,
+    CROSS,
+    FULL,
+    MAMBA,
+    SLIDING,
+    GroupSpec,
+    ManagerState,
+)
 
 __all__ = ["KVCacheBlocks", "KVCacheManager", "PrefixCacheStats"]
 
@@ -306,6 +316,8 @@ class KVCacheManager:
         ``max_model_len``) would fit now (an admission gate for chunked prefill);
         ``reserved_blocks``: free blocks to leave for requests already in flight;
         ``has_scheduled_reqs``: whether the watermark applies to a waiting request;
+        ``num_encoder_tokens``: a cross-attention group's slots (the encoder's tokens,
+        which the scheduler passes at the request's first step; 0 afterwards);
         ``skip_zeroing_group_ids``: accepted for vLLM's signature (pagedkv hands out no
         block ids for zeroing).
 
@@ -388,19 +400,24 @@ class KVCacheManager:
         if has_scheduled_reqs and request.status in _WATERMARKED:
             watermark = self.watermark_blocks
         need = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        main = total + num_new_tokens  # without lookahead slots (Mamba's align mode)
         free = self.block_pool.get_num_free_blocks()
         if full_sequence_must_fit:
             whole = min(request.num_tokens, self.max_model_len)
-            wanted = coordinator.get_num_blocks_to_allocate(rid, whole, hits, total, True)
+            wanted = coordinator.get_num_blocks_to_allocate(
+                rid, whole, hits, total, True, whole, num_encoder_tokens
+            )
             if wanted + watermark > free:
                 return None
         coordinator.remove_skipped_blocks(rid, max(0, total - request.num_in_flight_tokens))
-        wanted = coordinator.get_num_blocks_to_allocate(rid, need, hits, total)
+        wanted = coordinator.get_num_blocks_to_allocate(
+            rid, need, hits, total, False, main, num_encoder_tokens
+        )
         if wanted + watermark > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
         if num_new_computed_tokens or num_external_computed_tokens:
             coordinator.allocate_new_computed_blocks(rid, hits, total, num_external_computed_tokens)
-        new = coordinator.allocate_new_blocks(rid, need)
+        new = coordinator.allocate_new_blocks(rid, need, main, num_encoder_tokens)
         if not delay_cache_blocks and self.enable_caching:
             coordinator.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
         return self._blocks(new)
@@ -541,12 +558,15 @@ class KVCacheManager:
         other groups' under ``"<id>@<group>"``). O(pool + table entries)."""
         tables: list[tuple[str, tuple[int, ...]]] = []
         cached: list[tuple[str, int]] = []
+        mamba: list[tuple[str, tuple[bool, int]]] = []
         for g, m in enumerate(self.coordinator.single_type_managers):
             suffix = "" if g == 0 else f"@{g}"
             tables += [
                 (r + suffix, tuple(b.block_id for b in t)) for r, t in m.req_to_blocks.items()
             ]
             cached += [(r + suffix, n) for r, n in m.num_cached_block.items()]
+            if isinstance(m, MambaManager):
+                mamba += [(r + suffix, entry) for r, entry in m.align_bookkeeping()]
         managers = self.coordinator.single_type_managers
         return ManagerState(
             pool=self.block_pool.to_spec(),
@@ -559,16 +579,18 @@ class KVCacheManager:
             groups=tuple(_group_spec(m) for m in managers),
             hash_block_size=self.block_pool.hash_block_size,
             alignment=self.scheduler_block_size,
+            mamba=tuple(mamba),
         )
 
     def check_invariants(self) -> None:
-        """Check the pool's and the tables' invariants (V1-1..V1-4, V1-10, V1-13) with the
+        """Check the pool's and the tables' invariants (V1-1..V1-4, V1-10, V1-13, V1-17,
+        V1-18) with the
         spec's predicates; InvariantViolationError names the first broken one.
         O(pool + tables)."""
         state = self.to_spec()
         where = repr(self)
         check("v1", state.pool, where, ids=("V1-1", "V1-3", "V1-4"))
-        check("v1", state, where, ids=("V1-2", "V1-10", "V1-13"))
+        check("v1", state, where, ids=("V1-2", "V1-10", "V1-13", "V1-17", "V1-18"))
 
     def __repr__(self) -> str:
         return (
@@ -583,4 +605,13 @@ def _group_spec(m: SingleTypeKVCacheManager) -> GroupSpec:
         return GroupSpec(SLIDING, m.block_size, m.sliding_window, m.max_admission_blocks)
     if isinstance(m, ChunkedLocalAttentionManager):
         return GroupSpec(CHUNKED, m.block_size, m.attention_chunk_size, m.max_admission_blocks)
+    if isinstance(m, MambaManager):
+        return GroupSpec(
+            MAMBA,
+            m.block_size,
+            mamba_cache_mode=m.mamba_cache_mode,
+            num_speculative_blocks=m.num_speculative_blocks,
+        )
+    if isinstance(m, CrossAttentionManager):
+        return GroupSpec(CROSS, m.block_size)
     return GroupSpec(FULL, m.block_size)

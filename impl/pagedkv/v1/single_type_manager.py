@@ -1,7 +1,9 @@
 """The per-group managers: each group's block tables over the shared pool.
 
 vLLM V1's ``SingleTypeKVCacheManager`` and its kinds: :class:`FullAttentionManager`,
-:class:`SlidingWindowManager`, :class:`ChunkedLocalAttentionManager`. A manager
+:class:`SlidingWindowManager`, :class:`ChunkedLocalAttentionManager`,
+:class:`MambaManager` (a state-space layer's state blocks) and
+:class:`CrossAttentionManager` (an encoder-decoder model's encoder tokens). A manager
 holds, per request, the group's block table (``req_to_blocks``) and how many of its
 blocks are cached (``num_cached_block``, set at the request's first adoption or
 caching); it asks the pool for blocks and references and never writes a block
@@ -29,16 +31,20 @@ from pagedkv.v1.block import KVCacheBlock, make_block_hash_with_group_id
 from pagedkv.v1.block_pool import BlockPool
 from pagedkv.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from pagedkv.v1.request import Request
-from pagedkv_spec.errors import InvalidKVCacheManagerConfigError
+from pagedkv_spec.errors import BlockPoolError, InvalidKVCacheManagerConfigError
 
 __all__ = [
     "ChunkedLocalAttentionManager",
+    "CrossAttentionManager",
     "FullAttentionManager",
+    "MambaManager",
     "SingleTypeKVCacheManager",
     "SlidingWindowManager",
     "get_manager_for_kv_cache_spec",
@@ -88,11 +94,14 @@ class SingleTypeKVCacheManager:
         new_computed_blocks: Sequence[KVCacheBlock],
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_tokens_main_model: int | None = None,
     ) -> int:
         """Blocks the pool must hand out for ``num_tokens`` slots: new ones, plus the
         hit blocks that are cached-free (touching them takes them off the queue).
         ``apply_admission_cap``: a whole-sequence admission check, where a windowed kind
-        counts at most :attr:`max_admission_blocks` (it frees as it goes)."""
+        counts at most :attr:`max_admission_blocks` (it frees as it goes).
+        ``num_tokens_main_model``: ``num_tokens`` without the lookahead slots (read by
+        Mamba's ``align`` mode only)."""
         required = cdiv(num_tokens, self.block_size)
         if apply_admission_cap and self.max_admission_blocks is not None:
             required = min(required, self.max_admission_blocks)
@@ -139,8 +148,11 @@ class SingleTypeKVCacheManager:
         if n > 0:
             blocks.extend(self.block_pool.get_new_blocks(n))
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
-        """Grow the table to ``cdiv(num_tokens, block_size)`` blocks; the new blocks."""
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
+    ) -> list[KVCacheBlock]:
+        """Grow the table to ``cdiv(num_tokens, block_size)`` blocks; the new blocks
+        (``num_tokens_main_model``: read by Mamba's ``align`` mode only)."""
         blocks = self.req_to_blocks.setdefault(request_id, [])
         n = cdiv(num_tokens, self.block_size) - len(blocks)
         if n <= 0:
@@ -448,6 +460,251 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         return out, len(out[0]) * bs
 
 
+class MambaManager(SingleTypeKVCacheManager):
+    """A Mamba (state-space) group: a request needs only its latest state, so every
+    block before the one holding the state after the last computed token is freed
+    (:meth:`get_num_skipped_tokens`: all but the last token) and its slot nulled.
+
+    ``mamba_cache_mode="none"`` (caching off): the full-attention table rule, plus
+    ``num_speculative_blocks`` scratch blocks; with vLLM's block size (the model
+    length) a request holds 1 + ``num_speculative_blocks`` blocks.
+
+    ``mamba_cache_mode="align"`` (prefix caching): lookahead slots get no block, and a
+    step allocates at most one state block (1 + ``num_speculative_blocks`` on the first
+    allocation) at the end of the slots its tokens reach, the slots between being null
+    pads; so only block boundaries a step ends on hold a state. A full state block is
+    cached under its block's hash, and a hit is one such block at an aligned boundary
+    (:meth:`lookup`), the slots before it null. Once the computed tokens pass a state
+    (the one the step copied from included), it is freed. A scratch block the tokens
+    overtook is relocated to the table's end (its slot nulled), only if the request
+    owns it alone and it is not cached (else BlockPoolError, before any change).
+
+    vLLM also records the slot the step copies from (``last_state_block_idx``) and frees
+    it once the tokens pass its block; that slot always lies in the range
+    :meth:`remove_skipped_blocks` retires at the same count (with whole-block hits: no
+    partial-hit copy-on-write here), so pagedkv does not keep it: the same frees.
+
+    Complexity: as the base class; a lookup is O(blocks searched + hit length), an
+    ``align`` allocation O(pads + speculative blocks + new blocks)."""
+
+    def _configure(self) -> None:
+        spec = self.kv_cache_spec
+        if not isinstance(spec, MambaSpec):
+            raise InvalidKVCacheManagerConfigError(
+                f"a MambaManager needs a MambaSpec, got {type(spec).__name__}"
+            )
+        self.mamba_cache_mode = spec.mamba_cache_mode
+        self.num_speculative_blocks = spec.num_speculative_blocks
+        if self.enable_caching and self.mamba_cache_mode != "align":
+            raise InvalidKVCacheManagerConfigError(
+                f"Mamba prefix caching needs mamba_cache_mode='align', got "
+                f"{self.mamba_cache_mode!r}; turn caching off or use 'align'"
+            )
+        #: align: the requests whose first state allocation is done
+        self._allocated_block_reqs: set[str] = set()
+        #: align: request -> slots below this were retired (freed and nulled) already
+        self._num_retired_blocks: dict[str, int] = {}
+
+    @property
+    def align_mode(self) -> bool:
+        """Whether the group keeps states at block boundaries (``"align"``)."""
+        return self.mamba_cache_mode == "align"
+
+    def align_bookkeeping(self) -> list[tuple[str, tuple[bool, int]]]:
+        """Per request of the ``align`` bookkeeping, by id: (first state allocation
+        done, the slots retired), as the spec states it. O(requests)."""
+        done, retired = self._allocated_block_reqs, self._num_retired_blocks
+        return [(r, (r in done, retired.get(r, 0))) for r in sorted(done | retired.keys())]
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """Every token but the last: only the latest state is read."""
+        return max(0, num_computed_tokens - 1)
+
+    def _align_plan(
+        self, request_id: str, prev: int, num_tokens_main_model: int
+    ) -> tuple[int, int, range]:
+        """An ``align`` allocation from a table of ``prev`` slots: (the new blocks, the
+        slot the pads reach, the scratch slots relocated). O(1)."""
+        spec = self.num_speculative_blocks
+        required = cdiv(num_tokens_main_model, self.block_size) + spec
+        if required <= prev:
+            return 0, prev, range(0)
+        skipped = required - spec - 1
+        moved = range(0)
+        if request_id in self._allocated_block_reqs:
+            moved = range(max(0, prev - spec), min(prev, skipped))
+        return required - max(prev, skipped) - len(moved), skipped, moved
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        apply_admission_cap: bool = False,
+        num_tokens_main_model: int | None = None,
+    ) -> int:
+        """``"none"``: the base count with the speculative blocks' slots. ``"align"``:
+        what the adoption (cached-free hit blocks kept, blocks for external tokens) and
+        the allocation will take, exactly (vLLM's count leaves out the external-token
+        blocks, and may go negative for a table longer than needed). O(hit)."""
+        spec = self.num_speculative_blocks
+        if not self.align_mode:
+            return super().get_num_blocks_to_allocate(
+                request_id,
+                num_tokens + spec * self.block_size,
+                new_computed_blocks,
+                total_computed_tokens,
+                apply_admission_cap,
+            )
+        main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
+        held = len(self.req_to_blocks.get(request_id, ()))
+        taken = 0
+        if not held and request_id not in self.num_cached_block:
+            # a fresh request: the slots its adoption leaves (add_local_computed_blocks,
+            # allocate_external_computed_blocks)
+            skipped = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+            kept = new_computed_blocks[skipped:]
+            taken = [b.ref_cnt for b in kept].count(0) - kept.count(self._null_block)
+            held = skipped + len(kept)
+            if total_computed_tokens > len(new_computed_blocks) * self.block_size:
+                ext = max(0, cdiv(total_computed_tokens, self.block_size) - held)
+                taken += ext
+                held += ext
+        return taken + self._align_plan(request_id, held, main)[0]
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
+    ) -> list[KVCacheBlock]:
+        """``"none"``: the base rule with the speculative blocks' slots. ``"align"``
+        (class docstring): pads to the new state slot, the overtaken scratch blocks
+        relocated, then the new blocks; the table's new tail (pads, relocated and new
+        blocks, as vLLM returns it)."""
+        spec = self.num_speculative_blocks
+        if not self.align_mode:
+            return super().allocate_new_blocks(request_id, num_tokens + spec * self.block_size)
+        main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
+        blocks = self.req_to_blocks.setdefault(request_id, [])
+        prev = len(blocks)
+        n, skipped, moved = self._align_plan(request_id, prev, main)
+        if n == 0:
+            self._allocated_block_reqs.add(request_id)
+            return []
+        for i in moved:  # before any change: state unchanged on the error
+            b = blocks[i]
+            if not b.is_null and (b.ref_cnt != 1 or b.block_hash is not None):
+                raise BlockPoolError(
+                    f"cannot relocate speculative Mamba block {b.block_id} of request "
+                    f"{request_id!r}: it is shared (ref_cnt {b.ref_cnt}) or cached; a "
+                    "scratch block is the request's own"
+                )
+        self._allocated_block_reqs.add(request_id)
+        null = self._null_block
+        if prev < skipped:
+            blocks.extend([null] * (skipped - prev))
+        for i in moved:
+            blocks.append(blocks[i])
+            blocks[i] = null
+        blocks.extend(self.block_pool.get_new_blocks(n))
+        return blocks[prev:]
+
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        """``"none"``: the base rule. ``"align"``: free every state block before the
+        last computed token's (slots below the retired mark skipped, pads passed over).
+        O(slots newly retired)."""
+        if not self.align_mode:
+            super().remove_skipped_blocks(request_id, num_computed_tokens)
+            return
+        blocks = self.req_to_blocks.get(request_id)
+        if not blocks:
+            return
+        freed = []
+        null = self._null_block
+        last = min(self.get_num_skipped_tokens(num_computed_tokens) // self.block_size, len(blocks))
+        first = self._num_retired_blocks.get(request_id, 0)
+        if first < last:
+            for i in range(last - 1, first - 1, -1):
+                if not blocks[i].is_null:
+                    freed.append(blocks[i])
+                    blocks[i] = null
+            self._num_retired_blocks[request_id] = last
+        if freed:
+            self.block_pool.free_blocks(freed)
+
+    def free(self, request_id: str) -> None:
+        """Free the request's table tail first (pads anywhere are skipped) and forget
+        its ``align`` bookkeeping. O(table length)."""
+        self._allocated_block_reqs.discard(request_id)
+        self._num_retired_blocks.pop(request_id, None)
+        blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        if blocks:
+            self.block_pool.free_blocks(blocks[::-1])
+
+    def lookup(
+        self, block_hashes: Sequence[bytes], max_length: int, group_ids: Sequence[int]
+    ) -> Hit:
+        """The last cached state block at an aligned boundary within ``max_length``
+        (searched right to left), the slots before it null pads; no hit if none.
+        O(blocks searched + hit length)."""
+        hashes = self.hashes_at_block_size(block_hashes)
+        bs, align = self.block_size, self.alignment
+        pool = self.block_pool
+        for i in range(min(max_length // bs, len(hashes)) - 1, -1, -1):
+            if ((i + 1) * bs) % align:
+                continue  # a hit cannot end here: not aligned
+            blocks = pool.get_cached_block(hashes[i], group_ids)
+            if blocks is not None:
+                pads = [self._null_block] * i
+                return tuple([*pads, b] for b in blocks), (i + 1) * bs
+        return tuple([] for _ in group_ids), 0
+
+    def cache_mask(self, start: int, end: int) -> list[bool] | None:
+        """With hits aligned to several blocks, only the state at each aligned boundary
+        can serve one; the others are not cached (V1-17)."""
+        if self.alignment == self.block_size or self.alignment % self.block_size:
+            return None
+        per = self.alignment // self.block_size
+        return [(i + 1) % per == 0 for i in range(start, end)]
+
+
+class CrossAttentionManager(SingleTypeKVCacheManager):
+    """Cross-attention of an encoder-decoder model: the coordinator asks it for the
+    request's ``num_encoder_tokens`` slots (the encoder's output, computed once), so
+    its table is allocated at the request's first step and does not grow; a hit is
+    never adopted and nothing is cached (encoder-decoder models run with caching off,
+    as in vLLM, whose config turns it off for them: the decoder's KV depends on the
+    encoder's input, which no block hash covers)."""
+
+    def _configure(self) -> None:
+        spec = self.kv_cache_spec
+        if not isinstance(spec, CrossAttentionSpec):
+            raise InvalidKVCacheManagerConfigError(
+                f"a CrossAttentionManager needs a CrossAttentionSpec, got {type(spec).__name__}"
+            )
+        if self.enable_caching:
+            raise InvalidKVCacheManagerConfigError(
+                "a cross-attention group cannot be prefix cached (the decoder's KV depends "
+                "on the encoder's input); run an encoder-decoder model with caching off"
+            )
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+    ) -> None:
+        """Nothing to adopt: no hit (caching is off) and no cached count."""
+
+    def allocate_external_computed_blocks(
+        self, request_id: str, total_computed_tokens: int
+    ) -> None:
+        """Nothing: a KV connector loads decoder tokens, not the encoder's."""
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Nothing: cross-attention blocks are never cached."""
+
+
 def get_manager_for_kv_cache_spec(
     kv_cache_spec: KVCacheSpec,
     block_pool: BlockPool,
@@ -483,7 +740,14 @@ def get_manager_for_kv_cache_spec(
         return FullAttentionManager(
             kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, alignment
         )
+    if isinstance(kv_cache_spec, MambaSpec):
+        return MambaManager(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, alignment)
+    if isinstance(kv_cache_spec, CrossAttentionSpec):
+        return CrossAttentionManager(
+            kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, alignment
+        )
     raise InvalidKVCacheManagerConfigError(
         f"no V1 manager for {type(kv_cache_spec).__name__}; pagedkv.v1 manages "
-        "FullAttentionSpec, SlidingWindowSpec and ChunkedLocalAttentionSpec groups"
+        "FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec and "
+        "CrossAttentionSpec groups"
     )

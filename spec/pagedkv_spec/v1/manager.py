@@ -10,19 +10,31 @@ State (:class:`ManagerState`):
                 ``num_cached_block``; absent until the request's first caching)
     block_size, max_model_len, caching, watermark_blocks: the configuration (one
                 full-attention group of ``block_size``-token blocks unless ``groups``)
-    groups      the groups (:class:`GroupSpec`: kind, block size, window)
+    groups      the groups (:class:`GroupSpec`: kind, block size, window, Mamba mode)
     hash_block_size, alignment: the block size hashes are computed at, and the hit
                 alignment (the LCM of the groups' block sizes)
     requests    what the machine knows of each live request (:class:`RequestView`):
                 its hashes and status; empty when only the manager is known
+    mamba       table name -> (first state allocation done, the slots retired) of a
+                Mamba ``align`` group's request (vLLM's ``_allocated_block_reqs``,
+                ``_num_retired_blocks``); absent until its first allocation (None in a
+                target's state: not reported, its tables alone are compared)
 
 The kinds' rules: a full-attention group keeps every block; a sliding-window group
 (window w) reads only the last w tokens, so after n computed tokens the blocks wholly
 before token ``n - w + 1`` leave the window; a chunked-local group (chunk c) reads only
 the current chunk, so the blocks before ``n // c * c`` leave it. Blocks that left the
 window are freed and their table positions hold the null block (0), the only change to
-a table besides growth. A lookup is the fixpoint of the kinds' hit rules
-(:func:`get_computed_blocks`), so every group ends with the same hit length.
+a table besides growth. A Mamba group (state blocks) needs only the latest state: with
+``mamba_cache_mode="none"`` it follows the window rule with a one-token window (plus
+its speculative blocks); with ``"align"`` a step allocates one state block at the end of
+the slots its tokens (not its lookahead slots) reach, null pads between, relocates
+the scratch blocks the tokens overtook to the end, and frees the states behind the last
+computed token; its hit is one cached state block at an aligned boundary. A
+cross-attention group holds the request's ``num_encoder_tokens`` slots, allocated at
+its first step, never cached (caching is off with it). A lookup is the fixpoint of the
+kinds' hit rules (:func:`get_computed_blocks`), so every group ends with the same hit
+length.
 
 Invariants (each a named predicate; ``state`` ones hold after every step, ``step``
 ones judge one transition):
@@ -36,9 +48,11 @@ ones judge one transition):
     V1-8  ``all_or_nothing``          (step) a refused allocation changes nothing but the
                                       frees of its first stage
     V1-9  ``tables_append_only``      (step) a live table only grows, but for leading
-                                      blocks of a windowed group becoming the null block
-    V1-10 ``tables_aligned``          a request's tables cover one slot count: group g
-                                      holds cdiv(S, block_size_g) blocks, null pads counted
+                                      blocks of a windowed group, or any of a Mamba
+                                      group, becoming the null block
+    V1-10 ``tables_aligned``          a request's attention tables over the decoder's
+                                      tokens cover one slot count: group g holds
+                                      cdiv(S, block_size_g) blocks, null pads counted
     V1-11 ``preempted_holds_nothing`` a preempted or finished request holds no block; a
                                       preempted one has no computed token
     V1-12 ``computed_aligned``        (step) the hit's token count is its blocks × block size
@@ -49,6 +63,12 @@ ones judge one transition):
     V1-16 ``hits_kept``               (step) an adopted hit block still carries its key
                                       after the allocation (no group's allocation evicted
                                       another group's hit: two phases)
+    V1-17 ``mamba_states_aligned``    a Mamba table ends with a state block, and its
+                                      cached blocks sit at aligned boundaries (the only
+                                      slots a hit can end on)
+    V1-18 ``encoder_blocks_once``     a cross-attention table is empty or exactly the
+                                      request's cdiv(num_encoder_tokens, bs) blocks, none
+                                      null, none cached, no cached count
 
 Operations follow vLLM 0.34.0's ``allocate_slots`` in its three stages (freeing what
 left the windows and the capacity check, adopting the hit, allocating and caching),
@@ -71,8 +91,11 @@ from pagedkv_spec.v1.pool import PoolState
 
 __all__ = [
     "CHUNKED",
+    "CROSS",
     "FULL",
+    "MAMBA",
     "SLIDING",
+    "TOKEN_KINDS",
     "GroupSpec",
     "ManagerState",
     "RequestView",
@@ -80,6 +103,7 @@ __all__ = [
     "allocate_slots",
     "cache_blocks",
     "computed_aligned",
+    "encoder_blocks_once",
     "event_hash",
     "events_replay_ok",
     "evict_blocks",
@@ -91,6 +115,7 @@ __all__ = [
     "group_key",
     "hits_kept",
     "lookup_ok",
+    "mamba_states_aligned",
     "manager_initial",
     "preempted_holds_nothing",
     "refcounts_match_tables",
@@ -107,26 +132,41 @@ __all__ = [
 
 GROUP = 0
 FULL, SLIDING, CHUNKED = "full_attention", "sliding_window", "chunked_local_attention"
+MAMBA, CROSS = "mamba", "cross_attention"
+#: the kinds whose tables hold the decoder's token slots (V1-10)
+TOKEN_KINDS = (FULL, SLIDING, CHUNKED)
 V = TypeVar("V")
 
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """One group: its kind (:data:`FULL`, :data:`SLIDING`, :data:`CHUNKED`), its block
-    size, its window (the sliding window or the attention chunk, in tokens) and the most
-    blocks a whole-sequence admission check counts for it (None: no bound)."""
+    """One group: its kind (:data:`FULL`, :data:`SLIDING`, :data:`CHUNKED`,
+    :data:`MAMBA`, :data:`CROSS`), its block size, its window (the sliding window or the
+    attention chunk, in tokens), the most blocks a whole-sequence admission check counts
+    for it (None: no bound), and a Mamba group's ``mamba_cache_mode`` and speculative
+    (scratch) blocks."""
 
     kind: str = FULL
     block_size: int = 1
     window: int = 0
     admission_blocks: int | None = None
+    mamba_cache_mode: str = ""
+    num_speculative_blocks: int = 0
+
+    @property
+    def align_mode(self) -> bool:
+        """A Mamba group keeping states at block boundaries."""
+        return self.kind == MAMBA and self.mamba_cache_mode == "align"
 
     def skipped(self, num_computed_tokens: int) -> int:
-        """The tokens before the window of the token after ``num_computed_tokens``."""
+        """The tokens before the window of the token after ``num_computed_tokens``
+        (Mamba: every token but the last)."""
         if self.kind == SLIDING:
             return max(0, num_computed_tokens - self.window + 1)
         if self.kind == CHUNKED:
             return num_computed_tokens // self.window * self.window
+        if self.kind == MAMBA:
+            return max(0, num_computed_tokens - 1)
         return 0
 
 
@@ -143,6 +183,7 @@ class RequestView:
     finished: bool = False
     prefix_cache_hit_limit: int | None = None
     num_in_flight_tokens: int = 0
+    num_encoder_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -160,6 +201,7 @@ class ManagerState:
     groups: tuple[GroupSpec, ...] = ()
     hash_block_size: int = 0
     alignment: int = 0
+    mamba: tuple[tuple[str, tuple[bool, int]], ...] | None = ()
 
     @property
     def specs(self) -> tuple[GroupSpec, ...]:
@@ -179,6 +221,11 @@ class ManagerState:
     def table(self, request_id: str, group: int = GROUP) -> tuple[int, ...] | None:
         """The request's table in ``group``, or None if it holds none."""
         return dict(self.tables).get(table_name(request_id, group))
+
+    def mamba_of(self, request_id: str, group: int) -> tuple[bool, int]:
+        """A Mamba ``align`` group's bookkeeping of the request: (first state allocation
+        done, the slots retired)."""
+        return dict(self.mamba or ()).get(table_name(request_id, group), (False, 0))
 
     def cached_count(self, request_id: str, group: int = GROUP) -> int | None:
         """The request's ``num_cached_block`` entry in ``group``, or None if absent."""
@@ -295,13 +342,17 @@ def verified_only(m: ManagerState) -> bool:
 
 
 def tables_aligned(m: ManagerState) -> bool:
-    """V1-10: a request's tables cover one slot count S: group g's table holds
-    ``cdiv(S, block_size_g)`` blocks, null pads counted (a missing table: none), and only
-    a windowed group's table holds null pads, all leading."""
+    """V1-10: a request's tables of the attention kinds over the decoder's tokens cover
+    one slot count S: group g's table holds ``cdiv(S, block_size_g)`` blocks, null pads
+    counted (a missing table: none), and only a windowed group's table holds null pads,
+    all leading. (A Mamba table holds states, a cross-attention table the encoder's
+    tokens: V1-17, V1-18.)"""
     rids = {_split(name)[0] for name, _ in m.tables}
     for rid in rids:
         low, high = 0, None
         for g, spec in enumerate(m.specs):
+            if spec.kind not in TOKEN_KINDS:
+                continue
             t = m.table(rid, g) or ()
             nulls = len(t) - len(tuple(b for b in t if b != 0))
             if nulls and (spec.kind == FULL or any(t[:nulls])):
@@ -311,6 +362,45 @@ def tables_aligned(m: ManagerState) -> bool:
             low, high = max(low, lo), hi if high is None else min(high, hi)
         if high is not None and low > high:
             return False
+    return True
+
+
+def mamba_states_aligned(m: ManagerState) -> bool:
+    """V1-17: a Mamba group's table, if not empty, ends with a block (the running state
+    or a scratch block), and a block of it carries a key only at slot i with
+    ``(i + 1) * block_size`` a multiple of the hit alignment (a state a hit can end on)."""
+    for g, spec in enumerate(m.specs):
+        if spec.kind != MAMBA:
+            continue
+        for name, t in m.tables:
+            if _split(name)[1] != g or not t:
+                continue
+            if t[-1] == 0:
+                return False
+            for i, b in enumerate(t):
+                if b and m.pool.hashes[b] is not None and ((i + 1) * spec.block_size) % m.align:
+                    return False
+    return True
+
+
+def encoder_blocks_once(m: ManagerState) -> bool:
+    """V1-18: a cross-attention group's table of a live request is empty or exactly
+    ``cdiv(num_encoder_tokens, block_size)`` blocks (allocated once, at its first step),
+    none null, none carrying a key, and it has no cached count."""
+    encoder = {r.request_id: r.num_encoder_tokens for r in m.requests}
+    for g, spec in enumerate(m.specs):
+        if spec.kind != CROSS:
+            continue
+        for name, t in m.tables:
+            rid, h = _split(name)
+            if h != g:
+                continue
+            if m.cached_count(rid, g) is not None or any(
+                b == 0 or m.pool.hashes[b] is not None for b in t
+            ):
+                return False
+            if rid in encoder and t and len(t) != _cdiv(encoder[rid], spec.block_size):
+                return False
     return True
 
 
@@ -369,11 +459,12 @@ def tables_append_only(before: ManagerState, after: ManagerState) -> bool:
         if name not in old:
             continue
         o, g = old[name], _split(name)[1]
-        windowed = g < len(after.specs) and after.specs[g].kind != FULL
+        kind = after.specs[g].kind if g < len(after.specs) else FULL
+        windowed = kind in (SLIDING, CHUNKED)
         if len(t) < len(o):
             return False
         for i, (now, was) in enumerate(zip(t, o, strict=False)):
-            if now != was and not (windowed and now == 0 and not any(t[:i])):
+            if now != was and not (now == 0 and (kind == MAMBA or (windowed and not any(t[:i])))):
                 return False
     return True
 
@@ -432,7 +523,8 @@ def _rule(
     full attention: the longest aligned run of cached blocks from block 0;
     sliding window (w): the longest aligned length j·bs whose last max(1, cdiv(w - 1,
         bs)) blocks (fewer at the start) are all cached, the ones before padded;
-    chunked local (c): pads up to ``limit``'s chunk, then the run of cached blocks."""
+    chunked local (c): pads up to ``limit``'s chunk, then the run of cached blocks;
+    Mamba: the last cached block at an aligned boundary, the ones before padded."""
     g = m.specs[ids[0]]
     bs, n = g.block_size, limit // g.block_size
     hits = [_hit_at(m, r, ids, i) for i in range(n)]
@@ -449,6 +541,10 @@ def _rule(
         j = start
         while j < n and hits[j]:
             j += 1
+    elif g.kind == MAMBA:
+        ends = [i + 1 for i in range(n) if hits[i] and ((i + 1) * bs) % m.align == 0]
+        j = max(ends, default=0)
+        start = max(0, j - 1)
     else:
         start, j = 0, 0
         while j < n and hits[j]:
@@ -473,7 +569,8 @@ def get_computed_blocks(m: ManagerState, r: RequestView) -> tuple[tuple[tuple[in
         return empty, 0
     together: dict[GroupSpec, list[int]] = {}
     for g, spec in enumerate(m.specs):
-        together.setdefault(spec, []).append(g)
+        if spec.kind != CROSS:  # never cached: no rule, no blocks
+            together.setdefault(spec, []).append(g)
     order = sorted(together.items(), key=lambda e: e[0].kind != FULL)
     found: dict[int, tuple[int, ...]] = {}
     length = limit
@@ -485,9 +582,11 @@ def get_computed_blocks(m: ManagerState, r: RequestView) -> tuple[tuple[tuple[in
         if current == length:
             break
         length = current
-    out = tuple(found[g] for g in range(len(m.specs))), length
+    out = tuple(found.get(g, ()) for g in range(len(m.specs))), length
     assert all(
-        computed_aligned(len(b), length, s.block_size) for b, s in zip(out[0], m.specs, strict=True)
+        computed_aligned(len(b), length, s.block_size)
+        for b, s in zip(out[0], m.specs, strict=True)
+        if s.kind != CROSS
     )
     return out
 
@@ -517,8 +616,13 @@ def usage(m: ManagerState) -> float:
 def _cacheable(m: ManagerState, g: int, i: int) -> bool:
     """Whether full block i of group g can ever serve a hit: in a sliding-window group
     whose hits are aligned to several blocks, only the last cdiv(w - 1, bs) blocks of
-    each aligned segment can (the others are not cached)."""
+    each aligned segment can (the others are not cached); in a Mamba group, only the
+    states at aligned boundaries; in a cross-attention group, none."""
     spec = m.specs[g]
+    if spec.kind == MAMBA:
+        return ((i + 1) * spec.block_size) % m.align == 0
+    if spec.kind == CROSS:
+        return False
     if spec.kind != SLIDING or m.align % spec.block_size:
         return True
     per, need = m.align // spec.block_size, _cdiv(spec.window - 1, spec.block_size)
@@ -533,6 +637,8 @@ def _cache(
     stored: list[bytes] = []
     num_tokens -= num_tokens % m.align
     for g, spec in enumerate(m.specs):
+        if spec.kind == CROSS:
+            continue
         t = m.table(r.request_id, g) or ()
         done = m.cached_count(r.request_id, g) or 0
         full = min(num_tokens, len(r.block_hashes) * m.hash_size) // spec.block_size
@@ -554,17 +660,28 @@ def remove_skipped_blocks(
 ) -> ManagerState:
     """Free, group by group, the blocks that left the window after
     ``num_computed_tokens`` tokens, from the window's edge back to the first null pad,
-    each position becoming the null block."""
+    each position becoming the null block. A Mamba ``align`` group frees every state
+    block in the slots not yet retired before the last computed token's."""
     assert num_computed_tokens >= 0, "a count is non-negative"
     for g, spec in enumerate(m.specs):
         t = list(m.table(request_id, g) or ())
         skipped = min(spec.skipped(num_computed_tokens) // spec.block_size, len(t))
         freed = []
-        for i in range(skipped - 1, -1, -1):
-            if t[i] == 0:
-                break
-            freed.append(t[i])
-            t[i] = 0
+        if spec.align_mode:
+            if not t:
+                continue
+            allocated, retired = m.mamba_of(request_id, g)
+            if retired < skipped:
+                freed += [t[i] for i in range(skipped - 1, retired - 1, -1) if t[i]]
+                t[retired:skipped] = [0] * (skipped - retired)
+                entry = (allocated, skipped)
+                m = replace(m, mamba=_set(m.mamba or (), table_name(request_id, g), entry))
+        else:
+            for i in range(skipped - 1, -1, -1):
+                if t[i] == 0:
+                    break
+                freed.append(t[i])
+                t[i] = 0
         if freed:
             m = replace(
                 m,
@@ -586,15 +703,17 @@ def allocate_slots(
     has_scheduled_reqs: bool = True,
     full_sequence_must_fit: bool = False,
     reserved_blocks: int = 0,
+    num_encoder_tokens: int = 0,
 ) -> tuple[ManagerState, tuple[tuple[int, ...], ...] | None, tuple[bytes, ...], tuple[bytes, ...]]:
     """vLLM's ``allocate_slots`` (module docstring); ``new_computed_blocks``: the hit's
     blocks per group (or none). Returns the manager, the new blocks per group (None:
     refused, nothing changed but the first stage's frees), the keys evicted and the keys
     stored, in order. ``full_sequence_must_fit``: refuse unless the whole request (up to
     max_model_len) would fit now; ``reserved_blocks``: free blocks this call must leave
-    untouched."""
+    untouched; ``num_encoder_tokens``: the slots a cross-attention group's table gets
+    (the encoder's tokens, at the request's first step; 0 afterwards)."""
     assert num_new_tokens >= 0 and num_lookahead_tokens >= 0, "counts are non-negative"
-    assert reserved_blocks >= 0, "a count is non-negative"
+    assert reserved_blocks >= 0 and num_encoder_tokens >= 0, "counts are non-negative"
     assert num_new_computed_tokens >= 0 and num_external_computed_tokens >= 0, "counts >= 0"
     specs = m.specs
     rid = r.request_id
@@ -616,15 +735,37 @@ def allocate_slots(
     local = r.num_computed_tokens + num_new_computed_tokens
     total = min(local + num_external_computed_tokens, m.max_model_len)
     watermark = m.watermark_blocks if has_scheduled_reqs and r.waiting else 0
+    main = total + num_new_tokens  # the slots without lookahead (Mamba's align mode)
 
-    def blocks_for(state: ManagerState, slots: int, cap: bool) -> int:
-        """vLLM's get_num_blocks_to_allocate, summed over the groups."""
+    def blocks_for(state: ManagerState, slots: int, cap: bool, main: int) -> int:
+        """vLLM's get_num_blocks_to_allocate, summed over the groups (Mamba ``align``:
+        exactly what its adoption and allocation take)."""
         count = 0
         for g, spec in enumerate(specs):
-            required = _cdiv(slots, spec.block_size)
+            have = len(state.table(rid, g) or ())
+            if spec.kind == CROSS:
+                count += max(_cdiv(num_encoder_tokens, spec.block_size) - have, 0)
+                continue
+            if spec.align_mode:
+                taken = 0
+                if not have and state.cached_count(rid, g) is None:
+                    skipped = spec.skipped(total) // spec.block_size
+                    kept = hits[g][skipped:]
+                    taken = sum(1 for b in kept if b != 0 and state.pool.ref_cnt[b] == 0)
+                    have = skipped + len(kept)
+                    if total > len(hits[g]) * spec.block_size:  # external tokens' blocks
+                        ext = max(0, _cdiv(total, spec.block_size) - have)
+                        taken, have = taken + ext, have + ext
+                t = (0,) * have  # only its length matters here
+                count += taken + _mamba_grow(state, rid, g, t, main)[0].count(-1)
+                continue
+            if spec.kind == MAMBA:
+                slots_g = slots + spec.num_speculative_blocks * spec.block_size
+            else:
+                slots_g = slots
+            required = _cdiv(slots_g, spec.block_size)
             if cap and spec.admission_blocks is not None:
                 required = min(required, spec.admission_blocks)
-            have = len(state.table(rid, g) or ())
             if state.cached_count(rid, g) is not None:
                 count += max(required - have, 0)
                 continue
@@ -636,12 +777,12 @@ def allocate_slots(
 
     if full_sequence_must_fit:
         whole = min(r.num_tokens, m.max_model_len)
-        if blocks_for(m, whole, True) + watermark > len(m.pool.free):
+        if blocks_for(m, whole, True, whole) + watermark > len(m.pool.free):
             return m, None, (), ()
     # stage 1: free what left the windows (kept even if the call is refused)
     m = remove_skipped_blocks(m, rid, max(0, total - r.num_in_flight_tokens))
     need = min(total + num_new_tokens + num_lookahead_tokens, m.max_model_len)
-    if blocks_for(m, need, False) + watermark > len(m.pool.free) - reserved_blocks:
+    if blocks_for(m, need, False, main) + watermark > len(m.pool.free) - reserved_blocks:
         return m, None, (), ()
     pool = m.pool
     evicted: list[bytes] = []
@@ -650,6 +791,8 @@ def allocate_slots(
     if (any(hits) or num_external_computed_tokens > 0) and not running:
         # stage 2, phase 1: every group adopts its hit (pads for what left the window)
         for g, spec in enumerate(specs):
+            if spec.kind == CROSS:  # no hit, no cached count
+                continue
             skipped = spec.skipped(total) // spec.block_size
             kept = hits[g][skipped:]
             pool = P.touch(pool, kept)
@@ -657,21 +800,41 @@ def allocate_slots(
             num_cached = _set(num_cached, table_name(rid, g), len(tables[g]))
         # phase 2: only then blocks for the external tokens, so none evicts a hit
         for g, spec in enumerate(specs):
+            if spec.kind == CROSS:  # a connector loads the decoder's tokens only
+                continue
             if num_external_computed_tokens > 0 and total - spec.skipped(total) > 0:
                 n = max(0, _cdiv(total, spec.block_size) - len(tables[g]))
                 pool, ext, ev = P.get_new_blocks(pool, n)
                 evicted.extend(ev)
                 tables[g] += ext
     new: list[tuple[int, ...]] = []
+    mamba = m.mamba or ()
     for g, spec in enumerate(specs):
-        n = _cdiv(need, spec.block_size) - len(tables[g])
+        if spec.align_mode:
+            state = replace(m, pool=pool, mamba=mamba)
+            grown, entry = _mamba_grow(state, rid, g, tuple(tables[g]), main)
+            n = grown.count(-1)
+            pool, fresh, ev = P.get_new_blocks(pool, n)
+            evicted.extend(ev)
+            fill = iter(fresh)
+            grown = tuple(next(fill) if b == -1 else b for b in grown)
+            new.append(grown[len(tables[g]) :])
+            tables[g] = list(grown)
+            mamba = _set(mamba, table_name(rid, g), entry)
+            continue
+        slots = need
+        if spec.kind == CROSS:
+            slots = num_encoder_tokens
+        elif spec.kind == MAMBA:
+            slots = need + spec.num_speculative_blocks * spec.block_size
+        n = _cdiv(slots, spec.block_size) - len(tables[g])
         got: tuple[int, ...] = ()
         if n > 0:
             pool, got, ev = P.get_new_blocks(pool, n)
             evicted.extend(ev)
             tables[g] += got
         new.append(got)
-    out = replace(m, pool=pool, num_cached=num_cached)
+    out = replace(m, pool=pool, num_cached=num_cached, mamba=mamba)
     for g in range(len(specs)):
         out = replace(out, tables=_set(out.tables, table_name(rid, g), tuple(tables[g])))
     stored: tuple[bytes, ...] = ()
@@ -679,6 +842,37 @@ def allocate_slots(
         out, stored = _cache(out, r, min(total + num_new_tokens, r.num_tokens))
     assert refcounts_match_tables(out) or not refcounts_match_tables(m)
     return out, tuple(new), tuple(evicted), stored
+
+
+def _mamba_grow(
+    m: ManagerState, request_id: str, g: int, t: tuple[int, ...], main: int
+) -> tuple[tuple[int, ...], tuple[bool, int]]:
+    """A Mamba ``align`` group's table ``t`` after a step whose tokens reach ``main``
+    slots, new blocks as -1, and the group's bookkeeping after it. The table grows to
+    ``cdiv(main, bs) + s`` slots (s speculative blocks): the slot of the new state and
+    the s after it hold blocks, the slots before it up to the old end null pads; the
+    scratch blocks of an earlier step that now fall before the new state's slot move,
+    in order, to the end (their slots nulled); the remaining slots get new blocks.
+    (The state the step copies from, the old running one, is freed by a later
+    :func:`remove_skipped_blocks`.)"""
+    spec = m.specs[g]
+    s = spec.num_speculative_blocks
+    allocated, retired = m.mamba_of(request_id, g)
+    required = _cdiv(main, spec.block_size) + s
+    entry = (True, retired)
+    if required <= len(t):
+        return t, entry
+    head = required - s - 1  # the new state's slot
+    out = list(t) + [0] * max(0, head - len(t))
+    moved = []
+    if allocated:
+        for i in range(len(t) - s, len(t)):
+            if 0 <= i < head:
+                moved.append(out[i])
+                out[i] = 0
+    out += moved
+    out += [-1] * (required - len(out))
+    return tuple(out), entry
 
 
 def cache_blocks(
@@ -704,6 +898,7 @@ def free(m: ManagerState, request_id: str) -> ManagerState:
             pool=pool,
             tables=_set(m.tables, name, None),
             num_cached=_set(m.num_cached, name, None),
+            mamba=_set(m.mamba or (), name, None),
         )
     return m
 

@@ -19,9 +19,9 @@ Every call goes to the target (a :class:`~pagedkv.v1.KVCacheManager`, or whateve
 :meth:`V1ManagerMachine.make_manager` returns) and to the spec
 (:mod:`pagedkv_spec.v1.manager`); results are compared, and after every step the
 target's state (``to_spec()``) must equal the spec's and satisfy every V1 state
-invariant of the registry (V1-1..V1-5, V1-11, V1-13, V1-14). A failure is a
-:class:`~pagedkv_stateful.adapters.Violation` (an ``AssertionError``) named by the broken
-invariant's label.
+invariant of the registry (V1-1..V1-5, V1-10, V1-11, V1-13, V1-14, V1-17, V1-18). A
+failure is a :class:`~pagedkv_stateful.adapters.Violation` (an ``AssertionError``) named
+by the broken invariant's label.
 
 As the conformance kit's lockstep machines do, it writes every call to the target, and
 what the scheduler writes on requests, to ``self.program`` (:mod:`.program`), ends a
@@ -48,11 +48,13 @@ from hypothesis.stateful import initialize, invariant, precondition, rule
 from pagedkv.v1 import (
     BlockHash,
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheBlocks,
     KVCacheConfig,
     KVCacheManager,
     LoRARequest,
+    MambaSpec,
     MultiModalFeatureSpec,
     PlaceholderRange,
     Request,
@@ -65,7 +67,16 @@ from pagedkv_spec.errors import InvariantViolationError
 from pagedkv_spec.invariants import check, holds
 from pagedkv_spec.v1 import manager as spec
 from pagedkv_spec.v1.hashing import Identity, block_hashes
-from pagedkv_spec.v1.manager import CHUNKED, FULL, SLIDING, GroupSpec, ManagerState, RequestView
+from pagedkv_spec.v1.manager import (
+    CHUNKED,
+    CROSS,
+    FULL,
+    MAMBA,
+    SLIDING,
+    GroupSpec,
+    ManagerState,
+    RequestView,
+)
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.causes import ORDINARY, cause
 from pagedkv_stateful.v1.lockstep import V1LockstepMachine, check_events
@@ -106,7 +117,16 @@ CONFIGURATIONS: dict[str, tuple[tuple[str, int], ...]] = {
     "full + chunked local": ((FULL, 1), (CHUNKED, 1)),
     "full (2x blocks) + sliding window": ((FULL, 2), (SLIDING, 1)),
     "full + sliding window x2": ((FULL, 1), (SLIDING, 1), (SLIDING, 1)),
+    # a hybrid Mamba model (Jamba, Nemotron-H): "align" mode with caching on, "align" or
+    # "none" with it off; 0 or 1 speculative (scratch) block
+    "full + Mamba": ((FULL, 1), (MAMBA, 1)),
+    # hits aligned to two Mamba blocks: only every other state can serve one (V1-17)
+    "full (2x blocks) + Mamba": ((FULL, 2), (MAMBA, 1)),
+    # an encoder-decoder model (Whisper): caching off, encoder tokens per request
+    "encoder-decoder": ((FULL, 1), (CROSS, 1)),
 }
+#: the kinds a configuration of which runs with caching off (vLLM turns it off)
+UNCACHED_KINDS = (CROSS,)
 
 
 def ids_of(blocks: KVCacheBlocks) -> tuple[tuple[int, ...], ...]:
@@ -115,6 +135,14 @@ def ids_of(blocks: KVCacheBlocks) -> tuple[tuple[int, ...], ...]:
 
 
 def _kv_spec(group: GroupSpec) -> KVCacheSpec:
+    if group.kind == MAMBA:
+        return MambaSpec(
+            group.block_size,
+            mamba_cache_mode=group.mamba_cache_mode,
+            num_speculative_blocks=group.num_speculative_blocks,
+        )
+    if group.kind == CROSS:
+        return CrossAttentionSpec(group.block_size)
     if group.kind == SLIDING:
         return SlidingWindowSpec(group.block_size, sliding_window=group.window)
     if group.kind == CHUNKED:
@@ -123,6 +151,13 @@ def _kv_spec(group: GroupSpec) -> KVCacheSpec:
 
 
 def _spec_source(group: GroupSpec) -> str:
+    if group.kind == MAMBA:
+        return (
+            f"MambaSpec({group.block_size}, mamba_cache_mode={group.mamba_cache_mode!r}, "
+            f"num_speculative_blocks={group.num_speculative_blocks})"
+        )
+    if group.kind == CROSS:
+        return f"CrossAttentionSpec({group.block_size})"
     if group.kind == SLIDING:
         return f"SlidingWindowSpec({group.block_size}, sliding_window={group.window})"
     if group.kind == CHUNKED:
@@ -219,16 +254,29 @@ class V1ManagerMachine(V1LockstepMachine):
         name = self.configurations[0]
         if len(self.configurations) > 1:
             name = data.draw(st.sampled_from(self.configurations), label="configuration")
+        kinds = dict(CONFIGURATIONS[name])
         windows = {  # one window per kind: groups of one kind share their spec
             kind: data.draw(st.integers(1, 3 * block_size + 2), label=f"{kind} window")
             if kind == SLIDING
             # a chunk is whole blocks (as real models have it; pagedkv refuses others)
             else block_size * data.draw(st.integers(1, 3), label="chunk blocks")
-            for kind in dict(CONFIGURATIONS[name])
-            if kind != FULL
+            for kind in kinds
+            if kind in (SLIDING, CHUNKED)
         }
+        if any(k in UNCACHED_KINDS for k in kinds):
+            caching = False
+        mode, scratch = "", 0
+        if MAMBA in kinds:
+            # caching needs "align"; without it, either mode
+            modes = ("align",) if caching else ("align", "none")
+            mode = data.draw(st.sampled_from(modes), label="mamba_cache_mode")
+            scratch = data.draw(st.sampled_from((0, 0, 1)), label="speculative blocks")
         groups = tuple(
             GroupSpec(kind, block_size * scale, windows.get(kind, 0))
+            if kind != MAMBA
+            else GroupSpec(
+                kind, block_size * scale, mamba_cache_mode=mode, num_speculative_blocks=scratch
+            )
             for kind, scale in CONFIGURATIONS[name]
         )
         num_blocks += 2 * (len(groups) - 1)  # tight: hybrids evict and refuse often
@@ -267,9 +315,14 @@ class V1ManagerMachine(V1LockstepMachine):
         self.by_target: dict[Any, tuple[bytes, str, int]] = {}
         self.by_spec: dict[bytes, tuple[Any, str, int]] = {}
         self.next_id = 0
+        #: request -> its encoder's tokens (an encoder-decoder configuration's requests)
+        self.encoder: dict[str, int] = {}
+        self.encoder_decoder = CROSS in kinds
         self._reached("caching on" if caching else "caching off")
         self._reached("events on" if events else "events off")
         self._reached(name)
+        if mode:
+            self._reached(f"Mamba {mode}" + (" + speculative block" if scratch else ""))
 
     def _group_specs(
         self, groups: tuple[GroupSpec, ...], max_model_len: int
@@ -283,7 +336,7 @@ class V1ManagerMachine(V1LockstepMachine):
             own = reported().groups
             if len(own) == len(groups):
                 return tuple(
-                    GroupSpec(g.kind, g.block_size, g.window, o.admission_blocks)
+                    replace(g, admission_blocks=o.admission_blocks)
                     for g, o in zip(groups, own, strict=True)
                 )
         return groups
@@ -321,6 +374,7 @@ class V1ManagerMachine(V1LockstepMachine):
             finished=r.is_finished(),
             prefix_cache_hit_limit=r.prefix_cache_hit_limit,
             num_in_flight_tokens=r.num_in_flight_tokens,
+            num_encoder_tokens=self.encoder.get(r.request_id, 0),
         )
 
     def with_requests(self, m: ManagerState) -> ManagerState:
@@ -352,6 +406,7 @@ class V1ManagerMachine(V1LockstepMachine):
         follow_up=st.sampled_from((False, False, True)),
         same_identity=st.booleans(),
         general=st.booleans(),
+        encoder=st.integers(1, 7),
     )
     def add_request(
         self,
@@ -367,6 +422,7 @@ class V1ManagerMachine(V1LockstepMachine):
         follow_up: bool,
         same_identity: bool,
         general: bool,
+        encoder: int,
     ) -> None:
         """A new request (WAITING; the scheduler looks it up when it admits it), maybe
         the same prompt as a recent one (``repeat``), or that prompt and three tokens
@@ -377,7 +433,8 @@ class V1ManagerMachine(V1LockstepMachine):
         so both are checked against the spec. Its images sit after the first token or,
         one token each, at the end of the prompt (in its last, partial block: decoded
         tokens fill that block and hash it with them). A feature whose hashing is a
-        known cause (:data:`FEATURES`) is left out."""
+        known cause (:data:`FEATURES`) is left out. In an encoder-decoder configuration
+        it has ``encoder`` encoder tokens (its cross-attention slots)."""
         if repeat is not None and len(self.prompts) >= -repeat:
             # the same prompt (and identity); its own hit limit (not part of the identity)
             earlier = self.prompts[repeat]
@@ -422,6 +479,8 @@ class V1ManagerMachine(V1LockstepMachine):
             prefix_cache_hit_limit=limit,
         )
         self.requests[rid] = r
+        if self.encoder_decoder:
+            self.encoder[rid] = encoder
         self._log(request_source(rid, r).replace("Request(", f"{type(r).__name__}(", 1))
 
     @precondition(lambda self: self.ids_of("waiting") or self.ids_of("running"))
@@ -482,14 +541,30 @@ class V1ManagerMachine(V1LockstepMachine):
         most = max(0, left - 1)
         ext = data.draw(st.integers(0, most) | st.just(0) | st.just(most), label="external")
         new = data.draw(st.integers(1 if left - ext else 0, left - ext), label="new tokens")
+        new = self._state_chunk(data, r, hit + ext, new)
         if not (new or ext or hit):
             return
         self._allocate(r, new, hit, blocks, lookahead, ext, delay, has_scheduled, source=source)
+
+    def _state_chunk(self, data: st.DataObject, r: Request, start: int, new: int) -> int:
+        """As vLLM's scheduler in Mamba's ``align`` mode: a prefill chunk from ``start``
+        that does not finish the request ends on an aligned boundary (where a state is
+        kept), if one lies within it; one that finishes it may stop at the last such
+        boundary first (as a prefill checkpoint would keep that state for a later hit)."""
+        if not any(g.align_mode for g in self.model.specs) or new == 0:
+            return new
+        if start + new >= r.num_tokens and not data.draw(st.booleans(), label="checkpoint"):
+            return new
+        end = (start + new) // self.model.align * self.model.align
+        if end == start + new and start + new >= r.num_tokens:
+            end -= self.model.align  # the boundary before the request's end
+        return end - start if end > start else new
 
     def _run(self, data: st.DataObject, r: Request, drafts: int, lookahead: int) -> None:
         left = r.num_tokens - r.num_computed_tokens
         prefill = r.num_computed_tokens < r.num_prompt_tokens
         new = data.draw(st.integers(1, left), label="chunk") if prefill and left > 1 else left
+        new = self._state_chunk(data, r, r.num_computed_tokens, new)
         room = self.model.max_model_len - r.num_computed_tokens - new
         if room < 0:  # at max_model_len: the scheduler finishes it (length capped)
             self._enter("free")
@@ -687,6 +762,11 @@ class V1ManagerMachine(V1LockstepMachine):
             "reserved_blocks": self.limits[0],
             "full_sequence_must_fit": self.limits[1],
         }
+        # the scheduler schedules a request's encoder input at its first step (again
+        # after a preemption): its cross-attention slots
+        enc = self.encoder.get(r.request_id, 0) if r.num_computed_tokens == 0 else 0
+        if enc:
+            keywords["num_encoder_tokens"] = enc
         out = self.target.allocate_slots(r, new, hit, blocks, **keywords)
         call = allocate_source(r.request_id, new, hit, source, keywords)
         self._log(f"out = {call}")
@@ -702,6 +782,7 @@ class V1ManagerMachine(V1LockstepMachine):
             has_scheduled,
             full_sequence_must_fit=self.limits[1],
             reserved_blocks=self.limits[0],
+            num_encoder_tokens=enc,
         )
         self._classify(r, new, hit, hit_ids, before, evicted, stored, (lookahead, ext, delay))
         after = self.target.to_spec()
@@ -751,6 +832,12 @@ class V1ManagerMachine(V1LockstepMachine):
                 f"{r.request_id}: its groups' tables cover different slot counts",
                 first_difference(after, self.model),
             )
+        for id_, what in (
+            ("V1-17", "a Mamba table ends with a pad, or caches a state off a boundary"),
+            ("V1-18", "a cross-attention table is not its encoder's blocks, or is cached"),
+        ):
+            if not holds(id_, self.with_requests(self._as_spec_keys(after))):
+                self._violate(id_, f"{r.request_id}: {what}", first_difference(after, self.model))
         if not holds("V1-9", before, after):
             self._violate(
                 "V1-9",
@@ -808,8 +895,30 @@ class V1ManagerMachine(V1LockstepMachine):
             self._reached("lookahead")
         if ext:
             self._reached("external tokens")
+        self._classify_kinds(before, hit_ids)
         if delay:
             event("allocate_slots: delayed caching")
+
+    def _classify_kinds(self, before: ManagerState, hit_ids: tuple[tuple[int, ...], ...]) -> None:
+        """The Mamba and cross-attention state classes an allocation reached."""
+        old = dict(before.tables)
+        for g, spec_g in enumerate(self.model.specs):
+            if spec_g.kind == MAMBA and g < len(hit_ids) and hit_ids[g]:
+                self._reached("Mamba: a hit on a state block")
+            for name, t in self.model.tables:
+                if spec_g.kind not in (MAMBA, CROSS) or not name.endswith(f"@{g}"):
+                    continue
+                was = old.get(name, ())
+                if spec_g.kind == CROSS:
+                    if t and not was:
+                        self._reached("encoder blocks allocated")
+                    continue
+                if any(b and b in t[i + 1 :] for i, b in enumerate(was)):
+                    self._reached("Mamba: a scratch block relocated")
+                if len(t) > len(was) and 0 in t[len(was) :]:
+                    self._reached("Mamba: null pads between states")
+                if sum(1 for b in was if b) > sum(1 for b in t[: len(was)] if b):
+                    self._reached("Mamba: earlier states freed")
 
     def _free(self, r: Request) -> None:
         self.target.free(r)
@@ -830,7 +939,7 @@ class V1ManagerMachine(V1LockstepMachine):
         model = self.with_requests(self.model)
         for layer_state, ids in (
             (actual.pool, ("V1-1", "V1-3", "V1-4")),
-            (actual, ("V1-2", "V1-5", "V1-10", "V1-11", "V1-13")),
+            (actual, ("V1-2", "V1-5", "V1-10", "V1-11", "V1-13", "V1-17", "V1-18")),
         ):
             try:
                 check("v1", layer_state, where, ids=ids)
@@ -999,6 +1108,11 @@ class V1ManagerMachine(V1LockstepMachine):
                 dict(actual.num_cached) != dict(model.num_cached),
                 f"cached counts {dict(actual.num_cached)}, the spec's {dict(model.num_cached)}",
             ),
+            (
+                "V1-9",
+                actual.mamba is not None and dict(actual.mamba) != dict(model.mamba or ()),
+                f"Mamba bookkeeping {actual.mamba}, the spec's {model.mamba}",
+            ),
         ]
         for id_, broken, detail in differs:
             if broken:
@@ -1007,4 +1121,16 @@ class V1ManagerMachine(V1LockstepMachine):
 
 def v1_after_step_ids() -> set[str]:
     """The state invariants :class:`V1ManagerMachine` checks after every step."""
-    return {"V1-1", "V1-2", "V1-3", "V1-4", "V1-5", "V1-10", "V1-11", "V1-13", "V1-14"}
+    return {
+        "V1-1",
+        "V1-2",
+        "V1-3",
+        "V1-4",
+        "V1-5",
+        "V1-10",
+        "V1-11",
+        "V1-13",
+        "V1-14",
+        "V1-17",
+        "V1-18",
+    }

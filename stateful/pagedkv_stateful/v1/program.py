@@ -96,8 +96,10 @@ def first_difference(got: ManagerState, want: ManagerState) -> str | None:
     line = pool_difference(got.pool, want.pool, "mgr.to_spec().pool")
     if line is not None:
         return line
-    for name in ("tables", "num_cached"):
-        g, w = dict(getattr(got, name)), dict(getattr(want, name))
+    for name in ("tables", "num_cached", "mamba"):
+        if getattr(got, name) is None:  # not reported by the target
+            continue
+        g, w = dict(getattr(got, name)), dict(getattr(want, name) or ())
         if g != w:
             return f"assert dict(mgr.to_spec().{name}) == {w!r}"
     return None
