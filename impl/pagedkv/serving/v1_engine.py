@@ -39,7 +39,7 @@ from pagedkv.v1 import KVCacheConfig, KVCacheManager, Request
 from pagedkv.v1.hashing import get_request_block_hasher, sha256
 
 if TYPE_CHECKING:
-    from pagedkv.serving.simulator import ProgressFn, SimulationConfig, StopFn
+    from pagedkv.serving.simulation_config import ProgressFn, SimulationConfig, StopFn
 
 __all__ = ["V1Engine", "V1ObserveFn", "V1StepObservation"]
 
