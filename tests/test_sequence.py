@@ -350,3 +350,12 @@ def test_get_seqs_by_status_after_a_remove_leaves_two_sequences() -> None:
     assert g.get_seqs(SequenceStatus.WAITING) == [a, c]
     c.status = SequenceStatus.RUNNING
     assert g.get_seqs(SequenceStatus.RUNNING) == [c] and g.get_seqs(SequenceStatus.WAITING) == [a]
+
+
+def test_compute_all_marks_every_token_computed_and_returns_the_length() -> None:
+    seq = Sequence(1, [1, 2, 3], 4)
+    seq.update_num_computed_tokens(1)
+    assert seq.compute_all() == 3 and seq.get_num_computed_tokens() == 3
+    seq.append_token_id(4)
+    assert seq.get_num_uncomputed_tokens() == 1 and seq.compute_all() == 4
+    assert seq.get_num_uncomputed_tokens() == 0

@@ -225,20 +225,18 @@ class Simulator:
             out = sched.schedule()
             seconds = time.perf_counter() - t0
             tally.plan(out, seconds)
-            work = self._work(out) if model else None
-            duration = 1.0 if model is None or work is None else model.duration(work)
+            if self.manager.enable_caching:
+                self._access(out, clock)
+            computed = self._forward(out, latency, clock)
+            duration = 1.0 if model is None else model.duration(computed)
             end = clock + duration
-            for scheduled in out.scheduled_seq_groups:
-                latency.scheduled(scheduled.seq_group.request_id, clock)
             for preemption in out.preempted:
                 latency.preempted(preemption.request_id)
             for event, status in ((out.rejected, "rejected"), (out.aborted, "aborted")):
                 for ended in event:
                     latency.ended(ended.request_id, status, end, ended.reason)
                     arrivals.ended(end)
-            if self.manager.enable_caching:
-                self._access(out, clock)
-            self._forward(out)
+            work = None if model is None else computed
             if self.manager.enable_caching:
                 for scheduled in out.scheduled_seq_groups[:1]:  # one call marks the batch
                     self.manager.mark_blocks_as_computed(scheduled.seq_group)
@@ -328,14 +326,32 @@ class Simulator:
 
     # ------------------------------------------------------------------ the step
 
-    def _forward(self, out: SchedulerOutputs) -> None:
+    def _forward(self, out: SchedulerOutputs, latency: LatencyTally, clock: float) -> StepWork:
         """The KV backing applies the step (toy: block moves, then the new tokens' KV);
-        then every scheduled sequence has computed its tokens."""
+        then every scheduled sequence has computed its tokens, and its request was
+        scheduled at ``clock``. Returns what the step computed and moved, for the time
+        model (:class:`~pagedkv.serving.step_time.StepWork`): a prefill's tokens once
+        per group (its samples share the prompt, as the scheduler's budget counts it),
+        one decode per running sequence, each scheduled sequence's length as context
+        read. Complexity: O(scheduled sequences), one pass."""
         if self._kv is not None:
             self._kv.forward(out, self.manager, self.config.check)
+        prefill = decode = context = 0
+        scheduled_at = latency.scheduled
         for scheduled in out.scheduled_seq_groups:
-            for seq in scheduled.seq_group.get_seqs(_RUNNING):
-                seq.update_num_computed_tokens(seq.get_num_uncomputed_tokens())
+            group = scheduled.seq_group
+            scheduled_at(group.request_id, clock)
+            seqs = group.get_seqs(_RUNNING)
+            if scheduled.is_prefill:
+                prefill += scheduled.token_chunk_size
+            else:
+                decode += len(seqs)
+            for seq in seqs:
+                context += seq.compute_all()
+        moved = len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in)
+        copied = len(out.blocks_to_copy)
+        size = self._block_bytes
+        return StepWork(prefill, decode, context, moved * size, copied * size)
 
     def _access(self, out: SchedulerOutputs, clock: float) -> None:
         """Prefix caching: the scheduled sequences' blocks were used at ``clock``."""
@@ -346,10 +362,10 @@ class Simulator:
     def _sample(self, out: SchedulerOutputs, latency: LatencyTally, end: float) -> int:
         """One token per RUNNING sequence, produced at ``end``; finish those at their
         output length."""
-        seed, count = self.config.seed, 0
+        seed, count, tokens = self.config.seed, 0, latency.tokens
         for scheduled in out.scheduled_seq_groups:
             group = scheduled.seq_group
-            latency.tokens(group.request_id, end)
+            tokens(group.request_id, end)
             limit = self._specs[group.request_id].output_len
             for seq in group.get_seqs(_RUNNING):
                 seq.append_token_id(answer_token(seed, seq.seq_id, seq.get_len()))
@@ -359,27 +375,6 @@ class Simulator:
                     if self._kv is not None:
                         self._kv.forget(seq.seq_id)
         return count
-
-    def _work(self, out: SchedulerOutputs) -> StepWork:
-        """What the step computes and moves, for the time model
-        (:class:`~pagedkv.serving.step_time.StepWork`): a prefill's tokens once per group
-        (its samples share the prompt, as the scheduler's budget counts it), one decode
-        per running sequence, each scheduled sequence's length as context read.
-        Complexity: O(scheduled sequences)."""
-        prefill = decode = context = 0
-        for scheduled in out.scheduled_seq_groups:
-            seqs = scheduled.seq_group.get_seqs(_RUNNING)
-            if scheduled.is_prefill:
-                prefill += scheduled.token_chunk_size
-            else:
-                decode += len(seqs)
-            for seq in seqs:
-                context += seq.get_len()
-        moved = len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in)
-        copied = len(out.blocks_to_copy)
-        return StepWork(
-            prefill, decode, context, moved * self._block_bytes, copied * self._block_bytes
-        )
 
     def _empty_slots(self) -> int:
         """GPU token slots of used blocks that hold no computed token, each shared block

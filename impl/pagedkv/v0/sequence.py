@@ -268,6 +268,13 @@ class Sequence:
             )
         self._num_computed_tokens = total
 
+    def compute_all(self) -> int:
+        """Every token's KV is computed now (a forward pass over the scheduled tokens);
+        returns the sequence's length. The simulator's per-step fast path for
+        ``update_num_computed_tokens(get_num_uncomputed_tokens())``. Complexity: O(1)."""
+        self._num_computed_tokens = n = len(self._token_ids)
+        return n
+
     def reset_state_for_recompute(self) -> None:
         """Forget computed KV (preemption by recompute). Complexity: O(1)."""
         self._num_computed_tokens = 0
