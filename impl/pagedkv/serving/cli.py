@@ -536,17 +536,19 @@ def _sweep(argv: list[str]) -> int:
         metrics += ["preempted"] + (["slo_attainment", "goodput"] if args.slo else [])
     sweep.check_metrics(metrics)
     predicate = sweep.parse_predicate(own.until) if own.find else None
-    base = prepare_run(args)  # the command line without the varied value: checked first
     executor = sweep.make_executor(own.executor, own.jobs)
-    with executor:
-        if predicate is not None:  # --find
+    if predicate is not None:  # --find: the command line as given sizes the search
+        base = prepare_run(args)
+        with executor:
             rows = _find(args, own, base, predicate, executor)
-        else:
-            name, values = sweep.parse_vary(own.vary)
-            points = [_sweep_point(args, name, v) for v in values]
-            rows = executor.run(points)
-            print(sweep.format_rows(rows))
-    title = f"{base.title}: --{'vary ' + own.vary if own.vary else 'find ' + own.find}"
+        title = f"{base.title}: --find {own.find} --until {own.until}"
+    else:
+        name, values = sweep.parse_vary(own.vary)
+        runs = [(v, _prepare_point(args, name, v)) for v in values]  # all checked first
+        with executor:
+            rows = executor.run([_point(name, v, run) for v, run in runs])
+        print(sweep.format_rows(rows))
+        title = f"{runs[0][1].title.partition(';')[0]}: --vary {own.vary}"
     if own.out:
         _write(own.out, "--out", lambda tmp: sweep.write_csv(rows, tmp))
         print(f"pagedkv: {len(rows)} rows written to {own.out}", file=sys.stderr)
@@ -563,8 +565,12 @@ def _write(path: str, flag: str, write: Callable[[str], None]) -> None:
         raise _UsageError(f"cannot write {flag} {path!r}: {err.strerror or err}") from None
 
 
-def _sweep_point(args: argparse.Namespace, name: str, value: sweep.Value) -> sweep.Point:
-    """The point of ``simulate ARGS`` with parameter ``name`` set to ``value``."""
+def _point(name: str, value: sweep.Value, run: PreparedRun) -> sweep.Point:
+    return sweep.Point(name, value, run.config, tuple(run.requests), run.slo)
+
+
+def _prepare_point(args: argparse.Namespace, name: str, value: sweep.Value) -> PreparedRun:
+    """``simulate ARGS`` with parameter ``name`` set to ``value``, prepared."""
     point = argparse.Namespace(**vars(args))
     if name == "gpu_blocks" and args.model is not None:
         point.num_gpu_blocks_override = value
@@ -574,8 +580,7 @@ def _sweep_point(args: argparse.Namespace, name: str, value: sweep.Value) -> swe
         point.gpu_blocks, point.gpu_memory = value, None
     else:  # the other parameters are simulate's flags of the same name
         setattr(point, name, value)
-    run = prepare_run(point)
-    return sweep.Point(name, value, run.config, tuple(run.requests), run.slo)
+    return prepare_run(point)
 
 
 def _find(
@@ -600,7 +605,8 @@ def _find(
     rows: dict[int, sweep.SweepRow] = {}
 
     def evaluate(values: list[int]) -> list[bool]:
-        got = executor.run([_sweep_point(args, "gpu_blocks", v) for v in values])
+        runs = [_prepare_point(args, "gpu_blocks", v) for v in values]
+        got = executor.run([_point("gpu_blocks", v, r) for v, r in zip(values, runs, strict=True)])
         for value, row in zip(values, got, strict=True):
             rows[value] = row
             seen = getattr(row, predicate.column)
