@@ -580,7 +580,12 @@ def _prepare_point(args: argparse.Namespace, name: str, value: sweep.Value) -> P
         point.gpu_blocks, point.gpu_memory = value, None
     else:  # the other parameters are simulate's flags of the same name
         setattr(point, name, value)
-    return prepare_run(point)
+    try:
+        return prepare_run(point)
+    except InvariantViolationError:
+        raise
+    except (PagedKVError, _UsageError) as err:  # name the point (exit 2 as before)
+        raise _UsageError(f"at {name}={value}: {err}") from None
 
 
 def _find(

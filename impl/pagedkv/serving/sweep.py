@@ -181,11 +181,12 @@ def _range(name: str, text: str) -> range:
         )
     start, stop, step = (_int_value(name, p.strip()) for p in parts)
     if stop < start:
-        raise InvalidSweepError("--vary", f"{name}={text}: STOP is below START")
+        raise InvalidSweepError("--vary", f"{name}={text}: STOP is below START; give START <= STOP")
     points = range(start, stop + 1, step)
     if len(points) > _MAX_POINTS:
         raise InvalidSweepError(
-            "--vary", f"{name}={text} makes {len(points):,} points, over {_MAX_POINTS:,}"
+            "--vary",
+            f"{name}={text} makes {len(points):,} points, over {_MAX_POINTS:,}; use a larger STEP",
         )
     return points
 
@@ -233,7 +234,10 @@ class SweepRow:
         """The row of a finished run (its ``metrics`` and ``slo`` filled). O(1)."""
         s, m = result.summary, result.metrics
         if m is None:
-            raise InvalidSweepError("SweepRow.of", "the result has no serving metrics")
+            raise InvalidSweepError(
+                "SweepRow.of",
+                "the result has no serving metrics; give a result of Simulator.run, which has them",
+            )
         scale = 1e3 if m.unit == "s" else 1.0
         lat: dict[str, float | None] = {}
         for metric in ("ttft", "tpot", "e2el"):
