@@ -86,8 +86,12 @@ __all__ = [
     "Executor",
     "Point",
     "Predicate",
+    "ProcessExecutor",
+    "RayExecutor",
     "SearchResult",
     "SweepRow",
+    "Value",
+    "check_metrics",
     "find_least",
     "format_rows",
     "make_executor",
@@ -98,6 +102,7 @@ __all__ = [
     "write_csv",
 ]
 
+#: A point's value of the varied parameter (an int, a rate, a preemption mode).
 Value = int | float | str
 
 
