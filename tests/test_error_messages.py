@@ -20,6 +20,7 @@ import importlib
 import json
 import sys
 import tempfile
+import types
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -3295,6 +3296,27 @@ def _without_ray() -> object:
             sys.modules["ray"] = saved
 
 
+def _ray_that_cannot_start() -> object:
+    """A run on ``ray:auto`` where ``ray.init`` raises (a stand-in module: the row does not
+    depend on Ray being installed)."""
+    fake = types.ModuleType("ray")
+
+    def init(**kwargs: object) -> None:
+        raise ConnectionError("no running Ray instance")
+
+    fake.init = init  # type: ignore[attr-defined]  # a module's attribute set at run time
+    saved = sys.modules.get("ray")
+    sys.modules["ray"] = fake
+    try:
+        with sweep.make_executor("ray:auto") as executor:
+            return executor.run([sweep.Point("gpu_blocks", 8, SimulationConfig(), ())])
+    finally:
+        if saved is None:
+            del sys.modules["ray"]
+        else:
+            sys.modules["ray"] = saved
+
+
 def _failing_point() -> object:
     twice = RequestSpec("a", 0.0, 4, 2)
     config = SimulationConfig(block_size=4, num_gpu_blocks=8, kv_backing="none")
@@ -3486,6 +3508,13 @@ SWEEP_MESSAGES = [
         OptionalDependencyError,
         "--executor ray needs ray, which is not installed; install it with: pip install "
         "'pagedkv[ray]'",
+    ),
+    case(
+        "sweep: ray that cannot start",
+        _ray_that_cannot_start,
+        InvalidSweepError,
+        "--executor: cannot start or join Ray at 'auto' (ConnectionError: no running Ray "
+        "instance); start a cluster with `ray start --head` and give ray:auto or its address",
     ),
     case(
         "sweep: a search from 0",

@@ -17,6 +17,7 @@ import json
 import math
 import pickle
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -396,6 +397,79 @@ def test_ray_missing_is_an_optional_dependency_error(monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     err = raised(OptionalDependencyError, make_executor, "ray:auto")
     assert (err.package, err.extra) == ("ray", "ray")
+
+
+class FakeRay(types.ModuleType):
+    """Ray's API as ``RayExecutor`` uses it (init, remote, get, shutdown, RayTaskError),
+    run in this process; ``make sweep-ray-check`` runs the real one."""
+
+    def __init__(self, init_error: Exception | None = None) -> None:
+        super().__init__("ray")
+        self.init_error = init_error
+        self.inits: list[dict[str, object]] = []
+        self.options: list[dict[str, object]] = []
+        self.shutdowns = 0
+
+        class RayTaskError(Exception):
+            def __init__(self, cause: Exception) -> None:
+                super().__init__(f"task failed: {cause}")
+                self.cause = cause
+
+        self.exceptions = types.SimpleNamespace(RayTaskError=RayTaskError)
+
+    def init(self, **kwargs: object) -> None:
+        if self.init_error is not None:
+            raise self.init_error
+        self.inits.append(kwargs)
+
+    def remote(self, **options: object) -> Callable[[Callable[[Point], SweepRow]], object]:
+        self.options.append(options)
+
+        def wrap(fn: Callable[[Point], SweepRow]) -> object:
+            def call(point: Point) -> tuple[bool, object]:
+                try:
+                    return True, fn(point)
+                except Exception as err:
+                    return False, err
+
+            return types.SimpleNamespace(remote=call)
+
+        return wrap
+
+    def get(self, refs: list[tuple[bool, object]]) -> list[object]:
+        for ok, value in refs:
+            if not ok:
+                assert isinstance(value, Exception)
+                raise self.exceptions.RayTaskError(value)
+        return [value for _, value in refs]
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+def test_the_ray_executor_through_rays_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    points = _points(10, 40)
+    with make_executor("ray:auto", 3) as ray:
+        assert fake.inits == [] and ray.parallelism == 3  # nothing started before a run
+        assert _deterministic(ray.run(points)) == _deterministic(Executor().run(points))
+        bad = dataclasses.replace(points[0], requests=points[0].requests * 2)
+        assert raised(SweepPointError, ray.run, [bad]).error_type == "WorkloadError"
+    assert fake.inits == [{"address": "auto", "log_to_driver": False}]
+    assert fake.options == [{"num_cpus": 1}] and fake.shutdowns == 1
+    with make_executor("ray", 2) as ray:
+        ray.run(points[:1])
+    assert fake.inits[1] == {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
+
+
+def test_ray_that_cannot_start_is_a_sweep_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeRay(ConnectionError("no running cluster"))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with make_executor("ray:10.0.0.1:6379") as ray:
+        err = raised(InvalidSweepError, ray.run, _points(10))
+    assert err.flag == "--executor" and "'10.0.0.1:6379' (ConnectionError" in err.detail
+    assert fake.shutdowns == 0  # never connected
 
 
 def test_compare_csv_ignores_wall_time_only(tmp_path: Path) -> None:

@@ -557,10 +557,20 @@ class RayExecutor(Executor):
             return []
         ray = self._ray
         if self._task is None:
-            if self.address is None:
-                ray.init(num_cpus=self.jobs, include_dashboard=False, log_to_driver=False)
-            else:
-                ray.init(address=self.address, log_to_driver=False)
+            try:
+                if self.address is None:
+                    ray.init(num_cpus=self.jobs, include_dashboard=False, log_to_driver=False)
+                else:
+                    ray.init(address=self.address, log_to_driver=False)
+            except Exception as err:  # Ray's own: ConnectionError, RuntimeError, ValueError...
+                where = (
+                    "a local Ray instance" if self.address is None else f"Ray at {self.address!r}"
+                )
+                raise InvalidSweepError(
+                    "--executor",
+                    f"cannot start or join {where} ({type(err).__name__}: {err}); start a "
+                    "cluster with `ray start --head` and give ray:auto or its address",
+                ) from None
             self._task = ray.remote(num_cpus=1)(run_point)
         try:
             return list(ray.get([self._task.remote(p) for p in points]))
