@@ -626,6 +626,31 @@ def test_find_prints_every_point_and_the_answer(
         assert isinstance(slo, dict) and (slo["attainment"] >= 0.5) is meets
 
 
+def test_find_reports_where_the_predicate_is_not_monotone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # preemption counts go up and down with the cache size (8 chat requests: 1 at 54
+    # blocks, 8 at 51, 3 at 55): the neighbour checks find some of it
+    out = tmp_path / "find.csv"
+    argv = [*BASE, "--find", "min_gpu_blocks", "--until", "preempted<=2", "--low", "20"]
+    argv += ["--high", "59", "--neighbours", "3", "--executor", "serial", "--out", str(out)]
+    assert cli.main(["sweep", *argv]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    held = {int(r["value"]): int(r["preempted"]) <= 2 for r in _csv_rows(out)}
+    answer = int(lines[-2].split(" = ")[1].split(":")[0])
+    assert held[answer] and not held[answer - 1]
+    below = [v for v in held if v < answer and held[v]]
+    above = [v for v in held if v > answer and not held[v]]
+    assert above, "the workload was chosen for a failing point above the answer"
+    expected = "not monotone: preempted<=2 "
+    expected += "; ".join(
+        [f"holds below the answer at {', '.join(map(str, below))}"] * bool(below)
+        + [f"fails above it at {', '.join(map(str, above))}"]
+    )
+    assert lines[-1] == expected
+    assert {answer + i for i in (1, 2, 3)} <= set(held)  # the neighbours were simulated
+
+
 def test_sweep_plot_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
     plot = tmp_path / "sweep.png"
