@@ -54,7 +54,7 @@ demo: $(STAMP)
 # local Ray cluster of 2 worker CPUs, runs a small sweep as Ray tasks and the same sweep
 # on local processes, stops the cluster (also after a failure) and checks that the CSVs
 # agree but for wall time (benchmarks/sweep_ray_check.py). Not part of `make test`: ray
-# is large (about 1 minute here, most of it Ray's start and stop).
+# is large (about 20 s here once ray is installed, most of it Ray's start and stop).
 sweep-ray-check: $(STAMP)
 	$(BIN)/python -m pip install -q 'ray>=2.9'
 	PYTHONPATH=$(CURDIR)/impl:$(CURDIR)/spec:$(CURDIR)/stateful $(BIN)/python -m benchmarks.sweep_ray_check

@@ -348,8 +348,13 @@ def test_the_process_pool_gives_the_serial_rows() -> None:
     serial = Executor().run(points)
     with make_executor("process", 2) as pool:
         assert isinstance(pool, ProcessExecutor) and pool.parallelism == 2
+        assert pool.workers == 0  # started by the first run
+        assert _deterministic(pool.run(points[:1])) == _deterministic(serial[:1])
+        assert pool.workers == 1  # no more processes than points
         assert _deterministic(pool.run(points)) == _deterministic(serial)
+        assert pool.workers == 2  # grown to the batch, up to jobs
         assert pool.run([]) == []
+    assert pool.workers == 0
     assert [r.value for r in serial] == [10, 16, 40, 24]
     assert len({r.p99_ttft for r in serial}) == 4  # distinct points
     assert serial[0] == dataclasses.replace(run_point(points[0]), wall_s=serial[0].wall_s)

@@ -505,30 +505,42 @@ class Executor:
 
 
 class ProcessExecutor(Executor):
-    """Points on a :class:`~concurrent.futures.ProcessPoolExecutor` of ``jobs``
-    processes, started on the first :meth:`run` and kept until :meth:`close`."""
+    """Points on a :class:`~concurrent.futures.ProcessPoolExecutor` of at most ``jobs``
+    processes, started by :meth:`run` and kept until :meth:`close`.
+
+    NOTE: the pool has as many processes as the largest batch so far needed (at most
+    ``jobs``), not ``jobs`` from the start: with the ``fork`` start method Python starts
+    every worker at once, and a 3-point sweep on a 128-core host needs 3."""
 
     name = "process"
 
     def __init__(self, jobs: int) -> None:
         self.jobs = jobs
         self._pool: ProcessPoolExecutor | None = None
+        self._workers = 0  # processes of self._pool
 
     @property
     def parallelism(self) -> int:
         return self.jobs
 
+    @property
+    def workers(self) -> int:
+        """Processes of the pool now (0 before the first run and after close). O(1)."""
+        return self._workers
+
     def run(self, points: Sequence[Point]) -> list[SweepRow]:
         if not points:
             return []
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.jobs)
+        want = min(self.jobs, len(points))
+        if self._pool is None or self._workers < want:
+            self.close()
+            self._pool, self._workers = ProcessPoolExecutor(max_workers=want), want
         return list(self._pool.map(run_point, points))
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
-            self._pool = None
+            self._pool, self._workers = None, 0
 
 
 class RayExecutor(Executor):
