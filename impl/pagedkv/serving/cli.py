@@ -45,7 +45,17 @@ from pagedkv.serving.scheduler import SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
 from pagedkv.serving.step_time import StepTimeModel
 
-__all__ = ["TOY_LIMIT", "build_parser", "kv_backing", "main", "parse_size", "plan_from_args"]
+__all__ = [
+    "TOY_LIMIT",
+    "PreparedRun",
+    "build_parser",
+    "build_sweep_parser",
+    "kv_backing",
+    "main",
+    "parse_size",
+    "plan_from_args",
+    "prepare_run",
+]
 
 _DTYPES = ("bfloat16", "float16", "float32")  # the toy backing's --dtype (torch dtypes)
 #: ``--kv-backing auto`` allocates toy KV tensors up to this many bytes (both tiers), and
