@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch (already on disk on our machines); users with a GPU keep their own build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test lint typecheck pytest crosshair bench bench-vllm-v1 vllm-v1-tests fuzz verify demo mutate gpu-check conform-vllm conform-vllm-v1 clean
+.PHONY: install test lint typecheck pytest crosshair bench bench-vllm-v1 vllm-v1-tests fuzz verify demo mutate gpu-check conform-vllm conform-vllm-v1 clean sweep-ray-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,15 @@ bench: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m pagedkv simulate --preset overload
+
+# pagedkv sweep --executor ray: installs ray into the venv (the `ray` extra), starts a
+# local Ray cluster of 2 worker CPUs, runs a small sweep as Ray tasks and the same sweep
+# on local processes, stops the cluster (also after a failure) and checks that the CSVs
+# agree but for wall time (benchmarks/sweep_ray_check.py). Not part of `make test`: ray
+# is large (about 20 s here once ray is installed, most of it Ray's start and stop).
+sweep-ray-check: $(STAMP)
+	$(BIN)/python -m pip install -q 'ray>=2.9'
+	PYTHONPATH=$(CURDIR)/impl:$(CURDIR)/spec:$(CURDIR)/stateful $(BIN)/python -m benchmarks.sweep_ray_check
 
 # On a machine with CUDA: the @pytest.mark.cuda tests and the KV swap/copy benchmark
 # (GB/s beside raw contiguous copies and the pinned PCIe bandwidth of the same run), one

@@ -1897,6 +1897,20 @@ def _sim(*args: str) -> Callable[[Path], list[str]]:
     ]
 
 
+def _sweep(*args: str) -> Callable[[Path], list[str]]:
+    return lambda root: [
+        "sweep",
+        "--quiet",
+        "--num-requests",
+        "2",
+        "--kv-backing",
+        "none",
+        "--executor",
+        "serial",
+        *[a.replace("@", str(root) + "/") for a in args],
+    ]
+
+
 def _conform(*args: str) -> Callable[[Path], list[str]]:
     return lambda root: ["conform", *[a.replace("@", str(root) + "/") for a in args]]
 
@@ -1955,6 +1969,12 @@ for _name, _args in (
     ("burstiness without a rate", ("--burstiness", "2")),
     ("max concurrency 0", ("--max-concurrency", "0")),
     ("requests out xlsx", ("--requests-out", "@rows.xlsx")),
+    ("slo unknown metric", ("--slo", "itl=5")),
+    ("slo ms without a time model", ("--slo", "ttft=200ms")),
+    (
+        "slo steps with a time model",
+        ("--slo", "ttft=5", "--time-model", "c0=0.01", "--request-rate", "1"),
+    ),
     ("requests out into a missing directory", ("--requests-out", "@no/rows.csv")),
     ("engine v2", ("--engine", "v2")),
     ("engine v1 with toy KV", ("--engine", "v1", "--kv-backing", "toy")),
@@ -2061,6 +2081,55 @@ for _name, _args in (
             },
         )
     )
+_FIND = ("--find", "min_gpu_blocks", "--until", "preempted==0")
+for _name, _args in (
+    ("nothing to do", ()),
+    ("vary and find", ("--vary", "gpu_blocks=4,8", *_FIND)),
+    ("vary an unknown parameter", ("--vary", "speed=1,2")),
+    ("vary a bad value", ("--vary", "gpu_blocks=4,x")),
+    ("vary a value twice", ("--vary", "gpu_blocks=4,4")),
+    ("vary a range downwards", ("--vary", "gpu_blocks=8:4:1")),
+    ("find without until", ("--find", "min_gpu_blocks")),
+    ("find an unknown target", ("--find", "max_throughput", "--until", "preempted==0")),
+    ("until without find", ("--vary", "gpu_blocks=4,8", "--until", "preempted==0")),
+    ("low without find", ("--vary", "gpu_blocks=4,8", "--low", "2")),
+    ("until an unknown column", ("--find", "min_gpu_blocks", "--until", "speed>1")),
+    ("until in ms without a time model", ("--find", "min_gpu_blocks", "--until", "p99_ttft<1s")),
+    ("low above high", (*_FIND, "--low", "9", "--high", "4")),
+    ("low 0", (*_FIND, "--low", "0")),
+    ("neighbours -1", (*_FIND, "--neighbours", "-1")),
+    ("find on a cache in bytes", (*_FIND, "--gpu-memory", "1MiB")),
+    ("executor dask", ("--vary", "gpu_blocks=4,8", "--executor", "dask")),
+    ("executor ray without an address", ("--vary", "gpu_blocks=4,8", "--executor", "ray:")),
+    ("jobs 0", ("--vary", "gpu_blocks=4,8", "--jobs", "0")),
+    ("json", ("--vary", "gpu_blocks=4,8", "--json")),
+    ("requests out", ("--vary", "gpu_blocks=4,8", "--requests-out", "@r.csv")),
+    ("out not csv", ("--vary", "gpu_blocks=4,8", "--out", "@rows.txt")),
+    ("out into a missing directory", ("--vary", "gpu_blocks=4,8", "--out", "@no/rows.csv")),
+    ("plot with an unsupported extension", ("--vary", "gpu_blocks=4,8", "--plot", "@p.xyz")),
+    ("metric unknown", ("--vary", "gpu_blocks=4,8", "--metric", "latency")),
+    ("a simulate flag misspelt", ("--vary", "gpu_blocks=4,8", "--gpu-blokcs", "4")),
+    ("an abbreviated sweep flag", ("--var", "gpu_blocks=4,8")),
+    ("slo ms without a time model", ("--vary", "gpu_blocks=4,8", "--slo", "ttft=1s")),
+    (
+        "a point below the model's max-model-len",
+        (
+            "--vary",
+            "gpu_blocks=1000,1",
+            "--model",
+            "@m.json",
+            "--kv-memory",
+            "1GiB",
+            "--max-model-len",
+            "16000",
+        ),
+    ),
+    (
+        "request rate of a preset with a time model, unvaried",
+        (*_FIND, "--time-model", "c0=0.01"),
+    ),
+):
+    CLI_CASES.append(CliCase(f"sweep {_name}", _sweep(*_args), files={"m.json": _MODEL}))
 for _name, _args in (
     ("max-examples -5", ("faulty_allocators:fifo_allocator", "--max-examples", "-5")),
     ("max-examples x", ("faulty_allocators:fifo_allocator", "--max-examples", "x")),

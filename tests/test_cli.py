@@ -185,7 +185,7 @@ def test_main_reads_its_arguments_from_sys_argv(
 ) -> None:
     monkeypatch.setattr(sys, "argv", ["pagedkv"])
     assert error_of(capsys, None) == (  # None: sys.argv[1:]
-        "pagedkv: error: choose a command: simulate or conform (see pagedkv --help)"
+        "pagedkv: error: choose a command: simulate, sweep or conform (see pagedkv --help)"
     )
     monkeypatch.setattr(sys, "argv", ["pagedkv", "simulate", "--num-requests", "0"])
     message = error_of(capsys, None)

@@ -18,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import sys
 import tempfile
+import types
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -62,7 +64,9 @@ from pagedkv.errors import (
     InvalidSchedulerConfigError,
     InvalidSequenceError,
     InvalidSequenceStateError,
+    InvalidSLOError,
     InvalidSwapError,
+    InvalidSweepError,
     InvariantViolationError,
     KVBlockIdError,
     KVCopyConflictError,
@@ -71,11 +75,13 @@ from pagedkv.errors import (
     ModelConfigError,
     NoFreeBlocksError,
     NullBlockError,
+    OptionalDependencyError,
     PromotionError,
     RefCountError,
     SequenceAlreadyAllocatedError,
     SequenceNotInGroupError,
     StaleBlockError,
+    SweepPointError,
     TableAlreadyAllocatedError,
     TableNotAllocatedError,
     UnknownSequenceError,
@@ -83,7 +89,7 @@ from pagedkv.errors import (
 )
 from pagedkv.kv.attention import build_attention_inputs, paged_attention_reference
 from pagedkv.kv.cache import KVCacheConfig, KVCacheEngine
-from pagedkv.serving import cli, traces
+from pagedkv.serving import cli, sweep, traces
 from pagedkv.serving.capacity import plan_capacity
 from pagedkv.serving.cli import parse_size
 from pagedkv.serving.model_config import (
@@ -92,8 +98,10 @@ from pagedkv.serving.model_config import (
     model_shape,
     resolve_kv_cache_dtype,
 )
+from pagedkv.serving.report import SimulationResult, Summary, Timeline
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
+from pagedkv.serving.slo import parse_slo
 from pagedkv.serving.step_time import StepTimeModel
 from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerConfig, V1SchedulerOutput
 from pagedkv.serving.workload import RequestSpec, parse_trace, preset, retime
@@ -3355,6 +3363,276 @@ V1_SCHEDULER_MESSAGES = [
 ]
 
 
+# ---------------------------------------------------------------- slo.py, sweep.py
+
+
+def _without_ray() -> object:
+    """``make_executor("ray")`` as if ray were not installed (whether or not it is)."""
+    saved = sys.modules.get("ray")
+    sys.modules["ray"] = None  # type: ignore[assignment]  # None: import ray raises ImportError
+    try:
+        return sweep.make_executor("ray")
+    finally:
+        if saved is None:
+            del sys.modules["ray"]
+        else:
+            sys.modules["ray"] = saved
+
+
+def _ray_that_cannot_start() -> object:
+    """A run on ``ray:auto`` where ``ray.init`` raises (a stand-in module: the row does not
+    depend on Ray being installed)."""
+    fake = types.ModuleType("ray")
+
+    def init(**kwargs: object) -> None:
+        raise ConnectionError("no running Ray instance")
+
+    fake.init = init  # type: ignore[attr-defined]  # a module's attribute set at run time
+    saved = sys.modules.get("ray")
+    sys.modules["ray"] = fake
+    try:
+        with sweep.make_executor("ray:auto") as executor:
+            return executor.run([sweep.Point("gpu_blocks", 8, SimulationConfig(), ())])
+    finally:
+        if saved is None:
+            del sys.modules["ray"]
+        else:
+            sys.modules["ray"] = saved
+
+
+def _failing_point() -> object:
+    twice = RequestSpec("a", 0.0, 4, 2)
+    config = SimulationConfig(block_size=4, num_gpu_blocks=8, kv_backing="none")
+    return sweep.run_point(sweep.Point("gpu_blocks", 8, config, (twice, twice)))
+
+
+def _always(values: list[int]) -> list[bool]:
+    return [True] * len(values)
+
+
+COLUMNS_LISTED = (
+    "aborted, block_size, duration, finished, goodput, mean_kv_usage, num_gpu_blocks, "
+    "output_throughput, p50_e2el, p50_tpot, p50_ttft, p99_e2el, p99_tpot, p99_ttft, "
+    "peak_kv_usage, preempted, preempted_recompute, preempted_swap, rejected, "
+    "request_throughput, requests, slo_attainment, steps, unfinished, wall_s"
+)
+
+SWEEP_MESSAGES = [
+    case(
+        "slo: not a string",
+        lambda: parse_slo(5),  # type: ignore[arg-type]  # wrong on purpose
+        InvalidSLOError,
+        "SLO '5': expected a string like 'ttft=200ms,tpot=50ms'",
+    ),
+    case(
+        "slo: no bound",
+        lambda: parse_slo("ttft"),
+        InvalidSLOError,
+        "SLO 'ttft': expected metric=bound, got 'ttft' (e.g. ttft=200ms,tpot=50ms)",
+    ),
+    case(
+        "slo: unknown metric",
+        lambda: parse_slo("itl=5ms"),
+        InvalidSLOError,
+        "SLO 'itl=5ms': unknown metric 'itl'; bound ttft, tpot or e2el (e.g. ttft=200ms)",
+    ),
+    case(
+        "slo: a metric twice",
+        lambda: parse_slo("ttft=5,ttft=6"),
+        InvalidSLOError,
+        "SLO 'ttft=5,ttft=6': ttft is bounded twice; give each metric once",
+    ),
+    case(
+        "slo: a negative bound",
+        lambda: parse_slo("ttft=-5ms"),
+        InvalidSLOError,
+        "SLO 'ttft=-5ms': ttft: expected a number >= 0 and ms, s or no unit (steps), got '-5ms'",
+    ),
+    case(
+        "slo: an unknown unit",
+        lambda: parse_slo("ttft=5min"),
+        InvalidSLOError,
+        "SLO 'ttft=5min': ttft: unknown unit 'min'; use ms or s, or no unit for steps",
+    ),
+    case(
+        "slo: seconds and steps mixed",
+        lambda: parse_slo("ttft=200ms,tpot=2"),
+        InvalidSLOError,
+        "SLO 'ttft=200ms,tpot=2': mixes bounds in ms or s with bounds in steps (no unit); give "
+        "every bound in one clock",
+    ),
+    case(
+        "slo: ms on a clock of steps",
+        lambda: parse_slo("ttft=200ms").check_clock("step"),
+        InvalidSLOError,
+        "SLO 'ttft=200ms': bounds in ms or s need a step-time model (--time-model), but this "
+        "run's clock counts scheduler steps; give bounds in steps (ttft=5) or a --time-model",
+    ),
+    case(
+        "slo: steps on a clock of seconds",
+        lambda: parse_slo("ttft=5").check_clock("s"),
+        InvalidSLOError,
+        "SLO 'ttft=5': bounds without a unit are scheduler steps, but the step-time model makes "
+        "this run's clock seconds; give ms or s (ttft=200ms)",
+    ),
+    case(
+        "sweep: an integer value below 1",
+        lambda: sweep.parse_vary("gpu_blocks=64,0"),
+        InvalidSweepError,
+        "--vary: gpu_blocks takes integers >= 1, got '0'",
+    ),
+    case(
+        "sweep: a rate that is not a number",
+        lambda: sweep.parse_vary("request_rate=fast"),
+        InvalidSweepError,
+        "--vary: request_rate takes numbers > 0 or inf, got 'fast'",
+    ),
+    case(
+        "sweep: an unknown preemption mode",
+        lambda: sweep.parse_vary("preemption=never"),
+        InvalidSweepError,
+        "--vary: preemption takes auto, recompute or swap, got 'never'",
+    ),
+    case(
+        "sweep: no values",
+        lambda: sweep.parse_vary("gpu_blocks"),
+        InvalidSweepError,
+        "--vary: expected NAME=V1,V2,... or NAME=START:STOP:STEP, got 'gpu_blocks'",
+    ),
+    case(
+        "sweep: an unknown parameter",
+        lambda: sweep.parse_vary("speed=1,2"),
+        InvalidSweepError,
+        "--vary: unknown parameter 'speed'; vary one of gpu_blocks, block_size, request_rate, "
+        "preemption, max_num_seqs, max_num_batched_tokens, max_concurrency, num_requests",
+    ),
+    case(
+        "sweep: a value twice",
+        lambda: sweep.parse_vary("block_size=8,16,8"),
+        InvalidSweepError,
+        "--vary: block_size=8 is listed twice; give each value once",
+    ),
+    case(
+        "sweep: a range of a real parameter",
+        lambda: sweep.parse_vary("request_rate=1:4:1"),
+        InvalidSweepError,
+        "--vary: a range is START:STOP:STEP of integers (gpu_blocks=64:1024:64), got "
+        "request_rate=1:4:1",
+    ),
+    case(
+        "sweep: a range downwards",
+        lambda: sweep.parse_vary("gpu_blocks=64:32:8"),
+        InvalidSweepError,
+        "--vary: gpu_blocks=64:32:8: STOP is below START; give START <= STOP",
+    ),
+    case(
+        "sweep: a range of too many points",
+        lambda: sweep.parse_vary("gpu_blocks=1:20000:1"),
+        InvalidSweepError,
+        "--vary: gpu_blocks=1:20000:1 makes 20,000 points, over 10,000; use a larger STEP",
+    ),
+    case(
+        "sweep: a row of a result without metrics",
+        lambda: sweep.SweepRow.of(
+            "gpu_blocks", 4, SimulationResult(Summary(), Timeline(), [], [], {})
+        ),
+        InvalidSweepError,
+        "SweepRow.of: the result has no serving metrics; give a result of Simulator.run, which "
+        "has them",
+    ),
+    case(
+        "sweep: a predicate without an operator",
+        lambda: sweep.parse_predicate("fast"),
+        InvalidSweepError,
+        "--until: expected COLUMN OP NUMBER like 'slo_attainment>=0.99', 'p99_ttft<=500ms' or "
+        "'preempted==0', got 'fast'",
+    ),
+    case(
+        "sweep: a predicate on an unknown column",
+        lambda: sweep.parse_predicate("speed>1"),
+        InvalidSweepError,
+        f"--until: unknown column 'speed' in 'speed>1'; use one of {COLUMNS_LISTED}",
+    ),
+    case(
+        "sweep: a predicate without a number",
+        lambda: sweep.parse_predicate("preempted==none"),
+        InvalidSweepError,
+        "--until: 'preempted==none': expected a finite number after ==, got 'none'",
+    ),
+    case(
+        "sweep: a unit on a count",
+        lambda: sweep.parse_predicate("preempted<1s"),
+        InvalidSweepError,
+        "--until: 'preempted<1s': preempted is not a latency; give it without a unit",
+    ),
+    case(
+        "sweep: a predicate in ms on latencies in steps",
+        lambda: sweep.parse_predicate("p99_ttft<=500ms").check_unit("step"),
+        InvalidSweepError,
+        "--until: 'p99_ttft<=500ms' is in ms or s, but without --time-model latencies are in "
+        "scheduler steps; give the bound in steps (no unit) or a --time-model",
+    ),
+    case(
+        "sweep: no jobs",
+        lambda: sweep.make_executor("process", 0),
+        InvalidSweepError,
+        "--jobs: must be an integer >= 1, got 0",
+    ),
+    case(
+        "sweep: an unknown executor",
+        lambda: sweep.make_executor("threads"),
+        InvalidSweepError,
+        "--executor: expected process, serial, ray or ray:ADDRESS (ray:auto joins a running "
+        "cluster), got 'threads'",
+    ),
+    case(
+        "sweep: ray not installed",
+        _without_ray,
+        OptionalDependencyError,
+        "--executor ray needs ray, which is not installed; install it with: pip install "
+        "'pagedkv[ray]'",
+    ),
+    case(
+        "sweep: ray that cannot start",
+        _ray_that_cannot_start,
+        InvalidSweepError,
+        "--executor: cannot start or join Ray at 'auto' (ConnectionError: no running Ray "
+        "instance); start a cluster with `ray start --head` and give ray:auto or its address",
+    ),
+    case(
+        "sweep: a search from 0",
+        lambda: sweep.find_least(0, 4, _always),
+        InvalidSweepError,
+        "--low: must be an integer >= 1, got 0",
+    ),
+    case(
+        "sweep: negative neighbours",
+        lambda: sweep.find_least(1, 4, _always, 1, -1),
+        InvalidSweepError,
+        "--neighbours: must be an integer >= 0, got -1",
+    ),
+    case(
+        "sweep: a search downwards",
+        lambda: sweep.find_least(8, 4, _always),
+        InvalidSweepError,
+        "--low: 8 is above --high 4; give low <= high",
+    ),
+    case(
+        "sweep: an unknown column to plot",
+        lambda: sweep.check_metrics(["p99_ttft", "latency"]),
+        InvalidSweepError,
+        f"--metric: unknown column 'latency'; plot some of {COLUMNS_LISTED}",
+    ),
+    case(
+        "sweep: a point whose simulation fails",
+        _failing_point,
+        SweepPointError,
+        "sweep point gpu_blocks=8: WorkloadError: Simulator.run: duplicate request_id 'a'; give "
+        "each its own id",
+    ),
+]
+
+
 MESSAGES = [
     *ALLOCATOR_MESSAGES,
     *CACHING_MESSAGES,
@@ -3370,6 +3648,7 @@ MESSAGES = [
     *CONFORM_MESSAGES,
     *V1_MESSAGES,
     *V1_SCHEDULER_MESSAGES,
+    *SWEEP_MESSAGES,
 ]
 
 

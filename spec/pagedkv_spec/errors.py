@@ -35,11 +35,13 @@ __all__ = [
     "InvalidKVCacheConfigError",
     "InvalidKVCacheManagerConfigError",
     "InvalidRequestError",
+    "InvalidSLOError",
     "InvalidSchedulerCallError",
     "InvalidSchedulerConfigError",
     "InvalidSequenceError",
     "InvalidSequenceStateError",
     "InvalidSwapError",
+    "InvalidSweepError",
     "InvalidTokenIdsError",
     "InvariantViolationError",
     "KVBlockIdError",
@@ -59,6 +61,7 @@ __all__ = [
     "SequenceAlreadyAllocatedError",
     "SequenceNotInGroupError",
     "StaleBlockError",
+    "SweepPointError",
     "TableAlreadyAllocatedError",
     "TableNotAllocatedError",
     "UnknownRequestError",
@@ -516,6 +519,41 @@ class OptionalDependencyError(SchedulerError, ImportError):
             f"{feature} needs {package}, which is not installed; "
             f"install it with: pip install 'pagedkv[{extra}]'"
         )
+
+
+class InvalidSLOError(SchedulerError, ValueError):
+    """A service-level objective that cannot be read, or whose unit the run's clock
+    does not have (``--slo ttft=200ms`` without a step-time model)."""
+
+    def __init__(self, text: str, detail: str) -> None:
+        self.text = text
+        self.detail = detail
+        super().__init__(f"SLO {text!r}: {detail}")
+
+
+class InvalidSweepError(SchedulerError, ValueError):
+    """A sweep or a search that cannot run: a bad ``--vary`` list, ``--until``
+    predicate or executor, or bounds that hold no answer."""
+
+    def __init__(self, flag: str, detail: str) -> None:
+        self.flag = flag
+        self.detail = detail
+        super().__init__(f"{flag}: {detail}")
+
+
+class SweepPointError(SchedulerError):
+    """A point of a sweep failed where it ran (a worker process, a Ray task): which
+    point, and the error it raised, by type name and message (fields that cross
+    process boundaries, where the error itself might not unpickle)."""
+
+    def __init__(self, point: str, error_type: str, message: str) -> None:
+        self.point = point
+        self.error_type = error_type
+        self.message = message
+        super().__init__(f"sweep point {point}: {error_type}: {message}")
+
+    def __reduce__(self) -> tuple[type[SweepPointError], tuple[str, str, str]]:
+        return (type(self), (self.point, self.error_type, self.message))
 
 
 # --------------------------------------------------------------------------- V1 KV cache manager

@@ -4,7 +4,12 @@ Commands:
     simulate   serve a preset or a JSONL trace with the scheduler, the block
                manager and the KV cache engine (see :mod:`pagedkv.serving.simulator`);
                with ``--model config.json``, a real model's cache sized as vLLM sizes
-               it (:mod:`pagedkv.serving.capacity`)
+               it (:mod:`pagedkv.serving.capacity`); with ``--slo``, SLO attainment
+               and goodput (:mod:`pagedkv.serving.slo`)
+    sweep      simulate's setup at several values of one parameter (``--vary``), one
+               CSV row per point, or the fewest GPU blocks meeting a target
+               (``--find min_gpu_blocks --until PREDICATE``), the points run in
+               parallel (:mod:`pagedkv.serving.sweep`)
 
 torch is imported only when KV tensors are needed (the toy backing): ``--help``, bad
 input and ``--kv-backing none`` runs answer without it.
@@ -25,18 +30,35 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
-from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError, PagedKVError
+from pagedkv.errors import (
+    InvalidKVCacheConfigError,
+    InvalidSLOError,
+    InvariantViolationError,
+    PagedKVError,
+    SweepPointError,
+)
 from pagedkv.output_files import check_output_path, write_atomically
-from pagedkv.serving import report, traces, workload
+from pagedkv.serving import report, slo, sweep, traces, workload
 from pagedkv.serving.capacity import CapacityPlan, plan_capacity
 from pagedkv.serving.model_config import KV_CACHE_DTYPES, load_model_config
 from pagedkv.serving.scheduler import SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
 from pagedkv.serving.step_time import StepTimeModel
 
-__all__ = ["TOY_LIMIT", "build_parser", "kv_backing", "main", "parse_size", "plan_from_args"]
+__all__ = [
+    "TOY_LIMIT",
+    "PreparedRun",
+    "build_parser",
+    "build_sweep_parser",
+    "kv_backing",
+    "main",
+    "parse_size",
+    "plan_from_args",
+    "prepare_run",
+]
 
 _DTYPES = ("bfloat16", "float16", "float32")  # the toy backing's --dtype (torch dtypes)
 #: ``--kv-backing auto`` allocates toy KV tensors up to this many bytes (both tiers), and
@@ -185,6 +207,14 @@ def _utilization(text: str) -> float:
     return value
 
 
+def _slo(text: str) -> slo.SLO:
+    """:func:`~pagedkv.serving.slo.parse_slo` for argparse."""
+    try:
+        return slo.parse_slo(text)
+    except InvalidSLOError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (``simulate`` subcommand). Complexity: O(1)."""
     parser = _Parser(prog="pagedkv", description="pagedkv: a verified paged KV-cache manager")
@@ -326,6 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="most requests in the server at once; later ones are sent as earlier ones end",
     )
     timing.add_argument(
+        "--slo",
+        type=_slo,
+        metavar="ttft=200ms,tpot=50ms",
+        help="SLO bounds (ttft, tpot, e2el; ms or s with --time-model, steps without): "
+        "prints SLO attainment and goodput (pagedkv.serving.slo)",
+    )
+    timing.add_argument(
         "--requests-out",
         metavar="FILE",
         help="one row per request (times, latencies, outcome): .csv or .jsonl",
@@ -368,6 +405,80 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     conform.add_argument("rest", nargs=argparse.REMAINDER)
+    # Parsed by _sweep: its own flags, then the rest as simulate's (pagedkv sweep --help).
+    sweep_command = commands.add_parser(
+        "sweep",
+        help="simulate at several values of one parameter, or find the fewest GPU blocks "
+        "that meet a target (pagedkv sweep --help)",
+        add_help=False,
+    )
+    sweep_command.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def build_sweep_parser() -> argparse.ArgumentParser:
+    """The parser of ``pagedkv sweep``'s own flags; the others are ``simulate``'s.
+    Complexity: O(1)."""
+    parser = _Parser(
+        prog="pagedkv sweep",
+        allow_abbrev=False,
+        description="Run pagedkv simulate's setup at several values of one parameter "
+        "(one CSV row per point), or search the fewest GPU blocks meeting a target. "
+        "Every flag of pagedkv simulate sets up the points (pagedkv simulate --help); "
+        "the varied parameter overrides its flag.",
+    )
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--vary",
+        metavar="NAME=V1,V2,...",
+        help=f"the parameter and its values, or NAME=START:STOP:STEP for integers (STOP "
+        f"included); NAME one of {', '.join(sweep.PARAMETERS)}",
+    )
+    what.add_argument(
+        "--find",
+        choices=["min_gpu_blocks"],
+        help="bisect over GPU blocks for the least count where --until holds",
+    )
+    parser.add_argument(
+        "--until",
+        metavar="PREDICATE",
+        help="with --find: COLUMN OP NUMBER on a row, e.g. 'slo_attainment>=0.99', "
+        "'p99_ttft<=500ms', 'preempted==0'",
+    )
+    parser.add_argument(
+        "--low",
+        type=_int_at_least(1),
+        help="with --find: least count tried (default 1; with --model the least vLLM accepts)",
+    )
+    parser.add_argument(
+        "--high", type=_int_at_least(1), help="with --find: most count tried (default: the cache's)"
+    )
+    parser.add_argument(
+        "--neighbours",
+        type=_int_at_least(0),
+        default=2,
+        help="with --find: points checked on each side of the answer (default 2)",
+    )
+    parser.add_argument("--out", metavar="FILE.csv", help="one row per point (all columns)")
+    parser.add_argument(
+        "--plot", metavar="FILE.png", help="--metric against the varied value (.png, .pdf, .svg)"
+    )
+    parser.add_argument(
+        "--metric",
+        metavar="COL,...",
+        help="columns to plot (default p99_ttft,request_throughput,preempted; with --slo "
+        "also slo_attainment,goodput)",
+    )
+    parser.add_argument(
+        "--executor",
+        default="process",
+        metavar="process|serial|ray[:ADDRESS]",
+        help="where points run: local processes (default), this process, or Ray tasks "
+        "(ray:auto joins a running cluster; pip install 'pagedkv[ray]')",
+    )
+    parser.add_argument(
+        "--jobs", type=_int_at_least(1), help="points at once (default: the CPU count)"
+    )
     return parser
 
 
@@ -377,14 +488,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == ["conform"]:  # conform parses its own arguments
             return _conform(argv[1:])
+        if argv[:1] == ["sweep"]:
+            return _sweep(argv[1:])
         args = build_parser().parse_args(argv)
         if args.command is None:
-            raise _UsageError("choose a command: simulate or conform (see pagedkv --help)")
+            raise _UsageError("choose a command: simulate, sweep or conform (see pagedkv --help)")
         return _simulate(args)
     except _UsageError as err:
         return _fail(str(err), 2)
     except InvariantViolationError as err:
         return _fail(f"check failed: {err}", 1)
+    except SweepPointError as err:  # in a worker: an invariant is a pagedkv bug, as above
+        failed = err.error_type == InvariantViolationError.__name__
+        return _fail(f"check failed: {err}" if failed else str(err), 1 if failed else 2)
     except PagedKVError as err:
         return _fail(str(err), 2)
     except SystemExit as done:  # --help
@@ -428,6 +544,146 @@ def _conform(argv: list[str]) -> int:
     return conform.main(argv)
 
 
+def _sweep(argv: list[str]) -> int:
+    """``pagedkv sweep``: its own flags, then simulate's; every point is prepared (and
+    so checked) before the first runs."""
+    own, rest = build_sweep_parser().parse_known_args(argv)
+    args = build_parser().parse_args(["simulate", *rest])
+    if args.json or args.requests_out:
+        raise _UsageError(
+            "--json and --requests-out are simulate's outputs; a sweep writes one row per "
+            "point with --out FILE.csv"
+        )
+    if own.find is None:
+        flags = (("--until", own.until), ("--low", own.low), ("--high", own.high))
+        given = [flag for flag, value in flags if value is not None]
+        if given:
+            raise _UsageError(f"{', '.join(given)}: only with --find")
+    elif own.until is None:
+        raise _UsageError("--find needs --until PREDICATE (e.g. 'slo_attainment>=0.99')")
+    for flag, path, formats in (("--out", own.out, (".csv",)), ("--plot", own.plot, PLOT_FORMATS)):
+        if path is not None:
+            if flag == "--plot":
+                report.require_matplotlib()
+            problem = check_output_path(path, flag, formats)
+            if problem:
+                raise _UsageError(problem)
+    metrics = own.metric.split(",") if own.metric else ["p99_ttft", "request_throughput"]
+    if not own.metric:
+        metrics += ["preempted"] + (["slo_attainment", "goodput"] if args.slo else [])
+    sweep.check_metrics(metrics)
+    predicate = sweep.parse_predicate(own.until) if own.find else None
+    executor = sweep.make_executor(own.executor, own.jobs)
+    if predicate is not None:  # --find: the command line as given sizes the search
+        base = prepare_run(args)
+        with executor:
+            rows = _find(args, own, base, predicate, executor)
+        title = f"{base.title}: --find {own.find} --until {own.until}"
+    else:
+        name, values = sweep.parse_vary(own.vary)
+        runs = [(v, _prepare_point(args, name, v)) for v in values]  # all checked first
+        with executor:
+            rows = executor.run([_point(name, v, run) for v, run in runs])
+        print(sweep.format_rows(rows))
+        title = f"{runs[0][1].title.partition(';')[0]}: --vary {own.vary}"
+    if own.out:
+        _write(own.out, "--out", lambda tmp: sweep.write_csv(rows, tmp))
+        print(f"pagedkv: {len(rows)} rows written to {own.out}", file=sys.stderr)
+    if own.plot:
+        _write(own.plot, "--plot", lambda tmp: sweep.plot(rows, tmp, metrics, title))
+        print(f"pagedkv: plot written to {own.plot}", file=sys.stderr)
+    return 0
+
+
+def _write(path: str, flag: str, write: Callable[[str], None]) -> None:
+    try:
+        write_atomically(path, write)
+    except OSError as err:  # e.g. the disk filled up: no partial file is left
+        raise _UsageError(f"cannot write {flag} {path!r}: {err.strerror or err}") from None
+
+
+def _point(name: str, value: sweep.Value, run: PreparedRun) -> sweep.Point:
+    return sweep.Point(name, value, run.config, tuple(run.requests), run.slo)
+
+
+def _prepare_point(args: argparse.Namespace, name: str, value: sweep.Value) -> PreparedRun:
+    """``simulate ARGS`` with parameter ``name`` set to ``value``, prepared."""
+    point = argparse.Namespace(**vars(args))
+    if name == "gpu_blocks" and args.model is not None:
+        point.num_gpu_blocks_override = value
+        point.kv_memory = point.gpu_total = point.non_kv_memory = None
+        point.gpu_memory_utilization = None
+    elif name == "gpu_blocks":
+        point.gpu_blocks, point.gpu_memory = value, None
+    else:  # the other parameters are simulate's flags of the same name
+        setattr(point, name, value)
+    try:
+        return prepare_run(point)
+    except InvariantViolationError:
+        raise
+    except (PagedKVError, _UsageError) as err:  # name the point (exit 2 as before)
+        raise _UsageError(f"at {name}={value}: {err}") from None
+
+
+def _find(
+    args: argparse.Namespace,
+    own: argparse.Namespace,
+    base: PreparedRun,
+    predicate: sweep.Predicate,
+    executor: sweep.Executor,
+) -> list[sweep.SweepRow]:
+    """``--find min_gpu_blocks``: the search, each point printed as it is evaluated, then
+    the answer and any sign that the predicate is not monotone; returns the rows by
+    value."""
+    config = base.config
+    predicate.check_unit("step" if config.time_model is None else "ms")
+    high = own.high if own.high is not None else config.num_gpu_blocks
+    if high is None:
+        raise _UsageError("--find: the cache is sized in bytes (--gpu-memory); give --high N")
+    low = own.low
+    if low is None:
+        plan = config.capacity  # vLLM refuses a cache that cannot hold max_model_len
+        low = 1 if plan is None else -(-plan.max_model_len // plan.block_size)
+    rows: dict[int, sweep.SweepRow] = {}
+
+    def evaluate(values: list[int]) -> list[bool]:
+        runs = [_prepare_point(args, "gpu_blocks", v) for v in values]
+        got = executor.run([_point("gpu_blocks", v, r) for v, r in zip(values, runs, strict=True)])
+        for value, row in zip(values, got, strict=True):
+            rows[value] = row
+            seen = getattr(row, predicate.column)
+            verdict = "holds" if predicate.holds(row) else "fails"
+            print(f"gpu_blocks={value}: {verdict} ({predicate.column} {_figure(seen)})", flush=True)
+        return [predicate.holds(rows[v]) for v in values]
+
+    found = sweep.find_least(low, high, evaluate, executor.parallelism, own.neighbours)
+    count = f"{len(found.held)} simulations"
+    if found.answer is None:
+        print(
+            f"min_gpu_blocks: none in [{low}, {high}]: {predicate.text} fails at {high} "
+            f"({count}); raise --high"
+        )
+    else:
+        below = found.answer - 1
+        context = f" and fails at {below}" if below in found.held and not found.held[below] else ""
+        print(
+            f"min_gpu_blocks = {found.answer}: {predicate.text} holds at {found.answer}"
+            f"{context} ({count})"
+        )
+    if not found.monotone:
+        parts = []
+        if found.held_below:
+            parts.append(f"holds below the answer at {', '.join(map(str, found.held_below))}")
+        if found.failed_above:
+            parts.append(f"fails above it at {', '.join(map(str, found.failed_above))}")
+        print(f"not monotone: {predicate.text} {'; '.join(parts)}")
+    return [rows[v] for v in sorted(rows)]
+
+
+def _figure(value: object) -> str:
+    return "-" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 def _fail(message: str, code: int) -> int:
     print(f"pagedkv: error: {message}", file=sys.stderr)
     return code
@@ -445,6 +701,26 @@ def _simulate(args: argparse.Namespace) -> int:
         )
         if problem:
             raise _UsageError(problem)
+    return _serve(args, prepare_run(args))
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """What a ``simulate`` command line serves: the workload, the simulator's config,
+    the workload's title for reports, the KV backing ``--kv-backing`` resolved to, and
+    the SLO to report on (None without ``--slo``)."""
+
+    requests: list[workload.RequestSpec]
+    config: SimulationConfig
+    title: str
+    backing: str
+    slo: slo.SLO | None
+
+
+def prepare_run(args: argparse.Namespace) -> PreparedRun:
+    """The workload and simulator config of parsed ``simulate`` arguments, checked
+    before anything runs (usage errors, WorkloadError, InvalidKVCacheConfigError,
+    InvalidSLOError, ...); the cache is not allocated. Complexity: O(workload)."""
     time_model = StepTimeModel.parse(args.time_model) if args.time_model else None
     if args.trace:
         trace = traces.load(args.trace, args.trace_format, args.time_unit)
@@ -520,6 +796,13 @@ def _simulate(args: argparse.Namespace) -> int:
             **shape,
             **settings,
         )
+    if args.slo is not None:
+        args.slo.check_clock(config.time_unit)
+    return PreparedRun(requests, config, title, backing, args.slo)
+
+
+def _serve(args: argparse.Namespace, run: PreparedRun) -> int:
+    requests, config, title, backing = run.requests, run.config, run.title, run.backing
     simulator = Simulator(config)
     bar = _ProgressBar(sys.stderr, enabled=not args.quiet, terminal=sys.stderr.isatty())
     interrupted = _Interrupt()
@@ -529,7 +812,11 @@ def _simulate(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     result.setup["workload"] = title
-    if args.kv_backing == "auto" and backing == "none" and not v1:
+    if run.slo is not None and result.metrics is not None:
+        result.slo = slo.attainment(
+            run.slo, result.requests, result.metrics.duration, result.metrics.unit
+        )
+    if args.kv_backing == "auto" and backing == "none" and config.engine != "v1":
         result.setup["kv_backing_auto"] = f"KV tensors over {TOY_LIMIT:,} B"
     print(report.to_json(result) if args.json else report.format_summary(result, title))
     if args.plot:

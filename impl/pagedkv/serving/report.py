@@ -28,6 +28,7 @@ from pagedkv.errors import OptionalDependencyError
 from pagedkv.serving.capacity import summary_rows
 from pagedkv.serving.latency import Distribution, RequestRecord, ServingMetrics
 from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerOutputs
+from pagedkv.serving.slo import SLOReport
 from pagedkv.v0.prefix_caching_allocator import CacheStats
 
 __all__ = [
@@ -99,7 +100,8 @@ class Timeline:
 class SimulationResult:
     """Summary, timeline, the reasons of every rejected or aborted request, and the
     serving metrics with the per-request rows they come from
-    (:mod:`pagedkv.serving.latency`)."""
+    (:mod:`pagedkv.serving.latency`), and with an SLO its attainment and goodput
+    (:mod:`pagedkv.serving.slo`)."""
 
     summary: Summary
     timeline: Timeline
@@ -109,6 +111,7 @@ class SimulationResult:
     metrics: ServingMetrics | None = None
     requests: list[RequestRecord] = field(default_factory=list)
     stopped: str = ""  # why requests were left: "max_steps", "stopped" (asked to), or ""
+    slo: SLOReport | None = None
 
 
 class Tally:
@@ -328,6 +331,7 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
         ),
         ("fragmentation", f"{_pct(s.fragmentation)} of allocated token slots empty (mean)"),
         *(_metric_rows(result.metrics, cfg) if result.metrics is not None else []),
+        *([("SLO", _slo_text(result.slo))] if result.slo is not None else []),
         ("scheduler", f"{s.sched_ms_mean:.3f} ms/step mean, {s.sched_ms_p99:.3f} ms p99"),
         ("checks", checks),
         ("wall time", f"{s.wall_s:.2f} s"),
@@ -393,14 +397,25 @@ def _metric_rows(m: ServingMetrics, cfg: dict[str, object]) -> list[tuple[str, s
     ]
 
 
+def _slo_text(r: SLOReport) -> str:
+    """The SLO row: attainment of all bounds and of each, goodput."""
+    per = "step" if r.unit == "step" else "s"
+    each = ", ".join(f"{m} {_pct(share)}" for m, share in r.per_metric.items())
+    return (
+        f"{r.slo}: {_pct(r.attainment)} of {r.requests} requests met all ({each}); "
+        f"goodput {r.goodput:,.3f} requests/{per}"
+    )
+
+
 def to_dict(result: SimulationResult) -> dict[str, Any]:
-    """Setup, summary, serving metrics, the reasons, the per-request rows and the
-    timeline as plain JSON types. Complexity: O(requests + steps)."""
+    """Setup, summary, serving metrics, the SLO's figures, the reasons, the per-request
+    rows and the timeline as plain JSON types. Complexity: O(requests + steps)."""
     return {
         "setup": result.setup,
         "summary": dataclasses.asdict(result.summary),
         "stopped": result.stopped,
         "metrics": None if result.metrics is None else dataclasses.asdict(result.metrics),
+        "slo": None if result.slo is None else dataclasses.asdict(result.slo),
         "rejected": [{"request_id": r, "reason": why} for r, why in result.rejected],
         "aborted": [{"request_id": r, "reason": why} for r, why in result.aborted],
         "requests": [r.to_dict() for r in result.requests],
