@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch (already on disk on our machines); users with a GPU keep their own build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test lint typecheck pytest crosshair bench bench-vllm-v1 vllm-v1-tests fuzz verify demo mutate gpu-check conform-vllm conform-vllm-v1 clean sweep-ray-check
+.PHONY: install test lint typecheck pytest crosshair bench bench-simulator bench-vllm-v1 vllm-v1-tests fuzz verify demo mutate gpu-check conform-vllm conform-vllm-v1 clean sweep-ray-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_allocator
 	$(BIN)/python -m benchmarks.bench_v1
+
+# The simulator on an hour of the Azure conversation trace at Llama-3.1-8B's H100 cache
+# (benchmarks/bench_simulator.py; reads ../shared/data when present, else the sample).
+bench-simulator: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_simulator
 
 demo: $(STAMP)
 	$(BIN)/python -m pagedkv simulate --preset overload

@@ -273,12 +273,14 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
     """The summary as an aligned text table. Complexity: O(1)."""
     s, cfg = result.summary, result.setup
     counted = cfg.get("kv_backing") == "none"  # no KV tensors: no KV conservation check
+    every = cfg.get("check_every", 1)
+    when = "after every step" if every == 1 else f"after every {every} steps and the last"
     checks = (
         "off (--no-check)"
         if not s.checked
-        else "manager + scheduler invariants after every step: all held (no KV tensors)"
+        else f"manager + scheduler invariants {when}: all held (no KV tensors)"
         if counted
-        else "manager + scheduler invariants and KV conservation after every step: all held"
+        else f"manager + scheduler invariants and KV conservation {when}: all held"
     )
     auto = cfg.get("kv_backing_auto")  # why --kv-backing auto chose none
     where = f" on {cfg['device']}"
