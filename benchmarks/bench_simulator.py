@@ -64,18 +64,12 @@ def main() -> None:
     assert m is not None
     schedule_s = s.sched_ms_mean * s.steps / 1e3
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(
-        f"trace          {args.trace.name}: {len(requests):,} requests, {m.duration:,.0f} s simulated"
-    )
-    print(
-        f"cache          {plan.num_gpu_blocks:,} GPU blocks ({plan.model.name}), engine {args.engine}"
-    )
-    print(
-        f"run            {wall:.1f} s wall, {s.steps:,} steps, {1e6 * wall / s.steps:.1f} us/step"
-    )
-    print(
-        f"floor          schedule() alone {schedule_s:.1f} s: the whole step is {wall / schedule_s:.2f}x it"
-    )
+    name, blocks, per_step = args.trace.name, plan.num_gpu_blocks, 1e6 * wall / s.steps
+    print(f"trace          {name}: {len(requests):,} requests, {m.duration:,.0f} s simulated")
+    print(f"cache          {blocks:,} GPU blocks ({plan.model.name}), engine {args.engine}")
+    print(f"run            {wall:.1f} s wall, {s.steps:,} steps, {per_step:.1f} us/step")
+    ratio = wall / schedule_s
+    print(f"floor          schedule() alone {schedule_s:.1f} s: the whole step is {ratio:.2f}x it")
     print(f"memory         peak RSS {rss_mb:,.0f} MB")
     print(f"served         {s.finished:,} finished, p99 TTFT {1e3 * m.ttft.p99:,.1f} ms")
 
