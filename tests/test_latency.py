@@ -123,6 +123,10 @@ class _Steps:
     scheduled: list[list[str]] = field(default_factory=list)
     preempted: list[list[str]] = field(default_factory=list)
     sampled: list[list[str]] = field(default_factory=list)  # requests given a token
+    samples: int = 0  # V1: tokens sampled (one per sample request that reached its end)
+    prompts: dict[str, int] = field(default_factory=dict)  # V1: first admissions' prompts
+    cached: int = 0  # V1: hit tokens of admissions
+    recomputed: int = 0  # V1: tokens scheduled for resumed requests
     usage: list[float] = field(default_factory=list)  # V1: used blocks / blocks
     empty: list[float] = field(default_factory=list)  # V1: steps with a used block only
 
@@ -190,6 +194,13 @@ def _observed_v1(
         ]
         steps.sampled.append(list(dict.fromkeys(_owner(s.request_id) for s in done)))
         steps.preempted.append([_owner(r) for r in out.preempted_req_ids])
+        steps.samples += len(done)
+        for row in out.scheduled:
+            steps.cached += row.num_cached_tokens
+            if row.kind == "new":
+                steps.prompts.setdefault(_owner(row.request_id), row.num_prompt_tokens)
+            elif row.kind == "resumed":
+                steps.recomputed += row.num_scheduled_tokens
         assert sim.v1 is not None  # every running request's blocks, each counted once
         fill: dict[int, int] = {}
         size = config.block_size
@@ -202,6 +213,13 @@ def _observed_v1(
             steps.empty.append(1 - sum(fill.values()) / (len(fill) * size))
 
     result = sim.run(requests, observe=observe)
+    summary = result.summary
+    assert summary.prompt_tokens == sum(steps.prompts.values())
+    assert summary.generated_tokens == steps.samples
+    assert summary.cached_prompt_tokens == steps.cached
+    assert summary.recomputed_tokens == steps.recomputed
+    assert summary.preempted_recompute == sum(map(len, steps.preempted))
+    assert summary.steps == len(steps.starts) and summary.preempted_swap == 0
     assert result.timeline.kv_usage == pytest.approx(steps.usage, abs=1e-12)
     assert result.summary.fragmentation == pytest.approx(statistics.fmean(steps.empty))
     return result, steps

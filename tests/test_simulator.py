@@ -837,6 +837,14 @@ _FIGURE_RUNS: list[tuple[str, list[RequestSpec], SimulationConfig]] = [
         generate(preset("multi-turn"), 8, 16),
         _config(preset("multi-turn"), enable_caching=True, num_gpu_blocks=48),
     ),
+    (  # no swap space: a swapped-out block may reuse cached CPU content (no copy), which
+        # the recount's count of the CPU blocks a group holds cannot tell apart
+        "parallel sampling, prefix caching, recompute",
+        generate(preset("parallel-sampling"), 9, 16),
+        _config(
+            preset("parallel-sampling"), enable_caching=True, num_gpu_blocks=64, num_cpu_blocks=0
+        ),
+    ),
     (
         "the peak in the first step",
         [RequestSpec("whole-cache", 0.0, 40, 1), RequestSpec("small", 3.0, 4, 3)],
