@@ -365,8 +365,9 @@ def test_the_help_says_what_each_command_and_option_is(
         "--tp TP tensor-parallel size (KV heads per rank; default 1)",
         "--kv-cache-dtype {auto,bfloat16,float16,float32,fp8,fp8_e4m3,fp8_e5m2} auto: the "
         "config's torch_dtype (default)",
-        "--max-model-len MAX_MODEL_LEN tokens per request for the concurrency figure "
-        "(default: max_position_embeddings)",
+        "--max-model-len MAX_MODEL_LEN the longest request: a longer prompt is rejected, "
+        "generation stops there; with --model also the concurrency figure's (default: "
+        "max_position_embeddings)",
         "--kv-memory KV_MEMORY KV cache bytes per GPU, e.g. 51.38GiB",
         "--gpu-total GPU_TOTAL GPU memory: KV = total x --gpu-memory-utilization - "
         "--non-kv-memory (vLLM)",

@@ -442,3 +442,31 @@ def test_a_run_cut_by_max_steps_lists_every_request() -> None:
     result = Simulator(config).run(requests)
     assert len(result.requests) == 30 and result.summary.unfinished == 30
     assert {r.status for r in result.requests} == {"unfinished"}
+
+
+# ---- max_model_len
+
+
+@pytest.mark.parametrize("engine", ["v0", "v1"])
+def test_max_model_len_rejects_longer_prompts_and_caps_generation(engine: str) -> None:
+    """As vLLM: a prompt longer than max_model_len is never scheduled; a sequence stops
+    generating when it reaches max_model_len (at least one token)."""
+    requests = [
+        RequestSpec("fits", 0.0, 10, 5),  # 15 <= 20: all 5 tokens
+        RequestSpec("capped", 0.0, 17, 8),  # 17 + 3 = 20: 3 tokens
+        RequestSpec("at-limit", 0.0, 20, 4),  # a full prompt still samples one token
+        RequestSpec("too-long", 0.0, 21, 2),
+    ]
+    config = SimulationConfig(
+        block_size=4, num_gpu_blocks=64, kv_backing="none", max_model_len=20, engine=engine
+    )
+    result = Simulator(config).run(requests)
+    rows = {r.request_id: r for r in result.requests}
+    assert {rid: (r.status, r.output_len, r.token_steps) for rid, r in rows.items()} == {
+        "fits": ("finished", 5, 5),
+        "capped": ("finished", 3, 3),
+        "at-limit": ("finished", 1, 1),
+        "too-long": ("rejected", 2, 0),
+    }
+    assert "max_model_len" in rows["too-long"].reason and result.summary.rejected == 1
+    assert result.summary.generated_tokens == 5 + 3 + 1

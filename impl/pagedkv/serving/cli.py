@@ -87,7 +87,6 @@ _MODEL_ONLY = {
     "swap_space": "--swap-space",
     "tp": "--tp",
     "kv_cache_dtype": "--kv-cache-dtype",
-    "max_model_len": "--max-model-len",
 }
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3}
 _UNITS |= {"gb": 1000**3, "t": 1000**4, "tb": 1000**4}
@@ -294,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--max-model-len",
         type=_int_at_least(1),
-        help="tokens per request for the concurrency figure (default: max_position_embeddings)",
+        help="the longest request: a longer prompt is rejected, generation stops there; with "
+        "--model also the concurrency figure's (default: max_position_embeddings)",
     )
     memory = model.add_mutually_exclusive_group()
     memory.add_argument("--kv-memory", type=_size, help="KV cache bytes per GPU, e.g. 51.38GiB")
@@ -777,6 +777,8 @@ def prepare_run(args: argparse.Namespace) -> PreparedRun:
         "kv_backing": backing,
         "time_model": time_model,
         "max_concurrency": args.max_concurrency,
+        # with --model the plan holds it (default: the config's max_position_embeddings)
+        "max_model_len": None if plan is not None else args.max_model_len,
     }
     if plan is not None:
         config = SimulationConfig.for_capacity(plan, **settings)

@@ -161,6 +161,12 @@ class Tally:
             cached_prompt_tokens=out.num_cached_tokens,
         )
 
+    def reject(self, request_id: str, reason: str) -> None:
+        """A request refused before it reached the scheduler (its prompt is longer than
+        ``max_model_len``)."""
+        self.rejected.append((request_id, reason))
+        self.summary.rejected = len(self.rejected)
+
     def count(
         self,
         seconds: float,

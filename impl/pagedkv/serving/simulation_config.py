@@ -62,6 +62,7 @@ class SimulationConfig:
     capacity: CapacityPlan | None = None  # a model's cache, sized without allocating it
     time_model: StepTimeModel | None = None  # seconds per step; None: time in steps
     max_concurrency: int | None = None  # requests in the server at once (None: no limit)
+    max_model_len: int | None = None  # longest request (None: the plan's, else no limit)
     engine: str = "v0"  # "v0": the V0 scheduler and block manager; "v1": pagedkv.v1's
 
     @classmethod
@@ -110,6 +111,7 @@ class SimulationConfig:
         if self.time_model is not None:
             require_instance("time_model", self.time_model, StepTimeModel, "a StepTimeModel")
         require_optional_int("max_concurrency", self.max_concurrency, sched, 1)
+        require_optional_int("max_model_len", self.max_model_len, sched, 1)
         require_str("engine", self.engine, sched)
         if self.engine not in ENGINES:
             raise sched(f"engine must be 'v0' or 'v1', got {self.engine!r}")
@@ -135,6 +137,26 @@ class SimulationConfig:
             raise InvalidSchedulerConfigError(
                 f"engine 'v1' does not take {'; '.join(wrong)}; drop them or use engine 'v0'"
             )
+
+    @property
+    def model_len(self) -> int | None:
+        """The longest request, in tokens, as vLLM's ``max_model_len``: a longer prompt is
+        rejected, generation stops there. ``max_model_len``, else the capacity plan's,
+        else None (no limit). O(1)."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return None if self.capacity is None else self.capacity.max_model_len
+
+    def output_len(self, prompt_len: int, output_len: int) -> int:
+        """Tokens each sample of a request generates: ``output_len``, cut where the
+        sequence reaches :attr:`model_len` (vLLM's FINISHED_LENGTH_CAPPED; at least one
+        token); 0 when the prompt is longer (vLLM ignores such a request). O(1)."""
+        limit = self.model_len
+        if limit is None:
+            return output_len
+        if prompt_len > limit:
+            return 0
+        return min(output_len, max(1, limit - prompt_len))
 
     @property
     def time_unit(self) -> str:

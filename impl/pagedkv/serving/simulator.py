@@ -146,7 +146,7 @@ class Simulator:
         self.v1: V1Engine | None = None
         if c.engine == "v1":  # no swap: the CPU tier is not used
             self.num_cpu_blocks = 0
-            max_len = c.capacity.max_model_len if c.capacity else self.num_gpu_blocks * c.block_size
+            max_len = c.model_len or self.num_gpu_blocks * c.block_size
             self.v1 = V1Engine(c, self.num_gpu_blocks, self._block_bytes, max_len)
         self.manager = BlockSpaceManager(
             c.block_size,
@@ -219,8 +219,16 @@ class Simulator:
             if not sched.has_unfinished_seqs():  # idle: skip ahead to the next arrival
                 clock = arrivals.idle_start(clock)
             for spec, sent in arrivals.due(clock):
-                latency.sent(spec.request_id, sent, spec.prompt_len, spec.output_len, spec.n)
-                self._add(spec)
+                output_len = self._output_len(spec)  # 0: the prompt is too long
+                asked = output_len or spec.output_len
+                latency.sent(spec.request_id, sent, spec.prompt_len, asked, spec.n)
+                if output_len:
+                    self._add(spec)
+                    continue
+                why = f"prompt of {spec.prompt_len} tokens exceeds max_model_len={c.model_len}"
+                latency.ended(spec.request_id, "rejected", clock, why)
+                arrivals.ended(clock)
+                tally.reject(spec.request_id, why)
             t0 = time.perf_counter()
             out = sched.schedule()
             seconds = time.perf_counter() - t0
@@ -316,6 +324,10 @@ class Simulator:
             setup["capacity"] = c.capacity.to_dict()
         return setup
 
+    def _output_len(self, spec: RequestSpec) -> int:
+        """:meth:`SimulationConfig.output_len` of ``spec``. O(1)."""
+        return self.config.output_len(spec.prompt_len, spec.output_len)
+
     def _add(self, spec: RequestSpec) -> None:
         self._specs[spec.request_id] = spec
         prompt = self._prompts.prompt(spec)
@@ -366,7 +378,7 @@ class Simulator:
         for scheduled in out.scheduled_seq_groups:
             group = scheduled.seq_group
             tokens(group.request_id, end)
-            limit = self._specs[group.request_id].output_len
+            limit = self._output_len(self._specs[group.request_id])
             for seq in group.get_seqs(_RUNNING):
                 seq.append_token_id(answer_token(seed, seq.seq_id, seq.get_len()))
                 count += 1

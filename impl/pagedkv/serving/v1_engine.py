@@ -121,7 +121,9 @@ class V1Engine:
             if not sched.has_unfinished_requests():
                 clock = arrivals.idle_start(clock)
             for spec, sent in arrivals.due(clock):
-                latency.sent(spec.request_id, sent, spec.prompt_len, spec.output_len, spec.n)
+                # the scheduler stops at max_model_len, rejects a longer prompt
+                output_len = c.output_len(spec.prompt_len, spec.output_len) or spec.output_len
+                latency.sent(spec.request_id, sent, spec.prompt_len, output_len, spec.n)
                 specs[spec.request_id] = spec
                 left[spec.request_id] = spec.n
                 prompt = prompts.prompt(spec)
