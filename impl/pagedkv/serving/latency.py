@@ -33,8 +33,12 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pagedkv.serving.workload import RequestSpec
 
 __all__ = [
     "Distribution",
@@ -180,6 +184,12 @@ class LatencyTally:
     def sent(self, request_id: str, at: float, prompt_len: int, output_len: int, n: int) -> None:
         """The request entered the server at ``at``. O(1)."""
         self.records[request_id] = RequestRecord(request_id, at, prompt_len, output_len, n)
+
+    def never_sent(self, requests: Iterable[RequestSpec]) -> None:
+        """Requests the run stopped before sending (at their arrival, unfinished).
+        O(len(requests))."""
+        for r in requests:
+            self.sent(r.request_id, r.arrival_time, r.prompt_len, r.output_len, r.n)
 
     def scheduled(self, request_id: str, start: float) -> None:
         """A step starting at ``start`` computes tokens for the request. O(1)."""

@@ -26,7 +26,7 @@ from typing import Any
 
 from pagedkv.errors import OptionalDependencyError
 from pagedkv.serving.capacity import summary_rows
-from pagedkv.serving.latency import Distribution, RequestRecord, ServingMetrics
+from pagedkv.serving.latency import Distribution, LatencyTally, RequestRecord, ServingMetrics
 from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerOutputs
 from pagedkv.serving.slo import SLOReport
 from pagedkv.v0.prefix_caching_allocator import CacheStats
@@ -246,6 +246,26 @@ class Tally:
         line.swapped.append(swapped)
         line.preempted_recompute.append(preempted_recompute)
         line.preempted_swap.append(preempted_swap)
+
+    def finish(
+        self,
+        latency: LatencyTally,
+        unfinished: int,
+        cow_copies: int,
+        wall_s: float,
+        setup: dict[str, object],
+        max_steps: int,
+        time_unit: str,
+        end: float,
+    ) -> SimulationResult:
+        """The run's result (either engine): :meth:`result`, why it stopped, the serving
+        metrics in ``time_unit`` of a run that ended at ``end``, and the request rows.
+        O(requests + steps)."""
+        result = self.result(unfinished, cow_copies, wall_s, setup)
+        result.stopped = stop_reason(unfinished, self.steps, max_steps)
+        result.metrics = latency.metrics(time_unit, end)
+        result.requests = list(latency.records.values())
+        return result
 
     def result(
         self, unfinished: int, cow_copies: int, wall_s: float, setup: dict[str, object]

@@ -52,7 +52,7 @@ from pagedkv.serving.arrivals import Arrivals
 from pagedkv.serving.latency import LatencyTally
 from pagedkv.serving.model_config import dtype_bytes
 from pagedkv.serving.prompts import PromptBuilder, answer_token
-from pagedkv.serving.report import SimulationResult, Tally, stop_reason
+from pagedkv.serving.report import SimulationResult, Tally
 from pagedkv.serving.scheduler import Scheduler, SchedulerOutputs
 from pagedkv.serving.simulation_config import (
     ProgressFn,
@@ -265,19 +265,21 @@ class Simulator:
             clock = end
             if progress is not None:
                 progress(tally.steps, tally.done, len(requests))
-        for spec in arrivals.pending:  # never sent: the run stopped at max_steps
-            latency.sent(
-                spec.request_id, spec.arrival_time, spec.prompt_len, spec.output_len, spec.n
-            )
+        latency.never_sent(arrivals.pending)  # the run stopped before their time
         if c.check and tally.steps % c.check_every:
             self._check_step()  # the state the run ends in
         unfinished = sched.get_num_unfinished_seq_groups() + len(arrivals.pending)
         wall = time.perf_counter() - start
-        result = tally.result(unfinished, self.manager.stats.cow_copies, wall, self.setup())
-        result.stopped = stop_reason(unfinished, tally.steps, c.max_steps)
-        result.metrics = latency.metrics(c.time_unit, end)
-        result.requests = list(latency.records.values())
-        return result
+        return tally.finish(
+            latency,
+            unfinished,
+            self.manager.stats.cow_copies,
+            wall,
+            self.setup(),
+            c.max_steps,
+            c.time_unit,
+            end,
+        )
 
     def _check_step(self) -> None:
         self.manager.check_invariants()

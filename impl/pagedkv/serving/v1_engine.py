@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from pagedkv.serving.arrivals import Arrivals
 from pagedkv.serving.latency import LatencyTally
 from pagedkv.serving.prompts import PromptBuilder, answer_token
-from pagedkv.serving.report import SimulationResult, Tally, stop_reason
+from pagedkv.serving.report import SimulationResult, Tally
 from pagedkv.serving.step_time import StepWork
 from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerConfig, V1SchedulerOutput
 from pagedkv.serving.workload import RequestSpec
@@ -195,20 +195,15 @@ class V1Engine:
             clock = end
             if progress is not None:
                 progress(tally.steps, tally.done, len(requests))
-        for spec in arrivals.pending:  # never sent: the run stopped at max_steps
-            latency.sent(
-                spec.request_id, spec.arrival_time, spec.prompt_len, spec.output_len, spec.n
-            )
+        latency.never_sent(arrivals.pending)  # the run stopped before their time
         if c.check and tally.steps % c.check_every:  # the state the run ends in
             manager.check_invariants()
             sched.check_invariants()
         unfinished = sum(1 for n in left.values() if n) + len(arrivals.pending)
         wall = time.perf_counter() - start
-        result = tally.result(unfinished, 0, wall, setup or {})
-        result.stopped = stop_reason(unfinished, tally.steps, c.max_steps)
-        result.metrics = latency.metrics(c.time_unit, end)
-        result.requests = list(latency.records.values())
-        return result
+        return tally.finish(
+            latency, unfinished, 0, wall, setup or {}, c.max_steps, c.time_unit, end
+        )
 
     def _work(self, out: V1SchedulerOutput) -> StepWork:
         """The step's :class:`StepWork` (module docstring). O(scheduled requests)."""
