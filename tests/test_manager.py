@@ -1335,3 +1335,39 @@ def test_a_fill_scheduled_beside_a_pending_prefill_keeps_its_own_block_uncached(
     cached, ids = _r_skips(m, 2)
     assert cached == 4 and ids[0] == q_ids[0] and ids[1] != q_ids[1]
     m.check_invariants()
+
+
+# ---- count_empty_slots
+
+
+def _empty_by_every_block(m: BlockSpaceManager, seqs: list[Sequence]) -> int:
+    """Empty slots of the blocks ``seqs`` hold, each block once, from every block."""
+    size, fill = m.block_size, dict[int, int]()
+    for seq in seqs:
+        n = seq.get_num_computed_tokens()
+        for i, block in enumerate(m.get_block_table(seq)):
+            fill[block] = max(fill.get(block, 0), min(size, max(0, n - i * size)))
+    return sum(size - f for f in fill.values())
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_count_empty_slots_counts_each_shared_block_once(caching: bool) -> None:
+    """Forks share a partial block; a prefix shared by two requests is full in one and
+    the other's tail; lookahead blocks are empty."""
+    m = BlockSpaceManager(4, 32, 8, 0.0, enable_caching=caching)
+    a = Sequence(1, [1, 2, 3, 4, 5, 6], 4)
+    m.allocate(SequenceGroup("a", [a]))
+    a.update_num_computed_tokens(6)
+    child = a.fork(2)
+    m.fork(a, child)  # shares both blocks, the second holding 2 of 4
+    b = Sequence(3, [1, 2, 3, 4, 9], 4)
+    m.allocate(SequenceGroup("b", [b]))  # with caching: shares a's full first block
+    b.update_num_computed_tokens(2)  # ... which is b's tail here: a fills it
+    c = Sequence(4, [7, 7, 7], 4)
+    m.allocate(SequenceGroup("c", [c]))
+    c.update_num_computed_tokens(3)
+    c.append_token_id(7)
+    m.append_slots(c, num_lookahead_slots=4)  # one more empty block
+    seqs = [a, child, b, c]
+    assert m.count_empty_slots(seqs) == _empty_by_every_block(m, seqs)
+    assert m.count_empty_slots([]) == 0

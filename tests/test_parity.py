@@ -103,6 +103,9 @@ MANAGER: dict[str, str] = {
     "append_slots_batch": EXTENSION,
     "get_gpu_usage": EXTENSION,  # a ratio of the free count: test_manager.py
     "get_cpu_usage": EXTENSION,
+    # the simulator's fragmentation figure: test_manager.py against a count over every
+    # block; the simulator's figure recount (test_simulator.py) over whole runs
+    "count_empty_slots": EXTENSION,
     "access_all_blocks_in_seq": CACHING,
     "mark_blocks_as_computed": CACHING,
     "get_common_computed_block_ids": CACHING,

@@ -293,6 +293,7 @@ class _GivenPrompts(Simulator):
 
     def _add(self, spec: RequestSpec) -> None:
         self._specs[spec.request_id] = spec
+        self._limits[spec.request_id] = spec.output_len
         prompt = self.prompts[spec.request_id]
         seq = Sequence(self.scheduler.next_seq_id(), prompt, self.config.block_size)
         self.scheduler.add_seq_group(SequenceGroup(spec.request_id, [seq], spec.arrival_time))

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from pagedkv._arith import mix64
 from pagedkv._validate import (
     require_fits_in_memory,
     require_instance,
@@ -51,7 +52,7 @@ from pagedkv.errors import (
 from pagedkv.serving.arrivals import Arrivals
 from pagedkv.serving.latency import LatencyTally
 from pagedkv.serving.model_config import dtype_bytes
-from pagedkv.serving.prompts import PromptBuilder, answer_token
+from pagedkv.serving.prompts import VOCAB, PromptBuilder
 from pagedkv.serving.report import SimulationResult, Tally
 from pagedkv.serving.scheduler import Scheduler, SchedulerOutputs
 from pagedkv.serving.simulation_config import (
@@ -64,7 +65,6 @@ from pagedkv.serving.v1_engine import V1Engine, V1ObserveFn
 from pagedkv.serving.workload import RequestSpec
 from pagedkv.v0.manager import BlockSpaceManager
 from pagedkv.v0.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedkv_spec.device import Device
 
 if TYPE_CHECKING:
     from pagedkv.kv.cache import KVCacheEngine
@@ -157,6 +157,7 @@ class Simulator:
         )
         self.scheduler = Scheduler(self.manager, c.scheduler)
         self._specs: dict[str, RequestSpec] = {}
+        self._limits: dict[str, int] = {}  # request -> tokens each sample generates
         self._prompts = PromptBuilder(c.seed, set())
 
     @property
@@ -332,6 +333,7 @@ class Simulator:
 
     def _add(self, spec: RequestSpec) -> None:
         self._specs[spec.request_id] = spec
+        self._limits[spec.request_id] = self._output_len(spec)
         prompt = self._prompts.prompt(spec)
         seq = Sequence(self.scheduler.next_seq_id(), prompt, self.config.block_size)
         self._prompts.answered_by(spec, prompt, seq.seq_id)
@@ -376,13 +378,14 @@ class Simulator:
     def _sample(self, out: SchedulerOutputs, latency: LatencyTally, end: float) -> int:
         """One token per RUNNING sequence, produced at ``end``; finish those at their
         output length."""
-        seed, count, tokens = self.config.seed, 0, latency.tokens
+        seed1, count, tokens = self.config.seed + 1, 0, latency.tokens
         for scheduled in out.scheduled_seq_groups:
             group = scheduled.seq_group
             tokens(group.request_id, end)
-            limit = self._output_len(self._specs[group.request_id])
+            limit = self._limits[group.request_id]
             for seq in group.get_seqs(_RUNNING):
-                seq.append_token_id(answer_token(seed, seq.seq_id, seq.get_len()))
+                # answer_token, inlined: one call a token fewer on the hot path
+                seq.append_token_id(mix64(seed1, seq.seq_id, seq.get_len()) % VOCAB)
                 count += 1
                 if seq.get_output_len() >= limit:
                     self.scheduler.finish_seq(seq)
@@ -391,28 +394,12 @@ class Simulator:
         return count
 
     def _empty_slots(self) -> int:
-        """GPU token slots of used blocks that hold no computed token, each shared block
-        counted once. A block before a sequence's computed tail is full; so only the
-        tail blocks (the one being filled, lookahead blocks) are looked at, and a tail
-        block counts only if no other holder has it in its full part (its holders, its
-        refcount, are all tails here). Complexity: O(running sequences + their tail
-        blocks), not O(blocks)."""
-        size, tails = self.config.block_size, dict[int, list[int]]()
-        refs = self.manager.block_allocator.get_allocator(Device.GPU).refcounter
-        table_of = self.manager.get_block_table
-        for group in self.scheduler.running:
-            for seq in group.get_seqs(_RUNNING):
-                n = seq.get_num_computed_tokens()
-                table = table_of(seq)
-                for i in range(n // size, len(table)):
-                    fill, entry = max(0, n - i * size), tails.get(table[i])
-                    if entry is None:
-                        tails[table[i]] = [fill, 1]
-                    else:
-                        entry[0], entry[1] = max(entry[0], fill), entry[1] + 1
-        return sum(size - fill for b, (fill, k) in tails.items() if refs.get(b) == k)
-
-    # ------------------------------------------------------------------ checking
+        """GPU token slots of used blocks that hold no computed token (each shared block
+        counted once): :meth:`BlockSpaceManager.count_empty_slots` of the running
+        sequences. Complexity: O(running sequences + their tail blocks)."""
+        return self.manager.count_empty_slots(
+            seq for group in self.scheduler.running for seq in group.get_seqs(_RUNNING)
+        )
 
     def check_kv(self) -> None:
         """KV conservation (:meth:`pagedkv.serving.toy_kv.ToyKV.check_kv`) of the toy

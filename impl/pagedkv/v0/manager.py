@@ -564,6 +564,28 @@ class BlockSpaceManager:
         """The sequence's block ids in order (GPU ids are physical ids). Complexity: O(1)."""
         return self._table(_seq(seq)).physical_block_ids
 
+    def count_empty_slots(self, seqs: Iterable[Sequence]) -> int:
+        """Token slots of the GPU blocks ``seqs`` hold that hold no computed token, each
+        shared block counted once (``seqs``: every sequence holding GPU blocks, e.g. the
+        running ones). A block before a sequence's computed tail is full, so only tail
+        blocks (the one being filled, lookahead blocks) are read; a tail block counts
+        only when all its holders (its refcount) are tails here, for a holder with it
+        in its full part fills it. Complexity: O(len(seqs) + their tail blocks), not
+        O(blocks): the simulator's fragmentation figure every step."""
+        size, tables = self.block_size, self.block_tables
+        refs = self._gpu_pool.refcounter.get
+        tails: dict[int, list[int]] = {}
+        for seq in seqs:
+            n = seq.get_num_computed_tokens()
+            ids = tables[seq.seq_id].physical_block_ids
+            for i in range(n // size, len(ids)):
+                fill, entry = max(0, n - i * size), tails.get(ids[i])
+                if entry is None:
+                    tails[ids[i]] = [fill, 1]
+                else:
+                    entry[0], entry[1] = max(entry[0], fill), entry[1] + 1
+        return sum(size - fill for b, (fill, k) in tails.items() if refs(b) == k)
+
     def get_cross_block_table(self, seq_group: SequenceGroup) -> list[int]:
         """The request's cross-attention block ids."""
         table = self.cross_block_tables.get(_group(seq_group).request_id)
