@@ -470,3 +470,11 @@ def test_max_model_len_rejects_longer_prompts_and_caps_generation(engine: str) -
     }
     assert "max_model_len" in rows["too-long"].reason and result.summary.rejected == 1
     assert result.summary.generated_tokens == 5 + 3 + 1
+
+
+def test_a_request_refused_for_max_model_len_costs_no_step() -> None:
+    requests = [RequestSpec("too-long", 0.0, 30, 2), RequestSpec("ok", 5.0, 4, 2)]
+    config = SimulationConfig(block_size=4, num_gpu_blocks=16, kv_backing="none", max_model_len=20)
+    result = Simulator(config).run(requests)
+    assert result.summary.steps == 2 and result.timeline.time == [5.0, 6.0]
+    assert [r.status for r in result.requests] == ["rejected", "finished"]

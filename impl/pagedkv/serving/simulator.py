@@ -230,6 +230,8 @@ class Simulator:
                 latency.ended(spec.request_id, "rejected", clock, why)
                 arrivals.ended(clock)
                 tally.reject(spec.request_id, why)
+            if not sched.has_unfinished_seqs():  # every request sent was refused
+                continue
             t0 = time.perf_counter()
             out = sched.schedule()
             seconds = time.perf_counter() - t0
