@@ -65,6 +65,7 @@ def _append_then_fail(seq: object) -> None:
     raise InvalidArgumentError("after a change")
 
 
+@pytest.mark.slow
 def test_the_battery_holds_under_python_O() -> None:
     env = dict(os.environ)
     root = HERE.parent

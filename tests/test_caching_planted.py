@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
+from helpers import run_seeded
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Device
 from pagedkv import Sequence as Seq
 from pagedkv.v0.content_key import ExtraKeys, check_extra_keys, sha256_key
@@ -210,7 +211,16 @@ MANAGER_PLANTED: dict[str, type[CachingManagerMachine]] = {
 }
 
 
+# Searches whose derandomized path is slow run from a seed (helpers.run_seeded). Seeds
+# 0-5 all found the stale tracker within the budget, in 0.2-23 s; seed 4 in 0.3 s.
+MANAGER_SEEDS = {"stale computed prefix (per-sequence tracker)": 4}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", sorted(MANAGER_PLANTED))
 def test_the_caching_manager_machine_catches(bug: str) -> None:
     with pytest.raises(AssertionError):
-        run_state_machine_as_test(MANAGER_PLANTED[bug], settings=find_fast(1500, 40))
+        if bug in MANAGER_SEEDS:
+            run_seeded(MANAGER_PLANTED[bug], find_fast(1500, 40), MANAGER_SEEDS[bug])
+        else:
+            run_state_machine_as_test(MANAGER_PLANTED[bug], settings=find_fast(1500, 40))

@@ -75,6 +75,7 @@ def test_fifo_allocator_conforms_without_promising_lifo() -> None:
     assert "PASS" in report.render()
 
 
+@pytest.mark.slow
 def test_leaky_allocator_is_flagged_as_changing_state_on_failure() -> None:
     report = check(fa.leaky_allocator, max_violations=1)
     assert [f.invariant for f in report.findings] == ["failed call changes nothing"]
@@ -85,6 +86,7 @@ def test_leaky_allocator_is_flagged_as_changing_state_on_failure() -> None:
     assert finding.program[-1].endswith("# failed call changes nothing")
 
 
+@pytest.mark.slow
 def test_refcount_ignoring_free_is_flagged_by_free_count() -> None:
     report = check(fa.shared_free_allocator, examples=100, max_violations=1)
     (finding,) = report.findings
@@ -210,6 +212,7 @@ def test_capabilities_name_feature_combinations_a_target_does_not_support() -> N
     assert not Capabilities(misuse=False).rejects("foreign_block")
 
 
+@pytest.mark.slow
 def test_manager_compared_through_the_api_only() -> None:
     report = check(fa.drops_cow_pairs_manager, level="manager", max_violations=1)
     (finding,) = report.findings
@@ -242,24 +245,28 @@ def test_the_caching_level_passes_conforming_prefix_caching_allocators(
     assert promises in report.render()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
-    ("factory", "names", "examples"),
+    ("factory", "names", "examples", "seed_value"),
     [
         (
             fa.salt_blind_caching_allocator,
             ("C2 cache_map_ok", "C1 cache_partition_ok", "same error as spec"),
             300,
+            1,
         ),
-        (fa.newest_first_caching_allocator, ("C8 eviction_order_ok",), 1500),
+        (fa.newest_first_caching_allocator, ("C8 eviction_order_ok",), 1500, 0),
     ],
     ids=lambda f: getattr(f, "__name__", ""),
 )
 def test_the_caching_level_finds_planted_bugs(
-    factory: Callable[..., Any], names: tuple[str, ...], examples: int
+    factory: Callable[..., Any], names: tuple[str, ...], examples: int, seed_value: int
 ) -> None:
-    # Seed 1 reaches both findings early (13 s for C8; seeds 0-3 found it in 13-203 s,
-    # mostly shrinking): the seed only changes how soon, the budget decides whether.
-    report = check(factory, examples=examples, level="caching", max_violations=1, seed_value=1)
+    # The seed only changes how soon, the budget decides whether: seeds 0-9 all found C8
+    # (1,416-4,929 test cases with shrinking; seed 0 in 21 s, seed 1 in 100 s).
+    report = check(
+        factory, examples=examples, level="caching", max_violations=1, seed_value=seed_value
+    )
     assert report.findings, report.render()
     (finding,) = report.findings
     assert finding.invariant in names, report.render()
@@ -276,6 +283,7 @@ def test_the_caching_manager_level_passes_pagedkv() -> None:
     assert report.coverage["prefix hit"] > 0 and report.coverage["copy-on-write"] > 0
 
 
+@pytest.mark.slow
 def test_the_caching_manager_level_finds_a_computed_prefix_memo_that_a_swap_made_stale() -> None:
     """vLLM 0.6.3's tracker, planted: what a sequence may skip is remembered across a swap
     that moved it, so it names another request's ids; found with no scenario, one cause."""
@@ -289,6 +297,7 @@ def test_the_caching_manager_level_finds_a_computed_prefix_memo_that_a_swap_made
     assert finding.invariant == "C5 computed_ok" and reproduced(finding), finding.replay
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("exact", "found"), [(False, False), (True, True)])
 def test_a_shorter_computed_prefix_is_a_finding_only_for_a_target_promising_exact_answers(
     exact: bool, found: bool
@@ -309,6 +318,7 @@ def test_a_shorter_computed_prefix_is_a_finding_only_for_a_target_promising_exac
 # --------------------------------------------------------------------------- command line
 
 
+@pytest.mark.slow
 def test_main_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert conform.main(["faulty_allocators:fifo_allocator", "--max-examples", "10"]) == 0
     assert "result: PASS" in capsys.readouterr().out
@@ -350,6 +360,7 @@ def test_usage_errors_exit_2_with_one_line(
 # --------------------------------------------------------------------------- streaming, budgets
 
 
+@pytest.mark.slow
 def test_findings_stream_before_the_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -477,6 +488,7 @@ def test_optimize_flag_warns_that_contracts_are_off() -> None:
     assert "postconditions are not checked" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_program_found_under_optimize_says_so_on_its_first_line() -> None:
     proc = run_conform_module(
         "faulty_allocators:shared_free_allocator",
@@ -559,6 +571,7 @@ def test_package_exports() -> None:
     assert pagedkv_stateful.run_conformance is run_conformance
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", ["allocator", "manager"])
 def test_the_ci_search_reaches_every_state_class_and_call(level: str) -> None:
     """What docs/conformance.md's coverage section promises of the ci profile against
@@ -679,6 +692,7 @@ def _throw(err: Exception) -> None:
 # --------------------------------------------------------------------------- no false positives
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("factory", "level", "examples"),
     [
@@ -726,6 +740,7 @@ def test_a_cause_is_a_situation_a_policy_or_an_ordinary_call() -> None:
     assert outcome("same error as spec", "raised X") == "raised X"
 
 
+@pytest.mark.slow
 def test_one_cause_is_one_finding_however_it_shows() -> None:
     """vLLM's partial allocation leak shows as a changed GPU free count, CPU free count,
     a block id...: one situation (not enough free blocks), one finding; the search then

@@ -50,6 +50,7 @@ def test_error_line_is_the_exception_a_chained_traceback_ends_in() -> None:
     assert _error_line("") == "a failure (no traceback stored)"
 
 
+@pytest.mark.slow
 def test_a_campaign_on_a_leaky_target_keeps_and_replays_the_kits_program(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -73,6 +74,7 @@ def test_a_campaign_on_a_leaky_target_keeps_and_replays_the_kits_program(
     assert (target_db / "replay.log").read_text() == report["replay"]
 
 
+@pytest.mark.slow
 def test_a_campaign_on_a_correct_machine_counts_test_cases_and_finds_nothing(
     tmp_path: Path,
 ) -> None:

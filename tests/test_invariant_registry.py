@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
+from helpers import run_seeded
 from pagedkv import (
     BlockSpaceManager,
     BlockTable,
@@ -457,10 +458,16 @@ class _SaysDoneEarly(Scheduler):
         return not self.waiting and super().has_unfinished_seqs()
 
 
-def _machine_failure(machine: type[RuleBasedStateMachine], examples: int = 300) -> str:
-    """The invariant id a machine run reports (its message starts with the label)."""
+def _machine_failure(
+    machine: type[RuleBasedStateMachine], examples: int = 300, seed_value: int | None = None
+) -> str:
+    """The invariant id a machine run reports (its message starts with the label);
+    ``seed_value``: search from that seed (:func:`helpers.run_seeded`), not derandomized."""
     with pytest.raises(AssertionError) as info:
-        run_state_machine_as_test(machine, settings=find_fast(examples, 40))
+        if seed_value is None:
+            run_state_machine_as_test(machine, settings=find_fast(examples, 40))
+        else:
+            run_seeded(machine, find_fast(examples, 40), seed_value)
     message = str(info.value)
     found = [inv.id for inv in REGISTRY.values() if inv.label in message]
     return found[0] if found else message
@@ -558,7 +565,8 @@ def _planted_c8() -> str:
                 pool._evictor = _NewestFirstEvictor()
             return a
 
-    return _machine_failure(Planted, 1500)
+    # derandomized: 35 s; seeds 0-5 all found it within the budget, in 5-22 s
+    return _machine_failure(Planted, 1500, seed_value=4)
 
 
 PLANTED: dict[str, Callable[[], str]] = {

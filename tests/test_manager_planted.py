@@ -145,6 +145,7 @@ def machine_for(manager_cls: type[BlockSpaceManager]) -> type[ManagerMachine]:
     return Planted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("manager_cls", "message", "examples"),
     [

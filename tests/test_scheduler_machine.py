@@ -54,6 +54,7 @@ class _AdmitsPastSwapped(Scheduler):
         return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "planted", [_DropsCopies, _RecomputeToBack, _LosesSwapOut, _AdmitsPastSwapped]
 )
