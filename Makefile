@@ -23,7 +23,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto
+	$(BIN)/python -m pytest -q -n auto --maxschedchunk 2
 
 crosshair: $(STAMP)
 	$(BIN)/python -m pagedkv_spec.check

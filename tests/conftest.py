@@ -4,9 +4,12 @@
 - Every module of the three packages imported before any test, so a derandomized search
   runs the same alone and anywhere in the suite (:func:`import_every_module` says why).
 - The long tests first: tests marked ``slow`` and the machines' ``TestCase`` runs
-  (``runTest``) are collected ahead of the rest, so ``pytest -n`` (xdist hands tests out
-  in collection order) starts them early and fills the gaps with short ones, instead of
-  ending on one long test while the other workers idle.
+  (``runTest``) are collected ahead of the rest. With ``pytest -n N --maxschedchunk 2``
+  (``make pytest``) xdist hands tests out two at a time in collection order, so the long
+  ones start early on every worker and the short ones fill the gaps, instead of a run
+  ending on one long test while the other workers idle. (Without ``--maxschedchunk``
+  xdist first gives each worker a block of consecutive tests: the long ones would all
+  land on the first worker.)
 """
 
 from __future__ import annotations

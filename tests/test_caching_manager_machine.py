@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 
-import pagedkv_stateful.caching_manager_machine as machine_module
-from pagedkv_stateful.caching_manager_machine import CachingManagerMachine
+import pagedkv_stateful.v0.caching_manager_machine as machine_module
+from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
 
 TestCachingManagerMachine = CachingManagerMachine.TestCase
 

@@ -23,9 +23,9 @@ from pagedkv.v0.content_key import ExtraKeys, check_extra_keys, sha256_key
 from pagedkv.v0.evictor import LRUEvictor
 from pagedkv.v0.prefix_caching_allocator import CacheKey, PrefixCachingBlockAllocator
 from pagedkv_stateful.adapters import Violation
-from pagedkv_stateful.caching_machine import CachingAllocatorMachine
-from pagedkv_stateful.caching_manager_machine import CachingManagerMachine
 from pagedkv_stateful.profiles import find_fast
+from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
+from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
 
 GPU, CPU = Device.GPU, Device.CPU
 
@@ -203,7 +203,7 @@ def _manager_machine(cls: type[BlockSpaceManager]) -> type[CachingManagerMachine
 MANAGER_PLANTED: dict[str, type[CachingManagerMachine]] = {
     "stale computed prefix (per-sequence tracker)": _manager_machine(_StaleComputedTracker),
     "admission counting prompt blocks, not hits": _manager_machine(_CountsPromptsNotHits),
-    # caught by the lockstep with the manager spec (pagedkv_spec.caching_manager) alone:
+    # caught by the lockstep with the manager spec (pagedkv_spec.v0.caching_manager) alone:
     # every promise the machine checks from the state is kept
     "access that skips the last block": _manager_machine(_AccessSkipsTheLastBlock),
     "reset that forgets the CPU pool": _manager_machine(_ResetsOnlyTheGpu),

@@ -287,8 +287,14 @@ def test_the_caching_manager_level_passes_pagedkv() -> None:
 def test_the_caching_manager_level_finds_a_computed_prefix_memo_that_a_swap_made_stale() -> None:
     """vLLM 0.6.3's tracker, planted: what a sequence may skip is remembered across a swap
     that moved it, so it names another request's ids; found with no scenario, one cause."""
+    # Seeds 0-3 all found it (665-2,435 test cases with shrinking; seed 3 in 16 s); the
+    # second round searches the whole budget for another cause and must find none.
     report = check(
-        fa.stale_tracker_caching_manager, examples=1500, level="caching-manager", max_violations=2
+        fa.stale_tracker_caching_manager,
+        examples=1500,
+        level="caching-manager",
+        max_violations=2,
+        seed_value=3,
     )
     (finding,) = report.findings
     assert finding.root_cause == (
@@ -611,7 +617,7 @@ def test_a_known_wrong_error_type_lets_the_test_case_go_on() -> None:
     from hypothesis.stateful import rule
 
     from pagedkv_spec.errors import NoFreeBlocksError
-    from pagedkv_stateful.lockstep import LockstepMachine
+    from pagedkv_stateful.v0.lockstep import LockstepMachine
 
     class Probe(LockstepMachine):
         @rule()
@@ -653,7 +659,7 @@ def test_a_crash_inside_hypothesis_is_not_reported_as_the_targets(
     from hypothesis import strategies as st
 
     from pagedkv_stateful.adapters import Violation as V
-    from pagedkv_stateful.allocator_machine import AllocatorMachine
+    from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 
     assert search._raised_by_the_engine(_raise(lambda: st.integers(2, 1).validate()))
     assert not search._raised_by_the_engine(_raise(lambda: int("x")))

@@ -23,7 +23,7 @@ from pagedkv.errors import (
     NullBlockError,
     StaleBlockError,
 )
-from pagedkv_spec.allocator import BlockRef
+from pagedkv_spec.v0.allocator import BlockRef
 
 GPU, CPU = Device.GPU, Device.CPU
 

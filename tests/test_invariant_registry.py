@@ -36,12 +36,12 @@ from pagedkv.v0.evictor import LRUEvictor
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv_spec import invariants
 from pagedkv_spec.invariants import LAYERS, REGISTRY, observe
-from pagedkv_stateful.allocator_machine import AllocatorMachine
-from pagedkv_stateful.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.kv_machine import KVMachine
-from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.scheduler_machine import SchedulerMachine
+from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
+from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
+from pagedkv_stateful.v0.manager_machine import ManagerMachine
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
 from pagedkv_stateful.v1.pool_machine import V1PoolMachine
 from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
@@ -164,7 +164,7 @@ def test_cited_reads_a_leading_id_only() -> None:
 
 
 def test_check_reports_the_first_broken_invariant_with_its_id() -> None:
-    from pagedkv_spec.pool import PoolState
+    from pagedkv_spec.v0.pool import PoolState
 
     bad = PoolState(0, (-1, 0), (1,))  # P3 (and so P2) broken: P3 is reported
     with pytest.raises(InvariantViolationError) as info:

@@ -34,7 +34,7 @@ from pagedkv.errors import (
 from pagedkv.v0.block_table import BlockTable
 from pagedkv.v0.naive_allocator import NaiveBlock
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlock, PrefixCachingBlockAllocator
-from pagedkv_spec import manager as spec
+from pagedkv_spec.v0 import manager as spec
 
 GPU, CPU = Device.GPU, Device.CPU
 RUNNING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED

@@ -11,8 +11,8 @@ from pagedkv import AllocStatus, BlockSpaceManager, Sequence
 from pagedkv.v0.naive_allocator import NaiveBlock
 from pagedkv_spec.device import Device
 from pagedkv_stateful.adapters import Violation
-from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.profiles import find_fast
+from pagedkv_stateful.v0.manager_machine import ManagerMachine
 
 FIND_FAST = find_fast(max_examples=400, steps=30)
 

@@ -41,7 +41,7 @@ from pagedkv.errors import (
     RefCountError,
     StaleBlockError,
 )
-from pagedkv_spec.pool import PoolState
+from pagedkv_spec.v0.pool import PoolState
 
 GPU, CPU = Device.GPU, Device.CPU
 

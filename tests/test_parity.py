@@ -15,7 +15,7 @@ checked for what it promises:
   says (vLLM-shaped targets of the conformance kit do not have it);
 - ``CACHING``: a prefix-caching method (a no-op without caching), classified again at
   the caching level: ``CACHING_MANAGER`` below, whose machine runs in lockstep with
-  ``pagedkv_spec.caching_manager`` (the allocator's are the caching machine's rules);
+  ``pagedkv_spec.v0.caching_manager`` (the allocator's are the caching machine's rules);
 - ``SUPPORT``: construction, routing, verification (``to_spec``, ``check_invariants``).
 
 Machine rules that drive no operation of their own are error paths or scenarios, and
@@ -31,15 +31,15 @@ from types import ModuleType
 import pytest
 from hypothesis.stateful import RuleBasedStateMachine
 
-import pagedkv_spec.allocator as spec_allocator
-import pagedkv_spec.caching_manager as spec_caching_manager
-import pagedkv_spec.manager as spec_manager
+import pagedkv_spec.v0.allocator as spec_allocator
+import pagedkv_spec.v0.caching_manager as spec_caching_manager
+import pagedkv_spec.v0.manager as spec_manager
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Scheduler
-from pagedkv_stateful.allocator_machine import AllocatorMachine
-from pagedkv_stateful.caching_manager_machine import CachingManagerMachine
 from pagedkv_stateful.kv_machine import KVMachine
-from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.scheduler_machine import SchedulerMachine
+from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
+from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
+from pagedkv_stateful.v0.manager_machine import ManagerMachine
 
 RULE, CAN, OBSERVED, EXTENSION, CACHING, SUPPORT = (
     "rule", "can", "observed", "extension", "caching", "support"
@@ -118,7 +118,7 @@ MANAGER: dict[str, str] = {
 }
 
 #: ``BlockSpaceManager(enable_caching=True)``: the manager operations that ``CachingManagerMachine``
-#: drives in lockstep with ``pagedkv_spec.caching_manager``, and how.
+#: drives in lockstep with ``pagedkv_spec.v0.caching_manager``, and how.
 CACHING_MANAGER: dict[str, str] = {
     "allocate": RULE,
     "fork": RULE,
@@ -249,7 +249,7 @@ def test_caching_manager_operations_keep_their_name_in_spec_and_machine() -> Non
         if kind == RULE:
             assert name in have, f"CachingManagerMachine has no rule {name!r}"
         if kind in (RULE, CAN, OBSERVED):
-            assert name in functions, f"pagedkv_spec.caching_manager has no {name!r}"
+            assert name in functions, f"pagedkv_spec.v0.caching_manager has no {name!r}"
         if kind in (CAN, OBSERVED):
             assert re.search(rf"\badapter\.{name}\b", source), name
             assert re.search(rf"\bspec\.{name}\b", source), name

@@ -18,8 +18,8 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv import CpuGpuBlockAllocator, NaiveBlockAllocator
 from pagedkv.v0.id_pool import IdPool
-from pagedkv_stateful.allocator_machine import AllocatorMachine
 from pagedkv_stateful.profiles import find_fast
+from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 
 FIND_FAST = find_fast(max_examples=300, steps=30)
 

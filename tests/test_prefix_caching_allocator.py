@@ -34,7 +34,7 @@ from pagedkv.errors import (
     NoFreeBlocksError,
     PromotionError,
 )
-from pagedkv_spec.caching import CachingState
+from pagedkv_spec.v0.caching import CachingState
 
 GPU, CPU = Device.GPU, Device.CPU
 

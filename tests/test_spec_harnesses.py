@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from pagedkv_spec import harness as H
-from pagedkv_spec.pool import PoolState, pool_initial, pool_take
+from pagedkv_spec.v0.pool import PoolState, pool_initial, pool_take
 from pagedkv_spec.v1 import harness as V1
 
 DOMAINS: list[tuple[Callable[..., None], list[range | list[bool]]]] = [

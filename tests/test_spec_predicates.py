@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from pagedkv_spec import allocator as A
-from pagedkv_spec import caching as C
-from pagedkv_spec import manager as M
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import REGISTRY
-from pagedkv_spec.pool import PoolState
 from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef, StepRecord
-from pagedkv_spec.table import TableRep
+from pagedkv_spec.v0 import allocator as A
+from pagedkv_spec.v0 import caching as C
+from pagedkv_spec.v0 import manager as M
+from pagedkv_spec.v0.pool import PoolState
+from pagedkv_spec.v0.table import TableRep
 from pagedkv_spec.v1 import manager as V1M
 from pagedkv_spec.v1 import pool as V1pool
 from pagedkv_spec.v1.scheduler import SchedRequestView, V1SchedulerView

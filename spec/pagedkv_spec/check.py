@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_TARGETS = (
-    "pagedkv_spec.pool.pool_take",
-    "pagedkv_spec.pool.pool_incref",
-    "pagedkv_spec.pool.pool_record_cow",
-    "pagedkv_spec.pool.pool_clear_cow",
+    "pagedkv_spec.v0.pool.pool_take",
+    "pagedkv_spec.v0.pool.pool_incref",
+    "pagedkv_spec.v0.pool.pool_record_cow",
+    "pagedkv_spec.v0.pool.pool_clear_cow",
     "pagedkv_spec.harness.prop_decref_never_corrupts",
     "pagedkv_spec.harness.prop_alloc_is_all_or_nothing",
     "pagedkv_spec.harness.prop_fork_then_cow",
@@ -57,12 +57,12 @@ DEFAULT_TARGETS = (
 
 
 SPEC_MODULES = (
-    "pagedkv_spec.pool",
-    "pagedkv_spec.allocator",
-    "pagedkv_spec.caching",
-    "pagedkv_spec.caching_manager",
-    "pagedkv_spec.manager",
-    "pagedkv_spec.table",
+    "pagedkv_spec.v0.pool",
+    "pagedkv_spec.v0.allocator",
+    "pagedkv_spec.v0.caching",
+    "pagedkv_spec.v0.caching_manager",
+    "pagedkv_spec.v0.manager",
+    "pagedkv_spec.v0.table",
     "pagedkv_spec.scheduler",
     "pagedkv_spec.kv",
     "pagedkv_spec.harness",

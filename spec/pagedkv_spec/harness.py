@@ -13,10 +13,13 @@ Complexity: irrelevant.
 
 from __future__ import annotations
 
-from pagedkv_spec import caching as C
-from pagedkv_spec import caching_manager as CM
-from pagedkv_spec import manager as M
-from pagedkv_spec.allocator import (
+from pagedkv_spec.device import Device
+from pagedkv_spec.errors import PagedKVError
+from pagedkv_spec.status import AllocStatus
+from pagedkv_spec.v0 import caching as C
+from pagedkv_spec.v0 import caching_manager as CM
+from pagedkv_spec.v0 import manager as M
+from pagedkv_spec.v0.allocator import (
     AllocatorState,
     allocate_immutable_blocks,
     allocate_mutable_block,
@@ -30,10 +33,7 @@ from pagedkv_spec.allocator import (
     state_ok,
     swap,
 )
-from pagedkv_spec.device import Device
-from pagedkv_spec.errors import PagedKVError
-from pagedkv_spec.pool import PoolState, lifo_choice, pool_decref, pool_ok, refcount
-from pagedkv_spec.status import AllocStatus
+from pagedkv_spec.v0.pool import PoolState, lifo_choice, pool_decref, pool_ok, refcount
 
 GPU, CPU = Device.GPU, Device.CPU
 

@@ -46,8 +46,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pagedkv_spec import allocator, caching, kv, manager, pool, scheduler, table
+from pagedkv_spec import kv, scheduler
 from pagedkv_spec.errors import InvariantViolationError
+from pagedkv_spec.v0 import allocator, caching, manager, pool, table
 from pagedkv_spec.v1 import manager as v1m
 from pagedkv_spec.v1 import pool as v1p
 from pagedkv_spec.v1 import scheduler as v1s

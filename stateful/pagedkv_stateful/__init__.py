@@ -31,10 +31,10 @@ if TYPE_CHECKING:
         pagedkv_caching_manager,
         pagedkv_manager,
     )
-    from pagedkv_stateful.allocator_machine import AllocatorMachine
-    from pagedkv_stateful.manager_machine import ManagerMachine
     from pagedkv_stateful.report import ConformanceReport, Finding
     from pagedkv_stateful.search import run_conformance
+    from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
+    from pagedkv_stateful.v0.manager_machine import ManagerMachine
 
 _HOMES = {
     "CHECKS": "adapters",
@@ -49,8 +49,8 @@ _HOMES = {
     "pagedkv_allocator": "adapters",
     "pagedkv_caching_manager": "adapters",
     "pagedkv_manager": "adapters",
-    "AllocatorMachine": "allocator_machine",
-    "ManagerMachine": "manager_machine",
+    "AllocatorMachine": "v0.allocator_machine",
+    "ManagerMachine": "v0.manager_machine",
     "ConformanceReport": "report",
     "Finding": "report",
     "run_conformance": "search",

@@ -31,12 +31,12 @@ from typing import Any
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator
 from pagedkv import Sequence as Seq
 from pagedkv.v0.sequence import AllocDecision, SequenceGroup
-from pagedkv_spec.allocator import AllocatorState
-from pagedkv_spec.caching_manager import CachingManagerState, CTable
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import REGISTRY
-from pagedkv_spec.manager import ManagerView
 from pagedkv_spec.status import AllocStatus
+from pagedkv_spec.v0.allocator import AllocatorState
+from pagedkv_spec.v0.caching_manager import CachingManagerState, CTable
+from pagedkv_spec.v0.manager import ManagerView
 
 __all__ = [
     "CHECKS",

@@ -3,7 +3,7 @@
 Before each call to the target a machine names the call's **situation**: the
 operation and the class of its arguments and state that decides how the spec
 treats it (``swap`` / ``the destination lacks room``), read from the spec's state
-*before* the call (:meth:`~pagedkv_stateful.lockstep.LockstepMachine._enter`).
+*before* the call (:meth:`~pagedkv_stateful.v0.lockstep.LockstepMachine._enter`).
 A finding's cause is its situation; two findings in one situation (a swap
 without room that raises after moving some blocks, seen as a changed free count
 on one device, a changed block id, an accepted call the spec rejects) are one

@@ -15,15 +15,15 @@
   sliding_window)``, a manager with ``BlockSpaceManager``'s API;
 * caching level: ``FACTORY(num_gpu_blocks, num_cpu_blocks, block_size)``, a
   two-device *prefix-caching* allocator with vLLM 0.6.3's API, driven by
-  :class:`~pagedkv_stateful.caching_machine.CachingAllocatorMachine` against
-  :mod:`pagedkv_spec.caching` (C1–C8). It may return the target or a ``(target,
+  :class:`~pagedkv_stateful.v0.caching_machine.CachingAllocatorMachine` against
+  :mod:`pagedkv_spec.v0.caching` (C1–C8). It may return the target or a ``(target,
   Capabilities)`` pair; pagedkv's own allocator promises typed errors and LIFO
   reuse and takes extra keys, any other target is judged on what the API shows;
 * caching-manager level: ``FACTORY(block_size, num_gpu_blocks, num_cpu_blocks,
   watermark)``, a manager with prefix caching (``BlockSpaceManager(...,
   enable_caching=True)``'s API), driven by
-  :class:`~pagedkv_stateful.caching_manager_machine.CachingManagerMachine` against
-  :mod:`pagedkv_spec.caching_manager`; what it returns is read as at the manager level;
+  :class:`~pagedkv_stateful.v0.caching_manager_machine.CachingManagerMachine` against
+  :mod:`pagedkv_spec.v0.caching_manager`; what it returns is read as at the manager level;
 * v1 level: ``FACTORY(kv_cache_config, max_model_len, enable_caching,
   enable_kv_cache_events, watermark)``, a vLLM V1 ``KVCacheManager`` taking pagedkv
   ``Request`` objects and giving its state as ``to_spec()``, driven by

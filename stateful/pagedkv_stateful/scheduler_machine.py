@@ -49,7 +49,7 @@ from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds, label
 from pagedkv_spec.kv import first_lost
 from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef, StepRecord
-from pagedkv_stateful.manager_machine import view_fault
+from pagedkv_stateful.v0.manager_machine import view_fault
 
 __all__ = ["SchedulerMachine"]
 

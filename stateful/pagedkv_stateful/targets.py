@@ -30,11 +30,11 @@ from pagedkv_stateful.adapters import (
     as_manager_adapter,
     required_methods,
 )
-from pagedkv_stateful.allocator_machine import AllocatorMachine
-from pagedkv_stateful.caching_machine import CachingAllocatorMachine
-from pagedkv_stateful.caching_manager_machine import CachingManagerMachine
-from pagedkv_stateful.manager_machine import ManagerMachine
 from pagedkv_stateful.replay import NEEDS_O, explicit_asserts
+from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
+from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
+from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
+from pagedkv_stateful.v0.manager_machine import ManagerMachine
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
 from pagedkv_stateful.v1.pool_machine import BS, V1PoolMachine
 from pagedkv_stateful.v1.program import EVENTS_AGREE

@@ -6,7 +6,7 @@ released id back on the free list, breaking P2. The CrossHair pass must fail.
 
 from __future__ import annotations
 
-from pagedkv_spec.pool import PoolState, _with_rc, in_pool, pool_ok, refcount
+from pagedkv_spec.v0.pool import PoolState, _with_rc, in_pool, pool_ok, refcount
 
 
 def pool_decref_leaky(p: PoolState, block_id: int) -> PoolState:

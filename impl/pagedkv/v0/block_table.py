@@ -58,7 +58,7 @@ from pagedkv.v0.id_pool import NullBlock
 from pagedkv.v0.interfaces import Block, DeviceAwareBlockAllocator
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
-from pagedkv_spec.table import TableRep, fill_ok, ids_distinct, null_prefix_exact
+from pagedkv_spec.v0.table import TableRep, fill_ok, ids_distinct, null_prefix_exact
 
 __all__ = ["BlockTable"]
 
@@ -777,7 +777,7 @@ class BlockTable:
 
     def to_spec(self) -> TableRep:
         """Abstraction function: this table's representation as a spec
-        :class:`~pagedkv_spec.table.TableRep`. Complexity: O(blocks)."""
+        :class:`~pagedkv_spec.v0.table.TableRep`. Complexity: O(blocks)."""
         blocks = self._blocks
         return TableRep(
             self._block_size,

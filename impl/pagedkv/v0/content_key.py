@@ -44,7 +44,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Final, TypeAlias
 
 from pagedkv.errors import ArgumentTypeError, InvalidAllocatorConfigError, InvalidExtraKeysError
-from pagedkv_spec.caching import ContentKey
+from pagedkv_spec.v0.caching import ContentKey
 
 __all__ = [
     "KEY_FUNCTIONS",
@@ -205,7 +205,7 @@ class CacheKey:
     """A cached block's content: the key function's digest plus what it was computed from.
 
     The parent link keeps the chain, so the structural key (the spec's
-    :class:`~pagedkv_spec.caching.ContentKey`) can be rebuilt for checking;
+    :class:`~pagedkv_spec.v0.caching.ContentKey`) can be rebuilt for checking;
     memory is one small object per cached block, shared by every block naming it.
     """
 

@@ -26,10 +26,10 @@ from pagedkv.v0.id_pool import NullBlock, PoolBlock, fork_chain
 from pagedkv.v0.interfaces import Block, DeviceAwareBlockAllocator
 from pagedkv.v0.naive_allocator import NaiveBlockAllocator
 from pagedkv.v0.prefix_caching_allocator import CacheStats, PrefixCachingBlockAllocator
-from pagedkv_spec.allocator import AllocatorState, BlockRef
-from pagedkv_spec.caching import CachingState, CBlock
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
+from pagedkv_spec.v0.allocator import AllocatorState, BlockRef
+from pagedkv_spec.v0.caching import CachingState, CBlock
 
 __all__ = ["CpuGpuBlockAllocator"]
 
@@ -42,7 +42,7 @@ _GPU, _CPU = Device.GPU, Device.CPU
 class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
     """Routes allocation by device and everything else by the block's own allocator.
 
-    Refines :mod:`pagedkv_spec.allocator`. GPU ids are ``0..G-1`` and CPU ids
+    Refines :mod:`pagedkv_spec.v0.allocator`. GPU ids are ``0..G-1`` and CPU ids
     ``G..G+C-1``. A block object knows its allocator, so ``free``/``fork`` need
     no id→allocator table (vLLM 0.6.3 builds a dict entry per block id).
 
@@ -437,8 +437,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             cpu, PrefixCachingBlockAllocator
         ):
             raise InvalidAllocatorConfigError(
-                "to_spec() is the naive allocator's abstraction; with caching use "
-                "to_caching_spec()"
+                "to_spec() is the naive allocator's abstraction; with caching use to_caching_spec()"
             )
         null_id = None if self._null_block is None else self._null_block.block_id
         return AllocatorState(gpu.block_size, gpu.to_spec(), cpu.to_spec(), tuple(refs), null_id)

@@ -40,7 +40,7 @@ from pagedkv.v0._block_args import check_prev_block, require_block, require_bloc
 from pagedkv.v0.content_key import CacheKey, ExtraKeys
 from pagedkv.v0.interfaces import Block
 from pagedkv.v0.refcount import ReadOnlyRefCounter, contiguous_range
-from pagedkv_spec.caching import NEVER_ACCESSED
+from pagedkv_spec.v0.caching import NEVER_ACCESSED
 
 __all__ = ["Fill", "IdPool", "NullBlock", "PoolBlock", "PoolOwner", "fork_chain", "pool_ids"]
 
@@ -272,7 +272,7 @@ class NullBlock(Block):
 
 class IdPool:
     """Refcounts, free list and copy-on-write log of one pool of contiguous ids, and
-    the fields of the block objects naming them; refines :mod:`pagedkv_spec.pool`.
+    the fields of the block objects naming them; refines :mod:`pagedkv_spec.v0.pool`.
 
     Representation (all private; this class is the only writer of them and of
     every :class:`PoolBlock` field):

@@ -1,6 +1,6 @@
 """The block space manager: block tables for sequence groups (vLLM 0.6.3 naive path).
 
-Refines :mod:`pagedkv_spec.manager`. The scheduler asks ``can_*`` and then
+Refines :mod:`pagedkv_spec.v0.manager`. The scheduler asks ``can_*`` and then
 acts; pagedkv guarantees *can => do*: whenever ``can_allocate`` is OK,
 ``can_append_slots`` is True, ``can_swap_out`` is True or ``can_swap_in`` is
 OK, the matching operation finds enough free blocks. A failed operation raises
@@ -8,7 +8,7 @@ a typed error and changes nothing.
 
 Beyond the vLLM API: :class:`ManagerStats` (cumulative counters, ``manager.stats``),
 ``to_spec()`` (the abstraction function: pools, every table's ids and tokens, the
-null block, as a :class:`~pagedkv_spec.manager.ManagerView`) and
+null block, as a :class:`~pagedkv_spec.v0.manager.ManagerView`) and
 ``check_invariants()`` (the representation check, O(n), for tests).
 """
 
@@ -42,13 +42,13 @@ from pagedkv.v0.cpu_gpu_allocator import CpuGpuBlockAllocator
 from pagedkv.v0.interfaces import Block
 from pagedkv.v0.prefix_caching_allocator import CacheStats
 from pagedkv.v0.sequence import AllocDecision, Sequence, SequenceGroup, SequenceStatus
-from pagedkv_spec.allocator import AllocatorState, BlockRef
-from pagedkv_spec.caching import CachingState
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
-from pagedkv_spec.manager import NULL, ManagerState, ManagerView, TableRef, TableView
-from pagedkv_spec.pool import PoolState
 from pagedkv_spec.status import AllocStatus
+from pagedkv_spec.v0.allocator import AllocatorState, BlockRef
+from pagedkv_spec.v0.caching import CachingState
+from pagedkv_spec.v0.manager import NULL, ManagerState, ManagerView, TableRef, TableView
+from pagedkv_spec.v0.pool import PoolState
 
 __all__ = ["AppendSlotsBatch", "BlockSpaceManager", "ManagerStats"]
 

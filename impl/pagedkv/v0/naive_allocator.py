@@ -40,7 +40,7 @@ from pagedkv.v0.id_pool import IdPool, NullBlock, PoolBlock, fork_chain, pool_id
 from pagedkv.v0.interfaces import Block, BlockAllocator
 from pagedkv.v0.refcount import ReadOnlyRefCounter
 from pagedkv_spec.invariants import check
-from pagedkv_spec.pool import PoolState
+from pagedkv_spec.v0.pool import PoolState
 
 __all__ = ["NaiveBlock", "NaiveBlockAllocator", "NullBlock"]
 
@@ -49,7 +49,7 @@ NaiveBlock = PoolBlock
 
 
 class NaiveBlockAllocator(BlockAllocator):
-    """Allocates the blocks of one pool of contiguous ids; refines :mod:`pagedkv_spec.pool`.
+    """Allocates the blocks of one pool of contiguous ids; refines :mod:`pagedkv_spec.v0.pool`.
 
     Representation (private): ``_pool``, the :class:`~pagedkv.v0.id_pool.IdPool` whose
     free list is the spec's (``reversed(stack) + never-used ids``: LIFO reuse,

@@ -1,5 +1,5 @@
 """The prefix-caching allocator of one device's pool, and its blocks (refines
-:mod:`pagedkv_spec.caching`; vLLM 0.6.3's ``prefix_caching_block.py``).
+:mod:`pagedkv_spec.v0.caching`; vLLM 0.6.3's ``prefix_caching_block.py``).
 
 A full block whose predecessor is cached (or that is first) gets a content key
 (:mod:`pagedkv.v0.content_key`: its parent's key, its tokens and the sequence's
@@ -62,8 +62,8 @@ from pagedkv.v0.evictor import LRUEvictor
 from pagedkv.v0.id_pool import IdPool, PoolBlock, fork_chain, pool_ids
 from pagedkv.v0.interfaces import Block, BlockAllocator
 from pagedkv.v0.refcount import ReadOnlyRefCounter
-from pagedkv_spec.caching import CachePool, CachingState, ContentKey
 from pagedkv_spec.invariants import check, require
+from pagedkv_spec.v0.caching import CachePool, CachingState, ContentKey
 
 __all__ = ["CacheKey", "CacheStats", "PrefixCachingBlock", "PrefixCachingBlockAllocator"]
 
@@ -94,7 +94,7 @@ PrefixCachingBlock = PoolBlock
 
 
 class PrefixCachingBlockAllocator(BlockAllocator):
-    """Allocates the blocks of one pool with prefix caching; refines :mod:`pagedkv_spec.caching`.
+    """Allocates the blocks of one pool with prefix caching; refines :mod:`pagedkv_spec.v0.caching`.
 
     Holds an :class:`~pagedkv.v0.id_pool.IdPool` (refcounts, LIFO free list, CoW log,
     the block objects: the pool writes them all) and adds, through the pool's

@@ -1,4 +1,4 @@
-"""Lockstep machine: a block space manager against :mod:`pagedkv_spec.manager`.
+"""Lockstep machine: a block space manager against :mod:`pagedkv_spec.v0.manager`.
 
 Groups of 1–4 sequences with random prompts are admitted, decoded with random
 lookahead, forked, swapped out and in, preempted by recompute and freed; every
@@ -21,7 +21,7 @@ swap chose; the checks after every step (``_compare`` through the lockstep
 invariant ``observables_agree``, ``invariants_hold``); the can-then-do steps
 (``_allocate``, ``_append_slots``) and the rules of the manager's operations;
 and the misuse rules, error paths by design (``misuse``, ``wrong_device``). The
-lockstep shape is in :mod:`pagedkv_stateful.lockstep`.
+lockstep shape is in :mod:`pagedkv_stateful.v0.lockstep`.
 
 State (set by the ``init`` rule): ``adapter`` / ``impl`` the target, ``caps``
 its capabilities, ``model`` the spec state, ``live`` the admitted groups by
@@ -40,13 +40,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, initialize, invariant, multiple, precondition, rule
 
 from pagedkv import BlockSpaceManager, ManagerStats, Sequence, SequenceGroup, SequenceStatus
-from pagedkv_spec import manager as spec
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds, label
 from pagedkv_spec.status import AllocStatus
+from pagedkv_spec.v0 import manager as spec
 from pagedkv_stateful.adapters import Capabilities, ManagerAdapter, Violation, as_manager_adapter
 from pagedkv_stateful.causes import NULL_UNCOUNTED
-from pagedkv_stateful.lockstep import (
+from pagedkv_stateful.v0.lockstep import (
     LockstepMachine,
     check_free_count,
     check_same_pools,
@@ -189,7 +189,9 @@ class ManagerMachine(LockstepMachine):
                 mismatch(
                     "a yes the spec does not give"
                     if answer == yes
-                    else "a yes refused" if expected == yes else "another no than the spec's"
+                    else "a yes refused"
+                    if expected == yes
+                    else "another no than the spec's"
                 )
             else:
                 event(f"{query}: more conservative than the spec (not promised exact)")

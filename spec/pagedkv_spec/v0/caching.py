@@ -45,7 +45,7 @@ Invariants (registered in :mod:`pagedkv_spec.invariants`):
     C10 ``fill_shares_written`` (a step) a block that fills (append or promotion) shares
                                a cached id only if that id is computed
 
-Operations are choice-parameterised like :mod:`pagedkv_spec.allocator`: ``chosen``
+Operations are choice-parameterised like :mod:`pagedkv_spec.v0.allocator`: ``chosen``
 are the fresh ids the implementation took (hits need no choice). A fresh id comes
 from the free pool while it has any, else from the evictor (evicting it); the
 spec asserts this, and C8 judges which evictor id.
@@ -85,7 +85,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from pagedkv_spec.allocator import count_references
 from pagedkv_spec.contracts import exempt
 from pagedkv_spec.device import Device
 from pagedkv_spec.errors import (
@@ -101,6 +100,7 @@ from pagedkv_spec.errors import (
     PromotionError,
     StaleBlockError,
 )
+from pagedkv_spec.v0.allocator import count_references
 
 ExtraKeys = tuple[int | str | bytes, ...]
 
@@ -374,9 +374,7 @@ def fill_shares_written(before: CachingState, after: CachingState) -> bool:
 
 
 @exempt("a field accessor of the fill rule (C10), which contracts call")
-def fill_outcome(
-    p: CachePool, key: ContentKey | None
-) -> tuple[ContentKey | None, int | None]:
+def fill_outcome(p: CachePool, key: ContentKey | None) -> tuple[ContentKey | None, int | None]:
     """``(key, shared)`` of a block that fills with ``key`` (None: not cacheable): a key
     cached under a computed id is shared (dedup); one cached under an id whose KV is
     not written yet leaves the block uncached, keeping its own id (C10); a new key is

@@ -1,6 +1,6 @@
 """The block space manager with prefix caching (``BlockSpaceManager(enable_caching=True)``).
 
-Built on :mod:`pagedkv_spec.caching` as :mod:`pagedkv_spec.manager` is built on the
+Built on :mod:`pagedkv_spec.v0.caching` as :mod:`pagedkv_spec.v0.manager` is built on the
 allocator spec: a block table is a tuple of caching-allocator *handles*, and every
 manager operation is a composition of caching-allocator operations, so it inherits
 C1–C8. No sliding window (the manager refuses caching with one) and no
@@ -22,7 +22,7 @@ What the manager adds to the allocator (``../shared/reference/prefix-caching.md`
       :func:`swap_in` compare the free counts with the counts).
     * ``access_all_blocks_in_seq`` marks every id of one table; ``mark_blocks_as_computed``
       marks what the allocator promoted during the batch (vLLM's arguments are ignored);
-      ``get_common_computed_block_ids`` is :func:`pagedkv_spec.caching.group_computed_prefix`
+      ``get_common_computed_block_ids`` is :func:`pagedkv_spec.v0.caching.group_computed_prefix`
       of the tables, recomputed from the cache state (never a per-sequence memo).
 
 Operations are choice-parameterised: ``table_ids`` is the new table's block ids
@@ -42,8 +42,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from pagedkv_spec import caching as C
-from pagedkv_spec.caching import CachingState, ExtraKeys
 from pagedkv_spec.contracts import exempt
 from pagedkv_spec.device import Device
 from pagedkv_spec.errors import (
@@ -52,8 +50,10 @@ from pagedkv_spec.errors import (
     SequenceAlreadyAllocatedError,
     UnknownSequenceError,
 )
-from pagedkv_spec.manager import watermark_status
 from pagedkv_spec.status import AllocStatus
+from pagedkv_spec.v0 import caching as C
+from pagedkv_spec.v0.caching import CachingState, ExtraKeys
+from pagedkv_spec.v0.manager import watermark_status
 
 GPU, CPU = Device.GPU, Device.CPU
 
@@ -190,7 +190,7 @@ def required_blocks(
     s: CachingManagerState, prompt: Sequence[int], extra: ExtraKeys, num_lookahead_slots: int
 ) -> int:
     """Free GPU blocks admitting ``prompt`` takes: its full blocks' misses and evictor hits
-    (:func:`pagedkv_spec.caching.blocks_needed`), one for a partial last block, and the
+    (:func:`pagedkv_spec.v0.caching.blocks_needed`), one for a partial last block, and the
     new blocks the lookahead slots would add."""
     assert _ok(s) and num_lookahead_slots >= 0
     size = s.cache.block_size
@@ -382,8 +382,7 @@ def _final_keys(
     for idx in range(len(t.handles) + num_new):
         held = tuple(tokens[idx * size : min((idx + 1) * size, len(tokens))])
         if idx < len(t.handles) and (
-            blocks[t.handles[idx]].key is not None
-            or len(blocks[t.handles[idx]].token_ids) == size
+            blocks[t.handles[idx]].key is not None or len(blocks[t.handles[idx]].token_ids) == size
         ):
             key = blocks[t.handles[idx]].key
         elif len(held) == size and (idx == 0 or parent is not None):
@@ -431,9 +430,7 @@ def append_choices(
     # empty, evicted that very id as its fresh one and cached it again: then nothing
     # came back, and no evictor id is new in the free pool for it.
     pre_free = set(p.free)
-    came_back = {
-        s.cache.blocks[t.handles[i]].block_id for i, _ in writes if i < len(t.handles)
-    }
+    came_back = {s.cache.blocks[t.handles[i]].block_id for i, _ in writes if i < len(t.handles)}
     from_evictor = sum(1 for i in free_after if i not in pre_free and i not in came_back)
     returned: list[int | None] = []  # ids given back to the free pool, in write order
     recached: set[int] = set()  # new blocks that evicted their own key's id
@@ -791,7 +788,7 @@ def get_common_computed_block_ids(
     s: CachingManagerState, seq_ids: Sequence[int]
 ) -> tuple[int, ...]:
     """The GPU ids every sequence of ``seq_ids`` may skip
-    (:func:`pagedkv_spec.caching.group_computed_prefix` of their tables)."""
+    (:func:`pagedkv_spec.v0.caching.group_computed_prefix` of their tables)."""
     assert _ok(s)
     out = C.group_computed_prefix(s.cache, [table_ids(s, i) for i in seq_ids])
     assert all(out == table_ids(s, i)[: len(out)] for i in seq_ids)

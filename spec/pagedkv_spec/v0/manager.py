@@ -52,7 +52,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from pagedkv_spec import allocator as A
 from pagedkv_spec.contracts import exempt
 from pagedkv_spec.device import Device
 from pagedkv_spec.errors import (
@@ -62,9 +61,10 @@ from pagedkv_spec.errors import (
     SequenceAlreadyAllocatedError,
     UnknownSequenceError,
 )
-from pagedkv_spec.pool import PoolState, in_pool, refcount
 from pagedkv_spec.status import AllocStatus
-from pagedkv_spec.table import slot_fill
+from pagedkv_spec.v0 import allocator as A
+from pagedkv_spec.v0.pool import PoolState, in_pool, refcount
+from pagedkv_spec.v0.table import slot_fill
 
 NULL = -1
 GPU, CPU = Device.GPU, Device.CPU

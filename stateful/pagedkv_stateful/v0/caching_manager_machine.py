@@ -3,7 +3,7 @@
 :class:`~pagedkv_stateful.adapters.ManagerAdapter`: vLLM 0.6.3's
 ``BlockSpaceManagerV2(enable_caching=True)`` through ``pagedkv conform --level
 caching-manager``), against the manager-level caching spec
-(:mod:`pagedkv_spec.caching_manager`, built on :mod:`pagedkv_spec.caching`):
+(:mod:`pagedkv_spec.v0.caching_manager`, built on :mod:`pagedkv_spec.v0.caching`):
 
 * **lockstep**: the spec runs every operation with the target's choices (the new
   table's ids, a swap's pairs, an append's fresh ids read from the table afterwards);
@@ -46,21 +46,21 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
-from pagedkv_spec import caching_manager as spec
-from pagedkv_spec.caching import (
+from pagedkv_spec.device import Device
+from pagedkv_spec.invariants import first_broken, holds, label
+from pagedkv_spec.status import AllocStatus
+from pagedkv_spec.v0 import caching_manager as spec
+from pagedkv_spec.v0.caching import (
     content_key,
     eviction_order,
     key_of_id,
     lookup,
     pool_of,
 )
-from pagedkv_spec.caching_manager import CachingManagerState
-from pagedkv_spec.device import Device
-from pagedkv_spec.invariants import first_broken, holds, label
-from pagedkv_spec.status import AllocStatus
+from pagedkv_spec.v0.caching_manager import CachingManagerState
 from pagedkv_stateful.adapters import ManagerAdapter, Violation, as_manager_adapter
 from pagedkv_stateful.causes import FILL_UNWRITTEN, SHARED_FILL_HIT, UNWRITTEN_LAST
-from pagedkv_stateful.lockstep import LockstepMachine, check_free_count
+from pagedkv_stateful.v0.lockstep import LockstepMachine, check_free_count
 
 __all__ = ["CachingManagerMachine"]
 

@@ -1,7 +1,7 @@
-"""Lockstep machine: the prefix-caching two-device allocator against :mod:`pagedkv_spec.caching`.
+"""Lockstep machine: the prefix-caching two-device allocator against :mod:`pagedkv_spec.v0.caching`.
 
 Drives ``CpuGpuBlockAllocator.create("prefix_caching", ...)`` and the spec step
-by step, in the shape of :mod:`pagedkv_stateful.lockstep`: a call the target
+by step, in the shape of :mod:`pagedkv_stateful.v0.lockstep`: a call the target
 rejects must be rejected by the spec with the same error type and change
 nothing; an accepted call's choices (the fresh ids it took, the ids it copied
 in a swap, the order of a reset) are fed to the spec, which judges them. After
@@ -37,12 +37,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, initialize, invariant, multiple, precondition, rule
 
 from pagedkv import CpuGpuBlockAllocator
-from pagedkv_spec import caching as spec
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds, label
+from pagedkv_spec.v0 import caching as spec
 from pagedkv_stateful.adapters import Capabilities, Violation
 from pagedkv_stateful.causes import FILL_UNWRITTEN, SHARED_FILL_HIT, SWAP_HIT, UNWRITTEN_LAST
-from pagedkv_stateful.lockstep import LockstepMachine
 from pagedkv_stateful.situations import (
     STALE,
     STALE_AGAIN,
@@ -52,6 +51,7 @@ from pagedkv_stateful.situations import (
     stale,
     swap_situation,
 )
+from pagedkv_stateful.v0.lockstep import LockstepMachine
 
 __all__ = ["CachingAllocatorMachine", "normalised"]
 
@@ -70,8 +70,6 @@ def normalised(s: spec.CachingState) -> spec.CachingState:
         return replace(p, cached=tuple(sorted(p.cached, key=lambda pair: pair[1])))
 
     return replace(s, gpu=pool(s.gpu), cpu=pool(s.cpu))
-
-
 
 
 def _dev(device: Device) -> str:
@@ -298,9 +296,8 @@ class CachingAllocatorMachine(LockstepMachine):
                 b.block_id is not None
                 and spec.key_of_id(pool, b.block_id) is not None
                 and b.block_id not in pool.computed
-                and spec.rc(pool, b.block_id) == sum(
-                    self.model.blocks[o].block_id == b.block_id for o in set(handles)
-                )
+                and spec.rc(pool, b.block_id)
+                == sum(self.model.blocks[o].block_id == b.block_id for o in set(handles))
             ):
                 return True
         return False

@@ -1,7 +1,7 @@
-"""Lockstep machine: a two-device block allocator against :mod:`pagedkv_spec.allocator`.
+"""Lockstep machine: a two-device block allocator against :mod:`pagedkv_spec.v0.allocator`.
 
 Every public operation of the allocator is a rule, error paths included. Each
-rule has one shape (:mod:`pagedkv_stateful.lockstep`): call the target through
+rule has one shape (:mod:`pagedkv_stateful.v0.lockstep`): call the target through
 its adapter (:class:`~pagedkv_stateful.adapters.AllocatorAdapter`); if it
 raised, the spec must reject the same call (with the same error type when the
 target promises typed errors) and nothing observable may have changed;
@@ -18,12 +18,12 @@ reads back as a runnable program.
 
 Layout of the class: extension points that build the target (``make_impl``,
 ``make_adapter``, ``setup_source``); helpers that judge the ids a target hands
-out (LIFO order, :func:`~pagedkv_stateful.lockstep.choice_fault`); the rules of
+out (LIFO order, :func:`~pagedkv_stateful.v0.lockstep.choice_fault`); the rules of
 the allocator's operations; the misuse rules, error paths by design
 (``free_again``, ``use_stale_handle``, ``foreign_block``, ``null_block``); and
 the checks after every step (``_compare`` through the lockstep invariant
 ``observables_agree``, ``spec_invariants_hold``). The lockstep shape is in
-:mod:`pagedkv_stateful.lockstep`.
+:mod:`pagedkv_stateful.v0.lockstep`.
 
 State (set by the ``init`` rule): ``adapter`` / ``impl`` the target, ``caps``
 its capabilities, ``model`` the spec state, ``objs`` the target's block
@@ -56,27 +56,27 @@ from hypothesis.stateful import (
 
 from pagedkv import CpuGpuBlockAllocator
 from pagedkv.errors import ForeignBlockError, NullBlockError, PagedKVError
-from pagedkv_spec import allocator as spec
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, label
-from pagedkv_spec.pool import PoolState, lifo_choice
+from pagedkv_spec.v0 import allocator as spec
+from pagedkv_spec.v0.pool import PoolState, lifo_choice
 from pagedkv_stateful.adapters import AllocatorAdapter, Violation, as_allocator_adapter
 from pagedkv_stateful.causes import POLICY_LIFO
 from pagedkv_stateful.coverage import operation
-from pagedkv_stateful.lockstep import (
-    LockstepMachine,
-    check_same_pools,
-    choice_fault,
-    free_as_set,
-    holders,
-    pool_fault,
-)
 from pagedkv_stateful.situations import (
     chain_situation,
     chunk_situation,
     misuse_kind,
     stale,
     swap_situation,
+)
+from pagedkv_stateful.v0.lockstep import (
+    LockstepMachine,
+    check_same_pools,
+    choice_fault,
+    free_as_set,
+    holders,
+    pool_fault,
 )
 
 __all__ = ["AllocatorMachine", "or_bad"]

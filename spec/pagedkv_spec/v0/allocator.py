@@ -2,7 +2,7 @@
 
 State (:class:`AllocatorState`):
     block_size  token slots per block
-    gpu, cpu    the two pools (:mod:`pagedkv_spec.pool`); GPU ids ``0..G-1``, CPU ``G..G+C-1``
+    gpu, cpu    the two pools (:mod:`pagedkv_spec.v0.pool`); GPU ids ``0..G-1``, CPU ``G..G+C-1``
     blocks      every block object ever handed out, indexed by *handle* (its
                 position); a handle is the spec's name for one Python block object
     null_id     the GPU id held by the shared null block, or ``None`` before it exists
@@ -50,7 +50,7 @@ from pagedkv_spec.errors import (
     NoFreeBlocksError,
     StaleBlockError,
 )
-from pagedkv_spec.pool import (
+from pagedkv_spec.v0.pool import (
     PoolState,
     in_pool,
     num_free,

@@ -31,11 +31,11 @@ from hypothesis import event, reject
 from hypothesis.stateful import RuleBasedStateMachine, invariant
 
 from pagedkv.errors import PagedKVError
-from pagedkv_spec import allocator as spec
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import REGISTRY, cited, first_broken, label
-from pagedkv_spec.manager import ManagerView
-from pagedkv_spec.pool import PoolState, in_pool
+from pagedkv_spec.v0 import allocator as spec
+from pagedkv_spec.v0.manager import ManagerView
+from pagedkv_spec.v0.pool import PoolState, in_pool
 from pagedkv_stateful.adapters import Capabilities, Violation
 from pagedkv_stateful.causes import (
     CALLER_PRECONDITIONS,
