@@ -9,7 +9,7 @@ import pytest
 from hypothesis import seed, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-__all__ = ["raised", "raised_exactly"]
+__all__ = ["raised", "raised_exactly", "run_seeded"]
 
 E = TypeVar("E", bound=BaseException)
 
@@ -50,7 +50,8 @@ def run_seeded(
     """Run ``machine`` under ``run_settings`` from the fixed seed ``seed_value`` instead of
     Hypothesis's derandomized one: for a planted-bug search whose derandomized path is slow.
     The seed only changes how soon the bug is met; the budget in ``run_settings`` still
-    decides whether (pick the seed by a scan, and say so where it is used)."""
-    run_state_machine_as_test(
-        seed(seed_value)(machine), settings=settings(run_settings, derandomize=False)
-    )
+    decides whether (pick the seed by a scan, and say so where it is used). Settings that
+    are not derandomized (the ``random_seeds`` plugin's) keep their random seed."""
+    if run_settings.derandomize:
+        machine = seed(seed_value)(machine)
+    run_state_machine_as_test(machine, settings=settings(run_settings, derandomize=False))

@@ -1,8 +1,7 @@
 """A pytest plugin that runs the planted-bug searches under random seeds.
 
-``find_fast`` derandomises, but Hypothesis also draws constants from the local
-modules imported so far, so a planted bug's search depends on what ran before it.
-This plugin measures how reliably each planted bug is found, seed by seed
+``find_fast`` derandomises (and ``helpers.run_seeded`` fixes a seed), so each planted
+bug's search takes one path; this plugin measures how reliably each is found, seed by seed
 (docs/assurance.md): ``PYTHONPATH=tests pytest -p random_seeds tests/test_*planted*.py``.
 Load it before the test modules import ``find_fast`` (``-p`` does).
 """
