@@ -45,13 +45,17 @@ def cleared_per_module(*cached: Any) -> Any:
 
 
 def run_seeded(
-    machine: type[RuleBasedStateMachine], run_settings: settings, seed_value: int
+    machine: type[RuleBasedStateMachine], run_settings: settings, seed_value: int | None
 ) -> None:
-    """Run ``machine`` under ``run_settings`` from the fixed seed ``seed_value`` instead of
-    Hypothesis's derandomized one: for a planted-bug search whose derandomized path is slow.
-    The seed only changes how soon the bug is met; the budget in ``run_settings`` still
-    decides whether (pick the seed by a scan, and say so where it is used). Settings that
-    are not derandomized (the ``random_seeds`` plugin's) keep their random seed."""
-    if run_settings.derandomize:
-        machine = seed(seed_value)(machine)
-    run_state_machine_as_test(machine, settings=settings(run_settings, derandomize=False))
+    """Run ``machine`` under ``run_settings``; with ``seed_value``, from that fixed seed
+    instead of Hypothesis's derandomized one: for a planted-bug search whose derandomized
+    path is slow. The seed only changes how soon the bug is met; the budget in
+    ``run_settings`` still decides whether (pick the seed by a scan, and say so where it is
+    used). Settings that are not derandomized (the ``random_seeds`` plugin's) keep their
+    random seed."""
+    if seed_value is None or not run_settings.derandomize:
+        run_state_machine_as_test(machine, settings=run_settings)
+        return
+    run_state_machine_as_test(
+        seed(seed_value)(machine), settings=settings(run_settings, derandomize=False)
+    )

@@ -220,7 +220,4 @@ MANAGER_SEEDS = {"stale computed prefix (per-sequence tracker)": 4}
 @pytest.mark.parametrize("bug", sorted(MANAGER_PLANTED))
 def test_the_caching_manager_machine_catches(bug: str) -> None:
     with pytest.raises(AssertionError):
-        if bug in MANAGER_SEEDS:
-            run_seeded(MANAGER_PLANTED[bug], find_fast(1500, 40), MANAGER_SEEDS[bug])
-        else:
-            run_state_machine_as_test(MANAGER_PLANTED[bug], settings=find_fast(1500, 40))
+        run_seeded(MANAGER_PLANTED[bug], find_fast(1500, 40), MANAGER_SEEDS.get(bug))

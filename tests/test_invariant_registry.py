@@ -464,10 +464,7 @@ def _machine_failure(
     """The invariant id a machine run reports (its message starts with the label);
     ``seed_value``: search from that seed (:func:`helpers.run_seeded`), not derandomized."""
     with pytest.raises(AssertionError) as info:
-        if seed_value is None:
-            run_state_machine_as_test(machine, settings=find_fast(examples, 40))
-        else:
-            run_seeded(machine, find_fast(examples, 40), seed_value)
+        run_seeded(machine, find_fast(examples, 40), seed_value)
     message = str(info.value)
     found = [inv.id for inv in REGISTRY.values() if inv.label in message]
     return found[0] if found else message
