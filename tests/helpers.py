@@ -9,7 +9,10 @@ import pytest
 from hypothesis import seed, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-__all__ = ["raised", "raised_exactly", "run_seeded"]
+from pagedkv_stateful.adapters import Violation
+from pagedkv_stateful.lockstep import LockstepBase
+
+__all__ = ["failing_program", "raised", "raised_exactly", "recorded", "run_seeded"]
 
 E = TypeVar("E", bound=BaseException)
 
@@ -59,3 +62,28 @@ def run_seeded(
     run_state_machine_as_test(
         seed(seed_value)(machine), settings=settings(run_settings, derandomize=False)
     )
+
+
+M = TypeVar("M", bound=LockstepBase)
+
+
+def recorded(machine: type[M], programs: list[list[str]]) -> type[M]:
+    """``machine`` writing the program of each test case it runs to ``programs`` (at
+    teardown, which Hypothesis runs also after a failed step)."""
+
+    class Recorded(machine):  # type: ignore[valid-type,misc]  # a class made at run time
+        def teardown(self) -> None:
+            programs.append(list(self.program))
+            super().teardown()
+
+    Recorded.__name__ = machine.__name__
+    return Recorded
+
+
+def failing_program(machine: type[LockstepBase], config: settings) -> tuple[Violation, list[str]]:
+    """The Violation ``machine`` fails with under ``config`` and the program of that
+    (shrunk) test case: the last one Hypothesis runs is the one it reports."""
+    programs: list[list[str]] = []
+    with pytest.raises(Violation) as caught:
+        run_state_machine_as_test(recorded(machine, programs), settings=config)
+    return caught.value, programs[-1]

@@ -2,8 +2,8 @@
 
 Each planted bug but the last breaks one of the worker's copy hooks of
 :class:`~pagedkv_stateful.kv_machine.KVMachine` (the manager and the engine stay
-correct); the last one is in the manager. The machine must fail with an
-AssertionError naming what went wrong.
+correct); the last one is in the manager. The machine must fail with a Violation
+naming what went wrong, and the program it wrote must fail the same way when run.
 """
 
 from __future__ import annotations
@@ -12,13 +12,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from helpers import failing_program
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Device, Sequence
 from pagedkv.v0.content_key import sha256_key
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv_stateful.kv_machine import CachingKVMachine, KVMachine, Pairs, prefix_digest
 from pagedkv_stateful.profiles import find_fast
+from pagedkv_stateful.replay import replay
 
 TestKV = KVMachine.TestCase
 
@@ -108,6 +111,38 @@ def test_kv_machine_catches_planted_bug(machine: type[KVMachine], message: str) 
     with pytest.raises(AssertionError, match=message) as caught:
         run_state_machine_as_test(machine, settings=FIND_FAST)
     print(f"{machine.__name__}: {caught.value}")
+
+
+@pytest.mark.parametrize("machine", [CowDstOffByOne, SwapInDropsLastPair, SwapInBeforeSwapOut])
+def test_a_kv_failure_replays_as_a_program(machine: type[KVMachine]) -> None:
+    """The program a failing test case wrote fails at its last statement, the KV1
+    check, when run by a fresh interpreter: the worker's wrong copies are in it."""
+    violation, program = failing_program(machine, FIND_FAST)
+    assert violation.invariant.startswith("KV1") or violation.invariant == "engine input"
+    assert program[-1].startswith(("check_kv(", "engine.")), program[-1]
+    expect = "AssertionError" if program[-1].startswith("check_kv(") else "KVCacheError"
+    result = replay(program, expect)
+    assert result.reproduced, (result.verdict, "\n".join(program))
+
+
+@pytest.mark.parametrize("machine", [KVMachine, CachingKVMachine])
+def test_a_passing_kv_program_runs_clean(machine: type[KVMachine]) -> None:
+    """Every program a clean run writes runs as Python, with the stock manager and
+    engine, and every ``check_kv`` of the sequences live at its end passes: the
+    program says what the machine did."""
+    programs: list[list[str]] = []
+
+    class Checked(machine):  # type: ignore[valid-type,misc]  # a class made at run time
+        def teardown(self) -> None:
+            if hasattr(self, "model"):
+                programs.append([*self.program, *self.check_lines()])
+            super().teardown()
+
+    config = settings(FIND_FAST, max_examples=15, derandomize=True)
+    run_state_machine_as_test(Checked, settings=config)
+    assert len(programs) >= 15 and any("check_kv(" in "".join(p) for p in programs)
+    for program in programs:
+        exec(compile("\n".join(program), "<kv program>", "exec"), {"__name__": "__main__"})
 
 
 # --------------------------------------------------------------------------- prefix caching

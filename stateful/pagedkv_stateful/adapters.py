@@ -90,6 +90,8 @@ CHECKS: dict[str, str] = {
     "spec self-check": "the spec's state satisfies its invariants (a pagedkv_spec bug otherwise)",
     "unexpected exception": "the target crashed where the machine could not judge the call",
     "deterministic replay": "the same calls give the same results when replayed",
+    "engine input": "a KV cache engine accepts every copy the manager's pairs ask for",
+    "cached prefix": "get_num_cached_prefix_tokens is block-aligned and below the prompt length",
 }
 
 

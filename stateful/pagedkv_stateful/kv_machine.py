@@ -34,9 +34,19 @@ preempts, so it does not meet the first hazard. This machine does.)
 Ids: the manager's GPU ids are the engine's GPU-tier ids; absolute CPU ids are
 ``num_gpu_blocks + cpu tier id``; swap pairs come back as per-tier physical ids.
 
-Reuse: override :meth:`make_manager` / :meth:`make_engine` to test other
-implementations, or :meth:`apply_swap_out`, :meth:`apply_swap_in`,
-:meth:`apply_cow` or :meth:`apply_copies` to plant bugs in the worker's side.
+The machine has the shape of every machine here
+(:class:`~pagedkv_stateful.lockstep.LockstepBase`): the model of what each sequence
+must read back is a spec state (:class:`pagedkv_spec.kv.Written`) that every rule
+steps with what it did; every call on the manager and the engine, and every write on
+a sequence, goes to ``self.program`` (:mod:`pagedkv_stateful.kv_program`); a failed
+check raises a :class:`~pagedkv_stateful.adapters.Violation` named by the registry,
+the program ending in a :func:`~pagedkv_stateful.kv_program.check_kv` line that fails
+on the target.
+
+Reuse: override :meth:`make_manager` / :meth:`make_engine` (and
+:meth:`manager_source`, for the program) to test other implementations, or
+:meth:`apply_swap_out`, :meth:`apply_swap_in`, :meth:`apply_cow` or
+:meth:`apply_copies` to plant bugs in the worker's side.
 :class:`CachingKVMachine` runs the same machine with prefix caching on, with a toy
 KV that depends on the whole prefix (see its docstring).
 
@@ -47,12 +57,12 @@ lockstep machine covers their block accounting).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 
 import torch
 from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from pagedkv import (
     BlockSpaceManager,
@@ -64,11 +74,22 @@ from pagedkv import (
 )
 from pagedkv.errors import KVCacheError
 from pagedkv.v0.content_key import ExtraKeys
-from pagedkv_spec.device import Device
-from pagedkv_spec.invariants import holds, label
-from pagedkv_spec.kv import first_lost
+from pagedkv_spec.invariants import holds
+from pagedkv_spec.kv import (
+    KVCells,
+    Written,
+    first_lost,
+    kv_computed,
+    kv_dropped,
+    kv_lineages,
+    kv_restarted,
+    kv_shared,
+    kv_started,
+)
 from pagedkv_spec.status import AllocStatus
-from pagedkv_stateful.toy_model import HEAD_SIZE, describe_kv, toy_kv
+from pagedkv_stateful.kv_program import PRELUDE, kv_cells, write_kv
+from pagedkv_stateful.lockstep import LockstepBase
+from pagedkv_stateful.toy_model import HEAD_SIZE, toy_kv
 
 __all__ = ["NUM_LAYERS", "CachingKVMachine", "KVMachine", "Pairs", "prefix_digest", "toy_kv"]
 
@@ -76,27 +97,37 @@ NUM_LAYERS = 2
 MAX_SEQS = 3  # sequences per request (vLLM's n), forks included
 WAITING, RUNNING, SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 FINISHED = SequenceStatus.FINISHED_STOPPED
+#: the status names a program writes (:data:`pagedkv_stateful.kv_program.PRELUDE`)
+STATUS = {"WAITING": WAITING, "RUNNING": RUNNING, "SWAPPED": SWAPPED, "FINISHED": FINISHED}
 
 Pairs = list[tuple[int, int]]
 
 
-class KVMachine(RuleBasedStateMachine):
+class KVMachine(LockstepBase):
     """Drives a block manager and a KV cache engine as a scheduler and worker would.
 
-    State: ``groups`` (live request id -> group), ``writers[seq_id]`` (lineage of
-    each computed position of a live sequence; its length is the number of
-    computed tokens). The engine's bytes are never mirrored: expected K/V are
-    recomputed from ``writers`` and the tokens with :func:`toy_kv`.
+    State: ``groups`` (live request id -> group) and ``model`` (the spec's
+    :class:`~pagedkv_spec.kv.Written`: the lineage of each computed position of every
+    live sequence). The engine's bytes are never mirrored: expected K/V are recomputed
+    from ``model`` and the tokens with :func:`toy_kv`.
     """
 
     #: What the toy KV's lineage field holds, for failure messages.
     ORIGIN = "seq"
+    #: what every live sequence must read back (the spec state of KV1)
+    model: Written
 
     def make_manager(
         self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float
     ) -> BlockSpaceManager:
         """The block manager under test. Override to test another implementation."""
         return BlockSpaceManager(block_size, num_gpu_blocks, num_cpu_blocks, watermark)
+
+    def manager_source(
+        self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float
+    ) -> str:
+        """The expression that builds :meth:`make_manager`'s target in a program."""
+        return f"BlockSpaceManager({block_size}, {num_gpu_blocks}, {num_cpu_blocks}, {watermark})"
 
     def make_engine(
         self, num_kv_heads: int, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int
@@ -117,15 +148,15 @@ class KVMachine(RuleBasedStateMachine):
 
     def apply_swap_out(self, pairs: Pairs) -> None:
         """Copy ``(gpu, cpu)`` blocks to the CPU tier (vLLM ``CacheEngine.swap_out``)."""
-        self._engine_call("swap-out", pairs, self.engine.swap_out)
+        self._engine_call("swap_out", pairs, self.engine.swap_out)
 
     def apply_swap_in(self, pairs: Pairs) -> None:
         """Copy ``(cpu, gpu)`` blocks to the GPU tier (vLLM ``CacheEngine.swap_in``)."""
-        self._engine_call("swap-in", pairs, self.engine.swap_in)
+        self._engine_call("swap_in", pairs, self.engine.swap_in)
 
     def apply_cow(self, pairs: Pairs) -> None:
         """Copy-on-write ``(src, dst)`` GPU blocks (vLLM ``CacheEngine.copy``)."""
-        self._engine_call("copy-on-write", pairs, self.engine.copy)
+        self._engine_call("copy", pairs, self.engine.copy)
 
     def apply_copies(self, swap_out: Pairs, swap_in: Pairs, cow: Pairs) -> None:
         """One step's copies, in the order the manager handed the blocks out."""
@@ -133,15 +164,22 @@ class KVMachine(RuleBasedStateMachine):
         self.apply_swap_in(swap_in)
         self.apply_cow(cow)
 
-    def _engine_call(self, what: str, pairs: Pairs, call: Callable[[Pairs], object]) -> None:
-        # The manager's pairs must be valid engine input (ids in range, distinct
-        # destinations, no block both read and written): a refusal is a failure.
+    def _engine_call(self, name: str, pairs: Pairs, call: Callable[[Pairs], object]) -> None:
+        """``engine.<name>(pairs)``. The manager's pairs must be valid engine input (ids
+        in range, distinct destinations, no block both read and written): a refusal is
+        a failure, and the call that raised ends the program (an empty call is not
+        written)."""
+        source = f"engine.{name}({pairs!r})"
         try:
             handle = call(pairs)
             if isinstance(handle, CopyHandle):
                 handle.synchronize()
         except KVCacheError as err:
-            raise AssertionError(f"the engine refused the {what} pairs {pairs}: {err}") from err
+            self._fail(
+                "engine input", f"the engine refused the {name} pairs {pairs}: {err}", source
+            )
+        if pairs:
+            self._log(source)
 
     def forward(self, seqs: list[Sequence]) -> None:
         """The forward pass: write the KV of every uncomputed token of ``seqs``.
@@ -151,6 +189,7 @@ class KVMachine(RuleBasedStateMachine):
         """
         new: list[tuple[int, int, int, int]] = []  # (slot, lineage, position, token)
         bs = self.block_size
+        computed: list[str] = []
         for seq in seqs:
             table, start = self.manager.get_block_table(seq), seq.get_num_computed_tokens()
             tokens = seq.get_token_ids()
@@ -159,8 +198,9 @@ class KVMachine(RuleBasedStateMachine):
                 (table[p // bs] * bs + p % bs, lineage, p, tokens[p])
                 for p, lineage in zip(range(start, len(tokens)), lineages, strict=True)
             ]
-            self.writers[seq.seq_id] += lineages
+            self.model = kv_computed(self.model, seq.seq_id, tuple(lineages))
             seq.update_num_computed_tokens(len(tokens) - start)
+            computed.append(f"s{seq.seq_id}.update_num_computed_tokens({len(tokens) - start})")
         if not new:
             return
         # Two sequences may write one slot in one pass only with the same KV (with
@@ -168,12 +208,14 @@ class KVMachine(RuleBasedStateMachine):
         by_slot: dict[int, tuple[int, int, int]] = {}
         for slot, *what in new:
             first = by_slot.setdefault(slot, (what[0], what[1], what[2]))
-            assert first == tuple(what), f"two different tokens share slot {slot} in one pass"
+            if first != tuple(what):
+                self._fail("KV1", f"two different tokens share slot {slot} in one forward pass")
         slots = list(by_slot)
         lineages, positions, tokens = (list(c) for c in zip(*by_slot.values(), strict=True))
-        for layer in range(NUM_LAYERS):
-            key, value = toy_kv(lineages, positions, tokens, layer, self.num_heads)
-            self.engine.write(slots, key, value, layer)
+        write_kv(self.engine, slots, lineages, positions, tokens)
+        self._log(f"write_kv(engine, {slots}, {lineages}, {positions}, {tokens})")
+        for line in computed:
+            self._log(line)
 
     # ------------------------------------------------------------------ extension points
 
@@ -219,11 +261,13 @@ class KVMachine(RuleBasedStateMachine):
             first = group.get_seqs(WAITING)[0]
             skip = self._cached_prefix(first)
             self.manager.allocate(group)
-            for seq in group.get_seqs(WAITING):
-                seq.status = RUNNING
+            self._log(f"mgr.allocate({group.request_id})")
+            self._set_status(group.get_seqs(WAITING), "RUNNING")
             if skip:  # the cache holds that KV: the prefill computes the rest
-                self.writers[first.seq_id] = [self._lineage(first, p) for p in range(skip)]
+                lineages = tuple(self._lineage(first, p) for p in range(skip))
+                self.model = kv_computed(self.model, first.seq_id, lineages)
                 first.update_num_computed_tokens(skip)
+                self._log(f"s{first.seq_id}.update_num_computed_tokens({skip})")
                 event("allocate: prefill skipped cached blocks")
             admitted.append(group)
         self.forward([g.get_seqs(RUNNING)[0] for g in admitted])
@@ -231,9 +275,20 @@ class KVMachine(RuleBasedStateMachine):
         for group in admitted:
             first, *others = group.get_seqs(RUNNING)
             for seq in others:
-                self.writers[seq.seq_id] = list(self.writers[first.seq_id])
+                self.model = kv_shared(self.model, first.seq_id, seq.seq_id)
                 seq.update_num_computed_tokens(first.get_num_computed_tokens())
+                self._log(
+                    f"s{seq.seq_id}.update_num_computed_tokens({first.get_num_computed_tokens()})"
+                )
         return admitted
+
+    def _set_status(self, seqs: list[Sequence], status: str) -> None:
+        """Set ``seqs``' status (a name of :data:`WAITING`, ``RUNNING``, ``SWAPPED`` or
+        ``FINISHED``), as the scheduler does, and write it to the program."""
+        for seq in seqs:
+            seq.status = STATUS[status]
+        if seqs:
+            self._log(f"{' = '.join(f's{q.seq_id}.status' for q in seqs)} = {status}")
 
     @staticmethod
     def _next_token(seq: Sequence) -> int:
@@ -241,7 +296,9 @@ class KVMachine(RuleBasedStateMachine):
         return (seq.get_len() * 7 + seq.seq_id * 13) % 1000
 
     def _new_token(self, seq: Sequence) -> None:
-        seq.append_token_id(self._next_token(seq))
+        token = self._next_token(seq)
+        seq.append_token_id(token)
+        self._log(f"s{seq.seq_id}.append_token_id({token})")
 
     # ------------------------------------------------------------------ rules
 
@@ -268,8 +325,14 @@ class KVMachine(RuleBasedStateMachine):
         self.block_size, self.num_gpu, self.num_heads = block_size, num_gpu, num_heads
         self.manager = self.make_manager(block_size, num_gpu, num_cpu, watermark)
         self.engine = self.make_engine(num_heads, block_size, num_gpu, num_cpu)
+        self.program += [
+            *PRELUDE,
+            f"mgr = {self.manager_source(block_size, num_gpu, num_cpu, watermark)}",
+            f"engine = KVCacheEngine({NUM_LAYERS}, {num_heads}, {HEAD_SIZE}, {block_size}, "
+            f'{num_gpu}, {num_cpu}, dtype=torch.float32, device="cpu")',
+        ]
         self.groups: dict[str, SequenceGroup] = {}  # live requests (an unfinished sequence)
-        self.writers: dict[int, list[int]] = {}  # unfinished seq_id -> lineage per position
+        self.model = Written()  # what every live sequence must read back
         self.next_seq_id = 0
         self.next_request = 0
         # One block (shared by the n sequences; partly filled if the prompt is shorter
@@ -297,8 +360,17 @@ class KVMachine(RuleBasedStateMachine):
         ]
         self.next_seq_id += n
         self.next_request += 1
-        self.writers.update((seq.seq_id, []) for seq in seqs)
-        return SequenceGroup(f"r{self.next_request - 1}", seqs, n=n)
+        self.model = kv_started(self.model, tuple(seq.seq_id for seq in seqs))
+        keys = f", extra_keys={extra_keys!r}" if extra_keys else ""
+        for seq in seqs:
+            self._log(
+                f"s{seq.seq_id} = Sequence({seq.seq_id}, {prompt!r}, {self.block_size}{keys})"
+            )
+        rid = f"r{self.next_request - 1}"
+        self._log(
+            f"{rid} = SequenceGroup({rid!r}, [{', '.join(f's{q.seq_id}' for q in seqs)}], n={n})"
+        )
+        return SequenceGroup(rid, seqs, n=n)
 
     def _admit(self, groups: list[SequenceGroup]) -> list[SequenceGroup]:
         """Prefill ``groups`` in one batch; those admitted become live, the others are
@@ -309,7 +381,7 @@ class KVMachine(RuleBasedStateMachine):
                 self.groups[group.request_id] = group
             else:
                 for seq in group.get_seqs():
-                    del self.writers[seq.seq_id]
+                    self.model = kv_dropped(self.model, seq.seq_id)
         return admitted
 
     def _co_schedule(self, data: st.DataObject, lead: str, action: str) -> dict[str, str]:
@@ -374,8 +446,8 @@ class KVMachine(RuleBasedStateMachine):
                 event("swap_out: no room on the CPU")
                 continue
             out_pairs += self.manager.swap_out(group)
-            for seq in group.get_seqs(RUNNING):
-                seq.status = SWAPPED
+            self._log(f"mgr.swap_out({group.request_id})")
+            self._set_status(group.get_seqs(RUNNING), "SWAPPED")
         for request_id, action in plan.items():
             group = self.groups[request_id]
             seqs = group.get_seqs(SWAPPED if action.startswith("swap_in") else RUNNING)
@@ -388,8 +460,8 @@ class KVMachine(RuleBasedStateMachine):
                 if decision != AllocStatus.OK:
                     continue
                 in_pairs += self.manager.swap_in(group)
-                for seq in seqs:
-                    seq.status = RUNNING
+                self._log(f"mgr.swap_in({group.request_id})")
+                self._set_status(seqs, "RUNNING")
             elif action != "append_slots":
                 continue
             elif not self.manager.can_append_slots(group):
@@ -397,6 +469,7 @@ class KVMachine(RuleBasedStateMachine):
                 continue
             for seq in seqs:
                 cow_pairs += self.manager.append_slots(seq)
+                self._log(f"mgr.append_slots(s{seq.seq_id})")
             batch += seqs
             ran.append(group)
         self._note_hazards(out_pairs, in_pairs, cow_pairs)
@@ -439,13 +512,16 @@ class KVMachine(RuleBasedStateMachine):
         self.next_seq_id += 1
         self.manager.fork(parent, child)
         group.add(child)
+        c, p = f"s{child.seq_id}", f"s{parent.seq_id}"
+        self.program += [f"{c} = {p}.fork({child.seq_id})", f"mgr.fork({p}, {c})"]
+        self._log(f"{group.request_id}.add({c})")
         partly = parent.get_num_computed_tokens() % self.block_size
         event(f"fork: {'shares a partly filled block' if partly else 'full blocks only'}")
-        self.writers[child.seq_id] = list(self.writers[parent.seq_id])
+        self.model = kv_shared(self.model, parent.seq_id, child.seq_id)
 
     # NOTE: only while another sequence lives, so a run never ends up empty: its
     # remaining steps would all be spent on rules with nothing to act on.
-    @precondition(lambda self: len(self.writers) >= 2)
+    @precondition(lambda self: len(self.model.seqs) >= 2)
     @rule(data=st.data())
     def free(self, data: st.DataObject) -> None:
         """A sequence finishes (in any state): its blocks go back for reuse."""
@@ -453,8 +529,9 @@ class KVMachine(RuleBasedStateMachine):
         seq = data.draw(st.sampled_from(group.get_unfinished_seqs()), "seq")
         event(f"free: {seq.status.name}")
         self.manager.free(seq)
-        seq.status = FINISHED
-        del self.writers[seq.seq_id]
+        self._log(f"mgr.free(s{seq.seq_id})")
+        self._set_status([seq], "FINISHED")
+        self.model = kv_dropped(self.model, seq.seq_id)
         if group.is_finished():
             del self.groups[group.request_id]
 
@@ -466,12 +543,15 @@ class KVMachine(RuleBasedStateMachine):
         group = self.groups[data.draw(st.sampled_from(self._recomputable()), "group")]
         (seq,) = group.get_unfinished_seqs()
         self.manager.free(seq)
-        seq.status = WAITING
+        self._log(f"mgr.free(s{seq.seq_id})")
+        self._set_status([seq], "WAITING")
         seq.reset_state_for_recompute()
-        self.writers[seq.seq_id] = []
+        self._log(f"s{seq.seq_id}.reset_state_for_recompute()")
+        self.model = kv_restarted(self.model, seq.seq_id)
         if not self._prefill(group):
-            seq.status = FINISHED
-            del self.writers[seq.seq_id], self.groups[group.request_id]
+            self._set_status([seq], "FINISHED")
+            self.model = kv_dropped(self.model, seq.seq_id)
+            del self.groups[group.request_id]
 
     # ------------------------------------------------------------------ invariants
 
@@ -479,48 +559,36 @@ class KVMachine(RuleBasedStateMachine):
     def kv_conserved(self) -> None:
         """KV1 (the registry's ``kv_conserved``) for every live RUNNING (GPU tier) and
         SWAPPED (CPU tier) sequence, over every computed position and layer."""
-        cells: list[tuple[int, int, Hashable, Hashable]] = []
-        where: dict[tuple[int, int], str] = {}
-        for group in self.groups.values():
-            for seq in group.get_unfinished_seqs():
-                cells += self._cells(seq, where)
-        kv = tuple(cells)
-        if holds("KV1", kv):
-            return
-        lost = first_lost(kv)
-        assert lost is not None
-        raise AssertionError(f"{label('KV1')}: {where[lost[0], lost[1]]}")
+        self._check_kv([q for g in self.groups.values() for q in g.get_unfinished_seqs()])
 
-    def _cells(
-        self, seq: Sequence, where: dict[tuple[int, int], str]
-    ) -> list[tuple[int, int, Hashable, Hashable]]:
-        """``(seq_id, position, written, held)`` per computed position (all layers' K and V
-        bytes); ``where`` gets a description of each position that differs."""
-        written = self.writers[seq.seq_id]
-        n = len(written)
-        assert n == seq.get_num_computed_tokens(), "harness: computed count and lineage disagree"
-        table = self.manager.get_block_table(seq)
-        if seq.status is SWAPPED:
-            tier, ids = Device.CPU, [b - self.num_gpu for b in table]
-        else:
-            tier, ids = Device.GPU, table
-        tokens = seq.get_token_ids()[:n]
-        want: list[list[bytes]] = [[] for _ in range(n)]
-        got: list[list[bytes]] = [[] for _ in range(n)]
-        for layer in range(NUM_LAYERS):
-            want_k, want_v = toy_kv(written, list(range(n)), tokens, layer, self.num_heads)
-            got_k, got_v = self.engine.gather(ids, n, layer, tier)
-            for p in range(n):
-                want[p] += [want_k[p].numpy().tobytes(), want_v[p].numpy().tobytes()]
-                got[p] += [got_k[p].numpy().tobytes(), got_v[p].numpy().tobytes()]
-                if (seq.seq_id, p) not in where and want[p] != got[p]:
-                    where[seq.seq_id, p] = (
-                        f"{seq.status.name} seq {seq.seq_id}, position {p} (in {tier.name} block "
-                        f"{ids[p // self.block_size]}), layer {layer}: expected "
-                        f"{describe_kv(want_k[p, 0], self.ORIGIN)}, found "
-                        f"{describe_kv(got_k[p, 0], self.ORIGIN)}"
-                    )
-        return [(seq.seq_id, p, tuple(want[p]), tuple(got[p])) for p in range(n)]
+    def check_lines(self) -> list[str]:
+        """A :func:`~pagedkv_stateful.kv_program.check_kv` line for every live sequence:
+        appended to the program, they check KV1 where it ends."""
+        origin = "" if self.ORIGIN == KVMachine.ORIGIN else f", {self.ORIGIN!r}"
+        return [
+            f"check_kv(engine, mgr, s{i}, {list(written)}{origin})"
+            for i, written in self.model.seqs
+        ]
+
+    def _check_kv(self, seqs: list[Sequence], when: str = "") -> None:
+        """KV1 over ``seqs``' computed positions, against the model; a failure ends the
+        program with a :func:`~pagedkv_stateful.kv_program.check_kv` line for the first
+        sequence that reads back other bytes (``when``: a note for the detail)."""
+        cells: KVCells = ()
+        where: dict[tuple[int, int], str] = {}
+        for seq in seqs:
+            lineages = kv_lineages(self.model, seq.seq_id)
+            if len(lineages) != seq.get_num_computed_tokens():  # the machine's own slip
+                raise RuntimeError(f"harness: seq {seq.seq_id}'s computed count and model differ")
+            more, described = kv_cells(self.engine, self.manager, seq, lineages, self.ORIGIN)
+            cells += more
+            where.update(((seq.seq_id, p), d) for p, d in described.items())
+        lost = None if holds("KV1", cells) else first_lost(cells)
+        if lost is None:
+            return
+        seq_id, position = lost[0], lost[1]
+        line = self.check_lines()[self.model.live().index(seq_id)]
+        self._fail("KV1", f"{where[seq_id, position]}{when}", line)
 
 
 # ----------------------------------------------------------------------------- prefix caching
@@ -565,31 +633,37 @@ class CachingKVMachine(KVMachine):
             block_size, num_gpu_blocks, num_cpu_blocks, watermark, enable_caching=True
         )
 
+    def manager_source(
+        self, block_size: int, num_gpu_blocks: int, num_cpu_blocks: int, watermark: float
+    ) -> str:
+        args = f"{block_size}, {num_gpu_blocks}, {num_cpu_blocks}, {watermark}"
+        return f"BlockSpaceManager({args}, enable_caching=True)"
+
     def _lineage(self, seq: Sequence, position: int) -> int:
         return prefix_digest(seq.extra_keys, seq.get_token_ids()[: position + 1])
 
     def _cached_prefix(self, seq: Sequence) -> int:
         cached = self.manager.get_num_cached_prefix_tokens(seq)
-        assert 0 <= cached < seq.get_len() and cached % self.block_size == 0, (
-            f"get_num_cached_prefix_tokens gave {cached} for a {seq.get_len()}-token prompt"
-        )
+        if not (0 <= cached < seq.get_len() and cached % self.block_size == 0):
+            query = f"mgr.get_num_cached_prefix_tokens(s{seq.seq_id})"
+            self._fail(
+                "cached prefix",
+                f"get_num_cached_prefix_tokens gave {cached} for a {seq.get_len()}-token prompt",
+                f"assert {query} % {self.block_size} == 0 and {query} < {seq.get_len()}",
+            )
         return cached
 
     def _batch_ran(self, groups: list[SequenceGroup]) -> None:
         for group in groups:
             self.manager.mark_blocks_as_computed(group)
+            self._log(f"mgr.mark_blocks_as_computed({group.request_id})")
 
     def forward(self, seqs: list[Sequence]) -> None:
         """The forward pass, after checking what its attention reads: every position a
         sequence does not compute (its cached prefix, its earlier tokens) already holds
         the KV of that prefix (KV1 at read time; a block marked computed before the
         batch that writes it reads as zeros here)."""
-        where: dict[tuple[int, int], str] = {}
-        cells = tuple(c for seq in seqs for c in self._cells(seq, where))
-        if not holds("KV1", cells):
-            lost = first_lost(cells)
-            assert lost is not None
-            raise AssertionError(f"{label('KV1')} (read by the forward pass): {where[lost[:2]]}")
+        self._check_kv(seqs, " (read by the forward pass)")
         super().forward(seqs)
 
     @precondition(lambda self: len(self.groups) < 3)
@@ -627,11 +701,12 @@ class CachingKVMachine(KVMachine):
         prompt = [*seq.get_token_ids(), self._next_token(seq), *range(500, 500 + more)]
         salt = data.draw(st.sampled_from([seq.extra_keys] * 3 + [("b",)]), "salt")
         group = self._new_group(data.draw(st.integers(1, 2), "n"), prompt, salt)
-        for aborted in group.get_seqs():
-            del self.writers[aborted.seq_id]  # never live: KV1 does not read it
+        for aborted in group.get_seqs():  # never live: KV1 does not read it
+            self.model = kv_dropped(self.model, aborted.seq_id)
         admitted = self.manager.can_allocate(group) == AllocStatus.OK
         if admitted:
             self.manager.allocate(group)
+            self._log(f"mgr.allocate({group.request_id})")
         first = data.draw(st.booleans(), "abort first")
         if admitted and first:
             self._abort(group)
@@ -644,9 +719,11 @@ class CachingKVMachine(KVMachine):
     def _abort(self, group: SequenceGroup) -> None:
         for seq in group.get_seqs():
             self.manager.free(seq)
-            seq.status = FINISHED
+            self._log(f"mgr.free(s{seq.seq_id})")
+        self._set_status(group.get_seqs(), "FINISHED")
 
     @rule()
     def reset_prefix_cache(self) -> None:
         """Drop every cached block no sequence uses (the live sequences' KV stays)."""
         event(f"reset_prefix_cache: {self.manager.reset_prefix_cache()} dropped")
+        self._log("mgr.reset_prefix_cache()")

@@ -437,7 +437,6 @@ class AllocatorMachine(LockstepMachine):
         block_size=st.integers(1, 4),
     )
     def init(self, num_gpu: int, num_cpu: int, block_size: int) -> object:
-        self.program = []
         self.adapter = self.make_adapter(num_gpu, num_cpu, block_size)
         self.impl = self.adapter.target
         self.caps = self.adapter.capabilities

@@ -376,7 +376,6 @@ class CachingAllocatorMachine(LockstepMachine):
         block_size=st.integers(1, 3),
     )
     def init(self, num_gpu: int, num_cpu: int, block_size: int) -> object:
-        self.program = []
         self.caps = self.capabilities
         self.impl = self.make_impl(num_gpu, num_cpu, block_size)
         self.model = self.before = self.agreed = spec.initial(num_gpu, num_cpu, block_size)

@@ -110,7 +110,6 @@ class CachingManagerMachine(LockstepMachine):
         watermark=st.sampled_from([0.0, 0.0, 0.0, 0.2]),
     )
     def init(self, block_size: int, num_gpu: int, num_cpu: int, watermark: float = 0.0) -> None:
-        self.program = []
         self.block_size, self.num_gpu = block_size, num_gpu
         self.adapter = self.make_adapter(block_size, num_gpu, num_cpu, watermark)
         self.impl = self.adapter.target

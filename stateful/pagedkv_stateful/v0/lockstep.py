@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import NoReturn, Protocol, TypeVar
 
 from hypothesis import event, reject
-from hypothesis.stateful import RuleBasedStateMachine, invariant
+from hypothesis.stateful import invariant
 
 from pagedkv.errors import PagedKVError
 from pagedkv_spec.device import Device
@@ -47,6 +47,7 @@ from pagedkv_stateful.causes import (
     outcome,
 )
 from pagedkv_stateful.coverage import operation
+from pagedkv_stateful.lockstep import LockstepBase
 
 __all__ = [
     "LockstepMachine",
@@ -63,7 +64,7 @@ S = TypeVar("S", spec.AllocatorState, ManagerView)
 GPU = Device.GPU
 
 
-class LockstepMachine(RuleBasedStateMachine):
+class LockstepMachine(LockstepBase):
     """Plumbing shared by the lockstep machines: verdicts, error judging, the program.
 
     ``known``: the causes already reported (:meth:`Violation.signature`, made by
@@ -79,7 +80,6 @@ class LockstepMachine(RuleBasedStateMachine):
 
     known: frozenset[str] = frozenset()
     caps: Capabilities
-    program: list[str]
     #: ``(operation, situation)`` of the target call the running rule makes (:meth:`_enter`)
     situation: tuple[str, str] = ("", ORDINARY)
 
@@ -173,14 +173,6 @@ class LockstepMachine(RuleBasedStateMachine):
             return False
         event(f"went on past a known root cause: {invariant}")
         return True
-
-    def _reached(self, state_class: str) -> None:
-        """Record that this test case reached ``state_class`` (a class a program's text
-        cannot show, e.g. a copy-on-write; the kit's coverage table counts it)."""
-        self.__dict__.setdefault("reached_classes", set()).add(state_class)
-
-    def _log(self, line: str) -> None:
-        self.program.append(line)
 
     def _target_check(self) -> tuple[Callable[[], object], str] | None:
         """The target's own representation check as ``(call, source)``, if it has one

@@ -567,7 +567,6 @@ class ManagerMachine(LockstepMachine):
         known = self.capabilities
         if known is not None and not (known.sliding_window and known.null_block):
             window = None
-        self.program = []
         self.block_size, self.num_gpu, self.window = block_size, num_gpu, window
         self.adapter = self.make_adapter(block_size, num_gpu, num_cpu, watermark, window)
         self.impl = self.adapter.target

@@ -18,13 +18,13 @@ from collections import Counter
 from typing import Any, NoReturn
 
 from hypothesis import event, reject
-from hypothesis.stateful import RuleBasedStateMachine
 
 from pagedkv.v1 import BlockRemoved, BlockStored
 from pagedkv_spec.invariants import REGISTRY, holds, label
 from pagedkv_spec.v1.pool import PoolState
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.causes import ORDINARY, cause
+from pagedkv_stateful.lockstep import LockstepBase
 
 __all__ = ["V1LockstepMachine", "check_events", "fail"]
 
@@ -54,26 +54,13 @@ def check_events(
         raise fail("V1-14", f"replayed {dict(+replayed)} vs the map {pool.cached}")
 
 
-class V1LockstepMachine(RuleBasedStateMachine):
+class V1LockstepMachine(LockstepBase):
     """The plumbing of the V1 machines (module docstring)."""
 
     #: causes already reported (the kit's search adopts them)
     known: frozenset[str] = frozenset()
     #: ``(operation, situation)`` of the target call the running step makes
     situation: tuple[str, str] = ("", ORDINARY)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.program: list[str] = []
-
-    def _log(self, line: str) -> None:
-        self.program.append(line)
-
-    def _reached(self, state_class: str) -> None:
-        """Record that this test case reached ``state_class`` (the kit's coverage table),
-        and tell Hypothesis (``event``)."""
-        self.__dict__.setdefault("reached_classes", set()).add(state_class)
-        event(state_class)
 
     def _enter(self, operation: str, situation: str = ORDINARY) -> bool:
         """The step is about to call the target's ``operation`` in ``situation``; False
