@@ -68,13 +68,15 @@ M = TypeVar("M", bound=LockstepBase)
 
 
 def recorded(machine: type[M], programs: list[list[str]]) -> type[M]:
-    """``machine`` writing the program of each test case it runs to ``programs`` (at
-    teardown, which Hypothesis runs also after a failed step)."""
+    """``machine`` writing the program of each test case it runs to ``programs`` (after
+    its teardown, which Hypothesis runs also after a failed step)."""
 
     class Recorded(machine):  # type: ignore[valid-type,misc]  # a class made at run time
         def teardown(self) -> None:
-            programs.append(list(self.program))
-            super().teardown()
+            try:
+                super().teardown()  # may step on (a drain) and fail there
+            finally:
+                programs.append(list(self.program))
 
     Recorded.__name__ = machine.__name__
     return Recorded

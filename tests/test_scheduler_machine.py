@@ -1,7 +1,9 @@
 """The scheduler machine under the active profile, and planted-bug self-tests of it.
 
 Each planted bug is a Scheduler subclass that breaks one promise; the machine
-must find it within a small generate-only budget (no shrinking: fast).
+must find it within a small generate-only budget (no shrinking: fast), under the
+invariant it breaks, and the program of a shrunk failure must fail the same way when
+run.
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from helpers import failing_program, recorded
 from pagedkv import BlockSpaceManager, SequenceGroup
 from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv_stateful.adapters import Violation
+from pagedkv_stateful.replay import replay
 from pagedkv_stateful.scheduler_machine import SchedulerMachine
 
 TestSchedulerMachine = SchedulerMachine.TestCase
@@ -54,24 +59,66 @@ class _AdmitsPastSwapped(Scheduler):
         return out
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "planted", [_DropsCopies, _RecomputeToBack, _LosesSwapOut, _AdmitsPastSwapped]
+QUICK = settings(
+    max_examples=400,
+    stateful_step_count=40,
+    phases=[Phase.generate],
+    derandomize=True,
+    database=None,
+    deadline=None,
+    report_multiple_bugs=False,
+    suppress_health_check=[HealthCheck.too_slow],
 )
-def test_machine_finds_planted_bug(planted: type[Scheduler]) -> None:
+
+
+def _machine(planted: type[Scheduler]) -> type[SchedulerMachine]:
     class Planted(SchedulerMachine):
         def make_scheduler(self, manager: BlockSpaceManager, config: SchedulerConfig) -> Scheduler:
             return planted(manager, config)
 
-    quick = settings(
-        max_examples=400,
-        stateful_step_count=40,
-        phases=[Phase.generate],
-        derandomize=True,
-        database=None,
-        deadline=None,
-        report_multiple_bugs=False,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-    with pytest.raises(AssertionError):
-        run_state_machine_as_test(Planted, settings=quick)
+        def scheduler_source(self, config: SchedulerConfig) -> str:
+            return f"__import__({planted.__module__!r}).{planted.__name__}(mgr, {config!r})"
+
+    Planted.__name__ = f"Planted{planted.__name__}"
+    return Planted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("planted", "invariant"),
+    [
+        (_DropsCopies, "KV1"),
+        (_RecomputeToBack, "Q5"),
+        (_LosesSwapOut, "KV1"),
+        (_AdmitsPastSwapped, "Q5"),
+    ],
+)
+def test_machine_finds_planted_bug(planted: type[Scheduler], invariant: str) -> None:
+    with pytest.raises(Violation) as caught:
+        run_state_machine_as_test(_machine(planted), settings=QUICK)
+    assert caught.value.invariant.split()[0] == invariant, caught.value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planted", [_RecomputeToBack, _AdmitsPastSwapped])
+def test_a_step_order_failure_replays_as_a_program(planted: type[Scheduler]) -> None:
+    """The shrunk program of a Q5 failure fails at its last statement, the registry's
+    predicate over the scheduler's own views, when a fresh interpreter runs it."""
+    shrink = settings(QUICK, phases=[Phase.generate, Phase.shrink])
+    violation, program = failing_program(_machine(planted), shrink)
+    assert violation.invariant.startswith("Q5") and program[-1].startswith("assert holds('Q5'")
+    result = replay(program)
+    assert result.reproduced, (result.verdict, "\n".join(program))
+
+
+def test_a_passing_program_runs_clean() -> None:
+    """Every program a clean run writes runs as Python against the stock scheduler and
+    ends with the scheduler's and the manager's own checks passing: the program says
+    what the machine did (the sequences' tokens, the tokens it computed, the calls)."""
+    programs: list[list[str]] = []
+    config = settings(QUICK, max_examples=20)
+    run_state_machine_as_test(recorded(SchedulerMachine, programs), settings=config)
+    assert len(programs) >= 20
+    for program in programs:
+        checks = ["sched.check_invariants()", "mgr.check_invariants()"]
+        exec(compile("\n".join([*program, *checks]), "<program>", "exec"), {"__name__": "__main__"})

@@ -92,6 +92,8 @@ CHECKS: dict[str, str] = {
     "deterministic replay": "the same calls give the same results when replayed",
     "engine input": "a KV cache engine accepts every copy the manager's pairs ask for",
     "cached prefix": "get_num_cached_prefix_tokens is block-aligned and below the prompt length",
+    "abort": "abort_seq_group answers whether the request was queued; it ends finished, blockless",
+    "parallel samples": "a request of n samples is admitted with its n sequences",
 }
 
 

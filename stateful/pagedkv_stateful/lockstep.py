@@ -25,7 +25,23 @@ from hypothesis.stateful import RuleBasedStateMachine
 from pagedkv_spec.invariants import REGISTRY, label
 from pagedkv_stateful.adapters import CHECKS, Violation
 
-__all__ = ["LockstepBase"]
+__all__ = ["EXPECT_ACCEPTED", "EXPECT_ERROR", "LockstepBase"]
+
+#: A program's helpers for a call the spec rejects, and one it accepts.
+EXPECT_ERROR = '''def expect_error(call, name=None):
+    """The spec rejects this call: it must raise (an error named `name`, if given)."""
+    try:
+        call()
+    except Exception as err:
+        assert name is None or type(err).__name__ == name, f"raised {err!r}, spec: {name}"
+    else:
+        raise AssertionError("accepted a call the spec rejects")'''
+EXPECT_ACCEPTED = '''def expect_accepted(call):
+    """The spec accepts this call: it must not raise."""
+    try:
+        call()
+    except Exception as err:
+        raise AssertionError(f"raised {err!r}; the spec accepts the call") from err'''
 
 
 class LockstepBase(RuleBasedStateMachine):

@@ -20,6 +20,19 @@ every rule (state invariants) or every ``schedule()`` (step invariants):
     Q5, Q6  each step takes work first come, first served and within its budgets
     Q7      at teardown, stepping empties every queue and frees every block
 
+The machine has the shape of every machine here
+(:class:`~pagedkv_stateful.lockstep.LockstepBase`). The scheduler's spec is the
+predicates above, not a step function: the model the machine steps beside the target
+is its own bookkeeping (arrival order, admissions, output lengths, the shadow cache),
+from which it builds the view the predicates judge. Every call on the scheduler, and
+every write on a sequence the worker makes, goes to ``self.program`` (a scheduler
+``sched`` over a manager ``mgr``, requests ``r0``, ``r1``, ... and ``seq(r0, 3)`` for
+a sequence of a request); a failed check raises a
+:class:`~pagedkv_stateful.adapters.Violation` named by the registry, the program
+ending in a statement that fails on the target where one can say it (the scheduler's
+own ``check_invariants()``, a query's answer, a misuse accepted or one that changed
+the state).
+
 Rules are named after the scheduler operation they drive: ``add_seq_group``,
 ``schedule``, ``finish_seq``, ``abort_seq_group``, and the misuse rules
 ``add_seq_group_twice`` (a request id that is already queued) and ``bad_request``
@@ -34,7 +47,7 @@ from collections.abc import Callable, Hashable, Iterable
 
 from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import initialize, invariant, rule
 
 from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
 from pagedkv.errors import (
@@ -46,24 +59,41 @@ from pagedkv.errors import (
 )
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv_spec.device import Device
-from pagedkv_spec.invariants import first_broken, holds, label
+from pagedkv_spec.invariants import REGISTRY, first_broken, holds
 from pagedkv_spec.kv import first_lost
 from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef, StepRecord
+from pagedkv_stateful.lockstep import EXPECT_ERROR, LockstepBase
 from pagedkv_stateful.v0.manager_machine import view_fault
 
-__all__ = ["SchedulerMachine"]
+__all__ = ["BAD_REQUESTS", "PRELUDE", "SchedulerMachine", "running", "step_record"]
 
 WAITING, RUNNING, SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 GPU, CPU = Device.GPU, Device.CPU
 Slot = tuple[str, int, int] | None  # (request, position, token) written there, or nothing
 
+#: The first lines of a scheduler program: imports, and the helpers it calls.
+PRELUDE = (
+    "from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus",
+    "from pagedkv.serving.scheduler import Scheduler, SchedulerConfig",
+    "from pagedkv_spec.invariants import holds",
+    "from pagedkv_stateful.scheduler_machine import running, step_record",
+    EXPECT_ERROR,
+    "def seq(group, seq_id):",
+    "    return next(q for q in group.get_seqs() if q.seq_id == seq_id)",
+)
 
-class SchedulerMachine(RuleBasedStateMachine):
-    """Drives a scheduler; override :meth:`make_scheduler` to test another one."""
+
+class SchedulerMachine(LockstepBase):
+    """Drives a scheduler; override :meth:`make_scheduler` (and
+    :meth:`scheduler_source`, for the program) to test another one."""
 
     def make_scheduler(self, manager: BlockSpaceManager, config: SchedulerConfig) -> Scheduler:
         """The scheduler under test."""
         return Scheduler(manager, config)
+
+    def scheduler_source(self, config: SchedulerConfig) -> str:
+        """The expression that builds :meth:`make_scheduler`'s target in a program."""
+        return f"Scheduler(mgr, {config!r})"
 
     @initialize(
         block_size=st.integers(1, 4),
@@ -90,6 +120,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.manager = BlockSpaceManager(block_size, num_gpu, num_cpu, watermark)
         self.config = SchedulerConfig(mode, lookahead, max_seqs, max_tokens)
         self.scheduler = self.make_scheduler(self.manager, self.config)
+        self.program += [
+            *PRELUDE,
+            f"mgr = BlockSpaceManager({block_size}, {num_gpu}, {num_cpu}, {watermark})",
+            f"sched = {self.scheduler_source(self.config)}",
+        ]
         self.gpu: list[list[Slot]] = [[None] * block_size for _ in range(num_gpu)]
         self.cpu: list[list[Slot]] = [[None] * block_size for _ in range(num_cpu)]
         self.arrival: dict[str, int] = {}  # request -> arrival index
@@ -109,6 +144,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         seq = Sequence(self.scheduler.next_seq_id(), tokens, self.block_size)
         group = SequenceGroup(rid, [seq], float(len(self.arrival)), n=n)
         self.scheduler.add_seq_group(group)
+        self.program += [
+            f"{rid} = SequenceGroup({rid!r}, [Sequence(sched.next_seq_id(), {tokens}, "
+            f"{self.block_size})], {float(len(self.arrival))}, n={n})",
+            f"sched.add_seq_group({rid})",
+        ]
         self.arrival[rid], self.groups[rid], self.output_len[rid] = (
             len(self.arrival),
             group,
@@ -119,6 +159,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def schedule(self) -> None:
         before = self._view()
         out = self.scheduler.schedule()
+        self._log("out = sched.schedule()")
         self._check_transition(out, before)
         self._apply(out)
         self._forward_and_sample(out)
@@ -127,40 +168,63 @@ class SchedulerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def finish_seq(self, data: st.DataObject) -> None:
         """A sequence emits its stop token (finishes before its output length)."""
-        seqs = [q for g in self.scheduler.running for q in g.get_seqs(RUNNING)]
+        seqs = [(g.request_id, q) for g in self.scheduler.running for q in g.get_seqs(RUNNING)]
         if not seqs:
             event("finish_seq: nothing running")
             return
-        seq = data.draw(st.sampled_from(seqs))
+        rid, seq = data.draw(st.sampled_from(seqs))
         self.scheduler.finish_seq(seq, SequenceStatus.FINISHED_STOPPED)
+        self._log(f"sched.finish_seq({_seq(rid, seq)}, SequenceStatus.FINISHED_STOPPED)")
         self._free_finished()
 
     @rule(data=st.data())
     def abort_seq_group(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from([*sorted(self.arrival), "unknown"]))
         queued = any(g.request_id == rid for g in self._queued())
-        assert self.scheduler.abort_seq_group(rid) == queued, "abort_seq_group's answer"
+        call = f"sched.abort_seq_group({rid!r})"
+        if self.scheduler.abort_seq_group(rid) != queued:
+            self._fail("abort", f"{call} did not answer {queued}", f"assert {call} is {queued}")
+        self._log(call)
         if queued:
             event("abort_seq_group: queued request")
             group = self.groups[rid]
-            assert group.is_finished() and not any(
-                q.seq_id in self.manager.block_tables for q in group.get_seqs()
-            ), "an aborted request keeps sequences or blocks"
-            assert SequenceStatus.FINISHED_ABORTED in {q.status for q in group.get_seqs()}
+            kept = [q.seq_id for q in group.get_seqs() if q.seq_id in self.manager.block_tables]
+            statuses = {q.status for q in group.get_seqs()}
+            if not group.is_finished() or kept or SequenceStatus.FINISHED_ABORTED not in statuses:
+                self._fail(
+                    "abort",
+                    f"aborted {rid} is not finished and aborted, or keeps blocks ({kept})",
+                    f"assert {rid}.is_finished() and not any(q.seq_id in mgr.block_tables "
+                    f"for q in {rid}.get_seqs())",
+                )
 
     @rule(data=st.data())
     def add_seq_group_twice(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(sorted(self.arrival)))
         before = self._ids(self.scheduler.waiting)
         twin = SequenceGroup(rid, [Sequence(self.scheduler.next_seq_id(), [1], self.block_size)])
+        bs = self.block_size
+        self._log(f"twin = SequenceGroup({rid!r}, [Sequence(sched.next_seq_id(), [1], {bs})])")
         if any(g.request_id == rid for g in self._queued()):
+            call = "sched.add_seq_group(twin)"
             try:
                 self.scheduler.add_seq_group(twin)
             except DuplicateRequestError:
                 event("add_seq_group_twice: refused")
             else:
-                raise AssertionError(f"a second request {rid!r} was queued")
-            assert self._ids(self.scheduler.waiting) == before, "a refused add changed waiting"
+                self._fail(
+                    "same error as spec",
+                    f"a second request {rid!r} was queued",
+                    f"expect_error(lambda: {call}, 'DuplicateRequestError')",
+                )
+            self._log(f"expect_error(lambda: {call}, 'DuplicateRequestError')")
+            if self._ids(self.scheduler.waiting) != before:
+                self._fail(
+                    "failed call changes nothing",
+                    f"a refused add changed waiting: {before} -> "
+                    f"{self._ids(self.scheduler.waiting)}",
+                    f"assert [g.request_id for g in sched.waiting] == {before}",
+                )
 
     @rule(data=st.data())
     def bad_request(self, data: st.DataObject) -> None:
@@ -170,20 +234,30 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not self._queued():  # no sequence id is in use
             kinds.remove("a sequence id in use")
         kind = data.draw(st.sampled_from(kinds))
-        before = (self.scheduler.to_spec(), self.manager.to_spec(), vars(self.manager.stats))
-        before_stats = dict(before[2])
-        call, expected = BAD_REQUESTS[kind](self)
+        state = "(sched.to_spec(), mgr.to_spec(), dict(vars(mgr.stats)))"
+        before = (self.scheduler.to_spec(), self.manager.to_spec(), dict(vars(self.manager.stats)))
+        self._log(f"before = {state}")
+        make_source, expected = BAD_REQUESTS[kind]
+        source = make_source(self)
+        expect = f"expect_error(lambda: {source}, {expected.__name__!r})"
+        names = {"sched": self.scheduler, "running": running, "Sequence": Sequence}
+        names |= {"SequenceGroup": SequenceGroup, "SequenceStatus": SequenceStatus}
         try:
-            call()
+            eval(source, names)  # the very source the program holds
         except expected as err:
-            assert isinstance(err, PagedKVError), f"{kind}: untyped {type(err).__name__}"
+            if not isinstance(err, PagedKVError):
+                self._fail("same error as spec", f"{kind}: untyped {type(err).__name__}")
             event(f"bad_request: {kind}")
+            self._log(f"expect_error(lambda: {source}, {type(err).__name__!r})")
         else:
-            raise AssertionError(f"bad request accepted: {kind}")
-        after = (self.scheduler.to_spec(), self.manager.to_spec())
-        assert after == before[:2], f"{kind}: the scheduler or manager changed after the error"
-        assert vars(self.manager.stats) == before_stats, f"{kind}: manager stats changed"
-        self.scheduler.check_invariants()
+            self._fail("same error as spec", f"bad request accepted: {kind}", expect)
+        after = (self.scheduler.to_spec(), self.manager.to_spec(), dict(vars(self.manager.stats)))
+        if after != before:
+            self._fail(
+                "failed call changes nothing",
+                f"{kind}: the scheduler, the manager or its stats changed after the error",
+                f"assert {state} == before",
+            )
 
     # ------------------------------------------------------------------ step helpers
 
@@ -195,29 +269,36 @@ class SchedulerMachine(RuleBasedStateMachine):
         return [*s.waiting, *s.running, *s.swapped]
 
     def _check_transition(self, out: SchedulerOutputs, before: SchedulerView) -> None:
-        """Q5 and Q6 over this step, with the registry's predicates."""
-        c = self.config
-        step = StepRecord(
-            admitted=tuple(out.admitted),
-            swapped_in=tuple(out.swapped_in),
-            rejected=tuple(e.request_id for e in out.rejected),
-            preempted=tuple((p.request_id, p.mode.name) for p in out.preempted),
-            aborted=tuple(e.request_id for e in out.aborted),
-            reasons_given=all(e.reason for e in (*out.rejected, *out.aborted))
-            and all(p.reason for p in out.preempted),
-            num_running_seqs=sum(g.seq_group.num_seqs(RUNNING) for g in out.scheduled_seq_groups),
-            num_batched_tokens=out.num_batched_tokens,
-            max_num_seqs=c.max_num_seqs,
-            max_num_batched_tokens=c.max_num_batched_tokens,
-        )
+        """Q5 and Q6 over this step, with the registry's predicates; a failure's program
+        ends in the same predicate over the scheduler's own view (``sched.to_spec()``,
+        read before the step's ``schedule()`` too)."""
+        step = step_record(out, self.config)
         after = self._view()
-        for id_, args in (("Q5", (before, step, after)), ("Q6", (step,))):
-            assert holds(id_, *args), f"{label(id_)}: {step}\nbefore {before}\nafter {after}"
+        for id_, args, check in (
+            (
+                "Q5",
+                (before, step, after),
+                "before, step_record(out, sched.config), sched.to_spec()",
+            ),
+            ("Q6", (step,), "step_record(out, sched.config)"),
+        ):
+            if not holds(id_, *args):
+                self.program.insert(len(self.program) - 1, "before = sched.to_spec()")
+                self._fail(
+                    id_,
+                    f"{step}\nbefore {before}\nafter {after}",
+                    f"assert holds({id_!r}, {check})",
+                )
         if out.preempted or out.aborted:
             event(f"step: {len(out.preempted) + len(out.aborted)} victim(s)")
         for rid in out.admitted:
             group = self.groups[rid]
-            assert group.num_seqs() == group.n, f"{rid} admitted without its {group.n} samples"
+            if group.num_seqs() != group.n:
+                self._fail(
+                    "parallel samples",
+                    f"{rid} admitted with {group.num_seqs()} of its {group.n} samples",
+                    f"assert {rid}.num_seqs() == {group.n}",
+                )
             self.admitted.add(rid)
         for p in out.preempted:
             event(f"preempted: {p.mode.name}{' (fallback)' if ';' in p.reason else ''}")
@@ -245,7 +326,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             (self.gpu, self.gpu, out.blocks_to_copy),
         ):
             copies = [(d, list(src[s])) for s, d in pairs]
-            assert len({d for d, _ in copies}) == len(copies), "a block is written twice"
+            if len({d for d, _ in copies}) != len(copies):
+                self._fail("engine input", f"a block is written twice by the copies {pairs}")
             for d, data in copies:
                 dst[d] = data
 
@@ -254,20 +336,31 @@ class SchedulerMachine(RuleBasedStateMachine):
         for scheduled in out.scheduled_seq_groups:
             group, rid = scheduled.seq_group, scheduled.seq_group.request_id
             seqs = group.get_seqs(RUNNING)
-            assert seqs, f"{rid} scheduled without a running sequence"
+            if not seqs:
+                self._fail("Q2", f"{rid} scheduled without a running sequence")
             for seq in seqs[:1] if scheduled.is_prefill else seqs:
                 table, tokens = self.manager.get_block_table(seq), seq.get_token_ids()
                 for p in range(seq.get_num_computed_tokens(), seq.get_len()):
                     self.gpu[table[p // size]][p % size] = (rid, p, tokens[p])
             for seq in seqs:
-                seq.update_num_computed_tokens(seq.get_num_uncomputed_tokens())
-                seq.append_token_id((seq.seq_id * 7 + seq.get_len()) % 97)
+                computed, token = (
+                    seq.get_num_uncomputed_tokens(),
+                    (seq.seq_id * 7 + seq.get_len()) % 97,
+                )
+                seq.update_num_computed_tokens(computed)
+                seq.append_token_id(token)
+                self._log(f"{_seq(rid, seq)}.update_num_computed_tokens({computed})")
+                self._log(f"{_seq(rid, seq)}.append_token_id({token})")
                 if seq.get_output_len() >= self.output_len[rid]:
                     self.scheduler.finish_seq(seq)
+                    self._log(f"sched.finish_seq({_seq(rid, seq)})")
 
     def _free_finished(self) -> None:
-        for group in self.scheduler.free_finished_seq_groups():
-            assert group.is_finished(), f"{group.request_id} freed unfinished"
+        freed = self.scheduler.free_finished_seq_groups()
+        self._log("sched.free_finished_seq_groups()")
+        for group in freed:
+            if not group.is_finished():
+                self._fail("Q1", f"{group.request_id} let go of unfinished")
             event("finished: request done")
 
     # ------------------------------------------------------------------ invariants
@@ -304,17 +397,29 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def queues_and_blocks(self) -> None:
         """Q1–Q4 on the machine's view; the scheduler's own check_invariants()."""
-        self.scheduler.check_invariants()
+        self._own_check(self.scheduler.check_invariants, "sched.check_invariants()")
         view = self._view()
         broken = first_broken("scheduler", view)
-        assert broken is None, f"{broken.label if broken else ''}: {view}"
+        if broken is not None:
+            self._fail(broken.id, repr(view))
 
     @invariant()
     def manager_view(self) -> None:
         """P, I and M: the manager's check_invariants() and its view, by the registry."""
-        self.manager.check_invariants()
+        self._own_check(self.manager.check_invariants, "mgr.check_invariants()")
         fault = view_fault(self.manager.to_spec(), self.block_size)
-        assert fault is None, fault
+        if fault is not None:
+            name, detail = fault
+            self._fail(name.split()[0], detail)  # a registry label: "<id> <name>"
+
+    def _own_check(self, check: Callable[[], None], source: str) -> None:
+        """A target's own representation check (``source`` in a program): its failure is
+        the Violation of the invariant it names."""
+        try:
+            check()
+        except PagedKVError as err:
+            number = str(getattr(err, "invariant", ""))
+            self._fail(number if number in REGISTRY else "check_invariants", str(err), source)
 
     @invariant()
     def kv_conserved(self) -> None:
@@ -329,7 +434,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                     held = cache[table[p // size] - first][p % size]
                     cells.append((seq.seq_id, p, (group.request_id, p, tokens[p]), held))
         kv = tuple(cells)
-        assert holds("KV1", kv), f"{label('KV1')}: (seq, position, wrote, holds) {first_lost(kv)}"
+        if not holds("KV1", kv):
+            self._fail("KV1", f"(seq, position, wrote, holds) {first_lost(kv)}")
 
     def teardown(self) -> None:
         """S6: the queues drain and every block comes back."""
@@ -344,62 +450,106 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.schedule()
             self.queues_and_blocks()
             self.kv_conserved()
-        assert not self.scheduler.has_unfinished_seqs(), f"not drained in {limit} steps"
+        if self.scheduler.has_unfinished_seqs():
+            self._fail(
+                "Q7", f"not drained in {limit} steps", "assert not sched.has_unfinished_seqs()"
+            )
         m = self.manager
-        assert holds(
+        if not holds(
             "Q7",
             self.scheduler.to_spec(),
             m.get_num_free_gpu_blocks(),
             self.num_gpu,
             m.get_num_free_cpu_blocks(),
             len(self.cpu),
-        ), f"{label('Q7')}: {self.scheduler!r}, {m!r}"
+        ):
+            self._fail(
+                "Q7",
+                f"{self.scheduler!r}, {m!r}",
+                f"assert mgr.get_num_free_gpu_blocks() == {self.num_gpu}",
+            )
 
 
-def _running_seq(m: SchedulerMachine) -> Sequence:
-    seq = Sequence(10**6 + len(m.arrival), [1, 2], m.block_size)
+def step_record(out: SchedulerOutputs, config: SchedulerConfig) -> StepRecord:
+    """What Q5 and Q6 judge of one ``schedule()`` under ``config``. O(scheduled groups)."""
+    return StepRecord(
+        admitted=tuple(out.admitted),
+        swapped_in=tuple(out.swapped_in),
+        rejected=tuple(e.request_id for e in out.rejected),
+        preempted=tuple((p.request_id, p.mode.name) for p in out.preempted),
+        aborted=tuple(e.request_id for e in out.aborted),
+        reasons_given=all(e.reason for e in (*out.rejected, *out.aborted))
+        and all(p.reason for p in out.preempted),
+        num_running_seqs=sum(g.seq_group.num_seqs(RUNNING) for g in out.scheduled_seq_groups),
+        num_batched_tokens=out.num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+    )
+
+
+def _seq(rid: str, seq: Sequence) -> str:
+    """A program's expression for ``seq`` of request ``rid`` (:data:`PRELUDE`'s ``seq``)."""
+    return f"seq({rid}, {seq.seq_id})"
+
+
+def running(seq_id: int, block_size: int) -> Sequence:
+    """A RUNNING sequence no scheduler has seen (for the bad requests; a program's
+    ``running``)."""
+    seq = Sequence(seq_id, [1, 2], block_size)
     seq.status = RUNNING
     return seq
 
 
-def _in_use_id(m: SchedulerMachine) -> int:
-    return next(q.seq_id for g in m._queued() for q in g.get_seqs())
+def _bad(m: SchedulerMachine, *seqs: str) -> str:
+    """The source of a bad request's group of sequences ``seqs`` (sources)."""
+    return f"SequenceGroup('bad', [{', '.join(seqs)}], {float(len(m.arrival))})"
 
 
-def _bad(m: SchedulerMachine, *seqs: Sequence, rid: str = "bad") -> SequenceGroup:
-    return SequenceGroup(rid, list(seqs), float(len(m.arrival)))
+def _fresh(m: SchedulerMachine) -> str:
+    """The source of a RUNNING sequence the scheduler never saw."""
+    return f"running({10**6 + len(m.arrival)}, {m.block_size})"
 
 
-BadRequest = Callable[[SchedulerMachine], tuple[Callable[[], object], type[BaseException]]]
+def _in_use(m: SchedulerMachine) -> str:
+    """The source of a new sequence whose id a queued sequence uses."""
+    seq_id = next(q.seq_id for g in m._queued() for q in g.get_seqs())
+    return f"Sequence({seq_id}, [5], {m.block_size})"
 
-#: Each kind of bad request the ``bad_request`` rule injects, and the error it must raise.
-BAD_REQUESTS: dict[str, BadRequest] = {
-    "empty prompt": lambda m: (
-        lambda: m.scheduler.add_seq_group(_bad(m, Sequence(10**6, [], m.block_size))),
+
+#: Each kind of bad request the ``bad_request`` rule injects: the source of the call
+#: (run by ``eval`` in the machine, written as it is to the program), and the error it
+#: must raise.
+BAD_REQUESTS: dict[str, tuple[Callable[[SchedulerMachine], str], type[BaseException]]] = {
+    "empty prompt": (
+        lambda m: f"sched.add_seq_group({_bad(m, f'Sequence({10**6}, [], {m.block_size})')})",
         InvalidSequenceStateError,
     ),
-    "a RUNNING sequence": lambda m: (
-        lambda: m.scheduler.add_seq_group(_bad(m, _running_seq(m))),
+    "a RUNNING sequence": (
+        lambda m: f"sched.add_seq_group({_bad(m, _fresh(m))})",
         InvalidSequenceStateError,
     ),
-    "a sequence id in use": lambda m: (
-        lambda: m.scheduler.add_seq_group(_bad(m, Sequence(_in_use_id(m), [5], m.block_size))),
+    "a sequence id in use": (
+        lambda m: f"sched.add_seq_group({_bad(m, _in_use(m))})",
         DuplicateRequestError,
     ),
-    "prompts that differ": lambda m: (
-        lambda: m.scheduler.add_seq_group(
-            _bad(m, Sequence(10**6, [1], m.block_size), Sequence(10**6 + 1, [2], m.block_size))
+    "prompts that differ": (
+        lambda m: "sched.add_seq_group({})".format(
+            _bad(
+                m,
+                f"Sequence({10**6}, [1], {m.block_size})",
+                f"Sequence({10**6 + 1}, [2], {m.block_size})",
+            )
         ),
         InvalidSequenceStateError,
     ),
-    "not a SequenceGroup": lambda m: (lambda: m.scheduler.add_seq_group("r0"), TypeError),  # type: ignore[arg-type]  # the bad input
-    "abort with a non-str id": lambda m: (lambda: m.scheduler.abort_seq_group(0), TypeError),  # type: ignore[arg-type]  # the bad input
-    "finish a sequence it never saw": lambda m: (
-        lambda: m.scheduler.finish_seq(_running_seq(m)),
+    "not a SequenceGroup": (lambda m: "sched.add_seq_group('r0')", TypeError),
+    "abort with a non-str id": (lambda m: "sched.abort_seq_group(0)", TypeError),
+    "finish a sequence it never saw": (
+        lambda m: f"sched.finish_seq({_fresh(m)})",
         UnknownSequenceError,
     ),
-    "finish with a status that is not FINISHED_*": lambda m: (
-        lambda: m.scheduler.finish_seq(_running_seq(m), SequenceStatus.RUNNING),
+    "finish with a status that is not FINISHED_*": (
+        lambda m: f"sched.finish_seq({_fresh(m)}, SequenceStatus.RUNNING)",
         InvalidSequenceError,
     ),
 }

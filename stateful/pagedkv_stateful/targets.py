@@ -30,6 +30,7 @@ from pagedkv_stateful.adapters import (
     as_manager_adapter,
     required_methods,
 )
+from pagedkv_stateful.lockstep import EXPECT_ACCEPTED, EXPECT_ERROR
 from pagedkv_stateful.replay import NEEDS_O, explicit_asserts
 from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
@@ -152,20 +153,6 @@ class CachingProbe:
     extra_keys: bool
 
 
-EXPECT_ERROR = '''def expect_error(call, name=None):
-    """The spec rejects this call: it must raise (an error named `name`, if given)."""
-    try:
-        call()
-    except Exception as err:
-        assert name is None or type(err).__name__ == name, f"raised {err!r}, spec: {name}"
-    else:
-        raise AssertionError("accepted a call the spec rejects")'''
-EXPECT_ACCEPTED = '''def expect_accepted(call):
-    """The spec accepts this call: it must not raise."""
-    try:
-        call()
-    except Exception as err:
-        raise AssertionError(f"raised {err!r}; the spec accepts the call") from err'''
 STATUS = '''def status(answer):
     """OK / LATER / NEVER of an admission answer (an AllocStatus or an AllocDecision)."""
     return getattr(answer, "status", answer).name'''
