@@ -47,6 +47,12 @@ from pagedkv_stateful.v1.pool_machine import V1PoolMachine
 from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
 from test_v1_planted import V1_PLANTED
 from test_v1_scheduler import V1_SCHEDULER_PLANTED
+from test_v1_scheduler_machine import (
+    _DoubleCountsTheHit,
+    _PreemptsTheOldest,
+    _RejectsWhatFits,
+)
+from test_v1_scheduler_machine import _machine as _v1_scheduler_machine
 
 ROOT = Path(__file__).parent.parent
 GPU, CPU = Device.GPU, Device.CPU
@@ -603,6 +609,10 @@ PLANTED: dict[str, Callable[[], str]] = {
     "KV1": _planted_kv1,
     **V1_PLANTED,  # vLLM V1's manager: planted in tests/test_v1_planted.py
     **V1_SCHEDULER_PLANTED,  # the V1 scheduler: planted in tests/test_v1_scheduler.py
+    # its step invariants: the V1 scheduler machine's planted schedulers
+    "S7": lambda: _machine_failure(_v1_scheduler_machine(_PreemptsTheOldest), 300),
+    "S8": lambda: _machine_failure(_v1_scheduler_machine(_DoubleCountsTheHit), 300),
+    "S9": lambda: _machine_failure(_v1_scheduler_machine(_RejectsWhatFits), 300),
 }
 
 

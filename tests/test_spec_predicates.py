@@ -22,7 +22,7 @@ from pagedkv_spec.v0.pool import PoolState
 from pagedkv_spec.v0.table import TableRep
 from pagedkv_spec.v1 import manager as V1M
 from pagedkv_spec.v1 import pool as V1pool
-from pagedkv_spec.v1.scheduler import SchedRequestView, V1SchedulerView
+from pagedkv_spec.v1.scheduler import SchedRequestView, ScheduledRef, V1SchedulerView, V1StepRecord
 
 GPU, CPU = Device.GPU, Device.CPU
 
@@ -159,6 +159,33 @@ def _v1s(**kw: Any) -> V1SchedulerView:
     return replace(V1S, **kw)
 
 
+# one V1 step, block size 4: a and b run on (b samples its last token); c, preempted
+# before, resumes from a 4-token hit; d can never fit and is rejected; e waits
+_XA = ScheduledRef("a", "running", 9, 0, 5, 1, False, False)
+_XB = ScheduledRef("b", "running", 6, 0, 5, 1, True, False)
+_XC = ScheduledRef("c", "resumed", 6, 4, 4, 2, True, True)
+V1STEP = V1StepRecord(
+    running_before=("a", "b"),
+    waiting_before=("c", "d", "e"),
+    running_after=("a", "b", "c"),
+    waiting_after=("e",),
+    preempted=(),
+    rejected=("d",),
+    scheduled=(_XA, _XB, _XC),
+    token_order=("a", "b", "c"),
+    total=4,
+    block_size=4,
+    computed_before=(("a", 5), ("b", 5), ("c", 0), ("d", 0), ("e", 0)),
+    computed_after=(("a", 6), ("b", 6), ("c", 6), ("e", 0)),
+    never_fit=("d",),
+    ignored=("d",),
+)
+
+
+def _step(**kw: Any) -> V1StepRecord:
+    return replace(V1STEP, **kw)
+
+
 GOOD: dict[str, tuple[Any, ...]] = {
     "S1": (V1S,),
     "S2": (V1S,),
@@ -166,6 +193,9 @@ GOOD: dict[str, tuple[Any, ...]] = {
     "S4": (V1S,),
     "S5": (V1S,),
     "S6": (V1S,),
+    "S7": (V1STEP,),
+    "S8": (V1STEP,),
+    "S9": (V1STEP,),
     "V1-1": (V1P,),
     "V1-2": (V1,),
     "V1-3": (V1P,),
@@ -288,6 +318,62 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
     ("S5", "a step scheduling no token", (_v1s(step=(("a", 1), ("b", 0))),)),
     ("S5", "a step scheduling a waiting request", (_v1s(step=(("a", 1), ("d", 2))),)),
     ("S5", "a step naming a request twice", (_v1s(step=(("a", 1), ("a", 1))),)),
+    ("S7", "a victim that is not the newest", (_step(preempted=("a",), scheduled=(_XB,)),)),
+    ("S7", "admitted after a preemption", (_step(preempted=("b",), scheduled=(_XA, _XC)),)),
+    ("S7", "running requests out of order", (_step(scheduled=(_XB, _XA, _XC)),)),
+    ("S7", "an admission past a waiting request", (_step(waiting_before=("e", "c", "d")),)),
+    (
+        "S7",
+        "a resumed request admitted as new",
+        (_step(scheduled=(_XA, _XB, replace(_XC, kind="new"))),),
+    ),
+    ("S7", "running not the kept, then the admitted", (_step(running_after=("c", "a", "b")),)),
+    (
+        "S7",
+        "a victim not back at the front of waiting",
+        (
+            _step(
+                preempted=("b",),
+                scheduled=(_XA,),
+                rejected=(),
+                running_after=("a",),
+                waiting_after=("c", "b"),
+            ),
+        ),
+    ),
+    (
+        "S8",
+        "a running request from another count",
+        (_step(scheduled=(replace(_XA, num_computed_tokens=4), _XB, _XC)),),
+    ),
+    (
+        "S8",
+        "a hit that is not block-aligned",
+        (
+            _step(
+                scheduled=(
+                    _XA,
+                    _XB,
+                    replace(
+                        _XC, num_cached_tokens=3, num_computed_tokens=3, num_scheduled_tokens=3
+                    ),
+                )
+            ),
+        ),
+    ),
+    (
+        "S8",
+        "a sample before the last token",
+        (_step(scheduled=(_XA, replace(_XB, samples=False), _XC)),),
+    ),
+    ("S8", "a total that is not the sum", (_step(total=5),)),
+    (
+        "S8",
+        "computed tokens the step does not add up to",
+        (_step(computed_after=(("a", 7), ("b", 6), ("c", 6), ("e", 0))),),
+    ),
+    ("S9", "a request that fits rejected", (_step(never_fit=()),)),
+    ("S9", "a rejected request not FINISHED_IGNORED", (_step(ignored=()),)),
     (
         "S6",
         "a later arrival first",

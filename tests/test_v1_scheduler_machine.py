@@ -1,17 +1,22 @@
 """The V1 scheduler machine under the active profile, and planted-bug self-tests of it.
 
 Each planted bug is a V1Scheduler subclass that breaks one promise; the machine must
-find it within a small generate-only budget (no shrinking: fast).
+find it within a small generate-only budget (no shrinking: fast), under the check it
+breaks, and the program of a shrunk failure must fail the same way when run.
 """
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from helpers import failing_program, recorded
 from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerConfig, V1SchedulerOutput
 from pagedkv.v1 import KVCacheManager, Request, RequestStatus
+from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.profiles import find_fast
+from pagedkv_stateful.replay import replay
 from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
 
 TestV1SchedulerMachine = V1SchedulerMachine.TestCase
@@ -82,21 +87,52 @@ class _StallsLongPrompts(V1Scheduler):
             super()._schedule_waiting(out, budget, threshold)
 
 
-@pytest.mark.parametrize(
-    "planted",
-    [
-        _PreemptsTheOldest,
-        _AdmitsAfterPreempting,
-        _LeaksFinishedBlocks,
-        _RejectsWhatFits,
-        _DoubleCountsTheHit,
-        _StallsLongPrompts,
-    ],
-)
-def test_machine_finds_planted_bug(planted: type[V1Scheduler]) -> None:
+def _machine(planted: type[V1Scheduler]) -> type[V1SchedulerMachine]:
     class Planted(V1SchedulerMachine):
         def make_scheduler(self, manager: KVCacheManager, config: V1SchedulerConfig) -> V1Scheduler:
             return planted(manager, config)
 
-    with pytest.raises(AssertionError):
-        run_state_machine_as_test(Planted, settings=find_fast(300, 30))
+        def scheduler_source(self, config: V1SchedulerConfig) -> str:
+            return f"__import__({planted.__module__!r}).{planted.__name__}(mgr, {config!r})"
+
+    Planted.__name__ = f"Planted{planted.__name__}"
+    return Planted
+
+
+PLANTED = [
+    (_PreemptsTheOldest, "S7"),
+    (_AdmitsAfterPreempting, "S7"),
+    (_LeaksFinishedBlocks, "update_from_output"),
+    (_RejectsWhatFits, "S9"),
+    (_DoubleCountsTheHit, "S8"),
+    (_StallsLongPrompts, "liveness"),
+]
+
+
+@pytest.mark.parametrize(("planted", "check"), PLANTED)
+def test_machine_finds_planted_bug(planted: type[V1Scheduler], check: str) -> None:
+    with pytest.raises(Violation) as caught:
+        run_state_machine_as_test(_machine(planted), settings=find_fast(300, 30))
+    assert caught.value.invariant.split()[0] == check, caught.value
+
+
+@pytest.mark.parametrize(("planted", "check"), PLANTED)
+def test_a_failure_replays_as_a_program(planted: type[V1Scheduler], check: str) -> None:
+    """The shrunk program fails at its last statement when a fresh interpreter runs it:
+    the step predicate over the target's own queues and counts, or the query."""
+    shrink = settings(find_fast(300, 30), phases=[Phase.generate, Phase.shrink])
+    violation, program = failing_program(_machine(planted), shrink)
+    assert violation.invariant.split()[0] == check
+    result = replay(program)
+    assert result.reproduced, (result.verdict, "\n".join(program))
+
+
+def test_a_passing_program_runs_clean() -> None:
+    """Every program a clean run writes runs as Python against the stock scheduler and
+    ends with the scheduler's and the manager's own checks passing."""
+    programs: list[list[str]] = []
+    run_state_machine_as_test(recorded(V1SchedulerMachine, programs), settings=find_fast(20, 30))
+    assert len(programs) >= 20
+    for program in programs:
+        checks = ["sched.check_invariants()", "mgr.check_invariants()"]
+        exec(compile("\n".join([*program, *checks]), "<program>", "exec"), {"__name__": "__main__"})

@@ -425,6 +425,12 @@ def _entries() -> Iterable[Invariant]:
         ("S6", v1s.fcfs_ok, "never-admitted requests are a suffix of waiting, in arrival order"),
     ):
         yield inv(id_, fn, meaning, "v1scheduler", explain=v1s.explain)
+    for id_, step_fn, meaning in (
+        ("S7", v1s.step_order_ok, "victims are the newest; work is taken in queue order"),
+        ("S8", v1s.step_computed_ok, "computed tokens are the hits plus the scheduled tokens"),
+        ("S9", v1s.rejections_ok, "only a request that can never fit alone is rejected"),
+    ):
+        yield inv(id_, step_fn, meaning, "v1scheduler", "step")
 
 
 #: Every invariant by id, in the order above (layer by layer).

@@ -94,6 +94,10 @@ CHECKS: dict[str, str] = {
     "cached prefix": "get_num_cached_prefix_tokens is block-aligned and below the prompt length",
     "abort": "abort_seq_group answers whether the request was queued; it ends finished, blockless",
     "parallel samples": "a request of n samples is admitted with its n sequences",
+    "finished_req_ids": "a step reports exactly the requests finished since the last one",
+    "finish_requests": "finish_requests answers the unfinished ids; they end finished, blockless",
+    "update_from_output": "each sample gets its token; a request finishes exactly at its limit",
+    "liveness": "stepping on finishes every request that fits and returns every block",
 }
 
 

@@ -33,6 +33,24 @@ State invariants (checked after every step):
     S6 ``fcfs_ok``      requests never admitted form a suffix of ``waiting``, in
                         arrival order
 
+Step (one ``schedule()``, :class:`V1StepRecord`: the queues before and after, what
+the step scheduled, preempted and rejected, and every unfinished request's computed
+tokens before it, as the model counts them, and after it, as the target holds them):
+    S7 ``step_order_ok``     victims are the newest running requests, newest first, and
+                             go to the front of ``waiting``; the kept running requests
+                             are scheduled first, in order; nothing is admitted or
+                             rejected after a preemption; admissions and rejections take
+                             a prefix of ``waiting``; a request admitted after a
+                             preemption resumes; ``running`` ends as the kept, then the
+                             admitted
+    S8 ``step_computed_ok``  computed tokens are the hits plus the scheduled tokens: a
+                             running request goes on from its count, an admitted one
+                             from its hit (block-aligned, below its tokens), a victim
+                             from 0; a request samples iff the step reaches its last
+                             token; the step's token counts add up, in schedule order
+    S9 ``rejections_ok``     only a request that can never fit alone is rejected, and it
+                             ends FINISHED_IGNORED
+
 Complexity: irrelevant.
 """
 
@@ -44,14 +62,20 @@ from pagedkv_spec.contracts import exempt
 
 __all__ = [
     "SchedRequestView",
+    "ScheduledRef",
     "V1SchedulerView",
+    "V1StepRecord",
     "blocks_ok",
     "budget_ok",
     "computed_ok",
     "explain",
     "fcfs_ok",
     "queues_ok",
+    "rejections_ok",
     "statuses_ok",
+    "step_computed",
+    "step_computed_ok",
+    "step_order_ok",
 ]
 
 
@@ -79,6 +103,47 @@ class V1SchedulerView:
     max_num_seqs: int
     max_num_batched_tokens: int
     step: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class ScheduledRef:
+    """One scheduled request of a step: its kind (``"running"``, ``"new"``,
+    ``"resumed"``), its tokens, hit, computed and scheduled tokens as the step reports
+    them, whether it samples, and whether it was ever preempted."""
+
+    request_id: str
+    kind: str
+    num_tokens: int
+    num_cached_tokens: int
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    samples: bool
+    preempted_before: bool
+
+
+@dataclass(frozen=True)
+class V1StepRecord:
+    """One ``schedule()`` (see the module docstring). ``computed_before``: the model's
+    count per unfinished request; ``computed_after``: the target's, per unfinished
+    request after the step; ``never_fit``: the waiting requests that cannot fit in the
+    cache alone; ``ignored``: the rejected ones whose status is FINISHED_IGNORED;
+    ``token_order`` and ``total``: the step's per-request token counts' keys, in order,
+    and its total."""
+
+    running_before: tuple[str, ...]
+    waiting_before: tuple[str, ...]
+    running_after: tuple[str, ...]
+    waiting_after: tuple[str, ...]
+    preempted: tuple[str, ...]
+    rejected: tuple[str, ...]
+    scheduled: tuple[ScheduledRef, ...]
+    token_order: tuple[str, ...]
+    total: int
+    block_size: int
+    computed_before: tuple[tuple[str, int], ...]
+    computed_after: tuple[tuple[str, int], ...]
+    never_fit: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -139,6 +204,77 @@ def fcfs_ok(v: V1SchedulerView) -> bool:
     cut = fresh.index(True) if True in fresh else len(fresh)
     order = [r.arrival for r in v.waiting[cut:]]
     return all(fresh[cut:]) and order == sorted(order)
+
+
+def step_order_ok(st: V1StepRecord) -> bool:
+    """S7: who runs, who is preempted and who is admitted or rejected, in which order."""
+    running, victims = list(st.running_before), list(st.preempted)
+    if victims != running[len(running) - len(victims) :][::-1]:
+        return False
+    kept = [r for r in running if r not in victims]
+    kinds = [x.kind for x in st.scheduled]
+    ran = [x.request_id for x in st.scheduled if x.kind == "running"]
+    if kinds[: len(ran)] != ["running"] * len(ran) or ran != kept[: len(ran)]:
+        return False
+    admitted = [x for x in st.scheduled if x.kind != "running"]
+    admitted_ids = [x.request_id for x in admitted]
+    if victims and (admitted or st.rejected):
+        return False
+    gone = [r for r in st.waiting_before if r in st.rejected or r in admitted_ids]
+    return (
+        len(gone) == len(admitted) + len(st.rejected)
+        and gone == list(st.waiting_before[: len(gone)])
+        and admitted_ids == [r for r in gone if r not in st.rejected]
+        and all(x.kind == ("resumed" if x.preempted_before else "new") for x in admitted)
+        and list(st.running_after) == kept + admitted_ids
+        and list(st.waiting_after[: len(victims)]) == victims[::-1]
+    )
+
+
+def step_computed(st: V1StepRecord) -> tuple[tuple[str, int], ...]:
+    """Every unfinished request's computed tokens after the step, by the model: the
+    scheduled ones from what the step reports they had (S8 checks it) plus what it
+    schedules, a victim 0, the others as before (a rejected one is gone)."""
+    assert all(x.request_id in dict(st.computed_before) for x in st.scheduled), "unknown"
+    before = dict(st.computed_before)
+    after = {x.request_id: x.num_computed_tokens + x.num_scheduled_tokens for x in st.scheduled}
+    out = tuple(
+        (rid, 0 if rid in st.preempted else after.get(rid, n))
+        for rid, n in st.computed_before
+        if rid not in st.rejected
+    )
+    assert {rid for rid, _ in out} == set(before) - set(st.rejected)
+    return out
+
+
+def step_computed_ok(st: V1StepRecord) -> bool:
+    """S8: computed tokens are the hits plus the scheduled tokens."""
+    before = dict(st.computed_before)
+    for x in st.scheduled:
+        if x.request_id not in before or x.num_scheduled_tokens <= 0:
+            return False
+        if x.kind == "running":
+            start_ok = x.num_cached_tokens == 0 and x.num_computed_tokens == before[x.request_id]
+        else:
+            hit = x.num_cached_tokens
+            start_ok = (
+                hit % st.block_size == 0
+                and hit < x.num_tokens
+                and before[x.request_id] == 0
+                and x.num_computed_tokens == hit
+            )
+        end = x.num_computed_tokens + x.num_scheduled_tokens
+        if not start_ok or end > x.num_tokens or x.samples != (end == x.num_tokens):
+            return False
+    counts_ok = st.token_order == tuple(x.request_id for x in st.scheduled) and st.total == sum(
+        x.num_scheduled_tokens for x in st.scheduled
+    )
+    return counts_ok and sorted(st.computed_after) == sorted(step_computed(st))
+
+
+def rejections_ok(st: V1StepRecord) -> bool:
+    """S9: only requests that can never fit alone are rejected, FINISHED_IGNORED."""
+    return all(r in st.never_fit and r in st.ignored for r in st.rejected)
 
 
 # ----------------------------------------------------------------------------- reports

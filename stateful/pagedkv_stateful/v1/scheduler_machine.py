@@ -38,11 +38,11 @@ At teardown (liveness): stepping (token 0 for every sample) finishes every reque
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from pagedkv.errors import (
     ArgumentTypeError,
@@ -53,8 +53,11 @@ from pagedkv.errors import (
 from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerConfig, V1SchedulerOutput
 from pagedkv.v1 import KVCacheConfig, KVCacheManager, Request, RequestStatus
 from pagedkv.v1.hashing import get_request_block_hasher
+from pagedkv_spec.invariants import REGISTRY, holds
+from pagedkv_spec.v1.scheduler import ScheduledRef, V1StepRecord, step_computed
+from pagedkv_stateful.lockstep import EXPECT_ERROR, LockstepBase
 
-__all__ = ["MISUSE", "V1SchedulerMachine"]
+__all__ = ["MISUSE", "PRELUDE", "V1SchedulerMachine", "before_step", "step_record", "used"]
 
 _RUNNING = RequestStatus.RUNNING
 _FINISHED = (
@@ -68,12 +71,28 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class V1SchedulerMachine(RuleBasedStateMachine):
-    """Drives a V1 scheduler; override :meth:`make_scheduler` to test another one."""
+#: The first lines of a V1 scheduler program: imports and the helpers it calls.
+PRELUDE = (
+    "from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerConfig, V1SchedulerOutput",
+    "from pagedkv.v1 import KVCacheConfig, KVCacheManager, Request, RequestStatus",
+    "from pagedkv.v1.hashing import get_request_block_hasher",
+    "from pagedkv_spec.invariants import holds",
+    "from pagedkv_stateful.v1.scheduler_machine import before_step, step_record, used",
+    EXPECT_ERROR,
+)
+
+
+class V1SchedulerMachine(LockstepBase):
+    """Drives a V1 scheduler; override :meth:`make_scheduler` (and
+    :meth:`scheduler_source`, for the program) to test another one."""
 
     def make_scheduler(self, manager: KVCacheManager, config: V1SchedulerConfig) -> V1Scheduler:
         """The scheduler under test."""
         return V1Scheduler(manager, config)
+
+    def scheduler_source(self, config: V1SchedulerConfig) -> str:
+        """The expression that builds :meth:`make_scheduler`'s target in a program."""
+        return f"V1Scheduler(mgr, {config!r})"
 
     @initialize(
         block_size=st.sampled_from([1, 2, 4]),
@@ -102,10 +121,19 @@ class V1SchedulerMachine(RuleBasedStateMachine):
         )
         self.config = V1SchedulerConfig(max_num_seqs, max_num_batched_tokens, threshold)
         self.scheduler = self.make_scheduler(self.manager, self.config)
+        self.program += [
+            *PRELUDE,
+            f"mgr = KVCacheManager(KVCacheConfig.full_attention({num_blocks}, {block_size}), "
+            f"{max_model_len}, enable_caching={caching})",
+            f"sched = {self.scheduler_source(self.config)}",
+            f"hasher = get_request_block_hasher({block_size})",
+        ]
         self.hasher = get_request_block_hasher(block_size)
         self.requests: dict[str, Request] = {}  # every request ever added
         self.max_tokens: dict[str, int | None] = {}
-        self.computed: dict[str, int] = {}  # the machine's count, per unfinished request
+        #: the model: every unfinished request's computed tokens (its hit at admission
+        #: plus every token scheduled since), stepped by the spec (``step_computed``)
+        self.computed: dict[str, int] = {}
         self.out: V1SchedulerOutput | None = None  # the step in flight
         self.finished_between: list[str] = []  # finished since the last schedule()
         self.add_request(prompt_len=block_size + 1, family=0, max_tokens=4, count=2)
@@ -128,6 +156,10 @@ class V1SchedulerMachine(RuleBasedStateMachine):
             tokens = [family * 10 + i % 7 for i in range(prompt_len + k)]
             request = Request(rid, tokens, block_hasher=self.hasher)
             self.scheduler.add_request(request, max_tokens)
+            self.program += [
+                f"{rid} = Request({rid!r}, {tokens}, block_hasher=hasher)",
+                f"sched.add_request({rid}, {max_tokens})",
+            ]
             self.requests[rid], self.max_tokens[rid], self.computed[rid] = request, max_tokens, 0
 
     @rule(data=st.data())
@@ -136,13 +168,17 @@ class V1SchedulerMachine(RuleBasedStateMachine):
         if self.out is not None:
             event("schedule: the step in flight updated first")
             self.update_from_output(data)
-        s = self.scheduler
-        running = [r.request_id for r in s.running]
-        waiting = [r.request_id for r in s.waiting]
-        out = s.schedule()
-        assert out.finished_req_ids == self.finished_between, "finished_req_ids"
+        before = before_step(self.scheduler)
+        out = self.scheduler.schedule()
+        self._log("out = sched.schedule()")
+        if out.finished_req_ids != self.finished_between:
+            self._fail(
+                "finished_req_ids",
+                f"{out.finished_req_ids} reported, {self.finished_between} finished",
+                f"assert out.finished_req_ids == {self.finished_between}",
+            )
         self.finished_between = []
-        self._check_step(out, running, waiting)
+        self._check_step(out, before)
         self.out = out
 
     @precondition(lambda self: self.out is not None)
@@ -151,7 +187,7 @@ class V1SchedulerMachine(RuleBasedStateMachine):
         """``update_from_output()`` with a drawn token per sampling request (without
         ``data``, token 0 for each)."""
         out = self.out
-        assert out is not None
+        assert out is not None  # the precondition
         sampling = [r for r in out.sampling_req_ids if r in self.scheduler.requests]
         tokens = {
             r: 0 if data is None else data.draw(st.integers(0, 40), label=f"token {r}")
@@ -164,30 +200,56 @@ class V1SchedulerMachine(RuleBasedStateMachine):
         rids = data.draw(st.lists(st.sampled_from([*self.requests, "unknown"]), max_size=2))
         status = data.draw(st.sampled_from(_FINISHED))
         live = [r for r in dict.fromkeys(rids) if r in self.scheduler.requests]
-        assert self.scheduler.finish_requests(rids, status) == live, "finish_requests' answer"
+        call = f"sched.finish_requests({rids}, RequestStatus.{status.name})"
+        answer = self.scheduler.finish_requests(rids, status)
+        if answer != live:
+            self._fail("finish_requests", f"{call} answered {answer}", f"assert {call} == {live}")
+        self._log(call)
         for rid in live:
             event("finish_requests: an unfinished request")
-            assert self.requests[rid].status is status
-            assert not any(self.manager.get_blocks(rid).blocks), f"{rid} keeps blocks"
+            if self.requests[rid].status is not status or any(self.manager.get_blocks(rid).blocks):
+                self._fail(
+                    "finish_requests",
+                    f"{rid} is {self.requests[rid].status.name} with blocks "
+                    f"{self.manager.get_blocks(rid).blocks}",
+                    f"assert {rid}.status is RequestStatus.{status.name} and not "
+                    f"any(mgr.get_blocks({rid!r}).blocks)",
+                )
             del self.computed[rid]
         self.finished_between += live
 
     @rule(data=st.data())
     def misuse(self, data: st.DataObject) -> None:
         """A bad call of each kind: a typed error, the scheduler and manager unchanged."""
-        kinds = [k for k, (applies, _) in MISUSE.items() if applies(self)]
+        kinds = [k for k, (applies, _, _) in MISUSE.items() if applies(self)]
         kind = data.draw(st.sampled_from(kinds))
+        state = "(sched.to_spec(), mgr.to_spec())"
         before = (self.scheduler.to_spec(), self.manager.to_spec())
-        call, expected = MISUSE[kind][1](self)
+        self._log(f"before = {state}")
+        _, make_source, expected = MISUSE[kind]
+        source = make_source(self)
+        names: dict[str, object] = {"sched": self.scheduler, "out": self.out, "used": used}
+        names |= {"Request": Request, "RequestStatus": RequestStatus}
+        names["V1SchedulerOutput"] = V1SchedulerOutput
         try:
-            call()
+            eval(source, names)  # the very source the program holds
         except expected as err:
-            assert isinstance(err, PagedKVError), f"{kind}: untyped {type(err).__name__}"
+            if not isinstance(err, PagedKVError):
+                self._fail("same error as spec", f"{kind}: untyped {type(err).__name__}")
             event(f"misuse: {kind}")
+            self._log(f"expect_error(lambda: {source}, {type(err).__name__!r})")
         else:
-            raise AssertionError(f"misuse accepted: {kind}")
-        after = (self.scheduler.to_spec(), self.manager.to_spec())
-        assert after == before, f"{kind}: the scheduler or the manager changed after the error"
+            self._fail(
+                "same error as spec",
+                f"misuse accepted: {kind}",
+                f"expect_error(lambda: {source}, {expected.__name__!r})",
+            )
+        if (self.scheduler.to_spec(), self.manager.to_spec()) != before:
+            self._fail(
+                "failed call changes nothing",
+                f"{kind}: the scheduler or the manager changed after the error",
+                f"assert {state} == before",
+            )
 
     # ------------------------------------------------------------------ checks
 
@@ -202,87 +264,88 @@ class V1SchedulerMachine(RuleBasedStateMachine):
         longest = max(longest, request.num_prompt_tokens)
         return _cdiv(longest, self.block_size) > self.num_blocks - 1
 
-    def _check_step(self, out: V1SchedulerOutput, running: list[str], waiting: list[str]) -> None:
-        """One ``schedule()`` judged against the queues before it (module docstring)."""
-        s, c = self.scheduler, self.config
-        victims = out.preempted_req_ids
-        assert victims == running[len(running) - len(victims) :][::-1], "victims: newest first"
-        kept = [r for r in running if r not in victims]
-        ran = [x.request_id for x in out.scheduled_running_reqs]
-        assert ran == kept[: len(ran)], "running requests scheduled out of order"
-        rejected = [e.request_id for e in out.rejected]
-        admitted = [x.request_id for x in out.scheduled if x.kind != "running"]
-        kinds = [x.kind for x in out.scheduled]
-        assert kinds[: len(ran)] == ["running"] * len(ran), "running requests come first"
-        if victims:
-            assert not admitted and not rejected, "admitted or rejected after a preemption"
-        gone = [r for r in waiting if r in rejected or r in admitted]
-        assert gone == waiting[: len(gone)], "admission or rejection skipped a waiting request"
-        assert admitted == [r for r in gone if r not in rejected], "admission order"
-        for rid in rejected:
-            event("schedule: a rejection")
-            assert self._never_fits(self.requests[rid]), f"{rid} fits alone but was rejected"
-            assert self.requests[rid].status is RequestStatus.FINISHED_IGNORED
-            del self.computed[rid]
-        assert s.get_request_counts()[0] <= c.max_num_seqs, "max_num_seqs"
-        total = out.total_num_scheduled_tokens
-        assert total == sum(out.num_scheduled_tokens.values()), "total_num_scheduled_tokens"
-        assert total <= c.max_num_batched_tokens, "token budget"
-        assert list(out.num_scheduled_tokens) == [x.request_id for x in out.scheduled]
-        assert ids_now(s.running) == kept + admitted, "running: the kept, then the admitted"
-        assert ids_now(s.waiting)[: len(victims)] == victims[::-1], "victims first in waiting"
-        for rid in victims:
-            event("schedule: a preemption")
-            assert not any(self.manager.get_blocks(rid).blocks), f"preempted {rid} keeps blocks"
-            self.computed[rid] = 0
+    def _check_step(self, out: V1SchedulerOutput, before: Before) -> None:
+        """One ``schedule()`` judged by S7-S9 (:mod:`pagedkv_spec.v1.scheduler`) against
+        the queues before it and the model's counts; the model then steps. A failure's
+        program ends in the same predicate over the target (``before_step`` read before
+        the step's ``schedule()``)."""
+        running, waiting, _ = before
+        model = (running, waiting, dict(self.computed))
+        never_fit = [r for r in waiting if self._never_fits(self.requests[r])]
+        record = step_record(self.scheduler, out, model, self.block_size, never_fit, self.requests)
+        for id_ in ("S7", "S8", "S9"):
+            if not holds(id_, record):
+                self.program.insert(len(self.program) - 1, "before = before_step(sched)")
+                args = f"sched, out, before, {self.block_size}, {never_fit}, globals()"
+                self._fail(id_, repr(record), f"assert holds({id_!r}, step_record({args}))")
         for x in out.scheduled:
-            request = self.requests[x.request_id]
-            assert x.num_scheduled_tokens > 0, "a request scheduled with no token"
-            if x.kind == "running":
-                assert x.num_cached_tokens == 0
-            else:
+            if x.kind != "running":
                 event(f"schedule: {x.kind}" + (" with a hit" if x.num_cached_tokens else ""))
-                assert x.kind == ("resumed" if request.num_preemptions else "new")
-                assert x.num_cached_tokens % self.block_size == 0, "a hit not block-aligned"
-                assert x.num_cached_tokens < x.num_tokens, "a hit with no token left to compute"
-                assert self.computed[x.request_id] == 0
-                self.computed[x.request_id] = x.num_cached_tokens
-            assert x.num_computed_tokens == self.computed[x.request_id], "computed before"
-            assert x.num_computed_tokens + x.num_scheduled_tokens <= x.num_tokens
-            assert x.samples == (x.num_computed_tokens + x.num_scheduled_tokens == x.num_tokens)
-            self.computed[x.request_id] += x.num_scheduled_tokens
-        assert {r: self.requests[r].num_computed_tokens for r in self.computed} == self.computed, (
-            "computed tokens differ from the hits plus the scheduled tokens"
-        )
+        for name, ids in (("a rejection", out.rejected), ("a preemption", out.preempted_req_ids)):
+            if ids:
+                event(f"schedule: {name}")
+        self.computed = dict(step_computed(record))
 
     def _update(self, out: V1SchedulerOutput, tokens: dict[str, int]) -> None:
         before = {r: self.requests[r].num_output_tokens for r in tokens}
         finished = self.scheduler.update_from_output(out, tokens)
+        self._log(f"sched.update_from_output(out, {tokens})")
         self.out = None
         done = {f.request_id for f in finished}
         for rid, token in tokens.items():
             request = self.requests[rid]
-            assert request.num_output_tokens == before[rid] + 1
-            assert request.output_token_ids[-1] == token
+            if (
+                request.num_output_tokens != before[rid] + 1
+                or request.output_token_ids[-1] != token
+            ):
+                self._fail(
+                    "update_from_output",
+                    f"{rid} did not get its token {token}: {request.output_token_ids}",
+                    f"assert {rid}.output_token_ids[-1] == {token}",
+                )
             max_tokens = self.max_tokens[rid]
             at_limit = request.num_tokens >= self.max_model_len or (
                 max_tokens is not None and request.num_output_tokens >= max_tokens
             )
-            assert (rid in done) == at_limit, f"{rid} finished early or late"
+            if (rid in done) != at_limit:
+                self._fail(
+                    "update_from_output",
+                    f"{rid} finished {'early' if rid in done else 'late'}",
+                    f"assert {rid}.is_finished() is {at_limit}",
+                )
             if at_limit:
                 event("update_from_output: a request finished")
-                assert request.status is RequestStatus.FINISHED_LENGTH_CAPPED
-                assert not any(self.manager.get_blocks(rid).blocks), f"finished {rid} keeps blocks"
+                capped = request.status is RequestStatus.FINISHED_LENGTH_CAPPED
+                if not capped or any(self.manager.get_blocks(rid).blocks):
+                    self._fail(
+                        "update_from_output",
+                        f"finished {rid} is {request.status.name} or keeps blocks",
+                        f"assert not any(mgr.get_blocks({rid!r}).blocks)",
+                    )
                 del self.computed[rid]
-        assert done <= set(tokens), "a request finished without sampling"
+        if not done <= set(tokens):
+            self._fail("update_from_output", f"{sorted(done - set(tokens))} finished unsampled")
         self.finished_between += [f.request_id for f in finished]
 
     @invariant()
     def scheduler_and_manager_invariants(self) -> None:
-        """S1-S6 (the registry's predicates) and the manager's own invariants."""
-        self.scheduler.check_invariants()
-        self.manager.check_invariants()
-        assert set(self.scheduler.requests) == set(self.computed), "unfinished requests"
+        """S1-S6 (the registry's predicates) and the manager's own invariants; the
+        unfinished requests are the model's."""
+        for check, source in (
+            (self.scheduler.check_invariants, "sched.check_invariants()"),
+            (self.manager.check_invariants, "mgr.check_invariants()"),
+        ):
+            try:
+                check()
+            except PagedKVError as err:
+                number = str(getattr(err, "invariant", ""))
+                self._fail(number if number in REGISTRY else "check_invariants", str(err), source)
+        if set(self.scheduler.requests) != set(self.computed):
+            self._fail(
+                "S1",
+                f"tracked {sorted(self.scheduler.requests)}, unfinished {sorted(self.computed)}",
+                f"assert sorted(sched.requests) == {sorted(self.computed)}",
+            )
 
     def teardown(self) -> None:
         """Liveness: every request that fits alone finishes; every block comes back."""
@@ -297,11 +360,84 @@ class V1SchedulerMachine(RuleBasedStateMachine):
             self.schedule()
             self.update_from_output()
             self.scheduler_and_manager_invariants()
-        assert not self.scheduler.has_unfinished_requests(), (
-            f"requests left after {bound} steps: {self.scheduler!r}"
-        )
+        if self.scheduler.has_unfinished_requests():
+            self._fail(
+                "liveness",
+                f"requests left after {bound} steps: {self.scheduler!r}",
+                "assert not sched.has_unfinished_requests()",
+            )
         pool = self.manager.block_pool
-        assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1, "blocks not returned"
+        if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
+            self._fail(
+                "liveness",
+                f"{pool.get_num_free_blocks()} of {pool.num_gpu_blocks - 1} blocks free at the end",
+                f"assert mgr.block_pool.get_num_free_blocks() == {pool.num_gpu_blocks - 1}",
+            )
+
+
+#: What :func:`step_record` needs from before a step: ``running`` and ``waiting`` ids,
+#: and every unfinished request's computed tokens.
+Before = tuple[list[str], list[str], dict[str, int]]
+
+
+def before_step(scheduler: V1Scheduler) -> Before:
+    """The queues and computed counts before a ``schedule()`` (a program's
+    ``before_step``; the machine's own counts, checked equal by S8, stand in for the
+    last). O(requests)."""
+    counts = {rid: r.num_computed_tokens for rid, r in scheduler.requests.items()}
+    return ids_now(scheduler.running), ids_now(scheduler.waiting), counts
+
+
+def step_record(
+    scheduler: V1Scheduler,
+    out: V1SchedulerOutput,
+    before: Before,
+    block_size: int,
+    never_fit: list[str],
+    known: Mapping[str, object],
+) -> V1StepRecord:
+    """What S7-S9 judge of one ``schedule()``: ``out`` and the queues after it, with
+    ``before`` (:func:`before_step`, or the machine's model), ``never_fit`` (the
+    waiting requests that cannot fit alone) and ``known``, where a rejected request is
+    found by its id (the machine's requests; a program's ``globals()``, whose variables
+    are named by request id). O(requests)."""
+    running, waiting, computed = before
+    requests = scheduler.requests
+    rejected = [e.request_id for e in out.rejected]
+    scheduled = tuple(
+        ScheduledRef(
+            x.request_id,
+            x.kind,
+            x.num_tokens,
+            x.num_cached_tokens,
+            x.num_computed_tokens,
+            x.num_scheduled_tokens,
+            x.samples,
+            x.request_id in requests and requests[x.request_id].num_preemptions > 0,
+        )
+        for x in out.scheduled
+    )
+    return V1StepRecord(
+        running_before=tuple(running),
+        waiting_before=tuple(waiting),
+        running_after=tuple(ids_now(scheduler.running)),
+        waiting_after=tuple(ids_now(scheduler.waiting)),
+        preempted=tuple(out.preempted_req_ids),
+        rejected=tuple(rejected),
+        scheduled=scheduled,
+        token_order=tuple(out.num_scheduled_tokens),
+        total=out.total_num_scheduled_tokens,
+        block_size=block_size,
+        computed_before=tuple(computed.items()),
+        computed_after=tuple((rid, r.num_computed_tokens) for rid, r in requests.items()),
+        never_fit=tuple(never_fit),
+        ignored=tuple(r for r in rejected if _ignored(known.get(r))),
+    )
+
+
+def _ignored(request: object) -> bool:
+    """A request that ended FINISHED_IGNORED."""
+    return isinstance(request, Request) and request.status is RequestStatus.FINISHED_IGNORED
 
 
 def ids_now(queue: object) -> list[str]:
@@ -313,75 +449,67 @@ def _in_flight(m: V1SchedulerMachine) -> bool:
     return m.out is not None
 
 
-#: Each kind of bad call: (when it applies, a builder of (the call, the expected error)).
+#: Each kind of bad call: (when it applies, a builder of the call's source, run by
+#: ``eval`` in the machine and written as it is to the program, and the error it raises).
 MISUSE: dict[
     str,
     tuple[
         Callable[[V1SchedulerMachine], bool],
-        Callable[[V1SchedulerMachine], tuple[Callable[[], object], type[Exception]]],
+        Callable[[V1SchedulerMachine], str],
+        type[Exception],
     ],
 ] = {
     "schedule while a step is in flight": (
         _in_flight,
-        lambda m: (m.scheduler.schedule, InvalidSchedulerCallError),
+        lambda m: "sched.schedule()",
+        InvalidSchedulerCallError,
     ),
     "update without a step in flight": (
         lambda m: m.out is None,
-        lambda m: (
-            lambda: m.scheduler.update_from_output(V1SchedulerOutput(0), {}),
-            InvalidSchedulerCallError,
-        ),
+        lambda m: "sched.update_from_output(V1SchedulerOutput(0), {})",
+        InvalidSchedulerCallError,
     ),
     "update with a token for an unknown request": (
         _in_flight,
-        lambda m: (
-            lambda: m.scheduler.update_from_output(_out(m), {"unknown": 1}),
-            InvalidSchedulerCallError,
-        ),
+        lambda m: "sched.update_from_output(out, {'unknown': 1})",
+        InvalidSchedulerCallError,
     ),
     "update with a bad token": (
         lambda m: m.out is not None and bool(m.out.sampling_req_ids),
-        lambda m: (
-            lambda: m.scheduler.update_from_output(
-                _out(m), dict.fromkeys(_out(m).sampling_req_ids, -3)
-            ),
-            InvalidSchedulerCallError,
-        ),
+        lambda m: f"sched.update_from_output(out, {dict.fromkeys(_out(m).sampling_req_ids, -3)})",
+        InvalidSchedulerCallError,
     ),
     "a duplicate request id": (
         lambda m: bool(m.scheduler.requests),
-        lambda m: (
-            lambda: m.scheduler.add_request(Request(next(iter(m.scheduler.requests)), [1])),
-            DuplicateRequestError,
-        ),
+        lambda m: f"sched.add_request(Request({next(iter(m.scheduler.requests))!r}, [1]))",
+        DuplicateRequestError,
     ),
     "a request that is not fresh": (
         lambda m: True,
-        lambda m: (lambda: m.scheduler.add_request(_used()), InvalidSchedulerCallError),
+        lambda m: "sched.add_request(used())",
+        InvalidSchedulerCallError,
     ),
     "a finish with a status that is not finished": (
         lambda m: True,
-        lambda m: (
-            lambda: m.scheduler.finish_requests(list(m.requests), RequestStatus.RUNNING),
-            InvalidSchedulerCallError,
-        ),
+        lambda m: f"sched.finish_requests({list(m.requests)}, RequestStatus.RUNNING)",
+        InvalidSchedulerCallError,
     ),
     "a max_tokens of the wrong type": (
         lambda m: True,
-        lambda m: (
-            lambda: m.scheduler.add_request(Request("fresh", [1]), 2.0),  # type: ignore[arg-type]  # wrong type on purpose
-            ArgumentTypeError,
-        ),
+        lambda m: "sched.add_request(Request('fresh', [1]), 2.0)",
+        ArgumentTypeError,
     ),
 }
 
 
 def _out(m: V1SchedulerMachine) -> V1SchedulerOutput:
-    assert m.out is not None
+    if m.out is None:  # the rules that call it apply only with a step in flight
+        raise RuntimeError("harness: no step in flight")
     return m.out
 
 
-def _used() -> Request:
+def used() -> Request:
+    """A request that already has an output token (not fresh; a program's ``used``)."""
     request = Request("used", [1, 2])
     request.append_output_token_ids(3)
     return request
