@@ -2,24 +2,33 @@
 :class:`pagedkv.v1.KVCacheManager`, on caches small enough that preemption is common.
 
 Prompts come from a few shared prefixes, so admissions hit the prefix cache. The
-machine keeps its own count of every request's computed tokens (its hit at admission
-plus every token scheduled since) and judges each step by it.
+machine has the shape of every machine here
+(:class:`~pagedkv_stateful.lockstep.LockstepBase`). The scheduler's spec is
+predicates, not a step function; the model the machine steps beside the target is its
+count of every unfinished request's computed tokens (its hit at admission plus every
+token scheduled since), stepped by the spec (:func:`pagedkv_spec.v1.scheduler.step_computed`).
+Every call goes to ``self.program`` (``sched`` over ``mgr``, requests ``r0``, ``r1``,
+...); a failed check raises a :class:`~pagedkv_stateful.adapters.Violation` named by
+the registry or :data:`~pagedkv_stateful.adapters.CHECKS`, the program ending in a
+statement that fails on the target (a step invariant over :func:`step_record` of the
+target's own queues and counts, a query's answer, the target's own check).
 
 ======================  ================================  ====================================
 rule                    operation                         checks
 ======================  ================================  ====================================
 ``add_request``         ``add_request(request, max_tok)``  (after every rule, below)
-``schedule``            ``schedule()``                    running requests scheduled are a
-                                                          prefix of ``running``, in order;
-                                                          victims its newest, newest first,
-                                                          then first in ``waiting``; nothing
-                                                          admitted after a preemption;
-                                                          admissions a prefix of ``waiting``;
-                                                          a hit block-aligned and below the
-                                                          request's tokens; budget and
-                                                          ``max_num_seqs``; a rejection iff
-                                                          the request can never fit alone;
-                                                          computed tokens = hit + scheduled
+``schedule``            ``schedule()``                    S7 ``step_order_ok``: victims the
+                                                          newest, newest first, then first in
+                                                          ``waiting``; running requests first,
+                                                          in order; nothing admitted after a
+                                                          preemption; admissions and
+                                                          rejections a prefix of ``waiting``;
+                                                          S8 ``step_computed_ok``: computed
+                                                          tokens = hit + scheduled, a hit
+                                                          block-aligned and below the tokens;
+                                                          S9 ``rejections_ok``: a rejection
+                                                          only if the request never fits
+                                                          alone; ``finished_req_ids``
 ``update_from_output``  ``update_from_output(out, toks)``  drawn tokens appended; a request
                                                           finishes exactly at its max_tokens
                                                           or ``max_model_len``, its blocks
