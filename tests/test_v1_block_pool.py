@@ -491,6 +491,20 @@ def test_touching_one_cached_free_block_twice_counts_two_references() -> None:
     pool.check_invariants()
 
 
+def test_a_touch_refused_after_taking_references_gives_them_back() -> None:
+    """touch takes the references in the pass that checks the blocks: a refusal past
+    the first ones (a cached-free block named twice, one in use, the null block, then a
+    foreign block) leaves every count and the free queue's order as they were."""
+    pool, _, blocks = _cached_pool()
+    pool.free_blocks(reversed(blocks[1:]))
+    order, counts = free_ids(pool), [b.ref_cnt for b in pool.blocks]
+    for bad in (KVCacheBlock(1), pool.blocks[-1]):  # foreign; free and not cached
+        call = [blocks[1], blocks[1], blocks[0], pool.null_block, bad, blocks[2]]
+        raised(BlockPoolError, pool.touch, call)
+        assert free_ids(pool) == order and [b.ref_cnt for b in pool.blocks] == counts
+    pool.check_invariants()
+
+
 def test_a_block_of_several_hash_blocks_is_keyed_by_its_last_hash() -> None:
     pool = BlockPool(6, True, 2)  # hashes every 2 tokens; blocks of 4 tokens
     r = Request("r", list(range(1, 13)), block_hasher=get_request_block_hasher(2))

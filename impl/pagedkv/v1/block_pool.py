@@ -401,24 +401,37 @@ class BlockPool:
         (a hit can only be on a cached block) or a block of another pool. O(blocks)."""
         if not isinstance(blocks, list | tuple):
             blocks = list(blocks)
-        mine = self.blocks
+        mine, null = self.blocks, self.null_block
         n = len(mine)
-        free: list[KVCacheBlock] = []
-        for block in blocks:
-            i = block.block_id
-            if i < 0 or i >= n or mine[i] is not block:
-                raise BlockPoolError(f"block {block.block_id} is not a block of this pool")
-            if block.ref_cnt == 0 and not block.is_null:
-                if block.block_hash is None:
-                    raise BlockPoolError(
-                        f"cannot touch block {block.block_id}: it is free and not cached, so "
-                        "its KV may belong to anyone; touch only blocks a lookup just returned"
-                    )
-                free.append(block)
-        self.free_block_queue.remove_n(free)
-        for block in blocks:
-            if not block.is_null:
+        free: list[KVCacheBlock] = []  # each once: a second mention sees ref_cnt 1
+        looped = False
+        try:
+            for block in blocks:
+                if block is null:  # first: a window's table is mostly null padding
+                    continue
+                i = block.block_id
+                if i < 0 or i >= n or mine[i] is not block:
+                    raise BlockPoolError(f"block {block.block_id} is not a block of this pool")
+                if block.ref_cnt == 0:  # a block of this pool other than its null block
+                    if block.block_hash is None:
+                        raise BlockPoolError(
+                            f"cannot touch block {block.block_id}: it is free and not cached, "
+                            "so its KV may belong to anyone; touch only blocks a lookup just "
+                            "returned"
+                        )
+                    free.append(block)
                 block.ref_cnt += 1
+            looped = True
+            self.free_block_queue.remove_n(free, distinct=True)
+        except BlockPoolError:
+            # NOTE: one pass takes the references (errors are rare): undo those taken, up
+            # to the failing block (its first mention: a later one would have passed)
+            for taken in blocks:
+                if not looped and taken is block:
+                    break
+                if taken is not null:
+                    taken.ref_cnt -= 1
+            raise
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         """Drop one reference to each block, given in eviction order (first evicted

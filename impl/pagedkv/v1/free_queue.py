@@ -88,12 +88,13 @@ class FreeKVCacheBlockQueue:
         block.prev_free_block = block.next_free_block = None
         self.num_free_blocks -= 1
 
-    def remove_n(self, blocks: Sequence[KVCacheBlock]) -> None:
+    def remove_n(self, blocks: Sequence[KVCacheBlock], distinct: bool = False) -> None:
         """Unlink each of ``blocks`` (a hit on several cached-free blocks; a block named
-        twice is unlinked once). O(len).
+        twice is unlinked once; ``distinct``: the caller names each block once, so that
+        is not checked). O(len).
 
         Raises BlockPoolError (nothing unlinked) when one is not in the queue."""
-        if len(blocks) > 1:
+        if not distinct and len(blocks) > 1:
             blocks = list(dict.fromkeys(blocks))
         for block in blocks:
             if block.prev_free_block is None or block.next_free_block is None:
