@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
 import types
 import zipfile
@@ -539,6 +540,64 @@ FINDINGS = (
         _fix_probe,
     ),
 )
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """A standalone reproduction in docs/repro/ (vLLM's files only, run as a script with
+    the extracted release's directory): the releases where its last line shows the bug
+    (``shows``), and for the releases without the feature it uses, the texts one of
+    which the error it stops with names (``absent``)."""
+
+    script: str
+    releases: frozenset[str]
+    shows: Callable[[str], bool]
+    absent: tuple[str, ...] = ()
+
+
+REPRODUCTIONS = (
+    Reproduction("lora_name_only.py", frozenset({"0.27.1"}), lambda out: out == "True"),
+    Reproduction("salt_is_a_lora_name.py", frozenset({"0.27.1"}), lambda out: out == "True"),
+    Reproduction("uncached_free_goes_last.py", frozenset({"0.27.1"}), lambda out: out == "True"),
+    Reproduction("decode_hash_skips_images.py", frozenset({"0.27.1"}), lambda out: out == "True"),
+    Reproduction(
+        "null_block_counted_down.py", frozenset({"0.27.1"}), lambda out: out.startswith("True")
+    ),
+    Reproduction(
+        "mamba_external_blocks.py",
+        frozenset({"0.27.1", "0.33.0", "0.34.0"}),
+        lambda out: out.startswith("ValueError"),
+    ),
+    Reproduction(
+        "probe_ignores_hit_limit.py",
+        frozenset({"0.34.0"}),
+        lambda out: out == "5 8 4",
+        absent=("prompt_logprob_start", "prefix_cache_hit_limit"),
+    ),
+)
+
+
+@pytest.mark.parametrize("repro", REPRODUCTIONS, ids=lambda r: r.script)
+def test_each_standalone_reproduction_shows_its_bug_exactly_on_its_releases(
+    vllm_dir: Path, release: str, repro: Reproduction
+) -> None:
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "repro" / repro.script), str(vllm_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if run.returncode and repro.absent and release not in repro.releases:
+        assert any(text in run.stderr for text in repro.absent), run.stderr  # no such feature
+        return
+    assert run.returncode == 0, run.stderr
+    last = run.stdout.strip().splitlines()[-1]
+    assert repro.shows(last) == (release in repro.releases), last
+
+
+def test_every_reproduction_in_docs_is_checked() -> None:
+    scripts = {p.name for p in (ROOT / "docs" / "repro").glob("*.py")}
+    assert scripts == {r.script for r in REPRODUCTIONS}
 
 
 @pytest.mark.parametrize("finding", FINDINGS, ids=lambda f: f.name)
