@@ -176,7 +176,7 @@ MUTATE_ONLY ?=
 mutate: $(STAMP)
 	rm -rf $(MUTATE_DIR) && mkdir -p $(MUTATE_DIR)
 	ln -s ../../impl/pagedkv ../../spec/pagedkv_spec ../../stateful/pagedkv_stateful \
-	  ../../tests ../../setup.cfg ../../pyproject.toml $(MUTATE_DIR)/
+	  ../../tests ../../benchmarks ../../setup.cfg ../../pyproject.toml $(MUTATE_DIR)/
 	printf '%s\n' '# Written by make mutate: unit tests first, then the planted-bug searches, the' \
 	  '# machines last (mutmut runs -x, so a mutant a unit test kills costs no search).' \
 	  'def pytest_collection_modifyitems(items):' \

@@ -77,17 +77,33 @@ class V1PoolMachine(V1LockstepMachine):
         self.tables: dict[str, tuple[Request, list[int], int, list[Any]]] = {}
         self.replayed: Counter[tuple[int, int]] = Counter()
         self.next_id = 0
+        #: every table's prompt and its first block's key (None: no full block)
+        self.prompts: list[tuple[list[int], bytes | None]] = []
         self._reached("caching on" if caching else "caching off")
         self._reached("events on" if events else "events off")
 
     # ------------------------------------------------------------------ rules
 
-    @rule(tokens=st.lists(st.integers(0, 1), min_size=2, max_size=8))
-    def new_table(self, tokens: list[int]) -> None:
+    @rule(data=st.data(), tokens=st.lists(st.integers(0, 1), min_size=2, max_size=8))
+    def new_table(self, data: st.DataObject, tokens: list[int]) -> None:
         """A request arrives: an empty table over its prompt."""
+        # NOTE: steering: half the tables repeat an earlier table's prompt whose first
+        # block is cached (else any earlier one), so that a table adopts blocks another
+        # cached and freed (a touch of a cached-free block) or caches a key another
+        # block holds (two blocks of one key) often enough
+        hit = [p for p, first in self.prompts if self._holder(first) is not None]
+        hit = hit or [p for p, _ in self.prompts]
+        again: bool = bool(hit) and data.draw(st.booleans(), label="an earlier prompt")
+        if again:
+            tokens = data.draw(st.sampled_from(hit), label="prompt")
         name = f"t{self.next_id}"
         self.next_id += 1
-        self.tables[name] = (Request(name, tokens, block_hasher=self.hasher), [], 0, [])
+        request = Request(name, tokens, block_hasher=self.hasher)
+        self.tables[name] = (request, [], 0, [])
+        hashes = request.block_hashes
+        self.prompts.append(
+            (tokens, make_block_hash_with_group_id(hashes[0], 0) if hashes else None)
+        )
         self._log(f"{name} = Request({name!r}, {tokens}, block_hasher=hasher)")
         self._log(f"{name}_blocks = []")
 
@@ -97,6 +113,11 @@ class V1PoolMachine(V1LockstepMachine):
         name = data.draw(st.sampled_from(sorted(self.tables)), label="table")
         request, ids, cached, blocks = self.tables[name]
         free = len(self.model.free)
+        # NOTE: steering: with a cached-free block in the queue, a third of the calls ask
+        # for just enough blocks to reach the first one (an eviction), else rare
+        first = next((k for k, b in enumerate(self.model.free) if self.model.hashes[b]), None)
+        if first is not None and data.draw(st.sampled_from((True, False, False)), "evict"):
+            n = first + 1
         call = f"pool.get_new_blocks({n})"
         self._enter("get_new_blocks")
         try:
@@ -144,6 +165,17 @@ class V1PoolMachine(V1LockstepMachine):
             and make_block_hash_with_group_id(r.block_hashes[len(ids)], 0) in keys
         )
 
+    def _holder(self, key: bytes | None) -> int | None:
+        """The block the map holds under ``key`` (None: no key, or not cached)."""
+        return None if key is None else spec.lookup(self.model, key)
+
+    def _next_cached(self, name: str) -> int | None:
+        """The block the map holds under ``name``'s next block's key, if any."""
+        request, ids, _, _ = self.tables[name]
+        return spec.lookup(
+            self.model, make_block_hash_with_group_id(request.block_hashes[len(ids)], 0)
+        )
+
     def _cacheable(self) -> list[str]:
         """Tables with full, hashed blocks not cached yet (caching on)."""
         return sorted(
@@ -156,7 +188,14 @@ class V1PoolMachine(V1LockstepMachine):
     @rule(data=st.data())
     def touch(self, data: st.DataObject) -> None:
         """A table adopts a cached block at its next position (a prefix hit)."""
-        name = data.draw(st.sampled_from(self._can_extend()), label="table")
+        names = self._can_extend()
+        # NOTE: steering: two times in three a table whose next block is cached-free
+        # (else rare: it needs another table of the prompt cached and freed first)
+        free = [n for n in names if self._next_cached(n) in self.model.free]
+        prefer = bool(free) and data.draw(st.sampled_from((True, True, False)), "cached-free")
+        if prefer:
+            names = free
+        name = data.draw(st.sampled_from(names), label="table")
         request, ids, cached, blocks = self.tables[name]
         i = len(ids)
         h = request.block_hashes[i]
