@@ -98,9 +98,9 @@ class ManagerDropsCowPairs(KVMachine):
 @pytest.mark.parametrize(
     ("machine", "message"),
     [
-        (CowDstOffByOne, "KV1|refused the copy-on-write"),
-        (CowSrcDstSwapped, "KV1|refused the copy-on-write"),
-        (SwapOutLastDstOffByOne, "KV1|refused the swap-out"),
+        (CowDstOffByOne, "KV1|engine input"),
+        (CowSrcDstSwapped, "KV1|engine input"),
+        (SwapOutLastDstOffByOne, "KV1|engine input"),
         (SwapInDropsLastPair, "KV1"),
         (SwapInBeforeSwapOut, "KV1"),
         (CowBeforeSwaps, "KV1"),
