@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
@@ -246,3 +247,53 @@ def test_import_pagedkv_does_not_import_torch() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def machines_by_shape() -> tuple[list[str], list[str]]:
+    """The Hypothesis machines of ``pagedkv_stateful`` (every module imported): those
+    of the one shape (:class:`~pagedkv_stateful.lockstep.LockstepBase`) and the others."""
+    import inspect
+
+    from hypothesis.stateful import RuleBasedStateMachine
+
+    from pagedkv_stateful.lockstep import LockstepBase
+    from pagedkv_stateful.profiles import import_every_module
+
+    import_every_module()
+    found = {
+        cls
+        for name, module in list(sys.modules.items())
+        if name == "pagedkv_stateful" or name.startswith("pagedkv_stateful.")
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if cls.__module__ == name and issubclass(cls, RuleBasedStateMachine)
+    }
+    names = {cls: f"{cls.__module__}.{cls.__qualname__}" for cls in found}
+    inside = sorted(names[c] for c in found if issubclass(c, LockstepBase))
+    return inside, sorted(names[c] for c in found if not issubclass(c, LockstepBase))
+
+
+def test_every_machine_has_the_one_shape() -> None:
+    """The KV, scheduler, allocator, manager and V1 machines alike write a program and
+    raise Violations named by the registry (docs/design.md, the Hypothesis machines)."""
+    inside, outside = machines_by_shape()
+    assert outside == []
+    for machine in ("kv_machine.KVMachine", "scheduler_machine.SchedulerMachine"):
+        assert f"pagedkv_stateful.{machine}" in inside
+    assert len(inside) >= 10, inside
+
+
+def test_the_shape_finder_finds_a_machine_outside_it() -> None:
+    from hypothesis.stateful import RuleBasedStateMachine
+
+    module = types.ModuleType("pagedkv_stateful._bare_machine")
+
+    class Bare(RuleBasedStateMachine):
+        pass
+
+    Bare.__module__, Bare.__qualname__ = module.__name__, "Bare"
+    module.Bare = Bare  # type: ignore[attr-defined]  # a module made at run time
+    sys.modules[module.__name__] = module
+    try:
+        assert machines_by_shape()[1] == ["pagedkv_stateful._bare_machine.Bare"]
+    finally:
+        del sys.modules[module.__name__]
