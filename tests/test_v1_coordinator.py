@@ -11,10 +11,13 @@ against the spec (tests/test_v1_manager_machine.py).
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedkv.errors import InvalidKVCacheManagerConfigError
 from pagedkv.v1 import (
     BlockStored,
+    ChunkedLocalAttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     HybridKVCacheCoordinator,
@@ -27,6 +30,7 @@ from pagedkv.v1 import (
     SlidingWindowSpec,
     get_request_block_hasher,
 )
+from pagedkv_spec.v1 import manager as spec
 
 
 def request(rid: str, tokens: list[int], block_size: int) -> Request:
@@ -93,6 +97,72 @@ def test_two_groups_of_one_spec_hit_only_where_both_are_cached() -> None:
     assert hit == 6 and blocks.get_block_ids()[1][-1] == a_window[2]
 
 
+#: Hybrids whose fixpoint may take more than one round (three kinds, or no full
+#: attention), and groups of one kind with two specs (looked up apart).
+ROUNDS: dict[str, tuple[KVCacheSpec, ...]] = {
+    "full + two windows": (
+        FullAttentionSpec(2),
+        SlidingWindowSpec(2, sliding_window=3),
+        SlidingWindowSpec(2, sliding_window=5),
+    ),
+    "full + a window + a chunk": (
+        FullAttentionSpec(2),
+        SlidingWindowSpec(2, sliding_window=3),
+        ChunkedLocalAttentionSpec(2, attention_chunk_size=4),
+    ),
+    "two windows": (
+        SlidingWindowSpec(2, sliding_window=5),
+        SlidingWindowSpec(2, sliding_window=3),
+    ),
+    "a window + a chunk": (
+        SlidingWindowSpec(2, sliding_window=3),
+        ChunkedLocalAttentionSpec(2, attention_chunk_size=4),
+    ),
+}
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    name=st.sampled_from(sorted(ROUNDS)),
+    length=st.integers(2, 16),
+    evicted=st.lists(st.integers(1, 60), max_size=6),
+)
+def test_the_hybrid_fixpoint_is_the_specs_hit(name: str, length: int, evicted: list[int]) -> None:
+    """Whatever blocks of a cached prompt were evicted, every group's hit is the spec's
+    (V1-6: the rules applied in turn until a round changes nothing), also where a round
+    after the first shortens the hit, and where two groups of one kind differ in spec."""
+    m = hybrid(64, *ROUNDS[name])
+    a = request("a", list(range(length)), 2)
+    assert m.allocate_slots(a, length) is not None
+    m.free(a)
+    m.evict_blocks(evicted)
+    b = request("b", [*range(length), 99], 2)
+    blocks, hit, _ = m.get_computed_blocks(b)
+    view = spec.RequestView("b", b.num_tokens, 0, tuple(b.block_hashes))
+    want = spec.get_computed_blocks(m.to_spec(), view)
+    assert (tuple(map(tuple, blocks.get_block_ids())), hit) == want
+
+
+def test_a_hybrid_takes_a_second_round_when_a_later_rule_shortens_the_hit() -> None:
+    """Full attention, a window of 3 and a window of 5 tokens: the evicted block leaves
+    the wider window without its last 3 blocks at the full hit, so the second window's
+    rule shortens the hit after the first window's rule accepted it; full attention and
+    the first window are then applied again, at the shorter length."""
+    m = hybrid(64, *ROUNDS["full + two windows"])
+    a = request("a", list(range(13)), 2)
+    m.allocate_slots(a, 13)
+    wide = m.get_block_ids("a")[2]
+    m.free(a)
+    m.evict_blocks([wide[4]])
+    b = request("b", [*range(13), 99], 2)
+    blocks, hit, _ = m.get_computed_blocks(b)
+    view = spec.RequestView("b", b.num_tokens, 0, tuple(b.block_hashes))
+    assert (tuple(map(tuple, blocks.get_block_ids())), hit) == spec.get_computed_blocks(
+        m.to_spec(), view
+    )
+    assert hit == 8, hit
+
+
 def test_a_hybrids_stored_events_carry_each_groups_kind_and_window() -> None:
     config = KVCacheConfig.of_specs(
         24, FullAttentionSpec(2), SlidingWindowSpec(2, sliding_window=3)
@@ -156,3 +226,53 @@ def test_an_encoder_decoder_model_allocates_its_encoder_blocks_once() -> None:
     m.check_invariants()
     with pytest.raises(InvalidKVCacheManagerConfigError, match="cannot be prefix cached"):
         KVCacheManager(config, 64)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    spec_blocks=st.integers(0, 1),
+    chunks=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    evicted=st.lists(st.integers(1, 60), max_size=3),
+    extra=st.integers(0, 6),
+    external=st.integers(0, 6),
+    lookahead=st.integers(0, 3),
+)
+def test_a_mamba_hybrids_count_is_what_the_allocation_takes(
+    spec_blocks: int,
+    chunks: list[int],
+    evicted: list[int],
+    extra: int,
+    external: int,
+    lookahead: int,
+) -> None:
+    """Full attention and Mamba ``align``: the blocks the coordinator counts for a
+    fresh request (its hit adopted, blocks for external tokens, the step's state block,
+    lookahead slots for attention only) are exactly the blocks allocate_slots then takes
+    from the free queue, so admission refuses exactly what cannot be served."""
+    m = hybrid(
+        64,
+        FullAttentionSpec(2),
+        MambaSpec(2, mamba_cache_mode="align", num_speculative_blocks=spec_blocks),
+    )
+    prompt = list(range(sum(chunks)))
+    a = request("a", prompt, 2)
+    for n in chunks:  # states cached at the ends of a's steps
+        assert m.allocate_slots(a, n) is not None
+        a.num_computed_tokens += n
+    m.free(a)
+    m.evict_blocks(evicted)
+    b = request("b", [*prompt, *range(100, 100 + extra + external + 1)], 2)
+    blocks, hit, _ = m.get_computed_blocks(b)
+    total = hit + external
+    new = b.num_tokens - total
+    need = min(total + new + lookahead, 64)
+    count = m.coordinator.get_num_blocks_to_allocate(
+        "b", need, blocks.blocks, total, False, total + new, 0
+    )
+    free = m.block_pool.get_num_free_blocks()
+    got = m.allocate_slots(
+        b, new, hit, blocks, num_lookahead_tokens=lookahead, num_external_computed_tokens=external
+    )
+    assert got is not None
+    assert free - m.block_pool.get_num_free_blocks() == count
+    m.check_invariants()

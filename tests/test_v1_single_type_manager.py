@@ -205,6 +205,34 @@ def test_a_sliding_window_hit_ends_on_the_alignment() -> None:
     assert m1.window_blocks == 0 and m1.lookup(r.block_hashes, 12, (0,))[1] == 8
 
 
+def test_hits_aligned_to_three_blocks_end_on_multiples_of_three() -> None:
+    """Blocks of 2 tokens, hits aligned to 6: a window's hit, its run from block 0 when no
+    whole window is cached, a Mamba state hit and what each kind caches all end on
+    block 3, 6, ... (an alignment of two blocks cannot tell ``i + 1`` from ``i - 1``)."""
+    pool = BlockPool(16, True, 2)
+    r = request("r", list(range(17)), 2)
+    blocks = cached_run(pool, r, 8, 2)
+    window = SlidingWindowManager(
+        SlidingWindowSpec(2, sliding_window=3), pool, True, 0, alignment=6
+    )
+    found, hit = window.lookup(r.block_hashes, 16, (0,))
+    assert hit == 12 and ids(found[0]) == [0, 0, 0, 0, 0, blocks[5].block_id]
+    wide = SlidingWindowManager(SlidingWindowSpec(2, sliding_window=40), pool, True, 0, alignment=6)
+    pool.evict_blocks([blocks[5].block_id])  # the run from block 0 is 5 blocks: cut to 3
+    found, hit = wide.lookup(r.block_hashes, 16, (0,))
+    assert hit == 6 and ids(found[0]) == ids(blocks[:3])
+    state = MambaManager(MambaSpec(2, mamba_cache_mode="align"), pool, True, 0, alignment=6)
+    found, hit = state.lookup(r.block_hashes, 16, (0,))
+    assert hit == 6 and ids(found[0]) == [0, 0, blocks[2].block_id]
+    assert state.cache_mask(0, 6) == [False, False, True, False, False, True]
+    assert window.cache_mask(0, 6) == [False, False, True, False, False, True]
+
+
+def test_a_mamba_group_skips_every_token_but_the_last() -> None:
+    m = MambaManager(MambaSpec(1, mamba_cache_mode="align"), BlockPool(4, True, 1), True, 0)
+    assert [m.get_num_skipped_tokens(n) for n in (0, 1, 5)] == [0, 0, 4]
+
+
 def test_a_sliding_window_caches_only_blocks_that_can_end_a_hit() -> None:
     pool = BlockPool(12, True, 2)
     m = SlidingWindowManager(SlidingWindowSpec(2, sliding_window=3), pool, True, 0, alignment=4)
