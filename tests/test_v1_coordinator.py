@@ -276,3 +276,37 @@ def test_a_mamba_hybrids_count_is_what_the_allocation_takes(
     assert got is not None
     assert free - m.block_pool.get_num_free_blocks() == count
     m.check_invariants()
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(
+    spec_blocks=st.integers(0, 1),
+    held=st.integers(0, 9),
+    prompt=st.integers(1, 12),
+    external=st.integers(0, 9),
+    lookahead=st.integers(0, 3),
+)
+def test_a_mamba_none_hybrids_count_is_what_the_allocation_takes(
+    spec_blocks: int, held: int, prompt: int, external: int, lookahead: int
+) -> None:
+    """Full attention and Mamba ``none`` (caching off): the count for a fresh request's
+    external tokens and new ones (the Mamba group skipping all but the running state) is
+    exactly what allocate_slots takes, with other requests holding blocks."""
+    config = KVCacheConfig.of_specs(
+        64, FullAttentionSpec(2), MambaSpec(2, num_speculative_blocks=spec_blocks)
+    )
+    m = KVCacheManager(config, 64, enable_caching=False)
+    if held:
+        assert m.allocate_slots(request("h", list(range(held)), 2), held) is not None
+    b = request("b", list(range(prompt + external)), 2)
+    total, new = external, prompt
+    count = m.coordinator.get_num_blocks_to_allocate(
+        "b", min(total + new + lookahead, 64), ((), ()), total, False, total + new, 0
+    )
+    free = m.block_pool.get_num_free_blocks()
+    got = m.allocate_slots(
+        b, new, num_lookahead_tokens=lookahead, num_external_computed_tokens=external
+    )
+    assert got is not None
+    assert free - m.block_pool.get_num_free_blocks() == count
+    m.check_invariants()
