@@ -100,13 +100,24 @@ def test_machine_finds_planted_bug(planted: type[Scheduler], invariant: str) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("planted", [_RecomputeToBack, _AdmitsPastSwapped])
-def test_a_step_order_failure_replays_as_a_program(planted: type[Scheduler]) -> None:
-    """The shrunk program of a Q5 failure fails at its last statement, the registry's
-    predicate over the scheduler's own views, when a fresh interpreter runs it."""
+@pytest.mark.parametrize(
+    ("planted", "last"),
+    [
+        (_RecomputeToBack, "assert holds('Q5'"),
+        (_AdmitsPastSwapped, "assert holds('Q5'"),
+        (_DropsCopies, "shadow.check(mgr, sched)"),
+        (_LosesSwapOut, "shadow.check(mgr, sched)"),
+    ],
+)
+def test_a_failure_replays_as_a_program(planted: type[Scheduler], last: str) -> None:
+    """The shrunk program of a failure fails at its last statement when a fresh
+    interpreter runs it: Q5, the registry's predicate over the scheduler's own views;
+    KV1, the shadow cache's check (the program writes the worker's copies and forward
+    passes into the same ShadowCache the machine uses)."""
     shrink = settings(QUICK, phases=[Phase.generate, Phase.shrink])
     violation, program = failing_program(_machine(planted), shrink)
-    assert violation.invariant.startswith("Q5") and program[-1].startswith("assert holds('Q5'")
+    assert program[-1].startswith(last), program[-1]
+    assert violation.invariant.split()[0] in ("Q5", "KV1")
     result = replay(program)
     assert result.reproduced, (result.verdict, "\n".join(program))
 
@@ -120,5 +131,5 @@ def test_a_passing_program_runs_clean() -> None:
     run_state_machine_as_test(recorded(SchedulerMachine, programs), settings=config)
     assert len(programs) >= 20
     for program in programs:
-        checks = ["sched.check_invariants()", "mgr.check_invariants()"]
+        checks = ["sched.check_invariants()", "mgr.check_invariants()", "shadow.check(mgr, sched)"]
         exec(compile("\n".join([*program, *checks]), "<program>", "exec"), {"__name__": "__main__"})

@@ -60,23 +60,83 @@ from pagedkv.errors import (
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import REGISTRY, first_broken, holds
-from pagedkv_spec.kv import first_lost
+from pagedkv_spec.kv import KVCells, first_lost
 from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef, StepRecord
 from pagedkv_stateful.lockstep import EXPECT_ERROR, LockstepBase
 from pagedkv_stateful.v0.manager_machine import view_fault
 
-__all__ = ["BAD_REQUESTS", "PRELUDE", "SchedulerMachine", "running", "step_record"]
+__all__ = ["BAD_REQUESTS", "PRELUDE", "SchedulerMachine", "ShadowCache", "running", "step_record"]
 
 WAITING, RUNNING, SWAPPED = SequenceStatus.WAITING, SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 GPU, CPU = Device.GPU, Device.CPU
 Slot = tuple[str, int, int] | None  # (request, position, token) written there, or nothing
+
+
+class ShadowCache:
+    """The worker's KV cache as the scheduler machine models it: each slot holds the
+    ``(request, position, token)`` written there. The machine and its programs use it
+    alike (a program's ``shadow``), so a KV1 failure replays: :meth:`check` fails."""
+
+    def __init__(self, block_size: int, num_gpu: int, num_cpu: int) -> None:
+        self.block_size, self.num_gpu = block_size, num_gpu
+        self.gpu: list[list[Slot]] = [[None] * block_size for _ in range(num_gpu)]
+        self.cpu: list[list[Slot]] = [[None] * block_size for _ in range(num_cpu)]
+
+    def apply(self, out: SchedulerOutputs) -> None:
+        """One step's copies in the worker's order: swap-out, swap-in, copy-on-write
+        (each reads before it writes). AssertionError for a block written twice."""
+        for src, dst, pairs in (
+            (self.gpu, self.cpu, out.blocks_to_swap_out),
+            (self.cpu, self.gpu, out.blocks_to_swap_in),
+            (self.gpu, self.gpu, out.blocks_to_copy),
+        ):
+            copies = [(d, list(src[s])) for s, d in pairs]
+            if len({d for d, _ in copies}) != len(copies):
+                raise AssertionError(f"a block is written twice by the copies {pairs}")
+            for d, data in copies:
+                dst[d] = data
+
+    def forward(self, manager: BlockSpaceManager, out: SchedulerOutputs) -> None:
+        """The forward pass: every uncomputed token of the scheduled sequences (a
+        prefill: its first sequence's, which the others share) into its slot."""
+        size = self.block_size
+        for scheduled in out.scheduled_seq_groups:
+            group = scheduled.seq_group
+            seqs = group.get_seqs(RUNNING)
+            for seq in seqs[:1] if scheduled.is_prefill else seqs:
+                table, tokens = manager.get_block_table(seq), seq.get_token_ids()
+                for p in range(seq.get_num_computed_tokens(), seq.get_len()):
+                    self.gpu[table[p // size]][p % size] = (group.request_id, p, tokens[p])
+
+    def cells(self, manager: BlockSpaceManager, groups: Iterable[SequenceGroup]) -> KVCells:
+        """KV1's cells: for every computed position of the RUNNING (GPU) and SWAPPED (CPU)
+        sequences of ``groups``, what was written for it and what its slot holds."""
+        size = self.block_size
+        cells: list[tuple[int, int, Hashable, Hashable]] = []
+        for group in groups:
+            for seq in group.get_seqs(RUNNING) + group.get_seqs(SWAPPED):
+                cache, first = (self.gpu, 0) if seq.status is RUNNING else (self.cpu, self.num_gpu)
+                table, tokens = manager.get_block_table(seq), seq.get_token_ids()
+                for p in range(seq.get_num_computed_tokens()):
+                    held = cache[table[p // size] - first][p % size]
+                    cells.append((seq.seq_id, p, (group.request_id, p, tokens[p]), held))
+        return tuple(cells)
+
+    def check(self, manager: BlockSpaceManager, scheduler: Scheduler) -> None:
+        """KV1 over the scheduler's queued requests: AssertionError naming the first
+        ``(seq, position, written, held)`` that differs."""
+        groups = [*scheduler.waiting, *scheduler.running, *scheduler.swapped]
+        kv = self.cells(manager, groups)
+        if not holds("KV1", kv):
+            raise AssertionError(f"KV1: (seq, position, wrote, holds) {first_lost(kv)}")
+
 
 #: The first lines of a scheduler program: imports, and the helpers it calls.
 PRELUDE = (
     "from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus",
     "from pagedkv.serving.scheduler import Scheduler, SchedulerConfig",
     "from pagedkv_spec.invariants import holds",
-    "from pagedkv_stateful.scheduler_machine import running, step_record",
+    "from pagedkv_stateful.scheduler_machine import ShadowCache, running, step_record",
     EXPECT_ERROR,
     "def seq(group, seq_id):",
     "    return next(q for q in group.get_seqs() if q.seq_id == seq_id)",
@@ -124,9 +184,10 @@ class SchedulerMachine(LockstepBase):
             *PRELUDE,
             f"mgr = BlockSpaceManager({block_size}, {num_gpu}, {num_cpu}, {watermark})",
             f"sched = {self.scheduler_source(self.config)}",
+            f"shadow = ShadowCache({block_size}, {num_gpu}, {num_cpu})",
         ]
-        self.gpu: list[list[Slot]] = [[None] * block_size for _ in range(num_gpu)]
-        self.cpu: list[list[Slot]] = [[None] * block_size for _ in range(num_cpu)]
+        self.shadow = ShadowCache(block_size, num_gpu, num_cpu)
+        self.num_cpu = num_cpu
         self.arrival: dict[str, int] = {}  # request -> arrival index
         self.groups: dict[str, SequenceGroup] = {}
         self.output_len: dict[str, int] = {}
@@ -319,29 +380,23 @@ class SchedulerMachine(LockstepBase):
             event("step: copy-on-write")
 
     def _apply(self, out: SchedulerOutputs) -> None:
-        """The worker's order: swap-out, swap-in, copy-on-write (each reads before writes)."""
-        for src, dst, pairs in (
-            (self.gpu, self.cpu, out.blocks_to_swap_out),
-            (self.cpu, self.gpu, out.blocks_to_swap_in),
-            (self.gpu, self.gpu, out.blocks_to_copy),
-        ):
-            copies = [(d, list(src[s])) for s, d in pairs]
-            if len({d for d, _ in copies}) != len(copies):
-                self._fail("engine input", f"a block is written twice by the copies {pairs}")
-            for d, data in copies:
-                dst[d] = data
+        """The worker's copies (:meth:`ShadowCache.apply`)."""
+        try:
+            self.shadow.apply(out)
+        except AssertionError as err:
+            self._fail("engine input", str(err), "shadow.apply(out)")
+        self._log("shadow.apply(out)")
 
     def _forward_and_sample(self, out: SchedulerOutputs) -> None:
-        size = self.block_size
+        for scheduled in out.scheduled_seq_groups:
+            if not scheduled.seq_group.get_seqs(RUNNING):
+                rid = scheduled.seq_group.request_id
+                self._fail("Q2", f"{rid} scheduled without a running sequence")
+        self.shadow.forward(self.manager, out)
+        self._log("shadow.forward(mgr, out)")
         for scheduled in out.scheduled_seq_groups:
             group, rid = scheduled.seq_group, scheduled.seq_group.request_id
             seqs = group.get_seqs(RUNNING)
-            if not seqs:
-                self._fail("Q2", f"{rid} scheduled without a running sequence")
-            for seq in seqs[:1] if scheduled.is_prefill else seqs:
-                table, tokens = self.manager.get_block_table(seq), seq.get_token_ids()
-                for p in range(seq.get_num_computed_tokens(), seq.get_len()):
-                    self.gpu[table[p // size]][p % size] = (rid, p, tokens[p])
             for seq in seqs:
                 computed, token = (
                     seq.get_num_uncomputed_tokens(),
@@ -423,19 +478,13 @@ class SchedulerMachine(LockstepBase):
 
     @invariant()
     def kv_conserved(self) -> None:
-        """KV1 over every computed position of every RUNNING and SWAPPED sequence."""
-        size = self.block_size
-        cells: list[tuple[int, int, Hashable, Hashable]] = []
-        for group in self._queued():
-            for seq in group.get_seqs(RUNNING) + group.get_seqs(SWAPPED):
-                cache, first = (self.gpu, 0) if seq.status is RUNNING else (self.cpu, self.num_gpu)
-                table, tokens = self.manager.get_block_table(seq), seq.get_token_ids()
-                for p in range(seq.get_num_computed_tokens()):
-                    held = cache[table[p // size] - first][p % size]
-                    cells.append((seq.seq_id, p, (group.request_id, p, tokens[p]), held))
-        kv = tuple(cells)
+        """KV1 over every computed position of every RUNNING and SWAPPED sequence (a
+        failure's program ends in the same check, ``shadow.check(mgr, sched)``)."""
+        kv = self.shadow.cells(self.manager, self._queued())
         if not holds("KV1", kv):
-            self._fail("KV1", f"(seq, position, wrote, holds) {first_lost(kv)}")
+            self._fail(
+                "KV1", f"(seq, position, wrote, holds) {first_lost(kv)}", "shadow.check(mgr, sched)"
+            )
 
     def teardown(self) -> None:
         """S6: the queues drain and every block comes back."""
@@ -461,7 +510,7 @@ class SchedulerMachine(LockstepBase):
             m.get_num_free_gpu_blocks(),
             self.num_gpu,
             m.get_num_free_cpu_blocks(),
-            len(self.cpu),
+            self.num_cpu,
         ):
             self._fail(
                 "Q7",
