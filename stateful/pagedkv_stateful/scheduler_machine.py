@@ -23,8 +23,9 @@ every rule (state invariants) or every ``schedule()`` (step invariants):
 The machine has the shape of every machine here
 (:class:`~pagedkv_stateful.lockstep.LockstepBase`). The scheduler's spec is the
 predicates above, not a step function: the model the machine steps beside the target
-is its own bookkeeping (arrival order, admissions, output lengths, the shadow cache),
-from which it builds the view the predicates judge. Every call on the scheduler, and
+is its own bookkeeping (arrival order, admissions, output lengths, the shadow cache:
+:class:`ShadowCache`, which its programs drive too), from which it builds the view the
+predicates judge. Every call on the scheduler, and
 every write on a sequence the worker makes, goes to ``self.program`` (a scheduler
 ``sched`` over a manager ``mgr``, requests ``r0``, ``r1``, ... and ``seq(r0, 3)`` for
 a sequence of a request); a failed check raises a
