@@ -387,11 +387,8 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             if len(run) >= need:
                 end = i + len(run)
                 break
-        if end < 0:  # no whole window: the run from block 0, aligned
-            end = len(run)
-            while (end * bs) % align:
-                end -= 1
-            del run[: len(run) - end]  # the blocks past ``end`` (first in the list)
+        if end < 0:  # no whole window: the run from block 0 (aligned: a run starts only
+            end = len(run)  # at an aligned end, and a miss clears it)
         run.reverse()
         pads = [self._null_block] * (end - len(run))
         out = tuple(pads + [blocks[g] for blocks in run] for g in range(len(group_ids)))
