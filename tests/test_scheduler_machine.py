@@ -15,7 +15,6 @@ from hypothesis.stateful import run_state_machine_as_test
 from helpers import failing_program, recorded
 from pagedkv import BlockSpaceManager, SequenceGroup
 from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutputs
-from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.replay import replay
 from pagedkv_stateful.scheduler_machine import SchedulerMachine
 
@@ -85,39 +84,25 @@ def _machine(planted: type[Scheduler]) -> type[SchedulerMachine]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("planted", "invariant"),
+    ("planted", "invariant", "last"),
     [
-        (_DropsCopies, "KV1"),
-        (_RecomputeToBack, "Q5"),
-        (_LosesSwapOut, "KV1"),
-        (_AdmitsPastSwapped, "Q5"),
+        (_DropsCopies, "KV1", "shadow.check(mgr, sched)"),
+        (_RecomputeToBack, "Q5", "assert holds('Q5'"),
+        (_LosesSwapOut, "KV1", "shadow.check(mgr, sched)"),
+        (_AdmitsPastSwapped, "Q5", "assert holds('Q5'"),
     ],
 )
-def test_machine_finds_planted_bug(planted: type[Scheduler], invariant: str) -> None:
-    with pytest.raises(Violation) as caught:
-        run_state_machine_as_test(_machine(planted), settings=QUICK)
-    assert caught.value.invariant.split()[0] == invariant, caught.value
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("planted", "last"),
-    [
-        (_RecomputeToBack, "assert holds('Q5'"),
-        (_AdmitsPastSwapped, "assert holds('Q5'"),
-        (_DropsCopies, "shadow.check(mgr, sched)"),
-        (_LosesSwapOut, "shadow.check(mgr, sched)"),
-    ],
-)
-def test_a_failure_replays_as_a_program(planted: type[Scheduler], last: str) -> None:
-    """The shrunk program of a failure fails at its last statement when a fresh
-    interpreter runs it: Q5, the registry's predicate over the scheduler's own views;
-    KV1, the shadow cache's check (the program writes the worker's copies and forward
-    passes into the same ShadowCache the machine uses)."""
+def test_machine_finds_planted_bug_and_its_program_replays(
+    planted: type[Scheduler], invariant: str, last: str
+) -> None:
+    """The machine reports the bug under the invariant it breaks, and the shrunk
+    program fails at its last statement when a fresh interpreter runs it: Q5, the
+    registry's predicate over the scheduler's own views; KV1, the shadow cache's check
+    (the program drives the same ShadowCache the machine uses)."""
     shrink = settings(QUICK, phases=[Phase.generate, Phase.shrink])
     violation, program = failing_program(_machine(planted), shrink)
+    assert violation.invariant.split()[0] == invariant, violation
     assert program[-1].startswith(last), program[-1]
-    assert violation.invariant.split()[0] in ("Q5", "KV1")
     result = replay(program)
     assert result.reproduced, (result.verdict, "\n".join(program))
 

@@ -14,7 +14,6 @@ from hypothesis.stateful import run_state_machine_as_test
 from helpers import failing_program, recorded
 from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerConfig, V1SchedulerOutput
 from pagedkv.v1 import KVCacheManager, Request, RequestStatus
-from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.replay import replay
 from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
@@ -110,19 +109,15 @@ PLANTED = [
 
 
 @pytest.mark.parametrize(("planted", "check"), PLANTED)
-def test_machine_finds_planted_bug(planted: type[V1Scheduler], check: str) -> None:
-    with pytest.raises(Violation) as caught:
-        run_state_machine_as_test(_machine(planted), settings=find_fast(300, 30))
-    assert caught.value.invariant.split()[0] == check, caught.value
-
-
-@pytest.mark.parametrize(("planted", "check"), PLANTED)
-def test_a_failure_replays_as_a_program(planted: type[V1Scheduler], check: str) -> None:
-    """The shrunk program fails at its last statement when a fresh interpreter runs it:
-    the step predicate over the target's own queues and counts, or the query."""
+def test_machine_finds_planted_bug_and_its_program_replays(
+    planted: type[V1Scheduler], check: str
+) -> None:
+    """The machine reports the bug under the check it breaks, and the shrunk program
+    fails at its last statement when a fresh interpreter runs it: the step predicate
+    over the target's own queues and counts, or the query."""
     shrink = settings(find_fast(300, 30), phases=[Phase.generate, Phase.shrink])
     violation, program = failing_program(_machine(planted), shrink)
-    assert violation.invariant.split()[0] == check
+    assert violation.invariant.split()[0] == check, violation
     result = replay(program)
     assert result.reproduced, (result.verdict, "\n".join(program))
 
