@@ -423,7 +423,7 @@ class BlockPool:
                 block.ref_cnt += 1
             looped = True
             self.free_block_queue.remove_n(free, distinct=True)
-        except BlockPoolError:
+        except Exception:  # a refusal, or something that is not a block at all
             # NOTE: one pass takes the references (errors are rare): undo those taken, up
             # to the failing block (its first mention: a later one would have passed)
             for taken in blocks:
