@@ -67,16 +67,19 @@ def run_seeded(
 M = TypeVar("M", bound=LockstepBase)
 
 
-def recorded(machine: type[M], programs: list[list[str]]) -> type[M]:
+def recorded(
+    machine: type[M], programs: list[list[str]], ending: Callable[[M], list[str]] | None = None
+) -> type[M]:
     """``machine`` writing the program of each test case it runs to ``programs`` (after
-    its teardown, which Hypothesis runs also after a failed step)."""
+    its teardown, which Hypothesis runs also after a failed step), followed by the lines
+    ``ending`` gives for the machine as it ended."""
 
     class Recorded(machine):  # type: ignore[valid-type,misc]  # a class made at run time
         def teardown(self) -> None:
             try:
                 super().teardown()  # may step on (a drain) and fail there
             finally:
-                programs.append(list(self.program))
+                programs.append([*self.program, *(ending(self) if ending else [])])
 
     Recorded.__name__ = machine.__name__
     return Recorded

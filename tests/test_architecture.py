@@ -291,7 +291,7 @@ def test_the_shape_finder_finds_a_machine_outside_it() -> None:
         pass
 
     Bare.__module__, Bare.__qualname__ = module.__name__, "Bare"
-    module.Bare = Bare  # type: ignore[attr-defined]  # a module made at run time
+    setattr(module, "Bare", Bare)  # noqa: B010  # a module made at run time
     sys.modules[module.__name__] = module
     try:
         assert machines_by_shape()[1] == ["pagedkv_stateful._bare_machine.Bare"]

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from helpers import failing_program
+from helpers import failing_program, recorded
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Device, Sequence
 from pagedkv.v0.content_key import sha256_key
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
@@ -132,14 +132,11 @@ def test_a_passing_kv_program_runs_clean(machine: type[KVMachine]) -> None:
     program says what the machine did."""
     programs: list[list[str]] = []
 
-    class Checked(machine):  # type: ignore[valid-type,misc]  # a class made at run time
-        def teardown(self) -> None:
-            if hasattr(self, "model"):
-                programs.append([*self.program, *self.check_lines()])
-            super().teardown()
+    def checks(m: KVMachine) -> list[str]:  # every live sequence's check_kv
+        return m.check_lines() if hasattr(m, "model") else []
 
     config = settings(FIND_FAST, max_examples=15, derandomize=True)
-    run_state_machine_as_test(Checked, settings=config)
+    run_state_machine_as_test(recorded(machine, programs, checks), settings=config)
     assert len(programs) >= 15 and any("check_kv(" in "".join(p) for p in programs)
     for program in programs:
         exec(compile("\n".join(program), "<kv program>", "exec"), {"__name__": "__main__"})

@@ -17,11 +17,13 @@ top (one finding per cause); the KV and scheduler machines use this shape as it 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NoReturn
 
 from hypothesis import event
 from hypothesis.stateful import RuleBasedStateMachine
 
+from pagedkv.errors import PagedKVError
 from pagedkv_spec.invariants import REGISTRY, label
 from pagedkv_stateful.adapters import CHECKS, Violation
 
@@ -76,3 +78,13 @@ class LockstepBase(RuleBasedStateMachine):
         if check_line:
             self._log(f"{check_line}  # {name}")
         raise Violation(name, detail, check_line)
+
+    def _own_check(self, check: Callable[[], None], source: str) -> None:
+        """Run a target's own representation check (``source`` in a program): its
+        failure is the Violation of the invariant its error names (``check_invariants``
+        when it names none), the program ending in that call."""
+        try:
+            check()
+        except PagedKVError as err:
+            number = str(getattr(err, "invariant", ""))
+            self._fail(number if number in REGISTRY else "check_invariants", str(err), source)

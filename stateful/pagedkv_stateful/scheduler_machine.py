@@ -60,7 +60,7 @@ from pagedkv.errors import (
 )
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv_spec.device import Device
-from pagedkv_spec.invariants import REGISTRY, first_broken, holds
+from pagedkv_spec.invariants import first_broken, holds
 from pagedkv_spec.kv import KVCells, first_lost
 from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef, StepRecord
 from pagedkv_stateful.lockstep import EXPECT_ERROR, LockstepBase
@@ -467,15 +467,6 @@ class SchedulerMachine(LockstepBase):
         if fault is not None:
             name, detail = fault
             self._fail(name.split()[0], detail)  # a registry label: "<id> <name>"
-
-    def _own_check(self, check: Callable[[], None], source: str) -> None:
-        """A target's own representation check (``source`` in a program): its failure is
-        the Violation of the invariant it names."""
-        try:
-            check()
-        except PagedKVError as err:
-            number = str(getattr(err, "invariant", ""))
-            self._fail(number if number in REGISTRY else "check_invariants", str(err), source)
 
     @invariant()
     def kv_conserved(self) -> None:
