@@ -981,6 +981,79 @@ def own_requests_v1_manager(
     return OwnRequestsOnly(_v1(config, max_model_len, caching, events, watermark), None)
 
 
+class ManagerThrough:
+    """pagedkv's V1 manager with every attribute forwarded but what a subclass changes."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
+
+
+class LookaheadRaises(ManagerThrough):
+    """Raises on an allocation with lookahead tokens (a refusal must be None)."""
+
+    def allocate_slots(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("num_lookahead_tokens"):
+            raise RuntimeError("lookahead slots are not supported")
+        return self.target.allocate_slots(*args, **kwargs)
+
+
+def lookahead_raises_v1_manager(
+    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+) -> Any:
+    """A V1 caller's call that raises: one finding ("raises nothing")."""
+    return LookaheadRaises(_v1(config, max_model_len, caching, events, watermark))
+
+
+class IgnoresReservedBlocks(ManagerThrough):
+    """Admits into the blocks the scheduler reserved (its ``reserved_blocks`` dropped)."""
+
+    def allocate_slots(self, *args: Any, **kwargs: Any) -> Any:
+        return self.target.allocate_slots(*args, **{**kwargs, "reserved_blocks": 0})
+
+
+def ignores_reserved_v1_manager(
+    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+) -> Any:
+    """An allocation the spec refuses, made: one finding ("admission"); full attention
+    (the search meets it sooner)."""
+    target = IgnoresReservedBlocks(_v1(config, max_model_len, caching, events, watermark))
+    return target, Capabilities(configurations=("full attention",))
+
+
+class OneGroupEvictions(ManagerThrough):
+    """pagedkv's V1 manager whose ``evict_blocks`` fails in a model of several KV cache
+    groups, where vLLM's scheduler never calls it (a connector's invalid blocks fail
+    their requests there)."""
+
+    def evict_blocks(self, block_ids: Any) -> None:
+        if len(self.target.kv_cache_config.kv_cache_groups) > 1:
+            raise RuntimeError("evict_blocks in a model of several KV cache groups")
+        self.target.evict_blocks(block_ids)
+
+
+#: the configurations :func:`one_group_evictions_v1_manager` is run in
+EVICTION_CONFIGURATIONS = ("full attention", "full + sliding window", "full + Mamba")
+
+
+def one_group_evictions_v1_manager(
+    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+) -> Any:
+    """Within vLLM's callers' contract (no ``beyond_callers``): no finding."""
+    target = OneGroupEvictions(_v1(config, max_model_len, caching, events, watermark))
+    return target, Capabilities(configurations=EVICTION_CONFIGURATIONS)
+
+
+def one_group_evictions_beyond_v1_manager(
+    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+) -> Any:
+    """The same target claiming ``beyond_callers``: its refusal is a finding."""
+    target = OneGroupEvictions(_v1(config, max_model_len, caching, events, watermark))
+    return target, Capabilities(configurations=EVICTION_CONFIGURATIONS, beyond_callers=True)
+
+
 def own_v1_pool(num_blocks: int, caching: bool, hash_block_size: int, events: bool) -> Any:
     """pagedkv's own V1 block pool (the v1-pool level's reference target)."""
     from pagedkv.v1 import BlockPool

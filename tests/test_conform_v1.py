@@ -38,7 +38,7 @@ def check(name: str, examples: int = 60, level: str = "v1", **kwargs: Any) -> Co
 
 
 def test_pagedkvs_own_manager_passes_and_the_report_counts_v1_states() -> None:
-    report = check("own_v1_manager", examples=80)
+    report = check("own_v1_manager", examples=100)
     assert report.exit_status == 0, report.render()
     text = report.render()
     assert "(v1 level)" in text and "capabilities: hit_limits exact_hashes; typed errors" in text
@@ -95,6 +95,48 @@ def test_capabilities_of_the_v1_level_describe_its_own_features() -> None:
     assert older.describe("v1-pool") == "no optional feature; typed errors"
     assert "hit_limits" not in Capabilities().describe("manager")
     assert "configurations" not in Capabilities().describe("manager")
+
+
+@pytest.mark.parametrize(
+    ("name", "verdict", "cause"),
+    [
+        (
+            "lookahead_raises_v1_manager",
+            "raises nothing",
+            "allocate_slots | raises nothing | raised RuntimeError",
+        ),
+        (
+            "ignores_reserved_v1_manager",
+            "admission (allocate_slots)",
+            "allocate_slots | admission (allocate_slots) | accepted",
+        ),
+    ],
+)
+def test_a_raising_call_and_a_wrong_admission_are_findings_that_replay(
+    name: str, verdict: str, cause: str
+) -> None:
+    """A V1 caller's calls refuse by their result: a call that raises ends its program in
+    ``expect_accepted(...)`` of that call (the call is in the program); an allocation the
+    spec refuses ends in the check of its result. Each replays."""
+    report = check(name, examples=200, max_violations=1)
+    (finding,) = report.findings
+    assert finding.invariant == verdict and finding.root_cause == cause, report.render()
+    assert finding.reproduced, finding.replay
+    if verdict == "raises nothing":
+        assert finding.program[-1].startswith("expect_accepted(lambda: mgr.allocate_slots(")
+
+
+def test_evictions_are_made_in_a_model_of_one_group_only_unless_beyond_callers() -> None:
+    """vLLM's scheduler calls ``evict_blocks`` only for a model of one KV cache group: a
+    target refusing it in a hybrid passes within that contract (which the report says),
+    and is found out when it claims to define calls beyond it."""
+    report = check("one_group_evictions_v1_manager", examples=120)
+    assert report.exit_status == 0, report.render()
+    assert "evict_blocks in a model of one KV cache group only" in report.render()
+    assert report.coverage["full + Mamba"] > 0 and report.coverage["full attention"] > 0
+    beyond = check("one_group_evictions_beyond_v1_manager", examples=120, max_violations=1)
+    (finding,) = beyond.findings
+    assert "evict_blocks" in finding.root_cause and finding.reproduced, beyond.render()
 
 
 @pytest.mark.parametrize(

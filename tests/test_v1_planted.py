@@ -377,10 +377,15 @@ class _ResetsInUse(BlockPool):
 
 
 #: the hybrid configurations (several groups) of attention kinds over the decoder's tokens
+#: hybrids of token groups of one block size: with a group of 2x blocks, a block missing
+#: from the smaller group's table can leave both tables covering one slot count (V1-10
+#: holds), and only the allocation's size shows it
 _HYBRIDS = tuple(
     name
     for name, groups in CONFIGURATIONS.items()
-    if len(groups) > 1 and all(kind in TOKEN_KINDS for kind, _ in groups)
+    if len(groups) > 1
+    and all(kind in TOKEN_KINDS for kind, _ in groups)
+    and len({scale for _, scale in groups}) == 1
 )
 
 V1_PLANTED: dict[str, Callable[[], str]] = {
@@ -425,3 +430,16 @@ def test_the_machine_also_catches_a_partial_block_counted_as_cached() -> None:
     """The corruption V1-13 plants, made by a buggy manager, through the machine."""
     machine = _machine(_manager_with(single_cls=_CountsPartialBlock))
     assert _found(machine) == "V1-13"
+
+
+def test_a_block_missing_beside_a_wider_group_is_the_allocations_size() -> None:
+    """V1-10's planted bug beside a group of 2x blocks: both tables can still cover one
+    slot count, and the machine names the allocation's size (not the free queue's
+    order, V1-7, which judges which blocks, not how many)."""
+    machine = _machine(
+        _manager_with(windowed_cls=_CountsPadsTwice),
+        configurations=("full (2x blocks) + sliding window",),
+    )
+    with pytest.raises(Violation) as info:
+        run_state_machine_as_test(machine, settings=find_fast(1500, 30))
+    assert info.value.invariant == "blocks allocated", info.value

@@ -521,14 +521,15 @@ FINDINGS = (
         "V1-1",
         _fix_null_free,
     ),
-    # single_type_kv_cache_manager.py:1697 (0.34.0): Mamba align counts the new state
-    # blocks past the hit, not those for the external tokens; out of the machine's reach
-    # (it runs vLLM in the attention configurations only)
+    # single_type_kv_cache_manager.py:1748-1795 (0.34.0): Mamba align counts the new state
+    # blocks past the hit, not those for the external tokens: the machine's check is the
+    # admission (vLLM admits what the spec refuses) or, when the blocks run out half-way,
+    # the call's ValueError; no monkeypatched fix (the agreement runs leave Mamba out)
     Finding(
         "mamba-external-count",
         frozenset({"0.34.0", "0.33.0", "0.27.1"}),
         _mamba_count_leaves_out_external_blocks,
-        None,
+        r"(?:admission \(allocate_slots\)|raises nothing)",
         None,
     ),
     # kv_cache_manager.py:273 (0.34.0) bounds the probe by num_tokens - 1 only
@@ -620,15 +621,18 @@ def _fix(release: str, monkeypatch: pytest.MonkeyPatch, but: Finding | None = No
 # --------------------------------------------------------------------------- the V1 machine
 
 
-def _vllm_machine(steps: int, examples: int, shrink: bool = True) -> type[Any]:
-    """pagedkv's V1 manager machine with vLLM's ``KVCacheManager`` as its target."""
+def _vllm_machine(steps: int, examples: int, shrink: bool = True, mamba: bool = False) -> type[Any]:
+    """pagedkv's V1 manager machine with vLLM's ``KVCacheManager`` as its target, within
+    vLLM's callers' contract, in the kit's configurations (``mamba``: with "full +
+    Mamba", whose finding has no monkeypatched fix)."""
     from hypothesis import HealthCheck, Phase, settings
 
     from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
 
     class VllmManagerMachine(V1ManagerMachine):
         partial_hit_limits = vllm_v1.loaded_release().partial_hit_limit
-        configurations = vllm_v1.SAME_BLOCK_SIZE
+        configurations = tuple(c for c in vllm_v1.SAME_BLOCK_SIZE if mamba or "Mamba" not in c)
+        beyond_callers = False
 
         def make_manager(
             self,
@@ -658,9 +662,9 @@ def test_vllms_manager_agrees_with_the_spec_step_by_step(
     vllm_dir: Path, release: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No difference in the group configurations of one block size (full attention,
-    sliding window, hybrids): hits, chunked prefill, drafts, external tokens, delayed
-    caching, preemption, eviction, reset and events (the release's known findings
-    fixed)."""
+    sliding window, hybrids, encoder-decoder; Mamba's, whose finding has no fix here, in
+    the next test): hits, chunked prefill, drafts, external tokens, delayed caching,
+    preemption, eviction, reset and events (the release's known findings fixed)."""
     _fix(release, monkeypatch)
     _vllm_machine(30, 300).TestCase().runTest()
 
@@ -675,7 +679,7 @@ def test_the_machine_reports_each_finding_it_reaches(
         with monkeypatch.context() as patch:
             _fix(release, patch, but=finding)
             with pytest.raises(AssertionError, match=rf"^\[{finding.label} "):
-                _vllm_machine(30, 1000, shrink=False).TestCase().runTest()
+                _vllm_machine(30, 1000, shrink=False, mamba=True).TestCase().runTest()
 
 
 def test_the_machine_on_vllm_catches_a_planted_bug(

@@ -180,8 +180,8 @@ ACT_ON_YES = (
 V1_SCHEDULER = (
     "a V1 scheduler's calls only (a request admitted with its own lookup's blocks, "
     "allocate_slots for waiting or running requests, free once per finish or preemption, "
-    "cache_blocks after a delayed allocation, the scheduler's writes on requests between "
-    "calls)"
+    "cache_blocks after a delayed allocation, evict_blocks in a model of one KV cache "
+    "group only, the scheduler's writes on requests between calls)"
 )
 
 

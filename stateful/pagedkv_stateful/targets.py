@@ -114,9 +114,9 @@ V1_METHODS = (
     "to_spec",
 )
 V1_IMPORTS = (
-    "from pagedkv.v1 import ChunkedLocalAttentionSpec, FullAttentionSpec, KVCacheConfig, "
-    "LoRARequest, MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus, "
-    "SlidingWindowSpec, get_request_block_hasher"
+    "from pagedkv.v1 import ChunkedLocalAttentionSpec, CrossAttentionSpec, FullAttentionSpec, "
+    "KVCacheConfig, LoRARequest, MambaSpec, MultiModalFeatureSpec, PlaceholderRange, Request, "
+    "RequestStatus, SlidingWindowSpec, get_request_block_hasher"
 )
 #: What a caching-manager-level target must have besides the manager's methods.
 CACHING_MANAGER_METHODS = (
@@ -542,6 +542,7 @@ def _v1_machine(
         exact_hashes = caps.exact_hashes
         general_path_requests = own  # pagedkv's own: its fast and general paths
         configurations = caps.configurations or V1ManagerMachine.configurations
+        beyond_callers = own or caps.beyond_callers
 
         def make_manager(
             self, config: Any, max_model_len: int, caching: bool, events: bool, watermark: float

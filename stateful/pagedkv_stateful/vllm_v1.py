@@ -1015,20 +1015,15 @@ _MAPPED_KINDS = (
     "cross_attention",
 )
 
-#: The kit's group configurations vLLM is run in: those of attention kinds whose groups
-#: share one block size. With a group's blocks larger than the hash block, 0.34.0's
-#: full-attention manager also registers the prompt's tail inside a block as a partial
-#: cache entry (a second key of that block, for Mamba's fine-grained hits), which pagedkv
-#: does not model (docs/design.md, section 7). The Mamba and encoder-decoder
-#: configurations are mapped but not run by default: vLLM's Mamba ``align`` count leaves
-#: out the external tokens' blocks (a finding: tests/vllm_v1_wheel_checks.py), and it
-#: re-keys the state at the prompt's last hash boundary after an ``evict_blocks``
-#: (docs/conformance.md).
+#: The kit's group configurations vLLM is run in: those whose groups share one block
+#: size. With a group's blocks larger than the hash block, 0.34.0's full-attention
+#: manager also registers the prompt's tail inside a block as a partial cache entry (a
+#: second key of that block, for Mamba's fine-grained hits), which pagedkv does not
+#: model (docs/design.md, section 7).
 SAME_BLOCK_SIZE = tuple(
     name
     for name, groups in CONFIGURATIONS.items()
-    if len({scale for _, scale in groups}) == 1
-    and all(kind in _MAPPED_KINDS[:3] for kind, _ in groups)
+    if len({scale for _, scale in groups}) == 1 and all(kind in _MAPPED_KINDS for kind, _ in groups)
 )
 
 

@@ -15,24 +15,39 @@ cause is discarded. Invariants are named by the registry (:mod:`pagedkv_spec.inv
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 from hypothesis import event, reject
 
 from pagedkv.v1 import BlockRemoved, BlockStored
 from pagedkv_spec.invariants import REGISTRY, holds, label
 from pagedkv_spec.v1.pool import PoolState
-from pagedkv_stateful.adapters import Violation
+from pagedkv_stateful.adapters import CHECKS, Violation
 from pagedkv_stateful.causes import ORDINARY, cause
 from pagedkv_stateful.lockstep import LockstepBase
 
 __all__ = ["V1LockstepMachine", "check_events", "fail"]
 
+T = TypeVar("T")
+
+#: The check of a V1 caller's call that raised: refusals are results (None), never errors.
+RAISES_NOTHING = "raises nothing"
+
+
+def _name(id_: str) -> str:
+    """A registry id's label, else the named check of ``CHECKS`` itself."""
+    return label(id_) if id_ in REGISTRY else id_
+
 
 def fail(id_: str, detail: str, check_line: str | None = None, signature: str = "") -> Violation:
-    """The verdict on invariant ``id_``: a Violation named by its label, its detail
-    ``"<meaning>: <detail>"``."""
-    return Violation(label(id_), f"{REGISTRY[id_].meaning}: {detail}", check_line, signature)
+    """The verdict on invariant ``id_`` (a Violation named by its label, its detail
+    ``"<meaning>: <detail>"``) or on a named check of ``CHECKS``."""
+    if id_ in REGISTRY:
+        detail = f"{REGISTRY[id_].meaning}: {detail}"
+    elif id_ not in CHECKS:  # a machine's own slip: every verdict is named
+        raise ValueError(f"{id_!r} is neither a registry id nor a name of CHECKS")
+    return Violation(_name(id_), detail, check_line, signature)
 
 
 def check_events(
@@ -84,11 +99,32 @@ class V1LockstepMachine(LockstepBase):
         its last line when that made the same call); ``why``: the target's outcome, part
         of the cause in an ordinary situation."""
         op, situation = self.situation
-        signature = cause(op or "?", situation, label(id_), why)
-        if signature in self.known:
+        signature = cause(op or "?", situation, _name(id_), why)
+        # a known cause, or one found in an ordinary call failing the same way here
+        if signature in self.known or cause(op or "?", ORDINARY, _name(id_), why) in self.known:
             reject()
         if check_line:
             if replace_last:
                 self.program.pop()
             self._log(f"{check_line}  # {id_}")
         raise fail(id_, detail, check_line, signature)
+
+    def _call(self, source: str, call: Callable[[], T], assign: str = "") -> T:
+        """Make a call on the target (``source``: the call as an expression of the
+        program; ``assign``: the names the program binds its result to) and write it to
+        the program. A V1 caller's calls refuse by their result, never by raising: an
+        exception is the Violation of :data:`RAISES_NOTHING` (its type in the cause), the
+        program ending in ``expect_accepted(lambda: <source>)``. O(1) besides the call."""
+        try:
+            result = call()
+        except Violation:
+            raise
+        except Exception as err:
+            self._violate(
+                RAISES_NOTHING,
+                f"{source} raised {err!r}",
+                f"expect_accepted(lambda: {source})",
+                why=f"raised {type(err).__name__}",
+            )
+        self._log(f"{assign} = {source}" if assign else source)
+        return result

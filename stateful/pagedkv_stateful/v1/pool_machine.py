@@ -200,8 +200,11 @@ class V1PoolMachine(V1LockstepMachine):
         i = len(ids)
         h = request.block_hashes[i]
         self._enter("get_cached_block")
-        found = self.target.get_cached_block(h, [0])
-        self._log(f"found = pool.get_cached_block({name}.block_hashes[{i}], [0])")
+        found = self._call(
+            f"pool.get_cached_block({name}.block_hashes[{i}], [0])",
+            lambda: self.target.get_cached_block(h, [0]),
+            assign="found",
+        )
         want = spec.lookup(self.model, make_block_hash_with_group_id(h, 0))
         got = None if found is None else found[0].block_id
         if got != want:
@@ -214,8 +217,7 @@ class V1PoolMachine(V1LockstepMachine):
             return
         self._reached("touch of a cached-free block" if got in self.model.free else "touch")
         self._enter("touch")
-        self.target.touch(found)
-        self._log("pool.touch(found)")
+        self._call("pool.touch(found)", lambda: self.target.touch(found))
         self._log(f"{name}_blocks += found")
         self.model = spec.touch(self.model, (found[0].block_id,))
         self.tables[name] = (request, [*ids, found[0].block_id], cached + 1, [*blocks, found[0]])
@@ -228,8 +230,10 @@ class V1PoolMachine(V1LockstepMachine):
         request, ids, cached, blocks = self.tables[name]
         full = min(len(ids), len(request.block_hashes))
         self._enter("cache_full_blocks")
-        self.target.cache_full_blocks(request, blocks, cached, full, BS, 0)
-        self._log(f"pool.cache_full_blocks({name}, {name}_blocks, {cached}, {full}, {BS}, 0)")
+        self._call(
+            f"pool.cache_full_blocks({name}, {name}_blocks, {cached}, {full}, {BS}, 0)",
+            lambda: self.target.cache_full_blocks(request, blocks, cached, full, BS, 0),
+        )
         pairs = tuple(
             (ids[i], make_block_hash_with_group_id(request.block_hashes[i], 0))
             for i in range(cached, full)
@@ -246,8 +250,9 @@ class V1PoolMachine(V1LockstepMachine):
         name = data.draw(st.sampled_from(sorted(self.tables)), label="table")
         _, ids, _, blocks = self.tables.pop(name)
         self._enter("free_blocks")
-        self.target.free_blocks(blocks[::-1])
-        self._log(f"pool.free_blocks({name}_blocks[::-1])")
+        self._call(
+            f"pool.free_blocks({name}_blocks[::-1])", lambda: self.target.free_blocks(blocks[::-1])
+        )
         self.model = spec.free_blocks(self.model, tuple(reversed(ids)), self.caching)
 
     @precondition(lambda self: self.model.cached)  # else nothing to lose
@@ -255,8 +260,7 @@ class V1PoolMachine(V1LockstepMachine):
     def evict_blocks(self, ids: list[int]) -> None:
         ids = sorted(i for i in ids if i < len(self.model.ref_cnt))
         self._enter("evict_blocks")
-        self.target.evict_blocks(ids)
-        self._log(f"pool.evict_blocks({ids})")
+        self._call(f"pool.evict_blocks({ids})", lambda: self.target.evict_blocks(ids))
         # a table's count of cached blocks stays (as the manager's does)
         self.model, evicted = spec.evict_blocks(self.model, tuple(ids))
         if evicted:
@@ -267,8 +271,7 @@ class V1PoolMachine(V1LockstepMachine):
     def reset_prefix_cache(self) -> None:
         before = self.target.to_spec()
         self._enter("reset_prefix_cache")
-        ok = self.target.reset_prefix_cache()
-        self._log("pool.reset_prefix_cache()")
+        ok = self._call("pool.reset_prefix_cache()", self.target.reset_prefix_cache)
         self.model, want = spec.reset_prefix_cache(self.model)
         if ok != want:
             self._violate(
