@@ -1075,3 +1075,14 @@ def newest_first_v1_pool(num_blocks: int, caching: bool, hash_block_size: int, e
 def not_v1_pool(num_blocks: int, caching: bool, hash_block_size: int, events: bool) -> Any:
     """A V0 manager where a V1 block pool is expected."""
     return BlockSpaceManager(2, 8, 4, 0.0)
+
+
+def touch_raises_v1_pool(num_blocks: int, caching: bool, hash_block_size: int, events: bool) -> Any:
+    """Raises on a touch (a pool's caller refuses nothing by an error): one finding."""
+    from pagedkv.v1 import BlockPool
+
+    class TouchRaises(BlockPool):
+        def touch(self, blocks: Any) -> None:
+            raise RuntimeError("touch is not supported")
+
+    return TouchRaises(num_blocks, caching, hash_block_size, enable_kv_cache_events=events)

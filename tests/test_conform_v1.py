@@ -170,6 +170,16 @@ def test_the_pool_level_passes_pagedkvs_pool_and_finds_a_free_order_bug() -> Non
     assert outside_callers(Capabilities(), "v1-pool")[0].startswith("a per-group manager's")
 
 
+def test_a_pool_call_that_raises_is_a_finding_that_replays() -> None:
+    """At the pool level too the raising call is in the program, wrapped so that its
+    error fails the last statement."""
+    report = check("touch_raises_v1_pool", examples=300, level="v1-pool", max_violations=1)
+    (finding,) = report.findings
+    assert finding.root_cause == "touch | raises nothing | raised RuntimeError", report.render()
+    assert finding.program[-1].startswith("expect_accepted(lambda: pool.touch(found))")
+    assert finding.reproduced, finding.replay
+
+
 def test_a_target_without_the_pool_surface_is_a_usage_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
