@@ -542,7 +542,7 @@ def _v1_machine(
         exact_hashes = caps.exact_hashes
         general_path_requests = own  # pagedkv's own: its fast and general paths
         configurations = caps.configurations or V1ManagerMachine.configurations
-        beyond_callers = own or caps.beyond_callers
+        beyond_callers = caps.beyond_callers
 
         def make_manager(
             self, config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
