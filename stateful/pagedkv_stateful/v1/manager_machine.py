@@ -438,9 +438,10 @@ class V1ManagerMachine(V1LockstepMachine):
         encoder: int,
     ) -> None:
         """A new request (WAITING; the scheduler looks it up when it admits it), maybe
-        the same prompt as a recent one (``repeat``), or that prompt and three tokens
-        more (``follow_up``: the next turn of a chat, which hits all of the earlier one
-        and computes or loads the rest), with its identity too or with its own
+        the same prompt as a recent one (``repeat``), or the next turn of that chat
+        (``follow_up``: the prompt, the tokens that request decoded so far and three
+        more, which hits the earlier turn's blocks, decoded ones included, and computes
+        or loads the rest), with its identity too or with its own
         (``same_identity``: a hit, or isolation); ``general``: of a
         ``Request`` subclass, which pagedkv's decode fast path leaves to the general path,
         so both are checked against the spec. Its images sit after the first token or,
@@ -448,31 +449,41 @@ class V1ManagerMachine(V1LockstepMachine):
         tokens fill that block and hash it with them). A feature whose hashing is a
         known cause (:data:`FEATURES`) is left out. In an encoder-decoder configuration
         it has ``encoder`` encoder tokens (its cross-attention slots)."""
+        kept: list[MultiModalFeatureSpec] | None = None  # an earlier turn's images, in place
+        tokens = [*BASES[base][:cut], *tail]
         if repeat is not None and len(self.prompts) >= -repeat:
             # the same prompt (and identity); its own hit limit (not part of the identity)
             earlier = self.prompts[repeat]
-            base, cut, tail = earlier[:3]
+            tokens = list(earlier[0])
             if follow_up:
-                tail = [*tail, 6, 6, 6]
+                # the next turn of a chat: the earlier prompt, the answer it got so far (if
+                # it fits) and a new question; it hits the earlier turn's blocks, those its
+                # decoded tokens filled too
+                answer = list(earlier[6].output_token_ids)
+                if len(tokens) + len(answer) + 3 >= self.model.max_model_len:
+                    answer = []
+                tokens += [*answer, 6, 6, 6]
             if same_identity:
-                lora, salt, mm, mm_at_end = earlier[3:]
+                lora, salt, mm, mm_at_end = earlier[1:5]
+                kept = list(earlier[5])
                 # NOTE: steering: a repeat hits, so a limit below its hit bounds it
                 # partially (else rare: a limit is drawn for one request in three)
                 limit = limit if limit is not None else repeat_limit
-        self.prompts.append((base, cut, tail, lora, salt, mm, mm_at_end))
+        identity = (lora, salt, mm, mm_at_end)
         lora, salt, mm = self._adopt(lora, salt, mm)
         if limit and not self.partial_hit_limits:
             limit = None
-        tokens = [*BASES[base][:cut], *tail]
         bs = self.model.block_size
-        if mm_at_end and len(mm) > 1 and bs > len(mm):
-            # NOTE: steering: images at the end all sit in the prompt's last, partial
-            # block, so the token sampled after the prompt completes a block holding them
-            tokens += [0] * ((len(mm) - len(tokens)) % bs)
-        features = []
-        if len(mm) == 1 and len(tokens) >= 3 and not mm_at_end:
+        features: list[MultiModalFeatureSpec] = []
+        if kept is not None:
+            features = kept if mm else []
+        elif len(mm) == 1 and len(tokens) >= 3 and not mm_at_end:
             features.append(MultiModalFeatureSpec(mm[0], PlaceholderRange(1, 2)))
         elif mm and len(tokens) >= len(mm) + 1:
+            if mm_at_end and len(mm) > 1 and bs > len(mm):
+                # NOTE: steering: images at the end all sit in the prompt's last, partial
+                # block, so the token sampled after the prompt completes a block holding them
+                tokens += [0] * ((len(mm) - len(tokens)) % bs)
             start = len(tokens) - len(mm) if mm_at_end else 1
             features += [
                 MultiModalFeatureSpec(m, PlaceholderRange(start + i, 1)) for i, m in enumerate(mm)
@@ -495,6 +506,7 @@ class V1ManagerMachine(V1LockstepMachine):
             prefix_cache_hit_limit=limit,
         )
         self.requests[rid] = r
+        self.prompts.append((tuple(tokens), *identity, tuple(features), r))
         if self.encoder_decoder:
             self.encoder[rid] = encoder
         self._log(request_source(rid, r).replace("Request(", f"{type(r).__name__}(", 1))
