@@ -45,8 +45,10 @@ __all__ = ["run_conformance"]
 #: to reach every state class of its coverage table 20 times (the V1 machine's test cases
 #: spend their first steps adding requests; a prefix hit needs two of them; the pool
 #: machine's touch of a cached-free block needs two tables of one prompt, the first
-#: cached and freed: 8-14 test cases at 600, 27-30 at 1,500).
-CI_EXAMPLES = {"v1": 600, "v1-pool": 1500}
+#: cached and freed: 8-14 test cases at 600, 27-30 at 1,500; the V1 machine draws eight
+#: group configurations, and at 600 a round vLLM 0.34.0's Mamba finding, an allocation
+#: of external tokens in a Mamba group, was met in some derandomized runs only).
+CI_EXAMPLES = {"v1": 1000, "v1-pool": 1500}
 
 
 def _settings(
