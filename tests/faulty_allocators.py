@@ -885,15 +885,23 @@ def newest_first_v1_manager(
     return m
 
 
-class HashesThrough:
+class ManagerThrough:
+    """pagedkv's V1 manager with every attribute forwarded but what a subclass changes."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.target, name)
+
+
+class HashesThrough(ManagerThrough):
     """pagedkv's V1 manager whose requests' block hashes are read through ``hash_of``
     (another format: a target's own hasher), the rest forwarded."""
 
     def __init__(self, target: Any, hash_of: Any) -> None:
-        self.target, self.hash_of = target, hash_of
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.target, name)
+        super().__init__(target)
+        self.hash_of = hash_of
 
     def block_hashes(self, r: Any) -> tuple[Any, ...]:
         return tuple(self.hash_of(r, h) for h in r.block_hashes)
@@ -979,16 +987,6 @@ def own_requests_v1_manager(
     config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
 ) -> Any:
     return OwnRequestsOnly(_v1(config, max_model_len, caching, events, watermark), None)
-
-
-class ManagerThrough:
-    """pagedkv's V1 manager with every attribute forwarded but what a subclass changes."""
-
-    def __init__(self, target: Any) -> None:
-        self.target = target
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.target, name)
 
 
 class LookaheadRaises(ManagerThrough):

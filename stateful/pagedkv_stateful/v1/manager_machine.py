@@ -809,14 +809,12 @@ class V1ManagerMachine(V1LockstepMachine):
             )
 
         model, want, evicted, stored = by_spec(new, ext)
-        situation = ORDINARY
-        if want is None and ext and any(g.align_mode for g in self.model.specs):
-            # a refusal that counts the blocks a Mamba adoption of external tokens takes
-            situation = MAMBA_EXTERNAL
-            if not self._enter("allocate_slots", situation):  # adopted: computed here instead
-                new, ext, situation = new + ext, 0, ORDINARY
-                model, want, evicted, stored = by_spec(new, ext)
-        self._enter("allocate_slots", situation)
+        # a refusal that counts the blocks a Mamba adoption of external tokens takes
+        mamba = want is None and ext and any(g.align_mode for g in self.model.specs)
+        if not self._enter("allocate_slots", MAMBA_EXTERNAL if mamba else ORDINARY):
+            new, ext = new + ext, 0  # adopted: the tokens computed here instead
+            model, want, evicted, stored = by_spec(new, ext)
+            self._enter("allocate_slots")
         before = self.target.to_spec()
         keywords: dict[str, Any] = {
             "num_lookahead_tokens": lookahead,
