@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from hypothesis.stateful import run_state_machine_as_test
 
 from helpers import run_seeded
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Device
@@ -131,12 +130,16 @@ PLANTED: dict[str, type[CachingAllocatorMachine]] = {
 # eviction needs marks before frees: 13 of 16 random seeds found it at 800, 16 of 16 at
 # 1,500 (docs/assurance.md).
 BUDGET = {"evictor scanning in the wrong order": 1500}
+# Searches whose derandomized path is slow run from a seed (helpers.run_seeded): at 1,500
+# the derandomized search found the wrong-order evictor in 24 s, seeds 0-9 all found it
+# (1.6-56 s); seed 8 in 1.6 s.
+SEEDS = {"evictor scanning in the wrong order": 8}
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))
 def test_the_caching_machine_catches(bug: str) -> None:
     with pytest.raises((Violation, AssertionError)):
-        run_state_machine_as_test(PLANTED[bug], settings=find_fast(BUDGET.get(bug, 800), 40))
+        run_seeded(PLANTED[bug], find_fast(BUDGET.get(bug, 800), 40), SEEDS.get(bug))
 
 
 # --------------------------------------------------------------------------- manager level

@@ -48,6 +48,13 @@ ENV = {
 }
 
 
+#: A search from a fixed seed, for the tests of what the kit prints about a finding (not of
+#: whether it finds it: test_refcount_ignoring_free_is_flagged_by_free_count is that one,
+#: derandomized). At 100 examples seeds 0-7 all find the refcount-ignoring free; seed 4 in
+#: 1.2 s, where the derandomized search takes 8.7 s (7 of them shrinking a longer program).
+SEEDED = ["--max-examples", "100", "--seed", "4", "--max-violations", "1"]
+
+
 def check(factory: Callable[..., Any], examples: int = 40, **kwargs: Any) -> ConformanceReport:
     name = factory.__name__
     return run_conformance(
@@ -253,7 +260,7 @@ def test_the_caching_level_passes_conforming_prefix_caching_allocators(
             fa.salt_blind_caching_allocator,
             ("C2 cache_map_ok", "C1 cache_partition_ok", "same error as spec"),
             300,
-            1,
+            3,
         ),
         (fa.newest_first_caching_allocator, ("C8 eviction_order_ok",), 1500, 0),
     ],
@@ -263,7 +270,8 @@ def test_the_caching_level_finds_planted_bugs(
     factory: Callable[..., Any], names: tuple[str, ...], examples: int, seed_value: int
 ) -> None:
     # The seed only changes how soon, the budget decides whether: seeds 0-9 all found C8
-    # (1,416-4,929 test cases with shrinking; seed 0 in 21 s, seed 1 in 100 s).
+    # (1,416-4,929 test cases with shrinking; seed 0 in 21 s, seed 1 in 100 s); seeds 0-8
+    # all found the salt-blind key at 300 (2.0-12.4 s with shrinking; seed 3 in 2.0 s).
     report = check(
         factory, examples=examples, level="caching", max_violations=1, seed_value=seed_value
     )
@@ -328,8 +336,7 @@ def test_a_shorter_computed_prefix_is_a_finding_only_for_a_target_promising_exac
 def test_main_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert conform.main(["faulty_allocators:fifo_allocator", "--max-examples", "10"]) == 0
     assert "result: PASS" in capsys.readouterr().out
-    args = ["faulty_allocators:shared_free_allocator", "--max-examples", "100"]
-    assert conform.main([*args, "--max-violations", "1"]) == 1
+    assert conform.main(["faulty_allocators:shared_free_allocator", *SEEDED]) == 1
     out = capsys.readouterr().out
     assert "violation 1: free count (GPU)" in out
     assert "alloc = shared_free_allocator(1, 0, 1).target" in out
@@ -380,8 +387,8 @@ def test_findings_stream_before_the_summary(
 
     monkeypatch.setattr(conform._Printer, "finished", snapshot)
     path = tmp_path / "report.json"
-    args = ["faulty_allocators:shared_free_allocator", "--max-examples", "100"]
-    assert conform.main([*args, "--max-violations", "1", "--json", str(path)]) == 1
+    args = ["faulty_allocators:shared_free_allocator", *SEEDED]
+    assert conform.main([*args, "--json", str(path)]) == 1
     (streamed,) = before_summary
     assert streamed.startswith("pagedkv conform faulty_allocators:shared_free_allocator")
     assert "violation 1: free count (GPU)" in streamed and "result:" not in streamed
@@ -392,7 +399,7 @@ def test_findings_stream_before_the_summary(
 
     data = json.loads(path.read_text())
     assert data["target"] == "faulty_allocators:shared_free_allocator"
-    assert (data["level"], data["profile"], data["seed"]) == ("allocator", "ci", None)
+    assert (data["level"], data["profile"], data["seed"]) == ("allocator", "ci", 4)
     assert data["capabilities"]["cow"] is True and data["capabilities"]["lifo"] is False
     assert (data["result"], data["exit_status"], data["interrupted"]) == ("violations", 1, False)
     (finding,) = data["findings"]
@@ -496,30 +503,19 @@ def test_optimize_flag_warns_that_contracts_are_off() -> None:
 
 @pytest.mark.slow
 def test_a_program_found_under_optimize_says_so_on_its_first_line() -> None:
-    proc = run_conform_module(
-        "faulty_allocators:shared_free_allocator",
-        "--max-examples",
-        "100",
-        "--max-violations",
-        "1",
-        flags=("-O",),
-    )
+    proc = run_conform_module("faulty_allocators:shared_free_allocator", *SEEDED, flags=("-O",))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     program = proc.stdout.split("shortest failing program", 1)[1].splitlines()
     first = next(line.strip() for line in program[1:] if line.strip())
     assert first == f"# {NEEDS_O}"
     # its checks are explicit, so it fails under -O as printed (the kit replayed it so)
     assert "replayed in a fresh process: reproduced (AssertionError" in proc.stdout
-    plain = run_conform_module(
-        "faulty_allocators:shared_free_allocator", "--max-examples", "100", "--max-violations", "1"
-    )
+    plain = run_conform_module("faulty_allocators:shared_free_allocator", *SEEDED)
     assert NEEDS_O not in plain.stdout
 
 
 def test_module_entry_point() -> None:
-    proc = run_conform_module(
-        "faulty_allocators:shared_free_allocator", "--max-examples", "100", "--max-violations", "1"
-    )
+    proc = run_conform_module("faulty_allocators:shared_free_allocator", *SEEDED)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "violation 1: free count (GPU)" in proc.stdout
     assert "Traceback" not in proc.stderr

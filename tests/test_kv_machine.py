@@ -15,7 +15,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from helpers import failing_program, recorded
+from helpers import failing_program, recorded, run_seeded
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Device, Sequence
 from pagedkv.v0.content_key import sha256_key
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
@@ -233,7 +233,13 @@ def test_the_caching_kv_machine_catches_at_byte_level(bug: str) -> None:
     write different KV into one shared slot."""
     # 600 examples found "computed set at promotion" for 14 of 15 random seeds
     with pytest.raises(AssertionError, match=r"KV1|share slot"):
-        run_state_machine_as_test(PLANTED_CACHING[bug], settings=find_fast(1500, 30))
+        run_seeded(PLANTED_CACHING[bug], find_fast(1500, 30), SEEDS.get(bug))
+
+
+# Searches whose derandomized path is slow run from a seed (helpers.run_seeded): at 1,500
+# the derandomized search found the parent-blind key in 22 s, seeds 0-9 all found it
+# (0.2-23 s); seed 3 in 0.2 s.
+SEEDS = {"key ignoring the parent": 3}
 
 
 def test_the_prefix_digest_tells_prefixes_and_salts_apart() -> None:

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from pagedkv_spec.contracts import exempt
+from pagedkv_spec.contracts import checked_once, exempt
 from pagedkv_spec.device import Device
 from pagedkv_spec.errors import (
     BlockOverflowError,
@@ -184,6 +184,7 @@ def blocks_ok(s: AllocatorState) -> bool:
 
 
 @exempt("the conjunction of the layer's registered invariants; contracts call it.")
+@checked_once
 def state_ok(s: AllocatorState) -> bool:
     """All allocator invariants I1–I6."""
     return (

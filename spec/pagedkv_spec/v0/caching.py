@@ -85,7 +85,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from pagedkv_spec.contracts import exempt
+from pagedkv_spec.contracts import checked_once, exempt
 from pagedkv_spec.device import Device
 from pagedkv_spec.errors import (
     BlockNotInUseError,
@@ -388,6 +388,7 @@ def fill_outcome(p: CachePool, key: ContentKey | None) -> tuple[ContentKey | Non
 
 
 @exempt("the conjunction of the layer's registered invariants; contracts call it.")
+@checked_once
 def state_ok(s: CachingState) -> bool:
     """All caching state invariants C1–C7 and C9 (C8 and C10 are steps)."""
     return (

@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from pagedkv_spec.contracts import exempt
+from pagedkv_spec.contracts import checked_once, exempt
 from pagedkv_spec.device import Device
 from pagedkv_spec.errors import (
     InvalidSequenceStateError,
@@ -122,6 +122,7 @@ def _tables_ok(s: CachingManagerState) -> bool:
     return live == seen
 
 
+@checked_once
 def _ok(s: CachingManagerState) -> bool:
     return C.state_ok(s.cache) and _tables_ok(s)
 

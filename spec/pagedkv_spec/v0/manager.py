@@ -52,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from pagedkv_spec.contracts import exempt
+from pagedkv_spec.contracts import checked_once, exempt
 from pagedkv_spec.device import Device
 from pagedkv_spec.errors import (
     InvalidAllocatorConfigError,
@@ -312,6 +312,7 @@ def null_prefix_ok(s: ManagerState) -> bool:
 
 
 @exempt("the conjunction of the layer's registered invariants; contracts call it.")
+@checked_once
 def manager_ok(s: ManagerState) -> bool:
     """M1–M4 and a sane watermark."""
     return (

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedkv_spec.contracts import exempt
+from pagedkv_spec.contracts import checked_once, exempt
 from pagedkv_spec.errors import RefCountError
 
 
@@ -84,6 +84,7 @@ def cow_pairs_ok(p: PoolState) -> bool:
 
 
 @exempt("the conjunction of the layer's registered invariants; contracts call it.")
+@checked_once
 def pool_ok(p: PoolState) -> bool:
     """All pool invariants P1–P5."""
     return (

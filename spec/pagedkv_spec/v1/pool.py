@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pagedkv_spec.contracts import exempt
+from pagedkv_spec.contracts import checked_once, exempt
 from pagedkv_spec.errors import BlockPoolError, NoFreeBlocksError
 
 __all__ = [
@@ -102,6 +102,7 @@ def hash_map_ok(p: PoolState) -> bool:
 
 
 @exempt("the conjunction of the registered pool predicates.")
+@checked_once
 def pool_ok(p: PoolState) -> bool:
     """All of V1-1, V1-3, V1-4."""
     return null_block_ok(p) and free_queue_ok(p) and hash_map_ok(p)
