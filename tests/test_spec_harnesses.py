@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from pagedkv_spec import harness as H
+from pagedkv_spec.check import BOUNDED_TARGETS, DEFAULT_TARGETS
 from pagedkv_spec.v0.pool import PoolState, pool_initial, pool_take
 from pagedkv_spec.v1 import harness as V1
 
@@ -65,3 +66,22 @@ def test_decref_harness_on_small_pools() -> None:
     for p in small_pools():
         for block_id in range(0, 7):
             H.prop_decref_never_corrupts(p, block_id)
+
+
+def test_the_short_crosshair_budget_goes_to_enumerated_harnesses_only() -> None:
+    """``check.BOUNDED_TARGETS`` get a short CrossHair budget because the test above runs
+    each of them on every input its preconditions admit: each is in DOMAINS, and one
+    step past either end of any of its ranges breaks a precondition."""
+    enumerated = {f"{h.__module__}.{h.__name__}": domain for h, domain in DOMAINS}
+    assert BOUNDED_TARGETS.issubset(DEFAULT_TARGETS)
+    for target in BOUNDED_TARGETS:
+        domain = enumerated[target]
+        fn = next(h for h, _ in DOMAINS if f"{h.__module__}.{h.__name__}" == target)
+        low = [values[0] for values in domain]
+        for i, values in enumerate(domain):
+            if not isinstance(values, range):
+                continue  # a bool: every value enumerated
+            for outside in (values.start - 1, values.stop):
+                args = [*low[:i], outside, *low[i + 1 :]]
+                with pytest.raises(AssertionError):
+                    fn(*args)
