@@ -25,7 +25,7 @@ typecheck: $(STAMP)
 # Bytecode first: the suite starts many Python processes (the workers, each replay of a
 # program in a fresh interpreter, the CLI's), and where PYTHONDONTWRITEBYTECODE is set (as
 # on our machines) each would compile every project module it imports from source again
-# (measured: the suite's test time 593 s without, 548 s with).
+# (measured: about 5 % of the suite's time, 20-30 CPU s).
 pytest: $(STAMP)
 	$(BIN)/python -m compileall -q impl spec stateful tests benchmarks
 	$(BIN)/python -m pytest -q -n auto --maxschedchunk 2
