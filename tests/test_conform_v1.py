@@ -173,7 +173,11 @@ def test_the_pool_level_passes_pagedkvs_pool_and_finds_a_free_order_bug() -> Non
 def test_a_pool_call_that_raises_is_a_finding_that_replays() -> None:
     """At the pool level too the raising call is in the program, wrapped so that its
     error fails the last statement."""
-    report = check("touch_raises_v1_pool", examples=300, level="v1-pool", max_violations=1)
+    # seeds 0-5 all find it at 300 examples (3.5-12.4 s with shrinking), the derandomized
+    # search in 8 s; seed 0 in 3.5 s
+    report = check(
+        "touch_raises_v1_pool", examples=300, level="v1-pool", max_violations=1, seed_value=0
+    )
     (finding,) = report.findings
     assert finding.root_cause == "touch | raises nothing | raised RuntimeError", report.render()
     assert finding.program[-1].startswith("expect_accepted(lambda: pool.touch(found))")
