@@ -33,10 +33,7 @@ pytest: $(STAMP)
 crosshair: $(STAMP)
 	$(BIN)/python -m pagedkv_spec.check
 
-# mypy runs beside pytest: it uses one core, and the core it leaves idle is worth 13 s.
-test: lint
-	$(MAKE) --no-print-directory -j 2 --output-sync=line typecheck pytest
-	$(MAKE) --no-print-directory crosshair
+test: lint typecheck pytest crosshair
 
 # CrossHair over every contract of the spec, with a deeper budget (CPU s per condition).
 VERIFY_TIMEOUT ?= 60
