@@ -4,8 +4,9 @@ The targets live in ``faulty_allocators`` (this directory): a correct FIFO
 allocator that promises neither LIFO nor typed errors, one that leaks the ids a
 failed ``allocate_immutable_blocks`` took (vLLM 0.6.3), one whose ``free``
 ignores refcounts, and a manager that drops CoW pairs; also the setup mistakes
-the probe turns into usage errors and a factory that simulates Ctrl-C. Searches are
-kept small (tens of examples) so the whole file runs in about a minute.
+the probe turns into usage errors and a factory that simulates Ctrl-C. Where a test's
+subject is what the kit prints, its search is small (tens of examples) or seeded
+(``SEEDED``); a test of whether the kit finds a bug keeps the budget it needs.
 """
 
 from __future__ import annotations
