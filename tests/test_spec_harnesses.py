@@ -72,11 +72,10 @@ def test_the_short_crosshair_budget_goes_to_enumerated_harnesses_only() -> None:
     """``check.BOUNDED_TARGETS`` get a short CrossHair budget because the test above runs
     each of them on every input its preconditions admit: each is in DOMAINS, and one
     step past either end of any of its ranges breaks a precondition."""
-    enumerated = {f"{h.__module__}.{h.__name__}": domain for h, domain in DOMAINS}
+    enumerated = {f"{h.__module__}.{h.__name__}": (h, domain) for h, domain in DOMAINS}
     assert BOUNDED_TARGETS.issubset(DEFAULT_TARGETS)
     for target in BOUNDED_TARGETS:
-        domain = enumerated[target]
-        fn = next(h for h, _ in DOMAINS if f"{h.__module__}.{h.__name__}" == target)
+        fn, domain = enumerated[target]
         low = [values[0] for values in domain]
         for i, values in enumerate(domain):
             if not isinstance(values, range):

@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true", help="every contract of the spec")
     args = parser.parse_args(argv)
     targets = args.targets or list(DEFAULT_TARGETS)
-    budgets = {t: args.bounded_timeout for t in BOUNDED_TARGETS if not args.targets}
+    budgets = {} if args.targets else dict.fromkeys(BOUNDED_TARGETS, args.bounded_timeout)
     if args.all:
         inv = contract_inventory()
         print(f"spec contracts: {len(inv.contracts)} checked, {len(inv.exempt)} exempt")
