@@ -22,10 +22,12 @@ exits 2. A failed invariant or KV check (a pagedkv bug) exits 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import decimal
 import os
 import re
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -259,7 +261,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="shape of the gaps with --request-rate: 1 Poisson, < 1 burstier (default 1)",
     )
     sim.add_argument("--num-requests", type=_int_at_least(1), help="override the preset's count")
-    sim.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
+    sim.add_argument(
+        "--seed", type=int, default=0, help="seed of the synthetic workload and re-timing"
+    )
+    sim.add_argument(
+        "--seeds",
+        type=_int_at_least(1),
+        default=1,
+        metavar="N",
+        help="run seeds --seed .. --seed+N-1 and report each figure's min, median and max "
+        "over them (the re-timing and the workload move with the seed)",
+    )
     sim.add_argument("--block-size", type=_int_at_least(1), help="tokens per block")
     gpu = sim.add_mutually_exclusive_group()
     gpu.add_argument("--gpu-blocks", type=_int_at_least(1), help="GPU KV blocks")
@@ -431,13 +443,16 @@ def build_sweep_parser() -> argparse.ArgumentParser:
     what.add_argument(
         "--vary",
         metavar="NAME=V1,V2,...",
+        action="append",
         help=f"the parameter and its values, or NAME=START:STOP:STEP for integers (STOP "
-        f"included); NAME one of {', '.join(sweep.PARAMETERS)}",
+        f"included); NAME one of {', '.join(sweep.PARAMETERS)}; two or more --vary: "
+        "every combination (a grid)",
     )
     what.add_argument(
         "--find",
-        choices=["min_gpu_blocks"],
-        help="bisect over GPU blocks for the least count where --until holds",
+        choices=["min_gpu_blocks", "max_request_rate"],
+        help="bisect for the least GPU block count, or the greatest request rate, where "
+        "--until holds",
     )
     parser.add_argument(
         "--until",
@@ -447,11 +462,24 @@ def build_sweep_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--low",
-        type=_int_at_least(1),
-        help="with --find: least count tried (default 1; with --model the least vLLM accepts)",
+        help="with --find: least value tried (blocks: default 1, with --model the least vLLM "
+        "accepts; rate: default --step)",
     )
     parser.add_argument(
-        "--high", type=_int_at_least(1), help="with --find: most count tried (default: the cache's)"
+        "--high",
+        help="with --find: most value tried (blocks: default the cache's; rate: required)",
+    )
+    parser.add_argument(
+        "--step",
+        type=_positive,
+        help="with --find max_request_rate: the rate's resolution (default 1 %% of --high)",
+    )
+    parser.add_argument(
+        "--quantile",
+        type=_utilization,
+        default=1.0,
+        help="with --find and --seeds N: the answer holds for at least this share of the "
+        "seeds (default 1: every seed, the worst case; 0.5: the median seed)",
     )
     parser.add_argument(
         "--neighbours",
@@ -555,12 +583,20 @@ def _sweep(argv: list[str]) -> int:
             "point with --out FILE.csv"
         )
     if own.find is None:
-        flags = (("--until", own.until), ("--low", own.low), ("--high", own.high))
+        flags: list[tuple[str, object]] = [
+            ("--until", own.until),
+            ("--low", own.low),
+            ("--high", own.high),
+            ("--step", own.step),
+            ("--quantile", own.quantile if own.quantile != 1 else None),
+        ]
         given = [flag for flag, value in flags if value is not None]
         if given:
             raise _UsageError(f"{', '.join(given)}: only with --find")
     elif own.until is None:
         raise _UsageError("--find needs --until PREDICATE (e.g. 'slo_attainment>=0.99')")
+    elif own.step is not None and own.find != "max_request_rate":
+        raise _UsageError("--step: only with --find max_request_rate")
     for flag, path, formats in (("--out", own.out, (".csv",)), ("--plot", own.plot, PLOT_FORMATS)):
         if path is not None:
             if flag == "--plot":
@@ -573,26 +609,46 @@ def _sweep(argv: list[str]) -> int:
         metrics += ["preempted"] + (["slo_attainment", "goodput"] if args.slo else [])
     sweep.check_metrics(metrics)
     predicate = sweep.parse_predicate(own.until) if own.find else None
+    seeds = list(range(args.seed, args.seed + args.seeds))
     executor = sweep.make_executor(own.executor, own.jobs)
+    marks = sweep.Marks(slo=args.slo)
+    out = _RowWriter(own.out)
+    interrupted = _Interrupt(after="when the running points end; finished ones are kept")
     if predicate is not None:  # --find: the command line as given sizes the search
         base = prepare_run(args)
-        with executor:
-            rows = _find(args, own, base, predicate, executor)
-        title = f"{base.title}: --find {own.find} --until {own.until}"
+        with executor, interrupted:
+            found = _find(args, own, base, predicate, executor, seeds, out, interrupted)
+        rows = out.rows
+        marks = sweep.Marks(args.slo, predicate, found, f"{own.find} = {_figure(found)}")
+        title = f"{_short_title(args, base)}: --find {own.find} --until {own.until}"
     else:
-        name, values = sweep.parse_vary(own.vary)
-        runs = [(v, _prepare_point(args, name, v)) for v in values]  # all checked first
-        with executor:
-            rows = executor.run([_point(name, v, run) for v, run in runs])
+        varied = sweep.parse_grid(own.vary)
+        if args.seeds > 1 and any(name == "seed" for name, _ in varied):
+            raise _UsageError("--vary seed=... and --seeds N both set the seeds; give one")
+        grid = sweep.grid_points(varied)
+        runs = [(at, s, _prepare_point(args, at, s)) for at in grid for s in seeds]  # checked
+        points = [_point(at, run) for at, _, run in runs]
+        with executor, interrupted:
+            try:
+                out.rows = executor.run(points, out.add, interrupted)
+            finally:
+                out.flush()
+        rows = out.rows
         print(sweep.format_rows(rows))
-        title = f"{runs[0][1].title.partition(';')[0]}: --vary {own.vary}"
+        for warning in sweep.thin_tails(rows):
+            print(f"pagedkv: warning: {warning}", file=sys.stderr)
+        title = f"{_short_title(args, runs[0][2])}: --vary {' --vary '.join(own.vary)}"
+        if len(rows) < len(points):
+            print(
+                f"pagedkv: interrupted: {len(rows)} of {len(points)} points finished",
+                file=sys.stderr,
+            )
     if own.out:
-        _write(own.out, "--out", lambda tmp: sweep.write_csv(rows, tmp))
         print(f"pagedkv: {len(rows)} rows written to {own.out}", file=sys.stderr)
-    if own.plot:
-        _write(own.plot, "--plot", lambda tmp: sweep.plot(rows, tmp, metrics, title))
+    if own.plot and rows:
+        _write(own.plot, "--plot", lambda tmp: sweep.plot(rows, tmp, metrics, title, marks))
         print(f"pagedkv: plot written to {own.plot}", file=sys.stderr)
-    return 0
+    return 130 if interrupted.asked else 0
 
 
 def _write(path: str, flag: str, write: Callable[[str], None]) -> None:
@@ -602,27 +658,79 @@ def _write(path: str, flag: str, write: Callable[[str], None]) -> None:
         raise _UsageError(f"cannot write {flag} {path!r}: {err.strerror or err}") from None
 
 
-def _point(name: str, value: sweep.Value, run: PreparedRun) -> sweep.Point:
+def _short_title(args: argparse.Namespace, run: PreparedRun) -> str:
+    """A plot's workload title: the trace's file name (not its path) and format, or the
+    preset; re-timing as a rate."""
+    if args.trace:
+        fmt = "" if args.trace_format == "jsonl" else f" ({args.trace_format} trace)"
+        title = os.path.basename(str(args.trace)) + fmt
+    else:
+        title = run.title.partition(";")[0]
+    if args.request_rate is not None:
+        per = "s" if args.time_model else "step"
+        title += f" at {args.request_rate:g} requests/{per}"
+    return title
+
+
+class _RowWriter:
+    """A sweep's rows as they finish, in the points' order; with ``--out`` the CSV is
+    rewritten whole (atomically) at most once a second and at the end, so the file
+    always holds every finished point, and Ctrl-C or a failing point keeps them."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path, self.rows, self._written, self._last = path, list[sweep.SweepRow](), 0, 0.0
+
+    def add(self, row: sweep.SweepRow) -> None:
+        self.rows.append(row)
+        if time.monotonic() - self._last >= 1.0:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.path is None or self._written == len(self.rows):
+            return
+        rows = list(self.rows)
+        _write(self.path, "--out", lambda tmp: sweep.write_csv(rows, tmp))
+        self._written, self._last = len(rows), time.monotonic()
+
+
+def _point(at: dict[str, sweep.Value], run: PreparedRun) -> sweep.Point:
+    name, value = sweep.point_label(at)
     return sweep.Point(name, value, run.config, tuple(run.requests), run.slo)
 
 
-def _prepare_point(args: argparse.Namespace, name: str, value: sweep.Value) -> PreparedRun:
-    """``simulate ARGS`` with parameter ``name`` set to ``value``, prepared."""
+def _prepare_point(args: argparse.Namespace, at: dict[str, sweep.Value], seed: int) -> PreparedRun:
+    """``simulate ARGS --seed SEED`` with each parameter of ``at`` set, prepared."""
     point = argparse.Namespace(**vars(args))
-    if name == "gpu_blocks" and args.model is not None:
-        point.num_gpu_blocks_override = value
-        point.kv_memory = point.gpu_total = point.non_kv_memory = None
-        point.gpu_memory_utilization = None
-    elif name == "gpu_blocks":
-        point.gpu_blocks, point.gpu_memory = value, None
-    else:  # the other parameters are simulate's flags of the same name
-        setattr(point, name, value)
+    point.seed = seed
+    for name, value in at.items():
+        if name == "gpu_blocks" and args.model is not None:
+            point.num_gpu_blocks_override = value
+            point.kv_memory = point.gpu_total = point.non_kv_memory = None
+            point.gpu_memory_utilization = None
+        elif name == "gpu_blocks":
+            point.gpu_blocks, point.gpu_memory = value, None
+        elif name not in ("engine", "enable_caching"):  # simulate's flags of the same name
+            setattr(point, name, value)
+    if "engine" in at or "enable_caching" in at:
+        # prefix caching: the varied on/off; else a caching flag given (either engine's);
+        # else each engine's default (V0 off, V1 on)
+        engine = str(at.get("engine", args.engine))
+        if "enable_caching" in at:
+            on = at["enable_caching"] == "on"
+        elif args.enable_caching or args.no_enable_prefix_caching:
+            on = bool(args.enable_caching)
+        else:
+            on = engine == "v1"
+        point.engine = engine
+        point.enable_caching = on and engine == "v0"
+        point.no_enable_prefix_caching = not on and engine == "v1"
     try:
         return prepare_run(point)
     except InvariantViolationError:
         raise
     except (PagedKVError, _UsageError) as err:  # name the point (exit 2 as before)
-        raise _UsageError(f"at {name}={value}: {err}") from None
+        where = " ".join(f"{k}={v}" for k, v in at.items()) or f"seed={seed}"
+        raise _UsageError(f"at {where}: {err}") from None
 
 
 def _find(
@@ -631,53 +739,217 @@ def _find(
     base: PreparedRun,
     predicate: sweep.Predicate,
     executor: sweep.Executor,
-) -> list[sweep.SweepRow]:
-    """``--find min_gpu_blocks``: the search, each point printed as it is evaluated, then
-    the answer and any sign that the predicate is not monotone; returns the rows by
-    value."""
+    seeds: list[int],
+    out: _RowWriter,
+    interrupted: _Interrupt,
+) -> float | None:
+    """``--find``: one search per seed, in lockstep; each point printed as it is
+    evaluated; then per seed its answer and any sign that the predicate is not
+    monotone, and the answer for every seed (``--quantile``: that share of them),
+    confirmed at every seed, in blocks, tokens and GiB or in requests per time unit.
+    Returns the answer (None: none in range)."""
     config = base.config
     predicate.check_unit("step" if config.time_model is None else "ms")
-    high = own.high if own.high is not None else config.num_gpu_blocks
+    rate = own.find == "max_request_rate"
+    name = "request_rate" if rate else "gpu_blocks"
+    values = _rate_grid(own, config) if rate else _block_range(own, config)
+    rows: dict[tuple[int, int], sweep.SweepRow] = {}  # (seed index, value index) -> row
+    many = len(seeds) > 1
+
+    def evaluate(asked: list[tuple[int, int]]) -> list[bool]:
+        todo = [(i, v) for i, v in asked if (i, v) not in rows]
+        runs = [_prepare_point(args, {name: values(v)}, seeds[i]) for i, v in todo]
+        points = [_point({name: values(v)}, r) for (_, v), r in zip(todo, runs, strict=True)]
+        got = executor.run(points, stop=interrupted)
+        if len(got) < len(points):
+            raise KeyboardInterrupt
+        for (i, v), row in zip(todo, got, strict=True):
+            rows[i, v] = row
+            out.add(row)
+            seen = getattr(row, predicate.column)
+            verdict = "holds" if predicate.holds(row) else "fails"
+            at = f"{name}={values(v)}" + (f" seed={seeds[i]}" if many else "")
+            print(f"{at}: {verdict} ({predicate.column} {_figure(seen)})", flush=True)
+        # max_request_rate searches for the least failing rate: the answer is one below
+        return [predicate.holds(rows[i, v]) != rate for i, v in asked]
+
+    low, high = 1, values.count if rate else values.high
+    low = low if rate else values.low
+    per_round = max(1, executor.parallelism // len(seeds))
+    try:
+        found = sweep.find_least_each(low, high, evaluate, len(seeds), per_round, own.neighbours)
+    finally:
+        out.flush()
+    answers: list[int | None] = []
+    for result in found:
+        if rate:  # greatest holding = least failing - 1; none failing: holds at --high
+            greatest = high if result.answer is None else result.answer - 1
+            answers.append(greatest if greatest >= low else None)
+        else:
+            answers.append(result.answer)
+    k = sweep.seeds_needed(len(seeds), own.quantile)
+    answer = sweep.quantile_answer(answers, own.quantile, greatest=rate)
+    if answer is not None:  # confirm it at every seed (the other seeds' answers are theirs)
+        evaluate([(i, answer) for i in range(len(seeds))])
+    out.flush()
+    seed_note = f"seed {seeds[0]}" if not many else f"seeds {seeds[0]}-{seeds[-1]}"
+    count = f"{len(rows)} simulations, {seed_note}"
+    if many:
+        shown = [("-" if a is None else _figure(values(a))) for a in answers]
+        got = [float(values(a)) for a in answers if a is not None]
+        spread = ""
+        if got:
+            med = statistics.median(got)
+            spread = f"; min {_figure(min(got))}, median {_figure(med)}, max {_figure(max(got))}"
+        print(
+            "per seed: "
+            + ", ".join(f"seed {sd}: {a}" for sd, a in zip(seeds, shown, strict=True))
+            + spread
+        )
+    for i, result in enumerate(found):
+        _print_monotone(result, predicate, values, rate, f" (seed {seeds[i]})" if many else "")
+    who = (
+        ""
+        if not many
+        else " for every seed (the worst)"
+        if k == len(seeds)
+        else f" for at least {k} of {len(seeds)} seeds (--quantile {own.quantile:g})"
+    )
+    if answer is None:
+        where = f"[{_figure(values(low))}, {_figure(values(high))}]"
+        print(
+            f"{own.find}: none in {where}{who}: {predicate.text} fails at "
+            f"{_figure(values(low if rate else high))} ({count}); "
+            f"{'lower --low' if rate else 'raise --high'}"
+        )
+        result_value = None
+    else:
+        held = sum(predicate.holds(rows[i, answer]) for i in range(len(seeds)))
+        unit = _rate_unit(config) if rate else _blocks_unit(answer, rows[0, low])
+        if many:
+            verdict = f"holds there for {held} of {len(seeds)} seeds"
+        else:
+            nxt = answer + 1 if rate else answer - 1
+            fails = (0, nxt) in rows and not predicate.holds(rows[0, nxt])
+            verdict = f"holds at {_figure(values(answer))}" + (
+                f" and fails at {_figure(values(nxt))}" if fails else ""
+            )
+        edge_note = "; holds at --high: raise --high" if rate and answer == high else ""
+        print(
+            f"{own.find} = {_figure(values(answer))} {unit}{who}: {predicate.text} {verdict}"
+            f"{edge_note} ({count})"
+        )
+        if held < k:
+            print(
+                f"not monotone across seeds: {predicate.text} holds at "
+                f"{_figure(values(answer))} for {held} seeds, fewer than {k}"
+            )
+        result_value = float(values(answer))
+    near = [rows[i, v] for (i, v) in rows if answer is not None and v == answer] or list(
+        rows.values()
+    )
+    for warning in sweep.thin_tails(near, predicate):
+        print(f"pagedkv: warning: {warning}", file=sys.stderr)
+    if not many:
+        print(
+            "pagedkv: note: one seed; the re-timing seed moves this answer: --seeds N "
+            "answers for the worst of N",
+            file=sys.stderr,
+        )
+    out.rows = [rows[key] for key in sorted(rows, key=lambda k: (k[1], k[0]))]
+    return result_value
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """The values a search runs over, by index ``low..high``: GPU block counts (the
+    index itself), or request rates ``first + (i - 1) x step`` (``count`` of them)."""
+
+    low: int
+    high: int
+    first: float = 0.0
+    step: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return self.high
+
+    def __call__(self, index: int) -> sweep.Value:
+        if not self.step:
+            return index
+        return round(self.first + (index - 1) * self.step, 9)
+
+
+def _block_range(own: argparse.Namespace, config: SimulationConfig) -> _Grid:
+    high = _bound(own.high, "--high", int) if own.high is not None else config.num_gpu_blocks
     if high is None:
         raise _UsageError("--find: the cache is sized in bytes (--gpu-memory); give --high N")
-    low = own.low
+    low = _bound(own.low, "--low", int) if own.low is not None else None
     if low is None:
         plan = config.capacity  # vLLM refuses a cache that cannot hold max_model_len
         low = 1 if plan is None else -(-plan.max_model_len // plan.block_size)
-    rows: dict[int, sweep.SweepRow] = {}
+    return _Grid(int(low), int(high))
 
-    def evaluate(values: list[int]) -> list[bool]:
-        runs = [_prepare_point(args, "gpu_blocks", v) for v in values]
-        got = executor.run([_point("gpu_blocks", v, r) for v, r in zip(values, runs, strict=True)])
-        for value, row in zip(values, got, strict=True):
-            rows[value] = row
-            seen = getattr(row, predicate.column)
-            verdict = "holds" if predicate.holds(row) else "fails"
-            print(f"gpu_blocks={value}: {verdict} ({predicate.column} {_figure(seen)})", flush=True)
-        return [predicate.holds(rows[v]) for v in values]
 
-    found = sweep.find_least(low, high, evaluate, executor.parallelism, own.neighbours)
-    count = f"{len(found.held)} simulations"
-    if found.answer is None:
-        print(
-            f"min_gpu_blocks: none in [{low}, {high}]: {predicate.text} fails at {high} "
-            f"({count}); raise --high"
+def _rate_grid(own: argparse.Namespace, config: SimulationConfig) -> _Grid:
+    per = _rate_unit(config)
+    if own.high is None:
+        raise _UsageError(f"--find max_request_rate needs --high RATE (the most {per} tried)")
+    high = float(_bound(own.high, "--high", float))
+    step = own.step if own.step is not None else high / 100
+    low = float(_bound(own.low, "--low", float)) if own.low is not None else step
+    if low > high:
+        raise _UsageError(f"--low {low:g} is above --high {high:g}; give low <= high")
+    count = (
+        int((decimal.Decimal(str(high)) - decimal.Decimal(str(low))) // decimal.Decimal(str(step)))
+        + 1
+    )
+    if count > 100_000:
+        raise _UsageError(
+            f"--find max_request_rate: {count:,} rates from --low to --high in --step "
+            f"{step:g}; use a larger --step"
         )
-    else:
-        below = found.answer - 1
-        context = f" and fails at {below}" if below in found.held and not found.held[below] else ""
-        print(
-            f"min_gpu_blocks = {found.answer}: {predicate.text} holds at {found.answer}"
-            f"{context} ({count})"
-        )
-    if not found.monotone:
-        parts = []
-        if found.held_below:
-            parts.append(f"holds below the answer at {', '.join(map(str, found.held_below))}")
-        if found.failed_above:
-            parts.append(f"fails above it at {', '.join(map(str, found.failed_above))}")
-        print(f"not monotone: {predicate.text} {'; '.join(parts)}")
-    return [rows[v] for v in sorted(rows)]
+    return _Grid(1, count, low, step)
+
+
+def _bound(text: str, flag: str, kind: type[int] | type[float]) -> float:
+    parse = _int_at_least(1) if kind is int else _positive
+    try:
+        return parse(text)
+    except argparse.ArgumentTypeError as err:
+        raise _UsageError(f"argument {flag}: {err}") from None
+
+
+def _rate_unit(config: SimulationConfig) -> str:
+    return "requests/s" if config.time_model is not None else "requests/step"
+
+
+def _blocks_unit(blocks: int, row: sweep.SweepRow) -> str:
+    tokens = blocks * row.block_size
+    gib = blocks * row.block_bytes / 1024**3
+    return f"blocks ({tokens:,} tokens, {gib:,.2f} GiB of KV per GPU)"
+
+
+def _print_monotone(
+    result: sweep.SearchResult,
+    predicate: sweep.Predicate,
+    values: _Grid,
+    rate: bool,
+    which: str,
+) -> None:
+    if result.monotone:
+        return
+    # for a rate the search ran on "fails": its held_below are failing rates below the
+    # answer, its failed_above holding rates above it
+    below, above = result.held_below, result.failed_above
+    parts = []
+    if below:
+        what = "fails below the answer" if rate else "holds below the answer"
+        parts.append(f"{what} at {', '.join(_figure(values(v)) for v in below)}")
+    if above:
+        what = "holds above it" if rate else "fails above it"
+        parts.append(f"{what} at {', '.join(_figure(values(v)) for v in above)}")
+    print(f"not monotone{which}: {predicate.text} {'; '.join(parts)}")
 
 
 def _figure(value: object) -> str:
@@ -701,7 +973,62 @@ def _simulate(args: argparse.Namespace) -> int:
         )
         if problem:
             raise _UsageError(problem)
+    if args.seeds > 1:
+        return _simulate_seeds(args)
     return _serve(args, prepare_run(args))
+
+
+def _simulate_seeds(args: argparse.Namespace) -> int:
+    """``simulate --seeds N``: one row per seed, then each figure's median [min, max]
+    over them (the sweep table's columns); the seeds run on up to N processes."""
+    given = [f for f, v in (("--json", args.json), ("--plot", args.plot)) if v]
+    given += ["--requests-out"] * bool(args.requests_out)
+    if given:
+        raise _UsageError(
+            f"{', '.join(given)}: one run's outputs, not with --seeds N; for one row per seed "
+            "use pagedkv sweep --seeds N --vary ... --out FILE.csv"
+        )
+    seeds = range(args.seed, args.seed + args.seeds)
+    runs = [_prepare_point(args, {}, s) for s in seeds]  # all checked first
+    points = [sweep.Point("seed", s, r.config, tuple(r.requests), r.slo) for s, r in zip(
+        seeds, runs, strict=True)]  # fmt: skip
+    interrupted = _Interrupt(after="when the running seeds end")
+    with sweep.make_executor("process", min(args.seeds, os.cpu_count() or 1)) as ex, interrupted:
+        rows = ex.run(points, stop=interrupted)
+    print(f"workload: {runs[0].title.partition(';')[0]}, {len(rows)} seeds")
+    print(sweep.format_rows(rows))
+    together = [dataclasses.replace(r, parameter="seeds", value=_seeds_text(rows)) for r in rows]
+    print()
+    print(sweep.format_rows(together))
+    for warning in sweep.thin_tails(rows):
+        print(f"pagedkv: warning: {warning}", file=sys.stderr)
+    return 130 if interrupted.asked else 0
+
+
+def _seeds_text(rows: Sequence[sweep.SweepRow]) -> str:
+    seeds = [r.seed for r in rows]
+    return f"{min(seeds)}-{max(seeds)}" if seeds else "-"
+
+
+def _thin_percentiles(metrics: Any) -> list[str]:
+    """Lines naming the summary's percentiles that rest on fewer than
+    :data:`~pagedkv.serving.slo.MIN_TAIL` requests beyond them."""
+    out = []
+    for percent in (99, 90):
+        thin = [
+            (name.upper(), d.count)
+            for name in ("ttft", "tpot", "e2el")
+            if (d := getattr(metrics, name)).count
+            and slo.tail_count(d.count, percent) < slo.MIN_TAIL
+        ]
+        if thin:
+            n = min(count for _, count in thin)
+            out.append(
+                f"the p{percent} of {', '.join(name for name, _ in thin)} rests on "
+                f"{slo.tail_count(n, percent)} of as few as {n} requests (fewer than "
+                f"{slo.MIN_TAIL} beyond it): read it as a rough figure, or run more requests"
+            )
+    return out
 
 
 @dataclass(frozen=True)
@@ -839,6 +1166,9 @@ def _serve(args: argparse.Namespace, run: PreparedRun) -> int:
         print(
             f"pagedkv: {len(result.requests)} request rows written to {out_path}", file=sys.stderr
         )
+    if result.metrics is not None and not args.json:
+        for warning in _thin_percentiles(result.metrics):
+            print(f"pagedkv: warning: {warning}", file=sys.stderr)
     if result.stopped == "max_steps":
         print(
             f"pagedkv: warning: the run stopped at --max-steps {args.max_steps} with "
@@ -852,8 +1182,8 @@ class _Interrupt:
     """While active, the first Ctrl-C asks the run to stop after its step (the partial
     results are printed and written); a second one interrupts at once."""
 
-    def __init__(self) -> None:
-        self.asked = False
+    def __init__(self, after: str = "after this step") -> None:
+        self.asked, self.after = False, after
         self._before: Any = None
 
     def __call__(self) -> bool:
@@ -863,7 +1193,7 @@ class _Interrupt:
         if self.asked:
             raise KeyboardInterrupt
         self.asked = True
-        print("pagedkv: interrupted; stopping after this step (Ctrl-C again to quit)",
+        print(f"pagedkv: interrupted; stopping {self.after} (Ctrl-C again to quit)",
               file=sys.stderr)  # fmt: skip
 
     def __enter__(self) -> _Interrupt:

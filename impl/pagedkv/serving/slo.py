@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pagedkv.errors import InvalidSLOError
 from pagedkv.serving.latency import RequestRecord
 
-__all__ = ["METRICS", "SLO", "SLOReport", "attainment", "parse_slo"]
+__all__ = ["METRICS", "MIN_TAIL", "SLO", "SLOReport", "attainment", "parse_slo", "tail_count"]
 
 #: The latencies an SLO may bound, in the order reports list them.
 METRICS = ("ttft", "tpot", "e2el")
@@ -175,3 +175,18 @@ def _within(record: RequestRecord, metric: str, bound: float) -> bool:
     if metric == "tpot" and value is None:
         value = 0.0  # one output token: vLLM feeds TPOT 0 to goodput
     return value is not None and value <= bound
+
+
+#: Fewer requests than this beyond a percentile (or missing an attainment bound) make
+#: the figure rough: one request more or less moves it. The CLI warns.
+MIN_TAIL = 10
+
+
+def tail_count(n: int, percent: int) -> int:
+    """How many of ``n`` samples lie above the ``percent``-th percentile's rank, as
+    :mod:`pagedkv.serving.latency` interpolates it (numpy's ``linear``: rank
+    ``percent / 100 x (n - 1)``): ``n - 1 - floor(percent x (n - 1) / 100)``, exact in
+    integers; 0 for ``n`` 0. A p99 over 200 requests rests on 2. O(1)."""
+    if n <= 0:
+        return 0
+    return n - 1 - percent * (n - 1) // 100

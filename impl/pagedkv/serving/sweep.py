@@ -58,12 +58,17 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import fractions
+import itertools
 import math
 import operator
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+import signal
+import statistics
+import textwrap
+from collections.abc import Callable, Generator, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +82,7 @@ from pagedkv.errors import (
 )
 from pagedkv.serving.report import SimulationResult, require_matplotlib
 from pagedkv.serving.simulator import SimulationConfig, Simulator
-from pagedkv.serving.slo import SLO, attainment
+from pagedkv.serving.slo import MIN_TAIL, SLO, attainment, tail_count
 from pagedkv.serving.workload import RequestSpec
 
 __all__ = [
@@ -119,6 +124,16 @@ def _int_value(name: str, text: str) -> int:
     return value
 
 
+def _seed_value(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidSweepError("--vary", f"{name} takes integers >= 0, got {text!r}")
+    return value
+
+
 def _rate_value(name: str, text: str) -> float:
     try:
         value = float(text)
@@ -129,10 +144,15 @@ def _rate_value(name: str, text: str) -> float:
     return value
 
 
-def _mode_value(name: str, text: str) -> str:
-    if text not in ("auto", "recompute", "swap"):
-        raise InvalidSweepError("--vary", f"{name} takes auto, recompute or swap, got {text!r}")
-    return text
+def _choice(*allowed: str) -> Callable[[str, str], Value]:
+    def parse(name: str, text: str) -> str:
+        if text not in allowed:
+            raise InvalidSweepError(
+                "--vary", f"{name} takes {', '.join(allowed[:-1])} or {allowed[-1]}, got {text!r}"
+            )
+        return text
+
+    return parse
 
 
 #: Parameter name -> parser of one value (InvalidSweepError on a bad one).
@@ -140,14 +160,18 @@ PARAMETERS: dict[str, Callable[[str, str], Value]] = {
     "gpu_blocks": _int_value,
     "block_size": _int_value,
     "request_rate": _rate_value,
-    "preemption": _mode_value,
+    "preemption": _choice("auto", "recompute", "swap"),
     "max_num_seqs": _int_value,
     "max_num_batched_tokens": _int_value,
     "max_concurrency": _int_value,
     "num_requests": _int_value,
+    "seed": _seed_value,
+    "engine": _choice("v0", "v1"),
+    "enable_caching": _choice("on", "off"),
 }
-_INTEGER = {name for name, parse in PARAMETERS.items() if parse is _int_value}
+_INTEGER = {name for name, parse in PARAMETERS.items() if parse in (_int_value, _seed_value)}
 _MAX_POINTS = 10_000  # more points than anyone means: a typo in a range
+_POLL_S = 0.2  # how often a waiting sweep looks for Ctrl-C
 
 
 def parse_vary(text: str) -> tuple[str, list[Value]]:
@@ -184,7 +208,8 @@ def _range(name: str, text: str) -> range:
             "--vary",
             f"a range is START:STOP:STEP of integers (gpu_blocks=64:1024:64), got {name}={text}",
         )
-    start, stop, step = (_int_value(name, p.strip()) for p in parts)
+    start, stop = (int(PARAMETERS[name](name, p.strip())) for p in parts[:2])
+    step = _int_value(name, parts[2].strip())
     if stop < start:
         raise InvalidSweepError("--vary", f"{name}={text}: STOP is below START; give START <= STOP")
     points = range(start, stop + 1, step)
@@ -194,6 +219,56 @@ def _range(name: str, text: str) -> range:
             f"{name}={text} makes {len(points):,} points, over {_MAX_POINTS:,}; use a larger STEP",
         )
     return points
+
+
+def parse_grid(texts: Sequence[str]) -> list[tuple[str, list[Value]]]:
+    """Several ``--vary`` flags: each parsed by :func:`parse_vary`; their points are the
+    grid of every combination (:func:`grid_points`). InvalidSweepError for a parameter
+    varied twice or a grid of more than 10,000 points. Complexity: O(values)."""
+    varied = [parse_vary(text) for text in texts]
+    names = [name for name, _ in varied]
+    for name in names:
+        if names.count(name) > 1:
+            raise InvalidSweepError(
+                "--vary", f"{name} is varied twice; give its values in one --vary"
+            )
+    count = math.prod(len(values) for _, values in varied)
+    if count > _MAX_POINTS:
+        raise InvalidSweepError(
+            "--vary",
+            f"the grid of {' x '.join(names)} makes {count:,} points, over {_MAX_POINTS:,}; "
+            "give fewer values",
+        )
+    return varied
+
+
+def grid_points(varied: Sequence[tuple[str, Sequence[Value]]]) -> list[dict[str, Value]]:
+    """Every combination of the varied values, the first parameter outermost: one
+    ``{name: value}`` per point. Complexity: O(points)."""
+    names = [name for name, _ in varied]
+    return [
+        dict(zip(names, values, strict=True))
+        for values in itertools.product(*(values for _, values in varied))
+    ]
+
+
+def point_label(at: dict[str, Value]) -> tuple[str, Value]:
+    """A point's ``parameter`` and ``value`` columns: the name and value for one
+    parameter; for a grid the names and the values, each joined by commas
+    (``request_rate,engine`` and ``5.0,v1``). O(parameters)."""
+    if len(at) == 1:
+        ((name, value),) = at.items()
+        return name, value
+    return ",".join(at), ",".join(str(v) for v in at.values())
+
+
+def _unlabel(parameter: str, value: Value) -> dict[str, Value]:
+    """:func:`point_label`'s inverse (each value parsed again). O(parameters)."""
+    names = parameter.split(",")
+    if len(names) == 1:
+        return {parameter: value}
+    parts = str(value).split(",")
+    return {n: PARAMETERS[n](n, v) for n, v in zip(names, parts, strict=True)}
 
 
 # ---------------------------------------------------------------------------- rows
@@ -206,8 +281,10 @@ class SweepRow:
 
     parameter: str
     value: Value
+    seed: int
     num_gpu_blocks: int
     block_size: int
+    block_bytes: int
     requests: int
     finished: int
     rejected: int
@@ -253,8 +330,10 @@ class SweepRow:
         return cls(
             parameter=parameter,
             value=value,
+            seed=int(str(setup["seed"])),
             num_gpu_blocks=int(str(setup["num_gpu_blocks"])),
             block_size=int(str(setup["block_size"])),
+            block_bytes=int(str(setup["block_bytes"])),
             requests=s.requests,
             finished=s.finished,
             rejected=s.rejected,
@@ -288,7 +367,7 @@ _LATENCY = {c for c in COLUMNS if c[:4] in ("p50_", "p99_")}
 _NUMERIC = {
     f.name
     for f in dataclasses.fields(SweepRow)
-    if f.name not in ("parameter", "value", "time_unit", "latency_unit")
+    if f.name not in ("parameter", "value", "seed", "time_unit", "latency_unit")
 }
 
 
@@ -302,14 +381,51 @@ def write_csv(rows: Sequence[SweepRow], path: str | Path) -> None:
             writer.writerow({k: "" if v is None else v for k, v in row.to_dict().items()})
 
 
+@dataclass(frozen=True)
+class Spread:
+    """One column over a point's seeds: least, median (the mean of the middle two for
+    an even count, as :func:`statistics.median`) and greatest value."""
+
+    low: float
+    median: float
+    high: float
+
+
+def by_point(rows: Sequence[SweepRow]) -> list[list[SweepRow]]:
+    """The rows grouped by point (parameter and value), in the order points first
+    appear; a point's rows are its seeds. Complexity: O(rows)."""
+    groups: dict[tuple[str, str], list[SweepRow]] = {}
+    for row in rows:
+        groups.setdefault((row.parameter, str(row.value)), []).append(row)
+    return list(groups.values())
+
+
+def spread(rows: Sequence[SweepRow], column: str) -> Spread | None:
+    """``column``'s :class:`Spread` over the rows that have a value there (None: none
+    has). Complexity: O(rows log rows)."""
+    values = [float(v) for v in (getattr(r, column) for r in rows) if v is not None]
+    if not values:
+        return None
+    return Spread(min(values), statistics.median(values), max(values))
+
+
+def _count(x: float) -> str:
+    return f"{x:,.0f}" if x == int(x) else f"{x:,.1f}"
+
+
 def format_rows(rows: Sequence[SweepRow]) -> str:
-    """An aligned text table of the rows' main columns. Complexity: O(rows)."""
+    """An aligned text table of the rows' main columns, one line per point. A point run
+    over several seeds (``--seeds``) shows each figure as ``median [min, max]`` over
+    them (one value when they agree), under a line saying so. Complexity: O(rows)."""
     if not rows:
         return ""
+    groups = by_point(rows)
+    seeded = any(len(g) > 1 for g in groups)
     lat = rows[0].latency_unit
     per = rows[0].time_unit
     head = [
         rows[0].parameter,
+        *(["seeds"] if seeded else []),
         "finished",
         "rejected",
         "preempted",
@@ -321,32 +437,88 @@ def format_rows(rows: Sequence[SweepRow]) -> str:
         "SLO met",
     ]
 
-    def num(v: float | None, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
+    def cell(group: list[SweepRow], column: str, show: Callable[[float], str]) -> str:
+        got = spread(group, column)
+        if got is None:
+            return "-"
+        if got.low == got.high:
+            return show(got.median)
+        return f"{show(got.median)} [{show(got.low)}, {show(got.high)}]"
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f} %" if not seeded else f"{100 * x:.1f}"
 
     body = [
         [
-            str(r.value),
-            f"{r.finished}/{r.requests}",
-            str(r.rejected),
-            str(r.preempted),
-            f"{100 * r.peak_kv_usage:.1f} %",
-            num(r.p99_ttft, ",.1f"),
-            num(r.p99_tpot, ",.2f"),
-            f"{r.request_throughput:,.3f}",
-            num(r.goodput, ",.3f"),
-            "-" if r.slo_attainment is None else f"{100 * r.slo_attainment:.1f} %",
+            str(g[0].value),
+            *([str(len(g))] if seeded else []),
+            f"{cell(g, 'finished', _count)}/{g[0].requests}",
+            cell(g, "rejected", _count),
+            cell(g, "preempted", _count),
+            cell(g, "peak_kv_usage", pct),
+            cell(g, "p99_ttft", lambda x: f"{x:,.1f}"),
+            cell(g, "p99_tpot", lambda x: f"{x:,.2f}"),
+            cell(g, "request_throughput", lambda x: f"{x:,.3f}"),
+            cell(g, "goodput", lambda x: f"{x:,.3f}"),
+            cell(g, "slo_attainment", pct),
         ]
-        for r in rows
+        for g in groups
     ]
+    if seeded:  # the percent columns' unit moves to the header: cells hold three figures
+        head[head.index("peak KV")] = "peak KV (%)"
+        head[-1] = "SLO met (%)"
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
-    return "\n".join(
+    table = "\n".join(
         "  ".join(
-            cell.rjust(w) if i else cell.ljust(w)
-            for i, (cell, w) in enumerate(zip(line, widths, strict=True))
+            text.rjust(w) if i else text.ljust(w)
+            for i, (text, w) in enumerate(zip(line, widths, strict=True))
         )
         for line in [head, *body]
     )
+    if not seeded:
+        return table
+    seeds = sorted({r.seed for r in rows})
+    return f"each figure: median [min, max] over seeds {_seed_list(seeds)}\n{table}"
+
+
+def _seed_list(seeds: Sequence[int]) -> str:
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))
+
+
+def thin_tails(rows: Sequence[SweepRow], predicate: Predicate | None = None) -> list[str]:
+    """Warnings (one line each) for figures that rest on fewer than
+    :data:`~pagedkv.serving.slo.MIN_TAIL` requests: without ``predicate``, the table's
+    p99 latencies; with one (``--find``), the predicate's column: a percentile, or
+    ``slo_attainment >= a`` (which allows ``requests x (1 - a)`` misses). Empty when
+    every figure has enough. O(rows)."""
+    finished = [r.finished for r in rows if r.finished]
+    column = "p99_ttft" if predicate is None else predicate.column
+    if column in _LATENCY and finished:
+        n, percent = min(finished), int(column[1:3])
+        tail = tail_count(n, percent)
+        if tail < MIN_TAIL:
+            what = "the p99 latencies rest" if predicate is None else f"{column} rests"
+            return [
+                f"{what} on the {tail} slowest of as few as {n} finished requests (fewer than "
+                f"{MIN_TAIL}): read them as rough figures, or run more requests"
+            ]
+    if (
+        predicate is not None
+        and column == "slo_attainment"
+        and predicate.op in (">=", ">")
+        and 0 < predicate.value < 1
+        and rows
+    ):
+        n = max(r.requests for r in rows)
+        misses = math.floor((1 - fractions.Fraction(str(predicate.value))) * n)
+        if misses < MIN_TAIL:
+            return [
+                f"--until {predicate.text} over {n} requests allows {misses} misses (fewer than "
+                f"{MIN_TAIL}): one request more or less moves the answer; run more requests"
+            ]
+    return []
 
 
 # ---------------------------------------------------------------------------- predicates
@@ -490,9 +662,25 @@ class Executor:
         """Points run at once (what a search evaluates per round). O(1)."""
         return 1
 
-    def run(self, points: Sequence[Point]) -> list[SweepRow]:
-        """The rows of ``points``, in order. Complexity: one simulation per point."""
-        return [run_point(p) for p in points]
+    def run(
+        self,
+        points: Sequence[Point],
+        on_row: Callable[[SweepRow], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> list[SweepRow]:
+        """The rows of ``points``, in order; ``on_row`` is called with each as soon as
+        it and the points before it are done (the caller writes it). When ``stop()``
+        turns true (Ctrl-C), no further point starts, and the rows of the points that
+        finished are returned (fewer than the points). Complexity: one simulation per
+        point."""
+        rows: list[SweepRow] = []
+        for point in points:
+            if stop is not None and stop():
+                break
+            rows.append(run_point(point))
+            if on_row is not None:
+                on_row(rows[-1])
+        return rows
 
     def close(self) -> None:
         """Release the workers (none here). O(1)."""
@@ -528,14 +716,48 @@ class ProcessExecutor(Executor):
         """Processes of the pool now (0 before the first run and after close). O(1)."""
         return self._workers
 
-    def run(self, points: Sequence[Point]) -> list[SweepRow]:
+    def run(
+        self,
+        points: Sequence[Point],
+        on_row: Callable[[SweepRow], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> list[SweepRow]:
         if not points:
             return []
         want = min(self.jobs, len(points))
         if self._pool is None or self._workers < want:
             self.close()
-            self._pool, self._workers = ProcessPoolExecutor(max_workers=want), want
-        return list(self._pool.map(run_point, points))
+            self._pool = ProcessPoolExecutor(max_workers=want, initializer=_worker_signals)
+            self._workers = want
+        futures = [self._pool.submit(run_point, p) for p in points]
+        rows: list[SweepRow] = []
+        try:
+            for future in futures:
+                while not wait([future], timeout=_POLL_S).done:
+                    if stop is not None and stop():
+                        return self._stopped(futures)
+                if stop is not None and stop():
+                    return self._stopped(futures)
+                try:
+                    rows.append(future.result())
+                except KeyboardInterrupt:  # the terminal's Ctrl-C reached the worker first
+                    return self._stopped(futures)
+                if on_row is not None:
+                    on_row(rows[-1])
+        finally:
+            for future in futures:
+                future.cancel()
+        return rows
+
+    def _stopped(self, futures: list[Future[SweepRow]]) -> list[SweepRow]:
+        """After Ctrl-C: drop the points not started, wait for the running ones (the
+        terminal's Ctrl-C interrupts them too), keep every one that finished."""
+        for future in futures:
+            future.cancel()
+        wait(futures)
+        kept = [f for f in futures if not f.cancelled() and f.exception() is None]
+        self.close()  # an interrupted worker may have left the pool broken
+        return [f.result() for f in kept]
 
     def close(self) -> None:
         if self._pool is not None:
@@ -564,7 +786,12 @@ class RayExecutor(Executor):
     def parallelism(self) -> int:
         return self.jobs
 
-    def run(self, points: Sequence[Point]) -> list[SweepRow]:
+    def run(
+        self,
+        points: Sequence[Point],
+        on_row: Callable[[SweepRow], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> list[SweepRow]:
         if not points:
             return []
         ray = self._ray
@@ -585,17 +812,27 @@ class RayExecutor(Executor):
                 ) from None
             self._task = ray.remote(num_cpus=1)(run_point)
         try:
-            return list(ray.get([self._task.remote(p) for p in points]))
+            rows: list[SweepRow] = list(ray.get([self._task.remote(p) for p in points]))
         except ray.exceptions.RayTaskError as err:
             cause = getattr(err, "cause", None)  # the task's own exception: SweepPointError
             if isinstance(cause, SweepPointError):
                 raise cause from None
             raise
+        for row in rows:  # NOTE: Ray's rows come all at once, at the end
+            if on_row is not None:
+                on_row(row)
+        return rows
 
     def close(self) -> None:
         if self._task is not None:
             self._ray.shutdown()
             self._task = None
+
+
+def _worker_signals() -> None:
+    """A worker forked while the command line's Ctrl-C handler is set must not run it:
+    Ctrl-C interrupts the worker's point (KeyboardInterrupt), the parent decides."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def make_executor(spec: str, jobs: int | None = None) -> Executor:
@@ -663,25 +900,67 @@ def find_least(
     Complexity: O(log(high - low) / log(per_round + 1)) rounds, plus one round of
     neighbour checks: at most ``2 + per_round x rounds + 2 x neighbours`` evaluations.
     """
+    return find_least_each(
+        low, high, lambda asked: evaluate([v for _, v in asked]), 1, per_round, neighbours
+    )[0]
+
+
+def find_least_each(
+    low: int,
+    high: int,
+    evaluate: Callable[[list[tuple[int, int]]], list[bool]],
+    searches: int,
+    per_round: int = 1,
+    neighbours: int = 2,
+) -> list[SearchResult]:
+    """``searches`` independent :func:`find_least` searches (one per seed) in lockstep:
+    each round's values of every search go to ``evaluate`` as one batch of
+    ``(search, value)`` pairs, so an executor runs them together. Search ``i``'s result
+    is the one :func:`find_least` gives on predicate ``i``. Complexity: as
+    :func:`find_least`, per search."""
     for name, value, least in (
         ("--low", low, 1),
         ("--high", high, 1),
         ("per_round", per_round, 1),
         ("--neighbours", neighbours, 0),
+        ("searches", searches, 1),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise InvalidSweepError(name, f"must be an integer >= {least}, got {value!r}")
     if low > high:
         raise InvalidSweepError("--low", f"{low} is above --high {high}; give low <= high")
+    running = [_bisect(low, high, per_round, neighbours) for _ in range(searches)]
+    asked = [next(search) for search in running]
+    results: list[SearchResult | None] = [None] * searches
+    while any(r is None for r in results):
+        batch = [(i, v) for i, values in enumerate(asked) for v in values]
+        verdicts = evaluate(batch) if batch else []
+        got: dict[int, list[bool]] = {i: [] for i in range(searches)}
+        for (i, _), verdict in zip(batch, verdicts, strict=True):
+            got[i].append(verdict)
+        for i, search in enumerate(running):
+            if results[i] is not None:
+                continue
+            try:
+                asked[i] = search.send(got[i])
+            except StopIteration as done:
+                results[i], asked[i] = done.value, []
+    return [r for r in results if r is not None]
+
+
+def _bisect(
+    low: int, high: int, per_round: int, neighbours: int
+) -> Generator[list[int], list[bool], SearchResult]:
+    """:func:`find_least`'s search as a generator: yields each batch of values not yet
+    evaluated (sorted; possibly empty) and is sent their verdicts."""
     held: dict[int, bool] = {}
 
-    def batch(values: list[int]) -> None:
+    def batch(values: list[int]) -> Generator[list[int], list[bool], None]:
         todo = sorted({v for v in values if v not in held})
-        if todo:
-            verdicts = evaluate(todo)
-            held.update(zip(todo, verdicts, strict=True))
+        verdicts = yield todo
+        held.update(zip(todo, verdicts, strict=True))
 
-    batch([low, high])
+    yield from batch([low, high])
     answer: int | None = None
     if held[high]:
         lo, hi = low - 1, high  # lo: greatest value known to fail (low - 1: none)
@@ -691,13 +970,13 @@ def find_least(
             lo = low
         while hi - lo > 1:
             k = min(per_round, hi - lo - 1)
-            batch([lo + (hi - lo) * i // (k + 1) for i in range(1, k + 1)])
+            yield from batch([lo + (hi - lo) * i // (k + 1) for i in range(1, k + 1)])
             hi = min((v for v in held if lo < v <= hi and held[v]), default=hi)
             lo = max((v for v in held if lo <= v < hi and not held[v]), default=lo)
         answer = hi
         near = [answer - i for i in range(1, neighbours + 1)]
         near += [answer + i for i in range(1, neighbours + 1)]
-        batch([v for v in near if low <= v <= high])
+        yield from batch([v for v in near if low <= v <= high])
     return SearchResult(
         answer=answer,
         held=dict(sorted(held.items())),
@@ -708,41 +987,220 @@ def find_least(
     )
 
 
+def quantile_answer(
+    answers: Sequence[int | None], quantile: float, greatest: bool = False
+) -> int | None:
+    """The value that at least ``k = ceil(quantile x N)`` of N per-seed answers reach:
+    for a least value (``min_gpu_blocks``) the k-th smallest answer, None (no answer in
+    range) counting as above every value; for a greatest value (``greatest``,
+    ``max_request_rate``) the k-th largest, None counting as below every value.
+    ``quantile`` 1 is the worst seed's answer. Under a monotone predicate the predicate
+    holds there for at least k seeds. InvalidSweepError unless 0 < quantile <= 1 and
+    answers are given. O(N log N)."""
+    if not answers:
+        raise InvalidSweepError("--seeds", "no per-seed answers; give --seeds N >= 1")
+    if not 0 < quantile <= 1:
+        raise InvalidSweepError("--quantile", f"must be a number in (0, 1], got {quantile!r}")
+    k = seeds_needed(len(answers), quantile)
+    sign = -1 if greatest else 1
+    ranked = sorted(answers, key=lambda a: math.inf if a is None else sign * a)
+    return ranked[k - 1]
+
+
+def seeds_needed(seeds: int, quantile: float) -> int:
+    """``ceil(quantile x seeds)``, at least 1, computed without float error (0.9 x 10
+    is 9, not 10). O(1)."""
+    exact = fractions.Fraction(str(quantile)) * seeds
+    return max(1, math.ceil(exact))
+
+
 # ---------------------------------------------------------------------------- plot
 
 
-def plot(
-    rows: Sequence[SweepRow], path: str | Path, metrics: Sequence[str], title: str = ""
-) -> None:
-    """One panel per metric (a numeric column) against the varied value, the points in
-    the rows' order (Agg backend; needs matplotlib). A categorical parameter
-    (preemption) is drawn at evenly spaced ticks. Complexity: O(rows x metrics)."""
+#: A column's axis label: its name in words and its unit ({lat}: ms or steps; {per}: s
+#: or step); the percent columns are drawn in %.
+_LABELS = {
+    "requests": "requests",
+    "finished": "finished requests",
+    "rejected": "rejected requests",
+    "aborted": "aborted requests",
+    "unfinished": "unfinished requests",
+    "preempted": "preemptions",
+    "preempted_recompute": "preemptions by recompute",
+    "preempted_swap": "preemptions by swap",
+    "peak_kv_usage": "peak KV usage (%)",
+    "mean_kv_usage": "mean KV usage (%)",
+    "steps": "scheduler steps",
+    "duration": "duration ({per})",
+    "request_throughput": "throughput (requests/{per})",
+    "output_throughput": "output tokens/{per}",
+    "goodput": "goodput (requests/{per})",
+    "slo_attainment": "SLO attainment (%)",
+    "wall_s": "wall time (s)",
+    "num_gpu_blocks": "GPU KV blocks",
+    "block_size": "block size (tokens)",
+    "block_bytes": "block (bytes)",
+}
+_PERCENT = {"peak_kv_usage", "mean_kv_usage", "slo_attainment"}
+#: The varied parameter's axis label ({per} as above).
+_X_LABELS = {
+    "gpu_blocks": "GPU KV blocks",
+    "block_size": "block size (tokens)",
+    "request_rate": "request rate (requests/{per})",
+    "preemption": "preemption mode",
+    "max_num_seqs": "max_num_seqs (sequences per step)",
+    "max_num_batched_tokens": "max_num_batched_tokens (tokens per step)",
+    "max_concurrency": "max concurrency (requests)",
+    "num_requests": "requests",
+    "seed": "seed",
+    "engine": "engine",
+    "enable_caching": "prefix caching",
+}
+
+
+def axis_label(column: str, latency_unit: str, time_unit: str) -> str:
+    """A column's axis label in words with its unit (``p99_ttft`` -> ``p99 TTFT (ms)``).
+    O(1)."""
+    lat = "ms" if latency_unit == "ms" else "steps"
+    per = "s" if time_unit == "s" else "step"
+    if column in _LATENCY:
+        return f"{column[:3]} {column[4:].upper()} ({lat})"
+    label = _LABELS.get(column) or _X_LABELS.get(column, column)
+    return label.format(lat=lat, per=per)
+
+
+@dataclass(frozen=True)
+class Marks:
+    """What a sweep plot marks besides the points: the SLO's bounds (a dashed line on
+    each bounded latency's p50/p99 panels), the ``--until`` threshold (a dotted line on
+    its column's panel) and the ``--find`` answer (a vertical line on every panel,
+    labelled ``answer_text``)."""
+
+    slo: SLO | None = None
+    threshold: Predicate | None = None
+    answer: float | None = None
+    answer_text: str = ""
+
+
+def figure(
+    rows: Sequence[SweepRow], metrics: Sequence[str], title: str = "", marks: Marks = Marks()
+) -> Any:
+    """The sweep's matplotlib Figure (needs matplotlib, Agg backend): one panel per
+    metric against the first varied parameter, one line per value of the others (a
+    grid), a point's seeds as their median with a band from min to max. A metric
+    constant over every row (all zero, say) gets no panel, only a note under the plot
+    (unless every metric is constant). Axes are labelled in words with units, start at
+    0, and carry :class:`Marks`. Complexity: O(rows x metrics)."""
     require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    numeric = all(isinstance(r.value, int | float) for r in rows)
-    xs: list[float] = [float(r.value) if numeric else i for i, r in enumerate(rows)]
+    lat = rows[0].latency_unit if rows else "step"
+    per = rows[0].time_unit if rows else "step"
+    constant = {
+        m: v
+        for m in metrics
+        if len(vals := {getattr(r, m) for r in rows}) == 1 and (v := vals.pop()) is not None
+    }
+    shown = [m for m in metrics if m not in constant] or list(metrics)
+    groups = by_point(rows)
+    ats = [_unlabel(g[0].parameter, g[0].value) for g in groups]
+    x_name = next(iter(ats[0])) if ats else ""
+    numeric = all(isinstance(at[x_name], int | float) for at in ats)
+    ticks = list(dict.fromkeys(str(at[x_name]) for at in ats))
+
+    def x_of(at: dict[str, Value]) -> float:
+        return float(at[x_name]) if numeric else float(ticks.index(str(at[x_name])))
+
+    series: dict[str, list[tuple[float, list[SweepRow]]]] = {}
+    for at, group in zip(ats, groups, strict=True):
+        rest = ", ".join(f"{k}={v}" for k, v in at.items() if k != x_name)
+        series.setdefault(rest, []).append((x_of(at), group))
     fig, axes = plt.subplots(
-        len(metrics), 1, figsize=(8, 2.6 * len(metrics)), sharex=True, squeeze=False
+        len(shown), 1, figsize=(8, 0.9 + 2.4 * len(shown)), sharex=True, squeeze=False
     )
-    for ax, metric in zip(axes[:, 0], metrics, strict=True):
-        points = [(x, getattr(r, metric)) for x, r in zip(xs, rows, strict=True)]
-        shown = [(x, float(v)) for x, v in points if v is not None]
-        ax.plot([x for x, _ in shown], [v for _, v in shown], marker="o", lw=1)
-        unit = f" ({rows[0].latency_unit})" if metric in _LATENCY and rows else ""
-        ax.set_ylabel(metric + unit)
+    for ax, metric in zip(axes[:, 0], shown, strict=True):
+        scale = 100.0 if metric in _PERCENT else 1.0
+        for name, points in series.items():
+            got = [(x, spread(g, metric)) for x, g in points]
+            xs = [x for x, sp in got if sp is not None]
+            mid = [scale * sp.median for _, sp in got if sp is not None]
+            (line,) = ax.plot(xs, mid, marker="o", lw=1, label=name or None)
+            if any(len(g) > 1 for _, g in points):
+                lows = [scale * sp.low for _, sp in got if sp is not None]
+                highs = [scale * sp.high for _, sp in got if sp is not None]
+                ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.2, lw=0)
+        _mark(ax, metric, marks, lat, scale)
+        ax.set_ylabel(axis_label(metric, lat, per))
+        ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
+        if len(series) > 1 or ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize="small")
     bottom = axes[-1, 0]
-    bottom.set_xlabel(rows[0].parameter if rows else "")
+    bottom.set_xlabel(_X_LABELS.get(x_name, x_name).format(per="s" if per == "s" else "step"))
     if not numeric:
-        bottom.set_xticks(xs, [str(r.value) for r in rows])
-    fig.suptitle(f"pagedkv sweep {title}".strip())
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        bottom.set_xticks(range(len(ticks)), ticks)
+    seeds = sorted({r.seed for r in rows})
+    head = f"pagedkv sweep: {title}" if title else "pagedkv sweep"
+    if any(len(g) > 1 for g in groups):
+        head += f" (median and min-max of seeds {_seed_list(seeds)})"
+    fig.suptitle(textwrap.fill(head, 80), fontsize="medium")
+    notes = [
+        f"{axis_label(m, lat, per)}: {_figure_text(v, m)} at every point"
+        for m, v in constant.items()
+        if m not in shown
+    ]
+    if notes:
+        fig.text(0.01, 0.005, textwrap.fill("; ".join(notes), 110), fontsize="small", va="bottom")
+    fig.tight_layout(rect=(0, 0.04 if notes else 0, 1, 1))
+    return fig
+
+
+def _figure_text(value: object, metric: str) -> str:
+    if metric in _PERCENT and isinstance(value, float):
+        return f"{100 * value:g} %"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _mark(ax: Any, metric: str, marks: Marks, latency_unit: str, scale: float) -> None:
+    """The SLO bound, the threshold and the answer on one panel."""
+    if marks.slo is not None and metric in _LATENCY:
+        to_row = 1e3 if latency_unit == "ms" else 1.0  # SLO bounds are in s or steps
+        unit = "ms" if latency_unit == "ms" else "steps"
+        for bounded, bound in marks.slo.bounds:
+            if bounded == metric[4:]:
+                ax.axhline(
+                    to_row * bound,
+                    color="tab:red",
+                    ls="--",
+                    lw=1,
+                    label=f"SLO {bounded} <= {to_row * bound:g} {unit}",
+                )
+    t = marks.threshold
+    if t is not None and t.column == metric:
+        ax.axhline(scale * t.value, color="tab:green", ls=":", lw=1.5, label=f"--until {t.text}")
+    if marks.answer is not None:
+        ax.axvline(marks.answer, color="black", ls="-.", lw=1, label=marks.answer_text or None)
+
+
+def plot(
+    rows: Sequence[SweepRow],
+    path: str | Path,
+    metrics: Sequence[str],
+    title: str = "",
+    marks: Marks = Marks(),
+) -> None:
+    """:func:`figure`, written to ``path`` (PNG, PDF or SVG by its suffix). Complexity:
+    O(rows x metrics)."""
+    fig = figure(rows, metrics, title, marks)
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
 
 
 def check_metrics(metrics: Sequence[str]) -> None:
