@@ -33,22 +33,30 @@ from pagedkv.errors import (
     SweepPointError,
 )
 from pagedkv.serving import cli, workload
-from pagedkv.serving.latency import RequestRecord
+from pagedkv.serving.latency import RequestRecord, percentile
 from pagedkv.serving.report import SimulationResult
 from pagedkv.serving.simulator import SimulationConfig, Simulator
-from pagedkv.serving.slo import SLO, attainment, parse_slo
+from pagedkv.serving.slo import MIN_TAIL, SLO, attainment, parse_slo, tail_count
 from pagedkv.serving.step_time import StepTimeModel
 from pagedkv.serving.sweep import (
     COLUMNS,
     Executor,
+    Marks,
     Point,
     ProcessExecutor,
     SweepRow,
+    figure,
     find_least,
+    find_least_each,
+    grid_points,
     make_executor,
+    parse_grid,
     parse_predicate,
     parse_vary,
+    point_label,
+    quantile_answer,
     run_point,
+    seeds_needed,
 )
 
 LLAMA = str(Path(__file__).parent / "data" / "models" / "llama-3.1-8b.json")
@@ -213,6 +221,23 @@ def test_parse_vary_lists_and_ranges() -> None:
     assert parse_vary("block_size=8:20:8") == ("block_size", [8, 16])  # STOP not reached
     assert parse_vary("request_rate=0.5,inf") == ("request_rate", [0.5, math.inf])
     assert parse_vary("preemption=recompute,swap") == ("preemption", ["recompute", "swap"])
+    assert parse_vary("seed=0:4:2") == ("seed", [0, 2, 4])
+    assert parse_vary("engine=v1,v0") == ("engine", ["v1", "v0"])
+    assert parse_vary("enable_caching=on,off") == ("enable_caching", ["on", "off"])
+
+
+def test_a_grid_is_every_combination_first_parameter_outermost() -> None:
+    varied = parse_grid(["gpu_blocks=8,16", "engine=v0,v1", "seed=3"])
+    points = grid_points(varied)
+    assert points == [
+        {"gpu_blocks": b, "engine": e, "seed": 3} for b in (8, 16) for e in ("v0", "v1")
+    ]
+    assert point_label(points[1]) == ("gpu_blocks,engine,seed", "8,v1,3")
+    assert point_label({"request_rate": 2.5}) == ("request_rate", 2.5)
+    err = raised(InvalidSweepError, parse_grid, ["seed=1,2", "seed=3"])
+    assert "varied twice" in err.detail
+    err = raised(InvalidSweepError, parse_grid, ["seed=0:9999:1", "engine=v0,v1"])
+    assert "20,000 points" in err.detail
 
 
 @pytest.mark.parametrize(
@@ -229,6 +254,9 @@ def test_parse_vary_lists_and_ranges() -> None:
         ("gpu_blocks=1:8", "a range is START:STOP:STEP"),
         ("gpu_blocks=8:4:1", "STOP is below START"),
         ("gpu_blocks=1:100000:1", "over 10,000"),
+        ("seed=-1", "integers >= 0"),
+        ("engine=v2", "v0 or v1"),
+        ("enable_caching=yes", "on or off"),
     ],
 )
 def test_parse_vary_rejects(text: str, fragment: str) -> None:
@@ -620,7 +648,7 @@ def test_find_prints_every_point_and_the_answer(
     rows = _csv_rows(out)
     assert [int(r["value"]) for r in rows] == sorted(int(r["value"]) for r in rows)
     assert len(lines) == len(rows) + 1 and lines[0].startswith("gpu_blocks=1: fails")
-    answer = int(lines[-1].split(" = ")[1].split(":")[0])
+    answer = int(lines[-1].split(" = ")[1].split()[0])
     held = {int(r["value"]): float(r["slo_attainment"]) >= 0.5 for r in rows}
     assert held[answer] and not held[answer - 1]
     assert all(held[v] for v in held if v > answer)  # monotone here: no report line
@@ -642,7 +670,7 @@ def test_find_reports_where_the_predicate_is_not_monotone(
     assert cli.main(["sweep", *argv]) == 0
     lines = capsys.readouterr().out.splitlines()
     held = {int(r["value"]): int(r["preempted"]) <= 2 for r in _csv_rows(out)}
-    answer = int(lines[-2].split(" = ")[1].split(":")[0])
+    answer = int(lines[-2].split(" = ")[1].split()[0])
     assert held[answer] and not held[answer - 1]
     below = [v for v in held if v < answer and held[v]]
     above = [v for v in held if v > answer and not held[v]]
@@ -675,3 +703,330 @@ def test_sweep_plot_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_sweep_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["sweep", "--help"]) == 0
     assert "--vary" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------- seeds
+
+
+def test_tail_count_is_the_samples_above_the_percentile() -> None:
+    for n in range(1, 320):
+        ordered = [float(i) for i in range(n)]  # distinct: "above" is exact
+        for percent in (50, 90, 99):
+            above = sum(v > percentile(ordered, percent) for v in ordered)
+            assert tail_count(n, percent) == above, (n, percent)
+    assert tail_count(200, 99) == 2 and tail_count(1000, 99) == MIN_TAIL and tail_count(0, 99) == 0
+
+
+def test_searches_in_lockstep_give_each_predicates_own_answer() -> None:
+    thresholds = [17, 3, 64, 100]  # 100: above --high, no answer
+    batches: list[list[tuple[int, int]]] = []
+
+    def evaluate(asked: list[tuple[int, int]]) -> list[bool]:
+        batches.append(asked)
+        return [v >= thresholds[i] for i, v in asked]
+
+    found = find_least_each(1, 64, evaluate, len(thresholds), per_round=2, neighbours=1)
+    for i, threshold in enumerate(thresholds):
+        alone = find_least(1, 64, _counting(threshold=threshold)[1], 2, 1)
+        assert found[i] == alone
+    assert len(batches) <= max(len(b) for b in batches)  # rounds shared, not one per search
+    assert {i for b in batches for i, _ in b} == set(range(len(thresholds)))
+
+
+def test_quantile_answer_is_the_kth_of_the_sorted_answers() -> None:
+    answers = [2914, 3783, None, 3213]
+    assert seeds_needed(4, 1.0) == 4 and seeds_needed(10, 0.9) == 9 and seeds_needed(3, 0.5) == 2
+    assert quantile_answer(answers, 1.0) is None  # one seed has no answer: none for every seed
+    assert quantile_answer(answers, 0.75) == 3783  # 3 of 4 seeds
+    assert quantile_answer(answers, 0.5) == 3213
+    assert quantile_answer(answers, 0.25) == 2914
+    assert quantile_answer([10, 7, None], 1.0, greatest=True) is None
+    assert quantile_answer([10, 7, None], 0.6, greatest=True) == 7  # 2 of 3
+    assert quantile_answer([10, 7, None], 0.3, greatest=True) == 10
+    assert raised(InvalidSweepError, quantile_answer, [1], 0.0).flag == "--quantile"
+
+
+def _spread_cell(values: list[float], show: Callable[[float], str]) -> str:
+    ordered = sorted(values)
+    n = len(ordered)
+    median = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    if ordered[0] == ordered[-1]:
+        return show(median)
+    return f"{show(median)} [{show(ordered[0])}, {show(ordered[-1])}]"
+
+
+def test_seeds_give_a_row_per_seed_and_the_tables_median_min_max(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "rows.csv"
+    argv = ["sweep", *BASE, "--slo", "ttft=40", "--vary", "gpu_blocks=20,40", "--seeds", "3"]
+    argv += ["--seed", "5", "--executor", "serial", "--out", str(out)]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    rows = _csv_rows(out)
+    assert [(r["value"], r["seed"]) for r in rows] == [
+        (b, s) for b in ("20", "40") for s in ("5", "6", "7")
+    ]
+    lines = captured.out.splitlines()
+    assert lines[0] == "each figure: median [min, max] over seeds 5-7"
+    head = lines[1]
+    assert head.split()[:2] == ["gpu_blocks", "seeds"]
+    for line, blocks in zip(lines[2:], ("20", "40"), strict=True):
+        mine = [r for r in rows if r["value"] == blocks]
+        p99 = _spread_cell([float(r["p99_ttft"]) for r in mine], lambda x: f"{x:,.1f}")
+        met = _spread_cell([100 * float(r["slo_attainment"]) for r in mine], lambda x: f"{x:.1f}")
+        pre = _spread_cell([float(r["preempted"]) for r in mine], lambda x: f"{x:,.0f}"
+                           if x == int(x) else f"{x:,.1f}")  # fmt: skip
+        assert line.startswith(f"{blocks} ") and f" {p99} " in f" {line} "
+        assert line.endswith(met) and f" {pre} " in line
+        assert len({r["p99_ttft"] for r in mine}) > 1  # the seeds differ
+    # each row is simulate --seed S at that point
+    for r in rows[:3:2]:
+        data = _simulate_json(
+            capsys, [*BASE, "--slo", "ttft=40", "--gpu-blocks", r["value"], "--seed", r["seed"]]
+        )
+        assert r["p99_ttft"] == str(data["metrics"]["ttft"]["p99"])
+        assert r["preempted"] == str(
+            data["summary"]["preempted_recompute"] + data["summary"]["preempted_swap"]
+        )
+    assert "p99 latencies rest on the 1 slowest of as few as 8" in captured.err
+
+
+def test_a_grid_of_engine_and_caching_is_simulate_at_each_combination(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "grid.csv"
+    argv = ["sweep", *BASE, "--gpu-blocks", "24", "--vary", "engine=v0,v1"]
+    argv += ["--vary", "enable_caching=on,off", "--executor", "serial", "--out", str(out)]
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    rows = _csv_rows(out)
+    assert [(r["parameter"], r["value"]) for r in rows] == [
+        ("engine,enable_caching", f"{e},{c}") for e in ("v0", "v1") for c in ("on", "off")
+    ]
+    flags = {
+        "v0,on": ["--enable-caching"],
+        "v0,off": [],
+        "v1,on": ["--engine", "v1"],
+        "v1,off": ["--engine", "v1", "--no-enable-prefix-caching"],
+    }
+    for r in rows:
+        data = _simulate_json(capsys, [*BASE, "--gpu-blocks", "24", *flags[r["value"]]])
+        assert data["setup"].get("engine", "v0") == r["value"][:2]
+        assert data["summary"]["prefix_caching"] is r["value"].endswith("on")
+        assert r["steps"] == str(data["summary"]["steps"])
+        assert r["p99_ttft"] == str(data["metrics"]["ttft"]["p99"])
+
+
+def test_a_second_vary_of_the_same_parameter_or_seed_with_seeds_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["sweep", *BASE, "--vary", "seed=1,2", "--seeds", "2"]
+    assert cli.main(argv) == 2
+    assert "--vary seed=... and --seeds N both set the seeds" in capsys.readouterr().err
+    assert cli.main(["sweep", *BASE, "--vary", "seed=1", "--vary", "seed=2"]) == 2
+    assert "seed is varied twice" in capsys.readouterr().err
+
+
+def _answer(line: str) -> str:
+    return line.split(" = ")[1].split()[0]
+
+
+def test_find_over_seeds_answers_for_the_worst_seed_in_units(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    find = ["--slo", "ttft=40", "--find", "min_gpu_blocks", "--until", "slo_attainment>=0.5"]
+    find += ["--low", "16", "--high", "64", "--executor", "serial"]
+    alone = []
+    for seed in ("0", "1", "2"):  # each seed's own search, as a separate command
+        assert cli.main(["sweep", *BASE, *find, "--seed", seed]) == 0
+        alone.append(int(_answer(capsys.readouterr().out.splitlines()[-1])))
+    out = tmp_path / "find.csv"
+    assert cli.main(["sweep", *BASE, *find, "--seeds", "3", "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ordered = sorted(alone)
+    assert lines[-2] == (
+        f"per seed: seed 0: {alone[0]}, seed 1: {alone[1]}, seed 2: {alone[2]}; "
+        f"min {ordered[0]}, median {ordered[1]}, max {ordered[2]}"
+    )
+    worst = max(alone)
+    data = _simulate_json(capsys, [*BASE, "--gpu-blocks", str(worst)])
+    setup = data["setup"]
+    tokens = worst * setup["block_size"]
+    gib = worst * setup["block_bytes"] / 2**30
+    assert lines[-1].startswith(
+        f"min_gpu_blocks = {worst} blocks ({tokens:,} tokens, {gib:,.2f} GiB of KV per GPU) "
+        "for every seed (the worst): slo_attainment>=0.5 holds there for 3 of 3 seeds ("
+    )
+    rows = _csv_rows(out)
+    at = {r["seed"]: float(r["slo_attainment"]) for r in rows if r["value"] == str(worst)}
+    assert at.keys() == {"0", "1", "2"} and all(a >= 0.5 for a in at.values())  # confirmed
+    # --quantile 0.5: the median seed's answer
+    argv = ["sweep", *BASE, *find, "--seeds", "3", "--quantile", "0.5"]
+    assert cli.main(argv) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert _answer(last) == str(ordered[1]) and "for at least 2 of 3 seeds" in last
+
+
+def test_find_max_request_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    timed = ["--time-model", "c0=0.01,c_prefill=0.0001,c_decode=0.0005", "--slo", "ttft=100ms"]
+    argv = ["sweep", *BASE, "--gpu-blocks", "64", *timed, "--find", "max_request_rate"]
+    argv += [
+        "--until",
+        "slo_attainment>=0.75",
+        "--high",
+        "40",
+        "--step",
+        "2",
+        "--executor",
+        "serial",
+    ]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    last = captured.out.splitlines()[-1]
+    assert last.startswith("max_request_rate = ") and " requests/s: " in last
+    rate = float(_answer(last))
+    assert 10 <= rate < 400 and (rate / 10).is_integer()
+    assert f"holds at {rate:g} and fails at {rate + 10:g} (" in last
+    for r, meets in ((rate, True), (rate + 10, False)):
+        data = _simulate_json(
+            capsys, [*BASE, "--gpu-blocks", "64", *timed, "--request-rate", str(r)]
+        )
+        assert (data["slo"]["attainment"] >= 0.75) is meets
+    assert "--seeds N answers for the worst of N" in captured.err
+
+
+def test_a_find_on_a_thin_attainment_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sweep", *BASE, "--slo", "ttft=40", "--find", "min_gpu_blocks"]
+    argv += [
+        "--until",
+        "slo_attainment>=0.9",
+        "--low",
+        "30",
+        "--high",
+        "64",
+        "--executor",
+        "serial",
+    ]
+    cli.main(argv)
+    assert (
+        "--until slo_attainment>=0.9 over 8 requests allows 0 misses (fewer than 10)"
+        in capsys.readouterr().err
+    )
+
+
+def test_ctrl_c_keeps_the_finished_points(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import signal
+
+    from pagedkv.serving import sweep
+
+    real = sweep.run_point
+
+    def first_then_ctrl_c(point: Point) -> SweepRow:
+        row = real(point)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the first point ends
+        return row
+
+    monkeypatch.setattr(sweep, "run_point", first_then_ctrl_c)
+    out = tmp_path / "rows.csv"
+    argv = ["sweep", *BASE, "--vary", "gpu_blocks=20,30,40", "--executor", "serial"]
+    assert cli.main([*argv, "--out", str(out)]) == 130
+    captured = capsys.readouterr()
+    assert [r["value"] for r in _csv_rows(out)] == ["20"]
+    assert "interrupted: 1 of 3 points finished" in captured.err
+    assert captured.out.splitlines()[1].startswith("20 ")
+
+
+# ---------------------------------------------------------------------------- the plot
+
+
+def _figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    from pagedkv.serving import sweep
+
+    made: list[Any] = []
+    real = sweep.figure
+
+    def keep(*args: Any, **kwargs: Any) -> Any:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(sweep, "figure", keep)
+    return made
+
+
+def test_the_find_plot_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    made = _figures(monkeypatch)
+    trace = tmp_path / "a-long-folder-name" / "my-trace.jsonl"
+    trace.parent.mkdir()
+    requests = _requests(8)
+    trace.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "prompt_len": r.prompt_len,
+                    "output_len": r.output_len,
+                    "arrival_time": r.arrival_time,
+                }
+            )
+            + "\n"
+            for r in requests
+        )
+    )
+    plot = tmp_path / "find.png"
+    argv = ["sweep", "--trace", str(trace), "--kv-backing", "none", "--quiet", "--slo", "ttft=40"]
+    argv += ["--find", "min_gpu_blocks", "--until", "slo_attainment>=0.5", "--high", "64"]
+    argv += ["--metric", "p99_ttft,slo_attainment,aborted", "--executor", "serial"]
+    assert cli.main([*argv, "--plot", str(plot)]) == 0
+    answer = float(_answer(capsys.readouterr().out.splitlines()[-1]))
+    (fig,) = made
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    title = fig._suptitle.get_text()
+    assert "my-trace.jsonl" in title and "a-long-folder-name" not in title
+    axes = fig.get_axes()
+    # aborted is 0 at every point: no panel, a note instead
+    assert [ax.get_ylabel() for ax in axes] == ["p99 TTFT (steps)", "SLO attainment (%)"]
+    assert axes[-1].get_xlabel() == "GPU KV blocks"
+    notes = " ".join(t.get_text() for t in fig.texts)
+    assert "aborted requests: 0 at every point" in notes
+    for ax in axes:
+        assert ax.get_ylim()[0] == 0  # no negative axis
+        answers = [ln for ln in ax.get_lines() if ln.get_label() == f"min_gpu_blocks = {answer:g}"]
+        assert len(answers) == 1 and list(answers[0].get_xdata()) == [answer, answer]
+    slo = [ln for ln in axes[0].get_lines() if ln.get_label() == "SLO ttft <= 40 steps"]
+    assert len(slo) == 1 and list(slo[0].get_ydata()) == [40, 40]
+    until = [ln for ln in axes[1].get_lines() if ln.get_label() == "--until slo_attainment>=0.5"]
+    assert len(until) == 1 and list(until[0].get_ydata()) == [50, 50]
+    # the points drawn are the CSV's: attainment in %, by block count
+    (points,) = [ln for ln in axes[1].get_lines() if ln.get_marker() == "o"]
+    drawn = dict(zip(points.get_xdata(), points.get_ydata(), strict=True))
+    assert drawn[answer] >= 50
+
+
+def test_a_seeded_grid_plot_draws_a_band_per_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    points = []
+    for blocks in (16, 32):
+        for engine in ("v0", "v1"):
+            for seed in (0, 1):
+                p = _points(blocks)[0]
+                config = dataclasses.replace(p.config, seed=seed, engine=engine)
+                name, value = point_label({"gpu_blocks": blocks, "engine": engine})
+                points.append(Point(name, value, config, tuple(_requests(6, seed)), p.slo))
+    rows = Executor().run(points)
+    fig = figure(rows, ["p99_ttft"], "t", Marks())
+    (ax,) = fig.get_axes()
+    lines = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]
+    assert [ln.get_label() for ln in lines] == ["engine=v0", "engine=v1"]
+    for line, engine in zip(lines, ("v0", "v1"), strict=True):
+        for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True):
+            mine = [r.p99_ttft for r in rows if r.value == f"{int(x)},{engine}"]
+            low, high = sorted(m for m in mine if m is not None)
+            assert len(mine) == 2 and y == (low + high) / 2
+    assert len(ax.collections) == 2  # one min-max band per line
+    assert "seeds 0, 1" in fig._suptitle.get_text()

@@ -615,7 +615,10 @@ def _sweep(argv: list[str]) -> int:
     out = _RowWriter(own.out)
     interrupted = _Interrupt(after="when the running points end; finished ones are kept")
     if predicate is not None:  # --find: the command line as given sizes the search
-        base = prepare_run(args)
+        sized = argparse.Namespace(**vars(args))
+        if own.find == "max_request_rate" and args.request_rate is None:
+            sized.request_rate = 1.0  # the search sets the rate; the rest is checked here
+        base = prepare_run(sized)
         with executor, interrupted:
             found = _find(args, own, base, predicate, executor, seeds, out, interrupted)
         rows = out.rows
@@ -645,8 +648,9 @@ def _sweep(argv: list[str]) -> int:
             )
     if own.out:
         print(f"pagedkv: {len(rows)} rows written to {own.out}", file=sys.stderr)
+    plotted = out.plotted or rows
     if own.plot and rows:
-        _write(own.plot, "--plot", lambda tmp: sweep.plot(rows, tmp, metrics, title, marks))
+        _write(own.plot, "--plot", lambda tmp: sweep.plot(plotted, tmp, metrics, title, marks))
         print(f"pagedkv: plot written to {own.plot}", file=sys.stderr)
     return 130 if interrupted.asked else 0
 
@@ -679,14 +683,15 @@ class _RowWriter:
 
     def __init__(self, path: str | None) -> None:
         self.path, self.rows, self._written, self._last = path, list[sweep.SweepRow](), 0, 0.0
+        self.plotted: list[sweep.SweepRow] | None = None  # the plot's rows, if not `rows`
 
     def add(self, row: sweep.SweepRow) -> None:
         self.rows.append(row)
         if time.monotonic() - self._last >= 1.0:
             self.flush()
 
-    def flush(self) -> None:
-        if self.path is None or self._written == len(self.rows):
+    def flush(self, force: bool = False) -> None:
+        if self.path is None or (self._written == len(self.rows) and not force):
             return
         rows = list(self.rows)
         _write(self.path, "--out", lambda tmp: sweep.write_csv(rows, tmp))
@@ -798,16 +803,16 @@ def _find(
         shown = [("-" if a is None else _figure(values(a))) for a in answers]
         got = [float(values(a)) for a in answers if a is not None]
         spread = ""
-        if got:
+        if len(got) == len(answers):
             med = statistics.median(got)
             spread = f"; min {_figure(min(got))}, median {_figure(med)}, max {_figure(max(got))}"
+        else:
+            spread = f"; {len(answers) - len(got)} of {len(answers)} seeds have none in range"
         print(
             "per seed: "
             + ", ".join(f"seed {sd}: {a}" for sd, a in zip(seeds, shown, strict=True))
             + spread
         )
-    for i, result in enumerate(found):
-        _print_monotone(result, predicate, values, rate, f" (seed {seeds[i]})" if many else "")
     who = (
         ""
         if not many
@@ -845,6 +850,8 @@ def _find(
                 f"{_figure(values(answer))} for {held} seeds, fewer than {k}"
             )
         result_value = float(values(answer))
+    for i, result in enumerate(found):
+        _print_monotone(result, predicate, values, rate, f" (seed {seeds[i]})" if many else "")
     near = [rows[i, v] for (i, v) in rows if answer is not None and v == answer] or list(
         rows.values()
     )
@@ -857,6 +864,12 @@ def _find(
             file=sys.stderr,
         )
     out.rows = [rows[key] for key in sorted(rows, key=lambda k: (k[1], k[0]))]
+    out.flush(force=True)  # by value, then seed
+    if many:  # the plot draws one line per seed (each seed's search visits its own values)
+        out.plotted = [
+            dataclasses.replace(r, parameter=f"{r.parameter},seed", value=f"{r.value},{r.seed}")
+            for r in sorted(out.rows, key=lambda r: r.seed)
+        ]
     return result_value
 
 
