@@ -871,16 +871,8 @@ def test_find_over_seeds_answers_for_the_worst_seed_in_units(
 def test_find_max_request_rate(capsys: pytest.CaptureFixture[str]) -> None:
     timed = ["--time-model", "c0=0.01,c_prefill=0.0001,c_decode=0.0005", "--slo", "ttft=100ms"]
     argv = ["sweep", *BASE, "--gpu-blocks", "64", *timed, "--find", "max_request_rate"]
-    argv += [
-        "--until",
-        "slo_attainment>=0.75",
-        "--high",
-        "40",
-        "--step",
-        "2",
-        "--executor",
-        "serial",
-    ]
+    argv += ["--until", "slo_attainment>=0.75", "--high", "400", "--step", "10"]
+    argv += ["--executor", "serial"]
     assert cli.main(argv) == 0
     captured = capsys.readouterr()
     last = captured.out.splitlines()[-1]
@@ -898,16 +890,8 @@ def test_find_max_request_rate(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_a_find_on_a_thin_attainment_warns(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["sweep", *BASE, "--slo", "ttft=40", "--find", "min_gpu_blocks"]
-    argv += [
-        "--until",
-        "slo_attainment>=0.9",
-        "--low",
-        "30",
-        "--high",
-        "64",
-        "--executor",
-        "serial",
-    ]
+    argv += ["--until", "slo_attainment>=0.9", "--low", "30", "--high", "64"]
+    argv += ["--executor", "serial"]
     cli.main(argv)
     assert (
         "--until slo_attainment>=0.9 over 8 requests allows 0 misses (fewer than 10)"
