@@ -56,7 +56,27 @@ def test_summary_table(capsys: pytest.CaptureFixture[str]) -> None:
     out, err = capsys.readouterr()
     for label in ("requests", "preemptions", "KV usage", "fragmentation", "scheduler", "checks"):
         assert label in out
-    assert "4 total: 4 finished" in out and "all held" in out and err == ""
+    assert "4 total: 4 finished" in out and "all held" in out
+    # 4 requests: the p99 (rank 0.99 x 3) and the p90 (rank 2.7) each have 1 request above
+    assert err == THIN_4
+
+
+THIN_4 = (
+    "pagedkv: warning: the p99 of TTFT, TPOT, E2EL and the p90 of TTFT, TPOT, E2EL rest on "
+    "fewer than 10 requests beyond them (4 finished: the p99 rests on 1, the p90 on 1); read "
+    "them as rough figures, or run more requests\n"
+)
+
+
+def test_a_thin_p99_is_named_and_a_p90_of_enough_requests_is_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 120 requests: the p90 rests on 119 - floor(0.9 x 119) = 12, the p99 on 2
+    argv = ["simulate", "--preset", "chat", "--num-requests", "120", "--kv-backing", "none"]
+    assert cli.main([*argv, "--quiet", "--gpu-blocks", "400"]) == 0
+    err = capsys.readouterr().err
+    assert "the p99 of TTFT, TPOT, E2EL rest on" in err and "p90" not in err.split("(")[0]
+    assert "(120 finished: the p99 rests on 2, the p90 on 12)" in err
 
 
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
@@ -247,7 +267,7 @@ def test_plot_writes_a_png(
     target = tmp_path / "run.png"
     assert cli.main([*SMALL, "--plot", str(target)]) == 0
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert capsys.readouterr().err == f"pagedkv: plot written to {target}\n"
+    assert capsys.readouterr().err == f"pagedkv: plot written to {target}\n" + THIN_4
     (figure,) = closed
     assert figure.get_suptitle().startswith("pagedkv simulate --preset chat: 4/4 finished, ")
 
@@ -287,8 +307,8 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "\r[" in terminal.getvalue() and "4/4 requests" in terminal.getvalue()
     terminal.seek(0)
     terminal.truncate()
-    assert cli.main(SMALL) == 0  # --quiet
-    assert terminal.getvalue() == ""
+    assert cli.main(SMALL) == 0  # --quiet: no bar; the warning stays
+    assert terminal.getvalue() == THIN_4
 
 
 def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:

@@ -45,6 +45,7 @@ from pagedkv.errors import (
 from pagedkv.output_files import check_output_path, write_atomically
 from pagedkv.serving import report, slo, sweep, traces, workload
 from pagedkv.serving.capacity import CapacityPlan, plan_capacity
+from pagedkv.serving.latency import ServingMetrics
 from pagedkv.serving.model_config import KV_CACHE_DTYPES, load_model_config
 from pagedkv.serving.scheduler import SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
@@ -1023,25 +1024,27 @@ def _seeds_text(rows: Sequence[sweep.SweepRow]) -> str:
     return f"{min(seeds)}-{max(seeds)}" if seeds else "-"
 
 
-def _thin_percentiles(metrics: Any) -> list[str]:
-    """Lines naming the summary's percentiles that rest on fewer than
-    :data:`~pagedkv.serving.slo.MIN_TAIL` requests beyond them."""
-    out = []
-    for percent in (99, 90):
-        thin = [
-            (name.upper(), d.count)
+def _thin_percentiles(metrics: ServingMetrics) -> list[str]:
+    """One line naming the summary's p90 and p99 that rest on fewer than
+    :data:`~pagedkv.serving.slo.MIN_TAIL` requests beyond them (none: no line)."""
+    thin = {
+        percent: [
+            name.upper()
             for name in ("ttft", "tpot", "e2el")
             if (d := getattr(metrics, name)).count
             and slo.tail_count(d.count, percent) < slo.MIN_TAIL
         ]
-        if thin:
-            n = min(count for _, count in thin)
-            out.append(
-                f"the p{percent} of {', '.join(name for name, _ in thin)} rests on "
-                f"{slo.tail_count(n, percent)} of as few as {n} requests (fewer than "
-                f"{slo.MIN_TAIL} beyond it): read it as a rough figure, or run more requests"
-            )
-    return out
+        for percent in (99, 90)
+    }
+    parts = [f"p{p} of {', '.join(names)}" for p, names in thin.items() if names]
+    if not parts:
+        return []
+    n = metrics.completed
+    return [
+        f"the {' and the '.join(parts)} rest on fewer than {slo.MIN_TAIL} requests beyond "
+        f"them ({n} finished: the p99 rests on {slo.tail_count(n, 99)}, the p90 on "
+        f"{slo.tail_count(n, 90)}); read them as rough figures, or run more requests"
+    ]
 
 
 @dataclass(frozen=True)
