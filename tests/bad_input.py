@@ -2128,6 +2128,26 @@ for _name, _args in (
         "request rate of a preset with a time model, unvaried",
         (*_FIND, "--time-model", "c0=0.01"),
     ),
+    ("seeds 0", ("--vary", "gpu_blocks=4,8", "--seeds", "0")),
+    ("vary seed with seeds", ("--vary", "seed=1,2", "--seeds", "2")),
+    ("vary one parameter twice", ("--vary", "gpu_blocks=4", "--vary", "gpu_blocks=8")),
+    ("vary an unknown engine", ("--vary", "engine=v2")),
+    ("vary caching yes", ("--vary", "enable_caching=yes")),
+    ("vary a negative seed", ("--vary", "seed=-1")),
+    ("quantile without find", ("--vary", "gpu_blocks=4,8", "--quantile", "0.5")),
+    ("quantile 0", (*_FIND, "--quantile", "0")),
+    ("quantile above 1", (*_FIND, "--quantile", "1.5")),
+    ("step with min_gpu_blocks", (*_FIND, "--step", "2")),
+    ("rate find without high", ("--find", "max_request_rate", "--until", "preempted==0")),
+    (
+        "rate find with high x",
+        ("--find", "max_request_rate", "--until", "preempted==0", "--high", "x"),
+    ),
+    (
+        "rate find step 0",
+        ("--find", "max_request_rate", "--until", "preempted==0", "--high", "4", "--step", "0"),
+    ),
+    ("blocks find low 1.5", (*_FIND, "--low", "1.5")),
 ):
     CLI_CASES.append(CliCase(f"sweep {_name}", _sweep(*_args), files={"m.json": _MODEL}))
 for _name, _args in (

@@ -1345,3 +1345,33 @@ def test_a_run_cut_by_max_steps_says_so(capsys: pytest.CaptureFixture[str]) -> N
     assert "warning: the run stopped at --max-steps 3 with 4 requests unfinished" in captured.err
     assert cli.main([*SMALL, "--max-steps", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stopped"] == "max_steps"
+
+
+def test_simulate_over_seeds_prints_each_seed_and_the_spread(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = ["simulate", "--preset", "chat", "--num-requests", "8", "--kv-backing", "none"]
+    base += ["--quiet", "--gpu-blocks", "24"]
+    assert cli.main([*base, "--seeds", "3", "--seed", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "workload: --preset chat, 3 seeds"
+    per_seed, blank, together = lines[2:5], lines[5], lines[8]
+    assert blank == "" and lines[6] == "each figure: median [min, max] over seeds 4-6"
+    assert lines[1].split()[0] == "seed" and lines[7].split()[0] == "seeds"
+    p99s = []
+    for line, seed in zip(per_seed, (4, 5, 6), strict=True):
+        assert cli.main([*base, "--seed", str(seed), "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        p99 = data["metrics"]["ttft"]["p99"]
+        p99s.append(p99)
+        assert line.split()[0] == str(seed) and f" {p99:,.1f} " in line
+    low, mid, high = sorted(p99s)
+    assert together.startswith("4-6 ") and f" {mid:,.1f} [{low:,.1f}, {high:,.1f}] " in together
+
+
+def test_simulate_over_seeds_refuses_one_runs_outputs(capsys: pytest.CaptureFixture[str]) -> None:
+    line = error_of(capsys, [*SMALL, "--seeds", "2", "--json"])
+    assert line == (
+        "pagedkv: error: --json: one run's outputs, not with --seeds N; for one row per seed "
+        "use pagedkv sweep --seeds N --vary ... --out FILE.csv"
+    )

@@ -3411,7 +3411,7 @@ def _always(values: list[int]) -> list[bool]:
 
 
 COLUMNS_LISTED = (
-    "aborted, block_size, duration, finished, goodput, mean_kv_usage, num_gpu_blocks, "
+    "aborted, block_bytes, block_size, duration, finished, goodput, mean_kv_usage, num_gpu_blocks, "
     "output_throughput, p50_e2el, p50_tpot, p50_ttft, p99_e2el, p99_tpot, p99_ttft, "
     "peak_kv_usage, preempted, preempted_recompute, preempted_swap, rejected, "
     "request_throughput, requests, slo_attainment, steps, unfinished, wall_s"
@@ -3504,7 +3504,51 @@ SWEEP_MESSAGES = [
         lambda: sweep.parse_vary("speed=1,2"),
         InvalidSweepError,
         "--vary: unknown parameter 'speed'; vary one of gpu_blocks, block_size, request_rate, "
-        "preemption, max_num_seqs, max_num_batched_tokens, max_concurrency, num_requests",
+        "preemption, max_num_seqs, max_num_batched_tokens, max_concurrency, num_requests, seed, "
+        "engine, enable_caching",
+    ),
+    case(
+        "sweep: a negative seed",
+        lambda: sweep.parse_vary("seed=0,-1"),
+        InvalidSweepError,
+        "--vary: seed takes integers >= 0, got '-1'",
+    ),
+    case(
+        "sweep: an unknown engine",
+        lambda: sweep.parse_vary("engine=v0,v2"),
+        InvalidSweepError,
+        "--vary: engine takes v0 or v1, got 'v2'",
+    ),
+    case(
+        "sweep: a parameter varied twice",
+        lambda: sweep.parse_grid(["seed=1", "engine=v0", "seed=2"]),
+        InvalidSweepError,
+        "--vary: seed is varied twice; give its values in one --vary",
+    ),
+    case(
+        "sweep: a grid of too many points",
+        lambda: sweep.parse_grid(["seed=0:4999:1", "engine=v0,v1", "enable_caching=on,off"]),
+        InvalidSweepError,
+        "--vary: the grid of seed x engine x enable_caching makes 20,000 points, over 10,000; "
+        "give fewer values",
+    ),
+    case(
+        "sweep: a quantile of the seeds out of range",
+        lambda: sweep.quantile_answer([4, 5], 1.5),
+        InvalidSweepError,
+        "--quantile: must be a number in (0, 1], got 1.5",
+    ),
+    case(
+        "sweep: no per-seed answers",
+        lambda: sweep.quantile_answer([], 1.0),
+        InvalidSweepError,
+        "--seeds: no per-seed answers; give --seeds N >= 1",
+    ),
+    case(
+        "sweep: no searches",
+        lambda: sweep.find_least_each(1, 4, lambda asked: [], 0),
+        InvalidSweepError,
+        "searches: must be an integer >= 1, got 0",
     ),
     case(
         "sweep: a value twice",
