@@ -6,10 +6,11 @@ Commands:
                with ``--model config.json``, a real model's cache sized as vLLM sizes
                it (:mod:`pagedkv.serving.capacity`); with ``--slo``, SLO attainment
                and goodput (:mod:`pagedkv.serving.slo`)
-    sweep      simulate's setup at several values of one parameter (``--vary``), one
-               CSV row per point, or the fewest GPU blocks meeting a target
-               (``--find min_gpu_blocks --until PREDICATE``), the points run in
-               parallel (:mod:`pagedkv.serving.sweep`)
+    sweep      simulate's setup at several values of one or more parameters
+               (``--vary``, a grid), one CSV row per point and seed (``--seeds N``),
+               or the fewest GPU blocks or the greatest request rate meeting a target
+               (``--find min_gpu_blocks|max_request_rate --until PREDICATE``), the
+               points run in parallel (:mod:`pagedkv.serving.sweep`)
 
 torch is imported only when KV tensors are needed (the toy backing): ``--help``, bad
 input and ``--kv-backing none`` runs answer without it.

@@ -1,15 +1,18 @@
-"""Sweeps: one full simulation per value of one parameter, a search for the fewest GPU
-blocks that meet a target, and the executors that run the simulations.
+"""Sweeps: one full simulation per point of one or more varied parameters (and per
+seed), a search for the fewest GPU blocks or the greatest request rate that meet a
+target, and the executors that run the simulations.
 
 A *point* (:class:`Point`) is one simulation: its config, its workload and the SLO to
 report on, built by the command line exactly as ``pagedkv simulate`` builds them with
-the varied flag set to the point's value (``pagedkv sweep`` in
+the varied flags set to the point's values (``pagedkv sweep`` in
 :mod:`pagedkv.serving.cli`). Every point is checked before the first one runs.
 Simulations are deterministic for a seed, so a point's row is the same whatever
 executor ran it, except ``wall_s``.
 
 Parameters (:data:`PARAMETERS`), ``--vary NAME=V1,V2,...`` or, for integers,
-``NAME=START:STOP:STEP`` (START, START+STEP, ... up to and including STOP):
+``NAME=START:STOP:STEP`` (START, START+STEP, ... up to and including STOP); several
+``--vary`` flags make a grid of every combination (:func:`parse_grid`,
+:func:`grid_points`), the first parameter outermost:
 
     gpu_blocks              GPU KV blocks (``--gpu-blocks``; with ``--model``,
                             ``--num-gpu-blocks-override``)
@@ -19,11 +22,21 @@ Parameters (:data:`PARAMETERS`), ``--vary NAME=V1,V2,...`` or, for integers,
                             without)
     preemption              auto, recompute, swap
     max_num_seqs, max_num_batched_tokens, max_concurrency, num_requests
+    seed                    ``--seed`` (integers >= 0): the workload's and re-timing's
+    engine                  v0, v1
+    enable_caching          on, off (prefix caching, either engine)
 
-Row columns (:class:`SweepRow`, one CSV row per point, :data:`COLUMNS`):
+``--seeds N`` runs each point at N seeds: a row per point and seed; :func:`by_point`
+groups them and :func:`spread` gives a column's min / median / max over them
+(:func:`format_rows` prints ``median [min, max]``).
 
-    parameter, value        the varied parameter and the point's value
-    num_gpu_blocks          GPU blocks of the point's cache; block_size its tokens per block
+Row columns (:class:`SweepRow`, one CSV row per point and seed, :data:`COLUMNS`):
+
+    parameter, value        the varied parameter and the point's value (a grid: the
+                            names and the values, each joined by commas)
+    seed                    the point's seed
+    num_gpu_blocks          GPU blocks of the point's cache; block_size its tokens per
+    block_size, block_bytes block, block_bytes its bytes per block (per GPU)
     requests ... unfinished requests and their outcomes (:class:`~pagedkv.serving.report.Summary`)
     preempted               preemptions, both modes (then each mode)
     peak_kv_usage,          used / total GPU blocks after a step's forward pass: its
@@ -46,12 +59,22 @@ the executor runs at once. Bisection assumes the predicate monotone (false below
 answer, true from it on); preemption counts, for one, are not. So after the bisection
 it also evaluates the ``neighbours`` points just below and just above the answer, and
 reports every evaluated point below the answer where the predicate held, and every one
-above it where it failed: either means the predicate is not monotone there.
+above it where it failed: either means the predicate is not monotone there. Over
+seeds, :func:`find_least_each` runs one search per seed side by side, and
+:func:`quantile_answer` picks the worst seed's answer or the one a stated share of the
+seeds reach. :func:`thin_tails` names figures that rest on fewer than
+:data:`~pagedkv.serving.slo.MIN_TAIL` requests.
 
 Executors (:func:`make_executor`): ``process`` (the default: a
 :class:`concurrent.futures.ProcessPoolExecutor` of ``jobs`` processes), ``serial`` (in
 this process), ``ray`` or ``ray:ADDRESS`` (Ray tasks, ``pip install 'pagedkv[ray]'``;
-``ray:auto`` joins a running cluster, ``ray`` alone starts a local one).
+``ray:auto`` joins a running cluster, ``ray`` alone starts a local one). Each hands
+rows back as points finish (in the points' order) and stops starting points when asked
+(Ctrl-C), returning the finished ones.
+
+The plot (:func:`figure`, :func:`plot`): a panel per metric, axes in words and units
+(:func:`axis_label`), the SLO's bounds, the threshold and the answer as lines
+(:class:`Marks`), constant columns as a note instead of a panel.
 """
 
 from __future__ import annotations
@@ -89,21 +112,34 @@ __all__ = [
     "COLUMNS",
     "PARAMETERS",
     "Executor",
+    "Marks",
     "Point",
     "Predicate",
     "ProcessExecutor",
     "RayExecutor",
     "SearchResult",
+    "Spread",
     "SweepRow",
     "Value",
+    "axis_label",
+    "by_point",
     "check_metrics",
+    "figure",
     "find_least",
+    "find_least_each",
     "format_rows",
+    "grid_points",
     "make_executor",
+    "parse_grid",
     "parse_predicate",
     "parse_vary",
     "plot",
+    "point_label",
+    "quantile_answer",
     "run_point",
+    "seeds_needed",
+    "spread",
+    "thin_tails",
     "write_csv",
 ]
 
