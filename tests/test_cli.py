@@ -1375,3 +1375,44 @@ def test_simulate_over_seeds_refuses_one_runs_outputs(capsys: pytest.CaptureFixt
         "pagedkv: error: --json: one run's outputs, not with --seeds N; for one row per seed "
         "use pagedkv sweep --seeds N --vary ... --out FILE.csv"
     )
+
+
+def test_the_simulate_plot_names_the_trace_file_and_leaves_out_zero_preemptions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plt = pytest.importorskip("matplotlib.pyplot")
+    closed: list[Any] = []
+    monkeypatch.setattr(plt, "close", closed.append)  # keep the figures to read them
+    folder = tmp_path / "a-folder-whose-name-is-long"
+    folder.mkdir()
+    trace = folder / "t.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"arrival_time": t, "prompt_len": 20, "output_len": 4}) + "\n"
+            for t in (0, 1, 2)
+        ),
+        encoding="utf-8",
+    )
+    base = ["simulate", "--trace", str(trace), "--quiet", "--kv-backing", "none"]
+    assert cli.main([*base, "--plot", str(tmp_path / "a.png")]) == 0
+    capsys.readouterr()
+    assert cli.main([*base, "--json"]) == 0  # the same run's figures
+    data = json.loads(capsys.readouterr().out)
+    assert data["summary"]["preempted_recompute"] + data["summary"]["preempted_swap"] == 0
+    (fig,) = closed
+    title = fig.get_suptitle()
+    assert title.startswith("pagedkv simulate t.jsonl: 3/3 finished") and "a-folder" not in title
+    axes = fig.get_axes()
+    assert [ax.get_ylabel() for ax in axes] == ["GPU KV blocks used (%)", "requests in queue"]
+    assert axes[-1].get_xlabel() == "time (steps)"
+    assert all(ax.get_ylim()[0] == 0 for ax in axes)
+    notes = [t.get_text() for t in fig.texts if t is not fig._suptitle]
+    assert notes == ["no preemptions in the run"]
+    # a run with preemptions keeps their panel, from 0
+    closed.clear()
+    tight = ["simulate", "--preset", "overload", "--num-requests", "16", "--kv-backing", "none"]
+    assert cli.main([*tight, "--quiet", "--plot", str(tmp_path / "b.png")]) == 0
+    (fig,) = closed
+    axes = fig.get_axes()
+    assert axes[-1].get_ylabel() == "preemptions (cumulative)" and axes[-1].get_ylim()[0] == 0
+    assert [t for t in fig.texts if t is not fig._suptitle] == []

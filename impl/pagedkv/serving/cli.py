@@ -940,9 +940,9 @@ def _rate_unit(config: SimulationConfig) -> str:
 
 
 def _blocks_unit(blocks: int, row: sweep.SweepRow) -> str:
-    tokens = blocks * row.block_size
-    gib = blocks * row.block_bytes / 1024**3
-    return f"blocks ({tokens:,} tokens, {gib:,.2f} GiB of KV per GPU)"
+    tokens, size = blocks * row.block_size, blocks * row.block_bytes
+    shown = f"{size / 1024**3:,.2f} GiB" if size >= 0.01 * 1024**3 else f"{size / 1024**2:,.2f} MiB"
+    return f"blocks ({tokens:,} tokens, {shown} of KV per GPU)"
 
 
 def _print_monotone(
@@ -1168,7 +1168,11 @@ def _serve(args: argparse.Namespace, run: PreparedRun) -> int:
     if args.plot:
         plot_path = args.plot
         try:
-            write_atomically(plot_path, lambda tmp: report.plot(result, tmp, title))
+            # the trace's file name, not its path: the title must fit the figure
+            short = (
+                title.replace(args.trace, os.path.basename(args.trace), 1) if args.trace else title
+            )
+            write_atomically(plot_path, lambda tmp: report.plot(result, tmp, short))
         except OSError as err:  # e.g. the disk filled up: no partial file is left
             raise _UsageError(f"cannot write --plot {plot_path!r}: {err.strerror or err}") from None
         print(f"pagedkv: plot written to {plot_path}", file=sys.stderr)

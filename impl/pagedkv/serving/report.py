@@ -20,6 +20,7 @@ import csv
 import dataclasses
 import itertools
 import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -483,7 +484,8 @@ def require_matplotlib() -> None:
 
 
 def plot(result: SimulationResult, path: str | Path, title: str = "") -> None:
-    """Write a PNG: KV usage, queue lengths and preemptions over steps (Agg backend).
+    """Write a PNG: KV usage, queue lengths and preemptions over steps (Agg backend);
+    a run without preemptions gets a note instead of their (all-zero) panel.
 
     Complexity: O(steps).
     """
@@ -494,7 +496,10 @@ def plot(result: SimulationResult, path: str | Path, title: str = "") -> None:
     import matplotlib.pyplot as plt
 
     line = result.timeline
-    fig, (ax_kv, ax_q, ax_p) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
+    preempted = any(line.preempted_recompute) or any(line.preempted_swap)
+    panels = 3 if preempted else 2  # an all-zero preemption panel only hides the others
+    fig, axes = plt.subplots(panels, 1, figsize=(10, 2.7 * panels), sharex=True)
+    ax_kv, ax_q = axes[0], axes[1]
     ax_kv.plot(line.time, [100 * u for u in line.kv_usage], color="tab:blue", lw=1, label="used")
     if line.cached_blocks:
         total = max(1, int(str(result.setup["num_gpu_blocks"])))
@@ -510,22 +515,29 @@ def plot(result: SimulationResult, path: str | Path, title: str = "") -> None:
     ):
         ax_q.plot(line.time, values, label=name, color=color, lw=1)
     ax_q.set_ylabel("requests in queue")
+    ax_q.set_ylim(bottom=0)
     ax_q.legend(loc="upper right")
-    for name, values, color in (
-        ("recompute", line.preempted_recompute, "tab:purple"),
-        ("swap", line.preempted_swap, "tab:red"),
-    ):
-        ax_p.step(
-            line.time, list(itertools.accumulate(values)), where="post", label=name, color=color
-        )
-    ax_p.set_ylabel("preemptions (cumulative)")
-    ax_p.set_xlabel("time (s)" if result.setup.get("time_unit") == "s" else "time (steps)")
-    ax_p.legend(loc="upper left")
+    if preempted:
+        ax_p = axes[2]
+        for name, values, color in (
+            ("recompute", line.preempted_recompute, "tab:purple"),
+            ("swap", line.preempted_swap, "tab:red"),
+        ):
+            ax_p.step(
+                line.time, list(itertools.accumulate(values)), where="post", label=name, color=color
+            )
+        ax_p.set_ylabel("preemptions (cumulative)")
+        ax_p.set_ylim(bottom=0)
+        ax_p.legend(loc="upper left")
+    else:
+        fig.text(0.01, 0.005, "no preemptions in the run", fontsize="small", va="bottom")
+    axes[-1].set_xlabel("time (s)" if result.setup.get("time_unit") == "s" else "time (steps)")
     s = result.summary
-    fig.suptitle(
+    head = (
         f"pagedkv simulate {title}: {s.finished}/{s.requests} finished, "
         f"{s.preempted_recompute} recompute + {s.preempted_swap} swap preemptions"
     )
-    fig.tight_layout()
+    fig.suptitle(textwrap.fill(head, 100), fontsize="medium")  # wrapped: fits the figure
+    fig.tight_layout(rect=(0, 0 if preempted else 0.03, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
