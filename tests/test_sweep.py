@@ -388,6 +388,27 @@ def test_the_process_pool_gives_the_serial_rows() -> None:
     assert serial[0] == dataclasses.replace(run_point(points[0]), wall_s=serial[0].wall_s)
 
 
+def test_executors_hand_rows_over_in_order_and_stop_when_asked() -> None:
+    points = _points(10, 16, 40, 24, 12, 30)
+    serial = _deterministic(Executor().run(points))
+    seen: list[SweepRow] = []
+    assert _deterministic(Executor().run(points, seen.append)) == serial == _deterministic(seen)
+    # serial: asked to stop once the first row is in, no further point starts
+    seen.clear()
+    got = Executor().run(points, seen.append, stop=lambda: bool(seen))
+    assert _deterministic(got) == serial[:1] == _deterministic(seen)
+    with ProcessExecutor(2) as pool:
+        seen.clear()
+        assert _deterministic(pool.run(points, seen.append)) == serial == _deterministic(seen)
+        seen.clear()
+        got = pool.run(points, seen.append, stop=lambda: bool(seen))
+        # the points already handed to a worker end; every finished one is kept, in order
+        kept = _deterministic(got)
+        assert _deterministic(seen) == kept[: len(seen)] and 1 <= len(seen) <= len(kept)
+        assert kept == [r for r in serial if r in kept]
+        assert pool.workers == 0  # stopped: the pool is released
+
+
 def test_a_point_with_kv_tensors_runs_on_one_torch_thread() -> None:
     import torch
 

@@ -684,8 +684,10 @@ class _RowWriter:
     always holds every finished point, and Ctrl-C or a failing point keeps them."""
 
     def __init__(self, path: str | None) -> None:
-        self.path, self.rows, self._written, self._last = path, list[sweep.SweepRow](), 0, 0.0
+        self.path = path
+        self.rows: list[sweep.SweepRow] = []
         self.plotted: list[sweep.SweepRow] | None = None  # the plot's rows, if not `rows`
+        self._written, self._last = 0, 0.0  # rows in the file; when it was written
 
     def add(self, row: sweep.SweepRow) -> None:
         self.rows.append(row)
@@ -780,8 +782,7 @@ def _find(
         # max_request_rate searches for the least failing rate: the answer is one below
         return [predicate.holds(rows[i, v]) != rate for i, v in asked]
 
-    low, high = 1, values.count if rate else values.high
-    low = low if rate else values.low
+    low, high = values.low, values.high
     per_round = max(1, executor.parallelism // len(seeds))
     try:
         found = sweep.find_least_each(low, high, evaluate, len(seeds), per_round, own.neighbours)
@@ -804,17 +805,13 @@ def _find(
     if many:
         shown = [("-" if a is None else _figure(values(a))) for a in answers]
         got = [float(values(a)) for a in answers if a is not None]
-        spread = ""
         if len(got) == len(answers):
             med = statistics.median(got)
-            spread = f"; min {_figure(min(got))}, median {_figure(med)}, max {_figure(max(got))}"
+            tail = f"; min {_figure(min(got))}, median {_figure(med)}, max {_figure(max(got))}"
         else:
-            spread = f"; {len(answers) - len(got)} of {len(answers)} seeds have none in range"
-        print(
-            "per seed: "
-            + ", ".join(f"seed {sd}: {a}" for sd, a in zip(seeds, shown, strict=True))
-            + spread
-        )
+            tail = f"; {len(answers) - len(got)} of {len(answers)} seeds have none in range"
+        each = ", ".join(f"seed {sd}: {a}" for sd, a in zip(seeds, shown, strict=True))
+        print(f"per seed: {each}{tail}")
     who = (
         ""
         if not many
@@ -884,10 +881,6 @@ class _Grid:
     high: int
     first: float = 0.0
     step: float = 0.0
-
-    @property
-    def count(self) -> int:
-        return self.high
 
     def __call__(self, index: int) -> sweep.Value:
         if not self.step:
