@@ -397,7 +397,8 @@ def test_executors_hand_rows_over_in_order_and_stop_when_asked() -> None:
     seen.clear()
     got = Executor().run(points, seen.append, stop=lambda: bool(seen))
     assert _deterministic(got) == serial[:1] == _deterministic(seen)
-    with ProcessExecutor(2) as pool:
+    pool = ProcessExecutor(2)
+    with pool:
         seen.clear()
         assert _deterministic(pool.run(points, seen.append)) == serial == _deterministic(seen)
         seen.clear()

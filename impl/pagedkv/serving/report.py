@@ -498,7 +498,7 @@ def plot(result: SimulationResult, path: str | Path, title: str = "") -> None:
     line = result.timeline
     preempted = any(line.preempted_recompute) or any(line.preempted_swap)
     panels = 3 if preempted else 2  # an all-zero preemption panel only hides the others
-    fig, axes = plt.subplots(panels, 1, figsize=(10, 2.7 * panels), sharex=True)
+    fig, axes = plt.subplots(panels, 1, figsize=(10, 8 if preempted else 5.6), sharex=True)
     ax_kv, ax_q = axes[0], axes[1]
     ax_kv.plot(line.time, [100 * u for u in line.kv_usage], color="tab:blue", lw=1, label="used")
     if line.cached_blocks:
