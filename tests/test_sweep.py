@@ -855,12 +855,15 @@ def _answer(line: str) -> str:
 
 
 def test_find_over_seeds_answers_for_the_worst_seed_in_units(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    pytest.importorskip("matplotlib")
+    made = _figures(monkeypatch)
     find = ["--slo", "ttft=40", "--find", "min_gpu_blocks", "--until", "slo_attainment>=0.5"]
     find += ["--low", "16", "--high", "40", "--check-every", "50", "--executor", "serial"]
     out = tmp_path / "find.csv"
-    assert cli.main(["sweep", *BASE, *find, "--seeds", "3", "--out", str(out)]) == 0
+    plot = ["--plot", str(tmp_path / "find.png"), "--metric", "slo_attainment"]
+    assert cli.main(["sweep", *BASE, *find, "--seeds", "3", "--out", str(out), *plot]) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = _csv_rows(out)
     alone = []  # each seed's answer, recounted from its rows: holds there, fails just below
@@ -888,6 +891,17 @@ def test_find_over_seeds_answers_for_the_worst_seed_in_units(
     )
     at = {r["seed"]: float(r["slo_attainment"]) for r in rows if r["value"] == str(worst)}
     assert at.keys() == {"0", "1", "2"} and all(a >= 0.5 for a in at.values())  # confirmed
+    # the plot: one line per seed through that seed's evaluated points, the answer marked
+    ((ax,),) = [fig.get_axes() for fig in made]
+    drawn = {ln.get_label(): ln for ln in ax.get_lines() if ln.get_marker() == "o"}
+    assert sorted(drawn) == ["seed=0", "seed=1", "seed=2"]
+    for seed in ("0", "1", "2"):
+        mine = sorted((int(r["value"]), 100 * float(r["slo_attainment"])) for r in rows
+                      if r["seed"] == seed)  # fmt: skip
+        line = drawn[f"seed={seed}"]
+        assert list(zip(line.get_xdata(), line.get_ydata(), strict=True)) == mine
+    (mark,) = [ln for ln in ax.get_lines() if ln.get_label() == f"min_gpu_blocks = {worst}"]
+    assert list(mark.get_xdata()) == [worst, worst]
     # --quantile 0.5: the median seed's answer
     argv = ["sweep", *BASE, *find, "--seeds", "3", "--quantile", "0.5", "--neighbours", "0"]
     assert cli.main(argv) == 0
