@@ -236,21 +236,19 @@ def paged_attention_reference(
 
 
 def _output_device(device: object) -> torch.device:
-    """``device`` as a torch device the inputs can be read on (not ``meta``). O(1)."""
+    """``device`` as a torch device present here: the CPU, an available CUDA device, or
+    ``meta`` (shapes only, for tracing). O(1)."""
     if not isinstance(device, str | torch.device):
         raise ArgumentTypeError("device", device, "a torch.device or a str like 'cpu'")
     try:
         target = torch.device(device)
     except RuntimeError:
         raise InvalidKVCacheConfigError(
-            f"device must be 'cpu' or 'cuda[:N]', got {device!r}"
+            f"device must be 'cpu', 'cuda[:N]' or 'meta', got {device!r}"
         ) from None
-    if target.type == "meta":
-        raise InvalidKVCacheConfigError(
-            "device 'meta' holds no values: the attention inputs would be unreadable; "
-            "pass 'cpu' or the model's CUDA device"
-        )
-    if target.type != "cpu" and (target.type != "cuda" or not torch.cuda.is_available()):
+    if target.type not in ("cpu", "meta") and (
+        target.type != "cuda" or not torch.cuda.is_available()
+    ):
         raise InvalidKVCacheConfigError(
             f"device {target} is not available here; pass 'cpu' or a CUDA device"
         )

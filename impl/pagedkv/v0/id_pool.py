@@ -510,7 +510,8 @@ class IdPool:
         a free goes through :meth:`free_block`, which names a double free). O(1)."""
         if type(block) is not PoolBlock or block._pool is not self:
             require_block("block", block)
-            raise not_this_pools(block, operation, f"cannot {operation}: not a block of {self._owner}")
+            detail = f"cannot {operation}: not a block of {self._owner}"
+            raise not_this_pools(block, operation, detail)
         if block._freed:
             raise StaleBlockError(operation)
         return block

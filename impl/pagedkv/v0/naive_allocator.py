@@ -22,7 +22,6 @@ from pagedkv._validate import (
 from pagedkv.errors import (
     BlockOverflowError,
     BlockWithoutIdError,
-    ForeignBlockError,
     InvalidAllocatorConfigError,
     InvalidArgumentError,
     InvalidTokenIdsError,
