@@ -51,7 +51,7 @@ def check_output_path(path: str, what: str, extensions: Collection[str] = ()) ->
     for any. The rules are the module's.
     """
     if path.endswith(("/", os.sep)) or Path(path).name in ("", ".", ".."):
-        return f"{what} {path!r} names a directory (it ends in '/'); give a file name in it"
+        return f"{what} {path!r} names a directory; give a file name in it"
     target = Path(os.path.realpath(path))
     suffix = Path(path).suffix
     if extensions and suffix.lower() not in extensions:
