@@ -1334,6 +1334,17 @@ def test_a_run_cut_by_max_steps_says_so(capsys: pytest.CaptureFixture[str]) -> N
 TRACE_LINE = '{"request_id": "a", "arrival_time": 0, "prompt_len": 4, "output_len": 1}'
 LLAMA = Path(__file__).parent / "data" / "models" / "llama-3.1-8b.json"
 TRACE_RUN = ["simulate", "--quiet", "--device", "cpu", "--kv-backing", "none"]
+# a sweep that takes a moment should a refusal regress into a run
+QUICK_SWEEP = [
+    "sweep",
+    "--quiet",
+    "--num-requests",
+    "2",
+    "--kv-backing",
+    "none",
+    "--executor",
+    "serial",
+]
 
 
 @pytest.mark.parametrize("alias", ["same", "relative", "symlink", "hard link"])
@@ -1431,7 +1442,7 @@ def test_outputs_get_the_umasks_mode_or_keep_the_replaced_files(
     ("argv", "expected"),
     [
         (
-            ["sweep", "--vary", "gpu_blocks=4,8", "--vary", "block_size=4,8"],
+            [*QUICK_SWEEP, "--vary", "gpu_blocks=4,8", "--vary", "block_size=4,8"],
             "pagedkv: error: argument --vary: given twice ('gpu_blocks=4,8', then "
             "'block_size=4,8'); a sweep varies one parameter: give all its values in one "
             "--vary NAME=V1,V2,... and run one sweep per parameter",
@@ -1442,7 +1453,7 @@ def test_outputs_get_the_umasks_mode_or_keep_the_replaced_files(
             "give --requests-out once",
         ),
         (
-            ["sweep", "--vary", "gpu_blocks=4,8", "--out", "a.csv", "--out", "b.csv"],
+            [*QUICK_SWEEP, "--vary", "gpu_blocks=4,8", "--out", "a.csv", "--out", "b.csv"],
             "pagedkv: error: argument --out: given twice ('a.csv', then 'b.csv'); give --out once",
         ),
     ],
