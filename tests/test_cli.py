@@ -1332,7 +1332,7 @@ def test_a_run_cut_by_max_steps_says_so(capsys: pytest.CaptureFixture[str]) -> N
 
 
 TRACE_LINE = '{"request_id": "a", "arrival_time": 0, "prompt_len": 4, "output_len": 1}'
-LLAMA = Path(__file__).parent / "data" / "models" / "llama-3.1-8b.json"
+LLAMA_CONFIG = Path(__file__).parent / "data" / "models" / "llama-3.1-8b.json"
 TRACE_RUN = ["simulate", "--quiet", "--device", "cpu", "--kv-backing", "none"]
 # a sweep that takes a moment should a refusal regress into a run
 QUICK_SWEEP = [
@@ -1382,7 +1382,7 @@ def test_an_output_onto_the_model_config_or_the_time_model_is_refused(
     folder = tmp_path / "llama"
     folder.mkdir()
     config = folder / "config.json"
-    config.write_text(LLAMA.read_text())
+    config.write_text(LLAMA_CONFIG.read_text())
     model = ["--kv-memory", "1GiB", "--max-model-len", "1024", "--num-requests", "2"]
     message = error_of(
         capsys, [*TRACE_RUN, "--model", str(folder), *model, "--requests-out", str(config)]
@@ -1394,7 +1394,9 @@ def test_an_output_onto_the_model_config_or_the_time_model_is_refused(
     timed = ["--trace", trace, "--time-unit", "s", "--time-model", str(time_model)]
     message = error_of(capsys, [*TRACE_RUN, *timed, "--requests-out", str(time_model)])
     assert f"is the file --time-model reads ({str(time_model)!r})" in message
-    assert time_model.read_text() == '{"c0": 0.01}' and config.read_text() == LLAMA.read_text()
+    assert (
+        time_model.read_text() == '{"c0": 0.01}' and config.read_text() == LLAMA_CONFIG.read_text()
+    )
 
 
 def test_a_sweep_output_onto_its_trace_is_refused(
@@ -1489,7 +1491,7 @@ def test_inputs_that_start_with_a_byte_order_mark_are_read(
     time_model = tmp_path / "tm.json"
     time_model.write_text(bom + '{"c0": 0.01}', encoding="utf-8")
     config = tmp_path / "config.json"
-    config.write_text(bom + LLAMA.read_text(), encoding="utf-8")
+    config.write_text(bom + LLAMA_CONFIG.read_text(), encoding="utf-8")
     timed = ["--trace", str(trace), "--time-unit", "s", "--time-model", str(time_model)]
     assert cli.main([*TRACE_RUN, *timed, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
