@@ -237,6 +237,8 @@ def _state(obj: object) -> object:
         return (obj.physical_block_ids, obj.num_full_slots, obj.get_block_token_ids())
     if isinstance(obj, KVCacheEngine):
         return (obj.storage(GPU).clone(), obj.storage(CPU).clone())
+    if isinstance(obj, pagedkv.v1.BlockPool):
+        return obj.to_spec()
     if isinstance(obj, pagedkv.v1.KVCacheManager):
         return (obj.to_spec(), len(obj.block_pool.kv_event_queue))
     if isinstance(obj, pagedkv.v1.Request):
@@ -1807,6 +1809,12 @@ int_param(
 int_param("v1 FullAttentionSpec block_size", _none, lambda w, b: _V1.FullAttentionSpec(b), 1)
 int_param("v1 BlockPool num_gpu_blocks", _none, lambda w, b: _V1.BlockPool(b, True, BS), 1)
 int_param("v1 BlockPool hash_block_size", _none, lambda w, b: _V1.BlockPool(4, True, b), 1)
+int_param(
+    "v1 BlockPool get_new_blocks num_blocks",
+    lambda: {"pool": _V1.BlockPool(8, True, BS)},
+    lambda w, b: w["pool"].get_new_blocks(b),
+    0,
+)
 token_param("v1 Request prompt_token_ids", _none, lambda w, b: _V1.Request("r", b), empty_ok=False)
 for _bad in (None, 3, b"r"):
     add(f"v1 Request request_id={_bad!r}", _none, lambda w, b=_bad: _V1.Request(b, [1]), TypeError)

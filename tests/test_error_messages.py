@@ -2361,6 +2361,12 @@ def _v1_hash_twice() -> None:
 
 V1_MESSAGES = [
     case(
+        "v1 pool: a negative count of new blocks",
+        lambda: v1.BlockPool(8, True, 4).get_new_blocks(-1),
+        BlockPoolError,
+        "num_blocks must be an int >= 0 (blocks to take), got -1",
+    ),
+    case(
         "v1 Request: an empty request id",
         lambda: v1.Request("", [1]),
         InvalidRequestError,
