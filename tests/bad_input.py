@@ -2406,6 +2406,7 @@ for _name, _args in (
     ),
     ("no target", ()),
     ("json names a directory", ("faulty_allocators:fifo_allocator", "--json", "@reports/")),
+    ("json onto a device", ("faulty_allocators:fifo_allocator", "--json", "/dev/null")),
     (
         "json with a name too long to write beside",
         ("faulty_allocators:fifo_allocator", "--json", "@" + "j" * 250 + ".json"),

@@ -377,6 +377,15 @@ def test_a_place_where_no_file_can_be_created_is_found_by_trying(
     )
 
 
+def test_a_device_is_not_replaced_by_a_file(tmp_path: Path) -> None:
+    assert check_output_path("/dev/null", "--json") == (
+        "--json '/dev/null' is not a regular file (a device or a pipe); give a file name"
+    )
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    assert "is not a regular file" in (check_output_path(str(fifo), "--json") or "")
+
+
 def test_same_file_sees_through_relative_paths_and_links(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

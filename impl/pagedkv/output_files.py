@@ -10,7 +10,8 @@ One rule for every output path (``pagedkv simulate --plot/--requests-out``,
 - its directory exists and a file can be created there (tried: a temporary file
   is created and removed, so a read-only file system, ``/proc`` or a name too long
   fails here, not after the run);
-- an existing file there is writable;
+- an existing file there is a regular file (the rename would replace a device such
+  as ``/dev/null``) and writable;
 - it is not one of the command's input files (:func:`check_outputs`: the same
   file by any name, a relative path, a symbolic or a hard link), nor another
   output of the same command.
@@ -67,6 +68,8 @@ def check_output_path(path: str, what: str, extensions: Collection[str] = ()) ->
         return f"{what} {path!r}: directory {str(parent)!r} does not exist; create it first"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{what} {path!r}: directory {str(parent)!r} is not writable"
+    if target.exists() and not target.is_file():  # a rename would replace the device
+        return f"{what} {path!r} is not a regular file (a device or a pipe); give a file name"
     if target.exists() and not os.access(target, os.W_OK):
         return f"{what} {path!r} exists and is not writable"
     try:  # what the write will do: create a temporary file beside the target
