@@ -59,6 +59,7 @@ SequenceStatus: Any = _P.SequenceStatus
 SimulationConfig: Any = _P.SimulationConfig
 Simulator: Any = _P.Simulator
 build_attention_inputs: Any = _P.build_attention_inputs
+paged_attention_reference: Any = _P.paged_attention_reference
 parse_trace: Any = pagedkv.serving.workload.parse_trace
 V1Scheduler: Any = v1_scheduler.V1Scheduler
 V1SchedulerConfig: Any = v1_scheduler.V1SchedulerConfig
@@ -182,6 +183,33 @@ def _none() -> World:
     return {}
 
 
+_COUNTED = range(10, 13)
+
+
+def _refcounter() -> World:
+    rc = RefCounter(_COUNTED)
+    rc.incr(11)
+    return {"rc": rc}
+
+
+def _with_null(kind: str) -> World:
+    """:func:`_alloc` with the null block taken (a windowed table's padding)."""
+    w = _alloc(kind)
+    w["null"] = w["a"].allocate_or_get_null_block()
+    return w
+
+
+def _window_table(freed: int) -> World:
+    """A sliding-window table (window 1 block) of 8 tokens, two full blocks, whose block
+    ``freed`` the caller freed behind its back: the next append drops block 0 and
+    chains a new block after the last."""
+    a = CpuGpuBlockAllocator.create("naive", 8, 2, BS)
+    t = BlockTable(BS, a, max_block_sliding_window=1)
+    t.allocate(list(range(1, 9)))
+    a.free(t.blocks[freed])
+    return {"a": a, "t": t}
+
+
 # --------------------------------------------------------------------------- snapshots
 
 
@@ -198,6 +226,8 @@ def _state(obj: object) -> object:
             [sorted((k, _state(t)) for k, t in d.items()) for d in tables],
             vars(obj.stats).copy(),
         )
+    if isinstance(obj, RefCounter):  # the battery's counters track ids 10..12
+        return tuple(map(obj.get, _COUNTED))
     if isinstance(obj, Scheduler):
         return obj.to_spec()
     if isinstance(obj, V1Scheduler):
@@ -207,6 +237,8 @@ def _state(obj: object) -> object:
         return (obj.physical_block_ids, obj.num_full_slots, obj.get_block_token_ids())
     if isinstance(obj, KVCacheEngine):
         return (obj.storage(GPU).clone(), obj.storage(CPU).clone())
+    if isinstance(obj, pagedkv.v1.BlockPool):
+        return obj.to_spec()
     if isinstance(obj, pagedkv.v1.KVCacheManager):
         return (obj.to_spec(), len(obj.block_pool.kv_event_queue))
     if isinstance(obj, pagedkv.v1.Request):
@@ -467,6 +499,54 @@ add(
     TypeError,
 )
 add("RefCounter ids of floats", _none, lambda w: RefCounter([1.0, 2.0]), TypeError)
+for _op in ("incr", "decr", "get"):
+    for _bad in ("11", None, 11.0, True, [11]):
+        add(
+            f"RefCounter {_op}({_bad!r})",
+            _refcounter,
+            lambda w, op=_op, b=_bad: getattr(w["rc"], op)(b),
+            TypeError,
+        )
+    add(f"RefCounter {_op}(99)", _refcounter, lambda w, op=_op: getattr(w["rc"], op)(99),
+        errors.RefCountError)  # fmt: skip
+for _bad in ("11", None, True):
+    add(
+        f"ReadOnlyRefCounter get({_bad!r})",
+        _refcounter,
+        lambda w, b=_bad: w["rc"].as_readonly().get(b),
+        TypeError,
+    )
+
+# ---- the null block (sliding-window padding) is not a block to move, free or chain after
+for _kind in ("naive", "prefix_caching"):
+    _w = functools.partial(_with_null, _kind)
+    for _src, _dst in ((GPU, CPU), (CPU, GPU)):
+        add(
+            f"{_kind} swap the null block {_src.name}->{_dst.name}",
+            _w,
+            lambda w, s=_src, d=_dst: w["a"].swap([w["live"], w["null"]], s, d),
+            errors.NullBlockError,
+        )
+    add(f"{_kind} fork the null block", _w, lambda w: w["a"].fork(w["null"]), errors.NullBlockError)
+    for _op, _call in (
+        ("free", lambda w: w["a"].get_allocator(GPU).free(w["null"])),
+        ("fork", lambda w: w["a"].get_allocator(GPU).fork(w["null"])),
+        ("swap_out", lambda w: w["a"].get_allocator(GPU).swap_out([w["null"]])),
+        ("swap_in", lambda w: w["a"].get_allocator(CPU).swap_in([w["null"]])),
+    ):
+        add(f"{_kind} pool {_op} the null block", _w, _call, errors.NullBlockError)
+add(
+    "caching allocate_mutable_block after the null block",
+    functools.partial(_with_null, "prefix_caching"),
+    lambda w: w["a"].allocate_mutable_block(w["null"], GPU),
+    errors.NullBlockError,
+)
+add(
+    "caching pool promote the null block",
+    functools.partial(_with_null, "prefix_caching"),
+    lambda w: w["a"].get_allocator(GPU).promote_to_immutable_block(w["null"]),
+    errors.NullBlockError,
+)
 
 # ---- allocator operations, both kinds
 for _make, _tag in ((_alloc, "naive"), (_caching, "caching")):
@@ -795,6 +875,14 @@ add(
     lambda w: BlockTable(8, CpuGpuBlockAllocator.create("naive", 2, 2, BS)),
     ValueError,
 )
+for _freed in (1, 0):  # the last block (a new one chains after it), the one dropped
+    for _num in (1, 4, 5):
+        add(
+            f"windowed table append {_num} after block {_freed} was freed behind its back",
+            functools.partial(_window_table, _freed),
+            lambda w, n=_num: w["t"].append_token_ids([9] * n, 0, 8),
+            errors.StaleBlockError,
+        )
 token_param("table allocate token_ids", _table, lambda w, t: BlockTable(BS, w["a"]).allocate(t))
 token_param("table append_token_ids", _table, lambda w, t: w["t"].append_token_ids(t))
 int_param(
@@ -1335,6 +1423,76 @@ for _bad, _exp in (
         lambda w, b=_bad: KVCacheEngine.from_memory_budget(4096, b, **_SHAPE),
         _exp,
     )
+for _param in ("num_layers", "num_kv_heads", "head_size", "block_size"):
+    for _bad, _exp in ((0, ValueError), (-1, ValueError), ("2", TypeError), (True, TypeError)):
+        add(
+            f"KVCacheEngine.from_memory_budget {_param}={_bad!r}",
+            _none,
+            lambda w, p=_param, b=_bad: KVCacheEngine.from_memory_budget(
+                4096, 0, **(_SHAPE | {p: b})
+            ),
+            _exp,
+        )
+        add(
+            f"KVCacheEngine.block_bytes {_param}={_bad!r}",
+            _none,
+            lambda w, p=_param, b=_bad: KVCacheEngine.block_bytes(
+                **({k: v for k, v in _SHAPE.items() if k != "device"} | {p: b}),
+                dtype=torch.float32,
+            ),
+            _exp,
+        )
+for _bad, _exp in (("float32", TypeError), (torch.int64, ValueError)):
+    add(
+        f"KVCacheEngine.from_memory_budget dtype={_bad!r}",
+        _none,
+        lambda w, b=_bad: KVCacheEngine.from_memory_budget(4096, 0, **_SHAPE, dtype=b),
+        _exp,
+    )
+add(
+    "KVCacheEngine device='meta'",
+    _none,
+    lambda w: KVCacheEngine(**_KV, device="meta"),
+    ValueError,
+)
+add(
+    "KVCacheEngine.from_memory_budget device='meta'",
+    _none,
+    lambda w: KVCacheEngine.from_memory_budget(4096, 0, **(_SHAPE | {"device": "meta"})),
+    ValueError,
+)
+
+
+def _on_meta(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=dtype, device="meta")
+
+
+for _op in ("swap_out", "swap_in", "copy"):
+    add(
+        f"engine {_op}(pairs on the meta device)",
+        _engine,
+        lambda w, op=_op: getattr(w["e"], op)(_on_meta(1, 2)),
+        TypeError,
+    )
+add(
+    "engine gather block_ids on meta",
+    _engine,
+    lambda w: w["e"].gather(_on_meta(1), 1, 0),
+    TypeError,
+)
+for _bad in (None, 5, "0", _on_meta(1)):
+    add(
+        f"engine write slot_mapping={_bad!r}",
+        _engine,
+        lambda w, b=_bad: w["e"].write(b, torch.zeros(1, 1, 2), torch.zeros(1, 1, 2), 0),
+        TypeError,
+    )
+add(
+    "engine write key on meta",
+    _engine,
+    lambda w: w["e"].write([0], _on_meta(1, 1, 2, dtype=torch.float32), torch.zeros(1, 1, 2), 0),
+    TypeError,
+)
 for _op in ("swap_out", "swap_in", "copy"):
     for _bad, _exp in (
         (None, TypeError),
@@ -1431,6 +1589,43 @@ for _bad, _exp in (
         lambda w, b=_bad: build_attention_inputs([[0]], b, BS),
         _exp,
     )
+
+for _bad, _exp in (("tpu", ValueError), (3, TypeError), (None, TypeError)):
+    add(
+        f"build_attention_inputs device={_bad!r}",
+        _none,
+        lambda w, b=_bad: build_attention_inputs([[0]], [1], BS, device=b),
+        _exp,
+    )
+for _param in ("num_blocks", "pad_to"):
+    for _bad, _exp in (("3", TypeError), (1.5, TypeError), (True, TypeError), (-1, ValueError)):
+        add(
+            f"build_attention_inputs {_param}={_bad!r}",
+            _none,
+            lambda w, p=_param, b=_bad: build_attention_inputs([[0]], [1], BS, **{p: b}),
+            _exp,
+        )
+
+
+def _attention_args(w: World, **bad: object) -> dict[str, object]:
+    key, value = w["e"].kv_layer(0)
+    return {
+        "query": torch.zeros(1, 1, 2),
+        "key_cache": key,
+        "value_cache": value,
+        "block_tables": torch.zeros(1, 1, dtype=torch.long),
+        "context_lens": torch.ones(1, dtype=torch.long),
+    } | bad
+
+
+for _param in ("query", "key_cache", "value_cache", "block_tables", "context_lens"):
+    for _bad in (None, [[0]], _on_meta(1, 1, 2)):
+        add(
+            f"paged_attention_reference {_param}={_bad!r:.40}",
+            _engine,
+            lambda w, p=_param, b=_bad: paged_attention_reference(**_attention_args(w, **{p: b})),
+            TypeError,
+        )
 
 # ---- pagedkv.v1: the V1 KV cache manager, its pool and requests
 
@@ -1614,6 +1809,12 @@ int_param(
 int_param("v1 FullAttentionSpec block_size", _none, lambda w, b: _V1.FullAttentionSpec(b), 1)
 int_param("v1 BlockPool num_gpu_blocks", _none, lambda w, b: _V1.BlockPool(b, True, BS), 1)
 int_param("v1 BlockPool hash_block_size", _none, lambda w, b: _V1.BlockPool(4, True, b), 1)
+int_param(
+    "v1 BlockPool get_new_blocks num_blocks",
+    lambda: {"pool": _V1.BlockPool(8, True, BS)},
+    lambda w, b: w["pool"].get_new_blocks(b),
+    0,
+)
 token_param("v1 Request prompt_token_ids", _none, lambda w, b: _V1.Request("r", b), empty_ok=False)
 for _bad in (None, 3, b"r"):
     add(f"v1 Request request_id={_bad!r}", _none, lambda w, b=_bad: _V1.Request(b, [1]), TypeError)
@@ -1982,12 +2183,38 @@ for _name, _args in (
     ("engine v1 with lookahead", ("--engine", "v1", "--lookahead", "1")),
     ("engine v1 with --enable-caching", ("--engine", "v1", "--enable-caching")),
     ("no prefix caching on v0", ("--no-enable-prefix-caching",)),
+    # the one rule for output paths (pagedkv.output_files), before anything runs
+    ("plot with a name too long to write beside", ("--plot", "@" + "p" * 248 + ".png")),
+    ("requests out with a name too long", ("--requests-out", "@" + "r" * 248 + ".csv")),
+    ("requests out names a directory", ("--requests-out", "@rows.csv/")),
+    ("plot names a directory", ("--plot", "@plots.png/")),
+    ("requests out onto the trace", ("--trace", "@t.jsonl", "--requests-out", "@t.jsonl")),
+    (
+        "requests out onto the trace by another path",
+        ("--trace", "@t.jsonl", "--requests-out", "@sub/../t.jsonl"),
+    ),
+    (
+        "requests out onto the time model",
+        (
+            "--trace",
+            "@t.jsonl",
+            "--time-unit",
+            "s",
+            "--time-model",
+            "@tm.jsonl",
+            "--requests-out",
+            "@tm.jsonl",
+        ),
+    ),
+    ("requests out given twice", ("--requests-out", "@a.csv", "--requests-out", "@b.csv")),
+    ("plot given twice", ("--plot", "@a.png", "--plot", "@b.png")),
+    ("trace given twice", ("--trace", "@t.jsonl", "--trace", "@t.jsonl")),
 ):
     CLI_CASES.append(
         CliCase(
             f"simulate {_name}",
             _sim(*_args) if _name != "no command" else (lambda root: []),
-            files={"t.jsonl": _GOOD, "adir.png/x": ""},
+            files={"t.jsonl": _GOOD, "adir.png/x": "", "sub/x": "", "tm.jsonl": '{"c0": 0.01}'},
         )
     )
 for _name, _line in (
@@ -2069,6 +2296,15 @@ for _name, _args in (
         ("--model", "@m.json", *_H100, "--kv-cache-dtype", "fp8", "--kv-backing", "toy"),
     ),
     ("kv backing gpu", ("--kv-backing", "gpu")),
+    (
+        "requests out onto the model config",
+        ("--model", "@m.json", *_H100, "--requests-out", "@m.json"),
+    ),
+    (
+        "requests out onto the model folder's config",
+        ("--model", "@model", *_H100, "--requests-out", "@model/config.json"),
+    ),
+    ("model given twice", ("--model", "@m.json", "--model", "@m.json", *_H100)),
 ):
     CLI_CASES.append(
         CliCase(
@@ -2076,6 +2312,7 @@ for _name, _args in (
             _sim(*_args),
             files={
                 "m.json": _MODEL,
+                "model/config.json": _MODEL,
                 "bad.json": "{",
                 "nolayers.json": '{"num_attention_heads": 8, "head_dim": 8}',
             },
@@ -2148,8 +2385,18 @@ for _name, _args in (
         ("--find", "max_request_rate", "--until", "preempted==0", "--high", "4", "--step", "0"),
     ),
     ("blocks find low 1.5", (*_FIND, "--low", "1.5")),
+    ("out given twice", ("--vary", "gpu_blocks=4,8", "--out", "@a.csv", "--out", "@b.csv")),
+    ("out onto the trace", ("--vary", "gpu_blocks=4,8", "--trace", "@t.csv", "--out", "@t.csv")),
+    ("out names a directory", ("--vary", "gpu_blocks=4,8", "--out", "@rows.csv/")),
+    ("plot names a directory", ("--vary", "gpu_blocks=4,8", "--plot", "@plots.png/")),
+    (
+        "out with a name too long to write beside",
+        ("--vary", "gpu_blocks=4,8", "--out", "@" + "o" * 248 + ".csv"),
+    ),
 ):
-    CLI_CASES.append(CliCase(f"sweep {_name}", _sweep(*_args), files={"m.json": _MODEL}))
+    CLI_CASES.append(
+        CliCase(f"sweep {_name}", _sweep(*_args), files={"m.json": _MODEL, "t.csv": _GOOD})
+    )
 for _name, _args in (
     ("max-examples -5", ("faulty_allocators:fifo_allocator", "--max-examples", "-5")),
     ("max-examples x", ("faulty_allocators:fifo_allocator", "--max-examples", "x")),
@@ -2176,6 +2423,12 @@ for _name, _args in (
         ),
     ),
     ("no target", ()),
+    ("json names a directory", ("faulty_allocators:fifo_allocator", "--json", "@reports/")),
+    ("json onto a device", ("faulty_allocators:fifo_allocator", "--json", "/dev/null")),
+    (
+        "json with a name too long to write beside",
+        ("faulty_allocators:fifo_allocator", "--json", "@" + "j" * 250 + ".json"),
+    ),
 ):
     CLI_CASES.append(
         CliCase(

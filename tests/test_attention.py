@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from helpers import raised_exactly
 from pagedkv.errors import (
     ArgumentTypeError,
+    InvalidKVCacheConfigError,
     KVBlockIdError,
     KVCacheError,
     KVRangeError,
@@ -515,3 +517,44 @@ def test_a_block_size_that_is_not_an_int_is_named() -> None:
 def test_a_negative_block_size_is_a_range_error() -> None:
     err = raised_exactly(KVRangeError, lambda: build_attention_inputs([[0]], [1], -1))
     assert (err.what, err.value, err.valid) == ("block_size", -1, ">= 1")
+
+
+def test_the_device_is_checked_before_any_tensor_is_built() -> None:
+    build: Any = build_attention_inputs  # called with bad arguments on purpose
+    for bad in (None, 3):
+        err = raised_exactly(ArgumentTypeError, partial(build, [[0]], [1], 4, device=bad))
+        assert err.parameter == "device"
+    absent = "xpu" if torch.cuda.is_available() else "cuda"
+    for name in ("tpu", absent):
+        raised_exactly(InvalidKVCacheConfigError, partial(build, [[0]], [1], 4, device=name))
+
+
+@pytest.mark.parametrize("name", ["num_blocks", "pad_to"])
+def test_num_blocks_and_pad_to_must_be_ints(name: str) -> None:
+    build: Any = build_attention_inputs
+    for bad in ("3", 1.5, True):
+        err = raised_exactly(ArgumentTypeError, partial(build, [[0]], [1], 4, **{name: bad}))
+        assert (err.parameter, err.expected) == (name, "an int")
+
+
+def test_reference_attention_names_an_argument_that_is_no_tensor_or_holds_no_values() -> None:
+    engine = KVCacheEngine(1, 1, 2, 4, 2, 0, torch.float32, "cpu")
+    key, value = engine.kv_layer(0)
+    good: dict[str, Any] = {
+        "query": torch.zeros(1, 1, 2),
+        "key_cache": key,
+        "value_cache": value,
+        "block_tables": torch.zeros(1, 1, dtype=torch.long),
+        "context_lens": torch.ones(1, dtype=torch.long),
+    }
+    assert paged_attention_reference(**good).shape == (1, 1, 2)
+    for name, tensor in good.items():
+        err = raised_exactly(
+            ArgumentTypeError, partial(paged_attention_reference, **(good | {name: [[0]]}))
+        )
+        assert (err.parameter, err.expected) == (name, "a torch.Tensor")
+        meta = torch.zeros(tensor.shape, dtype=tensor.dtype, device="meta")
+        mism = raised_exactly(
+            KVTensorMismatchError, partial(paged_attention_reference, **(good | {name: meta}))
+        )
+        assert (mism.name, mism.actual) == (name, "a tensor on meta")

@@ -542,6 +542,21 @@ def test_sliding_window_needs_num_computed_slots() -> None:
     table(alloc, [0, 1, 2]).append_token_ids([3], num_computed_slots=99)  # ignored: no window
 
 
+@pytest.mark.parametrize("kind", ["naive", "prefix_caching"])
+def test_a_windowed_append_after_a_freed_last_block_changes_nothing(kind: str) -> None:
+    """The append would drop block 0 (window step) and then chain a new block after the
+    last, which the caller freed behind the table's back: refused before the drop."""
+    alloc = CpuGpuBlockAllocator.create(kind, 8, 2, 2)
+    t = table(alloc, [1, 2, 3, 4, 5, 6], window=1)  # three full blocks
+    alloc.free(t.blocks[-1])
+    before = snapshot(alloc, t)
+    for tokens in ([7], [7, 8, 9]):
+        err = raised(StaleBlockError, t.append_token_ids, tokens, 0, 6)
+        assert type(err) is StaleBlockError and err.operation == "chain a new block after"
+        assert snapshot(alloc, t) == before
+    assert alloc.null_block is None  # not taken either
+
+
 def test_sliding_window_never_drops_the_block_being_written() -> None:
     alloc = make(num_gpu=8, block_size=2)
     t = table(alloc, [0, 1, 2], window=0)

@@ -387,6 +387,23 @@ def test_from_memory_budget_below_one_block_says_all_remedies() -> None:
     assert "one block needs 512 bytes" in info.value.detail
 
 
+@pytest.mark.parametrize("name", ["num_layers", "num_kv_heads", "head_size", "block_size"])
+def test_from_memory_budget_checks_the_shape_before_dividing_by_it(name: str) -> None:
+    shape: dict[str, Any] = {"num_layers": 2, "num_kv_heads": 2, "head_size": 4, "block_size": 4}
+    for bad, error in ((0, InvalidKVCacheConfigError), ("2", ArgumentTypeError)):
+        err = raised(
+            error,
+            lambda b=bad: KVCacheEngine.from_memory_budget(
+                4096, 0, **(shape | {name: b}), device="cpu"
+            ),
+        )
+        assert str(err).startswith(f"{name} must be an int")
+        raised(
+            error,
+            lambda b=bad: KVCacheEngine.block_bytes(**(shape | {name: b}), dtype=torch.float32),
+        )
+
+
 # ---------------------------------------------------------------- validation: layers
 
 
@@ -406,6 +423,26 @@ def test_write_rejects_a_key_or_value_that_is_not_a_tensor() -> None:
     assert fields(key) == ("key", f"a tensor {WRITE_EXPECTED}", "list")
     value = mismatch(engine, engine.write, [0, 1], K2, None, 0)
     assert fields(value) == ("value", f"a tensor {WRITE_EXPECTED}", "NoneType")
+
+
+def test_write_rejects_a_slot_mapping_that_is_no_sequence_or_holds_no_values() -> None:
+    engine = numbered_engine()
+    write: Callable[..., None] = engine.write
+    for bad in (None, 5, "01"):
+        err = mismatch(engine, write, bad, K2, K2, 0)
+        assert (err.name, err.actual) == ("slot_mapping", repr(bad))
+    meta = torch.zeros(2, dtype=torch.long, device="meta")  # a shape, no values to read
+    err = mismatch(engine, write, meta, K2, K2, 0)
+    assert (err.name, err.actual) == ("slot_mapping", "a tensor on meta")
+
+
+def test_tensors_on_the_meta_device_are_refused_where_their_values_are_read() -> None:
+    engine = numbered_engine()
+    pairs = torch.zeros(1, 2, dtype=torch.long, device="meta")
+    for call in (engine.swap_out, engine.swap_in, engine.copy):
+        assert mismatch(engine, call, pairs).name == "pairs"
+    ids = torch.zeros(1, dtype=torch.long, device="meta")
+    assert mismatch(engine, gather(engine), ids, 1, 0).name == "block_ids"
 
 
 def test_write_rejects_a_3d_key_with_the_wrong_heads() -> None:

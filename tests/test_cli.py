@@ -10,6 +10,7 @@ import io
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import types
@@ -1416,3 +1417,170 @@ def test_the_simulate_plot_names_the_trace_file_and_leaves_out_zero_preemptions(
     axes = fig.get_axes()
     assert axes[-1].get_ylabel() == "preemptions (cumulative)" and axes[-1].get_ylim()[0] == 0
     assert [t for t in fig.texts if t is not fig._suptitle] == []
+
+
+# ---- output files: one rule for every path, inputs left alone
+
+
+TRACE_LINE = '{"request_id": "a", "arrival_time": 0, "prompt_len": 4, "output_len": 1}'
+LLAMA_CONFIG = Path(__file__).parent / "data" / "models" / "llama-3.1-8b.json"
+TRACE_RUN = ["simulate", "--quiet", "--device", "cpu", "--kv-backing", "none"]
+# a sweep that takes a moment should a refusal regress into a run
+QUICK_SWEEP = [
+    "sweep",
+    "--quiet",
+    "--num-requests",
+    "2",
+    "--kv-backing",
+    "none",
+    "--executor",
+    "serial",
+]
+
+
+@pytest.mark.parametrize("alias", ["same", "relative", "symlink", "hard link"])
+def test_an_output_onto_the_trace_is_refused_before_any_work(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    alias: str,
+) -> None:
+    trace = Path(write_trace(tmp_path, TRACE_LINE))
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    out = {
+        "same": str(trace),
+        "relative": "../trace.jsonl",
+        "symlink": str(tmp_path / "rows.jsonl"),
+        "hard link": str(tmp_path / "rows.jsonl"),
+    }[alias]
+    if alias == "symlink":
+        (tmp_path / "rows.jsonl").symlink_to(trace)
+    elif alias == "hard link":
+        os.link(trace, tmp_path / "rows.jsonl")
+    monkeypatch.setattr(Simulator, "run", lambda *a, **k: pytest.fail("the run started"))
+    message = error_of(capsys, [*TRACE_RUN, "--trace", str(trace), "--requests-out", out])
+    assert message == (
+        f"pagedkv: error: --requests-out {out!r} is the file --trace reads ({str(trace)!r}); "
+        "writing it would destroy the input: give another file name"
+    )
+    assert trace.read_text() == TRACE_LINE + "\n"
+
+
+def test_an_output_onto_the_model_config_or_the_time_model_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    config = folder / "config.json"
+    config.write_text(LLAMA_CONFIG.read_text())
+    model = ["--kv-memory", "1GiB", "--max-model-len", "1024", "--num-requests", "2"]
+    message = error_of(
+        capsys, [*TRACE_RUN, "--model", str(folder), *model, "--requests-out", str(config)]
+    )
+    assert f"is the file --model reads ({str(config)!r})" in message
+    time_model = tmp_path / "tm.jsonl"
+    time_model.write_text('{"c0": 0.01}')
+    trace = write_trace(tmp_path, TRACE_LINE)
+    timed = ["--trace", trace, "--time-unit", "s", "--time-model", str(time_model)]
+    message = error_of(capsys, [*TRACE_RUN, *timed, "--requests-out", str(time_model)])
+    assert f"is the file --time-model reads ({str(time_model)!r})" in message
+    assert (
+        time_model.read_text() == '{"c0": 0.01}' and config.read_text() == LLAMA_CONFIG.read_text()
+    )
+
+
+def test_a_sweep_output_onto_its_trace_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.csv"  # a JSONL trace under a name the CSV writer takes
+    trace.write_text(TRACE_LINE + "\n")
+    argv = ["sweep", "--quiet", "--kv-backing", "none", "--executor", "serial"]
+    argv += ["--trace", str(trace), "--vary", "gpu_blocks=4,8", "--out", str(trace)]
+    assert "is the file --trace reads" in error_of(capsys, argv)
+    assert trace.read_text() == TRACE_LINE + "\n"
+
+
+def test_a_plot_nowhere_writable_fails_before_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """os.access says yes to root almost everywhere; the check tries the write."""
+    pytest.importorskip("matplotlib")
+    path = str(tmp_path / ("p" * 248 + ".png"))  # fits; the write's temporary file does not
+    message = error_of(capsys, [*SMALL, "--plot", path])  # nothing on stdout
+    assert (
+        message
+        == f"pagedkv: error: --plot {path!r}: cannot create a file there (File name too long)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_outputs_get_the_umasks_mode_or_keep_the_replaced_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = tmp_path / "rows.csv"
+    before = os.umask(0o022)
+    try:
+        assert cli.main([*SMALL, "--requests-out", str(rows)]) == 0
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(rows.stat().st_mode) == 0o644  # not the temporary file's 0600
+    rows.chmod(0o640)
+    assert cli.main([*SMALL, "--requests-out", str(rows)]) == 0
+    assert stat.S_IMODE(rows.stat().st_mode) == 0o640
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            [*SMALL, "--requests-out", "a.csv", "--requests-out", "b.csv"],
+            "pagedkv: error: argument --requests-out: given twice ('a.csv', then 'b.csv'); "
+            "give --requests-out once",
+        ),
+        (
+            [*QUICK_SWEEP, "--vary", "gpu_blocks=4,8", "--out", "a.csv", "--out", "b.csv"],
+            "pagedkv: error: argument --out: given twice ('a.csv', then 'b.csv'); give --out once",
+        ),
+    ],
+)
+def test_a_flag_of_one_value_given_twice_is_refused(
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    assert error_of(capsys, argv) == expected
+
+
+def test_conform_json_naming_a_directory_writes_no_file_named_like_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("hypothesis")
+    target = str(tmp_path / "reports") + "/"
+    argv = ["conform", "faulty_allocators:fifo_allocator", "--max-examples", "2", "--json", target]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == (
+        f"pagedkv conform: error: --json {target!r} names a directory; give a file name in it"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_inputs_that_start_with_a_byte_order_mark_are_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Windows editors write a UTF-8 BOM; the trace, a time-model file and a model
+    config are read as if it were not there."""
+    bom = "\ufeff"
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(bom + TRACE_LINE + "\n", encoding="utf-8")
+    time_model = tmp_path / "tm.json"
+    time_model.write_text(bom + '{"c0": 0.01}', encoding="utf-8")
+    config = tmp_path / "config.json"
+    config.write_text(bom + LLAMA_CONFIG.read_text(), encoding="utf-8")
+    timed = ["--trace", str(trace), "--time-unit", "s", "--time-model", str(time_model)]
+    assert cli.main([*TRACE_RUN, *timed, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["summary"]["finished"] == 1
+    model = ["--model", str(config), "--kv-memory", "1GiB", "--max-model-len", "1024"]
+    assert cli.main([*TRACE_RUN, "--trace", str(trace), *model, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["finished"] == 1

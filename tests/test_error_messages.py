@@ -127,6 +127,10 @@ GIB = 1024**3
 
 # The fixed endings of the spec's templates.
 FOREIGN_HINT = "; pass the block to the allocator that created it"
+NULL_HINT = (
+    " the null block: it is shared sliding-window padding and is never written; leave it "
+    "in the block table; pass only the sequence's real blocks"
+)
 NO_ID_HINT = (
     " a block that holds no block id (it was swapped out or never allocated); "
     "swap it in or allocate a new block first"
@@ -260,6 +264,10 @@ def _two_pools(num_gpu: int = 4, num_cpu: int = 2) -> CpuGpuBlockAllocator:
 def _same_pool_twice() -> None:
     pool = NaiveBlockAllocator(2, 2)
     CpuGpuBlockAllocator(pool, pool)
+
+
+def _caching_pools() -> CpuGpuBlockAllocator:
+    return CpuGpuBlockAllocator.create("prefix_caching", 4, 2, 2)
 
 
 def _two_pools_exhausted() -> None:
@@ -460,6 +468,18 @@ ALLOCATOR_MESSAGES = [
         RefCountError,
         "refcount of block 10: decrement below zero (the block is already free)",
     ),
+    case(
+        "refcount id of the wrong type",
+        lambda: _refcounter().incr("11"),  # type: ignore[arg-type]  # bad on purpose
+        ArgumentTypeError,
+        "block_id must be an int, got str '11'",
+    ),
+    case(
+        "read-only refcount id of the wrong type",
+        lambda: _refcounter().as_readonly().get(None),  # type: ignore[arg-type]  # bad on purpose
+        ArgumentTypeError,
+        "block_id must be an int, got NoneType None",
+    ),
     # naive_allocator.py
     case(
         "block_size 0",
@@ -550,8 +570,51 @@ ALLOCATOR_MESSAGES = [
     case(
         "swap in a null block",
         _swap_in_the_null_block,
-        ForeignBlockError,
-        f"block id 0 does not belong to this allocator (swap in: not a NaiveBlock){FOREIGN_HINT}",
+        NullBlockError,
+        f"cannot swap in{NULL_HINT}",
+    ),
+    case(
+        "swap out a null block",
+        lambda: (
+            _two_pools().get_allocator(GPU).swap_out([_two_pools().allocate_or_get_null_block()])
+        ),
+        NullBlockError,
+        f"cannot swap out{NULL_HINT}",
+    ),
+    case(
+        "a pool frees the null block",
+        lambda: (c := _two_pools()).get_allocator(GPU).free(c.allocate_or_get_null_block()),
+        NullBlockError,
+        f"cannot free{NULL_HINT}",
+    ),
+    case(
+        "swap the null block",
+        lambda: (c := _two_pools()).swap([c.allocate_or_get_null_block()], GPU, CPU),
+        NullBlockError,
+        f"cannot swap{NULL_HINT}",
+    ),
+    case(
+        "a pool forks the null block",
+        lambda: (c := _two_pools()).get_allocator(GPU).fork(c.allocate_or_get_null_block()),
+        NullBlockError,
+        f"cannot fork{NULL_HINT}",
+    ),
+    case(
+        "a caching pool promotes the null block",
+        lambda: (
+            (c := _caching_pools())
+            .get_allocator(GPU)
+            .promote_to_immutable_block(c.allocate_or_get_null_block())
+        ),
+        NullBlockError,
+        f"cannot promote{NULL_HINT}",
+    ),
+    case(
+        "a caching pool chains after the null block",
+        lambda: (c := _caching_pools()).allocate_mutable_block(c.allocate_or_get_null_block(), GPU),
+        NullBlockError,
+        "cannot chain a new block after the null block: it is shared sliding-window padding "
+        "and is never written; chain the new block after the sequence's last real block",
     ),
     case(
         "swap in a live block",
@@ -1664,6 +1727,18 @@ CAPACITY_MESSAGES = [
         "quotes, line 1)",
     ),
     case(
+        "model config: nested too deeply",
+        lambda: _load_text("[" * 100_000 + "]" * 100_000),
+        ModelConfigError,
+        "model config config.json: not valid JSON (nested too deeply)",
+    ),
+    case(
+        "model config: a number too long",
+        lambda: _load_text('{"num_hidden_layers": ' + "9" * 5000 + "}"),
+        ModelConfigError,
+        "model config config.json: not valid JSON (a number is too long)",
+    ),
+    case(
         "model config: not an object",
         lambda: _load_text("[]"),
         ModelConfigError,
@@ -1898,6 +1973,48 @@ KV_MESSAGES = [
         marks=no_cuda,
     ),
     case(
+        "budget with a zero head size",
+        lambda: KVCacheEngine.from_memory_budget(
+            4096, 0, num_layers=2, num_kv_heads=2, head_size=0, block_size=4, device="cpu"
+        ),
+        InvalidKVCacheConfigError,
+        "head_size must be an int >= 1, got 0",
+    ),
+    case(
+        "block bytes of no layers",
+        lambda: KVCacheEngine.block_bytes(-1, 4, 2, 4, torch.float32),
+        InvalidKVCacheConfigError,
+        "num_layers must be an int >= 1, got -1",
+    ),
+    case(
+        "budget with an integer dtype",
+        lambda: KVCacheEngine.from_memory_budget(
+            4096, 0, num_layers=2, num_kv_heads=2, head_size=4, block_size=4, dtype=torch.int8
+        ),
+        InvalidKVCacheConfigError,
+        "dtype must be a floating-point torch.dtype (KV values), got torch.int8",
+    ),
+    case(
+        "write slot_mapping None",
+        lambda: _engine().write(None, K2, K2, 0),  # type: ignore[arg-type]  # bad on purpose
+        KVTensorMismatchError,
+        "slot_mapping: expected a sequence of int slots or a 1-D integer tensor, got "
+        f"None{CONVERT}",
+    ),
+    case(
+        "write slot_mapping on the meta device",
+        lambda: _engine().write(torch.zeros(2, dtype=torch.long, device="meta"), K2, K2, 0),
+        KVTensorMismatchError,
+        "slot_mapping: expected a tensor on the CPU or a CUDA device, got a tensor on "
+        f"meta{CONVERT}",
+    ),
+    case(
+        "swap pairs on the meta device",
+        lambda: _engine().swap_out(torch.zeros(1, 2, dtype=torch.long, device="meta")),
+        KVTensorMismatchError,
+        f"pairs: expected a tensor on the CPU or a CUDA device, got a tensor on meta{CONVERT}",
+    ),
+    case(
         "budget below one block",
         lambda: KVCacheEngine.from_memory_budget(
             511, 0, num_layers=2, num_kv_heads=2, head_size=4, block_size=4, device="cpu"
@@ -1990,6 +2107,35 @@ def _paged_two_seqs(lens: list[int], tables: list[list[int]]) -> Callable[[], ob
 
 
 ATTENTION_MESSAGES = [
+    case(
+        "attention inputs on an unknown device",
+        lambda: build_attention_inputs([[0]], [1], 4, device="tpu"),
+        InvalidKVCacheConfigError,
+        "device must be 'cpu', 'cuda[:N]' or 'meta', got 'tpu'",
+    ),
+    case(
+        "attention inputs on a device not here",
+        lambda: build_attention_inputs(
+            [[0]], [1], 4, device="xpu" if torch.cuda.is_available() else "cuda"
+        ),
+        InvalidKVCacheConfigError,
+        f"device {'xpu' if torch.cuda.is_available() else 'cuda'} is not available here; pass "
+        "'cpu' or a CUDA device",
+    ),
+    case(
+        "reference attention without a tensor",
+        lambda: paged_attention_reference(None, K2, K2, K2, K2),  # type: ignore[arg-type]  # bad on purpose
+        ArgumentTypeError,
+        "query must be a torch.Tensor, got NoneType None",
+    ),
+    case(
+        "reference attention on the meta device",
+        lambda: paged_attention_reference(
+            torch.zeros(1, 1, 2), torch.zeros(1, 1, 1, 2, device="meta"), K2, K2, K2
+        ),
+        KVTensorMismatchError,
+        f"key_cache: expected a tensor on the CPU or a CUDA device, got a tensor on meta{CONVERT}",
+    ),
     case(
         "context_lens count",
         lambda: build_attention_inputs([[0], [1]], [1], 4),
@@ -2214,6 +2360,12 @@ def _v1_hash_twice() -> None:
 
 
 V1_MESSAGES = [
+    case(
+        "v1 pool: a negative count of new blocks",
+        lambda: v1.BlockPool(8, True, 4).get_new_blocks(-1),
+        BlockPoolError,
+        "num_blocks must be an int >= 0 (blocks to take), got -1",
+    ),
     case(
         "v1 Request: an empty request id",
         lambda: v1.Request("", [1]),
@@ -2931,6 +3083,12 @@ TIME_MESSAGES = [
         InvalidSchedulerConfigError,
         "the time model 'm.json' is not valid JSON (Expecting property name enclosed in "
         "double quotes)",
+    ),
+    case(
+        "time model file nested too deeply",
+        lambda: _in_tmp("m.json", b"[" * 100_000 + b"]" * 100_000, StepTimeModel.load),
+        InvalidSchedulerConfigError,
+        "the time model 'm.json' is not valid JSON (nested too deeply)",
     ),
     case(
         "time model text not pairs",

@@ -349,7 +349,10 @@ def test_swapped_out_block_has_no_id_errors() -> None:
     err = raised(BlockWithoutIdError, c.free, moved)
     assert type(err) is BlockWithoutIdError and err.operation == "free"
     null = c.allocate_or_get_null_block()
-    foreign = raised(ForeignBlockError, c.get_allocator(GPU).free, null)
+    null_err = raised(NullBlockError, c.get_allocator(GPU).free, null)
+    assert null_err.operation == "free"  # the pool names the null block, not a foreign one
+    other = CpuGpuBlockAllocator.create("naive", 1, 1, 1).allocate_mutable_block(None, GPU)
+    foreign = raised(ForeignBlockError, c.get_allocator(GPU).free, other)
     assert foreign.block_id == 0 and "cannot free: not a block of" in str(foreign)
 
 
@@ -513,7 +516,12 @@ def test_single_pool_swap_in_errors_change_nothing() -> None:
     c = make(num_gpu=5, num_cpu=1)
     gpu, cpu = c.get_allocator(GPU), c.get_allocator(CPU)
     null = c.allocate_or_get_null_block()
-    err = raised(ForeignBlockError, lambda: cpu.swap_in([null]))
+    null_err = raised(NullBlockError, lambda: cpu.swap_in([null]))
+    assert null_err.operation == "swap in"  # padding, not another allocator's block
+    cached = CpuGpuBlockAllocator.create("prefix_caching", 1, 1, 2).allocate_mutable_block(
+        None, GPU
+    )
+    err = raised(ForeignBlockError, lambda: cpu.swap_in([cached]))
     assert err.block_id == 0 and "(swap in: not a NaiveBlock)" in str(err)
     live = gpu.allocate_mutable_block(None)
     live_err = raised(InvalidSwapError, lambda: cpu.swap_in([live]))

@@ -62,6 +62,18 @@ def test_readonly_view_rejects_ids_outside_its_range() -> None:
         )
 
 
+@pytest.mark.parametrize("bad", ["11", None, 11.0, True, [11]])
+def test_an_id_of_the_wrong_type_is_named_and_changes_no_count(bad: object) -> None:
+    """A bool is not an id (True would count block 1); None and floats are not either."""
+    rc = RefCounter(range(13))
+    rc.incr(11)
+    calls = (rc.incr, rc.decr, rc.get, rc.as_readonly().get)
+    for call in calls:
+        err = raised(ArgumentTypeError, call, bad)
+        assert (err.parameter, err.expected) == ("block_id", "an int")
+    assert [rc.get(i) for i in range(13)] == [0] * 11 + [1, 0]
+
+
 def test_contiguous_range_names_an_id_of_the_wrong_type() -> None:
     for ids, bad in (([0, "1"], "'1'"), ((2, 3.0), "3.0"), ([True], "True")):
         err = raised(ArgumentTypeError, contiguous_range, ids)

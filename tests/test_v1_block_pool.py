@@ -11,6 +11,7 @@ import pytest
 
 from helpers import raised
 from pagedkv.errors import (
+    ArgumentTypeError,
     BlockPoolError,
     InvalidKVCacheManagerConfigError,
     InvariantViolationError,
@@ -69,6 +70,18 @@ def test_the_queue_refuses_what_it_cannot_do_and_changes_nothing() -> None:
     q.popleft()
     raised(BlockPoolError, q.popleft)
     assert q.num_free_blocks == 0 and list(q) == []
+
+
+@pytest.mark.parametrize("bad", [-1, True, "1", None, 1.5])
+def test_a_count_that_is_no_int_or_negative_takes_nothing(bad: object) -> None:
+    """A negative count would grow the free count with no block behind it."""
+    pool = BlockPool(8, True, 4)
+    before = (pool.get_num_free_blocks(), ids(list(pool.free_block_queue)))
+    error = BlockPoolError if bad == -1 and type(bad) is int else ArgumentTypeError
+    for call in (pool.get_new_blocks, pool.free_block_queue.popleft_n):
+        raised(error, call, bad)
+        assert (pool.get_num_free_blocks(), ids(list(pool.free_block_queue))) == before
+    assert pool.get_new_blocks(0) == []
 
 
 # ---- construction

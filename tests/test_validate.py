@@ -30,7 +30,7 @@ from pagedkv._validate import (
     show,
 )
 from pagedkv.errors import ArgumentTypeError, InvalidArgumentError
-from pagedkv.output_files import check_output_path, write_atomically
+from pagedkv.output_files import check_output_path, check_outputs, same_file, write_atomically
 
 BAD = InvalidArgumentError  # the value error class a boundary passes in
 
@@ -342,6 +342,94 @@ def test_a_directory_that_cannot_be_written(
     )
 
 
+@pytest.mark.parametrize("name", ["rows.csv/", "new/", "new/..", "."])
+def test_a_path_naming_a_directory_is_refused_even_when_none_is_there(
+    tmp_path: Path, name: str
+) -> None:
+    path = str(tmp_path) + "/" + name
+    got = check_output_path(path, "--json")
+    if name == ".":  # an existing directory, by the rule below
+        assert got == f"--json {path!r} is a directory; give a file name"
+    else:
+        assert got == f"--json {path!r} names a directory; give a file name in it"
+    assert list(tmp_path.iterdir()) == []  # no file named like the directory
+
+
+def test_a_place_where_no_file_can_be_created_is_found_by_trying(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """os.access says yes to root on a 0555 directory, /proc or a name too long; the
+    check creates (and removes) the write's own temporary file instead."""
+    path = str(tmp_path / ("p" * 248 + ".png"))  # the target fits; its temporary file not
+    assert check_output_path(path, "--plot", PLOTS) == (
+        f"--plot {path!r}: cannot create a file there (File name too long)"
+    )
+    assert check_output_path(str(tmp_path / "p.png"), "--plot", PLOTS) is None
+    assert list(tmp_path.iterdir()) == []  # the trial file is gone
+
+    def read_only(**kwargs: object) -> tuple[int, str]:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr("pagedkv.output_files.tempfile.mkstemp", read_only)
+    ro = str(tmp_path / "p.png")
+    assert check_output_path(ro, "--plot", PLOTS) == (
+        f"--plot {ro!r}: cannot create a file there (Read-only file system)"
+    )
+
+
+def test_a_device_is_not_replaced_by_a_file(tmp_path: Path) -> None:
+    assert check_output_path("/dev/null", "--json") == (
+        "--json '/dev/null' is not a regular file (a device or a pipe); give a file name"
+    )
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    assert "is not a regular file" in (check_output_path(str(fifo), "--json") or "")
+
+
+def test_same_file_sees_through_relative_paths_and_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("x")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "soft.jsonl").symlink_to(trace)
+    os.link(trace, tmp_path / "hard.jsonl")
+    monkeypatch.chdir(tmp_path / "sub")
+    for name in ("../t.jsonl", str(tmp_path / "soft.jsonl"), str(tmp_path / "hard.jsonl")):
+        assert same_file(name, str(trace)), name
+    assert not same_file(str(tmp_path / "other.jsonl"), str(trace))  # a new file
+    assert same_file("../new.csv", str(tmp_path / "sub/../new.csv"))  # neither exists
+    (tmp_path / "copy.jsonl").write_text("x")
+    assert not same_file(str(tmp_path / "copy.jsonl"), str(trace))  # equal, not the same
+
+
+def test_check_outputs_refuses_an_input_and_a_second_name_for_an_output(
+    tmp_path: Path,
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("x")
+    (tmp_path / "link.jsonl").symlink_to(trace)
+    link = str(tmp_path / "link.jsonl")
+    rows = (".csv", ".jsonl")
+    inputs = [("--trace", str(trace)), ("--model", None)]
+    assert check_outputs([("--requests-out", link, rows)], inputs) == (
+        f"--requests-out {link!r} is the file --trace reads ({str(trace)!r}); writing it "
+        "would destroy the input: give another file name"
+    )
+    out = str(tmp_path / "r.csv")
+    again = str(tmp_path / "." / "r.csv")
+    assert check_outputs([("--out", out, rows), ("--plot", again, ())], inputs) == (
+        f"--plot {again!r} and --out {out!r} name one file; give each output its own file"
+    )
+    assert check_outputs([("--out", out, rows), ("--plot", None, PLOTS)], inputs) is None
+    bad = str(tmp_path / "r.txt")  # the path's own rule still applies
+    assert check_outputs([("--out", bad, rows)], inputs) == check_output_path(bad, "--out", rows)
+    assert trace.read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "link.jsonl",
+        "t.jsonl",
+    ]
+
+
 # ---- write_atomically
 
 
@@ -386,3 +474,40 @@ def test_a_writer_that_removed_its_file_keeps_its_own_error(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="the writer's error"):
         write_atomically(str(tmp_path / "run.png"), write)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_new_file_gets_the_mode_the_umask_gives(tmp_path: Path) -> None:
+    before = os.umask(0o027)
+    try:
+        write_atomically(str(tmp_path / "new.csv"), lambda tmp: Path(tmp).write_text("a"))
+        os.umask(0o002)
+        write_atomically(str(tmp_path / "group.csv"), lambda tmp: Path(tmp).write_text("a"))
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE((tmp_path / "new.csv").stat().st_mode) == 0o640  # not mkstemp's 0600
+    assert stat.S_IMODE((tmp_path / "group.csv").stat().st_mode) == 0o664
+
+
+def test_a_replaced_file_keeps_its_mode(tmp_path: Path) -> None:
+    target = tmp_path / "run.csv"
+    target.write_text("old")
+    target.chmod(0o604)
+    write_atomically(str(target), lambda tmp: Path(tmp).write_text("new"))
+    assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o604
+
+
+def test_a_path_that_is_a_link_is_written_at_its_target_and_stays_a_link(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    real = tmp_path / "data" / "run.csv"
+    real.write_text("old")
+    link = tmp_path / "run.csv"
+    link.symlink_to(real)
+    seen: list[Path] = []
+
+    def write(tmp: str) -> None:
+        seen.append(Path(tmp))
+        Path(tmp).write_text("new")
+
+    write_atomically(str(link), write)
+    assert link.is_symlink() and real.read_text() == "new"
+    assert seen[0].parent == real.parent  # the rename stays on the target's file system

@@ -202,13 +202,14 @@ class InvalidTokenIdsError(BlockAllocatorError, ValueError):
 
 
 class NullBlockError(BlockAllocatorError):
-    """Writing to the shared null block (sliding-window padding)."""
+    """Writing to, moving or freeing through a pool the shared null block
+    (sliding-window padding)."""
 
-    def __init__(self, operation: str) -> None:
+    def __init__(self, operation: str, advice: str = "allocate a real block") -> None:
         self.operation = operation
         super().__init__(
             f"cannot {operation} the null block: it is shared sliding-window padding "
-            "and is never written; allocate a real block"
+            f"and is never written; {advice}"
         )
 
 

@@ -3,7 +3,8 @@
 Every engine method checks all of its arguments with these functions before
 it writes anything, so a :class:`~pagedkv.errors.KVCacheError` leaves the cache
 unchanged. They accept what vLLM's worker passes (ints, int tensors, int-like
-objects with ``__index__``) and reject bools, floats and float tensors.
+objects with ``__index__``) and reject bools, floats, float tensors and tensors on
+the ``meta`` device (they hold no values to read).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "check_pairs",
     "id_list",
     "is_int_dtype",
+    "readable",
     "slot_tensor",
 ]
 
@@ -53,6 +55,7 @@ def check_pairs(
     and a destination. Complexity: O(n), mostly in C (set, min, max).
     """
     if isinstance(pairs, torch.Tensor):
+        readable(pairs, "pairs")
         if pairs.dim() != 2 or pairs.shape[1] != 2 or not is_int_dtype(pairs.dtype):
             raise KVTensorMismatchError(
                 "pairs",
@@ -90,6 +93,16 @@ def check_pairs(
     return src_ids, dst_ids
 
 
+def readable(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """``tensor`` if its values can be read, else KVTensorMismatchError: a tensor on
+    the ``meta`` device has a shape but no data. Complexity: O(1)."""
+    if tensor.is_meta:
+        raise KVTensorMismatchError(
+            name, "a tensor on the CPU or a CUDA device", f"a tensor on {tensor.device}"
+        )
+    return tensor
+
+
 def is_int_dtype(dtype: torch.dtype) -> bool:
     """An integer torch dtype (bool excluded). Complexity: O(1)."""
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
@@ -110,6 +123,7 @@ def as_id(x: object, name: str, expected: str) -> int:
 def id_list(ids: Sequence[int] | torch.Tensor, name: str) -> list[int]:
     """Block ids (a sequence or a 1-D int tensor) as a list of ints. Complexity: O(n)."""
     if isinstance(ids, torch.Tensor):
+        readable(ids, name)
         if ids.dim() != 1 or not is_int_dtype(ids.dtype):
             raise KVTensorMismatchError(
                 name, "a 1-D integer tensor", f"{ids.dtype} {tuple(ids.shape)}"
@@ -126,9 +140,14 @@ def slot_tensor(slot_mapping: torch.Tensor | Sequence[int], num_tokens: int) -> 
     Complexity: O(num_tokens) (one device sync if ``slot_mapping`` is on CUDA).
     """
     if isinstance(slot_mapping, torch.Tensor):
+        readable(slot_mapping, "slot_mapping")
         if not is_int_dtype(slot_mapping.dtype):
             raise KVTensorMismatchError("slot_mapping", "integer slots", f"{slot_mapping.dtype}")
         slots = slot_mapping.detach().to("cpu", torch.long)
+    elif isinstance(slot_mapping, str | bytes) or not isinstance(slot_mapping, Iterable):
+        raise KVTensorMismatchError(
+            "slot_mapping", "a sequence of int slots or a 1-D integer tensor", repr(slot_mapping)
+        )
     else:
         slots = torch.tensor(
             [as_id(s, "slot_mapping", "int slots") for s in slot_mapping], dtype=torch.long

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedkv._validate import require_int
+from pagedkv._validate import require_int, require_optional_int
 from pagedkv.errors import (
     ArgumentTypeError,
     InvalidKVCacheConfigError,
@@ -34,7 +34,7 @@ from pagedkv.errors import (
     KVRangeError,
     KVTensorMismatchError,
 )
-from pagedkv.kv._kv_args import id_list
+from pagedkv.kv._kv_args import id_list, readable
 
 __all__ = ["PAD_BLOCK_ID", "AttentionInputs", "build_attention_inputs", "paged_attention_reference"]
 
@@ -83,7 +83,8 @@ def build_attention_inputs(
     its tokens after this step; ``query_lens[i]`` (default 1, decode): how many
     of those are new. ``num_blocks``, if given, bounds the ids; ``pad_to``
     pads ``slot_mapping`` with -1 (and ``positions`` with 0) to a fixed length,
-    as for CUDA graphs. Raises a KVCacheError subclass on inconsistent input.
+    as for CUDA graphs. Raises a KVCacheError subclass on inconsistent input
+    (ArgumentTypeError for a wrong type), before any tensor is built.
 
     Complexity: O(num_seqs * max_blocks + new tokens), one host-to-device copy
     per tensor.
@@ -102,6 +103,9 @@ def build_attention_inputs(
     require_int("block_size", block_size, InvalidKVCacheConfigError, None)
     if block_size < 1:
         raise KVRangeError("block_size", block_size, ">= 1", "use the block manager's block size")
+    require_optional_int("num_blocks", num_blocks, InvalidKVCacheConfigError)
+    require_optional_int("pad_to", pad_to, InvalidKVCacheConfigError)
+    target = _output_device(device)
     for i, (table, n, q) in enumerate(zip(block_tables, ctx, qry, strict=True)):
         capacity = len(table) * block_size
         if not 0 <= n <= capacity:
@@ -139,12 +143,12 @@ def build_attention_inputs(
         slots = torch.cat([slots, torch.full((fill,), -1, dtype=torch.long)])
         positions = torch.cat([positions, torch.zeros(fill, dtype=torch.long)])
     return AttentionInputs(
-        block_tables=tables.to(device, torch.int32),
-        slot_mapping=slots.to(device),
-        context_lens=ctx_t.to(device, torch.int32),
-        query_lens=qry_t.to(device, torch.int32),
-        query_start_loc=starts.to(device, torch.int32),
-        positions=positions.to(device),
+        block_tables=tables.to(target, torch.int32),
+        slot_mapping=slots.to(target),
+        context_lens=ctx_t.to(target, torch.int32),
+        query_lens=qry_t.to(target, torch.int32),
+        query_start_loc=starts.to(target, torch.int32),
+        positions=positions.to(target),
         max_context_len=max(ctx, default=0),
         max_query_len=max(qry, default=0),
     )
@@ -169,7 +173,19 @@ def paged_attention_reference(
 
     Complexity: O(num_seqs * max_blocks * block_size * num_heads * head_size);
     materialises the gathered K/V, so it is a test oracle, not a kernel.
+    ArgumentTypeError for an argument that is not a tensor, KVTensorMismatchError for
+    one of the wrong shape or on the ``meta`` device (no values to read).
     """
+    for name, tensor in (
+        ("query", query),
+        ("key_cache", key_cache),
+        ("value_cache", value_cache),
+        ("block_tables", block_tables),
+        ("context_lens", context_lens),
+    ):
+        if not isinstance(tensor, torch.Tensor):
+            raise ArgumentTypeError(name, tensor, "a torch.Tensor")
+        readable(tensor, name)
     if query.dim() != 3 or key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
         raise KVTensorMismatchError(
             "query/key_cache/value_cache",
@@ -217,6 +233,26 @@ def paged_attention_reference(
     values = values.masked_fill(past_end[:, :, None, None], 0.0)
     out = torch.einsum("skgt,stkd->skgd", torch.softmax(scores, dim=-1), values)
     return out.reshape(num_seqs, num_heads, head_size).to(query.dtype)
+
+
+def _output_device(device: object) -> torch.device:
+    """``device`` as a torch device present here: the CPU, an available CUDA device, or
+    ``meta`` (shapes only, for tracing). O(1)."""
+    if not isinstance(device, str | torch.device):
+        raise ArgumentTypeError("device", device, "a torch.device or a str like 'cpu'")
+    try:
+        target = torch.device(device)
+    except RuntimeError:
+        raise InvalidKVCacheConfigError(
+            f"device must be 'cpu', 'cuda[:N]' or 'meta', got {device!r}"
+        ) from None
+    if target.type not in ("cpu", "meta") and (
+        target.type != "cuda" or not torch.cuda.is_available()
+    ):
+        raise InvalidKVCacheConfigError(
+            f"device {target} is not available here; pass 'cpu' or a CUDA device"
+        )
+    return target
 
 
 def _ids(name: str, values: object) -> list[int]:

@@ -44,7 +44,14 @@ from pagedkv.kv._block_copy import BlockCopier, Rows
 from pagedkv.kv._cuda_swap import swap_on_side_stream
 from pagedkv.kv._kv_args import BlockPairs, as_id, check_ids, check_pairs, id_list, slot_tensor
 from pagedkv.kv.copy_handle import CopyHandle, SwapQueue
-from pagedkv.kv.kv_config import KVCacheConfig, TierLike, as_tier, block_bytes, resolve_device
+from pagedkv.kv.kv_config import (
+    KVCacheConfig,
+    TierLike,
+    as_tier,
+    block_bytes,
+    check_block_shape,
+    resolve_device,
+)
 from pagedkv_spec.device import Device
 
 __all__ = ["BlockPairs", "CopyHandle", "KVCacheConfig", "KVCacheEngine", "TierLike"]
@@ -113,7 +120,9 @@ class KVCacheEngine:
         num_layers: int, block_size: int, num_kv_heads: int, head_size: int, dtype: torch.dtype
     ) -> int:
         """Bytes of one block: ``2 * layers * block_size * heads * head_size * itemsize``
-        (vLLM's ``CacheEngine.get_cache_block_size``). Complexity: O(1)."""
+        (vLLM's ``CacheEngine.get_cache_block_size``). Raises what the constructor
+        raises for a bad size or dtype (the product of a zero is no block). Complexity: O(1)."""
+        check_block_shape(num_layers, num_kv_heads, head_size, block_size, dtype)
         return block_bytes(num_layers, block_size, num_kv_heads, head_size, dtype)
 
     @classmethod
@@ -131,8 +140,9 @@ class KVCacheEngine:
     ) -> KVCacheEngine:
         """An engine with ``budget // block_bytes`` blocks per tier.
 
-        Raises InvalidKVCacheConfigError if ``gpu_bytes`` is below one block.
-        Complexity: O(total bytes).
+        Raises InvalidKVCacheConfigError if ``gpu_bytes`` is below one block, and what
+        the constructor raises for a bad shape, dtype or device (before any
+        division by the block's size). Complexity: O(total bytes).
         """
         dev = resolve_device(device)
         if dtype is None:

@@ -21,7 +21,14 @@ from pagedkv._validate import require_int
 from pagedkv.errors import ArgumentTypeError, InvalidKVCacheConfigError, KVTensorMismatchError
 from pagedkv_spec.device import Device
 
-__all__ = ["KVCacheConfig", "TierLike", "as_tier", "block_bytes", "resolve_device"]
+__all__ = [
+    "KVCacheConfig",
+    "TierLike",
+    "as_tier",
+    "block_bytes",
+    "check_block_shape",
+    "resolve_device",
+]
 
 TierLike = Device | Literal["gpu", "cpu"]
 
@@ -32,6 +39,27 @@ def block_bytes(
     """Bytes of one block: ``2 * layers * block_size * heads * head_size * itemsize``
     (vLLM's ``CacheEngine.get_cache_block_size``). Complexity: O(1)."""
     return 2 * num_layers * block_size * num_kv_heads * head_size * dtype.itemsize
+
+
+def check_block_shape(
+    num_layers: object, num_kv_heads: object, head_size: object, block_size: object, dtype: object
+) -> None:
+    """Raise unless the shape of one block is valid: ints >= 1 (no bools) and a
+    floating-point ``torch.dtype`` (ArgumentTypeError for a wrong type,
+    InvalidKVCacheConfigError for a wrong value). Complexity: O(1)."""
+    for name, value in (
+        ("num_layers", num_layers),
+        ("num_kv_heads", num_kv_heads),
+        ("head_size", head_size),
+        ("block_size", block_size),
+    ):
+        require_int(name, value, InvalidKVCacheConfigError, 1)
+    if not isinstance(dtype, torch.dtype):
+        raise ArgumentTypeError("dtype", dtype, "a torch.dtype")
+    if not dtype.is_floating_point:
+        raise InvalidKVCacheConfigError(
+            f"dtype must be a floating-point torch.dtype (KV values), got {dtype}"
+        )
 
 
 @dataclass(frozen=True)
@@ -53,12 +81,9 @@ class KVCacheConfig:
             "num_cpu_blocks", self.num_cpu_blocks, InvalidKVCacheConfigError, 0,
             hint=" (0 disables swapping)",
         )
-        if not isinstance(self.dtype, torch.dtype):
-            raise ArgumentTypeError("dtype", self.dtype, "a torch.dtype")
-        if not self.dtype.is_floating_point:
-            raise InvalidKVCacheConfigError(
-                f"dtype must be a floating-point torch.dtype (KV values), got {self.dtype}"
-            )
+        check_block_shape(
+            self.num_layers, self.num_kv_heads, self.head_size, self.block_size, self.dtype
+        )
 
     @property
     def block_shape(self) -> tuple[int, int, int, int, int]:

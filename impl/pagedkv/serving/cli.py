@@ -43,7 +43,7 @@ from pagedkv.errors import (
     PagedKVError,
     SweepPointError,
 )
-from pagedkv.output_files import check_output_path, write_atomically
+from pagedkv.output_files import check_outputs, write_atomically
 from pagedkv.serving import report, slo, sweep, traces, workload
 from pagedkv.serving.capacity import CapacityPlan, plan_capacity
 from pagedkv.serving.latency import ServingMetrics
@@ -110,6 +110,26 @@ class _UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise _UsageError(message)
+
+
+class _Once(argparse.Action):
+    """Store a flag's value, refusing a second use: argparse would keep the last one
+    and silently drop the first (a file not written, a parameter not varied)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        before = getattr(namespace, self.dest, None)
+        if before is not None:
+            flag = option_string or self.dest
+            raise argparse.ArgumentError(
+                self, f"given twice ({before!r}, then {values!r}); give {flag} once"
+            )
+        setattr(namespace, self.dest, values)
 
 
 def parse_size(text: str) -> int:
@@ -234,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source.add_argument(
         "--trace",
+        action=_Once,
         metavar="FILE",
         help="a trace file (--trace-format; pagedkv.serving.traces)",
     )
@@ -294,7 +315,10 @@ def build_parser() -> argparse.ArgumentParser:
         "a real model's KV cache, sized as vLLM sizes it (replaces the toy cache's flags)",
     )
     model.add_argument(
-        "--model", metavar="CONFIG", help="a Hugging Face config.json, or its folder"
+        "--model",
+        action=_Once,
+        metavar="CONFIG",
+        help="a Hugging Face config.json, or its folder",
     )
     model.add_argument(
         "--tp", type=_int_at_least(1), help="tensor-parallel size (KV heads per rank; default 1)"
@@ -360,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     timing.add_argument(
         "--time-model",
+        action=_Once,
         metavar="FILE|K=V,...",
         help="step-time coefficients: a JSON file, or c0=...,c_prefill=...,c_decode=...,"
         "c_ctx=...,h2d_bandwidth=...,d2d_bandwidth=... (seconds, bytes/s)",
@@ -378,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     timing.add_argument(
         "--requests-out",
+        action=_Once,
         metavar="FILE",
         help="one row per request (times, latencies, outcome): .csv or .jsonl",
     )
@@ -408,7 +434,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--json", action="store_true", help="print the results as JSON")
     sim.add_argument(
-        "--plot", metavar="FILE.png", help="plot usage, queues and preemptions (.png, .pdf, .svg)"
+        "--plot",
+        action=_Once,
+        metavar="FILE.png",
+        help="plot usage, queues and preemptions (.png, .pdf, .svg)",
     )
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     # Parsed by pagedkv_stateful.conform itself, imported only when used: it needs
@@ -489,9 +518,14 @@ def build_sweep_parser() -> argparse.ArgumentParser:
         default=2,
         help="with --find: points checked on each side of the answer (default 2)",
     )
-    parser.add_argument("--out", metavar="FILE.csv", help="one row per point (all columns)")
     parser.add_argument(
-        "--plot", metavar="FILE.png", help="--metric against the varied value (.png, .pdf, .svg)"
+        "--out", action=_Once, metavar="FILE.csv", help="one row per point (all columns)"
+    )
+    parser.add_argument(
+        "--plot",
+        action=_Once,
+        metavar="FILE.png",
+        help="--metric against the varied value (.png, .pdf, .svg)",
     )
     parser.add_argument(
         "--metric",
@@ -599,13 +633,9 @@ def _sweep(argv: list[str]) -> int:
         raise _UsageError("--find needs --until PREDICATE (e.g. 'slo_attainment>=0.99')")
     elif own.step is not None and own.find != "max_request_rate":
         raise _UsageError("--step: only with --find max_request_rate")
-    for flag, path, formats in (("--out", own.out, (".csv",)), ("--plot", own.plot, PLOT_FORMATS)):
-        if path is not None:
-            if flag == "--plot":
-                report.require_matplotlib()
-            problem = check_output_path(path, flag, formats)
-            if problem:
-                raise _UsageError(problem)
+    if own.plot is not None:
+        report.require_matplotlib()
+    _check_outputs([("--out", own.out, (".csv",)), ("--plot", own.plot, PLOT_FORMATS)], args)
     metrics = own.metric.split(",") if own.metric else ["p99_ttft", "request_throughput"]
     if not own.metric:
         metrics += ["preempted"] + (["slo_attainment", "goodput"] if args.slo else [])
@@ -972,15 +1002,13 @@ def _fail(message: str, code: int) -> int:
 def _simulate(args: argparse.Namespace) -> int:
     if args.plot:  # checked before any work: a typo must not cost a simulation
         report.require_matplotlib()
-        problem = check_output_path(args.plot, "--plot", PLOT_FORMATS)
-        if problem:
-            raise _UsageError(problem)
-    if args.requests_out:
-        problem = check_output_path(
-            args.requests_out, "--requests-out", report.REQUESTS_OUT_FORMATS
-        )
-        if problem:
-            raise _UsageError(problem)
+    _check_outputs(
+        [
+            ("--plot", args.plot, PLOT_FORMATS),
+            ("--requests-out", args.requests_out, report.REQUESTS_OUT_FORMATS),
+        ],
+        args,
+    )
     if args.seeds > 1:
         return _simulate_seeds(args)
     return _serve(args, prepare_run(args))
@@ -1039,6 +1067,24 @@ def _thin_percentiles(metrics: ServingMetrics) -> list[str]:
         f"them ({n} finished: the p99 rests on {slo.tail_count(n, 99)}, the p90 on "
         f"{slo.tail_count(n, 90)}); read them as rough figures, or run more requests"
     ]
+
+
+def _check_outputs(
+    outputs: list[tuple[str, str | None, tuple[str, ...]]], args: argparse.Namespace
+) -> None:
+    """Every output path by the one rule of :mod:`pagedkv.output_files`, before any
+    work: writable, a file, and none of the files the command reads (trace, model
+    config, time-model file) nor another output."""
+    model = args.model
+    if model is not None and os.path.isdir(model):
+        model = os.path.join(model, "config.json")
+    time_model = args.time_model
+    if time_model is not None and "=" in time_model:  # coefficients, not a file
+        time_model = None
+    inputs = [("--trace", args.trace), ("--model", model), ("--time-model", time_model)]
+    problem = check_outputs(outputs, inputs)
+    if problem:
+        raise _UsageError(problem)
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def load_model_config(path: str | Path) -> ModelShape:
         file = file / "config.json"
     source = str(file)
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_text(encoding="utf-8-sig")  # a byte-order mark is dropped
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise ModelConfigError(
@@ -135,6 +135,10 @@ def load_model_config(path: str | Path) -> ModelShape:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ModelConfigError(source, f"not valid JSON ({err.msg}, line {err.lineno})") from None
+    except RecursionError:
+        raise ModelConfigError(source, "not valid JSON (nested too deeply)") from None
+    except ValueError:  # an int of more than 4300 digits
+        raise ModelConfigError(source, "not valid JSON (a number is too long)") from None
     if not isinstance(data, dict):
         raise ModelConfigError(source, "expected a JSON object (a Hugging Face config)")
     default_name = file.parent.name or file.stem

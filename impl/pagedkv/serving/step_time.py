@@ -148,7 +148,8 @@ class StepTimeModel:
     def load(cls, path: str | Path) -> StepTimeModel:
         """A model from a JSON file (:meth:`from_dict`). O(file size)."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            # utf-8-sig: a byte-order mark (some Windows editors write one) is dropped
+            text = Path(path).read_text(encoding="utf-8-sig")
         except OSError as err:
             raise InvalidSchedulerConfigError(
                 f"cannot read the time model {str(path)!r} ({err.strerror})"
@@ -159,6 +160,10 @@ class StepTimeModel:
             ) from None
         try:
             values = json.loads(text)
+        except RecursionError:
+            raise InvalidSchedulerConfigError(
+                f"the time model {str(path)!r} is not valid JSON (nested too deeply)"
+            ) from None
         except ValueError as err:
             detail = err.msg if isinstance(err, json.JSONDecodeError) else "a number is too long"
             raise InvalidSchedulerConfigError(

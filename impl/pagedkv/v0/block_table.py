@@ -279,7 +279,9 @@ class BlockTable:
         negative ``num_lookahead_slots``, with a window a missing or negative
         ``num_computed_slots`` or one beyond the tokens the table will hold
         (:class:`InvalidBlockTableArgumentError`), too few free blocks
-        (:class:`NoFreeBlocksError` with ``requested``/``available`` as above).
+        (:class:`NoFreeBlocksError` with ``requested``/``available`` as above), a
+        block the write touches or the new blocks chain after that was freed behind
+        the table's back (:class:`StaleBlockError`).
         ``num_computed_slots`` is ignored without a window.
 
         Complexity: O(len(token_ids) + blocks touched + blocks dropped) (the
@@ -630,6 +632,8 @@ class BlockTable:
                     else:
                         returned_cpu += 1
         num_new = self._num_new_blocks(num_tokens + num_lookahead_slots)
+        if num_new and blocks[-1].freed:  # the new blocks chain after it: refuse before (a)
+            raise StaleBlockError("chain a new block after")
         cow_gpu, cow_cpu = self._count_copies_on_write(num_tokens)
         needed = null_cost + num_new + cow_gpu
         if needed:  # the common decode step into a private block skips the query

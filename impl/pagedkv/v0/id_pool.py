@@ -27,6 +27,7 @@ from typing import Protocol, TypeGuard
 
 from pagedkv._validate import require_fits_in_memory, require_int
 from pagedkv.errors import (
+    BlockAllocatorError,
     BlockWithoutIdError,
     DoubleFreeError,
     ForeignBlockError,
@@ -42,7 +43,16 @@ from pagedkv.v0.interfaces import Block
 from pagedkv.v0.refcount import ReadOnlyRefCounter, contiguous_range
 from pagedkv_spec.v0.caching import NEVER_ACCESSED
 
-__all__ = ["Fill", "IdPool", "NullBlock", "PoolBlock", "PoolOwner", "fork_chain", "pool_ids"]
+__all__ = [
+    "Fill",
+    "IdPool",
+    "NullBlock",
+    "PoolBlock",
+    "PoolOwner",
+    "fork_chain",
+    "not_this_pools",
+    "pool_ids",
+]
 
 # Builds a PoolBlock without running __init__ (see IdPool.take_block).
 _new_block = object.__new__
@@ -270,6 +280,20 @@ class NullBlock(Block):
         return f"NullBlock(id={self.block_id})"
 
 
+def not_this_pools(block: Block, operation: str, detail: str) -> BlockAllocatorError:
+    """The error for ``block`` handed to a pool that does not hold it: NullBlockError for
+    the null block (it is padding, not a foreign block), else ForeignBlockError with
+    ``detail``. O(1)."""
+    if isinstance(block, NullBlock):
+        advice = (
+            "leave it in the block table; pass only the sequence's real blocks"
+            if operation != "chain a new block after"
+            else "chain the new block after the sequence's last real block"
+        )
+        return NullBlockError(operation, advice)
+    return ForeignBlockError(block.block_id, detail)
+
+
 class IdPool:
     """Refcounts, free list and copy-on-write log of one pool of contiguous ids, and
     the fields of the block objects naming them; refines :mod:`pagedkv_spec.v0.pool`.
@@ -486,9 +510,8 @@ class IdPool:
         a free goes through :meth:`free_block`, which names a double free). O(1)."""
         if type(block) is not PoolBlock or block._pool is not self:
             require_block("block", block)
-            raise ForeignBlockError(
-                block.block_id, f"cannot {operation}: not a block of {self._owner}"
-            )
+            detail = f"cannot {operation}: not a block of {self._owner}"
+            raise not_this_pools(block, operation, detail)
         if block._freed:
             raise StaleBlockError(operation)
         return block
@@ -543,8 +566,10 @@ class IdPool:
             type(prev_block) is PoolBlock and prev_block._pool._kind == self._kind
         ):
             require_block("prev_block", prev_block)
-            raise ForeignBlockError(
-                prev_block.block_id, "prev_block must be a block of a prefix-caching allocator"
+            raise not_this_pools(
+                prev_block,
+                "chain a new block after",
+                "prev_block must be a block of a prefix-caching allocator",
             )
         check_prev_block(prev_block)
 
@@ -593,7 +618,7 @@ class IdPool:
             block._freed = True
             return
         require_block("block", block)
-        raise ForeignBlockError(block.block_id, f"cannot free: not a block of {self._owner}")
+        raise not_this_pools(block, "free", f"cannot free: not a block of {self._owner}")
 
     def try_free(self, block: Block) -> bool:
         """:meth:`free_block` if ``block`` is an object of this pool (errors included),
@@ -662,7 +687,7 @@ class IdPool:
         owned: list[PoolBlock] = []
         for b in dict.fromkeys(require_blocks(blocks)):
             if type(b) is not PoolBlock or (b._pool is not self and b._pool is not dst):
-                raise ForeignBlockError(b.block_id, "cannot swap: not a block of this allocator")
+                raise not_this_pools(b, "swap", "cannot swap: not a block of this allocator")
             owned.append(b)
         if any(b._freed for b in owned):
             raise StaleBlockError("swap")

@@ -22,7 +22,6 @@ from pagedkv._validate import (
 from pagedkv.errors import (
     BlockOverflowError,
     BlockWithoutIdError,
-    ForeignBlockError,
     InvalidAllocatorConfigError,
     InvalidArgumentError,
     InvalidTokenIdsError,
@@ -36,7 +35,14 @@ from pagedkv.v0._block_args import (
     require_blocks,
     still_live,
 )
-from pagedkv.v0.id_pool import IdPool, NullBlock, PoolBlock, fork_chain, pool_ids
+from pagedkv.v0.id_pool import (
+    IdPool,
+    NullBlock,
+    PoolBlock,
+    fork_chain,
+    not_this_pools,
+    pool_ids,
+)
 from pagedkv.v0.interfaces import Block, BlockAllocator
 from pagedkv.v0.refcount import ReadOnlyRefCounter
 from pagedkv_spec.invariants import check
@@ -213,7 +219,7 @@ class NaiveBlockAllocator(BlockAllocator):
         moved: list[PoolBlock] = []
         for b in unique:
             if type(b) is not PoolBlock or b.id_pool.kind != pool.kind:
-                raise ForeignBlockError(b.block_id, f"swap in: not a {pool.kind}")
+                raise not_this_pools(b, "swap in", f"swap in: not a {pool.kind}")
             if b.freed:
                 raise StaleBlockError("swap in")
             if b.block_id is not None:

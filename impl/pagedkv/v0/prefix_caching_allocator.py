@@ -59,7 +59,7 @@ from pagedkv.v0.content_key import (
     get_key_function,
 )
 from pagedkv.v0.evictor import LRUEvictor
-from pagedkv.v0.id_pool import IdPool, PoolBlock, fork_chain, pool_ids
+from pagedkv.v0.id_pool import IdPool, PoolBlock, fork_chain, not_this_pools, pool_ids
 from pagedkv.v0.interfaces import Block, BlockAllocator
 from pagedkv.v0.refcount import ReadOnlyRefCounter
 from pagedkv_spec.invariants import check, require
@@ -546,7 +546,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         unique: list[PoolBlock] = []
         for b in dict.fromkeys(require_blocks(blocks)):
             if not self._caching_block(b):
-                raise ForeignBlockError(b.block_id, "swap in: not a prefix-caching block")
+                raise not_this_pools(b, "swap in", "swap in: not a prefix-caching block")
             if b.freed:
                 raise StaleBlockError("swap in")
             if b.block_id is not None:
@@ -597,7 +597,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
         owned: list[PoolBlock] = []
         for b in dict.fromkeys(require_blocks(blocks)):
             if not (src_pool.owns(b) or dst_pool.owns(b)):
-                raise ForeignBlockError(b.block_id, "cannot swap: not a block of this allocator")
+                raise not_this_pools(b, "swap", "cannot swap: not a block of this allocator")
             owned.append(b)
         if any(b.freed for b in owned):
             raise StaleBlockError("swap")

@@ -48,13 +48,19 @@ class RefCounter:
         self._counts = [0] * len(self._ids)
 
     def _index(self, block_id: int) -> int:
+        if type(block_id) is not int:  # not a bool, a float or None: no id at all
+            raise ArgumentTypeError("block_id", block_id, "an int")
         i = block_id - self._first
         if not 0 <= i < len(self._counts):
             raise RefCountError(block_id, f"unknown id (this counter tracks {self._ids})")
         return i
 
     def incr(self, block_id: int) -> int:
-        """Add one reference; returns the new count. Complexity: O(1)."""
+        """Add one reference; returns the new count. Complexity: O(1).
+
+        Raises :class:`~pagedkv.errors.ArgumentTypeError` for an id that is not an int
+        (bools included) and :class:`~pagedkv.errors.RefCountError` for one the counter
+        does not track; the counts are then unchanged (as for every method here)."""
         i = self._index(block_id)
         self._counts[i] += 1
         return self._counts[i]
@@ -94,6 +100,8 @@ class ReadOnlyRefCounter:
 
     def get(self, block_id: int) -> int:
         """Current count. Complexity: O(1)."""
+        if type(block_id) is not int:
+            raise ArgumentTypeError("block_id", block_id, "an int")
         i = block_id - self._ids.start
         if not 0 <= i < len(self._counts):
             raise RefCountError(block_id, f"unknown id (this counter tracks {self._ids})")

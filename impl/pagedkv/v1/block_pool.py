@@ -38,7 +38,7 @@ from pagedkv.v1.events import (
     KVCacheEvent,
     external_hash,
 )
-from pagedkv.v1.free_queue import FreeKVCacheBlockQueue
+from pagedkv.v1.free_queue import FreeKVCacheBlockQueue, check_count
 from pagedkv.v1.hashing import generate_block_hash_extra_keys, to_event_extra_keys
 from pagedkv_spec.errors import (
     ArgumentTypeError,
@@ -374,8 +374,12 @@ class BlockPool:
         """Take ``num_blocks`` from the head of the free queue, evicting the hash of
         any cached-free one first; each comes back with ``ref_cnt`` 1.
 
-        Raises NoFreeBlocksError (nothing taken) when fewer are free. O(num_blocks)."""
+        Raises NoFreeBlocksError (nothing taken) when fewer are free, ArgumentTypeError
+        for a count that is not an int (a bool included) and BlockPoolError for a
+        negative one (the free count would grow). O(num_blocks)."""
         queue = self.free_block_queue
+        if type(num_blocks) is not int or num_blocks < 0:
+            check_count("num_blocks", num_blocks)
         if num_blocks > queue.num_free_blocks:
             raise NoFreeBlocksError(num_blocks, queue.num_free_blocks)
         out = queue.popleft_n(num_blocks)

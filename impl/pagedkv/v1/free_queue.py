@@ -16,9 +16,18 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from pagedkv.v1.block import KVCacheBlock
-from pagedkv_spec.errors import BlockPoolError
+from pagedkv_spec.errors import ArgumentTypeError, BlockPoolError
 
-__all__ = ["FreeKVCacheBlockQueue"]
+__all__ = ["FreeKVCacheBlockQueue", "check_count"]
+
+
+def check_count(name: str, value: object) -> None:
+    """Raise unless ``value`` is an int >= 0 (a bool is not): a count of blocks to take.
+    A negative count would grow the free count without a block. O(1)."""
+    if type(value) is not int:
+        raise ArgumentTypeError(name, value, "an int")
+    if value < 0:
+        raise BlockPoolError(f"{name} must be an int >= 0 (blocks to take), got {value}")
 
 
 class FreeKVCacheBlockQueue:
@@ -47,7 +56,10 @@ class FreeKVCacheBlockQueue:
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
         """Take the first ``n`` blocks, head first. O(n).
 
-        Raises BlockPoolError (nothing taken) when fewer than ``n`` are free."""
+        Raises BlockPoolError (nothing taken) when fewer than ``n`` are free or ``n`` is
+        negative, ArgumentTypeError when it is not an int."""
+        if type(n) is not int or n < 0:
+            check_count("n", n)
         if n > self.num_free_blocks:
             raise BlockPoolError(
                 f"cannot take {n} block(s) from a free queue of {self.num_free_blocks}; "
