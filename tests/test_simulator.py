@@ -43,6 +43,7 @@ from pagedkv.serving.model_config import load_model_config
 from pagedkv.serving.report import SimulationResult, Summary
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv.serving.simulator import SimulationConfig, Simulator, StepObservation
+from pagedkv.serving.v0_engine import V0Engine
 from pagedkv.serving.workload import PRESETS, Preset, RequestSpec, generate, preset
 from pagedkv.v0.content_key import ExtraKeys, sha256_key
 from pagedkv.v0.manager import BlockSpaceManager
@@ -222,12 +223,14 @@ def test_steps_count_from_0_and_a_request_joins_at_the_first_step_after_it_arriv
     requests = [RequestSpec("a", 0.0, 4, 6), RequestSpec("b", 2.5, 4, 2), RequestSpec("c", 3, 4, 2)]
     result = Simulator(config).run(requests, observe=observe)
     assert first_step == {"a": 0, "b": 3, "c": 3}
-    assert result.timeline.time == list(range(6))
+    # a's 6 tokens take steps 0-2 and 4-6: step 3 prefills b and c, and decodes nothing
+    assert result.timeline.time == list(range(7))
 
 
 def test_kv_check_catches_a_corrupted_block() -> None:
-    sim = Simulator(SimulationConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0))
-    sim.config = dataclasses.replace(sim.config, max_steps=3)
+    sim = Simulator(
+        SimulationConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0, max_steps=3)
+    )
     sim.run([RequestSpec("a", 0.0, 10, 20)])
     seq = sim.scheduler.running[0].get_seqs()[0]
     block = sim.manager.get_block_table(seq)[1]
@@ -242,8 +245,9 @@ def test_kv_check_catches_a_corrupted_block() -> None:
 def test_kv_check_catches_keys_and_values_or_layers_swapped(swap: str) -> None:
     """The toy KV differs between K and V and between layers, so a write into the wrong
     half or the wrong layer is a KV1 violation."""
-    sim = Simulator(SimulationConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0))
-    sim.config = dataclasses.replace(sim.config, max_steps=3)
+    sim = Simulator(
+        SimulationConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0, max_steps=3)
+    )
     sim.run([RequestSpec("a", 0.0, 10, 20)])
     seq = sim.scheduler.running[0].get_seqs()[0]
     block = sim.engine.storage()[sim.manager.get_block_table(seq)[1]]  # (layer, K/V, slot, ...)
@@ -284,11 +288,11 @@ def test_prefix_caching_skips_prefill_and_changes_no_output(name: str, num_gpu_b
     assert cached.summary.finished == plain.summary.finished == 20
 
 
-class _GivenPrompts(Simulator):
+class _GivenPrompts(V0Engine):
     """A simulator whose requests have the prompts named in ``prompts``."""
 
-    def __init__(self, config: SimulationConfig, prompts: dict[str, list[int]]) -> None:
-        super().__init__(config)
+    def __init__(self, sim: Simulator, prompts: dict[str, list[int]]) -> None:
+        super().__init__(sim.config, sim.num_gpu_blocks, sim.num_cpu_blocks, 0, sim._kv)
         self.prompts = prompts
 
     def _add(self, spec: RequestSpec) -> None:
@@ -309,7 +313,8 @@ def test_the_kv_check_catches_a_cache_key_that_ignores_the_parent() -> None:
     config = SimulationConfig(
         block_size=2, num_gpu_blocks=32, num_cpu_blocks=0, enable_caching=True, device="cpu"
     )
-    sim = _GivenPrompts(config, {"a": [1, 2, 3, 4, 5], "b": [9, 9, 3, 4, 5]})
+    sim = Simulator(config)
+    sim.v0 = _GivenPrompts(sim, {"a": [1, 2, 3, 4, 5], "b": [9, 9, 3, 4, 5]})
     for device in (Device.GPU, Device.CPU):
         pool = sim.manager.block_allocator.get_allocator(device)
         assert isinstance(pool, PrefixCachingBlockAllocator)
@@ -353,7 +358,8 @@ class _DropsCopies(Scheduler):
 
 def test_kv_check_catches_a_scheduler_that_loses_copy_on_write() -> None:
     sim = Simulator(SimulationConfig(block_size=4, num_gpu_blocks=32, num_cpu_blocks=0))
-    sim.scheduler = _DropsCopies(sim.manager, sim.config.scheduler)
+    assert sim.v0 is not None
+    sim.v0.scheduler = _DropsCopies(sim.manager, sim.config.scheduler)
     with pytest.raises(InvariantViolationError, match="KV"):
         sim.run([RequestSpec("p", 0.0, 6, 4, n=2)])
 
@@ -639,7 +645,8 @@ def observed_run(
 ) -> tuple[SimulationResult, _Observed, _RecordingScheduler]:
     sim = Simulator(config)
     sched = _RecordingScheduler(sim.manager, config.scheduler)
-    sim.scheduler = sched
+    assert sim.v0 is not None
+    sim.v0.scheduler = sched
     seen = _Observed()
     before: list[tuple[set[str], set[str], set[str]]] = [(set(), set(), set())]
 
