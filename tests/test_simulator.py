@@ -853,6 +853,16 @@ _FIGURE_RUNS: list[tuple[str, list[RequestSpec], SimulationConfig]] = [
             preset("parallel-sampling"), enable_caching=True, num_gpu_blocks=64, num_cpu_blocks=0
         ),
     ),
+    (  # samples of one group share the prompt's cached blocks: skipped once per group
+        "parallel sampling over a shared system prompt, prefix caching",
+        [
+            dataclasses.replace(r, prefix="sys", prefix_len=min(40, r.prompt_len))
+            for r in generate(preset("parallel-sampling"), 10, 12)
+        ],
+        _config(
+            preset("parallel-sampling"), enable_caching=True, num_gpu_blocks=96, num_cpu_blocks=0
+        ),
+    ),
     (
         "the peak in the first step",
         [RequestSpec("whole-cache", 0.0, 40, 1), RequestSpec("small", 3.0, 4, 3)],
