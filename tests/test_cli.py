@@ -80,13 +80,19 @@ def test_enable_caching_reports_the_prefix_cache(
     argv = ["simulate", "--trace", trace, "--gpu-blocks", "32", "--cpu-blocks", "0"]
     assert cli.main([*argv, "--enable-caching", "--quiet"]) == 0
     out = capsys.readouterr().out
-    # 3 blocks of the shared 48 tokens are skipped by the 2nd and 3rd request: 6 of 9 lookups
-    assert "hit rate 66.7 % (6/9 block lookups), 96 prompt tokens skipped" in out
+    # 3 blocks of the shared 48 tokens are skipped by the 2nd and 3rd request: 96 of the
+    # 3 x 60 tokens looked up; 6 of 9 GPU block lookups
+    assert (
+        "hit rate 53.3 % of tokens (96/180 tokens looked up; 6/9 GPU block lookups), "
+        "96 prompt tokens skipped" in out
+    )
     assert cli.main([*argv, "--enable-caching", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["setup"]["prefix_caching"] is True
     summary = data["summary"]
-    assert (summary["cache_hits"], summary["cached_prompt_tokens"]) == (6, 96)
+    assert (summary["cache_hits"], summary["cache_queries"]) == (96, 180)
+    assert (summary["cache_block_hits"], summary["cache_block_queries"]) == (6, 9)
+    assert summary["cached_prompt_tokens"] == 96
     assert summary["prompt_tokens"] == 3 * 60  # the admitted prompts, cached or not
     assert cli.main([*argv, "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)["summary"]
@@ -955,6 +961,8 @@ def test_the_summary_table_shows_the_prefix_cache_row_with_caching() -> None:
         cache_hits=62,
         cache_queries=63,
         cache_hit_rate=62 / 63,
+        cache_block_hits=66,
+        cache_block_queries=67,
         cache_evictions=64,
         peak_cached_blocks=65,
     )
@@ -962,8 +970,8 @@ def test_the_summary_table_shows_the_prefix_cache_row_with_caching() -> None:
         report.SimulationResult(summary, report.Timeline(), [], [], SETUP)
     ).splitlines()
     assert lines[8:10] == [
-        "prefix cache   hit rate 98.4 % (62/63 block lookups), 61 prompt tokens skipped, "
-        "64 evictions, peak 65 cached blocks",
+        "prefix cache   hit rate 98.4 % of tokens (62/63 tokens looked up; 66/67 GPU block "
+        "lookups), 61 prompt tokens skipped, 64 evictions, peak 65 cached blocks",
         "fragmentation  4.5 % of allocated token slots empty (mean)",
     ]
 

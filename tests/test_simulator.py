@@ -38,9 +38,9 @@ from pagedkv.errors import (
     WorkloadError,
 )
 from pagedkv.kv.cache import KVCacheEngine
-from pagedkv.serving.capacity import CapacityPlan, plan_capacity
+from pagedkv.serving.capacity import CapacityPlan, plan_capacity, summary_rows
 from pagedkv.serving.model_config import load_model_config
-from pagedkv.serving.report import SimulationResult, Summary
+from pagedkv.serving.report import SimulationResult, Summary, format_summary
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv.serving.simulator import SimulationConfig, Simulator, StepObservation
 from pagedkv.serving.v0_engine import V0Engine
@@ -730,6 +730,7 @@ def recomputed_summary(
         skipped += length - chunk
         first_prefill.setdefault(rid, length - chunk)
     total_prefilled = sum(n for _, n, _ in seen.prefill_lens) - skipped
+    looked_up = sum(n for _, n, _ in seen.prefill_lens) if config.enable_caching else 0
     prompt_tokens = sum(prompt_len[rid] for rid in first_prefill)  # cached or computed
     first_computed = sum(prompt_len[rid] - first_prefill[rid] for rid in first_prefill)
     hits, queries, evictions = seen.cache_counts
@@ -766,9 +767,12 @@ def recomputed_summary(
         checked=config.check,
         prefix_caching=config.enable_caching,
         cached_prompt_tokens=skipped,
-        cache_hits=hits,
-        cache_queries=queries,
-        cache_hit_rate=hits / queries if queries else 0.0,
+        # per token: every admission looks its whole sequence up once (a group, once)
+        cache_hits=skipped,
+        cache_queries=looked_up,
+        cache_hit_rate=skipped / looked_up if looked_up else 0.0,
+        cache_block_hits=hits,
+        cache_block_queries=queries,
         cache_evictions=evictions,
         peak_cached_blocks=max(seen.cached_blocks, default=0),
     )
@@ -1123,3 +1127,54 @@ def test_a_plan_must_be_a_plan() -> None:
     raised(ArgumentTypeError, SimulationConfig.for_capacity, "llama")
     raised(ArgumentTypeError, lambda: SimulationConfig(capacity="llama"))  # type: ignore[arg-type]  # bad on purpose
     raised(ModelConfigError, load_model_config, _LLAMA.parent / "nope.json")
+
+
+# ---- V0 and V1 schedule differently: prefill/decode interference (docs/design.md)
+
+
+def _mixed_steps(engine: str) -> tuple[SimulationResult, int, int]:
+    """A system-prompt run without prefix caching: its result, the steps that computed
+    prefill and decode tokens together, the steps in which a running request whose
+    prompt was done computed nothing."""
+    requests = generate(preset("system-prompt"), 0, 24)
+    config = _config(preset("system-prompt"), kv_backing="none", engine=engine)
+    if engine == "v1":
+        config = dataclasses.replace(config, num_cpu_blocks=0)
+    mixed = stalled = 0
+
+    def observe(obs: Any) -> None:
+        nonlocal mixed, stalled
+        if engine == "v1":
+            kinds = {s.is_decode for s in obs.outputs.scheduled}
+            mixed += kinds == {True, False}
+            return
+        kinds = {s.is_prefill for s in obs.outputs.scheduled_seq_groups}
+        mixed += kinds == {True, False}
+        scheduled = {s.seq_group.request_id for s in obs.outputs.scheduled_seq_groups}
+        stalled += any(g.request_id not in scheduled for g in sim.scheduler.running)
+
+    sim = Simulator(config)
+    return sim.run(requests, observe=observe), mixed, stalled
+
+
+def test_v0_decodes_nothing_in_a_prefill_step_where_v1_batches_both() -> None:
+    v0, v0_mixed, v0_stalled = _mixed_steps("v0")
+    v1, v1_mixed, _ = _mixed_steps("v1")
+    # vLLM 0.6.3's default policy: a step that admits runs no decode, so the running
+    # requests wait out every prefill step; V1 puts decodes and prefill chunks in one batch
+    assert v0_mixed == 0 and v0_stalled > 0 and v1_mixed > 0
+    assert v0.summary.finished == v1.summary.finished == 24
+    assert v0.metrics is not None and v1.metrics is not None
+    assert v0.metrics.tpot.p99 > v1.metrics.tpot.p99  # the stalls stretch V0's decodes
+    assert v0.summary.steps > v1.summary.steps
+
+
+def test_the_v1_summary_shows_no_cpu_tier_or_swap() -> None:
+    config = _config(preset("chat"), kv_backing="none", engine="v1", num_cpu_blocks=0)
+    result = Simulator(config).run(generate(preset("chat"), 0, 4))
+    text = format_summary(result)
+    assert "CPU" not in text and "swapped" not in text and "by swap" not in text
+    assert "preemptions    0 by recompute (V1 does not swap)" in text
+    plan = _llama_plan(swap_space=4 * 1024**3)
+    assert "swap space" in dict(summary_rows(plan.to_dict()))["blocks"]
+    assert "swap space" not in dict(summary_rows(plan.to_dict(), swap=False))["blocks"]

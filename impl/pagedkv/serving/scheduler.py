@@ -354,6 +354,8 @@ class Scheduler:
             out.num_batched_seqs += group.num_seqs(_RUNNING)
             out.num_batched_tokens += num_tokens
             out.num_cached_tokens += skip
+            if manager.enable_caching:
+                out.num_looked_up_tokens += num_tokens + skip
 
     # ------------------------------------------------------------------ helpers
 

@@ -121,6 +121,7 @@ class V0Engine:
         latency, model = LatencyTally(), c.time_model
         arrivals = Arrivals(requests, c.max_concurrency, whole_steps=model is None)
         clock, start, end = 0.0, time.perf_counter(), 0.0
+        hit_tokens = looked_up = 0  # prefix cache, cumulative
         while arrivals.pending or sched.has_unfinished_seqs():
             if tally.steps >= c.max_steps or (stop is not None and stop()):
                 break
@@ -158,7 +159,11 @@ class V0Engine:
             if self.manager.enable_caching:
                 for scheduled in out.scheduled_seq_groups[:1]:  # one call marks the batch
                     self.manager.mark_blocks_as_computed(scheduled.seq_group)
-                tally.cache(self.manager.cache_stats())
+                hit_tokens += out.num_cached_tokens
+                looked_up += out.num_looked_up_tokens
+                stats = self.manager.cache_stats()
+                if stats is not None:
+                    tally.cache(stats, hit_tokens, looked_up, blocks=True)
             used = self.num_gpu_blocks - self.manager.get_num_free_gpu_blocks()
             empty = self._empty_slots() / (used * c.block_size) if used else None
             tally.usage(used / self.num_gpu_blocks, empty)
