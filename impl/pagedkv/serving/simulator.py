@@ -146,7 +146,8 @@ class Simulator:
         if self.v0 is None:
             raise InvalidKVCacheConfigError(
                 f"Simulator.{what} is the V0 engine's, but this simulator runs engine 'v1'; "
-                f"read Simulator.v1 instead"
+                "the V1 engine's manager and scheduler are Simulator.v1.manager and "
+                "Simulator.v1.scheduler"
             )
         return self.v0
 
