@@ -24,6 +24,7 @@ from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError
 from pagedkv.serving import cli, report
 from pagedkv.serving.scheduler import SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
+from pagedkv.serving.v0_engine import V0Engine
 
 SMALL = ["simulate", "--preset", "chat", "--num-requests", "4", "--quiet", "--device", "cpu"]
 
@@ -201,10 +202,10 @@ def test_main_reads_its_arguments_from_sys_argv(
 def test_a_failed_check_exits_1_and_says_so(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(self: Simulator) -> None:
+    def broken(self: V0Engine) -> None:
         raise InvariantViolationError("KV1", "a planted loss")
 
-    monkeypatch.setattr(Simulator, "check_kv", broken)
+    monkeypatch.setattr(V0Engine, "check_kv", broken)
     assert cli.main(SMALL) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
