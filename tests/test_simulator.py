@@ -1178,3 +1178,9 @@ def test_the_v1_summary_shows_no_cpu_tier_or_swap() -> None:
     plan = _llama_plan(swap_space=4 * 1024**3)
     assert "swap space" in dict(summary_rows(plan.to_dict()))["blocks"]
     assert "swap space" not in dict(summary_rows(plan.to_dict(), swap=False))["blocks"]
+    v1 = Simulator(SimulationConfig.for_capacity(plan, kv_backing="none", engine="v1"))
+    capacity = v1.setup()["capacity"]
+    assert isinstance(capacity, dict) and "swap_space" not in capacity
+    assert v1.setup()["num_cpu_blocks"] == 0
+    text = format_summary(v1.run(generate(preset("chat"), 0, 2)))
+    assert not any(w in text for w in ("swap space", "swapped", "by swap", "CPU blocks", "CPU ("))

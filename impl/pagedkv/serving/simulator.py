@@ -224,7 +224,10 @@ class Simulator:
             setup["time_model"] = c.time_model.to_dict()
         if c.capacity is not None:
             setup["model"] = f"{c.capacity.model.name}: {setup['model']}"
-            setup["capacity"] = c.capacity.to_dict()
+            plan = c.capacity.to_dict()
+            if self.v1 is not None:  # no CPU tier: the plan's swap space is not used
+                del plan["swap_space"], plan["num_cpu_blocks"]
+            setup["capacity"] = plan
         return setup
 
     def check_kv(self) -> None:
