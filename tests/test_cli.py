@@ -25,6 +25,7 @@ from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError
 from pagedkv.serving import cli, report
 from pagedkv.serving.scheduler import SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
+from pagedkv.serving.v0_engine import V0Engine
 
 SMALL = ["simulate", "--preset", "chat", "--num-requests", "4", "--quiet", "--device", "cpu"]
 
@@ -101,13 +102,19 @@ def test_enable_caching_reports_the_prefix_cache(
     argv = ["simulate", "--trace", trace, "--gpu-blocks", "32", "--cpu-blocks", "0"]
     assert cli.main([*argv, "--enable-caching", "--quiet"]) == 0
     out = capsys.readouterr().out
-    # 3 blocks of the shared 48 tokens are skipped by the 2nd and 3rd request: 6 of 9 lookups
-    assert "hit rate 66.7 % (6/9 block lookups), 96 prompt tokens skipped" in out
+    # 3 blocks of the shared 48 tokens are skipped by the 2nd and 3rd request: 96 of the
+    # 3 x 60 tokens looked up; 6 of 9 GPU block lookups
+    assert (
+        "hit rate 53.3 % of tokens (96/180 tokens looked up; 6/9 GPU block lookups), "
+        "96 prompt tokens skipped" in out
+    )
     assert cli.main([*argv, "--enable-caching", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["setup"]["prefix_caching"] is True
     summary = data["summary"]
-    assert (summary["cache_hits"], summary["cached_prompt_tokens"]) == (6, 96)
+    assert (summary["cache_hits"], summary["cache_queries"]) == (96, 180)
+    assert (summary["cache_block_hits"], summary["cache_block_queries"]) == (6, 9)
+    assert summary["cached_prompt_tokens"] == 96
     assert summary["prompt_tokens"] == 3 * 60  # the admitted prompts, cached or not
     assert cli.main([*argv, "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)["summary"]
@@ -216,10 +223,10 @@ def test_main_reads_its_arguments_from_sys_argv(
 def test_a_failed_check_exits_1_and_says_so(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(self: Simulator) -> None:
+    def broken(self: V0Engine) -> None:
         raise InvariantViolationError("KV1", "a planted loss")
 
-    monkeypatch.setattr(Simulator, "check_kv", broken)
+    monkeypatch.setattr(V0Engine, "check_kv", broken)
     assert cli.main(SMALL) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -976,6 +983,8 @@ def test_the_summary_table_shows_the_prefix_cache_row_with_caching() -> None:
         cache_hits=62,
         cache_queries=63,
         cache_hit_rate=62 / 63,
+        cache_block_hits=66,
+        cache_block_queries=67,
         cache_evictions=64,
         peak_cached_blocks=65,
     )
@@ -983,8 +992,8 @@ def test_the_summary_table_shows_the_prefix_cache_row_with_caching() -> None:
         report.SimulationResult(summary, report.Timeline(), [], [], SETUP)
     ).splitlines()
     assert lines[8:10] == [
-        "prefix cache   hit rate 98.4 % (62/63 block lookups), 61 prompt tokens skipped, "
-        "64 evictions, peak 65 cached blocks",
+        "prefix cache   hit rate 98.4 % of tokens (62/63 tokens looked up; 66/67 GPU block "
+        "lookups), 61 prompt tokens skipped, 64 evictions, peak 65 cached blocks",
         "fragmentation  4.5 % of allocated token slots empty (mean)",
     ]
 

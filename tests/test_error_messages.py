@@ -1655,6 +1655,26 @@ DRIVER_MESSAGES = [
         "kv_backing='toy'",
     ),
     case(
+        "simulator: the V0 engine's manager asked of a V1 run",
+        lambda: (
+            Simulator(
+                SimulationConfig(num_gpu_blocks=4, num_cpu_blocks=0, kv_backing="none", engine="v1")
+            ).manager
+        ),
+        InvalidKVCacheConfigError,
+        "Simulator.manager is the V0 engine's, but this simulator runs engine 'v1'; the V1 "
+        "engine's manager and scheduler are Simulator.v1.manager and Simulator.v1.scheduler",
+    ),
+    case(
+        "simulator: KV check of a V1 run",
+        lambda: Simulator(
+            SimulationConfig(num_gpu_blocks=4, num_cpu_blocks=0, kv_backing="none", engine="v1")
+        ).check_kv(),
+        InvalidKVCacheConfigError,
+        "Simulator.check_kv is the V0 engine's, but this simulator runs engine 'v1'; the V1 "
+        "engine's manager and scheduler are Simulator.v1.manager and Simulator.v1.scheduler",
+    ),
+    case(
         "simulator: counting budget below one block",
         lambda: Simulator(SimulationConfig(gpu_memory=100, kv_backing="none")),
         InvalidKVCacheConfigError,

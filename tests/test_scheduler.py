@@ -220,6 +220,43 @@ def test_swapped_groups_come_back_before_new_admissions() -> None:
     assert ids(sched.swapped) == ["b"] and not out.admitted and ids(sched.waiting) == ["c"]
 
 
+def test_a_step_that_admits_decodes_nothing() -> None:
+    # vLLM 0.6.3's default policy: prefills first; a step that admits runs no decode
+    sched = make(num_gpu=16)
+    a = add(sched, "a", 4)
+    step(sched)
+    add(sched, "b", 4)
+    out = step(sched)
+    assert out.admitted == ["b"] and [g.is_prefill for g in out.scheduled_seq_groups] == [True]
+    assert first(a).get_num_uncomputed_tokens() == 1, "a's new token waits a step"
+    out = step(sched)
+    assert not out.admitted and [g.seq_group.request_id for g in out.scheduled_seq_groups] == [
+        "a",
+        "b",
+    ]
+    assert not any(g.is_prefill for g in out.scheduled_seq_groups)
+
+
+def test_running_sequences_count_against_max_num_seqs_at_admission() -> None:
+    sched = make(num_gpu=16, max_num_seqs=2)
+    add(sched, "a", 4, n=2)
+    step(sched)
+    add(sched, "b", 1)
+    out = step(sched)  # a's two samples fill the batch: b waits, a decodes
+    assert not out.admitted and ids(sched.waiting) == ["b"]
+    assert [g.seq_group.request_id for g in out.scheduled_seq_groups] == ["a"]
+
+
+def test_a_swapped_group_blocks_admission_even_when_the_prompt_would_fit() -> None:
+    sched, a, b, c = one_in_each_queue()
+    sched.finish_seq(first(a))
+    out = step(sched)  # a leaves; b swaps back in; c is not looked at this step
+    assert out.swapped_in == ["b"] and not out.admitted and ids(sched.waiting) == ["c"]
+    out = step(sched)
+    assert out.admitted == ["c"] and [g.seq_group for g in out.scheduled_seq_groups] == [c]
+    assert all(s.status is RUNNING for s in b.get_seqs())
+
+
 def test_budgets_cap_admissions_and_reject_what_can_never_fit() -> None:
     sched = make(num_gpu=16, max_num_seqs=2, max_num_batched_tokens=10)
     add(sched, "long", 11)
@@ -583,9 +620,10 @@ def test_a_group_with_a_finished_sample_is_recomputed_through_its_live_sample() 
     assert (parent.status, child.status) == (CAPPED, WAITING)
     out = step(sched)
     assert out.admitted == ["b"] and (parent.status, child.status) == (CAPPED, RUNNING)
-    prefill = out.scheduled_seq_groups[1]
+    # a prefill step decodes nothing: "a" waits for the next step (vLLM 0.6.3's default)
+    [prefill] = out.scheduled_seq_groups
     assert (prefill.seq_group, prefill.token_chunk_size, prefill.is_prefill) == (b, 2, True)
-    assert (out.num_batched_seqs, out.num_batched_tokens) == (2, 3)
+    assert (out.num_batched_seqs, out.num_batched_tokens) == (1, 2)
 
 
 def test_a_decode_skips_finished_samples() -> None:

@@ -38,11 +38,12 @@ from pagedkv.errors import (
     WorkloadError,
 )
 from pagedkv.kv.cache import KVCacheEngine
-from pagedkv.serving.capacity import CapacityPlan, plan_capacity
+from pagedkv.serving.capacity import CapacityPlan, plan_capacity, summary_rows
 from pagedkv.serving.model_config import load_model_config
-from pagedkv.serving.report import SimulationResult, Summary
+from pagedkv.serving.report import SimulationResult, Summary, format_summary
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
 from pagedkv.serving.simulator import SimulationConfig, Simulator, StepObservation
+from pagedkv.serving.v0_engine import V0Engine
 from pagedkv.serving.workload import PRESETS, Preset, RequestSpec, generate, preset
 from pagedkv.v0.content_key import ExtraKeys, sha256_key
 from pagedkv.v0.manager import BlockSpaceManager
@@ -222,12 +223,14 @@ def test_steps_count_from_0_and_a_request_joins_at_the_first_step_after_it_arriv
     requests = [RequestSpec("a", 0.0, 4, 6), RequestSpec("b", 2.5, 4, 2), RequestSpec("c", 3, 4, 2)]
     result = Simulator(config).run(requests, observe=observe)
     assert first_step == {"a": 0, "b": 3, "c": 3}
-    assert result.timeline.time == list(range(6))
+    # a's 6 tokens take steps 0-2 and 4-6: step 3 prefills b and c, and decodes nothing
+    assert result.timeline.time == list(range(7))
 
 
 def test_kv_check_catches_a_corrupted_block() -> None:
-    sim = Simulator(SimulationConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0))
-    sim.config = dataclasses.replace(sim.config, max_steps=3)
+    sim = Simulator(
+        SimulationConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0, max_steps=3)
+    )
     sim.run([RequestSpec("a", 0.0, 10, 20)])
     seq = sim.scheduler.running[0].get_seqs()[0]
     block = sim.manager.get_block_table(seq)[1]
@@ -242,8 +245,9 @@ def test_kv_check_catches_a_corrupted_block() -> None:
 def test_kv_check_catches_keys_and_values_or_layers_swapped(swap: str) -> None:
     """The toy KV differs between K and V and between layers, so a write into the wrong
     half or the wrong layer is a KV1 violation."""
-    sim = Simulator(SimulationConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0))
-    sim.config = dataclasses.replace(sim.config, max_steps=3)
+    sim = Simulator(
+        SimulationConfig(block_size=4, num_gpu_blocks=16, num_cpu_blocks=0, max_steps=3)
+    )
     sim.run([RequestSpec("a", 0.0, 10, 20)])
     seq = sim.scheduler.running[0].get_seqs()[0]
     block = sim.engine.storage()[sim.manager.get_block_table(seq)[1]]  # (layer, K/V, slot, ...)
@@ -284,11 +288,11 @@ def test_prefix_caching_skips_prefill_and_changes_no_output(name: str, num_gpu_b
     assert cached.summary.finished == plain.summary.finished == 20
 
 
-class _GivenPrompts(Simulator):
+class _GivenPrompts(V0Engine):
     """A simulator whose requests have the prompts named in ``prompts``."""
 
-    def __init__(self, config: SimulationConfig, prompts: dict[str, list[int]]) -> None:
-        super().__init__(config)
+    def __init__(self, sim: Simulator, prompts: dict[str, list[int]]) -> None:
+        super().__init__(sim.config, sim.num_gpu_blocks, sim.num_cpu_blocks, 0, sim._kv)
         self.prompts = prompts
 
     def _add(self, spec: RequestSpec) -> None:
@@ -309,7 +313,8 @@ def test_the_kv_check_catches_a_cache_key_that_ignores_the_parent() -> None:
     config = SimulationConfig(
         block_size=2, num_gpu_blocks=32, num_cpu_blocks=0, enable_caching=True, device="cpu"
     )
-    sim = _GivenPrompts(config, {"a": [1, 2, 3, 4, 5], "b": [9, 9, 3, 4, 5]})
+    sim = Simulator(config)
+    sim.v0 = _GivenPrompts(sim, {"a": [1, 2, 3, 4, 5], "b": [9, 9, 3, 4, 5]})
     for device in (Device.GPU, Device.CPU):
         pool = sim.manager.block_allocator.get_allocator(device)
         assert isinstance(pool, PrefixCachingBlockAllocator)
@@ -353,7 +358,8 @@ class _DropsCopies(Scheduler):
 
 def test_kv_check_catches_a_scheduler_that_loses_copy_on_write() -> None:
     sim = Simulator(SimulationConfig(block_size=4, num_gpu_blocks=32, num_cpu_blocks=0))
-    sim.scheduler = _DropsCopies(sim.manager, sim.config.scheduler)
+    assert sim.v0 is not None
+    sim.v0.scheduler = _DropsCopies(sim.manager, sim.config.scheduler)
     with pytest.raises(InvariantViolationError, match="KV"):
         sim.run([RequestSpec("p", 0.0, 6, 4, n=2)])
 
@@ -639,7 +645,8 @@ def observed_run(
 ) -> tuple[SimulationResult, _Observed, _RecordingScheduler]:
     sim = Simulator(config)
     sched = _RecordingScheduler(sim.manager, config.scheduler)
-    sim.scheduler = sched
+    assert sim.v0 is not None
+    sim.v0.scheduler = sched
     seen = _Observed()
     before: list[tuple[set[str], set[str], set[str]]] = [(set(), set(), set())]
 
@@ -723,6 +730,7 @@ def recomputed_summary(
         skipped += length - chunk
         first_prefill.setdefault(rid, length - chunk)
     total_prefilled = sum(n for _, n, _ in seen.prefill_lens) - skipped
+    looked_up = sum(n for _, n, _ in seen.prefill_lens) if config.enable_caching else 0
     prompt_tokens = sum(prompt_len[rid] for rid in first_prefill)  # cached or computed
     first_computed = sum(prompt_len[rid] - first_prefill[rid] for rid in first_prefill)
     hits, queries, evictions = seen.cache_counts
@@ -759,9 +767,12 @@ def recomputed_summary(
         checked=config.check,
         prefix_caching=config.enable_caching,
         cached_prompt_tokens=skipped,
-        cache_hits=hits,
-        cache_queries=queries,
-        cache_hit_rate=hits / queries if queries else 0.0,
+        # per token: every admission looks its whole sequence up once (a group, once)
+        cache_hits=skipped,
+        cache_queries=looked_up,
+        cache_hit_rate=skipped / looked_up if looked_up else 0.0,
+        cache_block_hits=hits,
+        cache_block_queries=queries,
         cache_evictions=evictions,
         peak_cached_blocks=max(seen.cached_blocks, default=0),
     )
@@ -844,6 +855,16 @@ _FIGURE_RUNS: list[tuple[str, list[RequestSpec], SimulationConfig]] = [
         generate(preset("parallel-sampling"), 9, 16),
         _config(
             preset("parallel-sampling"), enable_caching=True, num_gpu_blocks=64, num_cpu_blocks=0
+        ),
+    ),
+    (  # samples of one group share the prompt's cached blocks: skipped once per group
+        "parallel sampling over a shared system prompt, prefix caching",
+        [
+            dataclasses.replace(r, prefix="sys", prefix_len=min(40, r.prompt_len))
+            for r in generate(preset("parallel-sampling"), 10, 12)
+        ],
+        _config(
+            preset("parallel-sampling"), enable_caching=True, num_gpu_blocks=96, num_cpu_blocks=0
         ),
     ),
     (
@@ -1106,3 +1127,60 @@ def test_a_plan_must_be_a_plan() -> None:
     raised(ArgumentTypeError, SimulationConfig.for_capacity, "llama")
     raised(ArgumentTypeError, lambda: SimulationConfig(capacity="llama"))  # type: ignore[arg-type]  # bad on purpose
     raised(ModelConfigError, load_model_config, _LLAMA.parent / "nope.json")
+
+
+# ---- V0 and V1 schedule differently: prefill/decode interference (docs/design.md)
+
+
+def _mixed_steps(engine: str) -> tuple[SimulationResult, int, int]:
+    """A system-prompt run without prefix caching: its result, the steps that computed
+    prefill and decode tokens together, the steps in which a running request whose
+    prompt was done computed nothing."""
+    requests = generate(preset("system-prompt"), 0, 24)
+    config = _config(preset("system-prompt"), kv_backing="none", engine=engine)
+    if engine == "v1":
+        config = dataclasses.replace(config, num_cpu_blocks=0)
+    mixed = stalled = 0
+
+    def observe(obs: Any) -> None:
+        nonlocal mixed, stalled
+        if engine == "v1":
+            kinds = {s.is_decode for s in obs.outputs.scheduled}
+            mixed += kinds == {True, False}
+            return
+        kinds = {s.is_prefill for s in obs.outputs.scheduled_seq_groups}
+        mixed += kinds == {True, False}
+        scheduled = {s.seq_group.request_id for s in obs.outputs.scheduled_seq_groups}
+        stalled += any(g.request_id not in scheduled for g in sim.scheduler.running)
+
+    sim = Simulator(config)
+    return sim.run(requests, observe=observe), mixed, stalled
+
+
+def test_v0_decodes_nothing_in_a_prefill_step_where_v1_batches_both() -> None:
+    v0, v0_mixed, v0_stalled = _mixed_steps("v0")
+    v1, v1_mixed, _ = _mixed_steps("v1")
+    # vLLM 0.6.3's default policy: a step that admits runs no decode, so the running
+    # requests wait out every prefill step; V1 puts decodes and prefill chunks in one batch
+    assert v0_mixed == 0 and v0_stalled > 0 and v1_mixed > 0
+    assert v0.summary.finished == v1.summary.finished == 24
+    assert v0.metrics is not None and v1.metrics is not None
+    assert v0.metrics.tpot.p99 > v1.metrics.tpot.p99  # the stalls stretch V0's decodes
+    assert v0.summary.steps > v1.summary.steps
+
+
+def test_the_v1_summary_shows_no_cpu_tier_or_swap() -> None:
+    config = _config(preset("chat"), kv_backing="none", engine="v1", num_cpu_blocks=0)
+    result = Simulator(config).run(generate(preset("chat"), 0, 4))
+    text = format_summary(result)
+    assert "CPU" not in text and "swapped" not in text and "by swap" not in text
+    assert "preemptions    0 by recompute (V1 does not swap)" in text
+    plan = _llama_plan(swap_space=4 * 1024**3)
+    assert "swap space" in dict(summary_rows(plan.to_dict()))["blocks"]
+    assert "swap space" not in dict(summary_rows(plan.to_dict(), swap=False))["blocks"]
+    v1 = Simulator(SimulationConfig.for_capacity(plan, kv_backing="none", engine="v1"))
+    capacity = v1.setup()["capacity"]
+    assert isinstance(capacity, dict) and "swap_space" not in capacity
+    assert v1.setup()["num_cpu_blocks"] == 0
+    text = format_summary(v1.run(generate(preset("chat"), 0, 2)))
+    assert not any(w in text for w in ("swap space", "swapped", "by swap", "CPU blocks", "CPU ("))

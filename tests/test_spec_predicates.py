@@ -89,11 +89,12 @@ B_SWP = GroupRef("b", 1, False, True, (_seq(1, "SWAPPED", frozenset({CPU})),))
 C_NEW = GroupRef("c", 2, False, False, (_seq(2, "WAITING", None),))
 D_NEW = GroupRef("d", 3, False, False, (_seq(3, "WAITING", None),))
 SCHED = SchedulerView((C_NEW,), (A_RUN,), (B_SWP,), ("a", "b", "c"))
-# one step: c admitted next to a (nothing swapped, so admission may proceed)
+# one step: c admitted while a waits (nothing swapped, so admission may proceed; a step
+# that admits decodes nothing)
 BEFORE = SchedulerView((C_NEW,), (A_RUN,), (), ("a", "c"))
 C_RUN = replace(C_NEW, admitted=True, seqs=(_seq(2, "RUNNING", frozenset({GPU})),))
 AFTER = SchedulerView((), (A_RUN, C_RUN), (), ("a", "c"))
-STEP = StepRecord(("c",), (), (), (), (), True, 2, 4, 2, 8)
+STEP = StepRecord(("c",), (), (), (), (), True, 1, 4, 2, 8)
 
 # V1: blocks 1, 2 cached (a's hashes), 3 a's partial block; 4, 5 free; "p" preempted
 _H = (b"h0", b"h1")
@@ -639,6 +640,23 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
         "Q5",
         "admitted while a request stays swapped",
         (replace(BEFORE, swapped=(B_SWP,)), STEP, replace(AFTER, swapped=(B_SWP,))),
+    ),
+    ("Q5", "a decode in a step that admits", (BEFORE, replace(STEP, decoded=("a",)), AFTER)),
+    (
+        "Q5",
+        "a swap-in in a step that admits",
+        (
+            replace(BEFORE, swapped=(B_SWP,)),
+            replace(STEP, swapped_in=("b",)),
+            replace(
+                AFTER,
+                running=(
+                    A_RUN,
+                    replace(B_SWP, seqs=(_seq(1, "RUNNING", frozenset({GPU})),)),
+                    C_RUN,
+                ),
+            ),
+        ),
     ),
     (
         "Q5",

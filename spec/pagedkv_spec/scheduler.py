@@ -35,7 +35,9 @@ Step invariants (over one ``schedule()`` call, :class:`StepRecord`):
                           victims go to the front of ``waiting`` (oldest first),
                           swap victims to the back of ``swapped``; after a
                           preemption nothing is placed; nothing is admitted while
-                          a request stays swapped; every event has a reason
+                          a request stays swapped; a step that admits decodes
+                          nothing and swaps nothing in (vLLM 0.6.3's default
+                          policy); every event has a reason
     Q6 ``step_budget_ok`` a step that swaps in or admits stays within
                           ``max_num_seqs`` and ``max_num_batched_tokens``
     Q7 ``drained``        once nothing is unfinished, every queue is empty and
@@ -124,6 +126,7 @@ class StepRecord:
     num_batched_tokens: int
     max_num_seqs: int | None
     max_num_batched_tokens: int | None
+    decoded: tuple[str, ...] = ()  # requests scheduled to decode (not to prefill)
 
 
 def _ids(queue: tuple[GroupRef, ...]) -> list[str]:
@@ -201,6 +204,8 @@ def step_order_ok(before: SchedulerView, step: StepRecord, after: SchedulerView)
         return False  # placed work after a preemption
     if step.admitted and after.swapped:
         return False  # admitted while a request stays swapped
+    if step.admitted and (step.decoded or step.swapped_in):
+        return False  # a step that prefills runs no decode and no swap-in
     recompute = [rid for rid, mode in step.preempted if mode == "RECOMPUTE"]
     swap = [rid for rid, mode in step.preempted if mode == "SWAP"]
     kept = [r for r in r0 if r not in victims]

@@ -525,6 +525,7 @@ def step_record(out: SchedulerOutputs, config: SchedulerConfig) -> StepRecord:
         num_batched_tokens=out.num_batched_tokens,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
+        decoded=tuple(g.seq_group.request_id for g in out.scheduled_seq_groups if not g.is_prefill),
     )
 
 

@@ -115,10 +115,11 @@ class CapacityPlan:
         }
 
 
-def summary_rows(plan: Mapping[str, Any]) -> list[tuple[str, str]]:
+def summary_rows(plan: Mapping[str, Any], *, swap: bool = True) -> list[tuple[str, str]]:
     """(label, text) rows of a plan's :meth:`CapacityPlan.to_dict` (what a run's
     ``setup["capacity"]`` holds): the model's shape, KV bytes per token and per block,
-    the KV memory, both tiers' blocks and the maximum concurrency. Complexity: O(1)."""
+    the KV memory, both tiers' blocks (the GPU's only without ``swap``: an engine
+    without a CPU tier) and the maximum concurrency. Complexity: O(1)."""
     tp = plan["tensor_parallel_size"]
     shape = f"{plan['num_layers']} layers x {plan['num_kv_heads']} KV heads x head dim "
     shape += f"{plan['head_dim']}" + (f" per rank (tp {tp})" if tp > 1 else "")
@@ -132,8 +133,12 @@ def summary_rows(plan: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("KV memory", f"{format_bytes(plan['kv_memory'])} ({plan['memory_source']})"),
         (
             "blocks",
-            f"{plan['num_gpu_blocks']:,} GPU ({plan['gpu_kv_tokens']:,} tokens), "
-            f"{plan['num_cpu_blocks']:,} CPU ({format_bytes(plan['swap_space'])} swap space)",
+            f"{plan['num_gpu_blocks']:,} GPU ({plan['gpu_kv_tokens']:,} tokens)"
+            + (
+                f", {plan['num_cpu_blocks']:,} CPU ({format_bytes(plan['swap_space'])} swap space)"
+                if swap
+                else " (no CPU tier: the engine does not swap)"
+            ),
         ),
         (
             "concurrency",

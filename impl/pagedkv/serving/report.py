@@ -75,9 +75,11 @@ class Summary:
     checked: bool = False
     prefix_caching: bool = False
     cached_prompt_tokens: int = 0  # prompt tokens admissions skipped (KV found in the cache)
-    cache_hits: int = 0  # V0: GPU block queries that found a cached block; V1: hit tokens
-    cache_queries: int = 0  # V0: block queries; V1: tokens looked up
-    cache_hit_rate: float = 0.0  # hits / queries (0.0 before any query)
+    cache_hits: int = 0  # tokens admissions found in the prefix cache (both engines)
+    cache_queries: int = 0  # tokens admissions looked up in the prefix cache
+    cache_hit_rate: float = 0.0  # per token: hits / queries (0.0 before any query)
+    cache_block_hits: int = 0  # V0 only: GPU block lookups that found a cached block
+    cache_block_queries: int = 0  # V0 only: GPU block lookups
     cache_evictions: int = 0
     peak_cached_blocks: int = 0  # GPU blocks findable by content key, at most
 
@@ -193,18 +195,20 @@ class Tally:
         s.recomputed_tokens += recomputed_tokens
         s.cached_prompt_tokens += cached_prompt_tokens
 
-    def cache(self, stats: CacheStats | None) -> None:
-        """Prefix-cache counters after the step (cumulative) and its cached blocks."""
-        if stats is None:
-            return
+    def cache(
+        self, stats: CacheStats, hit_tokens: int, looked_up_tokens: int, *, blocks: bool
+    ) -> None:
+        """Prefix-cache counters after the step, all cumulative: tokens found in the
+        cache of those looked up (the hit rate, per token in both engines), and from
+        ``stats`` evictions, cached blocks and, with ``blocks``, the GPU block lookups
+        (the V0 allocator counts those)."""
         s = self.summary
         s.prefix_caching = True
-        s.cache_hits, s.cache_queries, s.cache_evictions = (
-            stats.hits,
-            stats.queries,
-            stats.evictions,
-        )
-        s.cache_hit_rate = stats.hit_rate
+        s.cache_hits, s.cache_queries = hit_tokens, looked_up_tokens
+        s.cache_hit_rate = hit_tokens / looked_up_tokens if looked_up_tokens else 0.0
+        if blocks:
+            s.cache_block_hits, s.cache_block_queries = stats.hits, stats.queries
+        s.cache_evictions = stats.evictions
         s.peak_cached_blocks = max(s.peak_cached_blocks, stats.cached_blocks)
         self.timeline.cached_blocks.append(stats.cached_blocks)
 
@@ -314,14 +318,19 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
     if counted:
         where = f", no KV tensors (--kv-backing auto: {auto})" if auto else ", no KV tensors"
     capacity = cfg.get("capacity")
+    v1 = cfg.get("engine") == "v1"  # no CPU tier, no swap, recompute only
+    tiers = (
+        f"{cfg['num_gpu_blocks']} GPU blocks"
+        if v1
+        else (f"{cfg['num_gpu_blocks']} GPU + {cfg['num_cpu_blocks']} CPU blocks")
+    )
     rows = [
         ("workload", title or "-"),
-        *(summary_rows(capacity) if isinstance(capacity, dict) else []),
+        *(summary_rows(capacity, swap=not v1) if isinstance(capacity, dict) else []),
         (
             "cache",
-            f"{cfg['num_gpu_blocks']} GPU + {cfg['num_cpu_blocks']} CPU blocks of "
-            f"{cfg['block_size']} tokens ({cfg['block_bytes']} B/block; {cfg['model']}, "
-            f"{cfg['dtype']}{where})",
+            f"{tiers} of {cfg['block_size']} tokens ({cfg['block_bytes']} B/block; "
+            f"{cfg['model']}, {cfg['dtype']}{where})",
         ),
         (
             "requests",
@@ -336,21 +345,35 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
         ("steps", str(s.steps)),
         (
             "preemptions",
-            f"{s.preempted_recompute} by recompute, {s.preempted_swap} by swap "
+            f"{s.preempted_recompute} by recompute (V1 does not swap)"
+            if v1
+            else f"{s.preempted_recompute} by recompute, {s.preempted_swap} by swap "
             f"(mode {cfg['preemption']})",
         ),
-        (
-            "blocks moved",
-            f"{s.blocks_swapped_out} swapped out, {s.blocks_swapped_in} swapped in "
-            f"({s.swap_ins} swap-ins), {s.cow_copies} copied on write",
+        *(
+            []
+            if v1
+            else [
+                (
+                    "blocks moved",
+                    f"{s.blocks_swapped_out} swapped out, {s.blocks_swapped_in} swapped in "
+                    f"({s.swap_ins} swap-ins), {s.cow_copies} copied on write",
+                )
+            ]
         ),
         ("KV usage", f"peak {_pct(s.peak_kv_usage)}, mean {_pct(s.mean_kv_usage)} of GPU blocks"),
         *(
             [
                 (
                     "prefix cache",
-                    f"hit rate {_pct(s.cache_hit_rate)} ({s.cache_hits}/{s.cache_queries} "
-                    f"{'tokens looked up' if cfg.get('engine') == 'v1' else 'block lookups'}), "
+                    f"hit rate {_pct(s.cache_hit_rate)} of tokens ({s.cache_hits}/"
+                    f"{s.cache_queries} tokens looked up"
+                    + (
+                        ""
+                        if cfg.get("engine") == "v1"
+                        else f"; {s.cache_block_hits}/{s.cache_block_queries} GPU block lookups"
+                    )
+                    + "), "
                     f"{s.cached_prompt_tokens} prompt tokens skipped, "
                     f"{s.cache_evictions} evictions, peak {s.peak_cached_blocks} cached blocks",
                 )

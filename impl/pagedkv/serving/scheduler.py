@@ -1,22 +1,29 @@
-"""A reference scheduler over :class:`BlockSpaceManager` (vLLM 0.6.3's policy, no chunking).
+"""A reference scheduler over :class:`BlockSpaceManager` (vLLM 0.6.3's default policy).
 
 Queues (deques of :class:`SequenceGroup`): ``waiting`` (no blocks; FCFS in
 ``add_seq_group`` order, recompute-preempted groups back at the *front* as in
 vLLM), ``running`` (GPU blocks; admission order, swap-ins join at the back),
 ``swapped`` (CPU blocks; FIFO in swap-out order).
 
-One :meth:`Scheduler.schedule` call plans one step:
- 1. running, oldest first: while ``can_append_slots`` (with lookahead) is False,
-    preempt the *newest* remaining running group (possibly this one); then
-    ``append_slots`` for each RUNNING sequence, collecting copy-on-write pairs.
- 2. swapped, only if nothing was preempted: from the front while ``can_swap_in``
-    is OK (``swap_in`` + ``append_slots``); NEVER, or LATER with the whole GPU
-    free (it can never fit), rejects the group; LATER stops.
- 3. waiting, only if nothing was preempted and no group is left swapped
-    (swapped groups come back first): from the front while ``can_allocate`` is
-    OK; NEVER rejects (FINISHED_IGNORED, with the decision's reason); LATER stops.
-Budgets (``max_num_seqs``, ``max_num_batched_tokens``) cap steps 2 and 3; a
-prompt over either limit is rejected. Running groups always decode.
+One :meth:`Scheduler.schedule` call plans one step, in vLLM 0.6.3's default order
+(``Scheduler._schedule_default``; the rules and where pagedkv departs from them
+are listed in ``docs/design.md``, "The V0 scheduler's policy"):
+ 1. waiting, only if no group is swapped (swapped groups come back first): from
+    the front while ``can_allocate`` is OK and the step's budgets hold; NEVER
+    rejects (FINISHED_IGNORED, with the decision's reason); LATER stops.
+ 2. running, only if step 1 admitted nothing (no decode in a step that
+    prefills), oldest first: while ``can_append_slots`` (with lookahead) is
+    False, preempt the *newest* remaining running group (possibly this one);
+    then ``append_slots`` for each RUNNING sequence, collecting copy-on-write
+    pairs. Running groups are not held to the budgets here (vLLM's neither).
+ 3. swapped, only if step 2 ran and preempted nothing: from the front while
+    ``can_swap_in`` is OK and the budgets hold (``swap_in`` + ``append_slots``);
+    NEVER, or LATER with the whole GPU free (it can never fit), rejects the
+    group; LATER stops.
+Budgets: ``max_num_seqs`` counts the running groups' sequences from the start of
+the step (a prefill step cannot take the batch past it either), and
+``max_num_batched_tokens`` the tokens computed; a prompt over either limit is
+rejected.
 
 Preemption: ``"auto"`` recomputes groups with one running sequence and swaps the
 others (vLLM's default); ``"recompute"`` / ``"swap"`` prefer that mode. When the
@@ -229,11 +236,12 @@ class Scheduler:
         blocks touched, swapped or freed) plus the manager's work."""
         out = SchedulerOutputs(num_lookahead_slots=self.config.num_lookahead_slots)
         self._drop_finished_running()
-        self._schedule_running(out)
-        if not out.preempted and not out.aborted:
-            self._schedule_swapped(out)
-            if not self.swapped:
-                self._schedule_waiting(out)
+        if not self.swapped:
+            self._schedule_waiting(out)
+        if not out.admitted:  # no decode in a step that prefills
+            self._schedule_running(out)
+            if not out.preempted and not out.aborted:
+                self._schedule_swapped(out)
         return out
 
     def _schedule_running(self, out: SchedulerOutputs) -> None:
@@ -295,6 +303,10 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutputs) -> None:
         manager, max_tokens = self.block_manager, self.config.max_num_batched_tokens
         max_seqs = self.config.max_num_seqs
+        # the running groups' sequences count against max_num_seqs (they decode next step)
+        running_seqs = 0
+        if max_seqs is not None and self.waiting:
+            running_seqs = sum(g.get_max_num_running_seqs() for g in self.running)
         while self.waiting:
             group = self.waiting[0]
             first = group.get_seqs(_WAITING)[0]
@@ -320,7 +332,9 @@ class Scheduler:
                 self.waiting.popleft()
                 self._reject(group, reason, out)
                 continue
-            if decision != AllocStatus.OK or not self._fits(out, num_seqs, num_tokens):
+            if decision != AllocStatus.OK or not self._fits(
+                out, running_seqs + num_seqs, num_tokens
+            ):
                 break
             manager.allocate(group)  # before popleft: an error leaves the group queued
             self.waiting.popleft()
@@ -340,6 +354,8 @@ class Scheduler:
             out.num_batched_seqs += group.num_seqs(_RUNNING)
             out.num_batched_tokens += num_tokens
             out.num_cached_tokens += skip
+            if manager.enable_caching:
+                out.num_looked_up_tokens += num_tokens + skip
 
     # ------------------------------------------------------------------ helpers
 

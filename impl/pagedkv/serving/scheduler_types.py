@@ -104,3 +104,4 @@ class SchedulerOutputs:
     num_batched_seqs: int = 0  # sequences that compute tokens this step
     num_batched_tokens: int = 0  # tokens computed: each prefill once, each decode per sequence
     num_cached_tokens: int = 0  # prompt tokens admissions skipped: their KV was in the prefix cache
+    num_looked_up_tokens: int = 0  # tokens admissions looked up in the prefix cache (once a group)

@@ -1,12 +1,14 @@
-"""Serve a workload with the scheduler, the block manager and a KV backing.
+"""Serve a workload with one of two engines, sized and set up here.
 
-Each step: requests that arrived are added; :meth:`Scheduler.schedule` plans the
-step; the KV backing applies it (below); the sequences' computed counts advance;
-the model samples one token per running sequence (a function of the seed,
-sequence id and position) and finishes the sequences that reached their output
-length. With prefix caching, each step also marks the scheduled sequences' blocks
-accessed (the step's start time is the time) and, after the forward pass, the
-blocks it promoted as computed.
+The simulator turns a :class:`SimulationConfig` into a cache size (the KV
+backing's, or counted from a byte budget), builds the engine the config names and
+hands it the run:
+
+* ``engine="v0"``: :class:`~pagedkv.serving.v0_engine.V0Engine`, the V0 scheduler
+  (vLLM 0.6.3's default policy) over the V0 block manager, with swap and a KV
+  backing;
+* ``engine="v1"``: :class:`~pagedkv.serving.v1_engine.V1Engine`, the V1 scheduler
+  over :class:`pagedkv.v1.KVCacheManager` (no swap, no KV tensors).
 
 Time: a step lasts one *step* by default, or what ``SimulationConfig.time_model``
 (:class:`~pagedkv.serving.step_time.StepTimeModel`) says in seconds; the next step
@@ -18,7 +20,7 @@ in arrival order and are sent when one ends. Per-request times and the serving
 metrics (TTFT, TPOT, ITL, E2EL, queueing, throughput) are defined in
 :mod:`pagedkv.serving.latency`.
 
-Two KV backings (``SimulationConfig.kv_backing``):
+Two KV backings (``SimulationConfig.kv_backing``), for the V0 engine:
 
 * ``"toy"`` (the default): a real :class:`~pagedkv.kv.cache.KVCacheEngine` that a
   toy model writes, checked for KV conservation after every step
@@ -26,20 +28,12 @@ Two KV backings (``SimulationConfig.kv_backing``):
 * ``"none"``: no KV tensors. Manager and scheduler run for real, block moves are
   planned and counted but move no bytes; torch is not imported. This is how a
   real model's cache (``SimulationConfig.capacity``, tens of GiB) is simulated.
-
-With checking on (the default), after every step: ``check_invariants()`` of
-manager and scheduler, and with the toy backing KV conservation (invariant KV1 of
-:mod:`pagedkv_spec.invariants`; InvariantViolationError otherwise).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from pagedkv._arith import mix64
 from pagedkv._validate import (
     require_fits_in_memory,
     require_instance,
@@ -49,22 +43,18 @@ from pagedkv.errors import (
     InvalidKVCacheConfigError,
     WorkloadError,
 )
-from pagedkv.serving.arrivals import Arrivals
-from pagedkv.serving.latency import LatencyTally
 from pagedkv.serving.model_config import dtype_bytes
-from pagedkv.serving.prompts import VOCAB, PromptBuilder
-from pagedkv.serving.report import SimulationResult, Tally
+from pagedkv.serving.report import SimulationResult
 from pagedkv.serving.scheduler import Scheduler, SchedulerOutputs
 from pagedkv.serving.simulation_config import (
     ProgressFn,
     SimulationConfig,
     StopFn,
 )
-from pagedkv.serving.step_time import StepWork
+from pagedkv.serving.v0_engine import ObserveFn, StepObservation, V0Engine
 from pagedkv.serving.v1_engine import V1Engine, V1ObserveFn
 from pagedkv.serving.workload import RequestSpec
 from pagedkv.v0.manager import BlockSpaceManager
-from pagedkv.v0.sequence import Sequence, SequenceGroup, SequenceStatus
 
 if TYPE_CHECKING:
     from pagedkv.kv.cache import KVCacheEngine
@@ -72,35 +62,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ObserveFn", "SimulationConfig", "Simulator", "StepObservation"]
 
-_RUNNING = SequenceStatus.RUNNING
-
-
-@dataclass(frozen=True)
-class StepObservation:
-    """One step as :meth:`Simulator.run` hands it to an ``observe`` callback.
-
-    The callback runs after the step's forward pass, before its tokens are
-    sampled: the state the KV usage and fragmentation figures are read from
-    (the step's KV written, finished sequences of earlier steps freed). It may
-    read the simulator's ``manager``, ``scheduler`` and ``engine`` (toy backing), not
-    change them.
-    """
-
-    step: int  # index among executed steps, from 0
-    clock: float  # the step's start time (``Timeline.time``); jumps over idle gaps
-    outputs: SchedulerOutputs  # what ``schedule()`` returned this step
-    schedule_seconds: float  # wall time of that ``schedule()`` call (the scheduler figures)
-    duration: float = 1.0  # how long the step lasts on the clock (1 step without a model)
-    work: StepWork | None = None  # what the time model priced (None without a model)
-
-
-#: Called once per step with the step's :class:`StepObservation` (tests recompute
-#: the reported figures from it independently).
-ObserveFn = Callable[[StepObservation], None]
-
 
 class Simulator:
-    """Owns the KV backing, manager and scheduler for one run; :meth:`run` serves a workload.
+    """Owns the KV backing and the engine of one run; :meth:`run` serves a workload.
 
     Construction validates the configuration (InvalidKVCacheConfigError,
     InvalidSchedulerConfigError, InvalidAllocatorConfigError) and, with the toy
@@ -143,36 +107,49 @@ class Simulator:
             self._block_bytes *= itemsize
             self.num_gpu_blocks, self.num_cpu_blocks = _counted_blocks(c, self._block_bytes)
             self._device = "none (no KV tensors)"
+        # one engine per run: V1 has no swap, so its CPU tier is not used
+        self.v0: V0Engine | None = None
         self.v1: V1Engine | None = None
-        if c.engine == "v1":  # no swap: the CPU tier is not used
+        if c.engine == "v1":
             self.num_cpu_blocks = 0
             max_len = c.model_len or self.num_gpu_blocks * c.block_size
             self.v1 = V1Engine(c, self.num_gpu_blocks, self._block_bytes, max_len)
-        self.manager = BlockSpaceManager(
-            c.block_size,
-            self.num_gpu_blocks,
-            self.num_cpu_blocks,
-            c.watermark,
-            enable_caching=c.enable_caching,
-        )
-        self.scheduler = Scheduler(self.manager, c.scheduler)
-        self._specs: dict[str, RequestSpec] = {}
-        self._limits: dict[str, int] = {}  # request -> tokens each sample generates
-        self._prompts = PromptBuilder(c.seed, set())
+        else:
+            self.v0 = V0Engine(
+                c, self.num_gpu_blocks, self.num_cpu_blocks, self._block_bytes, self._kv
+            )
+
+    @property
+    def manager(self) -> BlockSpaceManager:
+        """The V0 engine's block manager; InvalidKVCacheConfigError with engine ``"v1"``
+        (its manager is ``v1.manager``). Complexity: O(1)."""
+        return self._v0("manager").manager
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The V0 engine's scheduler; InvalidKVCacheConfigError with engine ``"v1"``
+        (its scheduler is ``v1.scheduler``). Complexity: O(1)."""
+        return self._v0("scheduler").scheduler
 
     @property
     def engine(self) -> KVCacheEngine:
         """The KV cache engine of the toy backing. InvalidKVCacheConfigError with
         ``kv_backing="none"`` (there are no KV tensors). Complexity: O(1)."""
-        return self._toy("engine").engine
-
-    def _toy(self, what: str) -> ToyKV:
         if self._kv is None:
             raise InvalidKVCacheConfigError(
-                f"Simulator.{what} needs KV tensors, but this simulator runs with "
+                "Simulator.engine needs KV tensors, but this simulator runs with "
                 "kv_backing='none'; use kv_backing='toy'"
             )
-        return self._kv
+        return self._kv.engine
+
+    def _v0(self, what: str) -> V0Engine:
+        if self.v0 is None:
+            raise InvalidKVCacheConfigError(
+                f"Simulator.{what} is the V0 engine's, but this simulator runs engine 'v1'; "
+                "the V1 engine's manager and scheduler are Simulator.v1.manager and "
+                "Simulator.v1.scheduler"
+            )
+        return self.v0
 
     # ------------------------------------------------------------------ the run
 
@@ -208,87 +185,8 @@ class Simulator:
             return self.v1.run(
                 requests, progress, cast("V1ObserveFn | None", observe), self.setup(), stop
             )
-        v0_observe = cast("ObserveFn | None", observe)
-        self._prompts = PromptBuilder(self.config.seed, {r.parent for r in requests if r.parent})
-        c, sched, tally = self.config, self.scheduler, Tally(len(requests), self.config.check)
-        latency, model = LatencyTally(), c.time_model
-        arrivals = Arrivals(requests, c.max_concurrency, whole_steps=model is None)
-        clock, start, end = 0.0, time.perf_counter(), 0.0
-        while arrivals.pending or sched.has_unfinished_seqs():
-            if tally.steps >= c.max_steps or (stop is not None and stop()):
-                break
-            if not sched.has_unfinished_seqs():  # idle: skip ahead to the next arrival
-                clock = arrivals.idle_start(clock)
-            for spec, sent in arrivals.due(clock):
-                output_len = self._output_len(spec)  # 0: the prompt is too long
-                asked = output_len or spec.output_len
-                latency.sent(spec.request_id, sent, spec.prompt_len, asked, spec.n)
-                if output_len:
-                    self._add(spec)
-                    continue
-                why = f"prompt of {spec.prompt_len} tokens exceeds max_model_len={c.model_len}"
-                latency.ended(spec.request_id, "rejected", clock, why)
-                arrivals.ended(clock)
-                tally.reject(spec.request_id, why)
-            if not sched.has_unfinished_seqs():  # every request sent was refused
-                continue
-            t0 = time.perf_counter()
-            out = sched.schedule()
-            seconds = time.perf_counter() - t0
-            tally.plan(out, seconds)
-            if self.manager.enable_caching:
-                self._access(out, clock)
-            computed = self._forward(out, latency, clock)
-            duration = 1.0 if model is None else model.duration(computed)
-            end = clock + duration
-            for preemption in out.preempted:
-                latency.preempted(preemption.request_id)
-            for event, status in ((out.rejected, "rejected"), (out.aborted, "aborted")):
-                for ended in event:
-                    latency.ended(ended.request_id, status, end, ended.reason)
-                    arrivals.ended(end)
-            work = None if model is None else computed
-            if self.manager.enable_caching:
-                for scheduled in out.scheduled_seq_groups[:1]:  # one call marks the batch
-                    self.manager.mark_blocks_as_computed(scheduled.seq_group)
-                tally.cache(self.manager.cache_stats())
-            used = self.num_gpu_blocks - self.manager.get_num_free_gpu_blocks()
-            empty = self._empty_slots() / (used * c.block_size) if used else None
-            tally.usage(used / self.num_gpu_blocks, empty)
-            if v0_observe is not None:
-                v0_observe(StepObservation(tally.steps - 1, clock, out, seconds, duration, work))
-            tally.summary.generated_tokens += self._sample(out, latency, end)
-            for group in sched.free_finished_seq_groups():
-                latency.ended(group.request_id, "finished", end)
-                arrivals.ended(end)
-                tally.summary.finished += 1
-            if c.check and tally.steps % c.check_every == 0:
-                self._check_step()
-            tally.record(clock, out, sched)
-            clock = end
-            if progress is not None:
-                progress(tally.steps, tally.done, len(requests))
-        latency.never_sent(arrivals.pending)  # the run stopped before their time
-        if c.check and tally.steps % c.check_every:
-            self._check_step()  # the state the run ends in
-        unfinished = sched.get_num_unfinished_seq_groups() + len(arrivals.pending)
-        wall = time.perf_counter() - start
-        return tally.finish(
-            latency,
-            unfinished,
-            self.manager.stats.cow_copies,
-            wall,
-            self.setup(),
-            c.max_steps,
-            c.time_unit,
-            end,
-        )
-
-    def _check_step(self) -> None:
-        self.manager.check_invariants()
-        self.scheduler.check_invariants()
-        if self._kv is not None:
-            self.check_kv()
+        v0 = self._v0("run")
+        return v0.run(requests, progress, cast("ObserveFn | None", observe), self.setup(), stop)
 
     def setup(self) -> dict[str, object]:
         """The resolved cache and scheduler settings, for reports; with a capacity plan
@@ -326,94 +224,23 @@ class Simulator:
             setup["time_model"] = c.time_model.to_dict()
         if c.capacity is not None:
             setup["model"] = f"{c.capacity.model.name}: {setup['model']}"
-            setup["capacity"] = c.capacity.to_dict()
+            plan = c.capacity.to_dict()
+            if self.v1 is not None:  # no CPU tier: the plan's swap space is not used
+                del plan["swap_space"], plan["num_cpu_blocks"]
+            setup["capacity"] = plan
         return setup
 
-    def _output_len(self, spec: RequestSpec) -> int:
-        """:meth:`SimulationConfig.output_len` of ``spec``. O(1)."""
-        return self.config.output_len(spec.prompt_len, spec.output_len)
-
-    def _add(self, spec: RequestSpec) -> None:
-        self._specs[spec.request_id] = spec
-        self._limits[spec.request_id] = self._output_len(spec)
-        prompt = self._prompts.prompt(spec)
-        seq = Sequence(self.scheduler.next_seq_id(), prompt, self.config.block_size)
-        self._prompts.answered_by(spec, prompt, seq.seq_id)
-        group = SequenceGroup(spec.request_id, [seq], spec.arrival_time, n=spec.n)
-        self.scheduler.add_seq_group(group)
-
-    # ------------------------------------------------------------------ the step
-
-    def _forward(self, out: SchedulerOutputs, latency: LatencyTally, clock: float) -> StepWork:
-        """The KV backing applies the step (toy: block moves, then the new tokens' KV);
-        then every scheduled sequence has computed its tokens, and its request was
-        scheduled at ``clock``. Returns what the step computed and moved, for the time
-        model (:class:`~pagedkv.serving.step_time.StepWork`): a prefill's tokens once
-        per group (its samples share the prompt, as the scheduler's budget counts it),
-        one decode per running sequence, each scheduled sequence's length as context
-        read. Complexity: O(scheduled sequences), one pass."""
-        if self._kv is not None:
-            self._kv.forward(out, self.manager, self.config.check)
-        prefill = decode = context = 0
-        scheduled_at = latency.scheduled
-        for scheduled in out.scheduled_seq_groups:
-            group = scheduled.seq_group
-            scheduled_at(group.request_id, clock)
-            seqs = group.get_seqs(_RUNNING)
-            if scheduled.is_prefill:
-                prefill += scheduled.token_chunk_size
-            else:
-                decode += len(seqs)
-            for seq in seqs:
-                context += seq.compute_all()
-        moved = len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in)
-        copied = len(out.blocks_to_copy)
-        size = self._block_bytes
-        return StepWork(prefill, decode, context, moved * size, copied * size)
-
-    def _access(self, out: SchedulerOutputs, clock: float) -> None:
-        """Prefix caching: the scheduled sequences' blocks were used at ``clock``."""
-        for scheduled in out.scheduled_seq_groups:
-            for seq in scheduled.seq_group.get_seqs(_RUNNING):
-                self.manager.access_all_blocks_in_seq(seq, clock)
-
-    def _sample(self, out: SchedulerOutputs, latency: LatencyTally, end: float) -> int:
-        """One token per RUNNING sequence, produced at ``end``; finish those at their
-        output length."""
-        seed1, count, tokens = self.config.seed + 1, 0, latency.tokens
-        for scheduled in out.scheduled_seq_groups:
-            group = scheduled.seq_group
-            tokens(group.request_id, end)
-            limit = self._limits[group.request_id]
-            for seq in group.get_seqs(_RUNNING):
-                # answer_token, inlined: one call a token fewer on the hot path
-                seq.append_token_id(mix64(seed1, seq.seq_id, seq.get_len()) % VOCAB)
-                count += 1
-                if seq.get_output_len() >= limit:
-                    self.scheduler.finish_seq(seq)
-                    if self._kv is not None:
-                        self._kv.forget(seq.seq_id)
-        return count
-
-    def _empty_slots(self) -> int:
-        """GPU token slots of used blocks that hold no computed token (each shared block
-        counted once): :meth:`BlockSpaceManager.count_empty_slots` of the running
-        sequences. Complexity: O(running sequences + their tail blocks)."""
-        return self.manager.count_empty_slots(
-            seq for group in self.scheduler.running for seq in group.get_seqs(_RUNNING)
-        )
-
     def check_kv(self) -> None:
-        """KV conservation (:meth:`pagedkv.serving.toy_kv.ToyKV.check_kv`) of the toy
-        backing; InvalidKVCacheConfigError with ``kv_backing="none"``. Complexity:
-        O(live tokens) tensor work."""
-        self._toy("check_kv").check_kv(self.scheduler, self.manager)
+        """KV conservation of the toy backing (:meth:`V0Engine.check_kv`);
+        InvalidKVCacheConfigError with ``kv_backing="none"`` or engine ``"v1"``.
+        Complexity: O(live tokens) tensor work."""
+        self._v0("check_kv").check_kv()
 
     def check_skipped(self, out: SchedulerOutputs) -> None:
         """Before a step's forward pass: the prompt positions a prefill skips hold their
-        prefix's KV (:meth:`pagedkv.serving.toy_kv.ToyKV.check_skipped`); toy backing
-        only. Complexity: O(skipped tokens) tensor work."""
-        self._toy("check_skipped").check_skipped(out, self.manager)
+        prefix's KV (:meth:`V0Engine.check_skipped`); toy backing only.
+        Complexity: O(skipped tokens) tensor work."""
+        self._v0("check_skipped").check_skipped(out)
 
 
 def _counted_dtype(c: SimulationConfig) -> tuple[str, int]:

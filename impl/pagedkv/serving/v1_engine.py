@@ -217,21 +217,20 @@ class V1Engine:
         return StepWork(prefill, decode, context)
 
     def _cache_figures(self, tally: Tally) -> None:
-        """Prefix-cache figures: tokens looked up and hit (V1 counts tokens, V0 blocks),
-        evictions, keys findable in the cache."""
+        """Prefix-cache figures: tokens looked up and hit (each sample looks its prompt
+        up: V1 serves n samples as n requests), evictions, keys findable in the cache."""
         stats = self.manager.make_prefix_cache_stats()
         if stats is None or not self.manager.enable_caching:
             return
         before = tally.summary
         pool = self.manager.block_pool
+        hits = before.cache_hits + stats.hits + stats.preempted_hits
+        queries = before.cache_queries + stats.queries + stats.preempted_queries
         tally.cache(
-            CacheStats(
-                hits=before.cache_hits + stats.hits + stats.preempted_hits,
-                queries=before.cache_queries + stats.queries + stats.preempted_queries,
-                evictions=pool.epoch,
-                cached_blocks=len(pool.cached_block_hash_to_block),
-                evictable_blocks=0,
-            )
+            CacheStats(hits, queries, pool.epoch, len(pool.cached_block_hash_to_block), 0),
+            hits,
+            queries,
+            blocks=False,
         )
 
     def _empty_share(self, num_blocks: int) -> float | None:

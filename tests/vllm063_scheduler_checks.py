@@ -1,0 +1,314 @@
+"""pagedkv's V0 scheduler against vLLM 0.6.3's own ``core/scheduler.py``, step by step.
+
+Needs the vllm 0.6.3 wheel (``pip download --no-deps --only-binary :all: vllm==0.6.3 -d
+build/wheels``, or ``PAGEDKV_WHEEL_DIR`` naming the directory that holds it), so it is
+not a ``test_*`` module of ``make test``; run it with
+``pytest tests/vllm063_scheduler_checks.py``.
+
+Only ``vllm/core/scheduler.py`` is read from the wheel; the modules it imports are
+stand-ins written here (as :mod:`pagedkv_stateful.vllm063` loads vLLM's block layer):
+``vllm.config``, ``vllm.logger``, ``vllm.lora.request``,
+``vllm.prompt_adapter.request`` (type names), ``vllm.utils`` (``PyObjectCache``: a
+fresh object per request), ``vllm.sequence`` (pagedkv's ``SequenceStatus``; the other
+names are type names) and ``vllm.core.interfaces`` (pagedkv's ``AllocStatus``, and a
+block manager class that builds pagedkv's ``BlockSpaceManager``). So both schedulers
+ask the same kind of block manager, over the same sequence and group classes, and
+only the policy differs: vLLM's ``Scheduler._schedule()`` (the policy, without the
+metadata ``schedule()`` builds for the workers) against pagedkv's
+``Scheduler.schedule()``.
+
+The scripted workloads stay where the two are meant to agree (``docs/design.md``, "The
+V0 scheduler's policy", lists where pagedkv departs on purpose): one sequence per
+request (vLLM forks samples after the prefill, pagedkv at admission), prompts of two or
+more tokens, prefix caching off (pagedkv budgets only the uncached tokens), swap space
+enough for every swap-out (vLLM stops the engine otherwise) and every request able to
+fit the GPU alone (vLLM waits forever for a swapped group that cannot come back).
+Every step compares the scheduled requests in order (prefill or decode, tokens), the
+preempted and ignored requests, the block moves, the batched tokens and the three
+queues after the step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import random
+import sys
+import types
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
+from pagedkv.serving.scheduler import Scheduler, SchedulerConfig
+from pagedkv.v0.sequence import AllocStatus
+
+ROOT = Path(__file__).parent.parent
+WHEEL_DIR = Path(os.environ.get("PAGEDKV_WHEEL_DIR", ROOT / "build" / "wheels"))
+WHEELS = sorted(WHEEL_DIR.glob("vllm-0.6.3-*.whl"))
+if not WHEELS:
+    pytest.skip(
+        f"no vllm 0.6.3 wheel in {WHEEL_DIR}: pip download --no-deps --only-binary :all: "
+        "vllm==0.6.3 -d build/wheels (or set PAGEDKV_WHEEL_DIR)",
+        allow_module_level=True,
+    )
+
+RUNNING, WAITING = SequenceStatus.RUNNING, SequenceStatus.WAITING
+WATERMARK = 0.01
+
+
+class Seq(Sequence):
+    """pagedkv's sequence with the one query vLLM's scheduler adds."""
+
+    def get_num_new_tokens(self) -> int:
+        return self.get_num_uncomputed_tokens()  # a decode: the one sampled token
+
+
+class Group(SequenceGroup):
+    """pagedkv's group with the calls and the field vLLM's scheduler adds."""
+
+    lora_request = prompt_adapter_request = None
+    lora_int_id = 0
+
+    def is_prefill(self) -> bool:
+        return self.get_seqs()[0].get_num_computed_tokens() == 0  # no chunking here
+
+    def init_multi_step_from_lookahead_slots(self, *args: object, **kwargs: object) -> None:
+        """Multi-step scheduling is off: nothing to set."""
+
+
+def _module(name: str, **attrs: object) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__path__ = []  # every stand-in may be a package
+    module.__dict__.update(attrs)
+    return module
+
+
+class _Placeholder:
+    """A type name the scheduler imports but these runs never use."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+class _ObjectCache:
+    """vllm.utils.PyObjectCache's calls; a fresh object each time (no reuse)."""
+
+    def __init__(self, builder: Any) -> None:
+        self.builder = builder
+
+    def get_object(self) -> Any:
+        return self.builder()
+
+    def reset(self) -> None:
+        pass
+
+
+class _ManagerClass:
+    """vllm.core.interfaces.BlockSpaceManager's factory: pagedkv's manager."""
+
+    @staticmethod
+    def get_block_space_manager_class(version: str) -> Any:
+        def build(**kw: Any) -> BlockSpaceManager:
+            return BlockSpaceManager(
+                kw["block_size"], kw["num_gpu_blocks"], kw["num_cpu_blocks"], WATERMARK
+            )
+
+        return build
+
+
+@pytest.fixture(scope="module")
+def vllm_scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """vLLM 0.6.3's ``vllm.core.scheduler`` module, over the stand-ins; unloaded after."""
+    dest = tmp_path_factory.mktemp("vllm063")
+    with zipfile.ZipFile(WHEELS[-1]) as wheel:
+        path = Path(wheel.extract("vllm/core/scheduler.py", dest))
+    stand_ins = {
+        "vllm": _module("vllm"),
+        "vllm.config": _module(
+            "vllm.config",
+            CacheConfig=_Placeholder,
+            LoRAConfig=_Placeholder,
+            SchedulerConfig=_Placeholder,
+        ),
+        "vllm.core": _module("vllm.core"),
+        "vllm.core.interfaces": _module(
+            "vllm.core.interfaces", AllocStatus=AllocStatus, BlockSpaceManager=_ManagerClass
+        ),
+        "vllm.logger": _module("vllm.logger", init_logger=logging.getLogger),
+        "vllm.lora": _module("vllm.lora"),
+        "vllm.lora.request": _module("vllm.lora.request", LoRARequest=_Placeholder),
+        "vllm.prompt_adapter": _module("vllm.prompt_adapter"),
+        "vllm.prompt_adapter.request": _module(
+            "vllm.prompt_adapter.request", PromptAdapterRequest=_Placeholder
+        ),
+        "vllm.sequence": _module(
+            "vllm.sequence",
+            Sequence=_Placeholder,
+            SequenceData=_Placeholder,
+            SequenceGroup=_Placeholder,
+            SequenceGroupMetadata=_Placeholder,
+            SequenceGroupMetadataDelta=_Placeholder,
+            SequenceStatus=SequenceStatus,
+        ),
+        "vllm.utils": _module("vllm.utils", Device=_Placeholder, PyObjectCache=_ObjectCache),
+    }
+    clash = [name for name in stand_ins if name in sys.modules]
+    if clash:
+        pytest.skip(f"another vllm is imported in this process ({clash[0]}); run this file alone")
+    sys.modules.update(stand_ins)
+    try:
+        spec = importlib.util.spec_from_file_location("vllm.core.scheduler", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["vllm.core.scheduler"] = module
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        for name in [*stand_ins, "vllm.core.scheduler"]:
+            sys.modules.pop(name, None)
+
+
+# ----------------------------------------------------------------------------- workloads
+
+
+@dataclass(frozen=True)
+class Case:
+    """A scripted workload and the settings both schedulers run it under."""
+
+    name: str
+    seed: int
+    num_requests: int
+    num_gpu: int
+    num_cpu: int
+    block_size: int
+    preemption: str | None  # vLLM's preemption_mode: None (pagedkv's "auto"), "swap"
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+    def arrivals(self) -> dict[int, list[tuple[str, int, int]]]:
+        """step -> the requests arriving then: (id, prompt length, output length)."""
+        rng = random.Random(self.seed)
+        cap = (self.num_gpu - 2) * self.block_size // 2  # each request fits the GPU alone
+        out: dict[int, list[tuple[str, int, int]]] = {}
+        step = 0
+        for i in range(self.num_requests):
+            step += rng.choice((0, 0, 1, 2, 5))
+            prompt = rng.randint(2, min(cap - 8, self.max_num_batched_tokens))
+            out.setdefault(step, []).append((f"r{i}", prompt, rng.randint(1, 8)))
+        return out
+
+
+CASES = [
+    Case("roomy", 0, 12, 64, 16, 4, None, 256, 512),
+    Case("recompute under pressure", 1, 24, 24, 16, 4, None, 256, 512),
+    Case("swap under pressure", 2, 24, 24, 64, 4, "swap", 256, 512),
+    Case("sequence budget", 3, 24, 48, 16, 4, None, 3, 512),
+    Case("token budget", 4, 24, 48, 16, 4, None, 256, 40),
+    Case("everything tight", 5, 32, 20, 64, 2, "swap", 4, 24),
+    *(Case(f"random {s}", 100 + s, 30, 16 + 4 * (s % 5), 64, 4, None, 4, 48) for s in range(8)),
+    *(
+        Case(f"random swap {s}", 200 + s, 30, 16 + 4 * (s % 5), 96, 4, "swap", 6, 48)
+        for s in range(8)
+    ),
+]
+
+
+def _vllm(module: Any, case: Case) -> Any:
+    config = types.SimpleNamespace(
+        max_num_batched_tokens=case.max_num_batched_tokens,
+        max_num_seqs=case.max_num_seqs,
+        max_model_len=1 << 20,
+        use_v2_block_manager=True,
+        embedding_mode=False,
+        preemption_mode=case.preemption,
+        delay_factor=0.0,
+        chunked_prefill_enabled=False,
+        is_multi_step=False,
+        num_lookahead_slots=0,
+        num_scheduler_steps=1,
+        policy="fcfs",
+    )
+    cache = types.SimpleNamespace(
+        num_gpu_blocks=case.num_gpu,
+        num_cpu_blocks=case.num_cpu,
+        block_size=case.block_size,
+        sliding_window=None,
+        enable_prefix_caching=False,
+        is_attention_free=False,
+    )
+    return module.Scheduler(config, cache, None)
+
+
+def _pagedkv(case: Case) -> Scheduler:
+    manager = BlockSpaceManager(case.block_size, case.num_gpu, case.num_cpu, WATERMARK)
+    mode = case.preemption or "auto"
+    config = SchedulerConfig(mode, 0, case.max_num_seqs, case.max_num_batched_tokens)
+    return Scheduler(manager, config)
+
+
+def _queues(sched: Any) -> tuple[list[str], ...]:
+    return tuple([g.request_id for g in q] for q in (sched.waiting, sched.running, sched.swapped))
+
+
+def _forward(groups: list[tuple[Any, int]], limits: dict[str, int], finish: Any) -> None:
+    """Compute every scheduled sequence, sample one token, finish at the output length."""
+    for group, _ in groups:
+        for seq in group.get_seqs(RUNNING):
+            seq.update_num_computed_tokens(seq.get_num_uncomputed_tokens())
+            seq.append_token_id(seq.seq_id % 97 + 3)
+            if seq.get_output_len() >= limits[group.request_id]:
+                finish(seq)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_pagedkv_schedules_each_step_as_vllm_063_does(vllm_scheduler: Any, case: Case) -> None:
+    ours, theirs = _pagedkv(case), _vllm(vllm_scheduler, case)
+    arrivals, limits = case.arrivals(), {}
+    last, preemptions, swaps = max(arrivals), 0, 0
+    for step in range(2000):
+        for rid, prompt, output in arrivals.get(step, []):
+            limits[rid] = output
+            for sched in (ours, theirs):
+                seq = Seq(int(rid[1:]), [rid.__hash__() % 50 + 5] * prompt, case.block_size)
+                sched.add_seq_group(Group(rid, [seq], float(step)))
+        if step > last and not ours.has_unfinished_seqs() and not theirs.has_unfinished_seqs():
+            break
+        out = ours.schedule()
+        want = theirs._schedule()
+        where = f"{case.name}, step {step}"
+        got_groups = [(s.seq_group, s.token_chunk_size) for s in out.scheduled_seq_groups]
+        want_groups = [(s.seq_group, s.token_chunk_size) for s in want.scheduled_seq_groups]
+        assert [(g.request_id, n) for g, n in got_groups] == [
+            (g.request_id, n) for g, n in want_groups
+        ], where
+        got_prefills = sum(s.is_prefill for s in out.scheduled_seq_groups)
+        assert got_prefills == want.num_prefill_groups, where
+        assert len(out.preempted) + len(out.aborted) == want.preempted, where
+        assert [e.request_id for e in out.rejected] == [
+            g.request_id for g in want.ignored_seq_groups
+        ], where
+        assert len(out.blocks_to_swap_out) == len(want.blocks_to_swap_out), where
+        assert len(out.blocks_to_swap_in) == len(want.blocks_to_swap_in), where
+        assert out.num_batched_tokens == want.num_batched_tokens, where
+        assert _queues(ours) == _queues(theirs), where
+        preemptions += want.preempted
+        swaps += len(want.blocks_to_swap_out) > 0
+        _forward(got_groups, limits, ours.finish_seq)
+
+        def capped(seq: Sequence) -> None:
+            seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
+
+        _forward(want_groups, limits, capped)
+        ours.free_finished_seq_groups()
+        theirs.free_finished_seq_groups()
+    assert not ours.has_unfinished_seqs() and not theirs.has_unfinished_seqs()
+    if "pressure" in case.name or "tight" in case.name:
+        assert preemptions, f"{case.name}: the case was chosen to preempt"
+    if case.preemption == "swap" and "pressure" in case.name:
+        assert swaps, f"{case.name}: the case was chosen to swap"
