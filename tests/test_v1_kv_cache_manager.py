@@ -748,8 +748,9 @@ def test_the_whole_sequence_gate_counts_the_watermark() -> None:
 
 def test_hit_and_new_tokens_past_max_model_len_are_refused() -> None:
     m = KVCacheManager(KVCacheConfig.full_attention(10, 4), 16)
-    admit(m, request("a", 12))
-    m.free(request("a", 12))
+    a = request("a", 12)
+    admit(m, a)
+    m.free(a)
     r = request("b", 12)
     blocks, hit, _ = m.get_computed_blocks(r)
     assert hit == 8
@@ -761,8 +762,9 @@ def test_hit_and_new_tokens_past_max_model_len_are_refused() -> None:
 
 def test_a_lookup_before_an_eviction_and_a_reset_is_stale() -> None:
     m = manager(10)
-    admit(m, request("a", 12))
-    m.free(request("a", 12))
+    a = request("a", 12)
+    admit(m, a)
+    m.free(a)
     r = request("b", 12)
     blocks, hit, _ = m.get_computed_blocks(r)  # fresh: blocks 1, 2
     m.evict_blocks([3])  # one key leaves
@@ -785,8 +787,9 @@ def test_the_no_cache_coordinator_never_hits_and_keeps_the_event_hash_form() -> 
 
 def test_a_lookup_between_an_eviction_and_a_reset_is_stale() -> None:
     m = manager(10)
-    admit(m, request("a", 12))
-    m.free(request("a", 12))
+    a = request("a", 12)
+    admit(m, a)
+    m.free(a)
     m.evict_blocks([3])  # a key leaves before the lookup
     r = request("b", 12)
     blocks, hit, _ = m.get_computed_blocks(r)
