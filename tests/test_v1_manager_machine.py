@@ -16,9 +16,8 @@ from pagedkv_stateful.v1.manager_machine import V1ManagerMachine, V1MisuseMachin
 TestV1ManagerMachine = V1ManagerMachine.TestCase
 TestV1MisuseMachine = V1MisuseMachine.TestCase
 # the ordinary rules are the machine above's: a smaller budget for the three more
-TestV1MisuseMachine.settings = settings(
-    settings.default, max_examples=max(1, settings.default.max_examples // 2)
-)
+_ACTIVE = settings()  # the active profile's
+TestV1MisuseMachine.settings = settings(_ACTIVE, max_examples=max(1, _ACTIVE.max_examples // 2))
 
 
 class _AnySize(KVCacheManager):

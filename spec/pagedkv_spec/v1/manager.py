@@ -963,9 +963,9 @@ def free(m: ManagerState, request_id: str, instance: int | None = None) -> Manag
     freeing (RequestIdInUseError if another one holds the id's blocks; None: unchecked)."""
     assert isinstance(request_id, str), "a request id"
     holder = dict(m.holders).get(request_id)
-    if instance is not None and holder is not None and holder[0] != instance:
-        if m.holds(request_id):
-            raise RequestIdInUseError(request_id, "free")
+    other = instance is not None and holder is not None and holder[0] != instance
+    if other and m.holds(request_id):
+        raise RequestIdInUseError(request_id, "free")
     m = replace(m, holders=_set(m.holders, request_id, None))
     for g in range(len(m.specs)):
         name = table_name(request_id, g)
