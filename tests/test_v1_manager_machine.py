@@ -10,6 +10,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv.v1 import KVCacheManager, Request
+from pagedkv_stateful import profiles
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine, V1MisuseMachine
 
@@ -31,11 +32,11 @@ class _SharedIds(KVCacheManager):
     """Serves any request object of an id (the first one's blocks), as vLLM does; still
     refuses an uncounted step of the object that allocated."""
 
-    def _check_request(self, request: Request, operation: str) -> None:
-        entry = self._holders.get(request.request_id)
-        if entry is not None and entry[0] is not request:
-            self._holders[request.request_id] = (request, entry[1], entry[2])
-        super()._check_request(request, operation)
+    def _check_holder(
+        self, request: Request, entry: tuple[Request, int, int], operation: str
+    ) -> None:
+        if entry[0] is request:
+            super()._check_holder(request, entry, operation)
 
     def free(self, request: Request) -> None:
         self._holders.pop(request.request_id, None)
@@ -45,11 +46,11 @@ class _SharedIds(KVCacheManager):
 class _UncountedSteps(KVCacheManager):
     """Allocates for a request whose last step was not counted."""
 
-    def _check_request(self, request: Request, operation: str) -> None:
-        entry = self._holders.get(request.request_id)
-        if entry is not None and entry[0] is request:
-            self._holders[request.request_id] = (request, -1, entry[2])
-        super()._check_request(request, operation)
+    def _check_holder(
+        self, request: Request, entry: tuple[Request, int, int], operation: str
+    ) -> None:
+        if entry[0] is not request:
+            super()._check_holder(request, entry, operation)
 
 
 def _misuse_machine(manager_cls: type[KVCacheManager]) -> type[V1MisuseMachine]:
@@ -87,7 +88,7 @@ def test_a_manager_accepting_a_misuse_is_found_in_its_situation(
     with pytest.raises(Violation) as info:
         run_state_machine_as_test(
             _misuse_machine(manager_cls),
-            settings=settings(max_examples=200, stateful_step_count=30, deadline=None),
+            settings=profiles.find_fast(200, 30),
         )
     assert info.value.invariant == "same error as spec", info.value
     assert situation in info.value.signature, info.value.signature

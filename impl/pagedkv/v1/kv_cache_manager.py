@@ -301,7 +301,8 @@ class KVCacheManager:
             )
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
-        self._check_hashes(request)
+        if request.hash_block_size != self.hash_block_size:
+            self._check_hashes(request)
         limit = request.get_max_cache_hit_length(max_cache_hit_length)
         blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes, limit)
         # what allocate_slots need not check again while no key leaves the map
@@ -319,7 +320,8 @@ class KVCacheManager:
         require_instance("request", request, Request, "a pagedkv.v1.Request")
         if not self.prefix_cache_lookup_enabled(request):
             return 0
-        self._check_hashes(request)
+        if request.hash_block_size != self.hash_block_size:
+            self._check_hashes(request)
         limit = request.get_max_cache_hit_length()
         return self.coordinator.find_longest_cache_hit(request.block_hashes, limit)[1]
 
@@ -370,7 +372,14 @@ class KVCacheManager:
         external tokens takes a fast path (on one full-attention group the group
         manager's ``allocate_plain``, else the coordinator's)."""
         if isinstance(request, Request):  # else _check_allocation says what it is
-            self._check_request(request, "allocate slots for")
+            # _check_request inlined (every decode step): O(1)
+            entry = self._holders.get(request.request_id)
+            if entry is not None and (
+                entry[0] is not request or entry[1] == request.num_computed_tokens
+            ):
+                self._check_holder(request, entry, "allocate slots for")
+            if self.enable_caching and request.hash_block_size != self.hash_block_size:
+                self._check_hashes(request)
         single = self._plain_group
         if (
             request.__class__ is Request
@@ -553,39 +562,49 @@ class KVCacheManager:
     def _check_request(self, request: Request, operation: str) -> None:
         """Refuse another live object of a request id that holds blocks
         (RequestIdInUseError) and, for ``allocate_slots``, a step not counted
-        (StaleComputedTokensError); then the hashes (:meth:`_check_hashes`). The module
-        docstring gives the rules. O(1)."""
+        (StaleComputedTokensError); then, with caching on, hashes not at the manager's
+        ``hash_block_size`` (:meth:`_check_hashes`). The module docstring gives the
+        rules. O(1)."""
+        entry = self._holders.get(request.request_id)
+        if entry is not None and (
+            entry[0] is not request or entry[1] == request.num_computed_tokens
+        ):
+            self._check_holder(request, entry, operation)
+        if self.enable_caching and request.hash_block_size != self.hash_block_size:
+            self._check_hashes(request)
+
+    def _check_holder(
+        self, request: Request, entry: tuple[Request, int, int], operation: str
+    ) -> None:
+        """The checks of :meth:`_check_request` against the id's holder ``entry``,
+        which is another object or has the request's computed count. O(groups)."""
         rid = request.request_id
-        entry = self._holders.get(rid)
-        if entry is not None:
-            holder, computed, tokens = entry
-            if holder is not request:
-                if self.coordinator.holds(rid):
-                    raise RequestIdInUseError(rid, operation)
-            elif (
-                operation == "allocate slots for"
-                and request.num_computed_tokens == computed
-                and request.num_tokens > tokens
-                and request.num_in_flight_tokens == 0
-                and self.coordinator.holds(rid)
-            ):
-                raise StaleComputedTokensError(rid, computed, tokens, request.num_tokens)
-        self._check_hashes(request)
+        holder, computed, tokens = entry
+        if holder is not request:
+            if self.coordinator.holds(rid):
+                raise RequestIdInUseError(rid, operation)
+        elif (
+            operation == "allocate slots for"
+            and request.num_tokens > tokens
+            and request.num_in_flight_tokens == 0
+            and self.coordinator.holds(rid)
+        ):
+            raise StaleComputedTokensError(rid, computed, tokens, request.num_tokens)
 
     def _check_hashes(self, request: Request) -> None:
-        """With caching on, BlockHashSizeError unless ``request``'s block hashes are at the
-        manager's ``hash_block_size``: its hasher's block size (if it tells it) is that
-        size, and its hashes count one per full block (not more; not fewer either, if it
-        has a block hasher, which hashes eagerly). O(1)."""
-        if not self.enable_caching:
-            return
+        """With caching on (callers check), BlockHashSizeError unless ``request``'s block
+        hashes are at the manager's ``hash_block_size``: its hasher's block size, if the
+        hasher tells it, is that size; else its hashes are one per full block (not more;
+        not fewer either, with a block hasher, which hashes eagerly). O(1)."""
         size = self.hash_block_size
         hashed_at = request.hash_block_size
-        if hashed_at is not None and hashed_at != size:
-            raise BlockHashSizeError(request.request_id, hashed_at, size)
+        if hashed_at is not None:
+            if hashed_at != size:
+                raise BlockHashSizeError(request.request_id, hashed_at, size)
+            return
         full = request.num_tokens // size
         n = len(request.block_hashes)
-        if n > full or (n < full and request.has_block_hasher):
+        if n != full and (n > full or request.has_block_hasher):
             raise BlockHashSizeError(request.request_id, None, size, n, request.num_tokens)
 
     def free(self, request: Request) -> None:
