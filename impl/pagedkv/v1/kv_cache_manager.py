@@ -27,9 +27,10 @@ engine never makes these calls, it owns the hasher and the request objects):
 - **hashes at another block size** (:class:`~pagedkv.errors.BlockHashSizeError`): with
   caching on, a request whose ``block_hasher`` was built for another block size than
   the manager's ``hash_block_size`` (the request records it as its
-  ``hash_block_size``), or whose ``block_hashes`` do not count one hash per full
-  block of ``hash_block_size`` tokens (more than that; fewer, with a block hasher),
-  is refused by every call that reads its hashes: ``get_computed_blocks``,
+  ``hash_block_size``) or, when its hasher does not tell its size, whose
+  ``block_hashes`` do not count one hash per full block of ``hash_block_size``
+  tokens (more than that; fewer, with a block hasher), is refused by every call that
+  reads its hashes: ``get_computed_blocks``,
   ``get_num_cached_tokens``, ``allocate_slots``, ``cache_blocks``. Such hashes name
   other prompts' blocks (a hasher of block size 2 hits the block of ``[1, 2, 3, 4]``
   with ``[1, 2, 99, 99]`` against a manager of block size 4). The caller keeps the

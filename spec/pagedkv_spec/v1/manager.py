@@ -81,7 +81,8 @@ left the windows and the capacity check, adopting the hit, allocating and cachin
 
 Refused misuse (pagedkv's, beyond vLLM's contract: :func:`check_request`): with caching
 on, a request whose hashes are not at the hash block size (its hasher's size is
-another, or its hashes are not one per full block) in every operation reading them;
+another; for a hasher that does not tell it, its hashes are not one per full block) in
+every operation reading them;
 another request object of an id whose holder holds blocks (``allocate_slots``,
 ``cache_blocks``, ``free``); an ``allocate_slots`` whose request holds blocks and has
 the computed count of its last allocation but more tokens, nothing in flight (a step
@@ -557,8 +558,10 @@ def check_request(m: ManagerState, r: RequestView, operation: str) -> None:
     if not m.caching or operation == "free":
         return
     size = m.hash_size
-    if r.hash_block_size is not None and r.hash_block_size != size:
-        raise BlockHashSizeError(rid, r.hash_block_size, size)
+    if r.hash_block_size is not None:  # the hasher tells its size: that decides
+        if r.hash_block_size != size:
+            raise BlockHashSizeError(rid, r.hash_block_size, size)
+        return
     n, full = len(r.block_hashes), r.num_tokens // size
     if n > full or (n < full and r.has_block_hasher):
         raise BlockHashSizeError(rid, None, size, n, r.num_tokens)
