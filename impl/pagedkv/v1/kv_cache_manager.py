@@ -21,8 +21,9 @@ anything changes and misuse raises a typed error from :mod:`pagedkv.errors`
 whose token count is not its blocks × block size (V1-12), a hit block that is not
 cached under the request's own hash (V1-5), a hit or external tokens for a request
 that already holds blocks. Three misuses that would corrupt silently are refused too
-(the machine rules ``*_refused`` of :mod:`pagedkv_stateful.v1.manager_machine`; vLLM's
-engine never makes these calls, it owns the hasher and the request objects):
+(``V1MisuseMachine`` of :mod:`pagedkv_stateful.v1.manager_machine` makes each against
+the spec's ``check_request``; vLLM's engine never makes these calls, it owns the hasher
+and the request objects):
 
 - **hashes at another block size** (:class:`~pagedkv.errors.BlockHashSizeError`): with
   caching on, a request whose ``block_hasher`` was built for another block size than
