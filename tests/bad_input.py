@@ -1731,6 +1731,47 @@ add(
     ValueError,
 )
 int_param("v1 allocate_slots reserved_blocks", _v1, lambda w, b: _v1_alloc(w, reserved_blocks=b), 0)
+
+
+def _v1_misused() -> World:
+    """``_v1``'s world, with "held"'s prompt hashed at block size 2 (the manager hashes at
+    4), a second live "held", and "decoding": a step sampled a token, its computed count
+    left at 0 (a scheduler that forgot to count the step)."""
+    w = _v1()
+    tokens = list(range(9))
+    w["small"] = _V1.Request("small", tokens, block_hasher=_V1.get_request_block_hasher(2))
+    w["again"] = _V1.Request("held", tokens, block_hasher=_V1_HASHER)
+    decoding = _V1.Request("decoding", [5, 6, 7], block_hasher=_V1_HASHER)
+    w["mgr"].allocate_slots(decoding, 3)
+    decoding.append_output_token_ids(8)
+    w["decoding"] = decoding
+    return w
+
+
+for _name, _call in (
+    ("get_computed_blocks", lambda w: w["mgr"].get_computed_blocks(w["small"])),
+    ("get_num_cached_tokens", lambda w: w["mgr"].get_num_cached_tokens(w["small"])),
+    ("allocate_slots", lambda w: w["mgr"].allocate_slots(w["small"], 9)),
+    ("cache_blocks", lambda w: w["mgr"].cache_blocks(w["small"], 8)),
+):
+    add(f"v1 {_name} hashes at another block size", _v1_misused, _call, errors.BlockHashSizeError)
+for _name, _call in (
+    ("allocate_slots", lambda w: w["mgr"].allocate_slots(w["again"], 1)),
+    ("free", lambda w: w["mgr"].free(w["again"])),
+    ("cache_blocks", lambda w: w["mgr"].cache_blocks(w["again"], 8)),
+):
+    add(
+        f"v1 {_name} a second live request of one id",
+        _v1_misused,
+        _call,
+        errors.RequestIdInUseError,
+    )
+add(
+    "v1 allocate_slots a step not counted",
+    _v1_misused,
+    lambda w: w["mgr"].allocate_slots(w["decoding"], 1),
+    errors.StaleComputedTokensError,
+)
 for _bad in (1, None, "x"):
     add(
         f"v1 allocate_slots full_sequence_must_fit={_bad!r}",

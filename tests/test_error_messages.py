@@ -43,6 +43,7 @@ from pagedkv import (
 from pagedkv._validate import available_memory
 from pagedkv.errors import (
     ArgumentTypeError,
+    BlockHashSizeError,
     BlockNotInUseError,
     BlockOverflowError,
     BlockPoolError,
@@ -78,9 +79,11 @@ from pagedkv.errors import (
     OptionalDependencyError,
     PromotionError,
     RefCountError,
+    RequestIdInUseError,
     SequenceAlreadyAllocatedError,
     SequenceNotInGroupError,
     StaleBlockError,
+    StaleComputedTokensError,
     SweepPointError,
     TableAlreadyAllocatedError,
     TableNotAllocatedError,
@@ -2373,6 +2376,35 @@ def _v1_foreign_hit() -> None:
     m.allocate_slots(b, 1, 4, v1.KVCacheBlocks(([m.block_pool.blocks[5]],)))
 
 
+def _v1_hashed_at(size: int) -> v1.Request:
+    """The held request's prompt, hashed at ``size`` (the manager hashes at 4)."""
+    return v1.Request("x", list(range(9)), block_hasher=v1.get_request_block_hasher(size))
+
+
+def _v1_unsized_hasher(request: v1.Request) -> list[v1.BlockHash]:
+    """A block hasher that does not tell its block size (and hashes nothing)."""
+    return []
+
+
+def _v1_again(operation: str) -> None:
+    """``operation`` of the manager holding "a", with a second live Request of that id."""
+    m, _ = _v1_held()
+    again = v1.Request("a", list(range(9)), block_hasher=V1_HASHER)
+    if operation == "allocate_slots":
+        m.allocate_slots(again, 1)
+    elif operation == "free":
+        m.free(again)
+    else:
+        m.cache_blocks(again, 8)
+
+
+def _v1_uncounted() -> None:
+    """A step of "a" sampled a token, its num_computed_tokens left at 0."""
+    m, r = _v1_held()
+    r.append_output_token_ids(7)
+    m.allocate_slots(r, 1)
+
+
 def _v1_hash_twice() -> None:
     block = v1.KVCacheBlock(1)
     block.set_block_hash(v1.make_block_hash_with_group_id(b"h", 0))
@@ -2980,6 +3012,56 @@ V1_MESSAGES = [
         InvalidAllocationError,
         "request 'b': hit block 5 (position 0, group 0) is not cached under the request's "
         "hash there; pass get_computed_blocks()' blocks, right after the lookup",
+    ),
+    case(
+        "v1 get_computed_blocks: a request hashed at another block size",
+        lambda: _v1_held()[0].get_computed_blocks(_v1_hashed_at(2)),
+        BlockHashSizeError,
+        "request 'x': its block hashes were computed at block size 2, the manager hashes at "
+        "block size 4; build the request with block_hasher=get_request_block_hasher(4) "
+        "(the manager's hash_block_size)",
+    ),
+    case(
+        "v1 allocate_slots: a hasher that does not tell its size, hashing nothing",
+        lambda: _v1_manager().allocate_slots(
+            v1.Request("u", list(range(9)), block_hasher=_v1_unsized_hasher), 9
+        ),
+        BlockHashSizeError,
+        "request 'u': its 0 block hash(es) are not one per full block of its 9 tokens, the "
+        "manager hashes at block size 4; build the request with "
+        "block_hasher=get_request_block_hasher(4) (the manager's hash_block_size)",
+    ),
+    case(
+        "v1 allocate_slots: a second live request of one id",
+        lambda: _v1_again("allocate_slots"),
+        RequestIdInUseError,
+        "request 'a': cannot allocate slots for it: another live Request with this id holds "
+        "blocks in the manager; give every live request its own id, or free the request "
+        "holding them (the object passed to allocate_slots) before reusing the id",
+    ),
+    case(
+        "v1 free: a second live request of one id",
+        lambda: _v1_again("free"),
+        RequestIdInUseError,
+        "request 'a': cannot free it: another live Request with this id holds blocks in the "
+        "manager; give every live request its own id, or free the request holding them (the "
+        "object passed to allocate_slots) before reusing the id",
+    ),
+    case(
+        "v1 cache_blocks: a second live request of one id",
+        lambda: _v1_again("cache_blocks"),
+        RequestIdInUseError,
+        "request 'a': cannot cache blocks of it: another live Request with this id holds "
+        "blocks in the manager; give every live request its own id, or free the request "
+        "holding them (the object passed to allocate_slots) before reusing the id",
+    ),
+    case(
+        "v1 allocate_slots: a step whose computed tokens were not counted",
+        _v1_uncounted,
+        StaleComputedTokensError,
+        "request 'a': num_computed_tokens is 0, as at its previous allocate_slots, yet it "
+        "grew from 9 to 10 tokens since; after each step add the step's scheduled tokens "
+        "(less rejected drafts) to num_computed_tokens before appending its sampled tokens",
     ),
 ]
 

@@ -5,18 +5,22 @@ workloads; these pin the scenarios and the misuse."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from helpers import raised
 from pagedkv.errors import (
     ArgumentTypeError,
+    BlockHashSizeError,
     InvalidAllocationError,
     InvalidKVCacheManagerConfigError,
     InvariantViolationError,
+    RequestIdInUseError,
+    StaleComputedTokensError,
 )
 from pagedkv.v1 import (
+    BlockHash,
     BlockStored,
     FullAttentionManager,
     FullAttentionSpec,
@@ -42,6 +46,7 @@ from pagedkv.v1 import (
 from pagedkv.v1.events import external_hash
 
 HASHER = get_request_block_hasher(4)
+E = TypeVar("E", bound=Exception)
 
 
 def manager(num_blocks: int = 10, **kwargs: object) -> KVCacheManager:
@@ -302,6 +307,109 @@ def test_misuse_raises_a_typed_error_and_changes_nothing() -> None:
         err = raised(err_type, m.allocate_slots, *args)
         assert fragment in str(err), (fragment, str(err))
         assert m.to_spec() == before
+    m.check_invariants()
+
+
+# ---- misuse that would corrupt silently: refused (the rules in the manager's docstring)
+
+
+def _unchanged(m: KVCacheManager, r: Request, call: Any, error: type[E]) -> E:
+    """``call()`` raises ``error`` and leaves the manager and ``r`` as they were."""
+    before = (m.to_spec(), m.block_pool.get_num_free_blocks())
+    seen = (r.num_computed_tokens, r.num_tokens, tuple(r.block_hashes))
+    err = raised(error, call)
+    assert (m.to_spec(), m.block_pool.get_num_free_blocks()) == before
+    assert (r.num_computed_tokens, r.num_tokens, tuple(r.block_hashes)) == seen
+    return err
+
+
+def test_a_request_hashed_at_another_block_size_never_hits_another_prompts_blocks() -> None:
+    m = manager()
+    a = Request("a", [1, 2, 3, 4, 5], block_hasher=HASHER)
+    admit(m, a)  # caches the block holding [1, 2, 3, 4]
+    small = get_request_block_hasher(2)
+    assert (small.block_size, HASHER.block_size, m.hash_block_size) == (2, 4, 4)
+    b = Request("b", [1, 2, 99, 99, 5], block_hasher=small)
+    assert b.hash_block_size == 2
+    for call in (
+        lambda: m.get_computed_blocks(b),
+        lambda: m.get_num_cached_tokens(b),
+        lambda: m.allocate_slots(b, 5),
+        lambda: m.cache_blocks(b, 4),
+    ):
+        err = _unchanged(m, b, call, BlockHashSizeError)
+        assert (err.request_id, err.hashed_at, err.hash_block_size) == ("b", 2, 4)
+    # built for the manager's size, the same prompt misses (its second token differs)
+    right = Request("b", [1, 2, 99, 99, 5], block_hasher=get_request_block_hasher(4))
+    assert m.get_computed_blocks(right)[1] == 0
+    # with caching off no hash is read: nothing to refuse
+    off = manager(enable_caching=False)
+    assert off.allocate_slots(b, 5) is not None
+    assert off.get_computed_blocks(b)[1] == 0
+
+
+def test_hashes_not_one_per_full_block_are_refused_whoever_computed_them() -> None:
+    m = manager()
+
+    def unsized(request: Request) -> list[BlockHash]:  # tells no block size
+        return get_request_block_hasher(2)(request)
+
+    r = Request("r", list(range(9)), block_hasher=unsized)
+    assert r.hash_block_size is None and len(r.block_hashes) == 4  # 4 hashes, 2 full blocks
+    err = _unchanged(m, r, lambda: m.get_computed_blocks(r), BlockHashSizeError)
+    assert "its 4 block hash(es) are not one per full block of its 9 tokens" in str(err)
+    # a frontend's hashes without a hasher: fewer than the full blocks is fine (no more
+    # are computed), more is not
+    given = list(request("g", 9).block_hashes)
+    assert m.get_computed_blocks(Request("f", list(range(9)), block_hashes=given[:1]))[1] == 0
+    many = Request("m", list(range(9)), block_hashes=[*given, given[0]])
+    _unchanged(m, many, lambda: m.allocate_slots(many, 9), BlockHashSizeError)
+
+
+def test_a_second_live_request_of_one_id_is_refused_until_the_first_is_freed() -> None:
+    m = manager()
+    first = request("a", 9)
+    admit(m, first)
+    again = request("a", 9)
+    for call in (
+        lambda: m.allocate_slots(again, 1),
+        lambda: m.cache_blocks(again, 8),
+        lambda: m.free(again),
+    ):
+        _unchanged(m, again, call, RequestIdInUseError)
+    assert m.get_computed_blocks(again)[1] == 8  # a lookup is pure: allowed
+    assert m.get_block_ids("a") == ([1, 2, 3],)
+    m.free(first)
+    assert admit(m, again) is not None  # the id is free again
+    m.free(again)
+    assert m.block_pool.get_num_free_blocks() == 9
+    m.check_invariants()
+
+
+def test_a_decode_step_not_counted_is_refused_and_legal_repeats_are_not() -> None:
+    """The issue's case: 64 prompt tokens in 64 slots, then decode steps that never
+    advance num_computed_tokens would put 71 tokens in those 64 slots."""
+    m = KVCacheManager(KVCacheConfig.full_attention(10, 16), 128)
+    r = Request("r", list(range(64)), block_hasher=get_request_block_hasher(16))
+    assert m.allocate_slots(r, 64) is not None
+    r.append_output_token_ids(1)  # the step sampled; num_computed_tokens left at 0
+    err = _unchanged(m, r, lambda: m.allocate_slots(r, 1), StaleComputedTokensError)
+    assert (err.num_computed_tokens, err.num_tokens_before, err.num_tokens) == (0, 64, 65)
+    r.num_computed_tokens = 64  # counted, as the scheduler should have
+    assert m.allocate_slots(r, 1) is not None  # slot 65: a new block
+    assert m.allocate_slots(r, 1) is not None  # the same step again: nothing appended
+    # with tokens in flight (asynchronous scheduling) the count may lag: not refused
+    r.append_output_token_ids(2)
+    r.num_in_flight_tokens = 1
+    assert m.allocate_slots(r, 1) is not None
+    r.num_in_flight_tokens = 0
+    # a count that went back (rejected drafts) is legal too
+    r.num_computed_tokens = 65
+    assert m.allocate_slots(r, 3, num_lookahead_tokens=2) is not None
+    r.append_output_token_ids(3)
+    r.num_computed_tokens = 64
+    assert m.allocate_slots(r, 2) is not None
+    assert m.get_block_ids("r") == ([1, 2, 3, 4, 5],)
     m.check_invariants()
 
 
@@ -748,8 +856,9 @@ def test_the_whole_sequence_gate_counts_the_watermark() -> None:
 
 def test_hit_and_new_tokens_past_max_model_len_are_refused() -> None:
     m = KVCacheManager(KVCacheConfig.full_attention(10, 4), 16)
-    admit(m, request("a", 12))
-    m.free(request("a", 12))
+    a = request("a", 12)
+    admit(m, a)
+    m.free(a)
     r = request("b", 12)
     blocks, hit, _ = m.get_computed_blocks(r)
     assert hit == 8
@@ -761,8 +870,9 @@ def test_hit_and_new_tokens_past_max_model_len_are_refused() -> None:
 
 def test_a_lookup_before_an_eviction_and_a_reset_is_stale() -> None:
     m = manager(10)
-    admit(m, request("a", 12))
-    m.free(request("a", 12))
+    a = request("a", 12)
+    admit(m, a)
+    m.free(a)
     r = request("b", 12)
     blocks, hit, _ = m.get_computed_blocks(r)  # fresh: blocks 1, 2
     m.evict_blocks([3])  # one key leaves
@@ -785,8 +895,9 @@ def test_the_no_cache_coordinator_never_hits_and_keeps_the_event_hash_form() -> 
 
 def test_a_lookup_between_an_eviction_and_a_reset_is_stale() -> None:
     m = manager(10)
-    admit(m, request("a", 12))
-    m.free(request("a", 12))
+    a = request("a", 12)
+    admit(m, a)
+    m.free(a)
     m.evict_blocks([3])  # a key leaves before the lookup
     r = request("b", 12)
     blocks, hit, _ = m.get_computed_blocks(r)

@@ -15,6 +15,7 @@ from __future__ import annotations
 __all__ = [
     "ArgumentTypeError",
     "BlockAllocatorError",
+    "BlockHashSizeError",
     "BlockNotInUseError",
     "BlockOverflowError",
     "BlockPoolError",
@@ -57,10 +58,12 @@ __all__ = [
     "PagedKVError",
     "PromotionError",
     "RefCountError",
+    "RequestIdInUseError",
     "SchedulerError",
     "SequenceAlreadyAllocatedError",
     "SequenceNotInGroupError",
     "StaleBlockError",
+    "StaleComputedTokensError",
     "SweepPointError",
     "TableAlreadyAllocatedError",
     "TableNotAllocatedError",
@@ -613,3 +616,67 @@ class InvalidRequestError(KVCacheManagerError, ValueError):
     def __init__(self, detail: str) -> None:
         self.detail = detail
         super().__init__(detail)
+
+
+class BlockHashSizeError(InvalidRequestError):
+    """A V1 request's block hashes were not computed at the manager's hash block size
+    (its ``block_hasher`` was built for another block size): a lookup would hit, and an
+    allocation would cache, blocks holding other tokens."""
+
+    def __init__(
+        self,
+        request_id: str,
+        hashed_at: int | None,
+        hash_block_size: int,
+        num_hashes: int = 0,
+        num_tokens: int = 0,
+    ) -> None:
+        self.request_id = request_id
+        self.hashed_at = hashed_at
+        self.hash_block_size = hash_block_size
+        if hashed_at is not None:
+            how = f"its block hashes were computed at block size {hashed_at}"
+        else:
+            how = (
+                f"its {num_hashes} block hash(es) are not one per full block of its "
+                f"{num_tokens} tokens"
+            )
+        super().__init__(
+            f"request {request_id!r}: {how}, the manager hashes at block size "
+            f"{hash_block_size}; build the request with "
+            f"block_hasher=get_request_block_hasher({hash_block_size}) "
+            "(the manager's hash_block_size)"
+        )
+
+
+class RequestIdInUseError(InvalidAllocationError):
+    """Another live V1 ``Request`` object with the same id holds blocks in the manager:
+    the call would share, cache into or free that request's blocks."""
+
+    def __init__(self, request_id: str, operation: str) -> None:
+        self.operation = operation
+        super().__init__(
+            request_id,
+            f"cannot {operation} it: another live Request with this id holds blocks in the "
+            "manager; give every live request its own id, or free the request holding them "
+            "(the object passed to allocate_slots) before reusing the id",
+        )
+
+
+class StaleComputedTokensError(InvalidAllocationError):
+    """A V1 ``allocate_slots`` whose request did not advance ``num_computed_tokens``
+    since its previous allocation although tokens were appended to it since: the step
+    that produced them was never counted, so its slots would be written twice and the
+    new tokens' never allocated."""
+
+    def __init__(self, request_id: str, num_computed_tokens: int, before: int, now: int) -> None:
+        self.num_computed_tokens = num_computed_tokens
+        self.num_tokens_before = before
+        self.num_tokens = now
+        super().__init__(
+            request_id,
+            f"num_computed_tokens is {num_computed_tokens}, as at its previous "
+            f"allocate_slots, yet it grew from {before} to {now} tokens since; after each "
+            "step add the step's scheduled tokens (less rejected drafts) to "
+            "num_computed_tokens before appending its sampled tokens",
+        )

@@ -30,6 +30,7 @@ from pagedkv_spec.errors import InvalidKVCacheManagerConfigError
 __all__ = [
     "DEFAULT_NONE_HASH_SEED",
     "HashFunction",
+    "RequestBlockHasher",
     "generate_block_hash_extra_keys",
     "get_hash_fn_by_name",
     "get_none_hash_seed",
@@ -159,27 +160,48 @@ def to_event_extra_keys(
     ]
 
 
-def get_request_block_hasher(
-    block_size: int, caching_hash_fn: HashFunction = sha256
-) -> Callable[[Request], list[BlockHash]]:
-    """A function giving the hashes of a request's full blocks not hashed yet.
+class RequestBlockHasher:
+    """A request's block hasher (what :func:`get_request_block_hasher` returns): called
+    with a request, the hashes of its full blocks not hashed yet. It knows its
+    ``block_size``, which a :class:`~pagedkv.v1.Request` records as its
+    ``hash_block_size`` so the manager can refuse hashes computed at another block
+    size than its own (``BlockHashSizeError``)."""
 
-    Each call is O(new full blocks × block_size)."""
-    none = none_hash(caching_hash_fn)
+    __slots__ = ("_none", "block_size", "caching_hash_fn")
 
-    def request_block_hasher(request: Request) -> list[BlockHash]:
+    def __init__(self, block_size: int, caching_hash_fn: HashFunction = sha256) -> None:
+        self.block_size = block_size
+        self.caching_hash_fn = caching_hash_fn
+        self._none = none_hash(caching_hash_fn)
+
+    def __call__(self, request: Request) -> list[BlockHash]:
+        """The hashes of ``request``'s full blocks past ``len(request.block_hashes)``.
+        O(new full blocks × block_size)."""
+        block_size, hash_fn = self.block_size, self.caching_hash_fn
         start = len(request.block_hashes) * block_size
         num_tokens = request.num_tokens
-        parent: bytes = request.block_hashes[-1] if request.block_hashes else none
+        parent: bytes = request.block_hashes[-1] if request.block_hashes else self._none
         new: list[BlockHash] = []
         mm_idx = 0
         while start + block_size <= num_tokens:
             end = start + block_size
             extra, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
-            h = BlockHash(caching_hash_fn((parent, tuple(request.token_slice(start, end)), extra)))
+            h = BlockHash(hash_fn((parent, tuple(request.token_slice(start, end)), extra)))
             new.append(h)
             parent = h
             start = end
         return new
 
-    return request_block_hasher
+    def __repr__(self) -> str:
+        return f"get_request_block_hasher({self.block_size})"
+
+
+def get_request_block_hasher(
+    block_size: int, caching_hash_fn: HashFunction = sha256
+) -> RequestBlockHasher:
+    """A function giving the hashes of a request's full blocks not hashed yet, at
+    ``block_size`` tokens a block: pass the manager's ``hash_block_size`` (a request
+    hashed at another size is refused by the manager).
+
+    Each call is O(new full blocks × block_size)."""
+    return RequestBlockHasher(block_size, caching_hash_fn)

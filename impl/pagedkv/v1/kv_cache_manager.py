@@ -20,7 +20,40 @@ anything changes and misuse raises a typed error from :mod:`pagedkv.errors`
 (vLLM asserts, or corrupts its state under ``python -O``): negative counts, a hit
 whose token count is not its blocks × block size (V1-12), a hit block that is not
 cached under the request's own hash (V1-5), a hit or external tokens for a request
-that already holds blocks.
+that already holds blocks. Three misuses that would corrupt silently are refused too
+(``V1MisuseMachine`` of :mod:`pagedkv_stateful.v1.manager_machine` makes each against
+the spec's ``check_request``; vLLM's engine never makes these calls, it owns the hasher
+and the request objects):
+
+- **hashes at another block size** (:class:`~pagedkv.errors.BlockHashSizeError`): with
+  caching on, a request whose ``block_hasher`` was built for another block size than
+  the manager's ``hash_block_size`` (the request records it as its
+  ``hash_block_size``) or, when its hasher does not tell its size, whose
+  ``block_hashes`` do not count one hash per full block of ``hash_block_size``
+  tokens (more than that; fewer, with a block hasher), is refused by every call that
+  reads its hashes: ``get_computed_blocks``,
+  ``get_num_cached_tokens``, ``allocate_slots``, ``cache_blocks``. Such hashes name
+  other prompts' blocks (a hasher of block size 2 hits the block of ``[1, 2, 3, 4]``
+  with ``[1, 2, 99, 99]`` against a manager of block size 4). The caller keeps the
+  hasher (vLLM's call shapes): build it with
+  ``get_request_block_hasher(manager.hash_block_size)``.
+- **two live requests with one id** (:class:`~pagedkv.errors.RequestIdInUseError`):
+  the manager remembers which ``Request`` object its first successful
+  ``allocate_slots`` served; while that one holds blocks, ``allocate_slots``,
+  ``cache_blocks`` and ``free`` with another object of the same id are refused (they
+  would share, cache into or free the first one's blocks). After ``free`` the id may
+  be reused.
+- **a step not counted** (:class:`~pagedkv.errors.StaleComputedTokensError`):
+  ``allocate_slots`` for a request holding blocks whose ``num_computed_tokens`` is
+  what it was at its previous successful ``allocate_slots``, although its token count
+  grew since (sampled tokens were appended), and with nothing in flight
+  (``num_in_flight_tokens == 0``). Appending a sampled token means a step computed the
+  whole sequence, so the count must have moved: the tokens it sampled would otherwise
+  get no slots (71 tokens in 64 slots). Legal calls are not refused: the same call
+  again for the same step (nothing appended), a count that went back (rejected
+  drafts, invalid blocks recomputed), lookahead and draft slots, and any call while
+  tokens are in flight (asynchronous scheduling lowers the count after the next
+  step was scheduled).
 """
 
 from __future__ import annotations
@@ -45,7 +78,13 @@ from pagedkv.v1.single_type_manager import (
     SingleTypeKVCacheManager,
     SlidingWindowManager,
 )
-from pagedkv_spec.errors import InvalidAllocationError, InvalidKVCacheManagerConfigError
+from pagedkv_spec.errors import (
+    BlockHashSizeError,
+    InvalidAllocationError,
+    InvalidKVCacheManagerConfigError,
+    RequestIdInUseError,
+    StaleComputedTokensError,
+)
 from pagedkv_spec.invariants import check
 from pagedkv_spec.v1.manager import (
     CHUNKED,
@@ -198,6 +237,8 @@ class KVCacheManager:
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.scheduler_block_size = scheduler_block_size
+        #: the block size requests' hashes must be computed at (their block hasher's)
+        self.hash_block_size = hash_block_size
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
         self.log_stats = log_stats
@@ -223,6 +264,10 @@ class KVCacheManager:
             else None
             for g in kv_cache_config.kv_cache_groups
         )
+        #: request id -> (the Request object holding its blocks, its num_computed_tokens
+        #: and num_tokens at its last successful allocate_slots): who may use the id, and
+        #: whether a step went uncounted
+        self._holders: dict[str, tuple[Request, int, int]] = {}
         #: the last lookup: (request id, pool epoch, its blocks per group)
         self._last_lookup: tuple[str, int, tuple[tuple[KVCacheBlock, ...], ...]] | None = None
         managers = self.coordinator.single_type_managers
@@ -258,6 +303,8 @@ class KVCacheManager:
             )
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
+        if request.hash_block_size != self.hash_block_size:
+            self._check_hashes(request)
         limit = request.get_max_cache_hit_length(max_cache_hit_length)
         blocks, hit = self.coordinator.find_longest_cache_hit(request.block_hashes, limit)
         # what allocate_slots need not check again while no key leaves the map
@@ -275,6 +322,8 @@ class KVCacheManager:
         require_instance("request", request, Request, "a pagedkv.v1.Request")
         if not self.prefix_cache_lookup_enabled(request):
             return 0
+        if request.hash_block_size != self.hash_block_size:
+            self._check_hashes(request)
         limit = request.get_max_cache_hit_length()
         return self.coordinator.find_longest_cache_hit(request.block_hashes, limit)[1]
 
@@ -324,6 +373,15 @@ class KVCacheManager:
         Complexity: O(blocks adopted, allocated and cached); a call without a hit or
         external tokens takes a fast path (on one full-attention group the group
         manager's ``allocate_plain``, else the coordinator's)."""
+        if isinstance(request, Request):  # else _check_allocation says what it is
+            # _check_request inlined (every decode step): O(1)
+            entry = self._holders.get(request.request_id)
+            if entry is not None and (
+                entry[0] is not request or entry[1] == request.num_computed_tokens
+            ):
+                self._check_holder(request, entry, "allocate slots for")
+            if self.enable_caching and request.hash_block_size != self.hash_block_size:
+                self._check_hashes(request)
         single = self._plain_group
         if (
             request.__class__ is Request
@@ -361,6 +419,11 @@ class KVCacheManager:
                 )
                 if new_blocks is None:
                     return None
+                self._holders[request.request_id] = (
+                    request,
+                    request.num_computed_tokens,
+                    request.num_tokens,
+                )
                 return KVCacheBlocks((new_blocks,)) if new_blocks else self.empty_kv_cache_blocks
             if self.coordinator.holds_computed(request):
                 blocks = self.coordinator.allocate_plain(
@@ -371,7 +434,14 @@ class KVCacheManager:
                     keep_free,
                     cache,
                 )
-                return None if blocks is None else self._blocks(blocks)
+                if blocks is None:
+                    return None
+                self._holders[request.request_id] = (
+                    request,
+                    request.num_computed_tokens,
+                    request.num_tokens,
+                )
+                return self._blocks(blocks)
         rid = self._check_allocation(
             request,
             num_new_tokens,
@@ -420,6 +490,7 @@ class KVCacheManager:
         new = coordinator.allocate_new_blocks(rid, need, main, num_encoder_tokens)
         if not delay_cache_blocks and self.enable_caching:
             coordinator.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
+        self._holders[rid] = (request, request.num_computed_tokens, request.num_tokens)
         return self._blocks(new)
 
     def _check_allocation(
@@ -490,11 +561,65 @@ class KVCacheManager:
                 )
         return rid
 
+    def _check_request(self, request: Request, operation: str) -> None:
+        """Refuse another live object of a request id that holds blocks
+        (RequestIdInUseError) and, for ``allocate_slots``, a step not counted
+        (StaleComputedTokensError); then, with caching on, hashes not at the manager's
+        ``hash_block_size`` (:meth:`_check_hashes`). The module docstring gives the
+        rules. O(1)."""
+        entry = self._holders.get(request.request_id)
+        if entry is not None and (
+            entry[0] is not request or entry[1] == request.num_computed_tokens
+        ):
+            self._check_holder(request, entry, operation)
+        if self.enable_caching and request.hash_block_size != self.hash_block_size:
+            self._check_hashes(request)
+
+    def _check_holder(
+        self, request: Request, entry: tuple[Request, int, int], operation: str
+    ) -> None:
+        """The checks of :meth:`_check_request` against the id's holder ``entry``,
+        which is another object or has the request's computed count. O(groups)."""
+        rid = request.request_id
+        holder, computed, tokens = entry
+        if holder is not request:
+            if self.coordinator.holds(rid):
+                raise RequestIdInUseError(rid, operation)
+        elif (
+            operation == "allocate slots for"
+            and request.num_tokens > tokens
+            and request.num_in_flight_tokens == 0
+            and self.coordinator.holds(rid)
+        ):
+            raise StaleComputedTokensError(rid, computed, tokens, request.num_tokens)
+
+    def _check_hashes(self, request: Request) -> None:
+        """With caching on (callers check), BlockHashSizeError unless ``request``'s block
+        hashes are at the manager's ``hash_block_size``: its hasher's block size, if the
+        hasher tells it, is that size; else its hashes are one per full block (not more;
+        not fewer either, with a block hasher, which hashes eagerly). O(1)."""
+        size = self.hash_block_size
+        hashed_at = request.hash_block_size
+        if hashed_at is not None:
+            if hashed_at != size:
+                raise BlockHashSizeError(request.request_id, hashed_at, size)
+            return
+        full = request.num_tokens // size
+        n = len(request.block_hashes)
+        if n != full and (n > full or request.has_block_hasher):
+            raise BlockHashSizeError(request.request_id, None, size, n, request.num_tokens)
+
     def free(self, request: Request) -> None:
         """Free every block of ``request``, each table tail first (a request holding none:
-        nothing). O(blocks)."""
+        nothing). Another live object of the id holding blocks: RequestIdInUseError,
+        nothing freed. O(blocks)."""
         require_instance("request", request, Request, "a pagedkv.v1.Request")
-        self.coordinator.free(request.request_id)
+        rid = request.request_id
+        entry = self._holders.get(rid)
+        if entry is not None and entry[0] is not request and self.coordinator.holds(rid):
+            raise RequestIdInUseError(rid, "free")
+        self._holders.pop(rid, None)
+        self.coordinator.free(rid)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache ``request``'s full, hashed blocks up to ``num_computed_tokens`` (after
@@ -504,6 +629,7 @@ class KVCacheManager:
         require_int(
             "num_computed_tokens", num_computed_tokens, lambda d: InvalidAllocationError(rid, d)
         )
+        self._check_request(request, "cache blocks of")
         if self.enable_caching and self.coordinator.holds(rid):
             self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
 

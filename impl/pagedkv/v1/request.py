@@ -101,7 +101,11 @@ class Request:
 
     ``block_hasher`` (from :func:`pagedkv.v1.hashing.get_request_block_hasher`)
     fills ``block_hashes`` for every full block; without one the request has no
-    hashes and never hits or fills the prefix cache.
+    hashes and never hits or fills the prefix cache. Build it for the manager's
+    ``hash_block_size``: the request records the hasher's block size
+    (``hash_block_size``) and a manager with caching on refuses a request hashed at
+    another one (:class:`~pagedkv.errors.BlockHashSizeError`), whose hashes would
+    name other prompts' blocks.
     """
 
     def __init__(
@@ -174,6 +178,10 @@ class Request:
         # hashes the frontend computed (vLLM's block_hashes=): the hasher goes on from them
         self.block_hashes: list[BlockHash] = list(block_hashes or ())
         self._block_hasher = block_hasher
+        size = getattr(block_hasher, "block_size", None)
+        #: the block size ``block_hashes`` are computed at, when the hasher tells it
+        #: (pagedkv's do); the manager refuses a request hashed at another size than its own
+        self.hash_block_size: int | None = size if isinstance(size, int) else None
         self.update_block_hashes()
 
     @property
@@ -211,6 +219,11 @@ class Request:
         self._output_token_ids.extend(new)
         self._all_token_ids.extend(new)
         self.update_block_hashes()
+
+    @property
+    def has_block_hasher(self) -> bool:
+        """Whether a block hasher keeps ``block_hashes`` at one hash per full block."""
+        return self._block_hasher is not None
 
     def update_block_hashes(self) -> None:
         """Hash the full blocks not hashed yet (vLLM's eager hashing)."""

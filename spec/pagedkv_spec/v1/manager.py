@@ -19,6 +19,9 @@ State (:class:`ManagerState`):
                 Mamba ``align`` group's request (vLLM's ``_allocated_block_reqs``,
                 ``_num_retired_blocks``); absent until its first allocation (None in a
                 target's state: not reported, its tables alone are compared)
+    holders     request id -> (the request object holding its blocks, its computed and
+                total token counts at its last allocation): set by an allocation,
+                dropped by ``free``; not compared (a target need not report it)
 
 The kinds' rules: a full-attention group keeps every block; a sliding-window group
 (window w) reads only the last w tokens, so after n computed tokens the blocks wholly
@@ -74,7 +77,16 @@ Operations follow vLLM 0.34.0's ``allocate_slots`` in its three stages (freeing 
 left the windows and the capacity check, adopting the hit, allocating and caching),
 ``get_computed_blocks``, ``free`` (each table in reverse, group by group),
 ``cache_blocks``, ``remove_skipped_blocks``, ``evict_blocks`` and
-``reset_prefix_cache``. Complexity: irrelevant.
+``reset_prefix_cache``.
+
+Refused misuse (pagedkv's, beyond vLLM's contract: :func:`check_request`): with caching
+on, a request whose hashes are not at the hash block size (its hasher's size is
+another; for a hasher that does not tell it, its hashes are not one per full block) in
+every operation reading them;
+another request object of an id whose holder holds blocks (``allocate_slots``,
+``cache_blocks``, ``free``); an ``allocate_slots`` whose request holds blocks and has
+the computed count of its last allocation but more tokens, nothing in flight (a step
+not counted). Complexity: irrelevant.
 """
 
 from __future__ import annotations
@@ -85,7 +97,12 @@ from math import lcm
 from typing import TypeVar
 
 from pagedkv_spec.contracts import exempt
-from pagedkv_spec.errors import InvalidAllocationError
+from pagedkv_spec.errors import (
+    BlockHashSizeError,
+    InvalidAllocationError,
+    RequestIdInUseError,
+    StaleComputedTokensError,
+)
 from pagedkv_spec.v1 import pool as P
 from pagedkv_spec.v1.pool import PoolState
 
@@ -102,6 +119,7 @@ __all__ = [
     "all_or_nothing",
     "allocate_slots",
     "cache_blocks",
+    "check_request",
     "computed_aligned",
     "encoder_blocks_once",
     "event_hash",
@@ -184,6 +202,12 @@ class RequestView:
     prefix_cache_hit_limit: int | None = None
     num_in_flight_tokens: int = 0
     num_encoder_tokens: int = 0
+    #: the block size its hashes were computed at, if its hasher tells it (None: unknown)
+    hash_block_size: int | None = None
+    #: whether a hasher keeps its hashes at one per full block (eager hashing)
+    has_block_hasher: bool = True
+    #: which request object it is (two live objects may share an id; 0: the only one)
+    instance: int = 0
 
 
 @dataclass(frozen=True)
@@ -202,6 +226,7 @@ class ManagerState:
     hash_block_size: int = 0
     alignment: int = 0
     mamba: tuple[tuple[str, tuple[bool, int]], ...] | None = ()
+    holders: tuple[tuple[str, tuple[int, int, int]], ...] = field(default=(), compare=False)
 
     @property
     def specs(self) -> tuple[GroupSpec, ...]:
@@ -226,6 +251,13 @@ class ManagerState:
         """A Mamba ``align`` group's bookkeeping of the request: (first state allocation
         done, the slots retired)."""
         return dict(self.mamba or ()).get(table_name(request_id, group), (False, 0))
+
+    def holds(self, request_id: str) -> bool:
+        """Whether the request holds blocks or a cached count in some group."""
+        return any(
+            self.table(request_id, g) or self.cached_count(request_id, g) is not None
+            for g in range(len(self.specs))
+        )
 
     def cached_count(self, request_id: str, group: int = GROUP) -> int | None:
         """The request's ``num_cached_block`` entry in ``group``, or None if absent."""
@@ -498,6 +530,43 @@ def reset_ok(before: PoolState, after: PoolState, result: bool) -> bool:
     return all(h is None for h in after.hashes) and not after.cached and after.free == before.free
 
 
+# ----------------------------------------------------------------------------- misuse
+
+
+def check_request(m: ManagerState, r: RequestView, operation: str) -> None:
+    """Refuse the misuse pagedkv refuses beyond vLLM's contract (module docstring), for
+    ``operation`` (``"look up"``, ``"allocate slots for"``, ``"cache blocks of"``,
+    ``"free"``): BlockHashSizeError (caching on; any operation reading hashes, free
+    excepted), RequestIdInUseError (allocation, caching, free),
+    StaleComputedTokensError (allocation). Returns normally if none applies."""
+    assert r.num_tokens >= 1, "a request has a token"
+    rid = r.request_id
+    holder = dict(m.holders).get(rid)
+    if holder is not None and operation != "look up":
+        instance, computed, tokens = holder
+        if instance != r.instance:
+            if m.holds(rid):
+                raise RequestIdInUseError(rid, operation)
+        elif (
+            operation == "allocate slots for"
+            and r.num_computed_tokens == computed
+            and r.num_tokens > tokens
+            and r.num_in_flight_tokens == 0
+            and m.holds(rid)
+        ):
+            raise StaleComputedTokensError(rid, computed, tokens, r.num_tokens)
+    if not m.caching or operation == "free":
+        return
+    size = m.hash_size
+    if r.hash_block_size is not None:  # the hasher tells its size: that decides
+        if r.hash_block_size != size:
+            raise BlockHashSizeError(rid, r.hash_block_size, size)
+        return
+    n, full = len(r.block_hashes), r.num_tokens // size
+    if n > full or (n < full and r.has_block_hasher):
+        raise BlockHashSizeError(rid, None, size, n, r.num_tokens)
+
+
 # ----------------------------------------------------------------------------- lookup
 
 
@@ -567,6 +636,7 @@ def get_computed_blocks(m: ManagerState, r: RequestView) -> tuple[tuple[tuple[in
         limit = min(limit, r.prefix_cache_hit_limit)
     if not m.caching or r.prefix_cache_hit_limit == 0:
         return empty, 0
+    check_request(m, r, "look up")
     together: dict[GroupSpec, list[int]] = {}
     for g, spec in enumerate(m.specs):
         if spec.kind != CROSS:  # never cached: no rule, no blocks
@@ -717,6 +787,7 @@ def allocate_slots(
     assert num_new_computed_tokens >= 0 and num_external_computed_tokens >= 0, "counts >= 0"
     specs = m.specs
     rid = r.request_id
+    check_request(m, r, "allocate slots for")
     hits = new_computed_blocks or tuple(() for _ in specs)
     if len(hits) != len(specs):
         raise InvalidAllocationError(rid, "the hit has another number of groups")
@@ -834,7 +905,10 @@ def allocate_slots(
             evicted.extend(ev)
             tables[g] += got
         new.append(got)
-    out = replace(m, pool=pool, num_cached=num_cached, mamba=mamba)
+    holder = (r.instance, r.num_computed_tokens, r.num_tokens)
+    out = replace(
+        m, pool=pool, num_cached=num_cached, mamba=mamba, holders=_set(m.holders, rid, holder)
+    )
     for g in range(len(specs)):
         out = replace(out, tables=_set(out.tables, table_name(rid, g), tuple(tables[g])))
     stored: tuple[bytes, ...] = ()
@@ -880,15 +954,22 @@ def cache_blocks(
 ) -> tuple[ManagerState, tuple[bytes, ...]]:
     """vLLM's ``cache_blocks`` (no-op with caching off); the keys stored."""
     assert num_computed_tokens >= 0, "a count is non-negative"
+    check_request(m, r, "cache blocks of")
     if not m.caching:
         return m, ()
     return _cache(m, r, num_computed_tokens)
 
 
-def free(m: ManagerState, request_id: str) -> ManagerState:
+def free(m: ManagerState, request_id: str, instance: int | None = None) -> ManagerState:
     """Free the request's tables group by group, each tail first (its leading null pads
-    dropped); a request holding nothing is a no-op."""
+    dropped); a request holding nothing is a no-op. ``instance``: the request object
+    freeing (RequestIdInUseError if another one holds the id's blocks; None: unchecked)."""
     assert isinstance(request_id, str), "a request id"
+    holder = dict(m.holders).get(request_id)
+    other = instance is not None and holder is not None and holder[0] != instance
+    if other and m.holds(request_id):
+        raise RequestIdInUseError(request_id, "free")
+    m = replace(m, holders=_set(m.holders, request_id, None))
     for g in range(len(m.specs)):
         name = table_name(request_id, g)
         t = m.table(request_id, g) or ()

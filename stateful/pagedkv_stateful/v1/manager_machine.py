@@ -7,7 +7,10 @@ for a running one (decode with draft tokens, some rejected, and lookahead slots)
 ``cache_blocks`` after a delayed allocation, ``remove_skipped_blocks`` (what left a
 window, before a KV connector reads the tables), ``free`` (finish, and preemption:
 free + ``num_computed_tokens = 0``), ``evict_blocks``, ``reset_prefix_cache`` and
-``take_events``. The model's groups are one of :data:`CONFIGURATIONS`: full attention,
+``take_events``. :class:`V1MisuseMachine` adds three rules making the misuse pagedkv
+refuses beyond vLLM's contract (a request hashed at another block size, a second live
+request of one id, a step whose computed tokens were not counted), each checked refused
+with nothing changed. The model's groups are one of :data:`CONFIGURATIONS`: full attention,
 sliding window, or a hybrid of full attention with sliding-window or chunked-local
 groups (windows and chunks a few blocks long, so blocks leave them within a few steps;
 one hybrid with two block sizes, one with two groups of one spec). Requests come from a
@@ -63,7 +66,7 @@ from pagedkv.v1 import (
     get_request_block_hasher,
 )
 from pagedkv.v1.kv_cache_interface import KVCacheSpec
-from pagedkv_spec.errors import InvariantViolationError
+from pagedkv_spec.errors import InvariantViolationError, PagedKVError
 from pagedkv_spec.invariants import check, holds
 from pagedkv_spec.v1 import manager as spec
 from pagedkv_spec.v1.hashing import Identity, block_hashes
@@ -86,7 +89,14 @@ from pagedkv_stateful.v1.program import (
     request_source,
 )
 
-__all__ = ["CONFIGURATIONS", "FEATURES", "GeneralPathRequest", "V1ManagerMachine", "ids_of"]
+__all__ = [
+    "CONFIGURATIONS",
+    "FEATURES",
+    "GeneralPathRequest",
+    "V1ManagerMachine",
+    "V1MisuseMachine",
+    "ids_of",
+]
 
 #: prompts share prefixes: a few bases, then a short random tail
 BASES = ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 3, 4, 9, 9, 9, 9), (5, 5, 5, 5, 5, 5))
@@ -188,6 +198,10 @@ IMAGES = "a request with images"
 ADMISSION = "admission (allocate_slots)"
 #: The check of an allocation's size: each group gets as many new blocks as the spec's.
 BLOCKS_ALLOCATED = "blocks allocated"
+#: The situations of the misuse pagedkv refuses beyond vLLM's callers (module docstring).
+ANOTHER_HASH_SIZE = "a request hashed at another block size"
+LIVE_ID = "a second live request of one id"
+UNCOUNTED_STEP = "a step whose computed tokens were not counted"
 #: The situation of an allocation adopting external (connector) tokens in a Mamba group
 #: of ``align`` mode: its count includes the blocks the adoption takes.
 MAMBA_EXTERNAL = "external tokens in a Mamba group of align mode"
@@ -386,6 +400,9 @@ class V1ManagerMachine(V1LockstepMachine):
             prefix_cache_hit_limit=r.prefix_cache_hit_limit,
             num_in_flight_tokens=r.num_in_flight_tokens,
             num_encoder_tokens=self.encoder.get(r.request_id, 0),
+            hash_block_size=r.hash_block_size,
+            has_block_hasher=r.has_block_hasher,
+            instance=id(r),
         )
 
     def with_requests(self, m: ManagerState) -> ManagerState:
@@ -984,7 +1001,7 @@ class V1ManagerMachine(V1LockstepMachine):
 
     def _free(self, r: Request) -> None:
         self._call(f"mgr.free({r.request_id})", lambda: self.target.free(r))
-        self.model = spec.free(self.model, r.request_id)
+        self.model = spec.free(self.model, r.request_id, id(r))
 
     # ------------------------------------------------------------------ after every step
 
@@ -1178,6 +1195,207 @@ class V1ManagerMachine(V1LockstepMachine):
         for id_, broken, detail in differs:
             if broken:
                 self._violate(id_, detail, first_difference(actual, model))
+
+
+class V1MisuseMachine(V1ManagerMachine):
+    """The V1 manager machine with three more rules, each making a misuse pagedkv refuses
+    beyond vLLM's contract and checking it refused by the spec and the target alike (the
+    spec's error type, for a target promising typed errors) with nothing changed: a
+    request hashed at another block size (``lookup_hashed_at_another_size``), a second
+    live request object of an id holding blocks (``allocate_slots_under_a_live_id``), an
+    allocation after a step whose computed count was not advanced
+    (``allocate_slots_for_an_uncounted_step``). A machine of its own, so the ordinary
+    machine's search (the kit's ``v1`` level, vLLM's own manager, the planted bugs' budgets)
+    draws exactly what it drew before; the kit never makes these calls (vLLM's engine
+    never does: it owns the hasher and the request objects)."""
+
+    #: whether the target promises pagedkv's error types (a refused misuse raises the
+    #: spec's; if not, any exception refuses it)
+    typed_errors = True
+
+    def _refused(
+        self,
+        operation: str,
+        situation: str,
+        source: str,
+        call: Callable[[], object],
+        by_spec: Callable[[], object],
+    ) -> None:
+        """A misuse call the spec refuses (``by_spec`` raises; its state is kept): the
+        target must raise (the spec's error type, if it promises typed errors) and
+        change nothing. The program line is ``expect_error(lambda: <source>, ...)``."""
+        try:
+            by_spec()
+        except PagedKVError as err:
+            error: PagedKVError = err
+        else:  # the machine's own slip: a misuse rule made a call the spec accepts
+            raise AssertionError(f"the spec accepts the misuse {source}")
+        if not self._enter(operation, situation):
+            return
+        name = type(error).__name__
+        expected = f"{name!r}" if self.typed_errors else "None"
+        line = f"expect_error(lambda: {source}, {expected})"
+        before = self.target.to_spec()
+        try:
+            call()
+        except Exception as err:
+            if self.typed_errors and type(err) is not type(error):
+                self._violate(
+                    "same error as spec",
+                    f"{source} raised {err!r}; the spec raises {name}",
+                    line,
+                    why=f"raised {type(err).__name__}",
+                )
+        else:
+            self._violate(
+                "same error as spec",
+                f"{source} was accepted; the spec refuses it ({error})",
+                line,
+                why="accepted",
+            )
+        self._log(line)
+        event(f"{operation}: refused {situation}")
+        after = self.target.to_spec()
+        if after != before:
+            self._violate(
+                "failed call changes nothing",
+                f"{source} raised, yet the manager changed",
+                first_difference(after, before),
+            )
+
+    @precondition(lambda self: self.beyond_callers and self.model.caching and self.requests)
+    @rule(
+        data=st.data(),
+        operation=st.sampled_from(
+            ("get_computed_blocks", "allocate_slots", "get_num_cached_tokens", "cache_blocks")
+        ),
+    )
+    def lookup_hashed_at_another_size(self, data: st.DataObject, operation: str) -> None:
+        """A request whose block hasher was built for another block size than the
+        manager's (a live request's prompt, so its hashes would name that request's
+        blocks): every call reading its hashes is refused. The other size is chosen so
+        that even the count of its hashes differs (a hasher that does not tell its
+        size is refused too)."""
+        rid = data.draw(st.sampled_from(sorted(self.requests)), label="prompt of")
+        tokens = list(self.requests[rid].all_token_ids)
+        size = self.model.hash_size
+        other = 1 if size > 1 else 2
+        bad = Request(f"x{self.next_id}", tokens, block_hasher=self.make_hasher(other))
+        self.next_id += 1
+        var = bad.request_id
+        self._log(
+            request_source(var, bad).replace(
+                "block_hasher=hasher", f"block_hasher=get_request_block_hasher({other})"
+            )
+        )
+        # its own hashes (at the other size): what the spec judges them by is their count
+        view = RequestView(
+            var,
+            bad.num_tokens,
+            block_hashes=tuple(bad.block_hashes),
+            hash_block_size=bad.hash_block_size,
+            has_block_hasher=bad.has_block_hasher,
+            instance=id(bad),
+        )
+        model = self.model
+        calls: dict[str, tuple[str, Callable[[], object], Callable[[], object]]] = {
+            "get_computed_blocks": (
+                f"mgr.get_computed_blocks({var})",
+                lambda: self.target.get_computed_blocks(bad),
+                lambda: spec.get_computed_blocks(model, view),
+            ),
+            "get_num_cached_tokens": (
+                f"mgr.get_num_cached_tokens({var})",
+                lambda: self.target.get_num_cached_tokens(bad),
+                lambda: spec.get_num_cached_tokens(model, view),
+            ),
+            "allocate_slots": (
+                f"mgr.allocate_slots({var}, {bad.num_tokens})",
+                lambda: self.target.allocate_slots(bad, bad.num_tokens),
+                lambda: spec.allocate_slots(model, view, bad.num_tokens),
+            ),
+            "cache_blocks": (
+                f"mgr.cache_blocks({var}, {bad.num_tokens})",
+                lambda: self.target.cache_blocks(bad, bad.num_tokens),
+                lambda: spec.cache_blocks(model, view, bad.num_tokens),
+            ),
+        }
+        source, call, by_spec = calls[operation]
+        self._refused(operation, ANOTHER_HASH_SIZE, source, call, by_spec)
+
+    @precondition(lambda self: self.beyond_callers and self._holding())
+    @rule(data=st.data(), operation=st.sampled_from(("allocate_slots", "free", "cache_blocks")))
+    def allocate_slots_under_a_live_id(self, data: st.DataObject, operation: str) -> None:
+        """A second live ``Request`` object with the id of one holding blocks (its prompt,
+        its hasher): allocating for it, caching its blocks or freeing it is refused (it
+        would share, cache into or free the first one's blocks)."""
+        rid = data.draw(st.sampled_from(self._holding()), label="request")
+        first = self.requests[rid]
+        dup = Request(rid, list(first.all_token_ids), block_hasher=self.hasher)
+        var = f"{rid}_again"
+        self._log(request_source(var, dup))
+        view = self.view(dup)
+        model = self.model
+        n = dup.num_tokens
+        calls: dict[str, tuple[str, Callable[[], object], Callable[[], object]]] = {
+            "allocate_slots": (
+                f"mgr.allocate_slots({var}, 1)",
+                lambda: self.target.allocate_slots(dup, 1),
+                lambda: spec.allocate_slots(model, view, 1),
+            ),
+            "free": (
+                f"mgr.free({var})",
+                lambda: self.target.free(dup),
+                lambda: spec.free(model, rid, id(dup)),
+            ),
+            "cache_blocks": (
+                f"mgr.cache_blocks({var}, {n})",
+                lambda: self.target.cache_blocks(dup, n),
+                lambda: spec.cache_blocks(model, view, n),
+            ),
+        }
+        source, call, by_spec = calls[operation]
+        self._refused(operation, LIVE_ID, source, call, by_spec)
+
+    @precondition(lambda self: self.beyond_callers and self._uncounted())
+    @rule(data=st.data())
+    def allocate_slots_for_an_uncounted_step(self, data: st.DataObject) -> None:
+        """A running request whose last step sampled tokens, scheduled again as if that
+        step had not advanced ``num_computed_tokens`` (it is set back to its count at its
+        last allocation): refused; the count is then put right, as the scheduler should
+        have left it."""
+        rid = data.draw(st.sampled_from(self._uncounted()), label="request")
+        r = self.requests[rid]
+        right = r.num_computed_tokens
+        self._write(r, "num_computed_tokens", dict(self.model.holders)[rid][1])
+        view = self.view(r)
+        model = self.model
+        self._refused(
+            "allocate_slots",
+            UNCOUNTED_STEP,
+            f"mgr.allocate_slots({rid}, 1)",
+            lambda: self.target.allocate_slots(r, 1),
+            lambda: spec.allocate_slots(model, view, 1),
+        )
+        self._write(r, "num_computed_tokens", right)
+
+    def _holding(self) -> list[str]:
+        """The live requests holding blocks, by the spec."""
+        return sorted(rid for rid in self.requests if self.model.holds(rid))
+
+    def _uncounted(self) -> list[str]:
+        """The running requests holding blocks that gained tokens since their last
+        allocation, nothing in flight (their count then must have moved)."""
+        holders = dict(self.model.holders)
+        return [
+            rid
+            for rid in self._holding()
+            if rid in holders
+            and self.requests[rid].num_tokens > holders[rid][2]
+            and self.requests[rid].num_computed_tokens != holders[rid][1]
+            and self.requests[rid].num_in_flight_tokens == 0
+            and holders[rid][0] == id(self.requests[rid])
+        ]
 
 
 def v1_after_step_ids() -> set[str]:
