@@ -859,7 +859,7 @@ def test_find_over_seeds_answers_for_the_worst_seed_in_units(
 ) -> None:
     pytest.importorskip("matplotlib")
     made = _figures(monkeypatch)
-    find = ["--slo", "ttft=40", "--find", "min_gpu_blocks", "--until", "slo_attainment>=0.5"]
+    find = ["--slo", "ttft=30", "--find", "min_gpu_blocks", "--until", "slo_attainment>=0.5"]
     find += ["--low", "16", "--high", "40", "--check-every", "50", "--executor", "serial"]
     out = tmp_path / "find.csv"
     plot = ["--plot", str(tmp_path / "find.png"), "--metric", "slo_attainment"]
