@@ -18,8 +18,8 @@ import pytest
 
 from pagedkv_stateful.adapters import Capabilities
 from pagedkv_stateful.causes import outside_callers
-from pagedkv_stateful.conform import ConformanceReport, main, run_conformance
 from pagedkv_stateful.coverage import V1_POOL_STATE_CLASSES, V1_STATE_CLASSES, state_classes
+from pagedkv_stateful.kit.conform import ConformanceReport, main, run_conformance
 
 # tests/ is on sys.path under pytest (not on mypy's path, hence the import by name).
 fa: Any = importlib.import_module("faulty_allocators")

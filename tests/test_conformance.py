@@ -27,11 +27,12 @@ import pytest
 
 import pagedkv_stateful
 from pagedkv_spec.invariants import REGISTRY
-from pagedkv_stateful import adapters, conform, search
+from pagedkv_stateful import adapters
 from pagedkv_stateful.adapters import CHECKS, AllocatorAdapter, Capabilities, Violation
-from pagedkv_stateful.conform import ConformanceReport, Finding, run_conformance
 from pagedkv_stateful.coverage import STATE_CLASSES, reached, state_classes
-from pagedkv_stateful.replay import NEEDS_O
+from pagedkv_stateful.kit import conform, search
+from pagedkv_stateful.kit.conform import ConformanceReport, Finding, run_conformance
+from pagedkv_stateful.kit.replay import NEEDS_O
 
 # tests/ is on sys.path under pytest (not on mypy's path, hence the import by name).
 fa: Any = importlib.import_module("faulty_allocators")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import pagedkv.v1 as pv1
-from pagedkv_stateful import vllm_v1_tests as vt
-from pagedkv_stateful.vllm_v1_tests import Documented, Outcome, classify, read_junit, render
+from pagedkv_stateful.engines import vllm_v1_tests as vt
+from pagedkv_stateful.engines.vllm_v1_tests import Documented, Outcome, classify, read_junit, render
 
 ROW = Documented("test_pinned", "message text", "pins vLLM's text", "No free blocks")
 TWICE = Documented("test_twice", "not offered", "two parameters", "seed", count=2)

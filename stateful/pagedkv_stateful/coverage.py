@@ -7,7 +7,7 @@ the state classes the kit is meant to reach that a program shows (a successful
 swap each way, a free or an allocation after a swap, a lookahead append, a fork).
 Classes a program's text cannot show (a copy-on-write, a window slide) are
 recorded by the machines themselves (``LockstepMachine._reached``) and merged in by
-the kit. :class:`~pagedkv_stateful.conform.ConformanceReport`
+the kit. :class:`~pagedkv_stateful.kit.conform.ConformanceReport`
 counts test cases per class and prints the table at the end, so a search that never
 reached a class says so instead of passing quietly.
 """
