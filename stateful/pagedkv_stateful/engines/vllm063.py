@@ -4,7 +4,8 @@ Nothing of vLLM is in this repository. :func:`extract` copies vLLM's pure-Python
 block-layer modules (``vllm/core/block/*.py``, ``block_manager_v2.py``,
 ``evictor_v2.py``, ``interfaces.py``) out of the vllm 0.6.3 wheel a user
 downloaded (``pip download --no-deps vllm==0.6.3``) into a directory, and writes
-beside them the three small modules they import, written here: ``vllm`` (empty),
+beside them the three small modules they import, pagedkv's own (``stand_ins/vllm063/``,
+copied by the one wheel loader, :mod:`pagedkv_stateful.engines.wheel`): ``vllm`` (empty),
 ``vllm.utils`` (``Device``, ``cdiv``, ``chunk_list`` and two message strings) and
 ``vllm.sequence`` (``SequenceStatus`` with vLLM's member names; ``Sequence`` and
 ``SequenceGroup`` are only type names there). No vLLM C extension, torch model
@@ -40,11 +41,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import sys
 import zipfile
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,8 @@ from pagedkv_stateful.adapters import (
     Capabilities,
     ManagerAdapter,
 )
+from pagedkv_stateful.engines.wheel import Loader, stand_ins
+from pagedkv_stateful.engines.wheel import TargetSetupError as TargetSetupError
 from pagedkv_stateful.kit.replay import replay_reports, use_prelude
 
 #: The wheel's files this target loads (pure Python, no imports beyond the stand-ins).
@@ -75,60 +77,29 @@ WHEEL_FILES = (
     "vllm/core/block/block_table.py",
 )
 
-#: The stand-ins for the modules those files import (written by pagedkv, not vLLM's).
-STAND_INS = {
-    "vllm/__init__.py": '"""Stand-in package written by pagedkv_stateful.vllm063."""\n',
-    "vllm/utils.py": '''"""Stand-in: what vLLM 0.6.3's block layer imports from vllm.utils."""
-
-import enum
-
-
-class Device(enum.Enum):
-    GPU = enum.auto()
-    CPU = enum.auto()
-
-
-def cdiv(a, b):
-    return -(a // -b)
-
-
-def chunk_list(items, size):
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-STR_NOT_IMPL_ENC_DEC_SWA = "encoder-decoder models do not support a sliding window"
-STR_NOT_IMPL_ENC_DEC_PREFIX_CACHE = "encoder-decoder models do not support prefix caching"
-''',
-    "vllm/sequence.py": '''"""Stand-in: what vLLM's block layer imports from vllm.sequence."""
-
-import enum
-
-
-class SequenceStatus(enum.IntEnum):
-    WAITING = 0
-    RUNNING = 1
-    SWAPPED = 2
-    FINISHED_STOPPED = 3
-    FINISHED_LENGTH_CAPPED = 4
-    FINISHED_ABORTED = 5
-    FINISHED_IGNORED = 6
-
-
-class Sequence:
-    """Type name only: the conformance kit passes its own sequence views."""
-
-
-class SequenceGroup:
-    """Type name only: the conformance kit passes its own group views."""
-''',
-}
+#: The stand-ins for the modules those files import (pagedkv's, ``stand_ins/vllm063/``).
+STAND_INS = stand_ins("vllm063")
 
 ENV = "PAGEDKV_VLLM_DIR"
 
 
-class TargetSetupError(RuntimeError):
-    """The vLLM modules cannot be loaded (no directory, or not one :func:`extract` wrote)."""
+@dataclass(frozen=True)
+class _Release:
+    version: str
+    wheel_files: tuple[str, ...]
+    stand_ins: Mapping[str, str]
+
+
+#: The one wheel loader (:mod:`pagedkv_stateful.engines.wheel`), for vLLM 0.6.3's files.
+LOADER = Loader(
+    module="pagedkv_stateful.vllm063",
+    env=ENV,
+    marker="vllm/core/block_manager_v2.py",
+    layer="block layer",
+    releases={"0.6.3": _Release("0.6.3", WHEEL_FILES, STAND_INS)},
+    release_required=False,
+    hint=" (or `make conform-vllm`)",
+)
 
 
 def extract(wheel: str | Path, dest: str | Path) -> Path:
@@ -137,37 +108,12 @@ def extract(wheel: str | Path, dest: str | Path) -> Path:
     Returns ``dest``. Raises :class:`TargetSetupError` if the wheel lacks a file
     (not vllm 0.6.3's layout). Complexity: O(size of the copied files).
     """
-    dest = Path(dest)
-    with zipfile.ZipFile(wheel) as z:
-        names = set(z.namelist())
-        missing = [f for f in WHEEL_FILES if f not in names]
-        if missing:
-            raise TargetSetupError(f"{wheel} has no {', '.join(missing)}: is it vllm 0.6.3?")
-        for name in WHEEL_FILES:
-            path = dest / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(z.read(name))
-    for name, text in STAND_INS.items():
-        (dest / name).write_text(text)
-    return dest
+    return LOADER.extract(wheel, dest)
 
 
 def use(directory: str | Path) -> None:
     """Import ``vllm`` from ``directory`` (one :func:`extract` wrote). Complexity: O(1)."""
-    directory = Path(directory).resolve()
-    if not (directory / "vllm" / "core" / "block_manager_v2.py").is_file():
-        raise TargetSetupError(
-            f"{directory} holds no extracted vLLM block layer; run "
-            "`python -m pagedkv_stateful.vllm063 extract WHEEL DIR` (or `make conform-vllm`)"
-        )
-    loaded = sys.modules.get("vllm")
-    if loaded is not None:
-        where = Path(getattr(loaded, "__file__", "") or "").resolve().parent.parent
-        if where != directory:
-            raise TargetSetupError(f"another vllm is already imported (from {where})")
-        return
-    sys.path.insert(0, str(directory))
-    importlib.import_module("vllm")  # so the factories find it loaded
+    LOADER.use(directory)
 
 
 def conform_prelude() -> list[str]:
@@ -177,16 +123,7 @@ def conform_prelude() -> list[str]:
     return use_prelude("pagedkv_stateful.vllm063")
 
 
-def _module(name: str) -> Any:
-    if "vllm" not in sys.modules:
-        directory = os.environ.get(ENV)
-        if not directory:
-            raise TargetSetupError(
-                f"set {ENV} to the directory `python -m pagedkv_stateful.vllm063 extract` "
-                "wrote (or call pagedkv_stateful.vllm063.use(DIR))"
-            )
-        use(directory)
-    return importlib.import_module(name)
+_module = LOADER.load
 
 
 #: vLLM 0.6.3's promises: LIFO reuse, untyped errors, and its callers' contract only (see

@@ -53,12 +53,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import math
 import os
-import re
-import shutil
 import sys
 import zipfile
 from collections.abc import Callable, Mapping
@@ -69,572 +66,16 @@ from typing import Any
 from pagedkv_spec.v1.manager import CHUNKED, CROSS, FULL, MAMBA, SLIDING, GroupSpec, ManagerState
 from pagedkv_spec.v1.pool import PoolState
 from pagedkv_stateful.adapters import Capabilities
+from pagedkv_stateful.engines.wheel import Loader, stand_ins
+from pagedkv_stateful.engines.wheel import TargetSetupError as TargetSetupError
 from pagedkv_stateful.kit.replay import replay_reports, use_prelude
 from pagedkv_stateful.v1.manager_machine import CONFIGURATIONS
 
-# --------------------------------------------------------------------------- stand-ins
-
-#: The ``vllm.envs`` variable every release's KV files read (an entry of the stand-in's
-#: ``_VARIABLES``: the variable's name, then a function of no argument returning its value).
-_INT_BLOCK_HASHES = """\
-    # KV events publish each block hash as the low 64 bits of its big-endian digest
-    # when set (vLLM's default, "1"), the digest's bytes when "0".
-    "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES": lambda: _flag(
-        "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1"
-    ),
-"""
-
-
-def _envs_module(*variables: str) -> str:
-    """The source of a ``vllm.envs`` stand-in holding ``variables`` (``_VARIABLES`` entries)."""
-    return (
-        '''"""Stand-in: the vllm.envs variables the KV cache files read.
-
-Read from the environment on every access, with vLLM's default, as vLLM's envs
-module does (until an engine caches them).
-"""
-
-import os
-
-
-def _flag(name, default):
-    return bool(int(os.getenv(name, default)))
-
-
-def _count(name):
-    value = os.getenv(name)
-    return None if value is None else int(value)
-
-
-_VARIABLES = {
-'''
-        + "".join(variables)
-        + """}
-
-
-def __getattr__(name):
-    if name in _VARIABLES:
-        return _VARIABLES[name]()
-    raise AttributeError(f"the vllm.envs stand-in has no {name!r}")
-
-
-def __dir__():
-    return list(_VARIABLES)
-"""
-    )
-
-
-@dataclass(frozen=True)
-class _EventFields:
-    """The fields a release's ``BlockStored`` and ``BlockRemoved`` add after the ones
-    every release has (each a dataclass field line: name, annotation, default)."""
-
-    stored: tuple[str, ...]
-    removed: tuple[str, ...]
-
-
-_EVENT_FIELDS_0_34_0 = _EventFields(
-    stored=(
-        'locality: "str | None" = None',
-        'ownership: "str | None" = None',
-        'session_id: "str | None" = None',
-        'lookahead_token_ids: "list[list[int]] | None" = None',
-    ),
-    removed=('locality: "str | None" = None', 'ownership: "str | None" = None'),
-)
-
-
-def _kv_events_module(extra: _EventFields) -> str:
-    """The source of a ``vllm.distributed.kv_events`` stand-in whose events have the
-    fields every release has, then ``extra``."""
-
-    def lines(fields: tuple[str, ...]) -> str:
-        return "".join(f"    {f}\n" for f in fields)
-
-    return (
-        '''"""Stand-in: vllm.distributed.kv_events' event types, as dataclasses.
-
-vLLM declares them as tagged msgspec Structs for its ZMQ publisher (not loaded
-here); the KV cache layer only builds them, sets their fields and compares them, so
-dataclasses with the same names, fields, order and defaults serve.
-"""
-
-from dataclasses import dataclass, fields
-from typing import Any
-
-MEDIUM_GPU = "GPU"
-MEDIUM_CPU = "CPU"
-MEDIUM_STORAGE = "STORAGE"
-
-
-def _frozen(value):
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
-    return value
-
-
-class KVCacheEvent:
-    """Base class of the events: hashable by value (vLLM counts them in a Counter)."""
-
-    def __hash__(self):
-        return hash((type(self).__name__, *(_frozen(getattr(self, f.name)) for f in fields(self))))
-
-
-@dataclass
-class BlockStored(KVCacheEvent):
-    block_hashes: "list[bytes | int]"
-    parent_block_hash: "bytes | int | None"
-    token_ids: "list[int]"
-    block_size: int
-    lora_id: "int | None"
-    medium: "str | None"
-    lora_name: "str | None"
-    extra_keys: "list[tuple[Any, ...] | None] | None" = None
-    group_idx: "int | None" = None
-    kv_cache_spec_kind: "str | None" = None
-    kv_cache_spec_sliding_window: "int | None" = None
-'''
-        + lines(extra.stored)
-        + """
-    __hash__ = KVCacheEvent.__hash__
-
-
-@dataclass
-class BlockRemoved(KVCacheEvent):
-    block_hashes: "list[bytes | int]"
-    medium: "str | None"
-    group_idx: "int | None" = None
-"""
-        + lines(extra.removed)
-        + """
-    __hash__ = KVCacheEvent.__hash__
-
-
-@dataclass
-class AllBlocksCleared(KVCacheEvent):
-    __hash__ = KVCacheEvent.__hash__
-"""
-    )
-
-
-#: pagedkv's stand-ins for what vLLM 0.34.0's KV cache files import (module path -> source);
-#: another release reuses them, overriding or adding what its files need.
-_COMMON_STAND_INS: dict[str, str] = {
-    "vllm/__init__.py": '''\
-"""Stand-in package written by pagedkv_stateful.vllm_v1.
-
-vLLM's own package module loads the engine; the KV cache files need none of it.
-"""
-''',
-    "vllm/envs.py": _envs_module(_INT_BLOCK_HASHES),
-    "vllm/logger.py": '''\
-"""Stand-in: vllm.logger.init_logger, a standard logger with vLLM's *_once methods."""
-
-import logging
-
-
-class _Logger(logging.LoggerAdapter):
-    def __init__(self, logger):
-        super().__init__(logger, {})
-        self._seen = set()
-
-    def _once(self, level, msg, args):
-        # vLLM drops a repeated (message, arguments) pair; so does this.
-        key = (level, msg, args)
-        if key not in self._seen:
-            self._seen.add(key)
-            self.log(level, msg, *args)
-
-    def debug_once(self, msg, *args, scope="local"):
-        self._once(logging.DEBUG, msg, args)
-
-    def info_once(self, msg, *args, scope="local"):
-        self._once(logging.INFO, msg, args)
-
-    def warning_once(self, msg, *args, scope="local"):
-        self._once(logging.WARNING, msg, args)
-
-
-# vLLM's messages reach a handler the application configures; none are printed by
-# default (Python's last-resort handler would print each warning on stderr)
-logging.getLogger("vllm").addHandler(logging.NullHandler())
-
-
-def init_logger(name):
-    return _Logger(logging.getLogger(name))
-''',
-    "vllm/config/__init__.py": '''\
-"""Stand-in: the names the KV cache files import from vllm.config."""
-
-
-class VllmConfig:
-    """Type name only: no engine configuration is built."""
-
-
-def get_current_vllm_config_or_none():
-    # No engine is running, so there is no current configuration (vLLM's answer too).
-    return None
-''',
-    "vllm/platforms/__init__.py": '''\
-"""Stand-in: vllm.platforms.current_platform, as far as the spec registry asks."""
-
-
-class _Platform:
-    @classmethod
-    def register_custom_kv_cache_specs(cls, vllm_config):
-        # vLLM's base platform registers no spec; only out-of-tree platforms do.
-        return None
-
-
-current_platform = _Platform()
-''',
-    "vllm/distributed/__init__.py": '"""Stand-in package (vLLM\'s loads torch.distributed)."""\n',
-    "vllm/distributed/kv_events.py": _kv_events_module(_EVENT_FIELDS_0_34_0),
-    "vllm/multimodal/__init__.py": '"""Stand-in package (vLLM\'s loads the registry)."""\n',
-    "vllm/multimodal/inputs.py": '''\
-"""Stand-in: the multimodal feature record a Request carries (vLLM's field names)."""
-
-from dataclasses import dataclass
-from typing import Any
-
-
-@dataclass
-class PlaceholderRange:
-    offset: int
-    length: int
-    is_embed: Any = None
-
-    def get_num_embeds(self):
-        if self.is_embed is None:
-            return self.length
-        return int(self.is_embed.sum())
-
-
-@dataclass
-class MultiModalFeatureSpec:
-    data: Any
-    modality: str
-    identifier: str
-    mm_position: PlaceholderRange
-    mm_hash: "str | None" = None
-''',
-    "vllm/multimodal/utils.py": '''\
-"""Stand-in: vllm.multimodal.utils.get_mm_features_in_window."""
-
-import bisect
-
-
-def get_mm_features_in_window(mm_features, start, end):
-    """(lo, hi): the indices of the features overlapping [start, end).
-
-    As vLLM documents it: the features are sorted by offset and do not overlap, so
-    lo is the first whose end passes start and hi the first starting at or past end.
-    """
-    lo = bisect.bisect_left(
-        mm_features, start + 1, key=lambda f: f.mm_position.offset + f.mm_position.length
-    )
-    hi = bisect.bisect_left(mm_features, end, key=lambda f: f.mm_position.offset)
-    return lo, hi
-''',
-    "vllm/utils/hashing.py": '''\
-"""Stand-in: vLLM's prefix-cache hash functions (vllm.utils.hashing).
-
-Each is what vLLM documents: a digest of the object serialised with pickle
-(HIGHEST_PROTOCOL) or canonical CBOR, by SHA-256 or xxHash's 128-bit XXH3. cbor2
-and xxhash are imported only when their function is called (vLLM imports cbor2
-with the module).
-"""
-
-import hashlib
-import pickle
-
-
-def sha256(input):
-    return hashlib.sha256(pickle.dumps(input, protocol=pickle.HIGHEST_PROTOCOL)).digest()
-
-
-def sha256_cbor(input):
-    import cbor2
-
-    return hashlib.sha256(cbor2.dumps(input, canonical=True)).digest()
-
-
-def _xxh3_128(data):
-    try:
-        import xxhash as xx
-    except ImportError:
-        raise ModuleNotFoundError("the xxhash hash functions need `pip install xxhash`") from None
-    return xx.xxh3_128_digest(data)
-
-
-def xxhash(input):
-    return _xxh3_128(pickle.dumps(input, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def xxhash_cbor(input):
-    import cbor2
-
-    return _xxh3_128(cbor2.dumps(input, canonical=True))
-
-
-_BY_NAME = {
-    "sha256": sha256,
-    "sha256_cbor": sha256_cbor,
-    "xxhash": xxhash,
-    "xxhash_cbor": xxhash_cbor,
-}
-
-
-def get_hash_fn_by_name(hash_fn_name):
-    try:
-        return _BY_NAME[hash_fn_name]
-    except KeyError:
-        raise ValueError(f"Unsupported hash function: {hash_fn_name}") from None
-''',
-    "vllm/utils/gc_utils.py": '''\
-"""Stand-in: the two vllm.utils.gc_utils helpers the KV cache layer uses.
-
-As in vLLM, the lists of ints and blocks the layer grows are hidden from the cyclic
-garbage collector (reference counting still frees them), so a collection does not
-walk them: the cost a benchmark of vLLM's manager should see.
-"""
-
-import ctypes
-import gc
-
-_untrack = ctypes.pythonapi.PyObject_GC_UnTrack
-_untrack.argtypes = [ctypes.py_object]
-_untrack.restype = None
-
-
-def gc_untrack(obj):
-    if gc.is_tracked(obj):
-        _untrack(obj)
-    return obj
-
-
-def untracked_list():
-    return gc_untrack([])
-''',
-    "vllm/utils/torch_utils.py": '''\
-"""Stand-in: vllm.utils.torch_utils.get_dtype_size."""
-
-import torch
-
-
-def get_dtype_size(dtype):
-    return torch.empty((), dtype=dtype).element_size()
-''',
-    "vllm/pooling_params.py": '''\
-"""Stand-in: what a Request reads of PoolingParams."""
-
-from dataclasses import dataclass
-
-
-@dataclass
-class PoolingParams:
-    task: "str | None" = None
-    skip_reading_prefix_cache: "bool | None" = None
-''',
-    "vllm/sampling_params.py": '''\
-"""Stand-in: what a Request reads of SamplingParams (vLLM's names and defaults)."""
-
-from dataclasses import dataclass
-from typing import Any
-
-
-@dataclass
-class SamplingParams:
-    max_tokens: "int | None" = 16
-    prompt_logprobs: "int | None" = None
-    prompt_logprob_token_ids: Any = None
-    prompt_logprob_start: "int | None" = None
-    structured_outputs: Any = None
-    extra_args: "dict[str, Any] | None" = None
-    skip_reading_prefix_cache: "bool | None" = None
-
-    def __post_init__(self):
-        # As vLLM: a request asking for prompt logprobs skips reading the prefix cache
-        # unless told otherwise (cached tokens would have no logprobs).
-        if self.skip_reading_prefix_cache is None:
-            self.skip_reading_prefix_cache = (
-                self.prompt_logprobs is not None or self.prompt_logprob_token_ids is not None
-            )
-''',
-    "vllm/v1/utils.py": '''\
-"""Stand-in: the two vllm.v1.utils names the KV cache layer imports."""
-
-from collections.abc import Sequence
-
-import torch
-
-
-class ConstantList(Sequence):
-    """A read-only view of a list (how vLLM's Request exposes its token lists)."""
-
-    def __init__(self, x):
-        self._x = x
-
-    def __getitem__(self, item):
-        return self._x[item]
-
-    def __len__(self):
-        return len(self._x)
-
-    def __iter__(self):
-        return iter(self._x)
-
-    def __contains__(self, item):
-        return item in self._x
-
-    def index(self, item, start=0, stop=None):
-        return self._x.index(item, start, len(self._x) if stop is None else stop)
-
-    def copy(self):
-        return list(self._x)
-
-    def __repr__(self):
-        return f"ConstantList({self._x})"
-
-    def _read_only(self, *args, **kwargs):
-        raise TypeError("a ConstantList cannot be changed")
-
-    append = extend = insert = pop = remove = clear = _read_only
-    __setitem__ = __delitem__ = _read_only
-
-
-def tensor_data(tensor):
-    """The tensor's bytes as a uint8 memoryview (what vLLM hashes of prompt embeds)."""
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
-''',
-    "vllm/v1/engine/__init__.py": '''\
-"""Stand-in: the vllm.v1.engine names a Request imports."""
-
-import enum
-import time
-from dataclasses import dataclass
-
-
-class FinishReason(enum.IntEnum):
-    STOP = 0
-    LENGTH = 1
-    ABORT = 2
-    ERROR = 3
-    REPETITION = 4
-
-
-class EngineCoreEventType(enum.IntEnum):
-    QUEUED = 1
-    SCHEDULED = 2
-    PREEMPTED = 3
-
-
-@dataclass
-class EngineCoreEvent:
-    type: EngineCoreEventType
-    timestamp: float
-
-    @classmethod
-    def new_event(cls, event_type, timestamp=None):
-        return cls(event_type, time.monotonic() if timestamp is None else timestamp)
-
-
-class EngineCoreRequest:
-    """Type name only: requests are built directly, not from an engine's."""
-
-
-@dataclass
-class PrefixHashConfig:
-    hash_algo: str
-    hash_block_size: int
-    none_hash: bytes
-    num_lookahead_tokens: int = 0
-''',
-    "vllm/v1/kv_hints/__init__.py": '''\
-"""Stand-in: vllm.v1.kv_hints."""
-
-
-class KvHintsEnvelope:
-    """Type name only: no KV hints are sent."""
-''',
-    "vllm/v1/metrics/stats.py": '''\
-"""Stand-in: the vllm.v1.metrics.stats records the KV cache layer makes."""
-
-from dataclasses import dataclass
-
-
-@dataclass
-class BaseCacheStats:
-    reset: bool = False
-    requests: int = 0
-    queries: int = 0
-    hits: int = 0
-
-
-@dataclass
-class PrefixCacheStats(BaseCacheStats):
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
-
-    def record(self, num_tokens, num_hits, preempted):
-        # Requests seen before a preemption are counted apart, as vLLM does.
-        if preempted:
-            self.preempted_requests += 1
-            self.preempted_queries += num_tokens
-            self.preempted_hits += num_hits
-        else:
-            self.requests += 1
-            self.queries += num_tokens
-            self.hits += num_hits
-
-
-@dataclass
-class KVCacheEvictionEvent:
-    lifetime_seconds: float
-    idle_seconds: float
-    reuse_gaps_seconds: "tuple[float, ...]"
-
-
-@dataclass
-class PrefillStats:
-    num_prompt_tokens: int = 0
-    num_computed_tokens: int = 0
-    num_cached_tokens: int = 0
-    num_local_cached_tokens: int = 0
-    num_external_cached_tokens: int = 0
-    num_cache_creation_tokens: int = 0
-
-
-class RequestSpecDecodeMetrics:
-    """Type name only: no speculative decoding."""
-''',
-    "vllm/v1/structured_output/__init__.py": '"""Stand-in package (vLLM\'s loads grammars)."""\n',
-    "vllm/v1/structured_output/request.py": '''\
-"""Stand-in: vllm.v1.structured_output.request.StructuredOutputRequest."""
-
-
-class StructuredOutputRequest:
-    @staticmethod
-    def from_sampling_params(sampling_params):
-        # vLLM makes none for a request without structured-output constraints.
-        if sampling_params is None or not sampling_params.structured_outputs:
-            return None
-        raise NotImplementedError("structured outputs are not part of the stand-in")
-''',
-    "vllm/v1/attention/backends/registry.py": '''\
-"""Stand-in: the attention backend enum the KV cache specs name."""
-
-import enum
-
-
-class MambaAttentionBackendEnum(enum.Enum):
-    """Only the member MambaSpec takes as its default: no backend is loaded."""
-
-    MAMBA2 = "MAMBA2"
-''',
-}
+# --------------------------------------------------------------------------- releases
+
+#: pagedkv's stand-ins for what vLLM 0.34.0's KV cache files import (``stand_ins/vllm_v1/``);
+#: another release reuses them, less or more what its files import.
+_COMMON_STAND_INS = stand_ins("vllm_v1")
 
 #: vLLM 0.34.0's files this target loads (pure Python; their imports are these files,
 #: the stand-ins, the standard library, numpy, torch and typing_extensions).
@@ -674,89 +115,21 @@ _FILES_0_27_1 = tuple(
 )
 
 
-def _stand_ins(
-    base: Mapping[str, str], *, add: Mapping[str, str] | None = None, drop: tuple[str, ...] = ()
-) -> dict[str, str]:
-    """``base`` without the modules ``drop`` names (a release whose files do not import
-    them), with ``add``'s modules added or replacing ``base``'s."""
-    unknown = [name for name in drop if name not in base]
-    if unknown:
-        raise ValueError(f"no stand-in {', '.join(unknown)} to drop")
-    out = {name: text for name, text in base.items() if name not in drop}
-    out.update(add or {})
-    return out
-
-
 #: vLLM 0.33.0's stand-ins: its files import no ``gc_utils`` (it untracks nothing).
-_STAND_INS_0_33_0 = _stand_ins(_COMMON_STAND_INS, drop=("vllm/utils/gc_utils.py",))
-
-#: The ``vllm.envs`` variable vLLM 0.27.1's KV cache coordinator reads besides.
-_RETENTION_INTERVAL = """\
-    # Sparse retention of sliding-window / Mamba prefix blocks (tokens between kept
-    # checkpoints; a multiple of the block size): unset (None) by default.
-    "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": lambda: _count(
-        "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
-    ),
-"""
-
-#: vLLM 0.27.1's events: ``BlockStored`` ends at ``locality``; ``BlockRemoved`` too.
-_EVENT_FIELDS_0_27_1 = _EventFields(
-    stored=('locality: "str | None" = None',), removed=('locality: "str | None" = None',)
-)
+_STAND_INS_0_33_0 = stand_ins("vllm_v1", drop=("vllm/utils/gc_utils.py",))
 
 #: vLLM 0.27.1's stand-ins: its files import no ``gc_utils``, KV hints or multimodal window
 #: search; they read one more ``envs`` variable, older event types, ``format_gib`` and the
-#: NVFP4 page width, and its ``SamplingParams`` has no prompt-logprob token ids.
-_STAND_INS_0_27_1 = _stand_ins(
-    _STAND_INS_0_33_0,
-    drop=("vllm/v1/kv_hints/__init__.py", "vllm/multimodal/utils.py"),
-    add={
-        "vllm/envs.py": _envs_module(_INT_BLOCK_HASHES, _RETENTION_INTERVAL),
-        "vllm/distributed/kv_events.py": _kv_events_module(_EVENT_FIELDS_0_27_1),
-        "vllm/utils/torch_utils.py": '''\
-"""Stand-in: the two vllm.utils.torch_utils helpers vLLM 0.27.1's KV cache specs import."""
-
-import torch
-
-
-def get_dtype_size(dtype):
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def nvfp4_kv_cache_full_dim(head_size):
-    # An NVFP4 row packs two 4-bit values a byte, then one FP8 scale byte per 16 values.
-    return head_size // 2 + head_size // 16
-''',
-        "vllm/utils/mem_utils.py": '''\
-"""Stand-in: vllm.utils.mem_utils.format_gib (only in vLLM 0.27.1's error messages)."""
-
-
-def format_gib(num_bytes):
-    """``num_bytes`` in GiB, to two decimals, as vLLM prints it."""
-    return f"{round(num_bytes / (1 << 30), 2)}"
-''',
-        "vllm/sampling_params.py": '''\
-"""Stand-in: what vLLM 0.27.1's Request reads of SamplingParams (its names and defaults)."""
-
-from dataclasses import dataclass
-from typing import Any
-
-
-@dataclass
-class SamplingParams:
-    max_tokens: "int | None" = 16
-    prompt_logprobs: "int | None" = None
-    structured_outputs: Any = None
-    extra_args: "dict[str, Any] | None" = None
-    skip_reading_prefix_cache: "bool | None" = None
-
-    def __post_init__(self):
-        # As vLLM 0.27.1: a request asking for prompt logprobs skips reading the prefix
-        # cache unless told otherwise (cached tokens would have no logprobs).
-        if self.skip_reading_prefix_cache is None:
-            self.skip_reading_prefix_cache = self.prompt_logprobs is not None
-''',
-    },
+#: NVFP4 page width, and its ``SamplingParams`` has no prompt-logprob token ids
+#: (``stand_ins/vllm_v1_0_27_1/``, over 0.34.0's).
+_STAND_INS_0_27_1 = stand_ins(
+    "vllm_v1",
+    "vllm_v1_0_27_1",
+    drop=(
+        "vllm/utils/gc_utils.py",
+        "vllm/v1/kv_hints/__init__.py",
+        "vllm/multimodal/utils.py",
+    ),
 )
 
 
@@ -860,26 +233,20 @@ ALLOCATE_NEUTRAL: Mapping[str, object] = {
 }
 
 
-class TargetSetupError(RuntimeError):
-    """The vLLM modules cannot be loaded (no directory, a wrong wheel, another vllm)."""
-
-
 class UnsupportedCall(TypeError):
     """A call the loaded release's API cannot express (a keyword it lacks, with a value
     other than :data:`ALLOCATE_NEUTRAL`'s): the caller must not make it for that release."""
 
 
-def wheel_release(names: list[str], wheel: str | Path) -> str:
-    """The vLLM version a wheel holds, from its ``vllm-X.dist-info`` directory (or, in a
-    wheel without one, from its file name)."""
-    for name in names:
-        found = re.fullmatch(r"vllm-([^/-]+)\.dist-info/METADATA", name)
-        if found:
-            return found.group(1)
-    found = re.match(r"vllm-([^-]+)-", Path(wheel).name)
-    if found:
-        return found.group(1)
-    raise TargetSetupError(f"{wheel} names no vllm version: is it a vllm wheel?")
+#: The one wheel loader (:mod:`pagedkv_stateful.engines.wheel`), for these releases.
+LOADER = Loader(
+    module="pagedkv_stateful.vllm_v1",
+    env=ENV,
+    marker=_MARKER,
+    layer="V1 KV cache layer",
+    releases=RELEASES,
+    release_file=RELEASE_FILE,
+)
 
 
 def extract(wheel: str | Path, dest: str | Path, release: str | None = None) -> Path:
@@ -891,45 +258,12 @@ def extract(wheel: str | Path, dest: str | Path, release: str | None = None) -> 
     :class:`TargetSetupError` for an unknown release or a wheel that lacks a file.
     Complexity: O(size of the copied files).
     """
-    dest = Path(dest)
-    with zipfile.ZipFile(wheel) as z:
-        names = z.namelist()
-        version = release or wheel_release(names, wheel)
-        if version not in RELEASES:
-            raise TargetSetupError(
-                f"vllm {version} is not a release this target knows "
-                f"(known: {', '.join(sorted(RELEASES))})"
-            )
-        spec = RELEASES[version]
-        present = set(names)
-        missing = [f for f in spec.wheel_files if f not in present]
-        if missing:
-            raise TargetSetupError(f"{wheel} has no {', '.join(missing)}: is it vllm {version}?")
-        if (dest / "vllm").exists():
-            if not (dest / RELEASE_FILE).is_file():
-                raise TargetSetupError(f"{dest / 'vllm'} exists and extract did not write it")
-            shutil.rmtree(dest / "vllm")  # no stale files of another release
-        for name in spec.wheel_files:
-            path = dest / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(z.read(name))
-    for name, text in spec.stand_ins.items():
-        path = dest / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    (dest / RELEASE_FILE).write_text(version + "\n")
-    return dest
+    return LOADER.extract(wheel, dest, release)
 
 
 def release_of(directory: str | Path) -> str:
     """The release :func:`extract` wrote into ``directory``."""
-    path = Path(directory) / RELEASE_FILE
-    if not path.is_file() or not (Path(directory) / _MARKER).is_file():
-        raise TargetSetupError(
-            f"{directory} holds no extracted vLLM V1 KV cache layer; run "
-            "`python -m pagedkv_stateful.vllm_v1 extract WHEEL DIR`"
-        )
-    return path.read_text().strip()
+    return LOADER.release_of(directory)
 
 
 def use(directory: str | Path) -> None:
@@ -937,33 +271,10 @@ def use(directory: str | Path) -> None:
     ``sys.path``. Raises :class:`TargetSetupError` if another ``vllm`` (an installed
     one, or vllm063's stand-ins) is already imported: one process holds one.
     Complexity: O(1) (the import itself aside)."""
-    directory = Path(directory).resolve()
-    release_of(directory)
-    loaded = sys.modules.get("vllm")
-    if loaded is not None:
-        where = Path(getattr(loaded, "__file__", "") or "").resolve().parent.parent
-        if where != directory:
-            raise TargetSetupError(
-                f"another vllm is already imported (from {where}); load {directory} "
-                "in a fresh process"
-            )
-        return
-    if str(directory) in sys.path:
-        sys.path.remove(str(directory))
-    sys.path.insert(0, str(directory))
-    importlib.import_module("vllm")  # so the factories find it loaded
+    LOADER.use(directory)
 
 
-def _module(name: str) -> Any:
-    if "vllm" not in sys.modules:
-        directory = os.environ.get(ENV)
-        if not directory:
-            raise TargetSetupError(
-                f"set {ENV} to the directory `python -m pagedkv_stateful.vllm_v1 extract` "
-                "wrote (or call pagedkv_stateful.vllm_v1.use(DIR))"
-            )
-        use(directory)
-    return importlib.import_module(name)
+_module = LOADER.load
 
 
 def loaded_release() -> Release:
