@@ -389,3 +389,69 @@ def test_the_shape_finder_finds_a_machine_outside_it() -> None:
         assert machines_by_shape()[1] == ["pagedkv_stateful._bare_machine.Bare"]
     finally:
         del sys.modules[module.__name__]
+
+
+#: Where a Violation is made: the one verdict (lockstep.py) and the class itself.
+VERDICT_HOMES = ("lockstep.py", "adapters.py")
+#: The verbs of the one verdict path's predecessors.
+OLD_VERBS = ("_violate", "_fail")
+
+
+def verdicts_off_the_path(paths: list[Path]) -> list[str]:
+    """Failed checks reported another way than :meth:`LockstepBase.violate`: a
+    ``Violation(...)`` made outside :data:`VERDICT_HOMES` (in ``tests/``, inside a class:
+    a machine), a call of an old verb, or a machine subclassing Hypothesis's
+    ``RuleBasedStateMachine`` itself instead of a machine of the one shape."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        in_tests = path.parent.name == "tests"
+        scopes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)] if in_tests else [tree]
+        for scope in scopes:
+            for node in ast.walk(scope):
+                if (
+                    path.name not in VERDICT_HOMES
+                    and isinstance(node, ast.ClassDef)
+                    and any(
+                        isinstance(b, ast.Name) and b.id == "RuleBasedStateMachine"
+                        for b in node.bases
+                    )
+                ):
+                    found.append(f"{path.name}:{node.lineno}: {node.name} is no LockstepBase")
+                if not isinstance(node, ast.Call):
+                    continue
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                if name == "Violation" and path.name not in VERDICT_HOMES:
+                    found.append(f"{path.name}:{node.lineno}: Violation(...) made by hand")
+                elif name in OLD_VERBS:
+                    found.append(f"{path.name}:{node.lineno}: {name}(...)")
+    return sorted(set(found))
+
+
+def test_every_failed_check_takes_the_one_verdict_path() -> None:
+    """One way for every machine, the kit's and the test-only ones, to report a failed
+    check: ``self.violate(check, detail, check_line, why=...)``."""
+    paths = [p for p in sorted((ROOT / "stateful").rglob("*.py")) if "stand_ins" not in p.parts] + [
+        p for p in sorted((ROOT / "tests").glob("*.py")) if p.name != "test_architecture.py"
+    ]
+    found = verdicts_off_the_path(paths)
+    assert not found, "failed checks off the verdict path: " + "; ".join(found)
+
+
+def test_the_verdict_path_check_finds_them(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    machine = tmp_path / "tests" / "test_m.py"
+    machine.write_text(
+        "def helper():\n"
+        "    return Violation('x', 'y')\n"
+        "class M(RuleBasedStateMachine):\n"
+        "    def r(self):\n"
+        "        self._violate('x', 'y')\n"
+        "        raise Violation('x', 'y')\n"
+    )
+    assert verdicts_off_the_path([machine]) == [
+        "test_m.py:3: M is no LockstepBase",
+        "test_m.py:5: _violate(...)",
+        "test_m.py:6: Violation(...) made by hand",
+    ]

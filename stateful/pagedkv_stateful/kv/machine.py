@@ -175,7 +175,7 @@ class KVMachine(LockstepBase):
             if isinstance(handle, CopyHandle):
                 handle.synchronize()
         except KVCacheError as err:
-            self._fail(
+            self.violate(
                 "engine input", f"the engine refused the {name} pairs {pairs}: {err}", source
             )
         if pairs:
@@ -209,7 +209,7 @@ class KVMachine(LockstepBase):
         for slot, *what in new:
             first = by_slot.setdefault(slot, (what[0], what[1], what[2]))
             if first != tuple(what):
-                self._fail("KV1", f"two different tokens share slot {slot} in one forward pass")
+                self.violate("KV1", f"two different tokens share slot {slot} in one forward pass")
         slots = list(by_slot)
         lineages, positions, tokens = (list(c) for c in zip(*by_slot.values(), strict=True))
         write_kv(self.engine, slots, lineages, positions, tokens)
@@ -588,7 +588,7 @@ class KVMachine(LockstepBase):
             return
         seq_id, position = lost[0], lost[1]
         line = self.check_lines()[self.model.live().index(seq_id)]
-        self._fail("KV1", f"{where[seq_id, position]}{when}", line)
+        self.violate("KV1", f"{where[seq_id, position]}{when}", line)
 
 
 # ----------------------------------------------------------------------------- prefix caching
@@ -646,7 +646,7 @@ class CachingKVMachine(KVMachine):
         cached = self.manager.get_num_cached_prefix_tokens(seq)
         if not (0 <= cached < seq.get_len() and cached % self.block_size == 0):
             query = f"mgr.get_num_cached_prefix_tokens(s{seq.seq_id})"
-            self._fail(
+            self.violate(
                 "cached prefix",
                 f"get_num_cached_prefix_tokens gave {cached} for a {seq.get_len()}-token prompt",
                 f"assert {query} % {self.block_size} == 0 and {query} < {seq.get_len()}",

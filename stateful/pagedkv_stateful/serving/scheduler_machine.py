@@ -245,7 +245,7 @@ class SchedulerMachine(LockstepBase):
         queued = any(g.request_id == rid for g in self._queued())
         call = f"sched.abort_seq_group({rid!r})"
         if self.scheduler.abort_seq_group(rid) != queued:
-            self._fail("abort", f"{call} did not answer {queued}", f"assert {call} is {queued}")
+            self.violate("abort", f"{call} did not answer {queued}", f"assert {call} is {queued}")
         self._log(call)
         if queued:
             event("abort_seq_group: queued request")
@@ -253,7 +253,7 @@ class SchedulerMachine(LockstepBase):
             kept = [q.seq_id for q in group.get_seqs() if q.seq_id in self.manager.block_tables]
             statuses = {q.status for q in group.get_seqs()}
             if not group.is_finished() or kept or SequenceStatus.FINISHED_ABORTED not in statuses:
-                self._fail(
+                self.violate(
                     "abort",
                     f"aborted {rid} is not finished and aborted, or keeps blocks ({kept})",
                     f"assert {rid}.is_finished() and not any(q.seq_id in mgr.block_tables "
@@ -274,14 +274,14 @@ class SchedulerMachine(LockstepBase):
             except DuplicateRequestError:
                 event("add_seq_group_twice: refused")
             else:
-                self._fail(
+                self.violate(
                     "same error as spec",
                     f"a second request {rid!r} was queued",
                     f"expect_error(lambda: {call}, 'DuplicateRequestError')",
                 )
             self._log(f"expect_error(lambda: {call}, 'DuplicateRequestError')")
             if self._ids(self.scheduler.waiting) != before:
-                self._fail(
+                self.violate(
                     "failed call changes nothing",
                     f"a refused add changed waiting: {before} -> "
                     f"{self._ids(self.scheduler.waiting)}",
@@ -308,14 +308,14 @@ class SchedulerMachine(LockstepBase):
             eval(source, names)  # the very source the program holds
         except expected as err:
             if not isinstance(err, PagedKVError):
-                self._fail("same error as spec", f"{kind}: untyped {type(err).__name__}")
+                self.violate("same error as spec", f"{kind}: untyped {type(err).__name__}")
             event(f"bad_request: {kind}")
             self._log(f"expect_error(lambda: {source}, {type(err).__name__!r})")
         else:
-            self._fail("same error as spec", f"bad request accepted: {kind}", expect)
+            self.violate("same error as spec", f"bad request accepted: {kind}", expect)
         after = (self.scheduler.to_spec(), self.manager.to_spec(), dict(vars(self.manager.stats)))
         if after != before:
-            self._fail(
+            self.violate(
                 "failed call changes nothing",
                 f"{kind}: the scheduler, the manager or its stats changed after the error",
                 f"assert {state} == before",
@@ -346,7 +346,7 @@ class SchedulerMachine(LockstepBase):
         ):
             if not holds(id_, *args):
                 self.program.insert(len(self.program) - 1, "before = sched.to_spec()")
-                self._fail(
+                self.violate(
                     id_,
                     f"{step}\nbefore {before}\nafter {after}",
                     f"assert holds({id_!r}, {check})",
@@ -356,7 +356,7 @@ class SchedulerMachine(LockstepBase):
         for rid in out.admitted:
             group = self.groups[rid]
             if group.num_seqs() != group.n:
-                self._fail(
+                self.violate(
                     "parallel samples",
                     f"{rid} admitted with {group.num_seqs()} of its {group.n} samples",
                     f"assert {rid}.num_seqs() == {group.n}",
@@ -385,14 +385,14 @@ class SchedulerMachine(LockstepBase):
         try:
             self.shadow.apply(out)
         except AssertionError as err:
-            self._fail("engine input", str(err), "shadow.apply(out)")
+            self.violate("engine input", str(err), "shadow.apply(out)")
         self._log("shadow.apply(out)")
 
     def _forward_and_sample(self, out: SchedulerOutputs) -> None:
         for scheduled in out.scheduled_seq_groups:
             if not scheduled.seq_group.get_seqs(RUNNING):
                 rid = scheduled.seq_group.request_id
-                self._fail("Q2", f"{rid} scheduled without a running sequence")
+                self.violate("Q2", f"{rid} scheduled without a running sequence")
         self.shadow.forward(self.manager, out)
         self._log("shadow.forward(mgr, out)")
         for scheduled in out.scheduled_seq_groups:
@@ -416,7 +416,7 @@ class SchedulerMachine(LockstepBase):
         self._log("sched.free_finished_seq_groups()")
         for group in freed:
             if not group.is_finished():
-                self._fail("Q1", f"{group.request_id} let go of unfinished")
+                self.violate("Q1", f"{group.request_id} let go of unfinished")
             event("finished: request done")
 
     # ------------------------------------------------------------------ invariants
@@ -457,7 +457,7 @@ class SchedulerMachine(LockstepBase):
         view = self._view()
         broken = first_broken("scheduler", view)
         if broken is not None:
-            self._fail(broken.id, repr(view))
+            self.violate(broken.id, repr(view))
 
     @invariant()
     def manager_view(self) -> None:
@@ -466,7 +466,7 @@ class SchedulerMachine(LockstepBase):
         fault = view_fault(self.manager.to_spec(), self.block_size)
         if fault is not None:
             name, detail = fault
-            self._fail(name.split()[0], detail)  # a registry label: "<id> <name>"
+            self.violate(name.split()[0], detail)  # a registry label: "<id> <name>"
 
     @invariant()
     def kv_conserved(self) -> None:
@@ -474,7 +474,7 @@ class SchedulerMachine(LockstepBase):
         failure's program ends in the same check, ``shadow.check(mgr, sched)``)."""
         kv = self.shadow.cells(self.manager, self._queued())
         if not holds("KV1", kv):
-            self._fail(
+            self.violate(
                 "KV1", f"(seq, position, wrote, holds) {first_lost(kv)}", "shadow.check(mgr, sched)"
             )
 
@@ -492,7 +492,7 @@ class SchedulerMachine(LockstepBase):
             self.queues_and_blocks()
             self.kv_conserved()
         if self.scheduler.has_unfinished_seqs():
-            self._fail(
+            self.violate(
                 "Q7", f"not drained in {limit} steps", "assert not sched.has_unfinished_seqs()"
             )
         m = self.manager
@@ -504,7 +504,7 @@ class SchedulerMachine(LockstepBase):
             m.get_num_free_cpu_blocks(),
             self.num_cpu,
         ):
-            self._fail(
+            self.violate(
                 "Q7",
                 f"{self.scheduler!r}, {m!r}",
                 f"assert mgr.get_num_free_gpu_blocks() == {self.num_gpu}",
