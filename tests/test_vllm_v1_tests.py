@@ -1,4 +1,4 @@
-"""The classification of ``make vllm-v1-tests`` (``pagedkv_stateful/vllm_v1_tests.py``),
+"""The classification of ``make vllm-v1-tests`` (``pagedkv_stateful/engines/vllm_v1_shim.py``),
 on synthetic outcomes and JUnit reports, and its shim's out-of-scope detection.
 
 No network and no vLLM: the run over vLLM's own test files is ``make vllm-v1-tests``.

@@ -17,6 +17,7 @@ lookahead, context parallelism).
 Nothing of vLLM is in this repository: the shim is pagedkv's own code naming vLLM's
 modules.
 """
+
 from __future__ import annotations
 
 import enum
@@ -1604,4 +1605,3 @@ def pytest_runtest_makereport(
         report.outcome = "skipped"
         report.longrepr = (str(path), (lineno or 0) + 1, str(cause))
     return report
-

@@ -90,6 +90,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from pagedkv.output_files import check_output_path, write_atomically
+from pagedkv_stateful.kit.levels import LEVELS
 from pagedkv_stateful.kit.report import (
     EXIT_PASS,
     EXIT_STOPPED,
@@ -100,13 +101,11 @@ from pagedkv_stateful.kit.report import (
     Listener,
     SearchCounts,
 )
-from pagedkv_stateful.kit.search import run_conformance
+from pagedkv_stateful.kit.search import fuzz_machine, run_conformance
 from pagedkv_stateful.kit.targets import (
     DESCRIPTION,
-    LEVELS,
     OPTIMIZE_WARNING,
     UsageError,
-    fuzz_machine,
     load_factory,
 )
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv_stateful.kit import _hypofuzz_compat
-from pagedkv_stateful.kit.targets import LEVELS
+from pagedkv_stateful.kit.levels import LEVELS
 
 __all__ = ["MACHINES", "MachineReport", "main", "parse_duration"]
 
@@ -183,7 +183,8 @@ def _collect_here(nodes: list[str]) -> int:
 
     target = os.environ.get("PAGEDKV_FUZZ_TARGET")
     if target:  # the kit's checks of the factory, with their own message
-        from pagedkv_stateful.kit.targets import UsageError, fuzz_machine
+        from pagedkv_stateful.kit.search import fuzz_machine
+        from pagedkv_stateful.kit.targets import UsageError
 
         try:
             fuzz_machine(target, os.environ.get("PAGEDKV_FUZZ_LEVEL", "allocator"))

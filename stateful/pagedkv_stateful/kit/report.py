@@ -14,13 +14,12 @@ from typing import Any
 from pagedkv_stateful.adapters import (
     Capabilities,
 )
-from pagedkv_stateful.causes import outside_callers, stricter
 from pagedkv_stateful.coverage import (
     STATE_CLASSES,
     V1_POOL_STATE_CLASSES,
     V1_STATE_CLASSES,
-    state_classes,
 )
+from pagedkv_stateful.kit.levels import describe, outside_callers, state_classes, stricter
 from pagedkv_stateful.kit.replay import replay as replay_program
 
 __all__ = [
@@ -158,7 +157,7 @@ class ConformanceReport:
         return "\n".join(
             [
                 f"pagedkv conform {self.target} ({self.level} level)",
-                f"capabilities: {self.capabilities.describe(self.level)}",
+                f"capabilities: {describe(self.capabilities, self.level)}",
                 f"search: {self.search}",
             ]
         )

@@ -25,30 +25,19 @@ from pagedkv_stateful.adapters import (
     Violation,
 )
 from pagedkv_stateful.coverage import reached
+from pagedkv_stateful.kit.levels import LEVELS, build_machine, probe_target
 from pagedkv_stateful.kit.report import ConformanceReport, Finding, Listener
 from pagedkv_stateful.kit.targets import (
-    LEVELS,
     OPTIMIZE_WARNING,
     UsageError,
-    build_machine,
     import_of,
     imports_of,
-    probe_target,
+    load_factory,
     program_of,
 )
 from pagedkv_stateful.profiles import register_profiles
 
-__all__ = ["run_conformance"]
-
-
-#: Examples per round of the ``ci`` profile where a level needs more than the profile's
-#: to reach every state class of its coverage table 20 times (the V1 machine's test cases
-#: spend their first steps adding requests; a prefix hit needs two of them; the pool
-#: machine's touch of a cached-free block needs two tables of one prompt, the first
-#: cached and freed: 8-14 test cases at 600, 27-30 at 1,500; the V1 machine draws eight
-#: group configurations, and at 600 a round vLLM 0.34.0's Mamba finding, an allocation
-#: of external tokens in a Mamba group, was met in some derandomized runs only).
-CI_EXAMPLES = {"v1": 1000, "v1-pool": 1500}
+__all__ = ["fuzz_machine", "run_conformance"]
 
 
 def _settings(
@@ -56,7 +45,9 @@ def _settings(
 ) -> settings:
     register_profiles()
     base = settings.get_profile(profile)
-    default = CI_EXAMPLES.get(level, base.max_examples) if profile == "ci" else base.max_examples
+    row = LEVELS.get(level)
+    more = row.ci_examples if row is not None and profile == "ci" else None
+    default = more or base.max_examples
     return settings(
         base,
         max_examples=max_examples or default,
@@ -106,7 +97,7 @@ def run_conformance(
         raise UsageError(f"--duration must be a positive number of seconds, got {duration!r}")
     if not import_line and call == "factory":  # a program must import the factory
         import_line, call = import_of(factory, call)
-    probe = probe_target(factory, level, call)
+    probe = probe_target(factory, LEVELS[level], call)
     caps = probe.capabilities
     run_settings = _settings(profile, max_examples, seed_value, level)
     how = "derandomized" if run_settings.derandomize else f"seed {seed_value}"
@@ -122,7 +113,7 @@ def run_conformance(
     if not __debug__:
         report.warnings.append(OPTIMIZE_WARNING)
     imports = imports_of(probe, import_line, factory)
-    machine = build_machine(factory, level, call, caps, probe)
+    machine = build_machine(factory, LEVELS[level], call, caps, probe)
     deadline = None if duration is None else began + duration
     run = _Search(report, listener or Listener(), imports, began, deadline, replay)
     run.listener.started(report)
@@ -313,3 +304,33 @@ def _raised_by_the_engine(err: BaseException) -> bool:
     the hypothesis package), not by the machine or the target."""
     frames = traceback.extract_tb(err.__traceback__)
     return bool(frames) and frames[-1].filename.startswith(_HYPOTHESIS_DIR + os.sep)
+
+
+def fuzz_machine(
+    target: str, level: str, known: frozenset[str] = frozenset()
+) -> type[RuleBasedStateMachine]:
+    """The ``level`` machine against the factory ``target`` ("module:attr"), for a fuzzer.
+
+    What ``pagedkv conform`` runs, as a plain state machine (``.TestCase`` for pytest,
+    so HypoFuzz can run it: ``python -m pagedkv_stateful.fuzz --target``): root causes
+    in ``known`` do not stop a test case, and a failing test case's error carries the
+    program ``pagedkv conform`` would print for it (an exception note). Raises
+    :class:`UsageError` as :func:`run_conformance` does.
+    """
+    if level not in LEVELS:
+        raise UsageError(f"--level must be one of {', '.join(LEVELS)}, got {level!r}")
+    factory, import_line, call = load_factory(target)
+    probe = probe_target(factory, LEVELS[level], call)
+    machine = build_machine(factory, LEVELS[level], call, probe.capabilities, probe)
+    imports = imports_of(probe, import_line, factory)
+
+    def teardown(self: Any) -> None:
+        err = sys.exc_info()[1]  # teardown runs in Hypothesis's ``finally``
+        try:
+            machine.teardown(self)
+        finally:
+            if isinstance(err, Exception) and not isinstance(err, HypothesisException):
+                program, _ = program_of(list(getattr(self, "program", [])), imports)
+                err.add_note("the program, as pagedkv conform prints it:\n" + "\n".join(program))
+
+    return type(machine.__name__, (machine,), {"known": known, "teardown": teardown})

@@ -10,12 +10,9 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from hypothesis.errors import HypothesisException
-from hypothesis.stateful import RuleBasedStateMachine
 
 from pagedkv import BlockSpaceManager, SequenceGroup
 from pagedkv import Sequence as Seq
@@ -28,7 +25,6 @@ from pagedkv_stateful.adapters import (
     PagedKVManagerAdapter,
     as_allocator_adapter,
     as_manager_adapter,
-    required_methods,
 )
 from pagedkv_stateful.kit.replay import NEEDS_O, explicit_asserts
 from pagedkv_stateful.lockstep import EXPECT_ACCEPTED, EXPECT_ERROR
@@ -46,16 +42,14 @@ __all__ = [
     "DESCRIPTION",
     "EXPECT_ACCEPTED",
     "EXPECT_ERROR",
-    "LEVELS",
     "OPTIMIZE_WARNING",
-    "PROBE_ARGS",
-    "SIGNATURES",
     "STATUS",
     "V1_METHODS",
+    "V1_POOL_METHODS",
     "CachingProbe",
     "UsageError",
     "V1Probe",
-    "fuzz_machine",
+    "check_adapter",
     "load_factory",
     "prelude",
 ]
@@ -64,24 +58,6 @@ DESCRIPTION = (
     "Check a paged block allocator (or block manager, or vLLM V1 KV cache manager) against "
     "pagedkv's spec."
 )
-LEVELS = ("allocator", "manager", "caching", "caching-manager", "v1", "v1-pool")
-#: Arguments of the one call that checks a factory before the search starts.
-PROBE_ARGS: dict[str, tuple[Any, ...]] = {
-    "allocator": (4, 2, 2),
-    "manager": (2, 8, 4, 0.0, None),
-    "caching": (4, 2, 2),
-    "caching-manager": (2, 8, 4, 0.0),
-    "v1": ("KVCacheConfig.full_attention(8, 2)", 16, True, False, 0.0),
-    "v1-pool": (8, True, 2, False),
-}
-SIGNATURES = {
-    "allocator": "(num_gpu_blocks, num_cpu_blocks, block_size)",
-    "manager": "(block_size, num_gpu_blocks, num_cpu_blocks, watermark, sliding_window)",
-    "caching": "(num_gpu_blocks, num_cpu_blocks, block_size)",
-    "caching-manager": "(block_size, num_gpu_blocks, num_cpu_blocks, watermark)",
-    "v1": "(kv_cache_config, max_model_len, enable_caching, enable_kv_cache_events, watermark)",
-    "v1-pool": "(num_blocks, enable_caching, hash_block_size, enable_kv_cache_events)",
-}
 #: What a V1-pool-level target must have: vLLM V1's ``BlockPool`` surface (its
 #: ``cache_full_blocks`` taking pagedkv ``Request`` objects) and ``to_spec()``.
 V1_POOL_METHODS = (
@@ -218,43 +194,52 @@ def import_of(factory: Callable[..., Any], call: str) -> tuple[str, str]:
 Probe = AllocatorAdapter | ManagerAdapter | CachingProbe | V1Probe
 
 
-def probe_target(factory: Callable[..., Any], level: str, call: str) -> Probe:
-    """Build one target to check the factory, its API and arguments; read its capabilities."""
-    args = PROBE_ARGS[level]
-    shown = f"{call}{args}"
-    if level == "v1":
-        from pagedkv.v1 import KVCacheConfig
+def probe_allocator(result: object, shown: str) -> AllocatorAdapter:
+    """An allocator factory's result as its adapter (the kit then checks its surface)."""
+    return as_allocator_adapter(result)
 
-        shown = f"{call}({', '.join(str(a) for a in args)})"
-        args = (KVCacheConfig.full_attention(8, 2), *args[1:])
-    try:
-        result = factory(*args)
-    except Exception as err:
-        raise UsageError(
-            f"{shown} raised {type(err).__name__}: {err}; a {level}-level factory takes "
-            f"{SIGNATURES[level]}"
-        ) from None
-    if level == "caching":
-        return _probe_caching(result, shown)
-    if level == "v1":
-        return _probe_v1(result, shown)
-    if level == "v1-pool":
-        return _probe_v1_pool(result, shown)
-    adapter = as_allocator_adapter(result) if level == "allocator" else as_manager_adapter(result)
-    missing = list(required_methods(adapter))
-    if level == "caching-manager" and type(adapter) is ManagerAdapter:
-        missing += [m for m in CACHING_MANAGER_METHODS if not adapter.has(m)]
-    if missing:
-        kind = "AllocatorAdapter" if level == "allocator" else "ManagerAdapter"
-        raise UsageError(
-            f"{shown} returned {type(adapter.target).__name__}, which lacks "
-            f"{', '.join(missing)}; adapt it with a {kind} subclass (docs/conformance.md)"
-        )
+
+def probe_manager(result: object, shown: str) -> ManagerAdapter:
+    """A manager factory's result as its adapter (the kit then checks its surface)."""
+    return as_manager_adapter(result)
+
+
+probe_caching_manager = probe_manager
+
+
+def check_adapter(
+    adapter: AllocatorAdapter | ManagerAdapter,
+    shown: str,
+    forwarding: type[AllocatorAdapter] | type[ManagerAdapter],
+    required: tuple[str, ...],
+    optional: Mapping[str, tuple[str, ...]],
+) -> None:
+    """A forwarding adapter's target (``type(adapter) is forwarding``) has every method
+    of ``required``, and those of each ``optional`` capability flag it leaves on;
+    then its first calls take pagedkv's devices or groups. A custom adapter defines its
+    own methods: only the calls are checked."""
+    if type(adapter) is forwarding:
+        missing = [m for m in required if not callable(getattr(adapter.target, m, None))]
+        if missing:
+            raise UsageError(
+                f"{shown} returned {type(adapter.target).__name__}, which lacks "
+                f"{', '.join(missing)}; adapt it with a {forwarding.__name__} subclass "
+                "(docs/conformance.md)"
+            )
+        caps = adapter.capabilities
+        for flag, methods in optional.items():
+            lacking = [m for m in methods if not callable(getattr(adapter.target, m, None))]
+            if getattr(caps, flag) and lacking:
+                raise UsageError(
+                    f"{shown} returned {type(adapter.target).__name__}, which lacks "
+                    f"{', '.join(lacking)}: the checks of Capabilities.{flag} call them; "
+                    f"turn it off (return (target, Capabilities({flag}=False)) from the "
+                    "factory) or add them (docs/conformance.md)"
+                )
     if isinstance(adapter, AllocatorAdapter):
         _probe_devices(adapter, shown)
     else:
         _probe_groups(adapter, shown)
-    return adapter
 
 
 def _caching_target(result: object) -> tuple[Any, Capabilities | None]:
@@ -283,7 +268,7 @@ def _with_surface(
     return target, caps
 
 
-def _probe_caching(result: object, shown: str) -> CachingProbe:
+def probe_caching(result: object, shown: str) -> CachingProbe:
     """The caching-level target's API and devices; pagedkv's own promises more."""
     from pagedkv import CpuGpuBlockAllocator
 
@@ -307,7 +292,7 @@ def _probe_caching(result: object, shown: str) -> CachingProbe:
     return CachingProbe(target, caps, extra_keys=own)
 
 
-def _probe_v1(result: object, shown: str) -> V1Probe:
+def probe_v1(result: object, shown: str) -> V1Probe:
     """The V1-level target's surface, and a pagedkv ``Request`` it must take (a lookup of
     a three-token prompt); pagedkv's own manager promises typed errors."""
     from pagedkv.v1 import KVCacheManager, Request, get_request_block_hasher
@@ -336,7 +321,7 @@ def _probe_v1(result: object, shown: str) -> V1Probe:
     return V1Probe(target, caps, own)
 
 
-def _probe_v1_pool(result: object, shown: str) -> V1Probe:
+def probe_v1_pool(result: object, shown: str) -> V1Probe:
     """The V1-pool-level target's surface; pagedkv's own pool promises typed errors."""
     from pagedkv.v1 import BlockPool
 
@@ -372,7 +357,7 @@ def _probe_devices(adapter: AllocatorAdapter, shown: str) -> None:
 def _probe_groups(adapter: ManagerAdapter, shown: str) -> None:
     """``can_allocate`` of a one-sequence pagedkv group: a manager that expects its own
     sequence types (vLLM's) fails here, not as a violation."""
-    block_size = PROBE_ARGS["manager"][0]
+    block_size = 2  # the manager level's probe_args: one block of 2, then one more
     group = SequenceGroup("probe", [Seq(0, [1, 2, 3], block_size)])
     try:
         adapter.can_allocate(group)
@@ -425,36 +410,6 @@ def prelude(factory: Callable[..., Any] | None) -> list[str]:
     return lines
 
 
-def fuzz_machine(
-    target: str, level: str, known: frozenset[str] = frozenset()
-) -> type[RuleBasedStateMachine]:
-    """The ``level`` machine against the factory ``target`` ("module:attr"), for a fuzzer.
-
-    What ``pagedkv conform`` runs, as a plain state machine (``.TestCase`` for pytest,
-    so HypoFuzz can run it: ``python -m pagedkv_stateful.fuzz --target``): root causes
-    in ``known`` do not stop a test case, and a failing test case's error carries the
-    program ``pagedkv conform`` would print for it (an exception note). Raises
-    :class:`UsageError` as :func:`run_conformance` does.
-    """
-    if level not in LEVELS:
-        raise UsageError(f"--level must be one of {', '.join(LEVELS)}, got {level!r}")
-    factory, import_line, call = load_factory(target)
-    probe = probe_target(factory, level, call)
-    machine = build_machine(factory, level, call, probe.capabilities, probe)
-    imports = imports_of(probe, import_line, factory)
-
-    def teardown(self: Any) -> None:
-        err = sys.exc_info()[1]  # teardown runs in Hypothesis's ``finally``
-        try:
-            machine.teardown(self)
-        finally:
-            if isinstance(err, Exception) and not isinstance(err, HypothesisException):
-                program, _ = program_of(list(getattr(self, "program", [])), imports)
-                err.add_note("the program, as pagedkv conform prints it:\n" + "\n".join(program))
-
-    return type(machine.__name__, (machine,), {"known": known, "teardown": teardown})
-
-
 def _suffix(result: object) -> str:
     """What the program appends to the factory call to reach the object it drives."""
     if isinstance(result, tuple):
@@ -463,61 +418,67 @@ def _suffix(result: object) -> str:
     return ".target" if type(result) in forwarding else ""
 
 
-def build_machine(
-    factory: Callable[..., Any],
-    level: str,
-    call: str,
-    caps: Capabilities,
-    probe: Probe | None = None,
-) -> type[RuleBasedStateMachine]:
-    """The machine of ``level`` over targets built by ``factory`` (named ``call`` in the
-    programs it writes)."""
-    if level == "v1":
-        return _v1_machine(factory, call, caps, isinstance(probe, V1Probe) and probe.own)
-    if level == "v1-pool":
-        return _v1_pool_machine(factory, call)
-    if level == "caching":
-        takes_extra = isinstance(probe, CachingProbe) and probe.extra_keys
+def caching_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[CachingAllocatorMachine]:
+    """The caching level's machine over targets built by ``factory`` (named ``call`` in
+    the programs it writes)."""
+    takes_extra = isinstance(probe, CachingProbe) and probe.extra_keys
 
-        class ConformCaching(CachingAllocatorMachine):
-            capabilities = caps
-            extra_keys = takes_extra
+    class ConformCaching(CachingAllocatorMachine):
+        capabilities = caps
+        extra_keys = takes_extra
 
-            def make_impl(self, g: int, c: int, block_size: int) -> Any:
-                self._result = factory(g, c, block_size)
-                return _caching_target(self._result)[0]
+        def make_impl(self, g: int, c: int, block_size: int) -> Any:
+            self._result = factory(g, c, block_size)
+            return _caching_target(self._result)[0]
 
-            def setup_source(self, g: int, c: int, block_size: int) -> str:
-                suffix = "[0]" if isinstance(self._result, tuple) else ""
-                return f"alloc = {call}({g}, {c}, {block_size}){suffix}"
+        def setup_source(self, g: int, c: int, block_size: int) -> str:
+            suffix = "[0]" if isinstance(self._result, tuple) else ""
+            return f"alloc = {call}({g}, {c}, {block_size}){suffix}"
 
-        return ConformCaching
-    if level == "allocator":
+    return ConformCaching
 
-        class ConformAllocator(AllocatorMachine):
-            def make_adapter(self, g: int, c: int, block_size: int) -> AllocatorAdapter:
-                self._result = factory(g, c, block_size)
-                return as_allocator_adapter(self._result)
 
-            def setup_source(self, var: str, g: int, c: int, block_size: int) -> str:
-                return f"{var} = {call}({g}, {c}, {block_size}){_suffix(self._result)}"
+def allocator_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[AllocatorMachine]:
+    """The allocator level's machine (as :func:`caching_machine`)."""
 
-        return ConformAllocator
+    class ConformAllocator(AllocatorMachine):
+        def make_adapter(self, g: int, c: int, block_size: int) -> AllocatorAdapter:
+            self._result = factory(g, c, block_size)
+            return as_allocator_adapter(self._result)
 
-    if level == "caching-manager":
-        own = isinstance(getattr(probe, "target", None), BlockSpaceManager)
+        def setup_source(self, var: str, g: int, c: int, block_size: int) -> str:
+            return f"{var} = {call}({g}, {c}, {block_size}){_suffix(self._result)}"
 
-        class ConformCachingManager(CachingManagerMachine):
-            extra_keys = own
+    return ConformAllocator
 
-            def make_adapter(self, block_size: int, g: int, c: int, watermark: float) -> Any:
-                self._result = factory(block_size, g, c, watermark)
-                return as_manager_adapter(self._result)
 
-            def setup_source(self, args: str) -> str:
-                return f"mgr = {call}({args}){_suffix(self._result)}"
+def caching_manager_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[CachingManagerMachine]:
+    """The caching-manager level's machine (as :func:`caching_machine`)."""
+    own = isinstance(getattr(probe, "target", None), BlockSpaceManager)
 
-        return ConformCachingManager
+    class ConformCachingManager(CachingManagerMachine):
+        extra_keys = own
+
+        def make_adapter(self, block_size: int, g: int, c: int, watermark: float) -> Any:
+            self._result = factory(block_size, g, c, watermark)
+            return as_manager_adapter(self._result)
+
+        def setup_source(self, args: str) -> str:
+            return f"mgr = {call}({args}){_suffix(self._result)}"
+
+    return ConformCachingManager
+
+
+def manager_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[ManagerMachine]:
+    """The manager level's machine (as :func:`caching_machine`)."""
 
     class ConformManager(ManagerMachine):
         capabilities = caps
@@ -532,6 +493,20 @@ def build_machine(
             return f"mgr = {call}({args}){_suffix(self._result)}"
 
     return ConformManager
+
+
+def v1_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[V1ManagerMachine]:
+    """The V1 level's machine (as :func:`caching_machine`)."""
+    return _v1_machine(factory, call, caps, isinstance(probe, V1Probe) and probe.own)
+
+
+def v1_pool_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[V1PoolMachine]:
+    """The V1 pool level's machine (as :func:`caching_machine`)."""
+    return _v1_pool_machine(factory, call)
 
 
 def _v1_machine(
