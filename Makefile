@@ -81,7 +81,7 @@ gpu-check: $(STAMP)
 # The conformance kit on vLLM 0.6.3's own block layer, all three levels (docs/conformance.md).
 # Downloads the vllm 0.6.3 wheel once (pip --no-deps, about 190 MB, into $(VLLM_WHEELS)),
 # copies only its pure-Python block-layer modules to $(VLLM_DIR) beside small stand-ins of
-# pagedkv's own (pagedkv_stateful/vllm063.py), and runs `pagedkv conform` at each level
+# pagedkv's own (pagedkv_stateful/engines/vllm063.py), and runs `pagedkv conform` at each level
 # with the shipped factories, under python and under python -O (vLLM's asserts off);
 # reports go to $(VLLM_DIR)/conform-LEVEL[-O].json too. Not part of `make test` (about 10
 # minutes on 2 cores; needs the network once). Then every printed
@@ -107,7 +107,7 @@ conform-vllm: $(STAMP)
 # pagedkv.v1 beside vLLM's own V1 KV cache manager, in one process (benchmarks/bench_v1.py).
 # Downloads the vllm 0.34.0 wheel once (pip --no-deps, about 240 MB, into $(VLLM_WHEELS)),
 # copies its V1 KV-cache files to $(VLLM_V1_DIR) beside pagedkv's stand-ins
-# (pagedkv_stateful/vllm_v1.py), checks the loaded code against pagedkv's (hashes, events,
+# (pagedkv_stateful/engines/vllm_v1.py), checks the loaded code against pagedkv's (hashes, events,
 # a shared prefix: tests/vllm_v1_wheel_checks.py) and times both on the same workloads.
 # Needs the network once.
 VLLM_V1_RELEASE ?= 0.34.0
@@ -123,7 +123,7 @@ bench-vllm-v1: $(STAMP)
 # vLLM's own KV-cache-manager unit tests (tests/v1/core: test_prefix_caching.py,
 # test_kv_cache_utils.py, test_single_type_kv_cache_manager.py,
 # test_prompt_block_hash_vectors.py) run unchanged against pagedkv.v1 through a module
-# shim (pagedkv_stateful/vllm_v1_tests.py; docs/conformance.md). Fetches the test files
+# shim (pagedkv_stateful/engines/vllm_v1_shim.py; docs/conformance.md). Fetches the test files
 # once from the release's sdist (pip download, about 50 MB; vLLM is not built) into
 # $(VLLM_V1_TESTS_DIR), their small pure dependencies into its deps/, then prints passed,
 # out of scope per reason and the in-scope failures, each matched against the documented

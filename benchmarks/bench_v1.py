@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     targets: list[Any] = [PagedKV]
     if args.vllm:
-        from pagedkv_stateful.vllm_v1 import bench_target
+        from pagedkv_stateful.engines.vllm_v1 import bench_target
 
         targets.append(bench_target(args.vllm))
     for line in run(targets):

@@ -68,6 +68,98 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+# The layers of pagedkv_stateful, lowest first, by a module's first name under the
+# package: a module imports its own layer's modules and lower ones, never a higher one.
+STATEFUL_LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    (
+        "plumbing",
+        frozenset({"adapters", "causes", "coverage", "lockstep", "profiles", "situations"}),
+    ),
+    ("machines", frozenset({"v0", "v1", "kv", "serving"})),
+    ("kit", frozenset({"kit"})),
+    ("engines", frozenset({"engines"})),
+)
+#: The one line that makes a top-level module an old path of a moved one.
+SHIM_LINE = "sys.modules[__name__] = _moved"
+
+
+def stateful_shims() -> set[str]:
+    """The top-level modules kept as old paths (:data:`SHIM_LINE`): outside the layers."""
+    return {
+        f"pagedkv_stateful.{path.stem}"
+        for path in (ROOT / "stateful" / "pagedkv_stateful").glob("*.py")
+        if SHIM_LINE in path.read_text(encoding="utf-8").splitlines()
+    }
+
+
+def layer_of(module: str) -> int | None:
+    """The index in :data:`STATEFUL_LAYERS` of a ``pagedkv_stateful`` module; None for
+    the package itself (its lazy names reach every layer)."""
+    parts = module.split(".")
+    if parts[0] != "pagedkv_stateful" or len(parts) == 1:
+        return None
+    for index, (_, names) in enumerate(STATEFUL_LAYERS):
+        if parts[1] in names:
+            return index
+    raise AssertionError(f"{module} is in no layer of STATEFUL_LAYERS: give it one")
+
+
+def upward_imports(graph: dict[str, set[str]], shims: set[str]) -> list[str]:
+    """``a -> b`` for each import of a module ``b`` in a higher layer than ``a``, or of an
+    old path (a shim) from inside the package."""
+    found = []
+    for mod in sorted(m for m in graph if m.startswith("pagedkv_stateful") and m not in shims):
+        low = layer_of(mod)
+        for dep in sorted(d for d in graph[mod] if d.startswith("pagedkv_stateful.")):
+            if dep in shims:
+                found.append(f"{mod} -> {dep} (an old path: import the module itself)")
+            elif low is not None and (high := layer_of(dep)) is not None and high > low:
+                found.append(
+                    f"{mod} ({STATEFUL_LAYERS[low][0]}) -> {dep} ({STATEFUL_LAYERS[high][0]})"
+                )
+    return found
+
+
+def test_no_import_in_the_kit_points_up() -> None:
+    """pagedkv_stateful's layers (its README.md): the plumbing every machine shares, the
+    machines, the kit that searches them, the engines that load third-party targets."""
+    assert stateful_shims(), "the old paths (pagedkv_stateful.vllm063, ...) are shims"
+    found = upward_imports(import_graph(), stateful_shims())
+    assert not found, "imports pointing up: " + "; ".join(found)
+
+
+def test_no_cycle_between_the_kits_packages() -> None:
+    """No two of pagedkv_stateful's packages (v0, v1, kv, serving, kit, engines) import
+    each other, even through modules that do not form a module-level cycle."""
+    graph: dict[str, set[str]] = {}
+    shims = stateful_shims()
+    for mod, deps in import_graph().items():
+        if not mod.startswith("pagedkv_stateful.") or mod in shims:
+            continue
+        package = mod.split(".")[1]
+        graph.setdefault(package, set())
+        graph[package] |= {
+            d.split(".")[1] for d in deps if d.startswith("pagedkv_stateful.") and d not in shims
+        } - {package}
+    for deps in graph.values():
+        deps &= graph.keys()
+    cycles = find_cycles(graph)
+    assert not cycles, "package cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    graph = {
+        "pagedkv_stateful.adapters": {"pagedkv_stateful.kit.search"},
+        "pagedkv_stateful.kit.search": {"pagedkv_stateful.adapters", "pagedkv_stateful.old"},
+        "pagedkv_stateful.old": {"pagedkv_stateful.kit.search"},
+    }
+    assert upward_imports(graph, {"pagedkv_stateful.old"}) == [
+        "pagedkv_stateful.adapters (plumbing) -> pagedkv_stateful.kit.search (kit)",
+        "pagedkv_stateful.kit.search -> pagedkv_stateful.old (an old path: import the "
+        "module itself)",
+    ]
+
+
 # Private names of other libraries the package uses on purpose, with the reason.
 FOREIGN_PRIVATE_OK = {
     ("_block_copy.py", "_foreach_copy_"),  # torch's one-launch batched copy, no public name
@@ -277,7 +369,7 @@ def test_every_machine_has_the_one_shape() -> None:
     raise Violations named by the registry (docs/design.md, the Hypothesis machines)."""
     inside, outside = machines_by_shape()
     assert outside == []
-    for machine in ("kv_machine.KVMachine", "scheduler_machine.SchedulerMachine"):
+    for machine in ("kv.machine.KVMachine", "serving.scheduler_machine.SchedulerMachine"):
         assert f"pagedkv_stateful.{machine}" in inside
     assert len(inside) >= 10, inside
 
@@ -297,3 +389,69 @@ def test_the_shape_finder_finds_a_machine_outside_it() -> None:
         assert machines_by_shape()[1] == ["pagedkv_stateful._bare_machine.Bare"]
     finally:
         del sys.modules[module.__name__]
+
+
+#: Where a Violation is made: the one verdict (lockstep.py) and the class itself.
+VERDICT_HOMES = ("lockstep.py", "adapters.py")
+#: The verbs of the one verdict path's predecessors.
+OLD_VERBS = ("_violate", "_fail")
+
+
+def verdicts_off_the_path(paths: list[Path]) -> list[str]:
+    """Failed checks reported another way than :meth:`LockstepBase.violate`: a
+    ``Violation(...)`` made outside :data:`VERDICT_HOMES` (in ``tests/``, inside a class:
+    a machine), a call of an old verb, or a machine subclassing Hypothesis's
+    ``RuleBasedStateMachine`` itself instead of a machine of the one shape."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        in_tests = path.parent.name == "tests"
+        scopes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)] if in_tests else [tree]
+        for scope in scopes:
+            for node in ast.walk(scope):
+                if (
+                    path.name not in VERDICT_HOMES
+                    and isinstance(node, ast.ClassDef)
+                    and any(
+                        isinstance(b, ast.Name) and b.id == "RuleBasedStateMachine"
+                        for b in node.bases
+                    )
+                ):
+                    found.append(f"{path.name}:{node.lineno}: {node.name} is no LockstepBase")
+                if not isinstance(node, ast.Call):
+                    continue
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                if name == "Violation" and path.name not in VERDICT_HOMES:
+                    found.append(f"{path.name}:{node.lineno}: Violation(...) made by hand")
+                elif name in OLD_VERBS:
+                    found.append(f"{path.name}:{node.lineno}: {name}(...)")
+    return sorted(set(found))
+
+
+def test_every_failed_check_takes_the_one_verdict_path() -> None:
+    """One way for every machine, the kit's and the test-only ones, to report a failed
+    check: ``self.violate(check, detail, check_line, why=...)``."""
+    paths = [p for p in sorted((ROOT / "stateful").rglob("*.py")) if "stand_ins" not in p.parts] + [
+        p for p in sorted((ROOT / "tests").glob("*.py")) if p.name != "test_architecture.py"
+    ]
+    found = verdicts_off_the_path(paths)
+    assert not found, "failed checks off the verdict path: " + "; ".join(found)
+
+
+def test_the_verdict_path_check_finds_them(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    machine = tmp_path / "tests" / "test_m.py"
+    machine.write_text(
+        "def helper():\n"
+        "    return Violation('x', 'y')\n"
+        "class M(RuleBasedStateMachine):\n"
+        "    def r(self):\n"
+        "        self._violate('x', 'y')\n"
+        "        raise Violation('x', 'y')\n"
+    )
+    assert verdicts_off_the_path([machine]) == [
+        "test_m.py:3: M is no LockstepBase",
+        "test_m.py:5: _violate(...)",
+        "test_m.py:6: Violation(...) made by hand",
+    ]

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from pagedkv_stateful.adapters import Capabilities
-from pagedkv_stateful.causes import outside_callers
-from pagedkv_stateful.conform import ConformanceReport, main, run_conformance
-from pagedkv_stateful.coverage import V1_POOL_STATE_CLASSES, V1_STATE_CLASSES, state_classes
+from pagedkv_stateful.coverage import V1_POOL_STATE_CLASSES, V1_STATE_CLASSES
+from pagedkv_stateful.kit.conform import ConformanceReport, main, run_conformance
+from pagedkv_stateful.kit.levels import describe, outside_callers, state_classes
 
 # tests/ is on sys.path under pytest (not on mypy's path, hence the import by name).
 fa: Any = importlib.import_module("faulty_allocators")
@@ -79,7 +79,7 @@ def test_a_lora_keyed_by_its_name_alone_is_found_as_two_keys_sharing_a_hash() ->
 
 def test_capabilities_of_the_v1_level_describe_its_own_features() -> None:
     assert (
-        Capabilities().describe("v1")
+        describe(Capabilities(), "v1")
         == "hit_limits exact_hashes; any exception as rejection; groups: every configuration"
     )
     older = Capabilities(
@@ -89,12 +89,12 @@ def test_capabilities_of_the_v1_level_describe_its_own_features() -> None:
         configurations=("full attention", "sliding window"),
     )
     assert (
-        older.describe("v1")
+        describe(older, "v1")
         == "no optional feature; typed errors; groups: full attention, sliding window"
     )
-    assert older.describe("v1-pool") == "no optional feature; typed errors"
-    assert "hit_limits" not in Capabilities().describe("manager")
-    assert "configurations" not in Capabilities().describe("manager")
+    assert describe(older, "v1-pool") == "no optional feature; typed errors"
+    assert "hit_limits" not in describe(Capabilities(), "manager")
+    assert "configurations" not in describe(Capabilities(), "manager")
 
 
 @pytest.mark.parametrize(

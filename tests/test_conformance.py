@@ -27,11 +27,13 @@ import pytest
 
 import pagedkv_stateful
 from pagedkv_spec.invariants import REGISTRY
-from pagedkv_stateful import adapters, conform, search
+from pagedkv_stateful import adapters
 from pagedkv_stateful.adapters import CHECKS, AllocatorAdapter, Capabilities, Violation
-from pagedkv_stateful.conform import ConformanceReport, Finding, run_conformance
-from pagedkv_stateful.coverage import STATE_CLASSES, reached, state_classes
-from pagedkv_stateful.replay import NEEDS_O
+from pagedkv_stateful.coverage import STATE_CLASSES, reached
+from pagedkv_stateful.kit import conform, search
+from pagedkv_stateful.kit.conform import ConformanceReport, Finding, run_conformance
+from pagedkv_stateful.kit.levels import describe, state_classes
+from pagedkv_stateful.kit.replay import NEEDS_O
 
 # tests/ is on sys.path under pytest (not on mypy's path, hence the import by name).
 fa: Any = importlib.import_module("faulty_allocators")
@@ -214,7 +216,7 @@ def test_capabilities_name_feature_combinations_a_target_does_not_support() -> N
     )
     assert caps.together("encoder_decoder") and caps.together("sliding_window")
     assert not caps.together("encoder_decoder", "sliding_window")
-    assert "not together: encoder_decoder+sliding_window" in caps.describe("manager")
+    assert "not together: encoder_decoder+sliding_window" in describe(caps, "manager")
     assert caps.to_dict()["not_together"] == [["encoder_decoder", "sliding_window"]]
     assert Capabilities().rejects("foreign_block")
     assert not Capabilities(misuse=False).rejects("foreign_block")

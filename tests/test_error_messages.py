@@ -113,8 +113,8 @@ from pagedkv.v0.evictor import LRUEvictor
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv.v0.refcount import contiguous_range
 from pagedkv.v1 import RequestStatus
-from pagedkv_stateful import vllm_v1
-from pagedkv_stateful.conform import UsageError, run_conformance
+from pagedkv_stateful.engines import vllm_v1
+from pagedkv_stateful.kit.conform import UsageError, run_conformance
 from scheduler_helpers import add, one_in_each_queue, step
 from scheduler_helpers import make as make_scheduler
 from test_v1_scheduler import _in_flight as v1_in_flight

@@ -16,11 +16,12 @@ from collections.abc import Callable, Hashable
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from helpers import raised
 from pagedkv.errors import EvictorError
 from pagedkv.v0.evictor import LRUEvictor
+from pagedkv_stateful.lockstep import LockstepBase
 
 BLOCK_IDS = st.integers(0, 7)
 TIMES = st.sampled_from([0.0, 1.0, 1.5, 2.0, 3.0, -1.0])
@@ -55,14 +56,25 @@ class ReferenceEvictor:
         return min(self.live, key=self.rank)
 
 
-class EvictorMachine(RuleBasedStateMachine):
+class EvictorMachine(LockstepBase):
     """rule -> operation -> checks: every rule calls the operation of its name on
-    both sides and compares results; error rules also check nothing changed."""
+    both sides and compares results; error rules also check nothing changed. A failed
+    check is reported as every machine reports one (:meth:`LockstepBase.violate`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ev = LRUEvictor()
         self.model = ReferenceEvictor()
+
+    def _rejects(self, call: str, err: EvictorError, block_id: int, fragment: str) -> None:
+        """``err`` is the error the model expects: about ``block_id``, saying ``fragment``."""
+        if err.block_id != block_id or fragment not in str(err):
+            self.violate("same error as spec", f"{call} raised {err!r}; expected {fragment!r}")
+
+    def _unchanged(self, call: str, before: Snapshot) -> None:
+        after = snapshot(self.ev)
+        if after != before:
+            self.violate("failed call changes nothing", f"{call}: {before} -> {after}")
 
     # ---- add
     @rule(block_id=BLOCK_IDS, depth=DEPTHS, last=TIMES)
@@ -70,8 +82,8 @@ class EvictorMachine(RuleBasedStateMachine):
         if block_id in self.model.live:
             before = snapshot(self.ev)
             err = raised(EvictorError, self.ev.add, block_id, ("k", block_id), depth, last)
-            assert err.block_id == block_id and "already in the evictor" in str(err)
-            assert snapshot(self.ev) == before
+            self._rejects("add", err, block_id, "already in the evictor")
+            self._unchanged("add", before)
             return
         self.ev.add(block_id, ("k", block_id), depth, last)
         self.model.live[block_id] = (("k", block_id), depth, last, self.model.stamp())
@@ -82,8 +94,8 @@ class EvictorMachine(RuleBasedStateMachine):
         if block_id not in self.model.live:
             before = snapshot(self.ev)
             err = raised(EvictorError, self.ev.update, block_id, last)
-            assert err.block_id == block_id and "not in the evictor" in str(err)
-            assert snapshot(self.ev) == before
+            self._rejects("update", err, block_id, "not in the evictor")
+            self._unchanged("update", before)
             return
         self.ev.update(block_id, last)
         key, nht, _old, _seq = self.model.live[block_id]
@@ -95,11 +107,13 @@ class EvictorMachine(RuleBasedStateMachine):
         if block_id not in self.model.live:
             before = snapshot(self.ev)
             err = raised(EvictorError, self.ev.remove, block_id)
-            assert err.block_id == block_id and "not in the evictor" in str(err)
-            assert snapshot(self.ev) == before
+            self._rejects("remove", err, block_id, "not in the evictor")
+            self._unchanged("remove", before)
             return
         key, nht, last, _seq = self.model.live.pop(block_id)
-        assert self.ev.remove(block_id) == (key, nht, last)
+        got = self.ev.remove(block_id)
+        if got != (key, nht, last):
+            self.violate("C8", f"remove({block_id}) == {got}; the model's {(key, nht, last)}")
 
     # ---- evict
     @precondition(lambda self: bool(self.model.live))
@@ -107,28 +121,35 @@ class EvictorMachine(RuleBasedStateMachine):
     def evict(self) -> None:
         victim = self.model.victim()
         key = self.model.live.pop(victim)[0]
-        assert self.ev.evict() == (victim, key)
+        got = self.ev.evict()
+        if got != (victim, key):
+            self.violate("C8", f"evict() == {got}; the model evicts {(victim, key)}")
 
     @precondition(lambda self: not self.model.live)
     @rule()
     def evict_empty(self) -> None:
         err = raised(EvictorError, self.ev.evict)
-        assert err.block_id == -1 and "empty" in str(err)
-        assert len(self.ev) == 0 and self.ev.entries() == []
+        self._rejects("evict", err, -1, "empty")
+        if len(self.ev) != 0 or self.ev.entries() != []:
+            self.violate("failed call changes nothing", f"evict() on empty: {snapshot(self.ev)}")
 
     # ---- peek
     @precondition(lambda self: bool(self.model.live))
     @rule()
     def peek(self) -> None:
         before = snapshot(self.ev)
-        assert self.ev.peek() == self.model.victim()
-        assert snapshot(self.ev) == before
+        got = self.ev.peek()
+        if got != self.model.victim():
+            self.violate("C8", f"peek() == {got}; the model's victim is {self.model.victim()}")
+        after = snapshot(self.ev)
+        if after != before:
+            self.violate("check_invariants", f"peek() changed the evictor: {before} -> {after}")
 
     @precondition(lambda self: not self.model.live)
     @rule()
     def peek_empty(self) -> None:
         err = raised(EvictorError, self.ev.peek)
-        assert err.block_id == -1 and "empty" in str(err)
+        self._rejects("peek", err, -1, "empty")
 
     # ---- clear
     @rule()
@@ -140,15 +161,23 @@ class EvictorMachine(RuleBasedStateMachine):
     @invariant()
     def same_contents_in_same_order(self) -> None:
         live = self.model.live
-        assert len(self.ev) == self.ev.num_blocks == len(live)
+        sizes = (len(self.ev), self.ev.num_blocks, len(live))
+        if len(set(sizes)) != 1:
+            self.violate("C8", f"len, num_blocks and the model's count differ: {sizes}")
         for b in range(8):
-            assert (b in self.ev) == (b in live)
+            if (b in self.ev) != (b in live):
+                here = f"{b} in the evictor is {b in self.ev}"
+                self.violate("C8", f"{here}, in the model {b in live}")
         expected = [(b, live[b][0], live[b][1], live[b][2]) for b in self.model.order()]
-        assert self.ev.entries() == expected
+        if self.ev.entries() != expected:
+            self.violate("C8", f"entries() == {self.ev.entries()}; the model's {expected}")
 
     @invariant()
     def heap_is_bounded(self) -> None:
-        assert len(self.ev) <= self.ev.heap_size <= 2 * len(self.ev) + 64
+        if not len(self.ev) <= self.ev.heap_size <= 2 * len(self.ev) + 64:
+            self.violate(
+                "check_invariants", f"heap of {self.ev.heap_size} for {len(self.ev)} entries"
+            )
 
 
 TestEvictorMachine = EvictorMachine.TestCase

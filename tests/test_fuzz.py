@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from pagedkv_stateful.fuzz import _error_line, main, parse_duration
+from pagedkv_stateful.kit.fuzz import _error_line, main, parse_duration
 
 
 def test_parse_duration() -> None:
@@ -95,7 +95,7 @@ def test_a_campaign_on_a_correct_machine_counts_test_cases_and_finds_nothing(
 def test_the_hub_counts_a_worker_that_has_not_reported_yet_as_busy() -> None:
     from hypofuzz.hypofuzz import FuzzWorkerHub
 
-    from pagedkv_stateful import _hypofuzz_compat
+    from pagedkv_stateful.kit import _hypofuzz_compat
 
     _hypofuzz_compat.fix_hub_startup()  # the hub only: the suite never runs one in-process
     hub = FuzzWorkerHub(nodeids=["a", "b"], pytest_args=[], n_processes=2)

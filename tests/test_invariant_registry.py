@@ -36,9 +36,9 @@ from pagedkv.v0.evictor import LRUEvictor
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv_spec import invariants
 from pagedkv_spec.invariants import LAYERS, REGISTRY, observe
-from pagedkv_stateful.kv_machine import KVMachine
+from pagedkv_stateful.kv.machine import KVMachine
 from pagedkv_stateful.profiles import find_fast
-from pagedkv_stateful.scheduler_machine import SchedulerMachine
+from pagedkv_stateful.serving.scheduler_machine import SchedulerMachine
 from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.manager_machine import ManagerMachine

@@ -19,9 +19,9 @@ from helpers import failing_program, recorded, run_seeded
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Device, Sequence
 from pagedkv.v0.content_key import sha256_key
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
-from pagedkv_stateful.kv_machine import CachingKVMachine, KVMachine, Pairs, prefix_digest
+from pagedkv_stateful.kit.replay import replay
+from pagedkv_stateful.kv.machine import CachingKVMachine, KVMachine, Pairs, prefix_digest
 from pagedkv_stateful.profiles import find_fast
-from pagedkv_stateful.replay import replay
 
 TestKV = KVMachine.TestCase
 

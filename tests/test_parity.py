@@ -35,8 +35,8 @@ import pagedkv_spec.v0.allocator as spec_allocator
 import pagedkv_spec.v0.caching_manager as spec_caching_manager
 import pagedkv_spec.v0.manager as spec_manager
 from pagedkv import BlockSpaceManager, CpuGpuBlockAllocator, Scheduler
-from pagedkv_stateful.kv_machine import KVMachine
-from pagedkv_stateful.scheduler_machine import SchedulerMachine
+from pagedkv_stateful.kv.machine import KVMachine
+from pagedkv_stateful.serving.scheduler_machine import SchedulerMachine
 from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
 from pagedkv_stateful.v0.manager_machine import ManagerMachine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedkv_stateful.replay import NEEDS_O, explicit_asserts, last_statement, replay
+from pagedkv_stateful.kit.replay import NEEDS_O, explicit_asserts, last_statement, replay
 
 
 def test_a_program_failing_at_its_last_statement_with_the_check_reproduces() -> None:

@@ -15,8 +15,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from helpers import failing_program, recorded
 from pagedkv import BlockSpaceManager, SequenceGroup
 from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutputs
-from pagedkv_stateful.replay import replay
-from pagedkv_stateful.scheduler_machine import SchedulerMachine
+from pagedkv_stateful.kit.replay import replay
+from pagedkv_stateful.serving.scheduler_machine import SchedulerMachine
 
 TestSchedulerMachine = SchedulerMachine.TestCase
 

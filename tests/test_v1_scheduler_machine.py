@@ -14,8 +14,8 @@ from hypothesis.stateful import run_state_machine_as_test
 from helpers import failing_program, recorded
 from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerConfig, V1SchedulerOutput
 from pagedkv.v1 import KVCacheManager, Request, RequestStatus
+from pagedkv_stateful.kit.replay import replay
 from pagedkv_stateful.profiles import find_fast
-from pagedkv_stateful.replay import replay
 from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
 
 TestV1SchedulerMachine = V1SchedulerMachine.TestCase

@@ -16,9 +16,9 @@ import pytest
 from helpers import raised
 from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
 from pagedkv_spec.device import Device
-from pagedkv_stateful import vllm063
 from pagedkv_stateful.adapters import ManagerAdapter, PagedKVManagerAdapter
-from pagedkv_stateful.replay import replay_report
+from pagedkv_stateful.engines import vllm063
+from pagedkv_stateful.kit.replay import replay_report
 
 
 def _fake_wheel(path: Path, skip: str = "") -> Path:

@@ -1,4 +1,4 @@
-"""The classification of ``make vllm-v1-tests`` (``pagedkv_stateful/vllm_v1_tests.py``),
+"""The classification of ``make vllm-v1-tests`` (``pagedkv_stateful/engines/vllm_v1_shim.py``),
 on synthetic outcomes and JUnit reports, and its shim's out-of-scope detection.
 
 No network and no vLLM: the run over vLLM's own test files is ``make vllm-v1-tests``.
@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 import pagedkv.v1 as pv1
-from pagedkv_stateful import vllm_v1_tests as vt
-from pagedkv_stateful.vllm_v1_tests import Documented, Outcome, classify, read_junit, render
+from pagedkv_stateful.engines import vllm_v1_shim as vs
+from pagedkv_stateful.engines import vllm_v1_tests as vt
+from pagedkv_stateful.engines.vllm_v1_tests import Documented, Outcome, classify, read_junit, render
 
 ROW = Documented("test_pinned", "message text", "pins vLLM's text", "No free blocks")
 TWICE = Documented("test_twice", "not offered", "two parameters", "seed", count=2)
@@ -27,7 +28,7 @@ MAMBA = Outcome(
 HYBRID = Outcome(
     "tests/v1/core/test_a.py::test_h",
     "skipped",
-    f"out of scope ({vt.HYBRID}): KVCacheConfig with 2 groups, caching on",
+    f"out of scope ({vs.HYBRID}): KVCacheConfig with 2 groups, caching on",
 )
 VLLM_SKIP = Outcome("tests/v1/core/test_a.py::test_cuda", "skipped", "needs CUDA")
 PINNED = Outcome(
@@ -65,10 +66,14 @@ def test_a_documented_test_failing_without_its_evidence_is_undocumented() -> Non
 
 def test_out_of_scope_is_counted_by_reason_and_the_tests_own_skips_apart() -> None:
     summary = classify([MAMBA, HYBRID, VLLM_SKIP, PASS], ROWS)
-    assert summary.out_of_scope == {"Mamba": [MAMBA], vt.HYBRID: [HYBRID], vt.SKIPPED: [VLLM_SKIP]}
+    assert summary.out_of_scope == {
+        "Mamba": [MAMBA],
+        vs.HYBRID: [HYBRID],
+        vs.SKIPPED: [VLLM_SKIP],
+    }
     assert summary.exit_code == 0
     text = render(summary)
-    assert "out of scope:           3" in text and f"   1  {vt.HYBRID}" in text
+    assert "out of scope:           3" in text and f"   1  {vs.HYBRID}" in text
 
 
 def test_a_documented_row_that_passes_is_reported() -> None:
@@ -129,13 +134,13 @@ def test_read_junit_gives_each_outcome_and_its_text(tmp_path: Path) -> None:
 def shim(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The import hook on a copy of ``sys.meta_path``; the fake modules dropped after."""
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    vt.install()
+    vs.install()
     try:
         yield
     finally:
         for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
             del sys.modules[name]
-        vt.RECORDER.end()
+        vs.RECORDER.end()
 
 
 def test_mapped_names_are_pagedkvs_and_other_names_are_out_of_scope(shim: None) -> None:
@@ -148,13 +153,13 @@ def test_mapped_names_are_pagedkvs_and_other_names_are_out_of_scope(shim: None) 
     assert isinstance(MambaSpec(block_size=4, shapes=((1, 1),)), pv1.MambaSpec)
     checkpoints = kv_cache_utils.compute_mamba_prefill_checkpoints
     value = checkpoints([8])  # outside a test (collection): a poisoned value
-    vt.RECORDER.begin()
-    with pytest.raises(vt.OutOfScope) as err:
+    vs.RECORDER.begin()
+    with pytest.raises(vs.OutOfScope) as err:
         checkpoints([8])
-    assert err.value.reason == vt.MAMBA
-    with pytest.raises(vt.OutOfScope):
+    assert err.value.reason == vs.MAMBA
+    with pytest.raises(vs.OutOfScope):
         bool(value)
-    assert len(vt.RECORDER.seen) == 2
+    assert len(vs.RECORDER.seen) == 2
 
 
 def test_vllm_only_attributes_and_keywords_are_out_of_scope_other_errors_are_not() -> None:
@@ -164,13 +169,13 @@ def test_vllm_only_attributes_and_keywords_are_out_of_scope_other_errors_are_not
     try:
         Manager().get_computed_blocks_for_connector  # type: ignore[attr-defined]  # noqa: B018
     except AttributeError as exc:
-        cause = vt.out_of_scope_cause(exc)
-    assert cause is not None and cause.reason == vt.CONNECTORS
+        cause = vs.out_of_scope_cause(exc)
+    assert cause is not None and cause.reason == vs.CONNECTORS
     assert cause.what == "Manager.get_computed_blocks_for_connector"
     keyword = TypeError("f() got an unexpected keyword argument 'merge'")
-    assert vt.out_of_scope_cause(keyword) is not None
-    assert vt.out_of_scope_cause(AttributeError("x", name="no_such_vllm_name")) is None
-    assert vt.out_of_scope_cause(AssertionError("3 != 4")) is None
+    assert vs.out_of_scope_cause(keyword) is not None
+    assert vs.out_of_scope_cause(AttributeError("x", name="no_such_vllm_name")) is None
+    assert vs.out_of_scope_cause(AssertionError("3 != 4")) is None
     chained = ValueError("wrapped")
-    chained.__cause__ = vt.OutOfScope(vt.MLA, "MLAAttentionSpec(...)")
-    assert vt.out_of_scope_cause(chained) is chained.__cause__
+    chained.__cause__ = vs.OutOfScope(vs.MLA, "MLAAttentionSpec(...)")
+    assert vs.out_of_scope_cause(chained) is chained.__cause__

@@ -32,7 +32,7 @@ from benchmarks import bench_v1
 
 import pagedkv.v1 as pv
 from pagedkv.v1.events import external_hash
-from pagedkv_stateful import vllm_v1
+from pagedkv_stateful.engines import vllm_v1
 
 ROOT = Path(__file__).parent.parent
 

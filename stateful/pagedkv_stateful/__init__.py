@@ -4,7 +4,7 @@
   lockstep, driven through an adapter (pagedkv's own implementation by default).
 - Adapters (:mod:`pagedkv_stateful.adapters`): :class:`AllocatorAdapter`,
   :class:`ManagerAdapter`, :class:`Capabilities`, :class:`Violation`, :data:`CHECKS`.
-- The kit (:mod:`pagedkv_stateful.conform`): :func:`run_conformance` and the
+- The kit (:mod:`pagedkv_stateful.kit.conform`): :func:`run_conformance` and the
   ``pagedkv conform MODULE:FACTORY`` command (see docs/conformance.md).
 
 Names are imported on first use, so ``python -m pagedkv_stateful.conform`` and
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
         pagedkv_caching_manager,
         pagedkv_manager,
     )
-    from pagedkv_stateful.report import ConformanceReport, Finding
-    from pagedkv_stateful.search import run_conformance
+    from pagedkv_stateful.kit.report import ConformanceReport, Finding
+    from pagedkv_stateful.kit.search import run_conformance
     from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
     from pagedkv_stateful.v0.manager_machine import ManagerMachine
 
@@ -51,9 +51,9 @@ _HOMES = {
     "pagedkv_manager": "adapters",
     "AllocatorMachine": "v0.allocator_machine",
     "ManagerMachine": "v0.manager_machine",
-    "ConformanceReport": "report",
-    "Finding": "report",
-    "run_conformance": "search",
+    "ConformanceReport": "kit.report",
+    "Finding": "kit.report",
+    "run_conformance": "kit.search",
 }
 
 __all__ = [

@@ -242,27 +242,18 @@ class Capabilities:
         wanted = set(features)
         return not any(combo <= wanted for combo in self.not_together)
 
-    def describe(self, level: str = "manager") -> str:
-        """One line: the features of ``level`` that are supported, then the promises."""
-        skip = {"lifo", "typed_errors", "misuse_kinds", "not_together", "beyond_callers"}
-        if level in ("v1", "v1-pool"):  # V1's optional features; the rest are V0 notions
-            optional = ("hit_limits", "exact_hashes") if level == "v1" else ()
-            features = [f for f in optional if getattr(self, f)]
-            errors = "typed errors" if self.typed_errors else "any exception as rejection"
-            groups = ""
-            if level == "v1":
-                groups = f"; groups: {', '.join(self.configurations) or 'every configuration'}"
-            return f"{' '.join(features) or 'no optional feature'}; {errors}{groups}"
-        skip |= {"hit_limits", "exact_hashes", "configurations"}
-        if level not in ("caching", "caching-manager"):
-            skip |= {"hit_rate", "swap_hits", "dedup_before_copy"}
-        if level == "caching-manager":  # no window, no cross-attention, no lookahead
-            skip |= {"lookahead", "sliding_window", "encoder_decoder", "null_block"}
-        if level in ("allocator", "caching"):
-            skip |= {"lookahead", "sliding_window", "encoder_decoder", "exact_admission"}
-        else:
-            skip |= {"queries"}
-        features = [f.name for f in fields(self) if f.name not in skip and getattr(self, f.name)]
+    def describe_v1(self, optional: tuple[str, ...], groups: bool = False) -> str:
+        """One line for a V1 level: which of the ``optional`` features are on, the
+        errors promised, and (``groups``) the group configurations taken."""
+        features = [f for f in optional if getattr(self, f)]
+        errors = "typed errors" if self.typed_errors else "any exception as rejection"
+        taken = f"; groups: {', '.join(self.configurations) or 'every configuration'}"
+        return f"{' '.join(features) or 'no optional feature'}; {errors}{taken if groups else ''}"
+
+    def describe_v0(self, shown: tuple[str, ...]) -> str:
+        """One line for a V0 level: which of the features ``shown`` (its level's) are on,
+        then the misuse kinds, the combinations refused and the promises."""
+        features = [f.name for f in fields(self) if f.name in shown and getattr(self, f.name)]
         if self.misuse and self.misuse_kinds != MISUSE_KINDS:
             kinds = ", ".join(sorted(self.misuse_kinds & MISUSE_KINDS)) or "none"
             features = [f"misuse ({kinds})" if f == "misuse" else f for f in features]

@@ -33,9 +33,12 @@ Two further kinds of situation are not bugs of a target that does not claim them
 from __future__ import annotations
 
 __all__ = [
+    "ALLOCATOR_KINDS",
+    "CACHING_KINDS",
     "CALLER_PRECONDITIONS",
     "CROSS_OPERATION",
     "LATENT",
+    "MANAGER_KINDS",
     "MISUSE_MEANING",
     "ORDINARY",
     "POLICIES",
@@ -44,7 +47,7 @@ __all__ = [
     "STRICT_SITUATIONS",
     "cause",
     "outcome",
-    "outside_callers",
+    "preconditions",
     "stricter",
 ]
 
@@ -81,51 +84,37 @@ CALLER_PRECONDITIONS: dict[str, str] = {
 }
 
 
-#: Promises beyond vLLM's contract that are ``Capabilities`` flags: ``{flag: (levels,
-#: what is promised)}``.
-PROMISES: dict[str, tuple[tuple[str, ...], str]] = {
-    "hit_rate": (
-        ("caching", "caching-manager"),
-        "the hit rate counts the lookups of allocations that happen",
-    ),
-    "swap_hits": (
-        ("caching", "caching-manager"),
-        "a swap of content the destination caches copies nothing",
-    ),
+#: Promises beyond vLLM's contract that are ``Capabilities`` flags: ``{flag: what is
+#: promised}`` (a level's row names those it checks: :mod:`pagedkv_stateful.kit.levels`).
+PROMISES: dict[str, str] = {
+    "hit_rate": "the hit rate counts the lookups of allocations that happen",
+    "swap_hits": "a swap of content the destination caches copies nothing",
     "dedup_before_copy": (
-        ("caching", "caching-manager"),
-        "a shared block filling onto cached written content shares it without a copy",
+        "a shared block filling onto cached written content shares it without a copy"
     ),
     "exact_admission": (
-        ("manager", "caching-manager"),
         "can_* answers are exact (a needless no is wrong too; with caching, a computed "
-        "prefix shorter than the state's too)",
+        "prefix shorter than the state's too)"
     ),
-    "atomic_rejections": (
-        ("allocator", "manager", "caching"),
-        "a rejected misuse changes nothing",
-    ),
+    "atomic_rejections": "a rejected misuse changes nothing",
     "hit_limits": (
-        ("v1",),
-        "a partial prefix-cache hit limit (prompt scoring) bounds the lookup and the probe",
+        "a partial prefix-cache hit limit (prompt scoring) bounds the lookup and the probe"
     ),
     "exact_hashes": (
-        ("v1",),
-        "block hashes are vLLM's current format byte for byte (extra keys tagged by kind)",
+        "block hashes are vLLM's current format byte for byte (extra keys tagged by kind)"
     ),
 }
-#: The misuse kinds of each level (``Capabilities.misuse_kinds``).
-LEVEL_KINDS = {
-    "allocator": ("double_free", "stale_handle", "foreign_block", "same_device_swap"),
-    "caching": ("double_free", "stale_handle"),
-    "manager": (
-        "allocate_twice",
-        "fork_onto_table",
-        "unknown_sequence",
-        "wrong_state",
-        "wrong_device",
-    ),
-}
+#: The misuse kinds of the allocator, caching and manager levels
+#: (``Capabilities.misuse_kinds``).
+ALLOCATOR_KINDS = ("double_free", "stale_handle", "foreign_block", "same_device_swap")
+CACHING_KINDS = ("double_free", "stale_handle")
+MANAGER_KINDS = (
+    "allocate_twice",
+    "fork_onto_table",
+    "unknown_sequence",
+    "wrong_state",
+    "wrong_device",
+)
 #: What rejecting each kind of misuse means, for the report.
 MISUSE_MEANING = {
     "double_free": "freeing a freed block object again is rejected",
@@ -141,18 +130,18 @@ MISUSE_MEANING = {
 }
 
 
-def stricter(capabilities: object, level: str) -> list[str]:
-    """What pagedkv promises at ``level`` that a target with ``capabilities`` does not
-    (so the kit did not check it), one line each: the report's section "stricter than
-    this target". O(promises)."""
+def stricter(capabilities: object, kinds: tuple[str, ...], flags: tuple[str, ...]) -> list[str]:
+    """What pagedkv promises at a level (its misuse ``kinds`` and promise ``flags``) that
+    a target with ``capabilities`` does not (so the kit did not check it), one line
+    each: the report's section "stricter than this target". O(promises)."""
     out = []
-    kinds: frozenset[str] = getattr(capabilities, "misuse_kinds", frozenset())
+    promised: frozenset[str] = getattr(capabilities, "misuse_kinds", frozenset())
     misuse = getattr(capabilities, "misuse", True)
-    for kind in LEVEL_KINDS.get(level, ()):
-        if not (misuse and kind in kinds):
+    for kind in kinds:
+        if not (misuse and kind in promised):
             out.append(MISUSE_MEANING[kind])
-    for flag, (levels, meaning) in PROMISES.items():
-        if level in levels and not getattr(capabilities, flag, True):
+    for flag, meaning in PROMISES.items():
+        if flag in flags and not getattr(capabilities, flag, True):
             out.append(meaning)
     return out
 
@@ -192,23 +181,15 @@ V1_POOL_CALLERS = (
 )
 
 
-def outside_callers(capabilities: object, level: str = "allocator") -> list[str]:
-    """The caller preconditions the kit kept to at ``level`` (``situation (why)``), for a
-    target that does not claim ``beyond_callers``; [] for one that does.
-    O(preconditions)."""
-    if getattr(capabilities, "beyond_callers", False):
-        return []
-    if level == "v1":
-        return [V1_SCHEDULER]
-    if level == "v1-pool":
-        return [V1_POOL_CALLERS]
-    if level in ("manager", "caching-manager"):
-        return [ACT_ON_YES]
-    return [
+def preconditions(caching: bool) -> tuple[str, ...]:
+    """The caller preconditions of the allocator levels (``situation (why)``): all of
+    them with ``caching`` (the table queries' too), else those outside
+    :data:`CACHING_ONLY`. O(preconditions)."""
+    return tuple(
         f"{situation} ({why})"
         for situation, why in CALLER_PRECONDITIONS.items()
-        if level == "caching" or situation not in CACHING_ONLY
-    ]
+        if caching or situation not in CACHING_ONLY
+    )
 
 
 #: Situations that are misuse of a strictness kind, unless a call names another kind.

@@ -7,7 +7,7 @@ the state classes the kit is meant to reach that a program shows (a successful
 swap each way, a free or an allocation after a swap, a lookahead append, a fork).
 Classes a program's text cannot show (a copy-on-write, a window slide) are
 recorded by the machines themselves (``LockstepMachine._reached``) and merged in by
-the kit. :class:`~pagedkv_stateful.conform.ConformanceReport`
+the kit. :class:`~pagedkv_stateful.kit.conform.ConformanceReport`
 counts test cases per class and prints the table at the end, so a search that never
 reached a class says so instead of passing quietly.
 """
@@ -23,7 +23,7 @@ __all__ = [
     "V1_STATE_CLASSES",
     "operation",
     "reached",
-    "state_classes",
+    "without",
 ]
 
 # A call on the target (``alloc.``, ``mgr.``, ``pool.``) or on one of its block objects
@@ -81,31 +81,13 @@ V1_POOL_STATE_CLASSES = (
 )
 
 
-def state_classes(level: str) -> tuple[str, ...]:
-    """The state classes a search at ``level`` is meant to reach (lookahead slots and
-    window slides and an append copying several blocks are manager-level notions;
-    prefix hits, a caching manager's; the V1 level has its own). O(1)."""
-    if level == "v1":
-        return V1_STATE_CLASSES
-    if level == "v1-pool":
-        return V1_POOL_STATE_CLASSES
-    if level == "manager":  # its appends are not per block: a CoW with no room is an append
-        skip = {"copy-on-write with no free block", "prefix hit"}
-    elif level == "caching-manager":  # no lookahead, no window; one append per sequence
-        skip = {
-            "append with lookahead",
-            "window slide",
-            "copy-on-write with no free block",
-            "several copies in one append",
-        }
-    else:
-        skip = {
-            "append with lookahead",
-            "window slide",
-            "prefix hit",
-            "several copies in one append",
-        }
-    return tuple(c for c in STATE_CLASSES if c not in skip)
+def without(classes: tuple[str, ...], *skip: str) -> tuple[str, ...]:
+    """``classes`` less ``skip`` (a level's: :mod:`pagedkv_stateful.kit.levels`), in
+    order. Raises ValueError for a name to skip that ``classes`` lacks."""
+    unknown = [name for name in skip if name not in classes]
+    if unknown:
+        raise ValueError(f"no state class {', '.join(unknown)} to leave out")
+    return tuple(c for c in classes if c not in skip)
 
 
 def operation(line: str) -> str:

@@ -9,7 +9,7 @@ selects the long-run profile.
 
 ``dev`` and ``deep`` keep failing examples in the directory named by
 ``PAGEDKV_EXAMPLE_DB`` when it is set (the fuzz campaign's shared database,
-see :mod:`pagedkv_stateful.fuzz`), so a failure found anywhere replays first
+see :mod:`pagedkv_stateful.kit.fuzz`), so a failure found anywhere replays first
 here. ``ci`` has no database: it is deterministic. ``mutate`` is ``ci`` without the
 shrink phase, for ``make mutate``: a mutant is killed by the first failing
 example, and shrinking it (seconds to minutes under mutmut's trampolines) would
@@ -111,7 +111,7 @@ def find_fast(max_examples: int = 300, steps: int = 30) -> settings:
 
 #: Modules :func:`import_every_module` leaves alone: entry points, and the fuzz
 #: campaign's target module, which reads its target from the environment at import.
-NOT_IMPORTED = ("__main__", "pagedkv_stateful.fuzz_target")
+NOT_IMPORTED = ("__main__", "pagedkv_stateful.kit.fuzz_target")
 
 
 def import_every_module(packages: tuple[str, ...] = PACKAGES) -> int:

@@ -60,9 +60,10 @@ from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, label
 from pagedkv_spec.v0 import allocator as spec
 from pagedkv_spec.v0.pool import PoolState, lifo_choice
-from pagedkv_stateful.adapters import AllocatorAdapter, Violation, as_allocator_adapter
+from pagedkv_stateful.adapters import AllocatorAdapter, as_allocator_adapter
 from pagedkv_stateful.causes import POLICY_LIFO
 from pagedkv_stateful.coverage import operation
+from pagedkv_stateful.lockstep import Mismatch
 from pagedkv_stateful.situations import (
     chain_situation,
     chunk_situation,
@@ -150,7 +151,7 @@ class AllocatorMachine(LockstepMachine):
         """Name what is wrong with ids the target handed out for ``device`` (if anything)."""
         fault = choice_fault(self.model, device, chosen, src)
         if fault is not None:
-            self._violate(*fault)
+            self.violate(*fault)
 
     def _check_lifo(
         self, pool: PoolState, chosen: Sequence[int], src: str, names: Sequence[str] = ()
@@ -165,7 +166,7 @@ class AllocatorMachine(LockstepMachine):
                 check, last = f"assert [{ids}] == {front}", False
             else:
                 check, last = f"assert list({src}.values()) == {front}", True
-            self._violate(
+            self.violate(
                 "LIFO policy",
                 f"LIFO policy: {src} handed out {list(chosen)}, front of free list is {front}",
                 check,
@@ -248,7 +249,7 @@ class AllocatorMachine(LockstepMachine):
                     if free > want
                     else "an id without live references was not released (a leak)"
                 )
-                raise Violation(
+                raise Mismatch(
                     f"free count ({device.name})",
                     f"the target has {free} free {device.name} blocks, the spec {want}: "
                     f"{reading} (I1 refcounts_match_references)",
@@ -257,7 +258,7 @@ class AllocatorMachine(LockstepMachine):
             total = self.adapter.get_num_total_blocks(device)
             want = spec.get_num_total_blocks(self.model, device)
             if total != want:
-                raise Violation(
+                raise Mismatch(
                     f"total count ({device.name})",
                     f"the target has {total} {device.name} blocks in all, the spec {want}",
                     f"assert alloc.get_num_total_blocks({self._dev(device)}) == {want}",
@@ -268,14 +269,14 @@ class AllocatorMachine(LockstepMachine):
                     continue
                 block_id = self.adapter.block_id(self.objs[h])
                 if block_id != ref.block_id:
-                    raise Violation(
+                    raise Mismatch(
                         "block ids",
                         f"b{h} names id {block_id}; the spec says {ref.block_id}",
                         f"assert {self.adapter.source_block_id(f'b{h}')} == {ref.block_id}",
                     )
                 tokens = self.adapter.token_ids(self.objs[h])
                 if tokens != list(ref.token_ids):
-                    raise Violation(
+                    raise Mismatch(
                         "token ids",
                         f"b{h} holds {tokens}; the spec says {list(ref.token_ids)}",
                         f"assert {self.adapter.source_token_ids(f'b{h}')} == {list(ref.token_ids)}",
@@ -292,13 +293,13 @@ class AllocatorMachine(LockstepMachine):
         for device, pool in (("GPU", got.gpu), ("CPU", got.cpu)):
             broken = pool_fault(pool)
             if broken is not None:
-                raise Violation(broken, f"to_spec() {device} pool breaks {broken}: {diff}")
+                raise Mismatch(broken, f"to_spec() {device} pool breaks {broken}: {diff}")
         state_broken = first_broken("allocator", got)
         if state_broken is not None:
             name = state_broken.label
-            raise Violation(name, f"to_spec() breaks {name}: {diff}")
+            raise Mismatch(name, f"to_spec() breaks {name}: {diff}")
         check_same_pools(got, want)
-        raise Violation("abstraction (blocks)", f"block objects differ from the spec: {diff}")
+        raise Mismatch("abstraction (blocks)", f"block objects differ from the spec: {diff}")
 
     @invariant()
     def spec_invariants_hold(self) -> None:
@@ -307,10 +308,10 @@ class AllocatorMachine(LockstepMachine):
         for state, layer in ((self.model.gpu, "pool"), (self.model.cpu, "pool")):
             broken = first_broken(layer, state)
             if broken is not None:
-                self._violate("spec self-check", f"the spec's pool breaks {broken.label}")
+                self.violate("spec self-check", f"the spec's pool breaks {broken.label}")
         broken = first_broken("allocator", self.model)
         if broken is not None:
-            self._violate("spec self-check", f"the spec's state breaks {broken.label}")
+            self.violate("spec self-check", f"the spec's state breaks {broken.label}")
         self._check_target_invariants(self.check_impl_invariants)
 
     @precondition(lambda self: self.caps.misuse)
@@ -364,13 +365,13 @@ class AllocatorMachine(LockstepMachine):
             lambda: self._explain_choice(GPU, [null_id], src) if first else None,
         )
         if null_id != want:
-            self._violate(
+            self.violate(
                 "null block",
                 f"the null block has id {null_id}; the spec's null block is {want}",
                 f"assert {self.adapter.source_block_id('null')} == {want}",
             )
         if self.null is not None and self.null is not res:
-            self._violate("null block", "allocate_or_get_null_block returned a new object")
+            self.violate("null block", "allocate_or_get_null_block returned a new object")
         if first:
             self._check_lifo(before, [or_bad(null_id)], src, ["null"])
         self.null = res
@@ -378,7 +379,7 @@ class AllocatorMachine(LockstepMachine):
         err = self._attempt(lambda: self.adapter.free(res))
         if isinstance(err, Exception):
             self._log("alloc.free(null)")
-            self._violate("null block", f"alloc.free(null) raised {err!r}; it must be a no-op")
+            self.violate("null block", f"alloc.free(null) raised {err!r}; it must be a no-op")
         self._log("alloc.free(null)  # a no-op")
         src = self.adapter.source_append("null", "[1]")
         self._enter("append_token_ids", "the null block")
@@ -386,7 +387,7 @@ class AllocatorMachine(LockstepMachine):
         typed = self.caps.typed_errors
         if not isinstance(err, Exception) or (typed and not isinstance(err, NullBlockError)):
             name = ", 'NullBlockError'" if typed else ""
-            self._violate(
+            self.violate(
                 "null block",
                 f"writing to the null block gave {err!r}; it must raise"
                 + (" NullBlockError" if typed else ""),
@@ -417,12 +418,12 @@ class AllocatorMachine(LockstepMachine):
                 continue
             res = self._attempt(call)
             if not isinstance(res, Exception) or (typed and not isinstance(res, ForeignBlockError)):
-                self._violate(
+                self.violate(
                     "same error as spec",
                     f"{src} gave {res!r}: a block of another allocator must be rejected"
                     + (" with ForeignBlockError" if typed else ""),
                     f"expect_error(lambda: {src}{name})",
-                    cause="foreign block "
+                    why="foreign block "
                     + (f"raised {type(res).__name__}" if isinstance(res, Exception) else "taken"),
                 )
             self._log(f"expect_error(lambda: {src}{name})")
@@ -562,7 +563,7 @@ class AllocatorMachine(LockstepMachine):
             lhs = f"b{handles[0]} = "
         if len(res) != len(chunks):
             self._log(f"{lhs}{src}")
-            self._violate("block ids", f"{src} returned {len(res)} blocks for {len(chunks)}")
+            self.violate("block ids", f"{src} returned {len(res)} blocks for {len(chunks)}")
         chosen = [self.adapter.block_id(b) for b in res]
         before = spec.pool_of(self.model, device)
         self.model, _ = self._judge(
@@ -577,7 +578,7 @@ class AllocatorMachine(LockstepMachine):
         for h, b, chunk in zip(handles, res, chunks, strict=True):
             if self.adapter.token_ids(b) != chunk:
                 got = self.adapter.token_ids(b)
-                self._violate(
+                self.violate(
                     "token ids",
                     f"b{h} holds {got}, allocated with {chunk}",
                     f"assert {self.adapter.source_token_ids(f'b{h}')} == {chunk}",
@@ -619,7 +620,7 @@ class AllocatorMachine(LockstepMachine):
         want_ids = [self.model.blocks[h].block_id for h in want]
         if got_ids != want_ids:
             shown = ", ".join(self.adapter.source_block_id(f"b{h}") for h in handles)
-            self._violate(
+            self.violate(
                 "block ids",
                 f"{src} returned blocks with ids {got_ids}; a fork shares the chain's ids "
                 f"{want_ids}",
@@ -671,7 +672,7 @@ class AllocatorMachine(LockstepMachine):
 
         def explain() -> None:
             if chosen == ref.block_id:
-                self._violate(
+                self.violate(
                     label("I5"),
                     f"{src}: id {ref.block_id} is shared (also held by "
                     f"{self._holders(ref.device, or_bad(chosen), handle)}), but the target "
@@ -698,15 +699,15 @@ class AllocatorMachine(LockstepMachine):
         src = "alloc.clear_copy_on_writes()"
         res = self._attempt(self.adapter.clear_copy_on_writes)
         if isinstance(res, Exception):
-            self._violate(
+            self.violate(
                 "same error as spec",
                 f"{src} raised {res!r}",
                 f"expect_accepted(lambda: {src})",
-                cause=f"raised {type(res).__name__}",
+                why=f"raised {type(res).__name__}",
             )
         self.model, expected = spec.clear_copy_on_writes(self.model)
         if [tuple(p) for p in res] != list(expected):
-            self._violate(
+            self.violate(
                 "CoW pairs",
                 f"CoW pairs {res} != spec {list(expected)}",
                 f"assert {src} == {list(expected)}",
@@ -754,15 +755,13 @@ class AllocatorMachine(LockstepMachine):
         def explain() -> None:
             moved = {self.model.blocks[h].block_id for h in handles}
             if set(mapping) != moved:
-                self._violate(
+                self.violate(
                     label("M5"),
                     f"{code} returned {mapping}; it must map each distinct source id "
                     f"{sorted(b for b in moved if b is not None)} exactly once",
                 )
             if len(set(mapping.values())) != len(mapping):
-                self._violate(
-                    label("M5"), f"{code} returned {mapping}: two ids share a destination"
-                )
+                self.violate(label("M5"), f"{code} returned {mapping}: two ids share a destination")
             self._explain_choice(dst, list(mapping.values()), code)
 
         self.model, _ = self._judge(
@@ -776,7 +775,7 @@ class AllocatorMachine(LockstepMachine):
             spec.get_num_free_blocks(self.model, dst),
         )
         if free < want:  # before LIFO: the ids it handed out are then not the whole story
-            self._violate(
+            self.violate(
                 label("M5"),
                 f"{code} took {want - free} {dst.name} block(s) more than the {len(mapping)} "
                 f"distinct id(s) it moved (a shared id copied once per block object?)",
@@ -813,7 +812,7 @@ class AllocatorMachine(LockstepMachine):
             return
         want = spec.get_num_full_blocks_touched(self.model, handles)
         if got != want:
-            self._violate(
+            self.violate(
                 "full blocks touched", f"{src} == {got}, spec {want}", f"assert {src} == {want}"
             )
 
@@ -834,14 +833,14 @@ class AllocatorMachine(LockstepMachine):
         try:
             want = spec.get_physical_block_id(self.model, device, absolute)
         except PagedKVError as expected:
-            self._violate(
+            self.violate(
                 "same error as spec",
                 f"{src} returned {res}; the spec raises {expected!r}",
                 f"expect_error(lambda: {src}{self._error_name(expected)})",
-                cause=f"accepted, the spec raises {type(expected).__name__}",
+                why=f"accepted, the spec raises {type(expected).__name__}",
             )
         if res != want:
-            self._violate(
+            self.violate(
                 "physical block id", f"{src} == {res}, spec {want}", f"assert {src} == {want}"
             )
 

@@ -40,8 +40,9 @@ from pagedkv import CpuGpuBlockAllocator
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds, label
 from pagedkv_spec.v0 import caching as spec
-from pagedkv_stateful.adapters import Capabilities, Violation
+from pagedkv_stateful.adapters import Capabilities
 from pagedkv_stateful.causes import FILL_UNWRITTEN, SHARED_FILL_HIT, SWAP_HIT, UNWRITTEN_LAST
+from pagedkv_stateful.lockstep import Mismatch
 from pagedkv_stateful.situations import (
     STALE,
     STALE_AGAIN,
@@ -136,7 +137,7 @@ class CachingAllocatorMachine(LockstepMachine):
             self.agreed = self.model
             return
         if not holds("C10", self.agreed, got):  # the target's step shared unwritten KV
-            raise Violation(
+            raise Mismatch(
                 label("C10"),
                 "a block that filled shares a cached id whose KV is not written yet "
                 "(not computed): its own written KV is gone",
@@ -150,14 +151,14 @@ class CachingAllocatorMachine(LockstepMachine):
                     for f in g.__dataclass_fields__
                     if getattr(g, f) != getattr(w, f)
                 ]
-                name = broken.label if broken is not None else f"abstraction ({field})"
-                raise Violation(name, f"{field.upper()} pool differs: " + "; ".join(diffs))
+                name = broken.label if broken is not None else f"abstraction ({field.upper()} pool)"
+                raise Mismatch(name, f"{field.upper()} pool differs: " + "; ".join(diffs))
         diffs = [
             f"b{h}: target {g} spec {w}"
             for h, (g, w) in enumerate(zip(got.blocks, want.blocks, strict=False))
             if g != w
         ]
-        raise Violation("abstraction (blocks)", "; ".join(diffs) or f"{got} != {want}")
+        raise Mismatch("abstraction (blocks)", "; ".join(diffs) or f"{got} != {want}")
 
     def _compare_observables(self) -> None:
         """Without an abstraction: every live block's id and tokens, the free counts."""
@@ -166,13 +167,13 @@ class CachingAllocatorMachine(LockstepMachine):
                 continue
             obj = self.objs[h]
             if obj.block_id != ref.block_id:
-                raise Violation(
+                raise Mismatch(
                     "block ids",
                     f"b{h} names id {obj.block_id}; the spec says {ref.block_id}",
                     f"assert b{h}.block_id == {ref.block_id}",
                 )
             if list(obj.token_ids) != list(ref.token_ids):
-                raise Violation(
+                raise Mismatch(
                     "token ids",
                     f"b{h} holds {list(obj.token_ids)}; the spec says {list(ref.token_ids)}",
                     f"assert b{h}.token_ids == {list(ref.token_ids)}",
@@ -181,7 +182,7 @@ class CachingAllocatorMachine(LockstepMachine):
             free = self.impl.get_num_free_blocks(device)
             want = spec.get_num_free_blocks(self.model, device)
             if free != want:
-                raise Violation(
+                raise Mismatch(
                     f"free count ({device.name})",
                     f"the target has {free} free {device.name} blocks (free + evictable), "
                     f"the spec {want} (C1 cache_partition_ok)",
@@ -327,16 +328,16 @@ class CachingAllocatorMachine(LockstepMachine):
         ``check_invariants()`` passes."""
         broken = first_broken("caching", self.model)
         if broken is not None:
-            self._violate("spec self-check", f"the spec's state breaks {broken.label}")
+            self.violate("spec self-check", f"the spec's state breaks {broken.label}")
         if "C8 eviction_order_ok" not in self.known and not holds("C8", self.before, self.model):
-            self._violate(
+            self.violate(
                 "C8 eviction_order_ok",
                 "an id was evicted while an id with an older last_accessed (or, at equal "
                 "times, a deeper one) stayed in the evictor",
                 self._eviction_check_line(),
             )
         if not holds("C10", self.before, self.model):
-            self._violate("spec self-check", f"the spec's step breaks {label('C10')}")
+            self.violate("spec self-check", f"the spec's step breaks {label('C10')}")
         self.before = self.model
         if self._has("check_invariants"):
             self._check_target_invariants(
@@ -511,7 +512,7 @@ class CachingAllocatorMachine(LockstepMachine):
         for i, (got, hit) in enumerate(zip(ids, hits, strict=False)):
             if hit is not None and got != hit:
                 self._log(f"{self._lhs(len(res), single)}{src}")
-                self._violate(
+                self.violate(
                     "C2 cache_map_ok",
                     f"chunk {i} is cached as id {hit} (a hit), but the target gave id {got}",
                 )
@@ -765,7 +766,7 @@ class CachingAllocatorMachine(LockstepMachine):
             "promote", lambda: spec.promote_to_immutable_block(self.model, handle), src
         )
         if res != obj.block_id:
-            self._violate("promote", f"promote returned {res}, the block names {obj.block_id}")
+            self.violate("promote", f"promote returned {res}, the block names {obj.block_id}")
 
     @rule(data=st.data(), now=st.integers(0, 6))
     def mark_blocks_as_accessed(self, data: st.DataObject, now: int) -> None:
@@ -836,7 +837,7 @@ class CachingAllocatorMachine(LockstepMachine):
         want = list(spec.get_computed_block_ids(self.model, GPU, ids, skip_last))
         self._log(src)
         if got != want:
-            self._violate(
+            self.violate(
                 "C5 computed_ok",
                 f"computed prefix of {ids} is {got}; the spec says {want}",
                 f"assert alloc.get_computed_block_ids({prev}, {ids}, {skip_last}) == {want}",
@@ -852,7 +853,7 @@ class CachingAllocatorMachine(LockstepMachine):
         common = self.impl.get_common_computed_block_ids(lists)
         want_common = list(spec.get_common_computed_block_ids(lists))
         if common != want_common:
-            self._violate(
+            self.violate(
                 "C5 computed_ok",
                 f"common computed prefix of {lists} is {common}; the spec says {want_common}",
                 f"assert alloc.get_common_computed_block_ids({lists}) == {want_common}",
@@ -902,14 +903,14 @@ class CachingAllocatorMachine(LockstepMachine):
         )
         self.swapped.update(handles)
         if res != mapping:
-            self._violate(
+            self.violate(
                 "swap",
                 f"swap returned {res}; the spec copies {mapping}",
                 f"assert {src} == {mapping}",
                 replace_last=True,
             )
         if touched != want_touched:
-            self._violate(
+            self.violate(
                 "swap",
                 f"get_num_full_blocks_touched gave {touched}; the spec says {want_touched}",
             )
@@ -935,7 +936,7 @@ class CachingAllocatorMachine(LockstepMachine):
             )
             total += released
         if n != total:
-            self._violate("reset", f"reset_prefix_cache returned {n}; it released {total}")
+            self.violate("reset", f"reset_prefix_cache returned {n}; it released {total}")
 
     @precondition(lambda self: len(self.objs) > 1)
     @rule()
@@ -946,7 +947,7 @@ class CachingAllocatorMachine(LockstepMachine):
             "CoW", lambda: spec.clear_copy_on_writes(self.model), "alloc.clear_copy_on_writes()"
         )
         if [tuple(p) for p in got] != list(want):
-            self._violate(
+            self.violate(
                 "C6 cache_cow_ok",
                 f"CoW pairs {got}; the spec recorded {list(want)}",
                 f"assert alloc.clear_copy_on_writes() == {list(want)}",
@@ -973,7 +974,7 @@ class CachingAllocatorMachine(LockstepMachine):
         )
         self.null = res
         if res.block_id != want:
-            self._violate(
+            self.violate(
                 "null block",
                 f"null block id {res.block_id}; the spec says {want}",
                 f"assert null.block_id == {want}",
@@ -989,7 +990,7 @@ class CachingAllocatorMachine(LockstepMachine):
         src = f"alloc.get_prefix_cache_hit_rate({_dev(device)})"
         self._log(src)
         if abs(got - want) > 1e-12:
-            self._violate(
+            self.violate(
                 "C7 cache_stats_ok",
                 f"hit rate {got}; the spec says {want}",
                 f"assert abs({src} - {want!r}) < 1e-12",
@@ -1000,6 +1001,6 @@ class CachingAllocatorMachine(LockstepMachine):
         stats = self.impl.cache_stats(device)
         p = spec.pool_of(self.model, device)
         if (stats.hits, stats.queries, stats.evictions) != (p.hits, p.queries, p.evictions):
-            self._violate("C7 cache_stats_ok", f"{stats}; the spec counts {p}")
+            self.violate("C7 cache_stats_ok", f"{stats}; the spec counts {p}")
         if stats.cached_blocks != spec.num_cached_blocks(self.model, device):
-            self._violate("C7 cache_stats_ok", f"{stats.cached_blocks} cached blocks")
+            self.violate("C7 cache_stats_ok", f"{stats.cached_blocks} cached blocks")

@@ -58,8 +58,9 @@ from pagedkv_spec.v0.caching import (
     pool_of,
 )
 from pagedkv_spec.v0.caching_manager import CachingManagerState
-from pagedkv_stateful.adapters import ManagerAdapter, Violation, as_manager_adapter
+from pagedkv_stateful.adapters import ManagerAdapter, as_manager_adapter
 from pagedkv_stateful.causes import FILL_UNWRITTEN, SHARED_FILL_HIT, UNWRITTEN_LAST
+from pagedkv_stateful.lockstep import Mismatch
 from pagedkv_stateful.v0.lockstep import LockstepMachine, check_free_count
 
 __all__ = ["CachingManagerMachine"]
@@ -291,8 +292,8 @@ class CachingManagerMachine(LockstepMachine):
                     for f in have.gpu.__dataclass_fields__
                     if getattr(have.gpu, f) != getattr(want.gpu, f)
                 )
-                raise Violation(
-                    "abstraction (caching manager view)",
+                raise Mismatch(
+                    "abstraction (manager view)",
                     f"the manager's {', '.join(parts)} differ from the spec's ({detail})",
                 )
         for where, free, device in (
@@ -306,7 +307,7 @@ class CachingManagerMachine(LockstepMachine):
             ids = self._table_ids(self.seqs[seq_id])
             want_ids = list(spec.table_ids(self.model, seq_id))
             if ids != want_ids:
-                raise Violation(
+                raise Mismatch(
                     "block table",
                     f"get_block_table(s{seq_id}) == {ids}; the spec's table is {want_ids}",
                     f"assert mgr.get_block_table(s{seq_id}) == {want_ids}",
@@ -315,7 +316,7 @@ class CachingManagerMachine(LockstepMachine):
             stats = self.adapter.cache_stats(device)
             want_stats = spec.cache_stats(self.model, device)
             if stats is not None and stats != want_stats:
-                raise Violation(
+                raise Mismatch(
                     "cache stats",
                     f"cache_stats({device.name}) (hits, queries, evictions, cached, "
                     f"evictable) == {stats}; spec {want_stats}",
@@ -325,7 +326,7 @@ class CachingManagerMachine(LockstepMachine):
                 rate = self.adapter.get_prefix_cache_hit_rate(device)
                 want_rate = spec.get_prefix_cache_hit_rate(self.model, device)
                 if rate != want_rate:
-                    raise Violation(
+                    raise Mismatch(
                         "hit rate",
                         f"get_prefix_cache_hit_rate({device.name}) == {rate}; spec {want_rate}",
                         f"assert mgr.get_prefix_cache_hit_rate(Device.{device.name}) == "
@@ -339,7 +340,7 @@ class CachingManagerMachine(LockstepMachine):
         passes."""
         broken = first_broken("caching", self.model.cache)
         if broken is not None:
-            self._violate("spec self-check", f"the spec's state breaks {broken.label}")
+            self.violate("spec self-check", f"the spec's state breaks {broken.label}")
         self._check_target_invariants(self.adapter.check_invariants)
 
     def _step(
@@ -362,10 +363,10 @@ class CachingManagerMachine(LockstepMachine):
         if sys.flags.optimize:
             broken = first_broken("caching", after)
             if broken is not None:
-                self._violate(broken.label, f"the choice of {src} breaks it", choice_line)
+                self.violate(broken.label, f"the choice of {src} breaks it", choice_line)
         for step in ("C8", "C10"):
             if label(step) not in self.known and not holds(step, before, after):
-                self._violate(label(step), f"{src} breaks {label(step)}", choice_line)
+                self.violate(label(step), f"{src} breaks {label(step)}", choice_line)
         return out
 
     def _check_common_computed(self, group: SequenceGroup) -> None:
@@ -482,7 +483,7 @@ class CachingManagerMachine(LockstepMachine):
         cached = self.adapter.get_num_cached_prefix_tokens(seqs[0])
         skippable = spec.get_num_cached_prefix_tokens(self.model, prompt, extra)
         if cached is not None and cached != skippable:
-            self._violate(
+            self.violate(
                 "C5 computed_ok",
                 f"get_num_cached_prefix_tokens said {cached}; the spec {skippable}",
                 f"assert mgr.get_num_cached_prefix_tokens(s{seqs[0].seq_id}) == {skippable}",
@@ -590,8 +591,8 @@ class CachingManagerMachine(LockstepMachine):
         if copies:
             self._reached("copy-on-write")
         if sorted(res) != sorted(copies):
-            self._violate(
-                "copy-on-write pairs",
+            self.violate(
+                "CoW pairs",
                 f"append_slots returned {res}; the spec copies {list(copies)}",
                 f"assert sorted(pairs) == {sorted(copies)}",
             )
@@ -794,7 +795,7 @@ class CachingManagerMachine(LockstepMachine):
         want = sorted((s - s0, d - d0) for s, d in moved.items())
         pairs = sorted((s - s0, d - d0) for s, d in mapping.items())
         if pairs != want:
-            self._violate(
+            self.violate(
                 "M5 swap_conserves",
                 f"{src} returned {pairs}; the spec copies {want}",
                 f"assert sorted(pairs) == {want}",
@@ -879,7 +880,7 @@ class CachingManagerMachine(LockstepMachine):
             label("C1"), lambda: spec.reset_prefix_cache(before, order_gpu, order_cpu), src
         )
         if released != n:
-            self._violate(
+            self.violate(
                 "reset_prefix_cache",
                 f"reset_prefix_cache released {released}; the spec {n}",
                 f"assert {src} == {n}",

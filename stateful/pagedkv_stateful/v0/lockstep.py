@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import NoReturn, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from hypothesis import event, reject
 from hypothesis.stateful import invariant
@@ -47,7 +47,7 @@ from pagedkv_stateful.causes import (
     outcome,
 )
 from pagedkv_stateful.coverage import operation
-from pagedkv_stateful.lockstep import LockstepBase
+from pagedkv_stateful.lockstep import LockstepBase, Mismatch
 
 __all__ = [
     "LockstepMachine",
@@ -111,37 +111,21 @@ class LockstepMachine(LockstepBase):
             self.__dict__["latent"] = self.situation
         return True
 
-    def _violate(
-        self,
-        invariant: str,
-        detail: str,
-        check_line: str | None = None,
-        replace_last: bool = False,
-        cause: str = "",
-    ) -> NoReturn:
-        """Raise the Violation (or discard the run if its root cause is ``known``).
-        ``check_line`` ends the program (replacing its last line when that line made the
-        same call); ``cause``: the target's error type or outcome, for the signature."""
-        signature = self._signature(invariant, check_line, cause)
-        if signature in self.known:
-            reject()
-        if check_line:
-            if replace_last:
-                self.program.pop()
-            self.program.append(f"{check_line}  # {invariant}")
-        raise Violation(invariant, detail, check_line, signature)
+    def _is_known(self, signature: str, name: str, why: str) -> bool:
+        """Whether the root cause was already reported (the search adopted it). O(1)."""
+        return signature in self.known
 
-    def _signature(self, invariant: str, check_line: str | None, why: str) -> str:
+    def _signature(self, name: str, check_line: str | None, why: str) -> str:
         """The cause of a failed check (:func:`~pagedkv_stateful.causes.cause`): the
         situation of the call the running rule made, when it is a named one; else that
         call, the check and the target's outcome ``why``."""
         op, situation = self.situation
-        if invariant.startswith("admission ("):  # a query's answer: its cause is the query
+        if name.startswith("admission ("):  # a query's answer: its cause is the query
             # erring one way (a count that is off), whatever the situation it was asked in
             return admission_cause(op or operation(check_line or ""), why)
         if not situation and "latent" in self.__dict__:  # an effect of an earlier call,
             # unless this call's own ordinary cause is already known (then it is that one)
-            ordinary = cause(op, "", invariant, outcome(invariant, why))
+            ordinary = cause(op, "", name, outcome(name, why))
             if ordinary not in self.known:
                 op, situation = self.__dict__["latent"]
         if not op:  # no call entered yet: the call the check line or the program names
@@ -149,7 +133,7 @@ class LockstepMachine(LockstepBase):
             if not operation(judged) or "check_invariants(" in judged:
                 judged = self.program[-1] if self.program else judged
             op = operation(judged)
-        return cause(op, situation, invariant, outcome(invariant, why))
+        return cause(op, situation, name, outcome(name, why))
 
     def _violate_query(
         self,
@@ -159,12 +143,12 @@ class LockstepMachine(LockstepBase):
         replace_last: bool = False,
         direction: str = "",
     ) -> None:
-        """:meth:`_violate` for a query whose wrong answer changed nothing: a root cause
+        """:meth:`violate` for a query whose wrong answer changed nothing: a root cause
         already reported lets the test case go on (the caller carries on with the
         spec's answer) instead of discarding it. ``direction``: how the answer errs
         (``"a yes the spec does not give"``), part of the cause."""
         if not self._goes_on(invariant, check_line, direction):
-            self._violate(invariant, detail, check_line, replace_last, cause=direction)
+            self.violate(invariant, detail, check_line, replace_last=replace_last, why=direction)
 
     def _goes_on(self, invariant: str, check_line: str, cause: str) -> bool:
         """Whether a failed check that left target and model alike is a known root cause,
@@ -204,7 +188,7 @@ class LockstepMachine(LockstepBase):
             return err
 
     def _compare(self) -> None:
-        """Compare every observable with the model; raise a Violation on the first mismatch."""
+        """Compare every observable with the model; raise a Mismatch on the first difference."""
         raise NotImplementedError
 
     @invariant()
@@ -213,18 +197,18 @@ class LockstepMachine(LockstepBase):
         try:
             self._compare()
         except Violation as v:
-            self._violate(v.invariant, v.detail, v.check_line)
+            self.violate(v.invariant, v.detail, v.check_line)
 
     def _can_do(self, query: str | None, answer: object, err: Exception, src: str) -> None:
         """``src`` raised ``err`` after ``query`` answered it (``answer``): after a yes
         (``OK``, ``True``) that is a finding, can => do. None: no question was asked."""
         name = getattr(answer, "name", None)
         if query is not None and (name == "OK" if name is not None else bool(answer)):
-            self._violate(
+            self.violate(
                 f"can => do ({query})",
                 f"{query} said {name or answer} but {src} raised {err!r}",
                 f"expect_accepted(lambda: {src})",
-                cause=f"raised {type(err).__name__}",
+                why=f"raised {type(err).__name__}",
             )
 
     def _error_name(self, err: BaseException) -> str:
@@ -241,11 +225,11 @@ class LockstepMachine(LockstepBase):
                 check = f"expect_error(lambda: {src}, {type(expected).__name__!r})"
                 cause = f"raised {type(err).__name__}, not {type(expected).__name__}"
                 if not self._goes_on("same error as spec", check, cause):
-                    self._violate(
+                    self.violate(
                         "same error as spec",
                         f"{src} raised {err!r}; the spec raises {type(expected).__name__}",
                         check,
-                        cause=cause,
+                        why=cause,
                     )
                 # both rejected it: the test case goes on (unchanged state is checked
                 # below); the program line names no error, so it replays past this call
@@ -256,11 +240,11 @@ class LockstepMachine(LockstepBase):
             return
         except Exception:  # the spec accepted the call but had no valid choice to judge
             pass
-        self._violate(
+        self.violate(
             "same error as spec",
             f"{src} raised {err!r} but the spec accepts the call",
             f"expect_accepted(lambda: {src})",
-            cause=f"raised {type(err).__name__}, the spec accepts",
+            why=f"raised {type(err).__name__}, the spec accepts",
         )
 
     def _expect_rejected(
@@ -278,11 +262,11 @@ class LockstepMachine(LockstepBase):
             except Exception:  # accepted, but no valid choice to judge: no name to give
                 pass
         name = f", {expected!r}" if self.caps.typed_errors and expected else ""
-        self._violate(
+        self.violate(
             "same error as spec",
             f"{src} was accepted; the spec rejects it ({expected or 'an error'})",
             f"expect_error(lambda: {src}{name})",
-            cause=f"accepted, the spec raises {expected or 'an error'}",
+            why=f"accepted, the spec raises {expected or 'an error'}",
         )
 
     def _check_unchanged(self, src: str, err: Exception) -> None:
@@ -295,12 +279,12 @@ class LockstepMachine(LockstepBase):
         try:
             self._compare()
         except Violation as changed:
-            self._violate(
+            self.violate(
                 "failed call changes nothing",
                 f"{src} raised {type(err).__name__} (the spec rejects it too) but changed "
                 f"the state: [{changed.invariant}] {changed.detail}",
                 changed.check_line,
-                cause=f"{type(err).__name__} changed {changed.invariant}",
+                why=f"{type(err).__name__} changed {changed.invariant}",
             )
 
     def _judge(
@@ -323,11 +307,11 @@ class LockstepMachine(LockstepBase):
         try:
             out = spec_call()
         except PagedKVError as expected:
-            self._violate(
+            self.violate(
                 "same error as spec",
                 f"{src} was accepted; the spec raises {expected!r}",
                 f"expect_error(lambda: {src}{self._error_name(expected)})",
-                cause=f"accepted, the spec raises {type(expected).__name__}",
+                why=f"accepted, the spec raises {type(expected).__name__}",
             )
         except Violation:
             raise
@@ -340,7 +324,7 @@ class LockstepMachine(LockstepBase):
                 message = f"{type(why).__name__}: {message}"
             cited_id = cited(message)
             name = site if cited_id is None else label(cited_id)
-            self._violate(
+            self.violate(
                 name,
                 f"the spec rejects the result of {src}: {message}",
                 self._failing_check_line() or choice_line,
@@ -354,7 +338,7 @@ class LockstepMachine(LockstepBase):
         except Exception as err:
             number = str(getattr(err, "invariant", ""))
             name = label(number) if number in REGISTRY else "check_invariants"
-            self._violate(
+            self.violate(
                 name,
                 f"the target's check_invariants() failed: {err}",
                 self._failing_check_line(),
@@ -365,7 +349,7 @@ class LockstepMachine(LockstepBase):
 
 
 def check_free_count(where: str, got: int, want: int, invariant: str, check: str) -> None:
-    """A manager's free count on ``where`` must be the spec's: raise the Violation that
+    """A manager's free count on ``where`` must be the spec's: raise the Mismatch that
     says which way it is off (``invariant``: the label cited; ``check``: the call that
     reads the count in a program). O(1)."""
     if got == want:
@@ -375,7 +359,7 @@ def check_free_count(where: str, got: int, want: int, invariant: str, check: str
         if got > want
         else "a block without references was not released (a leak)"
     )
-    raise Violation(
+    raise Mismatch(
         f"free count ({where})",
         f"the target has {got} free {where} blocks, the spec {want}: {reading} ({invariant})",
         f"assert {check} == {want}",
@@ -440,7 +424,7 @@ def pool_fault(pool: PoolState) -> str | None:
 
 
 def check_same_pools(got: Pools, want: Pools) -> None:
-    """Raise a Violation naming the first pool that differs (``LIFO policy`` when only
+    """Raise a Mismatch naming the first pool that differs (``LIFO policy`` when only
     the order of its free list does)."""
     for where, g, w in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu)):
         if g != w:
@@ -448,7 +432,7 @@ def check_same_pools(got: Pools, want: Pools) -> None:
                 w, free=tuple(sorted(w.free))
             )
             name = "LIFO policy" if order_only else f"abstraction ({where} pool)"
-            raise Violation(name, f"{where} pool differs: impl {g} spec {w}")
+            raise Mismatch(name, f"{where} pool differs: impl {g} spec {w}")
 
 
 def free_as_set(s: S) -> S:

@@ -44,8 +44,9 @@ from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds, label
 from pagedkv_spec.status import AllocStatus
 from pagedkv_spec.v0 import manager as spec
-from pagedkv_stateful.adapters import Capabilities, ManagerAdapter, Violation, as_manager_adapter
+from pagedkv_stateful.adapters import Capabilities, ManagerAdapter, as_manager_adapter
 from pagedkv_stateful.causes import NULL_UNCOUNTED
+from pagedkv_stateful.lockstep import Mismatch
 from pagedkv_stateful.v0.lockstep import (
     LockstepMachine,
     check_free_count,
@@ -237,7 +238,7 @@ class ManagerMachine(LockstepMachine):
         ]
         fault = choice_fault(self.model.alloc, GPU, new, src)
         if fault is not None:
-            self._violate(*fault)
+            self.violate(*fault)
 
     def _explain_append(
         self, seq: Sequence, old: spec.TableRef, num_tokens: int, chosen: list[int], src: str
@@ -247,7 +248,7 @@ class ManagerMachine(LockstepMachine):
         before = spec.table_view(self.model, old).block_ids
         for i in spec.cow_positions(self.model, old, num_tokens):
             if i < len(chosen) and chosen[i] == before[i]:
-                self._violate(
+                self.violate(
                     label("I5"),
                     f"{src} wrote into block {before[i]} (slot {i}), which another table "
                     "shares, instead of copying it first",
@@ -262,14 +263,14 @@ class ManagerMachine(LockstepMachine):
         sources = [s for s, _ in pairs]
         dup = next((s for i, s in enumerate(sources) if s in sources[:i]), None)
         if dup is not None:
-            self._violate(
+            self.violate(
                 label("M5"),
                 f"{code} moved block {dup} twice ({pairs}): a shared block must move once",
             )
         mapping = self._abs(pairs, src, dst)
         fault = choice_fault(self.model.alloc, dst, list(mapping.values()), code)
         if fault is not None:
-            self._violate(*fault)
+            self.violate(*fault)
 
     def _free(self, seq: Sequence) -> None:
         swapped = seq.status is SWAPPED and seq.seq_id in self.model.tables
@@ -314,7 +315,7 @@ class ManagerMachine(LockstepMachine):
                 for f in dataclasses.fields(ManagerStats)
                 if getattr(stats, f.name) != getattr(self.stats, f.name)
             }
-            raise Violation(
+            raise Mismatch(
                 "manager stats",
                 f"manager.stats (target, expected) differ: {diff}",
                 f"assert mgr.stats == {self.stats!r}",
@@ -340,7 +341,7 @@ class ManagerMachine(LockstepMachine):
                 )
             for call, ids, want_ids in tables:
                 if ids != list(want_ids):
-                    raise Violation(
+                    raise Mismatch(
                         "block table",
                         f"{call} == {ids}; the spec's table is {list(want_ids)}",
                         f"assert mgr.{call} == {list(want_ids)}",
@@ -356,14 +357,14 @@ class ManagerMachine(LockstepMachine):
         for where, pool, other in (("GPU", got.gpu, want.gpu), ("CPU", got.cpu, want.cpu)):
             broken = pool_fault(pool)
             if broken is not None:
-                raise Violation(broken, f"{where} pool differs: impl {pool} spec {other}")
+                raise Mismatch(broken, f"{where} pool differs: impl {pool} spec {other}")
         fault = view_fault(got, self.block_size)
         if fault is not None:
-            raise Violation(*fault)
+            raise Mismatch(*fault)
         check_same_pools(got, want)
         if got.tables != want.tables:
-            raise Violation("block table", f"tables differ:\nimpl {got.tables}\nspec {want.tables}")
-        raise Violation(
+            raise Mismatch("block table", f"tables differ:\nimpl {got.tables}\nspec {want.tables}")
+        raise Mismatch(
             "abstraction (manager view)", f"manager views differ:\nimpl {got}\nspec {want}"
         )
 
@@ -377,7 +378,7 @@ class ManagerMachine(LockstepMachine):
         for layer, state in checks:
             broken = first_broken(layer, state)
             if broken is not None:
-                self._violate("spec self-check", f"the spec's state breaks {broken.label}")
+                self.violate("spec self-check", f"the spec's state breaks {broken.label}")
         self._check_target_invariants(self.adapter.check_invariants)
 
     # ------------------------------------------------------------------ steps
@@ -413,7 +414,7 @@ class ManagerMachine(LockstepMachine):
             explain=lambda: self._explain_append(seq, old, len(unseen), chosen, src),
         )
         if [tuple(p) for p in res] != list(pairs):
-            self._violate(
+            self.violate(
                 "CoW pairs",
                 f"{src} returned CoW pairs {res} != spec {list(pairs)}",
                 f"assert {src} == {list(pairs)}",
@@ -772,14 +773,14 @@ class ManagerMachine(LockstepMachine):
             explain=lambda: self._explain_swap(res, GPU, CPU, src),
         )
         if [tuple(p) for p in res] != list(pairs):
-            self._violate(
+            self.violate(
                 label("M5"),
                 f"{src} returned {res}; the spec moved {pairs}",
                 self._swap_check_line(src, res, pairs),
                 replace_last=True,
             )
         if not holds("M5", before, self.model, running, self._abs(res, GPU, CPU)):
-            self._violate(label("M5"), f"{src} returned {res}, which does not conserve the tables")
+            self.violate(label("M5"), f"{src} returned {res}, which does not conserve the tables")
         self.stats.swap_outs += 1
         self.stats.blocks_swapped_out += len(pairs)
         self._set_status(group.get_seqs(RUNNING), SWAPPED)
@@ -843,14 +844,14 @@ class ManagerMachine(LockstepMachine):
             explain=lambda: self._explain_swap(res, CPU, GPU, src),
         )
         if [tuple(p) for p in res] != list(pairs):
-            self._violate(
+            self.violate(
                 label("M5"),
                 f"{src} returned {res}; the spec moved {pairs}",
                 self._swap_check_line(src, res, pairs),
                 replace_last=True,
             )
         if not holds("M5", before, self.model, ids, self._abs(res, CPU, GPU)):
-            self._violate(label("M5"), f"{src} returned {res}, which does not conserve the tables")
+            self.violate(label("M5"), f"{src} returned {res}, which does not conserve the tables")
         self.stats.swap_ins += 1
         self.stats.blocks_swapped_in += len(pairs)
         self._set_status(swapped, RUNNING)

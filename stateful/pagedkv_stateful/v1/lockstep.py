@@ -16,38 +16,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
-from hypothesis import event, reject
+from hypothesis import event
 
 from pagedkv.v1 import BlockRemoved, BlockStored
-from pagedkv_spec.invariants import REGISTRY, holds, label
+from pagedkv_spec.invariants import holds
 from pagedkv_spec.v1.pool import PoolState
-from pagedkv_stateful.adapters import CHECKS, Violation
+from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.causes import ORDINARY, cause
-from pagedkv_stateful.lockstep import LockstepBase
+from pagedkv_stateful.lockstep import LockstepBase, verdict
 
-__all__ = ["V1LockstepMachine", "check_events", "fail"]
+__all__ = ["V1LockstepMachine", "check_events"]
 
 T = TypeVar("T")
 
 #: The check of a V1 caller's call that raised: refusals are results (None), never errors.
 RAISES_NOTHING = "raises nothing"
-
-
-def _name(id_: str) -> str:
-    """A registry id's label, else the named check of ``CHECKS`` itself."""
-    return label(id_) if id_ in REGISTRY else id_
-
-
-def fail(id_: str, detail: str, check_line: str | None = None, signature: str = "") -> Violation:
-    """The verdict on invariant ``id_`` (a Violation named by its label, its detail
-    ``"<meaning>: <detail>"``) or on a named check of ``CHECKS``."""
-    if id_ in REGISTRY:
-        detail = f"{REGISTRY[id_].meaning}: {detail}"
-    elif id_ not in CHECKS:  # a machine's own slip: every verdict is named
-        raise ValueError(f"{id_!r} is neither a registry id nor a name of CHECKS")
-    return Violation(_name(id_), detail, check_line, signature)
 
 
 def check_events(
@@ -66,7 +51,7 @@ def check_events(
             replayed.clear()
             replayed[(-1, -1)] = 0  # a clear is an event too (events off: none at all)
     if not holds("V1-14", pool, replayed, enabled):
-        raise fail("V1-14", f"replayed {dict(+replayed)} vs the map {pool.cached}")
+        raise verdict("V1-14", f"replayed {dict(+replayed)} vs the map {pool.cached}")
 
 
 class V1LockstepMachine(LockstepBase):
@@ -86,28 +71,16 @@ class V1LockstepMachine(LockstepBase):
         self.situation = (operation, situation)
         return True
 
-    def _violate(
-        self,
-        id_: str,
-        detail: str,
-        check_line: str | None = None,
-        replace_last: bool = False,
-        why: str = "",
-    ) -> NoReturn:
-        """Raise the Violation of ``id_`` (or discard the test case if its cause, the
-        running call's situation, is known); ``check_line`` ends the program (replacing
-        its last line when that made the same call); ``why``: the target's outcome, part
-        of the cause in an ordinary situation."""
+    def _signature(self, name: str, check_line: str | None, why: str) -> str:
+        """The cause of a failed check: the running call's situation, the check and the
+        target's outcome ``why`` (part of the cause in an ordinary situation). O(1)."""
         op, situation = self.situation
-        signature = cause(op or "?", situation, _name(id_), why)
-        # a known cause, or one found in an ordinary call failing the same way here
-        if signature in self.known or cause(op or "?", ORDINARY, _name(id_), why) in self.known:
-            reject()
-        if check_line:
-            if replace_last:
-                self.program.pop()
-            self._log(f"{check_line}  # {id_}")
-        raise fail(id_, detail, check_line, signature)
+        return cause(op or "?", situation, name, why)
+
+    def _is_known(self, signature: str, name: str, why: str) -> bool:
+        """A known cause, or one found in an ordinary call failing the same way here."""
+        op, _ = self.situation
+        return signature in self.known or cause(op or "?", ORDINARY, name, why) in self.known
 
     def _call(self, source: str, call: Callable[[], T], assign: str = "") -> T:
         """Make a call on the target (``source``: the call as an expression of the
@@ -120,7 +93,7 @@ class V1LockstepMachine(LockstepBase):
         except Violation:
             raise
         except Exception as err:
-            self._violate(
+            self.violate(
                 RAISES_NOTHING,
                 f"{source} raised {err!r}",
                 f"expect_accepted(lambda: {source})",

@@ -701,7 +701,7 @@ class V1ManagerMachine(V1LockstepMachine):
         ok = self._call("mgr.reset_prefix_cache()", self.target.reset_prefix_cache)
         self.model, expected = spec.reset_prefix_cache(self.model)
         if ok != expected:
-            self._violate(
+            self.violate(
                 "V1-15",
                 f"reset returned {ok} with {self._in_use(before)} block(s) in use",
                 f"assert mgr.reset_prefix_cache() == {expected}",
@@ -709,7 +709,7 @@ class V1ManagerMachine(V1LockstepMachine):
                 why=f"returned {ok}",
             )
         if not holds("V1-15", before.pool, self.target.to_spec().pool, ok):
-            self._violate(
+            self.violate(
                 "V1-15",
                 f"reset returned {ok} with {self._in_use(before)} block(s) in use",
                 first_difference(self.target.to_spec(), self.model),
@@ -737,14 +737,14 @@ class V1ManagerMachine(V1LockstepMachine):
         view = self.view(r)  # the request does not change until allocate_slots
         for g, group in enumerate(self.model.specs):
             if not holds("V1-12", len(ids[g]), hit, group.block_size):
-                self._violate(
+                self.violate(
                     "V1-12",
                     f"{rid}: {len(ids[g])} block(s) in group {g} but {hit} tokens",
                     self._hit(view),
                 )
         if not holds("V1-6", self.model, view, ids, hit):
             want = spec.get_computed_blocks(self.model, view)
-            self._violate(
+            self.violate(
                 "V1-6", f"{rid}: hit {ids} ({hit} tokens), the spec {want}", self._hit(view)
             )
         if self._enter("get_num_cached_tokens", situation):
@@ -753,7 +753,7 @@ class V1ManagerMachine(V1LockstepMachine):
             )
             expected = spec.get_num_cached_tokens(self.model, view)
             if probe != expected:
-                self._violate(
+                self.violate(
                     "V1-6",
                     f"{rid}: get_num_cached_tokens() is {probe}, the hit {hit}",
                     f"assert mgr.get_num_cached_tokens({rid}) == {expected}",
@@ -857,7 +857,7 @@ class V1ManagerMachine(V1LockstepMachine):
         if out is None:
             self._reached("refused allocation")
             if want is not None:
-                self._violate(
+                self.violate(
                     ADMISSION,
                     f"{r.request_id}: refused; the spec allocates {want}",
                     result.format(want),
@@ -874,12 +874,12 @@ class V1ManagerMachine(V1LockstepMachine):
                 ):
                     # only the order of the first stage's frees differs: the free
                     # queue's policy (V1-7), whichever call shows it
-                    self._violate(
+                    self.violate(
                         "V1-7",
                         f"free queue {seen.pool.free}, the spec's {free}",
                         first_difference(after, self.model),
                     )
-                self._violate(
+                self.violate(
                     "V1-8",
                     f"{r.request_id}: refused, yet the manager changed",
                     first_difference(after, self.model),
@@ -887,13 +887,13 @@ class V1ManagerMachine(V1LockstepMachine):
             return
         # every allocation (vacuous without a hit): the adopted hit blocks keep their keys
         if not holds("V1-16", self._as_spec_keys(after), self.view(r), hit_ids):
-            self._violate(
+            self.violate(
                 "V1-16",
                 f"{r.request_id}: a hit block lost its key in the allocation that adopted it",
                 first_difference(after, self.model),
             )
         if not holds("V1-10", self.with_requests(after)):
-            self._violate(
+            self.violate(
                 "V1-10",
                 f"{r.request_id}: its groups' tables cover different slot counts",
                 first_difference(after, self.model),
@@ -903,28 +903,28 @@ class V1ManagerMachine(V1LockstepMachine):
             ("V1-18", "a cross-attention table is not its encoder's blocks, or is cached"),
         ):
             if not holds(id_, self.with_requests(self._as_spec_keys(after))):
-                self._violate(id_, f"{r.request_id}: {what}", first_difference(after, self.model))
+                self.violate(id_, f"{r.request_id}: {what}", first_difference(after, self.model))
         if not holds("V1-9", before, after):
-            self._violate(
+            self.violate(
                 "V1-9",
                 f"{r.request_id}: a table lost or replaced blocks",
                 first_difference(after, self.model),
             )
         if want is None:
-            self._violate(
+            self.violate(
                 ADMISSION,
                 f"{r.request_id}: allocated {got}; the spec refuses",
                 result.format(want),
                 why="accepted",
             )
         if got is not None and tuple(map(len, got)) != tuple(map(len, want)):
-            self._violate(
+            self.violate(
                 BLOCKS_ALLOCATED,
                 f"{r.request_id}: allocated {got}, the spec {want}",
                 result.format(want),
             )
         if got != want:  # as many blocks, others: not the free queue's head
-            self._violate(
+            self.violate(
                 "V1-7", f"{r.request_id}: allocated {got}, the spec {want}", result.format(want)
             )
         if delay:
@@ -1022,7 +1022,7 @@ class V1ManagerMachine(V1LockstepMachine):
             try:
                 check("v1", layer_state, where, ids=ids)
             except InvariantViolationError as err:
-                self._violate(err.invariant, str(err), first_difference(actual, model))
+                self.violate(err.invariant, str(err), first_difference(actual, model))
         self._check_events(raw)
         self._compare(actual, model)
         self.finished.clear()
@@ -1064,7 +1064,7 @@ class V1ManagerMachine(V1LockstepMachine):
                 continue
             self.situation = ("block hashes", self._feature(r))
             read = f"{rid}.block_hashes" if hashes_of is None else f"mgr.block_hashes({rid})"
-            self._violate(
+            self.violate(
                 "V1-5",
                 f"{rid}'s block hashes are not the chained hashes",
                 f"assert tuple({read}) == {want!r}",
@@ -1105,7 +1105,7 @@ class V1ManagerMachine(V1LockstepMachine):
                 situation = self._collision(self.identity[other], self.identity[rid])
                 self.situation = ("block hashes", situation)
                 theirs = f"mgr.block_hashes({other})" if through else f"{other}.block_hashes"
-                self._violate(
+                self.violate(
                     "V1-5",
                     f"{rid}'s block {i} has the hash of {other}'s block {j}, another key",
                     f"assert {theirs}[{j}] != {mine}[{i}]",
@@ -1113,7 +1113,7 @@ class V1ManagerMachine(V1LockstepMachine):
                 )
             self.situation = ("block hashes", self._feature(self.requests[rid]))
             theirs = f"mgr.block_hashes({other2})" if through else f"{other2}.block_hashes"
-            self._violate(
+            self.violate(
                 "V1-5",
                 f"{rid}'s block {i} and {other2}'s block {k} have one key, two hashes",
                 f"assert {theirs}[{k}] == {mine}[{i}]",
@@ -1146,7 +1146,7 @@ class V1ManagerMachine(V1LockstepMachine):
             check_events(self.target.take_events(), self.replayed, actual.pool, self.events_on)
         except Violation as v:
             self.situation = ("take_events", ORDINARY)
-            self._violate("V1-14", v.detail, f"events_agree(mgr, {self.events_on})")
+            self.violate("V1-14", v.detail, f"events_agree(mgr, {self.events_on})")
         if self.events_on and self.replayed:
             self._reached("events recorded")
 
@@ -1154,7 +1154,7 @@ class V1ManagerMachine(V1LockstepMachine):
         a, m = actual.pool, model.pool
         usage = spec.usage(model)
         if abs(self.target.usage - usage) > 1e-9:
-            self._violate(
+            self.violate(
                 "V1-3",
                 f"usage {self.target.usage}, the spec's {usage}",
                 f"assert abs(mgr.usage - {usage!r}) < 1e-9",
@@ -1163,7 +1163,7 @@ class V1ManagerMachine(V1LockstepMachine):
             got = tuple(map(tuple, self.target.get_block_ids(rid)))
             want = spec.get_block_ids(model, rid)
             if got != want:
-                self._violate(
+                self.violate(
                     "V1-9",
                     f"get_block_ids({rid!r}) is {got}, the tables' {want}",
                     f"assert tuple(map(tuple, mgr.get_block_ids({rid!r}))) == {want!r}",
@@ -1194,7 +1194,7 @@ class V1ManagerMachine(V1LockstepMachine):
         ]
         for id_, broken, detail in differs:
             if broken:
-                self._violate(id_, detail, first_difference(actual, model))
+                self.violate(id_, detail, first_difference(actual, model))
 
 
 class V1MisuseMachine(V1ManagerMachine):
@@ -1240,14 +1240,14 @@ class V1MisuseMachine(V1ManagerMachine):
             call()
         except Exception as err:
             if self.typed_errors and type(err) is not type(error):
-                self._violate(
+                self.violate(
                     "same error as spec",
                     f"{source} raised {err!r}; the spec raises {name}",
                     line,
                     why=f"raised {type(err).__name__}",
                 )
         else:
-            self._violate(
+            self.violate(
                 "same error as spec",
                 f"{source} was accepted; the spec refuses it ({error})",
                 line,
@@ -1257,7 +1257,7 @@ class V1MisuseMachine(V1ManagerMachine):
         event(f"{operation}: refused {situation}")
         after = self.target.to_spec()
         if after != before:
-            self._violate(
+            self.violate(
                 "failed call changes nothing",
                 f"{source} raised, yet the manager changed",
                 first_difference(after, before),

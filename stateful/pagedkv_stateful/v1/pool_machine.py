@@ -124,7 +124,7 @@ class V1PoolMachine(V1LockstepMachine):
             handed = list(self.target.get_new_blocks(n))
         except Exception as err:  # refused (pagedkv: NoFreeBlocksError; vLLM: ValueError)
             if n <= free:
-                self._violate(
+                self.violate(
                     "V1-3",
                     f"refused {n} block(s) with {free} free: {err!r}",
                     f"{name}_blocks += {call}",
@@ -135,7 +135,7 @@ class V1PoolMachine(V1LockstepMachine):
             return
         self._log(f"{name}_blocks += {call}")
         if n > free:
-            self._violate(
+            self.violate(
                 "V1-3",
                 f"handed out {n} block(s) with {free} free",
                 f"expect_error(lambda: {call})",
@@ -146,7 +146,7 @@ class V1PoolMachine(V1LockstepMachine):
         self.model, want, _ = spec.get_new_blocks(self.model, n)
         got = [b.block_id for b in handed]
         if tuple(got) != want:
-            self._violate(
+            self.violate(
                 "V1-7",
                 f"handed out {got}, the queue's head is {want}",
                 f"assert [b.block_id for b in {name}_blocks[-{n}:]] == {list(want)}",
@@ -208,7 +208,7 @@ class V1PoolMachine(V1LockstepMachine):
         want = spec.lookup(self.model, make_block_hash_with_group_id(h, 0))
         got = None if found is None else found[0].block_id
         if got != want:
-            self._violate(
+            self.violate(
                 "V1-4",
                 f"get_cached_block gave {got}, the map holds {want}",
                 f"assert (None if found is None else found[0].block_id) == {want!r}",
@@ -274,7 +274,7 @@ class V1PoolMachine(V1LockstepMachine):
         ok = self._call("pool.reset_prefix_cache()", self.target.reset_prefix_cache)
         self.model, want = spec.reset_prefix_cache(self.model)
         if ok != want:
-            self._violate(
+            self.violate(
                 "V1-15",
                 f"reset returned {ok}, the spec {want}",
                 f"assert pool.reset_prefix_cache() == {want}",
@@ -282,7 +282,7 @@ class V1PoolMachine(V1LockstepMachine):
                 why=f"returned {ok}",
             )
         if not holds("V1-15", before, self.target.to_spec(), ok):
-            self._violate(
+            self.violate(
                 "V1-15",
                 f"reset returned {ok} and left the map or the queue otherwise",
                 pool_difference(self.target.to_spec(), self.model, "pool.to_spec()"),
@@ -306,25 +306,25 @@ class V1PoolMachine(V1LockstepMachine):
             check("v1", actual, where, ids=("V1-1", "V1-3", "V1-4"))
             check("v1", held, where, ids=("V1-2",))
         except InvariantViolationError as err:
-            self._violate(err.invariant, str(err), pool_difference(actual, m, "pool.to_spec()"))
+            self.violate(err.invariant, str(err), pool_difference(actual, m, "pool.to_spec()"))
         try:
             check_events(self.target.take_events(), self.replayed, actual, self.events_on)
         except Violation as v:
             self.situation = ("take_events", "")
-            self._violate("V1-14", v.detail, f"events_agree(pool, {self.events_on})")
+            self.violate("V1-14", v.detail, f"events_agree(pool, {self.events_on})")
         if self.events_on and self.replayed:
             self._reached("events recorded")
         free, usage = self.target.get_num_free_blocks(), self.target.get_usage()
         total = len(m.ref_cnt) - 1
         want_usage = 1 - len(m.free) / total if total else 0
         if free != len(m.free):
-            self._violate(
+            self.violate(
                 "V1-3",
                 f"{free} free, the spec {len(m.free)}",
                 f"assert pool.get_num_free_blocks() == {len(m.free)}",
             )
         if abs(usage - want_usage) > 1e-9:
-            self._violate(
+            self.violate(
                 "V1-3",
                 f"usage {usage:.3f}, the spec {want_usage:.3f}",
                 f"assert abs(pool.get_usage() - {want_usage!r}) < 1e-9",
@@ -347,5 +347,5 @@ class V1PoolMachine(V1LockstepMachine):
             ),
         ):
             if broken:
-                self._violate(id_, detail, pool_difference(actual, m, "pool.to_spec()"))
+                self.violate(id_, detail, pool_difference(actual, m, "pool.to_spec()"))
         self.situation = ("", "")

@@ -181,7 +181,7 @@ class V1SchedulerMachine(LockstepBase):
         out = self.scheduler.schedule()
         self._log("out = sched.schedule()")
         if out.finished_req_ids != self.finished_between:
-            self._fail(
+            self.violate(
                 "finished_req_ids",
                 f"{out.finished_req_ids} reported, {self.finished_between} finished",
                 f"assert out.finished_req_ids == {self.finished_between}",
@@ -212,12 +212,12 @@ class V1SchedulerMachine(LockstepBase):
         call = f"sched.finish_requests({rids}, RequestStatus.{status.name})"
         answer = self.scheduler.finish_requests(rids, status)
         if answer != live:
-            self._fail("finish_requests", f"{call} answered {answer}", f"assert {call} == {live}")
+            self.violate("finish_requests", f"{call} answered {answer}", f"assert {call} == {live}")
         self._log(call)
         for rid in live:
             event("finish_requests: an unfinished request")
             if self.requests[rid].status is not status or any(self.manager.get_blocks(rid).blocks):
-                self._fail(
+                self.violate(
                     "finish_requests",
                     f"{rid} is {self.requests[rid].status.name} with blocks "
                     f"{self.manager.get_blocks(rid).blocks}",
@@ -244,17 +244,17 @@ class V1SchedulerMachine(LockstepBase):
             eval(source, names)  # the very source the program holds
         except expected as err:
             if not isinstance(err, PagedKVError):
-                self._fail("same error as spec", f"{kind}: untyped {type(err).__name__}")
+                self.violate("same error as spec", f"{kind}: untyped {type(err).__name__}")
             event(f"misuse: {kind}")
             self._log(f"expect_error(lambda: {source}, {type(err).__name__!r})")
         else:
-            self._fail(
+            self.violate(
                 "same error as spec",
                 f"misuse accepted: {kind}",
                 f"expect_error(lambda: {source}, {expected.__name__!r})",
             )
         if (self.scheduler.to_spec(), self.manager.to_spec()) != before:
-            self._fail(
+            self.violate(
                 "failed call changes nothing",
                 f"{kind}: the scheduler or the manager changed after the error",
                 f"assert {state} == before",
@@ -286,7 +286,7 @@ class V1SchedulerMachine(LockstepBase):
             if not holds(id_, record):
                 self.program.insert(len(self.program) - 1, "before = before_step(sched)")
                 args = f"sched, out, before, {self.block_size}, {never_fit}, globals()"
-                self._fail(id_, repr(record), f"assert holds({id_!r}, step_record({args}))")
+                self.violate(id_, repr(record), f"assert holds({id_!r}, step_record({args}))")
         for x in out.scheduled:
             if x.kind != "running":
                 event(f"schedule: {x.kind}" + (" with a hit" if x.num_cached_tokens else ""))
@@ -307,7 +307,7 @@ class V1SchedulerMachine(LockstepBase):
                 request.num_output_tokens != before[rid] + 1
                 or request.output_token_ids[-1] != token
             ):
-                self._fail(
+                self.violate(
                     "update_from_output",
                     f"{rid} did not get its token {token}: {request.output_token_ids}",
                     f"assert {rid}.output_token_ids[-1] == {token}",
@@ -317,7 +317,7 @@ class V1SchedulerMachine(LockstepBase):
                 max_tokens is not None and request.num_output_tokens >= max_tokens
             )
             if (rid in done) != at_limit:
-                self._fail(
+                self.violate(
                     "update_from_output",
                     f"{rid} finished {'early' if rid in done else 'late'}",
                     f"assert {rid}.is_finished() is {at_limit}",
@@ -326,14 +326,14 @@ class V1SchedulerMachine(LockstepBase):
                 event("update_from_output: a request finished")
                 capped = request.status is RequestStatus.FINISHED_LENGTH_CAPPED
                 if not capped or any(self.manager.get_blocks(rid).blocks):
-                    self._fail(
+                    self.violate(
                         "update_from_output",
                         f"finished {rid} is {request.status.name} or keeps blocks",
                         f"assert not any(mgr.get_blocks({rid!r}).blocks)",
                     )
                 del self.computed[rid]
         if not done <= set(tokens):
-            self._fail("update_from_output", f"{sorted(done - set(tokens))} finished unsampled")
+            self.violate("update_from_output", f"{sorted(done - set(tokens))} finished unsampled")
         self.finished_between += [f.request_id for f in finished]
 
     @invariant()
@@ -343,7 +343,7 @@ class V1SchedulerMachine(LockstepBase):
         self._own_check(self.scheduler.check_invariants, "sched.check_invariants()")
         self._own_check(self.manager.check_invariants, "mgr.check_invariants()")
         if set(self.scheduler.requests) != set(self.computed):
-            self._fail(
+            self.violate(
                 "S1",
                 f"tracked {sorted(self.scheduler.requests)}, unfinished {sorted(self.computed)}",
                 f"assert sorted(sched.requests) == {sorted(self.computed)}",
@@ -363,14 +363,14 @@ class V1SchedulerMachine(LockstepBase):
             self.update_from_output()
             self.scheduler_and_manager_invariants()
         if self.scheduler.has_unfinished_requests():
-            self._fail(
+            self.violate(
                 "liveness",
                 f"requests left after {bound} steps: {self.scheduler!r}",
                 "assert not sched.has_unfinished_requests()",
             )
         pool = self.manager.block_pool
         if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
-            self._fail(
+            self.violate(
                 "liveness",
                 f"{pool.get_num_free_blocks()} of {pool.num_gpu_blocks - 1} blocks free at the end",
                 f"assert mgr.block_pool.get_num_free_blocks() == {pool.num_gpu_blocks - 1}",

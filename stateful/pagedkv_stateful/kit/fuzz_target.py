@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 
+from pagedkv_stateful.kit.search import fuzz_machine
 from pagedkv_stateful.profiles import load_default_profile
-from pagedkv_stateful.targets import fuzz_machine
 
 load_default_profile()  # before .TestCase: its settings are the profile's at creation
 

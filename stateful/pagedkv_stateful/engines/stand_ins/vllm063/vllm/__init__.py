@@ -1,0 +1,1 @@
+"""Stand-in package written by pagedkv_stateful.vllm063."""

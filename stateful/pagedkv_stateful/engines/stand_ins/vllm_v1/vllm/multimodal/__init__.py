@@ -1,0 +1,1 @@
+"""Stand-in package (vLLM's loads the registry)."""

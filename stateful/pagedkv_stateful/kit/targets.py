@@ -1,0 +1,576 @@
+"""The conformance kit's targets: levels, factories, probes, and the machine per level.
+
+A factory (``MODULE:FACTORY``) is loaded, one probe target is built and its cheap
+entry points called (so a factory whose objects lack the API is a usage error with
+a hint, not a violation), and the lockstep machine of its level is built over it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pagedkv import BlockSpaceManager, SequenceGroup
+from pagedkv import Sequence as Seq
+from pagedkv_spec.device import Device
+from pagedkv_stateful.adapters import (
+    AllocatorAdapter,
+    Capabilities,
+    ManagerAdapter,
+    PagedKVAllocatorAdapter,
+    PagedKVManagerAdapter,
+    as_allocator_adapter,
+    as_manager_adapter,
+)
+from pagedkv_stateful.kit.replay import NEEDS_O, explicit_asserts
+from pagedkv_stateful.lockstep import EXPECT_ACCEPTED, EXPECT_ERROR
+from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
+from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
+from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
+from pagedkv_stateful.v0.manager_machine import ManagerMachine
+from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.pool_machine import BS, V1PoolMachine
+from pagedkv_stateful.v1.program import EVENTS_AGREE
+
+__all__ = [
+    "CACHING_MANAGER_METHODS",
+    "CACHING_METHODS",
+    "DESCRIPTION",
+    "EXPECT_ACCEPTED",
+    "EXPECT_ERROR",
+    "OPTIMIZE_WARNING",
+    "STATUS",
+    "V1_METHODS",
+    "V1_POOL_METHODS",
+    "CachingProbe",
+    "UsageError",
+    "V1Probe",
+    "check_adapter",
+    "load_factory",
+    "prelude",
+]
+
+DESCRIPTION = (
+    "Check a paged block allocator (or block manager, or vLLM V1 KV cache manager) against "
+    "pagedkv's spec."
+)
+#: What a V1-pool-level target must have: vLLM V1's ``BlockPool`` surface (its
+#: ``cache_full_blocks`` taking pagedkv ``Request`` objects) and ``to_spec()``.
+V1_POOL_METHODS = (
+    "get_new_blocks",
+    "get_cached_block",
+    "touch",
+    "free_blocks",
+    "cache_full_blocks",
+    "evict_blocks",
+    "reset_prefix_cache",
+    "take_events",
+    "get_num_free_blocks",
+    "get_usage",
+    "to_spec",
+)
+#: What a V1-level target must have: vLLM V1's ``KVCacheManager`` surface (taking
+#: pagedkv ``Request`` objects), and its state as the spec's (``to_spec()``).
+V1_METHODS = (
+    "get_computed_blocks",
+    "get_num_cached_tokens",
+    "record_prefix_cache_stats",
+    "allocate_slots",
+    "cache_blocks",
+    "remove_skipped_blocks",
+    "free",
+    "evict_blocks",
+    "reset_prefix_cache",
+    "take_events",
+    "get_block_ids",
+    "to_spec",
+)
+V1_IMPORTS = (
+    "from pagedkv.v1 import ChunkedLocalAttentionSpec, CrossAttentionSpec, FullAttentionSpec, "
+    "KVCacheConfig, LoRARequest, MambaSpec, MultiModalFeatureSpec, PlaceholderRange, Request, "
+    "RequestStatus, SlidingWindowSpec, get_request_block_hasher"
+)
+#: What a caching-manager-level target must have besides the manager's methods.
+CACHING_MANAGER_METHODS = (
+    "mark_blocks_as_computed",
+    "access_all_blocks_in_seq",
+    "get_common_computed_block_ids",
+)
+#: What a caching-level target must have (vLLM 0.6.3's prefix-caching API).
+CACHING_METHODS = (
+    "allocate_mutable_block",
+    "allocate_immutable_block",
+    "allocate_immutable_blocks",
+    "free",
+    "fork",
+    "swap",
+    "clear_copy_on_writes",
+    "allocate_or_get_null_block",
+    "get_num_free_blocks",
+    "get_num_full_blocks_touched",
+    "mark_blocks_as_accessed",
+    "mark_blocks_as_computed",
+    "get_computed_block_ids",
+    "get_common_computed_block_ids",
+    "get_prefix_cache_hit_rate",
+)
+
+
+@dataclass(frozen=True)
+class CachingProbe:
+    """The probe of a caching-level factory: its target and what it promises."""
+
+    target: Any
+    capabilities: Capabilities
+    extra_keys: bool
+
+
+STATUS = '''def status(answer):
+    """OK / LATER / NEVER of an admission answer (an AllocStatus or an AllocDecision)."""
+    return getattr(answer, "status", answer).name'''
+
+
+@dataclass(frozen=True)
+class V1Probe:
+    """The probe of a V1-level factory: its target and what it promises."""
+
+    target: Any
+    capabilities: Capabilities
+    own: bool
+    pool: bool = False
+
+
+class UsageError(Exception):
+    """Bad ``MODULE:FACTORY`` or options; :func:`main` prints it on one line and exits 2."""
+
+
+#: What ``python -O`` turns off (printed at the start of a run under -O).
+OPTIMIZE_WARNING = (
+    "running under python -O: the spec's contracts are assert statements and are off, "
+    "so the spec operations no longer judge the target's choices (the ids, CoW pairs, swap "
+    "mappings and tables it hands out) and the spec's postconditions are not checked; "
+    "only the comparisons after each step remain. Run without -O for a full check"
+)
+
+
+def load_factory(spec: str) -> tuple[Callable[..., Any], str, str]:
+    """``(factory, import_line, call_source)`` for ``"module:attr"`` (attr may be dotted)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"expected MODULE:FACTORY, got {spec!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to the caller
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:
+        raise UsageError(f"cannot import {module_name!r}: {type(err).__name__}: {err}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"{module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"{spec} is not callable")
+    head = attr.split(".")[0]
+    return obj, f"from {module_name} import {head}", attr
+
+
+def import_of(factory: Callable[..., Any], call: str) -> tuple[str, str]:
+    """``(import line, call)`` for a factory that a module names at its top level (so a
+    printed program can import it), else ``("", call)``: the program then names ``call``
+    without defining it and its replay says so."""
+    module, name = getattr(factory, "__module__", None), getattr(factory, "__qualname__", "")
+    loaded = sys.modules.get(module or "")
+    named = module and module != "__main__" and name.isidentifier()
+    if named and getattr(loaded, name, None) is factory:
+        return f"from {module} import {name}", name
+    return "", call
+
+
+Probe = AllocatorAdapter | ManagerAdapter | CachingProbe | V1Probe
+
+
+def probe_allocator(result: object, shown: str) -> AllocatorAdapter:
+    """An allocator factory's result as its adapter (the kit then checks its surface)."""
+    return as_allocator_adapter(result)
+
+
+def probe_manager(result: object, shown: str) -> ManagerAdapter:
+    """A manager factory's result as its adapter (the kit then checks its surface)."""
+    return as_manager_adapter(result)
+
+
+probe_caching_manager = probe_manager
+
+
+def check_adapter(
+    adapter: AllocatorAdapter | ManagerAdapter,
+    shown: str,
+    forwarding: type[AllocatorAdapter] | type[ManagerAdapter],
+    required: tuple[str, ...],
+    optional: Mapping[str, tuple[str, ...]],
+) -> None:
+    """A forwarding adapter's target (``type(adapter) is forwarding``) has every method
+    of ``required``, and those of each ``optional`` capability flag it leaves on;
+    then its first calls take pagedkv's devices or groups. A custom adapter defines its
+    own methods: only the calls are checked."""
+    if type(adapter) is forwarding:
+        missing = [m for m in required if not callable(getattr(adapter.target, m, None))]
+        if missing:
+            raise UsageError(
+                f"{shown} returned {type(adapter.target).__name__}, which lacks "
+                f"{', '.join(missing)}; adapt it with a {forwarding.__name__} subclass "
+                "(docs/conformance.md)"
+            )
+        caps = adapter.capabilities
+        for flag, methods in optional.items():
+            lacking = [m for m in methods if not callable(getattr(adapter.target, m, None))]
+            if getattr(caps, flag) and lacking:
+                raise UsageError(
+                    f"{shown} returned {type(adapter.target).__name__}, which lacks "
+                    f"{', '.join(lacking)}: the checks of Capabilities.{flag} call them; "
+                    f"turn it off (return (target, Capabilities({flag}=False)) from the "
+                    "factory) or add them (docs/conformance.md)"
+                )
+    if isinstance(adapter, AllocatorAdapter):
+        _probe_devices(adapter, shown)
+    else:
+        _probe_groups(adapter, shown)
+
+
+def _caching_target(result: object) -> tuple[Any, Capabilities | None]:
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Capabilities):
+        return result[0], result[1]
+    return result, None
+
+
+def _with_surface(
+    result: object,
+    shown: str,
+    methods: tuple[str, ...],
+    hint: str,
+    attributes: tuple[str, ...] = (),
+) -> tuple[Any, Capabilities | None]:
+    """``(target, capabilities)`` of a factory's result (a target or a ``(target,
+    Capabilities)`` pair) that has every one of ``methods`` and ``attributes``; else the
+    UsageError naming what it lacks, then ``hint`` (what a target of its level is)."""
+    target, caps = _caching_target(result)
+    missing = [m for m in methods if not callable(getattr(target, m, None))]
+    missing += [a for a in attributes if not hasattr(target, a)]
+    if missing:
+        raise UsageError(
+            f"{shown} returned {type(target).__name__}, which lacks {', '.join(missing)}; {hint}"
+        )
+    return target, caps
+
+
+def probe_caching(result: object, shown: str) -> CachingProbe:
+    """The caching-level target's API and devices; pagedkv's own promises more."""
+    from pagedkv import CpuGpuBlockAllocator
+
+    target, caps = _with_surface(
+        result,
+        shown,
+        CACHING_METHODS,
+        "a caching-level target has vLLM 0.6.3's prefix-caching CpuGpuBlockAllocator API",
+    )
+    for device in Device:
+        try:
+            target.get_num_free_blocks(device)
+        except Exception as err:
+            raise UsageError(
+                f"{shown}: get_num_free_blocks(Device.{device.name}) raised "
+                f"{type(err).__name__}: {err}; the caching level passes pagedkv's Device values"
+            ) from None
+    own = isinstance(target, CpuGpuBlockAllocator) and target.enable_caching
+    if caps is None:
+        caps = Capabilities(typed_errors=own, lifo=own, beyond_callers=own)
+    return CachingProbe(target, caps, extra_keys=own)
+
+
+def probe_v1(result: object, shown: str) -> V1Probe:
+    """The V1-level target's surface, and a pagedkv ``Request`` it must take (a lookup of
+    a three-token prompt); pagedkv's own manager promises typed errors."""
+    from pagedkv.v1 import KVCacheManager, Request, get_request_block_hasher
+
+    target, caps = _with_surface(
+        result,
+        shown,
+        V1_METHODS,
+        "a v1-level target has vLLM V1's KVCacheManager surface, takes pagedkv Request "
+        "objects and gives its state as to_spec() (an adapter such as "
+        "pagedkv_stateful.vllm_v1.ManagerTarget, docs/conformance.md)",
+        ("empty_kv_cache_blocks", "usage"),
+    )
+    probe = Request("probe", [1, 2, 3], block_hasher=get_request_block_hasher(2))
+    try:
+        target.get_num_cached_tokens(probe)
+    except Exception as err:
+        raise UsageError(
+            f"{shown}: get_num_cached_tokens(<a pagedkv Request of 3 tokens>) raised "
+            f"{type(err).__name__}: {err}; a v1-level target takes pagedkv Request objects "
+            "(adapt them to its own, as pagedkv_stateful.vllm_v1.ManagerTarget does)"
+        ) from None
+    own = isinstance(target, KVCacheManager)
+    if caps is None:
+        caps = Capabilities(typed_errors=own, beyond_callers=own)
+    return V1Probe(target, caps, own)
+
+
+def probe_v1_pool(result: object, shown: str) -> V1Probe:
+    """The V1-pool-level target's surface; pagedkv's own pool promises typed errors."""
+    from pagedkv.v1 import BlockPool
+
+    target, caps = _with_surface(
+        result,
+        shown,
+        V1_POOL_METHODS,
+        "a v1-pool-level target has vLLM V1's BlockPool surface and gives its state as "
+        "to_spec() (an adapter such as pagedkv_stateful.vllm_v1.PoolTarget)",
+    )
+    own = isinstance(target, BlockPool)
+    if caps is None:
+        caps = Capabilities(typed_errors=own, beyond_callers=own)
+    return V1Probe(target, caps, own, pool=True)
+
+
+def _probe_devices(adapter: AllocatorAdapter, shown: str) -> None:
+    """The free and total counts of both devices: the machine's first calls after every
+    step, so a device value the target does not take fails here, not as a violation."""
+    for query in (adapter.get_num_free_blocks, adapter.get_num_total_blocks):
+        for device in Device:
+            try:
+                query(device)
+            except (KeyError, TypeError, AttributeError, ValueError) as err:
+                raise UsageError(
+                    f"{shown}: {query.__name__}(Device.{device.name}) raised "
+                    f"{type(err).__name__}: {err}; the target's device type differs: pass "
+                    "devices={Device.GPU: <its GPU value>, Device.CPU: <its CPU value>} (or its "
+                    "device enum class) to AllocatorAdapter, see docs/conformance.md"
+                ) from None
+
+
+def _probe_groups(adapter: ManagerAdapter, shown: str) -> None:
+    """``can_allocate`` of a one-sequence pagedkv group: a manager that expects its own
+    sequence types (vLLM's) fails here, not as a violation."""
+    block_size = 2  # the manager level's probe_args: one block of 2, then one more
+    group = SequenceGroup("probe", [Seq(0, [1, 2, 3], block_size)])
+    try:
+        adapter.can_allocate(group)
+    except Exception as err:
+        raise UsageError(
+            f"{shown}: can_allocate(<a SequenceGroup of one 3-token Sequence>) raised "
+            f"{type(err).__name__}: {err}; the manager could not take a pagedkv "
+            "SequenceGroup: adapt sequences/groups in a ManagerAdapter subclass, see "
+            "docs/conformance.md"
+        ) from None
+
+
+def imports_of(
+    probe: Probe,
+    import_line: str,
+    factory: Callable[..., Any] | None = None,
+) -> list[str]:
+    """The lines a printed program starts with: the factory module's prelude (what makes
+    its imports work in a fresh process, :func:`prelude`), then the imports."""
+    if isinstance(probe, AllocatorAdapter):
+        first = probe.source_device_import()
+    elif isinstance(probe, CachingProbe):
+        first = "from pagedkv import Device"
+    elif isinstance(probe, V1Probe) and probe.pool:
+        first = "from pagedkv.v1 import Request, get_request_block_hasher"
+    elif isinstance(probe, V1Probe):
+        first = V1_IMPORTS
+        if probe.own:  # its requests include the general path's (a Request subclass)
+            first += "\nfrom pagedkv_stateful.v1.manager_machine import GeneralPathRequest"
+    else:
+        first = "from pagedkv import Sequence, SequenceGroup, SequenceStatus"
+    imports = merge_imports([line for line in (import_line, *first.split("\n")) if line])
+    return [*prelude(factory), *imports]
+
+
+def prelude(factory: Callable[..., Any] | None) -> list[str]:
+    """The statements a program needs before its imports, from the factory's module: its
+    ``conform_prelude()`` if it has one (e.g. putting an extracted vLLM on ``sys.path``:
+    ``pagedkv_stateful.vllm063``), asked after the probe built a target; else none."""
+    module = sys.modules.get(getattr(factory, "__module__", "") or "")
+    make = getattr(module, "conform_prelude", None)
+    if not callable(make):
+        return []
+    lines = make()
+    if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+        raise UsageError(
+            f"{getattr(module, '__name__', '?')}.conform_prelude() must return a list of "
+            f"source lines, got {lines!r}"
+        )
+    return lines
+
+
+def _suffix(result: object) -> str:
+    """What the program appends to the factory call to reach the object it drives."""
+    if isinstance(result, tuple):
+        return "[0]"
+    forwarding = (AllocatorAdapter, PagedKVAllocatorAdapter, ManagerAdapter, PagedKVManagerAdapter)
+    return ".target" if type(result) in forwarding else ""
+
+
+def caching_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[CachingAllocatorMachine]:
+    """The caching level's machine over targets built by ``factory`` (named ``call`` in
+    the programs it writes)."""
+    takes_extra = isinstance(probe, CachingProbe) and probe.extra_keys
+
+    class ConformCaching(CachingAllocatorMachine):
+        capabilities = caps
+        extra_keys = takes_extra
+
+        def make_impl(self, g: int, c: int, block_size: int) -> Any:
+            self._result = factory(g, c, block_size)
+            return _caching_target(self._result)[0]
+
+        def setup_source(self, g: int, c: int, block_size: int) -> str:
+            suffix = "[0]" if isinstance(self._result, tuple) else ""
+            return f"alloc = {call}({g}, {c}, {block_size}){suffix}"
+
+    return ConformCaching
+
+
+def allocator_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[AllocatorMachine]:
+    """The allocator level's machine (as :func:`caching_machine`)."""
+
+    class ConformAllocator(AllocatorMachine):
+        def make_adapter(self, g: int, c: int, block_size: int) -> AllocatorAdapter:
+            self._result = factory(g, c, block_size)
+            return as_allocator_adapter(self._result)
+
+        def setup_source(self, var: str, g: int, c: int, block_size: int) -> str:
+            return f"{var} = {call}({g}, {c}, {block_size}){_suffix(self._result)}"
+
+    return ConformAllocator
+
+
+def caching_manager_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[CachingManagerMachine]:
+    """The caching-manager level's machine (as :func:`caching_machine`)."""
+    own = isinstance(getattr(probe, "target", None), BlockSpaceManager)
+
+    class ConformCachingManager(CachingManagerMachine):
+        extra_keys = own
+
+        def make_adapter(self, block_size: int, g: int, c: int, watermark: float) -> Any:
+            self._result = factory(block_size, g, c, watermark)
+            return as_manager_adapter(self._result)
+
+        def setup_source(self, args: str) -> str:
+            return f"mgr = {call}({args}){_suffix(self._result)}"
+
+    return ConformCachingManager
+
+
+def manager_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[ManagerMachine]:
+    """The manager level's machine (as :func:`caching_machine`)."""
+
+    class ConformManager(ManagerMachine):
+        capabilities = caps
+
+        def make_adapter(
+            self, block_size: int, g: int, c: int, watermark: float, window: int | None
+        ) -> ManagerAdapter:
+            self._result = factory(block_size, g, c, watermark, window)
+            return as_manager_adapter(self._result)
+
+        def setup_source(self, args: str) -> str:
+            return f"mgr = {call}({args}){_suffix(self._result)}"
+
+    return ConformManager
+
+
+def v1_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[V1ManagerMachine]:
+    """The V1 level's machine (as :func:`caching_machine`)."""
+    return _v1_machine(factory, call, caps, isinstance(probe, V1Probe) and probe.own)
+
+
+def v1_pool_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[V1PoolMachine]:
+    """The V1 pool level's machine (as :func:`caching_machine`)."""
+    return _v1_pool_machine(factory, call)
+
+
+def _v1_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, own: bool
+) -> type[V1ManagerMachine]:
+    class ConformV1(V1ManagerMachine):
+        partial_hit_limits = caps.hit_limits
+        exact_hashes = caps.exact_hashes
+        general_path_requests = own  # pagedkv's own: its fast and general paths
+        configurations = caps.configurations or V1ManagerMachine.configurations
+        beyond_callers = caps.beyond_callers
+
+        def make_manager(
+            self, config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+        ) -> Any:
+            self._result = factory(config, max_model_len, caching, events, watermark)
+            return _caching_target(self._result)[0]
+
+        def setup_source(self, args: str) -> str:
+            suffix = "[0]" if isinstance(self._result, tuple) else ""
+            return f"mgr = {call}({args}){suffix}"
+
+    return ConformV1
+
+
+def _v1_pool_machine(factory: Callable[..., Any], call: str) -> type[V1PoolMachine]:
+    class ConformV1Pool(V1PoolMachine):
+        def make_pool(self, num_blocks: int, caching: bool, events: bool) -> Any:
+            self._result = factory(num_blocks, caching, BS, events)
+            return _caching_target(self._result)[0]
+
+        def setup_source(self, args: str) -> str:
+            num_blocks, caching, events = args.split(", ")
+            suffix = "[0]" if isinstance(self._result, tuple) else ""
+            return f"pool = {call}({num_blocks}, {caching}, {BS}, {events}){suffix}"
+
+    return ConformV1Pool
+
+
+def program_of(body: list[str], imports: list[str]) -> tuple[tuple[str, ...], int]:
+    helpers = [
+        h
+        for h, used in (
+            (EXPECT_ERROR, "expect_error("),
+            (EXPECT_ACCEPTED, "expect_accepted("),
+            (STATUS, "status("),
+            (EVENTS_AGREE, "events_agree("),
+        )
+        if any(used in line for line in body)
+    ]
+    head = [*imports, ""]
+    for helper in helpers:
+        head += [*helper.splitlines(), "", ""]
+    if sys.flags.optimize:  # found with assert statements off: it may need them off, and
+        # its own checks must not be asserts then
+        return (f"# {NEEDS_O}", *explicit_asserts([*head, *body])), len(body)
+    return (*head, *body), len(body)
+
+
+def merge_imports(lines: list[str]) -> list[str]:
+    """``from m import a`` + ``from m import b`` -> ``from m import a, b`` (order kept)."""
+    names: dict[str, list[str]] = {}
+    for line in lines:
+        module, _, imported = line.removeprefix("from ").partition(" import ")
+        names.setdefault(module, [])
+        names[module] += [n for n in imported.split(", ") if n not in names[module]]
+    return [f"from {module} import {', '.join(n)}" for module, n in names.items()]

@@ -1,0 +1,1 @@
+"""The serving layer's lockstep machines (:mod:`pagedkv.serving`'s V0 scheduler)."""

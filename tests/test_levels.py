@@ -1,0 +1,148 @@
+"""The conformance levels' rows (``pagedkv_stateful/kit/levels.py``): a level is one row,
+and a target lacking a capability's methods is told which flag to turn off."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, invariant, rule
+
+from pagedkv import CpuGpuBlockAllocator
+from pagedkv_stateful.adapters import Capabilities
+from pagedkv_stateful.kit.conform import main
+from pagedkv_stateful.kit.levels import LEVELS, Level, describe, state_classes
+from pagedkv_stateful.kit.search import run_conformance
+from pagedkv_stateful.kit.targets import UsageError
+from pagedkv_stateful.lockstep import LockstepBase
+
+
+class Slots:
+    """A toy target: ``n`` slots, taken lowest first and given back."""
+
+    def __init__(self, n: int, leak: bool = False) -> None:
+        self.free = list(range(n))
+        self.leak = leak
+
+    def take(self) -> int | None:
+        return self.free.pop(0) if self.free else None
+
+    def give(self, slot: int) -> None:
+        if not self.leak:  # the planted bug: a slot given back is lost
+            self.free = sorted([*self.free, slot])
+
+    def free_count(self) -> int:
+        return len(self.free)
+
+
+class ToyMachine(LockstepBase):
+    """The toy level's machine: take and give against a count of the slots taken."""
+
+    factory: Any = None
+    call = "factory"
+
+    @initialize(n=st.integers(1, 4))
+    def setup(self, n: int) -> None:
+        self.n = n
+        self.taken: list[int] = []
+        self.target = type(self).factory(n)
+        self._log(f"slots = {self.call}({n})")
+
+    @rule()
+    def take(self) -> None:
+        slot = self.target.take()
+        self._log(f"s{len(self.program)} = slots.take()")
+        if slot is not None:
+            self.taken.append(slot)
+
+    @rule(data=st.data())
+    def give(self, data: st.DataObject) -> None:
+        if self.taken:
+            slot = self.taken.pop(data.draw(st.integers(0, len(self.taken) - 1)))
+            self.target.give(slot)
+            self._log(f"slots.give({slot})")
+            self._reached("a slot given back")
+
+    @invariant()
+    def counts_agree(self) -> None:
+        if hasattr(self, "target") and self.target.free_count() != self.n - len(self.taken):
+            self.violate(
+                "free count (GPU)",
+                f"{self.target.free_count()} free, {self.n - len(self.taken)} expected",
+                f"assert slots.free_count() == {self.n - len(self.taken)}",
+            )
+
+
+@dataclass(frozen=True)
+class ToyProbe:
+    target: Any
+    capabilities: Capabilities
+
+
+def _build(factory: Any, call: str, caps: Capabilities, probe: Any) -> type[ToyMachine]:
+    return type("ConformToy", (ToyMachine,), {"factory": staticmethod(factory), "call": call})
+
+
+TOY = Level(
+    name="toy",
+    machine=ToyMachine,
+    signature="(num_slots)",
+    probe_args=(3,),
+    required=("take", "give", "free_count"),
+    probe=lambda result, shown: ToyProbe(result, Capabilities()),
+    build=_build,
+    coverage=("a slot given back",),
+    callers=(),
+    promises=lambda caps: "toy slots",
+)
+
+
+def test_a_toy_level_is_one_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(LEVELS, TOY.name, TOY)
+    good = run_conformance(Slots, level="toy", max_examples=30, replay=False)
+    assert good.level == "toy" and good.findings == []
+    assert good.coverage["a slot given back"] > 0
+    assert state_classes("toy") == ("a slot given back",)
+    assert describe(Capabilities(), "toy") == "toy slots"
+    leaky = run_conformance(
+        lambda n: Slots(n, leak=True), level="toy", max_examples=30, max_violations=1, replay=False
+    )
+    assert [f.invariant for f in leaky.findings] == ["free count (GPU)"]
+    assert leaky.findings[0].program[-1].startswith("assert slots.free_count() == ")
+
+
+def test_the_toy_level_is_a_choice_of_the_command(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(LEVELS, TOY.name, TOY)
+    status = main(["test_levels:Slots", "--level", "toy", "--max-examples", "10"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "(toy level)" in out and "capabilities: toy slots" in out
+
+
+class NoSwap:
+    """pagedkv's allocator without ``swap``: a vLLM-style target of the allocator level."""
+
+    def __init__(self, g: int, c: int, block_size: int) -> None:
+        self._inner = CpuGpuBlockAllocator.create("naive", g, c, block_size)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "swap":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_a_missing_optional_method_names_the_flag_to_turn_off() -> None:
+    with pytest.raises(UsageError) as err:
+        run_conformance(NoSwap, level="allocator", max_examples=5, replay=False)
+    assert "lacks swap: the checks of Capabilities.swap call them" in str(err.value)
+    assert "Capabilities(swap=False)" in str(err.value)
+
+    def without_swap(g: int, c: int, block_size: int) -> tuple[NoSwap, Capabilities]:
+        return NoSwap(g, c, block_size), Capabilities(swap=False)
+
+    report = run_conformance(without_swap, level="allocator", max_examples=5, replay=False)
+    assert report.level == "allocator" and "swap" not in describe(report.capabilities, "allocator")
