@@ -21,7 +21,9 @@ from pagedkv.v0.id_pool import IdPool
 from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 
-FIND_FAST = find_fast(max_examples=300, steps=30)
+# 600: at 300 the derandomized search missed the FIFO and per-object swap bugs once the
+# suite imported more modules; over 8 random seeds 300 found them 8/8 and 7/8, 600 8/8.
+FIND_FAST = find_fast(max_examples=600, steps=30)
 
 
 class _SkipsDecrementPool(IdPool):
