@@ -715,6 +715,7 @@ def test_console_script_errors_have_no_traceback() -> None:
     assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("pagedkv: error: ")
 
 
+@pytest.mark.slow
 def test_pagedkv_conform_is_wired_into_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     """`pagedkv conform` reaches the conformance kit: a faulty allocator exits 1."""
     from pagedkv.serving import cli

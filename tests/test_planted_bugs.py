@@ -21,6 +21,8 @@ from pagedkv.v0.id_pool import IdPool
 from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 
+pytestmark = pytest.mark.slow  # the slow tier (make check): tests/README.md
+
 FIND_FAST = find_fast(max_examples=300, steps=30)
 
 

@@ -950,7 +950,14 @@ def _figures(result: SimulationResult) -> dict[str, object]:
     return {k: v for k, v in dataclasses.asdict(result.summary).items() if k not in _TIMING}
 
 
-@pytest.mark.parametrize("name", ["overload", "parallel-sampling", "system-prompt"])
+@pytest.mark.parametrize(
+    "name",
+    [  # parallel-sampling in the fast tier; the two larger runs in the slow one (make check)
+        pytest.param("overload", marks=pytest.mark.slow),
+        "parallel-sampling",
+        pytest.param("system-prompt", marks=pytest.mark.slow),
+    ],
+)
 @pytest.mark.parametrize("caching", [False, True])
 def test_the_counting_backend_schedules_exactly_as_the_toy_backing(
     name: str, caching: bool
