@@ -69,8 +69,17 @@ bench: $(STAMP)
 bench-simulator: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_simulator
 
-demo: $(STAMP)
-	$(BIN)/python -m pagedkv simulate --preset overload
+# The demo installs only what it needs: pagedkv with the `demo` extra (torch, CPU build,
+# for the toy KV backing; matplotlib for the plot), not the dev tools. Writes demo.png.
+DEMO_STAMP := $(VENV)/.demo-installed
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(BIN)/python -m pagedkv simulate --preset overload --plot demo.png
 
 # pagedkv sweep --executor ray: installs ray into the venv (the `ray` extra), starts a
 # local Ray cluster of 2 worker CPUs, runs a small sweep as Ray tasks and the same sweep

@@ -249,6 +249,33 @@ def test_import_pagedkv_does_not_import_torch() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_the_light_install_works_without_torch() -> None:
+    """``pip install pagedkv`` brings no torch: the block layers, the spec, the kit (a
+    conformance run included) and the command line import and run without it, and the
+    KV engine says which extra it needs. torch is made unimportable, as where it is not
+    installed (``sys.modules['torch'] = None``)."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "sys.modules['torch'] = None\n"
+        "import pagedkv, pagedkv.v0, pagedkv.v1, pagedkv_spec, pagedkv_stateful\n"
+        "for pkg in (pagedkv.v0, pagedkv.v1, pagedkv_spec):\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        importlib.import_module(m.name)\n"
+        "from pagedkv.serving import cli\n"
+        "from pagedkv_stateful import run_conformance\n"
+        "factory = lambda g, c, b: pagedkv.CpuGpuBlockAllocator.create('naive', g, c, b)\n"
+        "report = run_conformance(factory, max_examples=5, replay=False)\n"
+        "assert report.ok, report.render()\n"
+        "try:\n"
+        "    import pagedkv.kv\n"
+        "except ImportError as err:\n"
+        "    print(type(err).__name__, err)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("OptionalDependencyError ") and "'pagedkv[kv]'" in proc.stdout
+
+
 def machines_by_shape() -> tuple[list[str], list[str]]:
     """The Hypothesis machines of ``pagedkv_stateful`` (every module imported): those
     of the one shape (:class:`~pagedkv_stateful.lockstep.LockstepBase`) and the others."""

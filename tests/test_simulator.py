@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -38,6 +37,7 @@ from pagedkv.errors import (
     WorkloadError,
 )
 from pagedkv.kv.cache import KVCacheEngine
+from pagedkv.serving import resources
 from pagedkv.serving.capacity import CapacityPlan, plan_capacity
 from pagedkv.serving.model_config import load_model_config
 from pagedkv.serving.report import SimulationResult, Summary
@@ -1044,7 +1044,7 @@ def test_a_config_names_a_known_backing(backing: str) -> None:
     raised(ArgumentTypeError, lambda: SimulationConfig(kv_backing=None))  # type: ignore[arg-type]  # bad on purpose
 
 
-_LLAMA = Path(__file__).parent / "data" / "models" / "llama-3.1-8b.json"
+_LLAMA = resources.shipped("model")["llama-3.1-8b"]
 
 
 def _llama_plan(**kwargs: object) -> CapacityPlan:

@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
+from pagedkv._torch import require_torch
+from pagedkv._version import __version__
 from pagedkv.errors import (
     InvalidKVCacheConfigError,
     InvalidSLOError,
@@ -41,10 +43,11 @@ from pagedkv.errors import (
     SweepPointError,
 )
 from pagedkv.output_files import check_output_path, write_atomically
-from pagedkv.serving import report, slo, sweep, traces, workload
+from pagedkv.serving import report, resources, slo, sweep, traces, workload
 from pagedkv.serving.capacity import CapacityPlan, plan_capacity
 from pagedkv.serving.model_config import KV_CACHE_DTYPES, load_model_config
 from pagedkv.serving.scheduler import SchedulerConfig
+from pagedkv.serving.simulation_config import TOY_NEEDS_TORCH
 from pagedkv.serving.simulator import SimulationConfig, Simulator
 from pagedkv.serving.step_time import StepTimeModel
 
@@ -217,6 +220,7 @@ def _slo(text: str) -> slo.SLO:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (``simulate`` subcommand). Complexity: O(1)."""
     parser = _Parser(prog="pagedkv", description="pagedkv: a verified paged KV-cache manager")
+    parser.add_argument("--version", action="version", version=f"pagedkv {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     sim = commands.add_parser("simulate", help="serve a workload and print a summary")
     source = sim.add_mutually_exclusive_group()
@@ -230,8 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source.add_argument(
         "--trace",
-        metavar="FILE",
-        help="a trace file (--trace-format; pagedkv.serving.traces)",
+        metavar="FILE|NAME",
+        help="a trace file (--trace-format; pagedkv.serving.traces) or a shipped sample's "
+        "name: " + ", ".join(resources.shipped("trace")),
     )
     sim.add_argument(
         "--trace-format",
@@ -280,7 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
         "a real model's KV cache, sized as vLLM sizes it (replaces the toy cache's flags)",
     )
     model.add_argument(
-        "--model", metavar="CONFIG", help="a Hugging Face config.json, or its folder"
+        "--model",
+        metavar="CONFIG",
+        help="a Hugging Face config.json, its folder, or a shipped model's name: "
+        + ", ".join(resources.shipped("model")),
     )
     model.add_argument(
         "--tp", type=_int_at_least(1), help="tensor-parallel size (KV heads per rank; default 1)"
@@ -346,9 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     timing.add_argument(
         "--time-model",
-        metavar="FILE|K=V,...",
-        help="step-time coefficients: a JSON file, or c0=...,c_prefill=...,c_decode=...,"
-        "c_ctx=...,h2d_bandwidth=...,d2d_bandwidth=... (seconds, bytes/s)",
+        metavar="FILE|NAME|K=V,...",
+        help="step-time coefficients: a JSON file, a shipped model's name ("
+        + ", ".join(resources.shipped("time model"))
+        + "), or c0=...,c_prefill=...,c_decode=...,c_ctx=...,h2d_bandwidth=...,"
+        "d2d_bandwidth=... (seconds, bytes/s)",
     )
     timing.add_argument(
         "--max-concurrency",
@@ -898,9 +908,7 @@ def _run(
 
 
 def _torch_dtype(name: str) -> Any:
-    import torch
-
-    return getattr(torch, name)
+    return getattr(require_torch(TOY_NEEDS_TORCH), name)
 
 
 def plan_from_args(args: argparse.Namespace) -> CapacityPlan | None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from pagedkv._arith import mix64
+from pagedkv._torch import require_torch
 from pagedkv._validate import (
     require_fits_in_memory,
     require_instance,
@@ -56,6 +57,7 @@ from pagedkv.serving.prompts import VOCAB, PromptBuilder
 from pagedkv.serving.report import SimulationResult, Tally
 from pagedkv.serving.scheduler import Scheduler, SchedulerOutputs
 from pagedkv.serving.simulation_config import (
+    TOY_NEEDS_TORCH,
     ProgressFn,
     SimulationConfig,
     StopFn,
@@ -118,6 +120,7 @@ class Simulator:
             )
         self._kv: ToyKV | None = None
         if c.kv_backing == "toy":
+            require_torch(TOY_NEEDS_TORCH)
             from pagedkv.serving.toy_kv import ToyKV, toy_dtype  # loads torch
 
             self._kv = ToyKV.allocate(
