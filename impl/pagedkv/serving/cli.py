@@ -408,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     # Parsed by pagedkv_stateful.conform itself, imported only when used: it needs
-    # Hypothesis, which the library does not (pip install 'pagedkv[conform]').
+    # Hypothesis, which the block layers do not (a dependency of the install).
     conform = commands.add_parser(
         "conform",
         help="check a block allocator or manager against the spec (see docs/conformance.md)",
