@@ -278,7 +278,10 @@ def test_the_light_install_works_without_torch() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "no violation" in proc.stdout  # the conformance run's verdict
-    assert proc.stdout.splitlines()[-1].startswith("OptionalDependencyError ") and "'pagedkv[kv]'" in proc.stdout
+    assert (
+        proc.stdout.splitlines()[-1].startswith("OptionalDependencyError ")
+        and "'pagedkv[kv]'" in proc.stdout
+    )
 
 
 def machines_by_shape() -> tuple[list[str], list[str]]:
