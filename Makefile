@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch (already on disk on our machines); users with a GPU keep their own build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test lint typecheck pytest crosshair bench bench-simulator bench-vllm-v1 vllm-v1-tests fuzz verify demo mutate gpu-check conform-vllm conform-vllm-v1 clean sweep-ray-check
+.PHONY: install test check lint typecheck pytest pytest-slow crosshair bench bench-simulator bench-vllm-v1 vllm-v1-tests fuzz verify demo mutate gpu-check conform-vllm conform-vllm-v1 clean sweep-ray-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,18 +22,30 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two tiers of tests, split by cost as Hypothesis's own suite is (tests/README.md): the
+# fast tier (make test: every layer, every machine, every check that is not a long search)
+# and the slow tier (make check: the tests marked slow: the planted-bug searches, the
+# conformance kit's end-to-end runs, the python -O batteries, the larger cross-checks),
+# each at its full search budget. .ci/run runs both.
 # Bytecode first: the suite starts many Python processes (the workers, each replay of a
 # program in a fresh interpreter, the CLI's), and where PYTHONDONTWRITEBYTECODE is set (as
 # on our machines) each would compile every project module it imports from source again
 # (measured: about 5 % of the suite's time, 20-30 CPU s).
+PYTEST := $(BIN)/python -m pytest -q -n auto --maxschedchunk 2
 pytest: $(STAMP)
 	$(BIN)/python -m compileall -q impl spec stateful tests benchmarks
-	$(BIN)/python -m pytest -q -n auto --maxschedchunk 2
+	$(PYTEST) -m "not slow"
+
+pytest-slow: $(STAMP)
+	$(BIN)/python -m compileall -q impl spec stateful tests benchmarks
+	$(PYTEST) -m slow
 
 crosshair: $(STAMP)
 	$(BIN)/python -m pagedkv_spec.check
 
 test: lint typecheck pytest crosshair
+
+check: pytest-slow
 
 # CrossHair over every contract of the spec, with a deeper budget (CPU s per condition).
 VERIFY_TIMEOUT ?= 60
@@ -57,8 +69,17 @@ bench: $(STAMP)
 bench-simulator: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_simulator
 
-demo: $(STAMP)
-	$(BIN)/python -m pagedkv simulate --preset overload
+# The demo installs only what it needs: pagedkv with the `demo` extra (torch, CPU build,
+# for the toy KV backing; matplotlib for the plot), not the dev tools. Writes demo.png.
+DEMO_STAMP := $(VENV)/.demo-installed
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(BIN)/python -m pagedkv simulate --preset overload --plot demo.png
 
 # pagedkv sweep --executor ray: installs ray into the venv (the `ray` extra), starts a
 # local Ray cluster of 2 worker CPUs, runs a small sweep as Ray tasks and the same sweep

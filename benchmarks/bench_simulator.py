@@ -1,8 +1,8 @@
 """How fast the simulator serves an hour of real traffic (a figure, never a timed test).
 
 The Azure LLM inference conversation trace (19,366 requests over an hour) on
-Llama-3.1-8B's H100 cache (26,306 blocks of 16 tokens, ``tests/data/models``) with the
-roofline step-time model (``tests/data/time-models``), the counting backend (no KV
+Llama-3.1-8B's H100 cache (26,306 blocks of 16 tokens, the shipped ``llama-3.1-8b``) with
+the roofline step-time model (the shipped ``llama-3.1-8b-h100``), the counting backend (no KV
 tensors) and the V0 engine; checks every ``--check-every`` steps (default: off, as a
 capacity sweep runs). Prints the wall time, the steps, the microseconds per step, the
 peak RSS, and the ratio of the whole step to the floor measured in the same run: the
@@ -12,8 +12,8 @@ forward, sampling, metrics, figures).
     python -m benchmarks.bench_simulator [--trace PATH] [--requests N] [--engine v1]
 
 Without ``--trace`` it reads ``../shared/data/azure-llm-inference-2023/
-AzureLLMInferenceTrace_conv.csv`` (our machines), else the 200-request sample in
-``tests/data/traces``.
+AzureLLMInferenceTrace_conv.csv`` (our machines), else the shipped 200-request sample
+``azure-conv-sample`` (:mod:`pagedkv.serving.resources`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import resource
 import time
 from pathlib import Path
 
-from pagedkv.serving import traces
+from pagedkv.serving import resources, traces
 from pagedkv.serving.capacity import plan_capacity
 from pagedkv.serving.model_config import load_model_config
 from pagedkv.serving.simulator import SimulationConfig, Simulator
@@ -31,7 +31,7 @@ from pagedkv.serving.step_time import StepTimeModel
 
 ROOT = Path(__file__).resolve().parent.parent
 HOUR = ROOT.parent / "shared/data/azure-llm-inference-2023/AzureLLMInferenceTrace_conv.csv"
-SAMPLE = ROOT / "tests/data/traces/azure-conv-sample.csv"
+SAMPLE = resources.shipped("trace")["azure-conv-sample"]
 
 
 def main() -> None:
@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     requests = traces.load(args.trace, "azure").requests[: args.requests]
     plan = plan_capacity(
-        load_model_config(ROOT / "tests/data/models/llama-3.1-8b.json"),
+        load_model_config("llama-3.1-8b"),
         kv_memory=int(51.38 * 2**30),
         max_model_len=16000,
     )
@@ -52,7 +52,7 @@ def main() -> None:
         kv_backing="none",
         check=args.check_every > 0,
         check_every=max(1, args.check_every),
-        time_model=StepTimeModel.load(ROOT / "tests/data/time-models/llama-3.1-8b-h100.json"),
+        time_model=StepTimeModel.load("llama-3.1-8b-h100"),
         engine=args.engine,
         enable_caching=args.engine == "v1",
         max_steps=10**8,

@@ -3,6 +3,8 @@
 - Hypothesis profiles (see :mod:`pagedkv_stateful.profiles`).
 - Every module of the three packages imported before any test, so a derandomized search
   runs the same alone and anywhere in the suite (:func:`import_every_module` says why).
+- ``slow`` marks the slow tier (``make check`` runs ``-m slow``, ``make test`` ``-m "not
+  slow"``; tests/README.md says which tests it marks).
 - The long tests first: tests marked ``slow`` and the machines' ``TestCase`` runs
   (``runTest``) are collected ahead of the rest. With ``pytest -n N --maxschedchunk 2``
   (``make pytest``) xdist hands tests out two at a time in collection order, so the long

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import pytest
@@ -12,7 +14,14 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.lockstep import LockstepBase
 
-__all__ = ["failing_program", "raised", "raised_exactly", "recorded", "run_seeded"]
+__all__ = [
+    "failing_program",
+    "raised",
+    "raised_exactly",
+    "recorded",
+    "run_seeded",
+    "without_torch",
+]
 
 E = TypeVar("E", bound=BaseException)
 
@@ -29,6 +38,22 @@ def raised_exactly(err_type: type[E], call: Callable[[], object]) -> E:
     err = raised(err_type, call)
     assert type(err) is err_type
     return err
+
+
+@contextmanager
+def without_torch() -> Iterator[None]:
+    """Inside, ``import torch`` fails as where torch is not installed (ModuleNotFoundError
+    for ``torch``); the loaded torch is back after. Modules that imported torch already
+    keep it: this reaches the imports that run inside."""
+    saved = sys.modules.get("torch")
+    sys.modules["torch"] = None  # type: ignore[assignment]  # Python's mark: unimportable
+    try:
+        yield
+    finally:
+        if saved is None:
+            del sys.modules["torch"]
+        else:
+            sys.modules["torch"] = saved
 
 
 def cleared_per_module(*cached: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import types
@@ -339,6 +340,40 @@ def test_import_pagedkv_does_not_import_torch() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_light_install_works_without_torch() -> None:
+    """``pip install pagedkv`` brings no torch: the block layers, the spec, the kit (a
+    conformance run included) and the command line import and run without it, and the
+    KV engine says which extra it needs. torch is made unimportable, as where it is not
+    installed (``sys.modules['torch'] = None``)."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "sys.modules['torch'] = None\n"
+        "import pagedkv, pagedkv.v0, pagedkv.v1, pagedkv_spec, pagedkv_stateful\n"
+        "for pkg in (pagedkv.v0, pagedkv.v1, pagedkv_spec):\n"
+        "    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "        importlib.import_module(m.name)\n"
+        "from pagedkv.serving import cli\n"
+        "code = cli.main(['conform', 'pagedkv_stateful.adapters:pagedkv_allocator',\n"
+        "                 '--max-examples', '5'])\n"
+        "assert code == 0, code\n"
+        "try:\n"
+        "    import pagedkv.kv\n"
+        "except ImportError as err:\n"
+        "    print(type(err).__name__, err)\n"
+    )
+    # no Hypothesis plugins: hypothesis-crosshair (a dev tool) is not the kit's dependency
+    env = {**os.environ, "HYPOTHESIS_NO_PLUGINS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "no violation" in proc.stdout  # the conformance run's verdict
+    assert (
+        proc.stdout.splitlines()[-1].startswith("OptionalDependencyError ")
+        and "'pagedkv[kv]'" in proc.stdout
+    )
 
 
 def machines_by_shape() -> tuple[list[str], list[str]]:

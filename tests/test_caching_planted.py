@@ -26,6 +26,8 @@ from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
 
+pytestmark = pytest.mark.slow  # the slow tier (make check): tests/README.md
+
 GPU, CPU = Device.GPU, Device.CPU
 
 
@@ -219,7 +221,6 @@ MANAGER_PLANTED: dict[str, type[CachingManagerMachine]] = {
 MANAGER_SEEDS = {"stale computed prefix (per-sequence tracker)": 4}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("bug", sorted(MANAGER_PLANTED))
 def test_the_caching_manager_machine_catches(bug: str) -> None:
     with pytest.raises(AssertionError):

@@ -9,17 +9,17 @@ tests/test_model_config.py; the CLI's table and JSON: tests/test_cli.py.)
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 
 from helpers import raised
 from pagedkv.errors import InvalidKVCacheConfigError
+from pagedkv.serving import resources
 from pagedkv.serving.capacity import format_bytes, plan_capacity, summary_rows
 from pagedkv.serving.model_config import load_model_config
 
-MODELS = Path(__file__).parent / "data" / "models"
-LLAMA = load_model_config(MODELS / "llama-3.1-8b.json")
+MODELS = resources.shipped("model")["llama-3.1-8b"].parent  # the shipped model configs
+LLAMA = load_model_config(MODELS / "llama-3.1-8b")
 GIB = 1024**3
 H100_KV = int(51.38 * GIB)  # the KV memory the issue measured on an H100
 

@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import raised
+import pagedkv
+from helpers import raised, without_torch
 from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError
-from pagedkv.serving import cli, report
+from pagedkv.serving import cli, report, resources
 from pagedkv.serving.scheduler import SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
 from pagedkv.serving.v0_engine import V0Engine
@@ -324,6 +325,11 @@ def test_help_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--preemption" in capsys.readouterr().out
 
 
+def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"pagedkv {pagedkv.__version__}\n"
+
+
 PRESET_CHOICES = "{chat,long-context,multi-turn,overload,parallel-sampling,system-prompt}"
 
 
@@ -334,7 +340,7 @@ def test_the_help_says_what_each_command_and_option_is(
     assert cli.main(["--help"]) == 0
     top = capsys.readouterr().out.splitlines()
     assert top[:3] == [
-        "usage: pagedkv [-h] COMMAND ...",
+        "usage: pagedkv [-h] [--version] COMMAND ...",
         "",
         "pagedkv: a verified paged KV-cache manager",
     ]
@@ -346,11 +352,12 @@ def test_the_help_says_what_each_command_and_option_is(
     usage, options = capsys.readouterr().out.split("\noptions:\n")
     helps = " ".join(options.split())  # an option's help may start on its next line
     assert " ".join(usage.split()).startswith(
-        f"usage: pagedkv simulate [-h] [--preset {PRESET_CHOICES} | --trace FILE]"
+        f"usage: pagedkv simulate [-h] [--preset {PRESET_CHOICES} | --trace FILE|NAME]"
     )
     for option in [
         f"--preset {PRESET_CHOICES} synthetic workload with its cache size (default: overload)",
-        "--trace FILE a trace file (--trace-format; pagedkv.serving.traces)",
+        "--trace FILE|NAME a trace file (--trace-format; pagedkv.serving.traces) or a shipped "
+        "sample's name: azure-conv-sample",
         "--trace-format {jsonl,azure,burstgpt,mooncake,vidur} jsonl (pagedkv's own; arrival "
         "times in --time-unit), azure, burstgpt, mooncake, vidur (real time: need --time-model)",
         "--time-unit {step,s,ms,us} unit of a jsonl trace's arrival_time (default: step)",
@@ -358,8 +365,9 @@ def test_the_help_says_what_each_command_and_option_is(
         "(inf: all at once), gaps gamma-distributed as vLLM's benchmark",
         "--burstiness BURSTINESS shape of the gaps with --request-rate: 1 Poisson, < 1 burstier "
         "(default 1)",
-        "--time-model FILE|K=V,... step-time coefficients: a JSON file, or c0=...,c_prefill=...,"
-        "c_decode=...,c_ctx=...,h2d_bandwidth=...,d2d_bandwidth=... (seconds, bytes/s)",
+        "--time-model FILE|NAME|K=V,... step-time coefficients: a JSON file, a shipped model's "
+        "name (llama-3.1-8b-h100), or c0=...,c_prefill=...,c_decode=...,c_ctx=...,"
+        "h2d_bandwidth=...,d2d_bandwidth=... (seconds, bytes/s)",
         "--max-concurrency MAX_CONCURRENCY most requests in the server at once; later ones are "
         "sent as earlier ones end",
         "--requests-out FILE one row per request (times, latencies, outcome): .csv or .jsonl",
@@ -389,7 +397,8 @@ def test_the_help_says_what_each_command_and_option_is(
         "--quiet no progress bar",
         "--kv-backing {auto,toy,none} toy: KV tensors and the KV check; none: no KV tensors; "
         "auto: toy up to 1 GiB",
-        "--model CONFIG a Hugging Face config.json, or its folder",
+        "--model CONFIG a Hugging Face config.json, its folder, or a shipped model's name: "
+        "gemma-3-12b, llama-3.1-8b, qwen2.5-7b, qwen3-30b-a3b",
         "--tp TP tensor-parallel size (KV heads per rank; default 1)",
         "--kv-cache-dtype {auto,bfloat16,float16,float32,fp8,fp8_e4m3,fp8_e5m2} auto: the "
         "config's torch_dtype (default)",
@@ -743,6 +752,7 @@ def test_console_script_errors_have_no_traceback() -> None:
     assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("pagedkv: error: ")
 
 
+@pytest.mark.slow
 def test_pagedkv_conform_is_wired_into_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     """`pagedkv conform` reaches the conformance kit: a faulty allocator exits 1."""
     from pagedkv.serving import cli
@@ -1021,8 +1031,8 @@ def test_the_cached_share_of_a_one_block_cache(
 
 # ---- capacity planning: --model and the KV backing
 
-MODELS = Path(__file__).parent / "data" / "models"
-LLAMA = str(MODELS / "llama-3.1-8b.json")
+MODELS = resources.shipped("model")["llama-3.1-8b"].parent  # the shipped model configs
+LLAMA = str(MODELS / "llama-3.1-8b")
 H100 = ["--kv-memory", "51.38GiB", "--max-model-len", "16000"]  # the issue's measurement
 
 
@@ -1054,8 +1064,8 @@ def test_llama_on_an_h100_through_the_command_line(capsys: pytest.CaptureFixture
 @pytest.mark.parametrize(
     ("config", "per_token"),
     [
-        ("qwen2.5-7b.json", 2 * 28 * 4 * (3584 // 28) * 2),
-        ("qwen3-30b-a3b.json", 2 * 48 * 4 * 128 * 2),  # head_dim 128 from the config
+        ("qwen2.5-7b", 2 * 28 * 4 * (3584 // 28) * 2),
+        ("qwen3-30b-a3b", 2 * 48 * 4 * 128 * 2),  # head_dim 128 from the config
     ],
 )
 def test_the_other_acceptance_models(
@@ -1204,6 +1214,18 @@ def test_help_and_bad_input_do_not_import_torch(argv: list[str]) -> None:
     assert done.returncode in (0, 2) and "torch was imported" not in done.stderr, done.stderr
 
 
+def test_without_torch_the_toy_backing_is_one_line_naming_the_extra(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The light install (no torch): the default toy backing and --dtype say which extra
+    they need; --kv-backing none runs."""
+    with without_torch():
+        for argv in (["simulate"], ["simulate", "--dtype", "float16", "--gpu-blocks", "8"]):
+            assert "pip install 'pagedkv[kv]'" in error_of(capsys, argv)
+        assert cli.main(["simulate", "--kv-backing", "none", "--quiet"]) == 0
+    assert "no KV tensors" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's VmHWM")
 def test_the_h100_overload_run_is_small_and_torch_free() -> None:
     """The issue's acceptance: the overload preset at 26,306 blocks in < 300 MB RSS
@@ -1229,10 +1251,10 @@ def test_the_h100_overload_run_is_small_and_torch_free() -> None:
 
 # ---- time, latency, public traces
 
-DATA = Path(__file__).parent / "data"
-AZURE = str(DATA / "traces" / "azure-conv-sample.csv")
-H100_TIME = str(DATA / "time-models" / "llama-3.1-8b-h100.json")
-LLAMA_FLAGS = ["--model", str(DATA / "models" / "llama-3.1-8b.json"), "--kv-memory", "51.38GiB"]
+# The README's walk-through, by the shipped files' names (pagedkv.serving.resources)
+AZURE = "azure-conv-sample"
+H100_TIME = "llama-3.1-8b-h100"
+LLAMA_FLAGS = ["--model", "llama-3.1-8b", "--kv-memory", "51.38GiB"]
 
 
 def test_an_azure_trace_on_a_time_model_prints_latencies_in_ms(
@@ -1248,7 +1270,7 @@ def test_an_azure_trace_on_a_time_model_prints_latencies_in_ms(
     assert table["workload"] == f"{AZURE} (azure trace)"
     assert table["time"].endswith(
         "s on the step-time model (roofline estimate: Llama-3.1-8B bf16 on H100 SXM "
-        "(tests/data/time-models))"
+        "(pagedkv's llama-3.1-8b-h100))"
     )
     for metric in ("TTFT", "TPOT", "ITL", "E2EL", "queueing"):
         assert table[metric].startswith("mean ") and table[metric].endswith(" ms")
@@ -1432,7 +1454,7 @@ def test_the_simulate_plot_names_the_trace_file_and_leaves_out_zero_preemptions(
 
 
 TRACE_LINE = '{"request_id": "a", "arrival_time": 0, "prompt_len": 4, "output_len": 1}'
-LLAMA_CONFIG = Path(__file__).parent / "data" / "models" / "llama-3.1-8b.json"
+LLAMA_CONFIG = resources.shipped("model")["llama-3.1-8b"]
 TRACE_RUN = ["simulate", "--quiet", "--device", "cpu", "--kv-backing", "none"]
 # a sweep that takes a moment should a refusal regress into a run
 QUICK_SWEEP = [

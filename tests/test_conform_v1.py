@@ -21,6 +21,8 @@ from pagedkv_stateful.coverage import V1_POOL_STATE_CLASSES, V1_STATE_CLASSES
 from pagedkv_stateful.kit.conform import ConformanceReport, main, run_conformance
 from pagedkv_stateful.kit.levels import describe, outside_callers, state_classes
 
+pytestmark = pytest.mark.slow  # the slow tier (make check): tests/README.md
+
 # tests/ is on sys.path under pytest (not on mypy's path, hence the import by name).
 fa: Any = importlib.import_module("faulty_allocators")
 
@@ -48,7 +50,6 @@ def test_pagedkvs_own_manager_passes_and_the_report_counts_v1_states() -> None:
     assert report.coverage["prefix hit"] > 0 and report.coverage["chunked prefill"] > 0
 
 
-@pytest.mark.slow
 def test_a_free_queue_order_bug_is_one_finding_that_replays() -> None:
     report = check("newest_first_v1_manager", examples=40, max_violations=2)
     assert [f.root_cause for f in report.findings] == ["V1-7 eviction_order_ok"]
@@ -68,7 +69,6 @@ def test_hashes_in_another_format_pass_unless_the_bytes_are_promised() -> None:
     assert "block hashes are vLLM's current format" not in report.render()
 
 
-@pytest.mark.slow
 def test_a_lora_keyed_by_its_name_alone_is_found_as_two_keys_sharing_a_hash() -> None:
     report = check("name_only_v1_manager", max_violations=1)
     causes = [f.root_cause for f in report.findings]
@@ -153,7 +153,6 @@ def test_a_target_without_the_v1_surface_is_a_usage_error(
     assert words in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_the_pool_level_passes_pagedkvs_pool_and_finds_a_free_order_bug() -> None:
     assert check("own_v1_pool", examples=100, level="v1-pool").exit_status == 0
     report = check("newest_first_v1_pool", examples=60, level="v1-pool", max_violations=2)

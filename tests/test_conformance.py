@@ -79,6 +79,7 @@ def reproduced(finding: Finding) -> bool:
 # --------------------------------------------------------------------------- verdicts
 
 
+@pytest.mark.slow
 def test_fifo_allocator_conforms_without_promising_lifo() -> None:
     report = check(fa.fifo_allocator, examples=60)
     assert report.ok, report.render()
@@ -107,6 +108,7 @@ def test_refcount_ignoring_free_is_flagged_by_free_count() -> None:
     assert reproduced(finding), finding.replay
 
 
+@pytest.mark.slow
 def test_each_check_is_reported_once_across_rounds() -> None:
     """Round 2 discards test cases that fail the check round 1 reported."""
 
@@ -126,6 +128,7 @@ def test_each_check_is_reported_once_across_rounds() -> None:
         assert f"replayed in a fresh process: {f.replay}" in report.render()
 
 
+@pytest.mark.slow
 def test_broken_promises_are_checked() -> None:
     """The FIFO allocator is correct, but not if it claims LIFO order or typed errors."""
 
@@ -143,6 +146,7 @@ def test_broken_promises_are_checked() -> None:
     assert "ValueError" in typed.findings[0].detail
 
 
+@pytest.mark.slow
 def test_findings_are_causes_one_per_situation_each_with_its_own_program() -> None:
     """A finding is a cause: the situation the target mishandles (causes.py), not the
     check's text. An allocator that raises ValueError where the spec raises a typed
@@ -161,6 +165,7 @@ def test_findings_are_causes_one_per_situation_each_with_its_own_program() -> No
         assert reproduced(f), (f.replay, f.program)
 
 
+@pytest.mark.slow
 def test_the_report_counts_what_the_search_reached() -> None:
     """The coverage table: test cases per state class and per target operation."""
     program = [
@@ -197,6 +202,7 @@ def test_the_report_counts_what_the_search_reached() -> None:
     assert report.to_dict()["coverage"] == dict(sorted(report.coverage.items()))
 
 
+@pytest.mark.slow
 def test_misuse_can_be_promised_kind_by_kind() -> None:
     """A target that rejects double frees but takes foreign blocks: with every misuse
     promised that is a finding; declared, the rest of its misuse is still checked."""
@@ -230,6 +236,7 @@ def test_manager_compared_through_the_api_only() -> None:
     assert reproduced(finding), finding.replay
 
 
+@pytest.mark.slow
 def test_pagedkv_itself_is_one_adapter_among_others() -> None:
     for factory, level in (
         (adapters.pagedkv_allocator, "allocator"),
@@ -243,6 +250,7 @@ def test_pagedkv_itself_is_one_adapter_among_others() -> None:
 # --------------------------------------------------------------------------- caching level
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "factory", [fa.caching_allocator, fa.api_only_caching_allocator], ids=lambda f: f.__name__
 )
@@ -288,6 +296,7 @@ def test_the_caching_level_finds_planted_bugs(
 # --------------------------------------------------------------------------- caching manager
 
 
+@pytest.mark.slow
 def test_the_caching_manager_level_passes_pagedkv() -> None:
     report = check(adapters.pagedkv_caching_manager, examples=60, level="caching-manager")
     assert report.ok, report.render()
@@ -335,7 +344,6 @@ def test_a_shorter_computed_prefix_is_a_finding_only_for_a_target_promising_exac
 # --------------------------------------------------------------------------- command line
 
 
-@pytest.mark.slow
 def test_main_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     assert conform.main(["faulty_allocators:fifo_allocator", "--max-examples", "10"]) == 0
     assert "result: PASS" in capsys.readouterr().out
@@ -376,7 +384,6 @@ def test_usage_errors_exit_2_with_one_line(
 # --------------------------------------------------------------------------- streaming, budgets
 
 
-@pytest.mark.slow
 def test_findings_stream_before_the_summary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -443,6 +450,7 @@ def test_duration_stops_the_search(capsys: pytest.CaptureFixture[str]) -> None:
     assert "result: STOPPED" in captured.err and "at most 0.5 s" in captured.err
 
 
+@pytest.mark.slow
 def test_ctrl_c_prints_what_was_found(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -466,6 +474,7 @@ def test_ctrl_c_before_any_finding_exits_3(
     assert "result: STOPPED - no violation found before the search was stopped" in out
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_shrinking_reports_the_shortest_program_seen() -> None:
     """Interrupted between the first failure and the end of shrinking: the finding is the
     shortest failing program seen so far, marked as not fully shrunk, and it runs."""
@@ -495,6 +504,7 @@ def run_conform_module(*args: str, flags: tuple[str, ...] = ()) -> subprocess.Co
     )
 
 
+@pytest.mark.slow
 def test_optimize_flag_warns_that_contracts_are_off() -> None:
     proc = run_conform_module(
         "faulty_allocators:fifo_allocator", "--max-examples", "5", flags=("-O",)
@@ -517,6 +527,7 @@ def test_a_program_found_under_optimize_says_so_on_its_first_line() -> None:
     assert NEEDS_O not in plain.stdout
 
 
+@pytest.mark.slow
 def test_module_entry_point() -> None:
     proc = run_conform_module("faulty_allocators:shared_free_allocator", *SEEDED)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -557,6 +568,7 @@ def test_docs_list_every_check() -> None:
         assert f"| {inv.id} `{inv.name}` | {inv.meaning}" in text, inv.label
 
 
+@pytest.mark.slow
 def test_docs_example_runs_as_written() -> None:
     text = (ROOT / "docs" / "conformance.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)

@@ -28,6 +28,7 @@ import pytest
 import torch
 from _pytest.mark.structures import ParameterSet
 
+from helpers import without_torch
 from pagedkv import (
     Block,
     BlockSpaceManager,
@@ -92,7 +93,7 @@ from pagedkv.errors import (
 )
 from pagedkv.kv.attention import build_attention_inputs, paged_attention_reference
 from pagedkv.kv.cache import KVCacheConfig, KVCacheEngine
-from pagedkv.serving import cli, sweep, traces
+from pagedkv.serving import cli, resources, sweep, traces
 from pagedkv.serving.capacity import plan_capacity
 from pagedkv.serving.cli import parse_size
 from pagedkv.serving.model_config import (
@@ -125,7 +126,7 @@ from test_v1_scheduler import req as v1_req
 GPU, CPU = Device.GPU, Device.CPU
 RUNNING, SWAPPED = SequenceStatus.RUNNING, SequenceStatus.SWAPPED
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
-LLAMA = Path(__file__).parent / "data" / "models" / "llama-3.1-8b.json"
+LLAMA = resources.shipped("model")["llama-3.1-8b"]
 GIB = 1024**3
 
 # The fixed endings of the spec's templates.
@@ -1740,7 +1741,8 @@ CAPACITY_MESSAGES = [
         lambda: load_model_config("/no/such/config.json"),
         ModelConfigError,
         "model config /no/such/config.json: cannot read it (No such file or directory); give a "
-        "Hugging Face config.json or its folder",
+        "Hugging Face config.json, its folder or a shipped model (gemma-3-12b, llama-3.1-8b, "
+        "qwen2.5-7b, qwen3-30b-a3b)",
     ),
     case(
         "model config: not JSON",
@@ -3171,7 +3173,8 @@ TIME_MESSAGES = [
         "time model file missing",
         lambda: _in_tmp("m.json", b"", StepTimeModel.load),
         InvalidSchedulerConfigError,
-        "cannot read the time model 'm.json' (No such file or directory)",
+        "cannot read the time model 'm.json' (No such file or directory); give a JSON file, "
+        "c0=...,c_prefill=...,... or a shipped time model (llama-3.1-8b-h100)",
     ),
     case(
         "time model file not utf-8",
@@ -3333,7 +3336,8 @@ TIME_MESSAGES = [
         "traces missing file",
         lambda: _in_tmp("t.csv", b"", lambda p: traces.load(p, "azure")),
         WorkloadError,
-        "t.csv: cannot read the trace (No such file or directory)",
+        "t.csv: cannot read the trace (No such file or directory); give a trace file or a "
+        "shipped trace (azure-conv-sample)",
     ),
     case(
         "traces not utf-8",
@@ -3626,6 +3630,23 @@ V1_SCHEDULER_MESSAGES = [
 # ---------------------------------------------------------------- slo.py, sweep.py
 
 
+def _import_kv_without_torch() -> object:
+    """``import pagedkv.kv`` as if torch were not installed: the package and its modules
+    are imported afresh (and put back after, with torch)."""
+    names = [n for n in sys.modules if n == "pagedkv.kv" or n.startswith("pagedkv.kv.")]
+    saved = {n: sys.modules.pop(n) for n in names}
+    try:
+        with without_torch():
+            return importlib.import_module("pagedkv.kv")
+    finally:
+        sys.modules.update(saved)
+
+
+def _toy_backing_without_torch() -> object:
+    with without_torch():
+        return Simulator(SimulationConfig(block_size=4, num_gpu_blocks=4, kv_backing="toy"))
+
+
 def _without_ray() -> object:
     """``make_executor("ray")`` as if ray were not installed (whether or not it is)."""
     saved = sys.modules.get("ray")
@@ -3895,6 +3916,20 @@ SWEEP_MESSAGES = [
         OptionalDependencyError,
         "--executor ray needs ray, which is not installed; install it with: pip install "
         "'pagedkv[ray]'",
+    ),
+    case(
+        "the KV engine without torch",
+        _import_kv_without_torch,
+        OptionalDependencyError,
+        "the KV engine (pagedkv.kv) needs torch, which is not installed; install it with: pip "
+        "install 'pagedkv[kv]'",
+    ),
+    case(
+        "the toy KV backing without torch",
+        _toy_backing_without_torch,
+        OptionalDependencyError,
+        "the toy KV backing (--kv-backing toy; --kv-backing none runs without KV tensors) needs "
+        "torch, which is not installed; install it with: pip install 'pagedkv[kv]'",
     ),
     case(
         "sweep: ray that cannot start",

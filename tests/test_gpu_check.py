@@ -333,6 +333,7 @@ def test_parse_junit_counts_outcomes_and_names_failures(tmp_path: Path) -> None:
     assert parse_junit(report) is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 def test_run_cuda_tests_counts_real_skips_without_cuda() -> None:
     counts = run_cuda_tests(300.0, ["tests/test_copy_handle.py"])

@@ -622,6 +622,7 @@ def test_every_registered_invariant_has_a_planted_bug() -> None:
     assert set(PLANTED) <= set(REGISTRY)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("invariant_id", sorted(PLANTED))
 def test_planted_bug_is_reported_under_its_invariant(invariant_id: str) -> None:
     assert PLANTED[invariant_id]() == invariant_id

@@ -95,6 +95,7 @@ class ManagerDropsCowPairs(KVMachine):
         return DropsCowPairs(block_size, num_gpu_blocks, num_cpu_blocks, watermark)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("machine", "message"),
     [
@@ -113,6 +114,7 @@ def test_kv_machine_catches_planted_bug(machine: type[KVMachine], message: str) 
     print(f"{machine.__name__}: {caught.value}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("machine", [CowDstOffByOne, SwapInDropsLastPair, SwapInBeforeSwapOut])
 def test_a_kv_failure_replays_as_a_program(machine: type[KVMachine]) -> None:
     """The program a failing test case wrote fails at its last statement, the KV1
@@ -231,6 +233,7 @@ PLANTED_CACHING: dict[str, type[KVMachine]] = {
 SEEDS = {"key ignoring the parent": 3}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", sorted(PLANTED_CACHING))
 def test_the_caching_kv_machine_catches_at_byte_level(bug: str) -> None:
     """A cached block served under another salt or prefix, or reported as computed

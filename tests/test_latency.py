@@ -26,7 +26,6 @@ from pagedkv.serving.step_time import StepTimeModel, StepWork
 from pagedkv.serving.v1_engine import V1StepObservation
 from pagedkv.serving.workload import PRESETS, RequestSpec, generate, retime
 
-DATA = Path(__file__).parent / "data"
 MODEL = StepTimeModel(
     c0=0.004, c_prefill=3e-5, c_decode=2e-5, c_ctx=4e-8, h2d_bandwidth=2e10, d2d_bandwidth=1e12
 )
@@ -63,7 +62,7 @@ def test_a_step_lasts_c0_plus_its_work_priced() -> None:
 
 
 def test_a_model_reads_a_json_file_or_key_value_text(tmp_path: Path) -> None:
-    shipped = StepTimeModel.load(DATA / "time-models" / "llama-3.1-8b-h100.json")
+    shipped = StepTimeModel.load("llama-3.1-8b-h100")  # by its name
     assert (shipped.c0, shipped.c_ctx, shipped.h2d_bandwidth) == (0.0048, 3.9e-08, 5e10)
     assert shipped.source.startswith("roofline estimate")
     path = tmp_path / "m.json"

@@ -14,6 +14,8 @@ from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.v0.manager_machine import ManagerMachine
 
+pytestmark = pytest.mark.slow  # the slow tier (make check): tests/README.md
+
 FIND_FAST = find_fast(max_examples=400, steps=30)
 
 
@@ -145,7 +147,6 @@ def machine_for(manager_cls: type[BlockSpaceManager]) -> type[ManagerMachine]:
     return Planted
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("manager_cls", "message", "examples"),
     [

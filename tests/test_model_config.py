@@ -2,8 +2,9 @@
 
 The three acceptance models of issue 30 (Llama-3.1-8B, Qwen2.5-7B, Qwen3-30B-A3B) are
 checked twice: against the issue's literal figures, and against the arithmetic
-redone here from the fixture's own fields. The fixtures in ``tests/data/models/`` hold
-only the fields the KV size needs, as the models' published configs give them.
+redone here from the fixture's own fields. The shipped configs
+(``impl/pagedkv/serving/data/models/``) hold only the fields the KV size needs, as the
+models' published configs give them.
 (Sizing a cache from the shape: tests/test_capacity.py; messages:
 tests/test_error_messages.py.)
 """
@@ -18,6 +19,7 @@ import pytest
 
 from helpers import raised
 from pagedkv.errors import ArgumentTypeError, InvalidKVCacheConfigError, ModelConfigError
+from pagedkv.serving import resources
 from pagedkv.serving.model_config import (
     FULL,
     KV_CACHE_DTYPES,
@@ -29,12 +31,12 @@ from pagedkv.serving.model_config import (
     resolve_kv_cache_dtype,
 )
 
-MODELS = Path(__file__).parent / "data" / "models"
+MODELS = resources.shipped("model")["llama-3.1-8b"].parent  # the shipped model configs
 BF16 = 2
 
 
 def fields(name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((MODELS / name).read_text())
+    data: dict[str, Any] = json.loads((MODELS / name / "config.json").read_text())
     return data
 
 
@@ -51,9 +53,9 @@ def per_token_from_fields(config: dict[str, Any]) -> int:
 @pytest.mark.parametrize(
     ("name", "issue_figure"),
     [
-        ("llama-3.1-8b.json", 131_072),
-        ("qwen2.5-7b.json", 57_344),
-        ("qwen3-30b-a3b.json", 98_304),
+        ("llama-3.1-8b", 131_072),
+        ("qwen2.5-7b", 57_344),
+        ("qwen3-30b-a3b", 98_304),
     ],
 )
 def test_kv_bytes_per_token_of_the_acceptance_models(name: str, issue_figure: int) -> None:
@@ -64,7 +66,7 @@ def test_kv_bytes_per_token_of_the_acceptance_models(name: str, issue_figure: in
 
 
 def test_llama_shape_field_by_field() -> None:
-    shape = load_model_config(MODELS / "llama-3.1-8b.json")
+    shape = load_model_config(MODELS / "llama-3.1-8b")
     assert (shape.num_layers, shape.num_kv_heads, shape.head_dim) == (32, 8, 4096 // 32)
     assert (shape.dtype, shape.max_position_embeddings) == ("bfloat16", 131_072)
     assert (shape.name, shape.model_type, shape.layer_types) == (
@@ -76,9 +78,9 @@ def test_llama_shape_field_by_field() -> None:
 
 def test_an_explicit_head_dim_wins_over_hidden_size() -> None:
     """Qwen3-30B-A3B: hidden 2048 / 32 heads would be 64; its config says 128."""
-    config = fields("qwen3-30b-a3b.json")
+    config = fields("qwen3-30b-a3b")
     assert config["hidden_size"] // config["num_attention_heads"] == 64
-    assert load_model_config(MODELS / "qwen3-30b-a3b.json").head_dim == config["head_dim"] == 128
+    assert load_model_config(MODELS / "qwen3-30b-a3b").head_dim == config["head_dim"] == 128
 
 
 def test_a_folder_means_its_config_json() -> None:
@@ -123,14 +125,14 @@ def test_gpt2_style_names() -> None:
 
 @pytest.mark.parametrize(("tp", "per_rank"), [(1, 8), (2, 4), (8, 1), (16, 1), (32, 1)])
 def test_kv_heads_split_over_ranks_and_replicate_past_them(tp: int, per_rank: int) -> None:
-    shape = load_model_config(MODELS / "llama-3.1-8b.json")  # 8 KV heads, 32 heads
+    shape = load_model_config(MODELS / "llama-3.1-8b")  # 8 KV heads, 32 heads
     assert shape.num_kv_heads_per_rank(tp) == per_rank
     assert shape.kv_bytes_per_token(tp, BF16) == 2 * 32 * per_rank * 128 * BF16
 
 
 @pytest.mark.parametrize("tp", [3, 64])
 def test_a_tp_that_splits_heads_unevenly_is_refused(tp: int) -> None:
-    shape = load_model_config(MODELS / "llama-3.1-8b.json")
+    shape = load_model_config(MODELS / "llama-3.1-8b")
     assert f"--tp {tp}" in str(raised(InvalidKVCacheConfigError, shape.num_kv_heads_per_rank, tp))
 
 
@@ -210,8 +212,8 @@ def test_sliding_window_patterns(extra: dict[str, Any], sliding: list[int]) -> N
 
 
 def test_qwen25_has_its_window_turned_off() -> None:
-    assert fields("qwen2.5-7b.json")["sliding_window"] == 131_072
-    shape = load_model_config(MODELS / "qwen2.5-7b.json")
+    assert fields("qwen2.5-7b")["sliding_window"] == 131_072
+    shape = load_model_config(MODELS / "qwen2.5-7b")
     assert (shape.sliding_window, shape.layer_types) == (None, ())
     assert shape.describe_layers() == "28 full-attention layers"
 

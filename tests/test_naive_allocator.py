@@ -370,6 +370,7 @@ def test_errors_share_one_base() -> None:
     assert isinstance(NaiveBlockAllocator(1, 1).allocate_mutable_block(None), NaiveBlock)
 
 
+@pytest.mark.slow
 def test_errors_are_raised_under_python_O() -> None:
     """Validation never relies on ``assert``: the same errors appear with -O."""
     code = (

@@ -21,6 +21,8 @@ from pagedkv.v0.id_pool import IdPool
 from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 
+pytestmark = pytest.mark.slow  # the slow tier (make check): tests/README.md
+
 # 600: at 300 the derandomized search missed the FIFO and per-object swap bugs once the
 # suite imported more modules; over 8 random seeds 300 found them 8/8 and 7/8, 600 8/8.
 FIND_FAST = find_fast(max_examples=600, steps=30)

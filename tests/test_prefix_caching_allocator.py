@@ -621,6 +621,7 @@ def test_unknown_allocator_types_and_key_functions_are_rejected() -> None:
         make(key_function="md5")
 
 
+@pytest.mark.slow
 def test_bad_input_is_a_typed_error_with_state_unchanged_under_python_minus_o() -> None:
     """The checks are not asserts: under ``python -O`` the same errors, nothing changed."""
     code = """

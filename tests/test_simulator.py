@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -38,6 +37,7 @@ from pagedkv.errors import (
     WorkloadError,
 )
 from pagedkv.kv.cache import KVCacheEngine
+from pagedkv.serving import resources
 from pagedkv.serving.capacity import CapacityPlan, plan_capacity, summary_rows
 from pagedkv.serving.model_config import load_model_config
 from pagedkv.serving.report import SimulationResult, Summary, format_summary
@@ -971,7 +971,14 @@ def _figures(result: SimulationResult) -> dict[str, object]:
     return {k: v for k, v in dataclasses.asdict(result.summary).items() if k not in _TIMING}
 
 
-@pytest.mark.parametrize("name", ["overload", "parallel-sampling", "system-prompt"])
+@pytest.mark.parametrize(
+    "name",
+    [  # parallel-sampling in the fast tier; the two larger runs in the slow one (make check)
+        pytest.param("overload", marks=pytest.mark.slow),
+        "parallel-sampling",
+        pytest.param("system-prompt", marks=pytest.mark.slow),
+    ],
+)
 @pytest.mark.parametrize("caching", [False, True])
 def test_the_counting_backend_schedules_exactly_as_the_toy_backing(
     name: str, caching: bool
@@ -1058,7 +1065,7 @@ def test_a_config_names_a_known_backing(backing: str) -> None:
     raised(ArgumentTypeError, lambda: SimulationConfig(kv_backing=None))  # type: ignore[arg-type]  # bad on purpose
 
 
-_LLAMA = Path(__file__).parent / "data" / "models" / "llama-3.1-8b.json"
+_LLAMA = resources.shipped("model")["llama-3.1-8b"]
 
 
 def _llama_plan(**kwargs: object) -> CapacityPlan:

@@ -32,7 +32,7 @@ from pagedkv.errors import (
     OptionalDependencyError,
     SweepPointError,
 )
-from pagedkv.serving import cli, workload
+from pagedkv.serving import cli, resources, workload
 from pagedkv.serving.latency import RequestRecord, percentile
 from pagedkv.serving.report import SimulationResult
 from pagedkv.serving.simulator import SimulationConfig, Simulator
@@ -59,7 +59,7 @@ from pagedkv.serving.sweep import (
     seeds_needed,
 )
 
-LLAMA = str(Path(__file__).parent / "data" / "models" / "llama-3.1-8b.json")
+LLAMA = str(resources.shipped("model")["llama-3.1-8b"])
 BASE = ["--preset", "chat", "--num-requests", "8", "--kv-backing", "none", "--quiet"]
 TIMED = ["--time-model", "c0=0.01,c_prefill=0.0001,c_decode=0.0005", "--request-rate", "8"]
 

@@ -15,13 +15,13 @@ import pytest
 
 from helpers import raised
 from pagedkv.errors import WorkloadError
-from pagedkv.serving import traces
+from pagedkv.serving import resources, traces
 from pagedkv.serving.simulator import SimulationConfig, Simulator, StepObservation
 from pagedkv.serving.step_time import StepTimeModel
 from pagedkv.serving.workload import RequestSpec
 
 DATA = Path(__file__).parent / "data" / "traces"
-AZURE = DATA / "azure-conv-sample.csv"
+AZURE = resources.shipped("trace")["azure-conv-sample"]
 
 # ---- the formats
 

@@ -44,6 +44,8 @@ from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.v1.manager_machine import CONFIGURATIONS, V1ManagerMachine
 
+pytestmark = pytest.mark.slow  # the slow tier (make check): tests/README.md
+
 # --------------------------------------------------------------------------- corrupted state
 
 

@@ -111,6 +111,7 @@ PLANTED = [
 UNSHRUNK = (_AdmitsAfterPreempting,)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("planted", "check"), PLANTED)
 def test_machine_finds_planted_bug_and_its_program_replays(
     planted: type[V1Scheduler], check: str

@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from pagedkv import errors
+from pagedkv._version import __version__ as __version__
 from pagedkv.serving.report import SimulationResult, Summary
 from pagedkv.serving.scheduler import (
     Preemption,
@@ -130,5 +131,3 @@ __all__ = [
     "errors",
     "paged_attention_reference",
 ]
-
-__version__ = "0.1.0"

@@ -26,6 +26,7 @@ import pkgutil
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+from hypothesis.errors import InvalidArgument
 
 __all__ = [
     "find_fast",
@@ -47,7 +48,8 @@ def shared_database() -> ExampleDatabase | None:
 
 
 def register_profiles() -> None:
-    """Register ``ci``, ``mutate``, ``dev``, ``deep``, ``replay`` and ``deep-crosshair``
+    """Register ``ci``, ``mutate``, ``dev``, ``deep``, ``replay`` and, where
+    hypothesis-crosshair is installed (the kit runs without it), ``deep-crosshair``
     (idempotent)."""
     shared = shared_database()
     ci = settings(
@@ -89,9 +91,11 @@ def register_profiles() -> None:
     # The deep run with CrossHair's symbolic backend (hypothesis-crosshair). Measured
     # in docs/assurance.md: 3-8x the cost per example; it found our planted bugs no
     # sooner, as they need a sequence of steps rather than one special value.
-    settings.register_profile(
-        "deep-crosshair", settings(deep, backend="crosshair", max_examples=500)
-    )
+    try:
+        symbolic = settings(deep, backend="crosshair", max_examples=500)
+    except InvalidArgument:  # hypothesis-crosshair is a dev tool, not the kit's dependency
+        return
+    settings.register_profile("deep-crosshair", symbolic)
 
 
 def find_fast(max_examples: int = 300, steps: int = 30) -> settings:

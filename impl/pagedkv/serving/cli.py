@@ -36,6 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
+from pagedkv._torch import require_torch
+from pagedkv._version import __version__
 from pagedkv.errors import (
     InvalidKVCacheConfigError,
     InvalidSLOError,
@@ -44,11 +46,12 @@ from pagedkv.errors import (
     SweepPointError,
 )
 from pagedkv.output_files import check_outputs, write_atomically
-from pagedkv.serving import report, slo, sweep, traces, workload
+from pagedkv.serving import report, resources, slo, sweep, traces, workload
 from pagedkv.serving.capacity import CapacityPlan, plan_capacity
 from pagedkv.serving.latency import ServingMetrics
 from pagedkv.serving.model_config import KV_CACHE_DTYPES, load_model_config
 from pagedkv.serving.scheduler import SchedulerConfig
+from pagedkv.serving.simulation_config import TOY_NEEDS_TORCH
 from pagedkv.serving.simulator import SimulationConfig, Simulator
 from pagedkv.serving.step_time import StepTimeModel
 
@@ -241,6 +244,7 @@ def _slo(text: str) -> slo.SLO:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (``simulate`` subcommand). Complexity: O(1)."""
     parser = _Parser(prog="pagedkv", description="pagedkv: a verified paged KV-cache manager")
+    parser.add_argument("--version", action="version", version=f"pagedkv {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     sim = commands.add_parser("simulate", help="serve a workload and print a summary")
     source = sim.add_mutually_exclusive_group()
@@ -255,8 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--trace",
         action=_Once,
-        metavar="FILE",
-        help="a trace file (--trace-format; pagedkv.serving.traces)",
+        metavar="FILE|NAME",
+        help="a trace file (--trace-format; pagedkv.serving.traces) or a shipped sample's "
+        "name: " + ", ".join(resources.shipped("trace")),
     )
     sim.add_argument(
         "--trace-format",
@@ -318,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         action=_Once,
         metavar="CONFIG",
-        help="a Hugging Face config.json, or its folder",
+        help="a Hugging Face config.json, its folder, or a shipped model's name: "
+        + ", ".join(resources.shipped("model")),
     )
     model.add_argument(
         "--tp", type=_int_at_least(1), help="tensor-parallel size (KV heads per rank; default 1)"
@@ -385,9 +391,11 @@ def build_parser() -> argparse.ArgumentParser:
     timing.add_argument(
         "--time-model",
         action=_Once,
-        metavar="FILE|K=V,...",
-        help="step-time coefficients: a JSON file, or c0=...,c_prefill=...,c_decode=...,"
-        "c_ctx=...,h2d_bandwidth=...,d2d_bandwidth=... (seconds, bytes/s)",
+        metavar="FILE|NAME|K=V,...",
+        help="step-time coefficients: a JSON file, a shipped model's name ("
+        + ", ".join(resources.shipped("time model"))
+        + "), or c0=...,c_prefill=...,c_decode=...,c_ctx=...,h2d_bandwidth=...,"
+        "d2d_bandwidth=... (seconds, bytes/s)",
     )
     timing.add_argument(
         "--max-concurrency",
@@ -441,7 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
     # Parsed by pagedkv_stateful.conform itself, imported only when used: it needs
-    # Hypothesis, which the library does not (pip install 'pagedkv[conform]').
+    # Hypothesis, which the block layers do not (a dependency of the install).
     conform = commands.add_parser(
         "conform",
         help="check a block allocator or manager against the spec (see docs/conformance.md)",
@@ -1074,14 +1082,16 @@ def _check_outputs(
 ) -> None:
     """Every output path by the one rule of :mod:`pagedkv.output_files`, before any
     work: writable, a file, and none of the files the command reads (trace, model
-    config, time-model file) nor another output."""
-    model = args.model
+    config, time-model file, each a path or a shipped name) nor another output."""
+    model = args.model and str(resources.locate("model", args.model))
     if model is not None and os.path.isdir(model):
         model = os.path.join(model, "config.json")
     time_model = args.time_model
     if time_model is not None and "=" in time_model:  # coefficients, not a file
         time_model = None
-    inputs = [("--trace", args.trace), ("--model", model), ("--time-model", time_model)]
+    time_model = time_model and str(resources.locate("time model", time_model))
+    trace = args.trace and str(resources.locate("trace", args.trace))
+    inputs = [("--trace", trace), ("--model", model), ("--time-model", time_model)]
     problem = check_outputs(outputs, inputs)
     if problem:
         raise _UsageError(problem)
@@ -1288,9 +1298,7 @@ def _run(
 
 
 def _torch_dtype(name: str) -> Any:
-    import torch
-
-    return getattr(torch, name)
+    return getattr(require_torch(TOY_NEEDS_TORCH), name)
 
 
 def plan_from_args(args: argparse.Namespace) -> CapacityPlan | None:

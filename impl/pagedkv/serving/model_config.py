@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pagedkv._validate import require_int
 from pagedkv.errors import InvalidKVCacheConfigError, ModelConfigError
+from pagedkv.serving import resources
 
 __all__ = [
     "KV_CACHE_DTYPES",
@@ -113,14 +114,16 @@ class ModelShape:
 
 
 def load_model_config(path: str | Path) -> ModelShape:
-    """The :class:`ModelShape` of a ``config.json`` file, or of a folder holding one.
+    """The :class:`ModelShape` of a ``config.json`` file, or of a folder holding one, or of
+    a shipped model named by a string (``"llama-3.1-8b"``: :mod:`pagedkv.serving.resources`;
+    a file or folder of that name wins).
 
     Raises ModelConfigError when the file cannot be read, is not a JSON object, or
     lacks (or contradicts) a field the KV size needs. Complexity: O(file size).
     """
     if not isinstance(path, str | Path):
         raise ModelConfigError(repr(path), "give the path of a config.json file or its folder")
-    file = Path(path)
+    file = Path(resources.locate("model", path))
     if file.is_dir():
         file = file / "config.json"
     source = str(file)
@@ -129,7 +132,9 @@ def load_model_config(path: str | Path) -> ModelShape:
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise ModelConfigError(
-            source, f"cannot read it ({reason}); give a Hugging Face config.json or its folder"
+            source,
+            f"cannot read it ({reason}); give a Hugging Face config.json, its folder or a "
+            f"shipped model ({resources.names('model')})",
         ) from None
     try:
         data = json.loads(text)

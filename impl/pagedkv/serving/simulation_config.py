@@ -24,9 +24,11 @@ from pagedkv.serving.step_time import StepTimeModel
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ENGINES", "KV_BACKINGS", "ProgressFn", "SimulationConfig", "StopFn"]
+__all__ = ["ENGINES", "KV_BACKINGS", "TOY_NEEDS_TORCH", "ProgressFn", "SimulationConfig", "StopFn"]
 
 KV_BACKINGS = ("toy", "none")  # SimulationConfig.kv_backing (module docstring)
+#: What needs torch (pip install 'pagedkv[kv]') when the toy backing is asked for without it.
+TOY_NEEDS_TORCH = "the toy KV backing (--kv-backing toy; --kv-backing none runs without KV tensors)"
 ENGINES = ("v0", "v1")  # SimulationConfig.engine
 #: Called after every step with (step, requests done, requests total).
 ProgressFn = Callable[[int, int, int], None]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
+from pagedkv._torch import require_torch
 from pagedkv._validate import (
     require_fits_in_memory,
     require_instance,
@@ -47,6 +48,7 @@ from pagedkv.serving.model_config import dtype_bytes
 from pagedkv.serving.report import SimulationResult
 from pagedkv.serving.scheduler import Scheduler, SchedulerOutputs
 from pagedkv.serving.simulation_config import (
+    TOY_NEEDS_TORCH,
     ProgressFn,
     SimulationConfig,
     StopFn,
@@ -82,6 +84,7 @@ class Simulator:
             )
         self._kv: ToyKV | None = None
         if c.kv_backing == "toy":
+            require_torch(TOY_NEEDS_TORCH)
             from pagedkv.serving.toy_kv import ToyKV, toy_dtype  # loads torch
 
             self._kv = ToyKV.allocate(

@@ -21,7 +21,8 @@ over the step's :class:`StepWork`:
 
 The coefficients are a user's: measured on their GPU (a regression over profiled
 steps, as Vidur fits its own) or estimated from a roofline
-(``tests/data/time-models/llama-3.1-8b-h100.json`` shows how, with its arithmetic); the
+(the shipped ``llama-3.1-8b-h100``, ``pagedkv/serving/data/time-models/``, shows how, with
+its arithmetic); the
 bandwidths may come from ``make gpu-check``. A model is read from a JSON object with
 those keys (:meth:`StepTimeModel.load`), or from ``key=value,...`` text
 (:meth:`StepTimeModel.parse`, the command line's ``--time-model``).
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from pagedkv._validate import require_real, require_str, show
 from pagedkv.errors import InvalidSchedulerConfigError
+from pagedkv.serving import resources
 
 __all__ = ["COEFFICIENTS", "StepTimeModel", "StepWork"]
 
@@ -146,13 +148,18 @@ class StepTimeModel:
 
     @classmethod
     def load(cls, path: str | Path) -> StepTimeModel:
-        """A model from a JSON file (:meth:`from_dict`). O(file size)."""
+        """A model from a JSON file (:meth:`from_dict`), or from the shipped model a string
+        names (``"llama-3.1-8b-h100"``: :mod:`pagedkv.serving.resources`; a file of that
+        name wins). O(file size)."""
+        path = resources.locate("time model", path)
         try:
             # utf-8-sig: a byte-order mark (some Windows editors write one) is dropped
             text = Path(path).read_text(encoding="utf-8-sig")
         except OSError as err:
             raise InvalidSchedulerConfigError(
-                f"cannot read the time model {str(path)!r} ({err.strerror})"
+                f"cannot read the time model {str(path)!r} ({err.strerror}); give a JSON file, "
+                f"c0=...,c_prefill=...,... or a shipped time model "
+                f"({resources.names('time model')})"
             ) from None
         except UnicodeDecodeError:
             raise InvalidSchedulerConfigError(

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from pagedkv._validate import show
 from pagedkv.errors import WorkloadError
+from pagedkv.serving import resources
 from pagedkv.serving.workload import (
     MAX_ARRIVAL_TIME,
     MAX_TOKENS,
@@ -64,12 +65,15 @@ class Trace:
 
 def load(path: str | Path, trace_format: str = "jsonl", time_unit: str = "step") -> Trace:
     """Read the trace at ``path`` in ``trace_format``; ``time_unit`` is for ``jsonl``
-    only (the others carry their own). WorkloadError for an unknown format, an
-    unreadable file or a bad row. Complexity: O(file size) plus a sort."""
+    only (the others carry their own). A string naming no file but a shipped trace
+    (``"azure-conv-sample"``: :mod:`pagedkv.serving.resources`) reads that one.
+    WorkloadError for an unknown format, an unreadable file or a bad row. Complexity:
+    O(file size) plus a sort."""
     if trace_format not in TRACE_FORMATS:
         raise WorkloadError(
             "--trace-format", f"must be one of {', '.join(TRACE_FORMATS)}, got {show(trace_format)}"
         )
+    path = resources.locate("trace", path)
     if trace_format == "jsonl":
         return Trace(load_trace(path, time_unit), "step" if time_unit == "step" else "s")
     if time_unit != "step":
@@ -84,7 +88,11 @@ def load(path: str | Path, trace_format: str = "jsonl", time_unit: str = "step")
                 return _mooncake(f, source)
             return _csv_trace(f, source, _CSV_FORMATS[trace_format])
     except OSError as err:
-        raise WorkloadError(source, f"cannot read the trace ({err.strerror})") from None
+        raise WorkloadError(
+            source,
+            f"cannot read the trace ({err.strerror}); give a trace file or a shipped trace "
+            f"({resources.names('trace')})",
+        ) from None
     except UnicodeDecodeError:
         raise WorkloadError(source, "the trace is not UTF-8 text") from None
 
