@@ -1454,7 +1454,7 @@ def test_the_simulate_plot_names_the_trace_file_and_leaves_out_zero_preemptions(
 
 
 TRACE_LINE = '{"request_id": "a", "arrival_time": 0, "prompt_len": 4, "output_len": 1}'
-LLAMA_CONFIG = resources.shipped("model")["llama-3.1-8b"]
+LLAMA_CONFIG = resources.shipped("model")["llama-3.1-8b"] / "config.json"
 TRACE_RUN = ["simulate", "--quiet", "--device", "cpu", "--kv-backing", "none"]
 # a sweep that takes a moment should a refusal regress into a run
 QUICK_SWEEP = [
