@@ -666,7 +666,9 @@ def test_find_prints_every_point_and_the_answer(
     argv = [*BASE, "--slo", "ttft=40", "--find", "min_gpu_blocks", "--until", "slo_attainment>=0.5"]
     argv += ["--high", "64", "--executor", "serial", "--out", str(out)]
     assert cli.main(["sweep", *argv]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert "pagedkv: note: one seed; the seed draws the workload's random parts" in captured.err
     rows = _csv_rows(out)
     assert [int(r["value"]) for r in rows] == sorted(int(r["value"]) for r in rows)
     assert len(lines) == len(rows) + 1 and lines[0].startswith("gpu_blocks=1: fails")
@@ -864,7 +866,9 @@ def test_find_over_seeds_answers_for_the_worst_seed_in_units(
     out = tmp_path / "find.csv"
     plot = ["--plot", str(tmp_path / "find.png"), "--metric", "slo_attainment"]
     assert cli.main(["sweep", *BASE, *find, "--seeds", "3", "--out", str(out), *plot]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    assert "one seed" not in captured.err  # the note is for a single seed's answer
+    lines = captured.out.splitlines()
     rows = _csv_rows(out)
     alone = []  # each seed's answer, recounted from its rows: holds there, fails just below
     for seed in ("0", "1", "2"):

@@ -896,8 +896,9 @@ def _find(
         print(f"pagedkv: warning: {warning}", file=sys.stderr)
     if not many:
         print(
-            "pagedkv: note: one seed; the re-timing seed moves this answer: --seeds N "
-            "answers for the worst of N",
+            "pagedkv: note: one seed; the seed draws the workload's random parts (a "
+            "preset's requests, a trace's re-timed arrivals, the sampled tokens) and can move "
+            "this answer: --seeds N answers for the worst of N",
             file=sys.stderr,
         )
     out.rows = [rows[key] for key in sorted(rows, key=lambda k: (k[1], k[0]))]
