@@ -1229,7 +1229,7 @@ def test_without_torch_the_toy_backing_is_one_line_naming_the_extra(
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's VmHWM")
 def test_the_h100_overload_run_is_small_and_torch_free() -> None:
     """The issue's acceptance: the overload preset at 26,306 blocks in < 300 MB RSS
-    (measured: about 25 MB; the bound is the issue's, far above it). The peak is the
+    (measured: about 30 MB; the bound is the issue's, far above it). The peak is the
     process's own VmHWM: ``ru_maxrss`` would also count the forked parent's pages."""
     argv = ["simulate", "--preset", "overload", "--model", LLAMA, *H100]
     argv += ["--kv-backing", "none", "--no-check", "--json", "--quiet"]
