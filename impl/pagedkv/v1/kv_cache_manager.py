@@ -178,19 +178,6 @@ class PrefixCacheStats:
             self.hits += num_hits
 
 
-class _Holder:
-    """The ``Request`` object holding a request id's blocks, with its
-    ``num_computed_tokens`` and ``num_tokens`` at its last successful ``allocate_slots``
-    (a decode step updates the two counts in place: no allocation per step)."""
-
-    __slots__ = ("computed", "request", "tokens")
-
-    def __init__(self, request: Request, computed: int, tokens: int) -> None:
-        self.request = request
-        self.computed = computed
-        self.tokens = tokens
-
-
 class KVCacheManager:
     """The V1 KV cache manager (module docstring).
 
@@ -277,9 +264,10 @@ class KVCacheManager:
             else None
             for g in kv_cache_config.kv_cache_groups
         )
-        #: request id -> its holder (:class:`_Holder`): who may use the id, and whether a
-        #: step went uncounted
-        self._holders: dict[str, _Holder] = {}
+        #: request id -> (the Request object holding its blocks, its num_computed_tokens
+        #: and num_tokens at its last successful allocate_slots): who may use the id, and
+        #: whether a step went uncounted
+        self._holders: dict[str, tuple[Request, int, int]] = {}
         #: the last lookup: (request id, pool epoch, its blocks per group)
         self._last_lookup: tuple[str, int, tuple[tuple[KVCacheBlock, ...], ...]] | None = None
         managers = self.coordinator.single_type_managers
@@ -385,18 +373,15 @@ class KVCacheManager:
         Complexity: O(blocks adopted, allocated and cached); a call without a hit or
         external tokens takes a fast path (on one full-attention group the group
         manager's ``allocate_plain``, else the coordinator's)."""
-        entry: _Holder | None = None
-        if request.__class__ is Request:
+        if isinstance(request, Request):  # else _check_allocation says what it is
             # _check_request inlined (every decode step): O(1)
             entry = self._holders.get(request.request_id)
             if entry is not None and (
-                entry.request is not request or entry.computed == request.num_computed_tokens
+                entry[0] is not request or entry[1] == request.num_computed_tokens
             ):
                 self._check_holder(request, entry, "allocate slots for")
-            if request.hash_block_size != self.hash_block_size and self.enable_caching:
+            if self.enable_caching and request.hash_block_size != self.hash_block_size:
                 self._check_hashes(request)
-        elif isinstance(request, Request):  # else _check_allocation says what it is
-            self._check_request(request, "allocate slots for")
         single = self._plain_group
         if (
             request.__class__ is Request
@@ -434,11 +419,11 @@ class KVCacheManager:
                 )
                 if new_blocks is None:
                     return None
-                if entry is not None and entry.request is request:  # in place: no allocation
-                    entry.computed = request.num_computed_tokens
-                    entry.tokens = request.num_tokens
-                else:
-                    self._hold(request)
+                self._holders[request.request_id] = (
+                    request,
+                    request.num_computed_tokens,
+                    request.num_tokens,
+                )
                 return KVCacheBlocks((new_blocks,)) if new_blocks else self.empty_kv_cache_blocks
             if self.coordinator.holds_computed(request):
                 blocks = self.coordinator.allocate_plain(
@@ -451,7 +436,11 @@ class KVCacheManager:
                 )
                 if blocks is None:
                     return None
-                self._hold(request)
+                self._holders[request.request_id] = (
+                    request,
+                    request.num_computed_tokens,
+                    request.num_tokens,
+                )
                 return self._blocks(blocks)
         rid = self._check_allocation(
             request,
@@ -501,15 +490,8 @@ class KVCacheManager:
         new = coordinator.allocate_new_blocks(rid, need, main, num_encoder_tokens)
         if not delay_cache_blocks and self.enable_caching:
             coordinator.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
-        self._hold(request)
+        self._holders[rid] = (request, request.num_computed_tokens, request.num_tokens)
         return self._blocks(new)
-
-    def _hold(self, request: Request) -> None:
-        """Record ``request`` as its id's holder, with its computed and token counts now
-        (after a successful ``allocate_slots``). O(1)."""
-        self._holders[request.request_id] = _Holder(
-            request, request.num_computed_tokens, request.num_tokens
-        )
 
     def _check_allocation(
         self,
@@ -587,18 +569,20 @@ class KVCacheManager:
         rules. O(1)."""
         entry = self._holders.get(request.request_id)
         if entry is not None and (
-            entry.request is not request or entry.computed == request.num_computed_tokens
+            entry[0] is not request or entry[1] == request.num_computed_tokens
         ):
             self._check_holder(request, entry, operation)
         if self.enable_caching and request.hash_block_size != self.hash_block_size:
             self._check_hashes(request)
 
-    def _check_holder(self, request: Request, entry: _Holder, operation: str) -> None:
+    def _check_holder(
+        self, request: Request, entry: tuple[Request, int, int], operation: str
+    ) -> None:
         """The checks of :meth:`_check_request` against the id's holder ``entry``,
         which is another object or has the request's computed count. O(groups)."""
         rid = request.request_id
-        computed, tokens = entry.computed, entry.tokens
-        if entry.request is not request:
+        holder, computed, tokens = entry
+        if holder is not request:
             if self.coordinator.holds(rid):
                 raise RequestIdInUseError(rid, operation)
         elif (
@@ -632,7 +616,7 @@ class KVCacheManager:
         require_instance("request", request, Request, "a pagedkv.v1.Request")
         rid = request.request_id
         entry = self._holders.get(rid)
-        if entry is not None and entry.request is not request and self.coordinator.holds(rid):
+        if entry is not None and entry[0] is not request and self.coordinator.holds(rid):
             raise RequestIdInUseError(rid, "free")
         self._holders.pop(rid, None)
         self.coordinator.free(rid)
