@@ -99,7 +99,8 @@ GPU_CHECK_ARGS ?=
 gpu-check: $(STAMP)
 	$(BIN)/python -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
-# The conformance kit on vLLM 0.6.3's own block layer, all three levels (docs/conformance.md).
+# The conformance kit on vLLM 0.6.3's own block layer, all four levels (docs/conformance.md;
+# what it finds: docs/findings.md).
 # Downloads the vllm 0.6.3 wheel once (pip --no-deps, about 190 MB, into $(VLLM_WHEELS)),
 # copies only its pure-Python block-layer modules to $(VLLM_DIR) beside small stand-ins of
 # pagedkv's own (pagedkv_stateful/engines/vllm063.py), and runs `pagedkv conform` at each level
@@ -144,7 +145,7 @@ bench-vllm-v1: $(STAMP)
 # vLLM's own KV-cache-manager unit tests (tests/v1/core: test_prefix_caching.py,
 # test_kv_cache_utils.py, test_single_type_kv_cache_manager.py,
 # test_prompt_block_hash_vectors.py) run unchanged against pagedkv.v1 through a module
-# shim (pagedkv_stateful/engines/vllm_v1_shim.py; docs/conformance.md). Fetches the test files
+# shim (pagedkv_stateful/engines/vllm_v1_shim.py; docs/findings.md). Fetches the test files
 # once from the release's sdist (pip download, about 50 MB; vLLM is not built) into
 # $(VLLM_V1_TESTS_DIR), their small pure dependencies into its deps/, then prints passed,
 # out of scope per reason and the in-scope failures, each matched against the documented

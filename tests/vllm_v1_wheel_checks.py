@@ -708,13 +708,13 @@ def test_the_machine_on_vllm_catches_a_planted_bug(
 
 
 def test_the_draft_upstream_report_reproduces_as_written(vllm_dir: Path, release: str) -> None:
-    """docs/conformance.md's reproduction of the 0.34.0 finding, run as a user would
+    """docs/findings.md's reproduction of the 0.34.0 finding, run as a user would
     (a fresh process, the extracted directory as its argument): it prints what it says
     on 0.34.0 and cannot run on the releases without the probe."""
     import re
     import subprocess
 
-    text = (ROOT / "docs" / "conformance.md").read_text()
+    text = (ROOT / "docs" / "findings.md").read_text()
     (program,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "argv" in b]
     out = subprocess.run(
         [sys.executable, "-c", program, str(vllm_dir)], capture_output=True, text=True

@@ -330,7 +330,7 @@ _MAPPED_KINDS = (
 #: size. With a group's blocks larger than the hash block, 0.34.0's full-attention
 #: manager also registers the prompt's tail inside a block as a partial cache entry (a
 #: second key of that block, for Mamba's fine-grained hits), which pagedkv does not
-#: model (docs/design.md, section 7).
+#: model (docs/design.md, "vLLM V1's KV cache manager").
 SAME_BLOCK_SIZE = tuple(
     name
     for name, groups in CONFIGURATIONS.items()

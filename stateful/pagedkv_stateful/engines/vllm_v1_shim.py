@@ -1461,7 +1461,7 @@ VLLM_ONLY: dict[str, str] = {
     "reachable_block_mask": WINDOW,  # sparse retention (pagedkv: cache_mask, dense only)
     "transfer_group_ids": CONNECTORS,  # KVCacheConfig
     "merge": MERGING,  # KVCacheSpec
-    # Mamba align's 0.34.0 machinery pagedkv does not model (docs/design.md, section 7)
+    # Mamba align's 0.34.0 machinery pagedkv does not model (docs/design.md, the V1 section)
     "_relocate_speculative_block": MAMBA,  # private (pagedkv relocates inside allocation)
     "last_state_block_idx": MAMBA,  # not kept: its frees are remove_skipped_blocks' own
     "cached_blocks_this_step": MAMBA,  # the same-step hit deferral

@@ -13,7 +13,7 @@ the command that fetches them and classifies their outcomes (the shim they run w
   runs the four test files (:data:`TEST_FILES`) in a pytest subprocess with the shim and a
   JUnit XML report, then prints passed / out of scope (per reason class) / failed in
   scope, each in-scope failure matched against :data:`DOCUMENTED` (the intended
-  differences of docs/conformance.md). Exit 0 iff every in-scope failure is documented;
+  differences of docs/findings.md). Exit 0 iff every in-scope failure is documented;
   1 on an undocumented one (printed); a documented row whose tests now pass is reported
   too, so the table cannot go stale silently; 2 on a setup error.
 
@@ -115,7 +115,7 @@ class Documented:
     count: int = 1
 
 
-#: The documented in-scope failures (docs/conformance.md, "vLLM 0.34.0's own V1 tests
+#: The documented in-scope failures (docs/findings.md, "vLLM 0.34.0's own V1 tests
 #: against pagedkv.v1"): each a difference pagedkv makes on purpose.
 DOCUMENTED: tuple[Documented, ...] = (
     Documented(
@@ -323,7 +323,7 @@ def render(summary: Summary) -> str:
         f"  failed, undocumented:   {len(summary.undocumented)}",
     ]
     if summary.documented:
-        lines.append("documented differences (docs/conformance.md):")
+        lines.append("documented differences (docs/findings.md):")
         for outcome, row in summary.documented:
             lines.append(f"  {outcome.nodeid.rpartition('::')[2]}: {row.kind}: {row.reason}")
     if summary.undocumented:
