@@ -298,6 +298,8 @@ class Loader:
         one process holds one. O(size of the extracted files) (their checksums; the
         import itself aside)."""
         directory = Path(directory).resolve()
+        if not (directory / self.marker).is_file():
+            raise self._not_extracted(directory)
         loaded = sys.modules.get("vllm")
         if loaded is not None:
             where = Path(getattr(loaded, "__file__", "") or "").resolve().parent.parent
