@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -409,6 +410,7 @@ def test_findings_stream_before_the_summary(
 
     data = json.loads(path.read_text())
     assert data["target"] == "faulty_allocators:shared_free_allocator"
+    assert data["source"] is None and "\nsource:" not in streamed  # its module names none
     assert (data["level"], data["profile"], data["seed"]) == ("allocator", "ci", 4)
     assert data["capabilities"]["cow"] is True and data["capabilities"]["lifo"] is False
     assert (data["result"], data["exit_status"], data["interrupted"]) == ("violations", 1, False)
@@ -793,3 +795,33 @@ def test_the_report_lists_what_the_target_does_not_promise_once() -> None:
     own = ConformanceReport("t", "allocator", adapters._FULL, "s")
     assert "stricter than this target" not in own.render()
     assert own.to_dict()["stricter"] == [] and own.to_dict()["callers_contract"] == []
+
+
+def test_the_report_names_the_source_the_factorys_module_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A target module's ``conform_source()`` (an extracted vLLM's wheel and SHA-256, as
+    ``pagedkv_stateful.vllm063`` gives it) is named under the header and in the JSON,
+    asked after the probe built a target."""
+    module = types.ModuleType("sourced_target")
+    asked: list[str] = []
+
+    def conform_source() -> str:
+        asked.append("built" if built else "before")
+        return "vllm 9.9.9 from vllm-9.9.9.whl (sha256 " + "ab" * 32 + ")"
+
+    built: list[object] = []
+
+    def allocator(num_gpu_blocks: int, num_cpu_blocks: int, block_size: int) -> Any:
+        built.append(None)
+        return adapters.pagedkv_allocator(num_gpu_blocks, num_cpu_blocks, block_size)
+
+    allocator.__module__ = module.__name__
+    module.conform_source = conform_source  # type: ignore[attr-defined]  # a module built here
+    module.allocator = allocator  # type: ignore[attr-defined]  # a module built here
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    report = run_conformance(allocator, max_examples=2, replay=False)
+    assert asked == ["built"]
+    assert report.source == "vllm 9.9.9 from vllm-9.9.9.whl (sha256 " + "ab" * 32 + ")"
+    assert report.render_header().split("\n")[1] == f"source: {report.source}"
+    assert report.to_dict()["source"] == report.source

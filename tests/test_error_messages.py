@@ -21,6 +21,7 @@ import json
 import sys
 import tempfile
 import types
+import zipfile
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -114,7 +115,7 @@ from pagedkv.v0.evictor import LRUEvictor
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv.v0.refcount import contiguous_range
 from pagedkv.v1 import RequestStatus
-from pagedkv_stateful.engines import vllm_v1
+from pagedkv_stateful.engines import vllm063, vllm_v1
 from pagedkv_stateful.kit.conform import UsageError, run_conformance
 from scheduler_helpers import add, one_in_each_queue, step
 from scheduler_helpers import make as make_scheduler
@@ -2250,6 +2251,23 @@ ATTENTION_MESSAGES = [
 # tests/ is on sys.path under pytest (not on mypy's path, hence the import by name).
 faulty = importlib.import_module("faulty_allocators")
 
+
+def _changed_extract(change: Callable[[Path], object]) -> object:
+    """Verify a vLLM 0.6.3 extraction (of a zip with the wheel's file names) after
+    ``change``; the message names the scratch directory relatively (the rows are fixed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp).resolve()
+        with zipfile.ZipFile(root / "w.whl", "w") as z:
+            for name in vllm063.WHEEL_FILES:
+                z.writestr(name, f"# {name}\n")
+        out = vllm063.extract(root / "w.whl", root / "d")
+        change(out)
+        try:
+            return vllm063.LOADER.verify(out)
+        except vllm063.TargetSetupError as err:
+            raise vllm063.TargetSetupError(str(err).replace(f"{root}/", "")) from None
+
+
 CONFORM_MESSAGES = [
     case(
         "conform: allocator whose device type differs",
@@ -2265,6 +2283,26 @@ CONFORM_MESSAGES = [
         lambda: run_conformance(importlib.import_module("bad_prelude").allocator),
         UsageError,
         "bad_prelude.conform_prelude() must return a list of source lines, got 'import os'",
+    ),
+    case(
+        "conform: a factory module whose source is not a str",
+        lambda: run_conformance(importlib.import_module("bad_source").allocator),
+        UsageError,
+        "bad_source.conform_source() must return a str or None, got b'vllm'",
+    ),
+    case(
+        "engines.wheel: an extracted file changed since extract wrote it",
+        lambda: _changed_extract(lambda d: (d / "vllm/utils.py").write_text("")),
+        vllm063.TargetSetupError,
+        "d is not as extract wrote it: vllm/utils.py was modified; run "
+        "`python -m pagedkv_stateful.vllm063 extract w.whl d` again",
+    ),
+    case(
+        "engines.wheel: an extracted directory without its manifest",
+        lambda: _changed_extract(lambda d: (d / "pagedkv-wheel.json").unlink()),
+        vllm063.TargetSetupError,
+        "d is not as extract wrote it: it has no pagedkv-wheel.json (an extract without "
+        "checksums); run `python -m pagedkv_stateful.vllm063 extract WHEEL d` again",
     ),
     case(
         "conform: manager that cannot take a SequenceGroup",

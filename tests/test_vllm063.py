@@ -7,6 +7,7 @@ zip with the wheel's file names stands in for it.
 from __future__ import annotations
 
 import enum
+import hashlib
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,26 @@ def test_a_wheel_without_the_block_layer_is_a_setup_error(tmp_path: Path) -> Non
     assert vllm063.main(["extract", str(wheel), str(tmp_path / "v")]) == 2
     (tmp_path / "junk.whl").write_text("not a zip")
     assert vllm063.main(["extract", str(tmp_path / "junk.whl"), str(tmp_path / "v")]) == 2
+
+
+def test_the_command_line_says_which_wheel_and_when_nothing_was_copied(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wheel = _fake_wheel(tmp_path / "w.whl")
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    dest = str(tmp_path / "v")
+    assert vllm063.main(["extract", str(wheel), dest]) == 0
+    assert capsys.readouterr().out == (
+        f"vLLM 0.6.3 block layer written to {dest} from w.whl (sha256 {sha})\n"
+    )
+    assert vllm063.main(["extract", str(wheel), dest]) == 0
+    assert capsys.readouterr().out == (
+        f"vLLM 0.6.3 block layer already extracted in {dest} from w.whl (sha256 {sha}): "
+        "nothing copied\n"
+    )
+    (tmp_path / "v" / "vllm" / "utils.py").write_text("")
+    assert vllm063.main(["extract", str(wheel), dest]) == 0
+    assert capsys.readouterr().out.endswith("(re-extracted: vllm/utils.py was modified)\n")
 
 
 def test_use_refuses_a_directory_extract_did_not_write(tmp_path: Path) -> None:

@@ -16,7 +16,9 @@ machine runs on that release, so the machine checks the rest.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -101,7 +103,15 @@ def test_extract_copies_the_release_files_and_writes_the_stand_ins(
     for name, text in spec.stand_ins.items():
         assert (out / name).read_text() == text
     written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    assert written == {*spec.wheel_files, *spec.stand_ins, vllm_v1.RELEASE_FILE}
+    assert written == {*spec.wheel_files, *spec.stand_ins, vllm_v1.RELEASE_FILE, vllm_v1.MANIFEST}
+    record = json.loads((out / vllm_v1.MANIFEST).read_text())
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert (record["wheel"], record["sha256"], record["release"]) == (wheel.name, sha, release)
+    assert set(record["files"]) == written - {vllm_v1.MANIFEST}
+    for name, digest in record["files"].items():
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
+    again = vllm_v1.LOADER.extract_wheel(wheel, out)
+    assert again.cached and again.sha256 == sha
     assert vllm_v1.release_of(out) == release
     assert not set(spec.wheel_files) & set(spec.stand_ins)
 

@@ -103,7 +103,9 @@ LOADER = Loader(
 
 
 def extract(wheel: str | Path, dest: str | Path) -> Path:
-    """Copy :data:`WHEEL_FILES` out of ``wheel`` into ``dest`` and write :data:`STAND_INS`.
+    """Copy :data:`WHEEL_FILES` out of ``wheel`` into ``dest`` and write :data:`STAND_INS`
+    and the checksums (nothing copied when ``dest`` holds this wheel's files intact:
+    :meth:`~pagedkv_stateful.engines.wheel.Loader.extract_wheel`).
 
     Returns ``dest``. Raises :class:`TargetSetupError` if the wheel lacks a file
     (not vllm 0.6.3's layout). Complexity: O(size of the copied files).
@@ -112,7 +114,8 @@ def extract(wheel: str | Path, dest: str | Path) -> Path:
 
 
 def use(directory: str | Path) -> None:
-    """Import ``vllm`` from ``directory`` (one :func:`extract` wrote). Complexity: O(1)."""
+    """Import ``vllm`` from ``directory`` (one :func:`extract` wrote, its files checked
+    against their recorded SHA-256). Complexity: O(size of the extracted files)."""
     LOADER.use(directory)
 
 
@@ -121,6 +124,12 @@ def conform_prelude() -> list[str]:
     extracted vLLM this process loaded on ``sys.path``, so the program replays as printed
     in a fresh process, with or without ``PAGEDKV_VLLM_DIR``."""
     return use_prelude("pagedkv_stateful.vllm063")
+
+
+def conform_source() -> str | None:
+    """What the conformance report names as the code it ran (``pagedkv conform`` asks):
+    the loaded vLLM's release, wheel file name and SHA-256; None before one is loaded."""
+    return LOADER.loaded_source()
 
 
 _module = LOADER.load
@@ -339,11 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "replay":
             return replay_reports(args.reports)
-        out = extract(args.wheel, args.dest)
+        done = LOADER.extract_wheel(args.wheel, args.dest)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
-    print(f"vLLM 0.6.3 block layer written to {out}")
+    print(done.describe("vLLM 0.6.3 block layer"))
     return 0
 
 

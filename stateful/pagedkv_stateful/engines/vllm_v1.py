@@ -66,6 +66,7 @@ from typing import Any
 from pagedkv_spec.v1.manager import CHUNKED, CROSS, FULL, MAMBA, SLIDING, GroupSpec, ManagerState
 from pagedkv_spec.v1.pool import PoolState
 from pagedkv_stateful.adapters import Capabilities
+from pagedkv_stateful.engines.wheel import MANIFEST as MANIFEST
 from pagedkv_stateful.engines.wheel import Loader, stand_ins
 from pagedkv_stateful.engines.wheel import TargetSetupError as TargetSetupError
 from pagedkv_stateful.kit.replay import replay_reports, use_prelude
@@ -253,8 +254,10 @@ def extract(wheel: str | Path, dest: str | Path, release: str | None = None) -> 
     """Copy the release's wheel files out of ``wheel`` into ``dest`` and write its
     stand-ins; returns ``dest``.
 
-    ``release`` defaults to the version in the wheel's metadata. A ``dest/vllm`` that
-    an earlier :func:`extract` wrote is replaced; any other is refused. Raises
+    ``release`` defaults to the version in the wheel's metadata. Nothing is copied when
+    ``dest`` holds this wheel's files intact (their checksums recorded, :data:`MANIFEST`);
+    else a ``dest/vllm`` that an earlier :func:`extract` wrote is replaced; any other is
+    refused. Raises
     :class:`TargetSetupError` for an unknown release or a wheel that lacks a file.
     Complexity: O(size of the copied files).
     """
@@ -267,11 +270,18 @@ def release_of(directory: str | Path) -> str:
 
 
 def use(directory: str | Path) -> None:
-    """Import ``vllm`` from ``directory`` (one :func:`extract` wrote), put first on
-    ``sys.path``. Raises :class:`TargetSetupError` if another ``vllm`` (an installed
+    """Import ``vllm`` from ``directory`` (one :func:`extract` wrote, its files checked
+    against their recorded SHA-256: :data:`MANIFEST`), put first on ``sys.path``. Raises
+    :class:`TargetSetupError` if a file differs, or if another ``vllm`` (an installed
     one, or vllm063's stand-ins) is already imported: one process holds one.
-    Complexity: O(1) (the import itself aside)."""
+    Complexity: O(size of the extracted files) (the import itself aside)."""
     LOADER.use(directory)
+
+
+def conform_source() -> str | None:
+    """What the conformance report names as the code it ran (``pagedkv conform`` asks):
+    the loaded vLLM's release, wheel file name and SHA-256; None before one is loaded."""
+    return LOADER.loaded_source()
 
 
 _module = LOADER.load
@@ -871,11 +881,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "replay":
             return replay_reports(args.reports)
-        out = extract(args.wheel, args.dest, args.release)
+        done = LOADER.extract_wheel(args.wheel, args.dest, args.release)
     except (OSError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
-    print(f"vLLM {release_of(out)} V1 KV cache layer written to {out}")
+    print(done.describe(f"vLLM {done.release} V1 KV cache layer"))
     return 0
 
 

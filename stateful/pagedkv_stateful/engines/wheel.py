@@ -9,32 +9,49 @@ the stand-ins to write). The stand-ins are real modules of this package, under
 ``stand_ins/<tree>/`` (checked by ruff and mypy, never imported as
 ``pagedkv_stateful`` modules): :func:`stand_ins` reads a tree, later trees replacing
 an earlier one's files. One process holds one extracted ``vllm``.
+
+Cache and checksums: an extraction records, in :data:`MANIFEST` beside ``vllm/``, the
+wheel's file name and SHA-256, the release and every written file's SHA-256. Extracting
+the same wheel into a directory that holds it, intact, copies nothing; another wheel,
+a modified, missing or extra file is re-extracted (the command says why). Loading a
+directory checks every file against the manifest and refuses one that differs (one
+line: what differs and the extract command to run), so a stale or hand-edited copy
+never runs; the conformance report names the wheel and SHA-256 it ran against
+(:meth:`Loader.loaded_source`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import os
 import re
 import shutil
 import sys
 import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 __all__ = [
+    "MANIFEST",
     "STAND_INS_DIR",
+    "Extraction",
     "Loader",
     "TargetSetupError",
     "WheelRelease",
+    "file_sha256",
     "stand_ins",
     "wheel_release",
 ]
 
 #: Where the stand-in trees are (package data: ``stand_ins/<tree>/vllm/...``).
 STAND_INS_DIR = Path(__file__).with_name("stand_ins")
+#: What :meth:`Loader.extract` writes beside ``vllm/``: the wheel's file name and SHA-256,
+#: the release, and the SHA-256 of every file it wrote (JSON).
+MANIFEST = "pagedkv-wheel.json"
 
 
 class TargetSetupError(RuntimeError):
@@ -96,8 +113,10 @@ class Loader:
     file every extraction has; ``layer``: what the files are, in messages ("block
     layer"); ``hint``: more advice after the extract command; ``releases``: the
     releases known, by version; ``release_file``: the file :meth:`extract` writes beside
-    ``vllm/`` with the release it holds; ``release_required``: whether :meth:`use`
-    needs it (directories of an older extract may lack it).
+    ``vllm/`` with the release it holds; ``release_required``: whether a
+    directory without it (an older extract's) needs it to count as an earlier
+    extract's (else :attr:`marker` is enough); ``manifest``: the checksums file
+    (:data:`MANIFEST`) :meth:`extract` writes and :meth:`use` verifies.
     """
 
     module: str
@@ -109,6 +128,8 @@ class Loader:
     release_required: bool = True
     hint: str = ""
 
+    manifest: str = MANIFEST
+
     def _not_extracted(self, directory: str | Path) -> TargetSetupError:
         return TargetSetupError(
             f"{directory} holds no extracted vLLM {self.layer}; run "
@@ -116,17 +137,30 @@ class Loader:
         )
 
     def extract(self, wheel: str | Path, dest: str | Path, release: str | None = None) -> Path:
+        """:meth:`extract_wheel`'s directory: ``dest``."""
+        return self.extract_wheel(wheel, dest, release).directory
+
+    def extract_wheel(
+        self, wheel: str | Path, dest: str | Path, release: str | None = None
+    ) -> Extraction:
         """Copy the release's wheel files out of ``wheel`` into ``dest``, write its
-        stand-ins and :attr:`release_file`; returns ``dest``.
+        stand-ins, :attr:`release_file` and :attr:`manifest` (the wheel's name and
+        SHA-256, the release, each written file's SHA-256).
+
+        A cache: when ``dest`` already holds this wheel's extraction of this release,
+        every file as the manifest records it, nothing is copied (``cached``). Otherwise
+        a ``dest/vllm`` an earlier extract wrote (another wheel, a modified or missing
+        file, an extract without a manifest) is replaced (``why`` says why); any other
+        is refused (a directory without :attr:`release_file` counts as an earlier
+        extract's when the release is not required and it has :attr:`marker`).
 
         ``release`` defaults to the only release known, else the version in the
-        wheel's metadata. A ``dest/vllm`` an earlier extract wrote is replaced; any
-        other is refused (a directory without :attr:`release_file` counts as an earlier
-        extract's when the release is not required and it has :attr:`marker`). Raises
-        :class:`TargetSetupError` for an unknown release or a wheel that lacks a file.
-        O(size of the copied files).
+        wheel's metadata. Raises :class:`TargetSetupError` for an unknown release or a
+        wheel that lacks a file. O(size of the wheel) (its checksum) plus O(size of
+        the copied files).
         """
         dest = Path(dest)
+        digest = file_sha256(wheel)
         with zipfile.ZipFile(wheel) as z:
             names = z.namelist()
             only = next(iter(self.releases)) if len(self.releases) == 1 else None
@@ -143,23 +177,111 @@ class Loader:
                 raise TargetSetupError(
                     f"{wheel} has no {', '.join(missing)}: is it vllm {version}?"
                 )
+            done = Extraction(dest, version, Path(wheel).name, digest)
+            why = ""
             if (dest / "vllm").exists():
-                ours = (dest / self.release_file).is_file() or (
-                    not self.release_required and (dest / self.marker).is_file()
+                recorded = self._manifest(dest)
+                why = self._stale(dest, recorded, digest, version)
+                if not why:  # this wheel's files, intact
+                    return replace(done, cached=True)
+                ours = (
+                    recorded is not None
+                    or (dest / self.release_file).is_file()
+                    or (not self.release_required and (dest / self.marker).is_file())
                 )
                 if not ours:
                     raise TargetSetupError(f"{dest / 'vllm'} exists and extract did not write it")
                 shutil.rmtree(dest / "vllm")  # no stale files of another release
+            files: dict[str, str] = {}
             for name in spec.wheel_files:
-                path = dest / name
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(z.read(name))
+                data = z.read(name)
+                _write(dest / name, data)
+                files[name] = hashlib.sha256(data).hexdigest()
         for name, text in spec.stand_ins.items():
-            path = dest / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        (dest / self.release_file).write_text(version + "\n")
-        return dest
+            data = text.encode("utf-8")
+            _write(dest / name, data)
+            files[name] = hashlib.sha256(data).hexdigest()
+        data = (version + "\n").encode("utf-8")
+        _write(dest / self.release_file, data)
+        files[self.release_file] = hashlib.sha256(data).hexdigest()
+        record = {
+            "wheel": Path(wheel).name,
+            "sha256": digest,
+            "release": version,
+            "files": dict(sorted(files.items())),
+        }
+        (dest / self.manifest).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        return replace(done, why=why)
+
+    def _manifest(self, directory: Path) -> dict[str, Any] | None:
+        """The manifest :meth:`extract` wrote into ``directory``, or None (none, or not
+        one extract writes)."""
+        try:
+            record = json.loads((directory / self.manifest).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not (
+            isinstance(record, dict)
+            and all(isinstance(record.get(k), str) for k in ("wheel", "sha256", "release"))
+            and isinstance(record.get("files"), dict)
+            and all(isinstance(v, str) for v in record["files"].values())
+        ):
+            return None
+        return record
+
+    def _stale(
+        self,
+        directory: Path,
+        record: dict[str, Any] | None,
+        digest: str | None = None,
+        version: str | None = None,
+    ) -> str:
+        """Why ``directory`` is not what ``record`` says :meth:`extract` wrote (of the
+        wheel with SHA-256 ``digest`` and release ``version``, when given): "" if it is.
+        O(size of the extracted files)."""
+        if record is None:
+            return f"it has no {self.manifest} (an extract without checksums)"
+        if digest is not None and record["sha256"] != digest:
+            return (
+                f"it was extracted from another wheel ({record['wheel']}, "
+                f"sha256 {record['sha256']})"
+            )
+        if version is not None and record["release"] != version:
+            return f"it holds vllm {record['release']}"
+        files: dict[str, str] = record["files"]
+        for name, want in sorted(files.items()):
+            path = directory / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if file_sha256(path) != want:
+                return f"{name} was modified"
+        extra = sorted(
+            p.relative_to(directory).as_posix()
+            for p in (directory / "vllm").rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        )
+        unknown = [name for name in extra if name not in files]
+        if unknown:
+            return f"{unknown[0]} is not a file extract wrote"
+        return ""
+
+    def verify(self, directory: str | Path) -> dict[str, Any]:
+        """The manifest of ``directory`` (one :meth:`extract` wrote), after checking
+        every file it records against its SHA-256 and that ``vllm/`` holds no other
+        file. Raises :class:`TargetSetupError` (what differs, the command that
+        re-extracts) if not. O(size of the extracted files)."""
+        directory = Path(directory)
+        if not (directory / self.marker).is_file():
+            raise self._not_extracted(directory)
+        record = self._manifest(directory)
+        why = self._stale(directory, record, None, None)
+        if record is None or why:
+            wheel = "WHEEL" if record is None else record["wheel"]
+            raise TargetSetupError(
+                f"{directory} is not as extract wrote it: {why}; run "
+                f"`python -m {self.module} extract {wheel} {directory}` again"
+            )
+        return record
 
     def release_of(self, directory: str | Path) -> str:
         """The release :meth:`extract` wrote into ``directory``."""
@@ -169,14 +291,14 @@ class Loader:
         return path.read_text().strip()
 
     def use(self, directory: str | Path) -> None:
-        """Import ``vllm`` from ``directory`` (one :meth:`extract` wrote), put first on
-        ``sys.path``. Raises :class:`TargetSetupError` if another ``vllm`` (an installed
-        one, or another family's) is already imported: one process holds one.
-        Complexity: O(1) (the import itself aside)."""
+        """Import ``vllm`` from ``directory`` (one :meth:`extract` wrote, every file as
+        its manifest records it: :meth:`verify`), put first on ``sys.path``. Raises
+        :class:`TargetSetupError` if the directory is not as extract wrote it, or if
+        another ``vllm`` (an installed one, or another family's) is already imported:
+        one process holds one. O(size of the extracted files) (their checksums; the
+        import itself aside)."""
         directory = Path(directory).resolve()
-        if self.release_required:
-            self.release_of(directory)
-        elif not (directory / self.marker).is_file():
+        if not (directory / self.marker).is_file():
             raise self._not_extracted(directory)
         loaded = sys.modules.get("vllm")
         if loaded is not None:
@@ -187,6 +309,7 @@ class Loader:
                     "in a fresh process"
                 )
             return
+        self.verify(directory)
         if str(directory) in sys.path:
             sys.path.remove(str(directory))
         sys.path.insert(0, str(directory))
@@ -204,3 +327,51 @@ class Loader:
                 )
             self.use(directory)
         return importlib.import_module(name)
+
+    def loaded_source(self) -> str | None:
+        """What the conformance report names as the code it ran (``pagedkv conform``
+        asks ``conform_source()``): the loaded vLLM's release, wheel and SHA-256, from
+        its directory's manifest; None when no ``vllm`` is loaded. O(1)."""
+        where = getattr(sys.modules.get("vllm"), "__file__", None)
+        if not where:
+            return None
+        record = self._manifest(Path(where).resolve().parent.parent)
+        if record is None:
+            return None
+        return f"vllm {record['release']} from {record['wheel']} (sha256 {record['sha256']})"
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """What :meth:`Loader.extract_wheel` did: the directory, the release, the wheel's
+    file name and SHA-256; ``cached``: the directory already held it (nothing copied);
+    ``why``: else, why it was (re-)extracted."""
+
+    directory: Path
+    release: str
+    wheel: str
+    sha256: str
+    cached: bool = False
+    why: str = ""
+
+    def describe(self, what: str) -> str:
+        """One line for the command line: ``what`` (the layer) written or found."""
+        source = f"{self.wheel} (sha256 {self.sha256})"
+        if self.cached:
+            return f"{what} already extracted in {self.directory} from {source}: nothing copied"
+        again = f" (re-extracted: {self.why})" if self.why else ""
+        return f"{what} written to {self.directory} from {source}{again}"
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of the file at ``path``, hex. O(size of the file), 1 MiB at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)

@@ -133,6 +133,9 @@ class ConformanceReport:
     warnings: list[str] = field(default_factory=list)
     #: test cases that reached each operation / state class (:mod:`.coverage`)
     coverage: Counter[str] = field(default_factory=Counter)
+    #: the code checked, as the factory's module names it (``conform_source()``: an
+    #: extracted vLLM's release, wheel and SHA-256); "" when it names none
+    source: str = ""
 
     @property
     def ok(self) -> bool:
@@ -154,13 +157,14 @@ class ConformanceReport:
 
     def render_header(self) -> str:
         """What is checked, and how."""
-        return "\n".join(
-            [
-                f"pagedkv conform {self.target} ({self.level} level)",
-                f"capabilities: {describe(self.capabilities, self.level)}",
-                f"search: {self.search}",
-            ]
-        )
+        lines = [f"pagedkv conform {self.target} ({self.level} level)"]
+        if self.source:
+            lines.append(f"source: {self.source}")
+        lines += [
+            f"capabilities: {describe(self.capabilities, self.level)}",
+            f"search: {self.search}",
+        ]
+        return "\n".join(lines)
 
     @staticmethod
     def render_finding(number: int, f: Finding) -> str:
@@ -238,6 +242,7 @@ class ConformanceReport:
         return {
             "target": self.target,
             "level": self.level,
+            "source": self.source or None,
             "capabilities": self.capabilities.to_dict(),
             "profile": self.profile,
             "seed": self.seed,

@@ -34,6 +34,7 @@ from pagedkv_stateful.kit.targets import (
     imports_of,
     load_factory,
     program_of,
+    source_of,
 )
 from pagedkv_stateful.profiles import register_profiles
 
@@ -110,6 +111,7 @@ def run_conformance(
     if duration is not None:
         search += f", at most {duration:g} s"
     report = ConformanceReport(name or call, level, caps, search, profile=profile, seed=seed_value)
+    report.source = source_of(factory)
     if not __debug__:
         report.warnings.append(OPTIMIZE_WARNING)
     imports = imports_of(probe, import_line, factory)

@@ -52,6 +52,7 @@ __all__ = [
     "check_adapter",
     "load_factory",
     "prelude",
+    "source_of",
 ]
 
 DESCRIPTION = (
@@ -408,6 +409,24 @@ def prelude(factory: Callable[..., Any] | None) -> list[str]:
             f"source lines, got {lines!r}"
         )
     return lines
+
+
+def source_of(factory: Callable[..., Any] | None) -> str:
+    """What the factory's module says the run checks (its ``conform_source()``, asked after
+    the probe built a target: e.g. the wheel and SHA-256 of an extracted vLLM), or ""."""
+    module = sys.modules.get(getattr(factory, "__module__", "") or "")
+    ask = getattr(module, "conform_source", None)
+    if not callable(ask):
+        return ""
+    said = ask()
+    if said is None:
+        return ""
+    if not isinstance(said, str):
+        raise UsageError(
+            f"{getattr(module, '__name__', '?')}.conform_source() must return a str or "
+            f"None, got {said!r}"
+        )
+    return said
 
 
 def _suffix(result: object) -> str:
