@@ -152,6 +152,19 @@ class KVCacheBlocks:
         return KVCacheBlocks(tuple(() for _ in self.blocks))
 
 
+class _Holder:
+    """The request object holding an id's blocks in a manager, with its
+    ``num_computed_tokens`` and ``num_tokens`` at its last successful ``allocate_slots``
+    (updated in place: the decode step's one write)."""
+
+    __slots__ = ("computed", "request", "tokens")
+
+    def __init__(self, request: Request, computed: int, tokens: int) -> None:
+        self.request = request
+        self.computed = computed
+        self.tokens = tokens
+
+
 @dataclass
 class PrefixCacheStats:
     """Prefix-cache figures since the last :meth:`KVCacheManager.make_prefix_cache_stats`:
@@ -267,7 +280,7 @@ class KVCacheManager:
         #: request id -> (the Request object holding its blocks, its num_computed_tokens
         #: and num_tokens at its last successful allocate_slots): who may use the id, and
         #: whether a step went uncounted
-        self._holders: dict[str, tuple[Request, int, int]] = {}
+        self._holders: dict[str, _Holder] = {}
         #: the last lookup: (request id, pool epoch, its blocks per group)
         self._last_lookup: tuple[str, int, tuple[tuple[KVCacheBlock, ...], ...]] | None = None
         managers = self.coordinator.single_type_managers
@@ -373,15 +386,6 @@ class KVCacheManager:
         Complexity: O(blocks adopted, allocated and cached); a call without a hit or
         external tokens takes a fast path (on one full-attention group the group
         manager's ``allocate_plain``, else the coordinator's)."""
-        if isinstance(request, Request):  # else _check_allocation says what it is
-            # _check_request inlined (every decode step): O(1)
-            entry = self._holders.get(request.request_id)
-            if entry is not None and (
-                entry[0] is not request or entry[1] == request.num_computed_tokens
-            ):
-                self._check_holder(request, entry, "allocate slots for")
-            if self.enable_caching and request.hash_block_size != self.hash_block_size:
-                self._check_hashes(request)
         single = self._plain_group
         if (
             request.__class__ is Request
@@ -404,6 +408,16 @@ class KVCacheManager:
             and reserved_blocks >= 0
             and request.num_computed_tokens + num_new_tokens <= self.max_model_len
         ):
+            # _check_request inlined (every decode step), its holder kept for the update
+            rid = request.request_id
+            computed = request.num_computed_tokens
+            holder = self._holders.get(rid)
+            if holder is not None and (
+                holder.request is not request or holder.computed == computed
+            ):
+                self._check_holder(request, holder, "allocate slots for")
+            if self.enable_caching and request.hash_block_size != self.hash_block_size:
+                self._check_hashes(request)
             keep_free = reserved_blocks
             if has_scheduled_reqs and request.status in _WATERMARKED:
                 keep_free += self.watermark_blocks
@@ -419,11 +433,11 @@ class KVCacheManager:
                 )
                 if new_blocks is None:
                     return None
-                self._holders[request.request_id] = (
-                    request,
-                    request.num_computed_tokens,
-                    request.num_tokens,
-                )
+                if holder is not None and holder.request is request:
+                    holder.computed = computed
+                    holder.tokens = request.num_tokens
+                else:
+                    self._holders[rid] = _Holder(request, computed, request.num_tokens)
                 return KVCacheBlocks((new_blocks,)) if new_blocks else self.empty_kv_cache_blocks
             if self.coordinator.holds_computed(request):
                 blocks = self.coordinator.allocate_plain(
@@ -436,12 +450,10 @@ class KVCacheManager:
                 )
                 if blocks is None:
                     return None
-                self._holders[request.request_id] = (
-                    request,
-                    request.num_computed_tokens,
-                    request.num_tokens,
-                )
+                self._remember(request)
                 return self._blocks(blocks)
+        if isinstance(request, Request):  # else _check_allocation says what it is
+            self._check_request(request, "allocate slots for")
         rid = self._check_allocation(
             request,
             num_new_tokens,
@@ -490,7 +502,7 @@ class KVCacheManager:
         new = coordinator.allocate_new_blocks(rid, need, main, num_encoder_tokens)
         if not delay_cache_blocks and self.enable_caching:
             coordinator.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
-        self._holders[rid] = (request, request.num_computed_tokens, request.num_tokens)
+        self._remember(request)
         return self._blocks(new)
 
     def _check_allocation(
@@ -567,22 +579,20 @@ class KVCacheManager:
         (StaleComputedTokensError); then, with caching on, hashes not at the manager's
         ``hash_block_size`` (:meth:`_check_hashes`). The module docstring gives the
         rules. O(1)."""
-        entry = self._holders.get(request.request_id)
-        if entry is not None and (
-            entry[0] is not request or entry[1] == request.num_computed_tokens
+        holder = self._holders.get(request.request_id)
+        if holder is not None and (
+            holder.request is not request or holder.computed == request.num_computed_tokens
         ):
-            self._check_holder(request, entry, operation)
+            self._check_holder(request, holder, operation)
         if self.enable_caching and request.hash_block_size != self.hash_block_size:
             self._check_hashes(request)
 
-    def _check_holder(
-        self, request: Request, entry: tuple[Request, int, int], operation: str
-    ) -> None:
-        """The checks of :meth:`_check_request` against the id's holder ``entry``,
-        which is another object or has the request's computed count. O(groups)."""
+    def _check_holder(self, request: Request, holder: _Holder, operation: str) -> None:
+        """The checks of :meth:`_check_request` against the id's ``holder``, which is
+        another object or has the request's computed count. O(groups)."""
         rid = request.request_id
-        holder, computed, tokens = entry
-        if holder is not request:
+        computed, tokens = holder.computed, holder.tokens
+        if holder.request is not request:
             if self.coordinator.holds(rid):
                 raise RequestIdInUseError(rid, operation)
         elif (
@@ -592,6 +602,18 @@ class KVCacheManager:
             and self.coordinator.holds(rid)
         ):
             raise StaleComputedTokensError(rid, computed, tokens, request.num_tokens)
+
+    def _remember(self, request: Request) -> None:
+        """Record ``request`` as its id's holder, with its counts now (after a successful
+        ``allocate_slots``). O(1)."""
+        holder = self._holders.get(request.request_id)
+        if holder is not None and holder.request is request:
+            holder.computed = request.num_computed_tokens
+            holder.tokens = request.num_tokens
+        else:
+            self._holders[request.request_id] = _Holder(
+                request, request.num_computed_tokens, request.num_tokens
+            )
 
     def _check_hashes(self, request: Request) -> None:
         """With caching on (callers check), BlockHashSizeError unless ``request``'s block
@@ -615,8 +637,8 @@ class KVCacheManager:
         nothing freed. O(blocks)."""
         require_instance("request", request, Request, "a pagedkv.v1.Request")
         rid = request.request_id
-        entry = self._holders.get(rid)
-        if entry is not None and entry[0] is not request and self.coordinator.holds(rid):
+        holder = self._holders.get(rid)
+        if holder is not None and holder.request is not request and self.coordinator.holds(rid):
             raise RequestIdInUseError(rid, "free")
         self._holders.pop(rid, None)
         self.coordinator.free(rid)
