@@ -10,7 +10,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv.v1 import KVCacheManager, Request
-from pagedkv.v1.kv_cache_manager import _Holder
+from pagedkv.v1.request import AllocationRecord
 from pagedkv_stateful import profiles
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine, V1MisuseMachine
@@ -33,7 +33,7 @@ class _SharedIds(KVCacheManager):
     """Serves any request object of an id (the first one's blocks), as vLLM does; still
     refuses an uncounted step of the object that allocated."""
 
-    def _check_holder(self, request: Request, entry: _Holder, operation: str) -> None:
+    def _check_holder(self, request: Request, entry: AllocationRecord, operation: str) -> None:
         if entry.request is request:
             super()._check_holder(request, entry, operation)
 
@@ -45,7 +45,7 @@ class _SharedIds(KVCacheManager):
 class _UncountedSteps(KVCacheManager):
     """Allocates for a request whose last step was not counted."""
 
-    def _check_holder(self, request: Request, entry: _Holder, operation: str) -> None:
+    def _check_holder(self, request: Request, entry: AllocationRecord, operation: str) -> None:
         if entry.request is not request:
             super()._check_holder(request, entry, operation)
 
