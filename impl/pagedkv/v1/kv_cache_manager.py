@@ -393,11 +393,10 @@ class KVCacheManager:
             and skip_zeroing_group_ids.__class__ is tuple
             and reserved_blocks.__class__ is int
             and reserved_blocks >= 0
-            and request.num_computed_tokens + num_new_tokens <= self.max_model_len
+            and (computed := request.num_computed_tokens) + num_new_tokens <= self.max_model_len
         ):
             # _check_request without a lookup when the request's record is this manager's
             # live one (it is then the id's holder) and its computed count moved
-            computed = request.num_computed_tokens
             record = request.allocation_record
             if record is None or record.manager is not self or record.computed == computed:
                 self._check_request(request, "allocate slots for")
