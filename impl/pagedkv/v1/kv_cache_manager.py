@@ -401,7 +401,7 @@ class KVCacheManager:
             if record is None or record.manager is not self or record.computed == computed:
                 self._check_request(request, "allocate slots for")
                 record = None
-            elif self.enable_caching and request.hash_block_size != self.hash_block_size:
+            elif request.hash_block_size != self.hash_block_size and self.enable_caching:
                 self._check_hashes(request)
             keep_free = reserved_blocks
             if has_scheduled_reqs and request.status in _WATERMARKED:
