@@ -38,7 +38,9 @@ class _SharedIds(KVCacheManager):
             super()._check_holder(request, entry, operation)
 
     def free(self, request: Request) -> None:
-        self._holders.pop(request.request_id, None)
+        record = self._holders.pop(request.request_id, None)
+        if record is not None:
+            record.manager = None
         super().free(request)
 
 
