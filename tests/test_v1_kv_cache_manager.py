@@ -413,6 +413,45 @@ def test_a_decode_step_not_counted_is_refused_and_legal_repeats_are_not() -> Non
     m.check_invariants()
 
 
+def test_a_request_in_two_managers_is_judged_by_each_managers_own_record() -> None:
+    """The request points at the last manager's record only: the other one checks its
+    own (a record shared by both would let m1 take the step it never counted)."""
+    m1, m2 = (KVCacheManager(KVCacheConfig.full_attention(10, 16), 128) for _ in range(2))
+    r = Request("r", list(range(64)), block_hasher=get_request_block_hasher(16))
+    assert m1.allocate_slots(r, 64) is not None
+    r.num_computed_tokens = 64
+    assert m1.allocate_slots(r, 1) is not None  # m1: 64 computed, 64 tokens
+    r.append_output_token_ids(1)
+    assert m2.allocate_slots(r, 1) is not None  # m2's first: 64 computed, 65 tokens
+    assert r.allocation_record is not None and r.allocation_record.manager is m2
+    err = _unchanged(m1, r, lambda: m1.allocate_slots(r, 1), StaleComputedTokensError)
+    assert (err.num_computed_tokens, err.num_tokens_before, err.num_tokens) == (64, 64, 65)
+    assert m2.allocate_slots(r, 1) is not None  # the same step again for m2: legal
+    r.num_computed_tokens = 65
+    assert m1.allocate_slots(r, 1) is not None  # counted: legal for both
+    assert m2.allocate_slots(r, 1) is not None
+    assert (r.num_appended_tokens, r.num_output_tokens) == (1, 1)
+    m1.check_invariants()
+    m2.check_invariants()
+
+
+def test_an_object_whose_id_passed_to_another_is_refused_on_a_decode_step() -> None:
+    """Its record died with the free: a decode step (computed count moved) is checked
+    against the id's new holder, not waved through."""
+    m = manager()
+    first = request("a", 9)
+    admit(m, first)
+    m.free(first)
+    again = request("a", 9)
+    admit(m, again)
+    assert first.allocation_record is not None and first.allocation_record.manager is None
+    first.num_computed_tokens = 10  # a moved count: the fast path's case
+    for call in (lambda: m.allocate_slots(first, 1), lambda: m.free(first)):
+        _unchanged(m, first, call, RequestIdInUseError)
+    assert m.allocate_slots(again, 1) is not None
+    m.check_invariants()
+
+
 # ---- vLLM 0.34.0's admission gates and the other arguments of its signature
 
 

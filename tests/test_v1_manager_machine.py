@@ -10,6 +10,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv.v1 import KVCacheManager, Request
+from pagedkv.v1.request import AllocationRecord
 from pagedkv_stateful import profiles
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine, V1MisuseMachine
@@ -32,24 +33,22 @@ class _SharedIds(KVCacheManager):
     """Serves any request object of an id (the first one's blocks), as vLLM does; still
     refuses an uncounted step of the object that allocated."""
 
-    def _check_holder(
-        self, request: Request, entry: tuple[Request, int, int], operation: str
-    ) -> None:
-        if entry[0] is request:
+    def _check_holder(self, request: Request, entry: AllocationRecord, operation: str) -> None:
+        if entry.request is request:
             super()._check_holder(request, entry, operation)
 
     def free(self, request: Request) -> None:
-        self._holders.pop(request.request_id, None)
+        record = self._holders.pop(request.request_id, None)
+        if record is not None:
+            record.manager = None
         super().free(request)
 
 
 class _UncountedSteps(KVCacheManager):
     """Allocates for a request whose last step was not counted."""
 
-    def _check_holder(
-        self, request: Request, entry: tuple[Request, int, int], operation: str
-    ) -> None:
-        if entry[0] is not request:
+    def _check_holder(self, request: Request, entry: AllocationRecord, operation: str) -> None:
+        if entry.request is not request:
             super()._check_holder(request, entry, operation)
 
 

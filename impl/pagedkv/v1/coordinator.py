@@ -221,15 +221,20 @@ class KVCacheCoordinator(ABC):
         )
         if cache:
             end = total + num_new_tokens
-            if end > request.num_tokens:
-                end = request.num_tokens
+            capped = False  # capping at num_tokens only lowers end: cap once a block may be due
             hashed = len(request.block_hashes) * self.block_pool.hash_block_size
             for m in self.single_type_managers:
                 # as cache_blocks, but calling a group only when a block is due
                 upto = end - end % m.alignment
                 done = m.num_cached_block.get(rid, 0)
-                if upto // m.block_size > done and hashed >= (done + 1) * m.block_size:
-                    m.cache_blocks(request, upto)
+                if upto // m.block_size > done:
+                    if not capped:
+                        capped = True
+                        if end > request.num_tokens:
+                            end = request.num_tokens
+                            upto = end - end % m.alignment
+                    if upto // m.block_size > done and hashed >= (done + 1) * m.block_size:
+                        m.cache_blocks(request, upto)
         return new
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:

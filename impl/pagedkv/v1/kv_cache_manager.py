@@ -69,7 +69,7 @@ from pagedkv.v1.block import KVCacheBlock
 from pagedkv.v1.coordinator import get_kv_cache_coordinator
 from pagedkv.v1.events import BlockStored, KVCacheEvent
 from pagedkv.v1.kv_cache_interface import KVCacheConfig, SlidingWindowSpec
-from pagedkv.v1.request import Request, RequestStatus
+from pagedkv.v1.request import AllocationRecord, Request, RequestStatus
 from pagedkv.v1.single_type_manager import (
     ChunkedLocalAttentionManager,
     CrossAttentionManager,
@@ -264,10 +264,10 @@ class KVCacheManager:
             else None
             for g in kv_cache_config.kv_cache_groups
         )
-        #: request id -> (the Request object holding its blocks, its num_computed_tokens
-        #: and num_tokens at its last successful allocate_slots): who may use the id, and
-        #: whether a step went uncounted
-        self._holders: dict[str, tuple[Request, int, int]] = {}
+        #: request id -> the record of the Request object holding its blocks, with its
+        #: counts at its last successful allocate_slots: who may use the id, and whether a
+        #: step went uncounted (the object points at its record too: the decode step's read)
+        self._holders: dict[str, AllocationRecord] = {}
         #: the last lookup: (request id, pool epoch, its blocks per group)
         self._last_lookup: tuple[str, int, tuple[tuple[KVCacheBlock, ...], ...]] | None = None
         managers = self.coordinator.single_type_managers
@@ -373,15 +373,6 @@ class KVCacheManager:
         Complexity: O(blocks adopted, allocated and cached); a call without a hit or
         external tokens takes a fast path (on one full-attention group the group
         manager's ``allocate_plain``, else the coordinator's)."""
-        if isinstance(request, Request):  # else _check_allocation says what it is
-            # _check_request inlined (every decode step): O(1)
-            entry = self._holders.get(request.request_id)
-            if entry is not None and (
-                entry[0] is not request or entry[1] == request.num_computed_tokens
-            ):
-                self._check_holder(request, entry, "allocate slots for")
-            if self.enable_caching and request.hash_block_size != self.hash_block_size:
-                self._check_hashes(request)
         single = self._plain_group
         if (
             request.__class__ is Request
@@ -402,8 +393,16 @@ class KVCacheManager:
             and skip_zeroing_group_ids.__class__ is tuple
             and reserved_blocks.__class__ is int
             and reserved_blocks >= 0
-            and request.num_computed_tokens + num_new_tokens <= self.max_model_len
+            and (computed := request.num_computed_tokens) + num_new_tokens <= self.max_model_len
         ):
+            # _check_request without a lookup when the request's record is this manager's
+            # live one (it is then the id's holder) and its computed count moved
+            record = request.allocation_record
+            if record is None or record.manager is not self or record.computed == computed:
+                self._check_request(request, "allocate slots for")
+                record = None
+            elif request.hash_block_size != self.hash_block_size and self.enable_caching:
+                self._check_hashes(request)
             keep_free = reserved_blocks
             if has_scheduled_reqs and request.status in _WATERMARKED:
                 keep_free += self.watermark_blocks
@@ -419,11 +418,11 @@ class KVCacheManager:
                 )
                 if new_blocks is None:
                     return None
-                self._holders[request.request_id] = (
-                    request,
-                    request.num_computed_tokens,
-                    request.num_tokens,
-                )
+                if record is None:
+                    self._remember(request)
+                else:
+                    record.computed = computed
+                    record.appended = request.num_appended_tokens
                 return KVCacheBlocks((new_blocks,)) if new_blocks else self.empty_kv_cache_blocks
             if self.coordinator.holds_computed(request):
                 blocks = self.coordinator.allocate_plain(
@@ -436,12 +435,14 @@ class KVCacheManager:
                 )
                 if blocks is None:
                     return None
-                self._holders[request.request_id] = (
-                    request,
-                    request.num_computed_tokens,
-                    request.num_tokens,
-                )
+                if record is None:
+                    self._remember(request)
+                else:
+                    record.computed = computed
+                    record.appended = request.num_appended_tokens
                 return self._blocks(blocks)
+        if isinstance(request, Request):  # else _check_allocation says what it is
+            self._check_request(request, "allocate slots for")
         rid = self._check_allocation(
             request,
             num_new_tokens,
@@ -490,7 +491,7 @@ class KVCacheManager:
         new = coordinator.allocate_new_blocks(rid, need, main, num_encoder_tokens)
         if not delay_cache_blocks and self.enable_caching:
             coordinator.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
-        self._holders[rid] = (request, request.num_computed_tokens, request.num_tokens)
+        self._remember(request)
         return self._blocks(new)
 
     def _check_allocation(
@@ -567,31 +568,47 @@ class KVCacheManager:
         (StaleComputedTokensError); then, with caching on, hashes not at the manager's
         ``hash_block_size`` (:meth:`_check_hashes`). The module docstring gives the
         rules. O(1)."""
-        entry = self._holders.get(request.request_id)
-        if entry is not None and (
-            entry[0] is not request or entry[1] == request.num_computed_tokens
+        record = self._holders.get(request.request_id)
+        if record is not None and (
+            record.request is not request or record.computed == request.num_computed_tokens
         ):
-            self._check_holder(request, entry, operation)
+            self._check_holder(request, record, operation)
         if self.enable_caching and request.hash_block_size != self.hash_block_size:
             self._check_hashes(request)
 
-    def _check_holder(
-        self, request: Request, entry: tuple[Request, int, int], operation: str
-    ) -> None:
-        """The checks of :meth:`_check_request` against the id's holder ``entry``,
-        which is another object or has the request's computed count. O(groups)."""
+    def _check_holder(self, request: Request, record: AllocationRecord, operation: str) -> None:
+        """The checks of :meth:`_check_request` against the id's holder ``record``, which
+        is another object's or has the request's computed count. O(groups)."""
         rid = request.request_id
-        holder, computed, tokens = entry
-        if holder is not request:
+        if record.request is not request:
             if self.coordinator.holds(rid):
                 raise RequestIdInUseError(rid, operation)
         elif (
             operation == "allocate slots for"
-            and request.num_tokens > tokens
+            and request.num_appended_tokens > record.appended
             and request.num_in_flight_tokens == 0
             and self.coordinator.holds(rid)
         ):
-            raise StaleComputedTokensError(rid, computed, tokens, request.num_tokens)
+            tokens = request.num_tokens
+            before = tokens - (request.num_appended_tokens - record.appended)
+            raise StaleComputedTokensError(rid, record.computed, before, tokens)
+
+    def _remember(self, request: Request) -> None:
+        """Record ``request`` as its id's holder, with its counts now (after a successful
+        ``allocate_slots``), and point it at the record. O(1)."""
+        rid = request.request_id
+        record = self._holders.get(rid)
+        if record is not None and record.request is request:
+            record.computed = request.num_computed_tokens
+            record.appended = request.num_appended_tokens
+        else:
+            if record is not None:  # the id passes to another object: the old record dies
+                record.manager = None
+            record = AllocationRecord(
+                self, request, request.num_computed_tokens, request.num_appended_tokens
+            )
+            self._holders[rid] = record
+        request.allocation_record = record
 
     def _check_hashes(self, request: Request) -> None:
         """With caching on (callers check), BlockHashSizeError unless ``request``'s block
@@ -615,10 +632,12 @@ class KVCacheManager:
         nothing freed. O(blocks)."""
         require_instance("request", request, Request, "a pagedkv.v1.Request")
         rid = request.request_id
-        entry = self._holders.get(rid)
-        if entry is not None and entry[0] is not request and self.coordinator.holds(rid):
-            raise RequestIdInUseError(rid, "free")
-        self._holders.pop(rid, None)
+        record = self._holders.get(rid)
+        if record is not None:
+            if record.request is not request and self.coordinator.holds(rid):
+                raise RequestIdInUseError(rid, "free")
+            record.manager = None  # the request's record no longer vouches for it
+            del self._holders[rid]
         self.coordinator.free(rid)
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:

@@ -15,6 +15,12 @@ Differences from vLLM, on purpose: ``prompt_embeds`` is one ``bytes`` row per
 prompt token (its digest per block is the same SHA-256 of the block's bytes), so
 this module needs no torch; construction checks its arguments and raises
 :class:`~pagedkv.errors.InvalidRequestError` / ``ArgumentTypeError``.
+
+Two attributes are pagedkv's own, for the manager's checks on every decode step
+(plain attributes, cheaper to read than a property): ``num_appended_tokens`` (the
+tokens appended so far, the same count as ``num_output_tokens``) and
+``allocation_record`` (the :class:`AllocationRecord` of the last manager that
+allocated for the request). Callers read them, never write them.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from pagedkv.v1.block import BlockHash
 from pagedkv_spec.errors import InvalidRequestError
 
 __all__ = [
+    "AllocationRecord",
     "LoRARequest",
     "MultiModalFeatureSpec",
     "PlaceholderRange",
@@ -96,6 +103,24 @@ class MultiModalFeatureSpec:
     mm_position: PlaceholderRange
 
 
+class AllocationRecord:
+    """A :class:`~pagedkv.v1.KVCacheManager`'s record of the request object holding an
+    id's blocks there: the ``request``, its ``num_computed_tokens`` and
+    ``num_appended_tokens`` at its last successful ``allocate_slots`` (``computed``,
+    ``appended``), and the ``manager`` (None once that manager freed the id or gave it to
+    another object). The manager keeps it per id and the request points at the last
+    one made for it (``Request.allocation_record``), so a decode step reads and updates
+    it in place without a lookup. Written only by the manager."""
+
+    __slots__ = ("appended", "computed", "manager", "request")
+
+    def __init__(self, manager: object, request: Request, computed: int, appended: int) -> None:
+        self.manager: object | None = manager
+        self.request = request
+        self.computed = computed
+        self.appended = appended
+
+
 class Request:
     """One request, with vLLM V1's field names (see the module docstring).
 
@@ -158,6 +183,10 @@ class Request:
         self.num_prompt_tokens = len(tokens)
         self._all_token_ids = list(tokens)
         self._output_token_ids: list[int] = []
+        #: tokens appended so far (``num_output_tokens`` as a plain attribute)
+        self.num_appended_tokens = 0
+        #: the last manager's record of this object as its id's holder (module docstring)
+        self.allocation_record: AllocationRecord | None = None
         self.lora_request = lora_request
         self.cache_salt = cache_salt
         self.mm_features = features
@@ -218,6 +247,7 @@ class Request:
         new = list(new)
         self._output_token_ids.extend(new)
         self._all_token_ids.extend(new)
+        self.num_appended_tokens += len(new)
         self.update_block_hashes()
 
     @property

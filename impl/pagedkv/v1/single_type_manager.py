@@ -198,14 +198,16 @@ class SingleTypeKVCacheManager:
             return None
         if cache:
             end = total + num_new_tokens
-            if end > request.num_tokens:
-                end = request.num_tokens
             done = self.num_cached_block.get(rid, 0)
-            if (end // self.block_size > done) and (
-                len(request.block_hashes) * self.block_pool.hash_block_size
-                >= (done + 1) * self.block_size
-            ):
-                self.cache_blocks(request, end)
+            # capping at num_tokens only lowers end: test the cheap bound first
+            if end // self.block_size > done:
+                if end > request.num_tokens:
+                    end = request.num_tokens
+                if (end // self.block_size > done) and (
+                    len(request.block_hashes) * self.block_pool.hash_block_size
+                    >= (done + 1) * self.block_size
+                ):
+                    self.cache_blocks(request, end)
         return new
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
