@@ -102,6 +102,9 @@ class Opaque(DeviceAwareBlockAllocator):
     def get_physical_block_id(self, device: Device, absolute_id: int) -> int:
         return self.inner.get_physical_block_id(device, absolute_id)
 
+    def owns_block_id(self, device: Device, block_id: int) -> bool:
+        return self.inner.owns_block_id(device, block_id)
+
     def swap(self, blocks: list[Block], src_device: Device, dst_device: Device) -> dict[int, int]:
         return self.inner.swap(blocks, src_device, dst_device)
 

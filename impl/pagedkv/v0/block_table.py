@@ -44,7 +44,6 @@ from pagedkv.errors import (
     ArgumentTypeError,
     BlockWithoutIdError,
     DoubleFreeError,
-    ForeignBlockError,
     InvalidBlockTableArgumentError,
     NoFreeBlocksError,
     StaleBlockError,
@@ -693,11 +692,7 @@ class BlockTable:
 
     def _on_gpu(self, block_id: int) -> bool:
         """``block_id`` is one of the GPU pool's. Complexity: O(1)."""
-        try:
-            self._allocator.get_physical_block_id(_GPU, block_id)
-        except ForeignBlockError:
-            return False
-        return True
+        return self._allocator.owns_block_id(_GPU, block_id)
 
     # ------------------------------------------------------------------ queries
 

@@ -337,6 +337,10 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         """Device-local index of an absolute id of ``device``. Complexity: O(1)."""
         return self.get_allocator(device).get_physical_block_id(absolute_id)
 
+    def owns_block_id(self, device: Device, block_id: int) -> bool:
+        """``block_id`` is one of ``device``'s ids. Complexity: O(1)."""
+        return self.get_allocator(device).owns_block_id(block_id)
+
     def get_num_blocks_to_swap(self, blocks: list[Block], dst_device: Device) -> int:
         """Free blocks of ``dst_device`` a :meth:`swap` of ``blocks`` there takes: one per
         distinct id, without caching; with caching not those whose key is cached and in

@@ -229,6 +229,10 @@ class DeviceAwareBlockAllocator(ABC):
         """Device-local index of an absolute id."""
 
     @abstractmethod
+    def owns_block_id(self, device: Device, block_id: int) -> bool:
+        """``block_id`` is one of ``device``'s ids."""
+
+    @abstractmethod
     def swap(self, blocks: list[Block], src_device: Device, dst_device: Device) -> dict[int, int]:
         """Move blocks between devices; returns ``{src_id: dst_id}``."""
 
