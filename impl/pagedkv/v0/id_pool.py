@@ -232,7 +232,7 @@ class PoolBlock(Block):
     def __repr__(self) -> str:
         state = "freed" if self._freed else f"id={self._block_id}"
         cached = ", cached" if self._key is not None else ""
-        return f"{self._pool._kind}({state}{cached}, tokens={self._token_ids!r})"
+        return f"{self._pool.block_name}({state}{cached}, tokens={self._token_ids!r})"
 
 
 class NullBlock(Block):
@@ -323,7 +323,6 @@ class IdPool:
         "_end",
         "_fill",
         "_first",
-        "_kind",
         "_name",
         "_next_fresh",
         "_owner",
@@ -342,19 +341,18 @@ class IdPool:
         name: str,
         owner: PoolOwner,
         *,
-        kind: str = "NaiveBlock",
         reclaim: Callable[[], int | None] | None = None,
         release: Callable[[int], bool] | None = None,
         fill: Fill | None = None,
         stamped: bool = False,
     ) -> None:
-        """A pool of the (checked) contiguous ``ids``; ``kind`` names its blocks in
-        their repr; the hooks as in the module docstring (a ``fill`` hook leaves the
-        last slot of a block to :meth:`fill_if_private`). Complexity: O(len(ids))."""
+        """A pool of the (checked) contiguous ``ids``; the hooks as in the module
+        docstring (a ``fill`` hook leaves the last slot of a block to
+        :meth:`fill_if_private`, and makes the pool a caching one: :attr:`caches`).
+        Complexity: O(len(ids))."""
         self._block_size = block_size
         self._name = name
         self._owner = owner
-        self._kind = kind
         self._first = ids.start
         self._end = ids.stop
         self._rc = [0] * len(ids)
@@ -444,9 +442,16 @@ class IdPool:
         return range(self._first, self._end)
 
     @property
-    def kind(self) -> str:
-        """What its blocks are called: ``"NaiveBlock"`` or ``"PrefixCachingBlock"``."""
-        return self._kind
+    def caches(self) -> bool:
+        """Its blocks are cached: the pool has a ``fill`` hook (a caching allocator's
+        pool). Pools are told apart by this, never by a name. O(1)."""
+        return self._fill is not None
+
+    @property
+    def block_name(self) -> str:
+        """What its blocks are called in messages (vLLM's names): ``"PrefixCachingBlock"``
+        for a caching pool, else ``"NaiveBlock"``. O(1)."""
+        return "NaiveBlock" if self._fill is None else "PrefixCachingBlock"
 
     @property
     def name(self) -> str:
@@ -527,7 +532,7 @@ class IdPool:
         if prev_block is not None and (
             type(prev_block) is not PoolBlock
             or prev_block._freed
-            or prev_block._pool._kind is not self._kind
+            or (prev_block._pool is not self and self._fill is not None)
         ):
             self.check_prev(prev_block)
         stack = self._stack
@@ -560,10 +565,10 @@ class IdPool:
     def check_prev(self, prev_block: Block) -> None:
         """Raise unless a new block of this pool may follow ``prev_block``: a block that
         was not freed (:func:`~pagedkv.v0._block_args.check_prev_block`) and, in a pool
-        whose blocks are cached (a ``fill`` hook), a block of a pool of the same kind
-        (its key chains on). O(1)."""
+        whose blocks are cached (a ``fill`` hook), a block of a caching pool (its key
+        chains on). O(1)."""
         if self._fill is not None and not (
-            type(prev_block) is PoolBlock and prev_block._pool._kind == self._kind
+            type(prev_block) is PoolBlock and prev_block._pool._fill is not None
         ):
             require_block("prev_block", prev_block)
             raise not_this_pools(

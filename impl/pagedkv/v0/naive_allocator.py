@@ -218,8 +218,8 @@ class NaiveBlockAllocator(BlockAllocator):
         unique = list(dict.fromkeys(require_blocks(blocks)))
         moved: list[PoolBlock] = []
         for b in unique:
-            if type(b) is not PoolBlock or b.id_pool.kind != pool.kind:
-                raise not_this_pools(b, "swap in", f"swap in: not a {pool.kind}")
+            if type(b) is not PoolBlock or b.id_pool.caches:
+                raise not_this_pools(b, "swap in", f"swap in: not a {pool.block_name}")
             if b.freed:
                 raise StaleBlockError("swap in")
             if b.block_id is not None:

@@ -173,7 +173,6 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             block_size,
             name,
             self,
-            kind="PrefixCachingBlock",
             reclaim=self._reclaim,
             release=self._release,
             fill=self._fill,
@@ -310,7 +309,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     @staticmethod
     def _caching_block(block: object) -> TypeGuard[PoolBlock]:
         """``block`` is a block object of some caching pool. O(1)."""
-        return type(block) is PoolBlock and block.id_pool.kind == "PrefixCachingBlock"
+        return type(block) is PoolBlock and block.id_pool.caches
 
     def _prev(self, prev_block: Block | None) -> Block | None:
         """``prev_block`` checked (:meth:`IdPool.check_prev`): None, or a live-or-swapped
