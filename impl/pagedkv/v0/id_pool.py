@@ -442,6 +442,11 @@ class IdPool:
         return range(self._first, self._end)
 
     @property
+    def block_size(self) -> int:
+        """Token slots per block. O(1)."""
+        return self._block_size
+
+    @property
     def caches(self) -> bool:
         """Its blocks are cached: the pool has a ``fill`` hook (a caching allocator's
         pool). Pools are told apart by this, never by a name. O(1)."""
