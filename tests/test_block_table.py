@@ -32,6 +32,7 @@ from pagedkv.errors import (
     TableNotAllocatedError,
 )
 from pagedkv.v0.block_table import BlockTable
+from pagedkv.v0.content_key import ExtraKeys
 from pagedkv.v0.naive_allocator import NaiveBlock
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlock
 
@@ -74,8 +75,10 @@ class Opaque(DeviceAwareBlockAllocator):
         self.inner = inner
         self.block_size = inner.block_size
 
-    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
-        return self.inner.allocate_mutable_block(prev_block, device)
+    def allocate_mutable_block(
+        self, prev_block: Block | None, device: Device, extra_keys: ExtraKeys | None = None
+    ) -> Block:
+        return self.inner.allocate_mutable_block(prev_block, device, extra_keys)
 
     def allocate_immutable_block(
         self, prev_block: Block | None, token_ids: list[int], device: Device
@@ -83,9 +86,15 @@ class Opaque(DeviceAwareBlockAllocator):
         return self.inner.allocate_immutable_block(prev_block, token_ids, device)
 
     def allocate_immutable_blocks(
-        self, prev_block: Block | None, block_token_ids: list[list[int]], device: Device
+        self,
+        prev_block: Block | None,
+        block_token_ids: list[list[int]],
+        device: Device,
+        extra_keys: ExtraKeys | None = None,
     ) -> list[Block]:
-        return self.inner.allocate_immutable_blocks(prev_block, block_token_ids, device)
+        return self.inner.allocate_immutable_blocks(
+            prev_block, block_token_ids, device, extra_keys
+        )
 
     def free(self, block: Block) -> None:
         self.inner.free(block)
@@ -135,13 +144,20 @@ class IdLess(Opaque):
             block._block_id = None  # the fault under test
         return block
 
-    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
-        return self._maybe_strip("mutable", super().allocate_mutable_block(prev_block, device))
+    def allocate_mutable_block(
+        self, prev_block: Block | None, device: Device, extra_keys: ExtraKeys | None = None
+    ) -> Block:
+        block = super().allocate_mutable_block(prev_block, device, extra_keys)
+        return self._maybe_strip("mutable", block)
 
     def allocate_immutable_blocks(
-        self, prev_block: Block | None, block_token_ids: list[list[int]], device: Device
+        self,
+        prev_block: Block | None,
+        block_token_ids: list[list[int]],
+        device: Device,
+        extra_keys: ExtraKeys | None = None,
     ) -> list[Block]:
-        blocks = super().allocate_immutable_blocks(prev_block, block_token_ids, device)
+        blocks = super().allocate_immutable_blocks(prev_block, block_token_ids, device, extra_keys)
         return [self._maybe_strip("immutable", b) for b in blocks]
 
     def allocate_or_get_null_block(self) -> Block:
@@ -185,8 +201,10 @@ class CountingBlock(NaiveBlock):
 class Relabelling(Opaque):
     """Hands out its mutable blocks as :class:`CountingBlock` objects."""
 
-    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
-        block = super().allocate_mutable_block(prev_block, device)
+    def allocate_mutable_block(
+        self, prev_block: Block | None, device: Device, extra_keys: ExtraKeys | None = None
+    ) -> Block:
+        block = super().allocate_mutable_block(prev_block, device, extra_keys)
         block.__class__ = CountingBlock  # same slots, so the object keeps its state
         return block
 

@@ -232,9 +232,7 @@ class BlockTable:
             if extra is None:
                 blocks = self._allocator.allocate_immutable_blocks(None, chunks, device)
             else:
-                blocks = self._allocator.allocate_immutable_blocks(  # type: ignore[call-arg]  # extra keys: an allocator with prefix caching
-                    None, chunks, device, extra
-                )
+                blocks = self._allocator.allocate_immutable_blocks(None, chunks, device, extra)
         tail = token_ids[num_full_blocks * size :]
         if tail:
             prev = blocks[-1] if blocks else None
@@ -390,9 +388,7 @@ class BlockTable:
         """An empty block after ``prev``, carrying the table's extra keys. O(1)."""
         if self._extra_keys is None:
             return self._allocator.allocate_mutable_block(prev, device)
-        return self._allocator.allocate_mutable_block(  # type: ignore[call-arg]  # extra keys: an allocator with prefix caching
-            prev, device, self._extra_keys
-        )
+        return self._allocator.allocate_mutable_block(prev, device, self._extra_keys)
 
     def _grow(self, num_new: int) -> None:
         """Append ``num_new`` empty GPU blocks; capacity was checked. Complexity: O(num_new)."""
