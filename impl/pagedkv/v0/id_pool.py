@@ -530,7 +530,8 @@ class IdPool:
         """An empty block with a fresh id (refcount 1) after ``prev_block`` (None, or a
         block it may follow: :meth:`check_prev`). O(1) plus ``reclaim``'s.
 
-        The naive allocator's ``allocate_mutable_block`` is this method."""
+        The caching allocator's ``allocate_mutable_block`` calls this method (the naive
+        allocator's is :meth:`take_plain_block`)."""
         # NOTE: the hottest allocation of a serving step: take's common case inline and
         # the block built without PoolBlock.__init__ (a call through type.__call__ costs
         # as much as the rest); keep the fields in step with __init__.
@@ -557,6 +558,34 @@ class IdPool:
         stamps = self._stamps
         if stamps is not None:
             stamps[i] = NEVER_ACCESSED
+        block: PoolBlock = _new_block(PoolBlock)
+        block._pool = self
+        block._block_id = block_id
+        block._token_ids = []
+        block._prev_block = prev_block
+        block._freed = False
+        block._extra_keys = extra_keys
+        block._key = None
+        return block
+
+    def take_plain_block(self, prev_block: Block | None, extra_keys: ExtraKeys = ()) -> PoolBlock:
+        """:meth:`take_block` of a pool without hooks (the naive allocator's): the same
+        checks and result, with no ``reclaim`` to ask and no stamp to reset. O(1).
+
+        The naive allocator's ``allocate_mutable_block`` is this method."""
+        # NOTE: take_block's lines without the hooks' branches, for the naive allocator's
+        # hottest call; keep the two in step (and the fields with PoolBlock.__init__).
+        if prev_block is not None and (type(prev_block) is not PoolBlock or prev_block._freed):
+            check_prev_block(prev_block)
+        stack = self._stack
+        if stack:
+            block_id = stack.pop()
+        else:
+            block_id = self._next_fresh
+            if block_id >= self._end:
+                raise NoFreeBlocksError(1, 0, self._name)
+            self._next_fresh = block_id + 1
+        self._rc[block_id - self._first] = 1
         block: PoolBlock = _new_block(PoolBlock)
         block._pool = self
         block._block_id = block_id
@@ -607,8 +636,9 @@ class IdPool:
     def free_block(self, block: Block) -> None:
         """Drop the reference of a block object of this pool; the object dies (at
         refcount 0 the id goes to the free list unless ``release`` keeps it). The
-        allocators' ``free`` is this method. Raises, with nothing changed,
-        :class:`ForeignBlockError` for an object of another pool,
+        caching allocator's ``free`` is this method (the naive one's is
+        :meth:`free_plain_block`). Raises, with nothing changed, :class:`ForeignBlockError`
+        for an object of another pool,
         :class:`DoubleFreeError` for a freed one and :class:`BlockWithoutIdError` for
         one swapped out. Complexity: O(1) plus the hook's."""
         # NOTE: the free of every finished block: the last reference first, without calls.
@@ -629,6 +659,23 @@ class IdPool:
             return
         require_block("block", block)
         raise not_this_pools(block, "free", f"cannot free: not a block of {self._owner}")
+
+    def free_plain_block(self, block: Block) -> None:
+        """:meth:`free_block` of a pool without hooks (the naive allocator's ``free``): the
+        same checks, errors and result, with no ``release`` to ask. O(1)."""
+        # NOTE: free_block's last-reference case without the hook's branch.
+        if type(block) is PoolBlock and block._pool is self:
+            block_id = block._block_id
+            if block_id is not None:
+                i = block_id - self._first
+                rc = self._rc
+                if rc[i] == 1:
+                    rc[i] = 0
+                    self._stack.append(block_id)
+                    block._block_id = None
+                    block._freed = True
+                    return
+        self.free_block(block)
 
     def try_free(self, block: Block) -> bool:
         """:meth:`free_block` if ``block`` is an object of this pool (errors included),

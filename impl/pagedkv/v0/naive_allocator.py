@@ -67,10 +67,11 @@ class NaiveBlockAllocator(PoolAllocator):
     object (a slot each), so holding a pool costs them no extra call:
 
     * ``allocate_mutable_block(prev_block)``: an empty block, refcount 1 (spec:
-      ``allocate_mutable_block``); :meth:`IdPool.take_block`. O(1).
+      ``allocate_mutable_block``); :meth:`IdPool.take_plain_block` (the pool has no
+      hooks, so its take asks none). O(1).
     * ``free(block)``: drop the block's reference, the object dies (spec: ``free``);
       :class:`DoubleFreeError` for a freed object, :class:`BlockWithoutIdError` for
-      a swapped-out one, nothing changed then; :meth:`IdPool.free_block`. O(1).
+      a swapped-out one, nothing changed then; :meth:`IdPool.free_plain_block`. O(1).
     * ``try_free(block)``: ``free`` if ``block`` is one of this pool's objects, else
       False with nothing changed (a two-device allocator routing a free);
       :meth:`IdPool.try_free`. O(1).
@@ -123,8 +124,8 @@ class NaiveBlockAllocator(PoolAllocator):
         self._ids = pool_ids(num_blocks, block_size, block_ids)
         self._block_size = block_size
         pool = self._pool = IdPool(self._ids, block_size, name, self)
-        self.allocate_mutable_block = pool.take_block
-        self.free = pool.free_block
+        self.allocate_mutable_block = pool.take_plain_block
+        self.free = pool.free_plain_block
         self.try_free = pool.try_free
         self.get_num_free_blocks = pool.get_num_free_blocks
         self.clear_copy_on_writes = pool.clear_copy_on_writes
