@@ -124,6 +124,7 @@ class NaiveBlockAllocator(PoolAllocator):
         self._ids = pool_ids(num_blocks, block_size, block_ids)
         self._block_size = block_size
         pool = self._pool = IdPool(self._ids, block_size, name, self)
+        super().__init__(pool)
         self.allocate_mutable_block = pool.take_plain_block
         self.free = pool.free_plain_block
         self.try_free = pool.try_free
@@ -249,11 +250,6 @@ class NaiveBlockAllocator(PoolAllocator):
         return self._pool.move_blocks_to(dst._pool, blocks, src_name, dst_name)
 
     # ------------------------------------------------------------------ queries
-
-    @property
-    def id_pool(self) -> IdPool:
-        """The pool this allocator holds. O(1)."""
-        return self._pool
 
     def get_num_full_blocks_touched(self, blocks: list[Block]) -> int:
         """Distinct full blocks among ``blocks`` (blocks of any pool). Complexity: O(len)."""

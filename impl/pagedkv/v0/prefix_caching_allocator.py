@@ -178,6 +178,7 @@ class PrefixCachingBlockAllocator(PoolAllocator):
             fill=self._fill,
             stamped=True,  # last_accessed (C8), reset by the pool at every take
         )
+        super().__init__(pool)
         self.free = pool.free_block
         self.try_free = pool.try_free
         self.clear_copy_on_writes = pool.clear_copy_on_writes
@@ -650,11 +651,6 @@ class PrefixCachingBlockAllocator(PoolAllocator):
         return mapping
 
     # ------------------------------------------------------------------ queries
-
-    @property
-    def id_pool(self) -> IdPool:
-        """The pool this allocator holds. O(1)."""
-        return self._pool
 
     def get_num_free_blocks(self) -> int:
         """Free pool + evictable cached ids. Complexity: O(1)."""
