@@ -663,18 +663,24 @@ class IdPool:
     def free_plain_block(self, block: Block) -> None:
         """:meth:`free_block` of a pool without hooks (the naive allocator's ``free``): the
         same checks, errors and result, with no ``release`` to ask. O(1)."""
-        # NOTE: free_block's last-reference case without the hook's branch.
+        # NOTE: free_block's live-block case without the hook's branch, a shared id
+        # (every fork's free) included; anything else goes to free_block.
         if type(block) is PoolBlock and block._pool is self:
             block_id = block._block_id
             if block_id is not None:
                 i = block_id - self._first
                 rc = self._rc
-                if rc[i] == 1:
+                n = rc[i]
+                if n == 1:
                     rc[i] = 0
                     self._stack.append(block_id)
-                    block._block_id = None
-                    block._freed = True
-                    return
+                elif n > 1:
+                    rc[i] = n - 1
+                else:
+                    self.decref(block_id)  # a corrupt count: RefCountError
+                block._block_id = None
+                block._freed = True
+                return
         self.free_block(block)
 
     def try_free(self, block: Block) -> bool:
