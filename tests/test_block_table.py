@@ -893,8 +893,9 @@ def test_table_over_an_allocator_it_cannot_peek_into() -> None:
     opaque = Opaque(inner)
     null = inner.allocate_or_get_null_block()
     full = inner.allocate_immutable_block(None, [1, 2], GPU)
-    loaded = BlockTable(2, opaque, [null, full], max_block_sliding_window=1)
+    loaded = BlockTable(2, opaque, [null, full], max_block_sliding_window=1, null_block=null)
     assert loaded.get_num_blocks_needed_by_append([]) == 0  # it knows the null block
+    assert loaded.num_null_blocks == 1 and loaded.get_block_token_ids() == [None, (1, 2)]
     fresh = BlockTable(2, opaque, max_block_sliding_window=1)
     fresh.allocate([1, 2, 3])
     assert fresh.get_num_blocks_needed_by_append([]) == 1  # unknown: counted once
