@@ -32,6 +32,7 @@ from pagedkv.errors import (
     TableNotAllocatedError,
 )
 from pagedkv.v0.block_table import BlockTable
+from pagedkv.v0.content_key import ExtraKeys
 from pagedkv.v0.naive_allocator import NaiveBlock
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlock
 
@@ -74,8 +75,10 @@ class Opaque(DeviceAwareBlockAllocator):
         self.inner = inner
         self.block_size = inner.block_size
 
-    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
-        return self.inner.allocate_mutable_block(prev_block, device)
+    def allocate_mutable_block(
+        self, prev_block: Block | None, device: Device, extra_keys: ExtraKeys | None = None
+    ) -> Block:
+        return self.inner.allocate_mutable_block(prev_block, device, extra_keys)
 
     def allocate_immutable_block(
         self, prev_block: Block | None, token_ids: list[int], device: Device
@@ -83,9 +86,15 @@ class Opaque(DeviceAwareBlockAllocator):
         return self.inner.allocate_immutable_block(prev_block, token_ids, device)
 
     def allocate_immutable_blocks(
-        self, prev_block: Block | None, block_token_ids: list[list[int]], device: Device
+        self,
+        prev_block: Block | None,
+        block_token_ids: list[list[int]],
+        device: Device,
+        extra_keys: ExtraKeys | None = None,
     ) -> list[Block]:
-        return self.inner.allocate_immutable_blocks(prev_block, block_token_ids, device)
+        return self.inner.allocate_immutable_blocks(
+            prev_block, block_token_ids, device, extra_keys
+        )
 
     def free(self, block: Block) -> None:
         self.inner.free(block)
@@ -101,6 +110,9 @@ class Opaque(DeviceAwareBlockAllocator):
 
     def get_physical_block_id(self, device: Device, absolute_id: int) -> int:
         return self.inner.get_physical_block_id(device, absolute_id)
+
+    def owns_block_id(self, device: Device, block_id: int) -> bool:
+        return self.inner.owns_block_id(device, block_id)
 
     def swap(self, blocks: list[Block], src_device: Device, dst_device: Device) -> dict[int, int]:
         return self.inner.swap(blocks, src_device, dst_device)
@@ -132,13 +144,20 @@ class IdLess(Opaque):
             block._block_id = None  # the fault under test
         return block
 
-    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
-        return self._maybe_strip("mutable", super().allocate_mutable_block(prev_block, device))
+    def allocate_mutable_block(
+        self, prev_block: Block | None, device: Device, extra_keys: ExtraKeys | None = None
+    ) -> Block:
+        block = super().allocate_mutable_block(prev_block, device, extra_keys)
+        return self._maybe_strip("mutable", block)
 
     def allocate_immutable_blocks(
-        self, prev_block: Block | None, block_token_ids: list[list[int]], device: Device
+        self,
+        prev_block: Block | None,
+        block_token_ids: list[list[int]],
+        device: Device,
+        extra_keys: ExtraKeys | None = None,
     ) -> list[Block]:
-        blocks = super().allocate_immutable_blocks(prev_block, block_token_ids, device)
+        blocks = super().allocate_immutable_blocks(prev_block, block_token_ids, device, extra_keys)
         return [self._maybe_strip("immutable", b) for b in blocks]
 
     def allocate_or_get_null_block(self) -> Block:
@@ -182,8 +201,10 @@ class CountingBlock(NaiveBlock):
 class Relabelling(Opaque):
     """Hands out its mutable blocks as :class:`CountingBlock` objects."""
 
-    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
-        block = super().allocate_mutable_block(prev_block, device)
+    def allocate_mutable_block(
+        self, prev_block: Block | None, device: Device, extra_keys: ExtraKeys | None = None
+    ) -> Block:
+        block = super().allocate_mutable_block(prev_block, device, extra_keys)
         block.__class__ = CountingBlock  # same slots, so the object keeps its state
         return block
 
@@ -872,8 +893,9 @@ def test_table_over_an_allocator_it_cannot_peek_into() -> None:
     opaque = Opaque(inner)
     null = inner.allocate_or_get_null_block()
     full = inner.allocate_immutable_block(None, [1, 2], GPU)
-    loaded = BlockTable(2, opaque, [null, full], max_block_sliding_window=1)
+    loaded = BlockTable(2, opaque, [null, full], max_block_sliding_window=1, null_block=null)
     assert loaded.get_num_blocks_needed_by_append([]) == 0  # it knows the null block
+    assert loaded.num_null_blocks == 1 and loaded.get_block_token_ids() == [None, (1, 2)]
     fresh = BlockTable(2, opaque, max_block_sliding_window=1)
     fresh.allocate([1, 2, 3])
     assert fresh.get_num_blocks_needed_by_append([]) == 1  # unknown: counted once

@@ -200,3 +200,28 @@ def test_a_block_argument_that_is_not_a_block_is_named() -> None:
 def test_pool_ids_names_a_negative_count() -> None:
     err = raised(InvalidAllocatorConfigError, pool_ids, -1, 2, None)
     assert str(err) == "num_blocks must be an int >= 0, got -1"
+
+
+def test_a_pool_without_hooks_takes_and_frees_plainly_as_in_general() -> None:
+    plain, general = _pool(), _pool()
+    states = []
+    for pool, take, free in (
+        (plain, plain.take_plain_block, plain.free_plain_block),
+        (general, general.take_block, general.free_block),
+    ):
+        a = take(None)
+        b = take(a)
+        free(a)
+        c = take(b)
+        assert (b.prev_block, c.prev_block, a.freed, c.block_id) == (a, b, True, 0)
+        with pytest.raises(StaleBlockError):
+            take(a)  # a freed predecessor
+        with pytest.raises(DoubleFreeError):
+            free(a)
+        take(None)
+        with pytest.raises(NoFreeBlocksError):
+            take(None)
+        shared = fork_chain([c])[0]
+        free(shared)  # a shared id: one reference fewer, the id stays in use
+        states.append((pool.refcounts(), pool.free_order()))
+    assert states[0] == states[1] == ((1, 1, 1), ())

@@ -77,6 +77,7 @@ ALLOCATOR: dict[str, str] = {
     "block_size": SUPPORT,
     "null_block": SUPPORT,
     "owns_block": SUPPORT,  # the manager's check_invariants asks it of each table slot
+    "owns_block_id": SUPPORT,  # a block table asks which device an id is on
     "NoFreeBlocksError": SUPPORT,  # vLLM's interface names the error class here
     "to_spec": SUPPORT,
     "check_invariants": SUPPORT,

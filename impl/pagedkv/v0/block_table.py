@@ -44,7 +44,6 @@ from pagedkv.errors import (
     ArgumentTypeError,
     BlockWithoutIdError,
     DoubleFreeError,
-    ForeignBlockError,
     InvalidBlockTableArgumentError,
     NoFreeBlocksError,
     StaleBlockError,
@@ -54,7 +53,6 @@ from pagedkv.errors import (
 from pagedkv.v0._block_args import require_blocks
 from pagedkv.v0.content_key import ExtraKeys, check_extra_keys
 from pagedkv.v0.cpu_gpu_allocator import CpuGpuBlockAllocator
-from pagedkv.v0.id_pool import NullBlock
 from pagedkv.v0.interfaces import Block, DeviceAwareBlockAllocator
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import check
@@ -101,14 +99,17 @@ def live_id(block: Block, operation: str) -> int:
     return block_id
 
 
-def load_blocks(blocks: Sequence[Block], block_size: int) -> tuple[list[int], int, int]:
+def load_blocks(
+    blocks: Sequence[Block], block_size: int, null_block: Block | None
+) -> tuple[list[int], int, int]:
     """``(ids, num_full_slots, null_prefix)`` of ``blocks``, after checking that they
-    make a well-formed table (T2–T4 with the spec's predicates): full or null blocks,
-    at most one partial block, then empty ones; null blocks a prefix; no id twice.
+    make a well-formed table (T2–T4 with the spec's predicates): full or null blocks
+    (the entries that are ``null_block``), at most one partial block, then empty
+    ones; null blocks a prefix; no id twice.
     Raises :class:`InvalidBlockTableArgumentError`. Complexity: O(n).
     """
     ids = [live_id(b, "put in a block table") for b in blocks]
-    fills = tuple(None if isinstance(b, NullBlock) else len(b.token_ids) for b in blocks)
+    fills = _fills(blocks, null_block)
     null_prefix = 0
     while null_prefix < len(fills) and fills[null_prefix] is None:
         null_prefix += 1
@@ -131,6 +132,11 @@ def load_blocks(blocks: Sequence[Block], block_size: int) -> tuple[list[int], in
     return ids, num_full, null_prefix
 
 
+def _fills(blocks: Sequence[Block], null_block: Block | None) -> tuple[int | None, ...]:
+    """Tokens per block, None for an entry that is ``null_block``. O(n)."""
+    return tuple(None if b is null_block else len(b.token_ids) for b in blocks)
+
+
 class BlockTable:
     """The blocks of one sequence; refines a table of the manager spec.
 
@@ -142,7 +148,8 @@ class BlockTable:
         _num_full_slots  slots written so far; a null entry counts ``block_size``
         _null_prefix     ``_blocks[:_null_prefix]`` are the null block (T3), so a window
                          step starts where the previous one stopped
-        _null_block      the allocator's null block once this table has seen it
+        _null_block      the allocator's null block, handed in or once this table has
+                         seen it: the entries that are this object are null entries
         _extra_keys      the sequence's extra prefix-cache keys, passed with every block
                          the table takes (None when there are none)
     """
@@ -166,11 +173,15 @@ class BlockTable:
         _blocks: Sequence[Block] | None = None,
         max_block_sliding_window: int | None = None,
         extra_keys: ExtraKeys | None = None,
+        null_block: Block | None = None,
     ) -> None:
         """A table over ``_blocks`` (empty by default). Complexity: O(len(_blocks)).
 
         ``_blocks`` must be shaped as T2–T4 say (full or null blocks, at most one
-        partial block, then empty ones); ``num_full_slots`` is read from them.
+        partial block, then empty ones); ``num_full_slots`` is read from them. The
+        null entries are those that are ``null_block``, the allocator's null block:
+        by default the one a :class:`~pagedkv.CpuGpuBlockAllocator` has made; hand
+        it in for an allocator that cannot say.
         """
         check_table_args(block_size, block_allocator, max_block_sliding_window)
         # NOTE: None when empty, so the allocator is called exactly as without caching
@@ -178,7 +189,9 @@ class BlockTable:
         self._block_size = block_size
         self._allocator = block_allocator
         self._max_block_sliding_window = max_block_sliding_window
-        self._null_block: Block | None = None
+        if null_block is None and isinstance(block_allocator, CpuGpuBlockAllocator):
+            null_block = block_allocator.null_block
+        self._null_block = null_block
         self._blocks: list[Block] = []
         self._block_ids: list[int] = []
         self._num_full_slots = 0
@@ -188,13 +201,11 @@ class BlockTable:
 
     def _load(self, blocks: list[Block]) -> None:
         """Adopt ``blocks`` after checking T1–T4; nothing changes on error. Complexity: O(n)."""
-        ids, num_full, null_prefix = load_blocks(blocks, self._block_size)
+        ids, num_full, null_prefix = load_blocks(blocks, self._block_size, self._null_block)
         self._blocks = blocks
         self._block_ids = ids
         self._num_full_slots = num_full
         self._null_prefix = null_prefix
-        if null_prefix:
-            self._null_block = blocks[0]
 
     # ------------------------------------------------------------------ operations
 
@@ -233,9 +244,7 @@ class BlockTable:
             if extra is None:
                 blocks = self._allocator.allocate_immutable_blocks(None, chunks, device)
             else:
-                blocks = self._allocator.allocate_immutable_blocks(  # type: ignore[call-arg]  # extra keys: an allocator with prefix caching
-                    None, chunks, device, extra
-                )
+                blocks = self._allocator.allocate_immutable_blocks(None, chunks, device, extra)
         tail = token_ids[num_full_blocks * size :]
         if tail:
             prev = blocks[-1] if blocks else None
@@ -391,9 +400,7 @@ class BlockTable:
         """An empty block after ``prev``, carrying the table's extra keys. O(1)."""
         if self._extra_keys is None:
             return self._allocator.allocate_mutable_block(prev, device)
-        return self._allocator.allocate_mutable_block(  # type: ignore[call-arg]  # extra keys: an allocator with prefix caching
-            prev, device, self._extra_keys
-        )
+        return self._allocator.allocate_mutable_block(prev, device, self._extra_keys)
 
     def _grow(self, num_new: int) -> None:
         """Append ``num_new`` empty GPU blocks; capacity was checked. Complexity: O(num_new)."""
@@ -693,11 +700,7 @@ class BlockTable:
 
     def _on_gpu(self, block_id: int) -> bool:
         """``block_id`` is one of the GPU pool's. Complexity: O(1)."""
-        try:
-            self._allocator.get_physical_block_id(_GPU, block_id)
-        except ForeignBlockError:
-            return False
-        return True
+        return self._allocator.owns_block_id(_GPU, block_id)
 
     # ------------------------------------------------------------------ queries
 
@@ -747,7 +750,8 @@ class BlockTable:
 
     def get_block_token_ids(self) -> list[tuple[int, ...] | None]:
         """Tokens per block, ``None`` for a null entry. Complexity: O(num_full_slots)."""
-        return [None if isinstance(b, NullBlock) else tuple(b.token_ids) for b in self._blocks]
+        null = self._null_block
+        return [None if b is null else tuple(b.token_ids) for b in self._blocks]
 
     def get_token_ids_written(self) -> list[int | None]:
         """The tokens in slots ``0 .. num_full_slots-1``; ``None`` for a dropped slot.
@@ -787,7 +791,7 @@ class BlockTable:
             self._block_size,
             tuple(b.block_id for b in blocks),
             tuple(self._block_ids),
-            tuple(None if isinstance(b, NullBlock) else len(b.token_ids) for b in blocks),
+            _fills(blocks, self._null_block),
             self._num_full_slots,
             self._null_prefix,
         )

@@ -337,6 +337,10 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         """Device-local index of an absolute id of ``device``. Complexity: O(1)."""
         return self.get_allocator(device).get_physical_block_id(absolute_id)
 
+    def owns_block_id(self, device: Device, block_id: int) -> bool:
+        """``block_id`` is one of ``device``'s ids. Complexity: O(1)."""
+        return self.get_allocator(device).owns_block_id(block_id)
+
     def get_num_blocks_to_swap(self, blocks: list[Block], dst_device: Device) -> int:
         """Free blocks of ``dst_device`` a :meth:`swap` of ``blocks`` there takes: one per
         distinct id, without caching; with caching not those whose key is cached and in
@@ -405,7 +409,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
     # ------------------------------------------------------------------ verification
 
     def _rows(
-        self, blocks: Mapping[int, Block] | None, kind: str, caller: str
+        self, blocks: Mapping[int, Block] | None, caching: bool, caller: str
     ) -> list[tuple[PoolBlock, Device, int | None]]:
         """Per handle ``0..n-1`` of ``blocks``: the object, its device and its predecessor's
         handle (None if it has none, or one not among ``blocks``). O(handles)."""
@@ -414,7 +418,8 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         rows: list[tuple[PoolBlock, Device, int | None]] = []
         for handle in range(len(blocks)):
             b = blocks[handle]
-            if not isinstance(b, PoolBlock) or b.id_pool.kind != kind:
+            if not isinstance(b, PoolBlock) or b.id_pool.caches is not caching:
+                kind = "PrefixCachingBlock" if caching else "NaiveBlock"
                 raise ForeignBlockError(b.block_id, f"{caller} takes {kind} objects only")
             device = _GPU if b.allocator is self._gpu else _CPU
             prev = b.prev_block
@@ -430,7 +435,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         """
         refs = [
             BlockRef(device, b.block_id, tuple(b.token_ids), prev, b.freed)
-            for b, device, prev in self._rows(blocks, "NaiveBlock", "to_spec")
+            for b, device, prev in self._rows(blocks, False, "to_spec")
         ]
         gpu, cpu = self._gpu, self._cpu
         if isinstance(gpu, PrefixCachingBlockAllocator) or isinstance(
@@ -447,7 +452,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         caller's block handles as for :meth:`to_spec`. Complexity: O(pool size + handles)."""
         gpu, cpu = self._caching_pool(_GPU), self._caching_pool(_CPU)
         refs: list[CBlock] = []
-        for b, device, prev in self._rows(blocks, "PrefixCachingBlock", "to_caching_spec"):
+        for b, device, prev in self._rows(blocks, True, "to_caching_spec"):
             key = None if b.cache_key is None else b.cache_key.to_spec()
             refs.append(
                 CBlock(device, b.block_id, tuple(b.token_ids), prev, b.extra_keys, key, b.freed)

@@ -232,7 +232,7 @@ class PoolBlock(Block):
     def __repr__(self) -> str:
         state = "freed" if self._freed else f"id={self._block_id}"
         cached = ", cached" if self._key is not None else ""
-        return f"{self._pool._kind}({state}{cached}, tokens={self._token_ids!r})"
+        return f"{self._pool.block_name}({state}{cached}, tokens={self._token_ids!r})"
 
 
 class NullBlock(Block):
@@ -323,7 +323,6 @@ class IdPool:
         "_end",
         "_fill",
         "_first",
-        "_kind",
         "_name",
         "_next_fresh",
         "_owner",
@@ -342,19 +341,18 @@ class IdPool:
         name: str,
         owner: PoolOwner,
         *,
-        kind: str = "NaiveBlock",
         reclaim: Callable[[], int | None] | None = None,
         release: Callable[[int], bool] | None = None,
         fill: Fill | None = None,
         stamped: bool = False,
     ) -> None:
-        """A pool of the (checked) contiguous ``ids``; ``kind`` names its blocks in
-        their repr; the hooks as in the module docstring (a ``fill`` hook leaves the
-        last slot of a block to :meth:`fill_if_private`). Complexity: O(len(ids))."""
+        """A pool of the (checked) contiguous ``ids``; the hooks as in the module
+        docstring (a ``fill`` hook leaves the last slot of a block to
+        :meth:`fill_if_private`, and makes the pool a caching one: :attr:`caches`).
+        Complexity: O(len(ids))."""
         self._block_size = block_size
         self._name = name
         self._owner = owner
-        self._kind = kind
         self._first = ids.start
         self._end = ids.stop
         self._rc = [0] * len(ids)
@@ -444,9 +442,21 @@ class IdPool:
         return range(self._first, self._end)
 
     @property
-    def kind(self) -> str:
-        """What its blocks are called: ``"NaiveBlock"`` or ``"PrefixCachingBlock"``."""
-        return self._kind
+    def block_size(self) -> int:
+        """Token slots per block. O(1)."""
+        return self._block_size
+
+    @property
+    def caches(self) -> bool:
+        """Its blocks are cached: the pool has a ``fill`` hook (a caching allocator's
+        pool). Pools are told apart by this, never by a name. O(1)."""
+        return self._fill is not None
+
+    @property
+    def block_name(self) -> str:
+        """What its blocks are called in messages (vLLM's names): ``"PrefixCachingBlock"``
+        for a caching pool, else ``"NaiveBlock"``. O(1)."""
+        return "NaiveBlock" if self._fill is None else "PrefixCachingBlock"
 
     @property
     def name(self) -> str:
@@ -520,14 +530,15 @@ class IdPool:
         """An empty block with a fresh id (refcount 1) after ``prev_block`` (None, or a
         block it may follow: :meth:`check_prev`). O(1) plus ``reclaim``'s.
 
-        The naive allocator's ``allocate_mutable_block`` is this method."""
+        The caching allocator's ``allocate_mutable_block`` calls this method (the naive
+        allocator's is :meth:`take_plain_block`)."""
         # NOTE: the hottest allocation of a serving step: take's common case inline and
         # the block built without PoolBlock.__init__ (a call through type.__call__ costs
         # as much as the rest); keep the fields in step with __init__.
         if prev_block is not None and (
             type(prev_block) is not PoolBlock
             or prev_block._freed
-            or prev_block._pool._kind is not self._kind
+            or (prev_block._pool is not self and self._fill is not None)
         ):
             self.check_prev(prev_block)
         stack = self._stack
@@ -557,13 +568,41 @@ class IdPool:
         block._key = None
         return block
 
+    def take_plain_block(self, prev_block: Block | None, extra_keys: ExtraKeys = ()) -> PoolBlock:
+        """:meth:`take_block` of a pool without hooks (the naive allocator's): the same
+        checks and result, with no ``reclaim`` to ask and no stamp to reset. O(1).
+
+        The naive allocator's ``allocate_mutable_block`` is this method."""
+        # NOTE: take_block's lines without the hooks' branches, for the naive allocator's
+        # hottest call; keep the two in step (and the fields with PoolBlock.__init__).
+        if prev_block is not None and (type(prev_block) is not PoolBlock or prev_block._freed):
+            check_prev_block(prev_block)
+        stack = self._stack
+        if stack:
+            block_id = stack.pop()
+        else:
+            block_id = self._next_fresh
+            if block_id >= self._end:
+                raise NoFreeBlocksError(1, 0, self._name)
+            self._next_fresh = block_id + 1
+        self._rc[block_id - self._first] = 1
+        block: PoolBlock = _new_block(PoolBlock)
+        block._pool = self
+        block._block_id = block_id
+        block._token_ids = []
+        block._prev_block = prev_block
+        block._freed = False
+        block._extra_keys = extra_keys
+        block._key = None
+        return block
+
     def check_prev(self, prev_block: Block) -> None:
         """Raise unless a new block of this pool may follow ``prev_block``: a block that
         was not freed (:func:`~pagedkv.v0._block_args.check_prev_block`) and, in a pool
-        whose blocks are cached (a ``fill`` hook), a block of a pool of the same kind
-        (its key chains on). O(1)."""
+        whose blocks are cached (a ``fill`` hook), a block of a caching pool (its key
+        chains on). O(1)."""
         if self._fill is not None and not (
-            type(prev_block) is PoolBlock and prev_block._pool._kind == self._kind
+            type(prev_block) is PoolBlock and prev_block._pool._fill is not None
         ):
             require_block("prev_block", prev_block)
             raise not_this_pools(
@@ -597,8 +636,9 @@ class IdPool:
     def free_block(self, block: Block) -> None:
         """Drop the reference of a block object of this pool; the object dies (at
         refcount 0 the id goes to the free list unless ``release`` keeps it). The
-        allocators' ``free`` is this method. Raises, with nothing changed,
-        :class:`ForeignBlockError` for an object of another pool,
+        caching allocator's ``free`` is this method (the naive one's is
+        :meth:`free_plain_block`). Raises, with nothing changed, :class:`ForeignBlockError`
+        for an object of another pool,
         :class:`DoubleFreeError` for a freed one and :class:`BlockWithoutIdError` for
         one swapped out. Complexity: O(1) plus the hook's."""
         # NOTE: the free of every finished block: the last reference first, without calls.
@@ -619,6 +659,29 @@ class IdPool:
             return
         require_block("block", block)
         raise not_this_pools(block, "free", f"cannot free: not a block of {self._owner}")
+
+    def free_plain_block(self, block: Block) -> None:
+        """:meth:`free_block` of a pool without hooks (the naive allocator's ``free``): the
+        same checks, errors and result, with no ``release`` to ask. O(1)."""
+        # NOTE: free_block's live-block case without the hook's branch, a shared id
+        # (every fork's free) included; anything else goes to free_block.
+        if type(block) is PoolBlock and block._pool is self:
+            block_id = block._block_id
+            if block_id is not None:
+                i = block_id - self._first
+                rc = self._rc
+                n = rc[i]
+                if n == 1:
+                    rc[i] = 0
+                    self._stack.append(block_id)
+                elif n > 1:
+                    rc[i] = n - 1
+                else:
+                    self.decref(block_id)  # a corrupt count: RefCountError
+                block._block_id = None
+                block._freed = True
+                return
+        self.free_block(block)
 
     def try_free(self, block: Block) -> bool:
         """:meth:`free_block` if ``block`` is an object of this pool (errors included),

@@ -193,8 +193,11 @@ class DeviceAwareBlockAllocator(ABC):
     NoFreeBlocksError = NoFreeBlocksError
 
     @abstractmethod
-    def allocate_mutable_block(self, prev_block: Block | None, device: Device) -> Block:
-        """An empty block on ``device``."""
+    def allocate_mutable_block(
+        self, prev_block: Block | None, device: Device, extra_keys: ExtraKeys | None = None
+    ) -> Block:
+        """An empty block on ``device``; ``extra_keys`` (the sequence's extra cache keys)
+        enter its content key with prefix caching and are ignored without."""
 
     @abstractmethod
     def allocate_immutable_block(
@@ -204,9 +207,14 @@ class DeviceAwareBlockAllocator(ABC):
 
     @abstractmethod
     def allocate_immutable_blocks(
-        self, prev_block: Block | None, block_token_ids: list[list[int]], device: Device
+        self,
+        prev_block: Block | None,
+        block_token_ids: list[list[int]],
+        device: Device,
+        extra_keys: ExtraKeys | None = None,
     ) -> list[Block]:
-        """One block per chunk on ``device``; all or nothing."""
+        """One block per chunk on ``device``; all or nothing; ``extra_keys`` as for
+        :meth:`allocate_mutable_block`."""
 
     @abstractmethod
     def free(self, block: Block) -> None:
@@ -227,6 +235,10 @@ class DeviceAwareBlockAllocator(ABC):
     @abstractmethod
     def get_physical_block_id(self, device: Device, absolute_id: int) -> int:
         """Device-local index of an absolute id."""
+
+    @abstractmethod
+    def owns_block_id(self, device: Device, block_id: int) -> bool:
+        """``block_id`` is one of ``device``'s ids."""
 
     @abstractmethod
     def swap(self, blocks: list[Block], src_device: Device, dst_device: Device) -> dict[int, int]:

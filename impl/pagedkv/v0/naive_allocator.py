@@ -43,8 +43,8 @@ from pagedkv.v0.id_pool import (
     not_this_pools,
     pool_ids,
 )
-from pagedkv.v0.interfaces import Block, BlockAllocator
-from pagedkv.v0.refcount import ReadOnlyRefCounter
+from pagedkv.v0.interfaces import Block
+from pagedkv.v0.pool_allocator import PoolAllocator
 from pagedkv_spec.invariants import check
 from pagedkv_spec.v0.pool import PoolState
 
@@ -54,7 +54,7 @@ NaiveBlock = PoolBlock
 """vLLM's name for a block object of a naive pool: a :class:`~pagedkv.v0.id_pool.PoolBlock`."""
 
 
-class NaiveBlockAllocator(BlockAllocator):
+class NaiveBlockAllocator(PoolAllocator):
     """Allocates the blocks of one pool of contiguous ids; refines :mod:`pagedkv_spec.v0.pool`.
 
     Representation (private): ``_pool``, the :class:`~pagedkv.v0.id_pool.IdPool` whose
@@ -67,10 +67,11 @@ class NaiveBlockAllocator(BlockAllocator):
     object (a slot each), so holding a pool costs them no extra call:
 
     * ``allocate_mutable_block(prev_block)``: an empty block, refcount 1 (spec:
-      ``allocate_mutable_block``); :meth:`IdPool.take_block`. O(1).
+      ``allocate_mutable_block``); :meth:`IdPool.take_plain_block` (the pool has no
+      hooks, so its take asks none). O(1).
     * ``free(block)``: drop the block's reference, the object dies (spec: ``free``);
       :class:`DoubleFreeError` for a freed object, :class:`BlockWithoutIdError` for
-      a swapped-out one, nothing changed then; :meth:`IdPool.free_block`. O(1).
+      a swapped-out one, nothing changed then; :meth:`IdPool.free_plain_block`. O(1).
     * ``try_free(block)``: ``free`` if ``block`` is one of this pool's objects, else
       False with nothing changed (a two-device allocator routing a free);
       :meth:`IdPool.try_free`. O(1).
@@ -123,8 +124,9 @@ class NaiveBlockAllocator(BlockAllocator):
         self._ids = pool_ids(num_blocks, block_size, block_ids)
         self._block_size = block_size
         pool = self._pool = IdPool(self._ids, block_size, name, self)
-        self.allocate_mutable_block = pool.take_block
-        self.free = pool.free_block
+        super().__init__(pool)
+        self.allocate_mutable_block = pool.take_plain_block
+        self.free = pool.free_plain_block
         self.try_free = pool.try_free
         self.get_num_free_blocks = pool.get_num_free_blocks
         self.clear_copy_on_writes = pool.clear_copy_on_writes
@@ -218,8 +220,8 @@ class NaiveBlockAllocator(BlockAllocator):
         unique = list(dict.fromkeys(require_blocks(blocks)))
         moved: list[PoolBlock] = []
         for b in unique:
-            if type(b) is not PoolBlock or b.id_pool.kind != pool.kind:
-                raise not_this_pools(b, "swap in", f"swap in: not a {pool.kind}")
+            if type(b) is not PoolBlock or b.id_pool.caches:
+                raise not_this_pools(b, "swap in", f"swap in: not a {pool.block_name}")
             if b.freed:
                 raise StaleBlockError("swap in")
             if b.block_id is not None:
@@ -248,46 +250,6 @@ class NaiveBlockAllocator(BlockAllocator):
         return self._pool.move_blocks_to(dst._pool, blocks, src_name, dst_name)
 
     # ------------------------------------------------------------------ queries
-
-    def get_num_total_blocks(self) -> int:
-        """Complexity: O(1)."""
-        return len(self._ids)
-
-    def get_physical_block_id(self, absolute_id: int) -> int:
-        """``absolute_id - first_id``. Complexity: O(1) (vLLM 0.6.3 sorts all ids per call)."""
-        return self._pool.physical_id(absolute_id)
-
-    @property
-    def block_ids(self) -> range:
-        """The pool's ids, ``first_id .. first_id + num_blocks - 1``. Complexity: O(1)."""
-        return self._ids
-
-    def owns_block(self, block: object) -> bool:
-        """``block`` is a block object of this pool (live, swapped out or freed). O(1)."""
-        return self._pool.owns(block)
-
-    def owns_block_id(self, block_id: int) -> bool:
-        """``block_id`` is one of this pool's ids. Complexity: O(1)."""
-        return block_id in self._ids
-
-    @property
-    def all_block_ids(self) -> frozenset[int]:
-        """Every id of the pool. Complexity: O(n) (builds the set)."""
-        return frozenset(self._ids)
-
-    @property
-    def block_size(self) -> int:
-        """Token slots per block."""
-        return self._block_size
-
-    @property
-    def refcounter(self) -> ReadOnlyRefCounter:
-        """Read-only view of the refcounts."""
-        return self._pool.refcounter()
-
-    def refcount_of(self, block_id: int) -> int:
-        """The refcount of one of this pool's ids. O(1)."""
-        return self._pool.refcount(block_id)
 
     def get_num_full_blocks_touched(self, blocks: list[Block]) -> int:
         """Distinct full blocks among ``blocks`` (blocks of any pool). Complexity: O(len)."""
@@ -349,7 +311,3 @@ class NaiveBlockAllocator(BlockAllocator):
         the first broken one. Complexity: O(n).
         """
         check("pool", self.to_spec(), repr(self))
-
-    def __repr__(self) -> str:
-        name = f"{self._pool.name} " if self._pool.name else ""
-        return f"NaiveBlockAllocator({name}ids {self._ids.start}..{self._ids.stop - 1})"

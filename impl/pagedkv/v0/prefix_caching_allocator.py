@@ -60,8 +60,8 @@ from pagedkv.v0.content_key import (
 )
 from pagedkv.v0.evictor import LRUEvictor
 from pagedkv.v0.id_pool import IdPool, PoolBlock, fork_chain, not_this_pools, pool_ids
-from pagedkv.v0.interfaces import Block, BlockAllocator
-from pagedkv.v0.refcount import ReadOnlyRefCounter
+from pagedkv.v0.interfaces import Block
+from pagedkv.v0.pool_allocator import PoolAllocator
 from pagedkv_spec.invariants import check, require
 from pagedkv_spec.v0.caching import CachePool, CachingState, ContentKey
 
@@ -93,7 +93,7 @@ PrefixCachingBlock = PoolBlock
 """vLLM's name for a block object of a caching pool: a :class:`~pagedkv.v0.id_pool.PoolBlock`."""
 
 
-class PrefixCachingBlockAllocator(BlockAllocator):
+class PrefixCachingBlockAllocator(PoolAllocator):
     """Allocates the blocks of one pool with prefix caching; refines :mod:`pagedkv_spec.v0.caching`.
 
     Holds an :class:`~pagedkv.v0.id_pool.IdPool` (refcounts, LIFO free list, CoW log,
@@ -173,12 +173,12 @@ class PrefixCachingBlockAllocator(BlockAllocator):
             block_size,
             name,
             self,
-            kind="PrefixCachingBlock",
             reclaim=self._reclaim,
             release=self._release,
             fill=self._fill,
             stamped=True,  # last_accessed (C8), reset by the pool at every take
         )
+        super().__init__(pool)
         self.free = pool.free_block
         self.try_free = pool.try_free
         self.clear_copy_on_writes = pool.clear_copy_on_writes
@@ -310,7 +310,7 @@ class PrefixCachingBlockAllocator(BlockAllocator):
     @staticmethod
     def _caching_block(block: object) -> TypeGuard[PoolBlock]:
         """``block`` is a block object of some caching pool. O(1)."""
-        return type(block) is PoolBlock and block.id_pool.kind == "PrefixCachingBlock"
+        return type(block) is PoolBlock and block.id_pool.caches
 
     def _prev(self, prev_block: Block | None) -> Block | None:
         """``prev_block`` checked (:meth:`IdPool.check_prev`): None, or a live-or-swapped
@@ -652,49 +652,9 @@ class PrefixCachingBlockAllocator(BlockAllocator):
 
     # ------------------------------------------------------------------ queries
 
-    def get_num_total_blocks(self) -> int:
-        """Complexity: O(1)."""
-        return len(self._ids)
-
     def get_num_free_blocks(self) -> int:
         """Free pool + evictable cached ids. Complexity: O(1)."""
         return self._pool.get_num_free_blocks() + len(self._evictor)
-
-    def get_physical_block_id(self, absolute_id: int) -> int:
-        """``absolute_id - first_id``. Complexity: O(1)."""
-        return self._pool.physical_id(absolute_id)
-
-    @property
-    def block_ids(self) -> range:
-        """The pool's ids. Complexity: O(1)."""
-        return self._ids
-
-    def owns_block(self, block: object) -> bool:
-        """``block`` is a block object of this pool (live, swapped out or freed). O(1)."""
-        return self._pool.owns(block)
-
-    def owns_block_id(self, block_id: int) -> bool:
-        """``block_id`` is one of this pool's ids. Complexity: O(1)."""
-        return block_id in self._ids
-
-    @property
-    def all_block_ids(self) -> frozenset[int]:
-        """Every id of the pool. Complexity: O(n) (builds the set)."""
-        return frozenset(self._ids)
-
-    @property
-    def block_size(self) -> int:
-        """Token slots per block."""
-        return self._block_size
-
-    @property
-    def refcounter(self) -> ReadOnlyRefCounter:
-        """Read-only view of the refcounts."""
-        return self._pool.refcounter()
-
-    def refcount_of(self, block_id: int) -> int:
-        """The refcount of one of this pool's ids. O(1)."""
-        return self._pool.refcount(block_id)
 
     def get_num_full_blocks_touched(self, blocks: list[Block]) -> int:
         """Distinct full blocks that moving here would copy: all but those whose key is
@@ -906,7 +866,3 @@ class PrefixCachingBlockAllocator(BlockAllocator):
                 last == self._pool.last_accessed(block_id),
                 f"{self!r}: evictor entry {block_id} has a stale last_accessed",
             )
-
-    def __repr__(self) -> str:
-        name = f"{self._pool.name} " if self._pool.name else ""
-        return f"PrefixCachingBlockAllocator({name}ids {self._first}..{self._ids.stop - 1})"
