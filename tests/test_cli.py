@@ -23,7 +23,7 @@ import torch
 import pagedkv
 from helpers import raised, without_torch
 from pagedkv.errors import InvalidKVCacheConfigError, InvariantViolationError
-from pagedkv.serving import cli, report, resources
+from pagedkv.serving import cli, report, resources, run_config
 from pagedkv.serving.scheduler import SchedulerConfig
 from pagedkv.serving.simulator import SimulationConfig, Simulator
 from pagedkv.serving.v0_engine import V0Engine
@@ -1111,7 +1111,7 @@ def test_auto_runs_a_large_cache_without_kv_tensors_and_says_so(
 ) -> None:
     data = planned(capsys, LLAMA, *H100, "--num-requests", "2")
     assert data["setup"]["kv_backing"] == "none"
-    assert data["setup"]["kv_backing_auto"] == f"KV tensors over {cli.TOY_LIMIT:,} B"
+    assert data["setup"]["kv_backing_auto"] == f"KV tensors over {run_config.TOY_LIMIT:,} B"
     assert data["summary"]["checked"] is True
 
 
@@ -1140,10 +1140,11 @@ def test_the_auto_backing_rule(blocks: int, swap: int, dtype: str, backing: str)
         ["simulate", "--model", LLAMA, "--num-gpu-blocks-override", str(blocks)]
         + ["--max-model-len", "128", "--swap-space", str(swap), "--kv-cache-dtype", dtype]
     )
-    plan = cli.plan_from_args(args)
-    assert plan is not None and cli.kv_backing("auto", plan) == backing
-    assert cli.kv_backing("toy", plan) == "toy" and cli.kv_backing("none", None) == "none"
-    assert cli.kv_backing("auto", None) == "toy"
+    plan = run_config.plan_from_args(args)
+    assert plan is not None and run_config.kv_backing("auto", plan) == backing
+    assert run_config.kv_backing("toy", plan) == "toy"
+    assert run_config.kv_backing("none", None) == "none"
+    assert run_config.kv_backing("auto", None) == "toy"
 
 
 def test_gpu_total_uses_vllms_formula(capsys: pytest.CaptureFixture[str]) -> None:

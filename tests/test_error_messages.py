@@ -94,7 +94,7 @@ from pagedkv.errors import (
 )
 from pagedkv.kv.attention import build_attention_inputs, paged_attention_reference
 from pagedkv.kv.cache import KVCacheConfig, KVCacheEngine
-from pagedkv.serving import cli, resources, sweep, traces
+from pagedkv.serving import cli, resources, run_config, sweep, traces
 from pagedkv.serving.capacity import plan_capacity
 from pagedkv.serving.cli import parse_size
 from pagedkv.serving.model_config import (
@@ -1909,7 +1909,7 @@ CAPACITY_MESSAGES = [
 
 
 def _plan_args(*argv: str) -> object:
-    return cli.plan_from_args(cli.build_parser().parse_args(["simulate", *argv]))
+    return run_config.plan_from_args(cli.build_parser().parse_args(["simulate", *argv]))
 
 
 CLI_MESSAGES = [

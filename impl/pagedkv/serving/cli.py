@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
-from pagedkv._torch import require_torch
 from pagedkv._version import __version__
 from pagedkv.errors import (
     InvalidKVCacheConfigError,
@@ -47,72 +46,32 @@ from pagedkv.errors import (
 )
 from pagedkv.output_files import check_outputs, write_atomically
 from pagedkv.serving import report, resources, slo, sweep, traces, workload
-from pagedkv.serving.capacity import CapacityPlan, plan_capacity
 from pagedkv.serving.latency import ServingMetrics
-from pagedkv.serving.model_config import KV_CACHE_DTYPES, load_model_config
-from pagedkv.serving.scheduler import SchedulerConfig
-from pagedkv.serving.simulation_config import TOY_NEEDS_TORCH
+from pagedkv.serving.model_config import KV_CACHE_DTYPES
+from pagedkv.serving.run_config import (
+    TOY_DTYPES,
+    TOY_LIMIT,
+    PreparedRun,
+    UsageError,
+    prepare_run,
+)
 from pagedkv.serving.simulator import SimulationConfig, Simulator
-from pagedkv.serving.step_time import StepTimeModel
 
-__all__ = [
-    "TOY_LIMIT",
-    "PreparedRun",
-    "build_parser",
-    "build_sweep_parser",
-    "kv_backing",
-    "main",
-    "parse_size",
-    "plan_from_args",
-    "prepare_run",
-]
+__all__ = ["build_parser", "build_sweep_parser", "main", "parse_size"]
 
-_DTYPES = ("bfloat16", "float16", "float32")  # the toy backing's --dtype (torch dtypes)
-#: ``--kv-backing auto`` allocates toy KV tensors up to this many bytes (both tiers), and
-#: runs a larger model cache without KV tensors: a fixed limit, not this machine's RAM,
-#: so a command means the same run everywhere.
-TOY_LIMIT = 1024**3
-_TOY_SHAPE = ("num_layers", "num_kv_heads", "head_size")
-#: Flags that size or shape the toy cache; --model sets all of these itself.
-_MODEL_EXCLUDES = {
-    "gpu_blocks": "--gpu-blocks",
-    "gpu_memory": "--gpu-memory",
-    "cpu_blocks": "--cpu-blocks",
-    "cpu_memory": "--cpu-memory",
-    "num_layers": "--num-layers",
-    "num_kv_heads": "--num-kv-heads",
-    "head_size": "--head-size",
-    "dtype": "--dtype",
-}
-#: Flags that only mean something with --model.
-_MODEL_ONLY = {
-    "kv_memory": "--kv-memory",
-    "gpu_total": "--gpu-total",
-    "gpu_memory_utilization": "--gpu-memory-utilization",
-    "non_kv_memory": "--non-kv-memory",
-    "num_gpu_blocks_override": "--num-gpu-blocks-override",
-    "swap_space": "--swap-space",
-    "tp": "--tp",
-    "kv_cache_dtype": "--kv-cache-dtype",
-}
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3}
 _UNITS |= {"gb": 1000**3, "t": 1000**4, "tb": 1000**4}
 _UNITS |= {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
 _SIZE = re.compile(r"\s*(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(?P<unit>[A-Za-z]*)\s*")
 _MAX_SIZE = 2**63 - 1
 _MAX_SIZE_DIGITS = len(str(_MAX_SIZE))  # longer whole parts are too large in any unit
-_TRACE_DEFAULTS = {"block_size": 16, "num_gpu_blocks": 256, "num_cpu_blocks": 64}
 PLOT_FORMATS = (".png", ".pdf", ".svg")  # what the plot's writer (matplotlib) is asked for
 PROGRESS_EVERY_S = 10.0  # a progress line on a stderr that is not a terminal
 
 
-class _UsageError(Exception):
-    """An argparse error, turned into one line and exit code 2 by :func:`main`."""
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(message)
+        raise UsageError(message)
 
 
 class _Once(argparse.Action):
@@ -313,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--num-kv-heads", type=_int_at_least(1))
     sim.add_argument("--head-size", type=_int_at_least(1))
     sim.add_argument(
-        "--dtype", choices=sorted(_DTYPES), help="default: float16 on CUDA, else float32"
+        "--dtype", choices=sorted(TOY_DTYPES), help="default: float16 on CUDA, else float32"
     )
     model = sim.add_argument_group(
         "capacity planning",
@@ -564,9 +523,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _sweep(argv[1:])
         args = build_parser().parse_args(argv)
         if args.command is None:
-            raise _UsageError("choose a command: simulate, sweep or conform (see pagedkv --help)")
+            raise UsageError("choose a command: simulate, sweep or conform (see pagedkv --help)")
         return _simulate(args)
-    except _UsageError as err:
+    except UsageError as err:
         return _fail(str(err), 2)
     except InvariantViolationError as err:
         return _fail(f"check failed: {err}", 1)
@@ -585,32 +544,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141  # as a shell reports a process ended by SIGPIPE
 
 
-def _check_time_unit(unit: str, model: StepTimeModel | None, args: argparse.Namespace) -> None:
-    """The workload's arrival times and the clock must be in one unit."""
-    if unit == "s" and model is None:
-        what = (
-            f"the trace's arrival times are in seconds (--time-unit {args.time_unit})"
-            if args.trace_format == "jsonl"
-            else f"the {args.trace_format} trace's arrival times are in seconds"
-        )
-        raise _UsageError(
-            f"{what}, but without --time-model the clock counts steps; give --time-model "
-            "(seconds per step)"
-        )
-    if unit == "step" and model is not None:
-        what = "the preset's" if not args.trace else "the trace's"
-        raise _UsageError(
-            f"{what} arrival times are in steps, but --time-model makes the clock seconds; "
-            "give --request-rate R (requests per second)"
-            + ("" if not args.trace else " or --time-unit s|ms|us")
-        )
-
-
 def _conform(argv: list[str]) -> int:
     try:
         from pagedkv_stateful import conform
     except ImportError as err:
-        raise _UsageError(
+        raise UsageError(
             f"pagedkv conform needs the test tools ({err}); pip install 'pagedkv[conform]'"
         ) from None
     return conform.main(argv)
@@ -622,7 +560,7 @@ def _sweep(argv: list[str]) -> int:
     own, rest = build_sweep_parser().parse_known_args(argv)
     args = build_parser().parse_args(["simulate", *rest])
     if args.json or args.requests_out:
-        raise _UsageError(
+        raise UsageError(
             "--json and --requests-out are simulate's outputs; a sweep writes one row per "
             "point with --out FILE.csv"
         )
@@ -636,11 +574,11 @@ def _sweep(argv: list[str]) -> int:
         ]
         given = [flag for flag, value in flags if value is not None]
         if given:
-            raise _UsageError(f"{', '.join(given)}: only with --find")
+            raise UsageError(f"{', '.join(given)}: only with --find")
     elif own.until is None:
-        raise _UsageError("--find needs --until PREDICATE (e.g. 'slo_attainment>=0.99')")
+        raise UsageError("--find needs --until PREDICATE (e.g. 'slo_attainment>=0.99')")
     elif own.step is not None and own.find != "max_request_rate":
-        raise _UsageError("--step: only with --find max_request_rate")
+        raise UsageError("--step: only with --find max_request_rate")
     if own.plot is not None:
         report.require_matplotlib()
     _check_outputs([("--out", own.out, (".csv",)), ("--plot", own.plot, PLOT_FORMATS)], args)
@@ -667,7 +605,7 @@ def _sweep(argv: list[str]) -> int:
     else:
         varied = sweep.parse_grid(own.vary)
         if args.seeds > 1 and any(name == "seed" for name, _ in varied):
-            raise _UsageError("--vary seed=... and --seeds N both set the seeds; give one")
+            raise UsageError("--vary seed=... and --seeds N both set the seeds; give one")
         grid = sweep.grid_points(varied)
         runs = [(at, s, _prepare_point(args, at, s)) for at in grid for s in seeds]  # checked
         points = [_point(at, run) for at, _, run in runs]
@@ -699,7 +637,7 @@ def _write(path: str, flag: str, write: Callable[[str], None]) -> None:
     try:
         write_atomically(path, write)
     except OSError as err:  # e.g. the disk filled up: no partial file is left
-        raise _UsageError(f"cannot write {flag} {path!r}: {err.strerror or err}") from None
+        raise UsageError(f"cannot write {flag} {path!r}: {err.strerror or err}") from None
 
 
 def _short_title(args: argparse.Namespace, run: PreparedRun) -> str:
@@ -775,9 +713,9 @@ def _prepare_point(args: argparse.Namespace, at: dict[str, sweep.Value], seed: i
         return prepare_run(point)
     except InvariantViolationError:
         raise
-    except (PagedKVError, _UsageError) as err:  # name the point (exit 2 as before)
+    except (PagedKVError, UsageError) as err:  # name the point (exit 2 as before)
         where = " ".join(f"{k}={v}" for k, v in at.items()) or f"seed={seed}"
-        raise _UsageError(f"at {where}: {err}") from None
+        raise UsageError(f"at {where}: {err}") from None
 
 
 def _find(
@@ -930,7 +868,7 @@ class _Grid:
 def _block_range(own: argparse.Namespace, config: SimulationConfig) -> _Grid:
     high = _bound(own.high, "--high", int) if own.high is not None else config.num_gpu_blocks
     if high is None:
-        raise _UsageError("--find: the cache is sized in bytes (--gpu-memory); give --high N")
+        raise UsageError("--find: the cache is sized in bytes (--gpu-memory); give --high N")
     low = _bound(own.low, "--low", int) if own.low is not None else None
     if low is None:
         plan = config.capacity  # vLLM refuses a cache that cannot hold max_model_len
@@ -941,18 +879,18 @@ def _block_range(own: argparse.Namespace, config: SimulationConfig) -> _Grid:
 def _rate_grid(own: argparse.Namespace, config: SimulationConfig) -> _Grid:
     per = _rate_unit(config)
     if own.high is None:
-        raise _UsageError(f"--find max_request_rate needs --high RATE (the most {per} tried)")
+        raise UsageError(f"--find max_request_rate needs --high RATE (the most {per} tried)")
     high = float(_bound(own.high, "--high", float))
     step = own.step if own.step is not None else high / 100
     low = float(_bound(own.low, "--low", float)) if own.low is not None else step
     if low > high:
-        raise _UsageError(f"--low {low:g} is above --high {high:g}; give low <= high")
+        raise UsageError(f"--low {low:g} is above --high {high:g}; give low <= high")
     count = (
         int((decimal.Decimal(str(high)) - decimal.Decimal(str(low))) // decimal.Decimal(str(step)))
         + 1
     )
     if count > 100_000:
-        raise _UsageError(
+        raise UsageError(
             f"--find max_request_rate: {count:,} rates from --low to --high in --step "
             f"{step:g}; use a larger --step"
         )
@@ -964,7 +902,7 @@ def _bound(text: str, flag: str, kind: type[int] | type[float]) -> float:
     try:
         return parse(text)
     except argparse.ArgumentTypeError as err:
-        raise _UsageError(f"argument {flag}: {err}") from None
+        raise UsageError(f"argument {flag}: {err}") from None
 
 
 def _rate_unit(config: SimulationConfig) -> str:
@@ -1029,7 +967,7 @@ def _simulate_seeds(args: argparse.Namespace) -> int:
     given = [f for f, v in (("--json", args.json), ("--plot", args.plot)) if v]
     given += ["--requests-out"] * bool(args.requests_out)
     if given:
-        raise _UsageError(
+        raise UsageError(
             f"{', '.join(given)}: one run's outputs, not with --seeds N; for one row per seed "
             "use pagedkv sweep --seeds N --vary ... --out FILE.csv"
         )
@@ -1095,106 +1033,7 @@ def _check_outputs(
     inputs = [("--trace", trace), ("--model", model), ("--time-model", time_model)]
     problem = check_outputs(outputs, inputs)
     if problem:
-        raise _UsageError(problem)
-
-
-@dataclass(frozen=True)
-class PreparedRun:
-    """What a ``simulate`` command line serves: the workload, the simulator's config,
-    the workload's title for reports, the KV backing ``--kv-backing`` resolved to, and
-    the SLO to report on (None without ``--slo``)."""
-
-    requests: list[workload.RequestSpec]
-    config: SimulationConfig
-    title: str
-    backing: str
-    slo: slo.SLO | None
-
-
-def prepare_run(args: argparse.Namespace) -> PreparedRun:
-    """The workload and simulator config of parsed ``simulate`` arguments, checked
-    before anything runs (usage errors, WorkloadError, InvalidKVCacheConfigError,
-    InvalidSLOError, ...); the cache is not allocated. Complexity: O(workload)."""
-    time_model = StepTimeModel.parse(args.time_model) if args.time_model else None
-    if args.trace:
-        trace = traces.load(args.trace, args.trace_format, args.time_unit)
-        requests, title, sizes, unit = trace.requests, args.trace, _TRACE_DEFAULTS, trace.time_unit
-        if args.trace_format != "jsonl":
-            title += f" ({args.trace_format} trace)"
-        if trace.skipped:
-            title += f"; {trace.skipped_why} skipped"
-    else:
-        if args.trace_format != "jsonl" or args.time_unit != "step":
-            raise _UsageError("--trace-format and --time-unit describe a --trace file")
-        spec = workload.preset(args.preset or "overload")
-        requests = workload.generate(spec, args.seed, args.num_requests)
-        title, unit = f"--preset {spec.name}", "step"
-        sizes = {
-            "block_size": spec.block_size,
-            "num_gpu_blocks": spec.num_gpu_blocks,
-            "num_cpu_blocks": spec.num_cpu_blocks,
-        }
-    if args.trace and args.num_requests:
-        requests = requests[: args.num_requests]
-    if args.request_rate is not None:
-        requests = workload.retime(requests, args.request_rate, args.burstiness, args.seed)
-        unit = "step" if time_model is None else "s"
-        per = "step" if time_model is None else "s"
-        title += f"; re-timed: {args.request_rate:g} requests/{per}, burstiness {args.burstiness:g}"
-    elif args.burstiness != 1.0:
-        raise _UsageError("--burstiness shapes the arrivals of --request-rate; give it too")
-    _check_time_unit(unit, time_model, args)
-    Simulator.check_requests(requests)  # before the cache is allocated
-    plan = plan_from_args(args)
-    v1 = args.engine == "v1"
-    if v1 and args.kv_backing == "toy":
-        raise _UsageError("--engine v1 holds no KV tensors: drop --kv-backing toy")
-    if args.no_enable_prefix_caching and not v1:
-        raise _UsageError(
-            "--no-enable-prefix-caching is for --engine v1 (v0: leave out --enable-caching)"
-        )
-    if args.enable_caching and v1:
-        raise _UsageError("--engine v1 caches prefixes by default; drop --enable-caching")
-    backing = "none" if v1 else kv_backing(args.kv_backing, plan)
-    settings: dict[str, Any] = {
-        "device": None if args.device == "auto" else args.device,
-        "watermark": args.watermark,
-        "scheduler": SchedulerConfig(
-            args.preemption, args.lookahead, args.max_num_seqs, args.max_num_batched_tokens
-        ),
-        "max_steps": args.max_steps,
-        "check": not args.no_check,
-        "check_every": args.check_every,
-        "seed": args.seed,
-        "enable_caching": args.enable_caching or (v1 and not args.no_enable_prefix_caching),
-        "engine": args.engine,
-        "kv_backing": backing,
-        "time_model": time_model,
-        "max_concurrency": args.max_concurrency,
-        # with --model the plan holds it (default: the config's max_position_embeddings)
-        "max_model_len": None if plan is not None else args.max_model_len,
-    }
-    if plan is not None:
-        config = SimulationConfig.for_capacity(plan, **settings)
-    else:
-        shape = {k: getattr(args, k) for k in _TOY_SHAPE if getattr(args, k) is not None}
-        config = SimulationConfig(
-            block_size=args.block_size or sizes["block_size"],
-            num_gpu_blocks=None
-            if args.gpu_memory is not None
-            else args.gpu_blocks or sizes["num_gpu_blocks"],
-            num_cpu_blocks=None
-            if args.cpu_memory is not None
-            else _first(args.cpu_blocks, sizes["num_cpu_blocks"]),
-            gpu_memory=args.gpu_memory,
-            cpu_memory=args.cpu_memory,
-            dtype=_torch_dtype(args.dtype) if args.dtype else None,  # loads torch
-            **shape,
-            **settings,
-        )
-    if args.slo is not None:
-        args.slo.check_clock(config.time_unit)
-    return PreparedRun(requests, config, title, backing, args.slo)
+        raise UsageError(problem)
 
 
 def _serve(args: argparse.Namespace, run: PreparedRun) -> int:
@@ -1224,14 +1063,14 @@ def _serve(args: argparse.Namespace, run: PreparedRun) -> int:
             )
             write_atomically(plot_path, lambda tmp: report.plot(result, tmp, short))
         except OSError as err:  # e.g. the disk filled up: no partial file is left
-            raise _UsageError(f"cannot write --plot {plot_path!r}: {err.strerror or err}") from None
+            raise UsageError(f"cannot write --plot {plot_path!r}: {err.strerror or err}") from None
         print(f"pagedkv: plot written to {plot_path}", file=sys.stderr)
     if args.requests_out:
         out_path = args.requests_out
         try:
             write_atomically(out_path, lambda tmp: report.write_requests(result, tmp))
         except OSError as err:
-            raise _UsageError(
+            raise UsageError(
                 f"cannot write --requests-out {out_path!r}: {err.strerror or err}"
             ) from None
         print(
@@ -1296,73 +1135,6 @@ def _run(
         return simulator.run(requests, progress, stop=stop)
     finally:
         torch.set_num_threads(before)
-
-
-def _torch_dtype(name: str) -> Any:
-    return getattr(require_torch(TOY_NEEDS_TORCH), name)
-
-
-def plan_from_args(args: argparse.Namespace) -> CapacityPlan | None:
-    """The capacity plan of ``simulate --model ...`` (None without ``--model``).
-
-    Raises InvalidKVCacheConfigError for a toy-cache flag beside ``--model`` (it sets
-    the cache itself), a capacity flag without it, or a size the plan rejects
-    (:func:`~pagedkv.serving.capacity.plan_capacity`); ModelConfigError for a config it
-    cannot read. Complexity: O(config file).
-    """
-    given = {flag for name, flag in _MODEL_ONLY.items() if getattr(args, name) is not None}
-    if args.model is None:
-        if given:
-            raise InvalidKVCacheConfigError(
-                f"{', '.join(sorted(given))}: only with --model (these flags size a "
-                "model's cache); give --model CONFIG too"
-            )
-        return None
-    toy = sorted(flag for name, flag in _MODEL_EXCLUDES.items() if getattr(args, name) is not None)
-    if toy:
-        raise InvalidKVCacheConfigError(
-            f"--model sets the cache's shape and size; drop {', '.join(toy)} (size it with "
-            "--kv-memory, --gpu-total or --num-gpu-blocks-override)"
-        )
-    if args.kv_memory is None and args.gpu_total is None and args.num_gpu_blocks_override is None:
-        raise InvalidKVCacheConfigError(
-            "--model needs the KV memory: --kv-memory SIZE, or --gpu-total SIZE with "
-            "--non-kv-memory SIZE, or --num-gpu-blocks-override N"
-        )
-    return plan_capacity(
-        load_model_config(args.model),
-        block_size=args.block_size or 16,
-        tensor_parallel_size=args.tp or 1,
-        kv_cache_dtype=args.kv_cache_dtype or "auto",
-        max_model_len=args.max_model_len,
-        kv_memory=args.kv_memory,
-        gpu_total=args.gpu_total,
-        gpu_memory_utilization=_first_float(args.gpu_memory_utilization, 0.9),
-        non_kv_memory=args.non_kv_memory,
-        num_gpu_blocks_override=args.num_gpu_blocks_override,
-        swap_space=_first(args.swap_space, 4 * 1024**3),
-    )
-
-
-def kv_backing(choice: str, plan: CapacityPlan | None) -> str:
-    """The backing ``--kv-backing choice`` runs: ``auto`` is ``toy`` without a plan, and
-    with one ``toy`` while both tiers' KV tensors fit in :data:`TOY_LIMIT` bytes and
-    the dtype is one the toy model writes, else ``none``. Complexity: O(1)."""
-    if choice != "auto":
-        return choice
-    if plan is None:
-        return "toy"
-    tensors = (plan.num_gpu_blocks + plan.num_cpu_blocks) * plan.block_bytes
-    toy_dtype = plan.kv_cache_dtype in _DTYPES
-    return "toy" if tensors <= TOY_LIMIT and toy_dtype else "none"
-
-
-def _first_float(value: float | None, default: float) -> float:
-    return default if value is None else value
-
-
-def _first(value: int | None, default: int) -> int:
-    return default if value is None else value
 
 
 class _ProgressBar:
