@@ -374,6 +374,7 @@ class KVCacheManager:
         external tokens takes a fast path (on one full-attention group the group
         manager's ``allocate_plain``, else the coordinator's)."""
         single = self._plain_group
+        checked = False  # the fast path's check, kept when it falls through to the slow one
         if (
             request.__class__ is Request
             and num_new_tokens.__class__ is int
@@ -403,6 +404,7 @@ class KVCacheManager:
                 record = None
             elif request.hash_block_size != self.hash_block_size and self.enable_caching:
                 self._check_hashes(request)
+            checked = True
             keep_free = reserved_blocks
             if has_scheduled_reqs and request.status in _WATERMARKED:
                 keep_free += self.watermark_blocks
@@ -441,7 +443,7 @@ class KVCacheManager:
                     record.computed = computed
                     record.appended = request.num_appended_tokens
                 return self._blocks(blocks)
-        if isinstance(request, Request):  # else _check_allocation says what it is
+        if not checked and isinstance(request, Request):  # else _check_allocation says
             self._check_request(request, "allocate slots for")
         rid = self._check_allocation(
             request,
