@@ -76,9 +76,11 @@ __all__ = [
     "admission_counts_requests",
     "complete_load",
     "complete_store",
+    "count_offer",
     "eligible",
     "events_replay_ok",
     "failed_store_dropped",
+    "keys_to_store",
     "lookup",
     "lookup_by_phase",
     "on_new_request",
@@ -244,7 +246,7 @@ def refuses_only_when_full(step: StoreStep) -> bool:
     """O4: a refusal only when the keys to store outnumber the free slots plus the
     eligible victims; an acceptance evicts exactly the shortfall and stores every
     admitted new key."""
-    need = _need(_count(step.before, step.rid, step.keys), step.keys)
+    need = _need(count_offer(step.before, step.rid, step.keys), step.keys)
     room = len(step.before.free) + len(eligible(step.before, step.keys))
     if step.stored is None:
         return len(need) > room
@@ -388,11 +390,12 @@ def _phase(c: Chunk | None) -> str:
     return f"ready, pinned by {c.pins} load(s)" if c.pins else "ready"
 
 
-def _count(s: TierState, rid: str, keys: tuple[Key, ...]) -> TierState:
+def count_offer(s: TierState, rid: str, keys: tuple[Key, ...]) -> TierState:
     """Admission's bookkeeping for an offer of ``keys`` by ``rid``: each tracked key
     moves to the recent end and counts ``rid`` once; an untracked one enters with
     ``rid``, the least recently offered key not in this offer leaving a full tracker
     (none such: the new key is not tracked). Without a threshold: nothing."""
+    assert len(set(keys)) == len(keys)
     if s.store_threshold < 2:
         return s
     mine = s.counted_by(rid)
@@ -428,6 +431,16 @@ def lookup(s: TierState, key: Key) -> str:
     return out
 
 
+def keys_to_store(s: TierState, rid: str, keys: tuple[Key, ...]) -> tuple[Key, ...]:
+    """The keys a ``prepare_store`` of ``keys`` by live request ``rid`` must store (those
+    not resident and admitted once the offer is counted), in order; what it needs room
+    for whether it is accepted or refused."""
+    assert rid in s.live and len(set(keys)) == len(keys)
+    out = _need(count_offer(s, rid, keys), keys)
+    assert set(out) <= set(keys)
+    return out
+
+
 def on_new_request(s: TierState, rid: str) -> TierState:
     """``rid`` becomes live. Already live: DuplicateOffloadRequestError."""
     assert tier_ok(s)
@@ -459,7 +472,7 @@ def _store_choice_ok(
     when the need exceeds the room (O4); else the shortfall's victims, all eligible
     (O3), and one distinct slot per stored key among the free slots after the
     evictions (O1)."""
-    counted = _count(s, rid, keys)
+    counted = count_offer(s, rid, keys)
     need = _need(counted, keys)
     room = len(s.free) + len(eligible(s, keys))
     if victims is None:
@@ -503,7 +516,7 @@ def prepare_store(
     )
     _live(s, rid, "prepare_store")
     _unique(keys, "prepare_store")
-    counted = _count(s, rid, keys)
+    counted = count_offer(s, rid, keys)
     need = _need(counted, keys)
     if victims is None:
         return counted, None
