@@ -42,7 +42,7 @@ from pagedkv_spec.v1 import offload_policy as pol
 from pagedkv_spec.v1.offload import StoreStep, TierState, TierStep
 from pagedkv_stateful.v1.lockstep import V1LockstepMachine
 
-__all__ = ["BS", "OFFLOAD_STATE_CLASSES", "OffloadMachine"]
+__all__ = ["BS", "CI_EXAMPLES", "OFFLOAD_STATE_CLASSES", "OffloadMachine"]
 
 BS = 16  # tokens per offloaded chunk: a key's position is its block's end token
 #: live requests at most (more only dilute the steps among them)
@@ -58,6 +58,11 @@ OFFLOAD_STATE_CLASSES = (
     "threshold admission",
     "reset with jobs in flight",
 )
+
+#: Examples of a ``ci`` search that reaches every state class in at least 20 test cases
+#: (the profile's 150 reach the rarest, an eviction with pins and an ARC ghost hit,
+#: in 8-13; as the kit's levels' ``ci_examples``)
+CI_EXAMPLES = 600
 
 Key = bytes
 
@@ -140,7 +145,7 @@ class OffloadMachine(V1LockstepMachine):
         num_chunks=st.integers(1, 5),
         cache_policy=st.sampled_from(("lru", "arc")),
         events=st.booleans(),
-        threshold=st.sampled_from((1, 1, 2, 3)),
+        threshold=st.sampled_from((1, 1, 1, 2, 3)),
         tracker=st.sampled_from((1, 2, 3, 8)),
         groups=st.sampled_from((1, 1, 2)),
     )
@@ -167,6 +172,8 @@ class OffloadMachine(V1LockstepMachine):
         self.loads: Counter[Key] = Counter()
         self.replayed: Counter[Key] = Counter()
         self.prompts: list[tuple[int, ...]] = []
+        #: every request's keys, in order of first appearance
+        self.all_keys: list[Key] = []
         self.flush_pending = False
         self.next_id = 0
 
@@ -227,6 +234,7 @@ class OffloadMachine(V1LockstepMachine):
         ctx = self.make_context(rid)
         self._log(f"{rid} = {self.context_source(rid)}")
         chain = self._chain(tuple(tokens))
+        self.all_keys += [k for k in chain if k not in self.all_keys]
         positions: dict[Key, int] = {}
         if with_positions:
             for i, key in enumerate(chain):
@@ -237,6 +245,9 @@ class OffloadMachine(V1LockstepMachine):
         self._call(f"mgr.on_new_request({rid})", lambda: self.target.on_new_request(ctx))
         self.model = spec.on_new_request(self.model, rid)
         self.requests[rid] = _Req(ctx, chain, positions)
+        # NOTE: steering: half the time the request's first step offers blocks at once
+        if data.draw(st.booleans(), label="first step"):
+            self._offer(data)
 
     @precondition(lambda self: self._live() and self.model.chunks)
     @rule(data=st.data())
@@ -257,6 +268,10 @@ class OffloadMachine(V1LockstepMachine):
     @rule(data=st.data())
     def prepare_store(self, data: st.DataObject) -> None:
         """A request offers a window of its chain for storing."""
+        self._offer(data)
+
+    def _offer(self, data: st.DataObject) -> None:
+        """One scheduler step's offer (the rule's body; a new request's first step too)."""
         # NOTE: steering: half the offers (two in five where some key is interesting) are
         # under pressure (below: an eviction, with pins when there are any, or a refusal
         # with eligible victims); two in five, where there is one, an interesting key: an
@@ -281,21 +296,21 @@ class OffloadMachine(V1LockstepMachine):
         mode = data.draw(st.sampled_from(modes), label="offer")
         rid = data.draw(st.sampled_from(live), label="request")
         if mode == "pressure":
-            # half the time a load pins some ready keys first; then a request offers more
-            # new keys than there are free slots, where there are eligible victims: up to
-            # the free slots plus the victims (an eviction), or one more (a refusal)
-            if data.draw(st.booleans(), label="pin first"):
-                self._load_some(data)
+            # two times in three a load pins a ready key first; then a request offers
+            # more new keys than there are free slots, where there are eligible victims: up
+            # to the free slots plus the victims (an eviction), or one more (a refusal). The
+            # keys are any requests' (the tier does not know prompts: a request whose
+            # prompt shares a block offers its key)
+            if data.draw(st.sampled_from((True, True, False)), label="pin first"):
+                self._load_some(data, at_most=1)
             free, room = len(self.model.free), len(self.model.free)
             room += len(spec.eligible(self.model, ()))
-            fresh = {
-                r: [k for k in self.requests[r].chain if self.model.chunk(k) is None] for r in live
-            }
-            over = sorted(r for r in live if len(fresh[r]) > free)
-            if over and room > free:
-                rid = data.draw(st.sampled_from(over), label="request under pressure")
-                n = data.draw(st.integers(free + 1, min(len(fresh[rid]), room + 1)), label="n")
-                self._store(rid, tuple(fresh[rid][:n]))
+            fresh = [k for k in self.all_keys if self.model.chunk(k) is None]
+            if len(fresh) > free and room > free:
+                n = min(len(fresh), room + 1)
+                if data.draw(st.booleans(), label="evict"):
+                    n = data.draw(st.integers(free + 1, min(len(fresh), room)), label="n")
+                self._store(rid, tuple(fresh[:n]))
                 return
         if mode == "repeat" and picks:
             rid, key = data.draw(st.sampled_from(picks), label="interesting key")
@@ -313,13 +328,14 @@ class OffloadMachine(V1LockstepMachine):
         self._store(rid, tuple(req.chain[start:stop]))
 
     def _interesting(self, rid: str) -> list[Key]:
-        """``rid``'s keys whose offer would be an ARC ghost hit or count toward admission."""
+        """Keys whose offer by ``rid`` would be an ARC ghost hit or count toward admission
+        (any request's keys: the tier does not know prompts)."""
         req = self.requests[rid]
         tracked = {k for k, rs in self.model.tracker if rid not in rs}
         ghosts = set(self.arc.b1) | set(self.arc.b2) if self.policy == "arc" else set()
         return [
             k
-            for k in req.chain
+            for k in self.all_keys
             if self.model.chunk(k) is None
             and ((k in ghosts and k not in req.access.store_missed) or k in tracked)
         ]
@@ -510,7 +526,7 @@ class OffloadMachine(V1LockstepMachine):
         as the connector does in the same step)."""
         self._load_some(data)
 
-    def _load_some(self, data: st.DataObject) -> None:
+    def _load_some(self, data: st.DataObject, at_most: int = 8) -> None:
         """A live request loads ready keys: of its chain where it has some, else any
         (a request whose prompt shares them: the tier does not know prompts)."""
         live = self._live()
@@ -523,7 +539,12 @@ class OffloadMachine(V1LockstepMachine):
         ready = self._ready(req.chain) or everything
         keys = tuple(
             data.draw(
-                st.lists(st.sampled_from(ready), min_size=1, max_size=len(ready), unique=True),
+                st.lists(
+                    st.sampled_from(ready),
+                    min_size=1,
+                    max_size=min(at_most, len(ready)),
+                    unique=True,
+                ),
                 label="keys",
             )
         )
@@ -595,10 +616,15 @@ class OffloadMachine(V1LockstepMachine):
         req.live = False
         self._check_order("on_request_finished")
 
-    @precondition(lambda self: self.model.chunks)  # else a reset changes nothing
-    @rule()
-    def reset_cache(self) -> None:
+    @precondition(lambda self: self.jobs)
+    @rule(data=st.data())
+    def reset_cache(self, data: st.DataObject) -> None:
         """The cache is reset; the jobs in flight are dropped (never completed)."""
+        # NOTE: steering: only with jobs in flight (the hard case), and then one time in
+        # three (the test cases that enable this rule would otherwise empty the tier
+        # every few steps)
+        if not data.draw(st.sampled_from((True, False, False)), label="reset now"):
+            return
         before = self.model
         if self.jobs:
             self._reached("reset with jobs in flight")
