@@ -221,7 +221,10 @@ def lookup_by_phase(s: TierState, key: Key, answer: str) -> bool:
 def eligible(s: TierState, offered: tuple[Key, ...]) -> frozenset[Key]:
     """The keys a ``prepare_store`` offering ``offered`` may evict: ready, unpinned and
     not offered."""
-    return frozenset(k for k, c in s.chunks if c.ready and c.pins == 0 and k not in offered)
+    assert all(isinstance(k, bytes) for k in offered)
+    out = frozenset(k for k, c in s.chunks if c.ready and c.pins == 0 and k not in offered)
+    assert not out & set(offered)
+    return out
 
 
 def victims_eligible(step: StoreStep) -> bool:
@@ -290,6 +293,7 @@ def replay(replayed: Counter[Key], events: tuple[Event, ...]) -> bool:
     """Replay ``events`` into ``replayed`` (stored +1, removed -1; metadata-only removals
     retract nothing announced, so they are skipped); False when a removal names a key
     not announced or a store one already announced (an event delivered twice)."""
+    assert all(isinstance(e, Event) for e in events)
     ok = True
     for e in events:
         if e.metadata_only:

@@ -40,6 +40,7 @@ from pagedkv_spec.invariants import check, holds
 from pagedkv_spec.v1 import offload as spec
 from pagedkv_spec.v1 import offload_policy as pol
 from pagedkv_spec.v1.offload import StoreStep, TierState, TierStep
+from pagedkv_stateful.coverage import OFFLOAD_STATE_CLASSES
 from pagedkv_stateful.v1.lockstep import V1LockstepMachine
 
 __all__ = ["BS", "CI_EXAMPLES", "OFFLOAD_STATE_CLASSES", "OffloadMachine"]
@@ -48,16 +49,6 @@ BS = 16  # tokens per offloaded chunk: a key's position is its block's end token
 #: live requests at most (more only dilute the steps among them)
 MAX_LIVE = 3
 
-#: The state classes the machine records, in table order.
-OFFLOAD_STATE_CLASSES = (
-    "store in flight looked up",
-    "eviction under pressure with pins",
-    "refusal with an eligible victim present",
-    "failed store",
-    "ARC ghost hit",
-    "threshold admission",
-    "reset with jobs in flight",
-)
 
 #: Examples of a ``ci`` search that reaches every state class in at least 20 test cases
 #: (the profile's 150 reach the rarest, an eviction with pins and an ARC ghost hit,
