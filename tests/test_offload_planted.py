@@ -68,7 +68,8 @@ class _RefusesAtTheEdge(CPUOffloadingManager):
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
-        new = [k for k in keys if k not in self._chunks]
+        self._request(req_context, "prepare_store")  # misuse still raises first
+        new = [k for k in self._keys(keys, "prepare_store") if k not in self._chunks]
         shortfall = len(new) - self._num_free()
         evictable = {k for k, c in self._chunks.items() if c.ref_cnt == 0}
         edge = self._counts is None and 0 < shortfall == self._num_evictable
