@@ -1,0 +1,289 @@
+"""vLLM's own CPU offloading manager (``vllm/v1/kv_offload``), loaded from its wheel, as a
+target of the kit's ``v1-offload`` level.
+
+Nothing of vLLM is in this repository. :func:`extract` copies the pure-Python files of
+vLLM's scheduler-side offloading tier out of the vllm wheel a user downloaded (``pip
+download --no-deps vllm==0.34.0``): ``kv_offload/base.py`` and ``config.py``, the CPU
+manager, its chunk-pool helpers and its cache policies (``cpu/policies``: LRU, ARC and
+their factory), and, from 0.33.0, the few light modules they import
+(``utils/math_utils``, ``v1/metrics/cache_hit_source``). Beside them the one wheel loader
+(:mod:`pagedkv_stateful.engines.wheel`) writes pagedkv's stand-ins for the rest: the
+package modules whose vLLM versions load the engine or every connector (``vllm``,
+``vllm.distributed``, ``kv_transfer``, ``kv_connector.v1``), the logger, the connector's
+metrics module (the manager names ``OffloadingConnectorStats`` for ``get_stats``, which
+the kit never calls) and, from 0.33.0, ``vllm.v1.kv_hints`` (a type name; vLLM's needs
+msgspec). numpy and torch are imported (``base.py`` imports both), nothing else beyond
+the standard library.
+
+The factories (call :func:`use` first, or set ``PAGEDKV_VLLM_OFFLOAD_DIR`` to the
+directory :func:`extract` wrote) build vLLM's own objects:
+
+* :func:`cpu_manager` -- a bare ``CPUOffloadingManager`` of the loaded release, built
+  with 0.34.0's arguments (the release's own keyword for the slot count);
+* :func:`manager` -- the kit's ``v1-offload`` factory (``pagedkv conform
+  pagedkv_stateful.engines.vllm_offload:manager --level v1-offload``): that manager
+  behind :class:`OffloadTarget`, which speaks pagedkv's call shapes, with the
+  release's capabilities;
+* :func:`pagedkv_manager` -- beside it, the same factory for pagedkv's own
+  ``pagedkv.v1.offload.CPUOffloadingManager`` (the kit's reference run).
+
+Releases (:data:`RELEASES`): 0.27.1, 0.29.0, 0.33.0 and 0.34.0. How they differ where the
+adapter reads them is a :class:`Release` record -- per-release capabilities, never
+findings: the constructor's ``num_blocks`` (0.27.1, 0.29.0) or ``num_chunks``;
+``touch(keys, ctx)`` (0.27.1-0.33.0; 0.34.0 commits recency in ``on_request_finished``);
+token positions in ``ReqContext`` (0.33.0 on); ``on_reset_flushed`` and the manager
+``lock`` (0.33.0 on, both no-ops in the CPU manager); a failed store reported by the
+connector (``complete_store(..., success=False)``: 0.34.0's only).
+
+Usage::
+
+    pip download --no-deps --only-binary :all: vllm==0.34.0 -d build/wheels
+    python -m pagedkv_stateful.engines.vllm_offload extract build/wheels/vllm-0.34.0-*.whl \\
+        build/vllm-offload-0.34.0
+    PAGEDKV_VLLM_OFFLOAD_DIR=build/vllm-offload-0.34.0 pagedkv conform \\
+        pagedkv_stateful.engines.vllm_offload:manager --level v1-offload
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pagedkv_stateful.engines.wheel import MANIFEST as MANIFEST
+from pagedkv_stateful.engines.wheel import Loader, stand_ins
+from pagedkv_stateful.engines.wheel import TargetSetupError as TargetSetupError
+from pagedkv_stateful.kit.replay import replay_reports, use_prelude
+
+# --------------------------------------------------------------------------- releases
+
+#: vLLM 0.27.1's and 0.29.0's files: the tier's base, the CPU manager and its policies,
+#: and the two empty package modules on the way to the connector's metrics module.
+_FILES_0_27_1 = (
+    "vllm/distributed/kv_transfer/kv_connector/__init__.py",
+    "vllm/distributed/kv_transfer/kv_connector/v1/offloading/__init__.py",
+    "vllm/v1/__init__.py",
+    "vllm/v1/kv_offload/__init__.py",
+    "vllm/v1/kv_offload/base.py",
+    "vllm/v1/kv_offload/config.py",
+    "vllm/v1/kv_offload/cpu/__init__.py",
+    "vllm/v1/kv_offload/cpu/common.py",
+    "vllm/v1/kv_offload/cpu/manager.py",
+    "vllm/v1/kv_offload/cpu/policies/__init__.py",
+    "vllm/v1/kv_offload/cpu/policies/arc.py",
+    "vllm/v1/kv_offload/cpu/policies/base.py",
+    "vllm/v1/kv_offload/cpu/policies/factory.py",
+    "vllm/v1/kv_offload/cpu/policies/lru.py",
+)
+
+#: vLLM 0.33.0's and 0.34.0's: 0.27.1's and what their base and CPU helpers import
+#: (``cdiv``, ``CacheHitSource``).
+_FILES_0_33_0 = (
+    *_FILES_0_27_1,
+    "vllm/utils/__init__.py",
+    "vllm/utils/math_utils.py",
+    "vllm/v1/metrics/__init__.py",
+    "vllm/v1/metrics/cache_hit_source.py",
+)
+
+#: The stand-ins vLLM V1's KV cache target already ships that these files import too.
+_SHARED = ("vllm/logger.py", "vllm/distributed/__init__.py")
+#: 0.33.0's and 0.34.0's base names ``KvHintsEnvelope`` in ``ReqContext``.
+_KV_HINTS = "vllm/v1/kv_hints/__init__.py"
+
+
+def _stand_ins(*shared: str) -> dict[str, str]:
+    """This target's stand-ins (``stand_ins/vllm_offload/``) and the named ones of vLLM
+    V1's KV cache target (``stand_ins/vllm_v1/``: one logger, one package module)."""
+    v1 = stand_ins("vllm_v1")
+    return {**{name: v1[name] for name in shared}, **stand_ins("vllm_offload")}
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one vLLM release needs (its wheel files and stand-ins) and how its manager
+    differs where :class:`OffloadTarget` calls it: capabilities of the release, never
+    findings."""
+
+    version: str
+    wheel_files: tuple[str, ...]
+    stand_ins: Mapping[str, str]
+    #: the constructor's keyword for the number of slots (``num_blocks`` before 0.33.0)
+    size_keyword: str = "num_chunks"
+    #: the manager has ``touch(keys, ctx)`` (0.27.1-0.33.0); 0.34.0 commits a request's
+    #: recency once, in ``on_request_finished``
+    touch: bool = False
+    #: the connector calls ``touch`` (0.27.1, 0.29.0: after each lookup and store step;
+    #: 0.33.0 keeps the method but its connector no longer calls it)
+    connector_touches: bool = False
+    #: ``ReqContext`` carries each key's end-token position (``set_offload_key_position``;
+    #: 0.33.0 on), which the LRU policy ranks a request's chunks by
+    key_positions: bool = True
+    #: the manager has ``on_reset_flushed`` (0.33.0 on; the CPU manager's is the base's
+    #: no-op: it reuses slots at once, and its connector fences them)
+    reset_flush: bool = True
+    #: the manager has ``lock`` (0.33.0 on; the CPU manager's is the base's no-op)
+    lock: bool = True
+    #: the connector reports a failed store (``complete_store(keys, ctx, success=False)``;
+    #: 0.34.0 only: before it every finished store job is completed as a success)
+    failed_stores: bool = True
+    #: a chunk's status class and its slot field (``BlockStatus.block_id`` before 0.33.0)
+    status_slot: str = "chunk_id"
+
+
+#: The releases this target knows, by version.
+RELEASES: dict[str, Release] = {
+    "0.34.0": Release("0.34.0", _FILES_0_33_0, _stand_ins(*_SHARED, _KV_HINTS)),
+    "0.33.0": Release(
+        "0.33.0",
+        _FILES_0_33_0,
+        _stand_ins(*_SHARED, _KV_HINTS),
+        touch=True,
+        failed_stores=False,
+    ),
+    "0.29.0": Release(
+        "0.29.0",
+        _FILES_0_27_1,
+        _stand_ins(*_SHARED),
+        size_keyword="num_blocks",
+        touch=True,
+        connector_touches=True,
+        key_positions=False,
+        reset_flush=False,
+        lock=False,
+        failed_stores=False,
+        status_slot="block_id",
+    ),
+    "0.27.1": Release(
+        "0.27.1",
+        _FILES_0_27_1,
+        _stand_ins(*_SHARED),
+        size_keyword="num_blocks",
+        touch=True,
+        connector_touches=True,
+        key_positions=False,
+        reset_flush=False,
+        lock=False,
+        failed_stores=False,
+        status_slot="block_id",
+    ),
+}
+DEFAULT_RELEASE = "0.34.0"
+
+ENV = "PAGEDKV_VLLM_OFFLOAD_DIR"
+#: Written by :func:`extract` beside ``vllm/``: the release it holds.
+RELEASE_FILE = "pagedkv-vllm-release.txt"
+#: A file every extracted release has (how :func:`use` recognises a directory).
+_MARKER = "vllm/v1/kv_offload/cpu/manager.py"
+
+#: The one wheel loader (:mod:`pagedkv_stateful.engines.wheel`), for these releases.
+LOADER = Loader(
+    module="pagedkv_stateful.engines.vllm_offload",
+    env=ENV,
+    marker=_MARKER,
+    layer="CPU offloading tier",
+    releases=RELEASES,
+    release_file=RELEASE_FILE,
+)
+
+
+def extract(wheel: str | Path, dest: str | Path, release: str | None = None) -> Path:
+    """Copy the release's offloading files out of ``wheel`` into ``dest`` and write its
+    stand-ins; returns ``dest`` (nothing copied when ``dest`` already holds this wheel's
+    files intact: :data:`MANIFEST`). ``release`` defaults to the wheel's metadata's.
+    Raises :class:`TargetSetupError` for an unknown release or a wheel that lacks a file.
+    O(size of the copied files)."""
+    return LOADER.extract(wheel, dest, release)
+
+
+def release_of(directory: str | Path) -> str:
+    """The release :func:`extract` wrote into ``directory``."""
+    return LOADER.release_of(directory)
+
+
+def use(directory: str | Path) -> None:
+    """Import ``vllm`` from ``directory`` (one :func:`extract` wrote, its files checked
+    against their recorded SHA-256), first on ``sys.path``. Raises
+    :class:`TargetSetupError` if a file differs or another ``vllm`` is already imported
+    (one process holds one). O(size of the extracted files)."""
+    LOADER.use(directory)
+
+
+def conform_source() -> str | None:
+    """What the conformance report names as the code it ran (``pagedkv conform`` asks):
+    the loaded vLLM's release, wheel file name and SHA-256; None before one is loaded."""
+    return LOADER.loaded_source()
+
+
+def conform_prelude() -> list[str]:
+    """What a printed program runs before its imports (``pagedkv conform`` asks): load
+    the extracted vLLM this process loaded, so the program replays in a fresh process
+    with or without ``PAGEDKV_VLLM_OFFLOAD_DIR``."""
+    return use_prelude("pagedkv_stateful.engines.vllm_offload")
+
+
+_module = LOADER.load
+
+
+def loaded_release() -> Release:
+    """The :class:`Release` of the ``vllm`` imported (by :func:`use`, or from ``ENV``)."""
+    vllm = _module("vllm")
+    return RELEASES[release_of(Path(vllm.__file__).resolve().parent.parent)]
+
+
+# --------------------------------------------------------------------------- factories
+
+
+def cpu_manager(
+    num_chunks: int,
+    cache_policy: str = "lru",
+    enable_events: bool = False,
+    store_threshold: int = 1,
+    max_tracker_size: int = 64_000,
+) -> Any:
+    """vLLM's own ``CPUOffloadingManager`` of the loaded release, bare, built with
+    0.34.0's arguments (the slot count under the release's keyword,
+    :attr:`Release.size_keyword`). O(1)."""
+    cls = _module("vllm.v1.kv_offload.cpu.manager").CPUOffloadingManager
+    return cls(
+        **{loaded_release().size_keyword: num_chunks},
+        cache_policy=cache_policy,
+        enable_events=enable_events,
+        store_threshold=store_threshold,
+        max_tracker_size=max_tracker_size,
+    )
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``extract WHEEL DIR [--release X]``: write the target's modules (exit 2 on a bad
+    wheel or directory); ``replay REPORT...``: replay each finding's program of ``pagedkv
+    conform --json`` reports in a fresh process (exit 1 if one does not reproduce)."""
+    parser = argparse.ArgumentParser(prog="python -m pagedkv_stateful.engines.vllm_offload")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("extract", help="copy vLLM's CPU offloading tier out of a vllm wheel")
+    ex.add_argument("wheel")
+    ex.add_argument("dest")
+    ex.add_argument("--release", help="the wheel's vLLM version (default: its metadata's)")
+    rp = sub.add_parser("replay", help="replay the programs of `pagedkv conform --json` reports")
+    rp.add_argument("reports", nargs="+")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "replay":
+            return replay_reports(args.reports)
+        done = LOADER.extract_wheel(args.wheel, args.dest, args.release)
+    except (OSError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
+    print(done.describe(f"vLLM {done.release} CPU offloading tier"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
