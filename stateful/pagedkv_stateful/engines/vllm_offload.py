@@ -258,6 +258,36 @@ def cpu_manager(
     )
 
 
+class BenchTarget:
+    """vLLM's manager behind the surface ``benchmarks.bench_offload`` times (its
+    ``PagedKV``): the manager, a request's context, a key."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        base = _module("vllm.v1.kv_offload.base")
+        self._context = base.ReqContext
+        self._key = base.make_offload_key
+
+    @staticmethod
+    def manager(num_chunks: int, cache_policy: str) -> Any:
+        return cpu_manager(num_chunks, cache_policy)
+
+    def context(self, req_id: str) -> Any:
+        return self._context(req_id)
+
+    def key(self, i: int) -> bytes:
+        key: bytes = self._key(i.to_bytes(32, "big"), 0)
+        return key
+
+
+def bench_target(directory: str | Path) -> BenchTarget:
+    """The benchmark target for the vLLM :func:`extract` wrote into ``directory`` (loaded
+    with :func:`use`), named ``"vllm RELEASE"``."""
+    version = release_of(directory)
+    use(directory)
+    return BenchTarget(f"vllm {version}")
+
+
 # --------------------------------------------------------------------------- command line
 
 
