@@ -55,6 +55,9 @@ DEFAULT_TARGETS = (
     "pagedkv_spec.v1.harness.prop_v1_allocate_is_all_or_nothing",
     "pagedkv_spec.v1.harness.prop_v1_hit_then_free_restores_pool",
     "pagedkv_spec.v1.harness.prop_v1_reset_iff_idle",
+    "pagedkv_spec.v1.harness.prop_offload_store_refuses_only_when_full",
+    "pagedkv_spec.v1.harness.prop_offload_failed_store_is_dropped",
+    "pagedkv_spec.v1.harness.prop_offload_reset_fences_busy_slots",
 )
 
 #: The default targets whose preconditions bound every argument to a small range, and
@@ -79,6 +82,9 @@ BOUNDED_TARGETS = frozenset(
         "v1.harness.prop_v1_allocate_is_all_or_nothing",
         "v1.harness.prop_v1_hit_then_free_restores_pool",
         "v1.harness.prop_v1_reset_iff_idle",
+        "v1.harness.prop_offload_store_refuses_only_when_full",
+        "v1.harness.prop_offload_failed_store_is_dropped",
+        "v1.harness.prop_offload_reset_fences_busy_slots",
     )
 )
 
@@ -98,6 +104,8 @@ SPEC_MODULES = (
     "pagedkv_spec.v1.hashing",
     "pagedkv_spec.v1.harness",
     "pagedkv_spec.v1.scheduler",
+    "pagedkv_spec.v1.offload",
+    "pagedkv_spec.v1.offload_policy",
 )
 
 

@@ -22,7 +22,12 @@ __all__ = [
     "BlockSpaceManagerError",
     "BlockTableError",
     "BlockWithoutIdError",
+    "ChunkNotLoadingError",
+    "ChunkNotReadyError",
+    "ChunkNotStoringError",
     "DoubleFreeError",
+    "DuplicateOffloadKeyError",
+    "DuplicateOffloadRequestError",
     "DuplicateRequestError",
     "DuplicateSequenceIdError",
     "EvictorError",
@@ -35,6 +40,7 @@ __all__ = [
     "InvalidExtraKeysError",
     "InvalidKVCacheConfigError",
     "InvalidKVCacheManagerConfigError",
+    "InvalidOffloadConfigError",
     "InvalidRequestError",
     "InvalidSLOError",
     "InvalidSchedulerCallError",
@@ -54,6 +60,7 @@ __all__ = [
     "ModelConfigError",
     "NoFreeBlocksError",
     "NullBlockError",
+    "OffloadError",
     "OptionalDependencyError",
     "PagedKVError",
     "PromotionError",
@@ -67,6 +74,7 @@ __all__ = [
     "SweepPointError",
     "TableAlreadyAllocatedError",
     "TableNotAllocatedError",
+    "UnknownOffloadRequestError",
     "UnknownRequestError",
     "UnknownSequenceError",
     "WorkloadError",
@@ -679,4 +687,103 @@ class StaleComputedTokensError(InvalidAllocationError):
             f"allocate_slots, yet it grew from {before} to {now} tokens since; after each "
             "step add the step's scheduled tokens (less rejected drafts) to "
             "num_computed_tokens before appending its sampled tokens",
+        )
+
+
+# --------------------------------------------------------------------------- V1 offload tier
+
+
+def _key_text(key: bytes) -> str:
+    """An offload key as a short hex string (its hash, then its group index)."""
+    text = key.hex()
+    return text if len(text) <= 24 else f"{text[:16]}..{text[-8:]}"
+
+
+class OffloadError(PagedKVError):
+    """Misuse of the V1 CPU offloading tier (:mod:`pagedkv.v1.offload`)."""
+
+
+class InvalidOffloadConfigError(OffloadError, ValueError):
+    """Bad ``CPUOffloadingManager`` arguments: a chunk count, a policy name, a threshold
+    or a tracker size out of range."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class UnknownOffloadRequestError(OffloadError, KeyError):
+    """A call names a request the tier does not hold as live: never announced with
+    ``on_new_request``, or already finished."""
+
+    def __init__(self, request_id: str, operation: str) -> None:
+        self.request_id = request_id
+        self.operation = operation
+        super().__init__(
+            f"cannot {operation} for request {request_id!r}: it is not a live request of "
+            "the tier; call on_new_request(ctx) first, and none after on_request_finished(ctx)"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DuplicateOffloadRequestError(OffloadError, ValueError):
+    """``on_new_request`` for a request id that is already live."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        super().__init__(
+            f"request {request_id!r} is already live in the tier; finish it "
+            "(on_request_finished) before announcing a request of the same id"
+        )
+
+
+class DuplicateOffloadKeyError(OffloadError, ValueError):
+    """One call names the same offload key twice (vLLM would store it in two slots and
+    leak one, or pin it twice)."""
+
+    def __init__(self, operation: str, key: bytes) -> None:
+        self.operation = operation
+        self.key = key
+        super().__init__(
+            f"{operation} names key {_key_text(key)} twice; pass each key once per call"
+        )
+
+
+class ChunkNotReadyError(OffloadError, ValueError):
+    """``prepare_load`` of a key that is not ready: absent, or its store still in flight."""
+
+    def __init__(self, key: bytes, phase: str) -> None:
+        self.key = key
+        self.phase = phase
+        super().__init__(
+            f"cannot load key {_key_text(key)}: it is {phase}; load only keys whose "
+            "lookup() answered HIT, in the same step"
+        )
+
+
+class ChunkNotStoringError(OffloadError, ValueError):
+    """``complete_store`` of a key with no store in flight (completed twice, never
+    prepared, or dropped by a reset)."""
+
+    def __init__(self, key: bytes, phase: str) -> None:
+        self.key = key
+        self.phase = phase
+        super().__init__(
+            f"cannot complete the store of key {_key_text(key)}: it is {phase}; complete "
+            "each key of a prepare_store's keys_to_store once, and none prepared before "
+            "a reset_cache"
+        )
+
+
+class ChunkNotLoadingError(OffloadError, ValueError):
+    """``complete_load`` of a key with no load in flight."""
+
+    def __init__(self, key: bytes, phase: str) -> None:
+        self.key = key
+        self.phase = phase
+        super().__init__(
+            f"cannot complete a load of key {_key_text(key)}: it is {phase}; complete "
+            "each prepare_load once, and none prepared before a reset_cache"
         )

@@ -8,16 +8,18 @@ assertion that judges a target's choice starts its message with the id
 (``"P2: ..."``, read back by :func:`cited`), and the docs use the same ids.
 
 An :class:`Invariant` has:
-    id         ``P1``.., ``I1``.., ``C1``.., ``M1``.., ``T1``.., ``Q1``.., ``KV1``, ``S1``..
-               (the layer's letter; ``C`` is the prefix-caching allocator, ``S`` the
-               V1 scheduler), ``V1-1``.. (vLLM V1's KV cache manager, numbered as the
-               V1 reference numbers them)
+    id         ``P1``.., ``I1``.., ``C1``.., ``M1``.., ``T1``.., ``Q1``.., ``KV1``, ``S1``..,
+               ``O1``.. (the layer's letter; ``C`` is the prefix-caching allocator, ``S``
+               the V1 scheduler, ``O`` the V1 offload tier), ``V1-1``.. (vLLM V1's KV
+               cache manager, numbered as the V1 reference numbers them)
     name       its predicate's name (``label`` is ``"<id> <name>"``)
     meaning    one line: what it protects
     layer      ``pool``, ``allocator``, ``caching``, ``manager``, ``table``, ``scheduler``,
                ``kv``, ``v1`` (whose state predicates take a pool, a manager or, for
                V1-14, a pool and the replayed events: check them by ``ids``) or
-               ``v1scheduler`` (the reference V1 scheduler, ids ``S1``..)
+               ``v1scheduler`` (the reference V1 scheduler, ids ``S1``..) or ``offload``
+               (vLLM V1's CPU offloading tier, ids ``O1``..: O7 takes a tier and the
+               loads in flight, O8 a tier, the replayed events and whether events are on)
     kind       ``state``: a predicate over one state, checked after every step;
                ``step``: over one transition, checked after each step making it
     predicate  the spec function that decides it
@@ -50,6 +52,8 @@ from pagedkv_spec import kv, scheduler
 from pagedkv_spec.errors import InvariantViolationError
 from pagedkv_spec.v0 import allocator, caching, manager, pool, table
 from pagedkv_spec.v1 import manager as v1m
+from pagedkv_spec.v1 import offload as v1o
+from pagedkv_spec.v1 import offload_policy as v1op
 from pagedkv_spec.v1 import pool as v1p
 from pagedkv_spec.v1 import scheduler as v1s
 
@@ -76,6 +80,7 @@ LAYERS = (
     "kv",
     "v1",
     "v1scheduler",
+    "offload",
 )
 
 
@@ -431,6 +436,79 @@ def _entries() -> Iterable[Invariant]:
         ("S9", v1s.rejections_ok, "only a request that can never fit alone is rejected"),
     ):
         yield inv(id_, step_fn, meaning, "v1scheduler", "step")
+    # vLLM V1's CPU offloading tier (pagedkv.v1.offload): the reference's list, in order
+    offload: tuple[tuple[str, Callable[..., bool], str, str], ...] = (
+        (
+            "O1",
+            v1o.slots_ok,
+            "resident slots are distinct and in range; with the free and fenced ones, every "
+            "slot once",
+            "state",
+        ),
+        (
+            "O2",
+            v1o.lookup_by_phase,
+            "lookup answers by phase: HIT ready, HIT_PENDING being stored, MISS absent",
+            "step",
+        ),
+        (
+            "O3",
+            v1o.victims_eligible,
+            "a victim is ready, unpinned and not offered in the call that evicts it",
+            "step",
+        ),
+        (
+            "O4",
+            v1o.refuses_only_when_full,
+            "prepare_store refuses only when the need exceeds free slots plus eligible victims",
+            "step",
+        ),
+        (
+            "O5",
+            v1o.refusal_keeps_residency,
+            "a refused prepare_store changes no residency, slot or event",
+            "step",
+        ),
+        (
+            "O6",
+            v1o.failed_store_dropped,
+            "a failed store is dropped: never readable, never announced as stored",
+            "step",
+        ),
+        ("O7", v1o.pins_match_loads, "a key's pins are the loads in flight naming it", "state"),
+        (
+            "O8",
+            v1o.events_replay_ok,
+            "replaying the medium's events gives its ready set; each event delivered once",
+            "state",
+        ),
+        (
+            "O9",
+            v1o.reset_fences,
+            "reset empties the tier and fences the slots of jobs in flight until the flush",
+            "step",
+        ),
+        (
+            "O10",
+            v1op.lru_refines,
+            "LRU evicts the lowest-ranked eligible keys: a finished request's tail first",
+            "step",
+        ),
+        (
+            "O11",
+            v1op.arc_refines,
+            "ARC's victims, lists, ghost lists and target are the ARC model's",
+            "step",
+        ),
+        (
+            "O12",
+            v1o.admission_counts_requests,
+            "a key is stored only once store_threshold distinct requests offered it",
+            "step",
+        ),
+    )
+    for id_, predicate, meaning, kind in offload:
+        yield inv(id_, predicate, meaning, "offload", kind)
 
 
 #: Every invariant by id, in the order above (layer by layer).

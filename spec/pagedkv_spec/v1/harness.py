@@ -8,8 +8,11 @@ the machines). Complexity: irrelevant.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pagedkv_spec.errors import PagedKVError
 from pagedkv_spec.v1 import manager as M
+from pagedkv_spec.v1 import offload as O
 from pagedkv_spec.v1.manager import ManagerState, RequestView
 from pagedkv_spec.v1.pool import pool_ok
 
@@ -71,3 +74,85 @@ def prop_v1_reset_iff_idle(num_blocks: int, block_size: int, n_tokens: int, free
     out, ok = M.reset_prefix_cache(m)
     assert ok == (not m.tables or not any(m.tables[0][1]))
     assert _ok(out) and out.pool.free == m.pool.free
+
+
+# ----------------------------------------------------------------------------- offload tier
+
+
+def _offload_tier(num_chunks: int, n_ready: int, n_pinned: int, n_storing: int) -> O.TierState:
+    """A tier of ``num_chunks`` slots with ready, pinned and being-stored chunks (keys
+    ``r0..``, one live request ``a``), as many of each as fit."""
+    s = O.on_new_request(O.tier_initial(num_chunks, events=True), "a")
+    keys = tuple(bytes([0, i]) for i in range(min(n_ready + n_storing, num_chunks)))
+    s, _ = O.prepare_store(s, "a", keys, (), tuple(range(len(keys))))
+    done = keys[: min(n_ready, len(keys))]
+    s = O.complete_store(s, done, True)
+    s, _ = O.prepare_load(s, "a", done[: min(n_pinned, len(done))])
+    return s
+
+
+def _allowed_victims(s: O.TierState, keys: tuple[bytes, ...]) -> tuple[bytes, ...] | None:
+    """The least-keyed eligible victims of the shortfall, or None when there is no room."""
+    need = [k for k in keys if s.chunk(k) is None]
+    short = max(0, len(need) - len(s.free))
+    pool = sorted(O.eligible(s, keys))
+    return None if short > len(pool) else tuple(pool[:short])
+
+
+def prop_offload_store_refuses_only_when_full(
+    num_chunks: int, n_ready: int, n_pinned: int, n_storing: int, n_offer: int
+) -> None:
+    """prepare_store refuses exactly when the new keys outnumber the free slots plus the
+    eligible victims (O4); a refusal keeps residency (O5); victims are eligible (O3)."""
+    assert 0 <= num_chunks <= 4 and 0 <= n_ready <= 3 and 0 <= n_pinned <= 2
+    assert 0 <= n_storing <= 2 and 0 <= n_offer <= 4
+    s = _offload_tier(num_chunks, n_ready, n_pinned, n_storing)
+    keys = tuple(bytes([1, i]) for i in range(n_offer))
+    victims = _allowed_victims(s, keys)
+    opened = {c.slot for k, c in s.chunks if victims and k in victims}
+    slots = tuple(sorted(s.free | opened))[: len(keys)] if victims is not None else ()
+    out, stored = O.prepare_store(s, "a", keys, victims, slots)
+    step = O.StoreStep(s, out, "a", keys, stored, victims)
+    assert O.tier_ok(out)
+    assert O.refuses_only_when_full(step) and O.refusal_keeps_residency(step)
+    assert O.victims_eligible(step)
+    assert (stored is None) == (len(keys) > len(s.free) + len(O.eligible(s, keys)))
+
+
+def prop_offload_failed_store_is_dropped(num_chunks: int, n_keys: int, fail: bool) -> None:
+    """A failed store leaves no chunk, frees its slots and announces nothing (O6); a
+    successful one is a HIT, announced once (O8)."""
+    assert 1 <= num_chunks <= 4 and 0 <= n_keys <= 4
+    s = O.on_new_request(O.tier_initial(num_chunks, events=True), "a")
+    keys = tuple(bytes([2, i]) for i in range(min(n_keys, num_chunks)))
+    s, stored = O.prepare_store(s, "a", keys, (), tuple(range(len(keys))))
+    assert stored == keys
+    out = O.complete_store(s, keys, not fail)
+    assert O.failed_store_dropped(O.TierStep("complete_store", s, out, keys, not fail))
+    out, events = O.take_events(out)
+    replayed: Counter[bytes] = Counter()
+    assert O.replay(replayed, events) and O.events_replay_ok(out, replayed, True)
+    want = O.MISS if fail else O.HIT
+    assert all(O.lookup(out, k) == want for k in keys)
+
+
+def prop_offload_reset_fences_busy_slots(
+    num_chunks: int, n_ready: int, n_pinned: int, n_storing: int, flush: bool
+) -> None:
+    """Reset empties the tier and fences the slots of jobs in flight (O9): a store
+    before the flush takes only unfenced slots; after the flush every slot is free."""
+    assert 1 <= num_chunks <= 4 and 0 <= n_ready <= 3 and 0 <= n_pinned <= 2
+    assert 0 <= n_storing <= 2
+    s = _offload_tier(num_chunks, n_ready, n_pinned, n_storing)
+    out = O.reset_cache(s)
+    assert O.reset_fences(O.TierStep("reset_cache", s, out))
+    busy = {c.slot for _, c in s.chunks if not c.ready or c.pins}
+    assert out.fenced == busy and not out.chunks
+    if flush:
+        after = O.on_reset_flushed(out)
+        assert O.reset_fences(O.TierStep("on_reset_flushed", out, after))
+        assert after.free == frozenset(range(num_chunks))
+    else:
+        keys = tuple(bytes([3, i]) for i in range(len(out.free)))
+        after, stored = O.prepare_store(out, "a", keys, (), tuple(sorted(out.free)))
+        assert stored == keys and not any(c.slot in busy for _, c in after.chunks)
