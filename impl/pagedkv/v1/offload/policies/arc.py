@@ -1,0 +1,158 @@
+"""ARC for the offload tier (vLLM 0.34.0's adaptive replacement, made complete).
+
+T1 holds keys seen once, T2 keys reused; B1 and B2 are ghosts of keys evicted from
+each (at most the capacity each); ``target_t1_size`` adapts: a store miss found in B1
+raises it, one in B2 lowers it. A victim comes from T1 while T1 (less this call's T1
+victims) holds at least ``int(target)`` keys, else from T2, and from the other list
+when that one has no evictable key outside the offer: it gives up only when no
+evictable key is left anywhere. Each list's order is a sequence number per key (its
+move to the recent end); its evictable keys sit in an :class:`EvictableOrder` by that
+number, so a victim is found in O(log n) however many pinned keys come before it. The
+refinement model is :mod:`pagedkv_spec.v1.offload_policy` (O11).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from pagedkv.v1.offload.base import OffloadKey
+from pagedkv.v1.offload.policies.base import CachePolicy, EvictableOrder
+
+__all__ = ["ARCCachePolicy", "ArcView"]
+
+Keys = tuple[OffloadKey, ...]
+#: T1, T2, B1, B2 (least recent first) and the target
+ArcView = tuple[Keys, Keys, Keys, Keys, float]
+
+
+class ARCCachePolicy(CachePolicy):
+    """T1, T2, B1, B2 and the target (module docstring)."""
+
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity)
+        self.target_t1_size = 0.0
+        self.t1: OrderedDict[OffloadKey, None] = OrderedDict()
+        self.t2: OrderedDict[OffloadKey, None] = OrderedDict()
+        self.b1: OrderedDict[OffloadKey, None] = OrderedDict()
+        self.b2: OrderedDict[OffloadKey, None] = OrderedDict()
+        self._seq: dict[OffloadKey, int] = {}
+        self._evictable1: EvictableOrder[int] = EvictableOrder()
+        self._evictable2: EvictableOrder[int] = EvictableOrder()
+        self._counter = 0
+
+    def _to_recent_end(self, key: OffloadKey, second: bool) -> None:
+        """Move a resident ``key`` to T1's (T2's when ``second``) recent end. O(log n)."""
+        evictable = key in self._evictable1 or key in self._evictable2
+        self.t1.pop(key, None)
+        self.t2.pop(key, None)
+        self._evictable1.discard(key)
+        self._evictable2.discard(key)
+        (self.t2 if second else self.t1)[key] = None
+        self._counter += 1
+        self._seq[key] = self._counter
+        if evictable:
+            (self._evictable2 if second else self._evictable1).add(key, self._counter)
+
+    def insert(self, key: OffloadKey, req_id: str, position: int | None) -> None:
+        """O(1)."""
+        self._to_recent_end(key, False)
+        self.b1.pop(key, None)
+        self.b2.pop(key, None)
+
+    def remove(self, key: OffloadKey) -> None:
+        """O(1)."""
+        self.t1.pop(key, None)
+        self.t2.pop(key, None)
+        self._seq.pop(key, None)
+        self._evictable1.discard(key)
+        self._evictable2.discard(key)
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        """O(log n)."""
+        (self._evictable1 if key in self.t1 else self._evictable2).add(key, self._seq[key])
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        """O(1)."""
+        self._evictable1.discard(key)
+        self._evictable2.discard(key)
+
+    def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
+        """A miss found in a ghost list adapts the target, last key first. O(1) per key."""
+        for key in reversed(keys):
+            if key in self.b1:
+                delta = max(1, len(self.b2) / len(self.b1))
+                self.target_t1_size = min(self.target_t1_size + delta, self.cache_capacity)
+                self.b1.move_to_end(key)
+            elif key in self.b2:
+                delta = max(1, len(self.b1) / len(self.b2))
+                self.target_t1_size = max(self.target_t1_size - delta, 0)
+                self.b2.move_to_end(key)
+
+    def on_request_finished(
+        self,
+        order: Sequence[OffloadKey],
+        insertion_only: set[OffloadKey],
+        reused: set[OffloadKey],
+        req_id: str,
+    ) -> None:
+        """Tail first: reused keys to T2's recent end, inserted-only keys to their own
+        list's. O(log n) per key."""
+        for key in reversed(order):
+            if key in insertion_only:
+                if key in self.t1 or key in self.t2:
+                    self._to_recent_end(key, key in self.t2)
+            elif key in reused and (key in self.t1 or key in self.t2):
+                self._to_recent_end(key, True)
+
+    def evict(self, n: int, protected: set[OffloadKey]) -> list[OffloadKey] | None:
+        """ARC's ``n`` victims (module docstring), to the ghost lists. O((n + p) log m)."""
+        picked: list[tuple[OffloadKey, bool]] = []
+        size = len(self.t1)
+        for _ in range(n):
+            key = None
+            if size >= int(self.target_t1_size):
+                key = self._evictable1.select(protected)
+            first = key is not None
+            if key is None:
+                key = self._evictable2.select(protected)
+            if key is None:
+                key = self._evictable1.select(protected)
+                first = key is not None
+            if key is None:
+                self._evictable1.rollback()
+                self._evictable2.rollback()
+                return None
+            size -= first
+            picked.append((key, first))
+        self._evictable1.commit()
+        self._evictable2.commit()
+        for key, first in picked:
+            del (self.t1 if first else self.t2)[key]
+            del self._seq[key]
+            (self.b1 if first else self.b2)[key] = None
+        for ghost in (self.b1, self.b2):
+            for _ in range(len(ghost) - self.cache_capacity):
+                ghost.popitem(last=False)
+        return [key for key, _ in picked]
+
+    def clear(self) -> None:
+        """O(1)."""
+        self.target_t1_size = 0.0
+        self.t1, self.t2 = OrderedDict(), OrderedDict()
+        self.b1, self.b2 = OrderedDict(), OrderedDict()
+        self._seq, self._counter = {}, 0
+        self._evictable1.clear()
+        self._evictable2.clear()
+
+    def view(
+        self,
+    ) -> tuple[
+        tuple[OffloadKey, ...],
+        tuple[OffloadKey, ...],
+        tuple[OffloadKey, ...],
+        tuple[OffloadKey, ...],
+        float,
+    ]:
+        """T1, T2, B1, B2 (least recent first) and the target (O(n); for checks)."""
+        return (tuple(self.t1), tuple(self.t2), tuple(self.b1), tuple(self.b2), self.target_t1_size)

@@ -1,0 +1,117 @@
+"""LRU for the offload tier: ranks, lowest evicted first (vLLM 0.34.0's order).
+
+A stored key of a request with token positions ranks ``(request rank, -position)``
+(the request's rank drawn once, at its first access), else a fresh rank; a request's
+first access of a resident key raises it to that rank; when a request finishes, its
+keys tail first take fresh ranks, so its tail is evicted before its head and what stays
+cached is a usable prefix. Ties break by key. The refinement model is
+:mod:`pagedkv_spec.v1.offload_policy` (O10).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pagedkv.v1.offload.base import OffloadKey
+from pagedkv.v1.offload.policies.base import CachePolicy, EvictableOrder
+
+__all__ = ["LRUCachePolicy"]
+
+Rank = tuple[int, int]
+
+
+class LRUCachePolicy(CachePolicy):
+    """Ranks for every resident key, a heap of the evictable ones (module docstring)."""
+
+    def __init__(self, cache_capacity: int) -> None:
+        super().__init__(cache_capacity)
+        self._ranks: dict[OffloadKey, Rank] = {}
+        self._order: EvictableOrder[Rank] = EvictableOrder()
+        self._request_ranks: dict[str, int] = {}
+        self._counter = 0
+
+    def _next(self) -> int:
+        self._counter += 1
+        return self._counter
+
+    def _request_rank(self, req_id: str) -> int:
+        rank = self._request_ranks.get(req_id)
+        if rank is None:
+            rank = self._request_ranks[req_id] = self._next()
+        return rank
+
+    def _rerank(self, key: OffloadKey, rank: Rank) -> None:
+        self._ranks[key] = rank
+        if key in self._order:
+            self._order.add(key, rank)
+
+    def insert(self, key: OffloadKey, req_id: str, position: int | None) -> None:
+        """O(1)."""
+        if position is None:
+            self._ranks[key] = (self._next(), 0)
+        else:
+            self._ranks[key] = (self._request_rank(req_id), -position)
+
+    def remove(self, key: OffloadKey) -> None:
+        """O(1)."""
+        self._ranks.pop(key, None)
+        self._order.discard(key)
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        """O(log n)."""
+        self._order.add(key, self._ranks[key])
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        """O(1)."""
+        self._order.discard(key)
+
+    def on_request_access(
+        self, keys: Sequence[OffloadKey], req_id: str, positions: dict[OffloadKey, int]
+    ) -> None:
+        """O(log n) per key."""
+        request_rank = self._request_rank(req_id)
+        for key in keys:
+            have = self._ranks.get(key)
+            position = positions.get(key)
+            if have is None or position is None:
+                continue
+            rank = (request_rank, -position)
+            if have < rank:
+                self._rerank(key, rank)
+
+    def on_request_finished(
+        self,
+        order: Sequence[OffloadKey],
+        insertion_only: set[OffloadKey],
+        reused: set[OffloadKey],
+        req_id: str,
+    ) -> None:
+        """O(log n) per key."""
+        for key in reversed(order):
+            if key in self._ranks:
+                self._rerank(key, (self._next(), 0))
+        self._request_ranks.pop(req_id, None)
+
+    def evict(self, n: int, protected: set[OffloadKey]) -> list[OffloadKey] | None:
+        """The ``n`` lowest-ranked evictable keys outside ``protected``. O((n + p) log m)
+        for p protected keys met on the way, m evictable keys."""
+        victims: list[OffloadKey] = []
+        while len(victims) < n:
+            key = self._order.select(protected)
+            if key is None:
+                self._order.rollback()
+                return None
+            victims.append(key)
+        self._order.commit()
+        for key in victims:
+            del self._ranks[key]
+        return victims
+
+    def clear(self) -> None:
+        """O(1)."""
+        self._ranks, self._request_ranks, self._counter = {}, {}, 0
+        self._order.clear()
+
+    def view(self) -> tuple[OffloadKey, ...]:
+        """The resident keys, lowest rank first, ties by key (O(n log n); for checks)."""
+        return tuple(k for k, _ in sorted(self._ranks.items(), key=lambda kr: (kr[1], kr[0])))

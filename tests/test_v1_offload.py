@@ -1,0 +1,248 @@
+"""Unit tests of pagedkv.v1.offload: vLLM 0.34.0's CPU offloading manager's behaviour,
+pagedkv's typed errors for misuse (each leaving the tier as it was), and the differences
+from vLLM on purpose (docs/design.md, "The offload tier")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from pagedkv.errors import (
+    ArgumentTypeError,
+    ChunkNotLoadingError,
+    ChunkNotReadyError,
+    ChunkNotStoringError,
+    DuplicateOffloadKeyError,
+    DuplicateOffloadRequestError,
+    InvalidOffloadConfigError,
+    OffloadError,
+    UnknownOffloadRequestError,
+)
+from pagedkv.v1.offload import (
+    CPULoadStoreSpec,
+    CPUOffloadingManager,
+    LookupResult,
+    OffloadKey,
+    PrepareStoreOutput,
+    ReqContext,
+    get_offload_block_hash,
+    get_offload_group_idx,
+    make_offload_key,
+)
+
+HIT, PENDING, MISS = LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.MISS
+
+
+def _keys(n: int, salt: int = 0) -> list[OffloadKey]:
+    return [make_offload_key(bytes([salt, i]), 0) for i in range(n)]
+
+
+def _manager(
+    n: int = 4, policy: str = "lru", **kw: int | bool
+) -> tuple[CPUOffloadingManager, ReqContext]:
+    m = CPUOffloadingManager(n, policy, **kw)  # type: ignore[arg-type]  # kw: the flags' types
+    ctx = ReqContext("a")
+    m.on_new_request(ctx)
+    return m, ctx
+
+
+def _stored(m: CPUOffloadingManager, ctx: ReqContext, keys: list[OffloadKey]) -> None:
+    out = m.prepare_store(keys, ctx)
+    assert out is not None
+    m.complete_store(out.keys_to_store, ctx)
+
+
+def test_keys_pack_hash_and_group() -> None:
+    key = make_offload_key(b"\x01\x02", 7)
+    assert key == b"\x01\x02\x00\x00\x00\x07"
+    assert get_offload_block_hash(key) == b"\x01\x02" and get_offload_group_idx(key) == 7
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_store_lookup_load_round_trip(policy: str) -> None:
+    m, ctx = _manager(policy=policy)
+    ks = _keys(2)
+    out = m.prepare_store(ks, ctx)
+    assert out == PrepareStoreOutput(ks, CPULoadStoreSpec([0, 1]), [])
+    assert [m.lookup(k, ctx) for k in ks] == [PENDING, PENDING]
+    m.complete_store(ks, ctx)
+    assert m.lookup(ks[0], ctx) is HIT and m.lookup(_keys(1, 9)[0], ctx) is MISS
+    assert m.prepare_load(ks, ctx) == CPULoadStoreSpec([0, 1])
+    m.complete_load(ks, ctx)
+    again = m.prepare_store(ks, ctx)  # resident: nothing to store
+    assert again is not None and again.keys_to_store == [] and again.evicted_keys == []
+    m.check_invariants()
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_eviction_skips_pinned_storing_and_offered_keys(policy: str) -> None:
+    m, ctx = _manager(4, policy)
+    ks = _keys(4)
+    _stored(m, ctx, ks[:3])
+    m.prepare_store(ks[3:], ctx)  # being stored
+    m.prepare_load(ks[:1], ctx)  # pinned
+    new = _keys(1, 1)
+    out = m.prepare_store([*new, ks[1]], ctx)  # ks[1] offered: protected
+    assert out is not None and out.evicted_keys == [ks[2]]
+    assert m.prepare_store(_keys(2, 2), ctx) is None  # one eligible (ks[1]), two needed
+    assert m.lookup(ks[1], ctx) is HIT  # a refusal evicted nothing
+    m.check_invariants()
+
+
+def test_lru_evicts_a_finished_requests_tail_first() -> None:
+    m, ctx = _manager(3)
+    ks = _keys(3)
+    for i, k in enumerate(ks):
+        ctx.set_offload_key_position(k, 16 * (i + 1))
+    _stored(m, ctx, ks)
+    m.on_request_finished(ctx)
+    other = ReqContext("b")
+    m.on_new_request(other)
+    out = m.prepare_store(_keys(1, 1), other)
+    assert out is not None and out.evicted_keys == [ks[2]]  # the tail; the prefix stays
+
+
+def test_arc_ghost_hit_raises_the_target_and_arc_never_gives_up_with_a_victim() -> None:
+    m, ctx = _manager(2, "arc")
+    a, b = _keys(2)
+    _stored(m, ctx, [a, b])
+    c = _keys(1, 1)[0]
+    out = m.prepare_store([c], ctx)
+    assert out is not None and out.evicted_keys == [a]  # T1's oldest, to B1
+    view = m.policy_view()
+    assert isinstance(view, tuple) and view[2] == (a,)
+    m.prepare_load([b], ctx)  # T1's only evictable key now is none; c is being stored
+    assert m.prepare_store([a], ctx) is None  # nothing evictable: a refusal
+    m.complete_load([b], ctx)
+    other = ReqContext("b")  # a request sees a store miss once: a's was seen already
+    m.on_new_request(other)
+    out = m.prepare_store([a], other)  # a ghost hit: the target rises; b is evicted
+    assert out is not None and out.evicted_keys == [b]
+    view = m.policy_view()
+    assert isinstance(view, tuple) and view[4] == 1.0
+
+
+def test_store_threshold_admits_after_distinct_requests() -> None:
+    m, a = _manager(4, store_threshold=2, max_tracker_size=2)
+    (k,) = _keys(1)
+    assert m.prepare_store([k], a) == PrepareStoreOutput([], CPULoadStoreSpec([]), [])
+    assert m.prepare_store([k], a) == PrepareStoreOutput([], CPULoadStoreSpec([]), [])
+    b = ReqContext("b")
+    m.on_new_request(b)
+    out = m.prepare_store([k], b)  # the second distinct request
+    assert out is not None and out.keys_to_store == [k]
+    assert m.tracker_counts() == ((k, 2),)
+
+
+def test_failed_store_is_dropped_and_never_announced() -> None:
+    m, ctx = _manager(2, enable_events=True)
+    ks = _keys(2)
+    m.prepare_store(ks, ctx)
+    m.complete_store(ks[:1], ctx, success=False)
+    m.complete_store(ks[1:], ctx)
+    assert m.lookup(ks[0], ctx) is MISS
+    events = m.take_events()
+    assert [(e.keys, e.removed, e.metadata_only) for e in events] == [
+        ([ks[0]], True, True),
+        ([ks[1]], False, False),
+    ]
+    assert m.take_events() == []
+
+
+def test_reset_fences_slots_of_jobs_in_flight_until_flushed() -> None:
+    m, ctx = _manager(3, enable_events=True)
+    ks = _keys(3)
+    _stored(m, ctx, ks[:2])
+    m.prepare_load(ks[:1], ctx)  # slot 0 read by a load
+    m.prepare_store(ks[2:], ctx)  # slot 2 written by a store
+    m.take_events()
+    m.reset_cache()
+    assert [m.lookup(k, ctx) for k in ks] == [MISS] * 3
+    assert [(e.keys, e.removed) for e in m.take_events()] == [(ks[:2], True)]
+    out = m.prepare_store(_keys(2, 1), ctx)
+    assert out is None  # one free slot (1); 0 and 2 fenced
+    out = m.prepare_store(_keys(1, 1), ctx)
+    assert out is not None and out.store_spec == CPULoadStoreSpec([1])
+    m.on_reset_flushed()
+    out = m.prepare_store(_keys(2, 2), ctx)
+    assert out is not None and sorted(out.store_spec.block_ids) == [0, 2]  # type: ignore[attr-defined]
+    m.check_invariants()
+
+
+# ------------------------------------------------------------------ misuse: typed errors
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ((-1,), InvalidOffloadConfigError),
+        ((4, "fifo"), InvalidOffloadConfigError),
+        ((4, "lru", False, 0), InvalidOffloadConfigError),
+        ((4, "lru", False, 2, 0), InvalidOffloadConfigError),
+        (("4",), ArgumentTypeError),
+        ((True,), ArgumentTypeError),
+    ],
+)
+def test_bad_construction_raises(args: tuple[object, ...], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        CPUOffloadingManager(*args)  # type: ignore[arg-type]  # deliberately bad
+
+
+def _misuse_cases() -> list[tuple[str, type[OffloadError]]]:
+    return [
+        ("lookup_unknown", UnknownOffloadRequestError),
+        ("store_unknown", UnknownOffloadRequestError),
+        ("load_unknown", UnknownOffloadRequestError),
+        ("finish_unknown", UnknownOffloadRequestError),
+        ("new_twice", DuplicateOffloadRequestError),
+        ("store_duplicate", DuplicateOffloadKeyError),
+        ("load_duplicate", DuplicateOffloadKeyError),
+        ("complete_store_duplicate", DuplicateOffloadKeyError),
+        ("load_absent", ChunkNotReadyError),
+        ("load_storing", ChunkNotReadyError),
+        ("complete_store_ready", ChunkNotStoringError),
+        ("complete_store_absent", ChunkNotStoringError),
+        ("complete_load_unpinned", ChunkNotLoadingError),
+        ("complete_load_absent", ChunkNotLoadingError),
+    ]
+
+
+@pytest.mark.parametrize(("case", "error"), _misuse_cases())
+def test_misuse_raises_a_typed_error_and_changes_nothing(
+    case: str, error: type[OffloadError]
+) -> None:
+    m, ctx = _manager(4, store_threshold=1)
+    ready, storing = _keys(1), _keys(1, 1)
+    _stored(m, ctx, ready)
+    m.prepare_store(storing, ctx)
+    ghost = ReqContext("ghost")
+    absent = _keys(1, 2)
+    calls: dict[str, Callable[[], object]] = {
+        "lookup_unknown": lambda: m.lookup(ready[0], ghost),
+        "store_unknown": lambda: m.prepare_store(absent, ghost),
+        "load_unknown": lambda: m.prepare_load(ready, ghost),
+        "finish_unknown": lambda: m.on_request_finished(ghost),
+        "new_twice": lambda: m.on_new_request(ReqContext("a")),
+        "store_duplicate": lambda: m.prepare_store([absent[0], absent[0]], ctx),
+        "load_duplicate": lambda: m.prepare_load([ready[0], ready[0]], ctx),
+        "complete_store_duplicate": lambda: m.complete_store([storing[0], storing[0]], ctx),
+        "load_absent": lambda: m.prepare_load([*ready, *absent], ctx),
+        "load_storing": lambda: m.prepare_load([*ready, *storing], ctx),
+        "complete_store_ready": lambda: m.complete_store([*storing, *ready], ctx),
+        "complete_store_absent": lambda: m.complete_store(absent, ctx),
+        "complete_load_unpinned": lambda: m.complete_load(ready, ctx),
+        "complete_load_absent": lambda: m.complete_load(absent, ctx),
+    }
+    before = (m.to_spec(), m.policy_view(), m.tracker_counts())
+    with pytest.raises(error) as info:
+        calls[case]()
+    assert str(info.value)
+    assert (m.to_spec(), m.policy_view(), m.tracker_counts()) == before
+    m.check_invariants()
+
+
+def test_key_of_wrong_type_raises() -> None:
+    m, ctx = _manager()
+    with pytest.raises(ArgumentTypeError):
+        m.prepare_store(["not bytes"], ctx)  # type: ignore[list-item]  # deliberately bad
