@@ -258,6 +258,247 @@ def cpu_manager(
     )
 
 
+def manager(
+    num_chunks: int,
+    cache_policy: str,
+    enable_events: bool,
+    store_threshold: int,
+    max_tracker_size: int,
+) -> OffloadTarget:
+    """The kit's ``v1-offload`` factory: vLLM's ``CPUOffloadingManager`` of the loaded
+    release behind :class:`OffloadTarget` (pagedkv's call shapes)."""
+    target = cpu_manager(num_chunks, cache_policy, enable_events, store_threshold, max_tracker_size)
+    return OffloadTarget(target, loaded_release())
+
+
+def pagedkv_manager(
+    num_chunks: int,
+    cache_policy: str,
+    enable_events: bool,
+    store_threshold: int,
+    max_tracker_size: int,
+) -> Any:
+    """The same factory for pagedkv's own ``pagedkv.v1.offload.CPUOffloadingManager`` (the
+    kit's reference run: ``pagedkv conform
+    pagedkv_stateful.engines.vllm_offload:pagedkv_manager --level v1-offload``)."""
+    from pagedkv.v1.offload import CPUOffloadingManager
+
+    return CPUOffloadingManager(
+        num_chunks, cache_policy, enable_events, store_threshold, max_tracker_size
+    )
+
+
+class UnsupportedCall(TypeError):
+    """A call the loaded release cannot express (a failed store before 0.34.0, ``touch``
+    on 0.34.0): the caller must not make it for that release."""
+
+
+class OffloadTarget:
+    """vLLM's ``CPUOffloadingManager`` (the loaded release's) under pagedkv's call shapes.
+
+    The machine drives pagedkv ``ReqContext`` objects, keys (``make_offload_key``: the
+    same bytes as vLLM's) and reads pagedkv's results; this adapter gives vLLM one
+    ``ReqContext`` of its own per request id (vLLM keeps per-request state in it), with
+    the key positions the machine recorded copied over on a release that has them
+    (:attr:`Release.key_positions`), and converts each result to pagedkv's type
+    (``LookupResult`` by name, ``PrepareStoreOutput`` and ``CPULoadStoreSpec`` with the
+    chunk ids as a list, ``OffloadingEvent``). Everything else is vLLM's: each call goes
+    to the manager as is, and the state the machine compares is read from vLLM's fields
+    (:meth:`to_spec`, :meth:`tracker_counts`, :meth:`policy_view`).
+
+    Per release: where vLLM's connector touches a request's keys after each lookup and
+    after each store that stored something (0.27.1, 0.29.0:
+    :attr:`Release.connector_touches`), so does the adapter, with the keys the request
+    named so far in the order it named them (what the connector's ``offload_keys``
+    holds); a failed store on a release whose connector never reports one, and a call
+    the release lacks, raise :class:`UnsupportedCall`, never silently.
+    """
+
+    def __init__(self, manager: Any, release: Release) -> None:
+        self.manager = manager
+        self.release = release
+        self._base = _module("vllm.v1.kv_offload.base")
+        #: request id -> vLLM's context, and the keys it named in order (for touch)
+        self._contexts: dict[str, Any] = {}
+        self._named: dict[str, dict[bytes, None]] = {}
+        self._live: set[str] = set()
+
+    # ------------------------------------------------------------------ requests
+
+    def _context(self, ctx: Any, keys: Any = ()) -> Any:
+        """vLLM's context for pagedkv's ``ctx``: created once per request id, with the
+        positions ``ctx`` records for ``keys`` copied (a release that has positions)."""
+        v = self._contexts.get(ctx.req_id)
+        if v is None:
+            v = self._base.ReqContext(ctx.req_id)
+            self._contexts[ctx.req_id] = v
+            self._named[ctx.req_id] = {}
+        named = self._named[ctx.req_id]
+        for key in keys:
+            named.setdefault(bytes(key), None)
+            if self.release.key_positions:
+                position = ctx.get_offload_key_position(key)
+                if position is not None:
+                    v.set_offload_key_position(key, position)
+        return v
+
+    def _touch(self, ctx: Any) -> None:
+        """What a release's connector does after a lookup or a store (0.27.1, 0.29.0)."""
+        if self.release.connector_touches:
+            self.manager.touch(list(self._named[ctx.req_id]), self._contexts[ctx.req_id])
+
+    def on_new_request(self, req_context: Any) -> Any:
+        from pagedkv.v1.offload import RequestOffloadingContext
+
+        self._live.add(req_context.req_id)
+        self.manager.on_new_request(self._context(req_context))
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: Any) -> None:
+        self._live.discard(req_context.req_id)
+        self.manager.on_request_finished(self._context(req_context))
+
+    # ------------------------------------------------------------------ the contract
+
+    def lookup(self, key: bytes, req_context: Any) -> Any:
+        from pagedkv.v1.offload import LookupResult
+
+        found = self.manager.lookup(key, self._context(req_context, (key,)))
+        self._touch(req_context)
+        return LookupResult[found.name]
+
+    def prepare_store(self, keys: Any, req_context: Any) -> Any:
+        from pagedkv.v1.offload import CPULoadStoreSpec, PrepareStoreOutput
+
+        keys = list(keys)
+        out = self.manager.prepare_store(keys, self._context(req_context, keys))
+        if out is None:
+            return None
+        if out.keys_to_store:
+            self._touch(req_context)
+        slots = [int(i) for i in out.store_spec.block_ids]
+        return PrepareStoreOutput(
+            list(out.keys_to_store), CPULoadStoreSpec(slots), list(out.evicted_keys)
+        )
+
+    def complete_store(self, keys: Any, req_context: Any, success: bool = True) -> None:
+        if not success and not self.release.failed_stores:
+            raise UnsupportedCall(
+                f"vLLM {self.release.version}'s connector completes every store job as a "
+                "success: complete_store(..., success=False) is not a call it makes"
+            )
+        ctx = self._context(req_context, keys)
+        if success:
+            self.manager.complete_store(list(keys), ctx)
+        else:
+            self.manager.complete_store(list(keys), ctx, success=False)
+
+    def prepare_load(self, keys: Any, req_context: Any) -> Any:
+        from pagedkv.v1.offload import CPULoadStoreSpec
+
+        keys = list(keys)
+        spec = self.manager.prepare_load(keys, self._context(req_context, keys))
+        return CPULoadStoreSpec([int(i) for i in spec.block_ids])
+
+    def complete_load(self, keys: Any, req_context: Any) -> None:
+        self.manager.complete_load(list(keys), self._context(req_context, keys))
+
+    def touch(self, keys: Any, req_context: Any) -> None:
+        if not self.release.touch:
+            raise UnsupportedCall(f"vLLM {self.release.version}'s manager has no touch")
+        keys = list(keys)
+        self.manager.touch(keys, self._context(req_context, keys))
+
+    def take_events(self) -> list[Any]:
+        from pagedkv.v1.offload import Medium, OffloadingEvent
+
+        return [
+            OffloadingEvent(
+                list(e.keys), Medium.CPU, bool(e.removed), bool(getattr(e, "metadata_only", False))
+            )
+            for e in self.manager.take_events()
+        ]
+
+    def reset_cache(self) -> None:
+        self.manager.reset_cache()
+        # vLLM keeps a request's state in its context, generation-stamped (0.33.0 on):
+        # the contexts stay, as the connector's do
+
+    def on_reset_flushed(self) -> None:
+        # before 0.33.0 the manager has no such call (and nothing to unfence)
+        if self.release.reset_flush:
+            self.manager.on_reset_flushed()
+
+    # ------------------------------------------------------------------ state
+
+    def _slots(self) -> tuple[int, int, list[int]]:
+        """The slot count, the slots handed out at least once, the free list."""
+        m, size = self.manager, self.release.size_keyword
+        unit = "chunks" if size == "num_chunks" else "blocks"
+        return getattr(m, f"_num_{unit}"), getattr(m, f"_num_allocated_{unit}"), m._free_list
+
+    def _resident(self) -> dict[bytes, Any]:
+        """The policy's resident keys and their status objects."""
+        p = self.manager._policy
+        if hasattr(p, "t1"):  # ARC
+            return {**p.t1, **p.t2}
+        return dict(p.chunks if hasattr(p, "chunks") else p.blocks)
+
+    def to_spec(self) -> Any:
+        """vLLM's manager as the spec's tier (``pagedkv_spec.v1.offload.TierState``), read
+        from its fields: the slot count, the fresh-slot mark and free list, the policy's
+        resident keys with each status's slot and reference count (-1 being stored, 0
+        ready, n pinned by n loads), the events not taken. vLLM fences nothing (its
+        connector flushes the workers instead), so no slot is fenced; the live requests
+        are those the adapter saw arrive and not finish. O(n log n)."""
+        from pagedkv_spec.v1 import offload as spec
+
+        n, fresh, free = self._slots()
+        slot = self.release.status_slot
+        chunks = tuple(
+            sorted(
+                (bytes(k), spec.Chunk(int(getattr(c, slot)), c.ref_cnt >= 0, max(c.ref_cnt, 0)))
+                for k, c in self._resident().items()
+            )
+        )
+        m = self.manager
+        return spec.TierState(
+            n,
+            frozenset(free) | frozenset(range(fresh, n)),
+            frozenset(),
+            chunks,
+            frozenset(self._live),
+            (),
+            (),
+            m.store_threshold,
+            m.max_tracker_size,
+            m.events is not None,
+            tuple(
+                spec.Event(tuple(e.keys), bool(e.removed), bool(getattr(e, "metadata_only", False)))
+                for e in m.events or ()
+            ),
+        )
+
+    def tracker_counts(self) -> tuple[tuple[bytes, int], ...]:
+        """vLLM's admission candidates and counts, least recently offered first."""
+        counts = self.manager.counts
+        return tuple((bytes(k), int(v)) for k, v in counts.items()) if counts is not None else ()
+
+    def policy_view(self) -> object:
+        """The policy's order as the refinement models report it: LRU's resident keys by
+        rank (0.33.0 on), or in its evictable order then the rest (before); ARC's T1,
+        T2, B1, B2 and target."""
+        p = self.manager._policy
+        if hasattr(p, "t1"):
+            return (tuple(p.t1), tuple(p.t2), tuple(p.b1), tuple(p.b2), float(p.target_t1_size))
+        if hasattr(p, "_ranks"):
+            return tuple(k for k, _ in sorted(p._ranks.items(), key=lambda kr: (kr[1], kr[0])))
+        return (*p.evictable_blocks, *(k for k in p.blocks if k not in p.evictable_blocks))
+
+    def __repr__(self) -> str:
+        return f"vLLM {self.release.version} CPUOffloadingManager"
+
+
 class BenchTarget:
     """vLLM's manager behind the surface ``benchmarks.bench_offload`` times (its
     ``PagedKV``): the manager, a request's context, a key."""
