@@ -50,10 +50,11 @@ import argparse
 import sys
 import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pagedkv_stateful.adapters import Capabilities
 from pagedkv_stateful.engines.wheel import MANIFEST as MANIFEST
 from pagedkv_stateful.engines.wheel import Loader, stand_ins
 from pagedkv_stateful.engines.wheel import TargetSetupError as TargetSetupError
@@ -258,17 +259,70 @@ def cpu_manager(
     )
 
 
+def capabilities(release: Release, policies: tuple[str, ...] = ()) -> Capabilities:
+    """What vLLM's manager of ``release`` is judged on (``policies``: the cache policies
+    the kit draws; empty: both). vLLM promises no error types and is held to its
+    connector's calls (no misuse, no call its connector never makes); by design it
+    fences no slot at a reset (its connector flushes the workers instead), publishes no
+    removal at a reset and keeps its admission counts across one. Per release: a failed
+    store exists from 0.34.0 (:attr:`Release.failed_stores`); admission counts distinct
+    requests in 0.34.0 only (0.27.1 counts lookups, 0.29.0 and 0.33.0 offers, as each
+    documents ``store_threshold``); the policies are 0.34.0's refinement models from
+    0.33.0 (before, LRU is an ordered dict touched by the connector and ARC's
+    adaptation runs in ``touch``)."""
+    modern = release.version in ("0.33.0", "0.34.0")
+    return Capabilities(
+        misuse=False,
+        typed_errors=False,
+        beyond_callers=False,
+        cache_policies=policies,
+        failed_stores=release.failed_stores,
+        reset_fence=False,
+        reset_events=False,
+        admission_counts=release.version == "0.34.0",
+        admission_reset=False,
+        policy_order=modern,
+    )
+
+
 def manager(
     num_chunks: int,
     cache_policy: str,
     enable_events: bool,
     store_threshold: int,
     max_tracker_size: int,
-) -> OffloadTarget:
+) -> tuple[OffloadTarget, Capabilities]:
     """The kit's ``v1-offload`` factory: vLLM's ``CPUOffloadingManager`` of the loaded
-    release behind :class:`OffloadTarget` (pagedkv's call shapes)."""
+    release behind :class:`OffloadTarget` (pagedkv's call shapes), with the release's
+    :func:`capabilities`; both policies."""
     target = cpu_manager(num_chunks, cache_policy, enable_events, store_threshold, max_tracker_size)
-    return OffloadTarget(target, loaded_release())
+    release = loaded_release()
+    return OffloadTarget(target, release), capabilities(release)
+
+
+def manager_lru(
+    num_chunks: int,
+    cache_policy: str,
+    enable_events: bool,
+    store_threshold: int,
+    max_tracker_size: int,
+) -> tuple[OffloadTarget, Capabilities]:
+    """:func:`manager` with the LRU policy only (``make conform-vllm-offload``'s per-policy
+    runs): the kit draws no other."""
+    target, caps = manager(num_chunks, "lru", enable_events, store_threshold, max_tracker_size)
+    return target, replace(caps, cache_policies=("lru",))
+
+
+def manager_arc(
+    num_chunks: int,
+    cache_policy: str,
+    enable_events: bool,
+    store_threshold: int,
+    max_tracker_size: int,
+) -> tuple[OffloadTarget, Capabilities]:
+    """:func:`manager` with the ARC policy only (as :func:`manager_lru`)."""
+    target, caps = manager(num_chunks, "arc", enable_events, store_threshold, max_tracker_size)
+    return target, replace(caps, cache_policies=("arc",))
 
 
 def pagedkv_manager(
