@@ -43,8 +43,10 @@ from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.manager_machine import ManagerMachine
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.offload_machine import OffloadMachine
 from pagedkv_stateful.v1.pool_machine import V1PoolMachine
 from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
+from test_offload_planted import OFFLOAD_PLANTED
 from test_v1_planted import V1_PLANTED
 from test_v1_scheduler import V1_SCHEDULER_PLANTED
 from test_v1_scheduler_machine import (
@@ -240,6 +242,7 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
         set(),
     ),
     V1PoolMachine: ({"V1-1", "V1-2", "V1-3", "V1-4", "V1-14"}, set()),
+    OffloadMachine: ({"O1", "O7", "O8"}, set()),
     V1SchedulerMachine: (
         {"S1", "S2", "S3", "S4", "S5", "S6", "V1-1", "V1-2", "V1-3", "V1-4", "V1-10", "V1-13"},
         set(),
@@ -252,6 +255,7 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
 PROBE_BUDGET: dict[type[RuleBasedStateMachine], tuple[int, int]] = {
     V1ManagerMachine: (30, 20),
     V1PoolMachine: (30, 20),
+    OffloadMachine: (30, 20),
 }
 
 
@@ -609,6 +613,7 @@ PLANTED: dict[str, Callable[[], str]] = {
     "KV1": _planted_kv1,
     **V1_PLANTED,  # vLLM V1's manager: planted in tests/test_v1_planted.py
     **V1_SCHEDULER_PLANTED,  # the V1 scheduler: planted in tests/test_v1_scheduler.py
+    **OFFLOAD_PLANTED,  # the V1 offload tier: planted in tests/test_offload_planted.py
     # its step invariants: the V1 scheduler machine's planted schedulers
     "S7": lambda: _machine_failure(_v1_scheduler_machine(_PreemptsTheOldest), 300),
     "S8": lambda: _machine_failure(_v1_scheduler_machine(_DoubleCountsTheHit), 300),

@@ -246,3 +246,22 @@ def test_key_of_wrong_type_raises() -> None:
     m, ctx = _manager()
     with pytest.raises(ArgumentTypeError):
         m.prepare_store(["not bytes"], ctx)  # type: ignore[list-item]  # deliberately bad
+
+
+def test_arc_falls_back_to_t2_when_t1_has_no_eligible_victim() -> None:
+    """The completeness O4 asks for: T1 preferred (its size reaches the target) but all
+    pinned, T2 holding a ready key: ARC evicts from T2 instead of refusing."""
+    m, r0 = _manager(2, "arc")
+    a, b = _keys(2)
+    _stored(m, r0, [a, b])
+    r1, r2 = ReqContext("r1"), ReqContext("r2")
+    m.on_new_request(r1)
+    m.on_new_request(r2)
+    m.prepare_load([a], r1)  # a reused by another request: to T2 when it finishes
+    m.complete_load([a], r1)
+    m.on_request_finished(r1)
+    view = m.policy_view()
+    assert isinstance(view, tuple) and view[:2] == ((b,), (a,))
+    m.prepare_load([b], r2)  # T1's only key pinned
+    out = m.prepare_store(_keys(1, 1), r2)
+    assert out is not None and out.evicted_keys == [a]

@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable
 
 __all__ = [
+    "OFFLOAD_STATE_CLASSES",
     "STATE_CLASSES",
     "V1_POOL_STATE_CLASSES",
     "V1_STATE_CLASSES",
@@ -78,6 +79,17 @@ V1_POOL_STATE_CLASSES = (
     "reset of a cached block",
     "refused allocation",
     *_V1_CONFIGURATIONS,
+)
+
+#: The offload machine's state classes (recorded by the machine), in table order.
+OFFLOAD_STATE_CLASSES = (
+    "store in flight looked up",
+    "eviction under pressure with pins",
+    "refusal with an eligible victim present",
+    "failed store",
+    "ARC ghost hit",
+    "threshold admission",
+    "reset with jobs in flight",
 )
 
 

@@ -76,9 +76,11 @@ __all__ = [
     "admission_counts_requests",
     "complete_load",
     "complete_store",
+    "count_offer",
     "eligible",
     "events_replay_ok",
     "failed_store_dropped",
+    "keys_to_store",
     "lookup",
     "lookup_by_phase",
     "on_new_request",
@@ -219,7 +221,10 @@ def lookup_by_phase(s: TierState, key: Key, answer: str) -> bool:
 def eligible(s: TierState, offered: tuple[Key, ...]) -> frozenset[Key]:
     """The keys a ``prepare_store`` offering ``offered`` may evict: ready, unpinned and
     not offered."""
-    return frozenset(k for k, c in s.chunks if c.ready and c.pins == 0 and k not in offered)
+    assert all(isinstance(k, bytes) for k in offered)
+    out = frozenset(k for k, c in s.chunks if c.ready and c.pins == 0 and k not in offered)
+    assert not out & set(offered)
+    return out
 
 
 def victims_eligible(step: StoreStep) -> bool:
@@ -244,7 +249,7 @@ def refuses_only_when_full(step: StoreStep) -> bool:
     """O4: a refusal only when the keys to store outnumber the free slots plus the
     eligible victims; an acceptance evicts exactly the shortfall and stores every
     admitted new key."""
-    need = _need(_count(step.before, step.rid, step.keys), step.keys)
+    need = _need(count_offer(step.before, step.rid, step.keys), step.keys)
     room = len(step.before.free) + len(eligible(step.before, step.keys))
     if step.stored is None:
         return len(need) > room
@@ -288,6 +293,7 @@ def replay(replayed: Counter[Key], events: tuple[Event, ...]) -> bool:
     """Replay ``events`` into ``replayed`` (stored +1, removed -1; metadata-only removals
     retract nothing announced, so they are skipped); False when a removal names a key
     not announced or a store one already announced (an event delivered twice)."""
+    assert all(isinstance(e, Event) for e in events)
     ok = True
     for e in events:
         if e.metadata_only:
@@ -388,11 +394,12 @@ def _phase(c: Chunk | None) -> str:
     return f"ready, pinned by {c.pins} load(s)" if c.pins else "ready"
 
 
-def _count(s: TierState, rid: str, keys: tuple[Key, ...]) -> TierState:
+def count_offer(s: TierState, rid: str, keys: tuple[Key, ...]) -> TierState:
     """Admission's bookkeeping for an offer of ``keys`` by ``rid``: each tracked key
     moves to the recent end and counts ``rid`` once; an untracked one enters with
     ``rid``, the least recently offered key not in this offer leaving a full tracker
     (none such: the new key is not tracked). Without a threshold: nothing."""
+    assert len(set(keys)) == len(keys)
     if s.store_threshold < 2:
         return s
     mine = s.counted_by(rid)
@@ -428,6 +435,16 @@ def lookup(s: TierState, key: Key) -> str:
     return out
 
 
+def keys_to_store(s: TierState, rid: str, keys: tuple[Key, ...]) -> tuple[Key, ...]:
+    """The keys a ``prepare_store`` of ``keys`` by live request ``rid`` must store (those
+    not resident and admitted once the offer is counted), in order; what it needs room
+    for whether it is accepted or refused."""
+    assert rid in s.live and len(set(keys)) == len(keys)
+    out = _need(count_offer(s, rid, keys), keys)
+    assert set(out) <= set(keys)
+    return out
+
+
 def on_new_request(s: TierState, rid: str) -> TierState:
     """``rid`` becomes live. Already live: DuplicateOffloadRequestError."""
     assert tier_ok(s)
@@ -459,7 +476,7 @@ def _store_choice_ok(
     when the need exceeds the room (O4); else the shortfall's victims, all eligible
     (O3), and one distinct slot per stored key among the free slots after the
     evictions (O1)."""
-    counted = _count(s, rid, keys)
+    counted = count_offer(s, rid, keys)
     need = _need(counted, keys)
     room = len(s.free) + len(eligible(s, keys))
     if victims is None:
@@ -503,7 +520,7 @@ def prepare_store(
     )
     _live(s, rid, "prepare_store")
     _unique(keys, "prepare_store")
-    counted = _count(s, rid, keys)
+    counted = count_offer(s, rid, keys)
     need = _need(counted, keys)
     if victims is None:
         return counted, None
