@@ -50,7 +50,12 @@ from pagedkv.errors import (
     BlockOverflowError,
     BlockPoolError,
     BlockWithoutIdError,
+    ChunkNotLoadingError,
+    ChunkNotReadyError,
+    ChunkNotStoringError,
     DoubleFreeError,
+    DuplicateOffloadKeyError,
+    DuplicateOffloadRequestError,
     DuplicateRequestError,
     EvictorError,
     ForeignBlockError,
@@ -62,6 +67,7 @@ from pagedkv.errors import (
     InvalidExtraKeysError,
     InvalidKVCacheConfigError,
     InvalidKVCacheManagerConfigError,
+    InvalidOffloadConfigError,
     InvalidRequestError,
     InvalidSchedulerCallError,
     InvalidSchedulerConfigError,
@@ -89,6 +95,7 @@ from pagedkv.errors import (
     SweepPointError,
     TableAlreadyAllocatedError,
     TableNotAllocatedError,
+    UnknownOffloadRequestError,
     UnknownSequenceError,
     WorkloadError,
 )
@@ -115,6 +122,7 @@ from pagedkv.v0.evictor import LRUEvictor
 from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv.v0.refcount import contiguous_range
 from pagedkv.v1 import RequestStatus
+from pagedkv.v1.offload import CPUOffloadingManager, ReqContext, make_offload_key
 from pagedkv_stateful.engines import vllm063, vllm_v1
 from pagedkv_stateful.kit.conform import UsageError, run_conformance
 from scheduler_helpers import add, one_in_each_queue, step
@@ -4010,6 +4018,91 @@ SWEEP_MESSAGES = [
 ]
 
 
+def _offload() -> tuple[CPUOffloadingManager, ReqContext]:
+    """A tier of two slots with one live request 'a' and nothing resident."""
+    m = CPUOffloadingManager(2)
+    ctx = ReqContext("a")
+    m.on_new_request(ctx)
+    return m, ctx
+
+
+def _offload_call(
+    call: Callable[[CPUOffloadingManager, ReqContext], object],
+) -> Callable[[], object]:
+    def run() -> object:
+        m, ctx = _offload()
+        return call(m, ctx)
+
+    return run
+
+
+_OK = make_offload_key(b"\x01\x02", 0)
+
+
+def _offload_twice_completed() -> None:
+    m, ctx = _offload()
+    m.prepare_store([_OK], ctx)
+    m.complete_store([_OK], ctx)
+    m.complete_store([_OK], ctx)
+
+
+OFFLOAD_MESSAGES = [
+    case(
+        "offload: a negative chunk count",
+        lambda: CPUOffloadingManager(-1),
+        InvalidOffloadConfigError,
+        "num_chunks must be at least 0, got -1",
+    ),
+    case(
+        "offload: an unknown policy",
+        lambda: CPUOffloadingManager(2, "fifo"),
+        InvalidOffloadConfigError,
+        "unknown cache_policy 'fifo'; choose one of ['arc', 'lru']",
+    ),
+    case(
+        "offload: an unknown request",
+        _offload_call(lambda m, ctx: m.lookup(_OK, ReqContext("b"))),
+        UnknownOffloadRequestError,
+        "cannot lookup for request 'b': it is not a live request of the tier; call "
+        "on_new_request(ctx) first, and none after on_request_finished(ctx)",
+    ),
+    case(
+        "offload: a request announced twice",
+        _offload_call(lambda m, ctx: m.on_new_request(ReqContext("a"))),
+        DuplicateOffloadRequestError,
+        "request 'a' is already live in the tier; finish it (on_request_finished) before "
+        "announcing a request of the same id",
+    ),
+    case(
+        "offload: a key twice in one call",
+        _offload_call(lambda m, ctx: m.prepare_store([_OK, _OK], ctx)),
+        DuplicateOffloadKeyError,
+        "prepare_store names key 010200000000 twice; pass each key once per call",
+    ),
+    case(
+        "offload: a load of an absent key",
+        _offload_call(lambda m, ctx: m.prepare_load([_OK], ctx)),
+        ChunkNotReadyError,
+        "cannot load key 010200000000: it is not resident; load only keys whose lookup() "
+        "answered HIT, in the same step",
+    ),
+    case(
+        "offload: a store completed twice",
+        _offload_twice_completed,
+        ChunkNotStoringError,
+        "cannot complete the store of key 010200000000: it is ready; complete each key of a "
+        "prepare_store's keys_to_store once, and none prepared before a reset_cache",
+    ),
+    case(
+        "offload: a load never prepared",
+        _offload_call(lambda m, ctx: m.complete_load([_OK], ctx)),
+        ChunkNotLoadingError,
+        "cannot complete a load of key 010200000000: it is not resident; complete each "
+        "prepare_load once, and none prepared before a reset_cache",
+    ),
+]
+
+
 MESSAGES = [
     *ALLOCATOR_MESSAGES,
     *CACHING_MESSAGES,
@@ -4026,6 +4119,7 @@ MESSAGES = [
     *V1_MESSAGES,
     *V1_SCHEDULER_MESSAGES,
     *SWEEP_MESSAGES,
+    *OFFLOAD_MESSAGES,
 ]
 
 

@@ -21,6 +21,8 @@ from pagedkv_spec.v0 import manager as M
 from pagedkv_spec.v0.pool import PoolState
 from pagedkv_spec.v0.table import TableRep
 from pagedkv_spec.v1 import manager as V1M
+from pagedkv_spec.v1 import offload as OF
+from pagedkv_spec.v1 import offload_policy as OP
 from pagedkv_spec.v1 import pool as V1pool
 from pagedkv_spec.v1.scheduler import SchedRequestView, ScheduledRef, V1SchedulerView, V1StepRecord
 
@@ -187,7 +189,56 @@ def _step(**kw: Any) -> V1StepRecord:
     return replace(V1STEP, **kw)
 
 
+# the offload tier: 4 slots; a ready (slot 0), b ready and pinned once (1), c being
+# stored (2), slot 3 free; d, e, f never stored
+_KA, _KB, _KC, _KD, _KE, _KF = (bytes([9, i, 0, 0, 0, 0]) for i in range(6))
+OFF = OF.TierState(
+    4,
+    frozenset({3}),
+    chunks=tuple(
+        sorted(((_KA, OF.Chunk(0, True)), (_KB, OF.Chunk(1, True, 1)), (_KC, OF.Chunk(2, False))))
+    ),
+    live=frozenset({"a", "b"}),
+    events_on=True,
+)
+OFF_EVENTS = Counter({_KA: 1, _KB: 1})
+# two new keys: one free slot and a (the one eligible victim) make room
+OFF_AFTER = OF.prepare_store(OFF, "a", (_KD, _KE), (_KA,), (3, 0))[0]
+OFF_STORE = OF.StoreStep(OFF, OFF_AFTER, "a", (_KD, _KE), (_KD, _KE), (_KA,))
+OFF_REFUSED = OF.StoreStep(OFF, OFF, "a", (_KD, _KE, _KF), None, None)
+OFF_FAILED = OF.complete_store(OFF, (_KC,), False)
+OFF_FAIL = OF.TierStep("complete_store", OFF, OFF_FAILED, (_KC,), False)
+OFF_RESET = OF.reset_cache(OFF)
+# admission at threshold 2: a offers d (counted), then b offers it (stored)
+_T0 = OF.on_new_request(OF.on_new_request(OF.tier_initial(4, 2, 3), "a"), "b")
+_T1 = OF.prepare_store(_T0, "a", (_KD,), (), ())[0]
+_T2 = OF.prepare_store(_T1, "b", (_KD,), (), (0,))[0]
+OFF_ADMIT = OF.StoreStep(_T1, _T2, "b", (_KD,), (_KD,), (), ((_KD, 2),))
+_ARC = OP.arc_insert(OP.arc_insert(OP.arc_initial(4), _KA), _KB)
+ARC_VIEW = OP.arc_view(_ARC)
+
+
+def _order(**kw: Any) -> OP.OrderStep:
+    return replace(OP.OrderStep((_KA,), (_KA,), (_KB, _KC), (_KB, _KC)), **kw)
+
+
+def _off(**kw: Any) -> OF.TierState:
+    return replace(OFF, **kw)
+
+
 GOOD: dict[str, tuple[Any, ...]] = {
+    "O1": (OFF,),
+    "O2": (OFF, _KA, OF.HIT),
+    "O3": (OFF_STORE,),
+    "O4": (OFF_STORE,),
+    "O5": (OFF_REFUSED,),
+    "O6": (OFF_FAIL,),
+    "O7": (OFF, Counter({_KB: 1})),
+    "O8": (OFF, OFF_EVENTS, True),
+    "O9": (OF.TierStep("reset_cache", OFF, OFF_RESET),),
+    "O10": (_order(),),
+    "O11": (_order(expected_view=ARC_VIEW, view=ARC_VIEW),),
+    "O12": (OFF_ADMIT,),
     "S1": (V1S,),
     "S2": (V1S,),
     "S3": (V1S,),
@@ -818,6 +869,77 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
         "V1-15",
         "a refusal that changed the keys",
         (V1P, _v1pool(hashes=(None,) * 6, cached=()), False),
+    ),
+    (
+        "O1",
+        "a slot held twice",
+        (_off(chunks=((_KA, OF.Chunk(0, True)), (_KB, OF.Chunk(0, True)))),),
+    ),
+    ("O1", "a slot nowhere", (_off(free=frozenset()),)),
+    ("O1", "a resident slot free too", (_off(free=frozenset({0, 3})),)),
+    ("O1", "a free slot fenced too", (_off(fenced=frozenset({3})),)),
+    ("O1", "a slot out of range", (_off(free=frozenset({3, 4})),)),
+    ("O1", "a pin on a chunk being stored", (_off(chunks=((_KC, OF.Chunk(2, False, 1)),)),)),
+    ("O2", "a pending key answering HIT", (OFF, _KC, OF.HIT)),
+    ("O2", "an absent key answering HIT_PENDING", (OFF, _KD, OF.HIT_PENDING)),
+    ("O2", "a ready key answering MISS", (OFF, _KA, OF.MISS)),
+    ("O3", "a pinned victim", (replace(OFF_STORE, victims=(_KB,)),)),
+    ("O3", "a victim being stored", (replace(OFF_STORE, victims=(_KC,)),)),
+    ("O3", "an offered victim", (replace(OFF_STORE, keys=(_KD, _KA), victims=(_KA,)),)),
+    ("O3", "a victim twice", (replace(OFF_STORE, victims=(_KA, _KA)),)),
+    ("O4", "a refusal with room", (replace(OFF_STORE, stored=None, victims=None),)),
+    ("O4", "an eviction beyond the shortfall", (replace(OFF_STORE, keys=(_KD,), stored=(_KD,)),)),
+    ("O4", "a new key left unstored", (replace(OFF_STORE, stored=(_KD,)),)),
+    ("O5", "a refusal that evicted", (replace(OFF_REFUSED, after=OFF_AFTER),)),
+    (
+        "O5",
+        "a refusal that published",
+        (replace(OFF_REFUSED, after=_off(events=(OF.Event((_KA,), True),))),),
+    ),
+    ("O6", "a failed store still resident", (replace(OFF_FAIL, after=OFF),)),
+    (
+        "O6",
+        "a failed store announced",
+        (replace(OFF_FAIL, after=replace(OFF_FAILED, events=(OF.Event((_KC,), False),))),),
+    ),
+    (
+        "O6",
+        "a failed store's slot not freed",
+        (replace(OFF_FAIL, after=replace(OFF_FAILED, free=frozenset({3}))),),
+    ),
+    ("O7", "a pin without a load", (OFF, Counter())),
+    ("O7", "a load not pinning", (OFF, Counter({_KB: 2}))),
+    ("O7", "a load of a key being stored", (OFF, Counter({_KB: 1, _KC: 1}))),
+    ("O8", "a store not replayed", (OFF, Counter({_KA: 1}), True)),
+    ("O8", "a store delivered twice", (OFF, Counter({_KA: 1, _KB: 2}), True)),
+    ("O8", "a key being stored announced", (OFF, Counter({_KA: 1, _KB: 1, _KC: 1}), True)),
+    ("O8", "an event while events are off", (_off(events_on=False), Counter({_KA: 1}), False)),
+    ("O9", "a reset keeping a chunk", (OF.TierStep("reset_cache", OFF, OFF),)),
+    (
+        "O9",
+        "a reset without the fence",
+        (
+            OF.TierStep(
+                "reset_cache", OFF, replace(OFF_RESET, fenced=frozenset(), free=frozenset(range(4)))
+            ),
+        ),
+    ),
+    ("O9", "a flush keeping the fence", (OF.TierStep("on_reset_flushed", OFF_RESET, OFF_RESET),)),
+    ("O10", "another victim", (_order(victims=(_KB,)),)),
+    ("O10", "another order", (_order(view=(_KC, _KB)),)),
+    ("O11", "another victim", (_order(expected_view=ARC_VIEW, view=ARC_VIEW, victims=(_KB,)),)),
+    ("O11", "other lists", (_order(expected_view=ARC_VIEW, view=OP.arc_view(OP.arc_initial(4))),)),
+    (
+        "O11",
+        "an ill-formed model",
+        (_order(expected_view=ARC_VIEW, view=ARC_VIEW, model_ok=False),),
+    ),
+    ("O12", "a key stored for one request", (replace(OFF_ADMIT, before=_T0, after=_T1),)),
+    ("O12", "counts not the distinct requests", (replace(OFF_ADMIT, counts=((_KD, 3),)),)),
+    (
+        "O12",
+        "a tracker over its bound",
+        (replace(OFF_ADMIT, after=replace(_T2, max_tracker_size=0)),),
     ),
 ]
 

@@ -138,6 +138,12 @@ class LruModel:
     request_ranks: tuple[tuple[str, int], ...] = ()
 
 
+def _lru_ok(m: LruModel) -> bool:
+    """Each resident key ranked once."""
+    keys = [k for k, _ in m.ranks]
+    return len(set(keys)) == len(keys)
+
+
 def _set_rank(m: LruModel, key: Key, rank: Rank | None) -> LruModel:
     rest = tuple((k, r) for k, r in m.ranks if k != key)
     return replace(m, ranks=tuple(sorted(rest + (((key, rank),) if rank else ()))))
@@ -153,6 +159,7 @@ def _request_rank(m: LruModel, rid: str) -> tuple[LruModel, int]:
 
 def lru_insert(m: LruModel, rid: str, key: Key, position: int | None) -> LruModel:
     """A new chunk's rank: its request's rank and its position, else a fresh one."""
+    assert _lru_ok(m)
     assert key not in dict(m.ranks)
     if position is None:
         out = _set_rank(replace(m, counter=m.counter + 1), key, (m.counter + 1, 0))
@@ -168,6 +175,7 @@ def lru_access(
 ) -> LruModel:
     """A request's first observation of ``keys``: each resident one with a position
     rises to ``(request rank, -position)`` if that is later than its rank."""
+    assert _lru_ok(m)
     assert all(isinstance(k, bytes) for k in keys)
     m, r = _request_rank(m, rid)
     for k in keys:
@@ -180,6 +188,7 @@ def lru_access(
 
 def lru_finish(m: LruModel, rid: str, order: tuple[Key, ...]) -> LruModel:
     """A finished request's keys (head to tail), tail first, take fresh ranks."""
+    assert _lru_ok(m)
     assert all(isinstance(k, bytes) for k in order)
     for k in reversed(order):
         if k in dict(m.ranks):
@@ -191,6 +200,7 @@ def lru_finish(m: LruModel, rid: str, order: tuple[Key, ...]) -> LruModel:
 
 def lru_view(m: LruModel) -> tuple[Key, ...]:
     """The resident keys in eviction order (lowest rank first, ties by key)."""
+    assert _lru_ok(m)
     assert isinstance(m, LruModel)
     out = tuple(k for k, _ in sorted(m.ranks, key=lambda kr: (kr[1], kr[0])))
     assert len(out) == len(m.ranks)
@@ -200,6 +210,7 @@ def lru_view(m: LruModel) -> tuple[Key, ...]:
 def lru_evict(m: LruModel, n: int, eligible: frozenset[Key]) -> tuple[LruModel, tuple[Key, ...]]:
     """The ``n`` lowest-ranked eligible keys, removed (all or nothing: fewer than ``n``
     eligible leaves the model as it is and returns ())."""
+    assert _lru_ok(m)
     assert n >= 0
     victims = tuple(k for k in lru_view(m) if k in eligible)[:n]
     if len(victims) < n:
@@ -211,6 +222,7 @@ def lru_evict(m: LruModel, n: int, eligible: frozenset[Key]) -> tuple[LruModel, 
 
 def lru_remove(m: LruModel, key: Key) -> LruModel:
     """A failed store's key leaves the order."""
+    assert _lru_ok(m)
     assert isinstance(key, bytes)
     out = _set_rank(m, key, None)
     assert key not in dict(out.ranks)
@@ -250,16 +262,16 @@ def _drop(xs: tuple[Key, ...], key: Key) -> tuple[Key, ...]:
 
 def arc_insert(m: ArcModel, key: Key) -> ArcModel:
     """A new chunk enters T1's recent end and leaves the ghost lists."""
-    assert key not in m.t1 and key not in m.t2
+    assert arc_ok(m) and key not in m.t1 and key not in m.t2
     out = replace(m, t1=(*m.t1, key), b1=_drop(m.b1, key), b2=_drop(m.b2, key))
-    assert arc_ok(out) or not arc_ok(m)
+    assert arc_ok(out)
     return out
 
 
 def arc_store_miss(m: ArcModel, keys: tuple[Key, ...]) -> ArcModel:
     """Store misses, last first: a key in B1 raises the target, in B2 lowers it, and
     moves to its ghost list's recent end."""
-    assert all(isinstance(k, bytes) for k in keys)
+    assert arc_ok(m) and all(isinstance(k, bytes) for k in keys)
     for k in reversed(keys):
         if k in m.b1:
             delta = max(1, len(m.b2) / len(m.b1))
@@ -267,14 +279,14 @@ def arc_store_miss(m: ArcModel, keys: tuple[Key, ...]) -> ArcModel:
         elif k in m.b2:
             delta = max(1, len(m.b1) / len(m.b2))
             m = replace(m, target=max(m.target - delta, 0), b2=(*_drop(m.b2, k), k))
-    assert 0 <= m.target <= max(m.capacity, 0) or not m.capacity
+    assert arc_ok(m)
     return m
 
 
 def arc_finish(m: ArcModel, order: tuple[Key, ...], a: Access) -> ArcModel:
     """A finished request, tail first: an inserted-only key moves to its list's recent
     end; a reused key in T1 moves to T2's recent end, in T2 to T2's recent end."""
-    assert all(isinstance(k, bytes) for k in order)
+    assert arc_ok(m) and all(isinstance(k, bytes) for k in order)
     only = a.inserted - a.reused
     for k in reversed(order):
         if k in only:
@@ -292,7 +304,7 @@ def arc_finish(m: ArcModel, order: tuple[Key, ...], a: Access) -> ArcModel:
 def arc_evict(m: ArcModel, n: int, eligible: frozenset[Key]) -> tuple[ArcModel, tuple[Key, ...]]:
     """ARC's ``n`` victims (module docstring), moved to the ghost lists, which are then
     trimmed to the capacity; fewer than ``n`` eligible: nothing changes, ()."""
-    assert n >= 0
+    assert arc_ok(m) and n >= 0
     t1 = [k for k in m.t1 if k in eligible]
     t2 = [k for k in m.t2 if k in eligible]
     size = len(m.t1)
@@ -324,8 +336,10 @@ def arc_evict(m: ArcModel, n: int, eligible: frozenset[Key]) -> tuple[ArcModel, 
 
 def arc_remove(m: ArcModel, key: Key) -> ArcModel:
     """A failed store's key leaves T1 or T2 (no ghost)."""
-    assert isinstance(key, bytes)
-    return replace(m, t1=_drop(m.t1, key), t2=_drop(m.t2, key))
+    assert arc_ok(m) and isinstance(key, bytes)
+    out = replace(m, t1=_drop(m.t1, key), t2=_drop(m.t2, key))
+    assert arc_ok(out)
+    return out
 
 
 def arc_clear(m: ArcModel) -> ArcModel:
