@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # CPU build of torch (already on disk on our machines); users with a GPU keep their own build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install test check lint typecheck pytest pytest-slow crosshair bench bench-simulator bench-vllm-v1 vllm-v1-tests fuzz verify demo mutate gpu-check conform-vllm conform-vllm-v1 clean sweep-ray-check
+.PHONY: install test check lint typecheck pytest pytest-slow crosshair bench bench-simulator bench-vllm-v1 vllm-v1-tests fuzz verify demo mutate gpu-check conform-vllm conform-vllm-v1 conform-vllm-offload clean sweep-ray-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -60,9 +60,14 @@ FUZZ_ARGS ?=
 fuzz: $(STAMP)
 	$(BIN)/python -m pagedkv_stateful.fuzz --duration $(DURATION) $(FUZZ_ARGS)
 
+# Benchmarks: each figure beside a floor of the same run; the offload tier's also beside
+# vLLM 0.34.0's CPU offloading manager once extracted to $(VLLM_OFFLOAD_DIR) (make
+# conform-vllm-offload does), as the ratio vLLM / pagedkv.
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_allocator
 	$(BIN)/python -m benchmarks.bench_v1
+	$(BIN)/python -m benchmarks.bench_offload \
+	  $$(test -f $(VLLM_OFFLOAD_DIR)/pagedkv-wheel.json && echo --vllm $(VLLM_OFFLOAD_DIR))
 
 # The simulator on an hour of the Azure conversation trace at Llama-3.1-8B's H100 cache
 # (benchmarks/bench_simulator.py; reads ../shared/data when present, else the sample).
@@ -188,6 +193,42 @@ conform-vllm-v1: $(STAMP)
 	  done; done; \
 	done
 	$(BIN)/python -m pagedkv_stateful.vllm_v1 replay $(CONFORM_VLLM_V1_DIR)/*.json
+
+# The conformance kit's v1-offload level against vLLM's own CPU offloading manager, per
+# release, per policy (docs/conformance.md): each wheel downloaded once (pip --no-deps, 240-340
+# MB, into $(VLLM_WHEELS)), its offloading files extracted to build/vllm-offload-RELEASE beside
+# pagedkv's stand-ins (pagedkv_stateful/engines/vllm_offload.py), checked against the release's
+# own code (tests/vllm_offload_wheel_checks.py), then `pagedkv conform
+# pagedkv_stateful.engines.vllm_offload:manager_POLICY --level v1-offload` under python and
+# python -O: one report per release, policy and run, text and JSON in
+# $(CONFORM_VLLM_OFFLOAD_DIR) (each printed as it goes), then every finding's program replayed
+# in a fresh process. Findings exit 1 per run and are kept; a usage error stops. Not part of
+# `make test` (a few minutes per release on 2 cores; needs the network once).
+VLLM_OFFLOAD_RELEASES     ?= 0.34.0 0.33.0 0.29.0 0.27.1
+# the release `make bench` times pagedkv.v1.offload beside, once extracted here
+VLLM_OFFLOAD_DIR          ?= build/vllm-offload-0.34.0
+CONFORM_VLLM_OFFLOAD_DIR  ?= build/conform-vllm-offload
+CONFORM_VLLM_OFFLOAD_ARGS ?= --max-violations 8
+conform-vllm-offload: $(STAMP)
+	mkdir -p $(CONFORM_VLLM_OFFLOAD_DIR)
+	for release in $(VLLM_OFFLOAD_RELEASES); do \
+	  ls $(VLLM_WHEELS)/vllm-$$release-*.whl >/dev/null 2>&1 || \
+	    $(BIN)/python -m pip download -q --no-deps --only-binary :all: vllm==$$release \
+	      -d $(VLLM_WHEELS) || exit 2; \
+	  $(BIN)/python -m pagedkv_stateful.engines.vllm_offload extract \
+	    $$(ls $(VLLM_WHEELS)/vllm-$$release-*.whl | head -1) build/vllm-offload-$$release || exit 2; \
+	done
+	$(BIN)/python -m pytest -q tests/vllm_offload_wheel_checks.py
+	for release in $(VLLM_OFFLOAD_RELEASES); do \
+	  for opt in "" -O; do for policy in lru arc; do \
+	    out=$(CONFORM_VLLM_OFFLOAD_DIR)/$$policy-$$release$$opt; \
+	    PAGEDKV_VLLM_OFFLOAD_DIR=build/vllm-offload-$$release $(BIN)/python $$opt -m pagedkv conform \
+	      pagedkv_stateful.engines.vllm_offload:manager_$$policy --level v1-offload \
+	      $(CONFORM_VLLM_OFFLOAD_ARGS) --json $$out.json > $$out.txt; \
+	    rc=$$?; cat $$out.txt; [ $$rc -le 1 ] || exit $$rc; \
+	  done; done; \
+	done
+	$(BIN)/python -m pagedkv_stateful.engines.vllm_offload replay $(CONFORM_VLLM_OFFLOAD_DIR)/*.json
 
 # Mutation testing of the allocator, manager, KV-engine and scheduler layers
 # (docs/mutation.md); not part of `make test` (an hour or more on 2 cores). mutmut

@@ -13,7 +13,14 @@ from hypothesis.stateful import initialize, invariant, rule
 from pagedkv import CpuGpuBlockAllocator
 from pagedkv_stateful.adapters import Capabilities
 from pagedkv_stateful.kit.conform import main
-from pagedkv_stateful.kit.levels import LEVELS, Level, describe, state_classes
+from pagedkv_stateful.kit.levels import (
+    LEVELS,
+    Level,
+    describe,
+    outside_callers,
+    state_classes,
+    stricter,
+)
 from pagedkv_stateful.kit.search import run_conformance
 from pagedkv_stateful.kit.targets import UsageError
 from pagedkv_stateful.lockstep import LockstepBase
@@ -146,3 +153,57 @@ def test_a_missing_optional_method_names_the_flag_to_turn_off() -> None:
 
     report = run_conformance(without_swap, level="allocator", max_examples=5, replay=False)
     assert report.level == "allocator" and "swap" not in describe(report.capabilities, "allocator")
+
+
+# --------------------------------------------------------------------------- v1-offload
+
+
+def test_the_offload_row_names_its_machine_factory_and_contract() -> None:
+    from pagedkv_stateful.causes import OFFLOAD_KINDS, PROMISES
+    from pagedkv_stateful.kit.targets import V1_OFFLOAD_METHODS
+    from pagedkv_stateful.v1.offload_machine import OFFLOAD_STATE_CLASSES, OffloadMachine
+
+    row = LEVELS["v1-offload"]
+    assert row.machine is OffloadMachine and row.required == V1_OFFLOAD_METHODS
+    assert row.signature == (
+        "(num_chunks, cache_policy, enable_events, store_threshold, max_tracker_size)"
+    )
+    assert len(row.probe_args) == row.signature.count(",") + 1
+    assert state_classes("v1-offload") == OFFLOAD_STATE_CLASSES
+    assert row.misuse_kinds == OFFLOAD_KINDS and set(row.promised) <= set(PROMISES)
+    assert len(row.callers) == 1 and "connector" in row.callers[0]
+    own = Capabilities(typed_errors=True, beyond_callers=True)
+    assert describe(own, "v1-offload").startswith("policies: lru, arc; failed_stores reset_fence")
+    assert stricter(own, "v1-offload") == []
+    vllm = Capabilities(misuse=False, cache_policies=("arc",), reset_fence=False)
+    assert describe(vllm, "v1-offload").startswith("policies: arc; failed_stores reset_events")
+    assert len(stricter(vllm, "v1-offload")) == len(OFFLOAD_KINDS) + 1
+    assert outside_callers(vllm, "v1-offload") == list(row.callers)
+    assert outside_callers(own, "v1-offload") == []
+
+
+def test_pagedkvs_own_offload_manager_passes_the_level_at_a_small_budget() -> None:
+    from pagedkv.v1.offload import CPUOffloadingManager
+
+    report = run_conformance(
+        CPUOffloadingManager, level="v1-offload", max_examples=40, replay=False
+    )
+    assert report.findings == [], report.render()
+    assert report.level == "v1-offload" and report.capabilities.typed_errors
+    assert "stricter than this target" not in report.render()
+
+
+def test_an_offload_target_without_a_method_is_told_what_it_lacks() -> None:
+    from pagedkv.v1.offload import CPUOffloadingManager
+
+    class NoFlush:
+        def __init__(self, *args: Any) -> None:
+            self._inner = CPUOffloadingManager(*args)
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "on_reset_flushed":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+    with pytest.raises(UsageError, match="lacks on_reset_flushed"):
+        run_conformance(NoFlush, level="v1-offload", max_examples=5, replay=False)

@@ -150,6 +150,10 @@ MISUSE_KINDS = frozenset(
         "unknown_sequence",  # append to a sequence without a table
         "wrong_state",  # swap in a group with nothing swapped / out with nothing running
         "wrong_device",  # append to a sequence whose blocks are on the CPU
+        "duplicate_key",  # offload tier: name one key twice in a call
+        "not_ready_load",  # offload tier: load a key not ready (absent, being stored)
+        "not_storing_complete",  # offload tier: complete a store that is not in flight
+        "unknown_request",  # offload tier: call for a request never announced
     }
 )
 
@@ -201,6 +205,26 @@ class Capabilities:
         configurations   V1: the group configurations the target takes (names of the V1
                          manager machine's ``CONFIGURATIONS``: ``"full attention"``,
                          ``"full + sliding window"``, ...); empty: every one
+        cache_policies   offload: the cache policies the target takes (``"lru"``,
+                         ``"arc"``); empty: both
+        failed_stores    offload: its callers report failed stores
+                         (``complete_store(keys, ctx, success=False)``); if False the
+                         kit completes every store as a success
+        reset_fence      offload: a reset fences the slots of jobs in flight until
+                         ``on_reset_flushed`` (if False: they are free at once, the
+                         target's callers flushing the workers before reusing them)
+        reset_events     offload: a reset publishes the removal of every ready chunk (if
+                         False: the kit's event consumer forgets the tier at a reset, as
+                         a consumer of vLLM's ``AllBlocksCleared`` does)
+        admission_counts offload: store admission counts each key's distinct requests,
+                         each once, and the target reports its counts
+                         (``tracker_counts``); if False only that the keys it stores are
+                         new keys of the offer, in order, is checked
+        admission_reset  offload: admission forgets its candidates at a reset (if False,
+                         after a reset admission is judged as without admission_counts)
+        policy_order     offload: LRU and ARC choose victims and order chunks as the
+                         refinement models (vLLM 0.34.0's) do; if False any eligible
+                         victim is right
     """
 
     cow: bool = True
@@ -224,6 +248,13 @@ class Capabilities:
     hit_limits: bool = True
     exact_hashes: bool = True
     configurations: tuple[str, ...] = ()
+    cache_policies: tuple[str, ...] = ()
+    failed_stores: bool = True
+    reset_fence: bool = True
+    reset_events: bool = True
+    admission_counts: bool = True
+    admission_reset: bool = True
+    policy_order: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields (the sets as sorted lists)."""
@@ -231,6 +262,7 @@ class Capabilities:
         out["misuse_kinds"] = sorted(self.misuse_kinds)
         out["not_together"] = [sorted(c) for c in self.not_together]
         out["configurations"] = list(self.configurations)
+        out["cache_policies"] = list(self.cache_policies)
         return out
 
     def rejects(self, kind: str) -> bool:

@@ -40,6 +40,7 @@ __all__ = [
     "LATENT",
     "MANAGER_KINDS",
     "MISUSE_MEANING",
+    "OFFLOAD_KINDS",
     "ORDINARY",
     "POLICIES",
     "POLICY_LIFO",
@@ -103,6 +104,19 @@ PROMISES: dict[str, str] = {
     "exact_hashes": (
         "block hashes are vLLM's current format byte for byte (extra keys tagged by kind)"
     ),
+    "reset_fence": (
+        "a reset fences the slots of jobs in flight until on_reset_flushed (not handed to a "
+        "new store before the workers reported them)"
+    ),
+    "reset_events": "a reset publishes the removal of every ready chunk",
+    "admission_counts": (
+        "store admission counts each key's distinct requests, once each, and reports its counts"
+    ),
+    "admission_reset": "store admission forgets its candidates at a reset",
+    "policy_order": (
+        "LRU and ARC choose victims and order chunks as vLLM 0.34.0's policies (the refinement "
+        "models)"
+    ),
 }
 #: The misuse kinds of the allocator, caching and manager levels
 #: (``Capabilities.misuse_kinds``).
@@ -127,6 +141,10 @@ MISUSE_MEANING = {
     "unknown_sequence": "appending to a sequence without a table is rejected",
     "wrong_state": "swapping a group with nothing to move is rejected",
     "wrong_device": "appending to a swapped-out sequence is rejected",
+    "duplicate_key": "a key named twice in one offload call is rejected",
+    "not_ready_load": "loading a key that is not ready (absent, or being stored) is rejected",
+    "not_storing_complete": "completing a store that is not in flight is rejected",
+    "unknown_request": "a call for a request never announced (on_new_request) is rejected",
 }
 
 
@@ -171,6 +189,18 @@ V1_SCHEDULER = (
     "allocate_slots for waiting or running requests, free once per finish or preemption, "
     "cache_blocks after a delayed allocation, evict_blocks in a model of one KV cache "
     "group only, the scheduler's writes on requests between calls)"
+)
+
+
+#: The misuse kinds of the v1-offload level (its machine's ``misuse`` rule).
+OFFLOAD_KINDS = ("duplicate_key", "not_ready_load", "not_storing_complete", "unknown_request")
+
+#: The v1-offload level's callers' contract (the machine plays vLLM's offloading connector).
+V1_OFFLOAD_CONNECTOR = (
+    "an offloading connector's calls only (a request announced before its calls and finished "
+    "once; each key named once per call; loads only of keys a lookup of the same step found "
+    "ready; the jobs in flight at a reset never completed; a failed store reported only by a "
+    "target whose callers report them, Capabilities.failed_stores)"
 )
 
 

@@ -1,6 +1,7 @@
 """Conformance kit: check any paged block allocator (or block manager) against pagedkv's spec.
 
-    pagedkv conform MODULE:FACTORY [--level allocator|manager|caching|caching-manager|v1|v1-pool]
+    pagedkv conform MODULE:FACTORY [--level allocator|manager|caching|caching-manager|v1|v1-pool
+                                            |v1-offload]
                     [--profile ci|deep]
                     [--max-examples N] [--seed S] [--max-violations K]
                     [--duration SECONDS] [--json [PATH]] [--progress]
@@ -33,7 +34,13 @@
 * v1-pool level: ``FACTORY(num_blocks, enable_caching, hash_block_size,
   enable_kv_cache_events)``, a vLLM V1 ``BlockPool`` with ``to_spec()``, driven by
   :class:`~pagedkv_stateful.v1.pool_machine.V1PoolMachine` against
-  :mod:`pagedkv_spec.v1.pool`.
+  :mod:`pagedkv_spec.v1.pool`;
+* v1-offload level: ``FACTORY(num_chunks, cache_policy, enable_events,
+  store_threshold, max_tracker_size)``, a vLLM V1 ``CPUOffloadingManager`` taking
+  pagedkv ``ReqContext`` objects and keys, driven by
+  :class:`~pagedkv_stateful.v1.offload_machine.OffloadMachine` against
+  :mod:`pagedkv_spec.v1.offload` (O1-O12); it may return ``(target, Capabilities)``
+  (``cache_policies``, ``failed_stores`` and what pagedkv promises beyond vLLM).
 
 It may return the target itself (default :class:`~pagedkv_stateful.adapters.Capabilities`:
 no LIFO promise, any exception counts as a rejection), a ``(target, Capabilities)``

@@ -30,12 +30,15 @@ from pagedkv_stateful.causes import (
     ALLOCATOR_KINDS,
     CACHING_KINDS,
     MANAGER_KINDS,
+    OFFLOAD_KINDS,
+    V1_OFFLOAD_CONNECTOR,
     V1_POOL_CALLERS,
     V1_SCHEDULER,
     preconditions,
 )
 from pagedkv_stateful.causes import stricter as _stricter
 from pagedkv_stateful.coverage import (
+    OFFLOAD_STATE_CLASSES,
     STATE_CLASSES,
     V1_POOL_STATE_CLASSES,
     V1_STATE_CLASSES,
@@ -47,6 +50,8 @@ from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
 from pagedkv_stateful.v0.manager_machine import ManagerMachine
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.offload_machine import CI_EXAMPLES as OFFLOAD_CI_EXAMPLES
+from pagedkv_stateful.v1.offload_machine import OffloadMachine
 from pagedkv_stateful.v1.pool_machine import V1PoolMachine
 
 __all__ = [
@@ -137,6 +142,22 @@ def _v0(*features: str) -> Callable[[Capabilities], str]:
 
 def _v1(*features: str, groups: bool = False) -> Callable[[Capabilities], str]:
     return lambda caps: caps.describe_v1(features, groups=groups)
+
+
+#: What pagedkv's offload tier promises beyond vLLM's (a foreign target may not).
+_OFFLOAD_PROMISES = (
+    "reset_fence",
+    "reset_events",
+    "admission_counts",
+    "admission_reset",
+    "policy_order",
+)
+
+
+def _offload(caps: Capabilities) -> str:
+    """The v1-offload level's capabilities line: the policies taken, then as at V1."""
+    policies = ", ".join(caps.cache_policies) or "lru, arc"
+    return f"policies: {policies}; {caps.describe_v1(('failed_stores', *_OFFLOAD_PROMISES))}"
 
 
 _ROWS = (
@@ -279,6 +300,21 @@ _ROWS = (
         callers=(V1_POOL_CALLERS,),
         promises=_v1(),
         ci_examples=1500,
+    ),
+    Level(
+        name="v1-offload",
+        misuse_kinds=OFFLOAD_KINDS,
+        promised=_OFFLOAD_PROMISES,
+        machine=OffloadMachine,
+        signature=("(num_chunks, cache_policy, enable_events, store_threshold, max_tracker_size)"),
+        probe_args=(4, "lru", True, 2, 8),
+        required=t.V1_OFFLOAD_METHODS,
+        probe=t.probe_v1_offload,
+        build=t.v1_offload_machine,
+        coverage=OFFLOAD_STATE_CLASSES,
+        callers=(V1_OFFLOAD_CONNECTOR,),
+        promises=_offload,
+        ci_examples=OFFLOAD_CI_EXAMPLES,
     ),
 )
 

@@ -33,6 +33,7 @@ from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
 from pagedkv_stateful.v0.manager_machine import ManagerMachine
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.offload_machine import OffloadMachine
 from pagedkv_stateful.v1.pool_machine import BS, V1PoolMachine
 from pagedkv_stateful.v1.program import EVENTS_AGREE
 
@@ -45,8 +46,10 @@ __all__ = [
     "OPTIMIZE_WARNING",
     "STATUS",
     "V1_METHODS",
+    "V1_OFFLOAD_METHODS",
     "V1_POOL_METHODS",
     "CachingProbe",
+    "OffloadProbe",
     "UsageError",
     "V1Probe",
     "check_adapter",
@@ -90,11 +93,26 @@ V1_METHODS = (
     "get_block_ids",
     "to_spec",
 )
+#: What a v1-offload-level target must have: vLLM V1's ``CPUOffloadingManager`` surface
+#: (0.34.0's), taking pagedkv ``ReqContext`` objects and keys and giving pagedkv's results.
+V1_OFFLOAD_METHODS = (
+    "on_new_request",
+    "lookup",
+    "prepare_store",
+    "complete_store",
+    "prepare_load",
+    "complete_load",
+    "take_events",
+    "on_request_finished",
+    "reset_cache",
+    "on_reset_flushed",
+)
 V1_IMPORTS = (
     "from pagedkv.v1 import ChunkedLocalAttentionSpec, CrossAttentionSpec, FullAttentionSpec, "
     "KVCacheConfig, LoRARequest, MambaSpec, MultiModalFeatureSpec, PlaceholderRange, Request, "
     "RequestStatus, SlidingWindowSpec, get_request_block_hasher"
 )
+OFFLOAD_IMPORTS = "from pagedkv.v1.offload import ReqContext"
 #: What a caching-manager-level target must have besides the manager's methods.
 CACHING_MANAGER_METHODS = (
     "mark_blocks_as_computed",
@@ -145,6 +163,15 @@ class V1Probe:
     pool: bool = False
 
 
+@dataclass(frozen=True)
+class OffloadProbe:
+    """The probe of a v1-offload-level factory: its target and what it promises."""
+
+    target: Any
+    capabilities: Capabilities
+    own: bool
+
+
 class UsageError(Exception):
     """Bad ``MODULE:FACTORY`` or options; :func:`main` prints it on one line and exits 2."""
 
@@ -192,7 +219,7 @@ def import_of(factory: Callable[..., Any], call: str) -> tuple[str, str]:
     return "", call
 
 
-Probe = AllocatorAdapter | ManagerAdapter | CachingProbe | V1Probe
+Probe = AllocatorAdapter | ManagerAdapter | CachingProbe | V1Probe | OffloadProbe
 
 
 def probe_allocator(result: object, shown: str) -> AllocatorAdapter:
@@ -339,6 +366,38 @@ def probe_v1_pool(result: object, shown: str) -> V1Probe:
     return V1Probe(target, caps, own, pool=True)
 
 
+def probe_v1_offload(result: object, shown: str) -> OffloadProbe:
+    """The v1-offload-level target's surface, and a pagedkv ``ReqContext`` and key it must
+    take (a request announced, one key looked up, the request finished); pagedkv's own
+    manager promises typed errors and defines calls beyond vLLM's connector's."""
+    from pagedkv.v1.offload import CPUOffloadingManager, ReqContext, make_offload_key
+
+    target, caps = _with_surface(
+        result,
+        shown,
+        V1_OFFLOAD_METHODS,
+        "a v1-offload-level target has vLLM V1's CPUOffloadingManager surface and takes "
+        "pagedkv ReqContext objects and keys (an adapter such as "
+        "pagedkv_stateful.engines.vllm_offload.OffloadTarget, docs/conformance.md)",
+    )
+    ctx = ReqContext("probe")
+    try:
+        target.on_new_request(ctx)
+        target.lookup(make_offload_key(b"probe", 0), ctx)
+        target.on_request_finished(ctx)
+    except Exception as err:
+        raise UsageError(
+            f"{shown}: on_new_request / lookup / on_request_finished of a pagedkv ReqContext "
+            f"raised {type(err).__name__}: {err}; a v1-offload-level target takes pagedkv "
+            "ReqContext objects and keys (adapt them to its own, as "
+            "pagedkv_stateful.engines.vllm_offload.OffloadTarget does)"
+        ) from None
+    own = isinstance(target, CPUOffloadingManager)
+    if caps is None:
+        caps = Capabilities(typed_errors=own, beyond_callers=own)
+    return OffloadProbe(target, caps, own)
+
+
 def _probe_devices(adapter: AllocatorAdapter, shown: str) -> None:
     """The free and total counts of both devices: the machine's first calls after every
     step, so a device value the target does not take fails here, not as a violation."""
@@ -382,6 +441,8 @@ def imports_of(
         first = probe.source_device_import()
     elif isinstance(probe, CachingProbe):
         first = "from pagedkv import Device"
+    elif isinstance(probe, OffloadProbe):
+        first = OFFLOAD_IMPORTS
     elif isinstance(probe, V1Probe) and probe.pool:
         first = "from pagedkv.v1 import Request, get_request_block_hasher"
     elif isinstance(probe, V1Probe):
@@ -563,6 +624,42 @@ def _v1_pool_machine(factory: Callable[..., Any], call: str) -> type[V1PoolMachi
             return f"pool = {call}({num_blocks}, {caching}, {BS}, {events}){suffix}"
 
     return ConformV1Pool
+
+
+def v1_offload_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[OffloadMachine]:
+    """The v1-offload level's machine (as :func:`caching_machine`): the target's
+    capabilities become the machine's switches of the same names."""
+
+    class ConformOffload(OffloadMachine):
+        strict = caps.misuse and caps.typed_errors and caps.beyond_callers
+        cache_policies = caps.cache_policies or OffloadMachine.cache_policies
+        failed_stores = caps.failed_stores
+        reset_fence = caps.reset_fence
+        reset_events = caps.reset_events
+        admission_counts = caps.admission_counts
+        admission_reset = caps.admission_reset
+        policy_order = caps.policy_order
+
+        def make_manager(
+            self,
+            num_chunks: int,
+            cache_policy: str,
+            enable_events: bool,
+            store_threshold: int,
+            max_tracker_size: int,
+        ) -> Any:
+            self._result = factory(
+                num_chunks, cache_policy, enable_events, store_threshold, max_tracker_size
+            )
+            return _caching_target(self._result)[0]
+
+        def setup_source(self, args: str) -> str:
+            suffix = "[0]" if isinstance(self._result, tuple) else ""
+            return f"mgr = {call}({args}){suffix}"
+
+    return ConformOffload
 
 
 def program_of(body: list[str], imports: list[str]) -> tuple[tuple[str, ...], int]:

@@ -87,6 +87,28 @@ class OffloadMachine(V1LockstepMachine):
     #: check that misuse raises pagedkv's typed errors and changes nothing (pagedkv's
     #: strictness; off for a target held to vLLM's callers' contract only)
     strict = True
+    # What a target held to its callers' contract differs in by design (the kit's
+    # ``Capabilities`` of the same names; pagedkv's own: all on):
+    #: the cache policies drawn (a target taking one policy: the kit's per-policy runs)
+    cache_policies: tuple[str, ...] = ("lru", "arc")
+    #: stores fail now and then (off: vLLM before 0.34.0, whose connector completes every
+    #: store job as a success)
+    failed_stores = True
+    #: a reset fences the slots of jobs in flight until on_reset_flushed (off: they are free
+    #: at once, vLLM's connector flushing the workers before they are reused)
+    reset_fence = True
+    #: a reset publishes the removal of every ready chunk (off: the events' consumer forgets
+    #: the tier at a reset, as one of vLLM's ``AllBlocksCleared`` does)
+    reset_events = True
+    #: admission counts distinct requests as the spec does, and the target's counts are
+    #: compared (off: the model admits every new key and the target's choice is judged
+    #: only as a subset of the offer's new keys, in order)
+    admission_counts = True
+    #: admission forgets its candidates at a reset (off: after a reset the model can no
+    #: longer follow the target's admission, and judges it as with admission_counts off)
+    admission_reset = True
+    #: the policy's victims and order are the refinement models' (O10, O11)
+    policy_order = True
 
     # ------------------------------------------------------------------ the target
 
@@ -129,6 +151,8 @@ class OffloadMachine(V1LockstepMachine):
     def observe_counts(self) -> tuple[tuple[Key, int], ...] | None:
         """The target's admission counts, least recently offered first (None: unknown)."""
         counts = getattr(self.target, "tracker_counts", None)
+        if self.own_admission:
+            return None
         return None if counts is None else tuple(counts())
 
     # ------------------------------------------------------------------ set-up
@@ -150,10 +174,19 @@ class OffloadMachine(V1LockstepMachine):
         tracker: int,
         groups: int,
     ) -> None:
+        if cache_policy not in self.cache_policies:
+            cache_policy = self.cache_policies[0]
         args = (num_chunks, cache_policy, events, threshold, tracker)
+        #: the target's admission is judged by its own choices (admission_counts off, or
+        #: admission_reset off after a reset); the policy models then cannot follow it
+        self.own_admission = not self.admission_counts
+        self.threshold = threshold
+        self.orders = self.policy_order and not (self.own_admission and threshold >= 2)
         self.target = self.make_manager(*args)
         self._log(self.setup_source(", ".join(repr(a) for a in args)))
-        self.model = spec.tier_initial(num_chunks, threshold, tracker, events)
+        self.model = spec.tier_initial(
+            num_chunks, 1 if self.own_admission else threshold, tracker, events
+        )
         self.policy = cache_policy
         self.lru = pol.LruModel()
         self.arc = pol.arc_initial(num_chunks)
@@ -278,7 +311,8 @@ class OffloadMachine(V1LockstepMachine):
         while len(self.jobs) > keep:
             job = data.draw(st.sampled_from(self.jobs), label="job")
             if job.store:
-                self._complete_store(job, data.draw(st.sampled_from((True, True, False))))
+                failed = not data.draw(st.sampled_from((True, True, False)))
+                self._complete_store(job, not (failed and self.failed_stores))
             else:
                 self._complete_load(job)
         live = self._live()
@@ -366,7 +400,7 @@ class OffloadMachine(V1LockstepMachine):
         self._stored(rid, keys, before, stored, victims, slots)
         if victims and any(c.pins for _, c in before.chunks):
             self._reached("eviction under pressure with pins")
-        if stored and before.store_threshold >= 2:
+        if stored and self.threshold >= 2:
             self._reached("threshold admission")
         if stored:
             self.jobs.append(_Job(rid, stored, True))
@@ -398,11 +432,34 @@ class OffloadMachine(V1LockstepMachine):
     ) -> None:
         """Judge one ``prepare_store`` outcome and step the models with it."""
         req = self.requests[rid]
+        if self.own_admission and stored is not None:
+            new = [k for k in keys if before.chunk(k) is None]
+            if [k for k in new if k in stored] != list(stored):
+                self.violate(
+                    "O4",
+                    f"stored {stored}, not new keys of the offer {tuple(new)} in order",
+                    f"assert set(out.keys_to_store) <= {set(new)!r}",
+                    why="stored other keys",
+                )
+            # the model admits what the target admitted (the offer less the new keys it
+            # left out: none of them is resident, so no victim's eligibility changes)
+            keys = tuple(k for k in keys if before.chunk(k) is not None or k in stored)
         need = spec.keys_to_store(before, rid, keys)
         eligible = spec.eligible(before, keys)
         shortfall = max(0, len(need) - len(before.free))
         expected: tuple[Key, ...] = ()
-        if stored is not None and shortfall:
+        if stored is not None and victims and not self.orders:
+            # the models are not judged: they follow the target's victims
+            gone = set(victims)
+            self.lru = replace(
+                self.lru, ranks=tuple(kr for kr in self.lru.ranks if kr[0] not in gone)
+            )
+            self.arc = replace(
+                self.arc,
+                t1=tuple(k for k in self.arc.t1 if k not in gone),
+                t2=tuple(k for k in self.arc.t2 if k not in gone),
+            )
+        elif stored is not None and shortfall:
             if self.policy == "lru":
                 self.lru, expected = pol.lru_evict(self.lru, shortfall, eligible)
             else:
@@ -464,7 +521,7 @@ class OffloadMachine(V1LockstepMachine):
             )
         refines = pol.OrderStep(expected, victims or (), None, None, pol.arc_ok(self.arc))
         id_ = "O10" if self.policy == "lru" else "O11"
-        if not holds(id_, refines):
+        if self.orders and not holds(id_, refines):
             self.violate(
                 id_,
                 f"{self.policy} evicted {victims}, the model {expected}",
@@ -483,6 +540,7 @@ class OffloadMachine(V1LockstepMachine):
     @rule(data=st.data(), success=st.sampled_from((True, True, False)))
     def complete_store(self, data: st.DataObject, success: bool) -> None:
         """A store job in flight (any of them) completes, or fails."""
+        success = success or not self.failed_stores
         jobs = [j for j in self.jobs if j.store]
         self._complete_store(data.draw(st.sampled_from(jobs), label="job"), success)
         # NOTE: steering: half the time another request loads a key just stored (pins
@@ -635,14 +693,23 @@ class OffloadMachine(V1LockstepMachine):
             self._reached("reset with jobs in flight")
         self._enter("reset_cache")
         self._call("mgr.reset_cache()", self.target.reset_cache)
-        self.model = spec.reset_cache(before)
+        fenced = spec.reset_cache(before)
+        self.model = fenced if self.reset_fence else spec.on_reset_flushed(fenced)
+        if not self.reset_events:
+            self.model = replace(self.model, events=before.events)
+            self.replayed.clear()
+        if not self.admission_reset and self.threshold >= 2:
+            self.own_admission, self.orders = True, False
+            self.model = replace(self.model, store_threshold=1, tracker=(), counted=())
         self.jobs, self.loads = [], Counter()
         self.lru, self.arc = pol.lru_clear(self.lru), pol.arc_clear(self.arc)
         for req in self.requests.values():
             req.access = pol.Access()
         self.flush_pending = True
         after = self.observe_tier()
-        if after is not None and not holds("O9", TierStep("reset_cache", before, after)):
+        # a target without a fence is judged as reset and flushed at once
+        was = (before, "reset_cache") if self.reset_fence else (fenced, "on_reset_flushed")
+        if after is not None and not holds("O9", TierStep(was[1], was[0], after)):
             self.violate(
                 "O9",
                 f"after the reset the fence is {sorted(after.fenced)}, the spec's "
@@ -765,7 +832,12 @@ class OffloadMachine(V1LockstepMachine):
     def _check_order(self, where: str) -> None:
         """The target's policy order is the model's (O10 / O11), where it reports one."""
         view = self.observe_policy()
-        if view is None:
+        if view is not None and not self.orders and self.policy == "arc":
+            # not judged: the ARC model follows the target's lists (its ghost lists
+            # steer the offers, as they do for a judged target)
+            lists: pol.ArcView = view  # type: ignore[assignment]  # an ARC target's view
+            self.arc = pol.ArcModel(self.arc.capacity, *lists)
+        if view is None or not self.orders:
             return
         want = self._policy_view()
         step = pol.OrderStep((), (), want, view, pol.arc_ok(self.arc))

@@ -1,0 +1,1 @@
+"""Stand-in package (vLLM's imports every V1 connector)."""

@@ -1,0 +1,252 @@
+"""vLLM's own CPU offloading manager, loaded by pagedkv_stateful.engines.vllm_offload, per
+release.
+
+Needs the wheels (``pip download --no-deps --only-binary :all: vllm==X -d build/wheels``),
+so it is not a ``test_*`` module of ``make test``: ``make conform-vllm-offload`` runs it
+(``pytest tests/vllm_offload_wheel_checks.py``) before the conformance runs. Every check
+that reads a release runs once per release of :data:`vllm_offload.RELEASES` whose wheel
+is in build/wheels (none at all fails the run: it was asked for by name): its files are
+extracted once per release into a temporary directory and imported in this process, and
+every ``vllm`` module is unloaded again before the next release is loaded (one process
+holds one vllm at a time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pagedkv_stateful.engines import vllm_offload
+
+ROOT = Path(__file__).parent.parent
+
+
+def _version(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
+
+
+#: The wheel of each release this target knows that build/wheels holds, oldest first.
+WHEELS: dict[str, Path] = {
+    release: found[0]
+    for release in sorted(vllm_offload.RELEASES, key=_version)
+    if (found := sorted((ROOT / "build" / "wheels").glob(f"vllm-{release}-*.whl")))
+}
+if not WHEELS:
+    pytest.fail(
+        f"no vllm wheel of {', '.join(sorted(vllm_offload.RELEASES))} in build/wheels: run "
+        "make conform-vllm-offload (or pip download --no-deps --only-binary :all: "
+        "vllm==0.34.0 -d build/wheels)",
+        pytrace=False,
+    )
+
+
+def _unload_vllm() -> None:
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture(scope="module", params=list(WHEELS))
+def release(request: pytest.FixtureRequest) -> str:
+    """A release whose wheel is present (the checks below run once per release)."""
+    version: str = request.param
+    return version
+
+
+@pytest.fixture(scope="module")
+def vllm_dir(release: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The release's offloading files, extracted and imported (unloaded at the end)."""
+    if "vllm" in sys.modules:
+        pytest.fail(f"a vllm is already imported: {sys.modules['vllm']!r}")
+    out = vllm_offload.extract(WHEELS[release], tmp_path_factory.mktemp(f"offload-{release}"))
+    path = list(sys.path)
+    vllm_offload.use(out)
+    try:
+        yield out.resolve()
+    finally:
+        _unload_vllm()
+        sys.path[:] = path
+
+
+# --------------------------------------------------------------------------- extraction
+
+
+def test_extract_copies_the_release_files_and_writes_the_stand_ins(
+    release: str, tmp_path: Path
+) -> None:
+    spec = vllm_offload.RELEASES[release]
+    wheel = WHEELS[release]
+    out = vllm_offload.extract(wheel, tmp_path / "v")
+    with zipfile.ZipFile(wheel) as z:
+        for name in spec.wheel_files:
+            assert (out / name).read_bytes() == z.read(name)
+    for name, text in spec.stand_ins.items():
+        assert (out / name).read_text() == text
+    written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    manifest = vllm_offload.MANIFEST
+    assert written == {*spec.wheel_files, *spec.stand_ins, vllm_offload.RELEASE_FILE, manifest}
+    record = json.loads((out / manifest).read_text())
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert (record["wheel"], record["sha256"], record["release"]) == (wheel.name, sha, release)
+    assert vllm_offload.LOADER.extract_wheel(wheel, out).cached
+    assert vllm_offload.release_of(out) == release
+    assert not set(spec.wheel_files) & set(spec.stand_ins)
+
+
+def test_the_command_line_extracts_and_refuses_what_it_did_not_write(
+    release: str, tmp_path: Path
+) -> None:
+    wheel = str(WHEELS[release])
+    assert vllm_offload.main(["extract", wheel, str(tmp_path / "v")]) == 0
+    (tmp_path / "other" / "vllm").mkdir(parents=True)
+    assert vllm_offload.main(["extract", wheel, str(tmp_path / "other")]) == 2
+    assert vllm_offload.main(["extract", wheel, str(tmp_path / "w"), "--release", "0.1"]) == 2
+
+
+def test_every_loaded_vllm_module_is_a_wheel_file_or_a_stand_in(
+    vllm_dir: Path, release: str
+) -> None:
+    spec = vllm_offload.RELEASES[release]
+    assert vllm_offload.loaded_release() is spec
+    for policy in ("lru", "arc"):
+        vllm_offload.cpu_manager(4, policy, True, 2, 8)
+    loaded = {
+        Path(m.__file__).resolve().relative_to(vllm_dir).as_posix()
+        for name, m in sys.modules.items()
+        if (name == "vllm" or name.startswith("vllm.")) and m.__file__
+    }
+    assert loaded <= {*spec.wheel_files, *spec.stand_ins}
+    assert {
+        "vllm/v1/kv_offload/cpu/manager.py",
+        "vllm/v1/kv_offload/cpu/policies/lru.py",
+        "vllm/v1/kv_offload/cpu/policies/arc.py",
+    } <= loaded
+
+
+# --------------------------------------------------------------------------- capabilities
+
+
+def _connector_source(release: str) -> str:
+    """The release's offloading connector (scheduler side), read from its wheel: what it
+    calls on the manager."""
+    with zipfile.ZipFile(WHEELS[release]) as z:
+        name = "vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py"
+        return z.read(name).decode("utf-8")
+
+
+def test_each_release_record_says_what_the_release_has(vllm_dir: Path, release: str) -> None:
+    """The per-release capabilities (:class:`vllm_offload.Release`) are read from the
+    release's own code: its constructor, manager, ``ReqContext`` and connector."""
+    import inspect
+
+    spec = vllm_offload.RELEASES[release]
+    base = sys.modules["vllm.v1.kv_offload.base"]
+    cls = sys.modules["vllm.v1.kv_offload.cpu.manager"].CPUOffloadingManager
+    assert next(iter(inspect.signature(cls).parameters)) == spec.size_keyword
+    assert hasattr(cls, "touch") == spec.touch
+    assert hasattr(base.ReqContext, "set_offload_key_position") == spec.key_positions
+    assert hasattr(cls, "on_reset_flushed") == spec.reset_flush
+    assert hasattr(cls, "lock") == spec.lock
+    connector = _connector_source(release)
+    assert ("self.manager.touch(" in connector) == spec.connector_touches
+    assert ("success=not job_status.failed" in connector) == spec.failed_stores
+    status = sys.modules["vllm.v1.kv_offload.cpu.policies.base"]
+    assert any(spec.status_slot in dict(getattr(c, "_fields_", ())) for c in vars(status).values())
+
+
+# --------------------------------------------------------------------------- reproductions
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """A standalone reproduction in docs/repro/offload/ (vLLM's files only, run as a
+    script with the extracted release's directory): the releases where its last line
+    shows the bug (``shows``)."""
+
+    script: str
+    releases: frozenset[str]
+    shows: Callable[[str], bool]
+
+
+REPRODUCTIONS = (
+    Reproduction(
+        "arc_gives_up_with_a_victim.py", frozenset({"0.27.1", "0.29.0"}), lambda out: out == "True"
+    ),
+    Reproduction(
+        "offered_chunk_evicted.py", frozenset({"0.27.1", "0.29.0"}), lambda out: out == "True"
+    ),
+    Reproduction("reset_recounts_a_request.py", frozenset({"0.34.0"}), lambda out: out == "True"),
+)
+
+
+@pytest.mark.parametrize("repro", REPRODUCTIONS, ids=lambda r: r.script)
+def test_each_standalone_reproduction_shows_its_bug_exactly_on_its_releases(
+    vllm_dir: Path, release: str, repro: Reproduction
+) -> None:
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "repro" / "offload" / repro.script), str(vllm_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    last = run.stdout.strip().splitlines()[-1]
+    assert repro.shows(last) == (release in repro.releases), last
+
+
+def test_every_reproduction_in_docs_is_checked() -> None:
+    scripts = {p.name for p in (ROOT / "docs" / "repro" / "offload").glob("*.py")}
+    assert scripts == {r.script for r in REPRODUCTIONS}
+
+
+# --------------------------------------------------------------------------- the kit's level
+
+#: The root causes the kit may report per release (docs/findings.md: each a defect of that
+#: release): ARC giving up with an eligible victim (0.27.1, 0.29.0) and an offered chunk
+#: evicted by its own offer (0.27.1, 0.29.0).
+KNOWN_CAUSES: dict[str, set[str]] = {
+    "0.27.1": {
+        "prepare_store | O4 refuses_only_when_full | refused",
+        "prepare_store | O3 victims_eligible | ineligible victim",
+    },
+    "0.29.0": {
+        "prepare_store | O4 refuses_only_when_full | refused",
+        "prepare_store | O3 victims_eligible | ineligible victim",
+    },
+    "0.33.0": set(),
+    "0.34.0": set(),
+}
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_the_level_runs_on_each_release_and_finds_only_documented_causes(
+    vllm_dir: Path, release: str, policy: str
+) -> None:
+    from pagedkv_stateful.kit.search import run_conformance
+
+    factory = getattr(vllm_offload, f"manager_{policy}")
+    report = run_conformance(
+        factory,
+        level="v1-offload",
+        name=f"pagedkv_stateful.engines.vllm_offload:manager_{policy}",
+        max_examples=60,
+        replay=False,
+    )
+    assert report.source.startswith(f"vllm {release} from ")
+    assert report.capabilities.cache_policies == (policy,)
+    assert {f.root_cause for f in report.findings} <= KNOWN_CAUSES[release], report.render()
+
+
+def test_the_bench_target_runs_both_benchmarks(vllm_dir: Path) -> None:
+    from benchmarks import bench_offload
+
+    target = vllm_offload.bench_target(vllm_dir)
+    assert bench_offload.bench_store(target, "arc", rounds=2)["per_chunk"] > 0
+    assert bench_offload.bench_load(target, "lru", rounds=2)["per_chunk"] > 0
