@@ -34,6 +34,7 @@ from pagedkv.v1 import (
     Request,
     SlidingWindowManager,
     SlidingWindowSpec,
+    UnitaryKVCacheCoordinator,
     get_request_block_hasher,
 )
 from pagedkv.v1.hashing import sha256
@@ -94,7 +95,7 @@ def _machine(
 
     class Planted(V1ManagerMachine):
         def make_manager(self, *args: Any) -> KVCacheManager:
-            return make(*args)
+            return make(*args, **self.eagle_options)
 
         if hasher is not None:
 
@@ -114,7 +115,12 @@ def _manager_with(
     mamba_cls: type[MambaManager] | None = None,
 ) -> Callable[..., KVCacheManager]:
     def make(
-        config: KVCacheConfig, max_model_len: int, caching: bool, events: bool, watermark: float
+        config: KVCacheConfig,
+        max_model_len: int,
+        caching: bool,
+        events: bool,
+        watermark: float,
+        **eagle: Any,
     ) -> KVCacheManager:
         m = manager_cls(
             config,
@@ -122,6 +128,7 @@ def _manager_with(
             enable_caching=caching,
             enable_kv_cache_events=events,
             watermark=watermark,
+            **eagle,
         )
         if pool_cls is not None:
             m.block_pool.__class__ = pool_cls
@@ -325,6 +332,24 @@ class _EncoderAsDecoder(KVCacheCoordinatorNoPrefixCache):
         )
 
 
+class _NoEagleDrop(UnitaryKVCacheCoordinator):
+    """Ignores ``use_eagle``: a hit keeps its last block, so it ends where the next
+    block (the peek that verifies the draft's KV) may not be cached (V1-19)."""
+
+    def find_longest_cache_hit(self, block_hashes: Any, max_cache_hit_length: int) -> Any:
+        manager = self.single_type_managers[0]
+        hit = manager.find_longest_cache_hit(block_hashes, max_cache_hit_length)
+        return (hit,), len(hit) * manager.block_size
+
+
+class _CachesReprefillable(UnitaryKVCacheCoordinator):
+    """Caches every computed token under multi-module MTP, the tail a draft module may
+    prefill again too (V1-20)."""
+
+    def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
+        return num_computed_tokens
+
+
 class _OnePhaseAdoption(HybridKVCacheCoordinator):
     """Adopts each group's hit and allocates its external blocks group by group (vLLM's
     order before its two-phase fix): a group's external blocks may evict a later group's
@@ -419,6 +444,19 @@ V1_PLANTED: dict[str, Callable[[], str]] = {
         _machine(
             _manager_with(coordinator_cls=_EncoderAsDecoder), configurations=("encoder-decoder",)
         )
+    ),
+    "V1-19": lambda: _found(
+        _machine(
+            _manager_with(coordinator_cls=_NoEagleDrop),
+            configurations=("full attention + EAGLE",),
+        )
+    ),
+    "V1-20": lambda: _found(
+        _machine(
+            _manager_with(coordinator_cls=_CachesReprefillable),
+            configurations=("full attention + EAGLE",),
+        ),
+        1500,
     ),
 }
 

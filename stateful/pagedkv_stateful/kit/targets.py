@@ -92,8 +92,9 @@ V1_METHODS = (
 )
 V1_IMPORTS = (
     "from pagedkv.v1 import ChunkedLocalAttentionSpec, CrossAttentionSpec, FullAttentionSpec, "
-    "KVCacheConfig, LoRARequest, MambaSpec, MultiModalFeatureSpec, PlaceholderRange, Request, "
-    "RequestStatus, SlidingWindowSpec, get_request_block_hasher"
+    "KVCacheConfig, KVCacheGroupSpec, LoRARequest, MLAAttentionSpec, MambaSpec, "
+    "MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus, SlidingWindowMLASpec, "
+    "SlidingWindowSpec, get_request_block_hasher"
 )
 #: What a caching-manager-level target must have besides the manager's methods.
 CACHING_MANAGER_METHODS = (
@@ -541,7 +542,10 @@ def _v1_machine(
         def make_manager(
             self, config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
         ) -> Any:
-            self._result = factory(config, max_model_len, caching, events, watermark)
+            # an EAGLE configuration's keywords (use_eagle, num_prefill_lookahead) only
+            self._result = factory(
+                config, max_model_len, caching, events, watermark, **self.eagle_options
+            )
             return _caching_target(self._result)[0]
 
         def setup_source(self, args: str) -> str:
