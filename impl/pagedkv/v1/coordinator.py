@@ -85,6 +85,7 @@ class KVCacheCoordinator(ABC):
         max_model_len: int | None = None,
         use_eagle: bool = False,
         num_prefill_lookahead: int = 0,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         self._check(kv_cache_config, hash_block_size)
         groups = kv_cache_config.kv_cache_groups
@@ -106,6 +107,7 @@ class KVCacheCoordinator(ABC):
             hash_block_size,
             enable_kv_cache_events,
             int_event_hashes,
+            num_hash_lookahead_tokens,
         )
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             get_manager_for_kv_cache_spec(
@@ -501,6 +503,7 @@ def get_kv_cache_coordinator(
     max_model_len: int | None = None,
     use_eagle: bool = False,
     num_prefill_lookahead: int = 0,
+    num_hash_lookahead_tokens: int = 0,
 ) -> KVCacheCoordinator:
     """The coordinator for this configuration (module docstring)."""
     cls: type[KVCacheCoordinator] = HybridKVCacheCoordinator
@@ -518,4 +521,5 @@ def get_kv_cache_coordinator(
         max_model_len,
         use_eagle,
         num_prefill_lookahead,
+        num_hash_lookahead_tokens,
     )

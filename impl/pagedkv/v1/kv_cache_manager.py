@@ -208,7 +208,8 @@ class KVCacheManager:
             when hashes carry lookahead tokens instead.
         num_hash_lookahead_tokens: the tokens after each block its hash covers (the
             requests' hasher: ``get_request_block_hasher(hash_block_size,
-            num_hash_lookahead_tokens=...)``); recorded, the manager reads the hashes.
+            num_hash_lookahead_tokens=...)``); KV events publish them
+            (``BlockStored.lookahead_token_ids``).
         num_prefill_lookahead: multi-module MTP's prefill lookahead (its speculative
             tokens): the last ``num_prefill_lookahead - 1`` computed tokens are never
             cached by a dropping group (V1-20); with caching on and an EAGLE group it
@@ -278,6 +279,7 @@ class KVCacheManager:
             max_model_len,
             use_eagle,
             num_prefill_lookahead,
+            num_hash_lookahead_tokens,
         )
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
