@@ -456,12 +456,13 @@ def kv_cache_manager(
     enable_kv_cache_events: bool = False,
     watermark: float = 0.0,
     sliding_window: int | None = None,
+    use_eagle: bool = False,
 ) -> Any:
     """vLLM's ``KVCacheManager`` over one full-attention group of ``num_blocks`` blocks
     of ``block_size`` tokens (scheduler and hash block size alike, as a vLLM engine
     with one group sets them), and a sliding-window group of the same block size after
-    it with ``sliding_window``. The layer's heads and dtype only size its pages, which
-    the manager never reads."""
+    it with ``sliding_window``; ``use_eagle``: EAGLE's dropped last block. The layer's
+    heads and dtype only size its pages, which the manager never reads."""
     import torch
 
     iface = _module("vllm.v1.kv_cache_interface")
@@ -488,6 +489,7 @@ def kv_cache_manager(
         enable_caching=enable_caching,
         enable_kv_cache_events=enable_kv_cache_events,
         watermark=watermark,
+        **({"use_eagle": True} if use_eagle else {}),
     )
 
 
@@ -867,9 +869,15 @@ class BenchTarget:
 
     @staticmethod
     def manager(
-        num_blocks: int, block_size: int, max_model_len: int, window: int | None = None
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        window: int | None = None,
+        use_eagle: bool = False,
     ) -> Any:
-        return kv_cache_manager(num_blocks, block_size, max_model_len, sliding_window=window)
+        return kv_cache_manager(
+            num_blocks, block_size, max_model_len, sliding_window=window, use_eagle=use_eagle
+        )
 
     @staticmethod
     def pool(num_blocks: int) -> Any:

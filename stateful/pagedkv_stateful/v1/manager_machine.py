@@ -385,6 +385,9 @@ class V1ManagerMachine(V1LockstepMachine):
             lookahead = data.draw(st.sampled_from((0, 0, 2, 3)), label="num_prefill_lookahead")
             eagle = {"use_eagle": True, "num_prefill_lookahead": min(lookahead, block)}
             groups = _eagle_groups(groups, flagged, caching)
+            # NOTE: steering: a hit needs a block more cached (the peek): a roomier pool
+            # keeps more of them
+            num_blocks += 8
         num_blocks += 2 * (len(groups) - 1)  # tight: hybrids evict and refuse often
         if groups == (GroupSpec(FULL, block_size),):
             config = KVCacheConfig.full_attention(num_blocks, block_size)
