@@ -320,11 +320,11 @@ def manager(
     ``num_prefill_lookahead``: vLLM's EAGLE/MTP keywords (an EAGLE configuration's)."""
     groups = kv_cache_config.kv_cache_groups
     sizes = [g.kv_cache_spec.block_size for g in groups]
-    release = loaded_release()
     eagle: dict[str, Any] = {}
     if use_eagle or num_prefill_lookahead:
-        if not release.eagle:
-            raise UnsupportedCall(f"vLLM {release.version}: no EAGLE configuration is run")
+        version = loaded_release()
+        if not version.eagle:
+            raise UnsupportedCall(f"vLLM {version.version}: no EAGLE configuration is run")
         eagle = {"use_eagle": use_eagle, "num_prefill_lookahead": num_prefill_lookahead}
     target = hybrid_kv_cache_manager(
         kv_cache_config,
@@ -334,6 +334,7 @@ def manager(
         watermark=watermark,
         **eagle,
     )
+    release = loaded_release()
     caps = Capabilities(
         hit_limits=release.partial_hit_limit,
         exact_hashes=release.exact_hashes,
