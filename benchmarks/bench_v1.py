@@ -15,6 +15,12 @@ same run, so the ratio means something on any machine:
   of 256 tokens, the windowed one freeing the blocks that leave its window as the
   requests decode; the all-hit lookup runs the hybrid coordinator's rules); floor: the
   single-group floor done for both groups;
+* EAGLE (``use_eagle``): the decode step with speculative decoding, each step
+  ``allocate_slots(request, 1 + 3, num_lookahead_tokens=3)`` (the verified token and 3
+  drafts, 3 lookahead slots for the next drafts; one draft accepted), floor as above for
+  the slots it reaches; the all-hit prefill, single and hybrid, whose hit drops its last
+  block (one group: one block less; a hybrid first matches one block past the cap, its
+  peek), floor as above;
 * allocation under eviction pressure: ``allocate_slots`` of new 256-token prompts
   (16 blocks, no hit) when every free block is cached-free, so each block allocated
   evicts one, with 1k and 100k cached-free blocks: the per-block cost should stay
@@ -74,13 +80,21 @@ class FloorDecode:
 
 
 def bench_decode(
-    api: Any, n_req: int = 256, prompt: int = 512, steps: int = 128, window: int | None = None
+    api: Any,
+    n_req: int = 256,
+    prompt: int = 512,
+    steps: int = 128,
+    window: int | None = None,
+    drafts: int = 0,
 ) -> dict[str, float]:
     """Per-request time of a decode step's ``allocate_slots``, and the floor's (with a
-    ``window``: a full-attention and a sliding-window group)."""
+    ``window``: a full-attention and a sliding-window group; with ``drafts``: EAGLE,
+    that many draft tokens verified and as many lookahead slots per step, one accepted)."""
     groups = 1 if window is None else 2
-    num_blocks = groups * n_req * (-(-(prompt + steps) // BS)) + 2
-    manager = api.manager(num_blocks, BS, prompt + steps + 1, window)
+    grow = 2 if drafts else 1  # tokens a step adds: the sampled one and an accepted draft
+    span = prompt + steps * grow + 2 * drafts + 1
+    num_blocks = groups * n_req * (-(-span // BS)) + 2
+    manager = api.manager(num_blocks, BS, span, window, **({"use_eagle": True} if drafts else {}))
     hasher = api.hasher(BS)
     reqs = [api.request(f"r{i}", [i % 50000 + 1] * prompt, hasher) for i in range(n_req)]
     for r in reqs:
@@ -98,18 +112,27 @@ def bench_decode(
     try:
         for step in range(steps):
             t0 = time.perf_counter()
-            for r in reqs:
-                manager.allocate_slots(r, 1)
-            t1 = time.perf_counter()
-            for floor in floors:
+            if drafts:
                 for r in reqs:
-                    floor.step(r.request_id, prompt + step + 1)
+                    manager.allocate_slots(r, 1 + drafts, num_lookahead_tokens=drafts)
+            else:
+                for r in reqs:
+                    manager.allocate_slots(r, 1)
+            t1 = time.perf_counter()
+            if drafts:  # the slots of the verified and draft tokens and the lookahead
+                for floor in floors:
+                    for r in reqs:
+                        floor.step(r.request_id, prompt + step * grow + 1 + 2 * drafts)
+            else:
+                for floor in floors:
+                    for r in reqs:
+                        floor.step(r.request_id, prompt + step + 1)
             t2 = time.perf_counter()
             ours.append((t1 - t0) / n_req)
             base.append((t2 - t1) / n_req)
-            for r in reqs:  # the step ran: one more computed token, one more sampled
-                r.num_computed_tokens += 1
-                r.append_output_token_ids(7)
+            for r in reqs:  # the step ran: its token verified, one draft accepted
+                r.num_computed_tokens += grow
+                r.append_output_token_ids([7] * grow)
     finally:
         gc.enable()
     return {"per_request": _best(ours), "floor": _best(base)}
@@ -119,13 +142,16 @@ def bench_decode(
 
 
 def bench_all_hit(
-    api: Any, tokens: int = 4096, repeat: int = 40, window: int | None = None
+    api: Any, tokens: int = 4096, repeat: int = 40, window: int | None = None, eagle: bool = False
 ) -> dict[str, float]:
     """Time of lookup + allocation + free of an all-hit prompt, and the floor's (with a
-    ``window``: a full-attention and a sliding-window group)."""
+    ``window``: a full-attention and a sliding-window group; ``eagle``: the hit drops its
+    last block)."""
     groups = 1 if window is None else 2
     num_blocks = groups * 2 * (tokens // BS) + 4
-    manager = api.manager(num_blocks, BS, tokens + 1, window)
+    manager = api.manager(
+        num_blocks, BS, tokens + 1, window, **({"use_eagle": True} if eagle else {})
+    )
     hasher = api.hasher(BS)
     prompt = list(range(1, tokens + 1))
     warm = api.request("warm", prompt, hasher)
@@ -150,7 +176,9 @@ def bench_all_hit(
                 while table:
                     table.pop()
             t2 = time.perf_counter()
-            assert out is not None and hit == (tokens - 1) // BS * BS
+            # EAGLE drops the last block; a hybrid first looks one block past the cap
+            lost = BS if eagle and window is None else 0
+            assert out is not None and hit == (tokens - 1) // BS * BS - lost
             ours.append(t1 - t0)
             base.append(t2 - t1)
     finally:
@@ -207,7 +235,11 @@ class PagedKV:
 
     @staticmethod
     def manager(
-        num_blocks: int, block_size: int, max_model_len: int, window: int | None = None
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        window: int | None = None,
+        use_eagle: bool = False,
     ) -> Any:
         if window is None:
             config = KVCacheConfig.full_attention(num_blocks, block_size)
@@ -217,7 +249,7 @@ class PagedKV:
                 FullAttentionSpec(block_size),
                 SlidingWindowSpec(block_size, sliding_window=window),
             )
-        return KVCacheManager(config, max_model_len)
+        return KVCacheManager(config, max_model_len, use_eagle=use_eagle)
 
     @staticmethod
     def pool(num_blocks: int) -> Any:
@@ -256,6 +288,19 @@ def run(targets: list[Any]) -> list[str]:
             f"{t.name:12} hybrid all-hit 4,096-token prefill: {h['seconds'] * 1e3:6.3f} ms"
             f"  floor {h['floor'] * 1e3:6.3f} ms  ratio {h['seconds'] / h['floor']:5.2f}x"
         )
+        d = bench_decode(t, drafts=3)
+        lines.append(
+            f"{t.name:12} EAGLE decode step (256 requests, 3 drafts + 3 lookahead): "
+            f"{d['per_request'] * 1e6:6.2f} us/request  floor {d['floor'] * 1e6:5.2f} us  "
+            f"ratio {d['per_request'] / d['floor']:5.2f}x"
+        )
+        for window, what in ((None, ""), (WINDOW, "hybrid ")):
+            h = bench_all_hit(t, window=window, eagle=True)
+            lines.append(
+                f"{t.name:12} EAGLE {what}all-hit 4,096-token prefill: "
+                f"{h['seconds'] * 1e3:6.3f} ms  floor {h['floor'] * 1e3:6.3f} ms  "
+                f"ratio {h['seconds'] / h['floor']:5.2f}x"
+            )
         for n in (1_000, 100_000):
             e = bench_eviction(t, n)
             lines.append(

@@ -864,10 +864,26 @@ def _v1(config: Any, max_model_len: int, caching: bool, events: bool, watermark:
 
 
 def own_v1_manager(
-    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+    config: Any,
+    max_model_len: int,
+    caching: bool,
+    events: bool,
+    watermark: float,
+    use_eagle: bool = False,
+    num_prefill_lookahead: int = 0,
 ) -> Any:
-    """pagedkv's own V1 manager (the v1 level's reference target)."""
-    return _v1(config, max_model_len, caching, events, watermark)
+    """pagedkv's own V1 manager (the v1 level's reference target), EAGLE too."""
+    from pagedkv.v1 import KVCacheManager
+
+    return KVCacheManager(
+        config,
+        max_model_len,
+        enable_caching=caching,
+        enable_kv_cache_events=events,
+        watermark=watermark,
+        use_eagle=use_eagle,
+        num_prefill_lookahead=num_prefill_lookahead,
+    )
 
 
 def newest_first_v1_manager(

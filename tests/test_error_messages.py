@@ -2365,7 +2365,8 @@ CONFORM_MESSAGES = [
         ),
         vllm_v1.UnsupportedCall,
         "pagedkv_stateful.vllm_v1 maps full_attention, sliding_window, "
-        "chunked_local_attention, mamba, cross_attention groups, not unknown",
+        "chunked_local_attention, mamba, cross_attention, mla_attention, sliding_window_mla "
+        "groups, not unknown",
     ),
 ]
 

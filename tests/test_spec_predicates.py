@@ -139,6 +139,12 @@ V1ED = V1M.manager_initial(
 )
 V1ED = replace(V1M.allocate_slots(V1ED, _E, 5, num_encoder_tokens=3)[0], requests=(_E,))
 _ET = dict(V1ED.tables)["e@1"]
+# EAGLE: one full-attention group dropping; "a" (5 tokens) cached h0, h1 in blocks 1, 2;
+# "b" (h0, h1, h2) hits one block, its peek (h1) cached
+V1_EMPTY = V1M.manager_initial(6, 2, 16, True)
+V1E = V1M.allocate_slots(
+    V1M.manager_initial(6, 2, 16, True, groups=(V1M.GroupSpec(V1M.FULL, 2, eagle=True),)), _A, 5
+)[0]
 
 
 def _v1pool(**kw: Any) -> V1pool.PoolState:
@@ -261,6 +267,8 @@ GOOD: dict[str, tuple[Any, ...]] = {
     "V1-16": (V1, _A, ((1, 2),)),
     "V1-17": (V1MB,),
     "V1-18": (V1ED,),
+    "V1-19": (V1E, _B, ((1,),), 2),
+    "V1-20": (V1_EMPTY, V1, _A, 5),
     "V1-11": (V1,),
     "V1-12": (2, 4, 2),
     "V1-13": (V1,),
@@ -843,6 +851,10 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
     ),
     ("V1-11", "a finished request holding blocks", (_v1(requests=(replace(_A, finished=True),)),)),
     ("V1-12", "a count not its blocks", (2, 3, 2)),
+    ("V1-19", "an EAGLE hit keeping its last block", (V1E, _B, ((1, 2),), 4)),
+    ("V1-19", "an EAGLE hit shorter than its blocks", (V1E, _B, ((1, 2),), 2)),
+    ("V1-20", "a block past the verified tokens cached", (V1_EMPTY, V1, _A, 3)),
+    ("V1-20", "an MTP tail cached", (V1_EMPTY, replace(V1, reprefillable=2), _A, 5)),
     ("V1-13", "a count above the table", (_v1(num_cached=(("a", 4),)),)),
     ("V1-13", "a count above the hashes", (_v1(num_cached=(("a", 3),)),)),
     ("V1-13", "a block past the count cached", (_v1(num_cached=(("a", 1),)),)),

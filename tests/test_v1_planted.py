@@ -21,19 +21,20 @@ from pagedkv.errors import InvariantViolationError
 from pagedkv.v1 import (
     BlockHash,
     BlockPool,
+    CrossAttentionManager,
     FullAttentionSpec,
     HybridKVCacheCoordinator,
     KVCacheBlock,
     KVCacheBlocks,
     KVCacheConfig,
     KVCacheCoordinator,
-    KVCacheCoordinatorNoPrefixCache,
     KVCacheManager,
     LoRARequest,
     MambaManager,
     Request,
     SlidingWindowManager,
     SlidingWindowSpec,
+    UnitaryKVCacheCoordinator,
     get_request_block_hasher,
 )
 from pagedkv.v1.hashing import sha256
@@ -94,7 +95,7 @@ def _machine(
 
     class Planted(V1ManagerMachine):
         def make_manager(self, *args: Any) -> KVCacheManager:
-            return make(*args)
+            return make(*args, **self.eagle_options)
 
         if hasher is not None:
 
@@ -112,9 +113,15 @@ def _manager_with(
     windowed_cls: type[SlidingWindowManager] | None = None,
     coordinator_cls: type[KVCacheCoordinator] | None = None,
     mamba_cls: type[MambaManager] | None = None,
+    cross_cls: type[CrossAttentionManager] | None = None,
 ) -> Callable[..., KVCacheManager]:
     def make(
-        config: KVCacheConfig, max_model_len: int, caching: bool, events: bool, watermark: float
+        config: KVCacheConfig,
+        max_model_len: int,
+        caching: bool,
+        events: bool,
+        watermark: float,
+        **eagle: Any,
     ) -> KVCacheManager:
         m = manager_cls(
             config,
@@ -122,6 +129,7 @@ def _manager_with(
             enable_caching=caching,
             enable_kv_cache_events=events,
             watermark=watermark,
+            **eagle,
         )
         if pool_cls is not None:
             m.block_pool.__class__ = pool_cls
@@ -138,6 +146,10 @@ def _manager_with(
             for s in m.coordinator.single_type_managers:
                 if type(s) is MambaManager:
                     s.__class__ = mamba_cls
+        if cross_cls is not None:
+            for s in m.coordinator.single_type_managers:
+                if type(s) is CrossAttentionManager:
+                    s.__class__ = cross_cls
         return m
 
     return make
@@ -232,8 +244,10 @@ class _TrimsRejectedDrafts(FullAttentionManager):
         self, request: Request, new: int, lookahead: int, max_len: int, *args: Any
     ) -> list[KVCacheBlock] | None:
         need = min(request.num_computed_tokens + new + lookahead, max_len)
-        self._trim(request.request_id, need)
-        return super().allocate_plain(request, new, lookahead, max_len, *args)
+        out = super().allocate_plain(request, new, lookahead, max_len, *args)
+        if out is not None:  # after the capacity check, as the general path's
+            self._trim(request.request_id, need)
+        return out
 
 
 class _KeepsCachedBlocks(KVCacheManager):
@@ -308,21 +322,39 @@ class _CachesEveryState(MambaManager):
         return None
 
 
-class _EncoderAsDecoder(KVCacheCoordinatorNoPrefixCache):
-    """Sizes every group by the decoder's tokens, the cross-attention group too (the
-    encoder's token count forgotten): its table grows with the decoder (V1-18)."""
+class _NullEncoderSlot(CrossAttentionManager):
+    """Hands a request's first encoder slot the null block (the block it took freed):
+    the decoder would read no encoder KV there (V1-18: a cross-attention table holds no
+    null block). Its counts are right, so admission agrees with the spec's."""
 
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, *args: Any) -> int:
-        hits, total = args[0], args[1]
-        return sum(
-            m.get_num_blocks_to_allocate(request_id, num_tokens, hits[i], total)
-            for i, m in enumerate(self.single_type_managers)
-        )
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
+    ) -> list[KVCacheBlock]:
+        new = super().allocate_new_blocks(request_id, num_tokens)
+        if new:
+            table = self.req_to_blocks[request_id]
+            table[table.index(new[0])] = self.block_pool.null_block
+            self.block_pool.free_blocks([new[0]])
+            new[0] = self.block_pool.null_block
+        return new
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int, *args: Any) -> Any:
-        return tuple(
-            m.allocate_new_blocks(request_id, num_tokens) for m in self.single_type_managers
-        )
+
+class _NoEagleDrop(UnitaryKVCacheCoordinator):
+    """Ignores ``use_eagle``: a hit keeps its last block, so it ends where the next
+    block (the peek that verifies the draft's KV) may not be cached (V1-19)."""
+
+    def find_longest_cache_hit(self, block_hashes: Any, max_cache_hit_length: int) -> Any:
+        manager = self.single_type_managers[0]
+        hit = manager.find_longest_cache_hit(block_hashes, max_cache_hit_length)
+        return (hit,), len(hit) * manager.block_size
+
+
+class _CachesReprefillable(UnitaryKVCacheCoordinator):
+    """Caches every computed token under multi-module MTP, the tail a draft module may
+    prefill again too (V1-20)."""
+
+    def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
+        return num_computed_tokens
 
 
 class _OnePhaseAdoption(HybridKVCacheCoordinator):
@@ -416,9 +448,20 @@ V1_PLANTED: dict[str, Callable[[], str]] = {
         )
     ),
     "V1-18": lambda: _found(
+        _machine(_manager_with(cross_cls=_NullEncoderSlot), configurations=("encoder-decoder",))
+    ),
+    "V1-19": lambda: _found(
         _machine(
-            _manager_with(coordinator_cls=_EncoderAsDecoder), configurations=("encoder-decoder",)
+            _manager_with(coordinator_cls=_NoEagleDrop),
+            configurations=("full attention + EAGLE",),
         )
+    ),
+    "V1-20": lambda: _found(
+        _machine(
+            _manager_with(coordinator_cls=_CachesReprefillable),
+            configurations=("full attention + EAGLE",),
+        ),
+        1500,
     ),
 }
 

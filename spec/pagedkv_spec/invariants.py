@@ -408,6 +408,20 @@ def _entries() -> Iterable[Invariant]:
         "a cross-attention table is the encoder's cdiv(tokens, bs) blocks, never cached",
         "v1",
     )
+    yield inv(
+        "V1-19",
+        v1m.eagle_hit_safe,
+        "an EAGLE group's hit is followed by a cached block of the request (its dropped peek)",
+        "v1",
+        "step",
+    )
+    yield inv(
+        "V1-20",
+        v1m.finalized_only,
+        "a step caches no draft, lookahead or reprefillable (MTP) token's block",
+        "v1",
+        "step",
+    )
     # the reference V1 scheduler (pagedkv.serving.v1_scheduler)
     for id_, fn, meaning in (
         ("S1", v1s.queues_ok, "each tracked request is in exactly one of waiting and running"),

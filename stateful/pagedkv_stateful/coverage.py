@@ -67,6 +67,10 @@ V1_STATE_CLASSES = (
     "blocks left a window",
     "a hit with null pads",
     "preemption holding null pads",
+    # speculative decoding (EAGLE/MTP) and latent attention (MLA) configurations'
+    "EAGLE: a hit dropped its last block",
+    "EAGLE: a hybrid's hit",
+    "MLA group",
     *_V1_CONFIGURATIONS,
 )
 #: The V1 pool machine's state classes (recorded by the machine), in table order.

@@ -13,7 +13,7 @@ names and with vLLM 0.34.0's semantics, checked against the executable spec in
   result type :class:`KVCacheBlocks`;
 - KV events (:class:`BlockStored`, :class:`BlockRemoved`, :class:`AllBlocksCleared`).
 
-Torch-free. The invariants are V1-1 .. V1-18 of :mod:`pagedkv_spec.invariants`.
+Torch-free. The invariants are V1-1 .. V1-20 of :mod:`pagedkv_spec.invariants`.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ from pagedkv.v1.kv_cache_interface import (
     KVCacheSpec,
     KVCacheTensor,
     MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
 from pagedkv.v1.kv_cache_manager import KVCacheBlocks, KVCacheManager, PrefixCacheStats
@@ -102,6 +104,7 @@ __all__ = [
     "KVCacheSpec",
     "KVCacheTensor",
     "LoRARequest",
+    "MLAAttentionSpec",
     "MambaManager",
     "MambaSpec",
     "MultiModalFeatureSpec",
@@ -110,6 +113,7 @@ __all__ = [
     "Request",
     "RequestStatus",
     "SingleTypeKVCacheManager",
+    "SlidingWindowMLASpec",
     "SlidingWindowManager",
     "SlidingWindowSpec",
     "UnitaryKVCacheCoordinator",

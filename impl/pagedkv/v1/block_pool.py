@@ -163,6 +163,7 @@ class BlockPool:
         hash_block_size: int,
         enable_kv_cache_events: bool = False,
         int_event_hashes: bool = True,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         from pagedkv._validate import require_bool, require_int
 
@@ -171,6 +172,10 @@ class BlockPool:
             "num_gpu_blocks", num_gpu_blocks, bad, low=1, hint=" (the null block is one of them)"
         )
         require_int("hash_block_size", hash_block_size, bad, low=1)
+        require_int("num_hash_lookahead_tokens", num_hash_lookahead_tokens, bad, low=0)
+        #: the tokens after each block its hash covers (EAGLE/MTP hash lookahead): events
+        #: publish them (``lookahead_token_ids``) and extra keys over the block and them
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         require_bool("enable_caching", enable_caching)
         require_bool("enable_kv_cache_events", enable_kv_cache_events)
         self.num_gpu_blocks = num_gpu_blocks
@@ -272,7 +277,7 @@ class BlockPool:
                     continue
                 block_hash = hashes[(i + 1) * scale - 1]
                 new_hashes.append(external_hash(block_hash, self.int_event_hashes))
-                keys, mm_idx = generate_block_hash_extra_keys(
+                keys, mm_idx = self._event_keys(
                     request, i * block_size, (i + 1) * block_size, mm_idx
                 )
                 extra.append(keys)
@@ -304,9 +309,7 @@ class BlockPool:
         extra: list[tuple[Any, ...] | None] = []
         mm_idx = 0
         for i in range(num_cached_blocks):
-            keys, mm_idx = generate_block_hash_extra_keys(
-                request, i * block_size, (i + 1) * block_size, mm_idx
-            )
+            keys, mm_idx = self._event_keys(request, i * block_size, (i + 1) * block_size, mm_idx)
             extra.append(keys)
         self._record_stored(
             request,
@@ -321,6 +324,16 @@ class BlockPool:
             extra,
         )
 
+    def _event_keys(
+        self, request: Request, start: int, end: int, mm_idx: int
+    ) -> tuple[tuple[Any, ...] | None, int]:
+        """The extra keys events publish for the block ``[start, end)``: its hash's (with
+        hash lookahead, those of the block and its lookahead tokens, scanned afresh)."""
+        ahead = self.num_hash_lookahead_tokens
+        if ahead:
+            return generate_block_hash_extra_keys(request, start, end + ahead)[0], mm_idx
+        return generate_block_hash_extra_keys(request, start, end, mm_idx)
+
     def _record_stored(
         self,
         request: Request,
@@ -332,6 +345,11 @@ class BlockPool:
         extra: list[tuple[Any, ...] | None],
     ) -> None:
         lora = request.lora_request
+        ahead = self.num_hash_lookahead_tokens
+        lookahead = None
+        if ahead:  # the tokens each block's hash covers after it
+            ends = range(tokens[0] + block_size, tokens[1] + 1, block_size)
+            lookahead = [request.token_slice(e, e + ahead) for e in ends]
         self.kv_event_queue.append(
             BlockStored(
                 block_hashes=hashes,
@@ -344,6 +362,7 @@ class BlockPool:
                 extra_keys=to_event_extra_keys(extra),
                 group_idx=group,
                 session_id=request.session_id,
+                lookahead_token_ids=lookahead,
             )
         )
 

@@ -19,6 +19,16 @@ encoder-decoder models use the no-cache coordinator.
 Adoption is two-phase, as vLLM's since its fix of the cross-group eviction bug:
 first every group touches its hit, then groups allocate blocks for external
 tokens, so no group's allocation evicts a block another group just hit.
+
+EAGLE/MTP (``use_eagle``, vLLM's names): the groups flagged ``is_eagle_group`` (every
+group if none is) are :attr:`KVCacheCoordinator.eagle_group_ids`; with ``use_eagle`` they
+drop the last block of their hits (:attr:`~KVCacheCoordinator.drop_eagle_group_ids`; in
+a hybrid, every group of a spec one of them has). A hybrid's dropping group looks one
+block past the candidate length and drops it, once per candidate length (a shorter
+length, whoever set it, needs the drop again: V1-19), and caches its peek block past
+the aligned boundary. With multi-module MTP (``num_prefill_lookahead`` > 1) the last
+``num_prefill_lookahead - 1`` computed tokens are never cached by a dropping group (one
+group: by the group): V1-20.
 """
 
 from __future__ import annotations
@@ -29,7 +39,13 @@ from collections.abc import Sequence
 from pagedkv._arith import cdiv
 from pagedkv.v1.block import KVCacheBlock
 from pagedkv.v1.block_pool import BlockPool
-from pagedkv.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
+from pagedkv.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    MambaSpec,
+)
 from pagedkv.v1.request import Request
 from pagedkv.v1.single_type_manager import (
     CrossAttentionManager,
@@ -67,8 +83,21 @@ class KVCacheCoordinator(ABC):
         scheduler_block_size: int | None = None,
         max_in_flight_tokens: int | None = None,
         max_model_len: int | None = None,
+        use_eagle: bool = False,
+        num_prefill_lookahead: int = 0,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
         self._check(kv_cache_config, hash_block_size)
+        groups = kv_cache_config.kv_cache_groups
+        #: the groups taking the EAGLE drop: those flagged, or every group if none is
+        self.eagle_group_ids = frozenset(i for i, g in enumerate(groups) if g.is_eagle_group)
+        if use_eagle and not self.eagle_group_ids:
+            self.eagle_group_ids = frozenset(range(len(groups)))
+        #: the groups whose hits drop their last block (none without ``use_eagle``)
+        self.drop_eagle_group_ids = self.eagle_group_ids if use_eagle else frozenset()
+        #: multi-module MTP: the computed tokens a draft module may prefill again
+        self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
+        self._check_eagle(kv_cache_config, scheduler_block_size, num_prefill_lookahead)
         enable_caching = self.caching
         self.kv_cache_config = kv_cache_config
         self.enable_caching = enable_caching
@@ -78,6 +107,7 @@ class KVCacheCoordinator(ABC):
             hash_block_size,
             enable_kv_cache_events,
             int_event_hashes,
+            num_hash_lookahead_tokens,
         )
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             get_manager_for_kv_cache_spec(
@@ -103,6 +133,39 @@ class KVCacheCoordinator(ABC):
             isinstance(m, MambaManager | CrossAttentionManager) for m in self.single_type_managers
         )
         self._setup()
+        #: whether caching follows the plain rule (every group up to its aligned tokens)
+        self._plain_caching = not (
+            self.num_reprefillable_tokens or any(m.use_eagle for m in self.single_type_managers)
+        )
+
+    def _check_eagle(
+        self,
+        kv_cache_config: KVCacheConfig,
+        scheduler_block_size: int | None,
+        num_prefill_lookahead: int,
+    ) -> None:
+        """Refuse an EAGLE/MTP configuration pagedkv does not manage (before anything is
+        built): with caching on, a draft prefill lookahead longer than the scheduler
+        block (vLLM refuses it too: the dropped tail must hold it), a dropping
+        chunked-local group (vLLM asserts at its first lookup), a Mamba group with
+        ``use_eagle`` (its checkpoints follow the drop: not modelled)."""
+        if not self.caching:
+            return
+        sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+        block = scheduler_block_size if scheduler_block_size is not None else sizes[0]
+        if self.eagle_group_ids and block < num_prefill_lookahead:
+            raise InvalidKVCacheManagerConfigError(
+                f"multi-module MTP with prefix caching needs scheduler_block_size {block} >= "
+                f"num_prefill_lookahead {num_prefill_lookahead}"
+            )
+        for i, g in enumerate(kv_cache_config.kv_cache_groups):
+            spec = g.kv_cache_spec
+            chunked = isinstance(spec, ChunkedLocalAttentionSpec) and i in self.drop_eagle_group_ids
+            if chunked or (isinstance(spec, MambaSpec) and self.drop_eagle_group_ids):
+                raise InvalidKVCacheManagerConfigError(
+                    f"use_eagle with prefix caching and a {type(spec).__name__} group is not "
+                    "managed (flag the draft's groups is_eagle_group, or turn caching off)"
+                )
 
     def _check(self, kv_cache_config: KVCacheConfig, hash_block_size: int) -> None:  # noqa: B027  # a hook: most coordinators take any configuration
         """Raise InvalidKVCacheManagerConfigError for a configuration this coordinator
@@ -219,7 +282,9 @@ class KVCacheCoordinator(ABC):
         new = tuple(
             m.allocate_new_blocks(rid, need) if wanted else [] for m in self.single_type_managers
         )
-        if cache:
+        if cache and not self._plain_caching:
+            self.cache_blocks(request, min(total + num_new_tokens, request.num_tokens))
+        elif cache:
             end = total + num_new_tokens
             capped = False  # capping at num_tokens only lowers end: cap once a block may be due
             hashed = len(request.block_hashes) * self.block_pool.hash_block_size
@@ -238,10 +303,18 @@ class KVCacheCoordinator(ABC):
         return new
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Cache every group's full blocks up to ``num_computed_tokens``, rounded down to
-        the hit alignment (a block past it could never serve a hit)."""
-        for m in self.single_type_managers:
-            m.cache_blocks(request, num_computed_tokens - num_computed_tokens % m.alignment)
+        """Cache every group's full blocks up to its :meth:`get_num_cacheable_tokens`."""
+        if self._plain_caching:
+            for m in self.single_type_managers:
+                m.cache_blocks(request, num_computed_tokens - num_computed_tokens % m.alignment)
+            return
+        for g, m in enumerate(self.single_type_managers):
+            m.cache_blocks(request, self.get_num_cacheable_tokens(num_computed_tokens, g))
+
+    def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
+        """The tokens group ``kv_cache_group_id`` may cache of ``num_computed_tokens``:
+        all but the reprefillable tail (MTP); a hybrid's override aligns them."""
+        return max(0, num_computed_tokens - self.num_reprefillable_tokens)
 
     def free(self, request_id: str) -> None:
         """Free every group's table of the request."""
@@ -302,6 +375,7 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
 
     def _setup(self) -> None:
         self._manager = self.single_type_managers[0]
+        self._manager.use_eagle = 0 in self.drop_eagle_group_ids
         self._full = type(self._manager) is FullAttentionManager and (
             self._manager.alignment == self._manager.block_size
         )
@@ -309,12 +383,15 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
     ) -> tuple[Blocks, int]:
-        """The group's own rule."""
+        """The group's own rule (EAGLE: dropping its last block; no peek margin, as
+        vLLM's unitary coordinator)."""
         manager = self._manager
         if self._full:
             hit = manager.find_longest_cache_hit(block_hashes, max_cache_hit_length)
+            if hit and manager.use_eagle:
+                hit.pop()
             return (hit,), len(hit) * manager.block_size
-        return manager.lookup(block_hashes, max_cache_hit_length, (0,))
+        return manager.lookup(block_hashes, max_cache_hit_length, (0,), manager.use_eagle)
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
@@ -345,28 +422,59 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         self.spec_groups: tuple[tuple[SingleTypeKVCacheManager, tuple[int, ...]], ...] = tuple(
             (first, tuple(ids)) for _, first, ids in specs
         )
+        # a spec's groups are looked up together: one of them dropping makes all drop
+        for _, _, ids in specs:
+            if any(i in self.drop_eagle_group_ids for i in ids):
+                for i in ids:
+                    self.single_type_managers[i].use_eagle = True
         # full attention and one other kind: a second round would change nothing (full
         # attention keeps any shorter aligned length; a sliding window's answer, and a
         # whole-block chunk's, is stable at its own length)
         self._one_round = len(specs) == 2 and isinstance(specs[0][0], FullAttentionSpec)
+        self._hash_block_size = self.block_pool.hash_block_size
+
+    def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
+        """``num_computed_tokens`` aligned down (a block past could never serve a hit);
+        a dropping group's peek block past that too, never into the reprefillable tail
+        (vLLM's rule). O(1)."""
+        m = self.single_type_managers[kv_cache_group_id]
+        aligned = num_computed_tokens - num_computed_tokens % m.alignment
+        if m.use_eagle and aligned > 0:
+            done = max(0, num_computed_tokens - self.num_reprefillable_tokens)
+            return min(done, done - done % m.alignment + m.block_size)
+        return aligned
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
     ) -> tuple[Blocks, int]:
         """The fixpoint of the kinds' rules (class docstring). Full attention's rule is
-        downward closed, so after its first lookup a shorter length only trims it.
-        O(rounds × lookups)."""
+        downward closed, so after its first lookup a shorter length only trims it. A
+        dropping (EAGLE) group looks one block past the candidate and drops it, once per
+        candidate length: its drop verifies its peek at the length it returns, and a
+        shorter length, whoever set it, is verified again. O(rounds × lookups)."""
         managers = self.single_type_managers
         found: list[list[KVCacheBlock]] = [[] for _ in managers]
         full_hit: dict[int, int] = {}
         length = max_cache_hit_length
+        verified: set[int] = set()  # the spec groups whose peek holds at ``current``
+        hashed = len(block_hashes) * self._hash_block_size
         while True:
             current = length
-            for manager, ids in self.spec_groups:
+            for idx, (manager, ids) in enumerate(self.spec_groups):
                 if ids[0] in full_hit:
                     current = min(current, full_hit[ids[0]])
                     continue
-                blocks, current = manager.lookup(block_hashes, current, ids)
+                if manager.use_eagle and idx not in verified:
+                    reach = min(current + manager.block_size, hashed)
+                    blocks, new = manager.lookup(block_hashes, reach, ids, True)
+                    if new < current:
+                        verified.clear()
+                    verified.add(idx)
+                else:
+                    blocks, new = manager.lookup(block_hashes, current, ids)
+                    if new < current:
+                        verified.clear()
+                current = new
                 for g, b in zip(ids, blocks, strict=True):
                     found[g] = b
                 if isinstance(manager, FullAttentionManager):
@@ -393,6 +501,9 @@ def get_kv_cache_coordinator(
     scheduler_block_size: int | None = None,
     max_in_flight_tokens: int | None = None,
     max_model_len: int | None = None,
+    use_eagle: bool = False,
+    num_prefill_lookahead: int = 0,
+    num_hash_lookahead_tokens: int = 0,
 ) -> KVCacheCoordinator:
     """The coordinator for this configuration (module docstring)."""
     cls: type[KVCacheCoordinator] = HybridKVCacheCoordinator
@@ -408,4 +519,7 @@ def get_kv_cache_coordinator(
         scheduler_block_size,
         max_in_flight_tokens,
         max_model_len,
+        use_eagle,
+        num_prefill_lookahead,
+        num_hash_lookahead_tokens,
     )

@@ -58,6 +58,8 @@ class BlockStored:
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
     session_id: str | None = None
+    #: with hash lookahead (EAGLE/MTP), the tokens after each block its hash covers
+    lookahead_token_ids: list[list[int]] | None = None
 
 
 @dataclass

@@ -23,6 +23,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
+from pagedkv._validate import require_int
 from pagedkv.v1.block import BlockHash
 from pagedkv.v1.request import Request
 from pagedkv_spec.errors import InvalidKVCacheManagerConfigError
@@ -167,25 +168,38 @@ class RequestBlockHasher:
     ``hash_block_size`` so the manager can refuse hashes computed at another block
     size than its own (``BlockHashSizeError``)."""
 
-    __slots__ = ("_none", "block_size", "caching_hash_fn")
+    __slots__ = ("_none", "block_size", "caching_hash_fn", "num_hash_lookahead_tokens")
 
-    def __init__(self, block_size: int, caching_hash_fn: HashFunction = sha256) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        caching_hash_fn: HashFunction = sha256,
+        num_hash_lookahead_tokens: int = 0,
+    ) -> None:
         self.block_size = block_size
         self.caching_hash_fn = caching_hash_fn
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self._none = none_hash(caching_hash_fn)
 
     def __call__(self, request: Request) -> list[BlockHash]:
-        """The hashes of ``request``'s full blocks past ``len(request.block_hashes)``.
-        O(new full blocks × block_size)."""
+        """The hashes of ``request``'s full blocks past ``len(request.block_hashes)``
+        (with lookahead L: of the blocks the L tokens after which exist too).
+        O(new full blocks × (block_size + L))."""
         block_size, hash_fn = self.block_size, self.caching_hash_fn
+        ahead = self.num_hash_lookahead_tokens
         start = len(request.block_hashes) * block_size
-        num_tokens = request.num_tokens
+        num_tokens = request.num_tokens - ahead
         parent: bytes = request.block_hashes[-1] if request.block_hashes else self._none
         new: list[BlockHash] = []
         mm_idx = 0
         while start + block_size <= num_tokens:
             end = start + block_size
-            extra, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
+            if ahead:
+                # the keys of the block and its lookahead tokens, then those tokens
+                keys, _ = generate_block_hash_extra_keys(request, start, end + ahead)
+                extra: tuple[Any, ...] | None = (keys, *request.token_slice(end, end + ahead))
+            else:
+                extra, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
             h = BlockHash(hash_fn((parent, tuple(request.token_slice(start, end)), extra)))
             new.append(h)
             parent = h
@@ -193,15 +207,26 @@ class RequestBlockHasher:
         return new
 
     def __repr__(self) -> str:
-        return f"get_request_block_hasher({self.block_size})"
+        ahead = self.num_hash_lookahead_tokens
+        more = f", num_hash_lookahead_tokens={ahead}" if ahead else ""
+        return f"get_request_block_hasher({self.block_size}{more})"
 
 
 def get_request_block_hasher(
-    block_size: int, caching_hash_fn: HashFunction = sha256
+    block_size: int, caching_hash_fn: HashFunction = sha256, num_hash_lookahead_tokens: int = 0
 ) -> RequestBlockHasher:
     """A function giving the hashes of a request's full blocks not hashed yet, at
     ``block_size`` tokens a block: pass the manager's ``hash_block_size`` (a request
-    hashed at another size is refused by the manager).
+    hashed at another size is refused by the manager). ``num_hash_lookahead_tokens``
+    (L, EAGLE/MTP drafts whose KV at a block's last token depends on the L tokens after
+    it): each hash covers those tokens too, so it exists only once they do; its extra
+    keys are ``(E, *tokens)``, E the keys of the block and those tokens (vLLM's form).
 
-    Each call is O(new full blocks × block_size)."""
-    return RequestBlockHasher(block_size, caching_hash_fn)
+    Each call is O(new full blocks × (block_size + L))."""
+    require_int(
+        "num_hash_lookahead_tokens",
+        num_hash_lookahead_tokens,
+        InvalidKVCacheManagerConfigError,
+        low=0,
+    )
+    return RequestBlockHasher(block_size, caching_hash_fn, num_hash_lookahead_tokens)

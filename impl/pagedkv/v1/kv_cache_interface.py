@@ -12,7 +12,14 @@ state-space (linear attention) layer: it keeps one recurrent state per request, 
 token's KV, so a block holds the state after the block's last token.
 :class:`CrossAttentionSpec` is an encoder-decoder model's cross-attention: its blocks
 hold the encoder's tokens, allocated once per request. A model whose layers are of
-several kinds has one group per kind (a *hybrid*).
+several kinds has one group per kind (a *hybrid*). :class:`MLAAttentionSpec` and
+:class:`SlidingWindowMLASpec` are DeepSeek-style multi-head latent attention: one latent
+vector per token instead of a K and a V, so a page is half an attention page of the same
+heads; the manager treats them as full attention and a sliding window, but as specs of
+their own (a hybrid looks an MLA group up apart from a plain one, and events name the
+kind ``mla_attention`` / ``sliding_window_mla``). A group flagged ``is_eagle_group``
+holds an EAGLE/MTP draft model's layers: its hits drop their last block (the manager's
+``use_eagle``).
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ __all__ = [
     "KVCacheGroupSpec",
     "KVCacheSpec",
     "KVCacheTensor",
+    "MLAAttentionSpec",
     "MambaSpec",
+    "SlidingWindowMLASpec",
     "SlidingWindowSpec",
 ]
 
@@ -112,6 +121,34 @@ class ChunkedLocalAttentionSpec(AttentionSpec):
 
 
 @dataclass(frozen=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """Multi-head latent attention (DeepSeek V2/V3): full attention whose cache holds one
+    compressed latent vector per token (no separate V). Managed as full attention; a
+    spec of its own, so a hybrid looks it up apart from a :class:`FullAttentionSpec`
+    group of the same block size."""
+
+    kind = "mla_attention"
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one block of one layer: the latent vectors only."""
+        return self.block_size * self.num_kv_heads * self.head_size * self.dtype_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindowMLASpec(SlidingWindowSpec):
+    """Sliding-window attention over MLA's latent cache: managed as a sliding window, a
+    spec of its own (its kind ``sliding_window_mla`` in events)."""
+
+    kind = "sliding_window_mla"
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one block of one layer: the latent vectors only."""
+        return self.block_size * self.num_kv_heads * self.head_size * self.dtype_size
+
+
+@dataclass(frozen=True)
 class CrossAttentionSpec(AttentionSpec):
     """Cross-attention of an encoder-decoder model (Whisper): the decoder attends to
     the encoder's tokens, whose KV is computed once per request. Its blocks hold the
@@ -157,10 +194,13 @@ class MambaSpec(KVCacheSpec):
 
 @dataclass(frozen=True)
 class KVCacheGroupSpec:
-    """Layers that share one spec and so one block table per request."""
+    """Layers that share one spec and so one block table per request; ``is_eagle_group``:
+    an EAGLE/MTP draft model's layers, whose hits drop their last block when the manager
+    has ``use_eagle`` (if no group is flagged, every group drops)."""
 
     layer_names: tuple[str, ...]
     kv_cache_spec: KVCacheSpec
+    is_eagle_group: bool = False
 
 
 @dataclass(frozen=True)

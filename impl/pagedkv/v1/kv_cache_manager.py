@@ -68,7 +68,12 @@ from pagedkv._validate import require_bool, require_instance, require_int, requi
 from pagedkv.v1.block import KVCacheBlock
 from pagedkv.v1.coordinator import get_kv_cache_coordinator
 from pagedkv.v1.events import BlockStored, KVCacheEvent
-from pagedkv.v1.kv_cache_interface import KVCacheConfig, SlidingWindowSpec
+from pagedkv.v1.kv_cache_interface import (
+    KVCacheConfig,
+    MLAAttentionSpec,
+    SlidingWindowMLASpec,
+    SlidingWindowSpec,
+)
 from pagedkv.v1.request import AllocationRecord, Request, RequestStatus
 from pagedkv.v1.single_type_manager import (
     ChunkedLocalAttentionManager,
@@ -197,6 +202,18 @@ class KVCacheManager:
             ``max_num_batched_tokens`` per step in flight); it bounds what a
             sliding-window or chunked-local group counts in a ``full_sequence_must_fit``
             admission check (default: no bound).
+        use_eagle: EAGLE/MTP speculative decoding: the groups flagged
+            ``is_eagle_group`` (every group if none is) drop the last block of their
+            hits (:mod:`pagedkv.v1.coordinator`; V1-19). vLLM's scheduler passes False
+            when hashes carry lookahead tokens instead.
+        num_hash_lookahead_tokens: the tokens after each block its hash covers (the
+            requests' hasher: ``get_request_block_hasher(hash_block_size,
+            num_hash_lookahead_tokens=...)``); KV events publish them
+            (``BlockStored.lookahead_token_ids``).
+        num_prefill_lookahead: multi-module MTP's prefill lookahead (its speculative
+            tokens): the last ``num_prefill_lookahead - 1`` computed tokens are never
+            cached by a dropping group (V1-20); with caching on and an EAGLE group it
+            must not exceed ``scheduler_block_size``.
     """
 
     def __init__(
@@ -212,8 +229,14 @@ class KVCacheManager:
         watermark: float = 0.0,
         int_event_hashes: bool = True,
         max_in_flight_tokens: int | None = None,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
     ) -> None:
         bad = InvalidKVCacheManagerConfigError
+        require_bool("use_eagle", use_eagle)
+        require_int("num_hash_lookahead_tokens", num_hash_lookahead_tokens, bad, low=0)
+        require_int("num_prefill_lookahead", num_prefill_lookahead, bad, low=0)
         require_instance("kv_cache_config", kv_cache_config, KVCacheConfig, "a KVCacheConfig")
         require_int("max_model_len", max_model_len, bad, low=1)
         require_bool("enable_caching", enable_caching)
@@ -242,6 +265,9 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
         self.log_stats = log_stats
+        self.use_eagle = use_eagle
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
+        self.num_prefill_lookahead = num_prefill_lookahead
         self.coordinator = get_kv_cache_coordinator(
             kv_cache_config,
             enable_caching,
@@ -251,6 +277,9 @@ class KVCacheManager:
             scheduler_block_size,
             max_in_flight_tokens,
             max_model_len,
+            use_eagle,
+            num_prefill_lookahead,
+            num_hash_lookahead_tokens,
         )
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
@@ -271,10 +300,13 @@ class KVCacheManager:
         #: the last lookup: (request id, pool epoch, its blocks per group)
         self._last_lookup: tuple[str, int, tuple[tuple[KVCacheBlock, ...], ...]] | None = None
         managers = self.coordinator.single_type_managers
-        #: the one group's manager, when it is full attention: plain calls go straight to it
+        #: the one group's manager, when it is full attention caching every computed
+        #: token (no MTP tail): plain calls go straight to it
         self._plain_group = (
             managers[0]
-            if len(managers) == 1 and type(managers[0]) is FullAttentionManager
+            if len(managers) == 1
+            and type(managers[0]) is FullAttentionManager
+            and not self.coordinator.num_reprefillable_tokens
             else None
         )
 
@@ -727,6 +759,7 @@ class KVCacheManager:
             hash_block_size=self.block_pool.hash_block_size,
             alignment=self.scheduler_block_size,
             mamba=tuple(mamba),
+            reprefillable=self.coordinator.num_reprefillable_tokens,
         )
 
     def check_invariants(self) -> None:
@@ -748,8 +781,16 @@ class KVCacheManager:
 
 def _group_spec(m: SingleTypeKVCacheManager) -> GroupSpec:
     """A group's manager as the spec's :class:`GroupSpec`."""
+    mla = isinstance(m.kv_cache_spec, MLAAttentionSpec | SlidingWindowMLASpec)
     if isinstance(m, SlidingWindowManager):
-        return GroupSpec(SLIDING, m.block_size, m.sliding_window, m.max_admission_blocks)
+        return GroupSpec(
+            SLIDING,
+            m.block_size,
+            m.sliding_window,
+            m.max_admission_blocks,
+            eagle=m.use_eagle,
+            mla=mla,
+        )
     if isinstance(m, ChunkedLocalAttentionManager):
         return GroupSpec(CHUNKED, m.block_size, m.attention_chunk_size, m.max_admission_blocks)
     if isinstance(m, MambaManager):
@@ -761,4 +802,4 @@ def _group_spec(m: SingleTypeKVCacheManager) -> GroupSpec:
         )
     if isinstance(m, CrossAttentionManager):
         return GroupSpec(CROSS, m.block_size)
-    return GroupSpec(FULL, m.block_size)
+    return GroupSpec(FULL, m.block_size, eagle=m.use_eagle, mla=mla)

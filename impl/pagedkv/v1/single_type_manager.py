@@ -78,6 +78,9 @@ class SingleTypeKVCacheManager:
         self.max_admission_blocks = max_admission_blocks
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
+        #: EAGLE/MTP: this group's hits drop their last block (set by the coordinator,
+        #: vLLM's name); a sliding window also caches the blocks its peek needs
+        self.use_eagle = False
         self._null_block = block_pool.null_block
         self._key_suffix = make_block_hash_with_group_id(b"", kv_cache_group_id)
         #: hash-sized pieces per block (block i's key: hash (i + 1) * scale - 1)
@@ -287,12 +290,17 @@ class SingleTypeKVCacheManager:
         return block_hashes if scale == 1 else block_hashes[scale - 1 :: scale]
 
     def lookup(
-        self, block_hashes: Sequence[bytes], max_length: int, group_ids: Sequence[int]
+        self,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        group_ids: Sequence[int],
+        drop_eagle_block: bool = False,
     ) -> Hit:
         """This kind's hit rule for the groups ``group_ids`` (all of this kind and block
         size) together: a block position hits only if every group has it cached. The
         blocks per group and the hit in tokens, ``alignment``-aligned, within
-        ``max_length``. A pure lookup. Full attention: the run from block 0."""
+        ``max_length``. A pure lookup. Full attention: the run from block 0;
+        ``drop_eagle_block`` (EAGLE): the run less its last block, aligned down."""
         hashes = self.hashes_at_block_size(block_hashes)
         n = max_length // self.block_size
         pool = self.block_pool
@@ -310,6 +318,8 @@ class SingleTypeKVCacheManager:
                 for out, b in zip(found, blocks, strict=True):
                     out.append(b)
         hit = len(found[0]) * self.block_size
+        if drop_eagle_block and hit:
+            hit -= self.block_size
         hit -= hit % self.alignment
         keep = hit // self.block_size
         if keep < len(found[0]):
@@ -360,14 +370,24 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return max(0, num_computed_tokens - self.sliding_window + 1)
 
     def lookup(
-        self, block_hashes: Sequence[bytes], max_length: int, group_ids: Sequence[int]
+        self,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        group_ids: Sequence[int],
+        drop_eagle_block: bool = False,
     ) -> Hit:
         """The longest aligned prefix whose last :attr:`window_blocks` blocks are all
         cached (the blocks before them are null pads), or, failing any such, the
-        aligned run of cached blocks from block 0. Searched right to left: O(blocks
-        searched) lookups, then O(hit length) for the pads."""
+        aligned run of cached blocks from block 0. ``drop_eagle_block`` (EAGLE): one
+        block more is needed, past the aligned end, and dropped; failing any such run,
+        the run from block 0 is aligned, loses a block and is aligned again (vLLM's
+        order). Searched right to left: O(blocks searched) lookups, then O(hit length)
+        for the pads."""
         hashes = self.hashes_at_block_size(block_hashes)
         bs, need, align = self.block_size, self.window_blocks, self.alignment
+        drop = 1 if drop_eagle_block else 0
+        if drop:
+            need = cdiv(self.sliding_window - 1, bs) + 1
         pool = self.block_pool
         one = len(group_ids) == 1
         get_one = pool.cached_block_hash_to_block.get_one_block
@@ -383,26 +403,42 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             if blocks is None:
                 run.clear()
                 continue
-            if not run and ((i + 1) * bs) % align:
+            if not run and ((i + 1 - drop) * bs) % align:
                 continue  # a hit cannot end here: not aligned
             run.append(blocks)
             if len(run) >= need:
                 end = i + len(run)
                 break
-        if end < 0:  # no whole window: the run from block 0 (aligned: a run starts only
-            end = len(run)  # at an aligned end, and a miss clears it)
+        if end < 0:  # no whole window: the run from block 0 (its end passed the check)
+            end = len(run)
+            if drop:  # aligned, then the drop below (vLLM's order)
+                end -= (end * bs) % align // bs
+                del run[: len(run) - end]
         run.reverse()
+        if drop and end:
+            end -= 1
+            run.pop()
+            cut = (end * bs) % align // bs
+            if cut:
+                end -= cut
+                del run[len(run) - cut :]
         pads = [self._null_block] * (end - len(run))
         out = tuple(pads + [blocks[g] for blocks in run] for g in range(len(group_ids)))
         return out, end * bs
 
     def cache_mask(self, start: int, end: int) -> list[bool] | None:
         """With hits aligned to several blocks, only the last :attr:`window_blocks` of
-        each aligned segment can serve one; the others are not cached."""
+        each aligned segment can serve one (EAGLE: one more, the segment shifted by the
+        dropped block); the others are not cached."""
         if self.alignment % self.block_size:
             return None
         per = self.alignment // self.block_size
         need = self.window_blocks
+        if self.use_eagle:
+            need = cdiv(self.sliding_window - 1, self.block_size) + 1
+            if need >= per:
+                return None
+            return [i >= 1 and (i - 1) % per >= per - need for i in range(start, end)]
         if need >= per:
             return None
         return [i % per >= per - need for i in range(start, end)]
@@ -440,7 +476,11 @@ class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
         return num_computed_tokens // chunk * chunk
 
     def lookup(
-        self, block_hashes: Sequence[bytes], max_length: int, group_ids: Sequence[int]
+        self,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        group_ids: Sequence[int],
+        drop_eagle_block: bool = False,
     ) -> Hit:
         """Null pads for the blocks before ``max_length``'s chunk (outside every window
         a later token reads), then the cached run from there, within ``max_length``."""
@@ -641,7 +681,11 @@ class MambaManager(SingleTypeKVCacheManager):
             self.block_pool.free_blocks(blocks[::-1])
 
     def lookup(
-        self, block_hashes: Sequence[bytes], max_length: int, group_ids: Sequence[int]
+        self,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        group_ids: Sequence[int],
+        drop_eagle_block: bool = False,
     ) -> Hit:
         """The last cached state block at an aligned boundary within ``max_length``
         (searched right to left), the slots before it null pads; no hit if none.

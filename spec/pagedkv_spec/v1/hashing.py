@@ -55,12 +55,19 @@ def extra_keys(ident: Identity, start: int, end: int) -> tuple[Any, ...] | None:
 
 
 @exempt("SHA-256 and pickle: CrossHair cannot reason through them.")
-def block_hashes(tokens: tuple[int, ...], block_size: int, ident: Identity) -> tuple[bytes, ...]:
-    """The hashes of every full block of ``tokens``."""
+def block_hashes(
+    tokens: tuple[int, ...], block_size: int, ident: Identity, lookahead: int = 0
+) -> tuple[bytes, ...]:
+    """The hashes of every full block of ``tokens``; with ``lookahead`` L > 0 (EAGLE/MTP
+    hash lookahead), of every full block followed by L tokens, its extra keys
+    ``(extra_keys of the block and those tokens, *those tokens)``."""
     parent = _h(os.getenv("PYTHONHASHSEED", "vllm-none-hash"))
     out = []
-    for start in range(0, len(tokens) - block_size + 1, block_size):
+    for start in range(0, len(tokens) - lookahead - block_size + 1, block_size):
         end = start + block_size
-        parent = _h((parent, tokens[start:end], extra_keys(ident, start, end)))
+        extra = extra_keys(ident, start, end)
+        if lookahead:
+            extra = (extra_keys(ident, start, end + lookahead), *tokens[end : end + lookahead])
+        parent = _h((parent, tokens[start:end], extra))
         out.append(parent)
     return tuple(out)

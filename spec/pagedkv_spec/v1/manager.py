@@ -19,6 +19,8 @@ State (:class:`ManagerState`):
                 Mamba ``align`` group's request (vLLM's ``_allocated_block_reqs``,
                 ``_num_retired_blocks``); absent until its first allocation (None in a
                 target's state: not reported, its tables alone are compared)
+    reprefillable  multi-module MTP: the last ``num_prefill_lookahead - 1`` computed tokens
+                a draft may prefill again, never cached by an EAGLE group (0 without)
     holders     request id -> (the request object holding its blocks, its computed and
                 total token counts at its last allocation): set by an allocation,
                 dropped by ``free``; not compared (a target need not report it)
@@ -38,6 +40,17 @@ cross-attention group holds the request's ``num_encoder_tokens`` slots, allocate
 its first step, never cached (caching is off with it). A lookup is the fixpoint of the
 kinds' hit rules (:func:`get_computed_blocks`), so every group ends with the same hit
 length.
+
+EAGLE/MTP speculative decoding (vLLM's ``use_eagle``): a draft head writes a token's KV
+with the token after it, so a hit must not end where the cached request's next token
+may differ from this one's. An EAGLE group (:attr:`GroupSpec.eagle`: the groups vLLM
+flags ``is_eagle_group``, or every group if none is flagged; with caching on, every group
+of a spec one of them has) matches one block past the hit (its peek) and drops it, once
+per candidate length (V1-19). Lookahead and draft slots are allocated, never cached;
+with multi-module MTP (``num_prefill_lookahead`` > 1) the last
+``num_prefill_lookahead - 1`` computed tokens may be prefilled again by a draft module,
+so an EAGLE group (with one group, the group) caches none of them (V1-20); a hybrid's
+EAGLE group caches its peek block past the aligned boundary (:func:`cacheable_tokens`).
 
 Invariants (each a named predicate; ``state`` ones hold after every step, ``step``
 ones judge one transition):
@@ -72,6 +85,10 @@ ones judge one transition):
     V1-18 ``encoder_blocks_once``     a cross-attention table is empty or exactly the
                                       request's cdiv(num_encoder_tokens, bs) blocks, none
                                       null, none cached, no cached count
+    V1-19 ``eagle_hit_safe``          (step) a hit stops where every EAGLE group verified
+                                      it: the group's block past the hit is cached
+    V1-20 ``finalized_only``          (step) a step keys no block past its verified tokens
+                                      (an EAGLE group's: past them less the MTP tail)
 
 Operations follow vLLM 0.34.0's ``allocate_slots`` in its three stages (freeing what
 left the windows and the capacity check, adopting the hit, allocating and caching),
@@ -119,13 +136,16 @@ __all__ = [
     "all_or_nothing",
     "allocate_slots",
     "cache_blocks",
+    "cacheable_tokens",
     "check_request",
     "computed_aligned",
+    "eagle_hit_safe",
     "encoder_blocks_once",
     "event_hash",
     "events_replay_ok",
     "evict_blocks",
     "eviction_order_ok",
+    "finalized_only",
     "free",
     "get_block_ids",
     "get_computed_blocks",
@@ -170,6 +190,11 @@ class GroupSpec:
     admission_blocks: int | None = None
     mamba_cache_mode: str = ""
     num_speculative_blocks: int = 0
+    #: EAGLE/MTP: the group's hits drop their last block, verified by a peek past it
+    eagle: bool = False
+    #: an MLA (latent) spec: the rules of its kind, but a spec of its own (looked up apart
+    #: from a plain group of the same kind and block size)
+    mla: bool = False
 
     @property
     def align_mode(self) -> bool:
@@ -227,6 +252,7 @@ class ManagerState:
     alignment: int = 0
     mamba: tuple[tuple[str, tuple[bool, int]], ...] | None = ()
     holders: tuple[tuple[str, tuple[int, int, int]], ...] = field(default=(), compare=False)
+    reprefillable: int = 0
 
     @property
     def specs(self) -> tuple[GroupSpec, ...]:
@@ -291,9 +317,11 @@ def manager_initial(
     groups: tuple[GroupSpec, ...] = (),
     hash_block_size: int = 0,
     alignment: int = 0,
+    reprefillable: int = 0,
 ) -> ManagerState:
     """A manager over a new pool, holding no request: one full-attention group of
-    ``block_size`` unless ``groups`` (then ``block_size`` is group 0's)."""
+    ``block_size`` unless ``groups`` (then ``block_size`` is group 0's); ``reprefillable``:
+    multi-module MTP's tail never cached (``num_prefill_lookahead - 1``)."""
     assert num_blocks >= 1 and block_size >= 1 and max_model_len >= 1, "positive sizes"
     assert all(g.block_size >= 1 for g in groups), "positive block sizes"
     return ManagerState(
@@ -307,6 +335,7 @@ def manager_initial(
         groups=groups,
         hash_block_size=hash_block_size,
         alignment=alignment,
+        reprefillable=reprefillable,
     )
 
 
@@ -519,6 +548,46 @@ def computed_aligned(num_blocks: int, num_tokens: int, block_size: int) -> bool:
     return num_tokens == num_blocks * block_size
 
 
+def eagle_hit_safe(
+    m: ManagerState, r: RequestView, blocks: tuple[tuple[int, ...], ...], num_tokens: int
+) -> bool:
+    """V1-19 (step): a hit of ``num_tokens`` > 0 tokens stops where every EAGLE group
+    verified it: the group's block past the hit (its peek, holding token
+    ``num_tokens``) is cached under r's key, and the group's hit covers the length; the
+    common hit is never past an EAGLE group's safe boundary."""
+    if num_tokens <= 0:
+        return True
+    for g, spec in enumerate(m.specs):
+        if not spec.eagle or g >= len(blocks):
+            continue
+        key = m.key_of(r.block_hashes, g, num_tokens // spec.block_size)
+        if key is None or P.lookup(m.pool, key) is None:
+            return False
+        if len(blocks[g]) * spec.block_size != num_tokens:
+            return False
+    return True
+
+
+def finalized_only(
+    before: ManagerState, after: ManagerState, r: RequestView, num_tokens: int
+) -> bool:
+    """V1-20 (step): a step that caches r's blocks up to ``num_tokens`` (its computed
+    and new tokens, capped at r's verified tokens) keys no block of a table of r past
+    that: draft and lookahead slots are never cached, and (multi-module MTP) an EAGLE
+    group's (with one group, the group's) newly keyed blocks end at most
+    ``num_tokens - reprefillable``."""
+    for g, spec in enumerate(after.specs):
+        t = after.table(r.request_id, g) or ()
+        end = num_tokens
+        if spec.eagle or len(after.specs) == 1:
+            end -= after.reprefillable
+        for i, b in enumerate(t):
+            fresh = b and after.pool.hashes[b] is not None and before.pool.hashes[b] is None
+            if fresh and (i + 1) * spec.block_size > end:
+                return False
+    return True
+
+
 def reset_ok(before: PoolState, after: PoolState, result: bool) -> bool:
     """V1-15 (step): reset returned True iff only the null block was in use; then no
     key is left and the free order is kept, else nothing changed."""
@@ -584,20 +653,47 @@ def _hit_at(m: ManagerState, r: RequestView, ids: tuple[int, ...], i: int) -> tu
 
 
 def _rule(
-    m: ManagerState, r: RequestView, ids: tuple[int, ...], limit: int
+    m: ManagerState, r: RequestView, ids: tuple[int, ...], limit: int, drop: bool = False
 ) -> tuple[int, tuple[tuple[int, ...], ...]]:
     """The hit rule of the groups ``ids`` (one spec) within ``limit`` tokens: its length
-    and each group's blocks (0: a null pad).
+    and each group's blocks (0: a null pad). ``drop``: the EAGLE rule, which matches one
+    block more than it keeps (the peek, :func:`eagle_hit_safe`) and drops it.
 
-    full attention: the longest aligned run of cached blocks from block 0;
+    full attention: the longest aligned run of cached blocks from block 0 (EAGLE: the run,
+        less one block, aligned down);
     sliding window (w): the longest aligned length j·bs whose last max(1, cdiv(w - 1,
-        bs)) blocks (fewer at the start) are all cached, the ones before padded;
+        bs)) blocks (fewer at the start) are all cached, the ones before padded (EAGLE:
+        the last cdiv(w - 1, bs) + 1 blocks of j·bs + bs, the block past j·bs dropped; with
+        no such run, vLLM's order: the run from block 0 aligned, one block dropped,
+        aligned again);
     chunked local (c): pads up to ``limit``'s chunk, then the run of cached blocks;
     Mamba: the last cached block at an aligned boundary, the ones before padded."""
     g = m.specs[ids[0]]
     bs, n = g.block_size, limit // g.block_size
     hits = [_hit_at(m, r, ids, i) for i in range(n)]
-    if g.kind == SLIDING:
+
+    def aligned(blocks: int) -> int:
+        return (blocks * bs - (blocks * bs) % m.align) // bs
+
+    if g.kind == SLIDING and drop:
+        need = _cdiv(g.window - 1, bs) + 1
+        ends = (
+            e
+            for e in range(n - 1, need - 2, -1)
+            if (e * bs) % m.align == 0 and all(hits[i] for i in range(e - need + 1, e + 1))
+        )
+        j = next(ends, -1)
+        if j >= 0:
+            start = j - need + 1
+        else:
+            k = next(
+                k
+                for k in range(min(n, need - 1), -1, -1)
+                if (k == 0 or ((k - 1) * bs) % m.align == 0) and all(hits[i] for i in range(k))
+            )
+            j, start = aligned(k), 0
+            j = aligned(j - 1) if j else 0
+    elif g.kind == SLIDING:
         need = max(1, _cdiv(g.window - 1, bs))  # a hit ends on a cached block (vLLM's search)
         j = next(
             j
@@ -611,14 +707,14 @@ def _rule(
         while j < n and hits[j]:
             j += 1
     elif g.kind == MAMBA:
-        ends = [i + 1 for i in range(n) if hits[i] and ((i + 1) * bs) % m.align == 0]
+        ends = (i + 1 for i in range(n) if hits[i] and ((i + 1) * bs) % m.align == 0)
         j = max(ends, default=0)
         start = max(0, j - 1)
     else:
         start, j = 0, 0
         while j < n and hits[j]:
             j += 1
-        j = (j * bs - (j * bs) % m.align) // bs
+        j = aligned(j - 1 if drop and j else j)
     blocks = tuple(tuple(0 if i < start else hits[i][k] for i in range(j)) for k in range(len(ids)))
     return j * bs, blocks
 
@@ -628,7 +724,14 @@ def get_computed_blocks(m: ManagerState, r: RequestView) -> tuple[tuple[tuple[in
     ``min(num_tokens - 1, prefix_cache_hit_limit)`` tokens; no blocks with caching off or
     a hit limit of 0. The groups of one spec are looked up together (a block hits only
     if cached in each); the rules are applied in turn, full attention first, each within
-    the length left by the previous one, until a round changes nothing. A pure lookup."""
+    the length left by the previous one, until a round changes nothing. A pure lookup.
+
+    EAGLE groups (:attr:`GroupSpec.eagle`) use the dropping rule once per candidate
+    length: a group's drop verifies its peek at the length it returns, and any shorter
+    length (whoever set it) needs the drop again; in a model of several groups the
+    dropping rule may match one block past the candidate (within the request's hashes),
+    so its drop lands back on the candidate (one group: no margin, vLLM's
+    ``UnitaryKVCacheCoordinator``)."""
     assert r.num_tokens >= 1, "a request has a token"
     empty = tuple(() for _ in m.specs)
     limit = r.num_tokens - 1
@@ -642,16 +745,31 @@ def get_computed_blocks(m: ManagerState, r: RequestView) -> tuple[tuple[tuple[in
         if spec.kind != CROSS:  # never cached: no rule, no blocks
             together.setdefault(spec, []).append(g)
     order = sorted(together.items(), key=lambda e: e[0].kind != FULL)
+    margin = len(m.specs) > 1
+    hashed = len(r.block_hashes) * m.hash_size
     found: dict[int, tuple[int, ...]] = {}
+    verified: set[int] = set()  # the spec groups whose peek holds at the current length
     length = limit
     while True:
         current = length
-        for _, ids in order:
-            current, blocks = _rule(m, r, tuple(ids), current)
+        for idx, (spec, ids) in enumerate(order):
+            drop = spec.eagle and idx not in verified
+            reach = min(current + spec.block_size, hashed) if drop and margin else current
+            new, blocks = _rule(m, r, tuple(ids), reach, drop)
+            if drop:
+                verified = verified | {idx} if new >= current else {idx}
+            elif new < current:
+                verified = set()
+            current = new
             found.update(zip(ids, blocks, strict=True))
         if current == length:
             break
         length = current
+        if len(order) == 2 and order[0][0].kind == FULL:
+            break  # full attention and one other spec: one round (vLLM's simple hybrid)
+    for g, spec in enumerate(m.specs):  # full attention's run, trimmed to the length
+        if spec.kind == FULL and g in found:
+            found[g] = found[g][: length // spec.block_size]
     out = tuple(found.get(g, ()) for g in range(len(m.specs))), length
     assert all(
         computed_aligned(len(b), length, s.block_size)
@@ -686,8 +804,9 @@ def usage(m: ManagerState) -> float:
 def _cacheable(m: ManagerState, g: int, i: int) -> bool:
     """Whether full block i of group g can ever serve a hit: in a sliding-window group
     whose hits are aligned to several blocks, only the last cdiv(w - 1, bs) blocks of
-    each aligned segment can (the others are not cached); in a Mamba group, only the
-    states at aligned boundaries; in a cross-attention group, none."""
+    each aligned segment can (an EAGLE group's: one more, the segment shifted by the
+    peek block); in a Mamba group, only the states at aligned boundaries; in a
+    cross-attention group, none."""
     spec = m.specs[g]
     if spec.kind == MAMBA:
         return ((i + 1) * spec.block_size) % m.align == 0
@@ -696,22 +815,39 @@ def _cacheable(m: ManagerState, g: int, i: int) -> bool:
     if spec.kind != SLIDING or m.align % spec.block_size:
         return True
     per, need = m.align // spec.block_size, _cdiv(spec.window - 1, spec.block_size)
+    if spec.eagle:
+        return need + 1 >= per or (i >= 1 and (i - 1) % per >= per - need - 1)
     return need >= per or i % per >= per - need
+
+
+def cacheable_tokens(m: ManagerState, g: int, num_tokens: int) -> int:
+    """How many of ``num_tokens`` computed tokens group g caches: with one group, all
+    but the reprefillable tail (multi-module MTP); in a hybrid, ``num_tokens`` aligned
+    down, and for an EAGLE group the peek block past that too, never into the
+    reprefillable tail (vLLM's ``get_num_cacheable_tokens``)."""
+    assert num_tokens >= 0, "a count is non-negative"
+    finalized = max(0, num_tokens - m.reprefillable)
+    if len(m.specs) == 1:
+        return finalized
+    aligned = num_tokens - num_tokens % m.align
+    if m.specs[g].eagle and aligned > 0:
+        return min(finalized, finalized - finalized % m.align + m.specs[g].block_size)
+    return aligned
 
 
 def _cache(
     m: ManagerState, r: RequestView, num_tokens: int
 ) -> tuple[ManagerState, tuple[bytes, ...]]:
     """vLLM's ``cache_blocks``, group by group: cache r's full hashed blocks up to
-    ``num_tokens`` rounded down to the hit alignment (those that can serve a hit)."""
+    :func:`cacheable_tokens` of ``num_tokens`` (those that can serve a hit)."""
     stored: list[bytes] = []
-    num_tokens -= num_tokens % m.align
     for g, spec in enumerate(m.specs):
         if spec.kind == CROSS:
             continue
         t = m.table(r.request_id, g) or ()
         done = m.cached_count(r.request_id, g) or 0
-        full = min(num_tokens, len(r.block_hashes) * m.hash_size) // spec.block_size
+        upto = cacheable_tokens(m, g, num_tokens)
+        full = min(upto, len(r.block_hashes) * m.hash_size) // spec.block_size
         if done >= full:
             continue
         pairs = tuple(

@@ -70,7 +70,7 @@ from pagedkv_stateful.engines.wheel import MANIFEST as MANIFEST
 from pagedkv_stateful.engines.wheel import Loader, stand_ins
 from pagedkv_stateful.engines.wheel import TargetSetupError as TargetSetupError
 from pagedkv_stateful.kit.replay import replay_reports, use_prelude
-from pagedkv_stateful.v1.manager_machine import CONFIGURATIONS
+from pagedkv_stateful.v1.manager_machine import CONFIGURATIONS, EAGLE_GROUPS
 
 # --------------------------------------------------------------------------- releases
 
@@ -181,6 +181,10 @@ class Release:
     #: by kind, as pagedkv's spec hashes): before 0.33.0 they were bare values, so the
     #: kit compares which keys share a hash instead of the bytes.
     exact_hashes: bool = True
+    #: Whether the kit's EAGLE/MTP configurations run on it: ``KVCacheManager`` takes
+    #: ``use_eagle`` and ``num_prefill_lookahead`` with 0.34.0's lookup (a dropping
+    #: group's peek margin): 0.33.0 and 0.34.0 (0.27.1 has no MTP lookahead).
+    eagle: bool = True
 
 
 #: The releases this target knows, by version.
@@ -203,6 +207,7 @@ RELEASES: dict[str, Release] = {
         random_none_hash=True,
         partial_hit_limit=False,
         exact_hashes=False,
+        eagle=False,
     ),
 }
 DEFAULT_RELEASE = "0.34.0"
@@ -302,27 +307,38 @@ def manager(
     enable_caching: bool,
     enable_kv_cache_events: bool,
     watermark: float,
+    use_eagle: bool = False,
+    num_prefill_lookahead: int = 0,
 ) -> tuple[ManagerTarget, Capabilities]:
     """The conformance kit's V1-level factory: vLLM's ``KVCacheManager`` (the loaded
     release's) for ``kv_cache_config`` (pagedkv's), behind :class:`ManagerTarget`, with
-    what the release takes (:attr:`Release.partial_hit_limit`). vLLM promises no error
-    types and is judged on its scheduler's calls only. The groups are vLLM's specs of the
-    same kinds, block sizes and windows (full attention, sliding window, chunked local);
-    the scheduler block size is their LCM, hashes are at their GCD."""
+    what the release takes (:attr:`Release.partial_hit_limit`, :attr:`Release.eagle`).
+    vLLM promises no error types and is judged on its scheduler's calls only. The groups
+    are vLLM's specs of the same kinds, block sizes and windows (full attention, MLA,
+    sliding window, chunked local, ...), EAGLE groups flagged alike; the scheduler block
+    size is their LCM, hashes are at their GCD. ``use_eagle`` and
+    ``num_prefill_lookahead``: vLLM's EAGLE/MTP keywords (an EAGLE configuration's)."""
     groups = kv_cache_config.kv_cache_groups
     sizes = [g.kv_cache_spec.block_size for g in groups]
+    eagle: dict[str, Any] = {}
+    if use_eagle or num_prefill_lookahead:
+        version = loaded_release()
+        if not version.eagle:
+            raise UnsupportedCall(f"vLLM {version.version}: no EAGLE configuration is run")
+        eagle = {"use_eagle": use_eagle, "num_prefill_lookahead": num_prefill_lookahead}
     target = hybrid_kv_cache_manager(
         kv_cache_config,
         max_model_len,
         enable_caching=enable_caching,
         enable_kv_cache_events=enable_kv_cache_events,
         watermark=watermark,
+        **eagle,
     )
     release = loaded_release()
     caps = Capabilities(
         hit_limits=release.partial_hit_limit,
         exact_hashes=release.exact_hashes,
-        configurations=SAME_BLOCK_SIZE,
+        configurations=tuple(c for c in SAME_BLOCK_SIZE if release.eagle or c not in EAGLE_GROUPS),
     )
     return ManagerTarget(target, math.gcd(*sizes)), caps
 
@@ -334,6 +350,8 @@ _MAPPED_KINDS = (
     "chunked_local_attention",
     "mamba",
     "cross_attention",
+    "mla_attention",
+    "sliding_window_mla",
 )
 
 #: The kit's group configurations vLLM is run in: those whose groups share one block
@@ -355,12 +373,14 @@ def hybrid_kv_cache_manager(
     enable_caching: bool = True,
     enable_kv_cache_events: bool = False,
     watermark: float = 0.0,
+    **eagle: Any,
 ) -> Any:
     """vLLM's ``KVCacheManager`` over the groups of ``kv_cache_config`` (pagedkv's:
-    full-attention, sliding-window, chunked-local, Mamba and cross-attention specs), each
-    as vLLM's spec of that kind; the scheduler block size the LCM of the block sizes, the
-    hash block size their GCD (as pagedkv's defaults). The layers' heads and dtype only
-    size pages."""
+    full-attention, MLA, sliding-window (MLA), chunked-local, Mamba and cross-attention
+    specs), each as vLLM's spec of that kind, ``is_eagle_group`` as flagged; the
+    scheduler block size the LCM of the block sizes, the hash block size their GCD (as
+    pagedkv's defaults); ``eagle``: vLLM's ``use_eagle`` and ``num_prefill_lookahead``
+    keywords. The layers' heads and dtype only size pages."""
     kinds = [g.kv_cache_spec.kind for g in kv_cache_config.kv_cache_groups]
     unmapped = [k for k in kinds if k not in _MAPPED_KINDS]
     if unmapped:
@@ -393,13 +413,18 @@ def hybrid_kv_cache_manager(
             vspec = iface.CrossAttentionSpec(**common)
         elif spec.kind == "sliding_window":
             vspec = iface.SlidingWindowSpec(**common, sliding_window=spec.sliding_window)
+        elif spec.kind == "sliding_window_mla":
+            vspec = iface.SlidingWindowMLASpec(**common, sliding_window=spec.sliding_window)
+        elif spec.kind == "mla_attention":
+            vspec = iface.MLAAttentionSpec(**common)
         elif spec.kind == "chunked_local_attention":
             vspec = iface.ChunkedLocalAttentionSpec(
                 **common, attention_chunk_size=spec.attention_chunk_size
             )
         else:
             vspec = iface.FullAttentionSpec(**common)
-        groups.append(iface.KVCacheGroupSpec([f"model.layers.{g}.self_attn"], vspec))
+        flag = {"is_eagle_group": True} if group.is_eagle_group else {}
+        groups.append(iface.KVCacheGroupSpec([f"model.layers.{g}.self_attn"], vspec, **flag))
     config = iface.KVCacheConfig(
         num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
     )
@@ -412,6 +437,7 @@ def hybrid_kv_cache_manager(
         enable_caching=enable_caching,
         enable_kv_cache_events=enable_kv_cache_events,
         watermark=watermark,
+        **eagle,
     )
 
 
@@ -431,12 +457,13 @@ def kv_cache_manager(
     enable_kv_cache_events: bool = False,
     watermark: float = 0.0,
     sliding_window: int | None = None,
+    use_eagle: bool = False,
 ) -> Any:
     """vLLM's ``KVCacheManager`` over one full-attention group of ``num_blocks`` blocks
     of ``block_size`` tokens (scheduler and hash block size alike, as a vLLM engine
     with one group sets them), and a sliding-window group of the same block size after
-    it with ``sliding_window``. The layer's heads and dtype only size its pages, which
-    the manager never reads."""
+    it with ``sliding_window``; ``use_eagle``: EAGLE's dropped last block. The layer's
+    heads and dtype only size its pages, which the manager never reads."""
     import torch
 
     iface = _module("vllm.v1.kv_cache_interface")
@@ -463,6 +490,7 @@ def kv_cache_manager(
         enable_caching=enable_caching,
         enable_kv_cache_events=enable_kv_cache_events,
         watermark=watermark,
+        **({"use_eagle": True} if use_eagle else {}),
     )
 
 
@@ -565,6 +593,7 @@ def state_of(target: Any, release: Release | None = None) -> ManagerState:
         groups=tuple(_group_of(m) for m in managers),
         hash_block_size=target.block_pool.hash_block_size,
         alignment=getattr(target.coordinator, "scheduler_block_size", 0),
+        reprefillable=getattr(target.coordinator, "num_reprefillable_tokens", 0),
         mamba=tuple(mamba) if reported else None,
     )
 
@@ -575,8 +604,12 @@ def _group_of(manager: Any) -> GroupSpec:
     spec = manager.kv_cache_spec
     kind = type(spec).__name__
     cap = getattr(manager, "max_admission_blocks_per_request", None)
-    if kind == "SlidingWindowSpec":
-        return GroupSpec(SLIDING, manager.block_size, spec.sliding_window, cap)
+    eagle = bool(getattr(manager, "use_eagle", False))
+    if kind in ("SlidingWindowSpec", "SlidingWindowMLASpec"):
+        mla = kind == "SlidingWindowMLASpec"
+        return GroupSpec(
+            SLIDING, manager.block_size, spec.sliding_window, cap, eagle=eagle, mla=mla
+        )
     if kind == "ChunkedLocalAttentionSpec":
         return GroupSpec(CHUNKED, manager.block_size, spec.attention_chunk_size, cap)
     if kind == "MambaSpec":
@@ -588,7 +621,7 @@ def _group_of(manager: Any) -> GroupSpec:
         )
     if kind == "CrossAttentionSpec":
         return GroupSpec(CROSS, manager.block_size)
-    return GroupSpec(FULL, manager.block_size)
+    return GroupSpec(FULL, manager.block_size, eagle=eagle, mla=kind == "MLAAttentionSpec")
 
 
 def pool_state_of(pool: Any, release: Release | None = None) -> PoolState:
@@ -837,9 +870,15 @@ class BenchTarget:
 
     @staticmethod
     def manager(
-        num_blocks: int, block_size: int, max_model_len: int, window: int | None = None
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        window: int | None = None,
+        use_eagle: bool = False,
     ) -> Any:
-        return kv_cache_manager(num_blocks, block_size, max_model_len, sliding_window=window)
+        return kv_cache_manager(
+            num_blocks, block_size, max_model_len, sliding_window=window, use_eagle=use_eagle
+        )
 
     @staticmethod
     def pool(num_blocks: int) -> Any:

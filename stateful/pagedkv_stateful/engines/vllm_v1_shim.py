@@ -349,6 +349,75 @@ class SlidingWindowSpec(pv1.SlidingWindowSpec):
         self.__post_init__()
 
 
+#: MLA's own spec fields: they size and lay out pages (a quantised latent cache, the
+#: sparse top-k buffer, DeepSeek V4's padding and cache roles), which the manager never
+#: reads, so they are taken and kept aside (a test may build such specs as parameters)
+_MLA_FIELDS = (
+    "cache_dtype_str",
+    "topk_buffer_width",
+    "alignment",
+    "model_version",
+    "cache_role",
+    "is_index_group_leader",
+    "non_causal_multi_token_decode",
+    "bounded_replay",
+    "tokens_per_state",
+    "block_stride_alignment",
+    "max_tp_shards",
+)
+
+
+def _mla_fields(name: str, more: dict[str, Any]) -> dict[str, Any]:
+    """``more`` less MLA's own fields (:data:`_MLA_FIELDS`: page layout only)."""
+    return {k: v for k, v in more.items() if k not in _MLA_FIELDS}
+
+
+@dataclass(frozen=True, init=False)
+class MLAAttentionSpec(pv1.MLAAttentionSpec):
+    """vLLM's ``MLAAttentionSpec(block_size, num_kv_heads, head_size, dtype, ...)`` over
+    pagedkv's; a sparse or DeepSeek V4 layout (top-k buffer, cache roles, padding) is
+    out of scope."""
+
+    dtype: Any = None
+
+    def __init__(
+        self,
+        block_size: int,
+        num_kv_heads: int = 1,
+        head_size: int = 1,
+        dtype: Any = None,
+        **more: Any,
+    ) -> None:
+        more = _mla_fields("MLAAttentionSpec", more)
+        _attention_fields(
+            self, "MLAAttentionSpec", block_size, num_kv_heads, head_size, dtype, more
+        )
+        object.__setattr__(self, "dtype", dtype)
+        self.__post_init__()
+
+
+@dataclass(frozen=True, init=False)
+class SlidingWindowMLASpec(pv1.SlidingWindowMLASpec):
+    """vLLM's ``SlidingWindowMLASpec(block_size, num_kv_heads, head_size, dtype,
+    sliding_window, ...)`` over pagedkv's (as :class:`MLAAttentionSpec`)."""
+
+    def __init__(
+        self,
+        block_size: int,
+        num_kv_heads: int = 1,
+        head_size: int = 1,
+        dtype: Any = None,
+        sliding_window: int = 1,
+        **more: Any,
+    ) -> None:
+        more = _mla_fields("SlidingWindowMLASpec", more)
+        _attention_fields(
+            self, "SlidingWindowMLASpec", block_size, num_kv_heads, head_size, dtype, more
+        )
+        object.__setattr__(self, "sliding_window", sliding_window)
+        self.__post_init__()
+
+
 @dataclass(frozen=True, init=False)
 class ChunkedLocalAttentionSpec(pv1.ChunkedLocalAttentionSpec):
     """vLLM's ``ChunkedLocalAttentionSpec(block_size, num_kv_heads, head_size, dtype,
@@ -434,8 +503,8 @@ class MambaSpec(pv1.MambaSpec):
 
 
 class KVCacheGroupSpec(pv1.KVCacheGroupSpec):
-    """vLLM's ``KVCacheGroupSpec(layer_names, kv_cache_spec, ...)``; an EAGLE group, a
-    host-resident group or a HiSparse role is out of scope. Not a dataclass of its own:
+    """vLLM's ``KVCacheGroupSpec(layer_names, kv_cache_spec, ...)`` (an EAGLE draft group
+    too); a host-resident group or a HiSparse role is out of scope. Not a dataclass of its own:
     vLLM's fields stay writable (see ``__setattr__``: the spec too, which a test may
     replace before building a manager), pagedkv's others frozen."""
 
@@ -453,7 +522,6 @@ class KVCacheGroupSpec(pv1.KVCacheGroupSpec):
         enable_kv_transfer: bool = True,
         role: object = None,
     ) -> None:
-        _only_default(EAGLE, "KVCacheGroupSpec(is_eagle_group", is_eagle_group, False)
         _only_default(HISPARSE, "KVCacheGroupSpec(host_resident", host_resident, False)
         if role is not None:
             _out(HISPARSE, f"KVCacheGroupSpec(role={role!r})")
@@ -468,11 +536,9 @@ class KVCacheGroupSpec(pv1.KVCacheGroupSpec):
     def __setattr__(self, name: str, value: object) -> None:
         """vLLM's group spec is mutable: a test may set a vLLM-only field, with the
         same checks as the constructor's (pagedkv's own fields stay frozen)."""
-        if name == "is_eagle_group":
-            _only_default(EAGLE, "KVCacheGroupSpec.is_eagle_group", value, False)
-        elif name == "host_resident":
+        if name == "host_resident":
             _only_default(HISPARSE, "KVCacheGroupSpec.host_resident", value, False)
-        elif name not in ("enable_kv_transfer", "kv_cache_spec"):
+        elif name not in ("enable_kv_transfer", "kv_cache_spec", "is_eagle_group"):
             super().__setattr__(name, value)
             return
         object.__setattr__(self, name, value)
@@ -596,8 +662,8 @@ class BlockHashToBlockMap(pv1.BlockHashToBlockMap):
 
 
 class BlockPool(pv1.BlockPool):
-    """vLLM's ``BlockPool`` arguments; a metrics collector, hash lookahead or another
-    medium is out of scope."""
+    """vLLM's ``BlockPool`` arguments; a metrics collector or another medium is out of
+    scope."""
 
     def __init__(
         self,
@@ -610,9 +676,14 @@ class BlockPool(pv1.BlockPool):
         medium: str = pv1_events.MEDIUM_GPU,
     ) -> None:
         _only_default(ENGINE, "BlockPool(metrics_collector", metrics_collector)
-        _only_default(EAGLE, "BlockPool(num_hash_lookahead_tokens", num_hash_lookahead_tokens, 0)
         _only_default(CONNECTORS, "BlockPool(medium", medium, pv1_events.MEDIUM_GPU)
-        super().__init__(num_gpu_blocks, enable_caching, hash_block_size, enable_kv_cache_events)
+        super().__init__(
+            num_gpu_blocks,
+            enable_caching,
+            hash_block_size,
+            enable_kv_cache_events,
+            num_hash_lookahead_tokens=int(num_hash_lookahead_tokens),
+        )
 
 
 #: the group kinds pagedkv.v1 manages
@@ -644,10 +715,11 @@ def _check_config(config: pv1.KVCacheConfig, enable_caching: bool) -> None:
 
 
 class KVCacheManager(pv1.KVCacheManager):
-    """vLLM's ``KVCacheManager`` arguments over pagedkv's. Out of scope: EAGLE and MTP
-    lookahead, context parallelism, a metrics collector, Mamba's shared-prefix checkpoint
-    and the configurations :func:`_check_config` rejects. ``max_in_flight_tokens`` bounds
-    the windowed groups' whole-sequence admission, as vLLM's does."""
+    """vLLM's ``KVCacheManager`` arguments over pagedkv's (EAGLE and MTP lookahead
+    included). Out of scope: context parallelism, a metrics collector, Mamba's
+    shared-prefix checkpoint and the configurations :func:`_check_config` rejects.
+    ``max_in_flight_tokens`` bounds the windowed groups' whole-sequence admission, as
+    vLLM's does."""
 
     def __init__(
         self,
@@ -668,11 +740,6 @@ class KVCacheManager(pv1.KVCacheManager):
         watermark: float = 0.0,
         enable_mamba_shared_prefix_checkpoint: bool = False,
     ) -> None:
-        _only_default(EAGLE, "KVCacheManager(use_eagle", use_eagle, False)
-        _only_default(
-            EAGLE, "KVCacheManager(num_hash_lookahead_tokens", num_hash_lookahead_tokens, 0
-        )
-        _only_default(EAGLE, "KVCacheManager(num_prefill_lookahead", num_prefill_lookahead, 0)
         _only_default(PLANNING, "KVCacheManager(dcp_world_size", dcp_world_size, 1)
         _only_default(PLANNING, "KVCacheManager(pcp_world_size", pcp_world_size, 1)
         _only_default(ENGINE, "KVCacheManager(metrics_collector", metrics_collector)
@@ -693,6 +760,10 @@ class KVCacheManager(pv1.KVCacheManager):
             enable_kv_cache_events=enable_kv_cache_events,
             watermark=watermark,
             max_in_flight_tokens=max_in_flight_tokens or None,
+            use_eagle=use_eagle,
+            # vLLM's tests pass a bool for 0 / 1 (pagedkv takes ints only)
+            num_hash_lookahead_tokens=int(num_hash_lookahead_tokens),
+            num_prefill_lookahead=num_prefill_lookahead,
         )
 
     def new_step_starts(self) -> None:
@@ -718,11 +789,10 @@ class _VllmManagerCalls(pv1.SingleTypeKVCacheManager):
         apply_admission_cap: bool = False,
         prefill_end: int = 0,
     ) -> int:
-        """pagedkv's, when the hit is whole blocks and there is no draft model."""
+        """pagedkv's, when the hit is whole blocks (an attention kind counts every slot,
+        lookahead ones too: the main model's count is Mamba's)."""
         if new_computed_blocks and num_local_computed_tokens % self.block_size:
             _out(MAMBA, "a partial local hit (fine-grained hashes)")
-        if num_tokens_main_model is not None and num_tokens_main_model != num_tokens:
-            _out(EAGLE, "get_num_blocks_to_allocate(num_tokens_main_model != num_tokens)")
         return super().get_num_blocks_to_allocate(
             request_id, num_tokens, new_computed_blocks, total_computed_tokens, apply_admission_cap
         )
@@ -750,9 +820,7 @@ class _VllmManagerCalls(pv1.SingleTypeKVCacheManager):
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
     ) -> list[pv1.KVCacheBlock]:
-        """pagedkv's, when the main model's count is the count (no draft model)."""
-        if num_tokens_main_model is not None and num_tokens_main_model != num_tokens:
-            _out(EAGLE, "allocate_new_blocks(num_tokens_main_model != num_tokens)")
+        """pagedkv's (an attention kind gives every slot a block, lookahead ones too)."""
         return super().allocate_new_blocks(request_id, num_tokens)
 
     def allocate_external_computed_blocks(  # type: ignore[override]  # vLLM's keywords
@@ -821,11 +889,11 @@ def _find_longest_cache_hit(
 ) -> tuple[tuple[list[pv1.KVCacheBlock], ...], int]:
     """vLLM's class-level lookup: pagedkv's ``lookup`` of a manager of ``cls`` over
     ``block_pool`` with hits ``alignment_tokens`` aligned."""
-    _only_default(EAGLE, "find_longest_cache_hit(drop_eagle_block", drop_eagle_block, False)
     _only_default(PLANNING, "find_longest_cache_hit(dcp_world_size", dcp_world_size, 1)
     _only_default(PLANNING, "find_longest_cache_hit(pcp_world_size", pcp_world_size, 1)
     manager = cls(kv_cache_spec, block_pool, True, kv_cache_group_ids[0], alignment_tokens)
-    return manager.lookup(block_hashes, max_length, tuple(kv_cache_group_ids))
+    manager.use_eagle = drop_eagle_block
+    return manager.lookup(block_hashes, max_length, tuple(kv_cache_group_ids), drop_eagle_block)
 
 
 class _VllmLookup:
@@ -1265,13 +1333,9 @@ def _fill_kv_cache_utils(module: types.ModuleType) -> None:
         caching_hash_fn: Callable[[Any], bytes],
         num_hash_lookahead_tokens: int = 0,
     ) -> Callable[[pv1.Request], list[pv1.BlockHash]]:
-        _only_default(
-            EAGLE,
-            "get_request_block_hasher(num_hash_lookahead_tokens",
-            num_hash_lookahead_tokens,
-            0,
+        return pv1.get_request_block_hasher(
+            hash_block_size, caching_hash_fn, int(num_hash_lookahead_tokens)
         )
-        return pv1.get_request_block_hasher(hash_block_size, caching_hash_fn)
 
     def maybe_convert_block_hash(hash_bytes: bytes) -> pv1_events.ExternalBlockHash:
         return pv1_events.external_hash(hash_bytes)
@@ -1349,6 +1413,8 @@ MAPPED: dict[str, Callable[[types.ModuleType], None]] = {
             "KVCacheSpec": pv1.KVCacheSpec,
             "FullAttentionSpec": FullAttentionSpec,
             "SlidingWindowSpec": SlidingWindowSpec,
+            "MLAAttentionSpec": MLAAttentionSpec,
+            "SlidingWindowMLASpec": SlidingWindowMLASpec,
             "ChunkedLocalAttentionSpec": ChunkedLocalAttentionSpec,
             "MambaSpec": MambaSpec,
             "CrossAttentionSpec": CrossAttentionSpec,
@@ -1394,8 +1460,6 @@ NAME_REASONS: dict[str, str] = {
     # kv_cache_interface
     "compute_mamba_prefill_checkpoints": MAMBA,
     "new_mamba_spec": MAMBA,
-    "MLAAttentionSpec": MLA,
-    "SlidingWindowMLASpec": MLA,
     "new_mla_spec": MLA,
     "SinkFullAttentionSpec": WINDOW,
     "RSWASpec": WINDOW,

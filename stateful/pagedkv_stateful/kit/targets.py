@@ -8,6 +8,7 @@ a hint, not a violation), and the lockstep machine of its level is built over it
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -32,7 +33,7 @@ from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
 from pagedkv_stateful.v0.manager_machine import ManagerMachine
-from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.manager_machine import EAGLE_GROUPS, V1ManagerMachine
 from pagedkv_stateful.v1.offload_machine import OffloadMachine
 from pagedkv_stateful.v1.pool_machine import BS, V1PoolMachine
 from pagedkv_stateful.v1.program import EVENTS_AGREE
@@ -109,8 +110,9 @@ V1_OFFLOAD_METHODS = (
 )
 V1_IMPORTS = (
     "from pagedkv.v1 import ChunkedLocalAttentionSpec, CrossAttentionSpec, FullAttentionSpec, "
-    "KVCacheConfig, LoRARequest, MambaSpec, MultiModalFeatureSpec, PlaceholderRange, Request, "
-    "RequestStatus, SlidingWindowSpec, get_request_block_hasher"
+    "KVCacheConfig, KVCacheGroupSpec, LoRARequest, MLAAttentionSpec, MambaSpec, "
+    "MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus, SlidingWindowMLASpec, "
+    "SlidingWindowSpec, get_request_block_hasher"
 )
 OFFLOAD_IMPORTS = "from pagedkv.v1.offload import ReqContext"
 #: What a caching-manager-level target must have besides the manager's methods.
@@ -589,20 +591,39 @@ def v1_pool_machine(
     return _v1_pool_machine(factory, call)
 
 
+def _takes_keyword(factory: Callable[..., Any], name: str) -> bool:
+    """Whether ``factory`` takes the keyword ``name`` (or any keyword)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: assume the plain one
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
+
+
 def _v1_machine(
     factory: Callable[..., Any], call: str, caps: Capabilities, own: bool
 ) -> type[V1ManagerMachine]:
+    """The V1 level's machine over ``factory``, in the configurations ``caps`` names (all
+    by default), the EAGLE ones only for a factory taking ``use_eagle`` and
+    ``num_prefill_lookahead`` keywords."""
+    taken = caps.configurations or V1ManagerMachine.configurations
+    if not _takes_keyword(factory, "use_eagle"):  # EAGLE's keywords are optional
+        taken = tuple(c for c in taken if c not in EAGLE_GROUPS)
+
     class ConformV1(V1ManagerMachine):
         partial_hit_limits = caps.hit_limits
         exact_hashes = caps.exact_hashes
         general_path_requests = own  # pagedkv's own: its fast and general paths
-        configurations = caps.configurations or V1ManagerMachine.configurations
+        configurations = taken
         beyond_callers = caps.beyond_callers
 
         def make_manager(
             self, config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
         ) -> Any:
-            self._result = factory(config, max_model_len, caching, events, watermark)
+            # an EAGLE configuration's keywords (use_eagle, num_prefill_lookahead) only
+            self._result = factory(
+                config, max_model_len, caching, events, watermark, **self.eagle_options
+            )
             return _caching_target(self._result)[0]
 
         def setup_source(self, args: str) -> str:

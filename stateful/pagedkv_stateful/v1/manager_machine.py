@@ -39,6 +39,7 @@ out), and a test case failing an ordinary known cause is discarded.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
@@ -55,13 +56,16 @@ from pagedkv.v1 import (
     FullAttentionSpec,
     KVCacheBlocks,
     KVCacheConfig,
+    KVCacheGroupSpec,
     KVCacheManager,
     LoRARequest,
     MambaSpec,
+    MLAAttentionSpec,
     MultiModalFeatureSpec,
     PlaceholderRange,
     Request,
     RequestStatus,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
     get_request_block_hasher,
 )
@@ -91,6 +95,7 @@ from pagedkv_stateful.v1.program import (
 
 __all__ = [
     "CONFIGURATIONS",
+    "EAGLE_GROUPS",
     "FEATURES",
     "GeneralPathRequest",
     "V1ManagerMachine",
@@ -98,6 +103,9 @@ __all__ = [
     "ids_of",
 ]
 
+#: the machine's names of the MLA kinds (the spec's :data:`FULL` and :data:`SLIDING`
+#: groups flagged ``mla``)
+MLA, SLIDING_MLA = "mla_attention", "sliding_window_mla"
 #: prompts share prefixes: a few bases, then a short random tail
 BASES = ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 3, 4, 9, 9, 9, 9), (5, 5, 5, 5, 5, 5))
 #: identities mostly absent, so hits are common; when present they overlap: LoRA "a" at two
@@ -134,9 +142,40 @@ CONFIGURATIONS: dict[str, tuple[tuple[str, int], ...]] = {
     "full (2x blocks) + Mamba": ((FULL, 2), (MAMBA, 1)),
     # an encoder-decoder model (Whisper): caching off, encoder tokens per request
     "encoder-decoder": ((FULL, 1), (CROSS, 1)),
+    # DeepSeek-style latent attention: managed as full attention, a spec of its own
+    "MLA": ((MLA, 1),),
+    "full + MLA": ((FULL, 1), (MLA, 1)),
+    # EAGLE/MTP speculative decoding (the manager's use_eagle; EAGLE_GROUPS)
+    "full attention + EAGLE": ((FULL, 1),),
+    "sliding window + EAGLE": ((SLIDING, 1),),
+    "MLA + EAGLE": ((MLA, 1),),
+    "full + sliding window + EAGLE": ((FULL, 1), (SLIDING, 1)),
+    "full (2x blocks) + sliding window + EAGLE": ((FULL, 2), (SLIDING, 1)),
+    # two windowed specs dropping: a shorter length set by one needs the other's drop again
+    "full + sliding window + sliding window MLA + EAGLE": (
+        (FULL, 1),
+        (SLIDING, 1),
+        (SLIDING_MLA, 1),
+    ),
+    # a target model (full + sliding window) and its EAGLE draft's full-attention group,
+    # the only group flagged is_eagle_group (a spec of its own: MLA)
+    "sliding window + full + EAGLE draft": ((SLIDING, 1), (FULL, 1), (MLA, 1)),
+}
+#: The EAGLE configurations: the groups flagged ``is_eagle_group`` (none: every group
+#: takes the drop), for a manager with ``use_eagle`` and a drawn ``num_prefill_lookahead``.
+EAGLE_GROUPS: dict[str, tuple[int, ...]] = {
+    "full attention + EAGLE": (),
+    "sliding window + EAGLE": (),
+    "MLA + EAGLE": (),
+    "full + sliding window + EAGLE": (),
+    "full (2x blocks) + sliding window + EAGLE": (),
+    "full + sliding window + sliding window MLA + EAGLE": (),
+    "sliding window + full + EAGLE draft": (2,),
 }
 #: the kinds a configuration of which runs with caching off (vLLM turns it off)
 UNCACHED_KINDS = (CROSS,)
+#: the spec's kind of the MLA kinds (the groups are flagged ``mla``)
+_MLA_KINDS = {MLA: FULL, SLIDING_MLA: SLIDING}
 
 
 def ids_of(blocks: KVCacheBlocks) -> tuple[tuple[int, ...], ...]:
@@ -153,10 +192,14 @@ def _kv_spec(group: GroupSpec) -> KVCacheSpec:
         )
     if group.kind == CROSS:
         return CrossAttentionSpec(group.block_size)
+    if group.kind == SLIDING and group.mla:
+        return SlidingWindowMLASpec(group.block_size, sliding_window=group.window)
     if group.kind == SLIDING:
         return SlidingWindowSpec(group.block_size, sliding_window=group.window)
     if group.kind == CHUNKED:
         return ChunkedLocalAttentionSpec(group.block_size, attention_chunk_size=group.window)
+    if group.mla:
+        return MLAAttentionSpec(group.block_size)
     return FullAttentionSpec(group.block_size)
 
 
@@ -168,11 +211,27 @@ def _spec_source(group: GroupSpec) -> str:
         )
     if group.kind == CROSS:
         return f"CrossAttentionSpec({group.block_size})"
+    name = "MLA" if group.mla else ""
     if group.kind == SLIDING:
-        return f"SlidingWindowSpec({group.block_size}, sliding_window={group.window})"
+        window = f"sliding_window={group.window}"
+        return f"SlidingWindow{name}Spec({group.block_size}, {window})"
     if group.kind == CHUNKED:
         return f"ChunkedLocalAttentionSpec({group.block_size}, attention_chunk_size={group.window})"
-    return f"FullAttentionSpec({group.block_size})"
+    return f"{name or 'FullAttention'}{'Attention' if name else ''}Spec({group.block_size})"
+
+
+def _eagle_groups(
+    groups: tuple[GroupSpec, ...], flagged: tuple[int, ...], caching: bool
+) -> tuple[GroupSpec, ...]:
+    """The groups of a manager with ``use_eagle`` flagged EAGLE as vLLM flags them: the
+    groups ``flagged`` ``is_eagle_group`` (none: every group) drop; with several groups,
+    every group of a spec a dropping one has; with caching off none (no lookup)."""
+    if not caching:
+        return groups
+    drop = set(flagged) if flagged else set(range(len(groups)))
+    if len(groups) > 1:
+        drop |= {i for i, g in enumerate(groups) for j in drop if g == groups[j]}
+    return tuple(replace(g, eagle=i in drop) for i, g in enumerate(groups))
 
 
 class GeneralPathRequest(Request):
@@ -219,6 +278,9 @@ class V1ManagerMachine(V1LockstepMachine):
     exact_hashes = True
     #: the group configurations the target takes (names of :data:`CONFIGURATIONS`)
     configurations: tuple[str, ...] = tuple(CONFIGURATIONS)
+    #: an EAGLE configuration's keywords for :meth:`make_manager` (``use_eagle``,
+    #: ``num_prefill_lookahead``); empty in the others
+    eagle_options: dict[str, Any] = {}  # noqa: RUF012  # replaced per test case, never mutated
     #: whether calls vLLM's scheduler never makes are made too: ``evict_blocks`` in a
     #: model of several KV cache groups (vLLM's scheduler reports a connector's invalid
     #: blocks of such a model as failed requests and evicts nothing)
@@ -232,7 +294,9 @@ class V1ManagerMachine(V1LockstepMachine):
         events: bool,
         watermark: float,
     ) -> KVCacheManager:
-        """The target under test (override for another implementation)."""
+        """The target under test (override for another implementation). In an EAGLE
+        configuration (:data:`EAGLE_GROUPS`) pass :attr:`eagle_options` (``use_eagle``
+        and ``num_prefill_lookahead``, vLLM's keywords) too; else they are empty."""
         return KVCacheManager(
             config,
             max_model_len,
@@ -240,15 +304,19 @@ class V1ManagerMachine(V1LockstepMachine):
             enable_kv_cache_events=events,
             watermark=watermark,
             log_stats=True,
+            **self.eagle_options,
         )
 
     def setup_source(self, args: str) -> str:
         """The program's line that builds the target, ``args`` being :meth:`make_manager`'s
-        arguments as source (override with the factory's call)."""
+        arguments as source, an EAGLE configuration's keywords last (override with the
+        factory's call)."""
+        args, keywords, eagle = args.partition(", use_eagle=")
         config, max_model_len, caching, events, watermark = args.rsplit(", ", 4)
+        more = f"{keywords}{eagle}" if keywords else ""
         return (
             f"mgr = KVCacheManager({config}, {max_model_len}, enable_caching={caching}, "
-            f"enable_kv_cache_events={events}, watermark={watermark}, log_stats=True)"
+            f"enable_kv_cache_events={events}, watermark={watermark}, log_stats=True{more})"
         )
 
     def make_hasher(self, block_size: int) -> Callable[[Request], list[BlockHash]]:
@@ -282,11 +350,11 @@ class V1ManagerMachine(V1LockstepMachine):
         kinds = dict(CONFIGURATIONS[name])
         windows = {  # one window per kind: groups of one kind share their spec
             kind: data.draw(st.integers(1, 3 * block_size + 2), label=f"{kind} window")
-            if kind == SLIDING
+            if kind in (SLIDING, SLIDING_MLA)
             # a chunk is whole blocks (as real models have it; pagedkv refuses others)
             else block_size * data.draw(st.integers(1, 3), label="chunk blocks")
             for kind in kinds
-            if kind in (SLIDING, CHUNKED)
+            if kind in (SLIDING, SLIDING_MLA, CHUNKED)
         }
         if any(k in UNCACHED_KINDS for k in kinds):
             caching = False
@@ -297,24 +365,58 @@ class V1ManagerMachine(V1LockstepMachine):
             mode = data.draw(st.sampled_from(modes), label="mamba_cache_mode")
             scratch = data.draw(st.sampled_from((0, 0, 1)), label="speculative blocks")
         groups = tuple(
-            GroupSpec(kind, block_size * scale, windows.get(kind, 0))
+            GroupSpec(
+                _MLA_KINDS.get(kind, kind),
+                block_size * scale,
+                windows.get(kind, 0),
+                mla=kind in _MLA_KINDS,
+            )
             if kind != MAMBA
             else GroupSpec(
                 kind, block_size * scale, mamba_cache_mode=mode, num_speculative_blocks=scratch
             )
             for kind, scale in CONFIGURATIONS[name]
         )
+        eagle: dict[str, Any] = {}
+        flagged = EAGLE_GROUPS.get(name)
+        if flagged is not None:
+            # multi-module MTP: a prefill lookahead of up to the scheduler block
+            block = math.lcm(*(g.block_size for g in groups))
+            lookahead = data.draw(st.sampled_from((0, 0, 2, 3)), label="num_prefill_lookahead")
+            eagle = {"use_eagle": True, "num_prefill_lookahead": min(lookahead, block)}
+            groups = _eagle_groups(groups, flagged, caching)
+            # NOTE: steering: a hit needs a block more cached (the peek): a roomier pool
+            # keeps more of them
+            num_blocks += 8
         num_blocks += 2 * (len(groups) - 1)  # tight: hybrids evict and refuse often
         if groups == (GroupSpec(FULL, block_size),):
             config = KVCacheConfig.full_attention(num_blocks, block_size)
             config_source = f"KVCacheConfig.full_attention({num_blocks}, {block_size})"
+        elif flagged:
+            config = KVCacheConfig(
+                num_blocks,
+                tuple(
+                    KVCacheGroupSpec((f"layers.{g}",), _kv_spec(group), is_eagle_group=g in flagged)
+                    for g, group in enumerate(groups)
+                ),
+            )
+            entries = "".join(
+                f"KVCacheGroupSpec(('layers.{g}',), {_spec_source(group)}, "
+                f"is_eagle_group={g in flagged}), "
+                for g, group in enumerate(groups)
+            )
+            config_source = f"KVCacheConfig({num_blocks}, ({entries}))"
         else:
             config = KVCacheConfig.of_specs(num_blocks, *map(_kv_spec, groups))
             specs = ", ".join(map(_spec_source, groups))
             config_source = f"KVCacheConfig.of_specs({num_blocks}, {specs})"
+        self.eagle_options = eagle
         self.target = self.make_manager(config, max_model_len, caching, events, watermark)
+        keywords = "".join(f", {k}={v!r}" for k, v in eagle.items())
         self._log(
-            self.setup_source(f"{config_source}, {max_model_len}, {caching}, {events}, {watermark}")
+            self.setup_source(
+                f"{config_source}, {max_model_len}, {caching}, {events}, {watermark}{keywords}"
+            )
         )
         self._log(f"hasher = get_request_block_hasher({block_size})")
         self.events_on = events
@@ -326,6 +428,7 @@ class V1ManagerMachine(V1LockstepMachine):
             int(watermark * num_blocks),
             self._group_specs(groups, max_model_len),
             block_size,
+            reprefillable=max(0, eagle.get("num_prefill_lookahead", 0) - 1),
         )
         self.hasher = self.make_hasher(block_size)
         self.identity: dict[str, Identity] = {}
@@ -348,6 +451,10 @@ class V1ManagerMachine(V1LockstepMachine):
         self._reached(name)
         if mode:
             self._reached(f"Mamba {mode}" + (" + speculative block" if scratch else ""))
+        if any(g.mla for g in groups):
+            self._reached("MLA group")
+        if eagle.get("num_prefill_lookahead", 0) > 1:
+            event("setup: multi-module MTP")
 
     def _group_specs(
         self, groups: tuple[GroupSpec, ...], max_model_len: int
@@ -643,8 +750,16 @@ class V1ManagerMachine(V1LockstepMachine):
         self.delayed.discard(rid)
         self._enter("cache_blocks")
         done = r.num_computed_tokens
+        before = self.target.to_spec()
         self._call(f"mgr.cache_blocks({rid}, {done})", lambda: self.target.cache_blocks(r, done))
         self.model, _ = spec.cache_blocks(self.model, self.view(r), r.num_computed_tokens)
+        after = self.target.to_spec()
+        if not holds("V1-20", before, after, self.view(r), min(done, r.num_tokens)):
+            self.violate(
+                "V1-20",
+                f"{rid}: cached a block past its verified tokens",
+                first_difference(after, self.model),
+            )
         self._reached("delayed caching")
         # as vLLM's scheduler: a fully loaded prompt recomputes its last token
         if r.num_computed_tokens > r.num_tokens - 1:
@@ -742,11 +857,23 @@ class V1ManagerMachine(V1LockstepMachine):
                     f"{rid}: {len(ids[g])} block(s) in group {g} but {hit} tokens",
                     self._hit(view),
                 )
+        # an EAGLE hit past a group's verified boundary first: the unsafe way to differ
+        if not holds("V1-19", self.model, view, ids, hit):
+            self.violate(
+                "V1-19",
+                f"{rid}: hit {ids} ({hit} tokens) ends where an EAGLE group's next block is "
+                "not cached",
+                self._hit(view),
+            )
         if not holds("V1-6", self.model, view, ids, hit):
             want = spec.get_computed_blocks(self.model, view)
             self.violate(
                 "V1-6", f"{rid}: hit {ids} ({hit} tokens), the spec {want}", self._hit(view)
             )
+        if hit and any(g.eagle for g in self.model.specs):
+            self._reached("EAGLE: a hit dropped its last block")
+            if len(self.model.specs) > 1:
+                self._reached("EAGLE: a hybrid's hit")
         if self._enter("get_num_cached_tokens", situation):
             probe = self._call(
                 f"mgr.get_num_cached_tokens({rid})", lambda: self.target.get_num_cached_tokens(r)
@@ -885,6 +1012,15 @@ class V1ManagerMachine(V1LockstepMachine):
                     first_difference(after, self.model),
                 )
             return
+        # only verified tokens (less an MTP tail) are cached
+        upto = min(r.num_computed_tokens + hit + ext, self.model.max_model_len) + new
+        if not holds("V1-20", before, after, self.view(r), min(upto, r.num_tokens)):
+            self.violate(
+                "V1-20",
+                f"{r.request_id}: cached a block past its verified tokens "
+                f"(less {self.model.reprefillable} reprefillable)",
+                first_difference(after, self.model),
+            )
         # every allocation (vacuous without a hit): the adopted hit blocks keep their keys
         if not holds("V1-16", self._as_spec_keys(after), self.view(r), hit_ids):
             self.violate(
