@@ -36,8 +36,9 @@ The chunked-prefill policy (``SchedulerConfig.enable_chunked_prefill``;
     default policy.
  2. swapped, only if step 1 preempted nothing: as in the default policy; a group in
     prefill comes back only with all its prompt tokens left fitting the budget
-    (vLLM swaps in without chunking; a group whose rest exceeds the whole budget is
-    rejected, where vLLM keeps it swapped forever).
+    (vLLM swaps in without chunking). Where that can never happen, vLLM keeps the
+    group swapped forever; pagedkv swaps a prefill back in with a chunk and rejects a
+    decode of more sequences than the budget.
  3. waiting, always (a swapped group does not hold admissions back): as in the
     default policy, each admission taking a chunk; no prompt is rejected for the
     token budget (chunks fit any budget).
@@ -415,11 +416,13 @@ class Scheduler:
             else:
                 num_tokens = sum(s.get_num_uncomputed_tokens() for s in seqs)
             budget = self.config.max_num_batched_tokens
-            if budget is not None and num_tokens > budget and len(seqs) == 1:
-                self.swapped.popleft()  # it can never come back (vLLM keeps it forever)
-                why = f"its {num_tokens} prompt tokens left exceed max_num_batched_tokens"
-                self._reject(group, f"cannot be swapped back in: {why}={budget}", out)
-                continue
+            if budget is not None and num_tokens > budget:  # vLLM keeps it swapped forever
+                if group.request_id not in self._prefilling:
+                    self.swapped.popleft()  # a decode cannot be cut: it never fits
+                    why = f"its {num_tokens} decode tokens exceed max_num_batched_tokens"
+                    self._reject(group, f"cannot be swapped back in: {why}={budget}", out)
+                    continue
+                num_tokens = self._chunk(num_tokens, out)  # its prefill goes on in chunks
             if decision != AllocStatus.OK:
                 break
             num_seqs = group.get_max_num_running_seqs()
