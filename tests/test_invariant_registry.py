@@ -10,6 +10,7 @@ Each must be reported under that invariant's id.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -464,6 +465,17 @@ class _SaysDoneEarly(Scheduler):
         return not self.waiting and super().has_unfinished_seqs()
 
 
+class _SamplesEveryChunk(Scheduler):
+    """Chunked prefill: every prefill chunk samples, not only the one that ends the prompt."""
+
+    def schedule(self) -> SchedulerOutputs:
+        out = super().schedule()
+        out.scheduled_seq_groups[:] = [
+            dataclasses.replace(s, do_sample=True) for s in out.scheduled_seq_groups
+        ]
+        return out
+
+
 def _machine_failure(
     machine: type[RuleBasedStateMachine], examples: int = 300, seed_value: int | None = None
 ) -> str:
@@ -606,6 +618,7 @@ PLANTED: dict[str, Callable[[], str]] = {
     "Q5": lambda: _machine_failure(_scheduler_machine(_RecomputeToBack), 400),
     "Q6": lambda: _machine_failure(_scheduler_machine(_IgnoresBudget), 400),
     "Q7": lambda: _machine_failure(_scheduler_machine(_SaysDoneEarly), 400),
+    "Q8": lambda: _machine_failure(_scheduler_machine(_SamplesEveryChunk), 400),
     "KV1": _planted_kv1,
     **V1_PLANTED,  # vLLM V1's manager: planted in tests/test_v1_planted.py
     **V1_SCHEDULER_PLANTED,  # the V1 scheduler: planted in tests/test_v1_scheduler.py

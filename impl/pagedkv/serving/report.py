@@ -362,7 +362,12 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
             f"{s.preempted_recompute} by recompute (V1 does not swap)"
             if v1
             else f"{s.preempted_recompute} by recompute, {s.preempted_swap} by swap "
-            f"(mode {cfg['preemption']})",
+            f"(mode {cfg['preemption']}"
+            + (
+                f"; chunked prefill, {cfg['max_num_batched_tokens']} tokens/step)"
+                if cfg.get("chunked_prefill")
+                else ")"
+            ),
         ),
         *(
             []

@@ -33,7 +33,10 @@ The chunked-prefill policy (``SchedulerConfig.enable_chunked_prefill``;
  1. running, oldest first: each decode takes a token per sequence, each prefill in
     flight its next chunk (the prompt tokens left, cut to the budget left); the pass
     stops at the first group the budget cannot give a token; preemption as in the
-    default policy.
+    default policy, except that a prefill in flight, the only group on the GPU, is
+    not preempted for want of a slot it does not need (its prompt's blocks were
+    allocated at admission): vLLM preempts it and re-admits it (or the next request
+    in line, which may do the same) to the same blocks, at every step again.
  2. swapped, only if step 1 preempted nothing: as in the default policy; a group in
     prefill comes back only with all its prompt tokens left fitting the budget
     (vLLM swaps in without chunking). Where that can never happen, vLLM keeps the
@@ -382,6 +385,13 @@ class Scheduler:
             lookahead = self._lookahead(group)
             fits = True
             while not manager.can_append_slots(group, lookahead):
+                alone = not (queue or decodes or prefills)  # the only group on the GPU
+                if alone and group.request_id in self._prefilling:
+                    # NOTE: a prefill in flight needs no slot (admission allocated its
+                    # prompt), but can_append_slots's worst case counts a partial last
+                    # block: vLLM 0.6.3 preempts it, re-admits it (or the next request
+                    # in line, which may do the same) to the same blocks, every step again
+                    break
                 victim = queue.pop() if queue else group
                 self._preempt(victim, out)
                 if victim is group:
@@ -446,11 +456,12 @@ class Scheduler:
     ) -> None:
         """Slots for a running group's next tokens; a prefill chunk or a decode recorded
         (in ``prefills`` or ``decodes``) and counted in ``out``."""
-        lookahead = self._lookahead(group)
         seqs = group.get_seqs(_RUNNING)
-        for seq in seqs:
-            out.blocks_to_copy.extend(self.block_manager.append_slots(seq, lookahead))
         rid = group.request_id
+        if rid not in self._prefilling:  # a prefill's blocks hold its prompt already
+            lookahead = self.config.num_lookahead_slots
+            for seq in seqs:
+                out.blocks_to_copy.extend(self.block_manager.append_slots(seq, lookahead))
         if rid in self._prefilling:
             first = seqs[0]
             done = first.get_num_computed_tokens() + num_tokens == first.get_len()

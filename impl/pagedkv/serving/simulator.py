@@ -214,6 +214,9 @@ class Simulator:
             "max_steps": c.max_steps,
             "check_every": c.check_every,
         }
+        if self.v1 is None and c.scheduler.enable_chunked_prefill:  # vLLM 0.6.3's policy
+            setup["chunked_prefill"] = True
+            setup["max_num_batched_tokens"] = c.scheduler.max_num_batched_tokens
         if self.v1 is not None:
             sc = self.v1.scheduler_config
             setup |= {

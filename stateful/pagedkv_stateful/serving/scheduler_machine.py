@@ -2,9 +2,10 @@
 
 Rules: requests arrive (random prompt, output length, ``n``); a step runs
 ``schedule()``, applies its block moves to a *shadow cache* in the worker's
-order (swap-out, swap-in, copy-on-write), writes each computed token as
-``(request, position, token)`` at ``block_id * block_size + offset``, samples
-one token per running sequence and finishes sequences at their output length;
+order (swap-out, swap-in, copy-on-write), writes each computed token (a prefill:
+its chunk's) as ``(request, position, token)`` at ``block_id * block_size +
+offset``, samples one token per running sequence whose tokens are all computed and
+finishes sequences at their output length;
 sequences stop early; requests are aborted; duplicate requests are refused.
 
 Checked, with the registry's predicates (:mod:`pagedkv_spec.invariants`), after
@@ -17,7 +18,11 @@ every rule (state invariants) or every ``schedule()`` (step invariants):
             the pool, allocator and manager predicates
     KV1     the shadow cache holds, for every RUNNING (GPU) and SWAPPED (CPU)
             sequence, exactly what was written for each computed token
-    Q5, Q6  each step takes work first come, first served and within its budgets
+    Q5, Q6  each step takes work first come, first served and within its budgets, in
+            the order of the policy the machine drew (vLLM 0.6.3's default one, or
+            chunked prefill with a small token budget)
+    Q8      each step's prefill chunks fit their prompts and it samples exactly where a
+            prefill ends
     Q7      at teardown, stepping empties every queue and frees every block
 
 The machine has the shape of every machine here
@@ -58,7 +63,12 @@ from pagedkv.errors import (
     PagedKVError,
     UnknownSequenceError,
 )
-from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.serving.scheduler import (
+    ScheduledSequenceGroup,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutputs,
+)
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds
 from pagedkv_spec.kv import KVCells, first_lost
@@ -98,15 +108,18 @@ class ShadowCache:
                 dst[d] = data
 
     def forward(self, manager: BlockSpaceManager, out: SchedulerOutputs) -> None:
-        """The forward pass: every uncomputed token of the scheduled sequences (a
-        prefill: its first sequence's, which the others share) into its slot."""
+        """The forward pass: the tokens each scheduled group computes into their slots
+        (a prefill: the next ``token_chunk_size`` tokens of its first sequence, which
+        the others share; a decode: every uncomputed token of each sequence)."""
         size = self.block_size
         for scheduled in out.scheduled_seq_groups:
             group = scheduled.seq_group
             seqs = group.get_seqs(RUNNING)
             for seq in seqs[:1] if scheduled.is_prefill else seqs:
                 table, tokens = manager.get_block_table(seq), seq.get_token_ids()
-                for p in range(seq.get_num_computed_tokens(), seq.get_len()):
+                start = seq.get_num_computed_tokens()
+                end = start + scheduled.token_chunk_size if scheduled.is_prefill else len(tokens)
+                for p in range(start, min(end, len(tokens))):
                     self.gpu[table[p // size]][p % size] = (group.request_id, p, tokens[p])
 
     def cells(self, manager: BlockSpaceManager, groups: Iterable[SequenceGroup]) -> KVCells:
@@ -146,7 +159,13 @@ PRELUDE = (
 
 class SchedulerMachine(LockstepBase):
     """Drives a scheduler; override :meth:`make_scheduler` (and
-    :meth:`scheduler_source`, for the program) to test another one."""
+    :meth:`scheduler_source`, for the program) to test another one.
+
+    ``policy``: which of vLLM 0.6.3's policies the runs draw: ``None`` either (the
+    default), ``"default"`` or ``"chunked"`` only (a planted bug of one policy's rules
+    is searched for under that policy)."""
+
+    policy: str | None = None
 
     def make_scheduler(self, manager: BlockSpaceManager, config: SchedulerConfig) -> Scheduler:
         """The scheduler under test."""
@@ -165,6 +184,7 @@ class SchedulerMachine(LockstepBase):
         lookahead=st.sampled_from([0, 0, 1, 2]),
         max_seqs=st.sampled_from([None, None, 2, 4]),
         max_tokens=st.sampled_from([None, None, 6, 20]),
+        data=st.data(),
     )
     def init(
         self,
@@ -176,10 +196,21 @@ class SchedulerMachine(LockstepBase):
         lookahead: int,
         max_seqs: int | None,
         max_tokens: int | None,
+        data: st.DataObject,
     ) -> None:
         self.block_size, self.num_gpu = block_size, num_gpu
         self.manager = BlockSpaceManager(block_size, num_gpu, num_cpu, watermark)
-        self.config = SchedulerConfig(mode, lookahead, max_seqs, max_tokens)
+        # NOTE: drawn only where the policy is not fixed: the default-only runs draw
+        # what they drew before chunked prefill existed (the same searches)
+        choices: dict[str | None, list[int | None]] = {None: [None, 2, 3, 5, 8]}
+        choices["chunked"] = [2, 3, 5, 8]
+        budgets = choices.get(self.policy, [None])
+        chunk_tokens = budgets[0] if len(budgets) == 1 else data.draw(st.sampled_from(budgets))
+        if chunk_tokens is None:  # vLLM 0.6.3's default policy
+            self.config = SchedulerConfig(mode, lookahead, max_seqs, max_tokens)
+        else:  # its chunked-prefill policy, a budget of at least max_num_seqs
+            budget = max(chunk_tokens, max_seqs or 0)
+            self.config = SchedulerConfig(mode, lookahead, max_seqs, budget, True)
         self.scheduler = self.make_scheduler(self.manager, self.config)
         self.program += [
             *PRELUDE,
@@ -230,7 +261,12 @@ class SchedulerMachine(LockstepBase):
     @rule(data=st.data())
     def finish_seq(self, data: st.DataObject) -> None:
         """A sequence emits its stop token (finishes before its output length)."""
-        seqs = [(g.request_id, q) for g in self.scheduler.running for q in g.get_seqs(RUNNING)]
+        seqs = [
+            (g.request_id, q)
+            for g in self.scheduler.running
+            if not self.scheduler.in_prefill(g.request_id)  # no token before the prompt's end
+            for q in g.get_seqs(RUNNING)
+        ]
         if not seqs:
             event("finish_seq: nothing running")
             return
@@ -343,6 +379,7 @@ class SchedulerMachine(LockstepBase):
                 "before, step_record(out, sched.config), sched.to_spec()",
             ),
             ("Q6", (step,), "step_record(out, sched.config)"),
+            ("Q8", (step,), "step_record(out, sched.config)"),
         ):
             if not holds(id_, *args):
                 self.program.insert(len(self.program) - 1, "before = sched.to_spec()")
@@ -399,13 +436,19 @@ class SchedulerMachine(LockstepBase):
             group, rid = scheduled.seq_group, scheduled.seq_group.request_id
             seqs = group.get_seqs(RUNNING)
             for seq in seqs:
-                computed, token = (
-                    seq.get_num_uncomputed_tokens(),
-                    (seq.seq_id * 7 + seq.get_len()) % 97,
-                )
+                # the worker: a prefill computes its chunk, a decode its sequence's rest;
+                # a token is sampled where the whole sequence is computed (Q8 checked
+                # the scheduler's do_sample says the same)
+                computed = seq.get_num_uncomputed_tokens()
+                if scheduled.is_prefill:
+                    computed = min(computed, scheduled.token_chunk_size)
                 seq.update_num_computed_tokens(computed)
-                seq.append_token_id(token)
                 self._log(f"{_seq(rid, seq)}.update_num_computed_tokens({computed})")
+                if seq.get_num_uncomputed_tokens():
+                    event("step: a prefill chunk short of the prompt's end")
+                    continue
+                token = (seq.seq_id * 7 + seq.get_len()) % 97
+                seq.append_token_id(token)
                 self._log(f"{_seq(rid, seq)}.append_token_id({token})")
                 if seq.get_output_len() >= self.output_len[rid]:
                     self.scheduler.finish_seq(seq)
@@ -526,6 +569,24 @@ def step_record(out: SchedulerOutputs, config: SchedulerConfig) -> StepRecord:
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         decoded=tuple(g.seq_group.request_id for g in out.scheduled_seq_groups if not g.is_prefill),
+        prefilled=tuple(g.seq_group.request_id for g in out.scheduled_seq_groups if g.is_prefill),
+        chunked=config.enable_chunked_prefill,
+        chunks=tuple(_chunk(g) for g in out.scheduled_seq_groups),
+    )
+
+
+def _chunk(scheduled: ScheduledSequenceGroup) -> tuple[str, bool, int, int, int, bool]:
+    """Q8's row of one scheduled group: (request, a prefill, its first running
+    sequence's computed tokens and length, tokens scheduled, samples)."""
+    seqs = scheduled.seq_group.get_seqs(RUNNING)
+    computed, length = (seqs[0].get_num_computed_tokens(), seqs[0].get_len()) if seqs else (0, 0)
+    return (
+        scheduled.seq_group.request_id,
+        scheduled.is_prefill,
+        computed,
+        scheduled.token_chunk_size,
+        length,
+        scheduled.do_sample,
     )
 
 
