@@ -1194,7 +1194,10 @@ def _mixed_steps(engine: str) -> tuple[SimulationResult, int, int]:
     prefill and decode tokens together, the steps in which a running request whose
     prompt was done computed nothing."""
     requests = generate(preset("system-prompt"), 0, 24)
-    config = _config(preset("system-prompt"), kv_backing="none", engine=engine)
+    chunked = engine == "v0-chunked"  # vLLM 0.6.3's chunked-prefill policy
+    config = _config(preset("system-prompt"), kv_backing="none", engine=engine.split("-")[0])
+    if chunked:
+        config = dataclasses.replace(config, scheduler=SchedulerConfig(enable_chunked_prefill=True))
     if engine == "v1":
         config = dataclasses.replace(config, num_cpu_blocks=0)
     mixed = stalled = 0
@@ -1224,6 +1227,17 @@ def test_v0_decodes_nothing_in_a_prefill_step_where_v1_batches_both() -> None:
     assert v0.metrics is not None and v1.metrics is not None
     assert v0.metrics.tpot.p99 > v1.metrics.tpot.p99  # the stalls stretch V0's decodes
     assert v0.summary.steps > v1.summary.steps
+
+
+def test_v0_with_chunked_prefill_batches_decodes_with_prefill_chunks() -> None:
+    """vLLM 0.6.3's chunked-prefill policy runs the decodes first and fills the rest of
+    the step's budget with prefill chunks: steps mix both, and the running requests'
+    inter-token latency loses the default policy's prefill stalls."""
+    default, _, _ = _mixed_steps("v0")
+    chunked, mixed, _ = _mixed_steps("v0-chunked")
+    assert mixed > 0 and chunked.summary.finished == default.summary.finished == 24
+    assert chunked.metrics is not None and default.metrics is not None
+    assert chunked.metrics.itl.p99 < default.metrics.itl.p99
 
 
 def test_the_v1_summary_shows_no_cpu_tier_or_swap() -> None:

@@ -1,4 +1,4 @@
-"""A reference scheduler over :class:`BlockSpaceManager` (vLLM 0.6.3's default policy).
+"""A reference scheduler over :class:`BlockSpaceManager` (vLLM 0.6.3's two policies).
 
 Queues (deques of :class:`SequenceGroup`): ``waiting`` (no blocks; FCFS in
 ``add_seq_group`` order, recompute-preempted groups back at the *front* as in
