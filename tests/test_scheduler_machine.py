@@ -100,6 +100,17 @@ class _SamplesEveryChunk(Scheduler):
         return out
 
 
+class _MarksChunksComputedAtAdmission(Scheduler):
+    """Prefix caching with chunked prefill: tells the manager an admitted prompt's blocks
+    are computed at admission, before the chunks that write them have run (a later
+    prompt is then served from unwritten blocks)."""
+
+    def _schedule_waiting(self, out: SchedulerOutputs, chunked: bool = False) -> None:
+        super()._schedule_waiting(out, chunked)
+        if out.admitted and self.block_manager.enable_caching:
+            self.block_manager.mark_blocks_as_computed(self.running[-1])
+
+
 def _machine(planted: type[Scheduler], policy: str | None = None) -> type[SchedulerMachine]:
     class Planted(SchedulerMachine):
         def make_scheduler(self, manager: BlockSpaceManager, config: SchedulerConfig) -> Scheduler:
@@ -125,6 +136,7 @@ def _machine(planted: type[Scheduler], policy: str | None = None) -> type[Schedu
         (_AdmitsPastSwapped, "Q5", "assert holds('Q5'", False, "default"),
         (_PrefillsBeforeDecodes, "Q5", "assert holds('Q5'", False, "chunked"),
         (_SamplesEveryChunk, "Q8", "assert holds('Q8'", False, "chunked"),
+        (_MarksChunksComputedAtAdmission, "KV1", "shadow.check(mgr, sched)", False, "chunked"),
     ],
 )
 def test_machine_finds_planted_bug_and_its_program_replays(

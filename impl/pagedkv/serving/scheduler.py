@@ -48,7 +48,9 @@ The chunked-prefill policy (``SchedulerConfig.enable_chunked_prefill``;
 A prefill is chunked (a group of one sequence in decode is cut too, to its one
 token); with prefix caching a cut chunk is a whole number of blocks (vLLM's rule;
 the budget must then be a multiple of the block size). Every prompt block is
-allocated at admission; the group keeps its prefill state (:meth:`in_prefill`)
+allocated at admission (with prefix caching a prefill in flight is recomputed when
+preempted, never swapped: see :meth:`Scheduler._preempt`); the group keeps its prefill
+state (:meth:`in_prefill`)
 until the chunk that computes its last prompt token is scheduled, and only that
 chunk samples (``ScheduledSequenceGroup.do_sample``). After the step ``running``
 is: the groups the budget did not reach, then the swapped-in groups, the running
@@ -630,7 +632,14 @@ class Scheduler:
         prefer_swap = mode == "swap" or (mode == "auto" and group.get_max_num_running_seqs() > 1)
         tokens = seqs[0].get_token_ids()
         can_recompute = all(s.get_token_ids() == tokens for s in seqs[1:])
-        if manager.can_swap_out(group) and (prefer_swap or not can_recompute):
+        # NOTE: with prefix caching, a prefill in flight is not swapped: its later chunks'
+        # blocks are cached but unwritten, and a swap copies such a block over a cached
+        # copy that may be written but not yet marked computed (marks are held back while
+        # a prefill is in flight: mark_blocks_as_computed)
+        unswappable = manager.enable_caching and rid in self._prefilling
+        if unswappable and can_recompute:
+            prefer_swap = False
+        if not unswappable and manager.can_swap_out(group) and (prefer_swap or not can_recompute):
             pairs = manager.swap_out(group)
             out.blocks_to_swap_out.extend(pairs)
             for seq in seqs:

@@ -15,9 +15,12 @@ every rule (state invariants) or every ``schedule()`` (step invariants):
             of are checked too: finished, no blocks), and the scheduler's own
             ``check_invariants()``
     P, I, M the manager's ``check_invariants()`` and its ``to_spec()`` view judged by
-            the pool, allocator and manager predicates
+            the pool, allocator and manager predicates (with prefix caching, drawn
+            with chunked prefill: its ``check_invariants()``, C1-C7 and C9)
     KV1     the shadow cache holds, for every RUNNING (GPU) and SWAPPED (CPU)
-            sequence, exactly what was written for each computed token
+            sequence, exactly what was written for each computed token (with
+            prefix caching: the KV of that position and prefix, whoever wrote it, so
+            a prompt served from a block whose chunk has not run fails it)
     Q5, Q6  each step takes work first come, first served and within its budgets, in
             the order of the policy the machine drew (vLLM 0.6.3's default one, or
             chunked prefill with a small token budget)
@@ -88,8 +91,13 @@ class ShadowCache:
     ``(request, position, token)`` written there. The machine and its programs use it
     alike (a program's ``shadow``), so a KV1 failure replays: :meth:`check` fails."""
 
-    def __init__(self, block_size: int, num_gpu: int, num_cpu: int) -> None:
+    def __init__(
+        self, block_size: int, num_gpu: int, num_cpu: int, by_prefix: bool = False
+    ) -> None:
         self.block_size, self.num_gpu = block_size, num_gpu
+        # with prefix caching requests share blocks: a slot's KV is then that of its
+        # position and the tokens up to it, whoever wrote it
+        self.by_prefix = by_prefix
         self.gpu: list[list[Slot]] = [[None] * block_size for _ in range(num_gpu)]
         self.cpu: list[list[Slot]] = [[None] * block_size for _ in range(num_cpu)]
 
@@ -120,7 +128,7 @@ class ShadowCache:
                 start = seq.get_num_computed_tokens()
                 end = start + scheduled.token_chunk_size if scheduled.is_prefill else len(tokens)
                 for p in range(start, min(end, len(tokens))):
-                    self.gpu[table[p // size]][p % size] = (group.request_id, p, tokens[p])
+                    self.gpu[table[p // size]][p % size] = self.kv(group.request_id, p, tokens)
 
     def cells(self, manager: BlockSpaceManager, groups: Iterable[SequenceGroup]) -> KVCells:
         """KV1's cells: for every computed position of the RUNNING (GPU) and SWAPPED (CPU)
@@ -133,8 +141,14 @@ class ShadowCache:
                 table, tokens = manager.get_block_table(seq), seq.get_token_ids()
                 for p in range(seq.get_num_computed_tokens()):
                     held = cache[table[p // size] - first][p % size]
-                    cells.append((seq.seq_id, p, (group.request_id, p, tokens[p]), held))
+                    cells.append((seq.seq_id, p, self.kv(group.request_id, p, tokens), held))
         return tuple(cells)
+
+    def kv(self, request_id: str, position: int, tokens: list[int]) -> Slot:
+        """What the forward pass writes for ``position`` of a sequence of ``tokens``."""
+        if self.by_prefix:
+            return ("", position, hash(tuple(tokens[: position + 1])))
+        return (request_id, position, tokens[position])
 
     def check(self, manager: BlockSpaceManager, scheduler: Scheduler) -> None:
         """KV1 over the scheduler's queued requests: AssertionError naming the first
@@ -206,19 +220,29 @@ class SchedulerMachine(LockstepBase):
         choices["chunked"] = [2, 3, 5, 8]
         budgets = choices.get(self.policy, [None])
         chunk_tokens = budgets[0] if len(budgets) == 1 else data.draw(st.sampled_from(budgets))
+        # prefix caching with chunked prefill: prompts share prefixes, so a prompt may
+        # be served from a block of a prefill still in flight (never before it is written)
+        self.caching = chunk_tokens is not None and data.draw(st.booleans())
         if chunk_tokens is None:  # vLLM 0.6.3's default policy
             self.config = SchedulerConfig(mode, lookahead, max_seqs, max_tokens)
         else:  # its chunked-prefill policy, a budget of at least max_num_seqs
             budget = max(chunk_tokens, max_seqs or 0)
+            if self.caching:  # whole blocks (vLLM's rule)
+                budget = -(-budget // block_size) * block_size
             self.config = SchedulerConfig(mode, lookahead, max_seqs, budget, True)
+        if self.caching:
+            self.manager = BlockSpaceManager(
+                block_size, num_gpu, num_cpu, watermark, enable_caching=True
+            )
         self.scheduler = self.make_scheduler(self.manager, self.config)
         self.program += [
             *PRELUDE,
-            f"mgr = BlockSpaceManager({block_size}, {num_gpu}, {num_cpu}, {watermark})",
+            f"mgr = BlockSpaceManager({block_size}, {num_gpu}, {num_cpu}, {watermark}"
+            + (", enable_caching=True)" if self.caching else ")"),
             f"sched = {self.scheduler_source(self.config)}",
-            f"shadow = ShadowCache({block_size}, {num_gpu}, {num_cpu})",
+            f"shadow = ShadowCache({block_size}, {num_gpu}, {num_cpu}, {self.caching})",
         ]
-        self.shadow = ShadowCache(block_size, num_gpu, num_cpu)
+        self.shadow = ShadowCache(block_size, num_gpu, num_cpu, self.caching)
         self.num_cpu = num_cpu
         self.arrival: dict[str, int] = {}  # request -> arrival index
         self.groups: dict[str, SequenceGroup] = {}
@@ -233,7 +257,9 @@ class SchedulerMachine(LockstepBase):
     )
     def add_seq_group(self, prompt_len: int, output_len: int, n: int) -> None:
         rid = f"r{len(self.arrival)}"
-        tokens = [(len(self.arrival) * 31 + i) % 97 for i in range(prompt_len)]
+        # with caching, three prompt families: requests of one share their prefix
+        family = len(self.arrival) % 3 if self.caching else len(self.arrival)
+        tokens = [(family * 31 + i) % 97 for i in range(prompt_len)]
         seq = Sequence(self.scheduler.next_seq_id(), tokens, self.block_size)
         group = SequenceGroup(rid, [seq], float(len(self.arrival)), n=n)
         self.scheduler.add_seq_group(group)
@@ -332,8 +358,9 @@ class SchedulerMachine(LockstepBase):
         if not self._queued():  # no sequence id is in use
             kinds.remove("a sequence id in use")
         kind = data.draw(st.sampled_from(kinds))
-        state = "(sched.to_spec(), mgr.to_spec(), dict(vars(mgr.stats)))"
-        before = (self.scheduler.to_spec(), self.manager.to_spec(), dict(vars(self.manager.stats)))
+        view = "mgr.block_allocator.to_caching_spec()" if self.caching else "mgr.to_spec()"
+        state = f"(sched.to_spec(), {view}, dict(vars(mgr.stats)))"
+        before = (self.scheduler.to_spec(), self._manager_state(), dict(vars(self.manager.stats)))
         self._log(f"before = {state}")
         make_source, expected = BAD_REQUESTS[kind]
         source = make_source(self)
@@ -349,7 +376,7 @@ class SchedulerMachine(LockstepBase):
             self._log(f"expect_error(lambda: {source}, {type(err).__name__!r})")
         else:
             self.violate("same error as spec", f"bad request accepted: {kind}", expect)
-        after = (self.scheduler.to_spec(), self.manager.to_spec(), dict(vars(self.manager.stats)))
+        after = (self.scheduler.to_spec(), self._manager_state(), dict(vars(self.manager.stats)))
         if after != before:
             self.violate(
                 "failed call changes nothing",
@@ -358,6 +385,12 @@ class SchedulerMachine(LockstepBase):
             )
 
     # ------------------------------------------------------------------ step helpers
+
+    def _manager_state(self) -> object:
+        """The manager's abstraction (with caching, its allocator's caching state)."""
+        if self.caching:
+            return self.manager.block_allocator.to_caching_spec()
+        return self.manager.to_spec()
 
     def _ids(self, queue: Iterable[SequenceGroup]) -> list[str]:
         return [g.request_id for g in queue]
@@ -416,6 +449,8 @@ class SchedulerMachine(LockstepBase):
             event("step: swapped in")
         if out.blocks_to_copy:
             event("step: copy-on-write")
+        if out.num_cached_tokens:
+            event("step: prefix hit")
 
     def _apply(self, out: SchedulerOutputs) -> None:
         """The worker's copies (:meth:`ShadowCache.apply`)."""
@@ -432,6 +467,9 @@ class SchedulerMachine(LockstepBase):
                 self.violate("Q2", f"{rid} scheduled without a running sequence")
         self.shadow.forward(self.manager, out)
         self._log("shadow.forward(mgr, out)")
+        if self.caching:  # the step's KV is written: its promoted blocks may be hit
+            self.scheduler.mark_blocks_as_computed()
+            self._log("sched.mark_blocks_as_computed()")
         for scheduled in out.scheduled_seq_groups:
             group, rid = scheduled.seq_group, scheduled.seq_group.request_id
             seqs = group.get_seqs(RUNNING)
@@ -467,12 +505,18 @@ class SchedulerMachine(LockstepBase):
     def _view(self) -> SchedulerView:
         """The queues as the spec sees them, from this machine's own bookkeeping."""
         tables, size = self.manager.block_tables, self.block_size
-        views = dict(self.manager.to_spec().tables)
+        # NOTE: with caching the manager has no to_spec(): the tables' own ids and tokens
+        views = {} if self.caching else dict(self.manager.to_spec().tables)
 
         def seq_ref(seq: Sequence) -> SeqRef:
             tokens = tuple(seq.get_token_ids())
             if seq.seq_id not in tables:
                 return SeqRef(seq.seq_id, seq.status.name, None, tokens)
+            if self.caching:
+                table = tables[seq.seq_id]
+                ids, written = table.physical_block_ids, table.get_token_ids_written()
+                devices = frozenset(GPU if b < self.num_gpu else CPU for b in ids)
+                return SeqRef(seq.seq_id, seq.status.name, devices, tokens, tuple(written))
             t = views[seq.seq_id]
             devices = frozenset(GPU if b < self.num_gpu else CPU for b in t.block_ids)
             written = [x for blk in t.token_ids for x in ((None,) * size if blk is None else blk)]
@@ -506,6 +550,8 @@ class SchedulerMachine(LockstepBase):
     def manager_view(self) -> None:
         """P, I and M: the manager's check_invariants() and its view, by the registry."""
         self._own_check(self.manager.check_invariants, "mgr.check_invariants()")
+        if self.caching:  # its check_invariants() judges C1-C7 and C9 on the caching state
+            return
         fault = view_fault(self.manager.to_spec(), self.block_size)
         if fault is not None:
             name, detail = fault
