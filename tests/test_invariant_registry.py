@@ -213,6 +213,19 @@ def _probe(
     return [s for s in per_step if s], everything
 
 
+class _DefaultPolicySchedulerMachine(SchedulerMachine):
+    """The scheduler machine under vLLM 0.6.3's default policy (no prefix caching)."""
+
+    policy = "default"
+
+
+class _ChunkedSchedulerMachine(SchedulerMachine):
+    """The scheduler machine under chunked prefill: with prefix caching in some runs,
+    whose manager checks the caching invariants (C4 for I1)."""
+
+    policy = "chunked"
+
+
 #: The state invariants each machine checks after every step (once initialised), and
 #: those it checks per object (every table): after every step with such objects.
 AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] = {
@@ -223,7 +236,11 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
         {"T1", "T2", "T3", "T4"},
     ),
     KVMachine: ({"KV1"}, set()),
-    SchedulerMachine: ({"Q1", "Q2", "Q3", "Q4", "M2", "M3", "M4", "I1", "KV1"}, {"T1", "T4"}),
+    _DefaultPolicySchedulerMachine: (
+        {"Q1", "Q2", "Q3", "Q4", "M2", "M3", "M4", "I1", "KV1"},
+        {"T1", "T4"},
+    ),
+    _ChunkedSchedulerMachine: ({"Q1", "Q2", "Q3", "Q4", "M2", "M3", "M4", "KV1"}, {"T1", "T4"}),
     V1ManagerMachine: (
         {
             "V1-1",
