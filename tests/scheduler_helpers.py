@@ -19,10 +19,14 @@ def make(
     lookahead: int = 0,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    chunked: bool = False,
 ) -> Scheduler:
-    """A scheduler over a fresh BlockSpaceManager of ``num_gpu`` + ``num_cpu`` blocks."""
+    """A scheduler over a fresh BlockSpaceManager of ``num_gpu`` + ``num_cpu`` blocks
+    (``chunked``: vLLM 0.6.3's chunked-prefill policy)."""
     manager = BlockSpaceManager(block_size, num_gpu, num_cpu, watermark)
-    config = SchedulerConfig(preemption_mode, lookahead, max_num_seqs, max_num_batched_tokens)
+    config = SchedulerConfig(
+        preemption_mode, lookahead, max_num_seqs, max_num_batched_tokens, chunked
+    )
     return Scheduler(manager, config)
 
 
@@ -35,12 +39,17 @@ def add(sched: Scheduler, rid: str, prompt_len: int, n: int = 1) -> SequenceGrou
 
 
 def step(sched: Scheduler) -> SchedulerOutputs:
-    """schedule() plus a toy forward pass: compute, then one distinct token per sequence."""
+    """schedule() plus a toy forward pass: compute (a prefill: its chunk), then one
+    distinct token per sequence of each group that samples."""
     out = sched.schedule()
     for scheduled in out.scheduled_seq_groups:
         for seq in scheduled.seq_group.get_seqs(SequenceStatus.RUNNING):
-            seq.update_num_computed_tokens(seq.get_num_uncomputed_tokens())
-            seq.append_token_id(seq.seq_id)
+            todo = seq.get_num_uncomputed_tokens()
+            if scheduled.is_prefill:
+                todo = scheduled.token_chunk_size
+            seq.update_num_computed_tokens(todo)
+            if scheduled.do_sample:
+                seq.append_token_id(seq.seq_id)
     sched.check_invariants()
     sched.block_manager.check_invariants()
     return out

@@ -122,6 +122,22 @@ def test_enable_caching_reports_the_prefix_cache(
     assert plain["prefix_caching"] is False and plain["prompt_tokens"] == 180
 
 
+def test_chunked_prefill_runs_vllm_063_s_policy_with_its_default_budget(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--enable-chunked-prefill``: vLLM 0.6.3's chunked-prefill policy, 512 tokens a step
+    unless given (vLLM's default), named in the summary and the JSON setup."""
+    argv = ["simulate", "--preset", "long-context", "--num-requests", "6", "--quiet"]
+    argv += ["--kv-backing", "none"]
+    assert cli.main([*argv, "--enable-chunked-prefill", "--json"]) == 0
+    setup = json.loads(capsys.readouterr().out)["setup"]
+    assert setup["chunked_prefill"] is True and setup["max_num_batched_tokens"] == 512
+    assert cli.main([*argv, "--enable-chunked-prefill", "--max-num-batched-tokens", "64"]) == 0
+    assert "(mode auto; chunked prefill, 64 tokens/step)" in capsys.readouterr().out
+    assert cli.main([*argv, "--json"]) == 0
+    assert "chunked_prefill" not in json.loads(capsys.readouterr().out)["setup"]
+
+
 def test_sizes_from_memory_and_model_shape(capsys: pytest.CaptureFixture[str]) -> None:
     argv = [*SMALL, "--json", "--gpu-memory", "1MiB", "--cpu-memory", "64KiB", "--dtype"]
     argv += ["float16", "--num-layers", "1", "--block-size", "8", "--head-size", "4"]
@@ -168,6 +184,25 @@ def test_trace_with_a_prompt_longer_than_the_cache(
         (["simulate", "--gpu-blocks", "4", "--gpu-memory", "1MiB"], "not allowed with"),
         (["simulate", "--preset", "chat", "--trace", "t.jsonl"], "not allowed with"),
         (["simulate", "--preemption", "never"], "invalid choice"),
+        (
+            ["simulate", "--enable-chunked-prefill", "--engine", "v1"],
+            "--engine v1 always chunks prefills; drop --enable-chunked-prefill",
+        ),
+        (
+            ["simulate", "--enable-chunked-prefill", "--max-num-seqs", "8"]
+            + ["--max-num-batched-tokens", "4"],
+            "--max-num-batched-tokens (4) must be at least --max-num-seqs (8)",
+        ),
+        (
+            ["simulate", "--enable-chunked-prefill", "--enable-caching"]
+            + ["--max-num-batched-tokens", "30"],
+            "must be a multiple of the block size (16)",
+        ),
+        (["simulate", "--enable-chunked-prefill", "--max-num-batched-tokens", "0"], ">= 1"),
+        (
+            ["sweep", "--vary", "max_num_seqs=2,4", "--enable-chunked-prefill", "--engine", "v1"],
+            "always chunks prefills",
+        ),
         (["simulate", "--unknown-flag"], "unrecognized arguments"),
         ([], "choose a command: simulate"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),

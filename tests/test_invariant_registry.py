@@ -10,6 +10,7 @@ Each must be reported under that invariant's id.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -214,6 +215,19 @@ def _probe(
     return [s for s in per_step if s], everything
 
 
+class _DefaultPolicySchedulerMachine(SchedulerMachine):
+    """The scheduler machine under vLLM 0.6.3's default policy (no prefix caching)."""
+
+    policy = "default"
+
+
+class _ChunkedSchedulerMachine(SchedulerMachine):
+    """The scheduler machine under chunked prefill: with prefix caching in some runs,
+    whose manager checks the caching invariants (C4 for I1)."""
+
+    policy = "chunked"
+
+
 #: The state invariants each machine checks after every step (once initialised), and
 #: those it checks per object (every table): after every step with such objects.
 AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] = {
@@ -224,7 +238,11 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
         {"T1", "T2", "T3", "T4"},
     ),
     KVMachine: ({"KV1"}, set()),
-    SchedulerMachine: ({"Q1", "Q2", "Q3", "Q4", "M2", "M3", "M4", "I1", "KV1"}, {"T1", "T4"}),
+    _DefaultPolicySchedulerMachine: (
+        {"Q1", "Q2", "Q3", "Q4", "M2", "M3", "M4", "I1", "KV1"},
+        {"T1", "T4"},
+    ),
+    _ChunkedSchedulerMachine: ({"Q1", "Q2", "Q3", "Q4", "M2", "M3", "M4", "KV1"}, {"T1", "T4"}),
     V1ManagerMachine: (
         {
             "V1-1",
@@ -468,6 +486,17 @@ class _SaysDoneEarly(Scheduler):
         return not self.waiting and super().has_unfinished_seqs()
 
 
+class _SamplesEveryChunk(Scheduler):
+    """Chunked prefill: every prefill chunk samples, not only the one that ends the prompt."""
+
+    def schedule(self) -> SchedulerOutputs:
+        out = super().schedule()
+        out.scheduled_seq_groups[:] = [
+            dataclasses.replace(s, do_sample=True) for s in out.scheduled_seq_groups
+        ]
+        return out
+
+
 def _machine_failure(
     machine: type[RuleBasedStateMachine], examples: int = 300, seed_value: int | None = None
 ) -> str:
@@ -610,6 +639,7 @@ PLANTED: dict[str, Callable[[], str]] = {
     "Q5": lambda: _machine_failure(_scheduler_machine(_RecomputeToBack), 400),
     "Q6": lambda: _machine_failure(_scheduler_machine(_IgnoresBudget), 400),
     "Q7": lambda: _machine_failure(_scheduler_machine(_SaysDoneEarly), 400),
+    "Q8": lambda: _machine_failure(_scheduler_machine(_SamplesEveryChunk), 400),
     "KV1": _planted_kv1,
     **V1_PLANTED,  # vLLM V1's manager: planted in tests/test_v1_planted.py
     **V1_SCHEDULER_PLANTED,  # the V1 scheduler: planted in tests/test_v1_scheduler.py

@@ -139,10 +139,13 @@ def _observed(
         out = obs.outputs
         prefill = sum(g.token_chunk_size for g in out.scheduled_seq_groups if g.is_prefill)
         decode = context = 0
+        sampled = []  # the step ran: a group samples where its whole sequence is computed
         for g in out.scheduled_seq_groups:
             running = [s for s in g.seq_group.get_seqs() if s.status.name == "RUNNING"]
             decode += 0 if g.is_prefill else len(running)
-            context += sum(s.get_len() for s in running)
+            context += sum(s.get_num_computed_tokens() for s in running)
+            if running[0].get_num_computed_tokens() == running[0].get_len():
+                sampled.append(g.seq_group.request_id)
         moved = len(out.blocks_to_swap_in) + len(out.blocks_to_swap_out)
         block = sim.setup()["block_bytes"]
         assert isinstance(block, int)
@@ -154,7 +157,7 @@ def _observed(
         steps.durations.append(obs.duration)
         steps.works.append(work)
         steps.scheduled.append([g.seq_group.request_id for g in out.scheduled_seq_groups])
-        steps.sampled.append(steps.scheduled[-1])  # V0: every scheduled sequence samples
+        steps.sampled.append(sampled)  # V0: a chunk short of the prompt's end samples not
         steps.preempted.append([p.request_id for p in out.preempted])
 
     return sim.run(requests, observe=observe), steps
@@ -299,6 +302,25 @@ def _recounted(requests: list[RequestSpec], steps: _Steps, result: SimulationRes
         ("parallel-sampling", {"enable_caching": True}),
         ("multi-turn", {"enable_caching": True}),  # turns continue their parents
         ("long-context", {}),  # rejections
+        # vLLM 0.6.3's chunked prefill: prompts over the budget in chunks, beside decodes
+        ("long-context", {"scheduler": SchedulerConfig(enable_chunked_prefill=True)}),
+        (
+            "overload",
+            {
+                "scheduler": SchedulerConfig(
+                    "swap", max_num_batched_tokens=64, enable_chunked_prefill=True
+                )
+            },
+        ),
+        (
+            "multi-turn",
+            {
+                "enable_caching": True,
+                "scheduler": SchedulerConfig(
+                    max_num_batched_tokens=64, enable_chunked_prefill=True
+                ),
+            },
+        ),
     ],
 )
 def test_every_request_time_and_metric_matches_a_recount_from_the_steps(
@@ -321,10 +343,15 @@ def test_every_request_time_and_metric_matches_a_recount_from_the_steps(
     if name == "overload":
         assert result.summary.preempted_recompute and result.summary.preempted_swap
         assert any(w.swap_bytes for w in steps.works) and any(w.copy_bytes for w in steps.works)
-    if name == "long-context":
+    chunked = config.scheduler.enable_chunked_prefill
+    if name == "long-context" and not chunked:
         assert result.summary.rejected and all(
             r.status == "rejected" and r.reason for r in result.requests if r.first_token is None
         )
+    if chunked:  # some prefill is cut: a step that prefills and samples nothing for it
+        budget = config.scheduler.max_num_batched_tokens
+        assert any(w.prefill_tokens == budget for w in steps.works)
+        assert any(set(a) - set(b) for a, b in zip(steps.scheduled, steps.sampled, strict=True))
 
 
 @pytest.mark.parametrize(

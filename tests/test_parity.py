@@ -148,6 +148,9 @@ SCHEDULER: dict[str, str] = {
     "free_finished_seq_groups": OBSERVED,  # after every step of the schedule rule
     "has_unfinished_seqs": OBSERVED,  # the teardown drains the queues (Q7)
     "get_num_unfinished_seq_groups": EXTENSION,  # test_scheduler.py
+    "in_prefill": OBSERVED,  # the finish_seq rule leaves a prefill in flight alone
+    # after every forward pass with prefix caching (the schedule rule)
+    "mark_blocks_as_computed": OBSERVED,
     "next_seq_id": SUPPORT,
     "to_spec": SUPPORT,
     "check_invariants": SUPPORT,

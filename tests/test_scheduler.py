@@ -1,5 +1,6 @@
 """Unit tests for pagedkv.serving.scheduler (and its types,
 pagedkv.serving.scheduler_types): admission, preemption (and its fallbacks), swap-in,
+chunked prefill (vLLM 0.6.3's budget order, chunks, sampling at a prefill's end),
 parallel sampling, aborts, budgets, lookahead slots, the step figures of
 ``SchedulerOutputs``, the exact reasons of preemptions, rejections and aborts, the typed
 errors of misuse and ``check_invariants`` on corrupted queues. The scheduler machine
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 
 from helpers import raised
-from pagedkv import Device, Sequence, SequenceGroup, SequenceStatus
+from pagedkv import BlockSpaceManager, Device, Sequence, SequenceGroup, SequenceStatus
 from pagedkv.errors import (
     ArgumentTypeError,
     DuplicateRequestError,
@@ -871,3 +872,95 @@ def test_a_request_arriving_with_computed_tokens_is_refused_and_changes_nothing(
     seq.reset_state_for_recompute()
     sched.add_seq_group(SequenceGroup("r", [seq]))  # the same request without them is queued
     assert ids(sched.waiting) == ["r"]
+
+
+# ---------------------------------------------------------------------------- chunked prefill
+
+
+def test_chunked_prefill_config_takes_vllm_s_default_budget_and_checks_it() -> None:
+    assert SchedulerConfig(enable_chunked_prefill=True).max_num_batched_tokens == 512
+    assert SchedulerConfig().max_num_batched_tokens is None  # the default policy: no limit
+    err = raised(
+        InvalidSchedulerConfigError,
+        lambda: SchedulerConfig(
+            max_num_seqs=8, max_num_batched_tokens=4, enable_chunked_prefill=True
+        ),
+    )
+    assert "must be at least max_num_seqs (8)" in str(err)
+    raised(ArgumentTypeError, lambda: SchedulerConfig(enable_chunked_prefill=1))  # type: ignore[arg-type]  # the bad type is the point
+    manager = BlockSpaceManager(4, 8, 0, 0.0, enable_caching=True)
+    config = SchedulerConfig(max_num_batched_tokens=6, enable_chunked_prefill=True)
+    err = raised(InvalidSchedulerConfigError, lambda: Scheduler(manager, config))
+    assert "multiple of the block size (4)" in str(err)
+
+
+def test_a_prompt_over_the_budget_is_prefilled_in_chunks_and_samples_at_its_end() -> None:
+    sched = make(num_gpu=16, max_num_batched_tokens=4, chunked=True)
+    a = add(sched, "a", 10)
+    chunks = []
+    for _ in range(3):
+        out = step(sched)
+        [s] = out.scheduled_seq_groups
+        chunks.append((s.token_chunk_size, s.is_prefill, s.do_sample, sched.in_prefill("a")))
+    assert chunks == [(4, True, False, True), (4, True, False, True), (2, True, True, False)]
+    assert out.rejected == [] and first(a).get_output_len() == 1  # one token, at the end
+    out = step(sched)  # now a decode
+    assert [(s.token_chunk_size, s.is_prefill) for s in out.scheduled_seq_groups] == [(1, False)]
+
+
+def test_chunked_steps_run_decodes_first_then_chunks_then_admissions() -> None:
+    """vLLM 0.6.3's budget order: running decodes, running prefills (chunks), then new
+    requests, cut to the tokens left; ``running`` after the step in vLLM's order."""
+    sched = make(num_gpu=32, max_num_batched_tokens=6, chunked=True)
+    add(sched, "a", 2)
+    step(sched)  # a prefilled whole: decodes from now on
+    add(sched, "b", 9)
+    out = step(sched)  # a decodes (1 token), b's first chunk takes the 5 left
+    assert [(s.seq_group.request_id, s.token_chunk_size) for s in out.scheduled_seq_groups] == [
+        ("b", 5),
+        ("a", 1),
+    ]
+    add(sched, "c", 3)
+    out = step(sched)  # a: 1, b: its last 4, c: the 1 token left
+    got = [(s.seq_group.request_id, s.token_chunk_size) for s in out.scheduled_seq_groups]
+    assert got == [
+        ("c", 1),
+        ("b", 4),
+        ("a", 1),
+    ]  # vLLM's batch order: new, running prefills, decodes
+    assert ids(sched.running) == ["a", "b", "c"] and out.num_batched_tokens == 6
+    assert not sched.in_prefill("b") and sched.in_prefill("c")
+
+
+def test_a_prefill_alone_on_a_full_gpu_is_not_preempted_for_a_slot_it_does_not_need() -> None:
+    """vLLM 0.6.3 preempts a prefill in flight whose partial last block leaves no block
+    free (``can_append_slots`` counts it), then re-admits it to the same blocks: it
+    never ends. pagedkv lets the only group on the GPU finish its prefill."""
+    sched = make(num_gpu=2, block_size=2, max_num_batched_tokens=2, chunked=True)
+    a = add(sched, "a", 3)  # two blocks, the whole GPU; the last one partial
+    outs = [step(sched) for _ in range(2)]
+    assert [o.preempted for o in outs] == [[], []]
+    assert first(a).get_output_len() == 1  # its prefill ended and sampled
+
+
+def test_a_swapped_prefill_longer_than_the_budget_comes_back_in_chunks() -> None:
+    """vLLM 0.6.3 swaps in without chunking, so a prefill swapped out with more tokens
+    left than the whole budget never comes back; pagedkv brings it back with a chunk."""
+    sched = make(
+        num_gpu=8, num_cpu=16, preemption_mode="swap", max_num_batched_tokens=4, chunked=True
+    )
+    a = add(sched, "a", 4)
+    step(sched)  # a prefilled: it decodes from now on
+    b = add(sched, "b", 20)
+    step(sched)  # b's first chunk (its 5 blocks allocated whole)
+    extend(first(a), 8)  # a's decode now needs more blocks than are free: b is swapped out
+    out = sched.schedule()
+    assert [p.request_id for p in out.preempted] == ["b"] and sched.in_prefill("b")
+    first(a).update_num_computed_tokens(first(a).get_num_uncomputed_tokens())
+    sched.finish_seq(first(a))
+    sched.free_finished_seq_groups()
+    out = step(sched)
+    assert out.swapped_in == ["b"] and out.scheduled_seq_groups[0].token_chunk_size == 4
+    while sched.has_unfinished_seqs() and first(b).get_output_len() == 0:
+        step(sched)
+    assert first(b).get_output_len() == 1 and first(b).get_num_computed_tokens() == 20

@@ -8,13 +8,21 @@ run.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from helpers import failing_program, recorded
 from pagedkv import BlockSpaceManager, SequenceGroup
-from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.serving.scheduler import (
+    PreemptionMode,
+    ScheduledSequenceGroup,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutputs,
+)
 from pagedkv_stateful.kit.replay import replay
 from pagedkv_stateful.serving.scheduler_machine import SchedulerMachine
 
@@ -70,7 +78,40 @@ QUICK = settings(
 )
 
 
-def _machine(planted: type[Scheduler]) -> type[SchedulerMachine]:
+class _PrefillsBeforeDecodes(Scheduler):
+    """Chunked prefill: puts the running prefills before the running decodes in
+    ``running`` (vLLM 0.6.3 puts decodes first)."""
+
+    def _schedule_running_chunked(
+        self, out: SchedulerOutputs
+    ) -> tuple[list[ScheduledSequenceGroup], list[ScheduledSequenceGroup]]:
+        decodes, prefills = super()._schedule_running_chunked(out)
+        return prefills, decodes
+
+
+class _SamplesEveryChunk(Scheduler):
+    """Chunked prefill: every prefill chunk samples, not only the one ending the prompt."""
+
+    def schedule(self) -> SchedulerOutputs:
+        out = super().schedule()
+        out.scheduled_seq_groups[:] = [
+            dataclasses.replace(s, do_sample=True) for s in out.scheduled_seq_groups
+        ]
+        return out
+
+
+class _MarksChunksComputedAtAdmission(Scheduler):
+    """Prefix caching with chunked prefill: tells the manager an admitted prompt's blocks
+    are computed at admission, before the chunks that write them have run (a later
+    prompt is then served from unwritten blocks)."""
+
+    def _schedule_waiting(self, out: SchedulerOutputs, chunked: bool = False) -> None:
+        super()._schedule_waiting(out, chunked)
+        if out.admitted and self.block_manager.enable_caching:
+            self.block_manager.mark_blocks_as_computed(self.running[-1])
+
+
+def _machine(planted: type[Scheduler], policy: str | None = None) -> type[SchedulerMachine]:
     class Planted(SchedulerMachine):
         def make_scheduler(self, manager: BlockSpaceManager, config: SchedulerConfig) -> Scheduler:
             return planted(manager, config)
@@ -78,24 +119,28 @@ def _machine(planted: type[Scheduler]) -> type[SchedulerMachine]:
         def scheduler_source(self, config: SchedulerConfig) -> str:
             return f"__import__({planted.__module__!r}).{planted.__name__}(mgr, {config!r})"
 
+    Planted.policy = policy
     Planted.__name__ = f"Planted{planted.__name__}"
     return Planted
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("planted", "invariant", "last", "shrink"),
+    ("planted", "invariant", "last", "shrink", "policy"),
     [
         # shrinking these three costs 25-90 s each on 2 cores (against 1-8 s to find them):
         # their first failing program is replayed instead
-        (_DropsCopies, "KV1", "shadow.check(mgr, sched)", False),
-        (_RecomputeToBack, "Q5", "assert holds('Q5'", False),
-        (_LosesSwapOut, "KV1", "shadow.check(mgr, sched)", True),
-        (_AdmitsPastSwapped, "Q5", "assert holds('Q5'", False),
+        (_DropsCopies, "KV1", "shadow.check(mgr, sched)", False, None),
+        (_RecomputeToBack, "Q5", "assert holds('Q5'", False, None),
+        (_LosesSwapOut, "KV1", "shadow.check(mgr, sched)", True, None),
+        (_AdmitsPastSwapped, "Q5", "assert holds('Q5'", False, "default"),
+        (_PrefillsBeforeDecodes, "Q5", "assert holds('Q5'", False, "chunked"),
+        (_SamplesEveryChunk, "Q8", "assert holds('Q8'", False, "chunked"),
+        (_MarksChunksComputedAtAdmission, "KV1", "shadow.check(mgr, sched)", False, "chunked"),
     ],
 )
 def test_machine_finds_planted_bug_and_its_program_replays(
-    planted: type[Scheduler], invariant: str, last: str, shrink: bool
+    planted: type[Scheduler], invariant: str, last: str, shrink: bool, policy: str | None
 ) -> None:
     """The machine reports the bug under the invariant it breaks, and the program of
     the failing test case (shrunk, or as first found) fails at its last statement when
@@ -103,7 +148,7 @@ def test_machine_finds_planted_bug_and_its_program_replays(
     views; KV1, the shadow cache's check (the program drives the same ShadowCache the
     machine uses)."""
     phases = [Phase.generate, Phase.shrink] if shrink else [Phase.generate]
-    violation, program = failing_program(_machine(planted), settings(QUICK, phases=phases))
+    violation, program = failing_program(_machine(planted, policy), settings(QUICK, phases=phases))
     assert violation.invariant.split()[0] == invariant, violation
     assert program[-1].startswith(last), program[-1]
     result = replay(program)

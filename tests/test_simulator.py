@@ -618,8 +618,8 @@ class _Observed:
     seconds: list[float] = field(default_factory=list)
     usage: list[float] = field(default_factory=list)
     empty: list[float] = field(default_factory=list)  # steps with a used block only
-    prefill_lens: list[tuple[str, int, int]] = field(default_factory=list)  # (request,
-    # prompt length, tokens the prefill computed)
+    prefill_lens: list[tuple[str, int, int, bool, int]] = field(default_factory=list)  # (request,
+    # length, tokens the prefill chunk computed, an admission, tokens it skipped: cached)
     cached_blocks: list[int] = field(default_factory=list)  # GPU ids findable by key
     cache_counts: tuple[int, int, int] = (0, 0, 0)  # hits, queries, evictions (the pool's)
     preempted_recompute: list[int] = field(default_factory=list)
@@ -678,9 +678,13 @@ def observed_run(
         out = obs.outputs
         for scheduled in out.scheduled_seq_groups:
             if scheduled.is_prefill:
+                rid = scheduled.seq_group.request_id
                 first = scheduled.seq_group.get_seqs(SequenceStatus.RUNNING)[0]
+                # the step ran: its computed tokens are the chunk's end; at an admission
+                # what came before the chunk was found in the prefix cache
+                skip = first.get_num_computed_tokens() - scheduled.token_chunk_size
                 seen.prefill_lens.append(
-                    (scheduled.seq_group.request_id, first.get_len(), scheduled.token_chunk_size)
+                    (rid, first.get_len(), scheduled.token_chunk_size, rid in out.admitted, skip)
                 )
         if config.enable_caching:  # the cache as the spec abstraction sees it
             pool = sim.manager.block_allocator.to_caching_spec().gpu
@@ -724,15 +728,23 @@ def recomputed_summary(
     ]  # never added: unfinished
     prompt_len = {r.request_id: r.prompt_len for r in requests}
     first_prefill: dict[str, int] = {}  # request -> prompt tokens its first prefill skipped
-    skipped = 0
-    for rid, length, chunk in seen.prefill_lens:
-        assert config.enable_caching or chunk == length  # only a prefix cache skips tokens
-        skipped += length - chunk
-        first_prefill.setdefault(rid, length - chunk)
-    total_prefilled = sum(n for _, n, _ in seen.prefill_lens) - skipped
-    looked_up = sum(n for _, n, _ in seen.prefill_lens) if config.enable_caching else 0
+    prefilled: dict[str, int] = {}  # request -> tokens its prefills (chunks) computed
+    skipped = looked_up = 0
+    for rid, length, chunk, admission, skip in seen.prefill_lens:
+        prefilled[rid] = prefilled.get(rid, 0) + chunk
+        if not admission:  # a later chunk of a prefill (chunked prefill)
+            assert config.scheduler.enable_chunked_prefill
+            continue
+        assert config.enable_caching or skip == 0  # only a prefix cache skips tokens
+        assert config.scheduler.enable_chunked_prefill or skip + chunk == length
+        skipped += skip
+        looked_up += length if config.enable_caching else 0
+        first_prefill.setdefault(rid, skip)
     prompt_tokens = sum(prompt_len[rid] for rid in first_prefill)  # cached or computed
-    first_computed = sum(prompt_len[rid] - first_prefill[rid] for rid in first_prefill)
+    # what a request's prefills computed beyond its first prompt pass: recomputation
+    recomputed = sum(
+        max(0, prefilled[rid] - (prompt_len[rid] - first_prefill[rid])) for rid in first_prefill
+    )
     hits, queries, evictions = seen.cache_counts
     samples = sorted(seen.seconds)
     p99 = (
@@ -750,7 +762,7 @@ def recomputed_summary(
         unfinished=outcomes.count("unfinished"),
         prompt_tokens=prompt_tokens,
         generated_tokens=sum(s.get_output_len() for g in added.values() for s in g.get_seqs()),
-        recomputed_tokens=total_prefilled - first_computed,
+        recomputed_tokens=recomputed,
         steps=len(seen.clocks),
         preempted_recompute=sum(seen.preempted_recompute),
         preempted_swap=sum(seen.preempted_swap),
@@ -867,6 +879,35 @@ _FIGURE_RUNS: list[tuple[str, list[RequestSpec], SimulationConfig]] = [
             preset("parallel-sampling"), enable_caching=True, num_gpu_blocks=96, num_cpu_blocks=0
         ),
     ),
+    (  # vLLM's chunked-prefill policy: prompts cut into chunks beside decodes
+        "overload, chunked prefill",
+        generate(preset("overload"), 11, 12),
+        _config(
+            preset("overload"),
+            num_gpu_blocks=48,
+            scheduler=SchedulerConfig(max_num_batched_tokens=64, enable_chunked_prefill=True),
+        ),
+    ),
+    (
+        "pressure, chunked prefill, swap mode",
+        generate(_PRESSURE, 12),
+        _config(
+            _PRESSURE,
+            scheduler=SchedulerConfig(
+                "swap", max_num_batched_tokens=32, enable_chunked_prefill=True
+            ),
+        ),
+    ),
+    (  # chunks of whole blocks; prefix hits only on blocks whose chunk ran
+        "system prompt, prefix caching, chunked prefill",
+        generate(preset("system-prompt"), 13, 16),
+        _config(
+            preset("system-prompt"),
+            enable_caching=True,
+            num_gpu_blocks=96,
+            scheduler=SchedulerConfig(max_num_batched_tokens=64, enable_chunked_prefill=True),
+        ),
+    ),
     (
         "the peak in the first step",
         [RequestSpec("whole-cache", 0.0, 40, 1), RequestSpec("small", 3.0, 4, 3)],
@@ -904,6 +945,15 @@ def test_every_reported_figure_matches_an_independent_recount(index: int) -> Non
     assert line.preempted_swap == seen.preempted_swap
     assert list(zip(line.waiting, line.running, line.swapped, strict=True)) == seen.queues_after
     assert line.cached_blocks == seen.cached_blocks
+
+
+def test_the_chunked_recount_runs_cut_prompts_into_chunks() -> None:
+    """The chunked-prefill runs above prefill in chunks (later chunks of a prompt in
+    later steps), so their recount covers chunking."""
+    for index, (name, _, _) in enumerate(_FIGURE_RUNS):
+        if "chunked" in name:
+            _, seen, _ = _figure_run(index)
+            assert any(not admission for _, _, _, admission, _ in seen.prefill_lens), name
 
 
 def test_the_recount_runs_reach_every_figure() -> None:
@@ -1144,7 +1194,10 @@ def _mixed_steps(engine: str) -> tuple[SimulationResult, int, int]:
     prefill and decode tokens together, the steps in which a running request whose
     prompt was done computed nothing."""
     requests = generate(preset("system-prompt"), 0, 24)
-    config = _config(preset("system-prompt"), kv_backing="none", engine=engine)
+    chunked = engine == "v0-chunked"  # vLLM 0.6.3's chunked-prefill policy
+    config = _config(preset("system-prompt"), kv_backing="none", engine=engine.split("-")[0])
+    if chunked:
+        config = dataclasses.replace(config, scheduler=SchedulerConfig(enable_chunked_prefill=True))
     if engine == "v1":
         config = dataclasses.replace(config, num_cpu_blocks=0)
     mixed = stalled = 0
@@ -1174,6 +1227,17 @@ def test_v0_decodes_nothing_in_a_prefill_step_where_v1_batches_both() -> None:
     assert v0.metrics is not None and v1.metrics is not None
     assert v0.metrics.tpot.p99 > v1.metrics.tpot.p99  # the stalls stretch V0's decodes
     assert v0.summary.steps > v1.summary.steps
+
+
+def test_v0_with_chunked_prefill_batches_decodes_with_prefill_chunks() -> None:
+    """vLLM 0.6.3's chunked-prefill policy runs the decodes first and fills the rest of
+    the step's budget with prefill chunks: steps mix both, and the running requests'
+    inter-token latency loses the default policy's prefill stalls."""
+    default, _, _ = _mixed_steps("v0")
+    chunked, mixed, _ = _mixed_steps("v0-chunked")
+    assert mixed > 0 and chunked.summary.finished == default.summary.finished == 24
+    assert chunked.metrics is not None and default.metrics is not None
+    assert chunked.metrics.itl.p99 < default.metrics.itl.p99
 
 
 def test_the_v1_summary_shows_no_cpu_tier_or_swap() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pagedkv_spec.device import Device
-from pagedkv_spec.invariants import REGISTRY
+from pagedkv_spec.invariants import REGISTRY, holds
 from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef, StepRecord
 from pagedkv_spec.v0 import allocator as A
 from pagedkv_spec.v0 import caching as C
@@ -97,6 +97,9 @@ BEFORE = SchedulerView((C_NEW,), (A_RUN,), (), ("a", "c"))
 C_RUN = replace(C_NEW, admitted=True, seqs=(_seq(2, "RUNNING", frozenset({GPU})),))
 AFTER = SchedulerView((), (A_RUN, C_RUN), (), ("a", "c"))
 STEP = StepRecord(("c",), (), (), (), (), True, 1, 4, 2, 8)
+# the same step under chunked prefill: a decodes beside c's admission (decodes first in
+# running, then the admissions)
+CHUNKED_STEP = replace(STEP, decoded=("a",), prefilled=("c",), chunked=True)
 
 # V1: blocks 1, 2 cached (a's hashes), 3 a's partial block; 4, 5 free; "p" preempted
 _H = (b"h0", b"h1")
@@ -306,6 +309,7 @@ GOOD: dict[str, tuple[Any, ...]] = {
     "Q5": (BEFORE, STEP, AFTER),
     "Q6": (STEP,),
     "Q7": (SchedulerView((), (), (), ()), 4, 4, 2, 2),
+    "Q8": (replace(STEP, chunks=(("c", True, 0, 3, 3, True), ("a", False, 4, 1, 5, True))),),
     "KV1": (((0, 0, "kv", "kv"),),),
 }
 
@@ -703,6 +707,57 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
     ("Q5", "a decode in a step that admits", (BEFORE, replace(STEP, decoded=("a",)), AFTER)),
     (
         "Q5",
+        "chunked prefill: an admission before a running decode in running",
+        (BEFORE, CHUNKED_STEP, replace(AFTER, running=(C_RUN, A_RUN))),
+    ),
+    (
+        "Q5",
+        "chunked prefill: a swap-in after a preemption",
+        (
+            replace(BEFORE, running=(A_RUN, C_RUN), waiting=(), swapped=(B_SWP,)),
+            replace(
+                CHUNKED_STEP,
+                admitted=(),
+                prefilled=(),
+                preempted=(("c", "RECOMPUTE"),),
+                swapped_in=("b",),
+            ),
+            SchedulerView(
+                (C_NEW,),
+                (replace(B_SWP, seqs=(_seq(1, "RUNNING", frozenset({GPU})),)), A_RUN),
+                (),
+                ("a", "b", "c"),
+            ),
+        ),
+    ),
+    (
+        "Q8",
+        "chunked prefill: a chunk that samples mid-prompt",
+        (replace(STEP, chunked=True, chunks=(("c", True, 0, 2, 3, True),)),),
+    ),
+    (
+        "Q8",
+        "chunked prefill: the prompt's last chunk samples nothing",
+        (replace(STEP, chunked=True, chunks=(("c", True, 1, 2, 3, False),)),),
+    ),
+    (
+        "Q8",
+        "a default-policy prefill cut short",
+        (replace(STEP, chunks=(("c", True, 0, 2, 3, False),)),),
+    ),
+    (
+        "Q8",
+        "a decode that samples nothing",
+        (replace(STEP, chunks=(("a", False, 4, 1, 5, False),)),),
+    ),
+    ("Q8", "an empty chunk", (replace(STEP, chunked=True, chunks=(("c", True, 0, 0, 3, False),)),)),
+    (
+        "Q8",
+        "a chunk past the sequence's tokens",
+        (replace(STEP, chunked=True, chunks=(("c", True, 2, 2, 3, True),)),),
+    ),
+    (
+        "Q5",
         "a swap-in in a step that admits",
         (
             replace(BEFORE, swapped=(B_SWP,)),
@@ -974,3 +1029,12 @@ def test_every_registered_predicate_is_tested_here() -> None:
     leaves = {i.id for i in REGISTRY.values() if not i.parts}
     assert set(GOOD) == leaves
     assert {i for i, _, _ in BAD} == leaves
+
+
+def test_q5_under_chunked_prefill_allows_decodes_beside_admissions() -> None:
+    """vLLM 0.6.3's chunked-prefill policy decodes in a step that admits (the default
+    policy's Q5 refuses that step, above), and admits while a request stays swapped."""
+    assert holds("Q5", BEFORE, CHUNKED_STEP, AFTER)
+    assert not holds("Q5", BEFORE, replace(CHUNKED_STEP, chunked=False), AFTER)
+    swapped = (replace(BEFORE, swapped=(B_SWP,)), replace(AFTER, swapped=(B_SWP,)))
+    assert holds("Q5", swapped[0], CHUNKED_STEP, swapped[1])

@@ -296,6 +296,13 @@ def _entries() -> Iterable[Invariant]:
         "step",
     )
     yield inv(
+        "Q8",
+        scheduler.samples_ok,
+        "prefill chunks fit their prompts, whole unless chunked; sampling at a prefill's end",
+        "scheduler",
+        "step",
+    )
+    yield inv(
         "KV1",
         kv.kv_conserved,
         "every computed position holds the KV written for it (fork, CoW, swap, recompute)",

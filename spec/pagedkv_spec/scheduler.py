@@ -33,15 +33,26 @@ Step invariants (over one ``schedule()`` call, :class:`StepRecord`):
                           and rejections of swapped ones a prefix of ``swapped``;
                           victims are the newest running requests; recompute
                           victims go to the front of ``waiting`` (oldest first),
-                          swap victims to the back of ``swapped``; after a
+                          swap victims to the back of ``swapped``; every event has
+                          a reason. Under vLLM 0.6.3's default policy: after a
                           preemption nothing is placed; nothing is admitted while
                           a request stays swapped; a step that admits decodes
-                          nothing and swaps nothing in (vLLM 0.6.3's default
-                          policy); every event has a reason
+                          nothing and swaps nothing in; ``running`` is the kept
+                          groups, then the swap-ins, then the admissions. Under
+                          its chunked-prefill policy: after a preemption nothing
+                          is swapped in; the running groups scheduled are the
+                          oldest kept ones (the budget stops the pass), and
+                          ``running`` is the groups it did not reach, then the
+                          swap-ins (decodes, then prefills), the running decodes,
+                          the running prefills and the admissions
     Q6 ``step_budget_ok`` a step that swaps in or admits stays within
                           ``max_num_seqs`` and ``max_num_batched_tokens``
     Q7 ``drained``        once nothing is unfinished, every queue is empty and
                           every block of both devices is free
+    Q8 ``samples_ok``     each scheduled prefill computes at least one token and
+                          no more than its sequence has uncomputed, the whole rest
+                          unless the policy chunks; a group samples exactly where
+                          its prefill ends, and every decode samples
 
 Complexity: irrelevant.
 """
@@ -61,6 +72,7 @@ __all__ = [
     "drained",
     "fcfs_ok",
     "queues_ok",
+    "samples_ok",
     "statuses_ok",
     "step_budget_ok",
     "step_order_ok",
@@ -127,6 +139,11 @@ class StepRecord:
     max_num_seqs: int | None
     max_num_batched_tokens: int | None
     decoded: tuple[str, ...] = ()  # requests scheduled to decode (not to prefill)
+    prefilled: tuple[str, ...] = ()  # requests scheduled to prefill (a chunk or whole)
+    chunked: bool = False  # vLLM 0.6.3's chunked-prefill policy (else its default one)
+    # per scheduled group: (request id, a prefill, computed tokens before the step,
+    # tokens scheduled, sequence length, samples)
+    chunks: tuple[tuple[str, bool, int, int, int, bool], ...] = ()
 
 
 def _ids(queue: tuple[GroupRef, ...]) -> list[str]:
@@ -200,20 +217,45 @@ def step_order_ok(before: SchedulerView, step: StepRecord, after: SchedulerView)
         return False
     if list(step.swapped_in) != [r for r in gone_s if r not in rejected]:
         return False
+    recompute = [rid for rid, mode in step.preempted if mode == "RECOMPUTE"]
+    swap = [rid for rid, mode in step.preempted if mode == "SWAP"]
+    kept = [r for r in r0 if r not in victims]
+    queues = (
+        _ids(after.waiting) == recompute[::-1] + w0[len(gone_w) :]
+        and _ids(after.swapped) == s0[len(gone_s) :] + swap
+    )
+    if step.chunked:
+        return queues and _chunked_order_ok(step, victims, kept, _ids(after.running))
     if victims and (step.admitted or step.swapped_in):
         return False  # placed work after a preemption
     if step.admitted and after.swapped:
         return False  # admitted while a request stays swapped
     if step.admitted and (step.decoded or step.swapped_in):
         return False  # a step that prefills runs no decode and no swap-in
-    recompute = [rid for rid, mode in step.preempted if mode == "RECOMPUTE"]
-    swap = [rid for rid, mode in step.preempted if mode == "SWAP"]
-    kept = [r for r in r0 if r not in victims]
-    return (
-        _ids(after.waiting) == recompute[::-1] + w0[len(gone_w) :]
-        and _ids(after.swapped) == s0[len(gone_s) :] + swap
-        and _ids(after.running) == kept + list(step.swapped_in) + list(step.admitted)
+    return queues and _ids(after.running) == kept + list(step.swapped_in) + list(step.admitted)
+
+
+def _chunked_order_ok(
+    step: StepRecord, victims: list[str], kept: list[str], running: list[str]
+) -> bool:
+    """Q5's rules of the chunked-prefill policy (see the module docstring)."""
+    if victims and step.swapped_in:
+        return False  # swapped in after a preemption
+    decoded, prefilled = set(step.decoded), set(step.prefilled)
+    ran = [r for r in kept if r in decoded or r in prefilled]
+    left = [r for r in kept if r not in decoded and r not in prefilled]
+    if kept != ran + left:
+        return False  # the running pass skipped a group and scheduled a younger one
+    back = list(step.swapped_in)
+    order = (
+        left
+        + [r for r in back if r in decoded]
+        + [r for r in back if r not in decoded]
+        + [r for r in ran if r in decoded]
+        + [r for r in ran if r not in decoded]
+        + list(step.admitted)
     )
+    return running == order
 
 
 def step_budget_ok(step: StepRecord) -> bool:
@@ -223,6 +265,23 @@ def step_budget_ok(step: StepRecord) -> bool:
     seqs_ok = step.max_num_seqs is None or step.num_running_seqs <= step.max_num_seqs
     cap = step.max_num_batched_tokens
     return seqs_ok and (cap is None or step.num_batched_tokens <= cap)
+
+
+def samples_ok(step: StepRecord) -> bool:
+    """Q8: prefills compute within their sequences, whole unless chunked; a group
+    samples exactly at its prefill's end, and every decode samples."""
+    for _, prefill, computed, tokens, length, sample in step.chunks:
+        if not prefill:
+            if not sample:
+                return False  # a decode that samples nothing
+            continue
+        if tokens < 1 or computed + tokens > length:
+            return False  # an empty chunk, or one past the sequence's tokens
+        if not step.chunked and computed + tokens != length:
+            return False  # the default policy prefills the whole rest at once
+        if sample != (computed + tokens == length):
+            return False  # sampled mid-prompt, or not at the prefill's end
+    return True
 
 
 def drained(v: SchedulerView, free_gpu: int, num_gpu: int, free_cpu: int, num_cpu: int) -> bool:

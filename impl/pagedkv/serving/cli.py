@@ -340,7 +340,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--lookahead", type=_int_at_least(0), default=0, help="lookahead slots")
     sim.add_argument("--max-num-seqs", type=_int_at_least(1))
-    sim.add_argument("--max-num-batched-tokens", type=_int_at_least(1))
+    sim.add_argument(
+        "--max-num-batched-tokens",
+        type=_int_at_least(1),
+        help="most tokens computed in one step (default: none; 512 with "
+        "--enable-chunked-prefill, as vLLM 0.6.3)",
+    )
+    sim.add_argument(
+        "--enable-chunked-prefill",
+        action="store_true",
+        help="--engine v0 with vLLM 0.6.3's chunked-prefill policy: decodes first, then "
+        "prompts in chunks that fill the step's --max-num-batched-tokens",
+    )
     sim.add_argument("--max-steps", type=_int_at_least(1), default=100_000)
     timing = sim.add_argument_group(
         "time and latency",

@@ -126,6 +126,9 @@ class Tally:
         self.rejected: list[tuple[str, str]] = []
         self.aborted: list[tuple[str, str]] = []
         self.admitted: set[str] = set()  # requests prefilled at least once
+        # request -> prompt tokens its first prefill has still to compute (chunked
+        # prefill: over several steps); what a prefill computes beyond is recomputation
+        self._first_left: dict[str, int] = {}
         self.sched_seconds: list[float] = []
         self.usage_sum = self.empty_sum = 0.0
         self.empty_steps = 0
@@ -148,12 +151,23 @@ class Tally:
         s.swap_ins += len(out.swapped_in)
         self.aborted += [(e.request_id, e.reason) for e in out.aborted]
         prompt = recomputed = 0
+        first_left = self._first_left
         for g in out.scheduled_seq_groups:
-            if g.is_prefill and g.seq_group.request_id in self.admitted:
-                recomputed += g.token_chunk_size
-            elif g.is_prefill:  # the whole prompt, whether its KV was computed or cached
-                self.admitted.add(g.seq_group.request_id)
+            if not g.is_prefill:
+                continue
+            rid = g.seq_group.request_id
+            if rid not in self.admitted:  # the whole prompt, whether computed or cached
+                self.admitted.add(rid)
                 prompt += len(g.seq_group.prompt_token_ids)
+                seq = g.seq_group.get_seqs()[0]
+                first_left[rid] = seq.get_prompt_len() - seq.get_num_computed_tokens()
+            left = first_left.get(rid, 0)
+            first = min(left, g.token_chunk_size)
+            if left:
+                first_left[rid] = left - first
+                if first_left[rid] == 0:
+                    del first_left[rid]
+            recomputed += g.token_chunk_size - first
         self.count(
             seconds,
             preempted_recompute=len(out.preempted) - swaps,
@@ -348,7 +362,12 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
             f"{s.preempted_recompute} by recompute (V1 does not swap)"
             if v1
             else f"{s.preempted_recompute} by recompute, {s.preempted_swap} by swap "
-            f"(mode {cfg['preemption']})",
+            f"(mode {cfg['preemption']}"
+            + (
+                f"; chunked prefill, {cfg['max_num_batched_tokens']} tokens/step)"
+                if cfg.get("chunked_prefill")
+                else ")"
+            ),
         ),
         *(
             []

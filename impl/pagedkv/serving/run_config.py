@@ -151,12 +151,21 @@ def prepare_run(args: argparse.Namespace) -> PreparedRun:
         )
     if args.enable_caching and v1:
         raise UsageError("--engine v1 caches prefixes by default; drop --enable-caching")
+    chunked = args.enable_chunked_prefill
+    if chunked and v1:
+        raise UsageError("--engine v1 always chunks prefills; drop --enable-chunked-prefill")
+    budget, max_seqs = args.max_num_batched_tokens, args.max_num_seqs
+    if chunked and budget is not None and max_seqs is not None and budget < max_seqs:
+        raise UsageError(
+            f"--max-num-batched-tokens ({budget}) must be at least --max-num-seqs ({max_seqs}) "
+            "with --enable-chunked-prefill: each decode takes a token of the step's budget"
+        )
     backing = "none" if v1 else kv_backing(args.kv_backing, plan)
     settings: dict[str, Any] = {
         "device": None if args.device == "auto" else args.device,
         "watermark": args.watermark,
         "scheduler": SchedulerConfig(
-            args.preemption, args.lookahead, args.max_num_seqs, args.max_num_batched_tokens
+            args.preemption, args.lookahead, max_seqs, budget, enable_chunked_prefill=chunked
         ),
         "max_steps": args.max_steps,
         "check": not args.no_check,
@@ -187,6 +196,13 @@ def prepare_run(args: argparse.Namespace) -> PreparedRun:
             dtype=_torch_dtype(args.dtype) if args.dtype else None,  # loads torch
             **shape,
             **settings,
+        )
+    tokens = config.scheduler.max_num_batched_tokens
+    if chunked and config.enable_caching and tokens is not None and tokens % config.block_size:
+        raise UsageError(
+            f"--enable-chunked-prefill with --enable-caching: --max-num-batched-tokens "
+            f"({tokens}) must be a multiple of the block size ({config.block_size}), as "
+            "vLLM 0.6.3 cuts chunks into whole blocks"
         )
     if args.slo is not None:
         args.slo.check_clock(config.time_unit)

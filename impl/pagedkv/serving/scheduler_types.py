@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from pagedkv._validate import require_int, require_optional_int, require_str
+from pagedkv._validate import require_bool, require_int, require_optional_int, require_str
 from pagedkv.errors import InvalidSchedulerConfigError
 from pagedkv.v0.sequence import SequenceGroup
 
@@ -23,6 +23,10 @@ __all__ = [
 ]
 
 _MODES = ("auto", "recompute", "swap")
+
+#: vLLM 0.6.3's token budget when chunked prefill is on and none is given
+#: (``SchedulerConfig`` in ``vllm/config.py``).
+CHUNKED_PREFILL_TOKENS = 512
 
 
 class PreemptionMode(enum.Enum):
@@ -39,14 +43,21 @@ class SchedulerConfig:
     preemption_mode         "auto" | "recompute" | "swap" (see the module docstring)
     num_lookahead_slots     extra empty slots reserved per sequence at each decode append
     max_num_seqs            most sequences in one step, or None for no limit
-    max_num_batched_tokens  most tokens computed in one step, or None; a prompt
-                            longer than this is rejected (vLLM's prompt limit)
+    max_num_batched_tokens  most tokens computed in one step, or None; without
+                            chunked prefill a prompt longer than this is rejected
+                            (vLLM's prompt limit); with it, None is vLLM's 512
+    enable_chunked_prefill  vLLM 0.6.3's chunked-prefill policy instead of its default
+                            one: running decodes and prefill chunks first, then
+                            swap-ins, then admissions, each prefill cut to the token
+                            budget left (``pagedkv.serving.scheduler``); the budget
+                            must then be at least ``max_num_seqs`` (vLLM's check)
     """
 
     preemption_mode: str = "auto"
     num_lookahead_slots: int = 0
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = False
 
     def __post_init__(self) -> None:
         require_str("preemption_mode", self.preemption_mode, InvalidSchedulerConfigError)
@@ -57,15 +68,31 @@ class SchedulerConfig:
         require_int("num_lookahead_slots", self.num_lookahead_slots, InvalidSchedulerConfigError)
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             require_optional_int(name, getattr(self, name), InvalidSchedulerConfigError, 1)
+        require_bool("enable_chunked_prefill", self.enable_chunked_prefill)
+        if not self.enable_chunked_prefill:
+            return
+        if self.max_num_batched_tokens is None:  # frozen: set once, before anyone reads it
+            object.__setattr__(self, "max_num_batched_tokens", CHUNKED_PREFILL_TOKENS)
+        tokens, seqs = self.max_num_batched_tokens, self.max_num_seqs
+        if seqs is not None and tokens is not None and tokens < seqs:
+            raise InvalidSchedulerConfigError(
+                f"max_num_batched_tokens ({tokens}) must be at least max_num_seqs ({seqs}) "
+                "with chunked prefill: each running sequence's decode takes one token of "
+                "the step's budget; raise max_num_batched_tokens or lower max_num_seqs"
+            )
 
 
 @dataclass(frozen=True)
 class ScheduledSequenceGroup:
-    """A group computing ``token_chunk_size`` tokens per RUNNING sequence (a prefill: once)."""
+    """A group computing ``token_chunk_size`` tokens per RUNNING sequence (a prefill: once,
+    the next ``token_chunk_size`` tokens of its prompt). ``do_sample``: the step samples
+    the group's next tokens (False for a prefill chunk that leaves prompt tokens
+    uncomputed: vLLM samples at a prefill's end only)."""
 
     seq_group: SequenceGroup
     token_chunk_size: int
     is_prefill: bool
+    do_sample: bool = True
 
 
 @dataclass(frozen=True)

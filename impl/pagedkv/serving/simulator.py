@@ -5,8 +5,8 @@ backing's, or counted from a byte budget), builds the engine the config names an
 hands it the run:
 
 * ``engine="v0"``: :class:`~pagedkv.serving.v0_engine.V0Engine`, the V0 scheduler
-  (vLLM 0.6.3's default policy) over the V0 block manager, with swap and a KV
-  backing;
+  (vLLM 0.6.3's default or chunked-prefill policy) over the V0 block manager, with
+  swap and a KV backing;
 * ``engine="v1"``: :class:`~pagedkv.serving.v1_engine.V1Engine`, the V1 scheduler
   over :class:`pagedkv.v1.KVCacheManager` (no swap, no KV tensors).
 
@@ -214,6 +214,9 @@ class Simulator:
             "max_steps": c.max_steps,
             "check_every": c.check_every,
         }
+        if self.v1 is None and c.scheduler.enable_chunked_prefill:  # vLLM 0.6.3's policy
+            setup["chunked_prefill"] = True
+            setup["max_num_batched_tokens"] = c.scheduler.max_num_batched_tokens
         if self.v1 is not None:
             sc = self.v1.scheduler_config
             setup |= {

@@ -155,7 +155,8 @@ class ToyKV:
             seqs = scheduled.seq_group.get_seqs(_RUNNING)
             # A prefill computes the group's shared prompt once, through its first sequence.
             for seq in seqs[:1] if scheduled.is_prefill else seqs:
-                n0, n1 = seq.get_num_computed_tokens(), seq.get_len()
+                n0 = seq.get_num_computed_tokens()  # a prefill: its chunk only
+                n1 = n0 + scheduled.token_chunk_size if scheduled.is_prefill else seq.get_len()
                 tables.append(manager.get_block_table(seq))
                 ctx.append(n1)
                 qry.append(n1 - n0)

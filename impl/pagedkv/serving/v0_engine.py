@@ -1,14 +1,16 @@
 """The simulator's V0 engine: a workload served by the V0 scheduler
-(:mod:`pagedkv.serving.scheduler`, vLLM 0.6.3's default policy) over
-:class:`~pagedkv.v0.manager.BlockSpaceManager` and a KV backing.
+(:mod:`pagedkv.serving.scheduler`, vLLM 0.6.3's default or chunked-prefill policy)
+over :class:`~pagedkv.v0.manager.BlockSpaceManager` and a KV backing.
 
 Each step: requests that arrived are added; :meth:`Scheduler.schedule` plans the
 step; the KV backing applies it (below); the scheduled sequences' computed counts
-advance; the model samples one token per scheduled running sequence (a function of
-the seed, sequence id and position) and finishes the sequences that reached their
-output length. With prefix caching, each step also marks the scheduled sequences'
-blocks accessed (the step's start time is the time) and, after the forward pass,
-the blocks it promoted as computed.
+advance (a prefill by its chunk, a decode to the sequence's end); the model samples
+one token per running sequence of each group the plan says samples (a decode, or the
+chunk that ends a prefill; a function of the seed, sequence id and position) and
+finishes the sequences that reached their output length. With prefix caching, each
+step also marks the scheduled sequences' blocks accessed (the step's start time is
+the time) and, after the forward pass, the blocks it promoted as computed
+(:meth:`Scheduler.mark_blocks_as_computed`: not while a prefill is in flight).
 
 The KV backing (``SimulationConfig.kv_backing``) is the simulator's to allocate:
 a :class:`~pagedkv.serving.toy_kv.ToyKV` (KV tensors a toy model writes, checked
@@ -16,7 +18,7 @@ for KV conservation) or none (block moves planned and counted, no bytes moved).
 With checking on, after every step: ``check_invariants()`` of manager and
 scheduler, and with the toy backing KV conservation (invariant KV1).
 
-A step's :class:`~pagedkv.serving.step_time.StepWork`: a prefill's tokens once per
+A step's :class:`~pagedkv.serving.step_time.StepWork`: a prefill's chunk once per
 group (its samples share the prompt, as the scheduler's budget counts it), one
 decode per running sequence, each scheduled sequence's length as context read, the
 bytes of the blocks swapped and copied.
@@ -157,8 +159,7 @@ class V0Engine:
                     arrivals.ended(end)
             work = None if model is None else computed
             if self.manager.enable_caching:
-                for scheduled in out.scheduled_seq_groups[:1]:  # one call marks the batch
-                    self.manager.mark_blocks_as_computed(scheduled.seq_group)
+                sched.mark_blocks_as_computed()  # held back while a prefill is in flight
                 hit_tokens += out.num_cached_tokens
                 looked_up += out.num_looked_up_tokens
                 stats = self.manager.cache_stats()
@@ -243,10 +244,14 @@ class V0Engine:
             group = scheduled.seq_group
             scheduled_at(group.request_id, clock)
             seqs = group.get_seqs(_RUNNING)
-            if scheduled.is_prefill:
-                prefill += scheduled.token_chunk_size
-            else:
-                decode += len(seqs)
+            if scheduled.is_prefill:  # its chunk: the whole rest of the prompt, or less
+                chunk = scheduled.token_chunk_size
+                prefill += chunk
+                for seq in seqs:
+                    seq.update_num_computed_tokens(chunk)
+                    context += seq.get_num_computed_tokens()
+                continue
+            decode += len(seqs)
             for seq in seqs:
                 context += seq.compute_all()
         moved = len(out.blocks_to_swap_out) + len(out.blocks_to_swap_in)
@@ -265,6 +270,8 @@ class V0Engine:
         output length."""
         seed1, count, tokens = self.config.seed + 1, 0, latency.tokens
         for scheduled in out.scheduled_seq_groups:
+            if not scheduled.do_sample:  # a prefill chunk short of the prompt's end
+                continue
             group = scheduled.seq_group
             tokens(group.request_id, end)
             limit = self._limits[group.request_id]

@@ -2,9 +2,10 @@
 
 Rules: requests arrive (random prompt, output length, ``n``); a step runs
 ``schedule()``, applies its block moves to a *shadow cache* in the worker's
-order (swap-out, swap-in, copy-on-write), writes each computed token as
-``(request, position, token)`` at ``block_id * block_size + offset``, samples
-one token per running sequence and finishes sequences at their output length;
+order (swap-out, swap-in, copy-on-write), writes each computed token (a prefill:
+its chunk's) as ``(request, position, token)`` at ``block_id * block_size +
+offset``, samples one token per running sequence whose tokens are all computed and
+finishes sequences at their output length;
 sequences stop early; requests are aborted; duplicate requests are refused.
 
 Checked, with the registry's predicates (:mod:`pagedkv_spec.invariants`), after
@@ -14,10 +15,17 @@ every rule (state invariants) or every ``schedule()`` (step invariants):
             of are checked too: finished, no blocks), and the scheduler's own
             ``check_invariants()``
     P, I, M the manager's ``check_invariants()`` and its ``to_spec()`` view judged by
-            the pool, allocator and manager predicates
+            the pool, allocator and manager predicates (with prefix caching, drawn
+            with chunked prefill: its ``check_invariants()``, C1-C7 and C9)
     KV1     the shadow cache holds, for every RUNNING (GPU) and SWAPPED (CPU)
-            sequence, exactly what was written for each computed token
-    Q5, Q6  each step takes work first come, first served and within its budgets
+            sequence, exactly what was written for each computed token (with
+            prefix caching: the KV of that position and prefix, whoever wrote it, so
+            a prompt served from a block whose chunk has not run fails it)
+    Q5, Q6  each step takes work first come, first served and within its budgets, in
+            the order of the policy the machine drew (vLLM 0.6.3's default one, or
+            chunked prefill with a small token budget)
+    Q8      each step's prefill chunks fit their prompts and it samples exactly where a
+            prefill ends
     Q7      at teardown, stepping empties every queue and frees every block
 
 The machine has the shape of every machine here
@@ -58,7 +66,12 @@ from pagedkv.errors import (
     PagedKVError,
     UnknownSequenceError,
 )
-from pagedkv.serving.scheduler import Scheduler, SchedulerConfig, SchedulerOutputs
+from pagedkv.serving.scheduler import (
+    ScheduledSequenceGroup,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutputs,
+)
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import first_broken, holds
 from pagedkv_spec.kv import KVCells, first_lost
@@ -78,8 +91,13 @@ class ShadowCache:
     ``(request, position, token)`` written there. The machine and its programs use it
     alike (a program's ``shadow``), so a KV1 failure replays: :meth:`check` fails."""
 
-    def __init__(self, block_size: int, num_gpu: int, num_cpu: int) -> None:
+    def __init__(
+        self, block_size: int, num_gpu: int, num_cpu: int, by_prefix: bool = False
+    ) -> None:
         self.block_size, self.num_gpu = block_size, num_gpu
+        # with prefix caching requests share blocks: a slot's KV is then that of its
+        # position and the tokens up to it, whoever wrote it
+        self.by_prefix = by_prefix
         self.gpu: list[list[Slot]] = [[None] * block_size for _ in range(num_gpu)]
         self.cpu: list[list[Slot]] = [[None] * block_size for _ in range(num_cpu)]
 
@@ -98,16 +116,19 @@ class ShadowCache:
                 dst[d] = data
 
     def forward(self, manager: BlockSpaceManager, out: SchedulerOutputs) -> None:
-        """The forward pass: every uncomputed token of the scheduled sequences (a
-        prefill: its first sequence's, which the others share) into its slot."""
+        """The forward pass: the tokens each scheduled group computes into their slots
+        (a prefill: the next ``token_chunk_size`` tokens of its first sequence, which
+        the others share; a decode: every uncomputed token of each sequence)."""
         size = self.block_size
         for scheduled in out.scheduled_seq_groups:
             group = scheduled.seq_group
             seqs = group.get_seqs(RUNNING)
             for seq in seqs[:1] if scheduled.is_prefill else seqs:
                 table, tokens = manager.get_block_table(seq), seq.get_token_ids()
-                for p in range(seq.get_num_computed_tokens(), seq.get_len()):
-                    self.gpu[table[p // size]][p % size] = (group.request_id, p, tokens[p])
+                start = seq.get_num_computed_tokens()
+                end = start + scheduled.token_chunk_size if scheduled.is_prefill else len(tokens)
+                for p in range(start, min(end, len(tokens))):
+                    self.gpu[table[p // size]][p % size] = self.kv(group.request_id, p, tokens)
 
     def cells(self, manager: BlockSpaceManager, groups: Iterable[SequenceGroup]) -> KVCells:
         """KV1's cells: for every computed position of the RUNNING (GPU) and SWAPPED (CPU)
@@ -120,8 +141,14 @@ class ShadowCache:
                 table, tokens = manager.get_block_table(seq), seq.get_token_ids()
                 for p in range(seq.get_num_computed_tokens()):
                     held = cache[table[p // size] - first][p % size]
-                    cells.append((seq.seq_id, p, (group.request_id, p, tokens[p]), held))
+                    cells.append((seq.seq_id, p, self.kv(group.request_id, p, tokens), held))
         return tuple(cells)
+
+    def kv(self, request_id: str, position: int, tokens: list[int]) -> Slot:
+        """What the forward pass writes for ``position`` of a sequence of ``tokens``."""
+        if self.by_prefix:
+            return ("", position, hash(tuple(tokens[: position + 1])))
+        return (request_id, position, tokens[position])
 
     def check(self, manager: BlockSpaceManager, scheduler: Scheduler) -> None:
         """KV1 over the scheduler's queued requests: AssertionError naming the first
@@ -146,7 +173,13 @@ PRELUDE = (
 
 class SchedulerMachine(LockstepBase):
     """Drives a scheduler; override :meth:`make_scheduler` (and
-    :meth:`scheduler_source`, for the program) to test another one."""
+    :meth:`scheduler_source`, for the program) to test another one.
+
+    ``policy``: which of vLLM 0.6.3's policies the runs draw: ``None`` either (the
+    default), ``"default"`` or ``"chunked"`` only (a planted bug of one policy's rules
+    is searched for under that policy)."""
+
+    policy: str | None = None
 
     def make_scheduler(self, manager: BlockSpaceManager, config: SchedulerConfig) -> Scheduler:
         """The scheduler under test."""
@@ -165,6 +198,7 @@ class SchedulerMachine(LockstepBase):
         lookahead=st.sampled_from([0, 0, 1, 2]),
         max_seqs=st.sampled_from([None, None, 2, 4]),
         max_tokens=st.sampled_from([None, None, 6, 20]),
+        data=st.data(),
     )
     def init(
         self,
@@ -176,18 +210,39 @@ class SchedulerMachine(LockstepBase):
         lookahead: int,
         max_seqs: int | None,
         max_tokens: int | None,
+        data: st.DataObject,
     ) -> None:
         self.block_size, self.num_gpu = block_size, num_gpu
         self.manager = BlockSpaceManager(block_size, num_gpu, num_cpu, watermark)
-        self.config = SchedulerConfig(mode, lookahead, max_seqs, max_tokens)
+        # NOTE: drawn only where the policy is not fixed: the default-only runs draw
+        # what they drew before chunked prefill existed (the same searches)
+        choices: dict[str | None, list[int | None]] = {None: [None, 2, 3, 5, 8]}
+        choices["chunked"] = [2, 3, 5, 8]
+        budgets = choices.get(self.policy, [None])
+        chunk_tokens = budgets[0] if len(budgets) == 1 else data.draw(st.sampled_from(budgets))
+        # prefix caching with chunked prefill: prompts share prefixes, so a prompt may
+        # be served from a block of a prefill still in flight (never before it is written)
+        self.caching = chunk_tokens is not None and data.draw(st.booleans())
+        if chunk_tokens is None:  # vLLM 0.6.3's default policy
+            self.config = SchedulerConfig(mode, lookahead, max_seqs, max_tokens)
+        else:  # its chunked-prefill policy, a budget of at least max_num_seqs
+            budget = max(chunk_tokens, max_seqs or 0)
+            if self.caching:  # whole blocks (vLLM's rule)
+                budget = -(-budget // block_size) * block_size
+            self.config = SchedulerConfig(mode, lookahead, max_seqs, budget, True)
+        if self.caching:
+            self.manager = BlockSpaceManager(
+                block_size, num_gpu, num_cpu, watermark, enable_caching=True
+            )
         self.scheduler = self.make_scheduler(self.manager, self.config)
         self.program += [
             *PRELUDE,
-            f"mgr = BlockSpaceManager({block_size}, {num_gpu}, {num_cpu}, {watermark})",
+            f"mgr = BlockSpaceManager({block_size}, {num_gpu}, {num_cpu}, {watermark}"
+            + (", enable_caching=True)" if self.caching else ")"),
             f"sched = {self.scheduler_source(self.config)}",
-            f"shadow = ShadowCache({block_size}, {num_gpu}, {num_cpu})",
+            f"shadow = ShadowCache({block_size}, {num_gpu}, {num_cpu}, {self.caching})",
         ]
-        self.shadow = ShadowCache(block_size, num_gpu, num_cpu)
+        self.shadow = ShadowCache(block_size, num_gpu, num_cpu, self.caching)
         self.num_cpu = num_cpu
         self.arrival: dict[str, int] = {}  # request -> arrival index
         self.groups: dict[str, SequenceGroup] = {}
@@ -202,7 +257,9 @@ class SchedulerMachine(LockstepBase):
     )
     def add_seq_group(self, prompt_len: int, output_len: int, n: int) -> None:
         rid = f"r{len(self.arrival)}"
-        tokens = [(len(self.arrival) * 31 + i) % 97 for i in range(prompt_len)]
+        # with caching, three prompt families: requests of one share their prefix
+        family = len(self.arrival) % 3 if self.caching else len(self.arrival)
+        tokens = [(family * 31 + i) % 97 for i in range(prompt_len)]
         seq = Sequence(self.scheduler.next_seq_id(), tokens, self.block_size)
         group = SequenceGroup(rid, [seq], float(len(self.arrival)), n=n)
         self.scheduler.add_seq_group(group)
@@ -230,7 +287,12 @@ class SchedulerMachine(LockstepBase):
     @rule(data=st.data())
     def finish_seq(self, data: st.DataObject) -> None:
         """A sequence emits its stop token (finishes before its output length)."""
-        seqs = [(g.request_id, q) for g in self.scheduler.running for q in g.get_seqs(RUNNING)]
+        seqs = [
+            (g.request_id, q)
+            for g in self.scheduler.running
+            if not self.scheduler.in_prefill(g.request_id)  # no token before the prompt's end
+            for q in g.get_seqs(RUNNING)
+        ]
         if not seqs:
             event("finish_seq: nothing running")
             return
@@ -296,8 +358,9 @@ class SchedulerMachine(LockstepBase):
         if not self._queued():  # no sequence id is in use
             kinds.remove("a sequence id in use")
         kind = data.draw(st.sampled_from(kinds))
-        state = "(sched.to_spec(), mgr.to_spec(), dict(vars(mgr.stats)))"
-        before = (self.scheduler.to_spec(), self.manager.to_spec(), dict(vars(self.manager.stats)))
+        view = "mgr.block_allocator.to_caching_spec()" if self.caching else "mgr.to_spec()"
+        state = f"(sched.to_spec(), {view}, dict(vars(mgr.stats)))"
+        before = (self.scheduler.to_spec(), self._manager_state(), dict(vars(self.manager.stats)))
         self._log(f"before = {state}")
         make_source, expected = BAD_REQUESTS[kind]
         source = make_source(self)
@@ -313,7 +376,7 @@ class SchedulerMachine(LockstepBase):
             self._log(f"expect_error(lambda: {source}, {type(err).__name__!r})")
         else:
             self.violate("same error as spec", f"bad request accepted: {kind}", expect)
-        after = (self.scheduler.to_spec(), self.manager.to_spec(), dict(vars(self.manager.stats)))
+        after = (self.scheduler.to_spec(), self._manager_state(), dict(vars(self.manager.stats)))
         if after != before:
             self.violate(
                 "failed call changes nothing",
@@ -322,6 +385,12 @@ class SchedulerMachine(LockstepBase):
             )
 
     # ------------------------------------------------------------------ step helpers
+
+    def _manager_state(self) -> object:
+        """The manager's abstraction (with caching, its allocator's caching state)."""
+        if self.caching:
+            return self.manager.block_allocator.to_caching_spec()
+        return self.manager.to_spec()
 
     def _ids(self, queue: Iterable[SequenceGroup]) -> list[str]:
         return [g.request_id for g in queue]
@@ -343,6 +412,7 @@ class SchedulerMachine(LockstepBase):
                 "before, step_record(out, sched.config), sched.to_spec()",
             ),
             ("Q6", (step,), "step_record(out, sched.config)"),
+            ("Q8", (step,), "step_record(out, sched.config)"),
         ):
             if not holds(id_, *args):
                 self.program.insert(len(self.program) - 1, "before = sched.to_spec()")
@@ -379,6 +449,8 @@ class SchedulerMachine(LockstepBase):
             event("step: swapped in")
         if out.blocks_to_copy:
             event("step: copy-on-write")
+        if out.num_cached_tokens:
+            event("step: prefix hit")
 
     def _apply(self, out: SchedulerOutputs) -> None:
         """The worker's copies (:meth:`ShadowCache.apply`)."""
@@ -395,17 +467,26 @@ class SchedulerMachine(LockstepBase):
                 self.violate("Q2", f"{rid} scheduled without a running sequence")
         self.shadow.forward(self.manager, out)
         self._log("shadow.forward(mgr, out)")
+        if self.caching:  # the step's KV is written: its promoted blocks may be hit
+            self.scheduler.mark_blocks_as_computed()
+            self._log("sched.mark_blocks_as_computed()")
         for scheduled in out.scheduled_seq_groups:
             group, rid = scheduled.seq_group, scheduled.seq_group.request_id
             seqs = group.get_seqs(RUNNING)
             for seq in seqs:
-                computed, token = (
-                    seq.get_num_uncomputed_tokens(),
-                    (seq.seq_id * 7 + seq.get_len()) % 97,
-                )
+                # the worker: a prefill computes its chunk, a decode its sequence's rest;
+                # a token is sampled where the whole sequence is computed (Q8 checked
+                # the scheduler's do_sample says the same)
+                computed = seq.get_num_uncomputed_tokens()
+                if scheduled.is_prefill:
+                    computed = min(computed, scheduled.token_chunk_size)
                 seq.update_num_computed_tokens(computed)
-                seq.append_token_id(token)
                 self._log(f"{_seq(rid, seq)}.update_num_computed_tokens({computed})")
+                if seq.get_num_uncomputed_tokens():
+                    event("step: a prefill chunk short of the prompt's end")
+                    continue
+                token = (seq.seq_id * 7 + seq.get_len()) % 97
+                seq.append_token_id(token)
                 self._log(f"{_seq(rid, seq)}.append_token_id({token})")
                 if seq.get_output_len() >= self.output_len[rid]:
                     self.scheduler.finish_seq(seq)
@@ -424,12 +505,18 @@ class SchedulerMachine(LockstepBase):
     def _view(self) -> SchedulerView:
         """The queues as the spec sees them, from this machine's own bookkeeping."""
         tables, size = self.manager.block_tables, self.block_size
-        views = dict(self.manager.to_spec().tables)
+        # NOTE: with caching the manager has no to_spec(): the tables' own ids and tokens
+        views = {} if self.caching else dict(self.manager.to_spec().tables)
 
         def seq_ref(seq: Sequence) -> SeqRef:
             tokens = tuple(seq.get_token_ids())
             if seq.seq_id not in tables:
                 return SeqRef(seq.seq_id, seq.status.name, None, tokens)
+            if self.caching:
+                table = tables[seq.seq_id]
+                ids, written = table.physical_block_ids, table.get_token_ids_written()
+                devices = frozenset(GPU if b < self.num_gpu else CPU for b in ids)
+                return SeqRef(seq.seq_id, seq.status.name, devices, tokens, tuple(written))
             t = views[seq.seq_id]
             devices = frozenset(GPU if b < self.num_gpu else CPU for b in t.block_ids)
             written = [x for blk in t.token_ids for x in ((None,) * size if blk is None else blk)]
@@ -463,6 +550,8 @@ class SchedulerMachine(LockstepBase):
     def manager_view(self) -> None:
         """P, I and M: the manager's check_invariants() and its view, by the registry."""
         self._own_check(self.manager.check_invariants, "mgr.check_invariants()")
+        if self.caching:  # its check_invariants() judges C1-C7 and C9 on the caching state
+            return
         fault = view_fault(self.manager.to_spec(), self.block_size)
         if fault is not None:
             name, detail = fault
@@ -526,6 +615,24 @@ def step_record(out: SchedulerOutputs, config: SchedulerConfig) -> StepRecord:
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         decoded=tuple(g.seq_group.request_id for g in out.scheduled_seq_groups if not g.is_prefill),
+        prefilled=tuple(g.seq_group.request_id for g in out.scheduled_seq_groups if g.is_prefill),
+        chunked=config.enable_chunked_prefill,
+        chunks=tuple(_chunk(g) for g in out.scheduled_seq_groups),
+    )
+
+
+def _chunk(scheduled: ScheduledSequenceGroup) -> tuple[str, bool, int, int, int, bool]:
+    """Q8's row of one scheduled group: (request, a prefill, its first running
+    sequence's computed tokens and length, tokens scheduled, samples)."""
+    seqs = scheduled.seq_group.get_seqs(RUNNING)
+    computed, length = (seqs[0].get_num_computed_tokens(), seqs[0].get_len()) if seqs else (0, 0)
+    return (
+        scheduled.seq_group.request_id,
+        scheduled.is_prefill,
+        computed,
+        scheduled.token_chunk_size,
+        length,
+        scheduled.do_sample,
     )
 
 
