@@ -135,7 +135,8 @@ class NaiveBlockAllocator(PlainPoolHolder, PoolAllocator):
         """A block holding ``token_ids`` (at most ``block_size``); ``extra_keys`` checked
         and ignored (no caching). Complexity: O(len(token_ids))."""
         check_prev_block(prev_block)
-        check_extra_keys(extra_keys)
+        if extra_keys is not None:
+            check_extra_keys(extra_keys)
         require_token_ids("token_ids", token_ids, InvalidTokenIdsError)
         if len(token_ids) > self._block_size:
             raise BlockOverflowError(len(token_ids), self._block_size)
@@ -155,7 +156,8 @@ class NaiveBlockAllocator(PlainPoolHolder, PoolAllocator):
         took when it runs out midway). Complexity: O(total tokens).
         """
         check_prev_block(prev_block)
-        check_extra_keys(extra_keys)
+        if extra_keys is not None:
+            check_extra_keys(extra_keys)
         check_chunks(block_token_ids)
         for chunk in block_token_ids:
             if len(chunk) > self._block_size:
