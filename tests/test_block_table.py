@@ -81,9 +81,13 @@ class Opaque(DeviceAwareBlockAllocator):
         return self.inner.allocate_mutable_block(prev_block, device, extra_keys)
 
     def allocate_immutable_block(
-        self, prev_block: Block | None, token_ids: list[int], device: Device
+        self,
+        prev_block: Block | None,
+        token_ids: list[int],
+        device: Device,
+        extra_keys: ExtraKeys | None = None,
     ) -> Block:
-        return self.inner.allocate_immutable_block(prev_block, token_ids, device)
+        return self.inner.allocate_immutable_block(prev_block, token_ids, device, extra_keys)
 
     def allocate_immutable_blocks(
         self,
@@ -92,9 +96,7 @@ class Opaque(DeviceAwareBlockAllocator):
         device: Device,
         extra_keys: ExtraKeys | None = None,
     ) -> list[Block]:
-        return self.inner.allocate_immutable_blocks(
-            prev_block, block_token_ids, device, extra_keys
-        )
+        return self.inner.allocate_immutable_blocks(prev_block, block_token_ids, device, extra_keys)
 
     def free(self, block: Block) -> None:
         self.inner.free(block)

@@ -16,7 +16,7 @@ from pagedkv.errors import (
     RefCountError,
     StaleBlockError,
 )
-from pagedkv.v0.id_pool import IdPool, PoolBlock, fork_chain, pool_ids
+from pagedkv.v0.id_pool import IdPool, PlainPoolHolder, PoolBlock, fork_chain, pool_ids
 
 
 def _pool(n: int = 3, first: int = 0, **hooks: object) -> IdPool:
@@ -204,9 +204,10 @@ def test_pool_ids_names_a_negative_count() -> None:
 
 def test_a_pool_without_hooks_takes_and_frees_plainly_as_in_general() -> None:
     plain, general = _pool(), _pool()
+    holder = PlainPoolHolder(plain)
     states = []
     for pool, take, free in (
-        (plain, plain.take_plain_block, plain.free_plain_block),
+        (plain, holder.allocate_mutable_block, holder.free),
         (general, general.take_block, general.free_block),
     ):
         a = take(None)

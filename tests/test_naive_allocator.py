@@ -23,6 +23,7 @@ from pagedkv import (
     Device,
     NaiveBlock,
     NaiveBlockAllocator,
+    PrefixCachingBlockAllocator,
 )
 from pagedkv.errors import (
     ArgumentTypeError,
@@ -33,6 +34,7 @@ from pagedkv.errors import (
     ForeignBlockError,
     InvalidAllocatorConfigError,
     InvalidArgumentError,
+    InvalidExtraKeysError,
     InvalidSwapError,
     InvalidTokenIdsError,
     InvariantViolationError,
@@ -550,6 +552,42 @@ def test_prefix_caching_hooks_are_inert() -> None:
     assert a.get_prefix_cache_hit_rate() == -1
     with pytest.raises(NotImplementedError):
         a.promote_to_immutable_block(a.allocate_mutable_block(None))
+
+
+def test_extra_keys_are_taken_on_the_interface_and_ignored_without_caching() -> None:
+    """Every allocation of the one-device interface takes the sequence's extra keys, as
+    the two-device one does: the caching allocator's blocks keep them (their content
+    keys), the naive allocator's carry none."""
+    kept = []
+    allocators: list[BlockAllocator] = [
+        NaiveBlockAllocator(4, 2),
+        PrefixCachingBlockAllocator(4, 2),
+    ]
+    for a in allocators:
+        m = a.allocate_mutable_block(None, ("lora-1",))
+        (i,) = a.allocate_immutable_blocks(m, [[1, 2]], ("lora-1",))
+        j = a.allocate_immutable_block(i, [3], ("lora-1",))
+        assert (j.prev_block, i.prev_block, a.get_num_free_blocks()) == (i, m, 1)
+        kept.append([b.extra_keys for b in (m, i, j)])
+    assert kept == [[(), (), ()], [("lora-1",)] * 3]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a: a.allocate_mutable_block(None, "lora-1"),
+        lambda a: a.allocate_immutable_block(None, [1], ("lora", 1.5)),
+        lambda a: a.allocate_immutable_blocks(None, [[1], [2]], 7),
+    ],
+)
+def test_bad_extra_keys_are_refused_with_caching_off_too(
+    call: Callable[[NaiveBlockAllocator], object],
+) -> None:
+    """Ignored, but checked as the caching pool checks them; nothing is taken."""
+    a = NaiveBlockAllocator(4, 2)
+    before = a.to_spec()
+    raised(InvalidExtraKeysError, call, a)
+    assert a.to_spec() == before
 
 
 @pytest.mark.parametrize(

@@ -169,9 +169,7 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
             if device is _GPU:
                 return self._gpu.allocate_mutable_block(prev_block)
             return self.get_allocator(device).allocate_mutable_block(prev_block)
-        if not self._caching:
-            return self.get_allocator(device).allocate_mutable_block(prev_block)
-        return self._caching_pool(device).allocate_mutable_block(prev_block, extra_keys)
+        return self.get_allocator(device).allocate_mutable_block(prev_block, extra_keys)
 
     def get_num_blocks_to_allocate(
         self, token_ids: Sequence[int], device: Device, extra_keys: ExtraKeys | None = None
@@ -211,12 +209,11 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
     ) -> Block:
         """A block on ``device`` holding ``token_ids`` (a cache hit with caching).
         Complexity: O(len(token_ids))."""
-        if extra_keys is None or not self._caching:
-            if device is _GPU:
-                return self._gpu.allocate_immutable_block(prev_block, token_ids)
-            return self.get_allocator(device).allocate_immutable_block(prev_block, token_ids)
-        pool = self._caching_pool(device)
-        return pool.allocate_immutable_block(prev_block, token_ids, extra_keys)
+        if device is _GPU:
+            return self._gpu.allocate_immutable_block(prev_block, token_ids, extra_keys)
+        return self.get_allocator(device).allocate_immutable_block(
+            prev_block, token_ids, extra_keys
+        )
 
     def allocate_immutable_blocks(
         self,
@@ -226,11 +223,8 @@ class CpuGpuBlockAllocator(DeviceAwareBlockAllocator):
         extra_keys: ExtraKeys | None = None,
     ) -> list[Block]:
         """One block per chunk on ``device``; all or nothing. Complexity: O(total tokens)."""
-        if not self._caching:
-            pool = self.get_allocator(device)
-            return pool.allocate_immutable_blocks(prev_block, block_token_ids)
-        caching = self._caching_pool(device)
-        return caching.allocate_immutable_blocks(prev_block, block_token_ids, extra_keys)
+        pool = self.get_allocator(device)
+        return pool.allocate_immutable_blocks(prev_block, block_token_ids, extra_keys)
 
     def free(self, block: Block) -> None:
         """Drop the block's reference; freeing the null block does nothing. Complexity: O(1).

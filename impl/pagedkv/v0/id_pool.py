@@ -18,6 +18,8 @@ writing the last token of a private block means (the caching allocator
 promotes the block; without a hook it is a plain write).
 
 :class:`NullBlock` is the shared sliding-window padding, a view of one block.
+:class:`PoolHolder` is the base of an allocator holding a pool, and
+:class:`PlainPoolHolder` the naive allocator's calls of a block's life on it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from pagedkv.errors import (
     StaleBlockError,
 )
 from pagedkv.v0._block_args import check_prev_block, require_block, require_blocks, wrong_source
-from pagedkv.v0.content_key import CacheKey, ExtraKeys
+from pagedkv.v0.content_key import CacheKey, ExtraKeys, check_extra_keys
 from pagedkv.v0.interfaces import Block
 from pagedkv.v0.refcount import ReadOnlyRefCounter, contiguous_range
 from pagedkv_spec.v0.caching import NEVER_ACCESSED
@@ -47,7 +49,9 @@ __all__ = [
     "Fill",
     "IdPool",
     "NullBlock",
+    "PlainPoolHolder",
     "PoolBlock",
+    "PoolHolder",
     "PoolOwner",
     "fork_chain",
     "not_this_pools",
@@ -531,7 +535,7 @@ class IdPool:
         block it may follow: :meth:`check_prev`). O(1) plus ``reclaim``'s.
 
         The caching allocator's ``allocate_mutable_block`` calls this method (the naive
-        allocator's is :meth:`take_plain_block`)."""
+        allocator's is :meth:`PlainPoolHolder.allocate_mutable_block`)."""
         # NOTE: the hottest allocation of a serving step: take's common case inline and
         # the block built without PoolBlock.__init__ (a call through type.__call__ costs
         # as much as the rest); keep the fields in step with __init__.
@@ -558,34 +562,6 @@ class IdPool:
         stamps = self._stamps
         if stamps is not None:
             stamps[i] = NEVER_ACCESSED
-        block: PoolBlock = _new_block(PoolBlock)
-        block._pool = self
-        block._block_id = block_id
-        block._token_ids = []
-        block._prev_block = prev_block
-        block._freed = False
-        block._extra_keys = extra_keys
-        block._key = None
-        return block
-
-    def take_plain_block(self, prev_block: Block | None, extra_keys: ExtraKeys = ()) -> PoolBlock:
-        """:meth:`take_block` of a pool without hooks (the naive allocator's): the same
-        checks and result, with no ``reclaim`` to ask and no stamp to reset. O(1).
-
-        The naive allocator's ``allocate_mutable_block`` is this method."""
-        # NOTE: take_block's lines without the hooks' branches, for the naive allocator's
-        # hottest call; keep the two in step (and the fields with PoolBlock.__init__).
-        if prev_block is not None and (type(prev_block) is not PoolBlock or prev_block._freed):
-            check_prev_block(prev_block)
-        stack = self._stack
-        if stack:
-            block_id = stack.pop()
-        else:
-            block_id = self._next_fresh
-            if block_id >= self._end:
-                raise NoFreeBlocksError(1, 0, self._name)
-            self._next_fresh = block_id + 1
-        self._rc[block_id - self._first] = 1
         block: PoolBlock = _new_block(PoolBlock)
         block._pool = self
         block._block_id = block_id
@@ -637,7 +613,7 @@ class IdPool:
         """Drop the reference of a block object of this pool; the object dies (at
         refcount 0 the id goes to the free list unless ``release`` keeps it). The
         caching allocator's ``free`` is this method (the naive one's is
-        :meth:`free_plain_block`). Raises, with nothing changed, :class:`ForeignBlockError`
+        :meth:`PlainPoolHolder.free`). Raises, with nothing changed, :class:`ForeignBlockError`
         for an object of another pool,
         :class:`DoubleFreeError` for a freed one and :class:`BlockWithoutIdError` for
         one swapped out. Complexity: O(1) plus the hook's."""
@@ -660,45 +636,12 @@ class IdPool:
         require_block("block", block)
         raise not_this_pools(block, "free", f"cannot free: not a block of {self._owner}")
 
-    def free_plain_block(self, block: Block) -> None:
-        """:meth:`free_block` of a pool without hooks (the naive allocator's ``free``): the
-        same checks, errors and result, with no ``release`` to ask. O(1)."""
-        # NOTE: free_block's live-block case without the hook's branch, a shared id
-        # (every fork's free) included; anything else goes to free_block.
-        if type(block) is PoolBlock and block._pool is self:
-            block_id = block._block_id
-            if block_id is not None:
-                i = block_id - self._first
-                rc = self._rc
-                n = rc[i]
-                if n == 1:
-                    rc[i] = 0
-                    self._stack.append(block_id)
-                elif n > 1:
-                    rc[i] = n - 1
-                else:
-                    self.decref(block_id)  # a corrupt count: RefCountError
-                block._block_id = None
-                block._freed = True
-                return
-        self.free_block(block)
-
     def try_free(self, block: Block) -> bool:
         """:meth:`free_block` if ``block`` is an object of this pool (errors included),
-        else False with nothing changed: for a two-device allocator routing a free. O(1)."""
+        else False with nothing changed: for a two-device allocator routing a free. O(1)
+        plus the hook's."""
         if type(block) is not PoolBlock or block._pool is not self:
             return False
-        # NOTE: free_block's last-reference case repeated: a two-device allocator frees
-        # every block through here.
-        block_id = block._block_id
-        if block_id is not None and self._release is None:
-            i = block_id - self._first
-            if self._rc[i] == 1:
-                self._rc[i] = 0
-                self._stack.append(block_id)
-                block._block_id = None
-                block._freed = True
-                return True
         self.free_block(block)
         return True
 
@@ -799,6 +742,117 @@ class IdPool:
                 block._key = key
         tokens.append(token_id)
         return block_id
+
+
+class PoolHolder:
+    """An allocator that holds one :class:`IdPool`, as the base of the methods this
+    module gives the holder's own class (:class:`PlainPoolHolder`): the pool's fields
+    are this module's to write, so a method of the holder that writes them lives here.
+
+    Fields (written only by ``__init__``):
+        _holds  the held pool
+    """
+
+    __slots__ = ("_holds",)
+
+    def __init__(self, pool: IdPool) -> None:
+        """Hold ``pool``. O(1)."""
+        self._holds = pool
+
+
+class PlainPoolHolder(PoolHolder):
+    """The calls of every block's life for a holder whose pool has no hooks (the naive
+    allocator): :meth:`IdPool.take_block`, :meth:`IdPool.free_block` and
+    :meth:`IdPool.try_free` without the hooks' branches, as methods of the holder's class.
+
+    Methods of the class, not the pool's bound into slots of the holder: CPython calls a
+    method found on an object's class on its fast path, while a bound method read from
+    a slot is unpacked at every call (about 10 ns a call on CPython 3.11; the
+    allocate+free pair in ``benchmarks/bench_allocator.py``). Errors and results are
+    the general methods'.
+    """
+
+    __slots__ = ()
+
+    def allocate_mutable_block(
+        self, prev_block: Block | None, extra_keys: ExtraKeys | None = None
+    ) -> PoolBlock:
+        """An empty block with a fresh id (refcount 1) after ``prev_block`` (None, or a
+        block it may follow: :func:`~pagedkv.v0._block_args.check_prev_block`);
+        ``extra_keys`` are checked (:func:`~pagedkv.v0.content_key.check_extra_keys`)
+        and otherwise ignored: a block's extra keys matter only to a content key. All
+        checks come first; :class:`NoFreeBlocksError` with no free id. O(1)."""
+        # NOTE: the naive allocator's hottest call: take_block's lines without the hooks'
+        # branches; keep the two in step (and the fields with PoolBlock.__init__).
+        if prev_block is not None and (type(prev_block) is not PoolBlock or prev_block._freed):
+            check_prev_block(prev_block)
+        if extra_keys is not None:
+            check_extra_keys(extra_keys)
+        pool = self._holds
+        stack = pool._stack
+        if stack:
+            block_id = stack.pop()
+        else:
+            block_id = pool._next_fresh
+            if block_id >= pool._end:
+                raise NoFreeBlocksError(1, 0, pool._name)
+            pool._next_fresh = block_id + 1
+        pool._rc[block_id - pool._first] = 1
+        block: PoolBlock = _new_block(PoolBlock)
+        block._pool = pool
+        block._block_id = block_id
+        block._token_ids = []
+        block._prev_block = prev_block
+        block._freed = False
+        block._extra_keys = ()
+        block._key = None
+        return block
+
+    def free(self, block: Block) -> None:
+        """Drop the reference of a block object of the held pool; the object dies (at
+        refcount 0 the id goes to the front of the free list). Errors, with nothing
+        changed, as :meth:`IdPool.free_block`'s. O(1)."""
+        # NOTE: free_block's live-block case without the hook's branch, a shared id
+        # (every fork's free) included; anything else goes to free_block.
+        pool = self._holds
+        if type(block) is PoolBlock and block._pool is pool:
+            block_id = block._block_id
+            if block_id is not None:
+                i = block_id - pool._first
+                rc = pool._rc
+                n = rc[i]
+                if n == 1:
+                    rc[i] = 0
+                    pool._stack.append(block_id)
+                elif n > 1:
+                    rc[i] = n - 1
+                else:
+                    pool.decref(block_id)  # a corrupt count: RefCountError
+                block._block_id = None
+                block._freed = True
+                return
+        pool.free_block(block)
+
+    def try_free(self, block: Block) -> bool:
+        """:meth:`free` if ``block`` is an object of the held pool (errors included), else
+        False with nothing changed: for a two-device allocator routing a free. O(1)."""
+        pool = self._holds
+        if type(block) is not PoolBlock or block._pool is not pool:
+            return False
+        # NOTE: free's last-reference case repeated: a two-device allocator frees every
+        # block through here.
+        block_id = block._block_id
+        if block_id is not None:
+            i = block_id - pool._first
+            rc = pool._rc
+            if rc[i] == 1:
+                rc[i] = 0
+                pool._stack.append(block_id)
+                block._block_id = None
+                block._freed = True
+                return True
+        pool.free_block(block)
+        return True
 
 
 def fork_chain(chain: Sequence[PoolBlock]) -> list[Block]:

@@ -114,18 +114,28 @@ class BlockAllocator(ABC):
     NoFreeBlocksError = NoFreeBlocksError
 
     @abstractmethod
-    def allocate_mutable_block(self, prev_block: Block | None) -> Block:
-        """An empty block with refcount 1."""
+    def allocate_mutable_block(
+        self, prev_block: Block | None, extra_keys: ExtraKeys | None = None
+    ) -> Block:
+        """An empty block with refcount 1; ``extra_keys`` (the sequence's extra cache
+        keys) enter its content key with prefix caching and are ignored without."""
 
     @abstractmethod
-    def allocate_immutable_block(self, prev_block: Block | None, token_ids: list[int]) -> Block:
-        """A block holding ``token_ids``, refcount 1."""
+    def allocate_immutable_block(
+        self, prev_block: Block | None, token_ids: list[int], extra_keys: ExtraKeys | None = None
+    ) -> Block:
+        """A block holding ``token_ids``, refcount 1; ``extra_keys`` as for
+        :meth:`allocate_mutable_block`."""
 
     @abstractmethod
     def allocate_immutable_blocks(
-        self, prev_block: Block | None, block_token_ids: list[list[int]]
+        self,
+        prev_block: Block | None,
+        block_token_ids: list[list[int]],
+        extra_keys: ExtraKeys | None = None,
     ) -> list[Block]:
-        """One block per chunk, chained; all or nothing."""
+        """One block per chunk, chained; all or nothing; ``extra_keys`` as for
+        :meth:`allocate_mutable_block`."""
 
     @abstractmethod
     def free(self, block: Block) -> None:
@@ -201,9 +211,14 @@ class DeviceAwareBlockAllocator(ABC):
 
     @abstractmethod
     def allocate_immutable_block(
-        self, prev_block: Block | None, token_ids: list[int], device: Device
+        self,
+        prev_block: Block | None,
+        token_ids: list[int],
+        device: Device,
+        extra_keys: ExtraKeys | None = None,
     ) -> Block:
-        """A full (or partial) block on ``device`` holding ``token_ids``."""
+        """A full (or partial) block on ``device`` holding ``token_ids``; ``extra_keys``
+        as for :meth:`allocate_mutable_block`."""
 
     @abstractmethod
     def allocate_immutable_blocks(

@@ -35,9 +35,11 @@ from pagedkv.v0._block_args import (
     require_blocks,
     still_live,
 )
+from pagedkv.v0.content_key import ExtraKeys, check_extra_keys
 from pagedkv.v0.id_pool import (
     IdPool,
     NullBlock,
+    PlainPoolHolder,
     PoolBlock,
     fork_chain,
     not_this_pools,
@@ -54,7 +56,7 @@ NaiveBlock = PoolBlock
 """vLLM's name for a block object of a naive pool: a :class:`~pagedkv.v0.id_pool.PoolBlock`."""
 
 
-class NaiveBlockAllocator(PoolAllocator):
+class NaiveBlockAllocator(PlainPoolHolder, PoolAllocator):
     """Allocates the blocks of one pool of contiguous ids; refines :mod:`pagedkv_spec.v0.pool`.
 
     Representation (private): ``_pool``, the :class:`~pagedkv.v0.id_pool.IdPool` whose
@@ -63,39 +65,33 @@ class NaiveBlockAllocator(PoolAllocator):
     construction apart from the refcount list), ``_block_size`` and ``_ids``.
     Every change of a refcount, of the free list or of a block is the pool's.
 
-    The three calls of every block's life are the pool's own methods, bound per
-    object (a slot each), so holding a pool costs them no extra call:
+    The three calls of every block's life are the pool's, written in its module as
+    methods of this class (:class:`~pagedkv.v0.id_pool.PlainPoolHolder`), so holding
+    a pool costs them no extra call:
 
-    * ``allocate_mutable_block(prev_block)``: an empty block, refcount 1 (spec:
-      ``allocate_mutable_block``); :meth:`IdPool.take_plain_block` (the pool has no
-      hooks, so its take asks none). O(1).
+    * ``allocate_mutable_block(prev_block, extra_keys=None)``: an empty block,
+      refcount 1 (spec: ``allocate_mutable_block``); ``extra_keys`` checked and
+      ignored (no caching). O(1).
     * ``free(block)``: drop the block's reference, the object dies (spec: ``free``);
       :class:`DoubleFreeError` for a freed object, :class:`BlockWithoutIdError` for
-      a swapped-out one, nothing changed then; :meth:`IdPool.free_plain_block`. O(1).
+      a swapped-out one, nothing changed then. O(1).
     * ``try_free(block)``: ``free`` if ``block`` is one of this pool's objects, else
-      False with nothing changed (a two-device allocator routing a free);
-      :meth:`IdPool.try_free`. O(1).
+      False with nothing changed (a two-device allocator routing a free). O(1).
 
-    and so are the two questions every decode step asks: ``get_num_free_blocks()``
-    and ``clear_copy_on_writes()`` (the pending CoW pairs, in the order recorded,
-    emptied). O(1).
+    The two questions every decode step asks are the pool's own methods, bound per
+    object (a slot each): ``get_num_free_blocks()`` and ``clear_copy_on_writes()``
+    (the pending CoW pairs, in the order recorded, emptied). O(1).
     """
 
     __slots__ = (
         "_block_size",
         "_ids",
         "_pool",
-        "allocate_mutable_block",
         "clear_copy_on_writes",
-        "free",
         "get_num_free_blocks",
-        "try_free",
     )
 
     # Bound to the pool's methods in __init__ (see the class docstring).
-    allocate_mutable_block: Callable[[Block | None], Block]  # type: ignore[assignment]  # the pool's bound method stands in for the interface's method (no extra call)
-    free: Callable[[Block], None]  # type: ignore[assignment]  # as allocate_mutable_block
-    try_free: Callable[[Block], bool]
     get_num_free_blocks: Callable[[], int]
     clear_copy_on_writes: Callable[[], list[tuple[int, int]]]
 
@@ -125,9 +121,6 @@ class NaiveBlockAllocator(PoolAllocator):
         self._block_size = block_size
         pool = self._pool = IdPool(self._ids, block_size, name, self)
         super().__init__(pool)
-        self.allocate_mutable_block = pool.take_plain_block
-        self.free = pool.free_plain_block
-        self.try_free = pool.try_free
         self.get_num_free_blocks = pool.get_num_free_blocks
         self.clear_copy_on_writes = pool.clear_copy_on_writes
 
@@ -136,9 +129,14 @@ class NaiveBlockAllocator(PoolAllocator):
         if n > available:
             raise NoFreeBlocksError(n, available, self._pool.name)
 
-    def allocate_immutable_block(self, prev_block: Block | None, token_ids: list[int]) -> Block:
-        """A block holding ``token_ids`` (at most ``block_size``). Complexity: O(len(token_ids))."""
+    def allocate_immutable_block(
+        self, prev_block: Block | None, token_ids: list[int], extra_keys: ExtraKeys | None = None
+    ) -> Block:
+        """A block holding ``token_ids`` (at most ``block_size``); ``extra_keys`` checked
+        and ignored (no caching). Complexity: O(len(token_ids))."""
         check_prev_block(prev_block)
+        if extra_keys is not None:
+            check_extra_keys(extra_keys)
         require_token_ids("token_ids", token_ids, InvalidTokenIdsError)
         if len(token_ids) > self._block_size:
             raise BlockOverflowError(len(token_ids), self._block_size)
@@ -146,14 +144,20 @@ class NaiveBlockAllocator(PoolAllocator):
         return pool.make_block(pool.take(), list(token_ids), prev_block)
 
     def allocate_immutable_blocks(
-        self, prev_block: Block | None, block_token_ids: list[list[int]]
+        self,
+        prev_block: Block | None,
+        block_token_ids: list[list[int]],
+        extra_keys: ExtraKeys | None = None,
     ) -> list[Block]:
-        """One block per chunk, chained after ``prev_block``; all or nothing.
+        """One block per chunk, chained after ``prev_block``; all or nothing; ``extra_keys``
+        checked and ignored (no caching).
 
         Capacity is checked before any id is taken (vLLM 0.6.3 leaks the ids it
         took when it runs out midway). Complexity: O(total tokens).
         """
         check_prev_block(prev_block)
+        if extra_keys is not None:
+            check_extra_keys(extra_keys)
         check_chunks(block_token_ids)
         for chunk in block_token_ids:
             if len(chunk) > self._block_size:

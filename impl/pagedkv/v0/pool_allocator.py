@@ -5,19 +5,21 @@
 held :class:`~pagedkv.v0.id_pool.IdPool`'s alone (its ids, ownership, refcounts)
 are asked of it here. Each allocator holds its pool in its own fields and hands
 it to :meth:`PoolAllocator.__init__` too, which keeps its own reference for
-these queries (one writer per field: each class writes only its own).
+these queries and hands it on to :class:`~pagedkv.v0.id_pool.PoolHolder`, the
+base of the calls id_pool gives the naive allocator's class (one writer per field:
+each class writes only its own).
 """
 
 from __future__ import annotations
 
-from pagedkv.v0.id_pool import IdPool
+from pagedkv.v0.id_pool import IdPool, PoolHolder
 from pagedkv.v0.interfaces import BlockAllocator
 from pagedkv.v0.refcount import ReadOnlyRefCounter
 
 __all__ = ["PoolAllocator"]
 
 
-class PoolAllocator(BlockAllocator):
+class PoolAllocator(PoolHolder, BlockAllocator):
     """A one-device allocator holding one :class:`~pagedkv.v0.id_pool.IdPool`.
 
     Fields (written only here, by ``__init__``):
@@ -30,6 +32,7 @@ class PoolAllocator(BlockAllocator):
 
     def __init__(self, pool: IdPool) -> None:
         """Answer the queries from ``pool`` (the subclass's own). O(1)."""
+        super().__init__(pool)
         self._held = pool
         self._held_ids = pool.ids
         self._held_size = pool.block_size

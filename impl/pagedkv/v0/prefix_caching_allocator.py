@@ -112,9 +112,9 @@ class PrefixCachingBlockAllocator(PoolAllocator):
         _key_fn, _key_name            the content-key function and its name
 
     ``free(block)``, ``try_free(block)`` and ``clear_copy_on_writes()`` are the
-    pool's methods, bound per object as for :class:`~pagedkv.NaiveBlockAllocator`
-    (spec: ``free``; at refcount 0 a cached id goes to the evictor, any other to
-    the free pool).
+    pool's methods, bound per object, a slot each (spec: ``free``; at refcount 0 a
+    cached id goes to the evictor, any other to the free pool); the naive allocator's
+    are methods of its class (:class:`~pagedkv.v0.id_pool.PlainPoolHolder`).
 
     Complexity: allocation, free, append O(1) per block plus the key computation
     (O(block_size)) on promotion and O(log n) per eviction.
