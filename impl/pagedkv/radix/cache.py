@@ -21,8 +21,8 @@ radix layer), each where SGLang is loose:
   strings;
 - eviction keeps one heap across calls (:class:`~pagedkv.radix.eviction.EvictionHeap`):
   O(log n) per evicted leaf where SGLang heapifies every evictable leaf per call;
-- access times are a logical clock (one tick per match or insert), so no two leaves
-  tie; SGLang reads ``time.monotonic()``;
+- access times are a logical clock (a tick per match or insert, a new leaf one more),
+  so no two leaves tie; SGLang reads ``time.monotonic()``;
 - ``reset`` frees the tree's slots to the allocator and refuses while locks are held
   (SGLang forgets them: its ``flush_cache`` clears the allocator after);
 - the request helpers insert from the request's locked node (its path is the
@@ -335,7 +335,12 @@ class RadixCache:
         length, node = self._walk(start, tokens, i, n, clock, (hit, priority), tree_slots)
         if length == n:
             return length, node
-        leaf = TreeNode(start.namespace, tokens[length:n], values[length:n], node, clock, priority)
+        # NOTE: a tick after the walk (SGLang makes the leaf after it): a split's lower
+        # half, touched by the walk, and the new leaf never tie in the policy order
+        self._clock = clock + 1
+        leaf = TreeNode(
+            start.namespace, tokens[length:n], values[length:n], node, clock + 1, priority
+        )
         leaf.hit_count = 1 if hit else 0
         node.children[self._page_key(tokens, length)] = leaf
         self.evictable_size_ += n - length

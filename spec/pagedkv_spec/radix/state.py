@@ -404,7 +404,7 @@ def insert(
     itself; else (the classic tree) the caller does."""
     assert 0 <= protected <= len(values) and protected % s.tree.page_size == 0
     t, prefix = tree.insert(s.tree, ns, tokens, values, s.clock + 1)
-    out = replace(s, tree=t, clock=s.clock + 1)
+    out = replace(s, tree=t, clock=s.clock + 2)
     if frees_duplicates:
         out = _free(out, values[protected:prefix])
     return settle(out), prefix

@@ -36,6 +36,7 @@ Complexity: irrelevant (a model; tuples are rebuilt at every step).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -284,7 +285,9 @@ def insert(
 ) -> tuple[Tree, int]:
     """SGLang's classic ``insert``: file the page-aligned part of ``tokens`` with
     ``values`` (one slot per token; RadixInsertError otherwise); returns the tree and the
-    length already cached (the caller frees those of its slots: the duplicates)."""
+    length already cached (the caller frees those of its slots: the duplicates). The
+    nodes passed are touched at ``clock``, a new leaf at ``clock + 1`` (SGLang makes it
+    after the walk): no two leaves share an access time."""
     assert t.page_size >= 1 and clock >= 0
     if len(values) != len(tokens):
         raise RadixInsertError(
@@ -292,8 +295,10 @@ def insert(
         )
     key = aligned(tokens, t.page_size)
     out, length, _ = _walk(t, ns, key, clock, hit, priority)
-    if length < len(key):
-        leaf = Node(ns, key, length, values[length : len(key)], 0, clock, 1 if hit else 0, priority)
+    if length < len(key):  # made after the walk: a tick later than the nodes it passed
+        leaf = Node(
+            ns, key, length, values[length : len(key)], 0, clock + 1, 1 if hit else 0, priority
+        )
         out = replace(out, nodes=out.nodes + (leaf,))
     assert insert_ok(t, ns, tokens, values, length, out)
     return out, length
@@ -379,7 +384,7 @@ def match_ok(
     return (
         last == want
         and slots == path_slots(before, want)
-        and sorted(page_keys(before)) == sorted(page_keys(after))
+        and Counter(page_keys(before)) == Counter(page_keys(after))
         and sorted(s for n in before.nodes for s in n.value)
         == sorted(s for n in after.nodes for s in n.value)
         and all(path_slots(after, k) == path_slots(before, k) for k in locks)
