@@ -152,6 +152,7 @@ class RadixCache:
         root = self._roots.get(namespace)
         if root is None:
             root = self._roots[namespace] = TreeNode(namespace, [], [], None, self._clock)
+            root.owner = self
         return root
 
     @property
@@ -259,6 +260,7 @@ class RadixCache:
         upper = TreeNode(child.namespace, child.key[:m], value[:m], parent, clock, child.priority)
         upper.lock_ref = child.lock_ref
         upper.hit_count = child.hit_count
+        upper.owner = self
         parent.children[self._page_key(child.key, 0)] = upper
         child.key = child.key[m:]
         child.value = value[m:]
@@ -290,10 +292,24 @@ class RadixCache:
                 f"{len(values)} values for {len(tokens)} tokens; pass one slot per token"
             )
         n = len(tokens) - len(tokens) % self.page_size
-        self._check_values(values, 0, n)
-        self._clock += 1
         root = self.root(key.namespace)
+        self._check_values(values, self._cached_len(root, tokens, 0, n), n)
+        self._clock += 1
         return self._insert(root, tokens, values, 0, n, priority, not chunked, None)[0]
+
+    def _cached_len(self, node: TreeNode, tokens: list[int], i: int, n: int) -> int:
+        """How far ``tokens[i:n]`` below ``node`` (at depth ``i``) is cached, changing
+        nothing: the part an insert keeps, so that only the slots past it (those that
+        enter the tree) need checking before anything changes. Complexity: O(n - i)."""
+        while i < n:
+            child = node.children.get(self._page_key(tokens, i))
+            if child is None:
+                return i
+            end = i + len(child.key)
+            if end > n or tokens[i:end] != child.key:
+                return i + self._diverge(tokens[i:n], child.key)
+            node, i = child, end
+        return i
 
     def _check_values(self, values: list[int], lo: int, hi: int) -> None:
         """Raise RadixInsertError unless ``values[lo:hi]`` are slots of whole pages of
@@ -342,6 +358,7 @@ class RadixCache:
             start.namespace, tokens[length:n], values[length:n], node, clock + 1, priority
         )
         leaf.hit_count = 1 if hit else 0
+        leaf.owner = self
         node.children[self._page_key(tokens, length)] = leaf
         self.evictable_size_ += n - length
         self._heap.update(node)
@@ -354,12 +371,9 @@ class RadixCache:
 
     def _check_node(self, node: object, what: str) -> TreeNode:
         """``node`` if it is a live node of this tree; RadixLockError otherwise.
-        Complexity: O(depth in nodes)."""
+        Complexity: O(1) (a node knows its cache; an evicted or reset one has no value)."""
         node = require_instance("node", node, TreeNode, "a TreeNode")
-        top = node
-        while top.parent is not None:
-            top = top.parent
-        if node.value is None or self._roots.get(top.namespace) is not top:
+        if node.value is None or node.owner is not self:
             raise RadixLockError(
                 f"cannot {what} {node!r}: it is not in this tree (evicted, reset, or "
                 "another cache's); lock nodes a match or insert of this cache returned"
@@ -385,6 +399,21 @@ class RadixCache:
             x = x.parent
         self._heap.update(node)
         return delta
+
+    def _move_lock(self, old: TreeNode, new: TreeNode) -> None:
+        """``inc_lock_ref(new)`` then ``dec_lock_ref(old)`` for ``old`` an ancestor of
+        ``new``: the two cancel on ``old`` and above, so only the nodes below ``old``
+        change. Complexity: O(nodes between them)."""
+        x = new
+        while x is not old:
+            assert x.parent is not None  # old is an ancestor of new
+            if x.lock_ref == 0:
+                size = len(x.key)
+                self.evictable_size_ -= size
+                self.protected_size_ += size
+            x.lock_ref += 1
+            x = x.parent
+        self._heap.update(new)
 
     def dec_lock_ref(self, node: TreeNode) -> int:
         """One lock fewer on every node from ``node`` to its root; returns the change of
@@ -487,6 +516,11 @@ class RadixCache:
         self.allocator.check_held(req.slots[p:])
         return p, n - n % self.page_size
 
+    def _start(self, req: RadixRequest) -> TreeNode:
+        """Where ``req``'s inserts start: its locked node (its path is its protected
+        tokens), else its namespace's root."""
+        return req.last_node if req.last_node is not None else self.root(req.namespace)
+
     def _touch_above(self, node: TreeNode, hit: bool, priority: int) -> None:
         """What a walk from the root does to the nodes from ``node`` up: touch each,
         count a hit, raise its priority. Complexity: O(depth in nodes)."""
@@ -505,7 +539,7 @@ class RadixCache:
         """Insert ``req``'s first ``n`` tokens from its locked node: the length cached
         before, the node at depth ``n`` and the tree's slots of ``[p, that length)``."""
         self._clock += 1
-        start = req.last_node if req.last_node is not None else self.root(req.namespace)
+        start = self._start(req)
         self._touch_above(start, hit, req.priority)
         tokens = _as_list(req.token_ids)
         tree_slots: list[int] = []
@@ -519,16 +553,17 @@ class RadixCache:
         :func:`pagedkv_spec.radix.state.checkpoint`. Complexity: O(tokens since the last
         checkpoint + depth in nodes)."""
         p, n = self._check_request(req)
-        self._check_values(req.slots, p, n)
+        self._check_values(req.slots, self._cached_len(self._start(req), req.token_ids, p, n), n)
         prefix, node, tree_slots = self._insert_row(req, p, n, not chunked)
         if prefix > p:
             self.allocator.free(req.slots[p:prefix])
             req.slots[p:prefix] = tree_slots
         old = req.last_node
         if node is not old:
-            self._lock(node)
-            if old is not None:
-                self._unlock(old)
+            if old is None:
+                self._lock(node)
+            else:
+                self._move_lock(old, node)
         req.last_node = node
         req.cache_protected_len = n
 
@@ -542,7 +577,7 @@ class RadixCache:
         p, n = self._check_request(req)
         slots = req.slots
         if is_insert:
-            self._check_values(slots, p, n)
+            self._check_values(slots, self._cached_len(self._start(req), req.token_ids, p, n), n)
             prefix = self._insert_row(req, p, n, True)[0]
             if prefix > p:
                 self.allocator.free(slots[p:prefix])
