@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 from pagedkv._validate import require_bool, require_instance, require_int, require_str
 from pagedkv.errors import (
+    ArgumentTypeError,
+    InvalidArgumentError,
     InvalidRadixConfigError,
     RadixInsertError,
     RadixLockError,
@@ -285,6 +287,9 @@ class RadixCache:
         Complexity: O(len(key) + nodes on the path)."""
         require_instance("key", key, RadixKey, "a RadixKey")
         require_int("priority", priority, RadixInsertError, low=None)
+        require_bool("chunked", chunked)
+        if not isinstance(indices, list | tuple):
+            raise ArgumentTypeError("indices", indices, "a list of int slots")
         tokens = _as_list(key.token_ids)
         values = _as_list(indices)
         if len(values) != len(tokens):
@@ -319,7 +324,10 @@ class RadixCache:
             return
         ps = self.page_size
         top = (self.allocator.num_pages + 1) * ps
-        if {*map(type, part)} != {int} or min(part) < ps or max(part) >= top:
+        if {*map(type, part)} != {int}:
+            bad = next(v for v in part if type(v) is not int)
+            raise ArgumentTypeError("indices (each slot)", bad, "an int")
+        if min(part) < ps or max(part) >= top:
             raise RadixInsertError(
                 f"values must be int slots of pages 1..{self.allocator.num_pages}; got "
                 f"{part[:8]}{'...' if len(part) > 8 else ''}"
@@ -452,7 +460,7 @@ class RadixCache:
         is evictable (R8); returns the tokens evicted. Refines
         :func:`pagedkv_spec.radix.state.evict`. Complexity: O(log n) per leaf evicted
         (amortised) + the slots freed."""
-        require_int("num_tokens", num_tokens, RadixInsertError)
+        require_int("num_tokens", num_tokens, InvalidArgumentError)
         evicted = 0
         heap, free = self._heap, self.allocator.free
         while evicted < num_tokens:
@@ -552,6 +560,7 @@ class RadixCache:
         the tree's slots, move its lock to the new last node. Refines
         :func:`pagedkv_spec.radix.state.checkpoint`. Complexity: O(tokens since the last
         checkpoint + depth in nodes)."""
+        require_bool("chunked", chunked)
         p, n = self._check_request(req)
         self._check_values(req.slots, self._cached_len(self._start(req), req.token_ids, p, n), n)
         prefix, node, tree_slots = self._insert_row(req, p, n, not chunked)
