@@ -8,7 +8,7 @@ or allocator run through the radix machine, which must report that invariant.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -47,7 +47,7 @@ class _MiscountsAvailable(PagedTokenAllocator):
 class _LosesAPage(PagedTokenAllocator):
     """R2: a free of two or more pages forgets the last one."""
 
-    def free(self, indices: Iterable[int]) -> None:
+    def free(self, indices: Sequence[int]) -> None:
         slots = list(indices)
         pages = self.check_held(slots)
         if len(pages) >= 2:
@@ -69,7 +69,7 @@ class _AllocatesFromTheTail(PagedTokenAllocator):
 class _FreesToTheBack(PagedTokenAllocator):
     """R12: a freed page goes to the back of the free list."""
 
-    def free(self, indices: Iterable[int]) -> None:
+    def free(self, indices: Sequence[int]) -> None:
         pages = self.check_held(indices)
         for p in pages:
             self._is_free[p] = 1
