@@ -125,7 +125,7 @@ class CacheState:
 def settle(s: CacheState) -> CacheState:
     """``s`` with the reported sizes and leaves recounted from its tree and free list
     (the model's own state; a target's reports its own)."""
-    assert tree._tree_ok(s.tree) and s.num_pages >= 0
+    assert tree._tree_ok(s.tree) and _pool_ok(s)
     nodes = s.tree.nodes
     locked = sum(len(n.value) for n in nodes if n.lock)
     total = sum(len(n.value) for n in nodes)
@@ -289,6 +289,12 @@ def reset_ok(before: CacheState, after: CacheState) -> bool:
 # ----------------------------------------------------------------------------- operations
 
 
+def _pool_ok(s: CacheState) -> bool:
+    """The allocator's part of an operation's precondition: its free pages are pages of
+    the pool."""
+    return s.num_pages >= 0 and all(1 <= p <= s.num_pages for p in s.free)
+
+
 def _state_ok(s: CacheState) -> bool:
     """The precondition of every cache operation: a well-formed tree, a known policy,
     and every state invariant the operations keep."""
@@ -318,7 +324,7 @@ def match_prefix(
 ) -> tuple[CacheState, tuple[int, ...], NodeKey]:
     """SGLang's ``match_prefix`` on the cache: a tick of the clock, the tree split where
     the match ends; the slots and last node matched."""
-    assert tree._tree_ok(s.tree) and s.clock >= 0
+    assert tree._tree_ok(s.tree) and s.clock >= 0 and _pool_ok(s)
     t, slots, last = tree.match(s.tree, ns, tokens, s.clock + 1)
     out = settle(replace(s, tree=t, clock=s.clock + 1))
     assert out.evictable == s.evictable or not _ok(s)
@@ -328,7 +334,7 @@ def match_prefix(
 def evict(s: CacheState, n: int) -> tuple[CacheState, int]:
     """SGLang's ``evict(n)``: the tree's eviction in policy order (R8), each removed
     leaf's slots freed as it goes; the tokens evicted."""
-    assert tree._tree_ok(s.tree) and n >= 0 and s.policy in tree.POLICIES
+    assert tree._tree_ok(s.tree) and n >= 0 and s.policy in tree.POLICIES and _pool_ok(s)
     t, gone = tree.evict(s.tree, n, s.policy)
     out = s
     for x in gone:
@@ -392,9 +398,9 @@ def extend(
     """``k`` more computed tokens for ``rid`` (a prefill chunk, or decoded tokens
     ``new_tokens`` appended to its tokens first); refused changing nothing (but an
     eviction's) when they cannot be covered."""
-    assert _state_ok(s)
+    assert _state_ok(s) and row(s, rid) is not None and k >= 1
     r = row(s, rid)
-    assert r is not None and k >= 1
+    assert r is not None
     r = replace(r, tokens=r.tokens + new_tokens)
     assert len(r.slots) + k <= len(r.tokens), "slots only for tokens"
     s2, slots = _grow(s, r, k)
@@ -415,8 +421,9 @@ def insert(
     """Insert ``tokens`` with ``values`` (a tick); the length already cached. With
     ``frees_duplicates`` (the Unified tree) the insert frees ``values[protected:prefix]``
     itself; else (the classic tree) the caller does."""
-    assert tree._tree_ok(s.tree) and s.clock >= 0 and s.num_pages >= 0
+    assert tree._tree_ok(s.tree) and s.clock >= 0 and _pool_ok(s)
     assert 0 <= protected <= len(values) and protected % s.tree.page_size == 0
+    assert all(v >= 0 for v in values), "slots"
     t, prefix = tree.insert(s.tree, ns, tokens, values, s.clock + 1)
     out = replace(s, tree=t, clock=s.clock + 2)
     if frees_duplicates:
@@ -428,7 +435,7 @@ def checkpoint(s: CacheState, rid: str, frees_duplicates: bool = False) -> Cache
     """SGLang's ``cache_unfinished_req``: insert the row's computed tokens (page-aligned),
     free the duplicates, match again, point the row at the tree's slots, move the lock
     to the new last node."""
-    assert _state_ok(s)
+    assert _state_ok(s) and row(s, rid) is not None
     r = row(s, rid)
     assert r is not None
     fill = r.tokens[: len(r.slots)]
@@ -451,7 +458,7 @@ def finish(
     """SGLang's ``cache_finished_req``: insert the row's computed tokens (page-aligned;
     not when ``insert_it`` is False: an abort), free the duplicates (or, not inserted,
     all its own aligned slots) and the unaligned tail, release the lock, drop the row."""
-    assert _state_ok(s)
+    assert _state_ok(s) and row(s, rid) is not None
     r = row(s, rid)
     assert r is not None
     fill = r.tokens[: len(r.slots)]

@@ -309,7 +309,7 @@ def insert(
     length already cached (the caller frees those of its slots: the duplicates). The
     nodes passed are touched at ``clock``, a new leaf at ``clock + 1`` (SGLang makes it
     after the walk): no two leaves share an access time."""
-    assert _tree_ok(t) and clock >= 0
+    assert _tree_ok(t) and clock >= 0 and all(v >= 0 for v in values)
     if len(values) != len(tokens):
         raise RadixInsertError(
             f"{len(values)} values for {len(tokens)} tokens; pass one slot per token"
