@@ -327,7 +327,7 @@ def match_prefix(
     assert tree._tree_ok(s.tree) and s.clock >= 0 and _pool_ok(s)
     t, slots, last = tree.match(s.tree, ns, tokens, s.clock + 1)
     out = settle(replace(s, tree=t, clock=s.clock + 1))
-    assert out.evictable == s.evictable or not _ok(s)
+    assert out.total == sum(len(n.value) for n in s.tree.nodes), "a match keeps the sizes"
     return out, slots, last
 
 
@@ -341,7 +341,8 @@ def evict(s: CacheState, n: int) -> tuple[CacheState, int]:
         out = _free(out, x.value)
     out = settle(replace(out, tree=t))
     freed = sum(len(x.value) for x in gone)
-    assert out.total == s.total - freed and (freed >= n or not out.leaves)
+    assert out.total == sum(len(x.value) for x in s.tree.nodes) - freed
+    assert freed >= n or not out.leaves
     return out, freed
 
 
