@@ -2092,7 +2092,30 @@ add(
     TypeError,
 )
 
-token_param("radix RadixKey token_ids", _none, lambda w, b: _R.RadixKey(b))
+
+def _radix_insert_tokens(w: World, bad: object) -> object:
+    """An insert of one page whose first token is ``bad``'s first (of the key ``bad``
+    itself when it is not a list)."""
+    tokens = [*bad[:1], 7][:2] if isinstance(bad, list) else bad
+    return w["cache"].insert(_R.RadixKey(tokens), [16, 17])
+
+
+token_param("radix insert token_ids", _radix, _radix_insert_tokens)
+for _bad in ([{1: 2}, 7], [[1], 7]):
+    add(
+        f"radix insert of unhashable tokens {_bad!r}",
+        _radix,
+        lambda w, b=_bad: w["cache"].insert(_R.RadixKey(b), [16, 17]),
+        TypeError,
+    )
+    add(
+        f"radix match_prefix of unhashable tokens {_bad!r}",
+        _radix,
+        lambda w, b=_bad: w["cache"].match_prefix(_R.RadixKey(b)),
+        TypeError,
+    )
+for _bad in (None, "abc", 5, {1: 2}):
+    add(f"radix RadixKey token_ids={_bad!r}", _none, lambda w, b=_bad: _R.RadixKey(b), TypeError)
 for _field in ("extra_key", "lora_id", "cache_salt"):
     for _bad in (1, b"a", ["a"]):
         add(

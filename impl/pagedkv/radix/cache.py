@@ -38,7 +38,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pagedkv._validate import require_bool, require_instance, require_int, require_str
+from pagedkv._validate import (
+    require_bool,
+    require_instance,
+    require_int,
+    require_str,
+    require_token_ids,
+)
 from pagedkv.errors import (
     ArgumentTypeError,
     InvalidArgumentError,
@@ -206,7 +212,11 @@ class RadixCache:
         if not n:
             return MatchResult([], root)
         values: list[int] = []
-        node = self._walk(root, tokens, 0, n, self._clock, None, values)[1]
+        try:
+            node = self._walk(root, tokens, 0, n, self._clock, None, values)[1]
+        except TypeError:  # a token that cannot name a page (unhashable): found nowhere
+            self._clock -= 1
+            raise ArgumentTypeError("key.token_ids", tokens, "a list of int token ids") from None
         return MatchResult(values, node)
 
     def _walk(
@@ -298,7 +308,12 @@ class RadixCache:
             )
         n = len(tokens) - len(tokens) % self.page_size
         root = self.root(key.namespace)
-        self._check_values(values, self._cached_len(root, tokens, 0, n), n)
+        try:
+            cached = self._cached_len(root, tokens, 0, n)
+        except TypeError:  # a token that cannot name a page (unhashable)
+            raise ArgumentTypeError("key.token_ids", tokens, "a list of int token ids") from None
+        _check_tokens(tokens, cached, n)
+        self._check_values(values, cached, n)
         self._clock += 1
         return self._insert(root, tokens, values, 0, n, priority, not chunked, None)[0]
 
@@ -562,7 +577,9 @@ class RadixCache:
         checkpoint + depth in nodes)."""
         require_bool("chunked", chunked)
         p, n = self._check_request(req)
-        self._check_values(req.slots, self._cached_len(self._start(req), req.token_ids, p, n), n)
+        cached = self._cached_len(self._start(req), req.token_ids, p, n)
+        _check_tokens(req.token_ids, cached, n)
+        self._check_values(req.slots, cached, n)
         prefix, node, tree_slots = self._insert_row(req, p, n, not chunked)
         if prefix > p:
             self.allocator.free(req.slots[p:prefix])
@@ -586,7 +603,9 @@ class RadixCache:
         p, n = self._check_request(req)
         slots = req.slots
         if is_insert:
-            self._check_values(slots, self._cached_len(self._start(req), req.token_ids, p, n), n)
+            cached = self._cached_len(self._start(req), req.token_ids, p, n)
+            _check_tokens(req.token_ids, cached, n)
+            self._check_values(slots, cached, n)
             prefix = self._insert_row(req, p, n, True)[0]
             if prefix > p:
                 self.allocator.free(slots[p:prefix])
@@ -675,6 +694,13 @@ class RadixCache:
         this cache with ``requests`` its live requests (all of them: R1, R2 and R4
         count their rows and locks). Complexity: O(tree × depth), for tests."""
         invariants.check("radix", self.to_spec(requests), repr(self), ids=STATE_IDS)
+
+
+def _check_tokens(tokens: Sequence[int], lo: int, hi: int) -> None:
+    """Raise unless the tokens an insert files, ``tokens[lo:hi]``, are ints >= 0 (those
+    before ``lo`` equal the tree's). Complexity: O(hi - lo) in C."""
+    if hi > lo:
+        require_token_ids("token_ids", tokens[lo:hi], RadixInsertError)
 
 
 def _as_list(values: Sequence[int]) -> list[int]:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pagedkv._validate import require_token_ids
-from pagedkv.errors import ArgumentTypeError, RadixInsertError
+from pagedkv.errors import ArgumentTypeError
 from pagedkv_spec.radix.tree import Namespace
 
 __all__ = ["Namespace", "RadixKey"]
@@ -22,9 +21,10 @@ __all__ = ["Namespace", "RadixKey"]
 
 class RadixKey:
     """Tokens under a namespace: SGLang's ``RadixKey(token_ids, extra_key)``, with the
-    LoRA id and the cache salt as fields of their own. The tokens are checked here, once
-    (a list or tuple of ints >= 0), and not copied: do not change them while the key is
-    in use. Complexity: O(len) in C."""
+    LoRA id and the cache salt as fields of their own. The tokens must be a list or
+    tuple (checked here); an insert checks each token it files into the tree (a lookup
+    compares tokens by equality and files nothing). They are not copied: do not change
+    them while the key is in use. Complexity: O(1)."""
 
     __slots__ = ("namespace", "token_ids")
 
@@ -36,7 +36,8 @@ class RadixKey:
         lora_id: str | None = None,
         cache_salt: str | None = None,
     ) -> None:
-        require_token_ids("token_ids", token_ids, RadixInsertError)
+        if not isinstance(token_ids, list | tuple):
+            raise ArgumentTypeError("token_ids", token_ids, "a list of int token ids")
         for name, field in (
             ("extra_key", extra_key),
             ("lora_id", lora_id),
