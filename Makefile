@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_v1
 	$(BIN)/python -m benchmarks.bench_offload \
 	  $$(test -f $(VLLM_OFFLOAD_DIR)/pagedkv-wheel.json && echo --vllm $(VLLM_OFFLOAD_DIR))
+	$(BIN)/python -m benchmarks.bench_radix
 
 # The simulator on an hour of the Azure conversation trace at Llama-3.1-8B's H100 cache
 # (benchmarks/bench_simulator.py; reads ../shared/data when present, else the sample).

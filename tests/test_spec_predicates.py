@@ -25,6 +25,7 @@ from pagedkv_spec.v1 import offload as OF
 from pagedkv_spec.v1 import offload_policy as OP
 from pagedkv_spec.v1 import pool as V1pool
 from pagedkv_spec.v1.scheduler import SchedRequestView, ScheduledRef, V1SchedulerView, V1StepRecord
+from radix_predicates import RADIX_BAD, RADIX_GOOD
 
 GPU, CPU = Device.GPU, Device.CPU
 
@@ -1009,6 +1010,10 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
         (replace(OFF_ADMIT, after=replace(_T2, max_tracker_size=0)),),
     ),
 ]
+
+
+GOOD |= RADIX_GOOD
+BAD += RADIX_BAD
 
 
 @pytest.mark.parametrize("invariant_id", sorted(GOOD))

@@ -58,6 +58,10 @@ DEFAULT_TARGETS = (
     "pagedkv_spec.v1.harness.prop_offload_store_refuses_only_when_full",
     "pagedkv_spec.v1.harness.prop_offload_failed_store_is_dropped",
     "pagedkv_spec.v1.harness.prop_offload_reset_fences_busy_slots",
+    "pagedkv_spec.radix.harness.prop_radix_alloc_is_all_or_nothing",
+    "pagedkv_spec.radix.harness.prop_radix_requests_conserve_pages",
+    "pagedkv_spec.radix.harness.prop_radix_evict_frees_enough",
+    "pagedkv_spec.radix.harness.prop_radix_namespaces_never_share",
 )
 
 #: The default targets whose preconditions bound every argument to a small range, and
@@ -85,6 +89,10 @@ BOUNDED_TARGETS = frozenset(
         "v1.harness.prop_offload_store_refuses_only_when_full",
         "v1.harness.prop_offload_failed_store_is_dropped",
         "v1.harness.prop_offload_reset_fences_busy_slots",
+        "radix.harness.prop_radix_alloc_is_all_or_nothing",
+        "radix.harness.prop_radix_requests_conserve_pages",
+        "radix.harness.prop_radix_evict_frees_enough",
+        "radix.harness.prop_radix_namespaces_never_share",
     )
 )
 
@@ -106,6 +114,10 @@ SPEC_MODULES = (
     "pagedkv_spec.v1.scheduler",
     "pagedkv_spec.v1.offload",
     "pagedkv_spec.v1.offload_policy",
+    "pagedkv_spec.radix.pool",
+    "pagedkv_spec.radix.tree",
+    "pagedkv_spec.radix.state",
+    "pagedkv_spec.radix.harness",
 )
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "InvalidKVCacheConfigError",
     "InvalidKVCacheManagerConfigError",
     "InvalidOffloadConfigError",
+    "InvalidRadixConfigError",
     "InvalidRequestError",
     "InvalidSLOError",
     "InvalidSchedulerCallError",
@@ -62,8 +63,12 @@ __all__ = [
     "NullBlockError",
     "OffloadError",
     "OptionalDependencyError",
+    "PageAllocatorError",
     "PagedKVError",
     "PromotionError",
+    "RadixCacheError",
+    "RadixInsertError",
+    "RadixLockError",
     "RefCountError",
     "RequestIdInUseError",
     "SchedulerError",
@@ -712,6 +717,18 @@ class InvalidOffloadConfigError(OffloadError, ValueError):
         super().__init__(detail)
 
 
+class RadixCacheError(PagedKVError):
+    """Misuse of the radix prefix cache or its page allocator (:mod:`pagedkv.radix`)."""
+
+
+class InvalidRadixConfigError(RadixCacheError, ValueError):
+    """Bad radix construction arguments: page counts, page sizes, eviction policies."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
 class UnknownOffloadRequestError(OffloadError, KeyError):
     """A call names a request the tier does not hold as live: never announced with
     ``on_new_request``, or already finished."""
@@ -787,3 +804,31 @@ class ChunkNotLoadingError(OffloadError, ValueError):
             f"cannot complete a load of key {_key_text(key)}: it is {phase}; complete "
             "each prepare_load once, and none prepared before a reset_cache"
         )
+
+
+class PageAllocatorError(RadixCacheError, ValueError):
+    """A page allocator call it cannot honour: a free page freed again, the reserved
+    page 0, a slot outside the pool, a size that is not whole pages (SGLang's allocator
+    puts a page on its free list twice, and hands out fewer slots than asked)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class RadixLockError(RadixCacheError, ValueError):
+    """A lock call the tree cannot honour: unlocking a node nobody locked (SGLang's lock
+    count goes negative), a node of another tree or one evicted, a reset under locks."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class RadixInsertError(RadixCacheError, ValueError):
+    """An insert or match the tree cannot take: values of another length than the key
+    (SGLang truncates silently), a key that is not a RadixKey, slots not of whole pages."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
