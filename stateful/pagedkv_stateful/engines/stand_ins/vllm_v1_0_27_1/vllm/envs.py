@@ -24,9 +24,7 @@ _VARIABLES = {
     ),
     # Sparse retention of sliding-window / Mamba prefix blocks (tokens between kept
     # checkpoints; a multiple of the block size): unset (None) by default.
-    "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": lambda: _count(
-        "VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
-    ),
+    "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": lambda: _count("VLLM_PREFIX_CACHE_RETENTION_INTERVAL"),
 }
 
 

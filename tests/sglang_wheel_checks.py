@@ -1,0 +1,117 @@
+"""SGLang's own classic radix cache, loaded by pagedkv_stateful.engines.sglang, per release.
+
+Needs the wheels (``pip download --no-deps --only-binary :all: sglang==X -d build/wheels``,
+or ``PAGEDKV_WHEEL_DIR`` naming the directory that holds them), so it is not a ``test_*``
+module of ``make test``: ``make conform-sglang`` downloads them and runs it
+(``pytest tests/sglang_wheel_checks.py``). Every check runs once per release of
+:data:`sglang.RELEASES` whose wheel is present: its files are extracted once per release
+into a temporary directory and imported in this process, and every ``sglang`` module is
+unloaded again before the next release is loaded (one process holds one sglang).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pagedkv_stateful.engines import sglang
+
+ROOT = Path(__file__).parent.parent
+WHEEL_DIR = Path(os.environ.get("PAGEDKV_WHEEL_DIR", ROOT / "build" / "wheels"))
+
+
+def _version(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
+
+
+#: The wheel of each release this target knows that the wheel directory holds, oldest first.
+WHEELS: dict[str, Path] = {
+    release: found[0]
+    for release in sorted(sglang.RELEASES, key=_version)
+    if (found := sorted(WHEEL_DIR.glob(f"sglang-{release}-*.whl")))
+}
+if not WHEELS:  # asked for by name: a missing wheel is a setup error, not a pass
+    pytest.fail(
+        f"no sglang wheel of {', '.join(sorted(sglang.RELEASES))} in {WHEEL_DIR}: pip download "
+        "--no-deps --only-binary :all: sglang==0.5.23 -d build/wheels (or set PAGEDKV_WHEEL_DIR)",
+        pytrace=False,
+    )
+
+#: What loading may leave imported besides ``sglang.*``: the stand-in ``triton``.
+_STAND_IN_TOPS = ("sglang", "triton")
+
+
+def _unload() -> None:
+    for name in [m for m in sys.modules if m.split(".")[0] in _STAND_IN_TOPS]:
+        del sys.modules[name]
+
+
+@pytest.fixture(scope="module", params=list(WHEELS))
+def release(request: pytest.FixtureRequest) -> str:
+    """A release whose wheel is present (the checks below run once per release)."""
+    version: str = request.param
+    return version
+
+
+@pytest.fixture(scope="module")
+def loaded(release: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The release's radix cache layer, extracted and imported (unloaded at the end)."""
+    if "sglang" in sys.modules:
+        pytest.fail(f"an sglang is already imported: {sys.modules['sglang']!r}")
+    out = sglang.extract(WHEELS[release], tmp_path_factory.mktemp(f"sglang-{release}"))
+    path = list(sys.path)
+    sglang.use(out)
+    try:
+        yield out
+    finally:
+        sys.path[:] = path
+        _unload()
+
+
+def test_the_loaded_release_is_the_wheels(release: str, loaded: Path) -> None:
+    assert sglang.loaded_release().version == release
+    source = sglang.conform_source()
+    assert source is not None and source.startswith(f"sglang {release} from sglang-{release}-")
+    # SGLang's own classes, from the extracted files, not stand-ins
+    cache, allocator, pool = sglang.sglang_objects(4, 2)
+    for obj in (cache, allocator, pool):
+        assert Path(sys.modules[type(obj).__module__].__file__ or "").is_relative_to(loaded)
+    assert {type(cache).__name__, type(allocator).__name__, type(pool).__name__} == {
+        "RadixCache",
+        "PagedTokenToKVPoolAllocator",
+        "ReqToTokenPool",
+    }
+
+
+def test_the_allocator_reserves_page_0_and_frees_to_the_head(release: str, loaded: Path) -> None:
+    target = sglang.radix_cache(4, 2)
+    assert target.free_pages() == [1, 2, 3, 4] and target.available_size() == 8
+    assert target.alloc(4) == [2, 3, 4, 5]
+    assert target.alloc(8) is None and target.free_pages() == [3, 4]  # all or nothing
+    target.free([4, 5])
+    assert target.free_pages() == [2, 3, 4]
+
+
+def test_a_request_through_the_releases_request_api(release: str, loaded: Path) -> None:
+    """Admission, a chunk checkpoint and a finish with an unaligned tail: the tree keeps
+    the aligned prefix, the duplicates and the tail go back, the lock is released."""
+    target = sglang.radix_cache(8, 2)
+    target.add_request("a", [1, 2, 3, 4, 5])
+    slots = target.alloc(6)
+    assert slots is not None
+    target.write_row("a", 0, slots[:5])
+    target.lock_request("a", target.root)
+    target.cache_unfinished_req("a", [1, 2, 3, 4, 5])
+    assert target.tree() == [((1, 2, 3, 4), tuple(slots[:4]), 1, (None, None))]
+    assert (target.evictable_size(), target.protected_size()) == (0, 4)
+    target.cache_finished_req("a", 5)
+    assert (target.evictable_size(), target.protected_size()) == (4, 0)
+    # the tail page (slot 6) and the never-used page (slots 6-7) are free again
+    assert target.available_size() == 16 - 4
+    found, node = target.match_prefix(target.key([1, 2, 3, 9]))
+    assert found == slots[:2] and node is not target.root
+    assert target.evict(2) == 2 and target.total_size() == 2
