@@ -92,9 +92,7 @@ class Opaque(DeviceAwareBlockAllocator):
         device: Device,
         extra_keys: ExtraKeys | None = None,
     ) -> list[Block]:
-        return self.inner.allocate_immutable_blocks(
-            prev_block, block_token_ids, device, extra_keys
-        )
+        return self.inner.allocate_immutable_blocks(prev_block, block_token_ids, device, extra_keys)
 
     def free(self, block: Block) -> None:
         self.inner.free(block)

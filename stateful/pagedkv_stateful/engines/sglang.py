@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedkv_stateful.engines.wheel import Loader, TargetSetupError, stand_ins
+from pagedkv_stateful.kit.replay import replay_reports, use_prelude
 
 __all__ = [
     "API_CHECKPOINT",
@@ -73,6 +74,7 @@ __all__ = [
     "Release",
     "SGLangRequest",
     "TargetSetupError",
+    "conform_prelude",
     "conform_source",
     "extract",
     "loaded_release",
@@ -189,6 +191,12 @@ def use(directory: str | Path) -> None:
     against its recorded SHA-256). Raises :class:`TargetSetupError` if a file differs or
     another ``sglang`` is already imported. O(size of the extracted files)."""
     LOADER.use(directory)
+
+
+def conform_prelude() -> list[str]:
+    """The lines a printed program starts with: load the SGLang this process loaded
+    (``pagedkv conform`` asks, after its probe built a target)."""
+    return use_prelude(LOADER.module, LOADER.package)
 
 
 def conform_source() -> str | None:
@@ -521,15 +529,20 @@ class RadixTarget:
 
 def main(argv: list[str] | None = None) -> int:
     """``extract WHEEL DIR [--release X]``: write the target's modules (exit 2 on a bad
-    wheel or directory)."""
+    wheel or directory); ``replay REPORT...``: replay each finding's program of ``pagedkv
+    conform --json`` reports in a fresh process (exit 1 if one does not reproduce)."""
     parser = argparse.ArgumentParser(prog="python -m pagedkv_stateful.engines.sglang")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("extract", help="copy SGLang's radix cache layer out of a sglang wheel")
     ex.add_argument("wheel")
     ex.add_argument("dest")
     ex.add_argument("--release", help="the wheel's SGLang version (default: its metadata's)")
+    rp = sub.add_parser("replay", help="replay the programs of `pagedkv conform --json` reports")
+    rp.add_argument("reports", nargs="+")
     args = parser.parse_args(argv)
     try:
+        if args.command == "replay":
+            return replay_reports(args.reports)
         done = LOADER.extract_wheel(args.wheel, args.dest, args.release)
     except (OSError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
