@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -89,29 +90,21 @@ def test_the_loaded_release_is_the_wheels(release: str, loaded: Path) -> None:
 
 def test_the_allocator_reserves_page_0_and_frees_to_the_head(release: str, loaded: Path) -> None:
     target = sglang.radix_cache(4, 2)
-    assert target.free_pages() == [1, 2, 3, 4] and target.available_size() == 8
-    assert target.alloc(4) == [2, 3, 4, 5]
-    assert target.alloc(8) is None and target.free_pages() == [3, 4]  # all or nothing
-    target.free([4, 5])
-    assert target.free_pages() == [2, 3, 4]
+    a = target.allocator
+    assert a.free_pages() == (1, 2, 3, 4) and a.available_size() == 8
+    assert a.alloc(4) == [2, 3, 4, 5]
+    assert a.alloc(8) is None and a.free_pages() == (3, 4)  # all or nothing
+    a.free([4, 5])
+    assert a.free_pages() == (2, 3, 4)
 
 
-def test_a_request_through_the_releases_request_api(release: str, loaded: Path) -> None:
-    """Admission, a chunk checkpoint and a finish with an unaligned tail: the tree keeps
-    the aligned prefix, the duplicates and the tail go back, the lock is released."""
-    target = sglang.radix_cache(8, 2)
-    target.add_request("a", [1, 2, 3, 4, 5])
-    slots = target.alloc(6)
-    assert slots is not None
-    target.write_row("a", 0, slots[:5])
-    target.lock_request("a", target.root)
-    target.cache_unfinished_req("a", [1, 2, 3, 4, 5])
-    assert target.tree() == [((1, 2, 3, 4), tuple(slots[:4]), 1, (None, None))]
-    assert (target.evictable_size(), target.protected_size()) == (0, 4)
-    target.cache_finished_req("a", 5)
-    assert (target.evictable_size(), target.protected_size()) == (4, 0)
-    # the tail page (slot 6) and the never-used page (slots 6-7) are free again
-    assert target.available_size() == 16 - 4
-    found, node = target.match_prefix(target.key([1, 2, 3, 9]))
-    assert found == slots[:2] and node is not target.root
-    assert target.evict(2) == 2 and target.total_size() == 2
+def test_the_namespace_fields_are_composed_as_sglangs_request_path_does(release: str) -> None:
+    rel = sglang.RELEASES[release]
+    ns = SimpleNamespace
+    salted = sglang.key_fields(ns(extra_key="b", lora_id="l", cache_salt="a"), rel)
+    if rel.api == sglang.API_FINISHED:  # the server joins salt and extra key, then the LoRA id
+        assert salted == ("abl", None)
+    else:
+        assert salted == ("bl", "a")
+    plain = sglang.key_fields(ns(extra_key=None, lora_id=None, cache_salt=None), rel)
+    assert plain == (None, None)

@@ -70,6 +70,8 @@ __all__ = [
     "ENV",
     "LOADER",
     "RELEASES",
+    "AllocatorView",
+    "Match",
     "RadixTarget",
     "Release",
     "SGLangRequest",
@@ -77,6 +79,7 @@ __all__ = [
     "conform_prelude",
     "conform_source",
     "extract",
+    "key_fields",
     "loaded_release",
     "radix_cache",
     "release_of",
@@ -222,7 +225,7 @@ def sglang_objects(
     page_size: int,
     *,
     max_requests: int = 64,
-    max_context_len: int = 256,
+    max_context_len: int = 1024,
     eviction_policy: str = "lru",
 ) -> tuple[Any, Any, Any]:
     """SGLang's ``(RadixCache, PagedTokenToKVPoolAllocator, ReqToTokenPool)``: ``num_pages``
@@ -249,14 +252,43 @@ def sglang_objects(
     return cache, allocator, pool
 
 
-def radix_cache(num_pages: int, page_size: int, eviction_policy: str = "lru") -> RadixTarget:
-    """SGLang's classic tree over its allocator and request pool (:func:`sglang_objects`)
-    behind :class:`RadixTarget`."""
+def radix_cache(
+    num_pages: int, page_size: int, eviction_policy: str = "lru", enable_events: bool = False
+) -> RadixTarget:
+    """The kit's radix-level factory (``pagedkv conform
+    pagedkv_stateful.engines.sglang:radix_cache --level radix``): SGLang's classic tree
+    over its allocator and request pool (:func:`sglang_objects`) behind
+    :class:`RadixTarget`, the surface of ``pagedkv.radix.RadixCache``. SGLang's KV events
+    are not loaded (``enable_events=True`` is refused)."""
+    if enable_events:
+        raise ValueError("the SGLang target runs with KV events off (enable_events=False)")
     cache, allocator, pool = sglang_objects(num_pages, page_size, eviction_policy=eviction_policy)
     return RadixTarget(cache, allocator, pool, loaded_release())
 
 
 # --------------------------------------------------------------------------- the target
+
+
+def key_fields(namespace: Any, release: Release) -> tuple[str | None, str | None]:
+    """SGLang's ``(extra_key, cache_salt)`` for a request of ``namespace`` (a
+    ``Namespace``: extra key, LoRA id, cache salt), composed as SGLang's own request
+    path composes them:
+
+    * the LoRA id is appended to the extra key (``Req.__init__``:
+      ``extra_key = (extra_key or "") + lora_id``; ``schedule_batch.py`` 0.5.12:684-686,
+      0.5.18:924-926, 0.5.23:1166-1168);
+    * 0.5.12 has no ``cache_salt`` field: the OpenAI server joins the salt and the
+      extra key first (``_compute_extra_key``: ``"".join([cache_salt, extra_key])``,
+      ``entrypoints/openai/serving_base.py`` 0.5.12:151-162); from 0.5.13 the salt is a
+      field of its own (``RadixKey.cache_salt``).
+    """
+    extra, lora, salt = namespace.extra_key, namespace.lora_id, namespace.cache_salt
+    if release.api == API_FINISHED:
+        parts = [p for p in (salt, extra) if p]
+        extra, salt = ("".join(parts) if parts else None), None
+    if lora is not None:
+        extra = (extra or "") + lora
+    return extra, (salt or None)
 
 
 @dataclass
@@ -265,14 +297,13 @@ class SGLangRequest:
     every request API generation (0.5.23 keeps the KV ones in ``req.kv``: the same
     record, :attr:`kv`, serves)."""
 
-    rid: str
-    origin_input_ids: list[int]
+    origin_input_ids: Any
     extra_key: str | None = None
     cache_salt: str | None = None
     priority: int = 0
-    output_ids: list[int] = field(default_factory=list)
+    output_ids: Any = field(default_factory=list)
     #: the tokens whose KV is computed (0.5.12 reads ``fill_ids``, later ``get_fill_ids()``)
-    fill_ids: list[int] = field(default_factory=list)
+    fill_ids: Any = field(default_factory=list)
     req_pool_idx: int | None = None
     cache_protected_len: int = 0
     cache_inserted_len: int = 0
@@ -295,11 +326,11 @@ class SGLangRequest:
     def kv_allocated_len(self) -> int:
         return self.kv_committed_len
 
-    def get_fill_ids(self) -> list[int]:
+    def get_fill_ids(self) -> Any:
         return self.fill_ids
 
     @property
-    def full_untruncated_fill_ids(self) -> list[int]:
+    def full_untruncated_fill_ids(self) -> Any:
         return self.fill_ids
 
     def pop_committed_kv_cache(self) -> int:
@@ -312,86 +343,139 @@ class SGLangRequest:
         return 0
 
 
+@dataclass(frozen=True)
+class Match:
+    """A lookup's result as ``pagedkv.radix.MatchResult`` gives it: the slots (a list) and
+    the last node (SGLang's ``TreeNode``)."""
+
+    device_indices: list[int]
+    last_device_node: Any
+
+
+class AllocatorView:
+    """SGLang's ``PagedTokenToKVPoolAllocator`` behind ``pagedkv.radix.PagedTokenAllocator``'s
+    surface: slot lists in and out (int64 tensors to SGLang)."""
+
+    def __init__(self, allocator: Any, num_pages: int) -> None:
+        self.sglang = allocator
+        self.num_pages = num_pages
+        self.page_size: int = allocator.page_size
+        self._torch = _module("torch")
+
+    def alloc(self, need_size: int) -> list[int] | None:
+        out = self.sglang.alloc(need_size)
+        return None if out is None else [int(i) for i in out.tolist()]
+
+    def free(self, indices: Any) -> None:
+        self.sglang.free(self._torch.tensor(list(indices), dtype=self._torch.int64))
+
+    def available_size(self) -> int:
+        return int(self.sglang.available_size())
+
+    def size(self) -> int:
+        return self.num_pages * self.page_size
+
+    def free_pages(self) -> tuple[int, ...]:
+        """The free list, head first (pages staged by a sorting allocator after it)."""
+        a = self.sglang
+        staged = list(getattr(a, "staged_pages", ()) or ())
+        release = getattr(a, "release_pages", None)
+        if release is not None and len(release):
+            staged.append(release)
+        pages = [int(p) for p in a.free_pages.tolist()]
+        for part in staged:
+            pages += [int(p) for p in part.tolist()]
+        return tuple(pages)
+
+    def clear(self) -> None:
+        self.sglang.clear()
+
+
 class RadixTarget:
     """SGLang's ``RadixCache``, ``PagedTokenToKVPoolAllocator`` and ``ReqToTokenPool``
-    behind the surface of :mod:`pagedkv.radix`: tokens and slots as Python lists, nodes
-    as SGLang's ``TreeNode`` objects, SGLang's parameter records built per call. The
-    request-level calls keep one :class:`SGLangRequest` per request id and go through
-    the adapter of :attr:`release`'s API generation."""
+    behind the surface of ``pagedkv.radix.RadixCache`` (the radix machine's target):
+
+    * keys are pagedkv ``RadixKey`` objects, mapped to SGLang's (:func:`key_fields`;
+      token arrays from 0.5.13, as SGLang's ``Req`` holds them); slots are lists, mapped
+      to int64 tensors; nodes are SGLang's ``TreeNode`` objects;
+    * the request helpers take pagedkv ``RadixRequest`` objects: each has a mirror
+      (:class:`SGLangRequest`) with a row of SGLang's ``ReqToTokenPool``; a call writes
+      the request's row, protected length and lock into the mirror, calls SGLang's own
+      request API of the loaded release, and reads them back;
+    * :meth:`to_spec` reads the state from SGLang's fields (its tree, counters, evictable
+      leaves, the allocator's free list) and the requests' rows.
+    """
 
     def __init__(self, cache: Any, allocator: Any, pool: Any, release: Release) -> None:
         self.cache = cache
-        self.allocator = allocator
         self.pool = pool
         self.release = release
         self.page_size: int = cache.page_size
+        self.allocator = AllocatorView(allocator, allocator.size // allocator.page_size)
+        #: SGLang's name for it
+        self.token_to_kv_pool_allocator = self.allocator
+        self.eviction_policy: str = cache.eviction_policy
+        self.enable_kv_cache_events = False
         self._torch = _module("torch")
-        self._mem = {
-            name: _module("sglang.srt.mem_cache." + name)
-            for name in ("radix_cache", "base_prefix_cache")
-        }
-        self.requests: dict[str, SGLangRequest] = {}
+        self._bpc = _module("sglang.srt.mem_cache.base_prefix_cache")
+        self._radix_key = _module("sglang.srt.mem_cache.radix_cache").RadixKey
+        self._mirrors: dict[int, SGLangRequest] = {}
+        #: SGLang's key fields -> the first namespace that used them (to name nodes)
+        self._namespaces: dict[tuple[str | None, str | None], Any] = {}
 
     # ---- keys and values
 
-    def key(
-        self, tokens: Sequence[int], extra_key: str | None = None, cache_salt: str | None = None
-    ) -> Any:
-        """SGLang's ``RadixKey`` of ``tokens`` (a list, or an ``array("q")`` from 0.5.13)."""
-        radix_key = self._mem["radix_cache"].RadixKey
+    def _fields(self, namespace: Any) -> tuple[str | None, str | None]:
+        fields = key_fields(namespace, self.release)
+        self._namespaces.setdefault(fields, namespace)
+        return fields
+
+    def _tokens(self, tokens: Any) -> Any:
+        return array("q", tokens) if self.release.token_arrays else list(tokens)
+
+    def sglang_key(self, key: Any) -> Any:
+        """SGLang's ``RadixKey`` for a pagedkv ``RadixKey``."""
+        extra, salt = self._fields(key.namespace)
+        tokens = self._tokens(key.token_ids)
         if self.release.token_arrays:
-            return radix_key(array("q", tokens), extra_key, cache_salt=cache_salt)
-        if cache_salt is not None:
-            raise ValueError(f"SGLang {self.release.version}'s RadixKey has no cache_salt")
-        return radix_key(list(tokens), extra_key)
+            return self._radix_key(tokens, extra, cache_salt=salt)
+        return self._radix_key(tokens, extra)
 
     def _slots(self, indices: Sequence[int]) -> Any:
         return self._torch.tensor(list(indices), dtype=self._torch.int64)
 
-    # ---- the allocator
-
-    def alloc(self, num_tokens: int) -> list[int] | None:
-        out = self.allocator.alloc(num_tokens)
-        return None if out is None else [int(i) for i in out.tolist()]
-
-    def free(self, indices: Sequence[int]) -> None:
-        self.allocator.free(self._slots(indices))
-
-    def available_size(self) -> int:
-        return int(self.allocator.available_size())
-
-    def free_pages(self) -> list[int]:
-        """The allocator's free list, in order (page ids)."""
-        return [int(p) for p in self.allocator.free_pages.tolist()]
-
     # ---- the tree
 
-    def match_prefix(self, key: Any) -> tuple[list[int], Any]:
-        """``(slots of the longest cached page-aligned prefix, its last node)``."""
-        result = self.cache.match_prefix(self._mem["base_prefix_cache"].MatchPrefixParams(key=key))
+    def match_prefix(self, key: Any) -> Match:
+        result = self.cache.match_prefix(self._bpc.MatchPrefixParams(key=self.sglang_key(key)))
         node = result.last_device_node
         if self.release.api == API_CHECKPOINT:
             slots = self.cache.path_device_indices(node)[: result.device_prefix_len]
         else:
             slots = result.device_indices
-        return [int(i) for i in slots.tolist()], node
+        return Match([int(i) for i in slots.tolist()], node)
 
-    def insert(self, key: Any, indices: Sequence[int], priority: int = 0) -> int:
-        """Insert ``key`` with slots ``indices``; the length already cached (its slots are
-        the caller's to free: the classic contract)."""
-        params = self._mem["base_prefix_cache"].InsertParams(
-            key=key, value=self._slots(indices), priority=priority
+    def insert(
+        self, key: Any, indices: Sequence[int], priority: int = 0, chunked: bool = False
+    ) -> int:
+        params = self._bpc.InsertParams(
+            key=self.sglang_key(key), value=self._slots(indices), priority=priority
         )
+        if chunked:  # no hit counted: 0.5.23 counts hits past inserted_len only
+            if self.release.api == API_CHECKPOINT:
+                params.inserted_len = len(indices)
+            else:
+                params.chunked = True
         return int(self.cache.insert(params).prefix_len)
 
-    def inc_lock_ref(self, node: Any) -> None:
-        self.cache.inc_lock_ref(node)
+    def inc_lock_ref(self, node: Any) -> int:
+        return int(self.cache.inc_lock_ref(node).delta or 0)
 
-    def dec_lock_ref(self, node: Any) -> None:
-        self.cache.dec_lock_ref(node)
+    def dec_lock_ref(self, node: Any) -> int:
+        return int(self.cache.dec_lock_ref(node).delta or 0)
 
     def evict(self, num_tokens: int) -> int:
-        params = self._mem["base_prefix_cache"].EvictParams(num_tokens=num_tokens)
+        params = self._bpc.EvictParams(num_tokens=num_tokens)
         return int(self.cache.evict(params).num_tokens_evicted)
 
     def evictable_size(self) -> int:
@@ -403,122 +487,154 @@ class RadixTarget:
     def total_size(self) -> int:
         return int(self.cache.total_size())
 
+    def take_events(self) -> list[Any]:
+        return []  # events off
+
     def reset(self) -> None:
-        """SGLang's flush: the tree, the allocator and the request pool cleared together
-        (``Scheduler.flush_cache``'s order)."""
+        """SGLang's flush (``Scheduler.flush_cache``, at idle): the tree reset, then the
+        request pool and the allocator cleared."""
         self.cache.reset()
         self.pool.clear()
         self.allocator.clear()
-        self.requests.clear()
+        self._mirrors.clear()
 
     @property
-    def root(self) -> Any:
+    def root_node(self) -> Any:
+        return self.cache.root_node
+
+    def root(self, namespace: Any = None) -> Any:
+        """SGLang keeps one root for every namespace."""
         return self.cache.root_node
 
     # ---- requests
 
-    def add_request(
-        self,
-        rid: str,
-        tokens: Sequence[int],
-        extra_key: str | None = None,
-        cache_salt: str | None = None,
-    ) -> SGLangRequest:
-        """A request of ``tokens`` with a row of the request pool (None-free: raises
-        RuntimeError when the pool is full)."""
-        req = SGLangRequest(rid, list(tokens), extra_key, cache_salt)
-        if self.release.token_arrays:  # SGLang's own Req holds arrays from 0.5.13
-            req.origin_input_ids = array("q", tokens)  # type: ignore[assignment]
-            req.output_ids = array("q")  # type: ignore[assignment]
-        if self.pool.alloc([req]) is None:
-            raise RuntimeError("the request pool is full")
-        self.requests[rid] = req
-        return req
-
-    def row(self, rid: str, length: int) -> list[int]:
-        """The first ``length`` slots of ``rid``'s row."""
-        req = self.requests[rid]
-        return [int(i) for i in self.pool.req_to_token[req.req_pool_idx, :length].tolist()]
-
-    def write_row(self, rid: str, start: int, slots: Sequence[int]) -> None:
-        req = self.requests[rid]
-        self.pool.write((req.req_pool_idx, slice(start, start + len(slots))), self._slots(slots))
-
-    def cache_unfinished_req(self, rid: str, fill_ids: Sequence[int]) -> None:
-        """A chunk of ``rid`` computed up to ``len(fill_ids)``: insert it, free the
-        duplicates, re-point its row at the tree's slots, move its lock."""
-        req = self.requests[rid]
-        req.fill_ids = list(fill_ids)
-        if self.release.token_arrays:
-            req.fill_ids = array("q", fill_ids)  # type: ignore[assignment]  # as SGLang's
+    def _mirror(self, req: Any) -> SGLangRequest:
+        """``req``'s mirror, its row of SGLang's request pool written from ``req``."""
+        m = self._mirrors.get(id(req))
+        extra, salt = self._fields(req.namespace)
+        if m is None:
+            m = SGLangRequest(self._tokens(req.token_ids), extra, salt, req.priority)
+            if self.pool.alloc([m]) is None:
+                raise RuntimeError("SGLang's request pool is full (raise max_requests)")
+            self._mirrors[id(req)] = m
+        n = len(req.slots)
+        m.origin_input_ids = self._tokens(req.token_ids)
+        m.output_ids = self._tokens([])
+        m.fill_ids = self._tokens(req.token_ids[:n])
+        m.kv_committed_len = n
+        m.priority = req.priority
+        m.cache_protected_len = req.cache_protected_len
+        if n:
+            self.pool.write((m.req_pool_idx, slice(0, n)), self._slots(req.slots))
+        node = req.last_node if req.last_node is not None else self.cache.root_node
+        m.last_node = node
         if self.release.api == API_CHECKPOINT:
-            self.cache.checkpoint(req, up_to=len(fill_ids))
-            req.last_node = req.lock.node
-        else:
-            self.cache.cache_unfinished_req(req)
+            m.lock = self._bpc.TreeLock(node, self._bpc.DecLockRefParams())
+        return m
 
-    def cache_finished_req(self, rid: str, committed: int, insert: bool = True) -> None:
-        """``rid`` finished with KV committed for its first ``committed`` tokens (prompt and
-        output): insert the page-aligned part, free the duplicates and the unaligned
-        tail, unlock, give the row back."""
-        req = self.requests.pop(rid)
-        tokens = req.origin_input_ids + req.output_ids
-        req.kv_committed_len = committed
+    def _row(self, m: SGLangRequest, n: int) -> list[int]:
+        return [int(i) for i in self.pool.req_to_token[m.req_pool_idx, :n].tolist()]
+
+    def cache_unfinished_req(self, req: Any, chunked: bool = False) -> None:
+        """A checkpoint through the release's own call: ``cache_unfinished_req`` (up to
+        0.5.20) or ``checkpoint`` (0.5.22 on); the row, protected length and lock read
+        back into ``req``."""
+        m = self._mirror(req)
+        n = len(req.slots)
+        if self.release.api == API_CHECKPOINT:
+            self.cache.checkpoint(m, up_to=n)
+            m.last_node = m.lock.node
+        else:
+            self.cache.cache_unfinished_req(m, chunked=chunked)
+        req.slots[:] = self._row(m, n)
+        req.cache_protected_len = m.cache_protected_len
+        node = m.last_node
+        req.last_node = None if node is self.cache.root_node else node
+
+    def cache_finished_req(self, req: Any, is_insert: bool = True) -> None:
+        """A finish (or, ``is_insert=False``, an abort) through the release's own calls:
+        ``cache_finished_req`` (0.5.12; 0.5.18 with ``kv_len_to_handle``), or 0.5.23's
+        ``release_kv_cache`` steps for a plain request (``checkpoint`` when inserting,
+        ``free_kv_row`` of the request's own range, ``unlock``); the row given back."""
+        m = self._mirror(req)
+        n = len(req.slots)
         if self.release.api == API_FINISHED:
-            self.cache.cache_finished_req(req, is_insert=insert)
-            self.pool.free(req)
+            self.cache.cache_finished_req(m, is_insert=is_insert)
         elif self.release.api == API_KV_LEN:
-            self.cache.cache_finished_req(req, is_insert=insert, kv_len_to_handle=committed)
-            self.pool.free(req)
+            self.cache.cache_finished_req(m, is_insert=is_insert, kv_len_to_handle=n)
         else:
-            if insert:
-                req.fill_ids = array("q", tokens[:committed])  # type: ignore[assignment]
-                self.cache.checkpoint(req, up_to=committed)
-            # release_kv_cache's steps for a plain request (common.py)
-            self.cache.free_kv_row(req, [(req.cache_protected_len, committed)])
-            self.cache.unlock(req.lock)
-            req.lock = None
-            self.pool.free(req)
+            if is_insert:
+                self.cache.checkpoint(m, up_to=n)
+            self.cache.free_kv_row(m, [(m.cache_protected_len, n)])
+            self.cache.unlock(m.lock)
+            m.lock = None
+        self.pool.free(m)
+        del self._mirrors[id(req)]
+        req.slots = []
+        req.cache_protected_len = 0
+        req.last_node = None
 
-    def lock_request(self, rid: str, node: Any) -> None:
-        """``rid`` holds a lock on ``node`` (its matched prefix, at admission)."""
-        req = self.requests[rid]
-        if self.release.api == API_CHECKPOINT:
-            req.lock = self.cache.lock(node)
-        else:
-            self.cache.inc_lock_ref(node)
-        req.last_node = node
+    # ---- the spec's view
 
-    # ---- state
+    def _path(self, node: Any) -> tuple[int, ...]:
+        parts = []
+        root = self.cache.root_node
+        while node is not root and node is not None:
+            parts.append(node.key.token_ids[: len(node.key)])
+            node = node.parent
+        return tuple(int(t) for part in reversed(parts) for t in part)
 
-    def nodes(self) -> list[Any]:
-        """Every node but the root, parents first."""
-        out: list[Any] = []
-        stack = list(self.cache.root_node.children.values())
+    def _namespace(self, node: Any) -> Any:
+        fields = (node.key.extra_key, getattr(node.key, "cache_salt", None))
+        known = self._namespaces.get(fields)
+        if known is not None:
+            return known
+        return _module("pagedkv_spec.radix.tree").Namespace(fields[0], None, fields[1])
+
+    def to_spec(self, requests: Any = ()) -> Any:
+        """SGLang's state as the spec's ``CacheState``: its tree (each node's namespace,
+        path, value and ``lock_ref``), the allocator's free list, the sizes and the
+        evictable-leaf set it reports, and ``requests``' rows. O(tree tokens x depth)."""
+        spec = _module("pagedkv_spec.radix.state")
+        tree = _module("pagedkv_spec.radix.tree")
+        nodes = []
+        keys: dict[int, Any] = {}
+        stack: list[tuple[Any, tuple[int, ...]]] = [(self.cache.root_node, ())]
         while stack:
-            node = stack.pop()
-            out.append(node)
-            stack.extend(node.children.values())
-        return out
-
-    def tree(self) -> list[tuple[tuple[int, ...], tuple[int, ...], int, Any]]:
-        """Each path from the root as ``(tokens, slots, lock_ref, namespace)`` of its last
-        node, read from SGLang's fields."""
-        out = []
-        for node in self.nodes():
-            tokens: list[int] = []
-            slots: list[int] = []
-            chain = []
-            n = node
-            while n is not self.cache.root_node:
-                chain.append(n)
-                n = n.parent
-            for n in reversed(chain):
-                tokens.extend(int(t) for t in n.key.token_ids[: len(n.key)])
-                slots.extend(int(s) for s in n.value.tolist())
-            ns = (node.key.extra_key, getattr(node.key, "cache_salt", None))
-            out.append((tuple(tokens), tuple(slots), int(node.lock_ref), ns))
-        return out
+            node, path = stack.pop()
+            for child in node.children.values():
+                full = path + tuple(int(t) for t in child.key.token_ids[: len(child.key)])
+                ns = self._namespace(child)
+                keys[id(child)] = (ns, full)
+                value = tuple(int(v) for v in child.value.tolist())
+                nodes.append(tree.Node(ns, full, len(path), value, int(child.lock_ref)))
+                stack.append((child, full))
+        leaves = frozenset(keys.get(id(x), (None, (-1,))) for x in self.cache.evictable_leaves)
+        rows = tuple(
+            spec.Row(
+                str(i),
+                r.namespace,
+                tuple(r.token_ids),
+                tuple(r.slots),
+                r.cache_protected_len,
+                () if r.last_node is None else self._path(r.last_node),
+            )
+            for i, r in enumerate(requests)
+        )
+        return spec.CacheState(
+            tree.Tree(self.page_size, tuple(nodes)),
+            self.allocator.num_pages,
+            self.allocator.free_pages(),
+            rows,
+            self.eviction_policy,
+            0,
+            self.evictable_size(),
+            self.protected_size(),
+            self.total_size(),
+            self.allocator.available_size(),
+            int(self.cache.root_node.lock_ref),
+            leaves,
+        )
 
     def __repr__(self) -> str:
         return f"SGLang {self.release.version} RadixCache"
