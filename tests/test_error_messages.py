@@ -62,6 +62,7 @@ from pagedkv.errors import (
     InvalidExtraKeysError,
     InvalidKVCacheConfigError,
     InvalidKVCacheManagerConfigError,
+    InvalidRadixConfigError,
     InvalidRequestError,
     InvalidSchedulerCallError,
     InvalidSchedulerConfigError,
@@ -79,7 +80,10 @@ from pagedkv.errors import (
     NoFreeBlocksError,
     NullBlockError,
     OptionalDependencyError,
+    PageAllocatorError,
     PromotionError,
+    RadixInsertError,
+    RadixLockError,
     RefCountError,
     RequestIdInUseError,
     SequenceAlreadyAllocatedError,
@@ -94,6 +98,7 @@ from pagedkv.errors import (
 )
 from pagedkv.kv.attention import build_attention_inputs, paged_attention_reference
 from pagedkv.kv.cache import KVCacheConfig, KVCacheEngine
+from pagedkv.radix import PagedTokenAllocator, RadixCache, RadixKey, RadixRequest
 from pagedkv.serving import cli, resources, run_config, sweep, traces
 from pagedkv.serving.capacity import plan_capacity
 from pagedkv.serving.cli import parse_size
@@ -4010,6 +4015,134 @@ SWEEP_MESSAGES = [
 ]
 
 
+def _radix_held() -> PagedTokenAllocator:
+    """A radix allocator with page 1 in use."""
+    a = PagedTokenAllocator(4, 2)
+    a.alloc(2)
+    return a
+
+
+def _radix_tree() -> RadixCache:
+    """A radix cache holding [1, 2] (unlocked)."""
+    c = RadixCache(PagedTokenAllocator(4, 1), 1)
+    slots = c.allocator.alloc(2)
+    assert slots is not None
+    c.insert(RadixKey([1, 2]), slots)
+    return c
+
+
+def _radix_unlock_twice() -> object:
+    c = _radix_tree()
+    return c.dec_lock_ref(c.match_prefix(RadixKey([1, 2])).last_device_node)
+
+
+def _radix_lock_evicted() -> object:
+    c = _radix_tree()
+    node = c.match_prefix(RadixKey([1, 2])).last_device_node
+    c.evict(2)
+    return c.inc_lock_ref(node)
+
+
+def _radix_reset_locked() -> None:
+    c = _radix_tree()
+    c.inc_lock_ref(c.match_prefix(RadixKey([1, 2])).last_device_node)
+    c.reset()
+
+
+RADIX_MESSAGES = [
+    case(
+        "radix allocator: a free page freed again",
+        lambda: _radix_held().free([4]),
+        PageAllocatorError,
+        "page(s) [2] are already free; free each page once",
+    ),
+    case(
+        "radix allocator: the reserved page",
+        lambda: _radix_held().free([0]),
+        PageAllocatorError,
+        "slot 0 is not in pages 1..4 of 2 slots (page 0 is reserved); free only slots an "
+        "alloc returned",
+    ),
+    case(
+        "radix allocator: an unaligned size",
+        lambda: _radix_held().alloc(3),
+        PageAllocatorError,
+        "alloc(3): allocate whole pages, a multiple of the page size 2",
+    ),
+    case(
+        "radix allocator: a page size of 0",
+        lambda: PagedTokenAllocator(4, 0),
+        InvalidRadixConfigError,
+        "page_size must be an int >= 1, got 0",
+    ),
+    case(
+        "radix cache: page sizes that differ",
+        lambda: RadixCache(PagedTokenAllocator(4, 2), 1),
+        InvalidRadixConfigError,
+        "page_size=1 but the allocator's pages hold 2 slots; give both the same page size",
+    ),
+    case(
+        "radix cache: an unknown policy",
+        lambda: RadixCache(PagedTokenAllocator(4, 1), 1, "fifo"),
+        InvalidRadixConfigError,
+        "unknown eviction_policy 'fifo'; use one of ['lfu', 'lru', 'priority']",
+    ),
+    case(
+        "radix cache: values of another length",
+        lambda: _radix_tree().insert(RadixKey([1, 2, 3]), [1]),
+        RadixInsertError,
+        "1 values for 3 tokens; pass one slot per token",
+    ),
+    case(
+        "radix cache: values outside the pool",
+        lambda: _radix_tree().insert(RadixKey([5]), [9]),
+        RadixInsertError,
+        "values must be int slots of pages 1..4; got [9]",
+    ),
+    case(
+        "radix cache: values not whole pages",
+        lambda: RadixCache(PagedTokenAllocator(4, 2), 2).insert(RadixKey([1, 2]), [3, 2]),
+        RadixInsertError,
+        "values [3, 2] are not one whole page's slots in order; insert the slots an alloc returned",
+    ),
+    case(
+        "radix cache: unlocking an unlocked node",
+        _radix_unlock_twice,
+        RadixLockError,
+        "cannot unlock TreeNode(key=[1, 2], lock_ref=0): it holds no lock; release only a "
+        "lock you took",
+    ),
+    case(
+        "radix cache: locking an evicted node",
+        _radix_lock_evicted,
+        RadixLockError,
+        "cannot lock TreeNode(key=[1, 2], lock_ref=0): it is not in this tree (evicted, "
+        "reset, or another cache's); lock nodes a match or insert of this cache returned",
+    ),
+    case(
+        "radix cache: a reset under a lock",
+        _radix_reset_locked,
+        RadixLockError,
+        "2 token(s) are locked; release every lock (finish or abort the requests) before a reset",
+    ),
+    case(
+        "radix cache: a request row longer than its tokens",
+        lambda: _radix_tree().cache_finished_req(RadixRequest([1], slots=[3, 4])),
+        RadixLockError,
+        "request row of 2 slots, cache_protected_len 0, 1 tokens: need a page-aligned "
+        "protected length <= slots <= tokens",
+    ),
+    case(
+        "radix cache: a protected length without a lock",
+        lambda: _radix_tree().cache_finished_req(
+            RadixRequest([1], slots=[3], cache_protected_len=1)
+        ),
+        RadixLockError,
+        "cache_protected_len 1 but the request locks no node",
+    ),
+]
+
+
 MESSAGES = [
     *ALLOCATOR_MESSAGES,
     *CACHING_MESSAGES,
@@ -4026,6 +4159,7 @@ MESSAGES = [
     *V1_MESSAGES,
     *V1_SCHEDULER_MESSAGES,
     *SWEEP_MESSAGES,
+    *RADIX_MESSAGES,
 ]
 
 

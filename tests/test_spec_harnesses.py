@@ -14,6 +14,7 @@ import pytest
 
 from pagedkv_spec import harness as H
 from pagedkv_spec.check import BOUNDED_TARGETS, DEFAULT_TARGETS
+from pagedkv_spec.radix import harness as R
 from pagedkv_spec.v0.pool import PoolState, pool_initial, pool_take
 from pagedkv_spec.v1 import harness as V1
 
@@ -36,6 +37,13 @@ DOMAINS: list[tuple[Callable[..., None], list[range | list[bool]]]] = [
     (V1.prop_v1_allocate_is_all_or_nothing, [range(1, 6), range(1, 4), range(1, 9), range(3)]),
     (V1.prop_v1_hit_then_free_restores_pool, [range(2, 6), range(1, 3), range(1, 7), range(1, 7)]),
     (V1.prop_v1_reset_iff_idle, [range(1, 5), range(1, 3), range(1, 7), [False, True]]),
+    (R.prop_radix_alloc_is_all_or_nothing, [range(5), range(1, 4), range(6)]),
+    (
+        R.prop_radix_requests_conserve_pages,
+        [range(1, 5), range(1, 3), range(8), range(8), range(1, 4)],
+    ),
+    (R.prop_radix_evict_frees_enough, [range(1, 5), range(1, 3), range(16), range(7)]),
+    (R.prop_radix_namespaces_never_share, [range(16), range(1, 3), [False, True]]),
 ]
 
 

@@ -23,6 +23,7 @@ from pagedkv_spec.v0.table import TableRep
 from pagedkv_spec.v1 import manager as V1M
 from pagedkv_spec.v1 import pool as V1pool
 from pagedkv_spec.v1.scheduler import SchedRequestView, ScheduledRef, V1SchedulerView, V1StepRecord
+from radix_predicates import RADIX_BAD, RADIX_GOOD
 
 GPU, CPU = Device.GPU, Device.CPU
 
@@ -820,6 +821,10 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
         (V1P, _v1pool(hashes=(None,) * 6, cached=()), False),
     ),
 ]
+
+
+GOOD |= RADIX_GOOD
+BAD += RADIX_BAD
 
 
 @pytest.mark.parametrize("invariant_id", sorted(GOOD))

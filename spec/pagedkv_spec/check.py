@@ -55,6 +55,10 @@ DEFAULT_TARGETS = (
     "pagedkv_spec.v1.harness.prop_v1_allocate_is_all_or_nothing",
     "pagedkv_spec.v1.harness.prop_v1_hit_then_free_restores_pool",
     "pagedkv_spec.v1.harness.prop_v1_reset_iff_idle",
+    "pagedkv_spec.radix.harness.prop_radix_alloc_is_all_or_nothing",
+    "pagedkv_spec.radix.harness.prop_radix_requests_conserve_pages",
+    "pagedkv_spec.radix.harness.prop_radix_evict_frees_enough",
+    "pagedkv_spec.radix.harness.prop_radix_namespaces_never_share",
 )
 
 #: The default targets whose preconditions bound every argument to a small range, and
@@ -79,6 +83,10 @@ BOUNDED_TARGETS = frozenset(
         "v1.harness.prop_v1_allocate_is_all_or_nothing",
         "v1.harness.prop_v1_hit_then_free_restores_pool",
         "v1.harness.prop_v1_reset_iff_idle",
+        "radix.harness.prop_radix_alloc_is_all_or_nothing",
+        "radix.harness.prop_radix_requests_conserve_pages",
+        "radix.harness.prop_radix_evict_frees_enough",
+        "radix.harness.prop_radix_namespaces_never_share",
     )
 )
 
@@ -98,6 +106,10 @@ SPEC_MODULES = (
     "pagedkv_spec.v1.hashing",
     "pagedkv_spec.v1.harness",
     "pagedkv_spec.v1.scheduler",
+    "pagedkv_spec.radix.pool",
+    "pagedkv_spec.radix.tree",
+    "pagedkv_spec.radix.state",
+    "pagedkv_spec.radix.harness",
 )
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "InvalidExtraKeysError",
     "InvalidKVCacheConfigError",
     "InvalidKVCacheManagerConfigError",
+    "InvalidRadixConfigError",
     "InvalidRequestError",
     "InvalidSLOError",
     "InvalidSchedulerCallError",
@@ -55,8 +56,12 @@ __all__ = [
     "NoFreeBlocksError",
     "NullBlockError",
     "OptionalDependencyError",
+    "PageAllocatorError",
     "PagedKVError",
     "PromotionError",
+    "RadixCacheError",
+    "RadixInsertError",
+    "RadixLockError",
     "RefCountError",
     "RequestIdInUseError",
     "SchedulerError",
@@ -680,3 +685,43 @@ class StaleComputedTokensError(InvalidAllocationError):
             "step add the step's scheduled tokens (less rejected drafts) to "
             "num_computed_tokens before appending its sampled tokens",
         )
+
+
+class RadixCacheError(PagedKVError):
+    """Misuse of the radix prefix cache or its page allocator (:mod:`pagedkv.radix`)."""
+
+
+class InvalidRadixConfigError(RadixCacheError, ValueError):
+    """Bad radix construction arguments: page counts, page sizes, eviction policies."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class PageAllocatorError(RadixCacheError, ValueError):
+    """A page allocator call it cannot honour: a free page freed again, the reserved
+    page 0, a slot outside the pool, a size that is not whole pages (SGLang's allocator
+    puts a page on its free list twice, and hands out fewer slots than asked)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class RadixLockError(RadixCacheError, ValueError):
+    """A lock call the tree cannot honour: unlocking a node nobody locked (SGLang's lock
+    count goes negative), a node of another tree or one evicted, a reset under locks."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class RadixInsertError(RadixCacheError, ValueError):
+    """An insert or match the tree cannot take: values of another length than the key
+    (SGLang truncates silently), a key that is not a RadixKey, slots not of whole pages."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)

@@ -17,7 +17,9 @@ An :class:`Invariant` has:
     layer      ``pool``, ``allocator``, ``caching``, ``manager``, ``table``, ``scheduler``,
                ``kv``, ``v1`` (whose state predicates take a pool, a manager or, for
                V1-14, a pool and the replayed events: check them by ``ids``) or
-               ``v1scheduler`` (the reference V1 scheduler, ids ``S1``..)
+               ``v1scheduler`` (the reference V1 scheduler, ids ``S1``..) or ``radix``
+               (SGLang's radix prefix cache, ids ``R1``..; state predicates take a
+               :class:`~pagedkv_spec.radix.state.CacheState`)
     kind       ``state``: a predicate over one state, checked after every step;
                ``step``: over one transition, checked after each step making it
     predicate  the spec function that decides it
@@ -48,6 +50,9 @@ from typing import Any
 
 from pagedkv_spec import kv, scheduler
 from pagedkv_spec.errors import InvariantViolationError
+from pagedkv_spec.radix import pool as rpool
+from pagedkv_spec.radix import state as rstate
+from pagedkv_spec.radix import tree as rtree
 from pagedkv_spec.v0 import allocator, caching, manager, pool, table
 from pagedkv_spec.v1 import manager as v1m
 from pagedkv_spec.v1 import pool as v1p
@@ -76,6 +81,7 @@ LAYERS = (
     "kv",
     "v1",
     "v1scheduler",
+    "radix",
 )
 
 
@@ -431,6 +437,56 @@ def _entries() -> Iterable[Invariant]:
         ("S9", v1s.rejections_ok, "only a request that can never fit alone is rejected"),
     ):
         yield inv(id_, step_fn, meaning, "v1scheduler", "step")
+    # SGLang's radix prefix cache (pagedkv.radix). NOTE: the order is the order of
+    # causes: a namespace or shape fault first, counters before the conservation they
+    # also break, a lost page (R2) before the sizes it unbalances (R1).
+    radix_states: tuple[tuple[str, Callable[..., bool], str], ...] = (
+        ("R9", rstate.namespaces_ok, "every node sits under a node of its own typed namespace"),
+        ("R5", rstate.shape_ok, "keys and values are whole pages, equally long; siblings differ"),
+        ("R3", rstate.counters_ok, "the evictable, protected and total sizes equal a recount"),
+        ("R4", rstate.locks_ok, "a node's lock count is the rows locking it or below; root pinned"),
+        ("R6", rstate.leaves_ok, "the evictable-leaf set is exactly the unlocked leaves"),
+        (
+            "R2",
+            rstate.pages_partitioned,
+            "pages are partitioned among the free list (once each), the tree and the rows",
+        ),
+        ("R14", rstate.rows_ok, "a row's protected slots are its locked node's path in the tree"),
+        (
+            "R1",
+            rstate.conservation_ok,
+            "free + evictable + protected + rows' own pages = the pool; available = free",
+        ),
+        ("R10", rstate.events_replay_ok, "the events replay to the tree's pages, as a multiset"),
+    )
+    for id_, radix_fn, meaning in radix_states:
+        yield inv(id_, radix_fn, meaning, "radix")
+    radix_steps: tuple[tuple[str, Callable[..., bool], str], ...] = (
+        (
+            "R7",
+            rtree.match_ok,
+            "a match returns the longest cached aligned prefix in its namespace, sizes kept",
+        ),
+        (
+            "R8",
+            rtree.eviction_ok,
+            "eviction takes unlocked leaves in policy order until n tokens or none are left",
+        ),
+        (
+            "R15",
+            rtree.insert_ok,
+            "an insert returns the cached prefix's length and caches the rest with its values",
+        ),
+        (
+            "R11",
+            rpool.alloc_ok,
+            "an allocation takes the free list's head, or is refused changing nothing",
+        ),
+        ("R12", rpool.free_ok, "a free puts the distinct pages at the front, ascending"),
+        ("R13", rstate.reset_ok, "a reset leaves no node and every page free, in page order"),
+    )
+    for id_, radix_fn, meaning in radix_steps:
+        yield inv(id_, radix_fn, meaning, "radix", "step")
 
 
 #: Every invariant by id, in the order above (layer by layer).

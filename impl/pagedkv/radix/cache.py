@@ -1,0 +1,643 @@
+"""``RadixCache``: SGLang's classic radix prefix cache over a :class:`PagedTokenAllocator`.
+
+Refines :mod:`pagedkv_spec.radix.tree` and :mod:`pagedkv_spec.radix.state`. A tree of
+token pages per namespace (:class:`~pagedkv.radix.node.TreeNode`); sharing is by path
+locks (``inc_lock_ref`` adds one on every node from a node to its root); a node's
+tokens are *protected* while locked, *evictable* otherwise; ``evict(n)`` removes
+unlocked leaves in policy order and frees their slots at once (there is no "free but
+cached" state); a lookup splits the node where the match ends. The scheduler's side:
+``cache_unfinished_req`` (a prefill chunk's checkpoint) and ``cache_finished_req``
+(finish, or abort with ``is_insert=False``) over a
+:class:`~pagedkv.radix.request.RadixRequest`.
+
+Contract differences from SGLang 0.5.12-0.5.23's classic tree (docs/design.md, the
+radix layer), each where SGLang is loose:
+
+- misuse raises a typed error from :mod:`pagedkv.errors` and changes nothing:
+  unlocking a node nobody locked (SGLang's ``lock_ref`` goes negative and the counters
+  drift), a node of another tree or an evicted one, values of another length than the
+  key (SGLang truncates), a request row whose own slots are free;
+- namespaces are typed tuples (:class:`~pagedkv.radix.key.RadixKey`), never joined
+  strings;
+- eviction keeps one heap across calls (:class:`~pagedkv.radix.eviction.EvictionHeap`):
+  O(log n) per evicted leaf where SGLang heapifies every evictable leaf per call;
+- access times are a logical clock (one tick per match or insert), so no two leaves
+  tie; SGLang reads ``time.monotonic()``;
+- ``reset`` frees the tree's slots to the allocator and refuses while locks are held
+  (SGLang forgets them: its ``flush_cache`` clears the allocator after);
+- the request helpers insert from the request's locked node (its path is the
+  request's protected tokens), touching the nodes above it as a walk from the root
+  would, instead of walking the protected tokens again, and rewrite the row from that
+  walk instead of a second ``match_prefix``: the same tree, sizes and order.
+
+Events (``enable_events``): :mod:`pagedkv.radix.events`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pagedkv._validate import require_bool, require_instance, require_int, require_str
+from pagedkv.errors import (
+    InvalidRadixConfigError,
+    RadixInsertError,
+    RadixLockError,
+)
+from pagedkv.radix.allocator import PagedTokenAllocator
+from pagedkv.radix.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    page_hash,
+)
+from pagedkv.radix.eviction import POLICIES, EvictionHeap
+from pagedkv.radix.key import RadixKey
+from pagedkv.radix.node import PageKey, TreeNode
+from pagedkv.radix.request import RadixRequest
+from pagedkv_spec import invariants
+from pagedkv_spec.radix.state import CacheState, Row
+from pagedkv_spec.radix.tree import Namespace, Node, NodeKey, Tree
+
+__all__ = ["MatchResult", "RadixCache"]
+
+#: The namespace of a key with no field besides its tokens.
+_NO_NAMESPACE = Namespace()
+
+#: The state invariants a cache checks of itself (R10, the events' replay, is the
+#: reader's: the machines replay them).
+STATE_IDS = ("R9", "R5", "R3", "R4", "R6", "R2", "R14", "R1")
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """A lookup's result: the slots of the longest cached page-aligned prefix and the
+    node it ends at (a namespace's root when nothing matched)."""
+
+    device_indices: list[int]
+    last_device_node: TreeNode
+
+    @property
+    def last_host_node(self) -> TreeNode:
+        """The same node (no host tier here; SGLang's name)."""
+        return self.last_device_node
+
+
+class RadixCache:
+    """SGLang's classic radix prefix cache (module docstring).
+
+    Representation: ``_roots``, one root per namespace seen (a root holds nothing, has
+    no parent, keeps lock 1); ``evictable_size_`` and ``protected_size_``, the tokens of
+    unlocked and locked nodes (R3); ``_heap``, the evictable leaves in policy order
+    (R6); ``_clock``, the logical time; ``_events``, the events not yet taken. The
+    allocator's free list is the allocator's.
+    """
+
+    def __init__(
+        self,
+        allocator: PagedTokenAllocator,
+        page_size: int,
+        eviction_policy: str = "lru",
+        enable_events: bool = False,
+    ) -> None:
+        """A cache over ``allocator`` (whose page size it must share). Complexity: O(1)."""
+        require_instance("allocator", allocator, PagedTokenAllocator, "a PagedTokenAllocator")
+        require_int("page_size", page_size, InvalidRadixConfigError, low=1)
+        require_str("eviction_policy", eviction_policy, InvalidRadixConfigError)
+        require_bool("enable_events", enable_events)
+        if page_size != allocator.page_size:
+            raise InvalidRadixConfigError(
+                f"page_size={page_size} but the allocator's pages hold {allocator.page_size} "
+                "slots; give both the same page size"
+            )
+        policy = eviction_policy.lower()
+        if policy not in POLICIES:
+            raise InvalidRadixConfigError(
+                f"unknown eviction_policy {eviction_policy!r}; use one of {sorted(POLICIES)}"
+            )
+        #: the allocator the tree's slots come from and go back to
+        self.allocator = allocator
+        #: SGLang's name for it
+        self.token_to_kv_pool_allocator = allocator
+        #: tokens per page: keys and values are whole pages
+        self.page_size = page_size
+        #: the eviction policy (``lru``, ``lfu`` or ``priority``)
+        self.eviction_policy = policy
+        #: whether take_events() reports events
+        self.enable_kv_cache_events = enable_events
+        self._roots: dict[Namespace, TreeNode] = {}
+        self._heap = EvictionHeap(policy)
+        self._clock = 0
+        self._events: list[KVCacheEvent] = []
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+
+    # ------------------------------------------------------------------ queries
+
+    def evictable_size(self) -> int:
+        """Tokens of unlocked nodes. Complexity: O(1)."""
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        """Tokens of locked nodes. Complexity: O(1)."""
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        """Every token in the tree. Complexity: O(1)."""
+        return self.evictable_size_ + self.protected_size_
+
+    def root(self, namespace: Namespace = _NO_NAMESPACE) -> TreeNode:
+        """The root of ``namespace``'s tree (made when first asked). Complexity: O(1)."""
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = TreeNode(namespace, [], [], None, self._clock)
+        return root
+
+    @property
+    def root_node(self) -> TreeNode:
+        """The root of the empty namespace (SGLang's ``root_node``)."""
+        return self.root()
+
+    def node_key(self, node: TreeNode) -> NodeKey:
+        """``(namespace, tokens from the root)`` of ``node``, the spec's name for it.
+        Complexity: O(depth in tokens)."""
+        parts = []
+        while node.parent is not None:
+            parts.append(node.key)
+            node = node.parent
+        return (node.namespace, tuple(t for key in reversed(parts) for t in key))
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The events since the last call (empty with events off). Complexity: O(1)."""
+        out, self._events = self._events, []
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"RadixCache(page_size={self.page_size}, policy={self.eviction_policy!r}, "
+            f"evictable={self.evictable_size_}, protected={self.protected_size_})"
+        )
+
+    # ------------------------------------------------------------------ lookups
+
+    def _page_key(self, tokens: Sequence[int], i: int) -> PageKey:
+        return tokens[i] if self.page_size == 1 else tuple(tokens[i : i + self.page_size])
+
+    def _diverge(self, a: list[int], b: list[int]) -> int:
+        """The page-aligned length of the common prefix of ``a`` and ``b``."""
+        n = min(len(a), len(b))
+        i = next((j for j in range(n) if a[j] != b[j]), n)
+        return i - i % self.page_size
+
+    def match_prefix(self, key: RadixKey) -> MatchResult:
+        """The slots of the longest cached page-aligned prefix of ``key`` in its
+        namespace and its last node; the node where the match ends is split there, the
+        path's access refreshed (R7). Refines :func:`pagedkv_spec.radix.tree.match`.
+        Complexity: O(matched tokens + nodes on the path)."""
+        require_instance("key", key, RadixKey, "a RadixKey")
+        tokens = _as_list(key.token_ids)
+        n = len(tokens) - len(tokens) % self.page_size
+        self._clock += 1
+        root = self.root(key.namespace)
+        if not n:
+            return MatchResult([], root)
+        values: list[int] = []
+        node = self._walk(root, tokens, 0, n, self._clock, None, values)[1]
+        return MatchResult(values, node)
+
+    def _walk(
+        self,
+        node: TreeNode,
+        tokens: list[int],
+        i: int,
+        n: int,
+        clock: int,
+        hit: tuple[bool, int] | None,
+        values: list[int] | None,
+    ) -> tuple[int, TreeNode]:
+        """Walk ``tokens[i:n]`` down from ``node``: touch each node passed (with
+        ``hit``, count a hit and raise its priority), split where the key ends inside
+        a node, collect the slots passed into ``values``. Returns the length reached
+        and the last node. Complexity: O(tokens walked + nodes passed)."""
+        children = node.children
+        while i < n:
+            child = children.get(self._page_key(tokens, i))
+            if child is None:
+                break
+            ckey = child.key
+            end = i + len(ckey)
+            child.last_access_time = clock
+            if end <= n and tokens[i:end] == ckey:
+                upper = child
+                i = end
+            else:
+                m = self._diverge(tokens[i:n], ckey)
+                upper = self._split(child, m, clock)
+                self._heap.touched(child)
+                i += m
+            if hit is not None:
+                upper.hit_count += hit[0]
+                if hit[1] > upper.priority:
+                    upper.priority = hit[1]
+            if values is not None:
+                assert upper.value is not None  # a live node of the tree
+                values += upper.value
+            node = upper
+            if upper is not child:
+                break
+            children = child.children
+        self._heap.touched(node)
+        return i, node
+
+    def _split(self, child: TreeNode, m: int, clock: int) -> TreeNode:
+        """Split ``child`` after ``m`` tokens of its key: a new upper node (its lock,
+        hits and priority copied) between it and its parent. Complexity: O(len(key))."""
+        parent = child.parent
+        value = child.value
+        assert parent is not None and value is not None  # a live non-root node
+        upper = TreeNode(child.namespace, child.key[:m], value[:m], parent, clock, child.priority)
+        upper.lock_ref = child.lock_ref
+        upper.hit_count = child.hit_count
+        parent.children[self._page_key(child.key, 0)] = upper
+        child.key = child.key[m:]
+        child.value = value[m:]
+        child.parent = upper
+        upper.children[self._page_key(child.key, 0)] = child
+        if child.page_hashes is not None:
+            pages = m // self.page_size
+            upper.page_hashes = child.page_hashes[:pages]
+            child.page_hashes = child.page_hashes[pages:]
+        return upper
+
+    # ------------------------------------------------------------------ inserts
+
+    def insert(
+        self, key: RadixKey, indices: Sequence[int], priority: int = 0, chunked: bool = False
+    ) -> int:
+        """File the page-aligned part of ``key`` with ``indices`` (one slot per token:
+        RadixInsertError otherwise, nothing changed); returns the length already cached,
+        whose slots in ``indices`` are duplicates the caller frees (SGLang's classic
+        contract), as it keeps the unaligned tail's. A hit is counted on every node
+        passed unless ``chunked``. Refines :func:`pagedkv_spec.radix.tree.insert` (R15).
+        Complexity: O(len(key) + nodes on the path)."""
+        require_instance("key", key, RadixKey, "a RadixKey")
+        require_int("priority", priority, RadixInsertError, low=None)
+        tokens = _as_list(key.token_ids)
+        values = _as_list(indices)
+        if len(values) != len(tokens):
+            raise RadixInsertError(
+                f"{len(values)} values for {len(tokens)} tokens; pass one slot per token"
+            )
+        n = len(tokens) - len(tokens) % self.page_size
+        self._check_values(values, 0, n)
+        self._clock += 1
+        root = self.root(key.namespace)
+        return self._insert(root, tokens, values, 0, n, priority, not chunked, None)[0]
+
+    def _check_values(self, values: list[int], lo: int, hi: int) -> None:
+        """Raise RadixInsertError unless ``values[lo:hi]`` are slots of whole pages of
+        the pool, each page's in order. Complexity: O(hi - lo)."""
+        part = values[lo:hi]
+        if not part:
+            return
+        ps = self.page_size
+        top = (self.allocator.num_pages + 1) * ps
+        if {*map(type, part)} != {int} or min(part) < ps or max(part) >= top:
+            raise RadixInsertError(
+                f"values must be int slots of pages 1..{self.allocator.num_pages}; got "
+                f"{part[:8]}{'...' if len(part) > 8 else ''}"
+            )
+        if ps > 1:
+            for j in range(0, len(part), ps):
+                first = part[j]
+                if first % ps or part[j : j + ps] != list(range(first, first + ps)):
+                    raise RadixInsertError(
+                        f"values {part[j : j + ps]} are not one whole page's slots in "
+                        "order; insert the slots an alloc returned"
+                    )
+
+    def _insert(
+        self,
+        start: TreeNode,
+        tokens: list[int],
+        values: list[int],
+        i: int,
+        n: int,
+        priority: int,
+        hit: bool,
+        tree_slots: list[int] | None,
+    ) -> tuple[int, TreeNode]:
+        """Insert ``tokens[i:n]`` below ``start`` (at depth ``i``): walk, then file the
+        rest as a new leaf. Returns the length already cached and the node at depth
+        ``n``. Complexity: O(n - i + nodes passed)."""
+        clock = self._clock
+        length, node = self._walk(start, tokens, i, n, clock, (hit, priority), tree_slots)
+        if length == n:
+            return length, node
+        leaf = TreeNode(start.namespace, tokens[length:n], values[length:n], node, clock, priority)
+        leaf.hit_count = 1 if hit else 0
+        node.children[self._page_key(tokens, length)] = leaf
+        self.evictable_size_ += n - length
+        self._heap.update(node)
+        self._heap.update(leaf)
+        if self.enable_kv_cache_events:
+            self._stored(leaf)
+        return length, leaf
+
+    # ------------------------------------------------------------------ locks
+
+    def _check_node(self, node: object, what: str) -> TreeNode:
+        """``node`` if it is a live node of this tree; RadixLockError otherwise.
+        Complexity: O(depth in nodes)."""
+        node = require_instance("node", node, TreeNode, "a TreeNode")
+        top = node
+        while top.parent is not None:
+            top = top.parent
+        if node.value is None or self._roots.get(top.namespace) is not top:
+            raise RadixLockError(
+                f"cannot {what} {node!r}: it is not in this tree (evicted, reset, or "
+                "another cache's); lock nodes a match or insert of this cache returned"
+            )
+        return node
+
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        """One more lock on every node from ``node`` to its root; returns the change of
+        the evictable size. Complexity: O(depth in nodes)."""
+        self._check_node(node, "lock")
+        return self._lock(node)
+
+    def _lock(self, node: TreeNode) -> int:
+        delta = 0
+        x = node
+        while x.parent is not None:
+            if x.lock_ref == 0:
+                size = len(x.key)
+                self.evictable_size_ -= size
+                self.protected_size_ += size
+                delta -= size
+            x.lock_ref += 1
+            x = x.parent
+        self._heap.update(node)
+        return delta
+
+    def dec_lock_ref(self, node: TreeNode) -> int:
+        """One lock fewer on every node from ``node`` to its root; returns the change of
+        the evictable size. A node on the path without a lock (nobody locked it):
+        RadixLockError, nothing changed. Complexity: O(depth in nodes)."""
+        self._check_node(node, "unlock")
+        x = node
+        while x.parent is not None:
+            if x.lock_ref <= 0:
+                where = "it holds" if x is node else f"{x!r} on its path holds"
+                raise RadixLockError(
+                    f"cannot unlock {node!r}: {where} no lock; release only a lock you took"
+                )
+            x = x.parent
+        return self._unlock(node)
+
+    def _unlock(self, node: TreeNode) -> int:
+        delta = 0
+        x = node
+        while x.parent is not None:
+            if x.lock_ref == 1:
+                size = len(x.key)
+                self.evictable_size_ += size
+                self.protected_size_ -= size
+                delta += size
+            x.lock_ref -= 1
+            x = x.parent
+        self._heap.update(node)
+        return delta
+
+    # ------------------------------------------------------------------ eviction
+
+    def evict(self, num_tokens: int) -> int:
+        """Remove unlocked leaves in policy order, freeing each one's slots, a parent
+        that becomes an unlocked leaf next, until ``num_tokens`` tokens are gone or none
+        is evictable (R8); returns the tokens evicted. Refines
+        :func:`pagedkv_spec.radix.state.evict`. Complexity: O(log n) per leaf evicted
+        (amortised) + the slots freed."""
+        require_int("num_tokens", num_tokens, RadixInsertError)
+        evicted = 0
+        heap, free = self._heap, self.allocator.free
+        while evicted < num_tokens:
+            x = heap.pop()
+            if x is None:
+                break
+            value, parent = x.value, x.parent
+            assert value is not None and parent is not None  # a live leaf of the tree
+            free(value)
+            evicted += len(value)
+            del parent.children[self._page_key(x.key, 0)]
+            self.evictable_size_ -= len(value)
+            if self.enable_kv_cache_events and x.page_hashes:
+                self._events.append(BlockRemoved(list(x.page_hashes)))
+            x.value = None
+            heap.update(parent)
+        return evicted
+
+    def reset(self) -> None:
+        """Empty the tree, freeing its slots to the allocator (one free, pages
+        ascending). Refused while a lock is held (RadixLockError, nothing changed).
+        Complexity: O(tree)."""
+        if self.protected_size_:
+            raise RadixLockError(
+                f"{self.protected_size_} token(s) are locked; release every lock "
+                "(finish or abort the requests) before a reset"
+            )
+        nodes = [n for root in self._roots.values() for n in _below(root)]
+        slots = [s for n in nodes for s in n.value or ()]
+        if slots:
+            self.allocator.free(slots)
+        for n in nodes:
+            n.value = None
+        for root in self._roots.values():
+            root.value = None
+        self._roots = {}
+        self._heap.clear()
+        self.evictable_size_ = self.protected_size_ = 0
+        if self.enable_kv_cache_events:
+            self._events.append(AllBlocksCleared())
+
+    # ------------------------------------------------------------------ requests
+
+    def _check_request(self, req: RadixRequest) -> tuple[int, int]:
+        """``(protected length, page-aligned computed length)`` of ``req`` after checking
+        that its row, lock and own slots are what the helpers need; RadixLockError or
+        PageAllocatorError otherwise, nothing changed. Complexity: O(own slots + depth)."""
+        require_instance("req", req, RadixRequest, "a RadixRequest")
+        p, n = req.cache_protected_len, len(req.slots)
+        if not (0 <= p <= n <= len(req.token_ids)) or p % self.page_size:
+            raise RadixLockError(
+                f"request row of {n} slots, cache_protected_len {p}, {len(req.token_ids)} "
+                "tokens: need a page-aligned protected length <= slots <= tokens"
+            )
+        if req.last_node is not None:
+            self._check_node(req.last_node, "release")
+            if req.last_node.parent is not None and req.last_node.lock_ref <= 0:
+                raise RadixLockError(f"the request's {req.last_node!r} holds no lock")
+        elif p:
+            raise RadixLockError(f"cache_protected_len {p} but the request locks no node")
+        self.allocator.check_held(req.slots[p:])
+        return p, n - n % self.page_size
+
+    def _touch_above(self, node: TreeNode, hit: bool, priority: int) -> None:
+        """What a walk from the root does to the nodes from ``node`` up: touch each,
+        count a hit, raise its priority. Complexity: O(depth in nodes)."""
+        clock = self._clock
+        x = node
+        while x.parent is not None:
+            x.last_access_time = clock
+            x.hit_count += hit
+            if priority > x.priority:
+                x.priority = priority
+            x = x.parent
+
+    def _insert_row(
+        self, req: RadixRequest, p: int, n: int, hit: bool
+    ) -> tuple[int, TreeNode, list[int]]:
+        """Insert ``req``'s first ``n`` tokens from its locked node: the length cached
+        before, the node at depth ``n`` and the tree's slots of ``[p, that length)``."""
+        self._clock += 1
+        start = req.last_node if req.last_node is not None else self.root(req.namespace)
+        self._touch_above(start, hit, req.priority)
+        tokens = _as_list(req.token_ids)
+        tree_slots: list[int] = []
+        prefix, node = self._insert(start, tokens, req.slots, p, n, req.priority, hit, tree_slots)
+        return prefix, node, tree_slots[: prefix - p]
+
+    def cache_unfinished_req(self, req: RadixRequest, chunked: bool = False) -> None:
+        """A checkpoint of a running request (a prefill chunk done): insert its computed
+        tokens (page-aligned), free the duplicates of what was cached, point its row at
+        the tree's slots, move its lock to the new last node. Refines
+        :func:`pagedkv_spec.radix.state.checkpoint`. Complexity: O(tokens since the last
+        checkpoint + depth in nodes)."""
+        p, n = self._check_request(req)
+        self._check_values(req.slots, p, n)
+        prefix, node, tree_slots = self._insert_row(req, p, n, not chunked)
+        if prefix > p:
+            self.allocator.free(req.slots[p:prefix])
+            req.slots[p:prefix] = tree_slots
+        old = req.last_node
+        if node is not old:
+            self._lock(node)
+            if old is not None:
+                self._unlock(old)
+        req.last_node = node
+        req.cache_protected_len = n
+
+    def cache_finished_req(self, req: RadixRequest, is_insert: bool = True) -> None:
+        """A request finished (or, ``is_insert=False``, aborted): insert its computed
+        tokens (page-aligned), free the duplicates (not inserted: its own aligned
+        slots) and the unaligned tail, release its lock; its row is emptied. Refines
+        :func:`pagedkv_spec.radix.state.finish`. Complexity: O(tokens since the last
+        checkpoint + depth in nodes)."""
+        require_bool("is_insert", is_insert)
+        p, n = self._check_request(req)
+        slots = req.slots
+        if is_insert:
+            self._check_values(slots, p, n)
+            prefix = self._insert_row(req, p, n, True)[0]
+            if prefix > p:
+                self.allocator.free(slots[p:prefix])
+        elif n > p:
+            self.allocator.free(slots[p:n])
+        if len(slots) > n:
+            self.allocator.free(slots[n:])
+        if req.last_node is not None:
+            self._unlock(req.last_node)
+        req.last_node = None
+        req.slots = []
+        req.cache_protected_len = 0
+
+    # ------------------------------------------------------------------ events
+
+    def _stored(self, leaf: TreeNode) -> None:
+        """One BlockStored per page of a new leaf, chained from its parent's last page."""
+        parent = leaf.parent
+        assert parent is not None  # a leaf is never a root
+        prev = parent.page_hashes[-1] if parent.page_hashes else None
+        ps, ns = self.page_size, leaf.namespace
+        hashes = []
+        for j in range(0, len(leaf.key), ps):
+            page = leaf.key[j : j + ps]
+            h = page_hash(prev, ns, page)
+            self._events.append(BlockStored([h], prev, list(page), ps, ns))
+            hashes.append(h)
+            prev = h
+        leaf.page_hashes = hashes
+
+    # ------------------------------------------------------------------ the spec's view
+
+    def to_spec(self, requests: Iterable[RadixRequest] = ()) -> CacheState:
+        """The abstraction function: the tree, the allocator's free list, the sizes and
+        leaves this cache reports, and ``requests``' rows. Complexity: O(tree tokens ×
+        depth)."""
+        nodes: list[Node] = []
+        keys: dict[int, NodeKey] = {}
+        for root in self._roots.values():
+            stack: list[tuple[TreeNode, tuple[int, ...]]] = [(root, ())]
+            while stack:
+                node, path = stack.pop()
+                for child in node.children.values():
+                    full = path + tuple(child.key)
+                    keys[id(child)] = (child.namespace, full)
+                    nodes.append(
+                        Node(
+                            child.namespace,
+                            full,
+                            len(path),
+                            tuple(child.value or ()),
+                            child.lock_ref,
+                        )
+                    )
+                    stack.append((child, full))
+        leaves = frozenset(keys.get(id(x), (x.namespace, (-1,))) for x in self._heap.leaves)
+        root_lock = next((r.lock_ref for r in self._roots.values() if r.lock_ref != 1), 1)
+        rows = tuple(
+            Row(
+                str(i),
+                r.namespace,
+                tuple(r.token_ids),
+                tuple(r.slots),
+                r.cache_protected_len,
+                () if r.last_node is None else self.node_key(r.last_node)[1],
+            )
+            for i, r in enumerate(requests)
+        )
+        return CacheState(
+            Tree(self.page_size, tuple(nodes)),
+            self.allocator.num_pages,
+            self.allocator.free_pages(),
+            rows,
+            self.eviction_policy,
+            self._clock,
+            self.evictable_size_,
+            self.protected_size_,
+            self.total_size(),
+            self.allocator.available_size(),
+            root_lock,
+            leaves,
+        )
+
+    def check_invariants(self, requests: Iterable[RadixRequest] = ()) -> None:
+        """Raise InvariantViolationError naming the first broken state invariant of
+        this cache with ``requests`` its live requests (all of them: R1, R2 and R4
+        count their rows and locks). Complexity: O(tree × depth), for tests."""
+        invariants.check("radix", self.to_spec(requests), repr(self), ids=STATE_IDS)
+
+
+def _as_list(values: Sequence[int]) -> list[int]:
+    """``values`` as a list (itself if it is one). Complexity: O(1) or O(len)."""
+    return values if type(values) is list else list(values)
+
+
+def _below(root: TreeNode) -> list[TreeNode]:
+    """Every node below ``root``. Complexity: O(nodes)."""
+    out, stack = [], list(root.children.values())
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children.values())
+    return out

@@ -1,0 +1,251 @@
+"""pagedkv.radix: the allocator, the tree, the request helpers, misuse, each against
+what SGLang's classic tree does (and where pagedkv is stricter, what it refuses)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedkv.errors import (
+    ArgumentTypeError,
+    InvalidRadixConfigError,
+    PageAllocatorError,
+    RadixInsertError,
+    RadixLockError,
+)
+from pagedkv.radix import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    Namespace,
+    PagedTokenAllocator,
+    RadixCache,
+    RadixKey,
+    RadixRequest,
+)
+
+
+def _cache(
+    num_pages: int = 8, page_size: int = 1, policy: str = "lru", events: bool = False
+) -> RadixCache:
+    return RadixCache(PagedTokenAllocator(num_pages, page_size), page_size, policy, events)
+
+
+def _put(cache: RadixCache, tokens: list[int], ns: Namespace | None = None) -> list[int]:
+    """Allocate slots for ``tokens`` and insert them; returns the slots."""
+    ns = ns or Namespace()
+    slots = cache.allocator.alloc(len(tokens))
+    assert slots is not None
+    prefix = cache.insert(
+        RadixKey(tokens, *ns[:1], lora_id=ns.lora_id, cache_salt=ns.cache_salt), slots
+    )
+    cache.allocator.free(slots[:prefix])
+    return slots
+
+
+# --------------------------------------------------------------------------- allocator
+
+
+def test_allocator_hands_out_the_head_and_frees_to_the_front() -> None:
+    a = PagedTokenAllocator(4, 2)
+    assert a.available_size() == 8 and a.free_pages() == (1, 2, 3, 4)
+    assert a.alloc(4) == [2, 3, 4, 5]
+    assert a.free_pages() == (3, 4)
+    a.free([3, 2])  # one page, named twice
+    assert a.free_pages() == (1, 3, 4)
+    assert a.alloc(8) is None and a.free_pages() == (1, 3, 4)  # all or nothing
+
+
+@pytest.mark.parametrize(
+    ("call", "fragment"),
+    [
+        (lambda a: a.free([4]), "already free"),
+        (lambda a: a.free([0]), "page 0 is reserved"),
+        (lambda a: a.free([99]), "not in pages"),
+        (lambda a: a.alloc(3), "whole pages"),
+    ],
+)
+def test_allocator_misuse_raises_and_changes_nothing(call: object, fragment: str) -> None:
+    a = PagedTokenAllocator(4, 2)
+    a.alloc(2)
+    before = a.free_pages()
+    with pytest.raises(PageAllocatorError, match=fragment):
+        call(a)  # type: ignore[operator]  # a lambda of the parametrisation
+    assert a.free_pages() == before
+
+
+def test_bad_construction() -> None:
+    with pytest.raises(InvalidRadixConfigError):
+        PagedTokenAllocator(4, 0)
+    with pytest.raises(ArgumentTypeError):
+        PagedTokenAllocator(True, 1)
+    with pytest.raises(InvalidRadixConfigError, match="same page size"):
+        RadixCache(PagedTokenAllocator(4, 2), 1)
+    with pytest.raises(InvalidRadixConfigError, match="unknown eviction_policy"):
+        RadixCache(PagedTokenAllocator(4, 1), 1, "fifo")
+
+
+# --------------------------------------------------------------------------- the tree
+
+
+def test_match_splits_where_it_ends_and_keeps_sizes() -> None:
+    c = _cache()
+    slots = _put(c, [1, 2, 3, 4])
+    m = c.match_prefix(RadixKey([1, 2, 9]))
+    assert m.device_indices == slots[:2] and c.node_key(m.last_device_node)[1] == (1, 2)
+    assert c.evictable_size() == 4 and c.total_size() == 4
+    assert len(c.to_spec().tree.nodes) == 2  # split in two
+    c.check_invariants()
+
+
+def test_insert_returns_the_cached_prefix() -> None:
+    c = _cache()
+    _put(c, [1, 2, 3])
+    slots = c.allocator.alloc(4)
+    assert slots is not None
+    assert c.insert(RadixKey([1, 2, 7, 7]), slots) == 2
+    c.allocator.free(slots[:2])  # the duplicates are the caller's to free
+    assert c.total_size() == 5
+    c.check_invariants()
+
+
+def test_namespaces_never_share() -> None:
+    c = _cache()
+    _put(c, [1, 2], Namespace("a", "b"))
+    assert c.match_prefix(RadixKey([1, 2], "ab")).device_indices == []
+    assert c.match_prefix(RadixKey([1, 2], "a", lora_id="b")).device_indices != []
+    assert c.match_prefix(RadixKey([1, 2], "a", cache_salt="b")).device_indices == []
+
+
+def test_page_size_two_aligns_keys() -> None:
+    c = _cache(8, 2)
+    slots = c.allocator.alloc(6)
+    assert slots is not None
+    assert c.insert(RadixKey([1, 2, 3, 4, 5]), slots[:5]) == 0
+    assert c.total_size() == 4  # the unaligned token stays the caller's
+    assert c.match_prefix(RadixKey([1, 2, 3, 9])).device_indices == slots[:2]
+
+
+def test_locks_protect_and_unlocking_an_unlocked_node_raises() -> None:
+    c = _cache()
+    _put(c, [1, 2, 3])
+    node = c.match_prefix(RadixKey([1, 2, 3])).last_device_node
+    assert c.inc_lock_ref(node) == -3
+    assert (c.evictable_size(), c.protected_size()) == (0, 3)
+    assert c.evict(3) == 0
+    assert c.dec_lock_ref(node) == 3
+    with pytest.raises(RadixLockError, match="holds no lock"):
+        c.dec_lock_ref(node)
+    assert (c.evictable_size(), c.protected_size()) == (3, 0)
+    c.check_invariants()
+
+
+def test_evict_takes_the_least_recent_leaf_then_its_parent() -> None:
+    c = _cache()
+    _put(c, [1, 2])
+    _put(c, [1, 3])
+    _put(c, [5])
+    c.match_prefix(RadixKey([1, 2]))  # [1, 3] is now the least recent leaf
+    free = c.allocator.available_size()
+    assert c.evict(1) == 1
+    assert (
+        c.match_prefix(RadixKey([1, 3])).device_indices
+        == c.match_prefix(RadixKey([1])).device_indices
+    )
+    assert c.allocator.available_size() == free + 1
+    assert c.evict(10) == 3 and c.total_size() == 0
+    c.check_invariants()
+
+
+def test_lfu_and_priority_policies() -> None:
+    c = _cache(8, 1, "lfu")
+    _put(c, [1])
+    _put(c, [2])
+    _put(c, [1])  # a second hit on [1]
+    c.evict(1)
+    assert c.match_prefix(RadixKey([2])).device_indices == []
+    p = _cache(8, 1, "priority")
+    a = p.allocator.alloc(1)
+    b = p.allocator.alloc(1)
+    assert a and b
+    p.insert(RadixKey([1]), a, priority=5)
+    p.insert(RadixKey([2]), b, priority=1)
+    p.evict(1)
+    assert p.match_prefix(RadixKey([1])).device_indices == a
+
+
+def test_wrong_length_values_raise_and_change_nothing() -> None:
+    c = _cache()
+    before = c.to_spec()
+    with pytest.raises(RadixInsertError, match="one slot per token"):
+        c.insert(RadixKey([1, 2]), [1])
+    with pytest.raises(RadixInsertError, match="slots of pages"):
+        c.insert(RadixKey([1, 2]), [0, 1])
+    assert c.to_spec() == before
+
+
+def test_events_replay_to_the_tree() -> None:
+    c = _cache(events=True)
+    _put(c, [1, 2, 3])
+    c.match_prefix(RadixKey([1, 9]))  # a split: no event
+    events = c.take_events()
+    assert [type(e) for e in events] == [BlockStored] * 3
+    c.evict(2)
+    removed = c.take_events()
+    assert removed == [BlockRemoved([e.block_hashes[0] for e in events[1:]])]  # type: ignore[union-attr]  # stored events
+    c.reset()
+    assert c.take_events() == [AllBlocksCleared()]
+
+
+def test_reset_frees_and_refuses_under_locks() -> None:
+    c = _cache()
+    _put(c, [1, 2])
+    node = c.match_prefix(RadixKey([1, 2])).last_device_node
+    c.inc_lock_ref(node)
+    with pytest.raises(RadixLockError, match="before a reset"):
+        c.reset()
+    c.dec_lock_ref(node)
+    c.reset()
+    assert c.allocator.available_size() == 8 and c.total_size() == 0
+    with pytest.raises(RadixLockError, match="not in this tree"):
+        c.inc_lock_ref(node)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def test_request_checkpoints_then_finishes_with_an_unaligned_tail() -> None:
+    c = _cache(8, 2)
+    req = RadixRequest([1, 2, 3, 4, 5])
+    slots = c.allocator.alloc(6)
+    assert slots is not None
+    req.slots = slots[:5]
+    c.cache_unfinished_req(req)
+    assert req.cache_protected_len == 4 and c.protected_size() == 4
+    c.check_invariants([req])
+    other = RadixRequest([1, 2, 3, 4, 6])
+    hit = c.match_prefix(RadixKey(other.token_ids))
+    c.inc_lock_ref(hit.last_device_node)
+    extra = c.allocator.alloc(2)
+    assert extra is not None
+    other.slots = [*hit.device_indices, extra[0]]
+    other.cache_protected_len, other.last_node = 4, hit.last_device_node
+    c.check_invariants([req, other])
+    c.cache_finished_req(req)
+    c.cache_finished_req(other, is_insert=False)  # an abort
+    assert c.protected_size() == 0 and c.allocator.available_size() + c.total_size() == 16
+    c.check_invariants()
+
+
+def test_a_duplicate_prefill_frees_its_duplicates() -> None:
+    c = _cache()
+    first, second = RadixRequest([1, 2, 3]), RadixRequest([1, 2, 3])
+    for req in (first, second):
+        got = c.allocator.alloc(3)
+        assert got is not None
+        req.slots = got
+    c.cache_unfinished_req(first)
+    c.cache_unfinished_req(second)  # computed the same prompt meanwhile
+    assert second.slots == first.slots and c.allocator.available_size() == 5
+    c.check_invariants([first, second])
+    with pytest.raises(RadixLockError):
+        c.reset()
