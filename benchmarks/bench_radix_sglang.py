@@ -145,6 +145,37 @@ def bench_decode_insert(api: TreeAPI, steps: int = 24, warm: int = 8) -> float:
 # ----------------------------------------------------------------------------- the trees
 
 
+class PagedKVTree:
+    """pagedkv.radix's ``RadixCache`` over its ``PagedTokenAllocator``: lists in and out."""
+
+    name = "pagedkv"
+
+    def new(self, num_pages: int) -> Any:
+        from pagedkv.radix import PagedTokenAllocator, RadixCache
+
+        return RadixCache(PagedTokenAllocator(num_pages, PAGE), PAGE)
+
+    def alloc(self, t: Any, n: int) -> Any:
+        return t.allocator.alloc(n)
+
+    def extend(self, t: Any, slots: Any) -> Any:
+        return slots + t.allocator.alloc(PAGE)
+
+    def key(self, tokens: Sequence[int]) -> Any:
+        from pagedkv.radix import RadixKey
+
+        return RadixKey(tokens)
+
+    def insert(self, t: Any, key: Any, slots: Any) -> int:
+        return int(t.insert(key, slots))
+
+    def match(self, t: Any, key: Any) -> Any:
+        return t.match_prefix(key)
+
+    def evict(self, t: Any, n: int) -> int:
+        return int(t.evict(n))
+
+
 class SGLangTree:
     """SGLang's classic ``RadixCache`` over its ``PagedTokenToKVPoolAllocator`` (loaded
     from an extracted wheel), called as SGLang's scheduler calls it: parameter records,
@@ -211,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sglang", metavar="DIR", help="SGLang's files extracted to DIR")
     args = parser.parse_args(argv)
-    apis: list[Any] = []
+    apis: list[Any] = [PagedKVTree()]
     if args.sglang:
         apis.append(SGLangTree(args.sglang))
     run(apis)

@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from pagedkv.radix import Namespace
 from pagedkv_stateful.engines import sglang
 
 ROOT = Path(__file__).parent.parent
@@ -100,11 +101,38 @@ def test_the_allocator_reserves_page_0_and_frees_to_the_head(release: str, loade
 
 def test_the_namespace_fields_are_composed_as_sglangs_request_path_does(release: str) -> None:
     rel = sglang.RELEASES[release]
-    ns = SimpleNamespace
-    salted = sglang.key_fields(ns(extra_key="b", lora_id="l", cache_salt="a"), rel)
+    salted = sglang.key_fields(Namespace(extra_key="b", lora_id="l", cache_salt="a"), rel)
     if rel.api == sglang.API_FINISHED:  # the server joins salt and extra key, then the LoRA id
         assert salted == ("abl", None)
     else:
         assert salted == ("bl", "a")
-    plain = sglang.key_fields(ns(extra_key=None, lora_id=None, cache_salt=None), rel)
+    plain = sglang.key_fields(Namespace(), rel)
     assert plain == (None, None)
+
+
+def test_one_request_through_the_release_agrees_with_pagedkv_radix(
+    release: str, loaded: Path
+) -> None:
+    """Admission with a hit, a chunk checkpoint and a finish with an unaligned tail, on
+    SGLang's tree through its release's request API and on pagedkv.radix: the same
+    state (the spec's view of each) after every step."""
+    from pagedkv.radix import PagedTokenAllocator, RadixCache, RadixKey, RadixRequest
+
+    ours = RadixCache(PagedTokenAllocator(8, 2), 2)
+    theirs = sglang.radix_cache(8, 2)
+    ns = Namespace("x")
+    for cache in (ours, theirs):
+        first = RadixRequest([1, 2, 3, 4, 5], ns)
+        first.slots = cache.allocator.alloc(6)[:5]  # type: ignore[index]  # 6 slots free
+        cache.cache_unfinished_req(first)
+        cache.cache_finished_req(first)
+        hit = cache.match_prefix(RadixKey([1, 2, 3, 9], "x"))
+        assert len(hit.device_indices) == 2
+        cache.inc_lock_ref(hit.last_device_node)
+        second = RadixRequest([1, 2, 3, 9, 9], ns, slots=list(hit.device_indices))
+        second.cache_protected_len, second.last_node = 2, hit.last_device_node
+        second.slots += cache.allocator.alloc(4)[:3]  # type: ignore[index]
+        cache.cache_unfinished_req(second)
+        assert cache.evict(100) == 2  # the first request's own page (3, 4) only
+    # SGLang's clock is time.monotonic(), not reported
+    assert theirs.to_spec([]) == replace(ours.to_spec([]), clock=0)

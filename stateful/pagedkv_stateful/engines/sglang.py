@@ -60,6 +60,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagedkv_spec.radix.state import CacheState, Row
+from pagedkv_spec.radix.tree import Namespace, Node, NodeKey, Tree
 from pagedkv_stateful.engines.wheel import Loader, TargetSetupError, stand_ins
 from pagedkv_stateful.kit.replay import replay_reports, use_prelude
 
@@ -269,7 +271,7 @@ def radix_cache(
 # --------------------------------------------------------------------------- the target
 
 
-def key_fields(namespace: Any, release: Release) -> tuple[str | None, str | None]:
+def key_fields(namespace: Namespace, release: Release) -> tuple[str | None, str | None]:
     """SGLang's ``(extra_key, cache_salt)`` for a request of ``namespace`` (a
     ``Namespace``: extra key, LoRA id, cache salt), composed as SGLang's own request
     path composes them:
@@ -421,11 +423,11 @@ class RadixTarget:
         self._radix_key = _module("sglang.srt.mem_cache.radix_cache").RadixKey
         self._mirrors: dict[int, SGLangRequest] = {}
         #: SGLang's key fields -> the first namespace that used them (to name nodes)
-        self._namespaces: dict[tuple[str | None, str | None], Any] = {}
+        self._namespaces: dict[tuple[str | None, str | None], Namespace] = {}
 
     # ---- keys and values
 
-    def _fields(self, namespace: Any) -> tuple[str | None, str | None]:
+    def _fields(self, namespace: Namespace) -> tuple[str | None, str | None]:
         fields = key_fields(namespace, self.release)
         self._namespaces.setdefault(fields, namespace)
         return fields
@@ -584,21 +586,19 @@ class RadixTarget:
             node = node.parent
         return tuple(int(t) for part in reversed(parts) for t in part)
 
-    def _namespace(self, node: Any) -> Any:
+    def _namespace(self, node: Any) -> Namespace:
+        """The namespace of SGLang's node: the first namespace whose requests used its key
+        fields (two namespaces SGLang joins into one are one namespace there)."""
         fields = (node.key.extra_key, getattr(node.key, "cache_salt", None))
         known = self._namespaces.get(fields)
-        if known is not None:
-            return known
-        return _module("pagedkv_spec.radix.tree").Namespace(fields[0], None, fields[1])
+        return known if known is not None else Namespace(fields[0], None, fields[1])
 
-    def to_spec(self, requests: Any = ()) -> Any:
+    def to_spec(self, requests: Any = ()) -> CacheState:
         """SGLang's state as the spec's ``CacheState``: its tree (each node's namespace,
         path, value and ``lock_ref``), the allocator's free list, the sizes and the
         evictable-leaf set it reports, and ``requests``' rows. O(tree tokens x depth)."""
-        spec = _module("pagedkv_spec.radix.state")
-        tree = _module("pagedkv_spec.radix.tree")
-        nodes = []
-        keys: dict[int, Any] = {}
+        nodes: list[Node] = []
+        keys: dict[int, NodeKey] = {}
         stack: list[tuple[Any, tuple[int, ...]]] = [(self.cache.root_node, ())]
         while stack:
             node, path = stack.pop()
@@ -607,11 +607,12 @@ class RadixTarget:
                 ns = self._namespace(child)
                 keys[id(child)] = (ns, full)
                 value = tuple(int(v) for v in child.value.tolist())
-                nodes.append(tree.Node(ns, full, len(path), value, int(child.lock_ref)))
+                nodes.append(Node(ns, full, len(path), value, int(child.lock_ref)))
                 stack.append((child, full))
-        leaves = frozenset(keys.get(id(x), (None, (-1,))) for x in self.cache.evictable_leaves)
+        unknown: NodeKey = (Namespace(), (-1,))  # an evictable leaf not in the tree
+        leaves = frozenset(keys.get(id(x), unknown) for x in self.cache.evictable_leaves)
         rows = tuple(
-            spec.Row(
+            Row(
                 str(i),
                 r.namespace,
                 tuple(r.token_ids),
@@ -621,8 +622,8 @@ class RadixTarget:
             )
             for i, r in enumerate(requests)
         )
-        return spec.CacheState(
-            tree.Tree(self.page_size, tuple(nodes)),
+        return CacheState(
+            Tree(self.page_size, tuple(nodes)),
             self.allocator.num_pages,
             self.allocator.free_pages(),
             rows,
