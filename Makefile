@@ -63,7 +63,7 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_allocator
 	$(BIN)/python -m benchmarks.bench_v1
-	$(BIN)/python -m benchmarks.bench_radix_sglang
+	$(BIN)/python -m benchmarks.bench_radix
 
 # The simulator on an hour of the Azure conversation trace at Llama-3.1-8B's H100 cache
 # (benchmarks/bench_simulator.py; reads ../shared/data when present, else the sample).

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 import pagedkv
+import pagedkv.radix
 import pagedkv.v1
 from pagedkv import errors
 from pagedkv.serving import cli, v1_scheduler
@@ -237,6 +238,14 @@ def _state(obj: object) -> object:
         return (obj.physical_block_ids, obj.num_full_slots, obj.get_block_token_ids())
     if isinstance(obj, KVCacheEngine):
         return (obj.storage(GPU).clone(), obj.storage(CPU).clone())
+    if isinstance(obj, pagedkv.radix.RadixCache):
+        return (obj.to_spec(), tuple(obj._events))
+    if isinstance(obj, pagedkv.radix.PagedTokenAllocator):
+        return obj.free_pages()
+    if isinstance(obj, pagedkv.radix.RadixRequest):
+        return (tuple(obj.token_ids), tuple(obj.slots), obj.cache_protected_len, id(obj.last_node))
+    if isinstance(obj, pagedkv.radix.TreeNode):
+        return (obj.lock_ref, tuple(obj.key), None if obj.value is None else tuple(obj.value))
     if isinstance(obj, pagedkv.v1.BlockPool):
         return obj.to_spec()
     if isinstance(obj, pagedkv.v1.KVCacheManager):
@@ -2002,6 +2011,278 @@ for _bad in ([5], [None], ["a", b"b"]):
         lambda w, b=_bad: w["s"].finish_requests(b, _V1.RequestStatus.FINISHED_ABORTED),
         TypeError,
     )
+
+
+# ---- pagedkv.radix: SGLang's radix prefix cache, its allocator and requests
+
+_R: Any = pagedkv.radix
+
+
+def _radix() -> World:
+    """A radix cache of 8 two-slot pages holding [1, 2, 3, 4] (locked by "held", whose
+    row has an unaligned tail) and [1, 2, 5, 6] (unlocked), events on."""
+    a = _R.PagedTokenAllocator(8, 2)
+    c = _R.RadixCache(a, 2, "lru", True)
+    held = _R.RadixRequest([1, 2, 3, 4, 5])
+    held.slots = a.alloc(6)[:5]
+    c.cache_unfinished_req(held)
+    slots = a.alloc(4)
+    c.insert(_R.RadixKey([1, 2, 5, 6]), slots)
+    a.free(slots[:2])
+    unlocked = c.match_prefix(_R.RadixKey([1, 2, 5, 6])).last_device_node
+    return {"alloc": a, "cache": c, "held": held, "unlocked": unlocked}
+
+
+int_param(
+    "radix PagedTokenAllocator num_pages",
+    _none,
+    lambda w, b: _R.PagedTokenAllocator(b, 2),
+    0,
+    too_big=10**15,
+)
+int_param(
+    "radix PagedTokenAllocator page_size", _none, lambda w, b: _R.PagedTokenAllocator(4, b), 1
+)
+int_param("radix alloc need_size", _radix, lambda w, b: w["alloc"].alloc(b), 0)
+add("radix alloc of a part of a page", _radix, lambda w: w["alloc"].alloc(3), ValueError)
+for _bad in (None, 3, "12", {2: 3}):
+    add(f"radix free indices={_bad!r}", _radix, lambda w, b=_bad: w["alloc"].free(b), TypeError)
+for _bad in ([2.0], [True], ["2"], [None]):
+    add(f"radix free indices={_bad!r}", _radix, lambda w, b=_bad: w["alloc"].free(b), TypeError)
+for _bad in ([0], [1], [-2], [18], [10**30]):
+    add(f"radix free of slot {_bad}", _radix, lambda w, b=_bad: w["alloc"].free(b), ValueError)
+add(
+    "radix free of a free page",
+    _radix,
+    lambda w: w["alloc"].free([w["alloc"].free_pages()[0] * 2]),
+    ValueError,
+)
+add(
+    "radix free of a free page among held ones",
+    _radix,
+    lambda w: w["alloc"].free([*w["held"].slots[4:], w["alloc"].free_pages()[0] * 2]),
+    ValueError,
+)
+
+for _bad in (None, "alloc", 3):
+    add(
+        f"radix RadixCache allocator={_bad!r}",
+        _none,
+        lambda w, b=_bad: _R.RadixCache(b, 2),
+        TypeError,
+    )
+int_param("radix RadixCache page_size", _radix, lambda w, b: _R.RadixCache(w["alloc"], b), 1)
+add(
+    "radix RadixCache of another page size",
+    _radix,
+    lambda w: _R.RadixCache(w["alloc"], 1),
+    ValueError,
+)
+add(
+    "radix RadixCache policy='fifo'",
+    _radix,
+    lambda w: _R.RadixCache(w["alloc"], 2, "fifo"),
+    ValueError,
+)
+add("radix RadixCache policy=3", _radix, lambda w: _R.RadixCache(w["alloc"], 2, 3), TypeError)
+add(
+    "radix RadixCache enable_events=1",
+    _radix,
+    lambda w: _R.RadixCache(w["alloc"], 2, "lru", 1),
+    TypeError,
+)
+
+token_param("radix RadixKey token_ids", _none, lambda w, b: _R.RadixKey(b))
+for _field in ("extra_key", "lora_id", "cache_salt"):
+    for _bad in (1, b"a", ["a"]):
+        add(
+            f"radix RadixKey {_field}={_bad!r}",
+            _none,
+            lambda w, f=_field, b=_bad: _R.RadixKey([1], **{f: b}),
+            TypeError,
+        )
+for _bad in (None, [1, 2], (1, 2)):
+    add(
+        f"radix match_prefix key={_bad!r}",
+        _radix,
+        lambda w, b=_bad: w["cache"].match_prefix(b),
+        TypeError,
+    )
+    add(
+        f"radix insert key={_bad!r}",
+        _radix,
+        lambda w, b=_bad: w["cache"].insert(b, [2, 3]),
+        TypeError,
+    )
+for _bad in (None, 5, "23"):
+    add(
+        f"radix insert indices={_bad!r}",
+        _radix,
+        lambda w, b=_bad: w["cache"].insert(_R.RadixKey([7, 7]), b),
+        TypeError,
+    )
+for _bad in ([2.0, 3.0], [True, 3]):
+    add(
+        f"radix insert indices={_bad!r}",
+        _radix,
+        lambda w, b=_bad: w["cache"].insert(_R.RadixKey([7, 7]), b),
+        TypeError,
+    )
+add(
+    "radix insert of fewer values than tokens",
+    _radix,
+    lambda w: w["cache"].insert(_R.RadixKey([7, 7, 7]), [16, 17]),
+    ValueError,
+)
+add(
+    "radix insert of more values than tokens",
+    _radix,
+    lambda w: w["cache"].insert(_R.RadixKey([7]), [16, 17]),
+    ValueError,
+)
+add(
+    "radix insert of page 0's slots",
+    _radix,
+    lambda w: w["cache"].insert(_R.RadixKey([7, 7]), [0, 1]),
+    ValueError,
+)
+add(
+    "radix insert of slots out of the pool",
+    _radix,
+    lambda w: w["cache"].insert(_R.RadixKey([7, 7]), [18, 19]),
+    ValueError,
+)
+add(
+    "radix insert of a page's slots out of order",
+    _radix,
+    lambda w: w["cache"].insert(_R.RadixKey([7, 7]), [17, 16]),
+    ValueError,
+)
+add(
+    "radix insert of half a page",
+    _radix,
+    lambda w: w["cache"].insert(_R.RadixKey([7, 7]), [17, 18]),
+    ValueError,
+)
+add(
+    "radix insert priority=1.0",
+    _radix,
+    lambda w: w["cache"].insert(_R.RadixKey([7, 7]), [16, 17], 1.0),
+    TypeError,
+)
+add(
+    "radix insert chunked=1",
+    _radix,
+    lambda w: w["cache"].insert(_R.RadixKey([7, 7]), [16, 17], 0, 1),
+    TypeError,
+)
+
+for _op in ("inc_lock_ref", "dec_lock_ref"):
+    for _bad in (None, "node", 3):
+        add(
+            f"radix {_op} node={_bad!r}",
+            _radix,
+            lambda w, o=_op, b=_bad: getattr(w["cache"], o)(b),
+            TypeError,
+        )
+add(
+    "radix dec_lock_ref of an unlocked node",
+    _radix,
+    lambda w: w["cache"].dec_lock_ref(w["unlocked"]),
+    ValueError,
+)
+
+
+def _radix_evicted() -> World:
+    """_radix's world after evicting the unlocked leaf: ``unlocked`` names a node gone."""
+    w = _radix()
+    w["cache"].evict(2)
+    return w
+
+
+def _radix_row(w: World, op: str, **row: Any) -> object:
+    """``op`` on a request (not the world's: its row would change) built from ``held``'s
+    with ``row``'s fields."""
+    held = w["held"]
+    fields = {
+        "token_ids": list(held.token_ids),
+        "slots": list(held.slots),
+        "cache_protected_len": held.cache_protected_len,
+        "last_node": held.last_node,
+    }
+    req = _R.RadixRequest(**(fields | row))
+    return getattr(w["cache"], op)(req)
+
+
+add(
+    "radix inc_lock_ref of an evicted node",
+    _radix_evicted,
+    lambda w: w["cache"].inc_lock_ref(w["unlocked"]),
+    ValueError,
+)
+add(
+    "radix inc_lock_ref of another tree's node",
+    _radix,
+    lambda w: _radix()["cache"].inc_lock_ref(w["unlocked"]),
+    ValueError,
+)
+int_param("radix evict num_tokens", _radix, lambda w, b: w["cache"].evict(b), 0)
+add("radix reset under a lock", _radix, lambda w: w["cache"].reset(), ValueError)
+
+for _op in ("cache_unfinished_req", "cache_finished_req"):
+    for _bad in (None, "held", [1, 2]):
+        add(
+            f"radix {_op} req={_bad!r}",
+            _radix,
+            lambda w, o=_op, b=_bad: getattr(w["cache"], o)(b),
+            TypeError,
+        )
+    add(
+        f"radix {_op} of a row longer than its tokens",
+        _radix,
+        lambda w, o=_op: _radix_row(w, o, token_ids=[1, 2]),
+        ValueError,
+    )
+    add(
+        f"radix {_op} of an unaligned protected length",
+        _radix,
+        lambda w, o=_op: _radix_row(w, o, cache_protected_len=3),
+        ValueError,
+    )
+    add(
+        f"radix {_op} of a protected length without a lock",
+        _radix,
+        lambda w, o=_op: _radix_row(w, o, last_node=None),
+        ValueError,
+    )
+    add(
+        f"radix {_op} of a row with a free slot",
+        _radix,
+        lambda w, o=_op: _radix_row(
+            w, o, slots=[*w["held"].slots[:4], w["alloc"].free_pages()[0] * 2]
+        ),
+        ValueError,
+    )
+    add(
+        f"radix {_op} of a lock on an evicted node",
+        _radix_evicted,
+        lambda w, o=_op: _radix_row(
+            w, o, last_node=w["unlocked"], cache_protected_len=4, token_ids=[1, 2, 5, 6, 7]
+        ),
+        ValueError,
+    )
+add(
+    "radix cache_unfinished_req chunked=1",
+    _radix,
+    lambda w: w["cache"].cache_unfinished_req(w["held"], 1),
+    TypeError,
+)
+add(
+    "radix cache_finished_req is_insert=None",
+    _radix,
+    lambda w: w["cache"].cache_finished_req(w["held"], None),
+    TypeError,
+)
 
 
 # ---- simulator and workload

@@ -38,6 +38,8 @@ from pagedkv_spec import invariants
 from pagedkv_spec.invariants import LAYERS, REGISTRY, observe
 from pagedkv_stateful.kv.machine import KVMachine
 from pagedkv_stateful.profiles import find_fast
+from pagedkv_stateful.radix.machine import STATE_IDS as RADIX_STATE_IDS
+from pagedkv_stateful.radix.machine import RadixMachine
 from pagedkv_stateful.serving.scheduler_machine import SchedulerMachine
 from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
@@ -45,6 +47,7 @@ from pagedkv_stateful.v0.manager_machine import ManagerMachine
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
 from pagedkv_stateful.v1.pool_machine import V1PoolMachine
 from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
+from test_radix_planted import RADIX_PLANTED
 from test_v1_planted import V1_PLANTED
 from test_v1_scheduler import V1_SCHEDULER_PLANTED
 from test_v1_scheduler_machine import (
@@ -244,6 +247,7 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
         {"S1", "S2", "S3", "S4", "S5", "S6", "V1-1", "V1-2", "V1-3", "V1-4", "V1-10", "V1-13"},
         set(),
     ),
+    RadixMachine: (set(RADIX_STATE_IDS), set()),
 }
 
 
@@ -252,6 +256,7 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
 PROBE_BUDGET: dict[type[RuleBasedStateMachine], tuple[int, int]] = {
     V1ManagerMachine: (30, 20),
     V1PoolMachine: (30, 20),
+    RadixMachine: (30, 20),
 }
 
 
@@ -609,6 +614,7 @@ PLANTED: dict[str, Callable[[], str]] = {
     "KV1": _planted_kv1,
     **V1_PLANTED,  # vLLM V1's manager: planted in tests/test_v1_planted.py
     **V1_SCHEDULER_PLANTED,  # the V1 scheduler: planted in tests/test_v1_scheduler.py
+    **RADIX_PLANTED,  # the radix cache: planted in tests/test_radix_planted.py
     # its step invariants: the V1 scheduler machine's planted schedulers
     "S7": lambda: _machine_failure(_v1_scheduler_machine(_PreemptsTheOldest), 300),
     "S8": lambda: _machine_failure(_v1_scheduler_machine(_DoubleCountsTheHit), 300),

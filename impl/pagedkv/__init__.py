@@ -89,6 +89,7 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted({*globals(), *_TORCH_NAMES})
 
+
 __all__ = [
     "PAD_BLOCK_ID",
     "PRESETS",

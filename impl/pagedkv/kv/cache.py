@@ -365,8 +365,7 @@ def _require_room(config: KVCacheConfig, dev: torch.device) -> None:
     what = f"a KV cache of {config.num_gpu_blocks} GPU + {config.num_cpu_blocks} CPU blocks"
     if dev.type == "cuda":
         total = torch.cuda.mem_get_info(dev)[1]
-        require_fits_in_memory(f"{what} (GPU tier on {dev})", gpu, InvalidKVCacheConfigError,
-                               total)
+        require_fits_in_memory(f"{what} (GPU tier on {dev})", gpu, InvalidKVCacheConfigError, total)
         require_fits_in_memory(f"{what} (CPU tier)", cpu, InvalidKVCacheConfigError)
     else:
         require_fits_in_memory(what, gpu + cpu, InvalidKVCacheConfigError)

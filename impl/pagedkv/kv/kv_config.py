@@ -78,7 +78,10 @@ class KVCacheConfig:
         for name in ("num_layers", "num_kv_heads", "head_size", "block_size", "num_gpu_blocks"):
             require_int(name, getattr(self, name), InvalidKVCacheConfigError, 1)
         require_int(
-            "num_cpu_blocks", self.num_cpu_blocks, InvalidKVCacheConfigError, 0,
+            "num_cpu_blocks",
+            self.num_cpu_blocks,
+            InvalidKVCacheConfigError,
+            0,
             hint=" (0 disables swapping)",
         )
         check_block_shape(

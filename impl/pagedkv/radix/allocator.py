@@ -18,10 +18,10 @@ list merged on demand) and ``free_group_begin/end`` are not modelled.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 from pagedkv._validate import require_fits_in_memory, require_int
-from pagedkv.errors import InvalidRadixConfigError, PageAllocatorError
+from pagedkv.errors import ArgumentTypeError, InvalidRadixConfigError, PageAllocatorError
 
 __all__ = ["PagedTokenAllocator"]
 
@@ -101,15 +101,20 @@ class PagedTokenAllocator:
             return pages
         return [p * ps + j for p in pages for j in range(ps)]
 
-    def check_held(self, indices: Iterable[int]) -> list[int]:
+    def check_held(self, indices: Sequence[int]) -> list[int]:
         """The distinct pages holding ``indices``, ascending, after checking that each
         is a slot of a page in use (what :meth:`free` may free); PageAllocatorError
-        naming the first that is not. Changes nothing. Complexity: O(k log k)."""
+        naming the first that is not (ArgumentTypeError: not a list of ints). Changes
+        nothing. Complexity: O(k log k)."""
+        if not isinstance(indices, list | tuple | range):
+            raise ArgumentTypeError("indices", indices, "a list of int slots")
         ps = self.page_size
         hi = (self.num_pages + 1) * ps
         pages = set()
         for s in indices:
-            if type(s) is not int or not ps <= s < hi:
+            if type(s) is not int:
+                raise ArgumentTypeError("indices (each slot)", s, "an int")
+            if not ps <= s < hi:
                 raise PageAllocatorError(
                     f"slot {s!r} is not in pages 1..{self.num_pages} of {ps} slots (page 0 "
                     "is reserved); free only slots an alloc returned"
@@ -122,7 +127,7 @@ class PagedTokenAllocator:
             raise PageAllocatorError(f"page(s) {again} are already free; free each page once")
         return ordered
 
-    def free(self, indices: Iterable[int]) -> None:
+    def free(self, indices: Sequence[int]) -> None:
         """Give back the pages holding ``indices``: the distinct pages, ascending, go to
         the front of the free list (R12). A slot outside the pool or of a free page:
         PageAllocatorError, nothing changed. Refines

@@ -21,8 +21,8 @@ radix layer), each where SGLang is loose:
   strings;
 - eviction keeps one heap across calls (:class:`~pagedkv.radix.eviction.EvictionHeap`):
   O(log n) per evicted leaf where SGLang heapifies every evictable leaf per call;
-- access times are a logical clock (one tick per match or insert), so no two leaves
-  tie; SGLang reads ``time.monotonic()``;
+- access times are a logical clock (a tick per match or insert, a new leaf one more),
+  so no two leaves tie; SGLang reads ``time.monotonic()``;
 - ``reset`` frees the tree's slots to the allocator and refuses while locks are held
   (SGLang forgets them: its ``flush_cache`` clears the allocator after);
 - the request helpers insert from the request's locked node (its path is the
@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 from pagedkv._validate import require_bool, require_instance, require_int, require_str
 from pagedkv.errors import (
+    ArgumentTypeError,
+    InvalidArgumentError,
     InvalidRadixConfigError,
     RadixInsertError,
     RadixLockError,
@@ -152,6 +154,7 @@ class RadixCache:
         root = self._roots.get(namespace)
         if root is None:
             root = self._roots[namespace] = TreeNode(namespace, [], [], None, self._clock)
+            root.owner = self
         return root
 
     @property
@@ -259,6 +262,7 @@ class RadixCache:
         upper = TreeNode(child.namespace, child.key[:m], value[:m], parent, clock, child.priority)
         upper.lock_ref = child.lock_ref
         upper.hit_count = child.hit_count
+        upper.owner = self
         parent.children[self._page_key(child.key, 0)] = upper
         child.key = child.key[m:]
         child.value = value[m:]
@@ -283,6 +287,9 @@ class RadixCache:
         Complexity: O(len(key) + nodes on the path)."""
         require_instance("key", key, RadixKey, "a RadixKey")
         require_int("priority", priority, RadixInsertError, low=None)
+        require_bool("chunked", chunked)
+        if not isinstance(indices, list | tuple):
+            raise ArgumentTypeError("indices", indices, "a list of int slots")
         tokens = _as_list(key.token_ids)
         values = _as_list(indices)
         if len(values) != len(tokens):
@@ -290,10 +297,24 @@ class RadixCache:
                 f"{len(values)} values for {len(tokens)} tokens; pass one slot per token"
             )
         n = len(tokens) - len(tokens) % self.page_size
-        self._check_values(values, 0, n)
-        self._clock += 1
         root = self.root(key.namespace)
+        self._check_values(values, self._cached_len(root, tokens, 0, n), n)
+        self._clock += 1
         return self._insert(root, tokens, values, 0, n, priority, not chunked, None)[0]
+
+    def _cached_len(self, node: TreeNode, tokens: list[int], i: int, n: int) -> int:
+        """How far ``tokens[i:n]`` below ``node`` (at depth ``i``) is cached, changing
+        nothing: the part an insert keeps, so that only the slots past it (those that
+        enter the tree) need checking before anything changes. Complexity: O(n - i)."""
+        while i < n:
+            child = node.children.get(self._page_key(tokens, i))
+            if child is None:
+                return i
+            end = i + len(child.key)
+            if end > n or tokens[i:end] != child.key:
+                return i + self._diverge(tokens[i:n], child.key)
+            node, i = child, end
+        return i
 
     def _check_values(self, values: list[int], lo: int, hi: int) -> None:
         """Raise RadixInsertError unless ``values[lo:hi]`` are slots of whole pages of
@@ -303,7 +324,10 @@ class RadixCache:
             return
         ps = self.page_size
         top = (self.allocator.num_pages + 1) * ps
-        if {*map(type, part)} != {int} or min(part) < ps or max(part) >= top:
+        if {*map(type, part)} != {int}:
+            bad = next(v for v in part if type(v) is not int)
+            raise ArgumentTypeError("indices (each slot)", bad, "an int")
+        if min(part) < ps or max(part) >= top:
             raise RadixInsertError(
                 f"values must be int slots of pages 1..{self.allocator.num_pages}; got "
                 f"{part[:8]}{'...' if len(part) > 8 else ''}"
@@ -335,8 +359,14 @@ class RadixCache:
         length, node = self._walk(start, tokens, i, n, clock, (hit, priority), tree_slots)
         if length == n:
             return length, node
-        leaf = TreeNode(start.namespace, tokens[length:n], values[length:n], node, clock, priority)
+        # NOTE: a tick after the walk (SGLang makes the leaf after it): a split's lower
+        # half, touched by the walk, and the new leaf never tie in the policy order
+        self._clock = clock + 1
+        leaf = TreeNode(
+            start.namespace, tokens[length:n], values[length:n], node, clock + 1, priority
+        )
         leaf.hit_count = 1 if hit else 0
+        leaf.owner = self
         node.children[self._page_key(tokens, length)] = leaf
         self.evictable_size_ += n - length
         self._heap.update(node)
@@ -349,12 +379,9 @@ class RadixCache:
 
     def _check_node(self, node: object, what: str) -> TreeNode:
         """``node`` if it is a live node of this tree; RadixLockError otherwise.
-        Complexity: O(depth in nodes)."""
+        Complexity: O(1) (a node knows its cache; an evicted or reset one has no value)."""
         node = require_instance("node", node, TreeNode, "a TreeNode")
-        top = node
-        while top.parent is not None:
-            top = top.parent
-        if node.value is None or self._roots.get(top.namespace) is not top:
+        if node.value is None or node.owner is not self:
             raise RadixLockError(
                 f"cannot {what} {node!r}: it is not in this tree (evicted, reset, or "
                 "another cache's); lock nodes a match or insert of this cache returned"
@@ -380,6 +407,21 @@ class RadixCache:
             x = x.parent
         self._heap.update(node)
         return delta
+
+    def _move_lock(self, old: TreeNode, new: TreeNode) -> None:
+        """``inc_lock_ref(new)`` then ``dec_lock_ref(old)`` for ``old`` an ancestor of
+        ``new``: the two cancel on ``old`` and above, so only the nodes below ``old``
+        change. Complexity: O(nodes between them)."""
+        x = new
+        while x is not old:
+            assert x.parent is not None  # old is an ancestor of new
+            if x.lock_ref == 0:
+                size = len(x.key)
+                self.evictable_size_ -= size
+                self.protected_size_ += size
+            x.lock_ref += 1
+            x = x.parent
+        self._heap.update(new)
 
     def dec_lock_ref(self, node: TreeNode) -> int:
         """One lock fewer on every node from ``node`` to its root; returns the change of
@@ -418,7 +460,7 @@ class RadixCache:
         is evictable (R8); returns the tokens evicted. Refines
         :func:`pagedkv_spec.radix.state.evict`. Complexity: O(log n) per leaf evicted
         (amortised) + the slots freed."""
-        require_int("num_tokens", num_tokens, RadixInsertError)
+        require_int("num_tokens", num_tokens, InvalidArgumentError)
         evicted = 0
         heap, free = self._heap, self.allocator.free
         while evicted < num_tokens:
@@ -482,6 +524,11 @@ class RadixCache:
         self.allocator.check_held(req.slots[p:])
         return p, n - n % self.page_size
 
+    def _start(self, req: RadixRequest) -> TreeNode:
+        """Where ``req``'s inserts start: its locked node (its path is its protected
+        tokens), else its namespace's root."""
+        return req.last_node if req.last_node is not None else self.root(req.namespace)
+
     def _touch_above(self, node: TreeNode, hit: bool, priority: int) -> None:
         """What a walk from the root does to the nodes from ``node`` up: touch each,
         count a hit, raise its priority. Complexity: O(depth in nodes)."""
@@ -500,7 +547,7 @@ class RadixCache:
         """Insert ``req``'s first ``n`` tokens from its locked node: the length cached
         before, the node at depth ``n`` and the tree's slots of ``[p, that length)``."""
         self._clock += 1
-        start = req.last_node if req.last_node is not None else self.root(req.namespace)
+        start = self._start(req)
         self._touch_above(start, hit, req.priority)
         tokens = _as_list(req.token_ids)
         tree_slots: list[int] = []
@@ -513,17 +560,19 @@ class RadixCache:
         the tree's slots, move its lock to the new last node. Refines
         :func:`pagedkv_spec.radix.state.checkpoint`. Complexity: O(tokens since the last
         checkpoint + depth in nodes)."""
+        require_bool("chunked", chunked)
         p, n = self._check_request(req)
-        self._check_values(req.slots, p, n)
+        self._check_values(req.slots, self._cached_len(self._start(req), req.token_ids, p, n), n)
         prefix, node, tree_slots = self._insert_row(req, p, n, not chunked)
         if prefix > p:
             self.allocator.free(req.slots[p:prefix])
             req.slots[p:prefix] = tree_slots
         old = req.last_node
         if node is not old:
-            self._lock(node)
-            if old is not None:
-                self._unlock(old)
+            if old is None:
+                self._lock(node)
+            else:
+                self._move_lock(old, node)
         req.last_node = node
         req.cache_protected_len = n
 
@@ -537,7 +586,7 @@ class RadixCache:
         p, n = self._check_request(req)
         slots = req.slots
         if is_insert:
-            self._check_values(slots, p, n)
+            self._check_values(slots, self._cached_len(self._start(req), req.token_ids, p, n), n)
             prefix = self._insert_row(req, p, n, True)[0]
             if prefix > p:
                 self.allocator.free(slots[p:prefix])

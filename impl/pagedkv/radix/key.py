@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pagedkv._validate import require_token_ids
+from pagedkv.errors import ArgumentTypeError, RadixInsertError
 from pagedkv_spec.radix.tree import Namespace
 
 __all__ = ["Namespace", "RadixKey"]
@@ -20,8 +22,9 @@ __all__ = ["Namespace", "RadixKey"]
 
 class RadixKey:
     """Tokens under a namespace: SGLang's ``RadixKey(token_ids, extra_key)``, with the
-    LoRA id and the cache salt as fields of their own. Complexity: O(1) to build (the
-    tokens are not copied: do not change them while the key is in use)."""
+    LoRA id and the cache salt as fields of their own. The tokens are checked here, once
+    (a list or tuple of ints >= 0), and not copied: do not change them while the key is
+    in use. Complexity: O(len) in C."""
 
     __slots__ = ("namespace", "token_ids")
 
@@ -33,6 +36,14 @@ class RadixKey:
         lora_id: str | None = None,
         cache_salt: str | None = None,
     ) -> None:
+        require_token_ids("token_ids", token_ids, RadixInsertError)
+        for name, field in (
+            ("extra_key", extra_key),
+            ("lora_id", lora_id),
+            ("cache_salt", cache_salt),
+        ):
+            if field is not None and not isinstance(field, str):
+                raise ArgumentTypeError(name, field, "a str or None")
         #: the tokens, one KV slot each
         self.token_ids = token_ids
         #: every other field of the key (the tree keeps namespaces apart)

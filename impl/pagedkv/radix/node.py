@@ -29,6 +29,7 @@ class TreeNode:
         "last_access_time",
         "lock_ref",
         "namespace",
+        "owner",
         "page_hashes",
         "parent",
         "priority",
@@ -66,6 +67,8 @@ class TreeNode:
         self.page_hashes: list[int] | None = None
         #: the version of its live heap entry (EvictionHeap's)
         self.heap_version = 0
+        #: the cache whose tree it is in (set by the cache; lock calls check it in O(1))
+        self.owner: object = None
 
     @property
     def evicted(self) -> bool:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from pagedkv._validate import require_instance, require_token_ids
+from pagedkv.errors import ArgumentTypeError, RadixInsertError
 from pagedkv_spec.radix.tree import Namespace
 
 if TYPE_CHECKING:
@@ -38,3 +40,11 @@ class RadixRequest:
     cache_protected_len: int = 0
     #: the node it locks (None: none yet, or released)
     last_node: TreeNode | None = None
+
+    def __post_init__(self) -> None:
+        """Check the tokens (a list of ints >= 0) and the namespace once, here.
+        Complexity: O(len(token_ids)) in C."""
+        require_token_ids("token_ids", self.token_ids, RadixInsertError)
+        if not isinstance(self.token_ids, list):
+            raise ArgumentTypeError("token_ids", self.token_ids, "a list of int token ids")
+        require_instance("namespace", self.namespace, Namespace, "a Namespace")

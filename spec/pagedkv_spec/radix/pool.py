@@ -66,6 +66,7 @@ def alloc(
     """``n`` slots (a multiple of ``page_size``) from the head: ``(free list, slots)``,
     or ``(free list unchanged, None)`` when fewer than ``n // page_size`` pages are free."""
     assert page_size >= 1 and n >= 0 and n % page_size == 0, "whole pages"
+    assert all(p >= 1 for p in free_list), "pages of the pool"
     k = n // page_size
     if k > len(free_list):
         return free_list, None
@@ -80,6 +81,7 @@ def free(
     """The free list after freeing ``slots``: their distinct pages, ascending, in front.
     A slot outside pages 1..num_pages, or a page already free: PageAllocatorError."""
     assert page_size >= 1 and num_pages >= 0
+    assert all(1 <= p <= num_pages for p in free_list), "pages of the pool"
     for s in slots:
         if not page_size <= s < (num_pages + 1) * page_size:
             raise PageAllocatorError(

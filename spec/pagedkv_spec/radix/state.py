@@ -125,7 +125,7 @@ class CacheState:
 def settle(s: CacheState) -> CacheState:
     """``s`` with the reported sizes and leaves recounted from its tree and free list
     (the model's own state; a target's reports its own)."""
-    assert s.tree.page_size >= 1 and s.num_pages >= 0
+    assert tree._tree_ok(s.tree) and s.num_pages >= 0
     nodes = s.tree.nodes
     locked = sum(len(n.value) for n in nodes if n.lock)
     total = sum(len(n.value) for n in nodes)
@@ -289,6 +289,19 @@ def reset_ok(before: CacheState, after: CacheState) -> bool:
 # ----------------------------------------------------------------------------- operations
 
 
+def _state_ok(s: CacheState) -> bool:
+    """The precondition of every cache operation: a well-formed tree, a known policy,
+    and every state invariant the operations keep."""
+    return (
+        tree._tree_ok(s.tree)
+        and s.policy in tree.POLICIES
+        and s.clock >= 0
+        and s.num_pages >= 0
+        and namespaces_ok(s)
+        and _ok(s)
+    )
+
+
 def _ok(s: CacheState) -> bool:
     return (
         conservation_ok(s)
@@ -305,7 +318,7 @@ def match_prefix(
 ) -> tuple[CacheState, tuple[int, ...], NodeKey]:
     """SGLang's ``match_prefix`` on the cache: a tick of the clock, the tree split where
     the match ends; the slots and last node matched."""
-    assert s.tree.page_size >= 1
+    assert tree._tree_ok(s.tree) and s.clock >= 0
     t, slots, last = tree.match(s.tree, ns, tokens, s.clock + 1)
     out = settle(replace(s, tree=t, clock=s.clock + 1))
     assert out.evictable == s.evictable or not _ok(s)
@@ -315,7 +328,7 @@ def match_prefix(
 def evict(s: CacheState, n: int) -> tuple[CacheState, int]:
     """SGLang's ``evict(n)``: the tree's eviction in policy order (R8), each removed
     leaf's slots freed as it goes; the tokens evicted."""
-    assert n >= 0
+    assert tree._tree_ok(s.tree) and n >= 0 and s.policy in tree.POLICIES
     t, gone = tree.evict(s.tree, n, s.policy)
     out = s
     for x in gone:
@@ -360,7 +373,7 @@ def admit(
     take slots for ``computed`` tokens past the hit (at least the hit), evicting exactly
     the shortfall; refused (the lock released: only the match's splits stay) when the
     free and evictable tokens cannot cover them. Returns the state and whether admitted."""
-    assert row(s, rid) is None and 0 <= computed <= len(tokens)
+    assert _state_ok(s) and row(s, rid) is None and 0 <= computed <= len(tokens)
     s, hit, last = match_prefix(s, ns, tokens)
     s = settle(replace(s, tree=tree.lock(s.tree, last)))
     r = Row(rid, ns, tokens, hit, len(hit), last[1])
@@ -379,7 +392,7 @@ def extend(
     """``k`` more computed tokens for ``rid`` (a prefill chunk, or decoded tokens
     ``new_tokens`` appended to its tokens first); refused changing nothing (but an
     eviction's) when they cannot be covered."""
-    assert s.tree.page_size >= 1 and s.num_pages >= 0
+    assert _state_ok(s)
     r = row(s, rid)
     assert r is not None and k >= 1
     r = replace(r, tokens=r.tokens + new_tokens)
@@ -402,9 +415,10 @@ def insert(
     """Insert ``tokens`` with ``values`` (a tick); the length already cached. With
     ``frees_duplicates`` (the Unified tree) the insert frees ``values[protected:prefix]``
     itself; else (the classic tree) the caller does."""
+    assert tree._tree_ok(s.tree) and s.clock >= 0 and s.num_pages >= 0
     assert 0 <= protected <= len(values) and protected % s.tree.page_size == 0
     t, prefix = tree.insert(s.tree, ns, tokens, values, s.clock + 1)
-    out = replace(s, tree=t, clock=s.clock + 1)
+    out = replace(s, tree=t, clock=s.clock + 2)
     if frees_duplicates:
         out = _free(out, values[protected:prefix])
     return settle(out), prefix
@@ -414,15 +428,17 @@ def checkpoint(s: CacheState, rid: str, frees_duplicates: bool = False) -> Cache
     """SGLang's ``cache_unfinished_req``: insert the row's computed tokens (page-aligned),
     free the duplicates, match again, point the row at the tree's slots, move the lock
     to the new last node."""
-    assert s.tree.page_size >= 1 and s.num_pages >= 0
+    assert _state_ok(s)
     r = row(s, rid)
     assert r is not None
     fill = r.tokens[: len(r.slots)]
     s, prefix = insert(s, r.ns, fill, r.slots, r.protected, frees_duplicates)
     if not frees_duplicates:
         s = _free(s, r.slots[r.protected : prefix])
-    s, new, last = match_prefix(s, r.ns, fill)
-    t = tree.lock(tree.unlock(s.tree, (r.ns, r.locked)), last)
+    # the row still names the duplicates here: a tree-level match, not the cache's
+    t, new, last = tree.match(s.tree, r.ns, fill, s.clock + 1)
+    s = replace(s, clock=s.clock + 1)
+    t = tree.lock(tree.unlock(t, (r.ns, r.locked)), last)
     moved = replace(r, slots=new + r.slots[len(new) :], protected=len(new), locked=last[1])
     out = settle(replace(s, tree=t, rows=tuple(moved if x.rid == rid else x for x in s.rows)))
     assert len(out.rows) == len(s.rows)
@@ -435,7 +451,7 @@ def finish(
     """SGLang's ``cache_finished_req``: insert the row's computed tokens (page-aligned;
     not when ``insert_it`` is False: an abort), free the duplicates (or, not inserted,
     all its own aligned slots) and the unaligned tail, release the lock, drop the row."""
-    assert s.tree.page_size >= 1 and s.num_pages >= 0
+    assert _state_ok(s)
     r = row(s, rid)
     assert r is not None
     fill = r.tokens[: len(r.slots)]

@@ -36,6 +36,7 @@ Complexity: irrelevant (a model; tuples are rebuilt at every step).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -116,6 +117,27 @@ def tree_initial(page_size: int) -> Tree:
     return out
 
 
+def _tree_ok(t: Tree) -> bool:
+    """The precondition of every tree operation: whole pages, equally long keys and
+    values, locks and slots not negative, every node under a node (or a root), one node
+    per name and per parent's first page."""
+    ps = t.page_size
+    if ps < 1:
+        return False
+    keys = {(n.ns, n.path) for n in t.nodes}
+    firsts = {((n.ns, n.path[: n.start]), n.path[n.start : n.start + ps]) for n in t.nodes}
+    return len(keys) == len(t.nodes) == len(firsts) and all(
+        0 <= n.start < len(n.path)
+        and n.start % ps == 0
+        and len(n.path) % ps == 0
+        and len(n.value) == len(n.path) - n.start
+        and n.lock >= 0
+        and all(v >= 0 for v in n.value)
+        and (n.start == 0 or (n.ns, n.path[: n.start]) in keys)
+        for n in t.nodes
+    )
+
+
 def node_key(n: Node) -> NodeKey:
     """``(ns, path)`` of ``n``."""
     assert 0 <= n.start <= len(n.path)
@@ -138,13 +160,13 @@ def aligned(tokens: tuple[int, ...], page_size: int) -> tuple[int, ...]:
 
 def find(t: Tree, key: NodeKey) -> Node | None:
     """The node named ``key`` (None: not in the tree, or a root)."""
-    assert t.page_size >= 1
+    assert _tree_ok(t)
     return next((n for n in t.nodes if node_key(n) == key), None)
 
 
 def children(t: Tree, key: NodeKey) -> tuple[Node, ...]:
     """The nodes filed directly under ``key``."""
-    assert t.page_size >= 1
+    assert _tree_ok(t)
     ns, path = key
     return tuple(
         n for n in t.nodes if n.ns == ns and n.start == len(path) and n.path[: len(path)] == path
@@ -154,7 +176,7 @@ def children(t: Tree, key: NodeKey) -> tuple[Node, ...]:
 def path_slots(t: Tree, key: NodeKey) -> tuple[int, ...]:
     """The slots along the path from the root to ``key`` (empty for a root), which may
     end inside a node."""
-    assert t.page_size >= 1
+    assert _tree_ok(t)
     ns, path = key
     on_path = sorted(
         (
@@ -169,7 +191,7 @@ def path_slots(t: Tree, key: NodeKey) -> tuple[int, ...]:
 
 def page_keys(t: Tree) -> tuple[NodeKey, ...]:
     """One key per cached page: ``(ns, path to the page's end)``, what the events name."""
-    assert t.page_size >= 1
+    assert _tree_ok(t)
     ps = t.page_size
     return tuple(
         (n.ns, n.path[: n.start + j])
@@ -180,7 +202,7 @@ def page_keys(t: Tree) -> tuple[NodeKey, ...]:
 
 def evictable_leaves(t: Tree) -> frozenset[NodeKey]:
     """The unlocked nodes without children."""
-    assert t.page_size >= 1
+    assert _tree_ok(t)
     parents = {parent_key(n) for n in t.nodes}
     return frozenset(node_key(n) for n in t.nodes if n.lock == 0 and node_key(n) not in parents)
 
@@ -198,7 +220,7 @@ def policy_key(n: Node, policy: str) -> tuple[int, int]:
 def longest_prefix(t: Tree, ns: Namespace, tokens: tuple[int, ...]) -> int:
     """The length of the longest page-aligned prefix of ``tokens`` cached under ``ns``
     (a prefix ending inside a node counts: a lookup splits it there)."""
-    assert t.page_size >= 1
+    assert _tree_ok(t)
     ps = t.page_size
     key = aligned(tokens, ps)
     best = 0
@@ -265,7 +287,7 @@ def match(
     """SGLang's ``match_prefix``: the tree (split where the match ends, the path touched
     at ``clock``), the slots of the longest cached page-aligned prefix of ``tokens`` in
     ``ns``, and its last node (``ns``'s root when nothing matched)."""
-    assert t.page_size >= 1 and clock >= 0
+    assert _tree_ok(t) and clock >= 0
     key = aligned(tokens, t.page_size)
     out, _, last = _walk(t, ns, key, clock, False, 0)
     slots = path_slots(out, last)
@@ -284,16 +306,20 @@ def insert(
 ) -> tuple[Tree, int]:
     """SGLang's classic ``insert``: file the page-aligned part of ``tokens`` with
     ``values`` (one slot per token; RadixInsertError otherwise); returns the tree and the
-    length already cached (the caller frees those of its slots: the duplicates)."""
-    assert t.page_size >= 1 and clock >= 0
+    length already cached (the caller frees those of its slots: the duplicates). The
+    nodes passed are touched at ``clock``, a new leaf at ``clock + 1`` (SGLang makes it
+    after the walk): no two leaves share an access time."""
+    assert _tree_ok(t) and clock >= 0
     if len(values) != len(tokens):
         raise RadixInsertError(
             f"{len(values)} values for {len(tokens)} tokens; pass one slot per token"
         )
     key = aligned(tokens, t.page_size)
     out, length, _ = _walk(t, ns, key, clock, hit, priority)
-    if length < len(key):
-        leaf = Node(ns, key, length, values[length : len(key)], 0, clock, 1 if hit else 0, priority)
+    if length < len(key):  # made after the walk: a tick later than the nodes it passed
+        leaf = Node(
+            ns, key, length, values[length : len(key)], 0, clock + 1, 1 if hit else 0, priority
+        )
         out = replace(out, nodes=out.nodes + (leaf,))
     assert insert_ok(t, ns, tokens, values, length, out)
     return out, length
@@ -301,7 +327,7 @@ def insert(
 
 def lock(t: Tree, key: NodeKey) -> Tree:
     """SGLang's ``inc_lock_ref``: one more lock on every node from ``key`` to its root."""
-    assert not key[1] or find(t, key) is not None, "a node of the tree"
+    assert _tree_ok(t) and (not key[1] or find(t, key) is not None), "a node of the tree"
     ns, path = key
     out = replace(
         t,
@@ -317,7 +343,7 @@ def lock(t: Tree, key: NodeKey) -> Tree:
 def unlock(t: Tree, key: NodeKey) -> Tree:
     """SGLang's ``dec_lock_ref``: one lock fewer on every node from ``key`` to its root.
     A node on the path without a lock: RadixLockError (SGLang goes below zero)."""
-    assert not key[1] or find(t, key) is not None, "a node of the tree"
+    assert _tree_ok(t) and (not key[1] or find(t, key) is not None), "a node of the tree"
     ns, path = key
     on_path = [n for n in t.nodes if n.ns == ns and path[: len(n.path)] == n.path]
     bare = [len(n.path) for n in on_path if n.lock <= 0]
@@ -340,7 +366,7 @@ def evict(
     are gone or none is left; returns the tree and the nodes removed, in order.
     ``removed``: the leaves a target removed, which must be what an order may remove
     (R8; ties are the target's to break); None: the spec breaks ties by node key."""
-    assert n >= 0 and policy in POLICIES
+    assert _tree_ok(t) and n >= 0 and policy in POLICIES
     assert removed is None or eviction_ok(t, n, policy, removed)
     gone: list[Node] = []
     freed = 0
@@ -379,7 +405,7 @@ def match_ok(
     return (
         last == want
         and slots == path_slots(before, want)
-        and sorted(page_keys(before)) == sorted(page_keys(after))
+        and Counter(page_keys(before)) == Counter(page_keys(after))
         and sorted(s for n in before.nodes for s in n.value)
         == sorted(s for n in after.nodes for s in n.value)
         and all(path_slots(after, k) == path_slots(before, k) for k in locks)
