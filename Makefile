@@ -209,7 +209,7 @@ sglang-tests: $(STAMP)
 # once (pip --no-deps, 8-40 MB, into $(VLLM_WHEELS)), its radix-cache files extracted to
 # build/sglang-RELEASE beside pagedkv's stand-ins (pagedkv_stateful/engines/sglang.py), the
 # loaded code checked (tests/sglang_wheel_checks.py), then `pagedkv conform
-# pagedkv_stateful.engines.sglang:radix_cache --level radix` under python and python -O:
+# pagedkv_stateful.engines.sglang:radix_target --level radix` under python and python -O:
 # one report per release and run, text and JSON in $(CONFORM_SGLANG_DIR), then every
 # finding's program replayed in a fresh process. Findings exit 1 per run and are kept; a
 # usage error stops. Not part of `make test` (needs the network once).
@@ -229,7 +229,7 @@ conform-sglang: $(STAMP)
 	for release in $(SGLANG_RELEASES); do for opt in "" -O; do \
 	  out=$(CONFORM_SGLANG_DIR)/radix-$$release$$opt; \
 	  PAGEDKV_SGLANG_DIR=build/sglang-$$release $(BIN)/python $$opt -m pagedkv conform \
-	    pagedkv_stateful.engines.sglang:radix_cache --level radix $(CONFORM_SGLANG_ARGS) \
+	    pagedkv_stateful.engines.sglang:radix_target --level radix $(CONFORM_SGLANG_ARGS) \
 	    --json $$out.json > $$out.txt; \
 	  rc=$$?; cat $$out.txt; [ $$rc -le 1 ] || exit $$rc; \
 	done; done

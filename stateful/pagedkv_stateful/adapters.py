@@ -150,6 +150,8 @@ MISUSE_KINDS = frozenset(
         "unknown_sequence",  # append to a sequence without a table
         "wrong_state",  # swap in a group with nothing swapped / out with nothing running
         "wrong_device",  # append to a sequence whose blocks are on the CPU
+        "unlock_unlocked",  # radix: unlock a node nobody locked
+        "free_free_page",  # radix: free a page that is free
     }
 )
 

@@ -60,10 +60,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagedkv.radix import RadixKey, RadixRequest
 from pagedkv_spec.radix.state import CacheState, Row
 from pagedkv_spec.radix.tree import Namespace, Node, NodeKey, Tree
 from pagedkv_stateful.engines.wheel import Loader, TargetSetupError, stand_ins
 from pagedkv_stateful.kit.replay import replay_reports, use_prelude
+from pagedkv_stateful.radix.target import Event, RadixTarget
 
 __all__ = [
     "API_CHECKPOINT",
@@ -74,9 +76,10 @@ __all__ = [
     "RELEASES",
     "AllocatorView",
     "Match",
-    "RadixTarget",
     "Release",
+    "SGLangRadixCache",
     "SGLangRequest",
+    "SGLangTarget",
     "TargetSetupError",
     "conform_prelude",
     "conform_source",
@@ -84,6 +87,7 @@ __all__ = [
     "key_fields",
     "loaded_release",
     "radix_cache",
+    "radix_target",
     "release_of",
     "sglang_objects",
     "use",
@@ -256,8 +260,8 @@ def sglang_objects(
 
 def radix_cache(
     num_pages: int, page_size: int, eviction_policy: str = "lru", enable_events: bool = False
-) -> RadixTarget:
-    """The kit's radix-level factory (``pagedkv conform
+) -> SGLangRadixCache:
+    """SGLang's classic tree (``pagedkv conform
     pagedkv_stateful.engines.sglang:radix_cache --level radix``): SGLang's classic tree
     over its allocator and request pool (:func:`sglang_objects`) behind
     :class:`RadixTarget`, the surface of ``pagedkv.radix.RadixCache``. SGLang's KV events
@@ -265,7 +269,7 @@ def radix_cache(
     if enable_events:
         raise ValueError("the SGLang target runs with KV events off (enable_events=False)")
     cache, allocator, pool = sglang_objects(num_pages, page_size, eviction_policy=eviction_policy)
-    return RadixTarget(cache, allocator, pool, loaded_release())
+    return SGLangRadixCache(cache, allocator, pool, loaded_release())
 
 
 # --------------------------------------------------------------------------- the target
@@ -345,6 +349,10 @@ class SGLangRequest:
         return 0
 
 
+#: The attribute :meth:`SGLangRadixCache._tag` names SGLang's nodes by.
+_NAME = "_pagedkv_namespace"
+
+
 @dataclass(frozen=True)
 class Match:
     """A lookup's result as ``pagedkv.radix.MatchResult`` gives it: the slots (a list) and
@@ -393,7 +401,7 @@ class AllocatorView:
         self.sglang.clear()
 
 
-class RadixTarget:
+class SGLangRadixCache:
     """SGLang's ``RadixCache``, ``PagedTokenToKVPoolAllocator`` and ``ReqToTokenPool``
     behind the surface of ``pagedkv.radix.RadixCache`` (the radix machine's target):
 
@@ -450,6 +458,7 @@ class RadixTarget:
 
     def match_prefix(self, key: Any) -> Match:
         result = self.cache.match_prefix(self._bpc.MatchPrefixParams(key=self.sglang_key(key)))
+        self._settle_names()
         node = result.last_device_node
         if self.release.api == API_CHECKPOINT:
             slots = self.cache.path_device_indices(node)[: result.device_prefix_len]
@@ -468,7 +477,47 @@ class RadixTarget:
                 params.inserted_len = len(indices)
             else:
                 params.chunked = True
-        return int(self.cache.insert(params).prefix_len)
+        prefix = int(self.cache.insert(params).prefix_len)
+        self._settle_names()
+        self._tag(key.namespace, key.token_ids)
+        return prefix
+
+    def _settle_names(self) -> None:
+        """Name each unnamed node by its first child's name: a node a split made (the
+        upper part) is named as the node it was cut from. O(tree)."""
+        stack = [(child, False) for child in self.cache.root_node.children.values()]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                if getattr(node, _NAME, None) is None and node.children:
+                    first = next(iter(node.children.values()))
+                    named = getattr(first, _NAME, None)
+                    if named is not None:
+                        setattr(node, _NAME, named)
+                continue
+            stack.append((node, True))
+            stack.extend((child, False) for child in node.children.values())
+
+    def _tag(self, namespace: Namespace, tokens: Sequence[int]) -> None:
+        """Name the nodes on the path of ``tokens`` in SGLang's key of ``namespace`` that
+        have no name yet by ``namespace`` (a node is named by the namespace that made it:
+        what SGLang's key fields merge, the names keep apart). Read-only on SGLang's
+        tree. O(path)."""
+        extra, salt = self._fields(namespace)
+        node, i, n = self.cache.root_node, 0, len(tokens) - len(tokens) % self.page_size
+        while i < n:
+            for child in node.children.values():
+                k = child.key
+                if k.extra_key != extra or getattr(k, "cache_salt", None) != salt:
+                    continue
+                own = [int(t) for t in k.token_ids[: len(k)]]
+                if own and list(tokens[i : i + len(own)]) == own:
+                    if getattr(child, _NAME, None) is None:
+                        setattr(child, _NAME, namespace)
+                    node, i = child, i + len(own)
+                    break
+            else:
+                return
 
     def inc_lock_ref(self, node: Any) -> int:
         return int(self.cache.inc_lock_ref(node).delta or 0)
@@ -548,6 +597,8 @@ class RadixTarget:
             m.last_node = m.lock.node
         else:
             self.cache.cache_unfinished_req(m, chunked=chunked)
+        self._settle_names()
+        self._tag(req.namespace, req.token_ids[:n])
         req.slots[:] = self._row(m, n)
         req.cache_protected_len = m.cache_protected_len
         node = m.last_node
@@ -570,6 +621,9 @@ class RadixTarget:
             self.cache.free_kv_row(m, [(m.cache_protected_len, n)])
             self.cache.unlock(m.lock)
             m.lock = None
+        if is_insert:
+            self._settle_names()
+            self._tag(req.namespace, req.token_ids[:n])
         self.pool.free(m)
         del self._mirrors[id(req)]
         req.slots = []
@@ -586,9 +640,22 @@ class RadixTarget:
             node = node.parent
         return tuple(int(t) for part in reversed(parts) for t in part)
 
+    def node_key(self, node: Any) -> NodeKey:
+        """``(namespace, path)`` of SGLang's node (the root: the empty namespace's)."""
+        if node is self.cache.root_node:
+            return (Namespace(), ())
+        return (self._namespace(node), self._path(node))
+
     def _namespace(self, node: Any) -> Namespace:
-        """The namespace of SGLang's node: the first namespace whose requests used its key
-        fields (two namespaces SGLang joins into one are one namespace there)."""
+        """The namespace of SGLang's node: the one that made it (:meth:`_tag`; a node a
+        split made is its lower part's), else the first namespace whose requests used
+        its key fields. O(depth below it)."""
+        x = node
+        while x is not None:
+            named = getattr(x, _NAME, None)
+            if named is not None:
+                return named  # type: ignore[no-any-return]  # a Namespace _tag set
+            x = next(iter(x.children.values()), None)
         fields = (node.key.extra_key, getattr(node.key, "cache_salt", None))
         known = self._namespaces.get(fields)
         return known if known is not None else Namespace(fields[0], None, fields[1])
@@ -639,6 +706,123 @@ class RadixTarget:
 
     def __repr__(self) -> str:
         return f"SGLang {self.release.version} RadixCache"
+
+
+@dataclass(frozen=True)
+class RootHandle:
+    """SGLang's one root as a namespace's root: what a miss in ``namespace`` returns
+    (pagedkv keeps a root per namespace; SGLang files every namespace under one)."""
+
+    root: Any
+    namespace: Namespace
+
+
+class SGLangTarget(RadixTarget):
+    """SGLang's classic tree (:class:`SGLangRadixCache`) as the radix machine's target
+    (:class:`pagedkv_stateful.radix.target.RadixTarget`): each method one call of
+    SGLang's (the request helpers through the release's request API), or one read of
+    its state. What SGLang does its own way, not wrongly, is declared for the kit:
+
+    * ``free_order_exact = False``: from 0.5.13 a free puts the pages in front in the
+      order it is given (``free_segment``), and 0.5.22's release frees the row's own
+      range in one call; the pages freed are the spec's, their order SGLang's;
+    * ``events_supported = False``: SGLang's KV events are not loaded (their hashes
+      need its native extension from 0.5.13);
+    * ``rejects_misuse = False``: SGLang promises no error on a call its scheduler never
+      makes (unlocking an unlocked node, freeing a free page);
+    * ``policies``: 0.5.22 on count an LFU hit only past the request's own inserted
+      length, so its ``lfu`` order is not the spec's: ``lru`` and ``priority`` only.
+    """
+
+    free_order_exact = False
+    events_supported = False
+    rejects_misuse = False
+
+    def __init__(self, num_pages: int, page_size: int, policy: str, events: bool) -> None:
+        self.args = (num_pages, page_size, policy, events)
+        self.cache = radix_cache(num_pages, page_size, policy)
+        self.policies: tuple[str, ...] = (
+            ("lru", "priority") if self.cache.release.api == API_CHECKPOINT
+            else ("lru", "lfu", "priority")
+        )  # fmt: skip
+
+    @staticmethod
+    def _key(ns: Namespace, tokens: Sequence[int]) -> RadixKey:
+        return RadixKey(list(tokens), ns.extra_key, lora_id=ns.lora_id, cache_salt=ns.cache_salt)
+
+    def _node(self, node: object) -> Any:
+        return node.root if isinstance(node, RootHandle) else node
+
+    def match_prefix(self, ns: Namespace, tokens: list[int]) -> tuple[list[int], object]:
+        m = self.cache.match_prefix(self._key(ns, tokens))
+        node = m.last_device_node
+        if node is self.cache.root_node:
+            node = RootHandle(node, ns)
+        return list(m.device_indices), node
+
+    def insert(self, ns: Namespace, tokens: list[int], slots: list[int]) -> int:
+        return self.cache.insert(self._key(ns, tokens), slots)
+
+    def inc_lock_ref(self, node: object) -> None:
+        self.cache.inc_lock_ref(self._node(node))
+
+    def dec_lock_ref(self, node: object) -> None:
+        self.cache.dec_lock_ref(self._node(node))
+
+    def evict(self, num_tokens: int) -> int:
+        return self.cache.evict(num_tokens)
+
+    def alloc(self, num_slots: int) -> list[int] | None:
+        return self.cache.allocator.alloc(num_slots)
+
+    def free(self, slots: list[int]) -> None:
+        self.cache.allocator.free(slots)
+
+    def new_req(
+        self, ns: Namespace, tokens: list[int], slots: list[int], protected: int, node: object
+    ) -> object:
+        node = self._node(node)
+        root = node is None or node is self.cache.root_node
+        return RadixRequest(list(tokens), ns, 0, list(slots), protected, None if root else node)  # type: ignore[arg-type]  # SGLang's node
+
+    def extend_req(self, req: object, tokens: list[int], slots: list[int]) -> None:
+        assert isinstance(req, RadixRequest)
+        req.token_ids += tokens
+        req.slots += slots
+
+    def req_row(self, req: object) -> tuple[list[int], int, object | None]:
+        assert isinstance(req, RadixRequest)
+        return list(req.slots), req.cache_protected_len, req.last_node
+
+    def cache_unfinished_req(self, req: object) -> None:
+        self.cache.cache_unfinished_req(req)
+
+    def cache_finished_req(self, req: object, is_insert: bool) -> None:
+        self.cache.cache_finished_req(req, is_insert)
+
+    def flush(self) -> None:
+        self.cache.reset()
+
+    def take_events(self) -> list[Event]:
+        return []
+
+    def view(self) -> CacheState:
+        return self.cache.to_spec()
+
+    def node_key(self, node: object) -> NodeKey:
+        if isinstance(node, RootHandle):
+            return (node.namespace, ())
+        return self.cache.node_key(node)
+
+    def source(self) -> str:
+        return f"target = radix_target{self.args!r}"
+
+
+def radix_target(num_pages: int, page_size: int, policy: str, events: bool) -> SGLangTarget:
+    """The kit's radix-level factory (``pagedkv conform
+    pagedkv_stateful.engines.sglang:radix_target --level radix``): SGLang's classic tree
+    of the loaded release as the radix machine's target."""
+    return SGLangTarget(num_pages, page_size, policy, events)
 
 
 # --------------------------------------------------------------------------- command line
