@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, rule
 
 from pagedkv import CpuGpuBlockAllocator
-from pagedkv_stateful.adapters import Capabilities
+from pagedkv_stateful.adapters import MISUSE_KINDS, Capabilities
 from pagedkv_stateful.kit.conform import main
 from pagedkv_stateful.kit.levels import (
     LEVELS,
@@ -24,6 +24,7 @@ from pagedkv_stateful.kit.levels import (
 from pagedkv_stateful.kit.search import run_conformance
 from pagedkv_stateful.kit.targets import UsageError
 from pagedkv_stateful.lockstep import LockstepBase
+from pagedkv_stateful.radix.target import pagedkv_target
 
 
 class Slots:
@@ -207,3 +208,25 @@ def test_an_offload_target_without_a_method_is_told_what_it_lacks() -> None:
 
     with pytest.raises(UsageError, match="lacks on_reset_flushed"):
         run_conformance(NoFlush, level="v1-offload", max_examples=5, replay=False)
+
+
+# --------------------------------------------------------------------------- the radix level
+
+
+def test_the_radix_level_is_one_well_formed_row() -> None:
+    from pagedkv_stateful.radix.machine import STATE_CLASSES, RadixMachine
+
+    row = LEVELS["radix"]
+    assert row.machine is RadixMachine and row.coverage == STATE_CLASSES
+    assert row.signature == "(num_pages, page_size, policy, events)"
+    assert set(row.misuse_kinds) <= MISUSE_KINDS and row.callers
+    assert describe(Capabilities(misuse=False), "radix").startswith("misuse not rejected")
+
+
+def test_pagedkvs_own_radix_cache_passes_the_radix_level_quickly() -> None:
+    report = run_conformance(
+        pagedkv_target, level="radix", max_examples=40, replay=False, max_violations=1
+    )
+    assert report.findings == [] and report.level == "radix"
+    assert report.capabilities.misuse and report.capabilities.typed_errors
+    assert sum(report.coverage.values()) > 0

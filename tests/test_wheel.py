@@ -167,3 +167,56 @@ def test_the_loaded_source_names_the_wheel_and_its_sha256(tmp_path: Path, no_vll
     whl = _wheel(tmp_path / "vllm-9.9.9-py3-none-any.whl")
     LOADER.use(LOADER.extract(whl, tmp_path / "d"))
     assert LOADER.loaded_source() == f"vllm 9.9.9 from {whl.name} (sha256 {_sha(whl)})"
+
+
+# --------------------------------------------------------------------------- another engine
+
+
+@dataclass(frozen=True)
+class _Toy:
+    version: str
+    wheel_files: tuple[str, ...]
+    stand_ins: Mapping[str, str]
+
+
+TOY = Loader(
+    module="toy_engine",
+    env="TOY_ENGINE_DIR",
+    marker="toyeng/core.py",
+    layer="toy layer",
+    releases={
+        "1.0": _Toy("1.0", ("toyeng/core.py",), {"toyeng/__init__.py": ""}),
+        "2.0": _Toy("2.0", ("toyeng/core.py",), {"toyeng/__init__.py": ""}),
+    },
+    release_file="toy-release.txt",
+    package="toyeng",
+    engine="ToyEngine",
+)
+
+
+def test_another_engines_package_is_extracted_and_named(tmp_path: Path) -> None:
+    """The loader serves any engine: its package, its wheel's version, its messages."""
+    whl = tmp_path / "toyeng-2.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("toyeng/core.py", "B = 1\n")
+        z.writestr("toyeng-2.0.dist-info/METADATA", "")
+    done = TOY.extract_wheel(whl, tmp_path / "d")
+    assert done.release == "2.0" and (tmp_path / "d/toyeng/core.py").read_text() == "B = 1\n"
+    assert wheel.wheel_release(["toyeng-2.0.dist-info/METADATA"], whl, "toyeng") == "2.0"
+    err = raised(TargetSetupError, TOY.release_of, tmp_path / "empty")
+    assert "no extracted ToyEngine toy layer" in str(err)
+
+
+def test_a_release_whose_file_list_grew_is_extracted_again(tmp_path: Path) -> None:
+    whl = _wheel(tmp_path / "w.whl")
+    LOADER.extract(whl, tmp_path / "d")
+    grown = Loader(
+        module="toy_target",
+        env="TOY_VLLM_DIR",
+        marker="vllm/core/a.py",
+        layer="toy layer",
+        releases={"9.9.9": _Release("9.9.9", FILES, {**STAND_INS, "vllm/extra.py": ""})},
+    )
+    done = grown.extract_wheel(whl, tmp_path / "d")
+    assert not done.cached and "lacks vllm/extra.py" in done.why
+    assert (tmp_path / "d/vllm/extra.py").is_file()

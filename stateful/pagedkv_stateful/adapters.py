@@ -154,6 +154,8 @@ MISUSE_KINDS = frozenset(
         "not_ready_load",  # offload tier: load a key not ready (absent, being stored)
         "not_storing_complete",  # offload tier: complete a store that is not in flight
         "unknown_request",  # offload tier: call for a request never announced
+        "unlock_unlocked",  # radix: unlock a node nobody locked
+        "free_free_page",  # radix: free a page that is free
     }
 )
 

@@ -129,8 +129,12 @@ MANAGER_KINDS = (
     "wrong_state",
     "wrong_device",
 )
+#: The misuse kinds of the radix level.
+RADIX_KINDS = ("unlock_unlocked", "free_free_page")
 #: What rejecting each kind of misuse means, for the report.
 MISUSE_MEANING = {
+    "unlock_unlocked": "unlocking a node nobody locked is rejected, nothing changed",
+    "free_free_page": "freeing a page that is free is rejected, nothing changed",
     "double_free": "freeing a freed block object again is rejected",
     "stale_handle": "a freed block object is rejected (append, fork, chain parent) even "
     "while nothing else holds it",
@@ -180,6 +184,14 @@ CACHING_ONLY = frozenset(
 ACT_ON_YES = (
     "an allocation, append or swap its question did not answer yes to (a scheduler acts "
     "only on a yes)"
+)
+
+
+#: The radix level's callers' contract (the machine plays SGLang's scheduler).
+RADIX_SCHEDULER = (
+    "an SGLang scheduler's calls only (a request admitted on its own match and lock, "
+    "eviction of the shortfall before an allocation, checkpoints and a finish or abort "
+    "per request, a flush only when idle)"
 )
 
 

@@ -328,16 +328,21 @@ def _first_line(text: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def render(summary: Summary) -> str:
-    """The summary as text: counts, reasons, every in-scope failure, stale rows."""
+def render(
+    summary: Summary,
+    title: str = "vLLM's V1 KV-cache tests against pagedkv.v1",
+    reasons: Sequence[str] = REASONS,
+) -> str:
+    """The summary as text: counts, reasons (in the order of ``reasons``), every
+    in-scope failure, stale rows; ``title`` heads it."""
     out_total = sum(map(len, summary.out_of_scope.values()))
     in_scope = len(summary.passed) + len(summary.documented) + len(summary.undocumented)
     lines = [
-        f"vLLM's V1 KV-cache tests against pagedkv.v1: {summary.total} tests",
+        f"{title}: {summary.total} tests",
         f"  passed:                 {len(summary.passed)}",
         f"  out of scope:           {out_total}",
     ]
-    order = {r: i for i, r in enumerate(REASONS)}
+    order = {r: i for i, r in enumerate(reasons)}
     for reason, items in sorted(
         summary.out_of_scope.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0])
     ):

@@ -2,15 +2,16 @@
 out of the engine's wheel, write pagedkv's stand-ins beside them, and import the result.
 
 A target family (:mod:`pagedkv_stateful.engines.vllm063`,
-:mod:`pagedkv_stateful.engines.vllm_v1`, ...) describes itself with a :class:`Loader`:
-the path users name it by, its directory's environment variable, a file every
-extraction has, and its releases (:class:`WheelRelease`: the wheel's files to copy and
+:mod:`pagedkv_stateful.engines.vllm_v1`, :mod:`pagedkv_stateful.engines.sglang`, ...)
+describes itself with a :class:`Loader`: the path users name it by, the engine's
+top-level package (``vllm``, ``sglang``), its directory's environment variable, a file
+every extraction has, and its releases (:class:`WheelRelease`: the wheel's files to copy and
 the stand-ins to write). The stand-ins are real modules of this package, under
 ``stand_ins/<tree>/`` (checked by ruff and mypy, never imported as
 ``pagedkv_stateful`` modules): :func:`stand_ins` reads a tree, later trees replacing
-an earlier one's files. One process holds one extracted ``vllm``.
+an earlier one's files. One process holds one extracted package per engine.
 
-Cache and checksums: an extraction records, in :data:`MANIFEST` beside ``vllm/``, the
+Cache and checksums: an extraction records, in :data:`MANIFEST` beside the package, the
 wheel's file name and SHA-256, the release and every written file's SHA-256. Extracting
 the same wheel into a directory that holds it, intact, copies nothing; another wheel,
 a modified, missing or extra file is re-extracted (the command says why). Loading a
@@ -47,15 +48,16 @@ __all__ = [
     "wheel_release",
 ]
 
-#: Where the stand-in trees are (package data: ``stand_ins/<tree>/vllm/...``).
+#: Where the stand-in trees are (package data: ``stand_ins/<tree>/<package>/...``).
 STAND_INS_DIR = Path(__file__).with_name("stand_ins")
-#: What :meth:`Loader.extract` writes beside ``vllm/``: the wheel's file name and SHA-256,
+#: What :meth:`Loader.extract` writes beside the package: the wheel's file name and SHA-256,
 #: the release, and the SHA-256 of every file it wrote (JSON).
 MANIFEST = "pagedkv-wheel.json"
 
 
 class TargetSetupError(RuntimeError):
-    """The engine's modules cannot be loaded (no directory, a wrong wheel, another vllm)."""
+    """The engine's modules cannot be loaded (no directory, a wrong wheel, another copy of
+    the engine's package)."""
 
 
 class WheelRelease(Protocol):
@@ -90,17 +92,18 @@ def stand_ins(*trees: str, drop: tuple[str, ...] = ()) -> dict[str, str]:
     return {name: text for name, text in out.items() if name not in drop}
 
 
-def wheel_release(names: list[str], wheel: str | Path) -> str:
-    """The vLLM version a wheel holds, from its ``vllm-X.dist-info`` directory (or, in a
-    wheel without one, from its file name)."""
+def wheel_release(names: list[str], wheel: str | Path, package: str = "vllm") -> str:
+    """The version of ``package`` a wheel holds, from its ``PACKAGE-X.dist-info``
+    directory (or, in a wheel without one, from its file name)."""
+    quoted = re.escape(package)
     for name in names:
-        found = re.fullmatch(r"vllm-([^/-]+)\.dist-info/METADATA", name)
+        found = re.fullmatch(quoted + r"-([^/-]+)\.dist-info/METADATA", name)
         if found:
             return found.group(1)
-    found = re.match(r"vllm-([^-]+)-", Path(wheel).name)
+    found = re.match(quoted + r"-([^-]+)-", Path(wheel).name)
     if found:
         return found.group(1)
-    raise TargetSetupError(f"{wheel} names no vllm version: is it a vllm wheel?")
+    raise TargetSetupError(f"{wheel} names no {package} version: is it a {package} wheel?")
 
 
 @dataclass(frozen=True)
@@ -113,10 +116,12 @@ class Loader:
     file every extraction has; ``layer``: what the files are, in messages ("block
     layer"); ``hint``: more advice after the extract command; ``releases``: the
     releases known, by version; ``release_file``: the file :meth:`extract` writes beside
-    ``vllm/`` with the release it holds; ``release_required``: whether a
+    the package with the release it holds; ``release_required``: whether a
     directory without it (an older extract's) needs it to count as an earlier
     extract's (else :attr:`marker` is enough); ``manifest``: the checksums file
-    (:data:`MANIFEST`) :meth:`extract` writes and :meth:`use` verifies.
+    (:data:`MANIFEST`) :meth:`extract` writes and :meth:`use` verifies; ``package``: the
+    engine's top-level package the wheel's files are under (what :meth:`use` imports);
+    ``engine``: its name in messages.
     """
 
     module: str
@@ -129,10 +134,12 @@ class Loader:
     hint: str = ""
 
     manifest: str = MANIFEST
+    package: str = "vllm"
+    engine: str = "vLLM"
 
     def _not_extracted(self, directory: str | Path) -> TargetSetupError:
         return TargetSetupError(
-            f"{directory} holds no extracted vLLM {self.layer}; run "
+            f"{directory} holds no extracted {self.engine} {self.layer}; run "
             f"`python -m {self.module} extract WHEEL DIR`{self.hint}"
         )
 
@@ -149,7 +156,7 @@ class Loader:
 
         A cache: when ``dest`` already holds this wheel's extraction of this release,
         every file as the manifest records it, nothing is copied (``cached``). Otherwise
-        a ``dest/vllm`` an earlier extract wrote (another wheel, a modified or missing
+        a ``dest/PACKAGE`` an earlier extract wrote (another wheel, a modified or missing
         file, an extract without a manifest) is replaced (``why`` says why); any other
         is refused (a directory without :attr:`release_file` counts as an earlier
         extract's when the release is not required and it has :attr:`marker`).
@@ -164,10 +171,10 @@ class Loader:
         with zipfile.ZipFile(wheel) as z:
             names = z.namelist()
             only = next(iter(self.releases)) if len(self.releases) == 1 else None
-            version = release or only or wheel_release(names, wheel)
+            version = release or only or wheel_release(names, wheel, self.package)
             if version not in self.releases:
                 raise TargetSetupError(
-                    f"vllm {version} is not a release this target knows "
+                    f"{self.package} {version} is not a release this target knows "
                     f"(known: {', '.join(sorted(self.releases))})"
                 )
             spec = self.releases[version]
@@ -175,13 +182,20 @@ class Loader:
             missing = [f for f in spec.wheel_files if f not in present]
             if missing:
                 raise TargetSetupError(
-                    f"{wheel} has no {', '.join(missing)}: is it vllm {version}?"
+                    f"{wheel} has no {', '.join(missing)}: is it {self.package} {version}?"
                 )
             done = Extraction(dest, version, Path(wheel).name, digest)
             why = ""
-            if (dest / "vllm").exists():
+            top = dest / self.package
+            if top.exists():
                 recorded = self._manifest(dest)
                 why = self._stale(dest, recorded, digest, version)
+                if not why and recorded is not None:
+                    # a release whose file list grew since (a new wheel file or stand-in)
+                    wanted = (*spec.wheel_files, *spec.stand_ins)
+                    new = [name for name in wanted if name not in recorded["files"]]
+                    if new:
+                        why = f"it lacks {new[0]} (the release's files changed)"
                 if not why:  # this wheel's files, intact
                     return replace(done, cached=True)
                 ours = (
@@ -190,8 +204,8 @@ class Loader:
                     or (not self.release_required and (dest / self.marker).is_file())
                 )
                 if not ours:
-                    raise TargetSetupError(f"{dest / 'vllm'} exists and extract did not write it")
-                shutil.rmtree(dest / "vllm")  # no stale files of another release
+                    raise TargetSetupError(f"{top} exists and extract did not write it")
+                shutil.rmtree(top)  # no stale files of another release
             files: dict[str, str] = {}
             for name in spec.wheel_files:
                 data = z.read(name)
@@ -247,7 +261,7 @@ class Loader:
                 f"sha256 {record['sha256']})"
             )
         if version is not None and record["release"] != version:
-            return f"it holds vllm {record['release']}"
+            return f"it holds {self.package} {record['release']}"
         files: dict[str, str] = record["files"]
         for name, want in sorted(files.items()):
             path = directory / name
@@ -257,7 +271,7 @@ class Loader:
                 return f"{name} was modified"
         extra = sorted(
             p.relative_to(directory).as_posix()
-            for p in (directory / "vllm").rglob("*")
+            for p in (directory / self.package).rglob("*")
             if p.is_file() and "__pycache__" not in p.parts
         )
         unknown = [name for name in extra if name not in files]
@@ -267,7 +281,7 @@ class Loader:
 
     def verify(self, directory: str | Path) -> dict[str, Any]:
         """The manifest of ``directory`` (one :meth:`extract` wrote), after checking
-        every file it records against its SHA-256 and that ``vllm/`` holds no other
+        every file it records against its SHA-256 and that the package holds no other
         file. Raises :class:`TargetSetupError` (what differs, the command that
         re-extracts) if not. O(size of the extracted files)."""
         directory = Path(directory)
@@ -291,21 +305,21 @@ class Loader:
         return path.read_text().strip()
 
     def use(self, directory: str | Path) -> None:
-        """Import ``vllm`` from ``directory`` (one :meth:`extract` wrote, every file as
+        """Import :attr:`package` from ``directory`` (one :meth:`extract` wrote, every file as
         its manifest records it: :meth:`verify`), put first on ``sys.path``. Raises
         :class:`TargetSetupError` if the directory is not as extract wrote it, or if
-        another ``vllm`` (an installed one, or another family's) is already imported:
+        another copy of it (an installed one, or another family's) is already imported:
         one process holds one. O(size of the extracted files) (their checksums; the
         import itself aside)."""
         directory = Path(directory).resolve()
         if not (directory / self.marker).is_file():
             raise self._not_extracted(directory)
-        loaded = sys.modules.get("vllm")
+        loaded = sys.modules.get(self.package)
         if loaded is not None:
             where = Path(getattr(loaded, "__file__", "") or "").resolve().parent.parent
             if where != directory:
                 raise TargetSetupError(
-                    f"another vllm is already imported (from {where}); load {directory} "
+                    f"another {self.package} is already imported (from {where}); load {directory} "
                     "in a fresh process"
                 )
             return
@@ -313,12 +327,12 @@ class Loader:
         if str(directory) in sys.path:
             sys.path.remove(str(directory))
         sys.path.insert(0, str(directory))
-        importlib.import_module("vllm")  # so the factories find it loaded
+        importlib.import_module(self.package)  # so the factories find it loaded
 
     def load(self, name: str) -> Any:
-        """The loaded vLLM's module ``name``, loading the directory :attr:`env` names
-        first if no ``vllm`` is imported."""
-        if "vllm" not in sys.modules:
+        """The loaded engine's module ``name``, loading the directory :attr:`env` names
+        first if no :attr:`package` is imported."""
+        if self.package not in sys.modules:
             directory = os.environ.get(self.env)
             if not directory:
                 raise TargetSetupError(
@@ -330,15 +344,16 @@ class Loader:
 
     def loaded_source(self) -> str | None:
         """What the conformance report names as the code it ran (``pagedkv conform``
-        asks ``conform_source()``): the loaded vLLM's release, wheel and SHA-256, from
-        its directory's manifest; None when no ``vllm`` is loaded. O(1)."""
-        where = getattr(sys.modules.get("vllm"), "__file__", None)
+        asks ``conform_source()``): the loaded engine's release, wheel and SHA-256, from
+        its directory's manifest; None when no :attr:`package` is loaded. O(1)."""
+        where = getattr(sys.modules.get(self.package), "__file__", None)
         if not where:
             return None
         record = self._manifest(Path(where).resolve().parent.parent)
         if record is None:
             return None
-        return f"vllm {record['release']} from {record['wheel']} (sha256 {record['sha256']})"
+        release, wheel = record["release"], record["wheel"]
+        return f"{self.package} {release} from {wheel} (sha256 {record['sha256']})"
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ from pagedkv_stateful.causes import (
     CACHING_KINDS,
     MANAGER_KINDS,
     OFFLOAD_KINDS,
+    RADIX_KINDS,
+    RADIX_SCHEDULER,
     V1_OFFLOAD_CONNECTOR,
     V1_POOL_CALLERS,
     V1_SCHEDULER,
@@ -45,6 +47,8 @@ from pagedkv_stateful.coverage import (
     without,
 )
 from pagedkv_stateful.kit import targets as t
+from pagedkv_stateful.radix.machine import STATE_CLASSES as RADIX_STATE_CLASSES
+from pagedkv_stateful.radix.machine import RadixMachine
 from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
@@ -120,6 +124,14 @@ def _v1_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
     from pagedkv.v1 import KVCacheConfig
 
     return (KVCacheConfig.full_attention(8, 2), *args[1:])
+
+
+def _radix(caps: Capabilities) -> str:
+    """One line for the radix level: the misuse rejected, the errors promised."""
+    misuse = "rejects misuse" if caps.misuse else "misuse not rejected"
+    errors = "typed errors" if caps.typed_errors else "any exception as rejection"
+    callers = "calls beyond its callers'" if caps.beyond_callers else "its callers' calls only"
+    return f"{misuse}; {errors}; {callers}"
 
 
 #: The optional methods of the forwarding adapters' targets, by the flag that needs them.
@@ -315,6 +327,21 @@ _ROWS = (
         callers=(V1_OFFLOAD_CONNECTOR,),
         promises=_offload,
         ci_examples=OFFLOAD_CI_EXAMPLES,
+    ),
+    Level(
+        name="radix",
+        misuse_kinds=RADIX_KINDS,
+        machine=RadixMachine,
+        signature="(num_pages, page_size, policy, events)",
+        probe_args=(4, 2, "lru", False),
+        required=t.RADIX_METHODS,
+        probe=t.probe_radix,
+        build=t.radix_machine,
+        coverage=RADIX_STATE_CLASSES,
+        callers=(RADIX_SCHEDULER,),
+        promises=_radix,
+        # at the profile's 150 a locked path under pressure is met in a few test cases
+        ci_examples=300,
     ),
 )
 

@@ -211,12 +211,13 @@ def replay_reports(paths: Sequence[str]) -> int:
     return status
 
 
-def use_prelude(module: str) -> list[str]:
-    """The lines that load, in a fresh process, the extracted vLLM this process loaded
+def use_prelude(module: str, package: str = "vllm") -> list[str]:
+    """The lines that load, in a fresh process, the extracted engine this process loaded
     (``from MODULE import use; use(DIR)``), so a program replays as printed against the
-    same files; [] when no vllm is loaded. ``module``: the target module whose ``use``
-    loads it (``pagedkv_stateful.vllm063``, ``pagedkv_stateful.vllm_v1``). O(1)."""
-    loaded = sys.modules.get("vllm")
+    same files; [] when no ``package`` (``vllm``, ``sglang``) is loaded. ``module``: the
+    target module whose ``use`` loads it (``pagedkv_stateful.vllm063``,
+    ``pagedkv_stateful.vllm_v1``, ``pagedkv_stateful.engines.sglang``). O(1)."""
+    loaded = sys.modules.get(package)
     where = getattr(loaded, "__file__", None)
     if not where:
         return []

@@ -12,12 +12,18 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn
+
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, invariant
 
 from pagedkv import BlockSpaceManager, SequenceGroup
 from pagedkv import Sequence as Seq
 from pagedkv_spec.device import Device
+from pagedkv_spec.radix import state as S
+from pagedkv_spec.radix.state import Row
+from pagedkv_spec.radix.tree import Namespace
 from pagedkv_stateful.adapters import (
     AllocatorAdapter,
     Capabilities,
@@ -27,8 +33,10 @@ from pagedkv_stateful.adapters import (
     as_allocator_adapter,
     as_manager_adapter,
 )
+from pagedkv_stateful.causes import ORDINARY, cause
 from pagedkv_stateful.kit.replay import NEEDS_O, explicit_asserts
 from pagedkv_stateful.lockstep import EXPECT_ACCEPTED, EXPECT_ERROR
+from pagedkv_stateful.radix.machine import RadixMachine
 from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
@@ -174,6 +182,45 @@ class OffloadProbe:
     own: bool
 
 
+#: The radix level's target surface (:class:`pagedkv_stateful.radix.target.RadixTarget`).
+RADIX_METHODS = (
+    "match_prefix",
+    "insert",
+    "inc_lock_ref",
+    "dec_lock_ref",
+    "evict",
+    "alloc",
+    "free",
+    "new_req",
+    "extend_req",
+    "req_row",
+    "cache_unfinished_req",
+    "cache_finished_req",
+    "flush",
+    "take_events",
+    "view",
+    "node_key",
+)
+
+
+@dataclass(frozen=True)
+class RadixProbe:
+    """The probe of a radix-level factory: its target, what it promises, and what it
+    does its own way (read from the target: ``free_order_exact``, ``events_supported``,
+    ``policies``; pagedkv's own does everything the spec says)."""
+
+    target: Any
+    capabilities: Capabilities
+    own: bool
+    #: a free puts the pages in front in ascending order (else: in an order of its own,
+    #: which the machine takes from the target; the pages themselves are still judged)
+    free_order_exact: bool = True
+    #: it reports KV events (replayed to its pages, R10)
+    events: bool = True
+    #: the eviction policies whose order is the spec's
+    policies: tuple[str, ...] = ("lru", "lfu", "priority")
+
+
 class UsageError(Exception):
     """Bad ``MODULE:FACTORY`` or options; :func:`main` prints it on one line and exits 2."""
 
@@ -221,7 +268,7 @@ def import_of(factory: Callable[..., Any], call: str) -> tuple[str, str]:
     return "", call
 
 
-Probe = AllocatorAdapter | ManagerAdapter | CachingProbe | V1Probe | OffloadProbe
+Probe = AllocatorAdapter | ManagerAdapter | CachingProbe | V1Probe | OffloadProbe | RadixProbe
 
 
 def probe_allocator(result: object, shown: str) -> AllocatorAdapter:
@@ -400,6 +447,34 @@ def probe_v1_offload(result: object, shown: str) -> OffloadProbe:
     return OffloadProbe(target, caps, own)
 
 
+def probe_radix(result: object, shown: str) -> RadixProbe:
+    """The radix-level target's surface and what it declares; pagedkv's own promises
+    typed errors and rejects misuse."""
+    from pagedkv_stateful.radix.target import PagedkvTarget
+
+    target, caps = _with_surface(
+        result,
+        shown,
+        RADIX_METHODS,
+        "a radix-level target has the radix machine's surface "
+        "(pagedkv_stateful.radix.target.RadixTarget; SGLang's classic tree: "
+        "pagedkv_stateful.engines.sglang:radix_target)",
+    )
+    own = isinstance(target, PagedkvTarget)
+    if caps is None:
+        rejects = bool(getattr(target, "rejects_misuse", True))
+        caps = Capabilities(misuse=rejects, typed_errors=own, beyond_callers=own)
+    policies = tuple(getattr(target, "policies", RadixProbe.policies))
+    return RadixProbe(
+        target,
+        caps,
+        own,
+        free_order_exact=bool(getattr(target, "free_order_exact", True)),
+        events=bool(getattr(target, "events_supported", True)),
+        policies=policies,
+    )
+
+
 def _probe_devices(adapter: AllocatorAdapter, shown: str) -> None:
     """The free and total counts of both devices: the machine's first calls after every
     step, so a device value the target does not take fails here, not as a violation."""
@@ -447,6 +522,8 @@ def imports_of(
         first = OFFLOAD_IMPORTS
     elif isinstance(probe, V1Probe) and probe.pool:
         first = "from pagedkv.v1 import Request, get_request_block_hasher"
+    elif isinstance(probe, RadixProbe):
+        first = "from pagedkv_spec.radix.tree import Namespace"
     elif isinstance(probe, V1Probe):
         first = V1_IMPORTS
         if probe.own:  # its requests include the general path's (a Request subclass)
@@ -683,6 +760,196 @@ def v1_offload_machine(
     return ConformOffload
 
 
+def radix_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[RadixMachine]:
+    """The radix level's machine over ``factory`` (as :func:`caching_machine`), with
+    what the target declares (:class:`RadixProbe`): its free order taken from it, no
+    events where it reports none, the policies whose order is the spec's, and no misuse
+    where it rejects none."""
+    from pagedkv_stateful.radix.machine import RadixMachine as Machine
+
+    declared = probe if isinstance(probe, RadixProbe) else RadixProbe(None, caps, False)
+
+    def build(num_pages: int, page_size: int, policy: str, events: bool) -> Any:
+        return _caching_target(factory(num_pages, page_size, policy, events))[0]
+
+    class ConformRadix(Machine):
+        #: causes already reported (the kit's search adopts them)
+        known: frozenset[str] = frozenset()
+        #: the namespace of the running step, and the field telling it apart from a
+        #: namespace its key fields join to (a near-collision), if any
+        _ns: Namespace | None = None
+        _near = ""
+        #: what the running eviction evicts in the spec (the program's count)
+        _evict_want = 0
+
+        @initialize(
+            num_pages=st.integers(2, 12),
+            page_size=st.sampled_from((1, 2, 4)),
+            policy=st.sampled_from(("lru", "lru", "lfu", "priority")),
+            events=st.booleans(),
+        )
+        def setup(self, num_pages: int, page_size: int, policy: str, events: bool) -> None:
+            policy = policy if policy in declared.policies else declared.policies[0]
+            events = events and declared.events
+            super().setup(num_pages, page_size, policy, events)
+            self.program[-1] = f"target = {call}({num_pages}, {page_size}, {policy!r}, {events})"
+
+        def _adopt_free_order(self) -> None:
+            # the target's order of the pages a free put in front, when only the order
+            # differs (declared: free_order_exact False)
+            free = self.target.view().free
+            if free != self.model.free and sorted(free) == sorted(self.model.free):
+                self.model = replace(self.model, free=free)
+
+        def _evict(self, n: int) -> None:
+            self._evict_want = S.evict(self.model, n)[1]
+            super()._evict(n)
+            if not declared.free_order_exact:
+                self._adopt_free_order()
+
+        @invariant()
+        def agrees(self) -> None:
+            if hasattr(self, "target") and not declared.free_order_exact:
+                self._adopt_free_order()
+            super().agrees()
+
+        def violate(
+            self,
+            check: str,
+            detail: str,
+            check_line: str | None = None,
+            *,
+            replace_last: bool = False,
+            why: str = "",
+        ) -> NoReturn:
+            self._near = _twin(self._ns, self.model)
+            if (
+                check == "R8"
+                and self.program
+                and self.program[-1].startswith("assert target.evict(")
+            ):
+                replace_last = True  # the same call, its count the spec's
+            if check_line is not None:
+                check_line = self._replayable(check, detail, check_line)
+            super().violate(check, detail, check_line, replace_last=replace_last, why=why)
+
+        def _replayable(self, check: str, detail: str, line: str) -> str:
+            """The machine's check line as a statement a fresh process can run: the
+            spec's free list for ``FREE``; for ``check_radix(target)``, the rows of the
+            live requests (a state invariant) or the spec's nodes and rows (a
+            difference from the spec)."""
+            line = line.replace("== FREE", f"== {tuple(self.model.free)!r}")
+            if line != "check_radix(target)":
+                return line
+            rows = ", ".join(f"({r.rid}, {r.ns!r}, {list(r.tokens)})" for r in self.model.rows)
+            if detail.startswith("invariant "):  # a state invariant of the target's view
+                return f"radix_check(target, [{rows}])"
+            if check == "R14":
+                want = [(r.slots, r.protected, r.locked) for r in self.model.rows]
+                return f"assert radix_check_rows(target, [{rows}]) == {want!r}"
+            want_nodes = sorted(_shape_of(self.model), key=repr)
+            return f"assert radix_check_nodes(target) == {want_nodes!r}"
+
+        def _log(self, line: str) -> None:
+            if line.endswith("== EVICTED"):  # the count the spec evicts
+                line = line.removesuffix("EVICTED") + str(self._evict_want)
+            super()._log(line)
+
+        def _call_match(self, ns: Namespace, tokens: list[int]) -> Any:
+            self._ns = ns
+            return super()._call_match(ns, tokens)
+
+        def _draw_ns(self, data: st.DataObject) -> Namespace:
+            ns = super()._draw_ns(data)
+            self._ns = ns
+            return ns
+
+        def _pick(self, data: st.DataObject) -> tuple[str, Row]:
+            rid, r = super()._pick(data)
+            self._ns = r.ns
+            return rid, r
+
+        def _signature(self, name: str, check_line: str | None, why: str) -> str:
+            # a step on a namespace whose key fields join to another's with pages or
+            # rows: one cause whatever check shows it (the fields that failed to keep
+            # them apart)
+            if self._near:
+                return f"namespace near-collision: namespaces differing in {self._near}"
+            return cause(self.op or "?", ORDINARY, name, why)
+
+        def _is_known(self, signature: str, name: str, why: str) -> bool:
+            return signature in self.known
+
+    ConformRadix.factory = staticmethod(build)
+    if not caps.misuse:  # its callers' contract: the misuse rules are not rules here
+        for name in _RADIX_MISUSE_RULES:
+            setattr(ConformRadix, name, _not_a_rule)
+    return ConformRadix
+
+
+def _shape_of(s: Any) -> list[tuple[object, ...]]:
+    """Each node's namespace, path, start, slots and lock (what the radix machine
+    compares), as ``radix_check_nodes`` (:data:`CHECK_RADIX`) reads them."""
+    return [(n.ns, n.path, n.start, n.value, n.lock) for n in s.tree.nodes]
+
+
+#: The radix programs' helpers: the state invariants of a target's view with its live
+#: requests' rows, and the nodes and rows a target reports.
+CHECK_RADIX = """def radix_check_rows(target, live):
+    out = []
+    for r, ns, tokens in live:
+        slots, protected, node = target.req_row(r)
+        locked = () if node is None else target.node_key(node)[1]
+        out.append((tuple(slots), protected, locked))
+    return out
+
+
+def radix_check(target, live=()):
+    from dataclasses import replace
+    from pagedkv_spec.invariants import check
+    from pagedkv_spec.radix.state import Row
+    rows = tuple(
+        Row(f"r{i}", ns, tuple(tokens), slots, protected, locked)
+        for i, ((_, ns, tokens), (slots, protected, locked)) in enumerate(
+            zip(live, radix_check_rows(target, live))
+        )
+    )
+    check("radix", replace(target.view(), rows=rows), "the program's end")
+
+
+def radix_check_nodes(target):
+    nodes = target.view().tree.nodes
+    return sorted(((n.ns, n.path, n.start, n.value, n.lock) for n in nodes), key=repr)"""
+
+
+def _twin(ns: Namespace | None, model: Any) -> str:
+    """The field that tells ``ns`` apart from another namespace of ``model`` (with pages
+    or a row) whose fields join to the same string: ``"lora_id"`` if any such twin has
+    another LoRA id, else ``"cache_salt"``, else ``"extra_key"``; "" if it has none.
+    O(nodes + rows)."""
+    if ns is None:
+        return ""
+    joined = "".join(f or "" for f in ns)
+    others = {n.ns for n in model.tree.nodes} | {r.ns for r in model.rows}
+    twins = [o for o in others if o != ns and "".join(f or "" for f in o) == joined]
+    if not twins:
+        return ""
+    for field_ in ("lora_id", "cache_salt"):
+        if any(getattr(o, field_) != getattr(ns, field_) for o in twins):
+            return field_
+    return "extra_key"
+
+
+#: The radix machine's rules that misuse the target (the spec rejects them).
+_RADIX_MISUSE_RULES = ("dec_lock_ref", "free")
+
+
+def _not_a_rule(self: object, *args: object) -> None:
+    """A machine method that is no rule (a misuse rule for a target that rejects none)."""
+
+
 def program_of(body: list[str], imports: list[str]) -> tuple[tuple[str, ...], int]:
     helpers = [
         h
@@ -691,6 +958,7 @@ def program_of(body: list[str], imports: list[str]) -> tuple[tuple[str, ...], in
             (EXPECT_ACCEPTED, "expect_accepted("),
             (STATUS, "status("),
             (EVENTS_AGREE, "events_agree("),
+            (CHECK_RADIX, "radix_check"),
         )
         if any(used in line for line in body)
     ]

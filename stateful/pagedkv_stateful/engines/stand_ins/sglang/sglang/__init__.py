@@ -1,0 +1,1 @@
+"""Stand-in: the sglang package (its own imports the whole runtime)."""

@@ -1,0 +1,5 @@
+"""Stand-in: Mamba state parameters (no Mamba pool here)."""
+
+
+class BaseLinearStateParams:
+    pass

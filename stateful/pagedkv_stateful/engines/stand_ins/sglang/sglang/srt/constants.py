@@ -1,0 +1,3 @@
+"""Stand-in: memory-saver region tags."""
+
+GPU_MEMORY_TYPE_KV_CACHE = "kv_cache"

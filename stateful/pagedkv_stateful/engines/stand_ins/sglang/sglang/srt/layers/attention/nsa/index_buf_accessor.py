@@ -1,0 +1,1 @@
+"""Stand-in: NSA index buffers (no NSA pool here)."""

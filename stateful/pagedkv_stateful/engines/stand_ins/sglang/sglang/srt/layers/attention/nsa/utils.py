@@ -1,0 +1,5 @@
+"""Stand-in: NSA helpers."""
+
+
+def aiter_can_use_preshuffle_paged_mqa(*args, **kwargs):
+    return False

@@ -1,0 +1,5 @@
+"""Stand-in: FP4 KV quantization (none here)."""
+
+
+class UnquantizedKVCacheMethod:
+    pass

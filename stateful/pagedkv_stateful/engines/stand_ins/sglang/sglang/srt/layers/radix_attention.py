@@ -1,0 +1,5 @@
+"""Stand-in: the attention layer type (annotations only here)."""
+
+
+class RadixAttention:
+    pass

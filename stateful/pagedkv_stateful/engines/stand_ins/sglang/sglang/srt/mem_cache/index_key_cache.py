@@ -1,0 +1,5 @@
+"""Stand-in: the index-key cache type."""
+
+
+class IndexKeyCache:
+    pass

@@ -1,0 +1,5 @@
+"""Stand-in: virtual-memory KV backing (none here)."""
+
+
+class KvVmmBufferOwner:
+    pass

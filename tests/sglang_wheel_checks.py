@@ -1,0 +1,138 @@
+"""SGLang's own classic radix cache, loaded by pagedkv_stateful.engines.sglang, per release.
+
+Needs the wheels (``pip download --no-deps --only-binary :all: sglang==X -d build/wheels``,
+or ``PAGEDKV_WHEEL_DIR`` naming the directory that holds them), so it is not a ``test_*``
+module of ``make test``: ``make conform-sglang`` downloads them and runs it
+(``pytest tests/sglang_wheel_checks.py``). Every check runs once per release of
+:data:`sglang.RELEASES` whose wheel is present: its files are extracted once per release
+into a temporary directory and imported in this process, and every ``sglang`` module is
+unloaded again before the next release is loaded (one process holds one sglang).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pagedkv.radix import Namespace
+from pagedkv_stateful.engines import sglang
+
+ROOT = Path(__file__).parent.parent
+WHEEL_DIR = Path(os.environ.get("PAGEDKV_WHEEL_DIR", ROOT / "build" / "wheels"))
+
+
+def _version(release: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in release.split("."))
+
+
+#: The wheel of each release this target knows that the wheel directory holds, oldest first.
+WHEELS: dict[str, Path] = {
+    release: found[0]
+    for release in sorted(sglang.RELEASES, key=_version)
+    if (found := sorted(WHEEL_DIR.glob(f"sglang-{release}-*.whl")))
+}
+if not WHEELS:  # asked for by name: a missing wheel is a setup error, not a pass
+    pytest.fail(
+        f"no sglang wheel of {', '.join(sorted(sglang.RELEASES))} in {WHEEL_DIR}: pip download "
+        "--no-deps --only-binary :all: sglang==0.5.23 -d build/wheels (or set PAGEDKV_WHEEL_DIR)",
+        pytrace=False,
+    )
+
+#: What loading may leave imported besides ``sglang.*``: the stand-in ``triton``.
+_STAND_IN_TOPS = ("sglang", "triton")
+
+
+def _unload() -> None:
+    for name in [m for m in sys.modules if m.split(".")[0] in _STAND_IN_TOPS]:
+        del sys.modules[name]
+
+
+@pytest.fixture(scope="module", params=list(WHEELS))
+def release(request: pytest.FixtureRequest) -> str:
+    """A release whose wheel is present (the checks below run once per release)."""
+    version: str = request.param
+    return version
+
+
+@pytest.fixture(scope="module")
+def loaded(release: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The release's radix cache layer, extracted and imported (unloaded at the end)."""
+    if "sglang" in sys.modules:
+        pytest.fail(f"an sglang is already imported: {sys.modules['sglang']!r}")
+    out = sglang.extract(WHEELS[release], tmp_path_factory.mktemp(f"sglang-{release}"))
+    path = list(sys.path)
+    sglang.use(out)
+    try:
+        yield out
+    finally:
+        sys.path[:] = path
+        _unload()
+
+
+def test_the_loaded_release_is_the_wheels(release: str, loaded: Path) -> None:
+    assert sglang.loaded_release().version == release
+    source = sglang.conform_source()
+    assert source is not None and source.startswith(f"sglang {release} from sglang-{release}-")
+    # SGLang's own classes, from the extracted files, not stand-ins
+    cache, allocator, pool = sglang.sglang_objects(4, 2)
+    for obj in (cache, allocator, pool):
+        assert Path(sys.modules[type(obj).__module__].__file__ or "").is_relative_to(loaded)
+    assert {type(cache).__name__, type(allocator).__name__, type(pool).__name__} == {
+        "RadixCache",
+        "PagedTokenToKVPoolAllocator",
+        "ReqToTokenPool",
+    }
+
+
+def test_the_allocator_reserves_page_0_and_frees_to_the_head(release: str, loaded: Path) -> None:
+    target = sglang.radix_cache(4, 2)
+    a = target.allocator
+    assert a.free_pages() == (1, 2, 3, 4) and a.available_size() == 8
+    assert a.alloc(4) == [2, 3, 4, 5]
+    assert a.alloc(8) is None and a.free_pages() == (3, 4)  # all or nothing
+    a.free([4, 5])
+    assert a.free_pages() == (2, 3, 4)
+
+
+def test_the_namespace_fields_are_composed_as_sglangs_request_path_does(release: str) -> None:
+    rel = sglang.RELEASES[release]
+    salted = sglang.key_fields(Namespace(extra_key="b", lora_id="l", cache_salt="a"), rel)
+    if rel.api == sglang.API_FINISHED:  # the server joins salt and extra key, then the LoRA id
+        assert salted == ("abl", None)
+    else:
+        assert salted == ("bl", "a")
+    plain = sglang.key_fields(Namespace(), rel)
+    assert plain == (None, None)
+
+
+def test_one_request_through_the_release_agrees_with_pagedkv_radix(
+    release: str, loaded: Path
+) -> None:
+    """Admission with a hit, a chunk checkpoint and a finish with an unaligned tail, on
+    SGLang's tree through its release's request API and on pagedkv.radix: the same
+    state (the spec's view of each) after every step."""
+    from pagedkv.radix import PagedTokenAllocator, RadixCache, RadixKey, RadixRequest
+
+    ours = RadixCache(PagedTokenAllocator(8, 2), 2)
+    theirs = sglang.radix_cache(8, 2)
+    ns = Namespace("x")
+    for cache in (ours, theirs):
+        first = RadixRequest([1, 2, 3, 4, 5], ns)
+        first.slots = cache.allocator.alloc(6)[:5]  # type: ignore[index]  # 6 slots free
+        cache.cache_unfinished_req(first)
+        cache.cache_finished_req(first)
+        hit = cache.match_prefix(RadixKey([1, 2, 3, 9], "x"))
+        assert len(hit.device_indices) == 2
+        cache.inc_lock_ref(hit.last_device_node)
+        second = RadixRequest([1, 2, 3, 9, 9], ns, slots=list(hit.device_indices))
+        second.cache_protected_len, second.last_node = 2, hit.last_device_node
+        second.slots += cache.allocator.alloc(4)[:3]  # type: ignore[index]
+        cache.cache_unfinished_req(second)
+        assert cache.evict(100) == 2  # the first request's own page (3, 4) only
+    # SGLang's clock is time.monotonic(), not reported
+    assert theirs.to_spec([]) == replace(ours.to_spec([]), clock=0)
