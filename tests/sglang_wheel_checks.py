@@ -136,3 +136,18 @@ def test_one_request_through_the_release_agrees_with_pagedkv_radix(
         assert cache.evict(100) == 2  # the first request's own page (3, 4) only
     # SGLang's clock is time.monotonic(), not reported
     assert theirs.to_spec([]) == replace(ours.to_spec([]), clock=0)
+
+
+def test_the_radix_level_finds_the_lora_join_and_its_program_replays(
+    release: str, loaded: Path
+) -> None:
+    """`pagedkv conform pagedkv_stateful.engines.sglang:radix_target --level radix`, as
+    ``make conform-sglang`` runs it (stopped at the first finding): every release keys
+    a request's LoRA id into its extra key (docs/findings.md)."""
+    from pagedkv_stateful.kit.search import run_conformance
+
+    report = run_conformance(sglang.radix_target, level="radix", max_violations=1)
+    [finding] = report.findings
+    assert finding.root_cause == "namespace near-collision: namespaces differing in lora_id"
+    assert finding.replay.startswith("reproduced"), finding.replay
+    assert report.source.startswith(f"sglang {release} from ")
