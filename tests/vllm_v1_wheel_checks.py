@@ -643,7 +643,11 @@ def _vllm_machine(steps: int, examples: int, shrink: bool = True, mamba: bool = 
         configurations = (
             ("full + Mamba",)  # its finding's configuration alone
             if mamba
-            else tuple(c for c in vllm_v1.SAME_BLOCK_SIZE if "Mamba" not in c)
+            else tuple(
+                c
+                for c in vllm_v1.SAME_BLOCK_SIZE
+                if "Mamba" not in c and vllm_v1.loaded_release().takes(c)
+            )
         )
         beyond_callers = False
 
@@ -655,7 +659,9 @@ def _vllm_machine(steps: int, examples: int, shrink: bool = True, mamba: bool = 
             events: bool,
             watermark: float,
         ) -> Any:
-            target, _ = vllm_v1.manager(config, max_model_len, caching, events, watermark)
+            target, _ = vllm_v1.manager(
+                config, max_model_len, caching, events, watermark, **self.eagle_options
+            )
             return target
 
     VllmManagerMachine.TestCase.settings = settings(

@@ -183,8 +183,18 @@ class Release:
     exact_hashes: bool = True
     #: Whether the kit's EAGLE/MTP configurations run on it: ``KVCacheManager`` takes
     #: ``use_eagle`` and ``num_prefill_lookahead`` with 0.34.0's lookup (a dropping
-    #: group's peek margin): 0.33.0 and 0.34.0 (0.27.1 has no MTP lookahead).
+    #: group's peek margin): 0.34.0 only (0.33.0 pads an EAGLE sliding window's one-token
+    #: hit with the null block where 0.34.0 and the spec keep the block: not compared
+    #: yet; 0.27.1 has no MTP lookahead).
     eagle: bool = True
+    #: Whether the kit's MLA configurations run on it (checked on 0.33.0 and 0.34.0).
+    mla: bool = True
+
+    def takes(self, configuration: str) -> bool:
+        """Whether the kit's ``configuration`` (a V1 manager machine's) runs on it."""
+        if configuration in EAGLE_GROUPS and not self.eagle:
+            return False
+        return self.mla or "MLA" not in configuration
 
 
 #: The releases this target knows, by version.
@@ -197,6 +207,7 @@ RELEASES: dict[str, Release] = {
         cached_entries=_cached_blocks_by_key,
         probes_cached_tokens=False,
         partial_hit_limit=False,
+        eagle=False,
     ),
     "0.27.1": Release(
         "0.27.1",
@@ -208,6 +219,7 @@ RELEASES: dict[str, Release] = {
         partial_hit_limit=False,
         exact_hashes=False,
         eagle=False,
+        mla=False,
     ),
 }
 DEFAULT_RELEASE = "0.34.0"
@@ -338,7 +350,7 @@ def manager(
     caps = Capabilities(
         hit_limits=release.partial_hit_limit,
         exact_hashes=release.exact_hashes,
-        configurations=tuple(c for c in SAME_BLOCK_SIZE if release.eagle or c not in EAGLE_GROUPS),
+        configurations=tuple(c for c in SAME_BLOCK_SIZE if release.takes(c)),
     )
     return ManagerTarget(target, math.gcd(*sizes)), caps
 
