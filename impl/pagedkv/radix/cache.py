@@ -73,6 +73,10 @@ __all__ = ["MatchResult", "RadixCache"]
 #: The namespace of a key with no field besides its tokens.
 _NO_NAMESPACE = Namespace()
 
+#: :meth:`RadixCache._find`'s answer: the length reached, the nodes passed whole (top
+#: down), the node the match ends inside (None: none) and the tokens matched there.
+_Found = tuple[int, list[TreeNode], TreeNode | None, int]
+
 #: The state invariants a cache checks of itself (R10, the events' replay, is the
 #: reader's: the machines replay them).
 STATE_IDS = ("R9", "R5", "R3", "R4", "R6", "R2", "R14", "R1")
@@ -193,75 +197,91 @@ class RadixCache:
     def _page_key(self, tokens: Sequence[int], i: int) -> PageKey:
         return tokens[i] if self.page_size == 1 else tuple(tokens[i : i + self.page_size])
 
-    def _diverge(self, a: list[int], b: list[int]) -> int:
-        """The page-aligned length of the common prefix of ``a`` and ``b``."""
-        n = min(len(a), len(b))
-        i = next((j for j in range(n) if a[j] != b[j]), n)
-        return i - i % self.page_size
-
     def match_prefix(self, key: RadixKey) -> MatchResult:
         """The slots of the longest cached page-aligned prefix of ``key`` in its
         namespace and its last node; the node where the match ends is split there, the
         path's access refreshed (R7). Refines :func:`pagedkv_spec.radix.tree.match`.
-        Complexity: O(matched tokens + nodes on the path)."""
+        Complexity: O(matched tokens + nodes on the path), the tokens compared and the
+        slots copied in C (slice equality; no per-token Python loop)."""
         require_instance("key", key, RadixKey, "a RadixKey")
         tokens = _as_list(key.token_ids)
         n = len(tokens) - len(tokens) % self.page_size
-        self._clock += 1
         root = self.root(key.namespace)
         if not n:
+            self._clock += 1
             return MatchResult([], root)
+        found = self._find(root, tokens, 0, n)
+        self._clock += 1
         values: list[int] = []
-        try:
-            node = self._walk(root, tokens, 0, n, self._clock, None, values)[1]
-        except TypeError:  # a token that cannot name a page (unhashable): found nowhere
-            self._clock -= 1
-            raise ArgumentTypeError("key.token_ids", tokens, "a list of int token ids") from None
+        node = self._apply(root, found, self._clock, None, values)[1]
         return MatchResult(values, node)
 
-    def _walk(
+    def _find(self, node: TreeNode, tokens: list[int], i: int, n: int) -> _Found:
+        """How far ``tokens[i:n]`` below ``node`` (at depth ``i``) is cached, changing
+        nothing: the length reached, the nodes passed whole (top down), and the node the
+        match ends inside with the tokens matched there (None, 0: it ends on a node's
+        end). An unhashable token: ArgumentTypeError. Complexity: O(n - i) in C (one
+        slice comparison per node passed) + O(nodes passed)."""
+        path: list[TreeNode] = []
+        children = node.children
+        whole = i == 0 and n == len(tokens)  # the first node may compare without a slice
+        try:
+            while i < n:
+                child = children.get(self._page_key(tokens, i))
+                if child is None:
+                    break
+                ckey = child.key
+                end = i + len(ckey)
+                if end <= n and (tokens == ckey if whole and end == n else tokens[i:end] == ckey):
+                    path.append(child)
+                    children = child.children
+                    i = end
+                    whole = False
+                    continue
+                m = _common_prefix(tokens, i, ckey, min(n - i, len(ckey)))
+                m -= m % self.page_size
+                return i + m, path, child, m
+        except TypeError:  # a token that cannot name a page (unhashable): found nowhere
+            raise ArgumentTypeError("key.token_ids", tokens, "a list of int token ids") from None
+        return i, path, None, 0
+
+    def _apply(
         self,
-        node: TreeNode,
-        tokens: list[int],
-        i: int,
-        n: int,
+        start: TreeNode,
+        found: _Found,
         clock: int,
         hit: tuple[bool, int] | None,
         values: list[int] | None,
     ) -> tuple[int, TreeNode]:
-        """Walk ``tokens[i:n]`` down from ``node``: touch each node passed (with
-        ``hit``, count a hit and raise its priority), split where the key ends inside
-        a node, collect the slots passed into ``values``. Returns the length reached
-        and the last node. Complexity: O(tokens walked + nodes passed)."""
-        children = node.children
-        while i < n:
-            child = children.get(self._page_key(tokens, i))
-            if child is None:
-                break
-            ckey = child.key
-            end = i + len(ckey)
-            child.last_access_time = clock
-            if end <= n and tokens[i:end] == ckey:
-                upper = child
-                i = end
-            else:
-                m = self._diverge(tokens[i:n], ckey)
-                upper = self._split(child, m, clock)
-                self._heap.touched(child)
-                i += m
+        """What a walk from ``start`` along ``found`` (:meth:`_find`'s, nothing changed
+        since) does: touch each node passed (with ``hit``, count a hit and raise its
+        priority), split the node the match ends inside, collect the slots passed into
+        ``values``. Returns the length reached and the last node. Complexity: O(nodes
+        passed + the slots collected + a split's key)."""
+        length, path, partial, m = found
+        for x in path:
+            x.last_access_time = clock
             if hit is not None:
-                upper.hit_count += hit[0]
-                if hit[1] > upper.priority:
-                    upper.priority = hit[1]
+                x.hit_count += hit[0]
+                if hit[1] > x.priority:
+                    x.priority = hit[1]
             if values is not None:
-                assert upper.value is not None  # a live node of the tree
-                values += upper.value
-            node = upper
-            if upper is not child:
-                break
-            children = child.children
+                assert x.value is not None  # a live node of the tree
+                values += x.value
+        node = path[-1] if path else start
+        if partial is not None:
+            partial.last_access_time = clock
+            node = self._split(partial, m, clock)
+            self._heap.touched(partial)
+            if hit is not None:
+                node.hit_count += hit[0]
+                if hit[1] > node.priority:
+                    node.priority = hit[1]
+            if values is not None:
+                assert node.value is not None  # a live node of the tree
+                values += node.value
         self._heap.touched(node)
-        return i, node
+        return length, node
 
     def _split(self, child: TreeNode, m: int, clock: int) -> TreeNode:
         """Split ``child`` after ``m`` tokens of its key: a new upper node (its lock,
@@ -308,28 +328,11 @@ class RadixCache:
             )
         n = len(tokens) - len(tokens) % self.page_size
         root = self.root(key.namespace)
-        try:
-            cached = self._cached_len(root, tokens, 0, n)
-        except TypeError:  # a token that cannot name a page (unhashable)
-            raise ArgumentTypeError("key.token_ids", tokens, "a list of int token ids") from None
-        _check_tokens(tokens, cached, n)
-        self._check_values(values, cached, n)
+        found = self._find(root, tokens, 0, n)
+        _check_tokens(tokens, found[0], n)
+        self._check_values(values, found[0], n)
         self._clock += 1
-        return self._insert(root, tokens, values, 0, n, priority, not chunked, None)[0]
-
-    def _cached_len(self, node: TreeNode, tokens: list[int], i: int, n: int) -> int:
-        """How far ``tokens[i:n]`` below ``node`` (at depth ``i``) is cached, changing
-        nothing: the part an insert keeps, so that only the slots past it (those that
-        enter the tree) need checking before anything changes. Complexity: O(n - i)."""
-        while i < n:
-            child = node.children.get(self._page_key(tokens, i))
-            if child is None:
-                return i
-            end = i + len(child.key)
-            if end > n or tokens[i:end] != child.key:
-                return i + self._diverge(tokens[i:n], child.key)
-            node, i = child, end
-        return i
+        return self._insert(root, found, tokens, values, n, priority, not chunked, None)[0]
 
     def _check_values(self, values: list[int], lo: int, hi: int) -> None:
         """Raise RadixInsertError unless ``values[lo:hi]`` are slots of whole pages of
@@ -359,19 +362,21 @@ class RadixCache:
     def _insert(
         self,
         start: TreeNode,
+        found: _Found,
         tokens: list[int],
         values: list[int],
-        i: int,
         n: int,
         priority: int,
         hit: bool,
         tree_slots: list[int] | None,
     ) -> tuple[int, TreeNode]:
-        """Insert ``tokens[i:n]`` below ``start`` (at depth ``i``): walk, then file the
+        """Insert ``tokens[:n]`` below ``start`` along ``found`` (:meth:`_find`'s walk
+        of them from ``start``, nothing changed since): touch the path, then file the
         rest as a new leaf. Returns the length already cached and the node at depth
-        ``n``. Complexity: O(n - i + nodes passed)."""
+        ``n``. Complexity: O(nodes passed + the new leaf's tokens + the slots
+        collected); the tokens were compared once, by the find."""
         clock = self._clock
-        length, node = self._walk(start, tokens, i, n, clock, (hit, priority), tree_slots)
+        length, node = self._apply(start, found, clock, (hit, priority), tree_slots)
         if length == n:
             return length, node
         # NOTE: a tick after the walk (SGLang makes the leaf after it): a split's lower
@@ -556,17 +561,29 @@ class RadixCache:
                 x.priority = priority
             x = x.parent
 
+    def _find_row(self, req: RadixRequest, p: int, n: int) -> tuple[list[int], _Found]:
+        """``req``'s tokens and :meth:`_find`'s walk of ``[p, n)`` from its locked node,
+        after checking what of them would enter the tree (tokens and slots; nothing
+        changed on an error). Complexity: O(n - p + nodes passed)."""
+        tokens = _as_list(req.token_ids)
+        found = self._find(self._start(req), tokens, p, n)
+        _check_tokens(tokens, found[0], n)
+        self._check_values(req.slots, found[0], n)
+        return tokens, found
+
     def _insert_row(
-        self, req: RadixRequest, p: int, n: int, hit: bool
+        self, req: RadixRequest, found: _Found, tokens: list[int], p: int, n: int, hit: bool
     ) -> tuple[int, TreeNode, list[int]]:
-        """Insert ``req``'s first ``n`` tokens from its locked node: the length cached
-        before, the node at depth ``n`` and the tree's slots of ``[p, that length)``."""
+        """Insert ``req``'s first ``n`` tokens from its locked node along ``found``
+        (:meth:`_find_row`'s): the length cached before, the node at depth ``n`` and
+        the tree's slots of ``[p, that length)``."""
         self._clock += 1
         start = self._start(req)
         self._touch_above(start, hit, req.priority)
-        tokens = _as_list(req.token_ids)
         tree_slots: list[int] = []
-        prefix, node = self._insert(start, tokens, req.slots, p, n, req.priority, hit, tree_slots)
+        prefix, node = self._insert(
+            start, found, tokens, req.slots, n, req.priority, hit, tree_slots
+        )
         return prefix, node, tree_slots[: prefix - p]
 
     def cache_unfinished_req(self, req: RadixRequest, chunked: bool = False) -> None:
@@ -577,10 +594,8 @@ class RadixCache:
         checkpoint + depth in nodes)."""
         require_bool("chunked", chunked)
         p, n = self._check_request(req)
-        cached = self._cached_len(self._start(req), req.token_ids, p, n)
-        _check_tokens(req.token_ids, cached, n)
-        self._check_values(req.slots, cached, n)
-        prefix, node, tree_slots = self._insert_row(req, p, n, not chunked)
+        tokens, found = self._find_row(req, p, n)
+        prefix, node, tree_slots = self._insert_row(req, found, tokens, p, n, not chunked)
         if prefix > p:
             self.allocator.free(req.slots[p:prefix])
             req.slots[p:prefix] = tree_slots
@@ -603,10 +618,8 @@ class RadixCache:
         p, n = self._check_request(req)
         slots = req.slots
         if is_insert:
-            cached = self._cached_len(self._start(req), req.token_ids, p, n)
-            _check_tokens(req.token_ids, cached, n)
-            self._check_values(slots, cached, n)
-            prefix = self._insert_row(req, p, n, True)[0]
+            tokens, found = self._find_row(req, p, n)
+            prefix = self._insert_row(req, found, tokens, p, n, True)[0]
             if prefix > p:
                 self.allocator.free(slots[p:prefix])
         elif n > p:
@@ -701,6 +714,27 @@ def _check_tokens(tokens: Sequence[int], lo: int, hi: int) -> None:
     before ``lo`` equal the tree's). Complexity: O(hi - lo) in C."""
     if hi > lo:
         require_token_ids("token_ids", tokens[lo:hi], RadixInsertError)
+
+
+def _common_prefix(tokens: list[int], i: int, key: list[int], n: int) -> int:
+    """The length of the common prefix of ``tokens[i:i + n]`` and ``key[:n]``: slices
+    of doubling length compared in C until one differs, then a binary search inside it
+    (SGLang's ``match_at`` does the same over token arrays). Complexity: O(n) in C +
+    O(log n) Python steps."""
+    lo, step = 0, 1
+    while lo < n:
+        hi = min(lo + step, n)
+        if tokens[i + lo : i + hi] != key[lo:hi]:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if tokens[i + lo : i + mid] == key[lo:mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            return lo
+        lo = hi
+        step *= 2
+    return n
 
 
 def _as_list(values: Sequence[int]) -> list[int]:
