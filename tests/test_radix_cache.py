@@ -97,6 +97,25 @@ def test_match_splits_where_it_ends_and_keeps_sizes() -> None:
     c.check_invariants()
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("at", [1, 4, 5, 63, 64, 300, 699])
+def test_a_long_node_splits_at_its_first_differing_page(page_size: int, at: int) -> None:
+    # the common prefix is found by slices of doubling length, then a binary search
+    c = _cache(num_pages=1400 // page_size + 8, page_size=page_size)
+    tokens = list(range(1, 701))
+    slots = _put(c, tokens)
+    probe = [*tokens[:at], 0, *tokens[at + 1 :]]
+    m = c.match_prefix(RadixKey(probe))
+    aligned = at - at % page_size
+    assert m.device_indices == slots[:aligned]
+    assert c.node_key(m.last_device_node)[1] == tuple(tokens[:aligned])
+    more = c.allocator.alloc(700 - 700 % page_size)
+    assert more is not None
+    assert c.insert(RadixKey(probe[: len(more)]), more) == aligned
+    c.allocator.free(more[:aligned])
+    c.check_invariants()
+
+
 def test_insert_returns_the_cached_prefix() -> None:
     c = _cache()
     _put(c, [1, 2, 3])
