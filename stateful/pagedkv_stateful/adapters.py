@@ -284,12 +284,15 @@ class Capabilities:
         taken = f"; groups: {', '.join(self.configurations) or 'every configuration'}"
         return f"{' '.join(features) or 'no optional feature'}; {errors}{taken if groups else ''}"
 
-    def describe_v0(self, shown: tuple[str, ...]) -> str:
+    def describe_v0(
+        self, shown: tuple[str, ...], level_kinds: frozenset[str] = MISUSE_KINDS
+    ) -> str:
         """One line for a V0 level: which of the features ``shown`` (its level's) are on,
-        then the misuse kinds, the combinations refused and the promises."""
+        then the misuse kinds among ``level_kinds`` (the V0 levels' own, not another
+        layer's), the combinations refused and the promises."""
         features = [f.name for f in fields(self) if f.name in shown and getattr(self, f.name)]
-        if self.misuse and self.misuse_kinds != MISUSE_KINDS:
-            kinds = ", ".join(sorted(self.misuse_kinds & MISUSE_KINDS)) or "none"
+        if self.misuse and not level_kinds <= self.misuse_kinds:
+            kinds = ", ".join(sorted(self.misuse_kinds & level_kinds)) or "none"
             features = [f"misuse ({kinds})" if f == "misuse" else f for f in features]
         for combo in self.not_together:
             features.append(f"not together: {'+'.join(sorted(combo))}")

@@ -148,8 +148,12 @@ _MANAGER_OPTIONAL = {
 }
 
 
+#: The misuse kinds the V0 levels name in their reports (not the offload's or radix's).
+_V0_KINDS = frozenset((*ALLOCATOR_KINDS, *CACHING_KINDS, *MANAGER_KINDS))
+
+
 def _v0(*features: str) -> Callable[[Capabilities], str]:
-    return lambda caps: caps.describe_v0(features)
+    return lambda caps: caps.describe_v0(features, _V0_KINDS)
 
 
 def _v1(*features: str, groups: bool = False) -> Callable[[Capabilities], str]:
