@@ -23,7 +23,8 @@ directory :func:`extract` wrote) build vLLM's own objects:
 * :func:`manager` -- the kit's ``v1-offload`` factory (``pagedkv conform
   pagedkv_stateful.engines.vllm_offload:manager --level v1-offload``): that manager
   behind :class:`OffloadTarget`, which speaks pagedkv's call shapes, with the
-  release's capabilities;
+  release's :func:`capabilities`; :func:`manager_lru` and :func:`manager_arc`, the
+  same with one policy (``make conform-vllm-offload`` runs each);
 * :func:`pagedkv_manager` -- beside it, the same factory for pagedkv's own
   ``pagedkv.v1.offload.CPUOffloadingManager`` (the kit's reference run).
 
