@@ -72,11 +72,10 @@ class _Chunk:
 class _Request:
     """What the tier keeps of a live request since its arrival or the last reset."""
 
-    __slots__ = ("counted", "groups", "inserted", "reused", "seen", "store_missed")
+    __slots__ = ("counted", "inserted", "reused", "seen", "store_missed")
 
     def __init__(self) -> None:
-        self.groups: dict[int, list[OffloadKey]] = {}
-        self.seen: set[OffloadKey] = set()
+        self.seen: dict[OffloadKey, None] = {}  # in the order first observed
         self.inserted: set[OffloadKey] = set()
         self.reused: set[OffloadKey] = set()
         self.store_missed: set[OffloadKey] = set()
@@ -147,6 +146,8 @@ class CPUOffloadingManager:
     def _keys(keys: Collection[OffloadKey], operation: str) -> list[OffloadKey]:
         """``keys`` as a list, each bytes and named once. O(k)."""
         out = list(keys)
+        if set(map(type, out)) <= {bytes} and len(set(out)) == len(out):
+            return out
         seen: set[OffloadKey] = set()
         for key in out:
             if not isinstance(key, bytes):
@@ -185,18 +186,14 @@ class CPUOffloadingManager:
     def _observe(
         self, req: _Request, keys: Iterable[OffloadKey], ctx: ReqContext, reused: list[OffloadKey]
     ) -> None:
-        """A request observed ``keys`` (first observations go to the policy) and reused
-        ``reused`` (unless it inserted them). O(k)."""
-        new: list[OffloadKey] = []
-        for key in keys:
-            if key not in req.seen:
-                req.seen.add(key)
-                req.groups.setdefault(get_offload_group_idx(key), []).append(key)
-                new.append(key)
+        """A request observed ``keys`` (each named once; first observations go to the
+        policy) and reused ``reused`` (unless it inserted them). O(k)."""
+        seen = req.seen
+        new = [key for key in keys if key not in seen]
         if new:
-            positions = {k: p for k in new if (p := ctx.get_offload_key_position(k)) is not None}
-            self._policy.on_request_access(new, ctx.req_id, positions)
-        req.reused.update(k for k in reused if k not in req.inserted)
+            seen.update(dict.fromkeys(new))
+            self._policy.on_request_access(new, ctx.req_id, ctx.get_offload_key_position)
+        req.reused |= set(reused).difference(req.inserted)
 
     def _record_offer(
         self, counts: OrderedDict[OffloadKey, int], keys: list[OffloadKey], req: _Request
@@ -244,9 +241,12 @@ class CPUOffloadingManager:
             p = req_context.get_offload_key_position(key)
             if p is not None:
                 positions[key] = p
+        groups: dict[int, list[OffloadKey]] = {}
+        for key in req.seen:
+            groups.setdefault(get_offload_group_idx(key), []).append(key)
         order: list[OffloadKey] = []
-        for group in sorted(req.groups):
-            part = req.groups[group]
+        for group in sorted(groups):
+            part = groups[group]
             if all(k in positions for k in part):
                 part = sorted(part, key=positions.__getitem__)
             order += part
@@ -314,9 +314,11 @@ class CPUOffloadingManager:
             evicted = victims
             self._publish(evicted, True)
         slots = self._take_slots(len(to_store))
+        chunks, insert, req_id = self._chunks, self._policy.insert, req_context.req_id
+        position = req_context.get_offload_key_position if self._policy.uses_positions else None
         for key, slot in zip(to_store, slots, strict=True):
-            self._chunks[key] = _Chunk(slot)
-            self._policy.insert(key, req_context.req_id, req_context.get_offload_key_position(key))
+            chunks[key] = _Chunk(slot)
+            insert(key, req_id, None if position is None else position(key))
         req.inserted.update(to_store)
         return PrepareStoreOutput(to_store, CPULoadStoreSpec(slots), evicted)
 
