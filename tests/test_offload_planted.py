@@ -8,7 +8,7 @@ also run here in the fast tier.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, ClassVar
 
 import pytest
@@ -150,10 +150,13 @@ class _LruNewestFirst(LRUCachePolicy):
 class _ArcInsertsOld(ARCCachePolicy):
     """A new chunk enters T1's least recent end."""
 
-    def insert(self, key: OffloadKey, req_id: str, position: int | None) -> None:
-        super().insert(key, req_id, position)
-        self.t1.move_to_end(key, last=False)
-        self._seq[key] = -self._seq[key]
+    def insert(
+        self, keys: Sequence[OffloadKey], req_id: str, position: Callable[[OffloadKey], int | None]
+    ) -> None:
+        super().insert(keys, req_id, position)
+        for key in keys:
+            self.t1.move_to_end(key, last=False)
+            self._seq[key] = -self._seq[key]
 
 
 class _WrongPolicy(CPUOffloadingManager):

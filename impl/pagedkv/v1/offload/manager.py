@@ -57,6 +57,7 @@ from pagedkv_spec.v1 import offload as spec
 __all__ = ["CPUOffloadingManager"]
 
 STORING = -1  # a chunk's reference count while its store is in flight
+_HIT, _HIT_PENDING, _MISS = LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.MISS
 
 
 class _Chunk:
@@ -175,8 +176,11 @@ class CPUOffloadingManager:
         fresh = min(n, self._num_chunks - self._num_fresh)
         slots = list(range(self._num_fresh, self._num_fresh + fresh))
         self._num_fresh += fresh
-        for _ in range(n - fresh):
-            slots.append(self._free_list.pop())
+        if n > fresh:
+            free = self._free_list
+            cut = len(free) - (n - fresh)
+            slots += reversed(free[cut:])  # as popped one by one: the last freed first
+            del free[cut:]
         return slots
 
     def _publish(self, keys: list[OffloadKey], removed: bool, metadata_only: bool = False) -> None:
@@ -261,11 +265,12 @@ class CPUOffloadingManager:
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """``HIT`` if ``key`` is ready, ``HIT_PENDING`` if its store is in flight, else
         ``MISS``; changes nothing. Unknown request: UnknownOffloadRequestError. O(1)."""
-        self._request(req_context, "lookup")
+        if req_context.req_id not in self._requests:
+            raise UnknownOffloadRequestError(req_context.req_id, "lookup")
         chunk = self._chunks.get(key)
         if chunk is None:
-            return LookupResult.MISS
-        return LookupResult.HIT_PENDING if chunk.ref_cnt == STORING else LookupResult.HIT
+            return _MISS
+        return _HIT_PENDING if chunk.ref_cnt == STORING else _HIT
 
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
@@ -292,12 +297,17 @@ class CPUOffloadingManager:
         if self._counts is not None:
             counts = self._counts
             to_store = [k for k in to_store if counts.get(k, 0) >= self.store_threshold]
-        misses = [k for k in to_store if k not in req.store_missed]
+        store_missed = req.store_missed
+        misses = [k for k in to_store if k not in store_missed] if store_missed else to_store
         if misses:
             self._policy.on_store_miss(misses)
-            req.store_missed.update(misses)
-        recorded = set(to_store).union(ready)
-        self._observe(req, [k for k in offered if k in recorded], req_context, ready)
+            store_missed.update(misses)
+        if len(to_store) + len(ready) == len(offered):
+            observed = offered
+        else:
+            recorded = set(to_store).union(ready)
+            observed = [k for k in offered if k in recorded]
+        self._observe(req, observed, req_context, ready)
         if not to_store:
             return PrepareStoreOutput([], CPULoadStoreSpec([]), [])
         shortfall = len(to_store) - self._num_free()
@@ -308,17 +318,16 @@ class CPUOffloadingManager:
             victims = self._policy.evict(shortfall, set(offered))
             if victims is None:
                 return None
-            for key in victims:
-                self._free_list.append(self._chunks.pop(key).slot)
+            drop = self._chunks.pop
+            self._free_list += [drop(key).slot for key in victims]
             self._num_evictable -= len(victims)
             evicted = victims
             self._publish(evicted, True)
         slots = self._take_slots(len(to_store))
-        chunks, insert, req_id = self._chunks, self._policy.insert, req_context.req_id
-        position = req_context.get_offload_key_position if self._policy.uses_positions else None
+        chunks = self._chunks
         for key, slot in zip(to_store, slots, strict=True):
             chunks[key] = _Chunk(slot)
-            insert(key, req_id, None if position is None else position(key))
+        self._policy.insert(to_store, req_context.req_id, req_context.get_offload_key_position)
         req.inserted.update(to_store)
         return PrepareStoreOutput(to_store, CPULoadStoreSpec(slots), evicted)
 
@@ -334,12 +343,13 @@ class CPUOffloadingManager:
             chunk = self._chunks.get(key)
             if chunk is None or chunk.ref_cnt != STORING:
                 raise ChunkNotStoringError(key, self._phase(chunk))
-        for key in done:
-            if success:
+        if success:
+            for key in done:
                 self._chunks[key].ref_cnt = 0
-                self._num_evictable += 1
-                self._policy.mark_evictable(key)
-            else:
+            self._num_evictable += len(done)
+            self._policy.mark_evictable(done)
+        else:
+            for key in done:
                 self._free_list.append(self._chunks.pop(key).slot)
                 self._policy.remove(key)
         self._publish(done, not success, not success)
@@ -354,16 +364,20 @@ class CPUOffloadingManager:
         req = self._request(req_context, "prepare_load")
         wanted = self._keys(keys, "prepare_load")
         chunks: list[_Chunk] = []
+        resident = self._chunks
         for key in wanted:
-            chunk = self._chunks.get(key)
+            chunk = resident.get(key)
             if chunk is None or chunk.ref_cnt == STORING:
                 raise ChunkNotReadyError(key, self._phase(chunk))
             chunks.append(chunk)
+        pinned: list[OffloadKey] = []
         for key, chunk in zip(wanted, chunks, strict=True):
             if chunk.ref_cnt == 0:
-                self._policy.mark_non_evictable(key)
-                self._num_evictable -= 1
+                pinned.append(key)
             chunk.ref_cnt += 1
+        if pinned:
+            self._policy.mark_non_evictable(pinned)
+            self._num_evictable -= len(pinned)
         self._observe(req, wanted, req_context, wanted)
         return CPULoadStoreSpec([c.slot for c in chunks])
 
@@ -375,12 +389,15 @@ class CPUOffloadingManager:
             chunk = self._chunks.get(key)
             if chunk is None or chunk.ref_cnt <= 0:
                 raise ChunkNotLoadingError(key, self._phase(chunk))
+        unpinned: list[OffloadKey] = []
         for key in done:
             chunk = self._chunks[key]
             chunk.ref_cnt -= 1
             if chunk.ref_cnt == 0:
-                self._num_evictable += 1
-                self._policy.mark_evictable(key)
+                unpinned.append(key)
+        if unpinned:
+            self._num_evictable += len(unpinned)
+            self._policy.mark_evictable(unpinned)
 
     def take_events(self) -> list[OffloadingEvent]:
         """The events published since the last call, oldest first, each delivered once

@@ -15,7 +15,7 @@ refinement model is :mod:`pagedkv_spec.v1.offload_policy` (O11).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pagedkv.v1.offload.base import OffloadKey
 from pagedkv.v1.offload.policies.base import CachePolicy, EvictableOrder
@@ -29,8 +29,6 @@ ArcView = tuple[Keys, Keys, Keys, Keys, float]
 
 class ARCCachePolicy(CachePolicy):
     """T1, T2, B1, B2 and the target (module docstring)."""
-
-    uses_positions = False
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
@@ -65,14 +63,23 @@ class ARCCachePolicy(CachePolicy):
         if evictable:
             (self._evictable2 if second else self._evictable1).add(key, seq)
 
-    def insert(self, key: OffloadKey, req_id: str, position: int | None) -> None:
-        """A new key (in no list, not evictable) enters T1's recent end and leaves the
-        ghosts. O(1)."""
-        self.t1[key] = None
-        self._counter += 1
-        self._seq[key] = self._counter
-        self.b1.pop(key, None)
-        self.b2.pop(key, None)
+    def insert(
+        self,
+        keys: Sequence[OffloadKey],
+        req_id: str,
+        position: Callable[[OffloadKey], int | None],
+    ) -> None:
+        """New keys (in no list, not evictable) enter T1's recent end, in order, and
+        leave the ghosts. O(1) per key."""
+        t1, seq, b1, b2 = self.t1, self._seq, self.b1, self.b2
+        counter = self._counter
+        for key in keys:
+            counter += 1
+            t1[key] = None
+            seq[key] = counter
+            b1.pop(key, None)
+            b2.pop(key, None)
+        self._counter = counter
 
     def remove(self, key: OffloadKey) -> None:
         """O(1)."""
@@ -82,14 +89,17 @@ class ARCCachePolicy(CachePolicy):
         self._evictable1.discard(key)
         self._evictable2.discard(key)
 
-    def mark_evictable(self, key: OffloadKey) -> None:
-        """O(1) at the list's recent end (a completed store), else O(log n)."""
-        (self._evictable1 if key in self.t1 else self._evictable2).add(key, self._seq[key])
+    def mark_evictable(self, keys: Sequence[OffloadKey]) -> None:
+        """O(1) per key at its list's recent end (a completed store), else O(log n)."""
+        t1, seq, add1, add2 = self.t1, self._seq, self._evictable1.add, self._evictable2.add
+        for key in keys:
+            (add1 if key in t1 else add2)(key, seq[key])
 
-    def mark_non_evictable(self, key: OffloadKey) -> None:
-        """O(1)."""
-        self._evictable1.discard(key)
-        self._evictable2.discard(key)
+    def mark_non_evictable(self, keys: Sequence[OffloadKey]) -> None:
+        """O(1) per key."""
+        t1, discard1, discard2 = self.t1, self._evictable1.discard, self._evictable2.discard
+        for key in keys:
+            (discard1 if key in t1 else discard2)(key)
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
         """A miss found in a ghost list adapts the target, last key first. O(1) per key."""

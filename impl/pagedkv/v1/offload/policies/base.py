@@ -92,6 +92,14 @@ class EvictableOrder(Generic[R]):
         none left). O(n + p), O(log m) more per key from the heap."""
         out: list[OffloadKey] = []
         run, popped = self._run, self._popped
+        if self._late_min() is None:  # all in the run (taking adds nothing to the heap)
+            while len(out) < n and run:
+                key, rank = run.popitem(last=False)
+                shielded = key in protected
+                popped.append((key, rank, shielded))
+                if not shielded:
+                    out.append(key)
+            return out
         while len(out) < n:
             low = self._late_min()
             if low is not None and run:
@@ -157,24 +165,28 @@ class CachePolicy(ABC):
     def __init__(self, cache_capacity: int) -> None:
         self.cache_capacity = cache_capacity
 
-    #: whether :meth:`insert` reads its ``position`` (if not, the manager passes None)
-    uses_positions = True
-
     @abstractmethod
-    def insert(self, key: OffloadKey, req_id: str, position: int | None) -> None:
-        """A new chunk (being stored: not evictable, in no list) of request ``req_id``."""
+    def insert(
+        self,
+        keys: Sequence[OffloadKey],
+        req_id: str,
+        position: Callable[[OffloadKey], int | None],
+    ) -> None:
+        """New chunks, in order (being stored: not evictable, in no list), of request
+        ``req_id`` (``position``: a key's, None when not recorded; asked only by a
+        policy that ranks by it)."""
 
     @abstractmethod
     def remove(self, key: OffloadKey) -> None:
         """A failed store's key leaves (it was not evictable)."""
 
     @abstractmethod
-    def mark_evictable(self, key: OffloadKey) -> None:
-        """``key`` became ready and unpinned."""
+    def mark_evictable(self, keys: Sequence[OffloadKey]) -> None:
+        """``keys`` became ready and unpinned."""
 
     @abstractmethod
-    def mark_non_evictable(self, key: OffloadKey) -> None:
-        """``key`` was pinned by a load."""
+    def mark_non_evictable(self, keys: Sequence[OffloadKey]) -> None:
+        """``keys`` (evictable) were pinned by a load."""
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:  # noqa: B027  (a no-op hook)
         """Keys a request offers that are not resident, first offer per request."""

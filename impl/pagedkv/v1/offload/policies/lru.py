@@ -46,25 +46,38 @@ class LRUCachePolicy(CachePolicy):
         if self._order.discard(key):
             self._order.add(key, rank)
 
-    def insert(self, key: OffloadKey, req_id: str, position: int | None) -> None:
-        """O(1)."""
-        if position is None:
-            self._ranks[key] = (self._next(), 0)
-        else:
-            self._ranks[key] = (self._request_rank(req_id), -position)
+    def insert(
+        self,
+        keys: Sequence[OffloadKey],
+        req_id: str,
+        position: Callable[[OffloadKey], int | None],
+    ) -> None:
+        """O(1) per key."""
+        ranks = self._ranks
+        for key in keys:
+            at = position(key)
+            if at is None:
+                self._counter += 1
+                ranks[key] = (self._counter, 0)
+            else:
+                ranks[key] = (self._request_rank(req_id), -at)
 
     def remove(self, key: OffloadKey) -> None:
         """O(1)."""
         self._ranks.pop(key, None)
         self._order.discard(key)
 
-    def mark_evictable(self, key: OffloadKey) -> None:
-        """O(1) above every evictable key's rank, else O(log n)."""
-        self._order.add(key, self._ranks[key])
+    def mark_evictable(self, keys: Sequence[OffloadKey]) -> None:
+        """O(1) per key ranked above every evictable key, else O(log n)."""
+        ranks, add = self._ranks, self._order.add
+        for key in keys:
+            add(key, ranks[key])
 
-    def mark_non_evictable(self, key: OffloadKey) -> None:
-        """O(1)."""
-        self._order.discard(key)
+    def mark_non_evictable(self, keys: Sequence[OffloadKey]) -> None:
+        """O(1) per key."""
+        discard = self._order.discard
+        for key in keys:
+            discard(key)
 
     def on_request_access(
         self,
