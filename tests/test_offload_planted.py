@@ -8,7 +8,7 @@ also run here in the fast tier.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 import pytest
@@ -151,12 +151,12 @@ class _ArcInsertsOld(ARCCachePolicy):
     """A new chunk enters T1's least recent end."""
 
     def insert(
-        self, keys: Sequence[OffloadKey], req_id: str, position: Callable[[OffloadKey], int | None]
+        self, keys: Sequence[OffloadKey], req_id: str, positions: Mapping[OffloadKey, int]
     ) -> None:
-        super().insert(keys, req_id, position)
+        super().insert(keys, req_id, positions)
         for key in keys:
             self.t1.move_to_end(key, last=False)
-            self._seq[key] = -self._seq[key]
+            self.t1[key] = -self.t1[key]
 
 
 class _WrongPolicy(CPUOffloadingManager):

@@ -146,9 +146,18 @@ class CPUOffloadingManager:
     @staticmethod
     def _keys(keys: Collection[OffloadKey], operation: str) -> list[OffloadKey]:
         """``keys`` as a list, each bytes and named once. O(k)."""
+        return CPUOffloadingManager._key_set(keys, operation)[0]
+
+    @staticmethod
+    def _key_set(
+        keys: Collection[OffloadKey], operation: str
+    ) -> tuple[list[OffloadKey], set[OffloadKey]]:
+        """``keys`` as a list and a set, each bytes and named once. O(k)."""
         out = list(keys)
-        if set(map(type, out)) <= {bytes} and len(set(out)) == len(out):
-            return out
+        if set(map(type, out)) <= {bytes}:
+            distinct = set(out)
+            if len(distinct) == len(out):
+                return out, distinct
         seen: set[OffloadKey] = set()
         for key in out:
             if not isinstance(key, bytes):
@@ -156,7 +165,7 @@ class CPUOffloadingManager:
             if key in seen:
                 raise DuplicateOffloadKeyError(operation, key)
             seen.add(key)
-        return out
+        return out, seen
 
     @staticmethod
     def _phase(chunk: _Chunk | None) -> str:
@@ -193,11 +202,12 @@ class CPUOffloadingManager:
         """A request observed ``keys`` (each named once; first observations go to the
         policy) and reused ``reused`` (unless it inserted them). O(k)."""
         seen = req.seen
-        new = [key for key in keys if key not in seen]
+        new = [key for key in keys if key not in seen] if seen else list(keys)
         if new:
             seen.update(dict.fromkeys(new))
-            self._policy.on_request_access(new, ctx.req_id, ctx.get_offload_key_position)
-        req.reused |= set(reused).difference(req.inserted)
+            self._policy.on_request_access(new, ctx.req_id, ctx.offload_key_positions())
+        if reused:
+            req.reused |= set(reused).difference(req.inserted)
 
     def _record_offer(
         self, counts: OrderedDict[OffloadKey, int], keys: list[OffloadKey], req: _Request
@@ -283,17 +293,14 @@ class CPUOffloadingManager:
         changing nothing: UnknownOffloadRequestError, DuplicateOffloadKeyError.
         O((k + e) log n) for k keys and e victims."""
         req = self._request(req_context, "prepare_store")
-        offered = self._keys(keys, "prepare_store")
+        offered, offered_set = self._key_set(keys, "prepare_store")
         if self._counts is not None:
             self._record_offer(self._counts, offered, req)
-        to_store: list[OffloadKey] = []
+        resident = self._chunks
+        to_store = [key for key in offered if key not in resident]
         ready: list[OffloadKey] = []
-        for key in offered:
-            chunk = self._chunks.get(key)
-            if chunk is None:
-                to_store.append(key)
-            elif chunk.ref_cnt != STORING:
-                ready.append(key)
+        if len(to_store) < len(offered):
+            ready = [k for k in offered if k in resident and resident[k].ref_cnt != STORING]
         if self._counts is not None:
             counts = self._counts
             to_store = [k for k in to_store if counts.get(k, 0) >= self.store_threshold]
@@ -315,7 +322,7 @@ class CPUOffloadingManager:
         if shortfall > 0:
             if shortfall > self._num_evictable:
                 return None
-            victims = self._policy.evict(shortfall, set(offered))
+            victims = self._policy.evict(shortfall, offered_set)
             if victims is None:
                 return None
             drop = self._chunks.pop
@@ -324,10 +331,8 @@ class CPUOffloadingManager:
             evicted = victims
             self._publish(evicted, True)
         slots = self._take_slots(len(to_store))
-        chunks = self._chunks
-        for key, slot in zip(to_store, slots, strict=True):
-            chunks[key] = _Chunk(slot)
-        self._policy.insert(to_store, req_context.req_id, req_context.get_offload_key_position)
+        resident.update(zip(to_store, map(_Chunk, slots), strict=True))
+        self._policy.insert(to_store, req_context.req_id, req_context.offload_key_positions())
         req.inserted.update(to_store)
         return PrepareStoreOutput(to_store, CPULoadStoreSpec(slots), evicted)
 

@@ -15,7 +15,7 @@ refinement model is :mod:`pagedkv_spec.v1.offload_policy` (O11).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 
 from pagedkv.v1.offload.base import OffloadKey
 from pagedkv.v1.offload.policies.base import CachePolicy, EvictableOrder
@@ -33,11 +33,11 @@ class ARCCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self.target_t1_size = 0.0
-        self.t1: OrderedDict[OffloadKey, None] = OrderedDict()
-        self.t2: OrderedDict[OffloadKey, None] = OrderedDict()
+        # T1 and T2 map each key to its sequence number (its last move to the recent end)
+        self.t1: OrderedDict[OffloadKey, int] = OrderedDict()
+        self.t2: OrderedDict[OffloadKey, int] = OrderedDict()
         self.b1: OrderedDict[OffloadKey, None] = OrderedDict()
         self.b2: OrderedDict[OffloadKey, None] = OrderedDict()
-        self._seq: dict[OffloadKey, int] = {}
         self._evictable1: EvictableOrder[int] = EvictableOrder()
         self._evictable2: EvictableOrder[int] = EvictableOrder()
         self._counter = 0
@@ -45,21 +45,14 @@ class ARCCachePolicy(CachePolicy):
     def _to_recent_end(self, key: OffloadKey, second: bool) -> None:
         """Move a resident ``key`` to T1's (T2's when ``second``) recent end. O(1)."""
         self._counter += 1
-        seq = self._seq[key] = self._counter
+        seq = self._counter
         if key in self.t1:
             evictable = self._evictable1.discard(key)
-            if second:
-                del self.t1[key]
-                self.t2[key] = None
-            else:
-                self.t1.move_to_end(key)
+            del self.t1[key]
         else:
             evictable = self._evictable2.discard(key)
-            if second:
-                self.t2.move_to_end(key)
-            else:
-                del self.t2[key]
-                self.t1[key] = None
+            del self.t2[key]
+        (self.t2 if second else self.t1)[key] = seq
         if evictable:
             (self._evictable2 if second else self._evictable1).add(key, seq)
 
@@ -67,33 +60,37 @@ class ARCCachePolicy(CachePolicy):
         self,
         keys: Sequence[OffloadKey],
         req_id: str,
-        position: Callable[[OffloadKey], int | None],
+        positions: Mapping[OffloadKey, int],
     ) -> None:
         """New keys (in no list, not evictable) enter T1's recent end, in order, and
         leave the ghosts. O(1) per key."""
-        t1, seq, b1, b2 = self.t1, self._seq, self.b1, self.b2
+        t1, b1, b2 = self.t1, self.b1, self.b2
         counter = self._counter
         for key in keys:
             counter += 1
-            t1[key] = None
-            seq[key] = counter
-            b1.pop(key, None)
-            b2.pop(key, None)
+            t1[key] = counter
+            if key in b1:
+                del b1[key]
+            if key in b2:
+                del b2[key]
         self._counter = counter
 
     def remove(self, key: OffloadKey) -> None:
         """O(1)."""
         self.t1.pop(key, None)
         self.t2.pop(key, None)
-        self._seq.pop(key, None)
         self._evictable1.discard(key)
         self._evictable2.discard(key)
 
     def mark_evictable(self, keys: Sequence[OffloadKey]) -> None:
         """O(1) per key at its list's recent end (a completed store), else O(log n)."""
-        t1, seq, add1, add2 = self.t1, self._seq, self._evictable1.add, self._evictable2.add
+        t1, t2, add1, add2 = self.t1, self.t2, self._evictable1.add, self._evictable2.add
         for key in keys:
-            (add1 if key in t1 else add2)(key, seq[key])
+            seq = t1.get(key)
+            if seq is None:
+                add2(key, t2[key])
+            else:
+                add1(key, seq)
 
     def mark_non_evictable(self, keys: Sequence[OffloadKey]) -> None:
         """O(1) per key."""
@@ -103,6 +100,8 @@ class ARCCachePolicy(CachePolicy):
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
         """A miss found in a ghost list adapts the target, last key first. O(1) per key."""
+        if self.b1.keys().isdisjoint(keys) and self.b2.keys().isdisjoint(keys):
+            return
         for key in reversed(keys):
             if key in self.b1:
                 delta = max(1, len(self.b2) / len(self.b1))
@@ -146,16 +145,16 @@ class ARCCachePolicy(CachePolicy):
             return None
         self._evictable1.commit()
         self._evictable2.commit()
-        t1, t2, b1, b2, seq = self.t1, self.t2, self.b1, self.b2, self._seq
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         for key in from1:
-            del t1[key], seq[key]
-            b1[key] = None
+            del t1[key]
         for key in from2:
-            del t2[key], seq[key]
-            b2[key] = None
+            del t2[key]
         for key in more1:
-            del t1[key], seq[key]
-            b1[key] = None
+            del t1[key]
+        b1.update(dict.fromkeys(from1))
+        b2.update(dict.fromkeys(from2))
+        b1.update(dict.fromkeys(more1))
         for ghost in (b1, b2):
             for _ in range(len(ghost) - self.cache_capacity):
                 ghost.popitem(last=False)
@@ -166,7 +165,7 @@ class ARCCachePolicy(CachePolicy):
         self.target_t1_size = 0.0
         self.t1, self.t2 = OrderedDict(), OrderedDict()
         self.b1, self.b2 = OrderedDict(), OrderedDict()
-        self._seq, self._counter = {}, 0
+        self._counter = 0
         self._evictable1.clear()
         self._evictable2.clear()
 

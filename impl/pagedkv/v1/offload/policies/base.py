@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from pagedkv.v1.offload.base import OffloadKey
@@ -42,14 +42,15 @@ class EvictableOrder(Generic[R]):
     front: everything taken ranks below everything left).
     """
 
-    __slots__ = ("_heap", "_late", "_popped", "_run", "_tail")
+    __slots__ = ("_heap", "_late", "_popped", "_run", "_shield", "_tail")
 
     def __init__(self) -> None:
         self._run: OrderedDict[OffloadKey, R] = OrderedDict()
         self._tail: tuple[R, OffloadKey] | None = None  # >= the run's last entry
         self._late: dict[OffloadKey, R] = {}
         self._heap: list[tuple[R, OffloadKey]] = []
-        self._popped: list[tuple[OffloadKey, R, bool]] = []  # (key, rank, protected)
+        self._popped: list[tuple[OffloadKey, R]] = []  # taken or set aside, in order
+        self._shield: set[OffloadKey] = set()  # the last take's protected keys
 
     def __len__(self) -> int:
         return len(self._run) + len(self._late)
@@ -92,13 +93,13 @@ class EvictableOrder(Generic[R]):
         none left). O(n + p), O(log m) more per key from the heap."""
         out: list[OffloadKey] = []
         run, popped = self._run, self._popped
+        self._shield = protected
         if self._late_min() is None:  # all in the run (taking adds nothing to the heap)
+            pop = run.popitem
             while len(out) < n and run:
-                key, rank = run.popitem(last=False)
-                shielded = key in protected
-                popped.append((key, rank, shielded))
-                if not shielded:
-                    out.append(key)
+                items = [pop(False) for _ in range(min(n - len(out), len(run)))]
+                popped += items
+                out += [key for key, _ in items if key not in protected]
             return out
         while len(out) < n:
             low = self._late_min()
@@ -116,27 +117,26 @@ class EvictableOrder(Generic[R]):
                 del self._late[key]
             else:
                 key, rank = run.popitem(last=False)
-            if key in protected:
-                popped.append((key, rank, True))
-            else:
-                popped.append((key, rank, False))
+            popped.append((key, rank))
+            if key not in protected:
                 out.append(key)
         return out
 
     def commit(self) -> None:
         """Keep the keys taken; the protected ones set aside return. O(p)."""
-        self._restore([entry for entry in self._popped if entry[2]])
+        shield = self._shield
+        self._restore([entry for entry in self._popped if entry[0] in shield])
 
     def rollback(self) -> None:
         """Return every key taken or set aside since the last commit. O(k)."""
         self._restore(self._popped)
 
-    def _restore(self, entries: list[tuple[OffloadKey, R, bool]]) -> None:
+    def _restore(self, entries: list[tuple[OffloadKey, R]]) -> None:
         run = self._run
-        for key, rank, _ in reversed(entries):
+        for key, rank in reversed(entries):
             run[key] = rank
             run.move_to_end(key, last=False)
-        self._popped = []
+        self._popped, self._shield = [], set()
         if run:
             last = next(reversed(run))
             tail = (run[last], last)
@@ -145,6 +145,7 @@ class EvictableOrder(Generic[R]):
 
     def clear(self) -> None:
         """No evictable key. O(1) (the containers are dropped)."""
+        self._shield = set()
         self._run, self._tail, self._late, self._heap, self._popped = (
             OrderedDict(),
             None,
@@ -170,11 +171,10 @@ class CachePolicy(ABC):
         self,
         keys: Sequence[OffloadKey],
         req_id: str,
-        position: Callable[[OffloadKey], int | None],
+        positions: Mapping[OffloadKey, int],
     ) -> None:
         """New chunks, in order (being stored: not evictable, in no list), of request
-        ``req_id`` (``position``: a key's, None when not recorded; asked only by a
-        policy that ranks by it)."""
+        ``req_id`` (``positions``: the request's recorded token positions)."""
 
     @abstractmethod
     def remove(self, key: OffloadKey) -> None:
@@ -195,10 +195,10 @@ class CachePolicy(ABC):
         self,
         keys: Sequence[OffloadKey],
         req_id: str,
-        position: Callable[[OffloadKey], int | None],
+        positions: Mapping[OffloadKey, int],
     ) -> None:
-        """A request's first observation of ``keys`` (``position``: a key's, None when
-        not recorded; asked only for the keys the policy ranks by it)."""
+        """A request's first observation of ``keys`` (``positions``: the request's
+        recorded token positions)."""
 
     @abstractmethod
     def on_request_finished(

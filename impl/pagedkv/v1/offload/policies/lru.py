@@ -10,7 +10,7 @@ cached is a usable prefix. Ties break by key. The refinement model is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 
 from pagedkv.v1.offload.base import OffloadKey
 from pagedkv.v1.offload.policies.base import CachePolicy, EvictableOrder
@@ -50,12 +50,19 @@ class LRUCachePolicy(CachePolicy):
         self,
         keys: Sequence[OffloadKey],
         req_id: str,
-        position: Callable[[OffloadKey], int | None],
+        positions: Mapping[OffloadKey, int],
     ) -> None:
         """O(1) per key."""
         ranks = self._ranks
+        if not positions:
+            counter = self._counter
+            for key in keys:
+                counter += 1
+                ranks[key] = (counter, 0)
+            self._counter = counter
+            return
         for key in keys:
-            at = position(key)
+            at = positions.get(key)
             if at is None:
                 self._counter += 1
                 ranks[key] = (self._counter, 0)
@@ -83,16 +90,18 @@ class LRUCachePolicy(CachePolicy):
         self,
         keys: Sequence[OffloadKey],
         req_id: str,
-        position: Callable[[OffloadKey], int | None],
+        positions: Mapping[OffloadKey, int],
     ) -> None:
         """O(log n) per resident key with a position."""
         request_rank = self._request_rank(req_id)
+        if not positions:
+            return
         ranks = self._ranks
         for key in keys:
             have = ranks.get(key)
             if have is None:
                 continue
-            at = position(key)
+            at = positions.get(key)
             if at is None:
                 continue
             rank = (request_rank, -at)
