@@ -60,16 +60,6 @@ STORING = -1  # a chunk's reference count while its store is in flight
 _HIT, _HIT_PENDING, _MISS = LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.MISS
 
 
-class _Chunk:
-    """A resident key's slot and reference count (``STORING``, 0 or the loads)."""
-
-    __slots__ = ("ref_cnt", "slot")
-
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
-        self.ref_cnt = STORING
-
-
 class _Request:
     """What the tier keeps of a live request since its arrival or the last reset."""
 
@@ -118,7 +108,10 @@ class CPUOffloadingManager:
         self.medium = Medium.CPU
         self.cache_policy = cache_policy
         self._policy: CachePolicy = POLICIES[cache_policy](num_chunks)
-        self._chunks: dict[OffloadKey, _Chunk] = {}
+        # a resident key's slot, and its reference count (STORING, 0 or its loads): two
+        # dicts with the same keys, filled in bulk
+        self._slots: dict[OffloadKey, int] = {}
+        self._refs: dict[OffloadKey, int] = {}
         self._num_fresh = 0  # slots 0 .. _num_fresh-1 were handed out at least once
         self._free_list: list[int] = []
         self._fenced: list[int] = []
@@ -132,7 +125,7 @@ class CPUOffloadingManager:
     def __repr__(self) -> str:
         return (
             f"CPUOffloadingManager({self._num_chunks}, {self.cache_policy!r}, "
-            f"{len(self._chunks)} resident, {self._num_free()} free, {len(self._fenced)} fenced)"
+            f"{len(self._slots)} resident, {self._num_free()} free, {len(self._fenced)} fenced)"
         )
 
     # ------------------------------------------------------------------ validation
@@ -168,12 +161,12 @@ class CPUOffloadingManager:
         return out, seen
 
     @staticmethod
-    def _phase(chunk: _Chunk | None) -> str:
-        if chunk is None:
+    def _phase(ref_cnt: int | None) -> str:
+        if ref_cnt is None:
             return "not resident"
-        if chunk.ref_cnt == STORING:
+        if ref_cnt == STORING:
             return "being stored"
-        return f"ready, pinned by {chunk.ref_cnt} load(s)" if chunk.ref_cnt else "ready"
+        return f"ready, pinned by {ref_cnt} load(s)" if ref_cnt else "ready"
 
     # ------------------------------------------------------------------ slots
 
@@ -277,10 +270,10 @@ class CPUOffloadingManager:
         ``MISS``; changes nothing. Unknown request: UnknownOffloadRequestError. O(1)."""
         if req_context.req_id not in self._requests:
             raise UnknownOffloadRequestError(req_context.req_id, "lookup")
-        chunk = self._chunks.get(key)
-        if chunk is None:
+        ref_cnt = self._refs.get(key)
+        if ref_cnt is None:
             return _MISS
-        return _HIT_PENDING if chunk.ref_cnt == STORING else _HIT
+        return _HIT_PENDING if ref_cnt == STORING else _HIT
 
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
@@ -296,11 +289,11 @@ class CPUOffloadingManager:
         offered, offered_set = self._key_set(keys, "prepare_store")
         if self._counts is not None:
             self._record_offer(self._counts, offered, req)
-        resident = self._chunks
-        to_store = [key for key in offered if key not in resident]
+        refs = self._refs
+        to_store = [key for key in offered if key not in refs]
         ready: list[OffloadKey] = []
         if len(to_store) < len(offered):
-            ready = [k for k in offered if k in resident and resident[k].ref_cnt != STORING]
+            ready = [k for k in offered if refs.get(k, STORING) != STORING]
         if self._counts is not None:
             counts = self._counts
             to_store = [k for k in to_store if counts.get(k, 0) >= self.store_threshold]
@@ -325,13 +318,16 @@ class CPUOffloadingManager:
             victims = self._policy.evict(shortfall, offered_set)
             if victims is None:
                 return None
-            drop = self._chunks.pop
-            self._free_list += [drop(key).slot for key in victims]
+            drop, unref = self._slots.pop, refs.pop
+            self._free_list += [drop(key) for key in victims]
+            for key in victims:
+                unref(key)
             self._num_evictable -= len(victims)
             evicted = victims
             self._publish(evicted, True)
         slots = self._take_slots(len(to_store))
-        resident.update(zip(to_store, map(_Chunk, slots), strict=True))
+        self._slots.update(zip(to_store, slots, strict=True))
+        refs.update(dict.fromkeys(to_store, STORING))
         self._policy.insert(to_store, req_context.req_id, req_context.offload_key_positions())
         req.inserted.update(to_store)
         return PrepareStoreOutput(to_store, CPULoadStoreSpec(slots), evicted)
@@ -344,18 +340,19 @@ class CPUOffloadingManager:
         never a stored event). A key not being stored: ChunkNotStoringError; a key
         named twice: DuplicateOffloadKeyError; nothing changes then. O(k log n)."""
         done = self._keys(keys, "complete_store")
+        refs = self._refs
         for key in done:
-            chunk = self._chunks.get(key)
-            if chunk is None or chunk.ref_cnt != STORING:
-                raise ChunkNotStoringError(key, self._phase(chunk))
+            ref_cnt = refs.get(key)
+            if ref_cnt != STORING:
+                raise ChunkNotStoringError(key, self._phase(ref_cnt))
         if success:
-            for key in done:
-                self._chunks[key].ref_cnt = 0
+            refs.update(dict.fromkeys(done, 0))
             self._num_evictable += len(done)
             self._policy.mark_evictable(done)
         else:
             for key in done:
-                self._free_list.append(self._chunks.pop(key).slot)
+                del refs[key]
+                self._free_list.append(self._slots.pop(key))
                 self._policy.remove(key)
         self._publish(done, not success, not success)
 
@@ -368,37 +365,34 @@ class CPUOffloadingManager:
         O(k log n)."""
         req = self._request(req_context, "prepare_load")
         wanted = self._keys(keys, "prepare_load")
-        chunks: list[_Chunk] = []
-        resident = self._chunks
+        refs = self._refs
         for key in wanted:
-            chunk = resident.get(key)
-            if chunk is None or chunk.ref_cnt == STORING:
-                raise ChunkNotReadyError(key, self._phase(chunk))
-            chunks.append(chunk)
-        pinned: list[OffloadKey] = []
-        for key, chunk in zip(wanted, chunks, strict=True):
-            if chunk.ref_cnt == 0:
-                pinned.append(key)
-            chunk.ref_cnt += 1
+            ref_cnt = refs.get(key)
+            if ref_cnt is None or ref_cnt == STORING:
+                raise ChunkNotReadyError(key, self._phase(ref_cnt))
+        pinned = [key for key in wanted if refs[key] == 0]
+        for key in wanted:
+            refs[key] += 1
         if pinned:
             self._policy.mark_non_evictable(pinned)
             self._num_evictable -= len(pinned)
         self._observe(req, wanted, req_context, wanted)
-        return CPULoadStoreSpec([c.slot for c in chunks])
+        slot = self._slots
+        return CPULoadStoreSpec([slot[key] for key in wanted])
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin ``keys``. A key without a load in flight: ChunkNotLoadingError; a key
         named twice: DuplicateOffloadKeyError; nothing changes then. O(k log n)."""
         done = self._keys(keys, "complete_load")
+        refs = self._refs
         for key in done:
-            chunk = self._chunks.get(key)
-            if chunk is None or chunk.ref_cnt <= 0:
-                raise ChunkNotLoadingError(key, self._phase(chunk))
+            ref_cnt = refs.get(key)
+            if ref_cnt is None or ref_cnt <= 0:
+                raise ChunkNotLoadingError(key, self._phase(ref_cnt))
         unpinned: list[OffloadKey] = []
         for key in done:
-            chunk = self._chunks[key]
-            chunk.ref_cnt -= 1
-            if chunk.ref_cnt == 0:
+            refs[key] -= 1
+            if refs[key] == 0:
                 unpinned.append(key)
         if unpinned:
             self._num_evictable += len(unpinned)
@@ -414,7 +408,7 @@ class CPUOffloadingManager:
         out: list[OffloadingEvent] = []
         for event in events:
             if event.metadata_only:
-                keys = [k for k in event.keys if k not in self._chunks]
+                keys = [k for k in event.keys if k not in self._slots]
                 if not keys:
                     continue
                 event = OffloadingEvent(keys, event.medium, True, True)
@@ -429,15 +423,16 @@ class CPUOffloadingManager:
         Jobs in flight must not be completed afterwards (their keys are gone).
         O(resident keys + live requests)."""
         ready: list[OffloadKey] = []
-        for key, chunk in self._chunks.items():
-            if chunk.ref_cnt == 0:
-                self._free_list.append(chunk.slot)
+        for key, ref_cnt in self._refs.items():
+            slot = self._slots[key]
+            if ref_cnt == 0:
+                self._free_list.append(slot)
             else:
-                self._fenced.append(chunk.slot)
-            if chunk.ref_cnt != STORING:
+                self._fenced.append(slot)
+            if ref_cnt != STORING:
                 ready.append(key)
         self._publish(ready, True)
-        self._chunks = {}
+        self._slots, self._refs = {}, {}
         self._num_evictable = 0
         self._policy.clear()
         if self._counts is not None:
@@ -467,8 +462,8 @@ class CPUOffloadingManager:
             frozenset(self._fenced),
             tuple(
                 sorted(
-                    (k, spec.Chunk(c.slot, c.ref_cnt != STORING, max(c.ref_cnt, 0)))
-                    for k, c in self._chunks.items()
+                    (k, spec.Chunk(self._slots[k], r != STORING, max(r, 0)))
+                    for k, r in self._refs.items()
                 )
             ),
             frozenset(self._requests),
@@ -496,7 +491,7 @@ class CPUOffloadingManager:
         ones). O(n log n)."""
         state = self.to_spec()
         check("offload", state, f"{self!r}", ids=("O1",))
-        evictable = sum(1 for c in self._chunks.values() if c.ref_cnt == 0)
+        evictable = sum(1 for r in self._refs.values() if r == 0)
         if evictable != self._num_evictable:
             raise InvariantViolationError(
                 "O3",

@@ -137,7 +137,7 @@ class ARCCachePolicy(CachePolicy):
         from1 = self._evictable1.take(first, protected)
         from2 = self._evictable2.take(n - len(from1), protected)
         more1: list[OffloadKey] = []
-        if len(from1) == first:
+        if len(from1) == first and len(from1) + len(from2) < n:
             more1 = self._evictable1.take(n - first - len(from2), protected)
         if len(from1) + len(from2) + len(more1) < n:
             self._evictable1.rollback()
@@ -156,8 +156,9 @@ class ARCCachePolicy(CachePolicy):
         b2.update(dict.fromkeys(from2))
         b1.update(dict.fromkeys(more1))
         for ghost in (b1, b2):
-            for _ in range(len(ghost) - self.cache_capacity):
-                ghost.popitem(last=False)
+            if len(ghost) > self.cache_capacity:
+                pop = ghost.popitem
+                [pop(False) for _ in range(len(ghost) - self.cache_capacity)]
         return from1 + from2 + more1
 
     def clear(self) -> None:

@@ -92,6 +92,8 @@ class EvictableOrder(Generic[R]):
         """Up to ``n`` lowest evictable keys outside ``protected``, removed (fewer:
         none left). O(n + p), O(log m) more per key from the heap."""
         out: list[OffloadKey] = []
+        if n <= 0:
+            return out
         run, popped = self._run, self._popped
         self._shield = protected
         if self._late_min() is None:  # all in the run (taking adds nothing to the heap)
