@@ -284,7 +284,8 @@ class CPUOffloadingManager:
         the policy still saw the offer) only when even every such key would not make
         room. New chunks are being stored until :meth:`complete_store`. Errors first,
         changing nothing: UnknownOffloadRequestError, DuplicateOffloadKeyError.
-        O((k + e) log n) for k keys and e victims."""
+        O(k + e + p) for k keys, e victims and p offered keys met among the
+        evictable ones, O(log n) more per victim ranked out of order."""
         req = self._request(req_context, "prepare_store")
         offered, offered_set = self._key_set(keys, "prepare_store")
         if self._counts is not None:
@@ -362,7 +363,7 @@ class CPUOffloadingManager:
         """Pin ``keys`` (each ready) for a load until :meth:`complete_load`; returns their
         chunk ids in order. Errors first, changing nothing: UnknownOffloadRequestError,
         DuplicateOffloadKeyError, ChunkNotReadyError (absent, or being stored).
-        O(k log n)."""
+        O(k)."""
         req = self._request(req_context, "prepare_load")
         wanted = self._keys(keys, "prepare_load")
         refs = self._refs
