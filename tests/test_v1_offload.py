@@ -273,14 +273,15 @@ def test_evictable_order_takes_as_a_sorted_model(seed: int) -> None:
     takes what a sorted list of (rank, key) would, whatever the order of adds."""
     import random
 
+    from pagedkv.v1.offload.base import OffloadKey
     from pagedkv.v1.offload.policies.base import EvictableOrder
 
     rng = random.Random(seed)
     order: EvictableOrder[int] = EvictableOrder()
-    model: dict[bytes, int] = {}
+    model: dict[OffloadKey, int] = {}
     for _ in range(400):
         op = rng.random()
-        key = bytes([rng.randrange(40)])
+        key = OffloadKey(bytes([rng.randrange(40)]))
         if op < 0.45 and key not in model:
             rank = rng.randrange(60) if rng.random() < 0.3 else 1000 + len(model) * 7
             order.add(key, rank)
@@ -290,7 +291,7 @@ def test_evictable_order_takes_as_a_sorted_model(seed: int) -> None:
             model.pop(key, None)
         else:
             n = rng.randrange(1, 6)
-            protected = {bytes([rng.randrange(40)]) for _ in range(3)}
+            protected = {OffloadKey(bytes([rng.randrange(40)])) for _ in range(3)}
             want = [k for _, k in sorted((r, k) for k, r in model.items()) if k not in protected]
             got = order.take(n, protected)
             assert got == want[:n]
