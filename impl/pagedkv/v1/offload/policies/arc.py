@@ -64,16 +64,13 @@ class ARCCachePolicy(CachePolicy):
     ) -> None:
         """New keys (in no list, not evictable) enter T1's recent end, in order, and
         leave the ghosts. O(1) per key."""
-        t1, b1, b2 = self.t1, self.b1, self.b2
-        counter = self._counter
-        for key in keys:
-            counter += 1
-            t1[key] = counter
-            if key in b1:
-                del b1[key]
-            if key in b2:
-                del b2[key]
-        self._counter = counter
+        start = self._counter + 1
+        self._counter += len(keys)
+        self.t1.update(zip(keys, range(start, self._counter + 1), strict=True))
+        for ghost in (self.b1, self.b2):
+            if not ghost.keys().isdisjoint(keys):
+                for key in keys:
+                    ghost.pop(key, None)
 
     def remove(self, key: OffloadKey) -> None:
         """O(1)."""
