@@ -8,7 +8,7 @@ also run here in the fast tier.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 import pytest
@@ -69,9 +69,9 @@ class _RefusesAtTheEdge(CPUOffloadingManager):
         self, keys: Collection[OffloadKey], req_context: ReqContext
     ) -> PrepareStoreOutput | None:
         self._request(req_context, "prepare_store")  # misuse still raises first
-        new = [k for k in self._keys(keys, "prepare_store") if k not in self._chunks]
+        new = [k for k in self._keys(keys, "prepare_store") if k not in self._slots]
         shortfall = len(new) - self._num_free()
-        evictable = {k for k, c in self._chunks.items() if c.ref_cnt == 0}
+        evictable = {k for k, r in self._refs.items() if r == 0}
         edge = self._counts is None and 0 < shortfall == self._num_evictable
         if edge and not set(keys) & evictable:
             return None
@@ -88,7 +88,8 @@ class _EvictsThenRefuses(CPUOffloadingManager):
         if out is None:
             victims = self._policy.evict(1, set(keys))
             for key in victims or ():
-                self._free_list.append(self._chunks.pop(key).slot)
+                del self._refs[key]
+                self._free_list.append(self._slots.pop(key))
                 self._num_evictable -= 1
         return out
 
@@ -106,11 +107,11 @@ class _PinsOnce(CPUOffloadingManager):
     """O7: a second load of a pinned key does not pin it again."""
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> Any:
-        pinned = {k: self._chunks[k].ref_cnt for k in keys if k in self._chunks}
+        pinned = {k: self._refs[k] for k in keys if k in self._refs}
         out = super().prepare_load(keys, req_context)
         for key, was in pinned.items():
             if was > 0:
-                self._chunks[key].ref_cnt = was
+                self._refs[key] = was
         return out
 
 
@@ -150,10 +151,13 @@ class _LruNewestFirst(LRUCachePolicy):
 class _ArcInsertsOld(ARCCachePolicy):
     """A new chunk enters T1's least recent end."""
 
-    def insert(self, key: OffloadKey, req_id: str, position: int | None) -> None:
-        super().insert(key, req_id, position)
-        self.t1.move_to_end(key, last=False)
-        self._seq[key] = -self._seq[key]
+    def insert(
+        self, keys: Sequence[OffloadKey], req_id: str, positions: Mapping[OffloadKey, int]
+    ) -> None:
+        super().insert(keys, req_id, positions)
+        for key in keys:
+            self.t1.move_to_end(key, last=False)
+            self.t1[key] = -self.t1[key]
 
 
 class _WrongPolicy(CPUOffloadingManager):

@@ -265,3 +265,41 @@ def test_arc_falls_back_to_t2_when_t1_has_no_eligible_victim() -> None:
     m.prepare_load([b], r2)  # T1's only key pinned
     out = m.prepare_store(_keys(1, 1), r2)
     assert out is not None and out.evicted_keys == [a]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_evictable_order_takes_as_a_sorted_model(seed: int) -> None:
+    """EvictableOrder (its sorted run, its late heap and their merge, transactions)
+    takes what a sorted list of (rank, key) would, whatever the order of adds."""
+    import random
+
+    from pagedkv.v1.offload.base import OffloadKey
+    from pagedkv.v1.offload.policies.base import EvictableOrder
+
+    rng = random.Random(seed)
+    order: EvictableOrder[int] = EvictableOrder()
+    model: dict[OffloadKey, int] = {}
+    for _ in range(400):
+        op = rng.random()
+        key = OffloadKey(bytes([rng.randrange(40)]))
+        if op < 0.45 and key not in model:
+            rank = rng.randrange(60) if rng.random() < 0.3 else 1000 + len(model) * 7
+            order.add(key, rank)
+            model[key] = rank
+        elif op < 0.65:
+            assert order.discard(key) == (key in model)
+            model.pop(key, None)
+        else:
+            n = rng.randrange(1, 6)
+            protected = {OffloadKey(bytes([rng.randrange(40)])) for _ in range(3)}
+            want = [k for _, k in sorted((r, k) for k, r in model.items()) if k not in protected]
+            got = order.take(n, protected)
+            assert got == want[:n]
+            if rng.random() < 0.5:
+                order.commit()
+                for k in got:
+                    del model[k]
+            else:
+                order.rollback()
+        assert order.keys_in_order() == [k for _, k in sorted((r, k) for k, r in model.items())]
+        assert len(order) == len(model)

@@ -8,8 +8,10 @@ bytes, big-endian), so one key names one content. Torch- and numpy-free: a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from types import MappingProxyType
 from typing import Any, NewType
 
 __all__ = [
@@ -97,6 +99,10 @@ class ReqContext:
     def get_offload_key_position(self, key: OffloadKey) -> int | None:
         """``key``'s end-token position, or None when not recorded. O(1)."""
         return self._offload_key_positions.get(key)
+
+    def offload_key_positions(self) -> Mapping[OffloadKey, int]:
+        """Every recorded end-token position, by key (a read-only view). O(1)."""
+        return MappingProxyType(self._offload_key_positions)
 
 
 class LoadStoreSpec:

@@ -57,26 +57,16 @@ from pagedkv_spec.v1 import offload as spec
 __all__ = ["CPUOffloadingManager"]
 
 STORING = -1  # a chunk's reference count while its store is in flight
-
-
-class _Chunk:
-    """A resident key's slot and reference count (``STORING``, 0 or the loads)."""
-
-    __slots__ = ("ref_cnt", "slot")
-
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
-        self.ref_cnt = STORING
+_HIT, _HIT_PENDING, _MISS = LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.MISS
 
 
 class _Request:
     """What the tier keeps of a live request since its arrival or the last reset."""
 
-    __slots__ = ("counted", "groups", "inserted", "reused", "seen", "store_missed")
+    __slots__ = ("counted", "inserted", "reused", "seen", "store_missed")
 
     def __init__(self) -> None:
-        self.groups: dict[int, list[OffloadKey]] = {}
-        self.seen: set[OffloadKey] = set()
+        self.seen: dict[OffloadKey, None] = {}  # in the order first observed
         self.inserted: set[OffloadKey] = set()
         self.reused: set[OffloadKey] = set()
         self.store_missed: set[OffloadKey] = set()
@@ -118,7 +108,10 @@ class CPUOffloadingManager:
         self.medium = Medium.CPU
         self.cache_policy = cache_policy
         self._policy: CachePolicy = POLICIES[cache_policy](num_chunks)
-        self._chunks: dict[OffloadKey, _Chunk] = {}
+        # a resident key's slot, and its reference count (STORING, 0 or its loads): two
+        # dicts with the same keys, filled in bulk
+        self._slots: dict[OffloadKey, int] = {}
+        self._refs: dict[OffloadKey, int] = {}
         self._num_fresh = 0  # slots 0 .. _num_fresh-1 were handed out at least once
         self._free_list: list[int] = []
         self._fenced: list[int] = []
@@ -132,7 +125,7 @@ class CPUOffloadingManager:
     def __repr__(self) -> str:
         return (
             f"CPUOffloadingManager({self._num_chunks}, {self.cache_policy!r}, "
-            f"{len(self._chunks)} resident, {self._num_free()} free, {len(self._fenced)} fenced)"
+            f"{len(self._slots)} resident, {self._num_free()} free, {len(self._fenced)} fenced)"
         )
 
     # ------------------------------------------------------------------ validation
@@ -146,7 +139,18 @@ class CPUOffloadingManager:
     @staticmethod
     def _keys(keys: Collection[OffloadKey], operation: str) -> list[OffloadKey]:
         """``keys`` as a list, each bytes and named once. O(k)."""
+        return CPUOffloadingManager._key_set(keys, operation)[0]
+
+    @staticmethod
+    def _key_set(
+        keys: Collection[OffloadKey], operation: str
+    ) -> tuple[list[OffloadKey], set[OffloadKey]]:
+        """``keys`` as a list and a set, each bytes and named once. O(k)."""
         out = list(keys)
+        if set(map(type, out)) <= {bytes}:
+            distinct = set(out)
+            if len(distinct) == len(out):
+                return out, distinct
         seen: set[OffloadKey] = set()
         for key in out:
             if not isinstance(key, bytes):
@@ -154,15 +158,15 @@ class CPUOffloadingManager:
             if key in seen:
                 raise DuplicateOffloadKeyError(operation, key)
             seen.add(key)
-        return out
+        return out, seen
 
     @staticmethod
-    def _phase(chunk: _Chunk | None) -> str:
-        if chunk is None:
+    def _phase(ref_cnt: int | None) -> str:
+        if ref_cnt is None:
             return "not resident"
-        if chunk.ref_cnt == STORING:
+        if ref_cnt == STORING:
             return "being stored"
-        return f"ready, pinned by {chunk.ref_cnt} load(s)" if chunk.ref_cnt else "ready"
+        return f"ready, pinned by {ref_cnt} load(s)" if ref_cnt else "ready"
 
     # ------------------------------------------------------------------ slots
 
@@ -174,8 +178,11 @@ class CPUOffloadingManager:
         fresh = min(n, self._num_chunks - self._num_fresh)
         slots = list(range(self._num_fresh, self._num_fresh + fresh))
         self._num_fresh += fresh
-        for _ in range(n - fresh):
-            slots.append(self._free_list.pop())
+        if n > fresh:
+            free = self._free_list
+            cut = len(free) - (n - fresh)
+            slots += reversed(free[cut:])  # as popped one by one: the last freed first
+            del free[cut:]
         return slots
 
     def _publish(self, keys: list[OffloadKey], removed: bool, metadata_only: bool = False) -> None:
@@ -185,18 +192,15 @@ class CPUOffloadingManager:
     def _observe(
         self, req: _Request, keys: Iterable[OffloadKey], ctx: ReqContext, reused: list[OffloadKey]
     ) -> None:
-        """A request observed ``keys`` (first observations go to the policy) and reused
-        ``reused`` (unless it inserted them). O(k)."""
-        new: list[OffloadKey] = []
-        for key in keys:
-            if key not in req.seen:
-                req.seen.add(key)
-                req.groups.setdefault(get_offload_group_idx(key), []).append(key)
-                new.append(key)
+        """A request observed ``keys`` (each named once; first observations go to the
+        policy) and reused ``reused`` (unless it inserted them). O(k)."""
+        seen = req.seen
+        new = [key for key in keys if key not in seen] if seen else list(keys)
         if new:
-            positions = {k: p for k in new if (p := ctx.get_offload_key_position(k)) is not None}
-            self._policy.on_request_access(new, ctx.req_id, positions)
-        req.reused.update(k for k in reused if k not in req.inserted)
+            seen.update(dict.fromkeys(new))
+            self._policy.on_request_access(new, ctx.req_id, ctx.offload_key_positions())
+        if reused:
+            req.reused |= set(reused).difference(req.inserted)
 
     def _record_offer(
         self, counts: OrderedDict[OffloadKey, int], keys: list[OffloadKey], req: _Request
@@ -244,9 +248,12 @@ class CPUOffloadingManager:
             p = req_context.get_offload_key_position(key)
             if p is not None:
                 positions[key] = p
+        groups: dict[int, list[OffloadKey]] = {}
+        for key in req.seen:
+            groups.setdefault(get_offload_group_idx(key), []).append(key)
         order: list[OffloadKey] = []
-        for group in sorted(req.groups):
-            part = req.groups[group]
+        for group in sorted(groups):
+            part = groups[group]
             if all(k in positions for k in part):
                 part = sorted(part, key=positions.__getitem__)
             order += part
@@ -261,11 +268,12 @@ class CPUOffloadingManager:
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         """``HIT`` if ``key`` is ready, ``HIT_PENDING`` if its store is in flight, else
         ``MISS``; changes nothing. Unknown request: UnknownOffloadRequestError. O(1)."""
-        self._request(req_context, "lookup")
-        chunk = self._chunks.get(key)
-        if chunk is None:
-            return LookupResult.MISS
-        return LookupResult.HIT_PENDING if chunk.ref_cnt == STORING else LookupResult.HIT
+        if req_context.req_id not in self._requests:
+            raise UnknownOffloadRequestError(req_context.req_id, "lookup")
+        ref_cnt = self._refs.get(key)
+        if ref_cnt is None:
+            return _MISS
+        return _HIT_PENDING if ref_cnt == STORING else _HIT
 
     def prepare_store(
         self, keys: Collection[OffloadKey], req_context: ReqContext
@@ -276,28 +284,31 @@ class CPUOffloadingManager:
         the policy still saw the offer) only when even every such key would not make
         room. New chunks are being stored until :meth:`complete_store`. Errors first,
         changing nothing: UnknownOffloadRequestError, DuplicateOffloadKeyError.
-        O((k + e) log n) for k keys and e victims."""
+        O(k + e + p) for k keys, e victims and p offered keys met among the
+        evictable ones, O(log n) more per victim ranked out of order."""
         req = self._request(req_context, "prepare_store")
-        offered = self._keys(keys, "prepare_store")
+        offered, offered_set = self._key_set(keys, "prepare_store")
         if self._counts is not None:
             self._record_offer(self._counts, offered, req)
-        to_store: list[OffloadKey] = []
+        refs = self._refs
+        to_store = [key for key in offered if key not in refs]
         ready: list[OffloadKey] = []
-        for key in offered:
-            chunk = self._chunks.get(key)
-            if chunk is None:
-                to_store.append(key)
-            elif chunk.ref_cnt != STORING:
-                ready.append(key)
+        if len(to_store) < len(offered):
+            ready = [k for k in offered if refs.get(k, STORING) != STORING]
         if self._counts is not None:
             counts = self._counts
             to_store = [k for k in to_store if counts.get(k, 0) >= self.store_threshold]
-        misses = [k for k in to_store if k not in req.store_missed]
+        store_missed = req.store_missed
+        misses = [k for k in to_store if k not in store_missed] if store_missed else to_store
         if misses:
             self._policy.on_store_miss(misses)
-            req.store_missed.update(misses)
-        recorded = set(to_store).union(ready)
-        self._observe(req, [k for k in offered if k in recorded], req_context, ready)
+            store_missed.update(misses)
+        if len(to_store) + len(ready) == len(offered):
+            observed = offered
+        else:
+            recorded = set(to_store).union(ready)
+            observed = [k for k in offered if k in recorded]
+        self._observe(req, observed, req_context, ready)
         if not to_store:
             return PrepareStoreOutput([], CPULoadStoreSpec([]), [])
         shortfall = len(to_store) - self._num_free()
@@ -305,18 +316,20 @@ class CPUOffloadingManager:
         if shortfall > 0:
             if shortfall > self._num_evictable:
                 return None
-            victims = self._policy.evict(shortfall, set(offered))
+            victims = self._policy.evict(shortfall, offered_set)
             if victims is None:
                 return None
+            drop, unref = self._slots.pop, refs.pop
+            self._free_list += [drop(key) for key in victims]
             for key in victims:
-                self._free_list.append(self._chunks.pop(key).slot)
+                unref(key)
             self._num_evictable -= len(victims)
             evicted = victims
             self._publish(evicted, True)
         slots = self._take_slots(len(to_store))
-        for key, slot in zip(to_store, slots, strict=True):
-            self._chunks[key] = _Chunk(slot)
-            self._policy.insert(key, req_context.req_id, req_context.get_offload_key_position(key))
+        self._slots.update(zip(to_store, slots, strict=True))
+        refs.update(dict.fromkeys(to_store, STORING))
+        self._policy.insert(to_store, req_context.req_id, req_context.offload_key_positions())
         req.inserted.update(to_store)
         return PrepareStoreOutput(to_store, CPULoadStoreSpec(slots), evicted)
 
@@ -328,17 +341,19 @@ class CPUOffloadingManager:
         never a stored event). A key not being stored: ChunkNotStoringError; a key
         named twice: DuplicateOffloadKeyError; nothing changes then. O(k log n)."""
         done = self._keys(keys, "complete_store")
+        refs = self._refs
         for key in done:
-            chunk = self._chunks.get(key)
-            if chunk is None or chunk.ref_cnt != STORING:
-                raise ChunkNotStoringError(key, self._phase(chunk))
-        for key in done:
-            if success:
-                self._chunks[key].ref_cnt = 0
-                self._num_evictable += 1
-                self._policy.mark_evictable(key)
-            else:
-                self._free_list.append(self._chunks.pop(key).slot)
+            ref_cnt = refs.get(key)
+            if ref_cnt != STORING:
+                raise ChunkNotStoringError(key, self._phase(ref_cnt))
+        if success:
+            refs.update(dict.fromkeys(done, 0))
+            self._num_evictable += len(done)
+            self._policy.mark_evictable(done)
+        else:
+            for key in done:
+                del refs[key]
+                self._free_list.append(self._slots.pop(key))
                 self._policy.remove(key)
         self._publish(done, not success, not success)
 
@@ -348,37 +363,41 @@ class CPUOffloadingManager:
         """Pin ``keys`` (each ready) for a load until :meth:`complete_load`; returns their
         chunk ids in order. Errors first, changing nothing: UnknownOffloadRequestError,
         DuplicateOffloadKeyError, ChunkNotReadyError (absent, or being stored).
-        O(k log n)."""
+        O(k)."""
         req = self._request(req_context, "prepare_load")
         wanted = self._keys(keys, "prepare_load")
-        chunks: list[_Chunk] = []
+        refs = self._refs
         for key in wanted:
-            chunk = self._chunks.get(key)
-            if chunk is None or chunk.ref_cnt == STORING:
-                raise ChunkNotReadyError(key, self._phase(chunk))
-            chunks.append(chunk)
-        for key, chunk in zip(wanted, chunks, strict=True):
-            if chunk.ref_cnt == 0:
-                self._policy.mark_non_evictable(key)
-                self._num_evictable -= 1
-            chunk.ref_cnt += 1
+            ref_cnt = refs.get(key)
+            if ref_cnt is None or ref_cnt == STORING:
+                raise ChunkNotReadyError(key, self._phase(ref_cnt))
+        pinned = [key for key in wanted if refs[key] == 0]
+        for key in wanted:
+            refs[key] += 1
+        if pinned:
+            self._policy.mark_non_evictable(pinned)
+            self._num_evictable -= len(pinned)
         self._observe(req, wanted, req_context, wanted)
-        return CPULoadStoreSpec([c.slot for c in chunks])
+        slot = self._slots
+        return CPULoadStoreSpec([slot[key] for key in wanted])
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Unpin ``keys``. A key without a load in flight: ChunkNotLoadingError; a key
         named twice: DuplicateOffloadKeyError; nothing changes then. O(k log n)."""
         done = self._keys(keys, "complete_load")
+        refs = self._refs
         for key in done:
-            chunk = self._chunks.get(key)
-            if chunk is None or chunk.ref_cnt <= 0:
-                raise ChunkNotLoadingError(key, self._phase(chunk))
+            ref_cnt = refs.get(key)
+            if ref_cnt is None or ref_cnt <= 0:
+                raise ChunkNotLoadingError(key, self._phase(ref_cnt))
+        unpinned: list[OffloadKey] = []
         for key in done:
-            chunk = self._chunks[key]
-            chunk.ref_cnt -= 1
-            if chunk.ref_cnt == 0:
-                self._num_evictable += 1
-                self._policy.mark_evictable(key)
+            refs[key] -= 1
+            if refs[key] == 0:
+                unpinned.append(key)
+        if unpinned:
+            self._num_evictable += len(unpinned)
+            self._policy.mark_evictable(unpinned)
 
     def take_events(self) -> list[OffloadingEvent]:
         """The events published since the last call, oldest first, each delivered once
@@ -390,7 +409,7 @@ class CPUOffloadingManager:
         out: list[OffloadingEvent] = []
         for event in events:
             if event.metadata_only:
-                keys = [k for k in event.keys if k not in self._chunks]
+                keys = [k for k in event.keys if k not in self._slots]
                 if not keys:
                     continue
                 event = OffloadingEvent(keys, event.medium, True, True)
@@ -405,15 +424,16 @@ class CPUOffloadingManager:
         Jobs in flight must not be completed afterwards (their keys are gone).
         O(resident keys + live requests)."""
         ready: list[OffloadKey] = []
-        for key, chunk in self._chunks.items():
-            if chunk.ref_cnt == 0:
-                self._free_list.append(chunk.slot)
+        for key, ref_cnt in self._refs.items():
+            slot = self._slots[key]
+            if ref_cnt == 0:
+                self._free_list.append(slot)
             else:
-                self._fenced.append(chunk.slot)
-            if chunk.ref_cnt != STORING:
+                self._fenced.append(slot)
+            if ref_cnt != STORING:
                 ready.append(key)
         self._publish(ready, True)
-        self._chunks = {}
+        self._slots, self._refs = {}, {}
         self._num_evictable = 0
         self._policy.clear()
         if self._counts is not None:
@@ -443,8 +463,8 @@ class CPUOffloadingManager:
             frozenset(self._fenced),
             tuple(
                 sorted(
-                    (k, spec.Chunk(c.slot, c.ref_cnt != STORING, max(c.ref_cnt, 0)))
-                    for k, c in self._chunks.items()
+                    (k, spec.Chunk(self._slots[k], r != STORING, max(r, 0)))
+                    for k, r in self._refs.items()
                 )
             ),
             frozenset(self._requests),
@@ -472,7 +492,7 @@ class CPUOffloadingManager:
         ones). O(n log n)."""
         state = self.to_spec()
         check("offload", state, f"{self!r}", ids=("O1",))
-        evictable = sum(1 for c in self._chunks.values() if c.ref_cnt == 0)
+        evictable = sum(1 for r in self._refs.values() if r == 0)
         if evictable != self._num_evictable:
             raise InvariantViolationError(
                 "O3",

@@ -7,14 +7,15 @@ victims) holds at least ``int(target)`` keys, else from T2, and from the other l
 when that one has no evictable key outside the offer: it gives up only when no
 evictable key is left anywhere. Each list's order is a sequence number per key (its
 move to the recent end); its evictable keys sit in an :class:`EvictableOrder` by that
-number, so a victim is found in O(log n) however many pinned keys come before it. The
+number (pinned and storing keys are not in it), so a victim is found in O(1) however
+many pinned keys come before it (O(log n) when it was unpinned out of order). The
 refinement model is :mod:`pagedkv_spec.v1.offload_policy` (O11).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pagedkv.v1.offload.base import OffloadKey
 from pagedkv.v1.offload.policies.base import CachePolicy, EvictableOrder
@@ -32,53 +33,72 @@ class ARCCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self.target_t1_size = 0.0
-        self.t1: OrderedDict[OffloadKey, None] = OrderedDict()
-        self.t2: OrderedDict[OffloadKey, None] = OrderedDict()
+        # T1 and T2 map each key to its sequence number (its last move to the recent end)
+        self.t1: OrderedDict[OffloadKey, int] = OrderedDict()
+        self.t2: OrderedDict[OffloadKey, int] = OrderedDict()
         self.b1: OrderedDict[OffloadKey, None] = OrderedDict()
         self.b2: OrderedDict[OffloadKey, None] = OrderedDict()
-        self._seq: dict[OffloadKey, int] = {}
         self._evictable1: EvictableOrder[int] = EvictableOrder()
         self._evictable2: EvictableOrder[int] = EvictableOrder()
         self._counter = 0
 
     def _to_recent_end(self, key: OffloadKey, second: bool) -> None:
-        """Move a resident ``key`` to T1's (T2's when ``second``) recent end. O(log n)."""
-        evictable = key in self._evictable1 or key in self._evictable2
-        self.t1.pop(key, None)
-        self.t2.pop(key, None)
-        self._evictable1.discard(key)
-        self._evictable2.discard(key)
-        (self.t2 if second else self.t1)[key] = None
+        """Move a resident ``key`` to T1's (T2's when ``second``) recent end. O(1)."""
         self._counter += 1
-        self._seq[key] = self._counter
+        seq = self._counter
+        if key in self.t1:
+            evictable = self._evictable1.discard(key)
+            del self.t1[key]
+        else:
+            evictable = self._evictable2.discard(key)
+            del self.t2[key]
+        (self.t2 if second else self.t1)[key] = seq
         if evictable:
-            (self._evictable2 if second else self._evictable1).add(key, self._counter)
+            (self._evictable2 if second else self._evictable1).add(key, seq)
 
-    def insert(self, key: OffloadKey, req_id: str, position: int | None) -> None:
-        """O(1)."""
-        self._to_recent_end(key, False)
-        self.b1.pop(key, None)
-        self.b2.pop(key, None)
+    def insert(
+        self,
+        keys: Sequence[OffloadKey],
+        req_id: str,
+        positions: Mapping[OffloadKey, int],
+    ) -> None:
+        """New keys (in no list, not evictable) enter T1's recent end, in order, and
+        leave the ghosts. O(1) per key."""
+        start = self._counter + 1
+        self._counter += len(keys)
+        self.t1.update(zip(keys, range(start, self._counter + 1), strict=True))
+        for ghost in (self.b1, self.b2):
+            if not ghost.keys().isdisjoint(keys):
+                for key in keys:
+                    ghost.pop(key, None)
 
     def remove(self, key: OffloadKey) -> None:
         """O(1)."""
         self.t1.pop(key, None)
         self.t2.pop(key, None)
-        self._seq.pop(key, None)
         self._evictable1.discard(key)
         self._evictable2.discard(key)
 
-    def mark_evictable(self, key: OffloadKey) -> None:
-        """O(log n)."""
-        (self._evictable1 if key in self.t1 else self._evictable2).add(key, self._seq[key])
+    def mark_evictable(self, keys: Sequence[OffloadKey]) -> None:
+        """O(1) per key at its list's recent end (a completed store), else O(log n)."""
+        t1, t2, add1, add2 = self.t1, self.t2, self._evictable1.add, self._evictable2.add
+        for key in keys:
+            seq = t1.get(key)
+            if seq is None:
+                add2(key, t2[key])
+            else:
+                add1(key, seq)
 
-    def mark_non_evictable(self, key: OffloadKey) -> None:
-        """O(1)."""
-        self._evictable1.discard(key)
-        self._evictable2.discard(key)
+    def mark_non_evictable(self, keys: Sequence[OffloadKey]) -> None:
+        """O(1) per key."""
+        t1, discard1, discard2 = self.t1, self._evictable1.discard, self._evictable2.discard
+        for key in keys:
+            (discard1 if key in t1 else discard2)(key)
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
         """A miss found in a ghost list adapts the target, last key first. O(1) per key."""
+        if self.b1.keys().isdisjoint(keys) and self.b2.keys().isdisjoint(keys):
+            return
         for key in reversed(keys):
             if key in self.b1:
                 delta = max(1, len(self.b2) / len(self.b1))
@@ -97,7 +117,7 @@ class ARCCachePolicy(CachePolicy):
         req_id: str,
     ) -> None:
         """Tail first: reused keys to T2's recent end, inserted-only keys to their own
-        list's. O(log n) per key."""
+        list's. O(1) per key."""
         for key in reversed(order):
             if key in insertion_only:
                 if key in self.t1 or key in self.t2:
@@ -106,42 +126,44 @@ class ARCCachePolicy(CachePolicy):
                 self._to_recent_end(key, True)
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[OffloadKey] | None:
-        """ARC's ``n`` victims (module docstring), to the ghost lists. O((n + p) log m)."""
-        picked: list[tuple[OffloadKey, bool]] = []
-        size = len(self.t1)
-        for _ in range(n):
-            key = None
-            if size >= int(self.target_t1_size):
-                key = self._evictable1.select(protected)
-            first = key is not None
-            if key is None:
-                key = self._evictable2.select(protected)
-            if key is None:
-                key = self._evictable1.select(protected)
-                first = key is not None
-            if key is None:
-                self._evictable1.rollback()
-                self._evictable2.rollback()
-                return None
-            size -= first
-            picked.append((key, first))
+        """ARC's ``n`` victims (module docstring), to the ghost lists: from T1 while it
+        holds at least ``int(target)`` keys, then from T2, then from T1 again, each
+        list giving what it has outside ``protected``. O(n + p) for p protected keys
+        met, O(log m) more per key unpinned out of its list's order."""
+        first = min(n, max(0, len(self.t1) - int(self.target_t1_size) + 1))
+        from1 = self._evictable1.take(first, protected)
+        from2 = self._evictable2.take(n - len(from1), protected)
+        more1: list[OffloadKey] = []
+        if len(from1) == first and len(from1) + len(from2) < n:
+            more1 = self._evictable1.take(n - first - len(from2), protected)
+        if len(from1) + len(from2) + len(more1) < n:
+            self._evictable1.rollback()
+            self._evictable2.rollback()
+            return None
         self._evictable1.commit()
         self._evictable2.commit()
-        for key, first in picked:
-            del (self.t1 if first else self.t2)[key]
-            del self._seq[key]
-            (self.b1 if first else self.b2)[key] = None
-        for ghost in (self.b1, self.b2):
-            for _ in range(len(ghost) - self.cache_capacity):
-                ghost.popitem(last=False)
-        return [key for key, _ in picked]
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        for key in from1:
+            del t1[key]
+        for key in from2:
+            del t2[key]
+        for key in more1:
+            del t1[key]
+        b1.update(dict.fromkeys(from1))
+        b2.update(dict.fromkeys(from2))
+        b1.update(dict.fromkeys(more1))
+        for ghost in (b1, b2):
+            if len(ghost) > self.cache_capacity:
+                pop = ghost.popitem
+                [pop(False) for _ in range(len(ghost) - self.cache_capacity)]
+        return from1 + from2 + more1
 
     def clear(self) -> None:
         """O(1)."""
         self.target_t1_size = 0.0
         self.t1, self.t2 = OrderedDict(), OrderedDict()
         self.b1, self.b2 = OrderedDict(), OrderedDict()
-        self._seq, self._counter = {}, 0
+        self._counter = 0
         self._evictable1.clear()
         self._evictable2.clear()
 

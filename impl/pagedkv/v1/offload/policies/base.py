@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import heapq
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable, Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from pagedkv.v1.offload.base import OffloadKey
@@ -24,80 +25,141 @@ R = TypeVar("R", bound=Hashable)
 
 
 class EvictableOrder(Generic[R]):
-    """The evictable keys by rank, lowest first: a heap with lazy deletion.
+    """The evictable keys by ``(rank, key)``, lowest first: a sorted run and a heap.
 
-    A key's current rank is in a dict; the heap may hold stale entries (an older rank,
-    a key no longer evictable), skipped when popped, and is rebuilt when stale entries
-    outnumber live ones. Selection is transactional: :meth:`select` takes the lowest
-    live key outside ``protected`` (the protected ones popped on the way are kept
-    aside), :meth:`commit` or :meth:`rollback` ends the transaction.
+    Most keys become evictable at a rank above every key already there (a fresh
+    sequence number: a completed store, a move to the recent end); they are appended
+    to ``_run``, an ordered dict kept sorted, so adding, discarding and taking them
+    is O(1). A key added below the run's tail (a load's unpin at its old rank, an
+    LRU rank raised into a finished request's place) goes to ``_late``, a heap with
+    lazy deletion (its live ranks in a dict; stale entries skipped when they
+    surface, the heap rebuilt when they outnumber the live ones). Keys not
+    evictable (being stored, pinned) are in neither, so taking ``n`` keys costs
+    O(n + p) for the p protected keys met on the way, O(log m) more per key coming
+    from the heap. Taking is transactional: :meth:`take` removes the keys it
+    returns and sets aside the protected ones met; :meth:`commit` keeps the taken
+    and returns the set-aside keys, :meth:`rollback` returns both (to the run's
+    front: everything taken ranks below everything left).
     """
 
-    __slots__ = ("_aside", "_heap", "_rank", "_taken")
+    __slots__ = ("_heap", "_late", "_popped", "_run", "_shield", "_tail")
 
     def __init__(self) -> None:
-        self._rank: dict[OffloadKey, R] = {}
+        self._run: OrderedDict[OffloadKey, R] = OrderedDict()
+        self._tail: tuple[R, OffloadKey] | None = None  # >= the run's last entry
+        self._late: dict[OffloadKey, R] = {}
         self._heap: list[tuple[R, OffloadKey]] = []
-        self._aside: list[tuple[R, OffloadKey]] = []
-        self._taken: list[tuple[R, OffloadKey]] = []
+        self._popped: list[tuple[OffloadKey, R]] = []  # taken or set aside, in order
+        self._shield: set[OffloadKey] = set()  # the last take's protected keys
 
     def __len__(self) -> int:
-        return len(self._rank)
+        return len(self._run) + len(self._late)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._rank
+        return key in self._run or key in self._late
 
     def add(self, key: OffloadKey, rank: R) -> None:
-        """``key`` is evictable at ``rank`` (a new rank replaces its old one).
-        O(log n) amortised."""
-        self._rank[key] = rank
+        """``key`` (not evictable now) is evictable at ``rank``. O(1) above the run's
+        tail, else O(log m) amortised."""
+        tail = self._tail
+        if tail is None or not self._run or (rank, key) > tail:
+            self._run[key] = rank
+            self._tail = (rank, key)
+            return
+        self._late[key] = rank
         heapq.heappush(self._heap, (rank, key))
-        if len(self._heap) > 2 * len(self._rank) + 64:
-            self._heap = [(r, k) for k, r in self._rank.items()]
+        if len(self._heap) > 2 * len(self._late) + 64:
+            self._heap = [(r, k) for k, r in self._late.items()]
             heapq.heapify(self._heap)
 
-    def discard(self, key: OffloadKey) -> None:
-        """``key`` is no longer evictable (its heap entry goes stale). O(1)."""
-        self._rank.pop(key, None)
+    def discard(self, key: OffloadKey) -> bool:
+        """``key`` is no longer evictable; whether it was. O(1)."""
+        if self._run.pop(key, None) is not None:
+            return True
+        return self._late.pop(key, None) is not None
 
-    def select(self, protected: set[OffloadKey]) -> OffloadKey | None:
-        """Take the lowest-ranked evictable key not in ``protected`` (None: none left).
-        O(log n) amortised per key popped."""
-        while self._heap:
-            rank, key = heapq.heappop(self._heap)
-            if self._rank.get(key) != rank:
-                continue  # stale
-            if key in protected:
-                self._aside.append((rank, key))
-                del self._rank[key]
-                continue
-            del self._rank[key]
-            self._taken.append((rank, key))
-            return key
+    def _late_min(self) -> tuple[R, OffloadKey] | None:
+        """The heap's lowest live entry, stale ones dropped. O(log m) per stale entry."""
+        heap, late = self._heap, self._late
+        while heap:
+            rank, key = heap[0]
+            if late.get(key) == rank:
+                return heap[0]
+            heapq.heappop(heap)
         return None
 
+    def take(self, n: int, protected: set[OffloadKey]) -> list[OffloadKey]:
+        """Up to ``n`` lowest evictable keys outside ``protected``, removed (fewer:
+        none left). O(n + p), O(log m) more per key from the heap."""
+        out: list[OffloadKey] = []
+        if n <= 0:
+            return out
+        run, popped = self._run, self._popped
+        self._shield = protected
+        if self._late_min() is None:  # all in the run (taking adds nothing to the heap)
+            pop = run.popitem
+            while len(out) < n and run:
+                items = [pop(False) for _ in range(min(n - len(out), len(run)))]
+                popped += items
+                out += [key for key, _ in items if key not in protected]
+            return out
+        while len(out) < n:
+            low = self._late_min()
+            if low is not None and run:
+                first = next(iter(run))
+                from_heap = low < (run[first], first)
+            elif low is not None:
+                from_heap = True
+            elif run:
+                from_heap = False
+            else:
+                break
+            if from_heap:
+                rank, key = heapq.heappop(self._heap)
+                del self._late[key]
+            else:
+                key, rank = run.popitem(last=False)
+            popped.append((key, rank))
+            if key not in protected:
+                out.append(key)
+        return out
+
     def commit(self) -> None:
-        """Keep the keys taken; the protected ones set aside return. O(p log n)."""
-        self._restore(self._aside)
-        self._aside, self._taken = [], []
+        """Keep the keys taken; the protected ones set aside return. O(p)."""
+        shield = self._shield
+        self._restore([entry for entry in self._popped if entry[0] in shield])
 
     def rollback(self) -> None:
-        """Return every key taken or set aside since the last commit. O(k log n)."""
-        self._restore(self._aside + self._taken)
-        self._aside, self._taken = [], []
+        """Return every key taken or set aside since the last commit. O(k)."""
+        self._restore(self._popped)
 
-    def _restore(self, entries: list[tuple[R, OffloadKey]]) -> None:
-        for rank, key in entries:
-            self._rank[key] = rank
-            heapq.heappush(self._heap, (rank, key))
+    def _restore(self, entries: list[tuple[OffloadKey, R]]) -> None:
+        run = self._run
+        for key, rank in reversed(entries):
+            run[key] = rank
+            run.move_to_end(key, last=False)
+        self._popped, self._shield = [], set()
+        if run:
+            last = next(reversed(run))
+            tail = (run[last], last)
+            if self._tail is None or tail > self._tail:
+                self._tail = tail
 
     def clear(self) -> None:
         """No evictable key. O(1) (the containers are dropped)."""
-        self._rank, self._heap, self._aside, self._taken = {}, [], [], []
+        self._shield = set()
+        self._run, self._tail, self._late, self._heap, self._popped = (
+            OrderedDict(),
+            None,
+            {},
+            [],
+            [],
+        )
 
     def keys_in_order(self) -> list[OffloadKey]:
-        """The evictable keys, lowest rank first (for checks; O(n log n))."""
-        return [k for _, k in sorted((r, k) for k, r in self._rank.items())]
+        """The evictable keys, lowest rank first (for checks; O(m log m))."""
+        entries = [(r, k) for k, r in self._run.items()] + [(r, k) for k, r in self._late.items()]
+        return [k for _, k in sorted(entries)]
 
 
 class CachePolicy(ABC):
@@ -107,28 +169,38 @@ class CachePolicy(ABC):
         self.cache_capacity = cache_capacity
 
     @abstractmethod
-    def insert(self, key: OffloadKey, req_id: str, position: int | None) -> None:
-        """A new chunk (being stored: not evictable) of request ``req_id``."""
+    def insert(
+        self,
+        keys: Sequence[OffloadKey],
+        req_id: str,
+        positions: Mapping[OffloadKey, int],
+    ) -> None:
+        """New chunks, in order (being stored: not evictable, in no list), of request
+        ``req_id`` (``positions``: the request's recorded token positions)."""
 
     @abstractmethod
     def remove(self, key: OffloadKey) -> None:
         """A failed store's key leaves (it was not evictable)."""
 
     @abstractmethod
-    def mark_evictable(self, key: OffloadKey) -> None:
-        """``key`` became ready and unpinned."""
+    def mark_evictable(self, keys: Sequence[OffloadKey]) -> None:
+        """``keys`` became ready and unpinned."""
 
     @abstractmethod
-    def mark_non_evictable(self, key: OffloadKey) -> None:
-        """``key`` was pinned by a load."""
+    def mark_non_evictable(self, keys: Sequence[OffloadKey]) -> None:
+        """``keys`` (evictable) were pinned by a load."""
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:  # noqa: B027  (a no-op hook)
         """Keys a request offers that are not resident, first offer per request."""
 
     def on_request_access(  # noqa: B027  (a no-op hook)
-        self, keys: Sequence[OffloadKey], req_id: str, positions: dict[OffloadKey, int]
+        self,
+        keys: Sequence[OffloadKey],
+        req_id: str,
+        positions: Mapping[OffloadKey, int],
     ) -> None:
-        """A request's first observation of ``keys`` (``positions``: those known)."""
+        """A request's first observation of ``keys`` (``positions``: the request's
+        recorded token positions)."""
 
     @abstractmethod
     def on_request_finished(

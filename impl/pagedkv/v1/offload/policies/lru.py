@@ -10,7 +10,7 @@ cached is a usable prefix. Ties break by key. The refinement model is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pagedkv.v1.offload.base import OffloadKey
 from pagedkv.v1.offload.policies.base import CachePolicy, EvictableOrder
@@ -21,7 +21,8 @@ Rank = tuple[int, int]
 
 
 class LRUCachePolicy(CachePolicy):
-    """Ranks for every resident key, a heap of the evictable ones (module docstring)."""
+    """Ranks for every resident key, an :class:`EvictableOrder` of the evictable ones
+    (module docstring)."""
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
@@ -42,40 +43,68 @@ class LRUCachePolicy(CachePolicy):
 
     def _rerank(self, key: OffloadKey, rank: Rank) -> None:
         self._ranks[key] = rank
-        if key in self._order:
+        if self._order.discard(key):
             self._order.add(key, rank)
 
-    def insert(self, key: OffloadKey, req_id: str, position: int | None) -> None:
-        """O(1)."""
-        if position is None:
-            self._ranks[key] = (self._next(), 0)
-        else:
-            self._ranks[key] = (self._request_rank(req_id), -position)
+    def insert(
+        self,
+        keys: Sequence[OffloadKey],
+        req_id: str,
+        positions: Mapping[OffloadKey, int],
+    ) -> None:
+        """O(1) per key."""
+        ranks = self._ranks
+        if not positions:
+            counter = self._counter
+            for key in keys:
+                counter += 1
+                ranks[key] = (counter, 0)
+            self._counter = counter
+            return
+        for key in keys:
+            at = positions.get(key)
+            if at is None:
+                self._counter += 1
+                ranks[key] = (self._counter, 0)
+            else:
+                ranks[key] = (self._request_rank(req_id), -at)
 
     def remove(self, key: OffloadKey) -> None:
         """O(1)."""
         self._ranks.pop(key, None)
         self._order.discard(key)
 
-    def mark_evictable(self, key: OffloadKey) -> None:
-        """O(log n)."""
-        self._order.add(key, self._ranks[key])
+    def mark_evictable(self, keys: Sequence[OffloadKey]) -> None:
+        """O(1) per key ranked above every evictable key, else O(log n)."""
+        ranks, add = self._ranks, self._order.add
+        for key in keys:
+            add(key, ranks[key])
 
-    def mark_non_evictable(self, key: OffloadKey) -> None:
-        """O(1)."""
-        self._order.discard(key)
+    def mark_non_evictable(self, keys: Sequence[OffloadKey]) -> None:
+        """O(1) per key."""
+        discard = self._order.discard
+        for key in keys:
+            discard(key)
 
     def on_request_access(
-        self, keys: Sequence[OffloadKey], req_id: str, positions: dict[OffloadKey, int]
+        self,
+        keys: Sequence[OffloadKey],
+        req_id: str,
+        positions: Mapping[OffloadKey, int],
     ) -> None:
-        """O(log n) per key."""
+        """O(log n) per resident key with a position."""
         request_rank = self._request_rank(req_id)
+        if not positions:
+            return
+        ranks = self._ranks
         for key in keys:
-            have = self._ranks.get(key)
-            position = positions.get(key)
-            if have is None or position is None:
+            have = ranks.get(key)
+            if have is None:
                 continue
-            rank = (request_rank, -position)
+            at = positions.get(key)
+            if at is None:
+                continue
+            rank = (request_rank, -at)
             if have < rank:
                 self._rerank(key, rank)
 
@@ -86,22 +115,20 @@ class LRUCachePolicy(CachePolicy):
         reused: set[OffloadKey],
         req_id: str,
     ) -> None:
-        """O(log n) per key."""
+        """Tail first, fresh ranks (above every other: O(1) per key)."""
         for key in reversed(order):
             if key in self._ranks:
                 self._rerank(key, (self._next(), 0))
         self._request_ranks.pop(req_id, None)
 
     def evict(self, n: int, protected: set[OffloadKey]) -> list[OffloadKey] | None:
-        """The ``n`` lowest-ranked evictable keys outside ``protected``. O((n + p) log m)
-        for p protected keys met on the way, m evictable keys."""
-        victims: list[OffloadKey] = []
-        while len(victims) < n:
-            key = self._order.select(protected)
-            if key is None:
-                self._order.rollback()
-                return None
-            victims.append(key)
+        """The ``n`` lowest-ranked evictable keys outside ``protected``. O(n + p) for p
+        protected keys met on the way, O(log m) more per key ranked out of order
+        (:class:`EvictableOrder`)."""
+        victims = self._order.take(n, protected)
+        if len(victims) < n:
+            self._order.rollback()
+            return None
         self._order.commit()
         for key in victims:
             del self._ranks[key]
