@@ -51,9 +51,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import sys
-import zipfile
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,8 +60,8 @@ from typing import Any
 from pagedkv.radix import RadixKey, RadixRequest
 from pagedkv_spec.radix.state import CacheState, Row
 from pagedkv_spec.radix.tree import Namespace, Node, NodeKey, Tree
-from pagedkv_stateful.engines.wheel import Loader, TargetSetupError, stand_ins
-from pagedkv_stateful.kit.replay import replay_reports, use_prelude
+from pagedkv_stateful.engines.wheel import Loader, TargetSetupError, command_line, stand_ins
+from pagedkv_stateful.kit.replay import use_prelude
 from pagedkv_stateful.radix.target import Event, RadixTarget
 
 __all__ = [
@@ -829,27 +826,10 @@ def radix_target(num_pages: int, page_size: int, policy: str, events: bool) -> S
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``extract WHEEL DIR [--release X]``: write the target's modules (exit 2 on a bad
-    wheel or directory); ``replay REPORT...``: replay each finding's program of ``pagedkv
-    conform --json`` reports in a fresh process (exit 1 if one does not reproduce)."""
-    parser = argparse.ArgumentParser(prog="python -m pagedkv_stateful.engines.sglang")
-    sub = parser.add_subparsers(dest="command", required=True)
-    ex = sub.add_parser("extract", help="copy SGLang's radix cache layer out of a sglang wheel")
-    ex.add_argument("wheel")
-    ex.add_argument("dest")
-    ex.add_argument("--release", help="the wheel's SGLang version (default: its metadata's)")
-    rp = sub.add_parser("replay", help="replay the programs of `pagedkv conform --json` reports")
-    rp.add_argument("reports", nargs="+")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "replay":
-            return replay_reports(args.reports)
-        done = LOADER.extract_wheel(args.wheel, args.dest, args.release)
-    except (OSError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
-        return 2
-    print(done.describe(f"SGLang {done.release} radix cache layer"))
-    return 0
+    """``extract WHEEL DIR [--release X]`` or ``replay REPORT...``: :func:`.command_line`."""
+    return command_line(
+        LOADER, argv, "python -m pagedkv_stateful.engines.sglang", "radix cache layer"
+    )
 
 
 if __name__ == "__main__":

@@ -47,9 +47,6 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import sys
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -57,9 +54,9 @@ from typing import Any
 
 from pagedkv_stateful.adapters import Capabilities
 from pagedkv_stateful.engines.wheel import MANIFEST as MANIFEST
-from pagedkv_stateful.engines.wheel import Loader, stand_ins
+from pagedkv_stateful.engines.wheel import Loader, command_line, stand_ins
 from pagedkv_stateful.engines.wheel import TargetSetupError as TargetSetupError
-from pagedkv_stateful.kit.replay import replay_reports, use_prelude
+from pagedkv_stateful.kit.replay import use_prelude
 
 # --------------------------------------------------------------------------- releases
 
@@ -588,27 +585,10 @@ def bench_target(directory: str | Path) -> BenchTarget:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``extract WHEEL DIR [--release X]``: write the target's modules (exit 2 on a bad
-    wheel or directory); ``replay REPORT...``: replay each finding's program of ``pagedkv
-    conform --json`` reports in a fresh process (exit 1 if one does not reproduce)."""
-    parser = argparse.ArgumentParser(prog="python -m pagedkv_stateful.engines.vllm_offload")
-    sub = parser.add_subparsers(dest="command", required=True)
-    ex = sub.add_parser("extract", help="copy vLLM's CPU offloading tier out of a vllm wheel")
-    ex.add_argument("wheel")
-    ex.add_argument("dest")
-    ex.add_argument("--release", help="the wheel's vLLM version (default: its metadata's)")
-    rp = sub.add_parser("replay", help="replay the programs of `pagedkv conform --json` reports")
-    rp.add_argument("reports", nargs="+")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "replay":
-            return replay_reports(args.reports)
-        done = LOADER.extract_wheel(args.wheel, args.dest, args.release)
-    except (OSError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
-        return 2
-    print(done.describe(f"vLLM {done.release} CPU offloading tier"))
-    return 0
+    """``extract WHEEL DIR [--release X]`` or ``replay REPORT...``: :func:`.command_line`."""
+    return command_line(
+        LOADER, argv, "python -m pagedkv_stateful.engines.vllm_offload", "CPU offloading tier"
+    )
 
 
 if __name__ == "__main__":

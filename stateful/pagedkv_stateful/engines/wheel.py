@@ -23,6 +23,7 @@ never runs; the conformance report names the wheel and SHA-256 it ran against
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib
 import json
@@ -43,6 +44,7 @@ __all__ = [
     "Loader",
     "TargetSetupError",
     "WheelRelease",
+    "command_line",
     "file_sha256",
     "stand_ins",
     "wheel_release",
@@ -390,3 +392,35 @@ def file_sha256(path: str | Path) -> str:
 def _write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
+
+
+def command_line(loader: Loader, argv: list[str] | None, prog: str, layer: str) -> int:
+    """An engine module's ``main``: ``extract WHEEL DIR [--release X]`` writes the
+    target's modules with ``loader`` (exit 2 on a bad wheel or directory); ``replay
+    REPORT...`` replays each finding's program of ``pagedkv conform --json`` reports in
+    a fresh process (exit 1 if one does not reproduce). ``layer``: what the files are,
+    in messages ("V1 KV cache layer")."""
+    from pagedkv_stateful.kit.replay import replay_reports
+
+    parser = argparse.ArgumentParser(prog=prog)
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser(
+        "extract", help=f"copy {loader.engine}'s {layer} out of a {loader.package} wheel"
+    )
+    ex.add_argument("wheel")
+    ex.add_argument("dest")
+    ex.add_argument(
+        "--release", help=f"the wheel's {loader.engine} version (default: its metadata's)"
+    )
+    rp = sub.add_parser("replay", help="replay the programs of `pagedkv conform --json` reports")
+    rp.add_argument("reports", nargs="+")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "replay":
+            return replay_reports(args.reports)
+        done = loader.extract_wheel(args.wheel, args.dest, args.release)
+    except (OSError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
+    print(done.describe(f"{loader.engine} {done.release} {layer}"))
+    return 0
