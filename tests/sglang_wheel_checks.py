@@ -131,7 +131,9 @@ def test_one_request_through_the_release_agrees_with_pagedkv_radix(
         cache.inc_lock_ref(hit.last_device_node)
         second = RadixRequest([1, 2, 3, 9, 9], ns, slots=list(hit.device_indices))
         second.cache_protected_len, second.last_node = 2, hit.last_device_node
-        second.slots += cache.allocator.alloc(4)[:3]  # type: ignore[index]
+        more = cache.allocator.alloc(4)
+        assert more is not None
+        second.slots += more[:3]
         cache.cache_unfinished_req(second)
         assert cache.evict(100) == 2  # the first request's own page (3, 4) only
     # SGLang's clock is time.monotonic(), not reported

@@ -58,7 +58,7 @@ class _EvictsOffered(CPUOffloadingManager):
         super().__init__(*args)
         policy = self._policy
         evict = policy.evict
-        policy.evict = lambda n, protected: evict(n, set())  # type: ignore[method-assign]
+        policy.evict = lambda n, protected: evict(n, set())  # type: ignore[method-assign]  # the planted bug
 
 
 class _RefusesAtTheEdge(CPUOffloadingManager):

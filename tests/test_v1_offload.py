@@ -166,7 +166,8 @@ def test_reset_fences_slots_of_jobs_in_flight_until_flushed() -> None:
     assert out is not None and out.store_spec == CPULoadStoreSpec([1])
     m.on_reset_flushed()
     out = m.prepare_store(_keys(2, 2), ctx)
-    assert out is not None and sorted(out.store_spec.block_ids) == [0, 2]  # type: ignore[attr-defined]
+    assert out is not None and isinstance(out.store_spec, CPULoadStoreSpec)
+    assert sorted(out.store_spec.block_ids) == [0, 2]
     m.check_invariants()
 
 
