@@ -827,9 +827,7 @@ def radix_target(num_pages: int, page_size: int, policy: str, events: bool) -> S
 
 def main(argv: list[str] | None = None) -> int:
     """``extract WHEEL DIR [--release X]`` or ``replay REPORT...``: :func:`.command_line`."""
-    return command_line(
-        LOADER, argv, "python -m pagedkv_stateful.engines.sglang", "radix cache layer"
-    )
+    return command_line(LOADER, argv)
 
 
 if __name__ == "__main__":

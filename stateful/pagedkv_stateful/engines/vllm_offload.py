@@ -586,9 +586,7 @@ def bench_target(directory: str | Path) -> BenchTarget:
 
 def main(argv: list[str] | None = None) -> int:
     """``extract WHEEL DIR [--release X]`` or ``replay REPORT...``: :func:`.command_line`."""
-    return command_line(
-        LOADER, argv, "python -m pagedkv_stateful.engines.vllm_offload", "CPU offloading tier"
-    )
+    return command_line(LOADER, argv)
 
 
 if __name__ == "__main__":

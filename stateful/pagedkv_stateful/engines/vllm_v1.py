@@ -915,7 +915,7 @@ def bench_target(directory: str | Path) -> BenchTarget:
 
 def main(argv: list[str] | None = None) -> int:
     """``extract WHEEL DIR [--release X]`` or ``replay REPORT...``: :func:`.command_line`."""
-    return command_line(LOADER, argv, "python -m pagedkv_stateful.vllm_v1", "V1 KV cache layer")
+    return command_line(LOADER, argv)
 
 
 if __name__ == "__main__":

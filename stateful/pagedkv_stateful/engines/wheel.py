@@ -394,15 +394,16 @@ def _write(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
-def command_line(loader: Loader, argv: list[str] | None, prog: str, layer: str) -> int:
+def command_line(loader: Loader, argv: list[str] | None = None) -> int:
     """An engine module's ``main``: ``extract WHEEL DIR [--release X]`` writes the
     target's modules with ``loader`` (exit 2 on a bad wheel or directory); ``replay
     REPORT...`` replays each finding's program of ``pagedkv conform --json`` reports in
-    a fresh process (exit 1 if one does not reproduce). ``layer``: what the files are,
-    in messages ("V1 KV cache layer")."""
+    a fresh process (exit 1 if one does not reproduce). The program is named after
+    ``loader.module``, its files after ``loader.layer``."""
     from pagedkv_stateful.kit.replay import replay_reports
 
-    parser = argparse.ArgumentParser(prog=prog)
+    layer = loader.layer
+    parser = argparse.ArgumentParser(prog=f"python -m {loader.module}")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser(
         "extract", help=f"copy {loader.engine}'s {layer} out of a {loader.package} wheel"
