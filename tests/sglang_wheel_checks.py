@@ -11,67 +11,22 @@ unloaded again before the next release is loaded (one process holds one sglang).
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
-
 from pagedkv.radix import Namespace
 from pagedkv_stateful.engines import sglang
-
-ROOT = Path(__file__).parent.parent
-WHEEL_DIR = Path(os.environ.get("PAGEDKV_WHEEL_DIR", ROOT / "build" / "wheels"))
-
-
-def _version(release: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in release.split("."))
-
+from wheel_fixtures import per_release, wheels
 
 #: The wheel of each release this target knows that the wheel directory holds, oldest first.
-WHEELS: dict[str, Path] = {
-    release: found[0]
-    for release in sorted(sglang.RELEASES, key=_version)
-    if (found := sorted(WHEEL_DIR.glob(f"sglang-{release}-*.whl")))
-}
-if not WHEELS:  # asked for by name: a missing wheel is a setup error, not a pass
-    pytest.fail(
-        f"no sglang wheel of {', '.join(sorted(sglang.RELEASES))} in {WHEEL_DIR}: pip download "
-        "--no-deps --only-binary :all: sglang==0.5.23 -d build/wheels (or set PAGEDKV_WHEEL_DIR)",
-        pytrace=False,
-    )
-
-#: What loading may leave imported besides ``sglang.*``: the stand-in ``triton``.
-_STAND_IN_TOPS = ("sglang", "triton")
-
-
-def _unload() -> None:
-    for name in [m for m in sys.modules if m.split(".")[0] in _STAND_IN_TOPS]:
-        del sys.modules[name]
-
-
-@pytest.fixture(scope="module", params=list(WHEELS))
-def release(request: pytest.FixtureRequest) -> str:
-    """A release whose wheel is present (the checks below run once per release)."""
-    version: str = request.param
-    return version
-
-
-@pytest.fixture(scope="module")
-def loaded(release: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The release's radix cache layer, extracted and imported (unloaded at the end)."""
-    if "sglang" in sys.modules:
-        pytest.fail(f"an sglang is already imported: {sys.modules['sglang']!r}")
-    out = sglang.extract(WHEELS[release], tmp_path_factory.mktemp(f"sglang-{release}"))
-    path = list(sys.path)
-    sglang.use(out)
-    try:
-        yield out
-    finally:
-        sys.path[:] = path
-        _unload()
+WHEELS = wheels(
+    "sglang",
+    sglang.RELEASES,
+    "pip download --no-deps --only-binary :all: sglang==0.5.23 -d build/wheels",
+)
+# the stand-in ``triton`` is imported beside ``sglang``
+release, loaded = per_release(WHEELS, sglang.extract, sglang.use, "sglang", also_unload=("triton",))
 
 
 def test_the_loaded_release_is_the_wheels(release: str, loaded: Path) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -231,3 +233,49 @@ def test_a_program_sets_up_its_own_import_path(
     finally:
         for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
             del sys.modules[name]
+
+
+def test_the_scheduler_target_loads_the_wheels_scheduler_over_pagedkvs_stand_ins(
+    tmp_path: Path,
+) -> None:
+    """The V0 scheduler's check loads vLLM's ``core/scheduler.py`` with the one wheel
+    loader: a fake wheel's scheduler imports every stand-in, and their block manager is
+    pagedkv's (run in a fresh process: one ``vllm`` per process)."""
+    from pagedkv_stateful.engines import vllm063_scheduler
+
+    fake = (
+        "from vllm.config import CacheConfig, LoRAConfig, SchedulerConfig\n"
+        "from vllm.core.interfaces import AllocStatus, BlockSpaceManager\n"
+        "from vllm.logger import init_logger\n"
+        "from vllm.lora.request import LoRARequest\n"
+        "from vllm.prompt_adapter.request import PromptAdapterRequest\n"
+        "from vllm.sequence import SequenceGroupMetadata, SequenceStatus\n"
+        "from vllm.utils import Device, PyObjectCache\n"
+        "manager = BlockSpaceManager.get_block_space_manager_class('v2')(\n"
+        "    block_size=4, num_gpu_blocks=8, num_cpu_blocks=2, sliding_window=None,\n"
+        "    enable_caching=False)\n"
+        "cache = PyObjectCache(lambda: SequenceGroupMetadata(request_id=''))\n"
+    )
+    wheel = tmp_path / "w.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("vllm/core/scheduler.py", fake)
+        z.writestr("vllm/core/block_manager_v2.py", "# not copied\n")
+    out = vllm063_scheduler.extract(wheel, tmp_path / "v")
+    assert not (out / "vllm/core/block_manager_v2.py").exists()
+    assert vllm063_scheduler.extract(wheel, tmp_path / "v") == out  # cached
+    program = (
+        "import sys\n"
+        "from pagedkv import BlockSpaceManager, SequenceStatus\n"
+        "from pagedkv_stateful.engines import vllm063_scheduler as s\n"
+        f"s.use({str(out)!r})\n"
+        "m = s.scheduler_module()\n"
+        "assert isinstance(m.manager, BlockSpaceManager), m.manager\n"
+        "assert m.SequenceStatus is SequenceStatus\n"
+        "assert m.cache.get_object() is not m.cache.get_object()\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=False
+    )
+    assert done.stdout == "ok\n", done.stderr
+    assert vllm063_scheduler.main(["extract", str(tmp_path / "junk.whl"), str(tmp_path)]) == 2

@@ -5,8 +5,9 @@ build/wheels``, or ``PAGEDKV_WHEEL_DIR`` naming the directory that holds it), so
 not a ``test_*`` module of ``make test``; run it with
 ``pytest tests/vllm063_scheduler_checks.py``.
 
-Only ``vllm/core/scheduler.py`` is read from the wheel; the modules it imports are
-stand-ins written here (as :mod:`pagedkv_stateful.vllm063` loads vLLM's block layer):
+Only ``vllm/core/scheduler.py`` is read from the wheel
+(:mod:`pagedkv_stateful.engines.vllm063_scheduler`, with the one wheel loader); the
+modules it imports are pagedkv's stand-ins (``stand_ins/vllm063_scheduler/``):
 ``vllm.config``, ``vllm.logger``, ``vllm.lora.request``,
 ``vllm.prompt_adapter.request`` (type names), ``vllm.utils`` (``PyObjectCache``: a
 fresh object per request), ``vllm.sequence`` (pagedkv's ``SequenceStatus``; the other
@@ -36,14 +37,8 @@ three queues after the step and, with chunked prefill, which groups sample.
 
 from __future__ import annotations
 
-import importlib.util
-import logging
-import os
 import random
-import sys
 import types
-import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,20 +47,17 @@ import pytest
 
 from pagedkv import BlockSpaceManager, Sequence, SequenceGroup, SequenceStatus
 from pagedkv.serving.scheduler import Scheduler, SchedulerConfig
-from pagedkv.v0.sequence import AllocStatus
+from pagedkv_stateful.engines import vllm063_scheduler
+from wheel_fixtures import per_release, wheels
 
-ROOT = Path(__file__).parent.parent
-WHEEL_DIR = Path(os.environ.get("PAGEDKV_WHEEL_DIR", ROOT / "build" / "wheels"))
-WHEELS = sorted(WHEEL_DIR.glob("vllm-0.6.3-*.whl"))
-if not WHEELS:  # asked for by name: a missing wheel is a setup error, not a pass
-    pytest.fail(
-        f"no vllm 0.6.3 wheel in {WHEEL_DIR}: pip download --no-deps --only-binary :all: "
-        "vllm==0.6.3 -d build/wheels (or set PAGEDKV_WHEEL_DIR)",
-        pytrace=False,
-    )
+WHEELS = wheels(
+    "vllm",
+    [vllm063_scheduler.RELEASE],
+    "pip download --no-deps --only-binary :all: vllm==0.6.3 -d build/wheels",
+)
+release, vllm_dir = per_release(WHEELS, vllm063_scheduler.extract, vllm063_scheduler.use, "vllm")
 
 RUNNING, WAITING = SequenceStatus.RUNNING, SequenceStatus.WAITING
-WATERMARK = 0.01
 
 
 class Seq(Sequence):
@@ -103,99 +95,10 @@ class Group(SequenceGroup):
         """Multi-step scheduling is off: nothing to set."""
 
 
-def _module(name: str, **attrs: object) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__path__ = []  # every stand-in may be a package
-    module.__dict__.update(attrs)
-    return module
-
-
-class _Placeholder:
-    """A type name the scheduler imports but these runs never use."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        pass
-
-
-class _ObjectCache:
-    """vllm.utils.PyObjectCache's calls; a fresh object each time (no reuse)."""
-
-    def __init__(self, builder: Any) -> None:
-        self.builder = builder
-
-    def get_object(self) -> Any:
-        return self.builder()
-
-    def reset(self) -> None:
-        pass
-
-
-class _ManagerClass:
-    """vllm.core.interfaces.BlockSpaceManager's factory: pagedkv's manager."""
-
-    @staticmethod
-    def get_block_space_manager_class(version: str) -> Any:
-        def build(**kw: Any) -> BlockSpaceManager:
-            return BlockSpaceManager(
-                kw["block_size"], kw["num_gpu_blocks"], kw["num_cpu_blocks"], WATERMARK
-            )
-
-        return build
-
-
 @pytest.fixture(scope="module")
-def vllm_scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """vLLM 0.6.3's ``vllm.core.scheduler`` module, over the stand-ins; unloaded after."""
-    dest = tmp_path_factory.mktemp("vllm063")
-    with zipfile.ZipFile(WHEELS[-1]) as wheel:
-        path = Path(wheel.extract("vllm/core/scheduler.py", dest))
-    stand_ins = {
-        "vllm": _module("vllm"),
-        "vllm.config": _module(
-            "vllm.config",
-            CacheConfig=_Placeholder,
-            LoRAConfig=_Placeholder,
-            SchedulerConfig=_Placeholder,
-        ),
-        "vllm.core": _module("vllm.core"),
-        "vllm.core.interfaces": _module(
-            "vllm.core.interfaces", AllocStatus=AllocStatus, BlockSpaceManager=_ManagerClass
-        ),
-        "vllm.logger": _module("vllm.logger", init_logger=logging.getLogger),
-        "vllm.lora": _module("vllm.lora"),
-        "vllm.lora.request": _module("vllm.lora.request", LoRARequest=_Placeholder),
-        "vllm.prompt_adapter": _module("vllm.prompt_adapter"),
-        "vllm.prompt_adapter.request": _module(
-            "vllm.prompt_adapter.request", PromptAdapterRequest=_Placeholder
-        ),
-        "vllm.sequence": _module(
-            "vllm.sequence",
-            Sequence=_Placeholder,
-            SequenceData=_Placeholder,
-            SequenceGroup=_Placeholder,
-            SequenceGroupMetadata=_Placeholder,
-            SequenceGroupMetadataDelta=_Placeholder,
-            SequenceStatus=SequenceStatus,
-        ),
-        "vllm.utils": _module("vllm.utils", Device=_Placeholder, PyObjectCache=_ObjectCache),
-    }
-    clash = [name for name in stand_ins if name in sys.modules]
-    if clash:
-        pytest.fail(
-            f"another vllm is imported in this process ({clash[0]}); run this file alone",
-            pytrace=False,
-        )
-    sys.modules.update(stand_ins)
-    try:
-        spec = importlib.util.spec_from_file_location("vllm.core.scheduler", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["vllm.core.scheduler"] = module
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        for name in [*stand_ins, "vllm.core.scheduler"]:
-            sys.modules.pop(name, None)
+def vllm_scheduler(vllm_dir: Path) -> Any:
+    """vLLM 0.6.3's ``vllm.core.scheduler`` module, over the stand-ins (unloaded after)."""
+    return vllm063_scheduler.scheduler_module()
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -318,7 +221,7 @@ def _vllm(module: Any, case: Case) -> Any:
 
 
 def _pagedkv(case: Case) -> Scheduler:
-    manager = BlockSpaceManager(case.block_size, case.num_gpu, case.num_cpu, WATERMARK)
+    manager = BlockSpaceManager(case.block_size, case.num_gpu, case.num_cpu)
     mode = case.preemption or "auto"
     config = SchedulerConfig(
         mode, 0, case.max_num_seqs, case.max_num_batched_tokens, enable_chunked_prefill=case.chunked

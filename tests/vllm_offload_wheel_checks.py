@@ -18,61 +18,24 @@ import json
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pagedkv_stateful.engines import vllm_offload
+from wheel_fixtures import per_release, wheels
 
 ROOT = Path(__file__).parent.parent
-
-
-def _version(release: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in release.split("."))
-
-
-#: The wheel of each release this target knows that build/wheels holds, oldest first.
-WHEELS: dict[str, Path] = {
-    release: found[0]
-    for release in sorted(vllm_offload.RELEASES, key=_version)
-    if (found := sorted((ROOT / "build" / "wheels").glob(f"vllm-{release}-*.whl")))
-}
-if not WHEELS:
-    pytest.fail(
-        f"no vllm wheel of {', '.join(sorted(vllm_offload.RELEASES))} in build/wheels: run "
-        "make conform-vllm-offload (or pip download --no-deps --only-binary :all: "
-        "vllm==0.34.0 -d build/wheels)",
-        pytrace=False,
-    )
-
-
-def _unload_vllm() -> None:
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        del sys.modules[name]
-
-
-@pytest.fixture(scope="module", params=list(WHEELS))
-def release(request: pytest.FixtureRequest) -> str:
-    """A release whose wheel is present (the checks below run once per release)."""
-    version: str = request.param
-    return version
-
-
-@pytest.fixture(scope="module")
-def vllm_dir(release: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The release's offloading files, extracted and imported (unloaded at the end)."""
-    if "vllm" in sys.modules:
-        pytest.fail(f"a vllm is already imported: {sys.modules['vllm']!r}")
-    out = vllm_offload.extract(WHEELS[release], tmp_path_factory.mktemp(f"offload-{release}"))
-    path = list(sys.path)
-    vllm_offload.use(out)
-    try:
-        yield out.resolve()
-    finally:
-        _unload_vllm()
-        sys.path[:] = path
+#: The wheel of each release this target knows that the wheel directory holds, oldest first.
+WHEELS = wheels(
+    "vllm",
+    vllm_offload.RELEASES,
+    "run make conform-vllm-offload (or pip download --no-deps --only-binary :all: "
+    "vllm==0.34.0 -d build/wheels)",
+)
+release, vllm_dir = per_release(WHEELS, vllm_offload.extract, vllm_offload.use, "vllm")
 
 
 # --------------------------------------------------------------------------- extraction

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import types
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,53 +35,16 @@ from benchmarks import bench_v1
 import pagedkv.v1 as pv
 from pagedkv.v1.events import external_hash
 from pagedkv_stateful.engines import vllm_v1
+from wheel_fixtures import per_release, wheels
 
 ROOT = Path(__file__).parent.parent
-
-
-def _version(release: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in release.split("."))
-
-
-#: The wheel of each release this target knows that build/wheels holds, oldest first.
-WHEELS: dict[str, Path] = {
-    release: found[0]
-    for release in sorted(vllm_v1.RELEASES, key=_version)
-    if (found := sorted((ROOT / "build" / "wheels").glob(f"vllm-{release}-*.whl")))
-}
-if not WHEELS:
-    pytest.fail(
-        f"no vllm wheel of {', '.join(sorted(vllm_v1.RELEASES))} in build/wheels: run make "
-        "bench-vllm-v1 (or pip download --no-deps vllm==0.34.0 -d build/wheels)",
-        pytrace=False,
-    )
-
-
-def _unload_vllm() -> None:
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        del sys.modules[name]
-
-
-@pytest.fixture(scope="module", params=list(WHEELS))
-def release(request: pytest.FixtureRequest) -> str:
-    """A release whose wheel is present (the checks below run once per release)."""
-    version: str = request.param
-    return version
-
-
-@pytest.fixture(scope="module")
-def vllm_dir(release: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The release's KV cache layer, extracted and imported (unloaded at the end)."""
-    if "vllm" in sys.modules:
-        pytest.fail(f"a vllm is already imported: {sys.modules['vllm']!r}")
-    out = vllm_v1.extract(WHEELS[release], tmp_path_factory.mktemp(f"vllm-v1-{release}"))
-    path = list(sys.path)
-    vllm_v1.use(out)
-    try:
-        yield out.resolve()
-    finally:
-        _unload_vllm()
-        sys.path[:] = path
+#: The wheel of each release this target knows that the wheel directory holds, oldest first.
+WHEELS = wheels(
+    "vllm",
+    vllm_v1.RELEASES,
+    "run make bench-vllm-v1 (or pip download --no-deps vllm==0.34.0 -d build/wheels)",
+)
+release, vllm_dir = per_release(WHEELS, vllm_v1.extract, vllm_v1.use, "vllm")
 
 
 def _vllm(name: str) -> Any:

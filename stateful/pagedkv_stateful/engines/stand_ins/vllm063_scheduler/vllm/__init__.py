@@ -1,0 +1,1 @@
+"""Stand-in package written by pagedkv_stateful.engines.vllm063_scheduler."""

@@ -1,0 +1,1 @@
+"""Stand-in: the ``vllm.core`` package, holding only the wheel's ``scheduler.py``."""

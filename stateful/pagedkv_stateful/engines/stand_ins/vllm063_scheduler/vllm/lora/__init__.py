@@ -1,0 +1,1 @@
+"""Stand-in package: type names only."""
