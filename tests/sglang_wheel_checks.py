@@ -11,14 +11,18 @@ unloaded again before the next release is loaded (one process holds one sglang).
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from pagedkv.radix import Namespace
 from pagedkv_stateful.engines import sglang
 from wheel_fixtures import per_release, wheels
 
+REPRO = Path(__file__).parent.parent / "docs" / "repro" / "sglang"
 #: The wheel of each release this target knows that the wheel directory holds, oldest first.
 WHEELS = wheels(
     "sglang",
@@ -108,3 +112,33 @@ def test_the_radix_level_finds_the_lora_join_and_its_program_replays(
     assert finding.root_cause == "namespace near-collision: namespaces differing in lora_id"
     assert finding.replay.startswith("reproduced"), finding.replay
     assert report.source.startswith(f"sglang {release} from ")
+
+
+# --------------------------------------------------------------------------- reproductions
+
+#: Each standalone reproduction in docs/repro/sglang/ (SGLang's files only, run as a script
+#: with the extracted release's directory) and the releases where its last line is ``True``.
+REPRODUCTIONS = {
+    "lora_joins_extra_key.py": {"0.5.12", "0.5.18", "0.5.23"},
+    "salt_joins_extra_key.py": {"0.5.12"},
+}
+
+
+@pytest.mark.parametrize("script", sorted(REPRODUCTIONS))
+def test_each_standalone_reproduction_shows_its_bug_exactly_on_its_releases(
+    release: str, loaded: Path, script: str
+) -> None:
+    run = subprocess.run(
+        [sys.executable, str(REPRO / script), str(loaded)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    last = run.stdout.strip().splitlines()[-1]
+    assert last == str(release in REPRODUCTIONS[script]), last
+
+
+def test_every_reproduction_in_docs_is_checked() -> None:
+    assert {p.name for p in REPRO.glob("*.py")} == set(REPRODUCTIONS)

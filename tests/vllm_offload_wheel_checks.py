@@ -13,8 +13,6 @@ holds one vllm at a time).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import subprocess
 import sys
 import zipfile
@@ -25,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from pagedkv_stateful.engines import vllm_offload
-from wheel_fixtures import per_release, wheels
+from wheel_fixtures import check_extraction, per_release, wheels
 
 ROOT = Path(__file__).parent.parent
 #: The wheel of each release this target knows that the wheel directory holds, oldest first.
@@ -44,23 +42,7 @@ release, vllm_dir = per_release(WHEELS, vllm_offload.extract, vllm_offload.use, 
 def test_extract_copies_the_release_files_and_writes_the_stand_ins(
     release: str, tmp_path: Path
 ) -> None:
-    spec = vllm_offload.RELEASES[release]
-    wheel = WHEELS[release]
-    out = vllm_offload.extract(wheel, tmp_path / "v")
-    with zipfile.ZipFile(wheel) as z:
-        for name in spec.wheel_files:
-            assert (out / name).read_bytes() == z.read(name)
-    for name, text in spec.stand_ins.items():
-        assert (out / name).read_text() == text
-    written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    manifest = vllm_offload.MANIFEST
-    assert written == {*spec.wheel_files, *spec.stand_ins, vllm_offload.RELEASE_FILE, manifest}
-    record = json.loads((out / manifest).read_text())
-    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    assert (record["wheel"], record["sha256"], record["release"]) == (wheel.name, sha, release)
-    assert vllm_offload.LOADER.extract_wheel(wheel, out).cached
-    assert vllm_offload.release_of(out) == release
-    assert not set(spec.wheel_files) & set(spec.stand_ins)
+    check_extraction(vllm_offload.LOADER, WHEELS[release], release, tmp_path / "v")
 
 
 def test_the_command_line_extracts_and_refuses_what_it_did_not_write(

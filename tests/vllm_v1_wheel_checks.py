@@ -16,14 +16,11 @@ machine runs on that release, so the machine checks the rest.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import json
 import os
 import subprocess
 import sys
 import types
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +32,7 @@ from benchmarks import bench_v1
 import pagedkv.v1 as pv
 from pagedkv.v1.events import external_hash
 from pagedkv_stateful.engines import vllm_v1
-from wheel_fixtures import per_release, wheels
+from wheel_fixtures import check_extraction, per_release, wheels
 
 ROOT = Path(__file__).parent.parent
 #: The wheel of each release this target knows that the wheel directory holds, oldest first.
@@ -57,26 +54,7 @@ def _vllm(name: str) -> Any:
 def test_extract_copies_the_release_files_and_writes_the_stand_ins(
     release: str, tmp_path: Path
 ) -> None:
-    spec = vllm_v1.RELEASES[release]
-    wheel = WHEELS[release]
-    out = vllm_v1.extract(wheel, tmp_path / "v")
-    with zipfile.ZipFile(wheel) as z:
-        for name in spec.wheel_files:
-            assert (out / name).read_bytes() == z.read(name)
-    for name, text in spec.stand_ins.items():
-        assert (out / name).read_text() == text
-    written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
-    assert written == {*spec.wheel_files, *spec.stand_ins, vllm_v1.RELEASE_FILE, vllm_v1.MANIFEST}
-    record = json.loads((out / vllm_v1.MANIFEST).read_text())
-    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    assert (record["wheel"], record["sha256"], record["release"]) == (wheel.name, sha, release)
-    assert set(record["files"]) == written - {vllm_v1.MANIFEST}
-    for name, digest in record["files"].items():
-        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
-    again = vllm_v1.LOADER.extract_wheel(wheel, out)
-    assert again.cached and again.sha256 == sha
-    assert vllm_v1.release_of(out) == release
-    assert not set(spec.wheel_files) & set(spec.stand_ins)
+    check_extraction(vllm_v1.LOADER, WHEELS[release], release, tmp_path / "v")
 
 
 def test_the_command_line_extracts_and_refuses_what_it_did_not_write(

@@ -5,15 +5,20 @@ copy of an engine's package at a time)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
+import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-__all__ = ["WHEEL_DIR", "per_release", "unload", "wheels"]
+from pagedkv_stateful.engines.wheel import Loader
+
+__all__ = ["WHEEL_DIR", "check_extraction", "per_release", "unload", "wheels"]
 
 ROOT = Path(__file__).parent.parent
 #: Where the checks look for wheels: ``PAGEDKV_WHEEL_DIR``, else ``build/wheels``.
@@ -82,3 +87,29 @@ def per_release(
             sys.path[:] = path
 
     return release, loaded
+
+
+def check_extraction(loader: Loader, wheel: Path, release: str, dest: Path) -> None:
+    """``loader`` extracts ``release`` from ``wheel`` into ``dest`` as it promises: the
+    release's wheel files byte for byte, its stand-ins, the release file and the
+    manifest (the wheel's name and SHA-256, the release, each written file's SHA-256)
+    and nothing else; extracting again copies nothing."""
+    spec = loader.releases[release]
+    out = loader.extract(wheel, dest)
+    with zipfile.ZipFile(wheel) as z:
+        for name in spec.wheel_files:
+            assert (out / name).read_bytes() == z.read(name)
+    for name, text in spec.stand_ins.items():
+        assert (out / name).read_text() == text
+    written = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert written == {*spec.wheel_files, *spec.stand_ins, loader.release_file, loader.manifest}
+    record = json.loads((out / loader.manifest).read_text())
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    assert (record["wheel"], record["sha256"], record["release"]) == (wheel.name, sha, release)
+    assert set(record["files"]) == written - {loader.manifest}
+    for name, digest in record["files"].items():
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
+    again = loader.extract_wheel(wheel, out)
+    assert again.cached and again.sha256 == sha
+    assert loader.release_of(out) == release
+    assert not set(spec.wheel_files) & set(spec.stand_ins)

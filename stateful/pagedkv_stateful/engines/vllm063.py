@@ -40,11 +40,7 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
-import sys
-import zipfile
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -57,9 +53,9 @@ from pagedkv_stateful.adapters import (
     Capabilities,
     ManagerAdapter,
 )
-from pagedkv_stateful.engines.wheel import Loader, stand_ins
+from pagedkv_stateful.engines.wheel import Loader, PlainRelease, command_line, stand_ins
 from pagedkv_stateful.engines.wheel import TargetSetupError as TargetSetupError
-from pagedkv_stateful.kit.replay import replay_reports, use_prelude
+from pagedkv_stateful.kit.replay import use_prelude
 
 #: The wheel's files this target loads (pure Python, no imports beyond the stand-ins).
 WHEEL_FILES = (
@@ -83,20 +79,13 @@ STAND_INS = stand_ins("vllm063")
 ENV = "PAGEDKV_VLLM_DIR"
 
 
-@dataclass(frozen=True)
-class _Release:
-    version: str
-    wheel_files: tuple[str, ...]
-    stand_ins: Mapping[str, str]
-
-
 #: The one wheel loader (:mod:`pagedkv_stateful.engines.wheel`), for vLLM 0.6.3's files.
 LOADER = Loader(
     module="pagedkv_stateful.vllm063",
     env=ENV,
     marker="vllm/core/block_manager_v2.py",
     layer="block layer",
-    releases={"0.6.3": _Release("0.6.3", WHEEL_FILES, STAND_INS)},
+    releases={"0.6.3": PlainRelease("0.6.3", WHEEL_FILES, STAND_INS)},
     release_required=False,
     hint=" (or `make conform-vllm`)",
 )
@@ -334,26 +323,8 @@ def caching_manager(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``extract WHEEL DIR``: write the target's modules (exit 2 on a bad wheel);
-    ``replay REPORT...``: replay each finding's program in a fresh process (exit 1 if one
-    does not fail at its last statement with the finding's error)."""
-    parser = argparse.ArgumentParser(prog="python -m pagedkv_stateful.vllm063")
-    sub = parser.add_subparsers(dest="command", required=True)
-    ex = sub.add_parser("extract", help="copy vLLM's block layer out of a vllm 0.6.3 wheel")
-    ex.add_argument("wheel")
-    ex.add_argument("dest")
-    rp = sub.add_parser("replay", help="replay the programs of `pagedkv conform --json` reports")
-    rp.add_argument("reports", nargs="+")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "replay":
-            return replay_reports(args.reports)
-        done = LOADER.extract_wheel(args.wheel, args.dest)
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
-        return 2
-    print(done.describe("vLLM 0.6.3 block layer"))
-    return 0
+    """``extract WHEEL DIR`` or ``replay REPORT...``: :func:`.command_line`."""
+    return command_line(LOADER, argv)
 
 
 if __name__ == "__main__":

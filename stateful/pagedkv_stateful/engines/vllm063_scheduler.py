@@ -12,24 +12,15 @@ pagedkv_stateful.engines.vllm063_scheduler extract WHEEL DIR`` writes the direct
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from pagedkv_stateful.engines.wheel import Loader, command_line, stand_ins
+from pagedkv_stateful.engines.wheel import Loader, PlainRelease, command_line, stand_ins
 
 __all__ = ["LOADER", "RELEASE", "extract", "main", "scheduler_module", "use"]
 
 #: The one release this target knows.
 RELEASE = "0.6.3"
-
-
-@dataclass(frozen=True)
-class _Release:
-    version: str
-    wheel_files: tuple[str, ...]
-    stand_ins: Mapping[str, str]
 
 
 #: The wheel loader for the scheduler's file and its stand-ins.
@@ -39,7 +30,7 @@ LOADER = Loader(
     marker="vllm/core/scheduler.py",
     layer="V0 scheduler",
     releases={
-        RELEASE: _Release(RELEASE, ("vllm/core/scheduler.py",), stand_ins("vllm063_scheduler"))
+        RELEASE: PlainRelease(RELEASE, ("vllm/core/scheduler.py",), stand_ins("vllm063_scheduler"))
     },
 )
 

@@ -42,6 +42,7 @@ __all__ = [
     "STAND_INS_DIR",
     "Extraction",
     "Loader",
+    "PlainRelease",
     "TargetSetupError",
     "WheelRelease",
     "command_line",
@@ -74,6 +75,16 @@ class WheelRelease(Protocol):
 
     @property
     def stand_ins(self) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True)
+class PlainRelease:
+    """A :class:`WheelRelease` that is only its files: the version, the wheel's files to
+    copy and the stand-ins to write (a family whose releases differ in nothing else)."""
+
+    version: str
+    wheel_files: tuple[str, ...]
+    stand_ins: Mapping[str, str]
 
 
 def stand_ins(*trees: str, drop: tuple[str, ...] = ()) -> dict[str, str]:
@@ -420,7 +431,7 @@ def command_line(loader: Loader, argv: list[str] | None = None) -> int:
         if args.command == "replay":
             return replay_reports(args.reports)
         done = loader.extract_wheel(args.wheel, args.dest, args.release)
-    except (OSError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, TargetSetupError) as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
     print(done.describe(f"{loader.engine} {done.release} {layer}"))

@@ -2,7 +2,7 @@
 0.5.18:924-926, 0.5.23:1166-1168: ``extra_key = (extra_key or "") + lora_id``), the
 radix tree's namespace: a request without LoRA whose extra key is an adapter's id
 (stable for --lora-paths adapters: uuid5 of its name and path) reads the KV computed
-with the adapter's weights. Run: python sglang_lora_joins_extra_key.py DIR. Prints True
+with the adapter's weights. Run: python lora_joins_extra_key.py DIR. Prints True
 where the bug is (0.5.12, 0.5.18, 0.5.23)."""
 import sys; sys.path.insert(0, sys.argv[1])
 from array import array

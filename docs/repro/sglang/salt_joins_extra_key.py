@@ -2,7 +2,7 @@
 string (serving_base.py:151-162, ``"".join([cache_salt, extra_key])``), the radix tree's
 namespace: salt "ab" and salt "a" with extra key "b" are one namespace, so a tenant reads
 another's cached KV. 0.5.13 on keep the salt a field of its own (RadixKey.cache_salt).
-Run: python sglang_salt_joins_extra_key.py DIR. Prints True where the bug is (0.5.12)."""
+Run: python salt_joins_extra_key.py DIR. Prints True where the bug is (0.5.12)."""
 import sys; sys.path.insert(0, sys.argv[1])
 from array import array
 import torch
