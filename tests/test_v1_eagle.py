@@ -70,6 +70,27 @@ def test_a_hybrids_drop_is_verified_again_at_a_shorter_length() -> None:
     assert not holds("V1-19", state, view, ((*ids[0], tables[0][6]), (*ids[1], 0), ids[2]), 7)
 
 
+def test_one_dropping_window_is_looked_up_once() -> None:
+    """One group (vLLM's unitary coordinator) applies its rule once: a window of 1 with
+    EAGLE hits 3 tokens on its peek block 3 alone (blocks 0-2 null pads), and the
+    lookup does not go round again with the non-dropping rule, which would ask for
+    block 2 (never allocated: the window skips it) and end the hit at 0."""
+    config = KVCacheConfig.of_specs(11, SlidingWindowSpec(1, sliding_window=1))
+    mgr = KVCacheManager(config, 16, use_eagle=True)
+    hasher = get_request_block_hasher(1)
+    x = Request("x", [1, 2, 3, 4], block_hasher=hasher)
+    assert mgr.allocate_slots(x, 1, num_external_computed_tokens=3) is not None
+    assert mgr.get_block_ids("x")[0][:3] == [0, 0, 0]
+    mgr.free(x)
+    y = Request("y", [1, 2, 3, 4, 8], block_hasher=hasher)
+    blocks, hit, _ = mgr.get_computed_blocks(y)
+    ids = tuple(tuple(g) for g in blocks.get_block_ids())
+    assert (ids, hit) == (((0, 0, 0),), 3)
+    view = spec.RequestView("y", 5, 0, tuple(y.block_hashes))
+    assert spec.get_computed_blocks(mgr.to_spec(), view) == (ids, hit)
+    assert holds("V1-6", mgr.to_spec(), view, ids, hit)
+
+
 def test_the_mtp_tail_is_never_cached() -> None:
     mgr = KVCacheManager(
         KVCacheConfig.full_attention(20, 2), 64, use_eagle=True, num_prefill_lookahead=2

@@ -765,6 +765,8 @@ def get_computed_blocks(m: ManagerState, r: RequestView) -> tuple[tuple[tuple[in
         if current == length:
             break
         length = current
+        if not margin:
+            break  # one group: its rule once (vLLM's UnitaryKVCacheCoordinator)
         if len(order) == 2 and order[0][0].kind == FULL:
             break  # full attention and one other spec: one round (vLLM's simple hybrid)
     for g, spec in enumerate(m.specs):  # full attention's run, trimmed to the length
