@@ -1543,7 +1543,6 @@ VLLM_ONLY: dict[str, str] = {
     "_relocate_speculative_block": MAMBA,  # private (pagedkv relocates inside allocation)
     "last_state_block_idx": MAMBA,  # not kept: its frees are remove_skipped_blocks' own
     "cached_blocks_this_step": MAMBA,  # the same-step hit deferral
-    "_checkpoints": MAMBA,  # prefill checkpoint blocks
     "_partial_hit_reqs": MAMBA,  # partial-hit copy-on-write
     "take_pending_boundary_state_offloads": CONNECTORS,
     "take_boundary_state_offloads": CONNECTORS,
