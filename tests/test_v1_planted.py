@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
+import mamba_checkpoint_planted
 from pagedkv.errors import InvariantViolationError
 from pagedkv.v1 import (
     BlockHash,
@@ -462,6 +463,11 @@ V1_PLANTED: dict[str, Callable[[], str]] = {
             configurations=("full attention + EAGLE",),
         ),
         1500,
+    ),
+    # Mamba prefill checkpoints: the fixed scenario of tests/mamba_checkpoint_planted.py
+    "V1-30": lambda: mamba_checkpoint_planted.planted(mamba_checkpoint_planted.PadsOverCheckpoint),
+    "V1-31": lambda: mamba_checkpoint_planted.planted(
+        mamba_checkpoint_planted.KeysCheckpointAtSlot
     ),
 }
 

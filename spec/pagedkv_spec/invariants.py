@@ -57,6 +57,7 @@ from pagedkv_spec.radix import pool as rpool
 from pagedkv_spec.radix import state as rstate
 from pagedkv_spec.radix import tree as rtree
 from pagedkv_spec.v0 import allocator, caching, manager, pool, table
+from pagedkv_spec.v1 import mamba_checkpoint as v1mc
 from pagedkv_spec.v1 import manager as v1m
 from pagedkv_spec.v1 import offload as v1o
 from pagedkv_spec.v1 import offload_policy as v1op
@@ -433,6 +434,22 @@ def _entries() -> Iterable[Invariant]:
         "V1-20",
         v1m.finalized_only,
         "a step caches no draft, lookahead or reprefillable (MTP) token's block",
+        "v1",
+        "step",
+    )
+    # Mamba align's prefill checkpoint blocks (pagedkv_spec.v1.mamba_checkpoint); judged on
+    # a group's checkpoint state, not the manager's, so "step" (evaluated by name)
+    yield inv(
+        "V1-30",
+        v1mc.checkpoint_held,
+        "a Mamba prefill checkpoint's slot holds a real block, its position before the state's",
+        "v1",
+        "step",
+    )
+    yield inv(
+        "V1-31",
+        v1mc.checkpoint_keyed,
+        "a Mamba checkpoint block is keyed only under its position's hash, never its slot's",
         "v1",
         "step",
     )

@@ -183,13 +183,26 @@ class KVCacheCoordinator(ABC):
         apply_admission_cap: bool = False,
         num_tokens_main_model: int | None = None,
         num_encoder_tokens: int = 0,
+        prefill_end: int = 0,
     ) -> int:
         """Blocks every group together needs from the pool (a cross-attention group:
-        for ``num_encoder_tokens`` slots, without a hit)."""
+        for ``num_encoder_tokens`` slots, without a hit; a Mamba group with prefill
+        checkpoints: its checkpoint in the chunk reaching ``prefill_end``)."""
         count = 0
         for i, m in enumerate(self.single_type_managers):
             if isinstance(m, CrossAttentionManager):
                 count += m.get_num_blocks_to_allocate(request_id, num_encoder_tokens, (), 0)
+                continue
+            if isinstance(m, MambaManager) and m.has_prefill_checkpoint_blocks:
+                count += m.get_num_blocks_to_allocate(
+                    request_id,
+                    num_tokens,
+                    new_computed_blocks[i],
+                    total_computed_tokens,
+                    apply_admission_cap,
+                    num_tokens_main_model,
+                    prefill_end,
+                )
                 continue
             count += m.get_num_blocks_to_allocate(
                 request_id,

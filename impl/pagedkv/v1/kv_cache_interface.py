@@ -166,11 +166,17 @@ class MambaSpec(KVCacheSpec):
     model length, so a request holds one state block) or ``"align"`` (prefix caching:
     the states at block boundaries are kept and cached, the slots between are null);
     ``num_speculative_blocks``: scratch state blocks for draft tokens (MTP/EAGLE).
-    ``page_size_bytes`` sizes one state (not read by the manager)."""
+    ``page_size_bytes`` sizes one state (not read by the manager).
+    ``num_prefill_checkpoint_blocks`` (``align`` only; > 0 turns them on) and
+    ``prefill_checkpoint_alignment`` (the token stride the kernel can export a state
+    at; None: never): a prefill chunk's checkpoint block
+    (:mod:`pagedkv_spec.v1.mamba_checkpoint`)."""
 
     mamba_cache_mode: str = "none"
     num_speculative_blocks: int = 0
     page_size_bytes: int = 1
+    num_prefill_checkpoint_blocks: int = 0
+    prefill_checkpoint_alignment: int | None = None
 
     kind = "mamba"
 
@@ -190,6 +196,19 @@ class MambaSpec(KVCacheSpec):
         require_int(
             "page_size_bytes", self.page_size_bytes, InvalidKVCacheManagerConfigError, low=1
         )
+        require_int(
+            "num_prefill_checkpoint_blocks",
+            self.num_prefill_checkpoint_blocks,
+            InvalidKVCacheManagerConfigError,
+            low=0,
+        )
+        if self.prefill_checkpoint_alignment is not None:
+            require_int(
+                "prefill_checkpoint_alignment",
+                self.prefill_checkpoint_alignment,
+                InvalidKVCacheManagerConfigError,
+                low=1,
+            )
 
 
 @dataclass(frozen=True)

@@ -507,16 +507,18 @@ class KVCacheManager:
         need = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         main = total + num_new_tokens  # without lookahead slots (Mamba's align mode)
         free = self.block_pool.get_num_free_blocks()
+        # a Mamba prefill checkpoint is taken in the chunk that ends the prefill only
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
         if full_sequence_must_fit:
             whole = min(request.num_tokens, self.max_model_len)
             wanted = coordinator.get_num_blocks_to_allocate(
-                rid, whole, hits, total, True, whole, num_encoder_tokens
+                rid, whole, hits, total, True, whole, num_encoder_tokens, prefill_end
             )
             if wanted + watermark > free:
                 return None
         coordinator.remove_skipped_blocks(rid, max(0, total - request.num_in_flight_tokens))
         wanted = coordinator.get_num_blocks_to_allocate(
-            rid, need, hits, total, False, main, num_encoder_tokens
+            rid, need, hits, total, False, main, num_encoder_tokens, prefill_end
         )
         if wanted + watermark > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None

@@ -24,7 +24,7 @@ worst; ``req_to_blocks`` lookups are O(1).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pagedkv._arith import cdiv
 from pagedkv.v1.block import KVCacheBlock, make_block_hash_with_group_id
@@ -39,6 +39,12 @@ from pagedkv.v1.kv_cache_interface import (
 )
 from pagedkv.v1.request import Request
 from pagedkv_spec.errors import BlockPoolError, InvalidKVCacheManagerConfigError
+from pagedkv_spec.v1.mamba_checkpoint import (
+    CheckpointState,
+    checkpoint_position,
+    checkpoint_slot,
+    checkpoint_valid,
+)
 
 __all__ = [
     "ChunkedLocalAttentionManager",
@@ -518,6 +524,14 @@ class MambaManager(SingleTypeKVCacheManager):
     overtook is relocated to the table's end (its slot nulled), only if the request
     owns it alone and it is not cached (else BlockPoolError, before any change).
 
+    Prefill checkpoint blocks (``num_prefill_checkpoint_blocks`` > 0, ``align``;
+    :mod:`pagedkv_spec.v1.mamba_checkpoint`): a count (not an admission's) of a chunk
+    that reaches ``prefill_end`` and can export its checkpoint records it
+    (``_checkpoints``: position, slot); the allocation then keeps the checkpoint slot
+    out of the null pads (a block there: V1-30) and caching keys that block under its
+    position's hash, never its slot's (V1-31). A position inside a block (fine-grained
+    hashes) leaves the block unkeyed: pagedkv keys whole blocks only.
+
     vLLM also records the slot the step copies from (``last_state_block_idx``) and frees
     it once the tokens pass its block; that slot always lies in the range
     :meth:`remove_skipped_blocks` retires at the same count (with whole-block hits: no
@@ -543,6 +557,17 @@ class MambaManager(SingleTypeKVCacheManager):
         self._allocated_block_reqs: set[str] = set()
         #: align: request -> slots below this were retired (freed and nulled) already
         self._num_retired_blocks: dict[str, int] = {}
+        #: align: prefill checkpoint blocks are on (vLLM's name)
+        self.has_prefill_checkpoint_blocks = (
+            self.align_mode and spec.num_prefill_checkpoint_blocks > 0
+        )
+        self.prefill_checkpoint_alignment = spec.prefill_checkpoint_alignment
+        #: EAGLE: checkpoints sit one alignment unit lower (set by the owner, vLLM's name)
+        self.drop_eagle_checkpoint_block = False
+        #: request -> (checkpoint position, checkpoint slot) its last count recorded
+        self._checkpoints: dict[str, tuple[int, int]] = {}
+        #: a slot :meth:`cache_mask` leaves out while :meth:`cache_blocks` runs
+        self._unkeyed_slot = -1
 
     @property
     def align_mode(self) -> bool:
@@ -560,19 +585,58 @@ class MambaManager(SingleTypeKVCacheManager):
         return max(0, num_computed_tokens - 1)
 
     def _align_plan(
-        self, request_id: str, prev: int, num_tokens_main_model: int
+        self, request_id: str, prev: int, num_tokens_main_model: int, checkpoint: bool = False
     ) -> tuple[int, int, range]:
         """An ``align`` allocation from a table of ``prev`` slots: (the new blocks, the
-        slot the pads reach, the scratch slots relocated). O(1)."""
+        slot the pads reach, the scratch slots relocated); ``checkpoint``: the slot
+        before the state's is kept for the checkpoint block (no pad, a scratch block
+        there stays). O(1)."""
         spec = self.num_speculative_blocks
         required = cdiv(num_tokens_main_model, self.block_size) + spec
         if required <= prev:
             return 0, prev, range(0)
-        skipped = required - spec - 1
+        pads_end = required - spec - 1 - int(checkpoint)
         moved = range(0)
         if request_id in self._allocated_block_reqs:
-            moved = range(max(0, prev - spec), min(prev, skipped))
-        return required - max(prev, skipped) - len(moved), skipped, moved
+            moved = range(max(0, prev - spec), min(prev, pads_end))
+        return max(0, required - max(prev, pads_end) - len(moved)), pads_end, moved
+
+    def _checkpoint_for(
+        self, request_id: str, start: int, end: int, prefill_end: int
+    ) -> tuple[int, int] | None:
+        """The checkpoint (position, slot) a chunk ``[start, end)`` of main-model tokens
+        takes, or None: it reaches ``prefill_end``, the kernel can export it
+        (``checkpoint_valid``) and its slot is free for a block (beyond the table, a
+        pad, or one of the scratch blocks of an allocated request). O(1)."""
+        if not self.has_prefill_checkpoint_blocks or end < prefill_end or start >= end:
+            return None
+        position = checkpoint_position(
+            end,
+            self.alignment,
+            self.drop_eagle_checkpoint_block,
+            self.block_pool.num_hash_lookahead_tokens,
+        )
+        if not checkpoint_valid(
+            start,
+            end,
+            position,
+            self.block_pool.hash_block_size,
+            self.block_size,
+            self.prefill_checkpoint_alignment,
+        ):
+            return None
+        slot = checkpoint_slot(end, self.block_size)
+        blocks = self.req_to_blocks.get(request_id, ())
+        if (
+            slot >= len(blocks)
+            or blocks[slot].is_null
+            or (
+                request_id in self._allocated_block_reqs
+                and slot >= len(blocks) - self.num_speculative_blocks
+            )
+        ):
+            return position, slot
+        return None
 
     def get_num_blocks_to_allocate(
         self,
@@ -582,11 +646,15 @@ class MambaManager(SingleTypeKVCacheManager):
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
         num_tokens_main_model: int | None = None,
+        prefill_end: int = 0,
     ) -> int:
         """``"none"``: the base count with the speculative blocks' slots. ``"align"``:
         what the adoption (cached-free hit blocks kept, blocks for external tokens) and
         the allocation will take, exactly (vLLM's count leaves out the external-token
-        blocks, and may go negative for a table longer than needed). O(hit)."""
+        blocks, and may go negative for a table longer than needed), with the
+        checkpoint block of a chunk ``total_computed_tokens`` .. ``num_tokens`` that
+        reaches ``prefill_end`` (class docstring); a count that is no admission check
+        records that checkpoint, or forgets the last one, for the allocation. O(hit)."""
         spec = self.num_speculative_blocks
         if not self.align_mode:
             return super().get_num_blocks_to_allocate(
@@ -610,14 +678,21 @@ class MambaManager(SingleTypeKVCacheManager):
                 ext = max(0, cdiv(total_computed_tokens, self.block_size) - held)
                 taken += ext
                 held += ext
-        return taken + self._align_plan(request_id, held, main)[0]
+        checkpoint = self._checkpoint_for(request_id, total_computed_tokens, main, prefill_end)
+        if not apply_admission_cap:
+            if checkpoint is None:
+                self._checkpoints.pop(request_id, None)
+            else:
+                self._checkpoints[request_id] = checkpoint
+        return taken + self._align_plan(request_id, held, main, checkpoint is not None)[0]
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
     ) -> list[KVCacheBlock]:
         """``"none"``: the base rule with the speculative blocks' slots. ``"align"``
         (class docstring): pads to the new state slot, the overtaken scratch blocks
-        relocated, then the new blocks; the table's new tail (pads, relocated and new
+        relocated, then the new blocks, the checkpoint slot kept out of the pads if the
+        last count recorded a checkpoint; the table's new tail (pads, relocated and new
         blocks, as vLLM returns it)."""
         spec = self.num_speculative_blocks
         if not self.align_mode:
@@ -625,8 +700,9 @@ class MambaManager(SingleTypeKVCacheManager):
         main = num_tokens if num_tokens_main_model is None else num_tokens_main_model
         blocks = self.req_to_blocks.setdefault(request_id, [])
         prev = len(blocks)
-        n, skipped, moved = self._align_plan(request_id, prev, main)
-        if n == 0:
+        checkpoint = request_id in self._checkpoints
+        n, skipped, moved = self._align_plan(request_id, prev, main, checkpoint)
+        if n == 0 and not moved:
             self._allocated_block_reqs.add(request_id)
             return []
         for i in moved:  # before any change: state unchanged on the error
@@ -644,7 +720,8 @@ class MambaManager(SingleTypeKVCacheManager):
         for i in moved:
             blocks.append(blocks[i])
             blocks[i] = null
-        blocks.extend(self.block_pool.get_new_blocks(n))
+        if n:
+            blocks.extend(self.block_pool.get_new_blocks(n))
         return blocks[prev:]
 
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
@@ -667,6 +744,9 @@ class MambaManager(SingleTypeKVCacheManager):
                     freed.append(blocks[i])
                     blocks[i] = null
             self._num_retired_blocks[request_id] = last
+            checkpoint = self._checkpoints.get(request_id)
+            if checkpoint is not None and checkpoint[1] < last:
+                del self._checkpoints[request_id]  # its block retired: no checkpoint
         if freed:
             self.block_pool.free_blocks(freed)
 
@@ -675,6 +755,7 @@ class MambaManager(SingleTypeKVCacheManager):
         its ``align`` bookkeeping. O(table length)."""
         self._allocated_block_reqs.discard(request_id)
         self._num_retired_blocks.pop(request_id, None)
+        self._checkpoints.pop(request_id, None)
         blocks = self.req_to_blocks.pop(request_id, None)
         self.num_cached_block.pop(request_id, None)
         if blocks:
@@ -704,11 +785,75 @@ class MambaManager(SingleTypeKVCacheManager):
 
     def cache_mask(self, start: int, end: int) -> list[bool] | None:
         """With hits aligned to several blocks, only the state at each aligned boundary
-        can serve one; the others are not cached (V1-17)."""
+        can serve one; the others are not cached (V1-17). A checkpoint block whose
+        position is not its slot's boundary is never keyed at its slot (V1-31)."""
+        skip = self._unkeyed_slot
         if self.alignment == self.block_size or self.alignment % self.block_size:
-            return None
+            if not start <= skip < end:
+                return None
+            return [i != skip for i in range(start, end)]
         per = self.alignment // self.block_size
-        return [(i + 1) % per == 0 for i in range(start, end)]
+        return [(i + 1) % per == 0 and i != skip for i in range(start, end)]
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """The base rule, then (prefill checkpoints) the checkpoint block keyed under
+        its position's hash where the position is a block boundary and hashed (its
+        slot's own key left out: the state there is the position's). O(new blocks)."""
+        rid = request.request_id
+        checkpoint = self._checkpoints.get(rid)
+        if checkpoint is None:
+            super().cache_blocks(request, num_tokens)
+            return
+        position, slot = checkpoint
+        bs = self.block_size
+        if position != (slot + 1) * bs:
+            self._unkeyed_slot = slot
+        try:
+            super().cache_blocks(request, num_tokens)
+        finally:
+            self._unkeyed_slot = -1
+        block = self.req_to_blocks[rid][slot]
+        k = position // bs - 1
+        hashed = len(request.block_hashes) * self.block_pool.hash_block_size
+        if (
+            position % bs
+            or position > min(num_tokens, hashed)
+            or block.is_null
+            or block.block_hash is not None
+        ):
+            return
+        view = [self._null_block] * k
+        view.append(block)
+        self.block_pool.cache_full_blocks(request, view, k, k + 1, bs, self.kv_cache_group_id)
+
+    def checkpoint_state(
+        self, block_hashes: Mapping[str, Sequence[bytes]] | None = None
+    ) -> CheckpointState:
+        """This group's tables and checkpoints as the spec states them
+        (:class:`~pagedkv_spec.v1.mamba_checkpoint.CheckpointState`), the position and
+        slot keys from ``block_hashes`` (request id -> its hashes). O(tables)."""
+        hashes = block_hashes or {}
+        scale, bs = self._scale, self.block_size
+
+        def key(rid: str, end: int) -> bytes | None:
+            h = hashes.get(rid, ())
+            j = end // bs * scale - 1
+            if end % bs or not 0 <= j < len(h):
+                return None
+            return h[j] + self._key_suffix
+
+        tables = tuple(
+            (rid, tuple(b.block_id for b in t)) for rid, t in sorted(self.req_to_blocks.items())
+        )
+        held = {b.block_id: b for t in self.req_to_blocks.values() for b in t if not b.is_null}
+        return CheckpointState(
+            bs,
+            tables,
+            tuple(sorted(self._checkpoints.items())),
+            tuple((i, b.block_hash) for i, b in sorted(held.items()) if b.block_hash is not None),
+            tuple((r, key(r, p)) for r, (p, _) in sorted(self._checkpoints.items())),
+            tuple((r, key(r, (i + 1) * bs)) for r, (_, i) in sorted(self._checkpoints.items())),
+        )
 
 
 class CrossAttentionManager(SingleTypeKVCacheManager):

@@ -462,8 +462,7 @@ class CrossAttentionSpec(pv1.CrossAttentionSpec):
 class MambaSpec(pv1.MambaSpec):
     """vLLM's ``MambaSpec(block_size, shapes, dtypes, ..., mamba_cache_mode,
     num_speculative_blocks, ...)`` over pagedkv's, ``page_size_bytes`` from the state
-    shapes and dtypes (or ``page_size_padded``); prefill checkpoint blocks are out of
-    scope (Mamba)."""
+    shapes and dtypes (or ``page_size_padded``), with its prefill checkpoint fields."""
 
     shapes: Any = ()
     dtypes: Any = ()
@@ -482,10 +481,6 @@ class MambaSpec(pv1.MambaSpec):
         prefill_checkpoint_alignment: int | None = None,
         **more: Any,
     ) -> None:
-        _only_default(
-            MAMBA, "MambaSpec(num_prefill_checkpoint_blocks", num_prefill_checkpoint_blocks, 0
-        )
-        _only_default(MAMBA, "MambaSpec(prefill_checkpoint_alignment", prefill_checkpoint_alignment)
         size = 0
         for shape, dtype in zip(shapes, dtypes, strict=False):
             n = _dtype_size(dtype)
@@ -496,6 +491,8 @@ class MambaSpec(pv1.MambaSpec):
         setter(self, "block_size", block_size)
         setter(self, "mamba_cache_mode", mamba_cache_mode)
         setter(self, "num_speculative_blocks", num_speculative_blocks)
+        setter(self, "num_prefill_checkpoint_blocks", num_prefill_checkpoint_blocks)
+        setter(self, "prefill_checkpoint_alignment", prefill_checkpoint_alignment)
         setter(self, "page_size_bytes", page_size_padded or max(size, 1))
         setter(self, "shapes", shapes)
         setter(self, "dtypes", dtypes)
@@ -958,7 +955,7 @@ class MambaManager(_VllmWindowed, pv1.MambaManager):
         apply_admission_cap: bool = False,
         prefill_end: int = 0,
     ) -> int:
-        """pagedkv's, when the hit is whole blocks."""
+        """pagedkv's, when the hit is whole blocks (with the prefill end: checkpoints)."""
         if new_computed_blocks and num_local_computed_tokens % self.block_size:
             _out(MAMBA, "a partial local hit (fine-grained hashes)")
         return pv1.MambaManager.get_num_blocks_to_allocate(
@@ -969,7 +966,24 @@ class MambaManager(_VllmWindowed, pv1.MambaManager):
             total_computed_tokens,
             apply_admission_cap,
             num_tokens_main_model,
+            prefill_end,
         )
+
+    def cache_blocks(  # vLLM's keywords
+        self,
+        request: pv1.Request,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        *,
+        replay_boundaries: Sequence[int] = (),
+    ) -> None:
+        """pagedkv's, caching every state (sparse retention is out of scope; the replay
+        boundaries only keep states under it)."""
+        _only_default(MAMBA, "MambaManager.cache_blocks(retention_interval", retention_interval)
+        pv1.MambaManager.cache_blocks(self, request, num_tokens)
+
+    def new_step_starts(self) -> None:
+        """vLLM's per-step hook (its same-step deferral): nothing in pagedkv."""
 
     def allocate_new_blocks(
         self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
@@ -1529,7 +1543,6 @@ VLLM_ONLY: dict[str, str] = {
     "_relocate_speculative_block": MAMBA,  # private (pagedkv relocates inside allocation)
     "last_state_block_idx": MAMBA,  # not kept: its frees are remove_skipped_blocks' own
     "cached_blocks_this_step": MAMBA,  # the same-step hit deferral
-    "_checkpoints": MAMBA,  # prefill checkpoint blocks
     "_partial_hit_reqs": MAMBA,  # partial-hit copy-on-write
     "take_pending_boundary_state_offloads": CONNECTORS,
     "take_boundary_state_offloads": CONNECTORS,

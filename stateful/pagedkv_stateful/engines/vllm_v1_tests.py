@@ -205,9 +205,11 @@ DOCUMENTED: tuple[Documented, ...] = (
         "test_lookahead_checkpoint_has_available_hash",
         "not modelled",
         "Mamba's partial-tail state entry (a state cached at a hash-block boundary inside a "
-        "Mamba block): pagedkv caches whole Mamba blocks only",
+        "Mamba block, with or without a prefill checkpoint block) and vLLM's "
+        "block_hash_num_tokens: pagedkv keys whole Mamba blocks only (a checkpoint on a "
+        "block boundary, 1024 here, is keyed, and the test then reads that attribute)",
         "assert blocks",
-        count=12,
+        count=24,
     ),
     Documented(
         "test_mamba_partial_hit_requires_matching_lookahead_tokens",

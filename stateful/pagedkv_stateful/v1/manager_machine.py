@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -74,6 +74,7 @@ from pagedkv_spec.errors import InvariantViolationError, PagedKVError
 from pagedkv_spec.invariants import check, holds
 from pagedkv_spec.v1 import manager as spec
 from pagedkv_spec.v1.hashing import Identity, block_hashes
+from pagedkv_spec.v1.mamba_checkpoint import CheckpointState, describe
 from pagedkv_spec.v1.manager import (
     CHUNKED,
     CROSS,
@@ -232,6 +233,18 @@ def _eagle_groups(
     if len(groups) > 1:
         drop |= {i for i, g in enumerate(groups) for j in drop if g == groups[j]}
     return tuple(replace(g, eagle=i in drop) for i, g in enumerate(groups))
+
+
+def checkpoint_states(target: Any, hashes: Mapping[str, Sequence[bytes]]) -> list[CheckpointState]:
+    """The prefill checkpoint state of each Mamba group of a pagedkv manager (request id
+    -> its block hashes keys them); none for a target without one (vLLM's manager)."""
+    managers = getattr(getattr(target, "coordinator", None), "single_type_managers", ())
+    states = []
+    for m in managers:
+        state_of = getattr(m, "checkpoint_state", None)
+        if state_of is not None:
+            states.append(state_of(hashes))
+    return states
 
 
 class GeneralPathRequest(Request):
@@ -1160,9 +1173,21 @@ class V1ManagerMachine(V1LockstepMachine):
             except InvariantViolationError as err:
                 self.violate(err.invariant, str(err), first_difference(actual, model))
         self._check_events(raw)
+        self._check_checkpoints(where)
         self._compare(actual, model)
         self.finished.clear()
         self.situation = ("", ORDINARY)
+
+    def _check_checkpoints(self, where: str) -> None:
+        """V1-30, V1-31 on each Mamba group's prefill checkpoints (vacuous without any)."""
+        hashes = {rid: tuple(r.block_hashes) for rid, r in self.requests.items()}
+        for state in checkpoint_states(self.target, hashes):
+            for id_, what in (
+                ("V1-30", "a prefill checkpoint's slot holds no block"),
+                ("V1-31", "a checkpoint block is keyed under another state's hash"),
+            ):
+                if not holds(id_, state):
+                    self.violate(id_, f"{what} {where}: {describe(state)}", "")
 
     def _adopt(
         self, lora: LoRARequest | None, salt: str | None, mm: tuple[str, ...]
