@@ -127,6 +127,30 @@ def test_insert_returns_the_cached_prefix() -> None:
     c.check_invariants()
 
 
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_a_new_request_s_equal_tokens_hit(page_size: int) -> None:
+    # equal ints that are other objects than the tree's (ints above 256 are not shared),
+    # as a tokenizer hands a new request's tokens
+    c = _cache(num_pages=32, page_size=page_size)
+    slots = _put(c, [1000 + i for i in range(12)])
+    fresh = [int(str(1000 + i)) for i in range(12)]
+    key = RadixKey(fresh)
+    assert c.match_prefix(key).device_indices == slots
+    assert c.insert(key, slots) == 12  # the key converted once, used twice
+    assert c.match_prefix(RadixKey([*fresh[:6], 5, *fresh[7:]])).device_indices == slots[:6]
+    c.check_invariants()
+
+
+@pytest.mark.parametrize("bad", [1.5, 2**64, "7", None])
+def test_a_lookup_of_a_token_that_is_no_64_bit_int_raises(bad: object) -> None:
+    c = _cache()
+    _put(c, [1, 2])
+    before = c.to_spec()
+    with pytest.raises(ArgumentTypeError, match=r"key\.token_ids \(each token id\)"):
+        c.match_prefix(RadixKey([1, bad, 3]))  # type: ignore[list-item]  # the bad input
+    assert c.to_spec() == before
+
+
 def test_namespaces_never_share() -> None:
     c = _cache()
     _put(c, [1, 2], Namespace("a", "b"))
