@@ -483,3 +483,29 @@ def test_arc_takes_t1_then_t2_then_t1_again_exactly_n() -> None:
     # T1 gives len(T1) - target + 1 = 1 first, T2 its one key, T1 the rest
     assert p.evict(3, set()) == [t1[0], t2[0], t1[1]]
     assert p.view()[0] == (t1[2],)
+
+
+def test_arc_ghost_hits_move_the_target_by_the_ghost_lists_ratio() -> None:
+    p = _arc()
+    _arc_with_target(p, 3)  # B1: three ghosts
+    g = p.view()[2]
+    d = _keys(2)
+    _arc_stored(p, d)
+    p.on_request_finished(d, set(), set(d), "r")  # to T2, tail first
+    assert p.evict(2, set()) == [d[1], d[0]]  # T1 empty, below its target: from T2
+    assert p.view()[3] == (d[1], d[0])
+    p.on_store_miss([d[1]])  # a B2 hit: the target falls by max(1, |B1| / |B2|) = 1.5
+    assert p.view()[3] == (d[0], d[1]) and p.view()[4] == 1.5
+    p.on_store_miss([g[0]])  # a B1 hit: it rises by max(1, |B2| / |B1|) = 1
+    assert p.view()[2] == (g[1], g[2], g[0]) and p.view()[4] == 2.5
+
+
+def test_arc_pinned_t2_key_is_not_a_victim() -> None:
+    p = _arc()
+    (a,) = _keys(1)
+    _arc_stored(p, [a])
+    p.on_request_finished([a], set(), {a}, "r")
+    p.mark_non_evictable([a])
+    assert p.evict(1, set()) is None
+    p.mark_evictable([a])
+    assert p.evict(1, set()) == [a]
