@@ -8,6 +8,7 @@ import pytest
 from pagedkv.errors import (
     ArgumentTypeError,
     InvalidRadixConfigError,
+    InvariantViolationError,
     PageAllocatorError,
     RadixInsertError,
     RadixLockError,
@@ -141,14 +142,52 @@ def test_a_new_request_s_equal_tokens_hit(page_size: int) -> None:
     c.check_invariants()
 
 
-@pytest.mark.parametrize("bad", [1.5, 2**64, "7", None])
-def test_a_lookup_of_a_token_that_is_no_64_bit_int_raises(bad: object) -> None:
+@pytest.mark.parametrize(
+    ("bad", "shown"),
+    [(1.5, "float 1.5"), (2**63, f"int {2**63}"), (-(2**63) - 1, "int -"), ("7", "str '7'")],
+)
+def test_a_lookup_of_a_token_that_is_no_64_bit_int_raises(bad: object, shown: str) -> None:
     c = _cache()
     _put(c, [1, 2])
     before = c.to_spec()
-    with pytest.raises(ArgumentTypeError, match=r"key\.token_ids \(each token id\)"):
-        c.match_prefix(RadixKey([1, bad, 3]))  # type: ignore[list-item]  # the bad input
+    with pytest.raises(ArgumentTypeError, match=r"key\.token_ids \(each token id\)") as e:
+        c.match_prefix(RadixKey([1, True, bad, 3]))  # type: ignore[list-item]  # the bad input
+    assert f"got {shown}" in str(e.value)  # the first token that is no 64-bit int
     assert c.to_spec() == before
+    assert c.match_prefix(RadixKey([1, 2**63 - 1])).device_indices == [1]  # 64 bits: fine
+
+
+def test_check_invariants_names_the_broken_invariant_and_the_cache() -> None:
+    c = _cache()
+    _put(c, [1, 2])
+    c.check_invariants()
+    c.evictable_size_ += 1
+    with pytest.raises(InvariantViolationError) as e:
+        c.check_invariants()
+    assert e.value.invariant == "R3"
+    assert "RadixCache(page_size=1, policy='lru', evictable=3, protected=0) breaks R3" in str(
+        e.value
+    )
+
+
+def test_the_heap_rebuilt_from_stale_entries_keeps_the_policy_order() -> None:
+    c = _cache(num_pages=8)
+    a, b, d = _put(c, [1]), _put(c, [2]), _put(c, [3])
+    for _ in range(100):  # each hit pushes a new entry: the heap is rebuilt past 64 stale
+        c.match_prefix(RadixKey([1]))
+    c.match_prefix(RadixKey([3]))
+    for _ in range(3):
+        assert c.evict(1) == 1
+    assert c.total_size() == 0
+    assert c.allocator.free_pages()[:3] == (d[0], a[0], b[0])  # freed b, a, d: each to the front
+
+
+def test_reset_retires_every_root_and_the_allocator_s_size_is_its_slots() -> None:
+    c = _cache(4, 2)
+    root = c.root_node
+    assert not root.evicted and c.allocator.size() == 8
+    c.reset()
+    assert root.evicted and c.root_node is not root
 
 
 def test_namespaces_never_share() -> None:
