@@ -331,3 +331,51 @@ def test_a_duplicate_prefill_frees_its_duplicates() -> None:
     c.check_invariants([first, second])
     with pytest.raises(RadixLockError):
         c.reset()
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_a_finish_over_tokens_cached_meanwhile_frees_its_duplicates_and_its_tail(
+    page_size: int,
+) -> None:
+    c = _cache(16, page_size, "lfu")
+    first, second = RadixRequest([1, 2, 3, 4, 5]), RadixRequest([1, 2, 3, 4, 5])
+    for req in (first, second):
+        got = c.allocator.alloc(6)
+        assert got is not None
+        req.slots = got[:5]
+        if page_size == 1:  # else slot 5 shares a page with the tail, freed with it
+            c.allocator.free(got[5:])
+    c.cache_finished_req(first)  # the default: insert
+    aligned = 5 - 5 % page_size
+    assert c.total_size() == aligned
+    c.cache_finished_req(second)  # the same tokens: its aligned slots are duplicates
+    assert c.total_size() == aligned and c.protected_size() == 0
+    assert c.allocator.available_size() == 16 * page_size - aligned
+    assert (second.slots, second.last_node, second.cache_protected_len) == ([], None, 0)
+    node = c.match_prefix(RadixKey([1, 2, 3, 4])).last_device_node
+    assert node.hit_count == 2  # each finish's insert counted a hit
+    c.check_invariants()
+    with pytest.raises(ArgumentTypeError, match="is_insert"):
+        c.cache_finished_req(RadixRequest([1]), is_insert=1)  # type: ignore[arg-type]  # bad
+
+
+def test_locks_count_per_node_and_return_the_evictable_change() -> None:
+    c = _cache(16)
+    _put(c, [1, 2, 3, 4])
+    a_node = c.match_prefix(RadixKey([1, 2, 3, 4])).last_device_node
+    assert c.inc_lock_ref(a_node) == -4
+    got = c.allocator.alloc(6)
+    assert got is not None
+    b = RadixRequest([1, 2], slots=got[:2])  # a prefill in chunks: two tokens first
+    c.cache_unfinished_req(b)  # locks [1, 2] (split from a's node)
+    b.token_ids += [3, 4, 5, 6]
+    b.slots += got[2:]
+    c.cache_unfinished_req(b)  # moves b's lock down through [3, 4], which a locks too
+    assert c.dec_lock_ref(a_node) == 0  # [3, 4] still b's
+    assert c.protected_size() == 6 and c.evictable_size() == 0
+    c.check_invariants([b])
+    c.cache_finished_req(b)
+    assert c.protected_size() == 0 and c.evictable_size() == 6
+    again = c.match_prefix(RadixKey([1, 2, 3, 4, 5, 6])).last_device_node
+    c.inc_lock_ref(again)
+    assert c.dec_lock_ref(again) == 6  # three nodes unlocked: their sizes summed
