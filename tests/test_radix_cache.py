@@ -155,6 +155,9 @@ def test_a_lookup_of_a_token_that_is_no_64_bit_int_raises(bad: object, shown: st
     assert f"got {shown}" in str(e.value)  # the first token that is no 64-bit int
     assert c.to_spec() == before
     assert c.match_prefix(RadixKey([1, 2**63 - 1])).device_indices == [1]  # 64 bits: fine
+    assert repr(RadixKey((1, 2), "x")) == (
+        "RadixKey([1, 2], namespace=Namespace(extra_key='x', lora_id=None, cache_salt=None))"
+    )
 
 
 def test_check_invariants_names_the_broken_invariant_and_the_cache() -> None:
