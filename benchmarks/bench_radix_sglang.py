@@ -14,12 +14,11 @@ values each takes (a tensor, a list):
   inserted again (untimed) so every call sees 40,000 leaves. SGLang rebuilds a heap
   over every evictable leaf per call; pagedkv keeps one across calls;
 * **hit**: ``match_prefix`` then ``insert`` of a 4,096-token prompt the tree holds, its
-  ``RadixKey`` built per call (pagedkv checks the tokens of a key it builds), and again
-  with the key built once (the trees' own work), and once more with the key built once
-  from a new request's token list: equal tokens but new int objects (the tree holds the
-  first request's), as a tokenizer hands a scheduler (a list comparison skips
-  identical objects, so the rows before flatter pagedkv's lists; SGLang's token
-  arrays compare by value either way);
+  ``RadixKey`` built per call (each tree converts the list to a token array once per
+  key), and again with the key built once (the trees' own work), and once more with
+  the key built once from a new request's token list: equal tokens but new int
+  objects (the tree holds the first request's), as a tokenizer hands a scheduler (both
+  trees compare token arrays by value, so the last two rows should agree);
 * **decode-step insert**: 256 requests of 512-token prompts (a 64-token prefix shared)
   cached; one step inserts, for each request, its prompt and outputs so far plus one
   new token (a walk down its path and one new leaf).

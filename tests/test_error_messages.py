@@ -4137,6 +4137,13 @@ def _radix_lock_evicted() -> object:
     return c.inc_lock_ref(node)
 
 
+def _radix_unlock_evicted() -> object:
+    c = _radix_tree()
+    node = c.match_prefix(RadixKey([1, 2])).last_device_node
+    c.evict(2)
+    return c.dec_lock_ref(node)
+
+
 def _radix_reset_locked() -> None:
     c = _radix_tree()
     c.inc_lock_ref(c.match_prefix(RadixKey([1, 2])).last_device_node)
@@ -4211,6 +4218,13 @@ RADIX_MESSAGES = [
         _radix_lock_evicted,
         RadixLockError,
         "cannot lock TreeNode(key=[1, 2], lock_ref=0): it is not in this tree (evicted, "
+        "reset, or another cache's); lock nodes a match or insert of this cache returned",
+    ),
+    case(
+        "radix cache: unlocking an evicted node",
+        _radix_unlock_evicted,
+        RadixLockError,
+        "cannot unlock TreeNode(key=[1, 2], lock_ref=0): it is not in this tree (evicted, "
         "reset, or another cache's); lock nodes a match or insert of this cache returned",
     ),
     case(

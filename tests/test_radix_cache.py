@@ -8,6 +8,7 @@ import pytest
 from pagedkv.errors import (
     ArgumentTypeError,
     InvalidRadixConfigError,
+    InvariantViolationError,
     PageAllocatorError,
     RadixInsertError,
     RadixLockError,
@@ -125,6 +126,71 @@ def test_insert_returns_the_cached_prefix() -> None:
     c.allocator.free(slots[:2])  # the duplicates are the caller's to free
     assert c.total_size() == 5
     c.check_invariants()
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_a_new_request_s_equal_tokens_hit(page_size: int) -> None:
+    # equal ints that are other objects than the tree's (ints above 256 are not shared),
+    # as a tokenizer hands a new request's tokens
+    c = _cache(num_pages=32, page_size=page_size)
+    slots = _put(c, [1000 + i for i in range(12)])
+    fresh = [int(str(1000 + i)) for i in range(12)]
+    key = RadixKey(fresh)
+    assert c.match_prefix(key).device_indices == slots
+    assert c.insert(key, slots) == 12  # the key converted once, used twice
+    assert c.match_prefix(RadixKey([*fresh[:6], 5, *fresh[7:]])).device_indices == slots[:6]
+    c.check_invariants()
+
+
+@pytest.mark.parametrize(
+    ("bad", "shown"),
+    [(1.5, "float 1.5"), (2**63, f"int {2**63}"), (-(2**63) - 1, "int -"), ("7", "str '7'")],
+)
+def test_a_lookup_of_a_token_that_is_no_64_bit_int_raises(bad: object, shown: str) -> None:
+    c = _cache()
+    _put(c, [1, 2])
+    before = c.to_spec()
+    with pytest.raises(ArgumentTypeError, match=r"key\.token_ids \(each token id\)") as e:
+        c.match_prefix(RadixKey([1, True, bad, 3]))  # type: ignore[list-item]  # the bad input
+    assert f"got {shown}" in str(e.value)  # the first token that is no 64-bit int
+    assert c.to_spec() == before
+    assert c.match_prefix(RadixKey([1, 2**63 - 1])).device_indices == [1]  # 64 bits: fine
+    assert repr(RadixKey((1, 2), "x")) == (
+        "RadixKey([1, 2], namespace=Namespace(extra_key='x', lora_id=None, cache_salt=None))"
+    )
+
+
+def test_check_invariants_names_the_broken_invariant_and_the_cache() -> None:
+    c = _cache()
+    _put(c, [1, 2])
+    c.check_invariants()
+    c.evictable_size_ += 1
+    with pytest.raises(InvariantViolationError) as e:
+        c.check_invariants()
+    assert e.value.invariant == "R3"
+    assert "RadixCache(page_size=1, policy='lru', evictable=3, protected=0) breaks R3" in str(
+        e.value
+    )
+
+
+def test_the_heap_rebuilt_from_stale_entries_keeps_the_policy_order() -> None:
+    c = _cache(num_pages=8)
+    a, b, d = _put(c, [1]), _put(c, [2]), _put(c, [3])
+    for _ in range(100):  # each hit pushes a new entry: the heap is rebuilt past 64 stale
+        c.match_prefix(RadixKey([1]))
+    c.match_prefix(RadixKey([3]))
+    for _ in range(3):
+        assert c.evict(1) == 1
+    assert c.total_size() == 0
+    assert c.allocator.free_pages()[:3] == (d[0], a[0], b[0])  # freed b, a, d: each to the front
+
+
+def test_reset_retires_every_root_and_the_allocator_s_size_is_its_slots() -> None:
+    c = _cache(4, 2)
+    root = c.root_node
+    assert not root.evicted and c.allocator.size() == 8
+    c.reset()
+    assert root.evicted and c.root_node is not root
 
 
 def test_namespaces_never_share() -> None:
@@ -268,3 +334,51 @@ def test_a_duplicate_prefill_frees_its_duplicates() -> None:
     c.check_invariants([first, second])
     with pytest.raises(RadixLockError):
         c.reset()
+
+
+@pytest.mark.parametrize("page_size", [1, 2])
+def test_a_finish_over_tokens_cached_meanwhile_frees_its_duplicates_and_its_tail(
+    page_size: int,
+) -> None:
+    c = _cache(16, page_size, "lfu")
+    first, second = RadixRequest([1, 2, 3, 4, 5]), RadixRequest([1, 2, 3, 4, 5])
+    for req in (first, second):
+        got = c.allocator.alloc(6)
+        assert got is not None
+        req.slots = got[:5]
+        if page_size == 1:  # else slot 5 shares a page with the tail, freed with it
+            c.allocator.free(got[5:])
+    c.cache_finished_req(first)  # the default: insert
+    aligned = 5 - 5 % page_size
+    assert c.total_size() == aligned
+    c.cache_finished_req(second)  # the same tokens: its aligned slots are duplicates
+    assert c.total_size() == aligned and c.protected_size() == 0
+    assert c.allocator.available_size() == 16 * page_size - aligned
+    assert (second.slots, second.last_node, second.cache_protected_len) == ([], None, 0)
+    node = c.match_prefix(RadixKey([1, 2, 3, 4])).last_device_node
+    assert node.hit_count == 2  # each finish's insert counted a hit
+    c.check_invariants()
+    with pytest.raises(ArgumentTypeError, match=r"^is_insert must be a bool"):
+        c.cache_finished_req(RadixRequest([1]), is_insert=1)  # type: ignore[arg-type]  # bad
+
+
+def test_locks_count_per_node_and_return_the_evictable_change() -> None:
+    c = _cache(16)
+    _put(c, [1, 2, 3, 4])
+    a_node = c.match_prefix(RadixKey([1, 2, 3, 4])).last_device_node
+    assert c.inc_lock_ref(a_node) == -4
+    got = c.allocator.alloc(6)
+    assert got is not None
+    b = RadixRequest([1, 2], slots=got[:2])  # a prefill in chunks: two tokens first
+    c.cache_unfinished_req(b)  # locks [1, 2] (split from a's node)
+    b.token_ids += [3, 4, 5, 6]
+    b.slots += got[2:]
+    c.cache_unfinished_req(b)  # moves b's lock down through [3, 4], which a locks too
+    assert c.dec_lock_ref(a_node) == 0  # [3, 4] still b's
+    assert c.protected_size() == 6 and c.evictable_size() == 0
+    c.check_invariants([b])
+    c.cache_finished_req(b)
+    assert c.protected_size() == 0 and c.evictable_size() == 6
+    again = c.match_prefix(RadixKey([1, 2, 3, 4, 5, 6])).last_device_node
+    c.inc_lock_ref(again)
+    assert c.dec_lock_ref(again) == 6  # three nodes unlocked: their sizes summed

@@ -22,7 +22,9 @@ from pagedkv.errors import (
 from pagedkv.v1.offload import (
     CPULoadStoreSpec,
     CPUOffloadingManager,
+    LoadStoreSpec,
     LookupResult,
+    Medium,
     OffloadKey,
     PrepareStoreOutput,
     ReqContext,
@@ -30,6 +32,7 @@ from pagedkv.v1.offload import (
     get_offload_group_idx,
     make_offload_key,
 )
+from pagedkv.v1.offload.policies import ARCCachePolicy, EvictableOrder
 
 HIT, PENDING, MISS = LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.MISS
 
@@ -304,3 +307,205 @@ def test_evictable_order_takes_as_a_sorted_model(seed: int) -> None:
                 order.rollback()
         assert order.keys_in_order() == [k for _, k in sorted((r, k) for k, r in model.items())]
         assert len(order) == len(model)
+
+
+# ------------------------------------------------------------------ behaviour in detail
+
+
+def test_a_group_index_is_unsigned() -> None:
+    key = make_offload_key(b"\x01", 2**31 + 5)
+    assert get_offload_group_idx(key) == 2**31 + 5
+
+
+def test_a_cpu_spec_equals_only_a_cpu_spec() -> None:
+    class Other(LoadStoreSpec):
+        def __init__(self) -> None:
+            self.block_ids = [1]
+
+    assert CPULoadStoreSpec([1]) == CPULoadStoreSpec([1]) != CPULoadStoreSpec([2])
+    assert CPULoadStoreSpec([1]) != Other()
+
+
+def test_a_retried_store_drops_only_its_own_removal_and_keeps_later_events() -> None:
+    m, ctx = _manager(4, enable_events=True)
+    a, b, c = _keys(3)
+    m.prepare_store([a, b], ctx)
+    m.complete_store([a, b], ctx, success=False)  # one metadata-only removal of a and b
+    _stored(m, ctx, [a])  # a is resident again: the removal keeps only b
+    _stored(m, ctx, [c])
+    events = m.take_events()
+    assert [(e.keys, e.medium, e.removed, e.metadata_only) for e in events] == [
+        ([b], Medium.CPU, True, True),
+        ([a], Medium.CPU, False, False),
+        ([c], Medium.CPU, False, False),
+    ]
+    m.prepare_store([b], ctx)
+    m.complete_store([b], ctx, success=False)
+    _stored(m, ctx, [b])  # resident again: its removal is dropped, the store kept
+    assert [(e.keys, e.removed) for e in m.take_events()] == [([b], False)]
+
+
+def test_a_finished_request_orders_its_groups_then_positions() -> None:
+    """Without a position for every key, the finished request's order is its keys by
+    group index, each group by position where all of its keys have one; the LRU then
+    ranks that order tail first, so eviction runs it backwards."""
+    m, ctx = _manager(4)
+    g1 = [make_offload_key(bytes([9, i]), 1) for i in range(2)]
+    g0 = [make_offload_key(bytes([1, i]), 0) for i in range(2)]
+    ctx.set_offload_key_position(g1[0], 32)  # g1 by position: g1[1], g1[0]
+    ctx.set_offload_key_position(g1[1], 16)
+    _stored(m, ctx, [*g1, *g0])
+    m.on_request_finished(ctx)
+    other = ReqContext("b")
+    m.on_new_request(other)
+    out = m.prepare_store(_keys(4, 7), other)
+    assert out is not None
+    assert out.evicted_keys == [g1[0], g1[1], g0[1], g0[0]]  # [g0, g1 by position] reversed
+
+
+def test_lru_draws_a_new_rank_for_a_request_id_used_again() -> None:
+    """A finished request's rank is forgotten: a later request of the same id ranks
+    after requests that came between."""
+    m, first = _manager(3)
+    ka, kb = _keys(1, 1)[0], _keys(1, 2)[0]
+    first.set_offload_key_position(ka, 16)
+    _stored(m, first, [ka])
+    m.on_request_finished(first)
+    between = ReqContext("between")
+    m.on_new_request(between)
+    between.set_offload_key_position(kb, 16)
+    _stored(m, between, [kb])  # ranks below the later "a"
+    again = ReqContext("a")
+    m.on_new_request(again)
+    kc = _keys(1, 3)[0]
+    again.set_offload_key_position(kc, 16)
+    _stored(m, again, [kc])
+    other = ReqContext("c")
+    m.on_new_request(other)
+    out = m.prepare_store(_keys(3, 7), other)
+    assert out is not None and out.evicted_keys == [ka, kb, kc]
+
+
+def test_a_request_that_observed_nothing_finishes() -> None:
+    for policy in ("lru", "arc"):
+        m, ctx = _manager(2, policy)
+        m.on_request_finished(ctx)
+        with pytest.raises(UnknownOffloadRequestError, match="cannot finish for request 'a'"):
+            m.on_request_finished(ctx)
+
+
+def test_evictable_order_answers_membership() -> None:
+    order: EvictableOrder[int] = EvictableOrder()
+    a, b = _keys(2)
+    order.add(b, 5)
+    order.add(a, 1)  # below the run's tail: the late heap
+    assert a in order and b in order and _keys(1, 1)[0] not in order
+    order.discard(a)
+    assert a not in order and b in order
+
+
+def _arc(capacity: int = 8) -> ARCCachePolicy:
+    return ARCCachePolicy(capacity)
+
+
+def _arc_stored(p: ARCCachePolicy, keys: list[OffloadKey]) -> None:
+    p.insert(keys, "r", {})
+    p.mark_evictable(keys)
+
+
+def _arc_with_target(p: ARCCachePolicy, target: int) -> None:
+    """Raise the target to ``target`` by ghost hits of as many keys evicted from T1."""
+    ghosts = _keys(target, 200)
+    _arc_stored(p, ghosts)
+    assert p.evict(target, set()) == ghosts
+    p.on_store_miss(ghosts)
+    assert p.view()[4] == target
+
+
+def test_arc_reuse_moves_keys_to_t2_tail_first_and_evicts_t2_oldest_first() -> None:
+    p = _arc()
+    a, b, c = _keys(3)
+    _arc_stored(p, [a, b, c])
+    p.on_request_finished([a, b], set(), {a, b}, "r")  # tail first: b, then a
+    p.on_request_finished([c], set(), {c}, "r2")
+    assert p.view()[:2] == ((), (b, a, c))
+    p.on_request_finished([b], set(), {b}, "r3")  # b again, from T2 to T2's recent end
+    assert p.view()[1] == (a, c, b)
+    assert p.evict(1, set()) == [a]
+    assert p.evict(2, set()) == [c, b]  # b still evictable after its move within T2
+
+
+def test_arc_keeps_an_inserted_only_key_in_its_own_list() -> None:
+    p = _arc()
+    a, b = _keys(2)
+    _arc_stored(p, [a, b])
+    p.on_request_finished([a], set(), {a}, "r")  # a reused: T2
+    p.on_request_finished([b, a], {b, a}, set(), "w")  # inserted only: each stays
+    assert p.view()[:2] == ((b,), (a,))
+    assert p.evict(1, set()) == [b]  # from T1, whose move kept it evictable there
+
+
+def test_arc_removes_a_failed_key_from_either_list() -> None:
+    p = _arc()
+    a, b = _keys(2)
+    p.insert([a, b], "r", {})
+    p.on_request_finished([a], set(), {a}, "r")  # while being stored: to T2
+    p.remove(a)
+    p.remove(b)
+    assert p.view()[:2] == ((), ())
+
+
+def test_arc_takes_t2_first_while_t1_is_below_its_target() -> None:
+    p = _arc()
+    _arc_with_target(p, 2)
+    c, d = _keys(2)
+    _arc_stored(p, [c, d])
+    p.on_request_finished([d], set(), {d}, "r")
+    assert p.view()[:2] == ((c,), (d,))
+    assert p.evict(1, set()) == [d]  # T1 holds 1 key, fewer than the target
+
+
+def test_arc_takes_t1_first_when_it_reaches_its_target() -> None:
+    p = _arc()
+    c, d = _keys(2)
+    _arc_stored(p, [c, d])
+    p.on_request_finished([d], set(), {d}, "r")
+    assert p.evict(1, set()) == [c]  # target 0: T1 first
+
+
+def test_arc_takes_t1_then_t2_then_t1_again_exactly_n() -> None:
+    p = _arc(16)
+    _arc_with_target(p, 3)
+    t1 = _keys(3)
+    t2 = _keys(1, 1)
+    _arc_stored(p, [*t1, *t2])
+    p.on_request_finished(t2, set(), set(t2), "r")
+    # T1 gives len(T1) - target + 1 = 1 first, T2 its one key, T1 the rest
+    assert p.evict(3, set()) == [t1[0], t2[0], t1[1]]
+    assert p.view()[0] == (t1[2],)
+
+
+def test_arc_ghost_hits_move_the_target_by_the_ghost_lists_ratio() -> None:
+    p = _arc()
+    _arc_with_target(p, 3)  # B1: three ghosts
+    g = p.view()[2]
+    d = _keys(2)
+    _arc_stored(p, d)
+    p.on_request_finished(d, set(), set(d), "r")  # to T2, tail first
+    assert p.evict(2, set()) == [d[1], d[0]]  # T1 empty, below its target: from T2
+    assert p.view()[3] == (d[1], d[0])
+    p.on_store_miss([d[1]])  # a B2 hit: the target falls by max(1, |B1| / |B2|) = 1.5
+    assert p.view()[3] == (d[0], d[1]) and p.view()[4] == 1.5
+    p.on_store_miss([g[0]])  # a B1 hit: it rises by max(1, |B2| / |B1|) = 1
+    assert p.view()[2] == (g[1], g[2], g[0]) and p.view()[4] == 2.5
+
+
+def test_arc_pinned_t2_key_is_not_a_victim() -> None:
+    p = _arc()
+    (a,) = _keys(1)
+    _arc_stored(p, [a])
+    p.on_request_finished([a], set(), {a}, "r")
+    p.mark_non_evictable([a])
+    assert p.evict(1, set()) is None
+    p.mark_evictable([a])
+    assert p.evict(1, set()) == [a]

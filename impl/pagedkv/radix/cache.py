@@ -35,6 +35,7 @@ Events (``enable_events``): :mod:`pagedkv.radix.events`.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -61,7 +62,7 @@ from pagedkv.radix.events import (
     page_hash,
 )
 from pagedkv.radix.eviction import POLICIES, EvictionHeap
-from pagedkv.radix.key import RadixKey
+from pagedkv.radix.key import RadixKey, token_array
 from pagedkv.radix.node import PageKey, TreeNode
 from pagedkv.radix.request import RadixRequest
 from pagedkv_spec import invariants
@@ -163,7 +164,7 @@ class RadixCache:
         """The root of ``namespace``'s tree (made when first asked). Complexity: O(1)."""
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = TreeNode(namespace, [], [], None, self._clock)
+            root = self._roots[namespace] = TreeNode(namespace, array("q"), [], None, self._clock)
             root.owner = self
         return root
 
@@ -201,10 +202,11 @@ class RadixCache:
         """The slots of the longest cached page-aligned prefix of ``key`` in its
         namespace and its last node; the node where the match ends is split there, the
         path's access refreshed (R7). Refines :func:`pagedkv_spec.radix.tree.match`.
-        Complexity: O(matched tokens + nodes on the path), the tokens compared and the
-        slots copied in C (slice equality; no per-token Python loop)."""
+        Complexity: O(matched tokens + nodes on the path), the tokens compared (as
+        arrays, by memory) and the slots copied in C; the key's first use converts its
+        tokens once, O(len(key)) in C (:meth:`RadixKey.as_array`)."""
         require_instance("key", key, RadixKey, "a RadixKey")
-        tokens = _as_list(key.token_ids)
+        tokens = key.as_array()
         n = len(tokens) - len(tokens) % self.page_size
         root = self.root(key.namespace)
         if not n:
@@ -216,33 +218,30 @@ class RadixCache:
         node = self._apply(root, found, self._clock, None, values)[1]
         return MatchResult(values, node)
 
-    def _find(self, node: TreeNode, tokens: list[int], i: int, n: int) -> _Found:
+    def _find(self, node: TreeNode, tokens: array[int], i: int, n: int) -> _Found:
         """How far ``tokens[i:n]`` below ``node`` (at depth ``i``) is cached, changing
         nothing: the length reached, the nodes passed whole (top down), and the node the
         match ends inside with the tokens matched there (None, 0: it ends on a node's
-        end). An unhashable token: ArgumentTypeError. Complexity: O(n - i) in C (one
-        slice comparison per node passed) + O(nodes passed)."""
+        end). Complexity: O(n - i) in C (one array slice comparison per node passed,
+        a memory comparison) + O(nodes passed)."""
         path: list[TreeNode] = []
         children = node.children
         whole = i == 0 and n == len(tokens)  # the first node may compare without a slice
-        try:
-            while i < n:
-                child = children.get(self._page_key(tokens, i))
-                if child is None:
-                    break
-                ckey = child.key
-                end = i + len(ckey)
-                if end <= n and (tokens == ckey if whole and end == n else tokens[i:end] == ckey):
-                    path.append(child)
-                    children = child.children
-                    i = end
-                    whole = False
-                    continue
-                m = _common_prefix(tokens, i, ckey, min(n - i, len(ckey)))
-                m -= m % self.page_size
-                return i + m, path, child, m
-        except TypeError:  # a token that cannot name a page (unhashable): found nowhere
-            raise ArgumentTypeError("key.token_ids", tokens, "a list of int token ids") from None
+        while i < n:
+            child = children.get(self._page_key(tokens, i))
+            if child is None:
+                break
+            ckey = child.key
+            end = i + len(ckey)
+            if end <= n and (tokens == ckey if whole and end == n else tokens[i:end] == ckey):
+                path.append(child)
+                children = child.children
+                i = end
+                whole = False
+                continue
+            m = _common_prefix(tokens, i, ckey, min(n - i, len(ckey)))
+            m -= m % self.page_size
+            return i + m, path, child, m
         return i, path, None, 0
 
     def _apply(
@@ -320,7 +319,7 @@ class RadixCache:
         require_bool("chunked", chunked)
         if not isinstance(indices, list | tuple):
             raise ArgumentTypeError("indices", indices, "a list of int slots")
-        tokens = _as_list(key.token_ids)
+        tokens = key.as_array()
         values = _as_list(indices)
         if len(values) != len(tokens):
             raise RadixInsertError(
@@ -329,7 +328,7 @@ class RadixCache:
         n = len(tokens) - len(tokens) % self.page_size
         root = self.root(key.namespace)
         found = self._find(root, tokens, 0, n)
-        _check_tokens(tokens, found[0], n)
+        _check_tokens(key.token_ids, found[0], n)
         self._check_values(values, found[0], n)
         self._clock += 1
         return self._insert(root, found, tokens, values, n, priority, not chunked, None)[0]
@@ -363,7 +362,7 @@ class RadixCache:
         self,
         start: TreeNode,
         found: _Found,
-        tokens: list[int],
+        tokens: array[int],
         values: list[int],
         n: int,
         priority: int,
@@ -561,30 +560,32 @@ class RadixCache:
                 x.priority = priority
             x = x.parent
 
-    def _find_row(self, req: RadixRequest, p: int, n: int) -> tuple[list[int], _Found]:
-        """``req``'s tokens and :meth:`_find`'s walk of ``[p, n)`` from its locked node,
-        after checking what of them would enter the tree (tokens and slots; nothing
-        changed on an error). Complexity: O(n - p + nodes passed)."""
-        tokens = _as_list(req.token_ids)
-        found = self._find(self._start(req), tokens, p, n)
-        _check_tokens(tokens, found[0], n)
-        self._check_values(req.slots, found[0], n)
+    def _find_row(self, req: RadixRequest, p: int, n: int) -> tuple[array[int], _Found]:
+        """``req``'s tokens ``[p, n)`` as an array and :meth:`_find`'s walk of them from
+        its locked node (indices from ``p``), after checking what of them would enter
+        the tree (tokens and slots; nothing changed on an error). Complexity: O(n - p
+        + nodes passed), the conversion in C."""
+        tokens = token_array(req.token_ids[p:n])
+        found = self._find(self._start(req), tokens, 0, n - p)
+        _check_tokens(req.token_ids, found[0] + p, n)
+        self._check_values(req.slots, found[0] + p, n)
         return tokens, found
 
     def _insert_row(
-        self, req: RadixRequest, found: _Found, tokens: list[int], p: int, n: int, hit: bool
+        self, req: RadixRequest, found: _Found, tokens: array[int], p: int, n: int, hit: bool
     ) -> tuple[int, TreeNode, list[int]]:
-        """Insert ``req``'s first ``n`` tokens from its locked node along ``found``
-        (:meth:`_find_row`'s): the length cached before, the node at depth ``n`` and
-        the tree's slots of ``[p, that length)``."""
+        """Insert ``req``'s tokens ``[p, n)`` (``tokens``) from its locked node along
+        ``found`` (:meth:`_find_row`'s): the length cached before, the node at depth
+        ``n`` and the tree's slots of ``[p, that length)``. Complexity: O(n - p + nodes
+        passed)."""
         self._clock += 1
         start = self._start(req)
         self._touch_above(start, hit, req.priority)
         tree_slots: list[int] = []
         prefix, node = self._insert(
-            start, found, tokens, req.slots, n, req.priority, hit, tree_slots
+            start, found, tokens, req.slots[p:n], n - p, req.priority, hit, tree_slots
         )
-        return prefix, node, tree_slots[: prefix - p]
+        return p + prefix, node, tree_slots[:prefix]
 
     def cache_unfinished_req(self, req: RadixRequest, chunked: bool = False) -> None:
         """A checkpoint of a running request (a prefill chunk done): insert its computed
@@ -716,7 +717,7 @@ def _check_tokens(tokens: Sequence[int], lo: int, hi: int) -> None:
         require_token_ids("token_ids", tokens[lo:hi], RadixInsertError)
 
 
-def _common_prefix(tokens: list[int], i: int, key: list[int], n: int) -> int:
+def _common_prefix(tokens: array[int], i: int, key: array[int], n: int) -> int:
     """The length of the common prefix of ``tokens[i:i + n]`` and ``key[:n]``: slices
     of doubling length compared in C until one differs, then a binary search inside it
     (SGLang's ``match_at`` does the same over token arrays). Complexity: O(n) in C +

@@ -1,14 +1,16 @@
 """``TreeNode``: one node of the radix tree (SGLang's name and fields).
 
-A node holds a run of whole pages: ``key``, its tokens, and ``value``, their KV slots
-(equally long, a multiple of the page size), filed in its parent's ``children`` under
-its first page (the token itself when pages are one token long). A namespace's root
-holds nothing, has no parent and keeps one lock for good. Fields are written by
-:class:`~pagedkv.radix.cache.RadixCache`, but ``heap_version``, which only
-:class:`~pagedkv.radix.eviction.EvictionHeap` writes.
+A node holds a run of whole pages: ``key``, its tokens (an ``array("q")``), and
+``value``, their KV slots (equally long, a multiple of the page size), filed in its
+parent's ``children`` under its first page (the token itself when pages are one token
+long). A namespace's root holds nothing, has no parent and keeps one lock for good.
+Fields are written by :class:`~pagedkv.radix.cache.RadixCache`, but ``heap_version``,
+which only :class:`~pagedkv.radix.eviction.EvictionHeap` writes.
 """
 
 from __future__ import annotations
+
+from array import array
 
 from pagedkv_spec.radix.tree import Namespace
 
@@ -39,7 +41,7 @@ class TreeNode:
     def __init__(
         self,
         namespace: Namespace,
-        key: list[int],
+        key: array[int],
         value: list[int] | None,
         parent: TreeNode | None,
         clock: int,
@@ -47,7 +49,7 @@ class TreeNode:
     ) -> None:
         #: the namespace of every node below its root
         self.namespace = namespace
-        #: its own tokens (whole pages)
+        #: its own tokens (whole pages), an ``array("q")`` (compared by memory)
         self.key = key
         #: their KV slots; None once the node has left the tree (evicted or reset)
         self.value: list[int] | None = value
@@ -76,7 +78,7 @@ class TreeNode:
         return self.value is None
 
     def __repr__(self) -> str:
-        head = self.key[:8]
+        head = self.key[:8].tolist()
         more = "..." if len(self.key) > 8 else ""
         ns = f", namespace={self.namespace!r}" if any(f is not None for f in self.namespace) else ""
         return f"TreeNode(key={head}{more}, lock_ref={self.lock_ref}{ns})"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from pagedkv.v1.offload.base import OffloadKey
@@ -224,8 +224,3 @@ class CachePolicy(ABC):
     @abstractmethod
     def view(self) -> object:
         """The policy's order as its refinement model reports it (for checks)."""
-
-    @staticmethod
-    def _positions(keys: Iterable[OffloadKey], positions: dict[OffloadKey, int]) -> bool:
-        """Whether every key has a position."""
-        return all(k in positions for k in keys)
