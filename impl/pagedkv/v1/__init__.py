@@ -47,6 +47,7 @@ from pagedkv.v1.hashing import (
 from pagedkv.v1.kv_cache_interface import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
@@ -55,6 +56,8 @@ from pagedkv.v1.kv_cache_interface import (
     KVCacheTensor,
     MambaSpec,
     MLAAttentionSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
@@ -68,10 +71,13 @@ from pagedkv.v1.request import (
 )
 from pagedkv.v1.single_type_manager import (
     ChunkedLocalAttentionManager,
+    CircularBufferManager,
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
+    RSWAManager,
     SingleTypeKVCacheManager,
+    SinkFullAttentionManager,
     SlidingWindowManager,
     get_manager_for_kv_cache_spec,
 )
@@ -87,6 +93,8 @@ __all__ = [
     "BlockStored",
     "ChunkedLocalAttentionManager",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferManager",
+    "CircularBufferSpec",
     "CrossAttentionManager",
     "CrossAttentionSpec",
     "FreeKVCacheBlockQueue",
@@ -110,9 +118,13 @@ __all__ = [
     "MultiModalFeatureSpec",
     "PlaceholderRange",
     "PrefixCacheStats",
+    "RSWAManager",
+    "RSWASpec",
     "Request",
     "RequestStatus",
     "SingleTypeKVCacheManager",
+    "SinkFullAttentionManager",
+    "SinkFullAttentionSpec",
     "SlidingWindowMLASpec",
     "SlidingWindowManager",
     "SlidingWindowSpec",
