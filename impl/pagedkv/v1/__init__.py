@@ -9,11 +9,12 @@ names and with vLLM 0.34.0's semantics, checked against the executable spec in
 - the chained block hashes and their extra keys (:mod:`pagedkv.v1.hashing`);
 - :class:`Request`: what the manager reads of a request;
 - :class:`KVCacheManager` (over the per-group managers: full attention, sliding window,
-  chunked local attention; and a coordinator, hybrid for several groups) and its
+  chunked local attention, and the sliding-window variants R-SWA, attention sinks and
+  circular buffers; and a coordinator, hybrid for several groups) and its
   result type :class:`KVCacheBlocks`;
 - KV events (:class:`BlockStored`, :class:`BlockRemoved`, :class:`AllBlocksCleared`).
 
-Torch-free. The invariants are V1-1 .. V1-20 of :mod:`pagedkv_spec.invariants`.
+Torch-free. The invariants are V1-1 .. V1-23 of :mod:`pagedkv_spec.invariants`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ request of one id, a step whose computed tokens were not counted), each checked 
 with nothing changed. The model's groups are one of :data:`CONFIGURATIONS`: full attention,
 sliding window, or a hybrid of full attention with sliding-window or chunked-local
 groups (windows and chunks a few blocks long, so blocks leave them within a few steps;
-one hybrid with two block sizes, one with two groups of one spec). Requests come from a
+one hybrid with two block sizes, one with two groups of one spec), and the sliding-window
+variants: R-SWA (alone, beside full attention or a sliding window, with EAGLE), a sink
+group beside full attention, circular buffers beside full attention and a sliding window
+(and with EAGLE). Requests come from a
 few shared prompts with overlapping identities (LoRA name / path, cache salt,
 multimodal ids from small sets), so hits, partial hits, duplicates and isolation all
 happen in a few steps.
@@ -22,7 +25,8 @@ Every call goes to the target (a :class:`~pagedkv.v1.KVCacheManager`, or whateve
 :meth:`V1ManagerMachine.make_manager` returns) and to the spec
 (:mod:`pagedkv_spec.v1.manager`); results are compared, and after every step the
 target's state (``to_spec()``) must equal the spec's and satisfy every V1 state
-invariant of the registry (V1-1..V1-5, V1-10, V1-11, V1-13, V1-14, V1-17, V1-18). A
+invariant of the registry (V1-1..V1-5, V1-10, V1-11, V1-13, V1-14, V1-17, V1-18,
+V1-21..V1-23). A
 failure is a :class:`~pagedkv_stateful.adapters.Violation` (an ``AssertionError``) named
 by the broken invariant's label.
 
