@@ -2370,8 +2370,8 @@ CONFORM_MESSAGES = [
         ),
         vllm_v1.UnsupportedCall,
         "pagedkv_stateful.vllm_v1 maps full_attention, sliding_window, "
-        "chunked_local_attention, mamba, cross_attention, mla_attention, sliding_window_mla "
-        "groups, not unknown",
+        "chunked_local_attention, mamba, cross_attention, mla_attention, sliding_window_mla, "
+        "rswa, sink_full_attention, circular_buffer groups, not unknown",
     ),
 ]
 
@@ -2954,7 +2954,8 @@ V1_MESSAGES = [
         ),
         InvalidKVCacheManagerConfigError,
         "no V1 manager for KVCacheSpec; pagedkv.v1 manages FullAttentionSpec, "
-        "SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec and CrossAttentionSpec groups",
+        "SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec, CrossAttentionSpec, "
+        "RSWASpec, SinkFullAttentionSpec and CircularBufferSpec groups",
     ),
     case(
         "v1 config: unitary hash block size",

@@ -151,6 +151,25 @@ V1E = V1M.allocate_slots(
     V1M.manager_initial(6, 2, 16, True, groups=(V1M.GroupSpec(V1M.FULL, 2, eagle=True),)), _A, 5
 )[0]
 
+# the sliding-window variants, blocks of 2, caching off. R-SWA (window 2): "s" (prompt 3,
+# 10 computed) freed its gap, slots 2 and 3 (tokens 4..7; the window from token 8)
+_S = V1M.RequestView("s", 11, 0, num_prompt_tokens=3)
+V1RS = V1M.manager_initial(6, 2, 16, False, groups=(V1M.GroupSpec(V1M.RSWA, 2, 2),))
+V1RS = V1M.remove_skipped_blocks(V1M.allocate_slots(V1RS, _S, 10)[0], "s", 10, 3)
+V1RS = replace(V1RS, requests=(replace(_S, num_computed_tokens=10),))
+_RS = dict(V1RS.tables)["s"]
+# full attention and a ring of 4: "g" (5 tokens) holds 3 blocks and its one ring block
+_G = V1M.RequestView("g", 5, 0)
+V1RG = V1M.manager_initial(
+    8, 2, 16, False, groups=(V1M.GroupSpec(V1M.FULL, 2), V1M.GroupSpec(V1M.RING, 4))
+)
+V1RG = replace(V1M.allocate_slots(V1RG, _G, 5)[0], requests=(_G,))
+# full attention and a sink group (sink_len 2: one block)
+V1SK = V1M.manager_initial(
+    8, 2, 16, False, groups=(V1M.GroupSpec(V1M.FULL, 2), V1M.GroupSpec(V1M.FULL, 2, sink_len=2))
+)
+V1SK = replace(V1M.allocate_slots(V1SK, _G, 5)[0], requests=(_G,))
+
 
 def _v1pool(**kw: Any) -> V1pool.PoolState:
     return replace(V1P, **kw)
@@ -274,6 +293,9 @@ GOOD: dict[str, tuple[Any, ...]] = {
     "V1-18": (V1ED,),
     "V1-19": (V1E, _B, ((1,),), 2),
     "V1-20": (V1_EMPTY, V1, _A, 5),
+    "V1-21": (V1RS,),
+    "V1-22": (V1RG,),
+    "V1-23": (V1SK,),
     "V1-11": (V1,),
     "V1-12": (2, 4, 2),
     "V1-13": (V1,),
@@ -912,6 +934,30 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
     ("V1-19", "an EAGLE hit shorter than its blocks", (V1E, _B, ((1, 2),), 2)),
     ("V1-20", "a block past the verified tokens cached", (V1_EMPTY, V1, _A, 3)),
     ("V1-20", "an MTP tail cached", (V1_EMPTY, replace(V1, reprefillable=2), _A, 5)),
+    ("V1-21", "an R-SWA prompt block freed", (replace(V1RS, tables=(("s", (0, *_RS[1:])),)),)),
+    (
+        "V1-21",
+        "an R-SWA decode-window block freed",
+        (replace(V1RS, tables=(("s", (*_RS[:4], 0)),)),),
+    ),
+    (
+        "V1-21",
+        "an R-SWA gap without its prompt length",
+        (replace(V1RS, requests=(replace(_S, num_prompt_tokens=None),)),),
+    ),
+    ("V1-22", "a ring of two blocks", (replace(V1RG, tables=(*V1RG.tables[:1], ("g@1", (4, 5)))),)),
+    (
+        "V1-22",
+        "a ring of the null block",
+        (replace(V1RG, tables=(*V1RG.tables[:1], ("g@1", (0,)))),),
+    ),
+    ("V1-22", "a ring with a cached count", (replace(V1RG, num_cached=(("g@1", 1),)),)),
+    (
+        "V1-23",
+        "a sink inside a block",
+        (replace(V1SK, groups=(V1SK.groups[0], replace(V1SK.groups[1], sink_len=3))),),
+    ),
+    ("V1-23", "a sink table with a null slot", (replace(V1SK, tables=(("g@1", (0, 4, 5)),)),)),
     ("V1-13", "a count above the table", (_v1(num_cached=(("a", 4),)),)),
     ("V1-13", "a count above the hashes", (_v1(num_cached=(("a", 3),)),)),
     ("V1-13", "a block past the count cached", (_v1(num_cached=(("a", 1),)),)),

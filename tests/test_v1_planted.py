@@ -22,6 +22,7 @@ from pagedkv.errors import InvariantViolationError
 from pagedkv.v1 import (
     BlockHash,
     BlockPool,
+    CircularBufferManager,
     CrossAttentionManager,
     FullAttentionSpec,
     HybridKVCacheCoordinator,
@@ -33,6 +34,10 @@ from pagedkv.v1 import (
     LoRARequest,
     MambaManager,
     Request,
+    RSWAManager,
+    SingleTypeKVCacheManager,
+    SinkFullAttentionManager,
+    SinkFullAttentionSpec,
     SlidingWindowManager,
     SlidingWindowSpec,
     UnitaryKVCacheCoordinator,
@@ -41,7 +46,7 @@ from pagedkv.v1 import (
 from pagedkv.v1.hashing import sha256
 from pagedkv.v1.single_type_manager import FullAttentionManager
 from pagedkv_spec.invariants import REGISTRY, holds
-from pagedkv_spec.v1.manager import TOKEN_KINDS, RequestView
+from pagedkv_spec.v1.manager import RSWA, TOKEN_KINDS, RequestView
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.v1.manager_machine import CONFIGURATIONS, V1ManagerMachine
@@ -414,14 +419,80 @@ class _ResetsInUse(BlockPool):
 #: the hybrid configurations (several groups) of attention kinds over the decoder's tokens
 #: hybrids of token groups of one block size: with a group of 2x blocks, a block missing
 #: from the smaller group's table can leave both tables covering one slot count (V1-10
-#: holds), and only the allocation's size shows it
+#: holds), and only the allocation's size shows it; R-SWA's left out (the pads counted
+#: twice there make the external tokens' caching fail first: its gap is V1-21's)
 _HYBRIDS = tuple(
     name
     for name, groups in CONFIGURATIONS.items()
     if len(groups) > 1
-    and all(kind in TOKEN_KINDS for kind, _ in groups)
+    and all(kind in TOKEN_KINDS and kind != RSWA for kind, _ in groups)
     and len({scale for _, scale in groups}) == 1
 )
+
+# ----------------------------------------------------------- the sliding-window variants
+
+
+class _FreesPromptTail(RSWAManager):
+    """Starts the gap at the prompt's last block, not after it (``P // bs`` for ``cdiv(P,
+    bs)``): a prompt ending inside a block loses that block, which every later token
+    attends to (V1-21)."""
+
+    def remove_skipped_blocks(
+        self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        if num_prompt_tokens is not None and num_prompt_tokens % self.block_size:
+            num_prompt_tokens -= num_prompt_tokens % self.block_size
+        super().remove_skipped_blocks(request_id, num_computed_tokens, num_prompt_tokens)
+
+
+class _PadsRing(CircularBufferManager):
+    """Pads the ring's table with null slots up to the request's token slots, as if the
+    ring were a window whose earlier blocks had left it: a kernel sizing the ring by its
+    table would read the null block as ring rows (V1-22: a ring table is one block)."""
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
+    ) -> list[KVCacheBlock]:
+        new = super().allocate_new_blocks(request_id, num_tokens)
+        blocks = self.req_to_blocks[request_id]
+        blocks += [self.block_pool.null_block] * (-(-num_tokens // self.block_size) - len(blocks))
+        return new
+
+
+def _with_variant(cls: type[SingleTypeKVCacheManager]) -> Callable[..., KVCacheManager]:
+    """``_manager_with()``'s manager, each group managed by ``cls``'s base given ``cls``."""
+    make = _manager_with()
+
+    def made(*args: Any, **kwargs: Any) -> KVCacheManager:
+        m = make(*args, **kwargs)
+        for s in m.coordinator.single_type_managers:
+            if type(s) is cls.__bases__[0]:
+                s.__class__ = cls
+        return m
+
+    return made
+
+
+def _sink_not_whole_blocks() -> str:
+    """A sink manager built without its check, of a ``sink_len`` ending inside a block:
+    the manager's own invariant check names V1-23."""
+    real = SinkFullAttentionManager._configure
+    SinkFullAttentionManager._configure = lambda self: setattr(  # type: ignore[method-assign]  # the planted bug: the check dropped
+        self,
+        "sink_len",
+        self.kv_cache_spec.sink_len,  # type: ignore[attr-defined]  # a SinkFullAttentionSpec
+    )
+    try:
+        config = KVCacheConfig.of_specs(
+            8, FullAttentionSpec(2), SinkFullAttentionSpec(2, sink_len=3)
+        )
+        m = KVCacheManager(config, 32)
+    finally:
+        SinkFullAttentionManager._configure = real  # type: ignore[method-assign]  # restored
+    with pytest.raises(InvariantViolationError) as info:
+        m.check_invariants()
+    return info.value.invariant
+
 
 V1_PLANTED: dict[str, Callable[[], str]] = {
     "V1-1": _corrupted(lambda m: m.block_pool.free_block_queue.append(m.block_pool.null_block)),
@@ -464,6 +535,13 @@ V1_PLANTED: dict[str, Callable[[], str]] = {
         ),
         1500,
     ),
+    "V1-21": lambda: _found(
+        _machine(_with_variant(_FreesPromptTail), configurations=("R-SWA", "full + R-SWA")), 1500
+    ),
+    "V1-22": lambda: _found(
+        _machine(_with_variant(_PadsRing), configurations=("full + circular buffer",))
+    ),
+    "V1-23": _sink_not_whole_blocks,
     # Mamba prefill checkpoints: the fixed scenario of tests/mamba_checkpoint_planted.py
     "V1-30": lambda: mamba_checkpoint_planted.planted(mamba_checkpoint_planted.PadsOverCheckpoint),
     "V1-31": lambda: mamba_checkpoint_planted.planted(

@@ -437,6 +437,25 @@ def _entries() -> Iterable[Invariant]:
         "v1",
         "step",
     )
+    # the sliding-window variants (R-SWA's gap, the circular buffer, attention sinks)
+    yield inv(
+        "V1-21",
+        v1m.rswa_gap_only,
+        "an R-SWA table frees only its gap: never a prompt block or a decode-window block",
+        "v1",
+    )
+    yield inv(
+        "V1-22",
+        v1m.ring_one_block,
+        "a circular-buffer table is empty or one block, never cached, no cached count",
+        "v1",
+    )
+    yield inv(
+        "V1-23",
+        v1m.sink_whole_blocks,
+        "a sink group's sink_len is whole blocks, and its tables hold no null slot",
+        "v1",
+    )
     # Mamba align's prefill checkpoint blocks (pagedkv_spec.v1.mamba_checkpoint); judged on
     # a group's checkpoint state, not the manager's, so "step" (evaluated by name)
     yield inv(

@@ -9,11 +9,12 @@ names and with vLLM 0.34.0's semantics, checked against the executable spec in
 - the chained block hashes and their extra keys (:mod:`pagedkv.v1.hashing`);
 - :class:`Request`: what the manager reads of a request;
 - :class:`KVCacheManager` (over the per-group managers: full attention, sliding window,
-  chunked local attention; and a coordinator, hybrid for several groups) and its
+  chunked local attention, and the sliding-window variants R-SWA, attention sinks and
+  circular buffers; and a coordinator, hybrid for several groups) and its
   result type :class:`KVCacheBlocks`;
 - KV events (:class:`BlockStored`, :class:`BlockRemoved`, :class:`AllBlocksCleared`).
 
-Torch-free. The invariants are V1-1 .. V1-20 of :mod:`pagedkv_spec.invariants`.
+Torch-free. The invariants are V1-1 .. V1-23 of :mod:`pagedkv_spec.invariants`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from pagedkv.v1.hashing import (
 from pagedkv.v1.kv_cache_interface import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
@@ -55,6 +57,8 @@ from pagedkv.v1.kv_cache_interface import (
     KVCacheTensor,
     MambaSpec,
     MLAAttentionSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
 )
@@ -68,10 +72,13 @@ from pagedkv.v1.request import (
 )
 from pagedkv.v1.single_type_manager import (
     ChunkedLocalAttentionManager,
+    CircularBufferManager,
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
+    RSWAManager,
     SingleTypeKVCacheManager,
+    SinkFullAttentionManager,
     SlidingWindowManager,
     get_manager_for_kv_cache_spec,
 )
@@ -87,6 +94,8 @@ __all__ = [
     "BlockStored",
     "ChunkedLocalAttentionManager",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferManager",
+    "CircularBufferSpec",
     "CrossAttentionManager",
     "CrossAttentionSpec",
     "FreeKVCacheBlockQueue",
@@ -110,9 +119,13 @@ __all__ = [
     "MultiModalFeatureSpec",
     "PlaceholderRange",
     "PrefixCacheStats",
+    "RSWAManager",
+    "RSWASpec",
     "Request",
     "RequestStatus",
     "SingleTypeKVCacheManager",
+    "SinkFullAttentionManager",
+    "SinkFullAttentionSpec",
     "SlidingWindowMLASpec",
     "SlidingWindowManager",
     "SlidingWindowSpec",

@@ -14,7 +14,11 @@ boundary), its ``remove_skipped_blocks`` runs at each allocation's first stage, 
 ``align`` mode is told the token count without lookahead slots. A cross-attention group
 (:class:`~pagedkv.v1.single_type_manager.CrossAttentionManager`) is asked for the
 request's ``num_encoder_tokens`` slots instead of the decoder's, and refuses caching, so
-encoder-decoder models use the no-cache coordinator.
+encoder-decoder models use the no-cache coordinator. The sliding-window variants: an
+R-SWA group's ``remove_skipped_blocks`` is told the request's prompt length (it frees
+the gap after the prompt); a circular-buffer group takes no part in a lookup (its hit
+is empty, the fixpoint runs over the other groups), nor in the hash and scheduler
+block sizes.
 
 Adoption is two-phase, as vLLM's since its fix of the cross-group eviction bug:
 first every group touches its hit, then groups allocate blocks for external
@@ -41,6 +45,7 @@ from pagedkv.v1.block import KVCacheBlock
 from pagedkv.v1.block_pool import BlockPool
 from pagedkv.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheSpec,
@@ -48,9 +53,11 @@ from pagedkv.v1.kv_cache_interface import (
 )
 from pagedkv.v1.request import Request
 from pagedkv.v1.single_type_manager import (
+    CircularBufferManager,
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
+    RSWAManager,
     SingleTypeKVCacheManager,
     get_manager_for_kv_cache_spec,
 )
@@ -130,8 +137,11 @@ class KVCacheCoordinator(ABC):
         #: whether every group is an attention kind over the decoder's tokens (the
         #: plain path counts and grows tables by the token count alone)
         self._plain = not any(
-            isinstance(m, MambaManager | CrossAttentionManager) for m in self.single_type_managers
+            isinstance(m, MambaManager | CrossAttentionManager | CircularBufferManager)
+            for m in self.single_type_managers
         )
+        #: the R-SWA groups (their gap follows the prompt length)
+        self._rswa = tuple(m for m in self.single_type_managers if isinstance(m, RSWAManager))
         self._setup()
         #: whether caching follows the plain rule (every group up to its aligned tokens)
         self._plain_caching = not (
@@ -281,6 +291,8 @@ class KVCacheCoordinator(ABC):
         processed = total - request.num_in_flight_tokens
         for m in self._windowed:
             m.remove_skipped_blocks(rid, processed if processed > 0 else 0)
+        for r in self._rswa:
+            r.remove_skipped_blocks(rid, max(processed, 0), request.num_prompt_tokens)
         need = total + num_new_tokens + num_lookahead_tokens
         if need > max_model_len:
             need = max_model_len
@@ -334,10 +346,16 @@ class KVCacheCoordinator(ABC):
         for m in self.single_type_managers:
             m.free(request_id)
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        """Free what left each group's window."""
+    def remove_skipped_blocks(
+        self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Free what left each group's window (an R-SWA group's gap: with the prompt
+        length only)."""
         for m in self.single_type_managers:
-            m.remove_skipped_blocks(request_id, num_computed_tokens)
+            if isinstance(m, RSWAManager):
+                m.remove_skipped_blocks(request_id, num_computed_tokens, num_prompt_tokens)
+            else:
+                m.remove_skipped_blocks(request_id, num_computed_tokens)
 
     def get_blocks(self, request_id: str) -> Blocks:
         """Every group's table of the request (empty lists if it holds none)."""
@@ -414,7 +432,11 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
     fixpoint: lengths only shrink). Every group's blocks then cover that length."""
 
     def _check(self, kv_cache_config: KVCacheConfig, hash_block_size: int) -> None:
-        sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+        sizes = [
+            g.kv_cache_spec.block_size
+            for g in kv_cache_config.kv_cache_groups
+            if not isinstance(g.kv_cache_spec, CircularBufferSpec)  # never hashed
+        ]
         if any(s % hash_block_size for s in sizes):
             raise InvalidKVCacheManagerConfigError(
                 f"every group's block size {sizes} must be a multiple of hash_block_size "
@@ -425,6 +447,8 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         #: (the first manager of a spec, the group ids sharing that spec), full first
         specs: list[tuple[KVCacheSpec, SingleTypeKVCacheManager, list[int]]] = []
         for i, m in enumerate(self.single_type_managers):
+            if isinstance(m, CircularBufferManager):
+                continue  # never part of a hit: its blocks stay empty
             for spec, first, ids in specs:
                 if spec == m.kv_cache_spec and type(first) is type(m):
                     ids.append(i)

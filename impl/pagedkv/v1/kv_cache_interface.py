@@ -20,6 +20,14 @@ their own (a hybrid looks an MLA group up apart from a plain one, and events nam
 kind ``mla_attention`` / ``sliding_window_mla``). A group flagged ``is_eagle_group``
 holds an EAGLE/MTP draft model's layers: its hits drop their last block (the manager's
 ``use_eagle``).
+
+The sliding-window variants: :class:`RSWASpec` (reference sliding window: the prompt
+stays visible, and of the generated tokens only the last ``rswa_window``, so the blocks
+between the prompt's end and the decode window are freed: the *gap*),
+:class:`SinkFullAttentionSpec` (full attention with ``sink_len`` attention-sink tokens,
+a whole number of blocks: managed as full attention, a spec of its own) and
+:class:`CircularBufferSpec` (one ring block per request, rewritten in place, never
+cached: ``block_size`` is the ring's capacity).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ __all__ = [
     "MAMBA_CACHE_MODES",
     "AttentionSpec",
     "ChunkedLocalAttentionSpec",
+    "CircularBufferSpec",
     "CrossAttentionSpec",
     "FullAttentionSpec",
     "KVCacheConfig",
@@ -41,6 +50,8 @@ __all__ = [
     "KVCacheTensor",
     "MLAAttentionSpec",
     "MambaSpec",
+    "RSWASpec",
+    "SinkFullAttentionSpec",
     "SlidingWindowMLASpec",
     "SlidingWindowSpec",
 ]
@@ -146,6 +157,47 @@ class SlidingWindowMLASpec(SlidingWindowSpec):
     def page_size_bytes(self) -> int:
         """Bytes of one block of one layer: the latent vectors only."""
         return self.block_size * self.num_kv_heads * self.head_size * self.dtype_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class RSWASpec(FullAttentionSpec):
+    """Reference sliding-window attention: every prompt token stays visible, and of the
+    generated tokens only the last ``rswa_window``; the blocks wholly between the
+    prompt's last block and the decode window (the gap) are freed. Full attention's
+    hit and caching rules (a hit is a prompt prefix, and a prompt is all visible)."""
+
+    rswa_window: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_int("rswa_window", self.rswa_window, InvalidKVCacheManagerConfigError, low=1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SinkFullAttentionSpec(FullAttentionSpec):
+    """Full attention with ``sink_len`` attention-sink tokens, a positive multiple of
+    ``block_size`` (checked by its manager): managed as full attention, a spec of its
+    own (a hybrid looks it up apart from a plain full-attention group)."""
+
+    sink_len: int
+
+    kind = "sink_full_attention"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_int("sink_len", self.sink_len, InvalidKVCacheManagerConfigError, low=1)
+
+
+@dataclass(frozen=True)
+class CircularBufferSpec(AttentionSpec):
+    """A ring buffer: one block per request for its whole life (``block_size`` is the
+    ring's capacity, rows rewritten in place), never cached and never part of a hit
+    (``prefix_cacheable`` False)."""
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        """Whether the group's blocks can be cached and hit: never."""
+        return False
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ from pagedkv.v1.block import KVCacheBlock
 from pagedkv.v1.coordinator import get_kv_cache_coordinator
 from pagedkv.v1.events import BlockStored, KVCacheEvent
 from pagedkv.v1.kv_cache_interface import (
+    CircularBufferSpec,
     KVCacheConfig,
     MLAAttentionSpec,
     SlidingWindowMLASpec,
@@ -77,10 +78,13 @@ from pagedkv.v1.kv_cache_interface import (
 from pagedkv.v1.request import AllocationRecord, Request, RequestStatus
 from pagedkv.v1.single_type_manager import (
     ChunkedLocalAttentionManager,
+    CircularBufferManager,
     CrossAttentionManager,
     FullAttentionManager,
     MambaManager,
+    RSWAManager,
     SingleTypeKVCacheManager,
+    SinkFullAttentionManager,
     SlidingWindowManager,
 )
 from pagedkv_spec.errors import (
@@ -96,6 +100,8 @@ from pagedkv_spec.v1.manager import (
     CROSS,
     FULL,
     MAMBA,
+    RING,
+    RSWA,
     SLIDING,
     GroupSpec,
     ManagerState,
@@ -244,6 +250,13 @@ class KVCacheManager:
         require_bool("enable_kv_cache_events", enable_kv_cache_events)
         require_real("watermark", watermark, bad, low=0.0, high=1.0)
         sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+        # a ring group (CircularBufferSpec) is never hashed nor hit: its size aligns nothing
+        hashed_sizes = [
+            g.kv_cache_spec.block_size
+            for g in kv_cache_config.kv_cache_groups
+            if not isinstance(g.kv_cache_spec, CircularBufferSpec)
+        ]
+        all_sizes, sizes = sizes, hashed_sizes or sizes
         if scheduler_block_size is None:
             scheduler_block_size = math.lcm(*sizes)
         if hash_block_size is None:
@@ -285,7 +298,7 @@ class KVCacheManager:
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
-        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in sizes))
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in all_sizes))
         self._kinds = tuple(g.kv_cache_spec.kind for g in kv_cache_config.kv_cache_groups)
         self._windows = tuple(
             g.kv_cache_spec.sliding_window
@@ -516,7 +529,9 @@ class KVCacheManager:
             )
             if wanted + watermark > free:
                 return None
-        coordinator.remove_skipped_blocks(rid, max(0, total - request.num_in_flight_tokens))
+        coordinator.remove_skipped_blocks(
+            rid, max(0, total - request.num_in_flight_tokens), request.num_prompt_tokens
+        )
         wanted = coordinator.get_num_blocks_to_allocate(
             rid, need, hits, total, False, main, num_encoder_tokens, prefill_end
         )
@@ -583,6 +598,10 @@ class KVCacheManager:
         fresh = self._last_lookup == (rid, self.block_pool.epoch, tuple(map(tuple, hits)))
         for g, group in enumerate(hits):
             manager = self.coordinator.single_type_managers[g]
+            if isinstance(manager, CircularBufferManager):
+                if group:  # never part of a hit
+                    raise bad(f"group {g} is a circular buffer and has no hit blocks")
+                continue
             if num_new_computed_tokens != len(group) * manager.block_size:
                 raise bad(
                     f"num_new_computed_tokens {num_new_computed_tokens} is not the "
@@ -688,9 +707,12 @@ class KVCacheManager:
         if self.enable_caching and self.coordinator.holds(rid):
             self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
 
-    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
-        """Free the blocks that left every group's window (none with full attention)."""
-        self.coordinator.remove_skipped_blocks(request_id, num_computed_tokens)
+    def remove_skipped_blocks(
+        self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Free the blocks that left every group's window (none with full attention; an
+        R-SWA group's gap only given the request's ``num_prompt_tokens``)."""
+        self.coordinator.remove_skipped_blocks(request_id, num_computed_tokens, num_prompt_tokens)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the given blocks from the prefix cache (BlockPoolError for an id outside
@@ -773,6 +795,7 @@ class KVCacheManager:
         where = repr(self)
         check("v1", state.pool, where, ids=("V1-1", "V1-3", "V1-4"))
         check("v1", state, where, ids=("V1-2", "V1-10", "V1-13", "V1-17", "V1-18"))
+        check("v1", state, where, ids=("V1-22", "V1-23"))
 
     def __repr__(self) -> str:
         return (
@@ -804,4 +827,10 @@ def _group_spec(m: SingleTypeKVCacheManager) -> GroupSpec:
         )
     if isinstance(m, CrossAttentionManager):
         return GroupSpec(CROSS, m.block_size)
+    if isinstance(m, RSWAManager):
+        return GroupSpec(RSWA, m.block_size, m.rswa_window, eagle=m.use_eagle)
+    if isinstance(m, CircularBufferManager):
+        return GroupSpec(RING, m.block_size)
+    if isinstance(m, SinkFullAttentionManager):
+        return GroupSpec(FULL, m.block_size, eagle=m.use_eagle, sink_len=m.sink_len)
     return GroupSpec(FULL, m.block_size, eagle=m.use_eagle, mla=mla)

@@ -3,7 +3,10 @@
 vLLM V1's ``SingleTypeKVCacheManager`` and its kinds: :class:`FullAttentionManager`,
 :class:`SlidingWindowManager`, :class:`ChunkedLocalAttentionManager`,
 :class:`MambaManager` (a state-space layer's state blocks) and
-:class:`CrossAttentionManager` (an encoder-decoder model's encoder tokens). A manager
+:class:`CrossAttentionManager` (an encoder-decoder model's encoder tokens), and the
+sliding-window variants :class:`RSWAManager` (the prompt kept, the gap between it and
+the decode window freed), :class:`SinkFullAttentionManager` (full attention with sink
+tokens) and :class:`CircularBufferManager` (one ring block per request). A manager
 holds, per request, the group's block table (``req_to_blocks``) and how many of its
 blocks are cached (``num_cached_block``, set at the request's first adoption or
 caching); it asks the pool for blocks and references and never writes a block
@@ -31,10 +34,13 @@ from pagedkv.v1.block import KVCacheBlock, make_block_hash_with_group_id
 from pagedkv.v1.block_pool import BlockPool
 from pagedkv.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
     SlidingWindowSpec,
 )
 from pagedkv.v1.request import Request
@@ -48,10 +54,13 @@ from pagedkv_spec.v1.mamba_checkpoint import (
 
 __all__ = [
     "ChunkedLocalAttentionManager",
+    "CircularBufferManager",
     "CrossAttentionManager",
     "FullAttentionManager",
     "MambaManager",
+    "RSWAManager",
     "SingleTypeKVCacheManager",
+    "SinkFullAttentionManager",
     "SlidingWindowManager",
     "get_manager_for_kv_cache_spec",
 ]
@@ -893,6 +902,150 @@ class CrossAttentionManager(SingleTypeKVCacheManager):
         """Nothing: cross-attention blocks are never cached."""
 
 
+# ------------------------------------------------------------- sliding-window variants
+
+
+class RSWAManager(FullAttentionManager):
+    """Reference sliding-window attention (:class:`RSWASpec`): full attention's hit and
+    caching rules, but once a request decodes past its prompt by more than
+    ``rswa_window`` tokens, the blocks wholly inside the gap ``[cdiv(P, bs) * bs,
+    max(P, processed - rswa_window))`` (P: the prompt's tokens) are freed and their
+    slots nulled (V1-21): the prompt's blocks and the decode window's stay. Without the
+    prompt length nothing is freed (vLLM's fallback to full attention).
+
+    Complexity: :meth:`remove_skipped_blocks` is O(blocks it frees) (it stops at the
+    first null slot, the gap's part freed before)."""
+
+    def _configure(self) -> None:
+        spec = self.kv_cache_spec
+        if not isinstance(spec, RSWASpec):
+            raise InvalidKVCacheManagerConfigError(
+                f"an RSWAManager needs an RSWASpec, got {type(spec).__name__}"
+            )
+        self.rswa_window = spec.rswa_window
+
+    def remove_skipped_blocks(
+        self, request_id: str, num_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Free the gap's blocks (class docstring), from its end back to the first null
+        slot; ``num_computed_tokens``: the processed (committed) tokens."""
+        blocks = self.req_to_blocks.get(request_id)
+        if num_prompt_tokens is None or not blocks:
+            return
+        bs = self.block_size
+        first = cdiv(num_prompt_tokens, bs)
+        end = max(num_prompt_tokens, num_computed_tokens - self.rswa_window)
+        last = min(end // bs, len(blocks))
+        freed = []
+        for i in range(last - 1, first - 1, -1):
+            if blocks[i].is_null:
+                break
+            freed.append(blocks[i])
+            blocks[i] = self._null_block
+        if freed:
+            self.block_pool.free_blocks(freed)
+
+    def free(self, request_id: str) -> None:
+        """Free the request's table, tail first, its gap's null slots skipped. O(table)."""
+        blocks = self.req_to_blocks.pop(request_id, None)
+        self.num_cached_block.pop(request_id, None)
+        if blocks:
+            self.block_pool.free_blocks([b for b in reversed(blocks) if not b.is_null])
+
+
+class SinkFullAttentionManager(FullAttentionManager):
+    """Full attention with attention-sink tokens (:class:`SinkFullAttentionSpec`):
+    every rule is full attention's; its ``sink_len`` must be a positive multiple of the
+    block size (InvalidKVCacheManagerConfigError otherwise, where vLLM asserts; V1-23)."""
+
+    def _configure(self) -> None:
+        spec = self.kv_cache_spec
+        if not isinstance(spec, SinkFullAttentionSpec):
+            raise InvalidKVCacheManagerConfigError(
+                f"a SinkFullAttentionManager needs a SinkFullAttentionSpec, got "
+                f"{type(spec).__name__}"
+            )
+        if spec.sink_len % self.block_size:
+            raise InvalidKVCacheManagerConfigError(
+                f"sink_len {spec.sink_len} must be a positive multiple of the block size "
+                f"{self.block_size}"
+            )
+        self.sink_len = spec.sink_len
+
+
+class CircularBufferManager(SingleTypeKVCacheManager):
+    """A ring buffer group (:class:`CircularBufferSpec`): a request claims one block at
+    its first allocation (or its external tokens' adoption) and keeps it, rewritten in
+    place, until it is freed; no hit, no caching, nothing leaves a window, no cached
+    count (V1-22). O(1) per operation."""
+
+    def _configure(self) -> None:
+        spec = self.kv_cache_spec
+        if not isinstance(spec, CircularBufferSpec):
+            raise InvalidKVCacheManagerConfigError(
+                f"a CircularBufferManager needs a CircularBufferSpec, got {type(spec).__name__}"
+            )
+
+    def _claim_ring_block(self, request_id: str) -> list[KVCacheBlock]:
+        blocks = self.req_to_blocks.setdefault(request_id, [])
+        if blocks:
+            return []
+        new = self.block_pool.get_new_blocks(1)
+        blocks.extend(new)
+        return new
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        apply_admission_cap: bool = False,
+        num_tokens_main_model: int | None = None,
+    ) -> int:
+        """1 until the request holds its ring block, then 0 (any token count)."""
+        return 0 if self.req_to_blocks.get(request_id) else 1
+
+    def add_local_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+    ) -> None:
+        """Nothing to adopt: the ring is never part of a hit."""
+
+    def allocate_external_computed_blocks(
+        self, request_id: str, total_computed_tokens: int
+    ) -> None:
+        """The ring block, if the request has none yet."""
+        self._claim_ring_block(request_id)
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: int | None = None
+    ) -> list[KVCacheBlock]:
+        """The ring block, if the request has none yet (any token count); else nothing."""
+        return self._claim_ring_block(request_id)
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Nothing: a ring block is never cached."""
+
+    def lookup(
+        self,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        group_ids: Sequence[int],
+        drop_eagle_block: bool = False,
+    ) -> Hit:
+        """No hit: no blocks, 0 tokens."""
+        return tuple([] for _ in group_ids), 0
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[bytes], max_length: int
+    ) -> list[KVCacheBlock]:
+        """No hit."""
+        return []
+
+
 def get_manager_for_kv_cache_spec(
     kv_cache_spec: KVCacheSpec,
     block_pool: BlockPool,
@@ -924,6 +1077,9 @@ def get_manager_for_kv_cache_spec(
         return ChunkedLocalAttentionManager(
             kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, alignment, cap
         )
+    variant = _VARIANTS.get(type(kv_cache_spec))
+    if variant is not None:  # the sliding-window variants
+        return variant(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, alignment)
     if isinstance(kv_cache_spec, FullAttentionSpec):
         return FullAttentionManager(
             kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, alignment
@@ -936,6 +1092,14 @@ def get_manager_for_kv_cache_spec(
         )
     raise InvalidKVCacheManagerConfigError(
         f"no V1 manager for {type(kv_cache_spec).__name__}; pagedkv.v1 manages "
-        "FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec and "
-        "CrossAttentionSpec groups"
+        "FullAttentionSpec, SlidingWindowSpec, ChunkedLocalAttentionSpec, MambaSpec, "
+        "CrossAttentionSpec, RSWASpec, SinkFullAttentionSpec and CircularBufferSpec groups"
     )
+
+
+#: the sliding-window variants' managers, by their spec's exact type
+_VARIANTS: dict[type[KVCacheSpec], type[SingleTypeKVCacheManager]] = {
+    RSWASpec: RSWAManager,
+    SinkFullAttentionSpec: SinkFullAttentionManager,
+    CircularBufferSpec: CircularBufferManager,
+}

@@ -41,6 +41,16 @@ its first step, never cached (caching is off with it). A lookup is the fixpoint 
 kinds' hit rules (:func:`get_computed_blocks`), so every group ends with the same hit
 length.
 
+The sliding-window variants (vLLM's ``RSWAManager``, ``SinkFullAttentionManager``,
+``CircularBufferManager``): an R-SWA group (:data:`RSWA`, window w) has full
+attention's rules, but its first stage frees the gap: the blocks wholly in ``[cdiv(P,
+bs) * bs, max(P, processed - w))`` (P: the prompt's tokens), from its end back to the
+first null slot (V1-21); a sink group (:attr:`GroupSpec.sink_len`) is full attention, a
+spec of its own, its ``sink_len`` a positive multiple of its block size (V1-23); a
+circular-buffer group (:data:`RING`) holds one block per request from its first
+allocation (or its external tokens' adoption) to its end, never cached, no cached count,
+outside every lookup and the alignment (V1-22).
+
 EAGLE/MTP speculative decoding (vLLM's ``use_eagle``): a draft head writes a token's KV
 with the token after it, so a hit must not end where the cached request's next token
 may differ from this one's. An EAGLE group (:attr:`GroupSpec.eagle`: the groups vLLM
@@ -89,6 +99,12 @@ ones judge one transition):
                                       it: the group's block past the hit is cached
     V1-20 ``finalized_only``          (step) a step keys no block past its verified tokens
                                       (an EAGLE group's: past them less the MTP tail)
+    V1-21 ``rswa_gap_only``           an R-SWA table's null slots lie in its gap: after
+                                      the prompt's blocks, before the decode window's
+    V1-22 ``ring_one_block``          a circular-buffer table is empty or one block,
+                                      never cached, no cached count
+    V1-23 ``sink_whole_blocks``       a sink group's sink_len is a positive multiple of
+                                      its block size, and its tables hold no null slot
 
 Operations follow vLLM 0.34.0's ``allocate_slots`` in its three stages (freeing what
 left the windows and the capacity check, adopting the hit, allocating and caching),
@@ -128,6 +144,8 @@ __all__ = [
     "CROSS",
     "FULL",
     "MAMBA",
+    "RING",
+    "RSWA",
     "SLIDING",
     "TOKEN_KINDS",
     "GroupSpec",
@@ -160,6 +178,9 @@ __all__ = [
     "remove_skipped_blocks",
     "reset_ok",
     "reset_prefix_cache",
+    "ring_one_block",
+    "rswa_gap_only",
+    "sink_whole_blocks",
     "table_keys_ok",
     "table_name",
     "tables_aligned",
@@ -171,8 +192,12 @@ __all__ = [
 GROUP = 0
 FULL, SLIDING, CHUNKED = "full_attention", "sliding_window", "chunked_local_attention"
 MAMBA, CROSS = "mamba", "cross_attention"
+#: the sliding-window variants' kinds (a sink group is FULL with ``sink_len``)
+RSWA, RING = "rswa", "circular_buffer"
 #: the kinds whose tables hold the decoder's token slots (V1-10)
-TOKEN_KINDS = (FULL, SLIDING, CHUNKED)
+TOKEN_KINDS = (FULL, SLIDING, CHUNKED, RSWA)
+#: the kinds with full attention's hit rule
+FULL_RULE_KINDS = (FULL, RSWA)
 V = TypeVar("V")
 
 
@@ -195,6 +220,8 @@ class GroupSpec:
     #: an MLA (latent) spec: the rules of its kind, but a spec of its own (looked up apart
     #: from a plain group of the same kind and block size)
     mla: bool = False
+    #: a sink group's sink tokens (0: none; the rules of FULL, a spec of its own)
+    sink_len: int = 0
 
     @property
     def align_mode(self) -> bool:
@@ -233,6 +260,8 @@ class RequestView:
     has_block_hasher: bool = True
     #: which request object it is (two live objects may share an id; 0: the only one)
     instance: int = 0
+    #: its prompt's tokens (an R-SWA group's gap starts after them; None: not told)
+    num_prompt_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -267,7 +296,8 @@ class ManagerState:
     @property
     def align(self) -> int:
         """Hits are this many tokens aligned: the LCM of the groups' block sizes."""
-        return self.alignment or lcm(*(g.block_size for g in self.specs))
+        sizes = [g.block_size for g in self.specs if g.kind != RING] or [self.block_size]
+        return self.alignment or lcm(*sizes)
 
     def table(self, request_id: str, group: int = GROUP) -> tuple[int, ...] | None:
         """The request's table in ``group``, or None if it holds none."""
@@ -416,7 +446,7 @@ def tables_aligned(m: ManagerState) -> bool:
                 continue
             t = m.table(rid, g) or ()
             nulls = len(t) - len(tuple(b for b in t if b != 0))
-            if nulls and (spec.kind == FULL or any(t[:nulls])):
+            if nulls and spec.kind != RSWA and (spec.kind == FULL or any(t[:nulls])):
                 return False
             bs = spec.block_size
             lo, hi = ((len(t) - 1) * bs + 1, len(t) * bs) if t else (0, 0)
@@ -462,6 +492,62 @@ def encoder_blocks_once(m: ManagerState) -> bool:
                 return False
             if rid in encoder and t and len(t) != _cdiv(encoder[rid], spec.block_size):
                 return False
+    return True
+
+
+def rswa_gap_only(m: ManagerState) -> bool:
+    """V1-21: in an R-SWA group (window w, block size bs) the table of a request with P
+    prompt tokens and n computed tokens holds a null slot only at i with
+    ``cdiv(P, bs) <= i`` and ``(i + 1) * bs <= max(P, n - w)``: the prompt's blocks and
+    the decode window's are never freed."""
+    views = {r.request_id: r for r in m.requests}
+    for g, spec in enumerate(m.specs):
+        if spec.kind != RSWA:
+            continue
+        bs = spec.block_size
+        for name, t in m.tables:
+            rid, h = _split(name)
+            if h != g or 0 not in t:
+                continue
+            r = views.get(rid)
+            if r is None:
+                continue  # a state without its requests: not judged
+            if r.num_prompt_tokens is None:
+                return False  # nulls the spec cannot place: not told the prompt
+            p = r.num_prompt_tokens
+            first, end = _cdiv(p, bs), max(p, r.num_computed_tokens - spec.window)
+            if any(b == 0 and (i < first or (i + 1) * bs > end) for i, b in enumerate(t)):
+                return False
+    return True
+
+
+def ring_one_block(m: ManagerState) -> bool:
+    """V1-22: a circular-buffer group's table is empty or exactly one block, not the null
+    block, carrying no key, and the group keeps no cached count for it."""
+    for g, spec in enumerate(m.specs):
+        if spec.kind != RING:
+            continue
+        for name, t in m.tables:
+            rid, h = _split(name)
+            if h != g:
+                continue
+            if m.cached_count(rid, g) is not None or len(t) > 1:
+                return False
+            if t and (t[0] == 0 or m.pool.hashes[t[0]] is not None):
+                return False
+    return True
+
+
+def sink_whole_blocks(m: ManagerState) -> bool:
+    """V1-23: a sink group (``sink_len`` > 0 on a FULL group) has a ``sink_len`` that is
+    a multiple of its block size, and its tables hold no null slot (full attention)."""
+    for g, spec in enumerate(m.specs):
+        if not spec.sink_len:
+            continue
+        if spec.kind != FULL or spec.sink_len % spec.block_size:
+            return False
+        if any(0 in t for name, t in m.tables if _split(name)[1] == g):
+            return False
     return True
 
 
@@ -525,7 +611,8 @@ def tables_append_only(before: ManagerState, after: ManagerState) -> bool:
         if len(t) < len(o):
             return False
         for i, (now, was) in enumerate(zip(t, o, strict=False)):
-            if now != was and not (now == 0 and (kind == MAMBA or (windowed and not any(t[:i])))):
+            freed = kind in (MAMBA, RSWA) or (windowed and not any(t[:i]))
+            if now != was and not (now == 0 and freed):
                 return False
     return True
 
@@ -558,7 +645,7 @@ def eagle_hit_safe(
     if num_tokens <= 0:
         return True
     for g, spec in enumerate(m.specs):
-        if not spec.eagle or g >= len(blocks):
+        if not spec.eagle or g >= len(blocks) or spec.kind == RING:  # a ring: never hit
             continue
         key = m.key_of(r.block_hashes, g, num_tokens // spec.block_size)
         if key is None or P.lookup(m.pool, key) is None:
@@ -742,9 +829,9 @@ def get_computed_blocks(m: ManagerState, r: RequestView) -> tuple[tuple[tuple[in
     check_request(m, r, "look up")
     together: dict[GroupSpec, list[int]] = {}
     for g, spec in enumerate(m.specs):
-        if spec.kind != CROSS:  # never cached: no rule, no blocks
+        if spec.kind not in (CROSS, RING):  # never cached: no rule, no blocks
             together.setdefault(spec, []).append(g)
-    order = sorted(together.items(), key=lambda e: e[0].kind != FULL)
+    order = sorted(together.items(), key=lambda e: e[0].kind not in FULL_RULE_KINDS)
     margin = len(m.specs) > 1
     hashed = len(r.block_hashes) * m.hash_size
     found: dict[int, tuple[int, ...]] = {}
@@ -767,16 +854,16 @@ def get_computed_blocks(m: ManagerState, r: RequestView) -> tuple[tuple[tuple[in
         length = current
         if not margin:
             break  # one group: its rule once (vLLM's UnitaryKVCacheCoordinator)
-        if len(order) == 2 and order[0][0].kind == FULL:
+        if len(order) == 2 and order[0][0].kind in FULL_RULE_KINDS:
             break  # full attention and one other spec: one round (vLLM's simple hybrid)
     for g, spec in enumerate(m.specs):  # full attention's run, trimmed to the length
-        if spec.kind == FULL and g in found:
+        if spec.kind in FULL_RULE_KINDS and g in found:
             found[g] = found[g][: length // spec.block_size]
     out = tuple(found.get(g, ()) for g in range(len(m.specs))), length
     assert all(
         computed_aligned(len(b), length, s.block_size)
         for b, s in zip(out[0], m.specs, strict=True)
-        if s.kind != CROSS
+        if s.kind not in (CROSS, RING)
     )
     return out
 
@@ -812,7 +899,7 @@ def _cacheable(m: ManagerState, g: int, i: int) -> bool:
     spec = m.specs[g]
     if spec.kind == MAMBA:
         return ((i + 1) * spec.block_size) % m.align == 0
-    if spec.kind == CROSS:
+    if spec.kind in (CROSS, RING):
         return False
     if spec.kind != SLIDING or m.align % spec.block_size:
         return True
@@ -844,7 +931,7 @@ def _cache(
     :func:`cacheable_tokens` of ``num_tokens`` (those that can serve a hit)."""
     stored: list[bytes] = []
     for g, spec in enumerate(m.specs):
-        if spec.kind == CROSS:
+        if spec.kind in (CROSS, RING):
             continue
         t = m.table(r.request_id, g) or ()
         done = m.cached_count(r.request_id, g) or 0
@@ -864,18 +951,32 @@ def _cache(
 
 
 def remove_skipped_blocks(
-    m: ManagerState, request_id: str, num_computed_tokens: int
+    m: ManagerState,
+    request_id: str,
+    num_computed_tokens: int,
+    num_prompt_tokens: int | None = None,
 ) -> ManagerState:
     """Free, group by group, the blocks that left the window after
     ``num_computed_tokens`` tokens, from the window's edge back to the first null pad,
     each position becoming the null block. A Mamba ``align`` group frees every state
-    block in the slots not yet retired before the last computed token's."""
+    block in the slots not yet retired before the last computed token's; an R-SWA group
+    (told ``num_prompt_tokens``) its gap's blocks, from the gap's end back to the first
+    null slot."""
     assert num_computed_tokens >= 0, "a count is non-negative"
     for g, spec in enumerate(m.specs):
         t = list(m.table(request_id, g) or ())
         skipped = min(spec.skipped(num_computed_tokens) // spec.block_size, len(t))
         freed = []
-        if spec.align_mode:
+        if spec.kind == RSWA:
+            if num_prompt_tokens is not None:
+                p, bs = num_prompt_tokens, spec.block_size
+                last = min(max(p, num_computed_tokens - spec.window) // bs, len(t))
+                for i in range(last - 1, _cdiv(p, bs) - 1, -1):
+                    if t[i] == 0:
+                        break
+                    freed.append(t[i])
+                    t[i] = 0
+        elif spec.align_mode:
             if not t:
                 continue
             allocated, retired = m.mamba_of(request_id, g)
@@ -938,7 +1039,7 @@ def allocate_slots(
     running = m.cached_count(rid) is not None
     if (any(hits) or num_external_computed_tokens) and (running or any(held)):
         raise InvalidAllocationError(rid, "a hit or external tokens for a request holding blocks")
-    sizes = (len(h) * g.block_size for h, g in zip(hits, specs, strict=True))
+    sizes = (len(h) * g.block_size for h, g in zip(hits, specs, strict=True) if g.kind != RING)
     if any(num_new_computed_tokens != n for n in sizes):
         raise InvalidAllocationError(rid, "hit tokens are not the hit blocks")
     local = r.num_computed_tokens + num_new_computed_tokens
@@ -954,6 +1055,9 @@ def allocate_slots(
             have = len(state.table(rid, g) or ())
             if spec.kind == CROSS:
                 count += max(_cdiv(num_encoder_tokens, spec.block_size) - have, 0)
+                continue
+            if spec.kind == RING:
+                count += 0 if have else 1
                 continue
             if spec.align_mode:
                 taken = 0
@@ -989,7 +1093,7 @@ def allocate_slots(
         if blocks_for(m, whole, True, whole) + watermark > len(m.pool.free):
             return m, None, (), ()
     # stage 1: free what left the windows (kept even if the call is refused)
-    m = remove_skipped_blocks(m, rid, max(0, total - r.num_in_flight_tokens))
+    m = remove_skipped_blocks(m, rid, max(0, total - r.num_in_flight_tokens), r.num_prompt_tokens)
     need = min(total + num_new_tokens + num_lookahead_tokens, m.max_model_len)
     if blocks_for(m, need, False, main) + watermark > len(m.pool.free) - reserved_blocks:
         return m, None, (), ()
@@ -1000,7 +1104,7 @@ def allocate_slots(
     if (any(hits) or num_external_computed_tokens > 0) and not running:
         # stage 2, phase 1: every group adopts its hit (pads for what left the window)
         for g, spec in enumerate(specs):
-            if spec.kind == CROSS:  # no hit, no cached count
+            if spec.kind in (CROSS, RING):  # no hit, no cached count
                 continue
             skipped = spec.skipped(total) // spec.block_size
             kept = hits[g][skipped:]
@@ -1010,6 +1114,12 @@ def allocate_slots(
         # phase 2: only then blocks for the external tokens, so none evicts a hit
         for g, spec in enumerate(specs):
             if spec.kind == CROSS:  # a connector loads the decoder's tokens only
+                continue
+            if spec.kind == RING:  # the ring block, claimed with the external tokens
+                if num_external_computed_tokens > 0 and not tables[g]:
+                    pool, ext, ev = P.get_new_blocks(pool, 1)
+                    evicted.extend(ev)
+                    tables[g] += ext
                 continue
             if num_external_computed_tokens > 0 and total - spec.skipped(total) > 0:
                 n = max(0, _cdiv(total, spec.block_size) - len(tables[g]))
@@ -1032,7 +1142,9 @@ def allocate_slots(
             mamba = _set(mamba, table_name(rid, g), entry)
             continue
         slots = need
-        if spec.kind == CROSS:
+        if spec.kind == RING:
+            slots = 0 if tables[g] else spec.block_size  # one ring block, claimed once
+        elif spec.kind == CROSS:
             slots = num_encoder_tokens
         elif spec.kind == MAMBA:
             slots = need + spec.num_speculative_blocks * spec.block_size

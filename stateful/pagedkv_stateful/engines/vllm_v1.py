@@ -60,7 +60,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pagedkv_spec.v1.manager import CHUNKED, CROSS, FULL, MAMBA, SLIDING, GroupSpec, ManagerState
+from pagedkv_spec.v1.manager import (
+    CHUNKED,
+    CROSS,
+    FULL,
+    MAMBA,
+    RING,
+    RSWA,
+    SLIDING,
+    GroupSpec,
+    ManagerState,
+)
 from pagedkv_spec.v1.pool import PoolState
 from pagedkv_stateful.adapters import Capabilities
 from pagedkv_stateful.engines.wheel import MANIFEST as MANIFEST
@@ -186,10 +196,17 @@ class Release:
     eagle: bool = True
     #: Whether the kit's MLA configurations run on it (checked on 0.33.0 and 0.34.0).
     mla: bool = True
+    #: Whether the kit's sliding-window-variant configurations (R-SWA, sinks, circular
+    #: buffers) run on it: 0.34.0 (checked); 0.33.0 has the three managers too and
+    #: 0.27.1 R-SWA's and the sink's, not run yet.
+    swa_variants: bool = True
 
     def takes(self, configuration: str) -> bool:
         """Whether the kit's ``configuration`` (a V1 manager machine's) runs on it."""
         if configuration in EAGLE_GROUPS and not self.eagle:
+            return False
+        kinds = {kind for kind, _ in CONFIGURATIONS.get(configuration, ())}
+        if kinds & set(_VARIANT_KINDS) and not self.swa_variants:
             return False
         return self.mla or "MLA" not in configuration
 
@@ -205,6 +222,7 @@ RELEASES: dict[str, Release] = {
         probes_cached_tokens=False,
         partial_hit_limit=False,
         eagle=False,
+        swa_variants=False,
     ),
     "0.27.1": Release(
         "0.27.1",
@@ -217,6 +235,7 @@ RELEASES: dict[str, Release] = {
         exact_hashes=False,
         eagle=False,
         mla=False,
+        swa_variants=False,
     ),
 }
 DEFAULT_RELEASE = "0.34.0"
@@ -352,6 +371,9 @@ def manager(
     return ManagerTarget(target, math.gcd(*sizes)), caps
 
 
+#: the sliding-window variants' kinds (the machine's names; given vLLM specs by their
+#: pagedkv spec's class: an R-SWA and a sink spec are full attention's kind)
+_VARIANT_KINDS = ("rswa", "sink_full_attention", "circular_buffer")
 #: the group kinds :func:`hybrid_kv_cache_manager` gives vLLM specs of
 _MAPPED_KINDS = (
     "full_attention",
@@ -361,6 +383,7 @@ _MAPPED_KINDS = (
     "cross_attention",
     "mla_attention",
     "sliding_window_mla",
+    *_VARIANT_KINDS,
 )
 
 #: The kit's group configurations vLLM is run in: those whose groups share one block
@@ -373,6 +396,14 @@ SAME_BLOCK_SIZE = tuple(
     for name, groups in CONFIGURATIONS.items()
     if len({scale for _, scale in groups}) == 1 and all(kind in _MAPPED_KINDS for kind, _ in groups)
 )
+
+
+#: the variants' kinds by their pagedkv spec's class name
+_VARIANT_OF = {
+    "RSWASpec": "rswa",
+    "SinkFullAttentionSpec": "sink_full_attention",
+    "CircularBufferSpec": "circular_buffer",
+}
 
 
 def hybrid_kv_cache_manager(
@@ -390,7 +421,10 @@ def hybrid_kv_cache_manager(
     scheduler block size the LCM of the block sizes, the hash block size their GCD (as
     pagedkv's defaults); ``eagle``: vLLM's ``use_eagle`` and ``num_prefill_lookahead``
     keywords. The layers' heads and dtype only size pages."""
-    kinds = [g.kv_cache_spec.kind for g in kv_cache_config.kv_cache_groups]
+    kinds = [
+        _VARIANT_OF.get(type(g.kv_cache_spec).__name__, g.kv_cache_spec.kind)
+        for g in kv_cache_config.kv_cache_groups
+    ]
     unmapped = [k for k in kinds if k not in _MAPPED_KINDS]
     if unmapped:
         raise UnsupportedCall(
@@ -410,7 +444,14 @@ def hybrid_kv_cache_manager(
             "head_size": 64,
             "dtype": torch.float16,
         }
-        if spec.kind == "mamba":
+        variant = _VARIANT_OF.get(type(spec).__name__)
+        if variant == "rswa":
+            vspec = iface.RSWASpec(**common, rswa_window=spec.rswa_window)
+        elif variant == "sink_full_attention":
+            vspec = iface.SinkFullAttentionSpec(**common, sink_len=spec.sink_len)
+        elif variant == "circular_buffer":
+            vspec = iface.CircularBufferSpec(**common)
+        elif spec.kind == "mamba":
             vspec = iface.MambaSpec(
                 block_size=spec.block_size,
                 shapes=((1, 1),),
@@ -630,6 +671,12 @@ def _group_of(manager: Any) -> GroupSpec:
         )
     if kind == "CrossAttentionSpec":
         return GroupSpec(CROSS, manager.block_size)
+    if kind == "RSWASpec":
+        return GroupSpec(RSWA, manager.block_size, spec.rswa_window, eagle=eagle)
+    if kind == "CircularBufferSpec":
+        return GroupSpec(RING, manager.block_size)
+    if kind == "SinkFullAttentionSpec":
+        return GroupSpec(FULL, manager.block_size, eagle=eagle, sink_len=spec.sink_len)
     return GroupSpec(FULL, manager.block_size, eagle=eagle, mla=kind == "MLAAttentionSpec")
 
 
@@ -786,8 +833,14 @@ class ManagerTarget(RequestMirror):
     def free(self, r: Any) -> None:
         self.manager.free(self.request(r))
 
-    def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int) -> None:
-        self.manager.remove_skipped_blocks(request_id, processed_computed_tokens)
+    def remove_skipped_blocks(
+        self,
+        request_id: str,
+        processed_computed_tokens: int,
+        num_prompt_tokens: int | None = None,
+    ) -> None:
+        # every release run (0.27.1 on) takes the prompt length (R-SWA's gap)
+        self.manager.remove_skipped_blocks(request_id, processed_computed_tokens, num_prompt_tokens)
 
     def evict_blocks(self, block_ids: Any) -> None:
         self.manager.evict_blocks(set(block_ids))  # vLLM takes a set

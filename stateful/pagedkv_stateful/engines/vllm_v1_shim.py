@@ -418,6 +418,77 @@ class SlidingWindowMLASpec(pv1.SlidingWindowMLASpec):
         self.__post_init__()
 
 
+# ---------------------------------------------------------- the sliding-window variants
+
+
+@dataclass(frozen=True, init=False)
+class RSWASpec(pv1.RSWASpec):
+    """vLLM's ``RSWASpec(block_size, num_kv_heads, head_size, dtype, rswa_window, ...)``
+    over pagedkv's."""
+
+    dtype: Any = None
+
+    def __init__(
+        self,
+        block_size: int,
+        num_kv_heads: int = 1,
+        head_size: int = 1,
+        dtype: Any = None,
+        rswa_window: int = 1,
+        **more: Any,
+    ) -> None:
+        _attention_fields(self, "RSWASpec", block_size, num_kv_heads, head_size, dtype, more)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "rswa_window", rswa_window)
+        self.__post_init__()
+
+
+@dataclass(frozen=True, init=False)
+class SinkFullAttentionSpec(pv1.SinkFullAttentionSpec):
+    """vLLM's ``SinkFullAttentionSpec(block_size, num_kv_heads, head_size, dtype,
+    sink_len, ...)`` over pagedkv's."""
+
+    dtype: Any = None
+
+    def __init__(
+        self,
+        block_size: int,
+        num_kv_heads: int = 1,
+        head_size: int = 1,
+        dtype: Any = None,
+        sink_len: int = 0,
+        **more: Any,
+    ) -> None:
+        _attention_fields(
+            self, "SinkFullAttentionSpec", block_size, num_kv_heads, head_size, dtype, more
+        )
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "sink_len", sink_len)
+        self.__post_init__()
+
+
+@dataclass(frozen=True, init=False)
+class CircularBufferSpec(pv1.CircularBufferSpec):
+    """vLLM's ``CircularBufferSpec(block_size, num_kv_heads, head_size, dtype, ...)``
+    over pagedkv's (``head_size_v`` sizes pages only)."""
+
+    dtype: Any = None
+
+    def __init__(
+        self,
+        block_size: int,
+        num_kv_heads: int = 1,
+        head_size: int = 1,
+        dtype: Any = None,
+        **more: Any,
+    ) -> None:
+        _attention_fields(
+            self, "CircularBufferSpec", block_size, num_kv_heads, head_size, dtype, more
+        )
+        object.__setattr__(self, "dtype", dtype)
+        self.__post_init__()
+
+
 @dataclass(frozen=True, init=False)
 class ChunkedLocalAttentionSpec(pv1.ChunkedLocalAttentionSpec):
     """vLLM's ``ChunkedLocalAttentionSpec(block_size, num_kv_heads, head_size, dtype,
@@ -1045,6 +1116,65 @@ class ChunkedLocalAttentionManager(_VllmWindowed, pv1.ChunkedLocalAttentionManag
     """vLLM's ``ChunkedLocalAttentionManager`` over pagedkv's (:class:`_VllmWindowed`)."""
 
 
+class RSWAManager(FullAttentionManager, pv1.RSWAManager):
+    """vLLM's ``RSWAManager`` over pagedkv's: full attention's arguments, and
+    ``remove_skipped_blocks`` told the prompt length."""
+
+    def remove_skipped_blocks(
+        self,
+        request_id: str,
+        processed_computed_tokens: int = 0,
+        num_prompt_tokens: int | None = None,
+    ) -> None:
+        """pagedkv's R-SWA gap (nothing without ``num_prompt_tokens``)."""
+        pv1.RSWAManager.remove_skipped_blocks(
+            self, request_id, processed_computed_tokens, num_prompt_tokens
+        )
+
+
+class SinkFullAttentionManager(FullAttentionManager, pv1.SinkFullAttentionManager):
+    """vLLM's ``SinkFullAttentionManager`` over pagedkv's (full attention's arguments)."""
+
+
+class CircularBufferManager(_VllmManagerCalls, pv1.CircularBufferManager):  # type: ignore[misc]  # vLLM's argument shapes over the ring's
+    """vLLM's ``CircularBufferManager`` over pagedkv's. ``needs_kv_cache_zeroing`` is
+    taken: a ring's block is never zeroed (vLLM records no id of it), so there is no id
+    to hand over; ``max_admission_blocks_per_request`` is its one block."""
+
+    records_new_block_ids = False
+
+    def __init__(
+        self,
+        kv_cache_spec: pv1.KVCacheSpec,
+        block_pool: pv1.BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        scheduler_block_size: int | None = None,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        needs_kv_cache_zeroing: bool = False,
+        max_admission_blocks_per_request: int | None = None,
+    ) -> None:
+        _only_default(PLANNING, "CircularBufferManager(dcp_world_size", dcp_world_size, 1)
+        _only_default(PLANNING, "CircularBufferManager(pcp_world_size", pcp_world_size, 1)
+        super().__init__(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id)
+
+    def take_new_block_ids(self) -> list[int]:
+        """The new block ids to zero: never any of a ring."""
+        return []
+
+    def cache_blocks(self, request: Any, num_tokens: int, *args: Any, **kwargs: Any) -> None:
+        """Nothing: a ring block is never cached (vLLM's ``replay_boundaries`` taken)."""
+
+
+def get_kv_cache_spec_sliding_window(kv_cache_spec: pv1.KVCacheSpec) -> int | None:
+    """vLLM's: a sliding-window spec's window (its MLA form's too), else None (what
+    pagedkv's events carry as ``kv_cache_spec_sliding_window``)."""
+    if isinstance(kv_cache_spec, pv1.SlidingWindowSpec):
+        return kv_cache_spec.sliding_window
+    return None
+
+
 def get_manager_for_kv_cache_spec(
     kv_cache_spec: pv1.KVCacheSpec,
     max_in_flight_tokens: int = 0,
@@ -1056,6 +1186,12 @@ def get_manager_for_kv_cache_spec(
     spec (a windowed one bounded as vLLM's: pagedkv's factory computes the bound)."""
     if role is not None:
         _out(HISPARSE, f"get_manager_for_kv_cache_spec(role={role!r})")
+    if isinstance(kv_cache_spec, pv1.RSWASpec):
+        return RSWAManager(kv_cache_spec, **kwargs)
+    if isinstance(kv_cache_spec, pv1.SinkFullAttentionSpec):
+        return SinkFullAttentionManager(kv_cache_spec, **kwargs)
+    if isinstance(kv_cache_spec, pv1.CircularBufferSpec):
+        return CircularBufferManager(kv_cache_spec, **kwargs)
     if isinstance(kv_cache_spec, pv1.FullAttentionSpec):
         return FullAttentionManager(kv_cache_spec, **kwargs)
     if isinstance(kv_cache_spec, pv1.MambaSpec):
@@ -1411,6 +1547,9 @@ MAPPED: dict[str, Callable[[types.ModuleType], None]] = {
             "ChunkedLocalAttentionManager": ChunkedLocalAttentionManager,
             "MambaManager": MambaManager,
             "CrossAttentionManager": CrossAttentionManager,
+            "RSWAManager": RSWAManager,
+            "SinkFullAttentionManager": SinkFullAttentionManager,
+            "CircularBufferManager": CircularBufferManager,
             "get_manager_for_kv_cache_spec": get_manager_for_kv_cache_spec,
         }
     ),
@@ -1432,6 +1571,10 @@ MAPPED: dict[str, Callable[[types.ModuleType], None]] = {
             "ChunkedLocalAttentionSpec": ChunkedLocalAttentionSpec,
             "MambaSpec": MambaSpec,
             "CrossAttentionSpec": CrossAttentionSpec,
+            "RSWASpec": RSWASpec,
+            "SinkFullAttentionSpec": SinkFullAttentionSpec,
+            "CircularBufferSpec": CircularBufferSpec,
+            "get_kv_cache_spec_sliding_window": get_kv_cache_spec_sliding_window,
             "KVCacheGroupSpec": KVCacheGroupSpec,
             "KVCacheTensor": KVCacheTensor,
             "KVCacheConfig": KVCacheConfig,
@@ -1475,11 +1618,6 @@ NAME_REASONS: dict[str, str] = {
     "compute_mamba_prefill_checkpoints": MAMBA,
     "new_mamba_spec": MAMBA,
     "new_mla_spec": MLA,
-    "SinkFullAttentionSpec": WINDOW,
-    "RSWASpec": WINDOW,
-    "CircularBufferSpec": WINDOW,
-    "RSWAManager": WINDOW,
-    "CircularBufferManager": WINDOW,
     "null_head_len": WINDOW,
     "new_sliding_window_spec": WINDOW,
     "HiSparseHotSpec": HISPARSE,
@@ -1491,7 +1629,6 @@ NAME_REASONS: dict[str, str] = {
     "iter_layer_specs": MERGING,
     "is_full_attention_spec": MERGING,
     "get_kv_cache_spec_kind": MERGING,
-    "get_kv_cache_spec_sliding_window": WINDOW,
     # kv_cache_utils
     "BlockHashListWithBlockSize": HYBRID,
     "resolve_block_hashes": HYBRID,

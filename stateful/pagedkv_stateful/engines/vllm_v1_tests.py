@@ -139,6 +139,12 @@ DOCUMENTED: tuple[Documented, ...] = (
         "nobody holds it",
     ),
     Documented(
+        "test_rswa_remove_skipped_blocks_gap_range",
+        "stricter, intended",
+        "frees blocks made outside the pool (ref_cnt 0): BlockPoolError (vLLM counts below 0)",
+        "nobody holds it",
+    ),
+    Documented(
         "test_evictable_cached_blocks_not_double_allocated",
         "stricter, intended",
         "adopts a free block that is not cached as a hit: BlockPoolError (its KV may be anyone's)",

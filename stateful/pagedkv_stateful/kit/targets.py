@@ -117,10 +117,10 @@ V1_OFFLOAD_METHODS = (
     "on_reset_flushed",
 )
 V1_IMPORTS = (
-    "from pagedkv.v1 import ChunkedLocalAttentionSpec, CrossAttentionSpec, FullAttentionSpec, "
-    "KVCacheConfig, KVCacheGroupSpec, LoRARequest, MLAAttentionSpec, MambaSpec, "
-    "MultiModalFeatureSpec, PlaceholderRange, Request, RequestStatus, SlidingWindowMLASpec, "
-    "SlidingWindowSpec, get_request_block_hasher"
+    "from pagedkv.v1 import ChunkedLocalAttentionSpec, CircularBufferSpec, CrossAttentionSpec, "
+    "FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, LoRARequest, MLAAttentionSpec, "
+    "MambaSpec, MultiModalFeatureSpec, PlaceholderRange, RSWASpec, Request, RequestStatus, "
+    "SinkFullAttentionSpec, SlidingWindowMLASpec, SlidingWindowSpec, get_request_block_hasher"
 )
 OFFLOAD_IMPORTS = "from pagedkv.v1.offload import ReqContext"
 #: What a caching-manager-level target must have besides the manager's methods.

@@ -13,7 +13,10 @@ request of one id, a step whose computed tokens were not counted), each checked 
 with nothing changed. The model's groups are one of :data:`CONFIGURATIONS`: full attention,
 sliding window, or a hybrid of full attention with sliding-window or chunked-local
 groups (windows and chunks a few blocks long, so blocks leave them within a few steps;
-one hybrid with two block sizes, one with two groups of one spec). Requests come from a
+one hybrid with two block sizes, one with two groups of one spec), and the sliding-window
+variants: R-SWA (alone, beside full attention or a sliding window, with EAGLE), a sink
+group beside full attention, circular buffers beside full attention and a sliding window
+(and with EAGLE). Requests come from a
 few shared prompts with overlapping identities (LoRA name / path, cache salt,
 multimodal ids from small sets), so hits, partial hits, duplicates and isolation all
 happen in a few steps.
@@ -22,7 +25,8 @@ Every call goes to the target (a :class:`~pagedkv.v1.KVCacheManager`, or whateve
 :meth:`V1ManagerMachine.make_manager` returns) and to the spec
 (:mod:`pagedkv_spec.v1.manager`); results are compared, and after every step the
 target's state (``to_spec()``) must equal the spec's and satisfy every V1 state
-invariant of the registry (V1-1..V1-5, V1-10, V1-11, V1-13, V1-14, V1-17, V1-18). A
+invariant of the registry (V1-1..V1-5, V1-10, V1-11, V1-13, V1-14, V1-17, V1-18,
+V1-21..V1-23). A
 failure is a :class:`~pagedkv_stateful.adapters.Violation` (an ``AssertionError``) named
 by the broken invariant's label.
 
@@ -69,7 +73,12 @@ from pagedkv.v1 import (
     SlidingWindowSpec,
     get_request_block_hasher,
 )
-from pagedkv.v1.kv_cache_interface import KVCacheSpec
+from pagedkv.v1.kv_cache_interface import (
+    CircularBufferSpec,
+    KVCacheSpec,
+    RSWASpec,
+    SinkFullAttentionSpec,
+)
 from pagedkv_spec.errors import InvariantViolationError, PagedKVError
 from pagedkv_spec.invariants import check, holds
 from pagedkv_spec.v1 import manager as spec
@@ -80,6 +89,8 @@ from pagedkv_spec.v1.manager import (
     CROSS,
     FULL,
     MAMBA,
+    RING,
+    RSWA,
     SLIDING,
     GroupSpec,
     ManagerState,
@@ -107,6 +118,8 @@ __all__ = [
 #: the machine's names of the MLA kinds (the spec's :data:`FULL` and :data:`SLIDING`
 #: groups flagged ``mla``)
 MLA, SLIDING_MLA = "mla_attention", "sliding_window_mla"
+#: the machine's name of a sink group (the spec's :data:`FULL` with ``sink_len``)
+SINK = "sink_full_attention"
 #: prompts share prefixes: a few bases, then a short random tail
 BASES = ((1, 2, 3, 4, 5, 6, 7, 8, 9), (1, 2, 3, 4, 9, 9, 9, 9), (5, 5, 5, 5, 5, 5))
 #: identities mostly absent, so hits are common; when present they overlap: LoRA "a" at two
@@ -161,6 +174,16 @@ CONFIGURATIONS: dict[str, tuple[tuple[str, int], ...]] = {
     # a target model (full + sliding window) and its EAGLE draft's full-attention group,
     # the only group flagged is_eagle_group (a spec of its own: MLA)
     "sliding window + full + EAGLE draft": ((SLIDING, 1), (FULL, 1), (MLA, 1)),
+    # the sliding-window variants: R-SWA's gap after the prompt, attention sinks (full
+    # attention, a spec of its own), a circular buffer (one ring block per request)
+    "R-SWA": ((RSWA, 1),),
+    "full + R-SWA": ((FULL, 1), (RSWA, 1)),
+    "sliding window + R-SWA": ((SLIDING, 1), (RSWA, 1)),
+    "full + sink": ((FULL, 1), (SINK, 1)),
+    "full + circular buffer": ((FULL, 1), (RING, 1)),
+    "sliding window + circular buffer": ((SLIDING, 1), (RING, 1)),
+    "R-SWA + EAGLE": ((RSWA, 1),),
+    "full + sliding window + circular buffer + EAGLE": ((FULL, 1), (SLIDING, 1), (RING, 1)),
 }
 #: The EAGLE configurations: the groups flagged ``is_eagle_group`` (none: every group
 #: takes the drop), for a manager with ``use_eagle`` and a drawn ``num_prefill_lookahead``.
@@ -172,6 +195,8 @@ EAGLE_GROUPS: dict[str, tuple[int, ...]] = {
     "full (2x blocks) + sliding window + EAGLE": (),
     "full + sliding window + sliding window MLA + EAGLE": (),
     "sliding window + full + EAGLE draft": (2,),
+    "R-SWA + EAGLE": (),
+    "full + sliding window + circular buffer + EAGLE": (),
 }
 #: the kinds a configuration of which runs with caching off (vLLM turns it off)
 UNCACHED_KINDS = (CROSS,)
@@ -185,6 +210,12 @@ def ids_of(blocks: KVCacheBlocks) -> tuple[tuple[int, ...], ...]:
 
 
 def _kv_spec(group: GroupSpec) -> KVCacheSpec:
+    if group.kind == RSWA:
+        return RSWASpec(group.block_size, rswa_window=group.window)
+    if group.kind == RING:
+        return CircularBufferSpec(group.block_size)
+    if group.sink_len:
+        return SinkFullAttentionSpec(group.block_size, sink_len=group.sink_len)
     if group.kind == MAMBA:
         return MambaSpec(
             group.block_size,
@@ -205,6 +236,12 @@ def _kv_spec(group: GroupSpec) -> KVCacheSpec:
 
 
 def _spec_source(group: GroupSpec) -> str:
+    if group.kind == RSWA:
+        return f"RSWASpec({group.block_size}, rswa_window={group.window})"
+    if group.kind == RING:
+        return f"CircularBufferSpec({group.block_size})"
+    if group.sink_len:
+        return f"SinkFullAttentionSpec({group.block_size}, sink_len={group.sink_len})"
     if group.kind == MAMBA:
         return (
             f"MambaSpec({group.block_size}, mamba_cache_mode={group.mamba_cache_mode!r}, "
@@ -363,12 +400,15 @@ class V1ManagerMachine(V1LockstepMachine):
         kinds = dict(CONFIGURATIONS[name])
         windows = {  # one window per kind: groups of one kind share their spec
             kind: data.draw(st.integers(1, 3 * block_size + 2), label=f"{kind} window")
-            if kind in (SLIDING, SLIDING_MLA)
+            if kind in (SLIDING, SLIDING_MLA, RSWA)
             # a chunk is whole blocks (as real models have it; pagedkv refuses others)
             else block_size * data.draw(st.integers(1, 3), label="chunk blocks")
             for kind in kinds
-            if kind in (SLIDING, SLIDING_MLA, CHUNKED)
+            if kind in (SLIDING, SLIDING_MLA, CHUNKED, RSWA)
         }
+        sink = 0
+        if SINK in kinds:
+            sink = block_size * data.draw(st.integers(1, 2), label="sink blocks")
         if any(k in UNCACHED_KINDS for k in kinds):
             caching = False
         mode, scratch = "", 0
@@ -379,10 +419,11 @@ class V1ManagerMachine(V1LockstepMachine):
             scratch = data.draw(st.sampled_from((0, 0, 1)), label="speculative blocks")
         groups = tuple(
             GroupSpec(
-                _MLA_KINDS.get(kind, kind),
+                _MLA_KINDS.get(kind, FULL if kind == SINK else kind),
                 block_size * scale,
                 windows.get(kind, 0),
                 mla=kind in _MLA_KINDS,
+                sink_len=sink if kind == SINK else 0,
             )
             if kind != MAMBA
             else GroupSpec(
@@ -523,6 +564,7 @@ class V1ManagerMachine(V1LockstepMachine):
             hash_block_size=r.hash_block_size,
             has_block_hasher=r.has_block_hasher,
             instance=id(r),
+            num_prompt_tokens=r.num_prompt_tokens,
         )
 
     def with_requests(self, m: ManagerState) -> ManagerState:
@@ -750,9 +792,9 @@ class V1ManagerMachine(V1LockstepMachine):
         self._enter("remove_skipped_blocks")
         self._call(
             f"mgr.remove_skipped_blocks({rid!r}, {processed})",
-            lambda: self.target.remove_skipped_blocks(rid, processed),
+            lambda: self.target.remove_skipped_blocks(rid, processed, r.num_prompt_tokens),
         )
-        self.model = spec.remove_skipped_blocks(self.model, rid, processed)
+        self.model = spec.remove_skipped_blocks(self.model, rid, processed, r.num_prompt_tokens)
 
     @precondition(lambda self: self.delayed)
     @rule(data=st.data())
@@ -864,6 +906,8 @@ class V1ManagerMachine(V1LockstepMachine):
         ids = ids_of(blocks)
         view = self.view(r)  # the request does not change until allocate_slots
         for g, group in enumerate(self.model.specs):
+            if group.kind == RING:  # never part of a hit (V1-22): its blocks stay empty
+                continue
             if not holds("V1-12", len(ids[g]), hit, group.block_size):
                 self.violate(
                     "V1-12",
@@ -1167,6 +1211,7 @@ class V1ManagerMachine(V1LockstepMachine):
         for layer_state, ids in (
             (actual.pool, ("V1-1", "V1-3", "V1-4")),
             (actual, ("V1-2", "V1-5", "V1-10", "V1-11", "V1-13", "V1-17", "V1-18")),
+            (actual, ("V1-21", "V1-22", "V1-23")),  # the sliding-window variants
         ):
             try:
                 check("v1", layer_state, where, ids=ids)
@@ -1573,4 +1618,7 @@ def v1_after_step_ids() -> set[str]:
         "V1-14",
         "V1-17",
         "V1-18",
+        "V1-21",
+        "V1-22",
+        "V1-23",
     }
