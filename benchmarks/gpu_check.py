@@ -75,7 +75,12 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The test files that hold ``@pytest.mark.cuda`` tests (a test checks this list).
-CUDA_TEST_FILES = ("tests/test_cache.py", "tests/test_copy_handle.py", "tests/test_simulator.py")
+CUDA_TEST_FILES = (
+    "tests/test_cache.py",
+    "tests/test_copy_handle.py",
+    "tests/test_offload_worker.py",
+    "tests/test_simulator.py",
+)
 #: (label, num_layers, num_kv_heads, head_size, block_size), float16: ~64 KiB and ~1 MiB blocks.
 BLOCK_SHAPES = (("64KiB", 4, 4, 64, 16), ("1MiB", 16, 8, 128, 16))
 BATCH = 256  # blocks per call: 16 MiB and 256 MiB

@@ -57,6 +57,7 @@ from pagedkv.errors import (
     DuplicateOffloadKeyError,
     DuplicateOffloadRequestError,
     DuplicateRequestError,
+    DuplicateTransferJobError,
     EvictorError,
     ForeignBlockError,
     ImmutableBlockError,
@@ -99,12 +100,15 @@ from pagedkv.errors import (
     SweepPointError,
     TableAlreadyAllocatedError,
     TableNotAllocatedError,
+    TransferConflictError,
     UnknownOffloadRequestError,
     UnknownSequenceError,
+    UnknownTransferJobError,
     WorkloadError,
 )
 from pagedkv.kv.attention import build_attention_inputs, paged_attention_reference
 from pagedkv.kv.cache import KVCacheConfig, KVCacheEngine
+from pagedkv.kv.offload_worker import OffloadWorker
 from pagedkv.radix import PagedTokenAllocator, RadixCache, RadixKey, RadixRequest
 from pagedkv.serving import cli, resources, run_config, sweep, traces
 from pagedkv.serving.capacity import plan_capacity
@@ -4237,6 +4241,41 @@ RADIX_MESSAGES = [
 ]
 
 
+# ---------------------------------------------------------------------------- offload_worker.py
+
+
+def _worker_with_jobs() -> OffloadWorker:
+    """A deferred worker over :func:`_engine` with job 1 storing block 0 into chunk 0."""
+    worker = OffloadWorker(_engine(), deferred=True)
+    worker.submit_store(1, [0], [0])
+    return worker
+
+
+OFFLOAD_WORKER_MESSAGES = [
+    case(
+        "offload worker: an unknown job",
+        lambda: _worker_with_jobs().execute(2),
+        UnknownTransferJobError,
+        "cannot execute job 2: no such job is in flight; name a job submitted and not yet "
+        "reported by get_finished()",
+    ),
+    case(
+        "offload worker: a job id in flight",
+        lambda: _worker_with_jobs().submit_load(1, [1], [1]),
+        DuplicateTransferJobError,
+        "job 1 is already in flight; give each job a fresh id, or wait for get_finished() "
+        "to report it first",
+    ),
+    case(
+        "offload worker: a load into a block a store reads",
+        lambda: _worker_with_jobs().submit_load(2, [1], [0]),
+        TransferConflictError,
+        "job 2 would write GPU block 0, which job 1 in flight reads; jobs finish in any "
+        "order, so wait for job 1 (get_finished or wait) before submitting it",
+    ),
+]
+
+
 MESSAGES = [
     *ALLOCATOR_MESSAGES,
     *CACHING_MESSAGES,
@@ -4254,6 +4293,7 @@ MESSAGES = [
     *V1_SCHEDULER_MESSAGES,
     *SWEEP_MESSAGES,
     *OFFLOAD_MESSAGES,
+    *OFFLOAD_WORKER_MESSAGES,
     *RADIX_MESSAGES,
 ]
 

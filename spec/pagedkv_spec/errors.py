@@ -30,6 +30,7 @@ __all__ = [
     "DuplicateOffloadRequestError",
     "DuplicateRequestError",
     "DuplicateSequenceIdError",
+    "DuplicateTransferJobError",
     "EvictorError",
     "ForeignBlockError",
     "ImmutableBlockError",
@@ -79,9 +80,12 @@ __all__ = [
     "SweepPointError",
     "TableAlreadyAllocatedError",
     "TableNotAllocatedError",
+    "TransferConflictError",
+    "TransferJobError",
     "UnknownOffloadRequestError",
     "UnknownRequestError",
     "UnknownSequenceError",
+    "UnknownTransferJobError",
     "WorkloadError",
 ]
 
@@ -474,6 +478,61 @@ class KVTensorMismatchError(KVCacheError, TypeError):
         self.actual = actual
         super().__init__(
             f"{name}: expected {expected}, got {actual}; convert the argument before the call"
+        )
+
+
+# --------------------------------------------------------------------------- offload worker
+
+
+class TransferJobError(KVCacheError):
+    """A call on the offload worker (:class:`pagedkv.kv.offload_worker.OffloadWorker`)
+    that names a job it cannot take: an unknown one, one already in flight, or one whose
+    blocks or chunks race a job in flight."""
+
+
+class UnknownTransferJobError(TransferJobError, KeyError):
+    """A job id the worker has no job in flight for (never submitted, or already reported
+    by ``get_finished``)."""
+
+    def __init__(self, job_id: int, operation: str) -> None:
+        self.job_id = job_id
+        self.operation = operation
+        super().__init__(
+            f"cannot {operation} job {job_id}: no such job is in flight; name a job "
+            "submitted and not yet reported by get_finished()"
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DuplicateTransferJobError(TransferJobError):
+    """A job id submitted while a job of that id is still in flight."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        super().__init__(
+            f"job {job_id} is already in flight; give each job a fresh id, or wait for "
+            "get_finished() to report it first"
+        )
+
+
+class TransferConflictError(TransferJobError):
+    """A job that would write a block or chunk a job in flight reads or writes, or read
+    one a job in flight writes: jobs complete in any order, so its bytes would depend on
+    which finishes first."""
+
+    def __init__(
+        self, job_id: int, action: str, where: str, block_id: int, other: int, other_action: str
+    ) -> None:
+        self.job_id = job_id
+        self.where = where
+        self.block_id = block_id
+        self.other = other
+        super().__init__(
+            f"job {job_id} would {action} {where} {block_id}, which job {other} in flight "
+            f"{other_action}; jobs finish in any order, so wait for job {other} "
+            "(get_finished or wait) before submitting it"
         )
 
 
