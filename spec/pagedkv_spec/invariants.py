@@ -22,7 +22,8 @@ An :class:`Invariant` has:
                loads in flight, O8 a tier, the replayed events and whether events are on)
                ``v1scheduler`` (the reference V1 scheduler, ids ``S1``..) or ``radix``
                (SGLang's radix prefix cache, ids ``R1``..; state predicates take a
-               :class:`~pagedkv_spec.radix.state.CacheState`)
+               :class:`~pagedkv_spec.radix.state.CacheState`) or ``offload_data`` (the
+               offload tier's data plane, ids ``OD1``..: the KV bytes across tiers)
     kind       ``state``: a predicate over one state, checked after every step;
                ``step``: over one transition, checked after each step making it
     predicate  the spec function that decides it
@@ -52,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedkv_spec import kv, scheduler
+from pagedkv_spec import offload_data as od
 from pagedkv_spec.errors import InvariantViolationError
 from pagedkv_spec.radix import pool as rpool
 from pagedkv_spec.radix import state as rstate
@@ -88,6 +90,7 @@ LAYERS = (
     "v1scheduler",
     "offload",
     "radix",
+    "offload_data",
 )
 
 
@@ -537,6 +540,26 @@ def _entries() -> Iterable[Invariant]:
     )
     for id_, predicate, meaning, kind in offload:
         yield inv(id_, predicate, meaning, "offload", kind)
+    # the offload tier's data plane (pagedkv.kv.offload_worker): the KV bytes across tiers
+    offload_data: tuple[tuple[str, Callable[..., bool], str], ...] = (
+        (
+            "OD1",
+            od.loads_read_stored_kv,
+            "a block a request reads, computed or loaded, holds its prompt's first writer's KV",
+        ),
+        (
+            "OD2",
+            od.chunks_hold_stored_kv,
+            "a ready chunk holds its key's KV: no failed store announced, no reused block read",
+        ),
+        (
+            "OD3",
+            od.jobs_reported_once,
+            "a worker reports only jobs in flight, each once, and every one complete",
+        ),
+    )
+    for id_, predicate, meaning in offload_data:
+        yield inv(id_, predicate, meaning, "offload_data", "step")
     # SGLang's radix prefix cache (pagedkv.radix). NOTE: the order is the order of
     # causes: a namespace or shape fault first, counters before the conservation they
     # also break, a lost page (R2) before the sizes it unbalances (R1).
