@@ -30,9 +30,11 @@ class _LoadsTheNextChunk(OffloadWorker):
     """OD1 (worker): a load copies from the chunk after the one it names."""
 
     def _issue(self, job_id: int, job: Any) -> None:
-        if job.kind.value == "load":
-            job.src = [(c + 1) % self.num_chunks for c in job.src]
+        named = job.src
+        if job.kind.value == "load":  # the copy's ids only: the bookkeeping stays right
+            job.src = [(c + 1) % self.num_chunks for c in named]
         super()._issue(job_id, job)
+        job.src = named
 
 
 class _ReportsTwice(OffloadWorker):

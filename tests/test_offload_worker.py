@@ -202,3 +202,17 @@ def test_cuda_store_and_load_run_on_the_side_stream_into_pinned_chunks() -> None
     w.wait([2])
     assert w.get_finished() == [TransferResult(2, True, 32 * e.config.block_bytes)]
     assert torch.equal(e.storage("gpu")[32:64], want)
+
+
+def test_the_cpu_benchmark_prints_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/bench_offload_worker.py runs (figures only: no timing is asserted)."""
+    from benchmarks import bench_offload_worker
+
+    assert bench_offload_worker.main(["--quick", "--min-time", "0"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [r.split()[1:4] for r in rows] == [
+        ["store", "16", "runs"],
+        ["store", "16", "random"],
+        ["load", "16", "runs"],
+        ["load", "16", "random"],
+    ]

@@ -93,8 +93,9 @@ class OffloadWorker:
 
     Representation: ``_jobs`` holds every job submitted and not yet reported, by id, in
     submission order; ``_issued`` the ids whose copy has been issued (or skipped, for a
-    failed deferred job), in issue order; ``_users`` maps ``(tier, id)`` to the jobs in
-    flight that read (``"r"``) or write (``"w"``) it, for the conflict check.
+    failed deferred job), in issue order. For the conflict check, per tier and block (or
+    chunk) id: ``_writer`` the job in flight writing it (None: none), ``_readers`` how
+    many reads of it the jobs in flight make. Lists indexed by id: O(1) per block.
     """
 
     def __init__(self, engine: KVCacheEngine, *, deferred: bool = False) -> None:
@@ -107,7 +108,12 @@ class OffloadWorker:
         self.deferred = bool(deferred)
         self._jobs: dict[int, _Job] = {}
         self._issued: dict[int, None] = {}
-        self._users: dict[tuple[Device, int], dict[int, str]] = {}
+        c = engine.config
+        self._writer: dict[Device, list[int | None]] = {
+            Device.GPU: [None] * c.num_gpu_blocks,
+            Device.CPU: [None] * c.num_cpu_blocks,
+        }
+        self._readers = {Device.GPU: [0] * c.num_gpu_blocks, Device.CPU: [0] * c.num_cpu_blocks}
 
     @property
     def num_chunks(self) -> int:
@@ -208,9 +214,11 @@ class OffloadWorker:
         self._check_conflicts(job_id, src, src_tier, dst, dst_tier)
         job = _Job(kind, src, dst)
         self._jobs[job_id] = job
-        for tier, ids, mode in ((src_tier, src, "r"), (dst_tier, dst, "w")):
-            for block in ids:
-                self._users.setdefault((tier, block), {})[job_id] = mode
+        readers, writer = self._readers[src_tier], self._writer[dst_tier]
+        for block in src:
+            readers[block] += 1
+        for block in dst:
+            writer[block] = job_id
         if not self.deferred:
             self._issue(job_id, job)
 
@@ -218,23 +226,28 @@ class OffloadWorker:
         self, job_id: int, src: list[int], src_tier: Device, dst: list[int], dst_tier: Device
     ) -> None:
         """TransferConflictError if the job would read what a job in flight writes, or
-        write what one reads or writes. Complexity: O(n)."""
+        write what one reads or writes. Complexity: O(n) (O(jobs) more on an error)."""
         where = {Device.GPU: "GPU block", Device.CPU: "host chunk"}
-        for block in set(src):
-            for other, mode in self._users.get((src_tier, block), {}).items():
-                if mode == "w":
-                    raise TransferConflictError(
-                        job_id, "read", where[src_tier], block, other, "writes"
-                    )
+        writer = self._writer[src_tier]
+        for block in src:
+            other = writer[block]
+            if other is not None:
+                raise TransferConflictError(job_id, "read", where[src_tier], block, other, "writes")
+        writer, readers = self._writer[dst_tier], self._readers[dst_tier]
         for block in dst:
-            for other, mode in self._users.get((dst_tier, block), {}).items():
+            other = writer[block]
+            if other is not None:
                 raise TransferConflictError(
-                    job_id,
-                    "write",
-                    where[dst_tier],
-                    block,
-                    other,
-                    "reads" if mode == "r" else "writes",
+                    job_id, "write", where[dst_tier], block, other, "writes"
+                )
+            if readers[block]:
+                reader = next(
+                    i
+                    for i, j in self._jobs.items()
+                    if block in j.src and (j.kind is TransferKind.STORE) == (dst_tier is Device.GPU)
+                )
+                raise TransferConflictError(
+                    job_id, "write", where[dst_tier], block, reader, "reads"
                 )
 
     def _issue(self, job_id: int, job: _Job) -> None:
@@ -255,12 +268,11 @@ class OffloadWorker:
         del self._issued[job_id]
         store = job.kind is TransferKind.STORE
         src_tier, dst_tier = (Device.GPU, Device.CPU) if store else (Device.CPU, Device.GPU)
-        for tier, ids in ((src_tier, job.src), (dst_tier, job.dst)):
-            for block in ids:
-                users = self._users.get((tier, block), {})
-                users.pop(job_id, None)  # a store may read one block twice
-                if not users and (tier, block) in self._users:
-                    del self._users[tier, block]
+        readers, writer = self._readers[src_tier], self._writer[dst_tier]
+        for block in job.src:  # a store may read one block twice: counted twice
+            readers[block] -= 1
+        for block in job.dst:
+            writer[block] = None
         if job.failed:
             self.engine.fill(job.dst, FAILED_FILL, dst_tier)
             return TransferResult(job_id, False)
