@@ -106,6 +106,7 @@ SPEC_MODULES = (
     "pagedkv_spec.v0.table",
     "pagedkv_spec.scheduler",
     "pagedkv_spec.kv",
+    "pagedkv_spec.offload_data",
     "pagedkv_spec.harness",
     "pagedkv_spec.v1.pool",
     "pagedkv_spec.v1.manager",

@@ -66,4 +66,6 @@ def jobs_reported_once(
 def first_wrong(cells: DataCells) -> tuple[Hashable, int, Hashable, Hashable] | None:
     """The first cell whose held bytes are not the written ones (for a report), else None."""
     assert isinstance(cells, tuple)
-    return next((c for c in cells if c[2] != c[3]), None)
+    out = next((c for c in cells if c[2] != c[3]), None)
+    assert (out is None) == loads_read_stored_kv(cells) == chunks_hold_stored_kv(cells)
+    return out
