@@ -5,9 +5,10 @@ For each block shape (~64 KiB and ~1 MiB over all layers), batch (16 and 256 blo
 and id pattern (``runs``: consecutive ids, as a fresh tier hands them out; ``random``:
 scattered), it prints MB/s (bytes of KV moved per second, 1 MB = 10^6 bytes) of
 
-* ``worker``: one job through :class:`~pagedkv.kv.offload_worker.OffloadWorker`
-  (``submit_store`` GPU blocks -> host chunks, or ``submit_load`` back), waited for and
-  reported by ``get_finished``: the whole data-plane cost of one job;
+* ``worker``: one job (the connector's ``TransferJob``) through
+  :class:`~pagedkv.kv.offload_worker.OffloadWorker`'s ``transfer_async`` (a store: GPU
+  blocks -> host chunks; a load: back), waited for and reported by ``get_finished``:
+  the whole data-plane cost of one job;
 * ``swap``: the engine's own ``swap_out`` / ``swap_in`` of the same pairs, which the
   worker calls (so ``worker/swap`` is the worker's bookkeeping: validation, the
   conflict check, the report);
@@ -35,8 +36,10 @@ import torch
 from benchmarks.bench_cache import make_pairs, timed
 from pagedkv.kv.cache import KVCacheEngine
 from pagedkv.kv.offload_worker import OffloadWorker
+from pagedkv.v1.offload import make_offload_key
+from pagedkv.v1.offload.jobs import TransferJob
 
-__all__ = ["BATCHES", "BLOCK_SHAPES", "bench_row", "main"]
+__all__ = ["BATCHES", "BLOCK_SHAPES", "bench_row", "main", "transfer_job"]
 
 # (label, num_layers, num_kv_heads, head_size, block_size); float16.
 BLOCK_SHAPES = [("64KiB", 4, 4, 64, 16), ("1MiB", 16, 8, 128, 16)]
@@ -44,6 +47,15 @@ BATCHES = (16, 256)
 PATTERNS = ("runs", "random")
 #: the worker's job -> the engine swap it issues
 SWAP = {"store": "swap_out", "load": "swap_in"}
+
+
+def transfer_job(job_id: int, store: bool, src: list[int], dst: list[int]) -> TransferJob:
+    """The connector's record of one job over plain ids: a store copies GPU blocks
+    ``src`` into chunks ``dst``, a load chunks ``src`` into GPU blocks ``dst`` (one
+    block per chunk; the keys, which the worker does not read, are the chunk ids)."""
+    gpu, chunks = (src, dst) if store else (dst, src)
+    keys = tuple(make_offload_key(c.to_bytes(4, "big"), 0) for c in chunks)
+    return TransferJob(job_id, "bench", store, keys, tuple(chunks), tuple(gpu))
 
 
 def bench_row(
@@ -61,7 +73,7 @@ def bench_row(
     sync: Callable[[], None] = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     pairs = make_pairs(SWAP[op], n, pattern, rng)
     src, dst = [a for a, _ in pairs], [b for _, b in pairs]
-    submit = worker.submit_store if op == "store" else worker.submit_load
+    store = op == "store"
     swap = engine.swap_out if op == "store" else engine.swap_in
     nbytes = n * engine.config.block_bytes
     pin = dev.type == "cuda"
@@ -70,7 +82,7 @@ def bench_row(
 
     def run_worker() -> None:
         job_id = next(job_ids)
-        submit(job_id, src, dst)
+        worker.transfer_async(transfer_job(job_id, store, src, dst))
         worker.wait([job_id])
         worker.get_finished()
 

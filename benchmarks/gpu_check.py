@@ -58,6 +58,7 @@ from typing import NoReturn, TextIO
 import torch
 
 from benchmarks.bench_cache import make_pairs
+from benchmarks.bench_offload_worker import transfer_job
 from pagedkv.kv.cache import KVCacheEngine
 from pagedkv.kv.offload_worker import OffloadWorker, TransferResult
 
@@ -97,7 +98,7 @@ RESERVE_S = 5.0  # kept back from the benchmark for the table and the JSON
 PATTERNS = ("runs", "random")
 #: Engine operation -> the raw copy it is compared with.
 BASELINE = {"swap_out": "raw D2H", "swap_in": "raw H2D", "copy": "raw D2D"}
-#: The offload tier's jobs (the worker's ``submit_store`` / ``submit_load``) -> their raw copy.
+#: The offload tier's jobs (the worker's ``transfer_async``: a store, a load) -> their raw copy.
 TIER_BASELINE = {"store": "raw D2H", "load": "raw H2D"}
 
 Clock = Callable[[], float]
@@ -409,7 +410,7 @@ def _tier_calls(
     engine: KVCacheEngine, n: int, rng: random.Random
 ) -> dict[str, Callable[[], object]]:
     """The offload tier's jobs of ``n`` blocks, by id pattern: ``store`` (GPU blocks to
-    host chunks) and ``load`` (back), each one job through an
+    host chunks) and ``load`` (back), each one ``TransferJob`` through an
     :class:`~pagedkv.kv.offload_worker.OffloadWorker` on ``engine`` (its CPU tier the
     host chunks), submitted, waited for and reported."""
     worker = OffloadWorker(engine)
@@ -419,23 +420,18 @@ def _tier_calls(
         for pattern in PATTERNS:
             pairs = make_pairs(swap, n, pattern, rng)
             src, dst = [a for a, _ in pairs], [b for _, b in pairs]
-            submit = worker.submit_store if op == "store" else worker.submit_load
-            calls[f"{op} {pattern}"] = _tier_job(worker, submit, src, dst, job_ids)
+            calls[f"{op} {pattern}"] = _tier_job(worker, op == "store", src, dst, job_ids)
     return calls
 
 
 def _tier_job(
-    worker: OffloadWorker,
-    submit: Callable[[int, list[int], list[int]], None],
-    src: list[int],
-    dst: list[int],
-    job_ids: Iterator[int],
+    worker: OffloadWorker, store: bool, src: list[int], dst: list[int], job_ids: Iterator[int]
 ) -> Callable[[], object]:
-    """One job: submit, wait until complete in both tiers, take its report."""
+    """One job (``transfer_async``), waited for until complete in both tiers, reported."""
 
     def run() -> list[TransferResult]:
         job_id = next(job_ids)
-        submit(job_id, src, dst)
+        worker.transfer_async(transfer_job(job_id, store, src, dst))
         worker.wait([job_id])
         return worker.get_finished()
 

@@ -31,7 +31,7 @@ class _LoadsTheNextChunk(OffloadWorker):
 
     def _issue(self, job_id: int, job: Any) -> None:
         named = job.src
-        if job.kind.value == "load":  # the copy's ids only: the bookkeeping stays right
+        if not job.store:  # the copy's ids only: the bookkeeping stays right
             job.src = [(c + 1) % self.num_chunks for c in named]
         super()._issue(job_id, job)
         job.src = named

@@ -486,25 +486,9 @@ class KVTensorMismatchError(KVCacheError, TypeError):
 
 
 class TransferJobError(KVCacheError):
-    """A call on the offload worker (:class:`pagedkv.kv.offload_worker.OffloadWorker`)
-    that names a job it cannot take: an unknown one, one already in flight, or one whose
-    blocks or chunks race a job in flight."""
-
-
-class UnknownTransferJobError(TransferJobError, KeyError):
-    """A job id the worker has no job in flight for (never submitted, or already reported
-    by ``get_finished``)."""
-
-    def __init__(self, job_id: int, operation: str) -> None:
-        self.job_id = job_id
-        self.operation = operation
-        super().__init__(
-            f"cannot {operation} job {job_id}: no such job is in flight; name a job "
-            "submitted and not yet reported by get_finished()"
-        )
-
-    def __str__(self) -> str:
-        return str(self.args[0])
+    """A job the offload worker (:class:`pagedkv.kv.offload_worker.OffloadWorker`) cannot
+    take: one already in flight, or one whose blocks or chunks race a job in flight (a
+    job it has not in flight: :class:`UnknownTransferJobError`)."""
 
 
 class DuplicateTransferJobError(TransferJobError):
@@ -910,7 +894,8 @@ class ConnectorMisuseError(OffloadError, ValueError):
 class UnknownTransferJobError(OffloadError, KeyError):
     """A worker report names a transfer job the connector has not in flight (never
     issued, already completed, or reported by more workers than there are), or a failure
-    of a job it does not complete."""
+    of a job it does not complete; or a call on the offload worker names a job it has
+    not in flight (never submitted, or already reported by ``get_finished``)."""
 
     def __init__(self, job_id: object, detail: str) -> None:
         self.job_id = job_id

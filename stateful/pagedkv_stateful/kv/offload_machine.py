@@ -52,6 +52,7 @@ from pagedkv.v1.offload import (
     ReqContext,
     make_offload_key,
 )
+from pagedkv.v1.offload.jobs import TransferJob
 from pagedkv_spec.invariants import holds
 from pagedkv_spec.offload_data import DataCells, first_wrong
 from pagedkv_stateful.kv.machine import prefix_digest
@@ -78,6 +79,7 @@ PRELUDE = (
     "from pagedkv.kv.cache import KVCacheEngine",
     "from pagedkv.kv.offload_worker import OffloadWorker",
     "from pagedkv.v1.offload import CPUOffloadingManager, ReqContext",
+    "from pagedkv.v1.offload.jobs import TransferJob",
     "from pagedkv_stateful.kv.offload_machine import block_key, check_block, write_block",
 )
 
@@ -145,17 +147,6 @@ class _Request:
     released: bool = False  # its GPU blocks went back to the free list
 
 
-@dataclass(frozen=True)
-class _Job:
-    """A job in flight: its direction, request, keys, GPU blocks and chunks."""
-
-    store: bool
-    rid: str
-    keys: tuple[OffloadKey, ...]
-    blocks: tuple[int, ...]
-    chunks: tuple[int, ...]
-
-
 class OffloadKVMachine(LockstepBase):
     """Drives a scheduler's use of the host tier with the KV bytes checked (module
     docstring). State: ``requests`` (live, and finished ones whose jobs still run),
@@ -215,7 +206,7 @@ class OffloadKVMachine(LockstepBase):
         self.worker = self.make_worker(self.engine)
         self.tier = self.make_tier(num_chunks, policy)
         self.requests: dict[str, _Request] = {}
-        self.jobs: dict[int, _Job] = {}
+        self.jobs: dict[int, TransferJob] = {}
         self.content: dict[OffloadKey, tuple[int, ...]] = {}
         self.free = list(range(num_gpu))
         self.next_request = self.next_job = 0
@@ -265,8 +256,7 @@ class OffloadKVMachine(LockstepBase):
         keys = tuple(block_key(p) for p in prefixes[: req.hits])
         chunks = self.tier.prepare_load(list(keys), ctx).block_ids
         self._log(f"tier.prepare_load({self._keys_source(keys)}, {rid})  # {chunks}")
-        blocks = tuple(req.blocks[: req.hits])
-        self._submit(_Job(False, rid, keys, blocks, tuple(chunks)))
+        self._submit(False, req, keys, tuple(chunks), tuple(req.blocks[: req.hits]))
 
     @rule(data=st.data())
     def store(self, data: st.DataObject) -> None:
@@ -289,7 +279,7 @@ class OffloadKVMachine(LockstepBase):
         self._log(f"# keys_to_store: {stored}, chunks {chunks}")
         where = dict(zip(keys, req.blocks, strict=True))
         blocks = tuple(where[k] for k in out.keys_to_store)
-        self._submit(_Job(True, rid, tuple(out.keys_to_store), blocks, tuple(chunks)))
+        self._submit(True, req, tuple(out.keys_to_store), tuple(chunks), blocks)
 
     @precondition(lambda self: bool(self.jobs))
     @rule(data=st.data())
@@ -411,37 +401,48 @@ class OffloadKVMachine(LockstepBase):
             self._log(f"write_block(engine, {req.blocks[i]}, {req.prefixes[i]})")
         req.readable = len(req.blocks)
 
-    def _submit(self, job: _Job) -> None:
-        """Hand ``job`` to the worker; a refusal is a failure of the scheduler's ids."""
+    def _submit(
+        self,
+        store: bool,
+        req: _Request,
+        keys: tuple[OffloadKey, ...],
+        chunks: tuple[int, ...],
+        blocks: tuple[int, ...],
+    ) -> None:
+        """Hand the worker a job (the connector's record); a refusal is a failure of the
+        scheduler's ids."""
         job_id = self.next_job
         self.next_job += 1
-        name = "submit_store" if job.store else "submit_load"
-        src, dst = (job.blocks, job.chunks) if job.store else (job.chunks, job.blocks)
-        source = f"worker.{name}({job_id}, {list(src)}, {list(dst)})"
+        rid = req.ctx.req_id
+        job = TransferJob(job_id, rid, store, keys, chunks, blocks)
+        source = (
+            f"worker.transfer_async(TransferJob({job_id}, {rid!r}, {store}, "
+            f"tuple({self._keys_source(keys)}), {chunks}, {blocks}))"
+        )
         try:
-            (self.worker.submit_store if job.store else self.worker.submit_load)(
-                job_id, list(src), list(dst)
-            )
+            self.worker.transfer_async(job)
         except KVCacheError as err:
-            self.violate("engine input", f"the worker refused {name} {job_id}: {err}", source)
+            kind = "store" if store else "load"
+            self.violate("engine input", f"the worker refused {kind} job {job_id}: {err}", source)
         self._log(source)
         self.jobs[job_id] = job
-        self.requests[job.rid].jobs.add(job_id)
+        req.jobs.add(job_id)
 
     def _retire(self, result: TransferResult) -> None:
         """A reported job: tell the tier, and the request (a load's)."""
         job = self.jobs.pop(result.job_id)
-        req = self.requests[job.rid]
+        req = self.requests[job.req_id]
         req.jobs.discard(result.job_id)
         keys = self._keys_source(job.keys)
-        event(f"{'store' if job.store else 'load'} {'finished' if result.success else 'failed'}")
-        if job.store:
+        kind = "store" if job.is_store else "load"
+        event(f"{kind} {'finished' if result.success else 'failed'}")
+        if job.is_store:
             success = self.announce_store(result)
             self.tier.complete_store(list(job.keys), req.ctx, success)
-            self._log(f"tier.complete_store({keys}, {job.rid}, {success})")
+            self._log(f"tier.complete_store({keys}, {job.req_id}, {success})")
         else:
             self.tier.complete_load(list(job.keys), req.ctx)
-            self._log(f"tier.complete_load({keys}, {job.rid})")
+            self._log(f"tier.complete_load({keys}, {job.req_id})")
             if not req.finished:
                 loaded = self.load_succeeded(result)
                 req.readable = req.hits if loaded else 0
