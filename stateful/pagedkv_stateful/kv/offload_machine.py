@@ -60,6 +60,7 @@ from pagedkv_stateful.kv.toy_model import HEAD_SIZE, describe_kv, toy_kv
 from pagedkv_stateful.lockstep import LockstepBase
 
 __all__ = [
+    "NUM_HEADS",
     "NUM_LAYERS",
     "PRELUDE",
     "OffloadKVMachine",
