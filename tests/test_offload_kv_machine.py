@@ -156,6 +156,7 @@ def test_a_passing_program_runs_clean() -> None:
         exec(compile("\n".join(program), "<offload kv program>", "exec"), {"__name__": "__main__"})
 
 
+@pytest.mark.slow  # a fresh interpreter per program (torch's import: seconds)
 @pytest.mark.parametrize(
     "machine", [_AnnouncesAFailedStore, _ReadsAFailedLoad], ids=["od2-store", "od1-load"]
 )
