@@ -22,7 +22,7 @@ An :class:`Invariant` has:
                loads in flight, O8 a tier, the replayed events and whether events are on)
                ``v1scheduler`` (the reference V1 scheduler, ids ``S1``..) or ``radix``
                (SGLang's radix prefix cache, ids ``R1``..; state predicates take a
-               :class:`~pagedkv_spec.radix.state.CacheState`) or ``offload_data`` (the
+               :class:`~pagedkv_spec.radix.state.CacheState`) or ``offload-data`` (the
                offload tier's data plane, ids ``OD1``..: the KV bytes across tiers)
     kind       ``state``: a predicate over one state, checked after every step;
                ``step``: over one transition, checked after each step making it
@@ -90,7 +90,7 @@ LAYERS = (
     "v1scheduler",
     "offload",
     "radix",
-    "offload_data",
+    "offload-data",
 )
 
 
@@ -559,7 +559,7 @@ def _entries() -> Iterable[Invariant]:
         ),
     )
     for id_, predicate, meaning in offload_data:
-        yield inv(id_, predicate, meaning, "offload_data", "step")
+        yield inv(id_, predicate, meaning, "offload-data", "step")
     # SGLang's radix prefix cache (pagedkv.radix). NOTE: the order is the order of
     # causes: a namespace or shape fault first, counters before the conservation they
     # also break, a lost page (R2) before the sizes it unbalances (R1).

@@ -13,7 +13,7 @@ State (:data:`DataCells`): ``(where, index, written, held)`` for every place che
 finished) or the host tier (its ready chunks), ``written`` the KV that place must hold
 and ``held`` what it holds.
 
-Invariants (registered in :mod:`pagedkv_spec.invariants`, layer ``offload_data``):
+Invariants (registered in :mod:`pagedkv_spec.invariants`, layer ``offload-data``):
     OD1 ``loads_read_stored_kv``   (step) every block a request reads, computed or loaded
                                    from the host tier, holds the KV its prompt's first
                                    writer wrote: a load reads exactly the bytes stored
