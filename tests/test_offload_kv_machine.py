@@ -32,7 +32,8 @@ class _LoadsTheNextChunk(OffloadWorker):
     def _issue(self, job_id: int, job: Any) -> None:
         named = job.src
         if not job.store:  # the copy's ids only: the bookkeeping stays right
-            job.src = [(c + 1) % self.num_chunks for c in named]
+            rows = self.engine.config.num_cpu_blocks  # the next chunk's row
+            job.src = [(r + self.blocks_per_chunk) % rows for r in named]
         super()._issue(job_id, job)
         job.src = named
 
@@ -52,8 +53,8 @@ class _ReportsTwice(OffloadWorker):
 
 def _worker(cls: type[OffloadWorker]) -> type[OffloadKVMachine]:
     class Planted(OffloadKVMachine):
-        def make_worker(self, engine: KVCacheEngine) -> OffloadWorker:
-            return cls(engine, deferred=True)
+        def make_worker(self, engine: KVCacheEngine, blocks_per_chunk: int) -> OffloadWorker:
+            return cls(engine, blocks_per_chunk=blocks_per_chunk, deferred=True)
 
     return Planted
 
@@ -103,12 +104,12 @@ OFFLOAD_DATA_PLANTED: dict[str, Callable[[], str]] = {
 #: when a forward pass rewrites it before the store reads it, by OD1 when an aborted
 #: load lands on it after, or by the worker itself when a load is submitted into it
 #: (it refuses to write a block a job in flight reads: the "engine input" check); seeds
-#: 0-7 scanned: OD2 on 1, 2, 3, 5, 6, the worker's refusal on 0, 4, 7.
+#: 0-7 scanned: OD2 on 0, 4, 6, OD1 on 1, 2, 7, the worker's refusal on 3, 5.
 ALL_PLANTED: list[tuple[type[OffloadKVMachine], str, int | None]] = [
     (_worker(_LoadsTheNextChunk), "OD1", None),
     (_ReadsAFailedLoad, "OD1", None),
     (_AnnouncesAFailedStore, "OD2", None),
-    (_FreesUnderAStore, "OD2", 1),
+    (_FreesUnderAStore, "OD2", 0),
     (_worker(_ReportsTwice), "OD3", None),
 ]
 

@@ -1,9 +1,10 @@
 """The KV bytes end to end across tiers: a scheduler, :mod:`pagedkv.v1.offload`'s manager,
 the offload worker and the KV engine, run together.
 
-The machine plays the scheduler: requests arrive with prompts of whole blocks drawn
-from a two-token alphabet (so prompts share prefixes), look their blocks' keys up in the
-host tier, load the leading hits into fresh GPU blocks and compute the rest; computed
+The machine plays the scheduler: requests arrive with prompts of whole chunks (one or
+two GPU blocks each, as the connector's ``blocks_per_chunk``) drawn from a two-token
+alphabet (so prompts share prefixes), look their chunks' keys up in the host tier, load
+the leading hits into fresh GPU blocks and compute the rest; computed
 requests offer their blocks for storing; stores and loads run on the worker, which
 issues a job's copy only when the machine picks it (``deferred``), so jobs finish in any
 order, some failing (an injected fault), and a store reads its GPU block as late as a
@@ -156,9 +157,9 @@ class OffloadKVMachine(LockstepBase):
 
     # ------------------------------------------------------------------ targets
 
-    def make_worker(self, engine: KVCacheEngine) -> OffloadWorker:
+    def make_worker(self, engine: KVCacheEngine, blocks_per_chunk: int) -> OffloadWorker:
         """The worker under test (deferred: the machine picks when each job runs)."""
-        return OffloadWorker(engine, deferred=True)
+        return OffloadWorker(engine, blocks_per_chunk=blocks_per_chunk, deferred=True)
 
     def make_tier(self, num_chunks: int, policy: str) -> CPUOffloadingManager:
         """The tier's bookkeeping under test."""
@@ -186,36 +187,44 @@ class OffloadKVMachine(LockstepBase):
         num_chunks=st.integers(1, 6),
         policy=st.sampled_from(["lru", "arc"]),
         data=st.data(),
+        blocks_per_chunk=st.sampled_from([1, 1, 2]),
     )
     def init(
-        self, block_size: int, num_gpu: int, num_chunks: int, policy: str, data: st.DataObject
+        self,
+        block_size: int,
+        num_gpu: int,
+        num_chunks: int,
+        policy: str,
+        data: st.DataObject,
+        blocks_per_chunk: int = 1,
     ) -> None:
         """The engine, worker and tier, and a first request (so that every rule but one
         is enabled from the first step: Hypothesis gives up on a step whose rules are
         mostly disabled, see the note on the rules)."""
-        self.block_size = block_size
+        self.block_size, self.per_chunk = block_size, blocks_per_chunk
         self.engine = KVCacheEngine(
             NUM_LAYERS,
             NUM_HEADS,
             HEAD_SIZE,
             block_size,
             num_gpu,
-            num_chunks,
+            num_chunks * blocks_per_chunk,
             dtype=torch.float32,
             device="cpu",
         )
-        self.worker = self.make_worker(self.engine)
+        self.worker = self.make_worker(self.engine, blocks_per_chunk)
         self.tier = self.make_tier(num_chunks, policy)
         self.requests: dict[str, _Request] = {}
         self.jobs: dict[int, TransferJob] = {}
         self.content: dict[OffloadKey, tuple[int, ...]] = {}
+        self.wanted: dict[tuple[int, ...], bytes] = {}  # each prefix's toy KV, as bytes
         self.free = list(range(num_gpu))
         self.next_request = self.next_job = 0
         self.program += [
             *PRELUDE,
             f"engine = KVCacheEngine({NUM_LAYERS}, {NUM_HEADS}, {HEAD_SIZE}, {block_size}, "
-            f"{num_gpu}, {num_chunks}, dtype=torch.float32, device='cpu')",
-            "worker = OffloadWorker(engine, deferred=True)",
+            f"{num_gpu}, {num_chunks * blocks_per_chunk}, dtype=torch.float32, device='cpu')",
+            f"worker = OffloadWorker(engine, blocks_per_chunk={blocks_per_chunk}, deferred=True)",
             f"tier = CPUOffloadingManager({num_chunks}, {policy!r})",
         ]
         self.new_request(data)
@@ -226,8 +235,9 @@ class OffloadKVMachine(LockstepBase):
     def new_request(self, data: st.DataObject) -> None:
         """A request arrives: its leading host-tier hits are loaded into fresh GPU blocks
         (it waits for the load), or, with none, its prompt is computed."""
-        bs = self.block_size
-        n = data.draw(st.integers(1, 3), "blocks")
+        bs, per = self.block_size, self.per_chunk
+        chunks = data.draw(st.integers(1, 3 if per == 1 else 2), "chunks")
+        n = chunks * per  # GPU blocks
         tokens = tuple(data.draw(st.lists(st.integers(0, 1), min_size=n * bs, max_size=n * bs)))
         if sum(not r.finished for r in self.requests.values()) >= MAX_LIVE:
             event("new_request: the batch is full")
@@ -243,21 +253,24 @@ class OffloadKVMachine(LockstepBase):
         prefixes = [tokens[: (i + 1) * bs] for i in range(n)]
         req = _Request(ctx, prefixes, [self.free.pop() for _ in range(n)])
         self.requests[rid] = req
-        self.content.update((block_key(p), p) for p in prefixes)
-        for prefix in prefixes:
+        chunk_prefixes = req.prefixes[per - 1 :: per]  # a chunk's key: its last block's
+        self.content.update((block_key(p), p) for p in chunk_prefixes)
+        hits = 0
+        for prefix in chunk_prefixes:
             found = self.tier.lookup(block_key(prefix), ctx).name
             self._log(f"tier.lookup(block_key({prefix}), {rid})  # {found}")
             if found != "HIT":
                 break
-            req.hits += 1
-        event(f"new_request: {req.hits} of {n} blocks hit the host tier")
-        if not req.hits:
+            hits += 1
+        event(f"new_request: {hits} of {chunks} chunks hit the host tier")
+        req.hits = hits * per
+        if not hits:
             self._compute(req, 0)
             return
-        keys = tuple(block_key(p) for p in prefixes[: req.hits])
-        chunks = self.tier.prepare_load(list(keys), ctx).block_ids
-        self._log(f"tier.prepare_load({self._keys_source(keys)}, {rid})  # {chunks}")
-        self._submit(False, req, keys, tuple(chunks), tuple(req.blocks[: req.hits]))
+        keys = tuple(block_key(p) for p in chunk_prefixes[:hits])
+        slots = self.tier.prepare_load(list(keys), ctx).block_ids
+        self._log(f"tier.prepare_load({self._keys_source(keys)}, {rid})  # {slots}")
+        self._submit(False, req, keys, tuple(slots), tuple(req.blocks[: req.hits]))
 
     @rule(data=st.data())
     def store(self, data: st.DataObject) -> None:
@@ -267,7 +280,8 @@ class OffloadKVMachine(LockstepBase):
             return
         req = self.requests[data.draw(st.sampled_from(self._storable()), "store")]
         req.offered = True
-        keys = [block_key(p) for p in req.prefixes]
+        per = self.per_chunk
+        keys = [block_key(p) for p in req.prefixes[per - 1 :: per]]
         out = self.tier.prepare_store(keys, req.ctx)
         rid = req.ctx.req_id
         self._log(f"tier.prepare_store({self._keys_source(keys)}, {rid})")
@@ -278,8 +292,10 @@ class OffloadKVMachine(LockstepBase):
         chunks = spec.block_ids if isinstance(spec, CPULoadStoreSpec) else []
         stored = self._keys_source(out.keys_to_store)
         self._log(f"# keys_to_store: {stored}, chunks {chunks}")
-        where = dict(zip(keys, req.blocks, strict=True))
-        blocks = tuple(where[k] for k in out.keys_to_store)
+        index = {k: i for i, k in enumerate(keys)}
+        blocks = tuple(
+            b for k in out.keys_to_store for b in req.blocks[index[k] * per : (index[k] + 1) * per]
+        )
         self._submit(True, req, tuple(out.keys_to_store), tuple(chunks), blocks)
 
     @precondition(lambda self: bool(self.jobs))
@@ -352,18 +368,24 @@ class OffloadKVMachine(LockstepBase):
         """OD2: every ready chunk of the tier holds its key's KV."""
         if not hasattr(self, "engine"):
             return
-        ready = [(OffloadKey(k), c.slot) for k, c in self.tier.to_spec().chunks if c.ready]
+        per, bs = self.per_chunk, self.block_size
+        rows: dict[int, tuple[int, ...]] = {}  # a ready chunk's host rows: their prefixes
+        for key, chunk in self.tier.to_spec().chunks:
+            if chunk.ready:
+                last = self.content[OffloadKey(key)]
+                for j in range(per):
+                    rows[chunk.slot * per + j] = last[: len(last) - (per - 1 - j) * bs]
         cells: DataCells = tuple(
-            (str(k.hex()), slot, self._want(self.content[k]), self._got("cpu", slot))
-            for k, slot in ready
+            ("host", row, self._want(prefix), self._got("cpu", row))
+            for row, prefix in sorted(rows.items())
         )
         if holds("OD2", cells):
             return
         wrong = first_wrong(cells)
         assert wrong is not None
-        slot = wrong[1]
-        prefix = next(self.content[k] for k, s in ready if s == slot)
-        self.violate("OD2", *self._wrong(f"ready chunk {slot}", "cpu", slot, prefix))
+        row = wrong[1]
+        what = f"ready chunk {row // per}" + (f", its block {row % per}" if per > 1 else "")
+        self.violate("OD2", *self._wrong(what, "cpu", row, rows[row]))
 
     # ------------------------------------------------------------------ plumbing
 
@@ -378,7 +400,11 @@ class OffloadKVMachine(LockstepBase):
         return "[" + ", ".join(f"block_key({self.content[k]})" for k in keys) + "]"
 
     def _want(self, prefix: tuple[int, ...]) -> bytes:
-        return bytes(block_kv(prefix, self.block_size, NUM_HEADS).numpy().tobytes())
+        """The toy KV of the block ending ``prefix``, as bytes (computed once a prefix)."""
+        if prefix not in self.wanted:
+            kv = block_kv(prefix, self.block_size, NUM_HEADS)
+            self.wanted[prefix] = bytes(kv.numpy().tobytes())
+        return self.wanted[prefix]
 
     def _got(self, tier: TierLike, block_id: int) -> bytes:
         return bytes(_held(self.engine, tier, block_id).numpy().tobytes())
@@ -415,10 +441,10 @@ class OffloadKVMachine(LockstepBase):
         job_id = self.next_job
         self.next_job += 1
         rid = req.ctx.req_id
-        job = TransferJob(job_id, rid, store, keys, chunks, blocks)
+        job = TransferJob(job_id, rid, store, keys, chunks, blocks, self.per_chunk)
         source = (
             f"worker.transfer_async(TransferJob({job_id}, {rid!r}, {store}, "
-            f"tuple({self._keys_source(keys)}), {chunks}, {blocks}))"
+            f"tuple({self._keys_source(keys)}), {chunks}, {blocks}, {self.per_chunk}))"
         )
         try:
             self.worker.transfer_async(job)
