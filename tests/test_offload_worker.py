@@ -311,9 +311,12 @@ def test_a_waited_job_frees_its_blocks_before_its_report() -> None:
     assert torch.equal(chunk(w.engine, 0), gpu(w.engine, 1))
 
 
-def test_the_engine_is_checked() -> None:
+def test_the_engine_and_the_chunk_size_are_checked() -> None:
     err = raised(KVTensorMismatchError, OffloadWorker, object())
     assert "KVCacheEngine" in str(err)
+    for bad in (0, True, 1.0):
+        with pytest.raises(KVTensorMismatchError, match="blocks_per_chunk"):
+            OffloadWorker(engine(), blocks_per_chunk=bad)  # type: ignore[arg-type]  # the bad call under test
 
 
 def test_fill_sets_whole_blocks_of_either_tier() -> None:
