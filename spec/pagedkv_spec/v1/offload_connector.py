@@ -73,8 +73,9 @@ class Job:
 
 @dataclass(frozen=True)
 class Req:
-    """A live request: its tokens, its chunk keys (head to tail), its blocks, the tokens
-    it counts as computed (it reads their KV), and whether it waits for a load."""
+    """A request holding blocks (live, or finished with its blocks held): its tokens,
+    its chunk keys (head to tail), its blocks, the tokens it counts as computed (it reads
+    their KV), and whether it waits for a load."""
 
     req_id: str
     tokens: tuple[int, ...]
@@ -250,13 +251,14 @@ def loading_blocks_not_cached(s: ConnectorState) -> bool:
 
 def load_matches_hit(s: ConnectorState) -> bool:
     """OC4: a load covers exactly the external hit its request was told: the request's
-    blocks and chunk keys from its GPU hit to the hit plus the external tokens."""
+    blocks and chunk keys from its GPU hit to the hit plus the external tokens. (A load
+    whose request no longer holds blocks is judged by what it writes: OC5.)"""
     reqs = {r.req_id: r for r in s.requests}
     for job in _live(s):
-        if job.is_store:
+        if job.is_store or job.req_id not in reqs:
             continue
-        req = reqs.get(job.req_id)
-        if req is None or job.num_tokens < 1 or job.start_token % s.block_size:
+        req = reqs[job.req_id]
+        if job.num_tokens < 1 or job.start_token % s.block_size:
             return False
         shape = load_shape(s.block_size, s.blocks_per_chunk, job.start_token, job.num_tokens)
         if (
