@@ -471,7 +471,6 @@ class OffloadConnectorMachine(LockstepBase):
         jobs = []
         for mjob in self.jobs.values():
             j = mjob.job
-            gone = mjob.reset or (j.is_store and mjob.ran)
             jobs.append(
                 oc.Job(
                     j.job_id,
@@ -482,7 +481,8 @@ class OffloadConnectorMachine(LockstepBase):
                     j.skip_blocks,
                     mjob.start,
                     mjob.told,
-                    gone,
+                    mjob.reset,
+                    mjob.ran,
                 )
             )
         chunks = self.t.tier_chunks()
