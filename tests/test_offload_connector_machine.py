@@ -15,8 +15,11 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv.v1.offload import (
+    LookupResult,
     OffloadingConnectorScheduler,
     OffloadingWorkerMetadata,
+    OffloadKey,
+    ReqContext,
 )
 from pagedkv.v1.request import Request
 from pagedkv_spec.invariants import REGISTRY
@@ -90,18 +93,28 @@ class _LoadsWrongChunks(OffloadingConnectorScheduler):
 
 
 class _MatchesWithJobsInFlight(OffloadingConnectorScheduler):
-    """OC6: a request is matched (and loads) while its earlier jobs are in flight."""
+    """OC6: a request is matched while its earlier jobs are in flight, and a lookup
+    takes the ready chunks before one being stored instead of waiting for it: a
+    preempted request loads its head while its tail's stores still run."""
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         state = self._reqs.get(request.request_id)
-        saved = set() if state is None else state.jobs
+        saved: set[int] = set() if state is None else state.jobs
         if state is not None:
             state.jobs = set()
+        lookup = self.manager.lookup
+
+        def ready_only(key: OffloadKey, ctx: ReqContext) -> LookupResult:
+            got = lookup(key, ctx)
+            return LookupResult.MISS if got is LookupResult.HIT_PENDING else got
+
+        self.manager.lookup = ready_only  # type: ignore[method-assign, assignment]  # the planted bug
         try:
             return super().get_num_new_matched_tokens(request, num_computed_tokens)
         finally:
+            del self.manager.lookup
             if state is not None:
                 state.jobs |= saved
 
@@ -155,7 +168,7 @@ OFFLOAD_CONNECTOR_PLANTED: dict[str, Callable[[], str]] = {
     "OC3": lambda: _found(_CachesLoadingBlocks),
     "OC4": lambda: _found(_with_connector(_LoadsOneBlockShort), 300, 80),
     "OC5": lambda: _found(_with_connector(_LoadsWrongChunks), 300, 80),
-    "OC6": lambda: _found(_with_connector(_MatchesWithJobsInFlight), 1000, 80),
+    "OC6": lambda: _found(_with_connector(_MatchesWithJobsInFlight), 300, 80),
 }
 #: The planted bugs found within a few seconds (the fast tier runs these)
 CHEAP = ("OC1", "OC2", "OC3")

@@ -32,6 +32,8 @@ rule                                  drives
                                       its request (``cache_blocks``; a failed one recomputes
                                       from its GPU hit); ``take_finished_sending`` frees the
                                       held requests it names
+``preempt``                           a running request is preempted between steps (its
+                                      blocks freed; the next step reports it)
 ``request_finished``                  a live request is aborted (its jobs may be in flight)
 ``reset_cache``                       the connector's reset, jobs in flight
 ``reset_prefix_cache``                the GPU prefix cache's reset (when idle)
@@ -65,8 +67,9 @@ from pagedkv_stateful.v1.offload_connector_target import (
 
 __all__ = ["CONNECTOR_INVARIANTS", "OffloadConnectorMachine"]
 
-#: The invariants checked after every step.
-CONNECTOR_INVARIANTS = ("OC1", "OC2", "OC3", "OC4", "OC5", "OC6")
+#: The invariants checked after every step, causes before effects: a job beside a load
+#: (OC6) or a load of the wrong blocks (OC4) before the bytes they spoil (OC1, OC5).
+CONNECTOR_INVARIANTS = ("OC6", "OC4", "OC2", "OC3", "OC1", "OC5")
 MAX_LIVE = 4
 #: The prompts' shared prefixes (a prompt is a prefix of one, then drawn tokens)
 FAMILIES = ([0, 1, 0, 1, 1, 0, 0, 1], [1, 1, 0, 0, 1, 0, 1, 1])
@@ -148,6 +151,7 @@ class OffloadConnectorMachine(LockstepBase):
         self.host: dict[int, tuple[Content, ...]] = {}  # host chunk -> its blocks' contents
         self.key_prefix: dict[bytes, tuple[int, ...]] = {}  # key -> the prefix it names
         self.finished_since: list[str] = []
+        self.preempted_since: list[str] = []  # preempted between steps (``preempt``)
         self.pending_loads: dict[str, tuple[int, int]] = {}  # the step's loads: (hit, ext)
         self.next_id = 0
 
@@ -231,7 +235,7 @@ class OffloadConnectorMachine(LockstepBase):
         self.reqs[rid] = _Req(obj, list(prompt), len(prompt) + extra)
         self.order.append(rid)
 
-    @precondition(lambda self: self.order or self.finished_since)
+    @precondition(lambda self: self.order or self.finished_since or self.preempted_since)
     @rule(
         tokens=st.lists(st.integers(0, 1), min_size=MAX_LIVE, max_size=MAX_LIVE),
         flush_ok=st.booleans(),
@@ -241,7 +245,8 @@ class OffloadConnectorMachine(LockstepBase):
         scheduled: dict[str, int] = {}
         before: dict[str, int] = {}
         new_blocks: dict[str, list[int]] = {}
-        preempted: list[str] = []
+        preempted: list[str] = self.preempted_since
+        self.preempted_since = []
         new_ids: list[str] = []
         budget = self.budget
         running = [rid for rid in self.order if self.reqs[rid].state == "running"]
@@ -263,7 +268,7 @@ class OffloadConnectorMachine(LockstepBase):
             budget -= n
         for rid in [r for r in self.order if self.reqs[r].state in ("waiting", "resumed")]:
             if budget <= 0 or preempted:
-                break
+                break  # as vLLM: no admission in a step that preempted
             req = self.reqs[rid]
             if req.state == "resumed":
                 n = min(len(req.tokens) - req.computed, budget)
@@ -403,6 +408,17 @@ class OffloadConnectorMachine(LockstepBase):
             self._call(f"t.set_num_computed_tokens(r[{job.req_id!r}], {done})")
             self.t.set_num_computed_tokens(req.obj, done)
         self._released()
+
+    @precondition(lambda self: any(self.reqs[r].state == "running" for r in self.order))
+    @rule(data=st.data())
+    def preempt(self, data: st.DataObject) -> None:
+        """The scheduler preempts a running request (room for another, say): its blocks
+        freed, its jobs flushed by the next step (``preempted_req_ids``)."""
+        running = [r for r in self.order if self.reqs[r].state == "running"]
+        rid = data.draw(st.sampled_from(running), label="request")
+        self._reached("preempted")
+        self._preempt(rid)
+        self.preempted_since.append(rid)
 
     @precondition(lambda self: self.order)
     @rule(data=st.data())
