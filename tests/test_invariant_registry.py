@@ -47,9 +47,14 @@ from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.manager_machine import ManagerMachine
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.offload_connector_machine import (
+    CONNECTOR_INVARIANTS,
+    OffloadConnectorMachine,
+)
 from pagedkv_stateful.v1.offload_machine import OffloadMachine
 from pagedkv_stateful.v1.pool_machine import V1PoolMachine
 from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
+from test_offload_connector_machine import OFFLOAD_CONNECTOR_PLANTED
 from test_offload_kv_machine import OFFLOAD_DATA_PLANTED
 from test_offload_planted import OFFLOAD_PLANTED
 from test_radix_planted import RADIX_PLANTED
@@ -73,8 +78,7 @@ RUNNING, WAITING = SequenceStatus.RUNNING, SequenceStatus.WAITING
 def test_registry_is_well_formed() -> None:
     prefixes = {"pool": "P", "allocator": "I", "caching": "C", "manager": "M", "table": "T"}
     prefixes |= {"scheduler": "Q", "kv": "KV", "v1": "V1-", "v1scheduler": "S", "offload": "O"}
-    prefixes |= {"radix": "R"}
-    prefixes |= {"offload-data": "OD"}
+    prefixes |= {"radix": "R", "offload-connector": "OC", "offload-data": "OD"}
     for id_, inv in REGISTRY.items():
         assert inv.id == id_ and inv.layer in LAYERS and inv.kind in ("state", "step")
         assert re.fullmatch(prefixes[inv.layer] + r"[0-9]+", id_), id_
@@ -274,6 +278,7 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
     ),
     RadixMachine: (set(RADIX_STATE_IDS), set()),
     OffloadKVMachine: ({"OD1", "OD2"}, set()),
+    OffloadConnectorMachine: (set(CONNECTOR_INVARIANTS), set()),
 }
 
 
@@ -285,6 +290,7 @@ PROBE_BUDGET: dict[type[RuleBasedStateMachine], tuple[int, int]] = {
     OffloadMachine: (30, 20),
     RadixMachine: (30, 20),
     OffloadKVMachine: (30, 20),
+    OffloadConnectorMachine: (30, 20),
 }
 
 
@@ -657,6 +663,7 @@ PLANTED: dict[str, Callable[[], str]] = {
     **OFFLOAD_PLANTED,  # the V1 offload tier: planted in tests/test_offload_planted.py
     **RADIX_PLANTED,  # the radix cache: planted in tests/test_radix_planted.py
     **OFFLOAD_DATA_PLANTED,  # the offload data plane: planted in tests/test_offload_kv_machine.py
+    **OFFLOAD_CONNECTOR_PLANTED,  # the connector: tests/test_offload_connector_machine.py
     # its step invariants: the V1 scheduler machine's planted schedulers
     "S7": lambda: _machine_failure(_v1_scheduler_machine(_PreemptsTheOldest), 300),
     "S8": lambda: _machine_failure(_v1_scheduler_machine(_DoubleCountsTheHit), 300),
