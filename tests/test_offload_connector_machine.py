@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv.v1.offload import (
@@ -160,18 +161,67 @@ def _found(target: type[PagedKVConnectorTarget], examples: int = 300, steps: int
     return found[0] if found else message
 
 
-#: One planted bug per cross-tier invariant (the loads' need longer runs: a host hit
-#: needs a store completed, the GPU copy gone and the prefix asked for again).
+class _Pick(st.DataObject):
+    """A stand-in for Hypothesis's ``data`` that draws a fixed value."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def draw(self, strategy: object, label: str = "") -> Any:
+        return self.value
+
+
+def _oc6_replayed() -> str:
+    """OC6's planted bug on the nine-step path that reaches it (the search does not within
+    the budget of a test): a request stores its chunks in two steps, the first store is
+    reported, it is preempted (the second store flushed, unreported), the GPU forgets the
+    prefix, and it is matched again: the buggy connector loads its head beside the
+    unreported store."""
+    target = _with_connector(_MatchesWithJobsInFlight)
+
+    class Planted(OffloadConnectorMachine):
+        def make_target(self, config: TargetConfig) -> PagedKVConnectorTarget:
+            return target(config)
+
+    @settings(max_examples=1, database=None, deadline=None)
+    @given(st.just(None))
+    def replay(_: None) -> None:
+        m = Planted()
+        steps: list[Callable[[], None]] = [
+            lambda: m.init(10, 1, 1, 6, "lru", 2),
+            lambda: m.add_request(0, 4, [], 3),
+            lambda: m.schedule([0] * 4, True),
+            lambda: m.schedule([0] * 4, True),
+            lambda: m.update_connector_output(_Pick(0), True),
+            lambda: m.preempt(_Pick("r0")),
+            lambda: m.schedule([0] * 4, True),
+            lambda: m.evict_blocks(),
+            lambda: m.schedule([0] * 4, True),
+        ]
+        for step in steps:
+            step()
+            m.cross_tier_invariants()
+
+    with pytest.raises(AssertionError) as info:
+        replay()
+    message = str(info.value)
+    found = [inv.id for inv in REGISTRY.values() if f"[{inv.label}]" in message]
+    return found[0] if found else message
+
+
+#: One planted bug per cross-tier invariant (OC6 on the path that reaches it; the loads'
+#: need longer runs: a host hit needs a store completed, the GPU copy gone and the prefix
+#: asked for again).
 OFFLOAD_CONNECTOR_PLANTED: dict[str, Callable[[], str]] = {
     "OC1": lambda: _found(_with_connector(_NeverHolds)),
     "OC2": lambda: _found(_with_connector(_UnpinsEarly)),
     "OC3": lambda: _found(_CachesLoadingBlocks),
     "OC4": lambda: _found(_with_connector(_LoadsOneBlockShort), 300, 80),
     "OC5": lambda: _found(_with_connector(_LoadsWrongChunks), 300, 80),
-    "OC6": lambda: _found(_with_connector(_MatchesWithJobsInFlight), 300, 80),
+    "OC6": _oc6_replayed,
 }
 #: The planted bugs found within a few seconds (the fast tier runs these)
-CHEAP = ("OC1", "OC2", "OC3")
+CHEAP = ("OC1", "OC2", "OC3", "OC6")
 
 
 def test_every_connector_invariant_has_a_planted_bug() -> None:
