@@ -69,6 +69,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_offload \
 	  $$(test -f $(VLLM_OFFLOAD_DIR)/pagedkv-wheel.json && echo --vllm $(VLLM_OFFLOAD_DIR))
 	$(BIN)/python -m benchmarks.bench_radix
+	$(BIN)/python -m benchmarks.bench_offload_worker --threads 1
 
 # The simulator on an hour of the Azure conversation trace at Llama-3.1-8B's H100 cache
 # (benchmarks/bench_simulator.py; reads ../shared/data when present, else the sample).
@@ -96,8 +97,9 @@ sweep-ray-check: $(STAMP)
 	$(BIN)/python -m pip install -q 'ray>=2.9'
 	PYTHONPATH=$(CURDIR)/impl:$(CURDIR)/spec:$(CURDIR)/stateful $(BIN)/python -m benchmarks.sweep_ray_check
 
-# On a machine with CUDA: the @pytest.mark.cuda tests and the KV swap/copy benchmark
-# (GB/s beside raw contiguous copies and the pinned PCIe bandwidth of the same run), one
+# On a machine with CUDA: the @pytest.mark.cuda tests and the KV swap/copy benchmark, with
+# the offload tier's store and load jobs through its worker (GB/s beside raw contiguous
+# copies and the pinned PCIe bandwidth of the same run), one
 # table, within --budget-s (default 8 minutes). Without CUDA it says so and exits 0. Not
 # part of `make test`. Needs a CUDA build of torch in the venv (TORCH_PIN=torch==X+cuY
 # with your index, or an existing venv); e.g. GPU_CHECK_ARGS="--json gpu-check.json".

@@ -1,4 +1,4 @@
-"""The GPU check (``make gpu-check``): the CUDA tests and the KV swap/copy benchmark, one table.
+"""The GPU check (``make gpu-check``): the CUDA tests and the KV swap/copy/offload benchmark.
 
 Run from the repository root: ``python -m benchmarks.gpu_check [--budget-s S] [--rounds N]
 [--json PATH]``. Without a CUDA device it prints one line and exits 0. With one:
@@ -10,7 +10,11 @@ Run from the repository root: ``python -m benchmarks.gpu_check [--budget-s S] [-
    swaps on the side stream): ``swap_out``, ``swap_in`` and ``copy`` (copy-on-write),
    with consecutive (``runs``) and scattered (``random``) ids; beside them, one raw
    contiguous ``copy_`` of the same bytes device -> pinned host and pinned host ->
-   device (the PCIe bandwidth) and device -> device. All figures of a shape are
+   device (the PCIe bandwidth) and device -> device; and the offload tier's jobs through
+   :class:`~pagedkv.kv.offload_worker.OffloadWorker` on the same engine (its CPU tier the
+   host chunks): ``store`` (GPU blocks -> host chunks, compared with raw D2H) and
+   ``load`` (host chunks -> GPU blocks, with raw H2D), one job of the batch each,
+   submitted, waited for and reported. All figures of a shape are
    sampled round-robin (interleaved, so clock and load changes hit them alike), each
    call timed between two ``torch.cuda.synchronize()``; a figure is the best of
    ``--rounds`` calls. GB/s = bytes copied / s (each byte counted once), and each
@@ -36,6 +40,7 @@ because it is a benchmark-and-check script, not library code.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -45,7 +50,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn, TextIO
@@ -53,12 +58,15 @@ from typing import NoReturn, TextIO
 import torch
 
 from benchmarks.bench_cache import make_pairs
+from benchmarks.bench_offload_worker import transfer_job
 from pagedkv.kv.cache import KVCacheEngine
+from pagedkv.kv.offload_worker import OffloadWorker, TransferResult
 
 __all__ = [
     "BATCH",
     "BLOCK_SHAPES",
     "CUDA_TEST_FILES",
+    "TIER_BASELINE",
     "CudaTestCounts",
     "DeviceInfo",
     "Figure",
@@ -75,7 +83,12 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The test files that hold ``@pytest.mark.cuda`` tests (a test checks this list).
-CUDA_TEST_FILES = ("tests/test_cache.py", "tests/test_copy_handle.py", "tests/test_simulator.py")
+CUDA_TEST_FILES = (
+    "tests/test_cache.py",
+    "tests/test_copy_handle.py",
+    "tests/test_offload_worker.py",
+    "tests/test_simulator.py",
+)
 #: (label, num_layers, num_kv_heads, head_size, block_size), float16: ~64 KiB and ~1 MiB blocks.
 BLOCK_SHAPES = (("64KiB", 4, 4, 64, 16), ("1MiB", 16, 8, 128, 16))
 BATCH = 256  # blocks per call: 16 MiB and 256 MiB
@@ -85,6 +98,8 @@ RESERVE_S = 5.0  # kept back from the benchmark for the table and the JSON
 PATTERNS = ("runs", "random")
 #: Engine operation -> the raw copy it is compared with.
 BASELINE = {"swap_out": "raw D2H", "swap_in": "raw H2D", "copy": "raw D2D"}
+#: The offload tier's jobs (the worker's ``transfer_async``: a store, a load) -> their raw copy.
+TIER_BASELINE = {"store": "raw D2H", "load": "raw H2D"}
 
 Clock = Callable[[], float]
 
@@ -351,6 +366,7 @@ def measure_figures(
         )
         nbytes = batch * engine.config.block_bytes
         fns = _raw_copies(nbytes, dev) | _engine_calls(engine, batch, rng)
+        fns |= _tier_calls(engine, batch, rng)
 
         def settle(engine: KVCacheEngine = engine) -> None:
             engine.synchronize()  # queued swaps (the engine calls have settled them already)
@@ -358,7 +374,8 @@ def measure_figures(
 
         samples = best_of(fns, settle, rounds, deadline, clock)
         for name, times in samples.items():
-            baseline = BASELINE.get(name.split()[0])
+            op = name.split()[0]
+            baseline = BASELINE.get(op) or TIER_BASELINE.get(op)
             best = min(times) if times else None
             figures.append(Figure(group, name, nbytes, best, len(times), baseline))
         del engine, fns
@@ -387,6 +404,38 @@ def _engine_call(
         return lambda: engine.copy(pairs)
     swap = engine.swap_out if op == "swap_out" else engine.swap_in
     return lambda: swap(pairs).synchronize()
+
+
+def _tier_calls(
+    engine: KVCacheEngine, n: int, rng: random.Random
+) -> dict[str, Callable[[], object]]:
+    """The offload tier's jobs of ``n`` blocks, by id pattern: ``store`` (GPU blocks to
+    host chunks) and ``load`` (back), each one ``TransferJob`` through an
+    :class:`~pagedkv.kv.offload_worker.OffloadWorker` on ``engine`` (its CPU tier the
+    host chunks), submitted, waited for and reported."""
+    worker = OffloadWorker(engine)
+    job_ids = itertools.count()
+    calls: dict[str, Callable[[], object]] = {}
+    for op, swap in (("store", "swap_out"), ("load", "swap_in")):
+        for pattern in PATTERNS:
+            pairs = make_pairs(swap, n, pattern, rng)
+            src, dst = [a for a, _ in pairs], [b for _, b in pairs]
+            calls[f"{op} {pattern}"] = _tier_job(worker, op == "store", src, dst, job_ids)
+    return calls
+
+
+def _tier_job(
+    worker: OffloadWorker, store: bool, src: list[int], dst: list[int], job_ids: Iterator[int]
+) -> Callable[[], object]:
+    """One job (``transfer_async``), waited for until complete in both tiers, reported."""
+
+    def run() -> list[TransferResult]:
+        job_id = next(job_ids)
+        worker.transfer_async(transfer_job(job_id, store, src, dst))
+        worker.wait([job_id])
+        return worker.get_finished()
+
+    return run
 
 
 def _raw_copies(nbytes: int, dev: torch.device) -> dict[str, Callable[[], object]]:
@@ -495,7 +544,8 @@ def _positive(kind: Callable[[str], float], noun: str) -> Callable[[str], float]
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m benchmarks.gpu_check",
-        description="The CUDA tests and the KV swap/copy benchmark, one table "
+        description="The CUDA tests and the KV swap/copy benchmark, with the offload "
+        "tier's store and load jobs beside raw pinned copies, one table "
         "(without CUDA: one line, exit 0).",
     )
     parser.add_argument(

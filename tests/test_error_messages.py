@@ -57,6 +57,7 @@ from pagedkv.errors import (
     DuplicateOffloadKeyError,
     DuplicateOffloadRequestError,
     DuplicateRequestError,
+    DuplicateTransferJobError,
     EvictorError,
     ForeignBlockError,
     ImmutableBlockError,
@@ -99,12 +100,15 @@ from pagedkv.errors import (
     SweepPointError,
     TableAlreadyAllocatedError,
     TableNotAllocatedError,
+    TransferConflictError,
     UnknownOffloadRequestError,
     UnknownSequenceError,
+    UnknownTransferJobError,
     WorkloadError,
 )
 from pagedkv.kv.attention import build_attention_inputs, paged_attention_reference
 from pagedkv.kv.cache import KVCacheConfig, KVCacheEngine
+from pagedkv.kv.offload_worker import OffloadWorker
 from pagedkv.radix import PagedTokenAllocator, RadixCache, RadixKey, RadixRequest
 from pagedkv.serving import cli, resources, run_config, sweep, traces
 from pagedkv.serving.capacity import plan_capacity
@@ -128,6 +132,7 @@ from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv.v0.refcount import contiguous_range
 from pagedkv.v1 import RequestStatus
 from pagedkv.v1.offload import CPUOffloadingManager, ReqContext, make_offload_key
+from pagedkv.v1.offload.jobs import TransferJob
 from pagedkv_stateful.engines import vllm063, vllm_v1
 from pagedkv_stateful.kit.conform import UsageError, run_conformance
 from scheduler_helpers import add, one_in_each_queue, step
@@ -4252,6 +4257,53 @@ RADIX_MESSAGES = [
 ]
 
 
+# ---------------------------------------------------------------------------- offload_worker.py
+
+
+def _job(job_id: int, store: bool, block: int, chunk: int) -> TransferJob:
+    """A one-block job between GPU block ``block`` and host chunk ``chunk``."""
+    key = make_offload_key(bytes([chunk]), 0)
+    return TransferJob(job_id, "r", store, (key,), (chunk,), (block,))
+
+
+def _worker_with_jobs() -> OffloadWorker:
+    """A deferred worker over :func:`_engine` with job 1 storing block 0 into chunk 0."""
+    worker = OffloadWorker(_engine(), deferred=True)
+    worker.transfer_async(_job(1, True, 0, 0))
+    return worker
+
+
+OFFLOAD_WORKER_MESSAGES = [
+    case(
+        "offload worker: an unknown job",
+        lambda: _worker_with_jobs().execute(2),
+        UnknownTransferJobError,
+        "transfer job 2: the worker has no such job in flight, so it cannot execute it; "
+        "name a job submitted and not yet reported by get_finished()",
+    ),
+    case(
+        "offload worker: a job id in flight",
+        lambda: _worker_with_jobs().transfer_async(_job(1, False, 1, 1)),
+        DuplicateTransferJobError,
+        "job 1 is already in flight; give each job a fresh id, or wait for get_finished() "
+        "to report it first",
+    ),
+    case(
+        "offload worker: a load into a block a store reads",
+        lambda: _worker_with_jobs().transfer_async(_job(2, False, 0, 1)),
+        TransferConflictError,
+        "job 2 would write GPU block 0, which job 1 in flight reads; jobs finish in any "
+        "order, so wait for job 1 (get_finished or wait) before submitting it",
+    ),
+    case(
+        "offload worker: a chunk out of range",
+        lambda: _worker_with_jobs().transfer_async(_job(2, True, 1, 6)),
+        KVBlockIdError,
+        "chunk block id 6 is out of range (valid: 0..5 on the host tier); pass per-tier "
+        "physical ids (an allocator's global id minus the tier's offset)",
+    ),
+]
+
 MESSAGES = [
     *ALLOCATOR_MESSAGES,
     *CACHING_MESSAGES,
@@ -4269,6 +4321,7 @@ MESSAGES = [
     *V1_SCHEDULER_MESSAGES,
     *SWEEP_MESSAGES,
     *OFFLOAD_MESSAGES,
+    *OFFLOAD_WORKER_MESSAGES,
     *RADIX_MESSAGES,
 ]
 

@@ -290,8 +290,16 @@ def test_best_of_interleaves_and_stops_at_the_deadline() -> None:
 def test_the_benchmark_runs_on_the_cpu_with_a_tiny_shape() -> None:
     figs = measure_figures(30.0, 2, "cpu", shapes=TINY, batch=4)
     names = [f.name for f in figs]
-    assert names[:3] == ["raw D2H", "raw H2D", "raw D2D"] and len(names) == 9
+    assert names[:3] == ["raw D2H", "raw H2D", "raw D2D"] and len(names) == 13
     assert {"swap_out runs", "swap_in random", "copy runs", "copy random"} <= set(names)
+    # the offload tier's jobs, through the worker, beside the same raw copies
+    tier = {f.name: f.baseline for f in figs if f.name.startswith(("store", "load"))}
+    assert tier == {
+        "store runs": "raw D2H",
+        "store random": "raw D2H",
+        "load runs": "raw H2D",
+        "load random": "raw H2D",
+    }
     assert all(f.samples == 2 and f.nbytes == 4 * 64 for f in figs)
     assert all(f.seconds is not None and f.seconds > 0 for f in figs)
     assert {f.name: f.baseline for f in figs}["swap_in random"] == "raw H2D"
@@ -300,7 +308,7 @@ def test_the_benchmark_runs_on_the_cpu_with_a_tiny_shape() -> None:
 
 def test_the_benchmark_reports_every_figure_unmeasured_out_of_time() -> None:
     figs = measure_figures(0.0, 2, "cpu", shapes=TINY * 2, batch=2)
-    assert len(figs) == 18 and all(f.seconds is None and f.samples == 0 for f in figs)
+    assert len(figs) == 26 and all(f.seconds is None and f.samples == 0 for f in figs)
 
 
 # ---------------------------------------------------------------- the CUDA tests

@@ -38,6 +38,7 @@ from pagedkv.v0.prefix_caching_allocator import PrefixCachingBlockAllocator
 from pagedkv_spec import invariants
 from pagedkv_spec.invariants import LAYERS, REGISTRY, observe
 from pagedkv_stateful.kv.machine import KVMachine
+from pagedkv_stateful.kv.offload_machine import OffloadKVMachine
 from pagedkv_stateful.profiles import find_fast
 from pagedkv_stateful.radix.machine import STATE_IDS as RADIX_STATE_IDS
 from pagedkv_stateful.radix.machine import RadixMachine
@@ -46,9 +47,15 @@ from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.manager_machine import ManagerMachine
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.offload_connector_machine import (
+    CONNECTOR_INVARIANTS,
+    OffloadConnectorMachine,
+)
 from pagedkv_stateful.v1.offload_machine import OffloadMachine
 from pagedkv_stateful.v1.pool_machine import V1PoolMachine
 from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
+from test_offload_connector_machine import OFFLOAD_CONNECTOR_PLANTED
+from test_offload_kv_machine import OFFLOAD_DATA_PLANTED
 from test_offload_planted import OFFLOAD_PLANTED
 from test_radix_planted import RADIX_PLANTED
 from test_v1_planted import V1_PLANTED
@@ -71,7 +78,7 @@ RUNNING, WAITING = SequenceStatus.RUNNING, SequenceStatus.WAITING
 def test_registry_is_well_formed() -> None:
     prefixes = {"pool": "P", "allocator": "I", "caching": "C", "manager": "M", "table": "T"}
     prefixes |= {"scheduler": "Q", "kv": "KV", "v1": "V1-", "v1scheduler": "S", "offload": "O"}
-    prefixes |= {"radix": "R"}
+    prefixes |= {"radix": "R", "offload-connector": "OC", "offload-data": "OD"}
     for id_, inv in REGISTRY.items():
         assert inv.id == id_ and inv.layer in LAYERS and inv.kind in ("state", "step")
         assert re.fullmatch(prefixes[inv.layer] + r"[0-9]+", id_), id_
@@ -273,6 +280,8 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
         set(),
     ),
     RadixMachine: (set(RADIX_STATE_IDS), set()),
+    OffloadKVMachine: ({"OD1", "OD2"}, set()),
+    OffloadConnectorMachine: (set(CONNECTOR_INVARIANTS), set()),
 }
 
 
@@ -283,6 +292,8 @@ PROBE_BUDGET: dict[type[RuleBasedStateMachine], tuple[int, int]] = {
     V1PoolMachine: (30, 20),
     OffloadMachine: (30, 20),
     RadixMachine: (30, 20),
+    OffloadKVMachine: (30, 20),
+    OffloadConnectorMachine: (30, 20),
 }
 
 
@@ -654,6 +665,8 @@ PLANTED: dict[str, Callable[[], str]] = {
     **V1_SCHEDULER_PLANTED,  # the V1 scheduler: planted in tests/test_v1_scheduler.py
     **OFFLOAD_PLANTED,  # the V1 offload tier: planted in tests/test_offload_planted.py
     **RADIX_PLANTED,  # the radix cache: planted in tests/test_radix_planted.py
+    **OFFLOAD_DATA_PLANTED,  # the offload data plane: planted in tests/test_offload_kv_machine.py
+    **OFFLOAD_CONNECTOR_PLANTED,  # the connector: tests/test_offload_connector_machine.py
     # its step invariants: the V1 scheduler machine's planted schedulers
     "S7": lambda: _machine_failure(_v1_scheduler_machine(_PreemptsTheOldest), 300),
     "S8": lambda: _machine_failure(_v1_scheduler_machine(_DoubleCountsTheHit), 300),

@@ -1064,6 +1064,24 @@ BAD += RADIX_BAD
 GOOD |= CHECKPOINT_GOOD
 BAD += CHECKPOINT_BAD
 
+# the offload tier's data plane: cells (where, index, written, held); a report of jobs
+GOOD |= {
+    "OD1": ((("r0", 0, "kv", "kv"), ("r1", 1, "kv2", "kv2")),),
+    "OD2": ((("key", 3, "kv", "kv"),),),
+    "OD3": (frozenset({1, 2, 3}), (2, 1), frozenset({1})),
+}
+BAD += [
+    (
+        "OD1",
+        "a block holding another prefix's KV",
+        ((("r0", 0, "kv", "kv"), ("r0", 1, "kv", "x")),),
+    ),
+    ("OD2", "a chunk holding NaN", ((("key", 3, "kv", "nan"),),)),
+    ("OD3", "a job reported twice", (frozenset({1, 2}), (1, 1), frozenset())),
+    ("OD3", "a job not in flight reported", (frozenset({1}), (1, 4), frozenset())),
+    ("OD3", "a complete job not reported", (frozenset({1, 2}), (1,), frozenset({2}))),
+]
+
 
 @pytest.mark.parametrize("invariant_id", sorted(GOOD))
 def test_predicate_accepts_a_well_formed_state(invariant_id: str) -> None:

@@ -25,11 +25,13 @@ __all__ = [
     "ChunkNotLoadingError",
     "ChunkNotReadyError",
     "ChunkNotStoringError",
+    "ConnectorMisuseError",
     "DoubleFreeError",
     "DuplicateOffloadKeyError",
     "DuplicateOffloadRequestError",
     "DuplicateRequestError",
     "DuplicateSequenceIdError",
+    "DuplicateTransferJobError",
     "EvictorError",
     "ForeignBlockError",
     "ImmutableBlockError",
@@ -79,9 +81,12 @@ __all__ = [
     "SweepPointError",
     "TableAlreadyAllocatedError",
     "TableNotAllocatedError",
+    "TransferConflictError",
+    "TransferJobError",
     "UnknownOffloadRequestError",
     "UnknownRequestError",
     "UnknownSequenceError",
+    "UnknownTransferJobError",
     "WorkloadError",
 ]
 
@@ -477,6 +482,45 @@ class KVTensorMismatchError(KVCacheError, TypeError):
         )
 
 
+# --------------------------------------------------------------------------- offload worker
+
+
+class TransferJobError(KVCacheError):
+    """A job the offload worker (:class:`pagedkv.kv.offload_worker.OffloadWorker`) cannot
+    take: one already in flight, or one whose blocks or chunks race a job in flight (a
+    job it has not in flight: :class:`UnknownTransferJobError`)."""
+
+
+class DuplicateTransferJobError(TransferJobError):
+    """A job id submitted while a job of that id is still in flight."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        super().__init__(
+            f"job {job_id} is already in flight; give each job a fresh id, or wait for "
+            "get_finished() to report it first"
+        )
+
+
+class TransferConflictError(TransferJobError):
+    """A job that would write a block or chunk a job in flight reads or writes, or read
+    one a job in flight writes: jobs complete in any order, so its bytes would depend on
+    which finishes first."""
+
+    def __init__(
+        self, job_id: int, action: str, where: str, block_id: int, other: int, other_action: str
+    ) -> None:
+        self.job_id = job_id
+        self.where = where
+        self.block_id = block_id
+        self.other = other
+        super().__init__(
+            f"job {job_id} would {action} {where} {block_id}, which job {other} in flight "
+            f"{other_action}; jobs finish in any order, so wait for job {other} "
+            "(get_finished or wait) before submitting it"
+        )
+
+
 # --------------------------------------------------------------------------- scheduler
 
 
@@ -832,3 +876,30 @@ class RadixInsertError(RadixCacheError, ValueError):
     def __init__(self, detail: str) -> None:
         self.detail = detail
         super().__init__(detail)
+
+
+# ---------------------------------------------------------------- the offloading connector
+
+
+class ConnectorMisuseError(OffloadError, ValueError):
+    """A call the offloading connector cannot honour in its current state: a request it
+    was never told of, external tokens other than the hit it reported, a reset in the
+    middle of a scheduler step, a request finished twice."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class UnknownTransferJobError(OffloadError, KeyError):
+    """A worker report names a transfer job the connector has not in flight (never
+    issued, already completed, or reported by more workers than there are), or a failure
+    of a job it does not complete; or a call on the offload worker names a job it has
+    not in flight (never submitted, or already reported by ``get_finished``)."""
+
+    def __init__(self, job_id: object, detail: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"transfer job {job_id!r}: {detail}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])

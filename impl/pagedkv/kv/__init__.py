@@ -1,5 +1,6 @@
 """The KV engine: the torch KV tensors that block ids index (swaps, copies, writes,
-gathers) and the paged-attention inputs built from block tables."""
+gathers), the paged-attention inputs built from block tables, and the offload tier's
+data plane (:mod:`pagedkv.kv.offload_worker`: jobs between GPU blocks and host chunks)."""
 
 from pagedkv._torch import require_torch
 

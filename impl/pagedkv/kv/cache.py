@@ -230,6 +230,25 @@ class KVCacheEngine:
         """Block until every queued swap is complete in both tiers (no-op on the CPU)."""
         self._pending.settle_all()
 
+    def fill(self, block_ids: Sequence[int], value: float, tier: TierLike = Device.GPU) -> None:
+        """Set every element of ``tier``'s blocks ``block_ids`` (all layers, keys and
+        values) to ``value``: what the offload worker leaves where a failed transfer
+        wrote, so that bytes nobody may trust never read as valid KV.
+
+        Ordered after earlier swaps, as the engine's other writes. Complexity: O(n)
+        validation, one ``index_fill_`` over the blocks' rows.
+        """
+        where = as_tier(tier)
+        ids = check_ids(self.config, id_list(block_ids, "block_ids"), where, "fill")
+        if not ids:
+            return
+        if where is Device.CPU:
+            self._pending.settle_host_writes()
+        else:
+            self._pending.order_after()
+        rows = self._rows[where].data
+        rows.index_fill_(0, torch.tensor(ids, dtype=torch.long).to(rows.device), value)
+
     # ------------------------------------------------------------------ tokens
 
     def write(

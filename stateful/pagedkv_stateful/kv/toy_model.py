@@ -36,5 +36,7 @@ def describe_kv(vector: torch.Tensor, origin: str = "seq") -> str:
     names what the lineage field holds (a sequence id, or a prefix digest)."""
     if not bool(vector.any()):
         return "zeros (never written)"
+    if bool(vector.isnan().any()):
+        return "NaN (where a failed transfer wrote)"
     lin, pos, tok, code = (int(x) - 1 for x in vector.tolist())
     return f"{origin} {lin}'s KV of position {pos}, token {tok}, layer {code // 16}"
