@@ -106,9 +106,8 @@ def _step(parts: Any, clock: _Clock, prompts: list[list[int]], tag: str) -> tupl
 def _finish_all(parts: Any, requests: list[Any]) -> None:
     """Every request finishes (untimed): ``request_finished``, blocks freed, the step
     that follows, its jobs reported done."""
-    status = parts.request_status_finished
     for req in requests:
-        req.status = status
+        parts.stop(req)
         parts.scheduler.request_finished(req)
         parts.kv_manager.free(req)
     meta = parts.scheduler.build_connector_meta(
@@ -148,16 +147,13 @@ def vllm_factory(directory: str) -> tuple[str, Callable[[], Any]]:
 
     voc.use(directory)
     release = voc.release_of(directory)
-    finished = voc._module("vllm.v1.request").RequestStatus.FINISHED_STOPPED
 
     def make() -> Any:
-        parts = voc.connector(
+        return voc.connector(
             num_gpu_blocks=2 * BATCH * (PROMPT // BLOCK + 1) + 1,
             block_size=BLOCK,
             num_chunks=2 * BATCH * (PROMPT // BLOCK),
         )
-        parts.request_status_finished = finished  # type: ignore[attr-defined]  # the driver's
-        return parts
 
     return f"vllm {release}", make
 

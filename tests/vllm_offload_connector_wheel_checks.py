@@ -208,7 +208,7 @@ def _prefill(parts: voc.ConnectorParts, req_id: str, prompt: list[int]) -> tuple
 def _finish(parts: voc.ConnectorParts, req: Any) -> Any:
     """The request finishes: ``request_finished``, its GPU blocks freed, and the next
     step's metadata (which stores what the request left)."""
-    req.status = sys.modules["vllm.v1.request"].RequestStatus.FINISHED_STOPPED
+    parts.stop(req)
     held, _ = parts.scheduler.request_finished(req)
     assert held is False  # every release frees at once and fences reused blocks instead
     parts.kv_manager.free(req)

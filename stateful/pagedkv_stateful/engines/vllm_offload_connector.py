@@ -370,6 +370,11 @@ class ConnectorParts:
         release's own block hasher at this block size."""
         return vllm_v1.request(request_id, prompt, self.hasher)
 
+    def stop(self, request: Any) -> None:
+        """Mark ``request`` finished (``FINISHED_STOPPED``), as vLLM's scheduler does
+        before it calls ``request_finished``."""
+        request.status = _module("vllm.v1.request").RequestStatus.FINISHED_STOPPED
+
     def computed_blocks(self, request: Any) -> tuple[Any, int]:
         """``KVCacheManager.get_computed_blocks``: the GPU prefix hit (blocks, tokens)."""
         found = self.kv_manager.get_computed_blocks(request)
