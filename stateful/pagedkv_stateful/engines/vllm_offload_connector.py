@@ -10,8 +10,8 @@ of three layers into one directory: the V1 KV cache layer
 (:mod:`pagedkv_stateful.engines.vllm_v1`'s files: the manager, coordinator, block pool,
 ``Request``, ...), the CPU offloading tier (:mod:`pagedkv_stateful.engines.vllm_offload`'s:
 ``kv_offload/base.py``, the CPU manager and its policies) and the connector's scheduler
-side (``offloading/scheduler.py``, ``common.py``, ``events.py`` and, from 0.33.0,
-``config.py``). Beside them the one wheel loader (:mod:`pagedkv_stateful.engines.wheel`)
+side (``offloading/scheduler.py``, ``common.py``, ``events.py`` and ``config.py``; 0.29.0's
+KV cache files are 0.27.1's and ``kv_cache_layout``, with 0.27.1's stand-ins). Beside them the one wheel loader (:mod:`pagedkv_stateful.engines.wheel`)
 writes both layers' stand-ins and this target's own (``stand_ins/vllm_offload_connector``):
 the scheduler's output and the workers' output as a connector reads them
 (``v1/core/sched/output.py``, ``v1/outputs.py``: the kit plays vLLM's scheduler and
@@ -98,8 +98,6 @@ class Release:
     #: a request resumed after a preemption is sent as a new request, its whole block
     #: table (0.34.0); before, as a running one flagged resumed
     resumed_as_new: bool = True
-    #: the CPU manager's slot-count keyword (vllm_offload's record)
-    size_keyword: str = "num_chunks"
     #: the workers can report a job failed (``OffloadingWorkerMetadata.failed_jobs``: a
     #: failed store is dropped from the tier, a failed load stops the request's later
     #: lookups): 0.34.0 only; before, every reported job counts as done
@@ -139,7 +137,6 @@ RELEASES: dict[str, Release] = {
             "vllm_offload_connector",
             "vllm_offload_connector_0_29_0",
         ),
-        size_keyword="num_blocks",
         failed_jobs=False,
         resumed_as_new=False,
     ),
@@ -152,7 +149,6 @@ RELEASES: dict[str, Release] = {
             "vllm_offload_connector",
             "vllm_offload_connector_0_29_0",
         ),
-        size_keyword="num_blocks",
         failed_jobs=False,
         resumed_as_new=False,
         random_none_hash=True,
@@ -321,7 +317,7 @@ def vllm_offload_cpu_manager(
     release's keyword). O(1)."""
     cls = _module("vllm.v1.kv_offload.cpu.manager").CPUOffloadingManager
     return cls(
-        **{loaded_release().size_keyword: num_chunks},
+        **{vllm_offload.RELEASES[loaded_release().version].size_keyword: num_chunks},
         cache_policy=cache_policy,
         enable_events=enable_events,
         store_threshold=store_threshold,
