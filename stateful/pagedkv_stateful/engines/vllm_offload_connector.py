@@ -10,9 +10,10 @@ of three layers into one directory: the V1 KV cache layer
 (:mod:`pagedkv_stateful.engines.vllm_v1`'s files: the manager, coordinator, block pool,
 ``Request``, ...), the CPU offloading tier (:mod:`pagedkv_stateful.engines.vllm_offload`'s:
 ``kv_offload/base.py``, the CPU manager and its policies) and the connector's scheduler
-side (``offloading/scheduler.py``, ``common.py``, ``events.py`` and ``config.py``; 0.29.0's
-KV cache files are 0.27.1's and ``kv_cache_layout``, with 0.27.1's stand-ins). Beside them the one wheel loader (:mod:`pagedkv_stateful.engines.wheel`)
-writes both layers' stand-ins and this target's own (``stand_ins/vllm_offload_connector``):
+side (``offloading/scheduler.py``, ``common.py``, ``events.py`` and ``config.py``;
+0.29.0's KV cache files are 0.27.1's and ``kv_cache_layout``, with 0.27.1's stand-ins).
+Beside them the one wheel loader (:mod:`pagedkv_stateful.engines.wheel`) writes both
+layers' stand-ins and this target's own (``stand_ins/vllm_offload_connector``):
 the scheduler's output and the workers' output as a connector reads them
 (``v1/core/sched/output.py``, ``v1/outputs.py``: the kit plays vLLM's scheduler and
 workers and builds them), the connector metadata base classes (``kv_connector/v1/base.py``),
