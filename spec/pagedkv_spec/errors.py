@@ -25,6 +25,7 @@ __all__ = [
     "ChunkNotLoadingError",
     "ChunkNotReadyError",
     "ChunkNotStoringError",
+    "ConnectorMisuseError",
     "DoubleFreeError",
     "DuplicateOffloadKeyError",
     "DuplicateOffloadRequestError",
@@ -82,6 +83,7 @@ __all__ = [
     "UnknownOffloadRequestError",
     "UnknownRequestError",
     "UnknownSequenceError",
+    "UnknownTransferJobError",
     "WorkloadError",
 ]
 
@@ -832,3 +834,29 @@ class RadixInsertError(RadixCacheError, ValueError):
     def __init__(self, detail: str) -> None:
         self.detail = detail
         super().__init__(detail)
+
+
+# ---------------------------------------------------------------- the offloading connector
+
+
+class ConnectorMisuseError(OffloadError, ValueError):
+    """A call the offloading connector cannot honour in its current state: a request it
+    was never told of, external tokens other than the hit it reported, a reset in the
+    middle of a scheduler step, a request finished twice."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(detail)
+
+
+class UnknownTransferJobError(OffloadError, KeyError):
+    """A worker report names a transfer job the connector has not in flight (never
+    issued, already completed, or reported by more workers than there are), or a failure
+    of a job it does not complete."""
+
+    def __init__(self, job_id: object, detail: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"transfer job {job_id!r}: {detail}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
