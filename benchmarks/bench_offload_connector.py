@@ -1,5 +1,5 @@
-"""The offloading connector's bookkeeping of a 256-request scheduler step:
-``python -m benchmarks.bench_offload_connector --vllm DIR``.
+"""The offloading connector's bookkeeping of a 256-request scheduler step, pagedkv's
+beside vLLM's: ``python -m benchmarks.bench_offload_connector [--vllm DIR]``.
 
 Prints figures, asserts nothing. Times vLLM's own ``OffloadingConnectorScheduler`` over
 its ``KVCacheManager`` and ``CPUOffloadingManager``, loaded from DIR (``make
@@ -20,10 +20,11 @@ block per chunk):
   every chunk, ``update_state_after_alloc`` pins them (``prepare_load``), the metadata
   carries a load job per request, the report completes them.
 
-Per phase and per step, time per request: the median of the fastest half of the rounds
-(load spikes only add time). pagedkv's connector (``pagedkv.v1.offload``'s) is timed
-beside it in the same run once it is in the tree (the ratio vLLM / pagedkv: above 1,
-pagedkv faster).
+pagedkv's connector (``pagedkv.v1.offload.connector``, over ``pagedkv.v1`` and
+pagedkv's CPU manager, :class:`PagedKV`) runs the same steps in the same run (without
+``--vllm``, alone). Per phase and per step, time per request: the median of the fastest
+half of the rounds (load spikes only add time); per step the ratio vLLM / pagedkv
+(above 1: pagedkv faster).
 """
 
 from __future__ import annotations
@@ -106,16 +107,15 @@ def _step(parts: Any, clock: _Clock, prompts: list[list[int]], tag: str) -> tupl
 def _finish_all(parts: Any, requests: list[Any]) -> None:
     """Every request finishes (untimed): ``request_finished``, blocks freed, the step
     that follows, its jobs reported done."""
-    for req in requests:
-        parts.stop(req)
-        parts.scheduler.request_finished(req)
-        parts.kv_manager.free(req)
+    held = [req for req in requests if parts.finish(req)]
     meta = parts.scheduler.build_connector_meta(
         parts.scheduler_output(finished={r.request_id for r in requests})
     )
     parts.scheduler.update_connector_output(
         parts.worker_output({*meta.store_jobs, *meta.load_jobs})
     )
+    for req in held:
+        parts.kv_manager.free(req)
 
 
 def one_round(make: Callable[[], Any], seed: int) -> dict[str, dict[str, float]]:
@@ -140,6 +140,74 @@ def one_round(make: Callable[[], Any], seed: int) -> dict[str, dict[str, float]]
     return {"store step": stores.spent, "load step": loads.spent}
 
 
+class PagedKV:
+    """pagedkv's connector (``pagedkv.v1.offload.OffloadingConnectorScheduler`` over
+    ``pagedkv.v1.KVCacheManager`` and ``CPUOffloadingManager``) behind the driver's
+    surface (that of :class:`~pagedkv_stateful.engines.vllm_offload_connector.ConnectorParts`).
+    pagedkv's connector reads a request's blocks from its KV manager, so a scheduler
+    output carries the tokens scheduled, the finished and the preempted requests only."""
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, num_chunks: int) -> None:
+        from pagedkv.v1 import KVCacheConfig, KVCacheManager
+        from pagedkv.v1.hashing import get_request_block_hasher
+        from pagedkv.v1.offload import CPUOffloadingManager
+        from pagedkv.v1.offload.connector import OffloadingConnectorScheduler
+
+        config = KVCacheConfig.full_attention(num_gpu_blocks, block_size)
+        self.kv_manager = KVCacheManager(config, 1 << 16, block_size, block_size)
+        self.manager = CPUOffloadingManager(num_chunks, cache_policy="lru")
+        self.scheduler = OffloadingConnectorScheduler(self.kv_manager, self.manager)
+        self.hasher = get_request_block_hasher(block_size)
+
+    def request(self, request_id: str, prompt: list[int]) -> Any:
+        from pagedkv.v1 import Request
+
+        return Request(request_id, prompt, block_hasher=self.hasher)
+
+    def computed_blocks(self, request: Any) -> tuple[Any, int]:
+        blocks, hit, _ = self.kv_manager.get_computed_blocks(request)
+        return blocks, hit
+
+    def scheduler_output(
+        self,
+        new: Any = (),
+        num_scheduled_tokens: dict[str, int] | None = None,
+        finished: Any = frozenset(),
+    ) -> Any:
+        from pagedkv.v1.offload.jobs import ConnectorSchedulerOutput
+
+        return ConnectorSchedulerOutput(dict(num_scheduled_tokens or {}), frozenset(finished))
+
+    def worker_output(self, completed: Any = frozenset()) -> Any:
+        from pagedkv.v1.offload.jobs import OffloadingWorkerMetadata
+
+        meta = OffloadingWorkerMetadata()
+        for job in sorted(completed):
+            meta.mark_completed(job)
+        return meta
+
+    def finish(self, request: Any) -> bool:
+        from pagedkv.v1 import RequestStatus
+
+        request.status = RequestStatus.FINISHED_STOPPED
+        held, _ = self.scheduler.request_finished(
+            request, self.kv_manager.get_block_ids(request.request_id)[0]
+        )
+        if not held:
+            self.kv_manager.free(request)
+        return held
+
+
+def _sizes() -> tuple[int, int, int]:
+    """GPU blocks, tokens per block, host chunks: room for both steps' requests."""
+    return 2 * BATCH * (PROMPT // BLOCK + 1) + 1, BLOCK, 2 * BATCH * (PROMPT // BLOCK)
+
+
+def pagedkv_factory() -> tuple[str, Callable[[], Any]]:
+    """pagedkv's connector as a factory of fresh connectors sized for the benchmark."""
+    return "pagedkv", lambda: PagedKV(*_sizes())
+
+
 def vllm_factory(directory: str) -> tuple[str, Callable[[], Any]]:
     """vLLM's connector of the release extracted in ``directory``, as a factory of fresh
     connectors sized for the benchmark."""
@@ -149,11 +217,7 @@ def vllm_factory(directory: str) -> tuple[str, Callable[[], Any]]:
     release = voc.release_of(directory)
 
     def make() -> Any:
-        return voc.connector(
-            num_gpu_blocks=2 * BATCH * (PROMPT // BLOCK + 1) + 1,
-            block_size=BLOCK,
-            num_chunks=2 * BATCH * (PROMPT // BLOCK),
-        )
+        return voc.connector(*_sizes())
 
     return f"vllm {release}", make
 
@@ -171,21 +235,28 @@ def run(targets: list[tuple[str, Callable[[], Any]]], rounds: int) -> None:
                     )
     print(f"connector bookkeeping, {BATCH} requests of {PROMPT} tokens, blocks of {BLOCK}")
     print("(microseconds per request; median of the fastest half of the rounds)")
+    totals: dict[str, dict[str, float]] = {}
     for name, steps in results.items():
         for step, samples in steps.items():
             total = _best([sum(s) for s in zip(*samples.values(), strict=True)]) / BATCH * 1e6
+            totals.setdefault(step, {})[name] = total
             parts = ", ".join(f"{p} {_best(v) / BATCH * 1e6:.1f}" for p, v in samples.items())
             print(f"  {name:14} {step:10}: {total:7.1f} us  ({parts})")
+    for step, by_name in totals.items():
+        vllm = [t for n, t in by_name.items() if n.startswith("vllm")]
+        if "pagedkv" in by_name and vllm:
+            print(f"  {step}: vLLM / pagedkv = {vllm[0] / by_name['pagedkv']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_offload_connector")
-    parser.add_argument(
-        "--vllm", required=True, help="a directory vllm_offload_connector extracted"
-    )
+    parser.add_argument("--vllm", help="a directory vllm_offload_connector extracted")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    run([vllm_factory(args.vllm)], args.rounds)
+    targets = [pagedkv_factory()]
+    if args.vllm:
+        targets.append(vllm_factory(args.vllm))
+    run(targets, args.rounds)
 
 
 if __name__ == "__main__":

@@ -282,12 +282,13 @@ def test_a_failed_load_is_reported_where_the_release_can(vllm_dir: Path, release
 
 
 def test_the_benchmark_runs_one_round(vllm_dir: Path, release: str, monkeypatch: Any) -> None:
-    """benchmarks.bench_offload_connector's two steps on the release, at a small size."""
+    """benchmarks.bench_offload_connector's two steps on the release and on pagedkv's
+    connector, at a small size."""
     from benchmarks import bench_offload_connector as bench
 
     monkeypatch.setattr(bench, "BATCH", 4)
     monkeypatch.setattr(bench, "PROMPT", 32)
-    _, make = bench.vllm_factory(str(vllm_dir))
-    got = bench.one_round(make, 0)
-    assert set(got) == {"store step", "load step"}
-    assert all(set(spent) == set(bench.PHASES) for spent in got.values())
+    for _, make in (bench.vllm_factory(str(vllm_dir)), bench.pagedkv_factory()):
+        got = bench.one_round(make, 0)
+        assert set(got) == {"store step", "load step"}
+        assert all(set(spent) == set(bench.PHASES) for spent in got.values())

@@ -372,6 +372,16 @@ class ConnectorParts:
         before it calls ``request_finished``."""
         request.status = _module("vllm.v1.request").RequestStatus.FINISHED_STOPPED
 
+    def finish(self, request: Any) -> bool:
+        """``request`` finishes as vLLM's scheduler finishes it: marked stopped,
+        ``request_finished`` asked whether its blocks stay held (vLLM's connector never
+        holds them: False), its GPU blocks freed unless held. Returns the answer."""
+        self.stop(request)
+        held, _ = self.scheduler.request_finished(request)
+        if not held:
+            self.kv_manager.free(request)
+        return bool(held)
+
     def computed_blocks(self, request: Any) -> tuple[Any, int]:
         """``KVCacheManager.get_computed_blocks``: the GPU prefix hit (blocks, tokens)."""
         found = self.kv_manager.get_computed_blocks(request)
