@@ -292,3 +292,83 @@ def test_the_benchmark_runs_one_round(vllm_dir: Path, release: str, monkeypatch:
         got = bench.one_round(make, 0)
         assert set(got) == {"store step", "load step"}
         assert all(set(spent) == set(bench.PHASES) for spent in got.values())
+
+
+# --------------------------------------------------------------------------- the kit's target
+
+
+def _protocol_run(target: Any) -> list[object]:
+    """A prompt stored by one request and loaded by a later one whose GPU prefix is gone,
+    played through the offloading-connector machine's target protocol: what the
+    connector answered and the jobs it issued (direction, keys, GPU blocks, blocks
+    skipped), step by step."""
+    from pagedkv.v1.offload.jobs import OffloadingWorkerMetadata
+    from pagedkv_stateful.v1.offload_connector_target import StepOutput
+
+    seen: list[object] = []
+
+    def admit(req_id: str, prompt: list[int]) -> Any:
+        req = target.make_request(req_id, prompt)
+        target.on_new_request(req)
+        blocks, local = target.get_computed_blocks(req)
+        external, load_async = target.get_num_new_matched_tokens(req, local)
+        external = external or 0
+        tokens = len(prompt) - local - external
+        assert target.allocate_slots(req, tokens, local, blocks, external, load_async)
+        target.update_state_after_alloc(req, target.get_blocks(req), external)
+        table = target.block_ids(req)
+        step = StepOutput(
+            num_scheduled_tokens={req_id: tokens},
+            new_req_ids=(req_id,),
+            new_block_ids={req_id: table},
+            block_ids={req_id: table},
+            num_computed_tokens={req_id: local + external},
+        )
+        seen.append(("matched", local, external, load_async))
+        report(target.build_connector_meta(step))
+        target.set_num_computed_tokens(req, len(prompt))
+        return req
+
+    def report(meta: Any) -> None:
+        jobs = {**meta.load_jobs, **meta.store_jobs}
+        seen.append(
+            sorted((j.is_store, j.keys, j.gpu_block_ids, j.skip_blocks) for j in jobs.values())
+        )
+        done = OffloadingWorkerMetadata()
+        for job_id in jobs:
+            done.mark_completed(job_id)
+        target.update_connector_output(done)
+
+    a = admit("a", list(range(10)))
+    target.set_finished(a, False)
+    held, _ = target.request_finished(a, target.block_ids(a))
+    if not held:
+        target.free(a)
+    report(target.build_connector_meta(StepOutput(finished_req_ids=frozenset({"a"}))))
+    for req_id in target.take_finished_sending():
+        assert req_id == "a"
+        target.free(a)
+    assert target.reset_prefix_cache()
+    seen.append(sorted(target.tier_chunks().values()))
+    admit("b", [*range(10), 99])
+    seen.append(sorted(target.tier_chunks().values()))
+    return seen
+
+
+def test_the_kit_target_runs_as_pagedkvs_connector_on_a_store_and_a_load(
+    vllm_dir: Path, release: str
+) -> None:
+    """vLLM's connector behind the offloading-connector machine's target protocol
+    (:class:`vllm_offload_connector.VLLMConnectorTarget`) answers a store then a load
+    as pagedkv's own connector does: the same hits, the same jobs (keys, GPU blocks),
+    the same host chunks."""
+    from pagedkv_stateful.v1.offload_connector_target import TargetConfig, pagedkv_target
+
+    config = TargetConfig(
+        num_gpu_blocks=16, block_size=4, max_model_len=64, num_cpu_chunks=8, enable_events=True
+    )
+    theirs = _protocol_run(voc.connector_target(config))
+    ours = _protocol_run(pagedkv_target(config))
+    assert theirs == ours
+    assert theirs[0] == ("matched", 0, 0, False)
+    assert theirs[3] == [(True, 0), (True, 0)]  # both chunks stored, ready, unpinned

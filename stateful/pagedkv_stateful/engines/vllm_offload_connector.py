@@ -54,13 +54,18 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedkv_stateful.engines import vllm_offload, vllm_v1
 from pagedkv_stateful.engines.wheel import MANIFEST as MANIFEST
 from pagedkv_stateful.engines.wheel import Loader, command_line, stand_ins
 from pagedkv_stateful.engines.wheel import TargetSetupError as TargetSetupError
 from pagedkv_stateful.kit.replay import use_prelude
+from pagedkv_stateful.v1.offload_connector_target import StepOutput, TargetConfig
+
+if TYPE_CHECKING:
+    from pagedkv.v1.offload import OffloadingEvent, OffloadKey
+    from pagedkv.v1.offload.jobs import OffloadingConnectorMetadata, OffloadingWorkerMetadata
 
 # --------------------------------------------------------------------------- releases
 
@@ -512,6 +517,264 @@ def hasher(block_size: int) -> Any:
     else:
         utils.init_none_hash(sha256)
     return utils.get_request_block_hasher(block_size, sha256)
+
+
+# --------------------------------------------------------------------------- the kit's target
+
+
+def connector_target(config: TargetConfig) -> VLLMConnectorTarget:
+    """The ``v1-offload-connector`` level's factory: vLLM's connector of the loaded release
+    over its ``KVCacheManager`` and ``CPUOffloadingManager``, sized and configured as
+    ``config`` draws (one worker; every chunk admitted at its first offer, vLLM's
+    default; decode-phase blocks stored too, as pagedkv's connector does:
+    ``offload_prompt_only`` off), behind :class:`VLLMConnectorTarget`. O(num_gpu_blocks)."""
+    parts = connector(
+        config.num_gpu_blocks,
+        config.block_size,
+        config.num_cpu_chunks,
+        max_model_len=config.max_model_len,
+        cache_policy=config.cache_policy,
+        enable_events=config.enable_events,
+        blocks_per_chunk=config.blocks_per_chunk,
+    )
+    return VLLMConnectorTarget(parts, config.blocks_per_chunk)
+
+
+class VLLMConnectorTarget:
+    """vLLM's ``OffloadingConnectorScheduler`` (and its ``KVCacheManager`` and
+    ``CPUOffloadingManager``) behind the offloading-connector machine's target protocol
+    (:class:`pagedkv_stateful.v1.offload_connector_target.ConnectorTarget`).
+
+    Requests and block lists are vLLM's own (``Request``, ``KVCacheBlocks``); the KV
+    manager's and the connector's calls go to vLLM's objects as they are. What crosses
+    the protocol as pagedkv's records is translated, both ways, without interpreting it:
+
+    * a :class:`~pagedkv_stateful.v1.offload_connector_target.StepOutput` becomes vLLM's
+      ``SchedulerOutput`` as the release's scheduler builds it
+      (:meth:`ConnectorParts.scheduler_output`): the step's new requests with their
+      tables, the running ones with the blocks the step added (None for none), a
+      request preempted earlier and scheduled again as the release sends a resumed one
+      (:attr:`Release.resumed_as_new`);
+    * vLLM's metadata becomes pagedkv's: per job its request, direction, chunk ids, GPU
+      block ids and, for a load, the blocks of its first chunk it skips (the GPU
+      spec's first block index modulo the chunk's blocks); the keys are those of the
+      chunk ids in vLLM's CPU manager at that moment (before 0.34.0 a job keeps its keys
+      as a set; the slots name them in order);
+    * the workers' report becomes vLLM's ``KVConnectorOutput`` carrying its
+      ``OffloadingWorkerMetadata``; a failed job on a release whose workers cannot
+      report one raises :class:`UnsupportedCall`.
+
+    ``request_finished`` answers vLLM's answer (never held), so
+    ``take_finished_sending`` is always empty. ``take_events`` drains the CPU manager's
+    events (the connector's own ``take_events`` only re-encodes them as KV cache events
+    for the engine's publisher); ``tier_chunks`` reads the CPU manager's resident
+    chunks (ready, pins) from its policy's status objects.
+    """
+
+    def __init__(self, parts: ConnectorParts, blocks_per_chunk: int) -> None:
+        self.parts = parts
+        self.kv = parts.kv_manager
+        self.scheduler = parts.scheduler
+        self.manager = parts.manager
+        self.blocks_per_chunk = blocks_per_chunk
+        self._offload = vllm_offload.RELEASES[parts.release.version]
+        #: requests preempted and not scheduled again since (a release before 0.34.0
+        #: sends them back as resumed running requests)
+        self._preempted: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"vLLM {self.parts.release.version} OffloadingConnectorScheduler"
+
+    # ------------------------------------------------------------------ requests
+
+    def make_request(self, req_id: str, prompt: Sequence[int]) -> Any:
+        return self.parts.request(req_id, list(prompt))
+
+    def append_token(self, request: Any, token: int) -> None:
+        request.append_output_token_ids(token)
+
+    def set_num_computed_tokens(self, request: Any, num_computed_tokens: int) -> None:
+        request.num_computed_tokens = num_computed_tokens
+
+    def set_finished(self, request: Any, aborted: bool) -> None:
+        status = _module("vllm.v1.request").RequestStatus
+        request.status = status.FINISHED_ABORTED if aborted else status.FINISHED_STOPPED
+
+    # ------------------------------------------------------------------ the KV manager
+
+    def get_computed_blocks(self, request: Any) -> tuple[Any, int]:
+        return self.parts.computed_blocks(request)
+
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: Any,
+        num_external_computed_tokens: int,
+        delay_cache_blocks: bool,
+    ) -> Any | None:
+        return self.kv.allocate_slots(
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_external_computed_tokens=num_external_computed_tokens,
+            delay_cache_blocks=delay_cache_blocks,
+        )
+
+    def get_blocks(self, request: Any) -> Any:
+        return self.kv.get_blocks(request.request_id)
+
+    def block_ids(self, request: Any) -> list[int]:
+        return list(self.kv.get_block_ids(request.request_id)[0])
+
+    def cached_block_ids(self) -> set[int]:
+        return {
+            b.block_id
+            for b in self.kv.block_pool.blocks
+            if b.block_hash is not None and not b.is_null
+        }
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        self.kv.cache_blocks(request, num_computed_tokens)
+
+    def free(self, request: Any) -> None:
+        self.kv.free(request)
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.kv.reset_prefix_cache())
+
+    # ------------------------------------------------------------------ the connector
+
+    def on_new_request(self, request: Any) -> None:
+        self.scheduler.on_new_request(request)
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        found, load_async = self.scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+        return found, bool(load_async)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        self.scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: StepOutput) -> OffloadingConnectorMetadata:
+        from pagedkv.v1.offload.jobs import OffloadingConnectorMetadata
+
+        meta = self.scheduler.build_connector_meta(self._scheduler_output(scheduler_output))
+        keys = self._keys_by_slot()
+        return OffloadingConnectorMetadata(
+            {j: self._job(j, job, False, keys) for j, job in meta.load_jobs.items()},
+            {j: self._job(j, job, True, keys) for j, job in meta.store_jobs.items()},
+            frozenset(int(j) for j in meta.jobs_to_flush or ()),
+        )
+
+    def _scheduler_output(self, step: StepOutput) -> Any:
+        """vLLM's ``SchedulerOutput`` of ``step`` (class docstring)."""
+        preempted = set(step.preempted_req_ids or ())
+        fresh = set(step.new_req_ids)
+        new: list[tuple[str, tuple[list[int], ...]]] = []
+        cached: list[tuple[str, tuple[list[int], ...] | None]] = []
+        resumed: set[str] = set()
+        for rid in step.num_scheduled_tokens:
+            if rid in fresh and rid in self._preempted:
+                resumed.add(rid)
+                cached.append((rid, (list(step.block_ids.get(rid, ())),)))
+            elif rid in fresh:
+                new.append((rid, (list(step.block_ids.get(rid, ())),)))
+            else:
+                added = list(step.new_block_ids.get(rid, ()))
+                cached.append((rid, (added,) if added else None))
+        self._preempted = (self._preempted - resumed - set(step.finished_req_ids)) | preempted
+        return self.parts.scheduler_output(
+            new=new,
+            cached=cached,
+            num_scheduled_tokens=step.num_scheduled_tokens,
+            finished=set(step.finished_req_ids),
+            preempted=preempted,
+            resumed=resumed,
+        )
+
+    def _keys_by_slot(self) -> dict[int, bytes]:
+        """The CPU manager's resident keys by slot (chunk id)."""
+        field = self._offload.status_slot
+        return {int(getattr(c, field)): bytes(k) for k, c in self._resident().items()}
+
+    def _job(self, job_id: int, job: Any, is_store: bool, keys: Mapping[int, bytes]) -> Any:
+        from pagedkv.v1.offload import OffloadKey
+        from pagedkv.v1.offload.jobs import TransferJob
+
+        gpu, host = (job.src_spec, job.dst_spec) if is_store else (job.dst_spec, job.src_spec)
+        chunks = tuple(int(c) for c in host.block_ids)
+        first = next(iter(getattr(gpu, "block_indices", ()) or (0,)))
+        return TransferJob(
+            int(job_id),
+            job.req_id,
+            is_store,
+            tuple(OffloadKey(keys[c]) for c in chunks),  # each is resident: pinned or storing
+            chunks,
+            tuple(int(b) for b in gpu.block_ids),
+            self.blocks_per_chunk,
+            0 if is_store else int(first) % self.blocks_per_chunk,
+        )
+
+    def update_connector_output(self, connector_output: OffloadingWorkerMetadata) -> None:
+        failed = set(connector_output.failed_jobs)
+        completed = dict(connector_output.completed_jobs)
+        if failed and not self.parts.release.failed_jobs:
+            raise UnsupportedCall(
+                f"vLLM {self.parts.release.version}'s workers report no failed job: every job "
+                "they report counts as done"
+            )
+        common = _module(f"{_OFFLOADING[:-1].replace('/', '.')}.common")
+        outputs = _module("vllm.v1.outputs")
+        meta = common.OffloadingWorkerMetadata(completed_jobs=completed)
+        if failed:
+            meta.failed_jobs = failed
+        self.scheduler.update_connector_output(
+            outputs.KVConnectorOutput(kv_connector_worker_meta=meta)
+        )
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        held, params = self.scheduler.request_finished(request)
+        return bool(held), params
+
+    def take_finished_sending(self) -> list[str]:
+        return []
+
+    def take_events(self) -> list[OffloadingEvent]:
+        from pagedkv.v1.offload import Medium, OffloadingEvent, OffloadKey
+
+        return [
+            OffloadingEvent(
+                [OffloadKey(bytes(k)) for k in e.keys],
+                Medium.CPU,
+                bool(e.removed),
+                bool(getattr(e, "metadata_only", False)),
+            )
+            for e in self.manager.take_events()
+        ]
+
+    def reset_cache(self) -> None:
+        self.scheduler.reset_cache()
+
+    # ------------------------------------------------------------------ views
+
+    def _resident(self) -> dict[bytes, Any]:
+        """The CPU manager's policy's resident keys and their status objects."""
+        p = self.manager._policy
+        if hasattr(p, "t1"):  # ARC
+            return {**p.t1, **p.t2}
+        return dict(p.chunks if hasattr(p, "chunks") else p.blocks)
+
+    def tier_chunks(self) -> dict[OffloadKey, tuple[bool, int]]:
+        from pagedkv.v1.offload import OffloadKey
+
+        return {
+            OffloadKey(bytes(k)): (c.ref_cnt >= 0, max(c.ref_cnt, 0))
+            for k, c in self._resident().items()
+        }
 
 
 # --------------------------------------------------------------------------- command line
