@@ -367,8 +367,23 @@ def test_the_kit_target_runs_as_pagedkvs_connector_on_a_store_and_a_load(
     config = TargetConfig(
         num_gpu_blocks=16, block_size=4, max_model_len=64, num_cpu_chunks=8, enable_events=True
     )
-    theirs = _protocol_run(voc.connector_target(config))
+    target, caps = voc.connector_target(config)
+    assert not caps.misuse and caps.failed_stores == voc.RELEASES[release].failed_jobs
+    theirs = _protocol_run(target)
     ours = _protocol_run(pagedkv_target(config))
     assert theirs == ours
     assert theirs[0] == ("matched", 0, 0, False)
     assert theirs[3] == [(True, 0), (True, 0)]  # both chunks stored, ready, unpinned
+
+
+def test_the_kits_probe_takes_the_target(vllm_dir: Path, release: str) -> None:
+    """The level's probe (kit.targets.probe_v1_offload_connector) accepts vLLM's connector
+    behind the protocol with the release's capabilities, and pagedkv's own target."""
+    from pagedkv_stateful.kit.targets import probe_v1_offload_connector
+    from pagedkv_stateful.v1.offload_connector_target import TargetConfig, pagedkv_target
+
+    config = TargetConfig(num_gpu_blocks=8, block_size=2, max_model_len=32, num_cpu_chunks=4)
+    probe = probe_v1_offload_connector(voc.connector_target(config), "vllm")
+    assert not probe.own and not probe.capabilities.misuse
+    assert probe.capabilities.failed_stores == voc.RELEASES[release].failed_jobs
+    assert probe_v1_offload_connector(pagedkv_target(config), "pagedkv").own

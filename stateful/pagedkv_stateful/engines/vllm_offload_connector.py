@@ -56,6 +56,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from pagedkv_stateful.adapters import Capabilities
 from pagedkv_stateful.engines import vllm_offload, vllm_v1
 from pagedkv_stateful.engines.wheel import MANIFEST as MANIFEST
 from pagedkv_stateful.engines.wheel import Loader, command_line, stand_ins
@@ -522,12 +523,13 @@ def hasher(block_size: int) -> Any:
 # --------------------------------------------------------------------------- the kit's target
 
 
-def connector_target(config: TargetConfig) -> VLLMConnectorTarget:
+def connector_target(config: TargetConfig) -> tuple[VLLMConnectorTarget, Capabilities]:
     """The ``v1-offload-connector`` level's factory: vLLM's connector of the loaded release
     over its ``KVCacheManager`` and ``CPUOffloadingManager``, sized and configured as
     ``config`` draws (one worker; every chunk admitted at its first offer, vLLM's
     default; decode-phase blocks stored too, as pagedkv's connector does:
-    ``offload_prompt_only`` off), behind :class:`VLLMConnectorTarget`. O(num_gpu_blocks)."""
+    ``offload_prompt_only`` off), behind :class:`VLLMConnectorTarget`, with the release's
+    :func:`capabilities`. O(num_gpu_blocks)."""
     parts = connector(
         config.num_gpu_blocks,
         config.block_size,
@@ -537,7 +539,19 @@ def connector_target(config: TargetConfig) -> VLLMConnectorTarget:
         enable_events=config.enable_events,
         blocks_per_chunk=config.blocks_per_chunk,
     )
-    return VLLMConnectorTarget(parts, config.blocks_per_chunk)
+    return VLLMConnectorTarget(parts, config.blocks_per_chunk), capabilities(parts.release)
+
+
+def capabilities(release: Release) -> Capabilities:
+    """What vLLM's connector of ``release`` is judged on: vLLM promises no error types and
+    is held to its scheduler's calls (no misuse, no call its scheduler never makes); a
+    failed job exists from 0.34.0 (:attr:`Release.failed_jobs`)."""
+    return Capabilities(
+        misuse=False,
+        typed_errors=False,
+        beyond_callers=False,
+        failed_stores=release.failed_jobs,
+    )
 
 
 class VLLMConnectorTarget:
