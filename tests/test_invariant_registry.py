@@ -71,7 +71,7 @@ RUNNING, WAITING = SequenceStatus.RUNNING, SequenceStatus.WAITING
 def test_registry_is_well_formed() -> None:
     prefixes = {"pool": "P", "allocator": "I", "caching": "C", "manager": "M", "table": "T"}
     prefixes |= {"scheduler": "Q", "kv": "KV", "v1": "V1-", "v1scheduler": "S", "offload": "O"}
-    prefixes |= {"radix": "R"}
+    prefixes |= {"radix": "R", "offload-connector": "OC"}
     for id_, inv in REGISTRY.items():
         assert inv.id == id_ and inv.layer in LAYERS and inv.kind in ("state", "step")
         assert re.fullmatch(prefixes[inv.layer] + r"[0-9]+", id_), id_

@@ -46,6 +46,14 @@ DOMAINS: list[tuple[Callable[..., None], list[range | list[bool]]]] = [
         V1.prop_offload_reset_fences_busy_slots,
         [range(1, 5), range(4), range(3), range(3), [False, True]],
     ),
+    (
+        V1.prop_connector_hit_then_load_covers_it,
+        [range(1, 3), range(1, 3), range(4), range(1, 10), range(5)],
+    ),
+    (
+        V1.prop_connector_store_survives_only_unreused_blocks,
+        [range(1, 3), range(1, 3), range(1, 4), range(-1, 6), [False, True]],
+    ),
     (R.prop_radix_alloc_is_all_or_nothing, [range(5), range(1, 4), range(6)]),
     (
         R.prop_radix_requests_conserve_pages,

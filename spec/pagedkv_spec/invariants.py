@@ -22,7 +22,10 @@ An :class:`Invariant` has:
                loads in flight, O8 a tier, the replayed events and whether events are on)
                ``v1scheduler`` (the reference V1 scheduler, ids ``S1``..) or ``radix``
                (SGLang's radix prefix cache, ids ``R1``..; state predicates take a
-               :class:`~pagedkv_spec.radix.state.CacheState`)
+               :class:`~pagedkv_spec.radix.state.CacheState`) or ``offload-connector``
+               (the offloading connector across the GPU blocks, the host tier and the
+               jobs in flight, ids ``OC1``..; predicates take a
+               :class:`~pagedkv_spec.v1.offload_connector.ConnectorState`)
     kind       ``state``: a predicate over one state, checked after every step;
                ``step``: over one transition, checked after each step making it
     predicate  the spec function that decides it
@@ -59,6 +62,7 @@ from pagedkv_spec.radix import tree as rtree
 from pagedkv_spec.v0 import allocator, caching, manager, pool, table
 from pagedkv_spec.v1 import manager as v1m
 from pagedkv_spec.v1 import offload as v1o
+from pagedkv_spec.v1 import offload_connector as v1oc
 from pagedkv_spec.v1 import offload_policy as v1op
 from pagedkv_spec.v1 import pool as v1p
 from pagedkv_spec.v1 import scheduler as v1s
@@ -88,6 +92,7 @@ LAYERS = (
     "v1scheduler",
     "offload",
     "radix",
+    "offload-connector",
 )
 
 
@@ -537,6 +542,39 @@ def _entries() -> Iterable[Invariant]:
     )
     for id_, predicate, meaning, kind in offload:
         yield inv(id_, predicate, meaning, "offload", kind)
+    # The offloading connector across tiers (pagedkv.v1.offload.connector): the
+    # reference's "Across tiers" list
+    connector: tuple[tuple[str, Callable[..., bool], str], ...] = (
+        (
+            "OC1",
+            v1oc.stores_read_their_keys,
+            "a store in flight reads blocks holding its keys' KV: none reallocated before "
+            "it completes or is flushed",
+        ),
+        (
+            "OC2",
+            v1oc.loads_pinned,
+            "every key of a load in flight is ready and pinned, its pins the loads naming it",
+        ),
+        (
+            "OC3",
+            v1oc.loading_blocks_not_cached,
+            "blocks being loaded are not offered as cached GPU blocks until the load completes",
+        ),
+        (
+            "OC4",
+            v1oc.load_matches_hit,
+            "a load covers exactly the external hit told: blocks and keys from the GPU hit on",
+        ),
+        (
+            "OC5",
+            v1oc.requests_read_their_prefix,
+            "a request's computed blocks hold its prefix: a failed load is recomputed, never read",
+        ),
+        ("OC6", v1oc.one_load_alone, "a request with a load in flight has no other job in flight"),
+    )
+    for id_, predicate_fn, meaning in connector:
+        yield inv(id_, predicate_fn, meaning, "offload-connector", explain=v1oc.explain)
     # SGLang's radix prefix cache (pagedkv.radix). NOTE: the order is the order of
     # causes: a namespace or shape fault first, counters before the conservation they
     # also break, a lost page (R2) before the sizes it unbalances (R1).

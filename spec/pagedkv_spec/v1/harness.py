@@ -13,6 +13,7 @@ from collections import Counter
 from pagedkv_spec.errors import PagedKVError
 from pagedkv_spec.v1 import manager as M
 from pagedkv_spec.v1 import offload as O
+from pagedkv_spec.v1 import offload_connector as OC
 from pagedkv_spec.v1.manager import ManagerState, RequestView
 from pagedkv_spec.v1.pool import pool_ok
 
@@ -156,3 +157,75 @@ def prop_offload_reset_fences_busy_slots(
         keys = tuple(bytes([3, i]) for i in range(len(out.free)))
         after, stored = O.prepare_store(out, "a", keys, (), tuple(sorted(out.free)))
         assert stored == keys and not any(c.slot in busy for _, c in after.chunks)
+
+
+def _chain(tokens: tuple[int, ...], tokens_per_chunk: int) -> tuple[bytes, ...]:
+    """One-byte-per-token stand-in keys of ``tokens``' whole chunks (a key names its
+    whole prefix, as the chained hash does)."""
+    return tuple(
+        bytes(tokens[: (c + 1) * tokens_per_chunk]) for c in range(len(tokens) // tokens_per_chunk)
+    )
+
+
+def prop_connector_hit_then_load_covers_it(
+    block_size: int, blocks_per_chunk: int, local_blocks: int, num_tokens: int, num_hits: int
+) -> None:
+    """The hit a lookup reports (:func:`~pagedkv_spec.v1.offload_connector.matched_tokens`)
+    is whole chunks past the GPU hit within the request, and the load of it
+    (:func:`~pagedkv_spec.v1.offload_connector.load_shape`) covers exactly those tokens
+    with the request's own blocks and keys (OC4); once complete, the request reads its
+    prefix (OC5)."""
+    assert 1 <= block_size <= 2 and 1 <= blocks_per_chunk <= 2 and 0 <= local_blocks <= 3
+    assert 1 <= num_tokens <= 9 and 0 <= num_hits <= 4
+    num_local = local_blocks * block_size
+    if num_local > num_tokens:
+        return
+    tpc = block_size * blocks_per_chunk
+    tokens = tuple(range(1, num_tokens + 1))
+    keys = _chain(tokens, tpc)
+    hit = OC.matched_tokens(tpc, num_tokens, len(keys), num_local, num_hits)
+    if hit == 0:
+        return
+    shape = OC.load_shape(block_size, blocks_per_chunk, num_local, hit)
+    assert shape.end_chunk <= len(keys) and num_local + hit <= num_tokens
+    blocks = tuple(range(1, shape.end_block + 1))
+    job = OC.Job(
+        0,
+        "a",
+        False,
+        keys[shape.first_chunk : shape.end_chunk],
+        blocks[shape.first_block : shape.end_block],
+        shape.skip,
+        num_local,
+        hit,
+    )
+    content = tuple((b, tokens[: b * block_size]) for b in blocks)
+    req = OC.Req("a", tokens, keys, blocks, num_local + hit)
+    state = OC.ConnectorState(
+        block_size, blocks_per_chunk, content, frozenset(), (req,), (job,), None, ()
+    )
+    assert OC.load_matches_hit(state) and OC.requests_read_their_prefix(state)
+
+
+def prop_connector_store_survives_only_unreused_blocks(
+    block_size: int, blocks_per_chunk: int, num_chunks: int, reuse: int, flushed: bool
+) -> None:
+    """A store in flight whose source block was rewritten with another prompt's KV
+    breaks OC1 unless a reset flushed it; untouched, it holds."""
+    assert 1 <= block_size <= 2 and 1 <= blocks_per_chunk <= 2 and 1 <= num_chunks <= 3
+    assert -1 <= reuse <= 5
+    if reuse >= num_chunks * blocks_per_chunk:
+        return
+    tpc = block_size * blocks_per_chunk
+    tokens = tuple(range(1, num_chunks * tpc + 1))
+    keys = _chain(tokens, tpc)
+    blocks = tuple(range(1, num_chunks * blocks_per_chunk + 1))
+    content = {b: tokens[: b * block_size] for b in blocks}
+    if reuse >= 0:
+        content[blocks[reuse]] = (99,) * block_size
+    job = OC.Job(0, "a", True, keys, blocks, flushed=flushed)
+    prefix = tuple((k, tokens[: (c + 1) * tpc]) for c, k in enumerate(keys))
+    state = OC.ConnectorState(
+        block_size, blocks_per_chunk, tuple(content.items()), frozenset(), (), (job,), None, prefix
+    )
+    assert OC.stores_read_their_keys(state) == (reuse < 0 or flushed)
