@@ -578,8 +578,12 @@ class VLLMConnectorTarget:
       ``OffloadingWorkerMetadata``; a failed job on a release whose workers cannot
       report one raises :class:`UnsupportedCall`.
 
-    ``request_finished`` answers vLLM's answer (never held), so
-    ``take_finished_sending`` is always empty. ``take_events`` drains the CPU manager's
+    ``request_finished`` answers vLLM's connector's answer (never held), but for a
+    request aborted while its load is in flight: vLLM's scheduler keeps that request's
+    blocks until the workers report the load (``finish_requests``: a
+    ``WAITING_FOR_REMOTE_KVS`` request is freed at ``finished_recving``, every release),
+    so the adapter answers held and ``take_finished_sending`` names the request once
+    the load is reported. ``take_events`` drains the CPU manager's
     events (the connector's own ``take_events`` only re-encodes them as KV cache events
     for the engine's publisher); ``tier_chunks`` reads the CPU manager's resident
     chunks (ready, pins) from its policy's status objects.
@@ -595,6 +599,10 @@ class VLLMConnectorTarget:
         #: requests preempted and not scheduled again since (a release before 0.34.0
         #: sends them back as resumed running requests)
         self._preempted: set[str] = set()
+        #: load job -> the aborted request whose blocks vLLM's scheduler holds for it,
+        #: and the requests released since take_finished_sending last asked
+        self._held_loads: dict[int, str] = {}
+        self._released: list[str] = []
 
     def __repr__(self) -> str:
         return f"vLLM {self.parts.release.version} OffloadingConnectorScheduler"
@@ -658,6 +666,9 @@ class VLLMConnectorTarget:
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.kv.reset_prefix_cache())
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        self.kv.evict_blocks(set(block_ids))
 
     # ------------------------------------------------------------------ the connector
 
@@ -749,13 +760,28 @@ class VLLMConnectorTarget:
         self.scheduler.update_connector_output(
             outputs.KVConnectorOutput(kv_connector_worker_meta=meta)
         )
+        for job_id in completed:
+            rid = self._held_loads.pop(job_id, None)
+            if rid is not None:
+                self._released.append(rid)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
+        rid = request.request_id
+        status = self.scheduler._req_status.get(rid)
+        jobs = self.scheduler._jobs
+        loads = [j for j in (status.transfer_jobs if status else ()) if not jobs[j].is_store]
         held, params = self.scheduler.request_finished(request)
+        if loads and not held:
+            # vLLM's scheduler (not its connector) keeps the blocks of a request aborted
+            # while its load is in flight (WAITING_FOR_REMOTE_KVS), until the workers
+            # report the load (finished_recving): scheduler.py's finish_requests
+            self._held_loads[loads[0]] = rid
+            return True, params
         return bool(held), params
 
     def take_finished_sending(self) -> list[str]:
-        return []
+        out, self._released = self._released, []
+        return out
 
     def take_events(self) -> list[OffloadingEvent]:
         from pagedkv.v1.offload import Medium, OffloadingEvent, OffloadKey

@@ -466,6 +466,7 @@ V1_OFFLOAD_CONNECTOR_METHODS = (
     "cache_blocks",
     "free",
     "reset_prefix_cache",
+    "evict_blocks",
     "on_new_request",
     "get_num_new_matched_tokens",
     "update_state_after_alloc",
