@@ -387,3 +387,29 @@ def test_the_kits_probe_takes_the_target(vllm_dir: Path, release: str) -> None:
     assert not probe.own and not probe.capabilities.misuse
     assert probe.capabilities.failed_stores == voc.RELEASES[release].failed_jobs
     assert probe_v1_offload_connector(pagedkv_target(config), "pagedkv").own
+
+
+# --------------------------------------------------------------------------- reproductions
+
+#: The standalone reproductions in docs/repro/connector/ (vLLM's files and the extracted
+#: directory's stand-ins only), each with the releases where its last line is ``True``.
+REPRODUCTIONS = {"reset_twice_asserts.py": frozenset({"0.27.1", "0.29.0", "0.33.0"})}
+
+
+@pytest.mark.parametrize("script", sorted(REPRODUCTIONS))
+def test_each_standalone_reproduction_shows_its_bug_exactly_on_its_releases(
+    vllm_dir: Path, release: str, script: str
+) -> None:
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "repro" / "connector" / script), str(vllm_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == str(release in REPRODUCTIONS[script])
+
+
+def test_every_reproduction_in_docs_is_checked() -> None:
+    scripts = {p.name for p in (ROOT / "docs" / "repro" / "connector").glob("*.py")}
+    assert scripts == set(REPRODUCTIONS)
