@@ -46,9 +46,14 @@ from pagedkv_stateful.v0.allocator_machine import AllocatorMachine
 from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.manager_machine import ManagerMachine
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.offload_connector_machine import (
+    CONNECTOR_INVARIANTS,
+    OffloadConnectorMachine,
+)
 from pagedkv_stateful.v1.offload_machine import OffloadMachine
 from pagedkv_stateful.v1.pool_machine import V1PoolMachine
 from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
+from test_offload_connector_machine import OFFLOAD_CONNECTOR_PLANTED
 from test_offload_planted import OFFLOAD_PLANTED
 from test_radix_planted import RADIX_PLANTED
 from test_v1_planted import V1_PLANTED
@@ -270,6 +275,7 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
         set(),
     ),
     RadixMachine: (set(RADIX_STATE_IDS), set()),
+    OffloadConnectorMachine: (set(CONNECTOR_INVARIANTS), set()),
 }
 
 
@@ -280,6 +286,7 @@ PROBE_BUDGET: dict[type[RuleBasedStateMachine], tuple[int, int]] = {
     V1PoolMachine: (30, 20),
     OffloadMachine: (30, 20),
     RadixMachine: (30, 20),
+    OffloadConnectorMachine: (30, 20),
 }
 
 
@@ -651,6 +658,7 @@ PLANTED: dict[str, Callable[[], str]] = {
     **V1_SCHEDULER_PLANTED,  # the V1 scheduler: planted in tests/test_v1_scheduler.py
     **OFFLOAD_PLANTED,  # the V1 offload tier: planted in tests/test_offload_planted.py
     **RADIX_PLANTED,  # the radix cache: planted in tests/test_radix_planted.py
+    **OFFLOAD_CONNECTOR_PLANTED,  # the connector: tests/test_offload_connector_machine.py
     # its step invariants: the V1 scheduler machine's planted schedulers
     "S7": lambda: _machine_failure(_v1_scheduler_machine(_PreemptsTheOldest), 300),
     "S8": lambda: _machine_failure(_v1_scheduler_machine(_DoubleCountsTheHit), 300),

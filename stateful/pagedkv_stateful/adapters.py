@@ -101,6 +101,7 @@ CHECKS: dict[str, str] = {
     "finish_requests": "finish_requests answers the unfinished ids; they end finished, blockless",
     "update_from_output": "each sample gets its token; a request finishes exactly at its limit",
     "liveness": "stepping on finishes every request that fits and returns every block",
+    "take_finished_sending": "a connector releases only the finished requests it holds, once",
 }
 
 

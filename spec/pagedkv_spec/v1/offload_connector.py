@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from pagedkv_spec.contracts import exempt
+
 __all__ = [
     "ConnectorState",
     "Job",
@@ -58,7 +60,8 @@ class Job:
     """A transfer job in flight: ``keys[i]`` in chunk ``i`` of the job; the GPU blocks in
     token order from the first chunk's ``skip_blocks``-th. A load records the GPU hit
     its request had (``start_token``) and the external tokens it carries
-    (``num_tokens``); ``flushed``: a reset flushed it (no one waits on it)."""
+    (``num_tokens``); ``flushed``: a reset flushed it (no one waits on it); ``copied``:
+    the worker already copied it (only its report is due)."""
 
     job_id: int
     req_id: str
@@ -69,12 +72,14 @@ class Job:
     start_token: int = 0
     num_tokens: int = 0
     flushed: bool = False
+    copied: bool = False
 
 
 @dataclass(frozen=True)
 class Req:
-    """A live request: its tokens, its chunk keys (head to tail), its blocks, the tokens
-    it counts as computed (it reads their KV), and whether it waits for a load."""
+    """A request holding blocks (live, or finished with its blocks held): its tokens,
+    its chunk keys (head to tail), its blocks, the tokens it counts as computed (it reads
+    their KV), and whether it waits for a load."""
 
     req_id: str
     tokens: tuple[int, ...]
@@ -212,7 +217,7 @@ def stores_read_their_keys(s: ConnectorState) -> bool:
     failed load, while the store may still read it."""
     content, prefix = s.block_content(), dict(s.key_prefix)
     for job in _live(s):
-        if job.is_store:
+        if job.is_store and not job.copied:
             for key, index, block in _pairs(s, job):
                 want = prefix.get(key)
                 if want is None or content.get(block) != block_prefix(
@@ -250,13 +255,14 @@ def loading_blocks_not_cached(s: ConnectorState) -> bool:
 
 def load_matches_hit(s: ConnectorState) -> bool:
     """OC4: a load covers exactly the external hit its request was told: the request's
-    blocks and chunk keys from its GPU hit to the hit plus the external tokens."""
+    blocks and chunk keys from its GPU hit to the hit plus the external tokens. (A load
+    whose request no longer holds blocks is judged by what it writes: OC5.)"""
     reqs = {r.req_id: r for r in s.requests}
     for job in _live(s):
-        if job.is_store:
+        if job.is_store or job.req_id not in reqs:
             continue
-        req = reqs.get(job.req_id)
-        if req is None or job.num_tokens < 1 or job.start_token % s.block_size:
+        req = reqs[job.req_id]
+        if job.num_tokens < 1 or job.start_token % s.block_size:
             return False
         shape = load_shape(s.block_size, s.blocks_per_chunk, job.start_token, job.num_tokens)
         if (
@@ -296,8 +302,19 @@ def one_load_alone(s: ConnectorState) -> bool:
     return all(jobs[rid] == 1 for rid in loads)
 
 
+@exempt("a report helper: it describes a state for a report, it judges nothing")
 def explain(s: ConnectorState) -> str:
-    """Where ``s`` breaks an OC invariant, for a report."""
+    """The state in words, for a report: its requests and the jobs in flight."""
+    reqs = ", ".join(
+        f"{r.req_id} {r.num_computed}/{len(r.tokens)} tokens in {list(r.block_ids)}"
+        + (" (loading)" if r.loading else "")
+        for r in s.requests
+    )
+    jobs = ", ".join(
+        f"{'store' if j.is_store else 'load'} {j.job_id} of {j.req_id} blocks "
+        f"{list(j.gpu_block_ids)}" + (" (copied)" if j.copied else "")
+        for j in _live(s)
+    )
     return (
-        f"{len(s.requests)} requests, {len(_live(s))} jobs in flight, {len(s.cached)} cached blocks"
+        f"requests: {reqs or 'none'}; jobs in flight: {jobs or 'none'}; cached {sorted(s.cached)}"
     )

@@ -9,7 +9,7 @@ under vLLM 0.34.0's names (``on_new_request``, ``get_num_new_matched_tokens``,
 ``request_finished``, ``take_events``, ``reset_cache``), the KV cache manager's calls
 the scheduler role makes (vLLM's ``KVCacheManager`` names: ``get_computed_blocks``,
 ``allocate_slots``, ``get_blocks``, ``cache_blocks``, ``free``,
-``reset_prefix_cache``), and a few request operations and views the machine needs
+``reset_prefix_cache``, ``evict_blocks``), and a few request operations and views the machine needs
 because request objects differ between implementations (``make_request``,
 ``append_token``, ``set_num_computed_tokens``, ``set_finished``, ``block_ids``,
 ``cached_block_ids``, ``tier_chunks``, ``take_finished_sending``).
@@ -148,6 +148,9 @@ class ConnectorTarget(Protocol):
     def reset_prefix_cache(self) -> bool:
         """Drop the GPU prefix cache; False (nothing changed) while blocks are in use."""
 
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Drop these blocks from the GPU prefix cache (vLLM's ``evict_blocks``)."""
+
     # ---------------------------------------------------------------- the connector
 
     def on_new_request(self, request: Any) -> None: ...
@@ -186,7 +189,10 @@ TargetFactory = Callable[[TargetConfig], ConnectorTarget]
 
 class PagedKVConnectorTarget:
     """pagedkv's connector over pagedkv's KV cache manager and host tier, behind the
-    protocol (its calls pass through)."""
+    protocol (its calls pass through). ``connector_class``: the connector to build (a
+    planted bug's subclass, in the tests)."""
+
+    connector_class: type[OffloadingConnectorScheduler] = OffloadingConnectorScheduler
 
     def __init__(self, config: TargetConfig) -> None:
         self.kv = KVCacheManager(
@@ -196,7 +202,7 @@ class PagedKVConnectorTarget:
         self.tier = CPUOffloadingManager(
             config.num_cpu_chunks, config.cache_policy, config.enable_events
         )
-        self.connector = OffloadingConnectorScheduler(self.kv, self.tier, config.blocks_per_chunk)
+        self.connector = self.connector_class(self.kv, self.tier, config.blocks_per_chunk)
         self._hasher = get_request_block_hasher(config.block_size)
 
     # requests
@@ -258,6 +264,9 @@ class PagedKVConnectorTarget:
 
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset_prefix_cache()
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        self.kv.evict_blocks(block_ids)
 
     # the connector
     def on_new_request(self, request: Request) -> None:
