@@ -207,8 +207,11 @@ conform-vllm-v1: $(STAMP)
 # `make test` (a few minutes per release on 2 cores; needs the network once). Beside it, each
 # release's offloading connector (scheduler side) over its KV cache manager and CPU manager
 # is extracted to build/vllm-offload-connector-RELEASE
-# (pagedkv_stateful/engines/vllm_offload_connector.py; needs msgspec, the dev extra) and
-# played by hand (tests/vllm_offload_connector_wheel_checks.py).
+# (pagedkv_stateful/engines/vllm_offload_connector.py; needs msgspec, the dev extra), played
+# by hand (tests/vllm_offload_connector_wheel_checks.py), then run at the kit's
+# v1-offload-connector level (`pagedkv conform
+# pagedkv_stateful.engines.vllm_offload_connector:connector_target`, python and python -O:
+# reports connector-RELEASE[-O] in the same directory, replayed with the others).
 VLLM_OFFLOAD_RELEASES     ?= 0.34.0 0.33.0 0.29.0 0.27.1
 # the release `make bench` times pagedkv.v1.offload beside, once extracted here
 VLLM_OFFLOAD_DIR          ?= build/vllm-offload-0.34.0
@@ -237,6 +240,14 @@ conform-vllm-offload: $(STAMP)
 	    rc=$$?; cat $$out.txt; [ $$rc -le 1 ] || exit $$rc; \
 	  done; done; \
 	done
+	for release in $(VLLM_OFFLOAD_RELEASES); do for opt in "" -O; do \
+	  out=$(CONFORM_VLLM_OFFLOAD_DIR)/connector-$$release$$opt; \
+	  PAGEDKV_VLLM_OFFLOAD_CONNECTOR_DIR=build/vllm-offload-connector-$$release \
+	  $(BIN)/python $$opt -m pagedkv conform \
+	    pagedkv_stateful.engines.vllm_offload_connector:connector_target \
+	    --level v1-offload-connector $(CONFORM_VLLM_OFFLOAD_ARGS) --json $$out.json > $$out.txt; \
+	  rc=$$?; cat $$out.txt; [ $$rc -le 1 ] || exit $$rc; \
+	done; done
 	$(BIN)/python -m pagedkv_stateful.engines.vllm_offload replay $(CONFORM_VLLM_OFFLOAD_DIR)/*.json
 # SGLang's own radix-cache and allocator unit tests (test/registered/unit/mem_cache/
 # test_radix_cache_unit.py, test_allocator_cpu.py: in no wheel or sdist) run unchanged
