@@ -206,7 +206,14 @@ conform-vllm-v1: $(STAMP)
 # python -O: one report per release, policy and run, text and JSON in
 # $(CONFORM_VLLM_OFFLOAD_DIR) (each printed as it goes), then every finding's program replayed
 # in a fresh process. Findings exit 1 per run and are kept; a usage error stops. Not part of
-# `make test` (a few minutes per release on 2 cores; needs the network once).
+# `make test` (a few minutes per release on 2 cores; needs the network once). Beside it, each
+# release's offloading connector (scheduler side) over its KV cache manager and CPU manager
+# is extracted to build/vllm-offload-connector-RELEASE
+# (pagedkv_stateful/engines/vllm_offload_connector.py; needs msgspec, the dev extra), played
+# by hand (tests/vllm_offload_connector_wheel_checks.py), then run at the kit's
+# v1-offload-connector level (`pagedkv conform
+# pagedkv_stateful.engines.vllm_offload_connector:connector_target`, python and python -O:
+# reports connector-RELEASE[-O] in the same directory, replayed with the others).
 VLLM_OFFLOAD_RELEASES     ?= 0.34.0 0.33.0 0.29.0 0.27.1
 # the release `make bench` times pagedkv.v1.offload beside, once extracted here
 VLLM_OFFLOAD_DIR          ?= build/vllm-offload-0.34.0
@@ -220,8 +227,12 @@ conform-vllm-offload: $(STAMP)
 	      -d $(VLLM_WHEELS) || exit 2; \
 	  $(BIN)/python -m pagedkv_stateful.engines.vllm_offload extract \
 	    $$(ls $(VLLM_WHEELS)/vllm-$$release-*.whl | head -1) build/vllm-offload-$$release || exit 2; \
+	  $(BIN)/python -m pagedkv_stateful.engines.vllm_offload_connector extract \
+	    $$(ls $(VLLM_WHEELS)/vllm-$$release-*.whl | head -1) \
+	    build/vllm-offload-connector-$$release || exit 2; \
 	done
 	$(BIN)/python -m pytest -q tests/vllm_offload_wheel_checks.py
+	$(BIN)/python -m pytest -q tests/vllm_offload_connector_wheel_checks.py
 	for release in $(VLLM_OFFLOAD_RELEASES); do \
 	  for opt in "" -O; do for policy in lru arc; do \
 	    out=$(CONFORM_VLLM_OFFLOAD_DIR)/$$policy-$$release$$opt; \
@@ -231,6 +242,14 @@ conform-vllm-offload: $(STAMP)
 	    rc=$$?; cat $$out.txt; [ $$rc -le 1 ] || exit $$rc; \
 	  done; done; \
 	done
+	for release in $(VLLM_OFFLOAD_RELEASES); do for opt in "" -O; do \
+	  out=$(CONFORM_VLLM_OFFLOAD_DIR)/connector-$$release$$opt; \
+	  PAGEDKV_VLLM_OFFLOAD_CONNECTOR_DIR=build/vllm-offload-connector-$$release \
+	  $(BIN)/python $$opt -m pagedkv conform \
+	    pagedkv_stateful.engines.vllm_offload_connector:connector_target \
+	    --level v1-offload-connector $(CONFORM_VLLM_OFFLOAD_ARGS) --json $$out.json > $$out.txt; \
+	  rc=$$?; cat $$out.txt; [ $$rc -le 1 ] || exit $$rc; \
+	done; done
 	$(BIN)/python -m pagedkv_stateful.engines.vllm_offload replay $(CONFORM_VLLM_OFFLOAD_DIR)/*.json
 # SGLang's own radix-cache and allocator unit tests (test/registered/unit/mem_cache/
 # test_radix_cache_unit.py, test_allocator_cpu.py: in no wheel or sdist) run unchanged

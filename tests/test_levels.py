@@ -230,3 +230,19 @@ def test_pagedkvs_own_radix_cache_passes_the_radix_level_quickly() -> None:
     assert report.findings == [] and report.level == "radix"
     assert report.capabilities.misuse and report.capabilities.typed_errors
     assert sum(report.coverage.values()) > 0
+
+
+def test_the_connector_row_names_its_machine_and_pagedkvs_target_passes() -> None:
+    from pagedkv_stateful.kit.targets import V1_OFFLOAD_CONNECTOR_METHODS
+    from pagedkv_stateful.v1.offload_connector_machine import OffloadConnectorMachine
+    from pagedkv_stateful.v1.offload_connector_target import pagedkv_target
+
+    row = LEVELS["v1-offload-connector"]
+    assert row.machine is OffloadConnectorMachine
+    assert row.required == V1_OFFLOAD_CONNECTOR_METHODS
+    assert len(row.callers) == 1 and "scheduler" in row.callers[0]
+    report = run_conformance(
+        pagedkv_target, level="v1-offload-connector", max_examples=30, replay=False
+    )
+    assert report.findings == [], report.render()
+    assert report.capabilities.typed_errors

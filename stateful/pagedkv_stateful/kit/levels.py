@@ -54,6 +54,7 @@ from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
 from pagedkv_stateful.v0.manager_machine import ManagerMachine
 from pagedkv_stateful.v1.manager_machine import V1ManagerMachine
+from pagedkv_stateful.v1.offload_connector_machine import OffloadConnectorMachine
 from pagedkv_stateful.v1.offload_machine import CI_EXAMPLES as OFFLOAD_CI_EXAMPLES
 from pagedkv_stateful.v1.offload_machine import OffloadMachine
 from pagedkv_stateful.v1.pool_machine import V1PoolMachine
@@ -124,6 +125,30 @@ def _v1_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
     from pagedkv.v1 import KVCacheConfig
 
     return (KVCacheConfig.full_attention(8, 2), *args[1:])
+
+
+def _connector_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    from pagedkv_stateful.v1.offload_connector_target import TargetConfig
+
+    return (TargetConfig(8, 2, 32, 4),)
+
+
+#: The v1-offload-connector level's callers' contract (the machine plays vLLM's V1
+#: scheduler and the workers).
+V1_CONNECTOR_SCHEDULER = (
+    "a V1 scheduler's and its workers' calls only (a request looked up, allocated, then "
+    "told update_state_after_alloc in one step; build_connector_meta once a step; each job "
+    "reported once, failed only by a target whose workers report failures, "
+    "Capabilities.failed_stores)"
+)
+
+
+def _connector(caps: Capabilities) -> str:
+    """The v1-offload-connector level's line: failed jobs, errors, callers."""
+    failed = "failed jobs reported" if caps.failed_stores else "no failed job reported"
+    errors = "typed errors" if caps.typed_errors else "any exception as rejection"
+    callers = "calls beyond its callers'" if caps.beyond_callers else "its callers' calls only"
+    return f"{failed}; {errors}; {callers}"
 
 
 def _radix(caps: Capabilities) -> str:
@@ -331,6 +356,19 @@ _ROWS = (
         callers=(V1_OFFLOAD_CONNECTOR,),
         promises=_offload,
         ci_examples=OFFLOAD_CI_EXAMPLES,
+    ),
+    Level(
+        name="v1-offload-connector",
+        machine=OffloadConnectorMachine,
+        signature="(config: TargetConfig)",
+        probe_args=(),
+        probe_args_of=_connector_args,
+        required=t.V1_OFFLOAD_CONNECTOR_METHODS,
+        probe=t.probe_v1_offload_connector,
+        build=t.v1_offload_connector_machine,
+        coverage=(),
+        callers=(V1_CONNECTOR_SCHEDULER,),
+        promises=_connector,
     ),
     Level(
         name="radix",

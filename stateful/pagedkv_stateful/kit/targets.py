@@ -42,6 +42,8 @@ from pagedkv_stateful.v0.caching_machine import CachingAllocatorMachine
 from pagedkv_stateful.v0.caching_manager_machine import CachingManagerMachine
 from pagedkv_stateful.v0.manager_machine import ManagerMachine
 from pagedkv_stateful.v1.manager_machine import EAGLE_GROUPS, V1ManagerMachine
+from pagedkv_stateful.v1.offload_connector_machine import OffloadConnectorMachine
+from pagedkv_stateful.v1.offload_connector_target import TargetConfig
 from pagedkv_stateful.v1.offload_machine import OffloadMachine
 from pagedkv_stateful.v1.pool_machine import BS, V1PoolMachine
 from pagedkv_stateful.v1.program import EVENTS_AGREE
@@ -447,6 +449,116 @@ def probe_v1_offload(result: object, shown: str) -> OffloadProbe:
     return OffloadProbe(target, caps, own)
 
 
+# --------------------------------------------------------------------------- v1-offload-connector
+
+#: What a v1-offload-connector-level target must have: the offloading-connector machine's
+#: target protocol (:class:`pagedkv_stateful.v1.offload_connector_target.ConnectorTarget`):
+#: the connector's scheduler side under vLLM 0.34.0's names, the KV cache manager's calls
+#: the scheduler makes, the request operations and views the machine needs.
+V1_OFFLOAD_CONNECTOR_METHODS = (
+    "make_request",
+    "append_token",
+    "set_num_computed_tokens",
+    "set_finished",
+    "get_computed_blocks",
+    "allocate_slots",
+    "get_blocks",
+    "block_ids",
+    "cached_block_ids",
+    "cache_blocks",
+    "free",
+    "reset_prefix_cache",
+    "evict_blocks",
+    "on_new_request",
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "build_connector_meta",
+    "update_connector_output",
+    "request_finished",
+    "take_finished_sending",
+    "take_events",
+    "reset_cache",
+    "tier_chunks",
+)
+
+
+@dataclass(frozen=True)
+class ConnectorProbe:
+    """The probe of a v1-offload-connector-level factory: its target and what it
+    promises."""
+
+    target: Any
+    capabilities: Capabilities
+    own: bool
+
+
+#: What a v1-offload-connector program imports (the protocol's records it builds).
+CONNECTOR_IMPORTS = (
+    "from pagedkv.v1.offload import OffloadingWorkerMetadata\n"
+    "from pagedkv_stateful.v1.offload_connector_target import StepOutput, TargetConfig"
+)
+
+
+def probe_v1_offload_connector(result: object, shown: str) -> ConnectorProbe:
+    """The v1-offload-connector-level target's surface, and one request it must take
+    through the protocol (made, announced, looked up with no GPU hit: no host hit
+    either); pagedkv's own connector target promises typed errors and defines calls
+    beyond vLLM's scheduler's."""
+    from pagedkv_stateful.v1.offload_connector_target import PagedKVConnectorTarget
+
+    target, caps = _with_surface(
+        result,
+        shown,
+        V1_OFFLOAD_CONNECTOR_METHODS,
+        "a v1-offload-connector-level target has the offloading-connector machine's "
+        "protocol (pagedkv_stateful.v1.offload_connector_target.ConnectorTarget; an adapter "
+        "such as pagedkv_stateful.engines.vllm_offload_connector.VLLMConnectorTarget, "
+        "docs/conformance.md)",
+    )
+    try:
+        request = target.make_request("probe", [1, 2, 3])
+        target.on_new_request(request)
+        found = target.get_num_new_matched_tokens(request, 0)
+    except Exception as err:
+        raise UsageError(
+            f"{shown}: make_request / on_new_request / get_num_new_matched_tokens of a new "
+            f"request raised {type(err).__name__}: {err}; a v1-offload-connector-level target "
+            "takes the protocol's calls (pagedkv_stateful.v1.offload_connector_target)"
+        ) from None
+    if tuple(found) != (0, False):
+        raise UsageError(
+            f"{shown}: an empty host tier matched {found!r} for a new request; "
+            "get_num_new_matched_tokens answers (hit tokens, load asynchronously)"
+        )
+    own = isinstance(target, PagedKVConnectorTarget)
+    if caps is None:
+        caps = Capabilities(typed_errors=own, beyond_callers=own)
+    return ConnectorProbe(target, caps, own)
+
+
+def v1_offload_connector_machine(
+    factory: Callable[..., Any], call: str, caps: Capabilities, probe: Probe | None
+) -> type[OffloadConnectorMachine]:
+    """The v1-offload-connector level's machine over ``factory`` (a ``TargetConfig ->
+    target`` or ``(target, Capabilities)``): a target whose workers report no failed job
+    (``Capabilities.failed_stores`` off) has every job it runs succeed."""
+
+    class ConformConnector(OffloadConnectorMachine):
+        failed_jobs = caps.failed_stores
+
+        def make_target(self, config: TargetConfig) -> Any:
+            result = factory(config)
+            suffix = "[0]" if isinstance(result, tuple) else ""
+            self.program.append("r = {}")
+            self.program.append(f"factory = lambda config: {call}(config){suffix}")
+            return _caching_target(result)[0]
+
+        def _run(self, mjob: Any, ok: bool) -> None:
+            super()._run(mjob, ok or not self.failed_jobs)
+
+    return ConformConnector
+
+
 def probe_radix(result: object, shown: str) -> RadixProbe:
     """The radix-level target's surface and what it declares; pagedkv's own promises
     typed errors and rejects misuse."""
@@ -520,6 +632,8 @@ def imports_of(
         first = "from pagedkv import Device"
     elif isinstance(probe, OffloadProbe):
         first = OFFLOAD_IMPORTS
+    elif isinstance(probe, ConnectorProbe):
+        first = CONNECTOR_IMPORTS
     elif isinstance(probe, V1Probe) and probe.pool:
         first = "from pagedkv.v1 import Request, get_request_block_hasher"
     elif isinstance(probe, RadixProbe):
