@@ -57,7 +57,7 @@ from pagedkv.serving.run_config import (
 )
 from pagedkv.serving.simulator import SimulationConfig, Simulator
 
-__all__ = ["build_parser", "build_sweep_parser", "main", "parse_size"]
+__all__ = ["build_parser", "build_sweep_parser", "main", "parse_offload", "parse_size"]
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3}
 _UNITS |= {"gb": 1000**3, "t": 1000**4, "tb": 1000**4}
@@ -137,6 +137,42 @@ def _size(text: str) -> int:
         return parse_size(text)
     except InvalidKVCacheConfigError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+#: ``--kv-offload``'s chunk counts: ``4096chunks``, ``4096 chunks``, ``1 chunk``.
+_CHUNKS = re.compile(r"\s*(?P<count>[0-9]+)\s*chunks?\s*", re.IGNORECASE)
+
+
+def parse_offload(text: str) -> tuple[int | None, int | None]:
+    """``--kv-offload``: ``(bytes, None)`` for a size (:func:`parse_size`: ``16GiB``),
+    ``(None, chunks)`` for a chunk count (``4096chunks``). InvalidKVCacheConfigError
+    otherwise. O(len(text))."""
+    match = _CHUNKS.fullmatch(text)
+    if match is not None:
+        return None, int(match["count"])
+    try:
+        return parse_size(text), None
+    except InvalidKVCacheConfigError as err:
+        raise InvalidKVCacheConfigError(f"{err}; or a chunk count like 4096chunks") from None
+
+
+def _offload(text: str) -> tuple[int | None, int | None]:
+    """:func:`parse_offload` for argparse."""
+    try:
+        return parse_offload(text)
+    except InvalidKVCacheConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _bandwidth(text: str) -> float:
+    """Bytes per second: a size (:func:`parse_size`) with an optional ``/s``, above 0."""
+    try:
+        size = parse_size(text.strip().removesuffix("/s").removesuffix("/S"))
+    except InvalidKVCacheConfigError as err:
+        raise argparse.ArgumentTypeError(f"{err} (bytes per second, e.g. 25GB/s)") from None
+    if not size:
+        raise argparse.ArgumentTypeError(f"must be above 0 bytes/s, got {text!r}")
+    return float(size)
 
 
 def _int_at_least(low: int) -> Callable[[str], int]:
@@ -401,6 +437,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-enable-prefix-caching",
         action="store_true",
         help="--engine v1 without prefix caching (on by default there, as in vLLM V1)",
+    )
+    offload = sim.add_argument_group(
+        "KV offloading (--engine v1)",
+        "a host-memory tier behind the GPU prefix cache (pagedkv.v1.offload's connector): "
+        "computed blocks are stored to it, prompts that hit it load instead of computing",
+    )
+    offload.add_argument(
+        "--kv-offload",
+        type=_offload,
+        metavar="SIZE|Nchunks",
+        help="host bytes for offloaded KV (e.g. 16GiB) or a chunk count (e.g. 4096chunks); "
+        "0: off (default)",
+    )
+    offload.add_argument(
+        "--offload-block-size",
+        type=_int_at_least(1),
+        default=1,
+        metavar="BLOCKS",
+        help="GPU blocks per host chunk (default 1)",
+    )
+    offload.add_argument(
+        "--offload-bandwidth",
+        type=_bandwidth,
+        metavar="BYTES/s",
+        help="host<->GPU copy rate each way, e.g. 25GB/s (default: the time model's "
+        "h2d_bandwidth, else 25GB/s); without --time-model a copy takes its step",
     )
     sim.add_argument("--no-check", action="store_true", help="skip per-step invariant/KV checks")
     sim.add_argument(
