@@ -365,7 +365,8 @@ class V1Scheduler:
         """Admit ``request`` (holding no block) with its prefix-cache hit: the tokens it
         computes this step; 0 when it went to ``loading`` instead (a host-tier hit);
         None when it cannot be admitted now (nothing changed but the connector's
-        look-up)."""
+        look-up). The host-tier look-up is reported (``offload_lookups``) only for an
+        admission that holds, so a request retried over several steps counts once."""
         manager = self.kv_cache_manager
         hit_blocks, num_hit, _ = manager.get_computed_blocks(request)
         connector = self.connector
@@ -373,11 +374,12 @@ class V1Scheduler:
             external, _ = connector.get_num_new_matched_tokens(request, num_hit)
             if external is None:
                 return None  # a job of it, or of its hit, is in flight: ask next step
-            out.offload_lookups.append(
-                OffloadLookup(request.request_id, request.num_tokens, num_hit, external)
-            )
+            lookup = OffloadLookup(request.request_id, request.num_tokens, num_hit, external)
             if external:
-                return self._start_load(connector, request, hit_blocks, num_hit, external)
+                started = self._start_load(connector, request, hit_blocks, num_hit, external)
+                if started is not None:
+                    out.offload_lookups.append(lookup)
+                return started
         num_new = request.num_tokens - num_hit
         if 0 < threshold < num_new:
             num_new = threshold
@@ -392,6 +394,8 @@ class V1Scheduler:
         if new_blocks is None:
             return None
         manager.record_prefix_cache_stats(request, num_hit)
+        if connector is not None:  # counted once the admission holds
+            out.offload_lookups.append(lookup)
         self._run(out, request, num_new, num_hit)
         return num_new
 
