@@ -9,8 +9,12 @@ bad input."""
 from __future__ import annotations
 
 import functools
+import itertools
+import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -302,3 +306,82 @@ def test_the_command_line_prints_the_tier() -> None:
     assert done.returncode == 0, done.stderr
     row = next(line for line in done.stdout.splitlines() if line.startswith("KV offload"))
     assert "64 chunks of 4096 B" in row and "loads" in row and "stores" in row
+
+
+# ---- sweeps: --vary kv_offload, --find min_kv_offload
+
+_SWEEP = ["--engine", "v1", "--preset", "system-prompt", "--gpu-blocks", "48"]
+_SWEEP += ["--num-requests", "16", "--jobs", "1", "--quiet"]
+
+
+def _sweep(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pagedkv", "sweep", *_SWEEP, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_sweep_varies_the_host_tier_in_sizes_and_chunks() -> None:
+    done = _sweep("--vary", "kv_offload=0,64chunks,1MiB")
+    assert done.returncode == 0, done.stderr
+    rows = [line.split()[0] for line in done.stdout.splitlines()[1:4]]
+    assert rows == ["0", "64chunks", "1MiB"]
+
+
+def test_find_min_kv_offload_bisects_host_chunks() -> None:
+    done = _sweep("--find", "min_kv_offload", "--until", "finished>=16", "--high", "64")
+    assert done.returncode == 0, done.stderr
+    assert "min_kv_offload = 1 chunks (0.00 GiB of host memory)" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--vary", "kv_offload=0,8QiB"], "kv_offload=8QiB: unknown size unit"),
+        (["--find", "min_kv_offload", "--until", "finished>=1"], "needs --high CHUNKS"),
+    ],
+)
+def test_bad_offload_sweeps_are_one_line_errors(args: list[str], says: str) -> None:
+    done = _sweep(*args)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr
+
+
+# ---- the README's walk-through (the shipped Mooncake sample), run as written
+
+
+def _walk_through() -> list[tuple[list[str], list[str]]]:
+    """The offload section's commands and, for each, the lines its output shows."""
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    start = text.index("### Offloading KV to host memory")
+    section = text[start : text.index("\n### ", start + 1)]
+    blocks = re.findall(r"```(sh)?\n(.*?)```", section, flags=re.S)
+    out = []
+    for (lang, command), (_, shown) in itertools.pairwise(blocks):
+        if lang == "sh":
+            argv = shlex.split(command.replace("\\\n", " "))
+            out.append((argv, [ln for ln in shown.splitlines() if ln and ln != "..."]))
+    return out
+
+
+def test_the_walk_through_is_two_runs_of_the_shipped_sample() -> None:
+    runs = _walk_through()
+    assert [argv[:2] for argv, _ in runs] == [["pagedkv", "simulate"]] * 2
+    assert "--kv-offload" not in runs[0][0] and runs[1][0][-2:] == ["--kv-offload", "256GiB"]
+    assert all("mooncake-conv-sample" in argv for argv, _ in runs)
+
+
+@pytest.mark.slow
+def test_the_readme_offload_walk_through_prints_what_it_shows() -> None:
+    for argv, shown in _walk_through():
+        done = subprocess.run(
+            [sys.executable, "-m", "pagedkv", *argv[1:]],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr
+        printed = done.stdout.splitlines()
+        for line in shown:
+            assert line in printed, line

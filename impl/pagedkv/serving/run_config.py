@@ -167,9 +167,9 @@ def prepare_run(args: argparse.Namespace) -> PreparedRun:
         raise UsageError(
             "--kv-offload keys host chunks by block hash: drop --no-enable-prefix-caching"
         )
-    if args.offload_bandwidth is not None and not (offload_bytes or offload_chunks):
+    if args.offload_bandwidth is not None and args.kv_offload is None:
         raise UsageError("--offload-bandwidth times the --kv-offload tier's copies; give it too")
-    if args.offload_block_size != 1 and not (offload_bytes or offload_chunks):
+    if args.offload_block_size != 1 and args.kv_offload is None:
         raise UsageError("--offload-block-size shapes the --kv-offload tier; give it too")
     backing = "none" if v1 else kv_backing(args.kv_backing, plan)
     settings: dict[str, Any] = {
