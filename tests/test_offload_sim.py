@@ -352,7 +352,8 @@ def test_bad_offload_sweeps_are_one_line_errors(args: list[str], says: str) -> N
 
 
 def _walk_through() -> list[tuple[list[str], list[str]]]:
-    """The offload section's commands and, for each, the lines its output shows."""
+    """The offload section's commands and, for each, the lines its output shows (a
+    sweep's table: each row, its spacing as printed)."""
     text = (Path(__file__).parent.parent / "README.md").read_text()
     start = text.index("### Offloading KV to host memory")
     section = text[start : text.index("\n### ", start + 1)]
@@ -365,9 +366,9 @@ def _walk_through() -> list[tuple[list[str], list[str]]]:
     return out
 
 
-def test_the_walk_through_is_two_runs_of_the_shipped_sample() -> None:
+def test_the_walk_through_is_two_runs_and_a_sweep_of_the_shipped_sample() -> None:
     runs = _walk_through()
-    assert [argv[:2] for argv, _ in runs] == [["pagedkv", "simulate"]] * 2
+    assert [argv[:2] for argv, _ in runs] == [["pagedkv", "simulate"]] * 2 + [["pagedkv", "sweep"]]
     assert "--kv-offload" not in runs[0][0] and runs[1][0][-2:] == ["--kv-offload", "256GiB"]
     assert all("mooncake-conv-sample" in argv for argv, _ in runs)
 
