@@ -10,6 +10,11 @@ scheduler's own ``schedule()`` calls (the rest is the simulator's bookkeeping: t
 forward, sampling, metrics, figures).
 
     python -m benchmarks.bench_simulator [--trace PATH] [--requests N] [--engine v1]
+        [--kv-offload 16GiB]
+
+``--kv-offload`` (with ``--engine v1``) adds the host tier of pagedkv's offloading
+connector (stores of every computed block, loads of host hits, timed at the time
+model's ``h2d_bandwidth``); it must keep the hour under 90 s (issue 49).
 
 Without ``--trace`` it reads ``../shared/data/azure-llm-inference-2023/
 AzureLLMInferenceTrace_conv.csv`` (our machines), else the shipped 200-request sample
@@ -25,6 +30,7 @@ from pathlib import Path
 
 from pagedkv.serving import resources, traces
 from pagedkv.serving.capacity import plan_capacity
+from pagedkv.serving.cli import parse_size
 from pagedkv.serving.model_config import load_model_config
 from pagedkv.serving.simulator import SimulationConfig, Simulator
 from pagedkv.serving.step_time import StepTimeModel
@@ -40,6 +46,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=None, help="the first N requests")
     parser.add_argument("--engine", choices=["v0", "v1"], default="v0")
     parser.add_argument("--check-every", type=int, default=0, help="0: no checks")
+    parser.add_argument("--kv-offload", type=parse_size, default=None, help="e.g. 16GiB (v1)")
     args = parser.parse_args()
     requests = traces.load(args.trace, "azure").requests[: args.requests]
     plan = plan_capacity(
@@ -56,6 +63,7 @@ def main() -> None:
         engine=args.engine,
         enable_caching=args.engine == "v1",
         max_steps=10**8,
+        kv_offload=args.kv_offload,
     )
     start = time.perf_counter()
     result = Simulator(config).run(requests)
@@ -72,6 +80,12 @@ def main() -> None:
     print(f"floor          schedule() alone {schedule_s:.1f} s: the whole step is {ratio:.2f}x it")
     print(f"memory         peak RSS {rss_mb:,.0f} MB")
     print(f"served         {s.finished:,} finished, p99 TTFT {1e3 * m.ttft.p99:,.1f} ms")
+    if result.offload is not None:
+        o = result.offload
+        print(
+            f"offload        {o.host_chunks:,} chunks: {o.loads:,} loads "
+            f"({o.bytes_loaded / 1e9:.2f} GB), {o.stores:,} stores ({o.bytes_stored / 1e9:.1f} GB)"
+        )
 
 
 if __name__ == "__main__":

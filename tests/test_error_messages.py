@@ -3395,7 +3395,7 @@ TIME_MESSAGES = [
         lambda: _in_tmp("t.csv", b"", lambda p: traces.load(p, "azure")),
         WorkloadError,
         "t.csv: cannot read the trace (No such file or directory); give a trace file or a "
-        "shipped trace (azure-conv-sample)",
+        "shipped trace (azure-conv-sample, mooncake-conv-sample)",
     ),
     case(
         "traces not utf-8",
@@ -3844,7 +3844,7 @@ SWEEP_MESSAGES = [
         InvalidSweepError,
         "--vary: unknown parameter 'speed'; vary one of gpu_blocks, block_size, request_rate, "
         "preemption, max_num_seqs, max_num_batched_tokens, max_concurrency, num_requests, seed, "
-        "engine, enable_caching",
+        "engine, enable_caching, kv_offload",
     ),
     case(
         "sweep: a negative seed",

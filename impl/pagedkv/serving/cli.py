@@ -57,7 +57,7 @@ from pagedkv.serving.run_config import (
 )
 from pagedkv.serving.simulator import SimulationConfig, Simulator
 
-__all__ = ["build_parser", "build_sweep_parser", "main", "parse_size"]
+__all__ = ["build_parser", "build_sweep_parser", "main", "parse_offload", "parse_size"]
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3}
 _UNITS |= {"gb": 1000**3, "t": 1000**4, "tb": 1000**4}
@@ -137,6 +137,42 @@ def _size(text: str) -> int:
         return parse_size(text)
     except InvalidKVCacheConfigError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+#: ``--kv-offload``'s chunk counts: ``4096chunks``, ``4096 chunks``, ``1 chunk``.
+_CHUNKS = re.compile(r"\s*(?P<count>[0-9]+)\s*chunks?\s*", re.IGNORECASE)
+
+
+def parse_offload(text: str) -> tuple[int | None, int | None]:
+    """``--kv-offload``: ``(bytes, None)`` for a size (:func:`parse_size`: ``16GiB``),
+    ``(None, chunks)`` for a chunk count (``4096chunks``). InvalidKVCacheConfigError
+    otherwise. O(len(text))."""
+    match = _CHUNKS.fullmatch(text)
+    if match is not None:
+        return None, int(match["count"])
+    try:
+        return parse_size(text), None
+    except InvalidKVCacheConfigError as err:
+        raise InvalidKVCacheConfigError(f"{err}; or a chunk count like 4096chunks") from None
+
+
+def _offload(text: str) -> tuple[int | None, int | None]:
+    """:func:`parse_offload` for argparse."""
+    try:
+        return parse_offload(text)
+    except InvalidKVCacheConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _bandwidth(text: str) -> float:
+    """Bytes per second: a size (:func:`parse_size`) with an optional ``/s``, above 0."""
+    try:
+        size = parse_size(text.strip().removesuffix("/s").removesuffix("/S"))
+    except InvalidKVCacheConfigError as err:
+        raise argparse.ArgumentTypeError(f"{err} (bytes per second, e.g. 25GB/s)") from None
+    if not size:
+        raise argparse.ArgumentTypeError(f"must be above 0 bytes/s, got {text!r}")
+    return float(size)
 
 
 def _int_at_least(low: int) -> Callable[[str], int]:
@@ -402,6 +438,32 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="--engine v1 without prefix caching (on by default there, as in vLLM V1)",
     )
+    offload = sim.add_argument_group(
+        "KV offloading (--engine v1)",
+        "a host-memory tier behind the GPU prefix cache (pagedkv.v1.offload's connector): "
+        "computed blocks are stored to it, prompts that hit it load instead of computing",
+    )
+    offload.add_argument(
+        "--kv-offload",
+        type=_offload,
+        metavar="SIZE|Nchunks",
+        help="host bytes for offloaded KV (e.g. 16GiB) or a chunk count (e.g. 4096chunks); "
+        "0: off (default)",
+    )
+    offload.add_argument(
+        "--offload-block-size",
+        type=_int_at_least(1),
+        default=1,
+        metavar="BLOCKS",
+        help="GPU blocks per host chunk (default 1)",
+    )
+    offload.add_argument(
+        "--offload-bandwidth",
+        type=_bandwidth,
+        metavar="BYTES/s",
+        help="host<->GPU copy rate each way, e.g. 25GB/s (default: the time model's "
+        "h2d_bandwidth, else 25GB/s); without --time-model a copy takes its step",
+    )
     sim.add_argument("--no-check", action="store_true", help="skip per-step invariant/KV checks")
     sim.add_argument(
         "--check-every",
@@ -459,9 +521,9 @@ def build_sweep_parser() -> argparse.ArgumentParser:
     )
     what.add_argument(
         "--find",
-        choices=["min_gpu_blocks", "max_request_rate"],
-        help="bisect for the least GPU block count, or the greatest request rate, where "
-        "--until holds",
+        choices=["min_gpu_blocks", "max_request_rate", "min_kv_offload"],
+        help="bisect for the least GPU block count, the greatest request rate, or the "
+        "fewest host chunks of --kv-offload (--engine v1), where --until holds",
     )
     parser.add_argument(
         "--until",
@@ -476,7 +538,8 @@ def build_sweep_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--high",
-        help="with --find: most value tried (blocks: default the cache's; rate: required)",
+        help="with --find: most value tried (blocks: default the cache's; rate: required; "
+        "chunks: default --kv-offload's)",
     )
     parser.add_argument(
         "--step",
@@ -705,6 +768,8 @@ def _prepare_point(args: argparse.Namespace, at: dict[str, sweep.Value], seed: i
             point.gpu_memory_utilization = None
         elif name == "gpu_blocks":
             point.gpu_blocks, point.gpu_memory = value, None
+        elif name == "kv_offload":  # a --vary text, or a --find min_kv_offload chunk count
+            point.kv_offload = _offload_at(value)
         elif name not in ("engine", "enable_caching"):  # simulate's flags of the same name
             setattr(point, name, value)
     if "engine" in at or "enable_caching" in at:
@@ -729,6 +794,16 @@ def _prepare_point(args: argparse.Namespace, at: dict[str, sweep.Value], seed: i
         raise UsageError(f"at {where}: {err}") from None
 
 
+def _offload_at(value: sweep.Value) -> tuple[int | None, int | None]:
+    """A point's ``--kv-offload``: chunks for an int (the search's), else the text."""
+    if isinstance(value, int):
+        return None, value
+    try:
+        return parse_offload(str(value))
+    except InvalidKVCacheConfigError as err:
+        raise UsageError(f"kv_offload={value}: {err}") from None
+
+
 def _find(
     args: argparse.Namespace,
     own: argparse.Namespace,
@@ -747,8 +822,15 @@ def _find(
     config = base.config
     predicate.check_unit("step" if config.time_model is None else "ms")
     rate = own.find == "max_request_rate"
-    name = "request_rate" if rate else "gpu_blocks"
-    values = _rate_grid(own, config) if rate else _block_range(own, config)
+    offload = own.find == "min_kv_offload"
+    name = "request_rate" if rate else "kv_offload" if offload else "gpu_blocks"
+    values = (
+        _rate_grid(own, config)
+        if rate
+        else _chunk_range(own, config)
+        if offload
+        else _block_range(own, config)
+    )
     rows: dict[tuple[int, int], sweep.SweepRow] = {}  # (seed index, value index) -> row
     many = len(seeds) > 1
 
@@ -816,7 +898,13 @@ def _find(
         result_value = None
     else:
         held = sum(predicate.holds(rows[i, answer]) for i in range(len(seeds)))
-        unit = _rate_unit(config) if rate else _blocks_unit(answer, rows[0, low])
+        unit = (
+            _rate_unit(config)
+            if rate
+            else _chunks_unit(answer, rows[0, low], config)
+            if offload
+            else _blocks_unit(answer, rows[0, low])
+        )
         if many:
             verdict = f"holds there for {held} of {len(seeds)} seeds"
         else:
@@ -885,6 +973,33 @@ def _block_range(own: argparse.Namespace, config: SimulationConfig) -> _Grid:
         plan = config.capacity  # vLLM refuses a cache that cannot hold max_model_len
         low = 1 if plan is None else -(-plan.max_model_len // plan.block_size)
     return _Grid(int(low), int(high))
+
+
+def _chunk_range(own: argparse.Namespace, config: SimulationConfig) -> _Grid:
+    """``--find min_kv_offload``: host chunks from ``--low`` (default 1) to ``--high``
+    (default the chunks of ``--kv-offload``, which must then be given)."""
+    if own.high is not None:
+        high = int(_bound(own.high, "--high", int))
+    elif config.kv_offload_chunks or config.kv_offload:
+        high = config.offload_chunks(_block_bytes(config))
+    else:
+        raise UsageError("--find min_kv_offload needs --high CHUNKS or --kv-offload SIZE")
+    low = int(_bound(own.low, "--low", int)) if own.low is not None else 1
+    if low > high:
+        raise UsageError(f"--low {low} is above --high {high} chunks; give low <= high")
+    return _Grid(low, high)
+
+
+def _block_bytes(config: SimulationConfig) -> int:
+    """Bytes of one GPU block of ``config`` (per rank), as the simulator counts them."""
+    if config.capacity is not None:
+        return config.capacity.block_bytes
+    return int(str(Simulator(config).setup()["block_bytes"]))
+
+
+def _chunks_unit(chunks: int, row: sweep.SweepRow, config: SimulationConfig) -> str:
+    size = chunks * row.block_bytes * config.offload_blocks_per_chunk
+    return f"chunks ({size / 1024**3:,.2f} GiB of host memory)"
 
 
 def _rate_grid(own: argparse.Namespace, config: SimulationConfig) -> _Grid:

@@ -28,6 +28,7 @@ from typing import Any
 from pagedkv.errors import OptionalDependencyError
 from pagedkv.serving.capacity import summary_rows
 from pagedkv.serving.latency import Distribution, LatencyTally, RequestRecord, ServingMetrics
+from pagedkv.serving.offload_workers import OffloadSummary
 from pagedkv.serving.scheduler import PreemptionMode, Scheduler, SchedulerOutputs
 from pagedkv.serving.slo import SLOReport
 from pagedkv.v0.prefix_caching_allocator import CacheStats
@@ -115,6 +116,7 @@ class SimulationResult:
     requests: list[RequestRecord] = field(default_factory=list)
     stopped: str = ""  # why requests were left: "max_steps", "stopped" (asked to), or ""
     slo: SLOReport | None = None
+    offload: OffloadSummary | None = None  # the V1 engine's host tier, when on
 
 
 class Tally:
@@ -400,6 +402,7 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
             if s.prefix_caching
             else []
         ),
+        *([("KV offload", _offload_text(result.offload))] if result.offload is not None else []),
         ("fragmentation", f"{_pct(s.fragmentation)} of allocated token slots empty (mean)"),
         *(_metric_rows(result.metrics, cfg) if result.metrics is not None else []),
         *([("SLO", _slo_text(result.slo))] if result.slo is not None else []),
@@ -426,6 +429,21 @@ def format_summary(result: SimulationResult, title: str = "") -> str:
             rows.append((label, f"... and {len(events) - _LISTED} more (see --json)"))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {text}" for label, text in rows)
+
+
+def _offload_text(o: OffloadSummary) -> str:
+    """The host tier's row: size, hit rate, bytes each way, failed loads, TTFT saved."""
+    link = "jobs end with their step" if o.bandwidth is None else f"{o.bandwidth / 1e9:g} GB/s"
+    saved = "" if o.ttft_saved_s is None else f", {o.ttft_saved_s:.3f} s TTFT saved by loads"
+    gib = o.host_chunks * o.chunk_bytes / 1024**3
+    return (
+        f"{o.host_chunks} chunks of {o.chunk_bytes} B ({gib:.2f} GiB; {link}): "
+        f"hit rate {_pct(o.hit_rate)} of tokens past the GPU hit "
+        f"({o.hit_tokens}/{o.lookup_tokens}), {o.loads} loads "
+        f"({o.bytes_loaded / 1e9:.3f} GB in), {o.stores} stores "
+        f"({o.bytes_stored / 1e9:.3f} GB out), {o.loads_failed} loads failed, "
+        f"{o.loads_cut_short} cut short{saved}"
+    )
 
 
 def _metric_rows(m: ServingMetrics, cfg: dict[str, object]) -> list[tuple[str, str]]:
@@ -480,8 +498,11 @@ def _slo_text(r: SLOReport) -> str:
 
 def to_dict(result: SimulationResult) -> dict[str, Any]:
     """Setup, summary, serving metrics, the SLO's figures, the reasons, the per-request
-    rows and the timeline as plain JSON types. Complexity: O(requests + steps)."""
+    rows and the timeline as plain JSON types (and the offload tier's figures when it is
+    on). Complexity: O(requests + steps)."""
+    offload = {} if result.offload is None else {"offload": dataclasses.asdict(result.offload)}
     return {
+        **offload,
         "setup": result.setup,
         "summary": dataclasses.asdict(result.summary),
         "stopped": result.stopped,

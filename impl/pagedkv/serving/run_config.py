@@ -160,6 +160,17 @@ def prepare_run(args: argparse.Namespace) -> PreparedRun:
             f"--max-num-batched-tokens ({budget}) must be at least --max-num-seqs ({max_seqs}) "
             "with --enable-chunked-prefill: each decode takes a token of the step's budget"
         )
+    offload_bytes, offload_chunks = args.kv_offload or (None, None)
+    if (offload_bytes or offload_chunks) and not v1:
+        raise UsageError("--kv-offload is the V1 engine's host tier: add --engine v1")
+    if (offload_bytes or offload_chunks) and args.no_enable_prefix_caching:
+        raise UsageError(
+            "--kv-offload keys host chunks by block hash: drop --no-enable-prefix-caching"
+        )
+    if args.offload_bandwidth is not None and args.kv_offload is None:
+        raise UsageError("--offload-bandwidth times the --kv-offload tier's copies; give it too")
+    if args.offload_block_size != 1 and args.kv_offload is None:
+        raise UsageError("--offload-block-size shapes the --kv-offload tier; give it too")
     backing = "none" if v1 else kv_backing(args.kv_backing, plan)
     settings: dict[str, Any] = {
         "device": None if args.device == "auto" else args.device,
@@ -176,6 +187,10 @@ def prepare_run(args: argparse.Namespace) -> PreparedRun:
         "kv_backing": backing,
         "time_model": time_model,
         "max_concurrency": args.max_concurrency,
+        "kv_offload": offload_bytes,
+        "kv_offload_chunks": offload_chunks,
+        "offload_blocks_per_chunk": args.offload_block_size,
+        "offload_bandwidth": args.offload_bandwidth,
         # with --model the plan holds it (default: the config's max_position_embeddings)
         "max_model_len": None if plan is not None else args.max_model_len,
     }

@@ -4,6 +4,7 @@ read them."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,12 +25,24 @@ from pagedkv.serving.step_time import StepTimeModel
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["ENGINES", "KV_BACKINGS", "TOY_NEEDS_TORCH", "ProgressFn", "SimulationConfig", "StopFn"]
+__all__ = [
+    "DEFAULT_OFFLOAD_BANDWIDTH",
+    "ENGINES",
+    "KV_BACKINGS",
+    "TOY_NEEDS_TORCH",
+    "ProgressFn",
+    "SimulationConfig",
+    "StopFn",
+]
 
 KV_BACKINGS = ("toy", "none")  # SimulationConfig.kv_backing (module docstring)
 #: What needs torch (pip install 'pagedkv[kv]') when the toy backing is asked for without it.
 TOY_NEEDS_TORCH = "the toy KV backing (--kv-backing toy; --kv-backing none runs without KV tensors)"
 ENGINES = ("v0", "v1")  # SimulationConfig.engine
+#: Host<->device bytes per second, each way, of the KV offload tier's copies when neither
+#: ``offload_bandwidth`` nor the time model's ``h2d_bandwidth`` gives one: 25 GB/s, what
+#: pinned copies reach over PCIe 4.0 x16 (``make gpu-check`` measures your link).
+DEFAULT_OFFLOAD_BANDWIDTH = 25e9
 #: Called after every step with (step, requests done, requests total).
 ProgressFn = Callable[[int, int, int], None]
 #: Asked before every step: True ends the run there (e.g. Ctrl-C in the command line).
@@ -66,6 +79,15 @@ class SimulationConfig:
     max_concurrency: int | None = None  # requests in the server at once (None: no limit)
     max_model_len: int | None = None  # longest request (None: the plan's, else no limit)
     engine: str = "v0"  # "v0": the V0 scheduler and block manager; "v1": pagedkv.v1's
+    # The V1 engine's host tier (pagedkv.v1.offload's connector): its bytes, or its chunks
+    # (the chunk count wins); 0 / None: off. A chunk holds offload_blocks_per_chunk blocks.
+    kv_offload: int | None = None
+    kv_offload_chunks: int | None = None
+    offload_blocks_per_chunk: int = 1
+    # bytes/s each way (loads host->GPU, stores GPU->host); None: the time model's
+    # h2d_bandwidth if finite, else DEFAULT_OFFLOAD_BANDWIDTH
+    offload_bandwidth: float | None = None
+    offload_load_failures: float = 0.0  # share of loads that fail (fault injection)
 
     @classmethod
     def for_capacity(cls, plan: CapacityPlan, **settings: Any) -> SimulationConfig:
@@ -117,8 +139,17 @@ class SimulationConfig:
         require_str("engine", self.engine, sched)
         if self.engine not in ENGINES:
             raise sched(f"engine must be 'v0' or 'v1', got {self.engine!r}")
+        require_optional_int("kv_offload", self.kv_offload, kv, 0)
+        require_optional_int("kv_offload_chunks", self.kv_offload_chunks, kv, 0)
+        require_int("offload_blocks_per_chunk", self.offload_blocks_per_chunk, kv, 1)
+        bandwidth = self.offload_bandwidth
+        if bandwidth is not None and require_real("offload_bandwidth", bandwidth, kv, 0.0) == 0:
+            raise kv("offload_bandwidth must be above 0 bytes/s, got 0")
+        require_real("offload_load_failures", self.offload_load_failures, kv, 0.0, 1.0)
         if self.engine == "v1":
             self._check_v1()
+        elif self.offloads:
+            raise sched("the KV offload tier is the V1 engine's: use engine 'v1'")
 
     def _check_v1(self) -> None:
         """What the V1 engine does not have: KV tensors, swap, lookahead slots."""
@@ -132,6 +163,8 @@ class SimulationConfig:
                  sc.preemption_mode not in ("auto", "recompute")),
                 (f"num_lookahead_slots={sc.num_lookahead_slots} (not modelled in V1)",
                  sc.num_lookahead_slots != 0),
+                ("a KV offload tier without prefix caching (the tier keys chunks by block "
+                 "hash: set enable_caching)", self.offloads and not self.enable_caching),
             )
             if given
         ]  # fmt: skip
@@ -139,6 +172,28 @@ class SimulationConfig:
             raise InvalidSchedulerConfigError(
                 f"engine 'v1' does not take {'; '.join(wrong)}; drop them or use engine 'v0'"
             )
+
+    @property
+    def offloads(self) -> bool:
+        """Whether a host tier was asked for (``kv_offload`` or ``kv_offload_chunks``
+        above 0). O(1)."""
+        return bool(self.kv_offload_chunks or self.kv_offload)
+
+    def offload_chunks(self, block_bytes: int) -> int:
+        """The host tier's chunks for blocks of ``block_bytes``: ``kv_offload_chunks``,
+        else ``kv_offload`` bytes over a chunk's bytes (rounded down), else 0. O(1)."""
+        if self.kv_offload_chunks is not None:
+            return self.kv_offload_chunks
+        return (self.kv_offload or 0) // (block_bytes * self.offload_blocks_per_chunk)
+
+    def host_bandwidth(self) -> float:
+        """The offload tier's bytes/s each way (the field's comment). O(1)."""
+        if self.offload_bandwidth is not None:
+            return self.offload_bandwidth
+        model = self.time_model
+        if model is not None and math.isfinite(model.h2d_bandwidth):
+            return model.h2d_bandwidth
+        return DEFAULT_OFFLOAD_BANDWIDTH
 
     @property
     def model_len(self) -> int | None:

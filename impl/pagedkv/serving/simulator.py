@@ -226,6 +226,9 @@ class Simulator:
                 "max_num_batched_tokens": sc.max_num_batched_tokens,
                 "max_model_len": self.v1.manager.max_model_len,
             }
+            if self.v1.offload is not None:  # the host tier (pagedkv.v1.offload)
+                setup["kv_offload_chunks"] = self.v1.offload.host_chunks
+                setup["offload_blocks_per_chunk"] = c.offload_blocks_per_chunk
         if c.time_model is not None:
             setup["time_model"] = c.time_model.to_dict()
         if c.capacity is not None:

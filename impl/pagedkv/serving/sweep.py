@@ -25,6 +25,8 @@ Parameters (:data:`PARAMETERS`), ``--vary NAME=V1,V2,...`` or, for integers,
     seed                    ``--seed`` (integers >= 0): the workload's and re-timing's
     engine                  v0, v1
     enable_caching          on, off (prefix caching, either engine)
+    kv_offload              the V1 engine's host tier (``--kv-offload``): sizes
+                            (``0,8GiB,32GiB``) or chunk counts (``4096chunks``); 0: off
 
 ``--seeds N`` runs each point at N seeds: a row per point and seed; :func:`by_point`
 groups them and :func:`spread` gives a column's min / median / max over them
@@ -191,6 +193,14 @@ def _choice(*allowed: str) -> Callable[[str, str], Value]:
     return parse
 
 
+def _offload_value(name: str, text: str) -> str:
+    """A ``--kv-offload`` value, kept as written: the command line parses it with the
+    point (``pagedkv.serving.cli.parse_offload``), which names the point if it is bad."""
+    if not text.strip():
+        raise InvalidSweepError("--vary", f"{name} takes sizes (8GiB) or chunk counts, got ''")
+    return text.strip()
+
+
 #: Parameter name -> parser of one value (InvalidSweepError on a bad one).
 PARAMETERS: dict[str, Callable[[str, str], Value]] = {
     "gpu_blocks": _int_value,
@@ -204,6 +214,7 @@ PARAMETERS: dict[str, Callable[[str, str], Value]] = {
     "seed": _seed_value,
     "engine": _choice("v0", "v1"),
     "enable_caching": _choice("on", "off"),
+    "kv_offload": _offload_value,
 }
 _INTEGER = {name for name, parse in PARAMETERS.items() if parse in (_int_value, _seed_value)}
 _MAX_POINTS = 10_000  # more points than anyone means: a typo in a range

@@ -18,6 +18,16 @@ A step's :class:`~pagedkv.serving.step_time.StepWork`: prefill tokens are the to
 of every scheduled request that is not a decode (prompt chunks, recomputes), decode
 sequences the decodes (one token after the prompt), context tokens each scheduled
 request's computed plus scheduled tokens; no swaps or copies.
+
+**KV offloading** (``kv_offload`` / ``kv_offload_chunks`` in the config): the scheduler
+drives pagedkv's offloading connector (:class:`~pagedkv.v1.offload.OffloadingConnectorScheduler`
+over the manager and a :class:`~pagedkv.v1.offload.CPUOffloadingManager` of that many
+chunks); its jobs are timed on the host link by
+:class:`~pagedkv.serving.offload_workers.OffloadWorkers`, whose reports reach the
+scheduler before each step. A step that flushes jobs (their blocks reused) waits for
+them. The tier's figures are the result's ``offload``
+(:class:`~pagedkv.serving.offload_workers.OffloadSummary`); a run that ends with jobs
+in flight lets them finish (counted), one stopped early drops them (loads cut short).
 """
 
 from __future__ import annotations
@@ -27,8 +37,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pagedkv.errors import InvalidKVCacheConfigError
 from pagedkv.serving.arrivals import Arrivals
 from pagedkv.serving.latency import LatencyTally
+from pagedkv.serving.offload_workers import JobDone, OffloadSummary, OffloadWorkers
 from pagedkv.serving.prompts import PromptBuilder, answer_token
 from pagedkv.serving.report import SimulationResult, Tally
 from pagedkv.serving.step_time import StepWork
@@ -37,6 +49,7 @@ from pagedkv.serving.workload import RequestSpec
 from pagedkv.v0.prefix_caching_allocator import CacheStats
 from pagedkv.v1 import KVCacheConfig, KVCacheManager, Request
 from pagedkv.v1.hashing import get_request_block_hasher, sha256
+from pagedkv.v1.offload import CPUOffloadingManager, OffloadingConnectorScheduler
 
 if TYPE_CHECKING:
     from pagedkv.serving.simulation_config import ProgressFn, SimulationConfig, StopFn
@@ -58,6 +71,7 @@ class V1StepObservation:
     schedule_seconds: float
     duration: float = 1.0
     work: StepWork | None = None
+    transfers: tuple[JobDone, ...] = ()  # offload jobs reported before the step
 
 
 #: Called once per V1 step with its :class:`V1StepObservation`.
@@ -90,7 +104,13 @@ class V1Engine:
             max_num_batched_tokens=c.scheduler.max_num_batched_tokens
             or defaults.max_num_batched_tokens,
         )
-        self.scheduler = V1Scheduler(self.manager, self.scheduler_config)
+        self.connector: OffloadingConnectorScheduler | None = None
+        self.workers: OffloadWorkers | None = None
+        self.offload: OffloadSummary | None = None
+        self.drained: list[JobDone] = []  # offload jobs that ended after the last step
+        if c.offloads:
+            self._offload_tier(block_bytes)
+        self.scheduler = V1Scheduler(self.manager, self.scheduler_config, self.connector)
         self._hasher = get_request_block_hasher(c.block_size, sha256)
 
     def run(
@@ -134,11 +154,20 @@ class V1Engine:
                         Request(rid, prompt, block_hasher=self._hasher), spec.output_len
                     )
                 prompts.answered_by(spec, prompt, streams[f"{spec.request_id}{_SEP}0"])
+            transfers = self._transfers(clock)
             t0 = time.perf_counter()
             out = sched.schedule()
             seconds = time.perf_counter() - t0
             work = self._work(out) if model is not None else None
             duration = 1.0 if model is None or work is None else model.duration(work)
+            meta = out.connector_meta
+            if meta is not None and self.workers is not None and self.offload is not None:
+                for lk in out.offload_lookups:
+                    self.offload.count_lookup(
+                        lk.num_tokens, lk.num_gpu_hit_tokens, lk.num_external_tokens
+                    )
+                duration += self.workers.flush_wait(meta, clock)
+                self.workers.issue(meta, clock, clock + duration)
             end = clock + duration
             prompt_tokens = recomputed = 0
             for s in out.scheduled:
@@ -171,7 +200,11 @@ class V1Engine:
             self._cache_figures(tally)
             tally.usage(manager.usage, self._empty_share(num_blocks))
             if observe is not None:
-                observe(V1StepObservation(tally.steps - 1, clock, out, seconds, duration, work))
+                observe(
+                    V1StepObservation(
+                        tally.steps - 1, clock, out, seconds, duration, work, transfers
+                    )
+                )
             sampled = {
                 rid: answer_token(c.seed, streams[rid], sched.requests[rid].num_tokens)
                 for rid in out.sampling_req_ids
@@ -200,10 +233,53 @@ class V1Engine:
             manager.check_invariants()
             sched.check_invariants()
         unfinished = sum(1 for n in left.values() if n) + len(arrivals.pending)
+        if self.workers is not None and self.offload is not None:
+            if unfinished:  # stopped early: the jobs in flight end with the run
+                cut = self.workers.cut_short()
+                self.offload.loads_cut_short += sum(1 for j in cut if not j.is_store)
+            else:  # the last stores finish after the last step
+                self.drained = list(self._transfers(float("inf")))
         wall = time.perf_counter() - start
-        return tally.finish(
+        result = tally.finish(
             latency, unfinished, 0, wall, setup or {}, c.max_steps, c.time_unit, end
         )
+        result.offload = self.offload
+        return result
+
+    def _offload_tier(self, block_bytes: int) -> None:
+        """The host tier, its connector and workers (module docstring). O(chunks)."""
+        c = self.config
+        chunks = c.offload_chunks(block_bytes)
+        chunk_bytes = block_bytes * c.offload_blocks_per_chunk
+        if chunks < 1:
+            raise InvalidKVCacheConfigError(
+                f"the KV offload tier of {c.kv_offload} bytes holds no chunk of {chunk_bytes} "
+                f"bytes ({c.offload_blocks_per_chunk} blocks of {block_bytes} B); give more "
+                "bytes, or a chunk count"
+            )
+        self.connector = OffloadingConnectorScheduler(
+            self.manager, CPUOffloadingManager(chunks), c.offload_blocks_per_chunk
+        )
+        timed = c.time_model is not None
+        bandwidth = c.host_bandwidth() if timed else None
+        self.workers = OffloadWorkers(block_bytes, bandwidth, c.offload_load_failures, c.seed)
+        self.offload = OffloadSummary(
+            chunks, chunk_bytes, bandwidth, ttft_saved_s=0.0 if timed else None
+        )
+
+    def _transfers(self, clock: float) -> tuple[JobDone, ...]:
+        """Report the offload jobs ended by ``clock`` to the scheduler; count them.
+        O(jobs ended)."""
+        workers, figures, model = self.workers, self.offload, self.config.time_model
+        if workers is None or figures is None or not workers.in_flight:
+            return ()
+        report, done = workers.due(clock)
+        if done:
+            self.scheduler.update_kv_transfers(report)
+            c_prefill = None if model is None else model.c_prefill
+            for d in done:
+                figures.count_done(d, self.block_bytes, self.config.block_size, c_prefill)
+        return tuple(done)
 
     def _work(self, out: V1SchedulerOutput) -> StepWork:
         """The step's :class:`StepWork` (module docstring). O(scheduled requests)."""

@@ -38,6 +38,24 @@ step reached its last token (``V1SchedulerOutput.sampling_req_ids``), appends it
 and finishes a request at its ``max_tokens`` or at ``max_model_len``
 (FINISHED_LENGTH_CAPPED), freeing its blocks.
 
+**Offloading** (an ``OffloadingConnectorScheduler`` given as ``connector``: pagedkv's
+connector over the same manager and a host tier, :mod:`pagedkv.v1.offload`): every
+request is announced to it (``on_new_request``); an admission asks it, after the GPU
+prefix-cache hit, how many more tokens the host tier holds
+(``get_num_new_matched_tokens``; None: ask again next step, and admission stops there,
+first come first served). With a hit, the request gets blocks for its GPU hit and the
+loaded tokens (``allocate_slots`` with ``num_external_computed_tokens``, caching
+delayed), the connector issues the load (``update_state_after_alloc``), and the request
+leaves ``waiting`` for ``loading`` (WAITING_FOR_REMOTE_KVS) until the workers report
+the load (:meth:`V1Scheduler.update_kv_transfers`): loaded, it is admitted before the
+waiting requests with the loaded tokens computed (all but the last token of the
+request, as vLLM); failed, its blocks are freed and it is admitted afresh, computing
+what the load would have brought. Each step ends with the connector's jobs
+(``build_connector_meta``, in ``V1SchedulerOutput.connector_meta``). A finished
+request's blocks stay held while the connector says so (``request_finished``) and are
+freed when it names them (``take_finished_sending``). The invariants S1-S6 cover the
+queues; requests in ``loading`` and held blocks are the connector's (its own checks).
+
 Invariants S1-S6 (:mod:`pagedkv_spec.v1.scheduler`, registered in
 :mod:`pagedkv_spec.invariants`), checked by :meth:`V1Scheduler.check_invariants`.
 Liveness: a request whose longest sequence fits in the cache alone is never
@@ -58,13 +76,16 @@ from pagedkv._validate import require_instance, require_int, require_str
 from pagedkv.errors import ArgumentTypeError, DuplicateRequestError, InvalidSchedulerCallError
 from pagedkv.serving.v1_scheduler_types import (
     FinishedRequest,
+    OffloadLookup,
     ScheduledRequest,
     ScheduleKind,
     SchedulerEvent,
     V1SchedulerConfig,
     V1SchedulerOutput,
 )
-from pagedkv.v1.kv_cache_manager import KVCacheManager
+from pagedkv.v1.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from pagedkv.v1.offload.connector import OffloadingConnectorScheduler
+from pagedkv.v1.offload.jobs import ConnectorSchedulerOutput, OffloadingWorkerMetadata
 from pagedkv.v1.request import Request, RequestStatus
 from pagedkv_spec.invariants import check
 from pagedkv_spec.v1.scheduler import SchedRequestView, V1SchedulerView
@@ -81,6 +102,7 @@ __all__ = [
 _WAITING = RequestStatus.WAITING
 _RUNNING = RequestStatus.RUNNING
 _PREEMPTED = RequestStatus.PREEMPTED
+_LOADING = RequestStatus.WAITING_FOR_REMOTE_KVS
 
 
 class V1Scheduler:
@@ -101,10 +123,19 @@ class V1Scheduler:
                           ``finished_req_ids``, which tell the worker to drop them)
         _in_flight        the output of the step scheduled and not yet updated, or None
         _step             steps scheduled so far
+        connector         the offloading connector, or None (module docstring)
+        loading           requests whose host-tier load was issued, by id, in order
+        _loads            request id -> (GPU hit, loaded tokens, status before the load)
+        _load_done        request id -> whether its load succeeded, once reported
+        _load_jobs        load job id -> its request
+        _held             finished requests whose blocks the connector holds
     """
 
     def __init__(
-        self, kv_cache_manager: KVCacheManager, config: V1SchedulerConfig | None = None
+        self,
+        kv_cache_manager: KVCacheManager,
+        config: V1SchedulerConfig | None = None,
+        connector: OffloadingConnectorScheduler | None = None,
     ) -> None:
         require_instance(
             "kv_cache_manager", kv_cache_manager, KVCacheManager, "a pagedkv.v1.KVCacheManager"
@@ -124,6 +155,21 @@ class V1Scheduler:
         self._finished_req_ids: list[str] = []
         self._in_flight: V1SchedulerOutput | None = None
         self._step = 0
+        if connector is not None:
+            require_instance(
+                "connector", connector, OffloadingConnectorScheduler, "an offloading connector"
+            )
+            if connector.kv_cache_manager is not kv_cache_manager:
+                raise InvalidSchedulerCallError(
+                    "the connector drives another KV cache manager than the scheduler's; "
+                    "build it over the same one"
+                )
+        self.connector = connector
+        self.loading: dict[str, Request] = {}
+        self._loads: dict[str, tuple[int, int, RequestStatus]] = {}
+        self._load_done: dict[str, bool] = {}
+        self._load_jobs: dict[int, str] = {}
+        self._held: dict[str, Request] = {}
 
     # ------------------------------------------------------------------ requests
 
@@ -165,6 +211,8 @@ class V1Scheduler:
         self._arrival[rid] = self._next_arrival
         self._next_arrival += 1
         self.waiting.append(request)
+        if self.connector is not None:
+            self.connector.on_new_request(request)
 
     def finish_requests(
         self, request_ids: str | Iterable[str], finished_status: RequestStatus
@@ -189,6 +237,9 @@ class V1Scheduler:
                 continue
             if request.status is _RUNNING:
                 self.running.remove(request)
+            elif rid in self.loading:
+                del self.loading[rid]
+                self._forget_load(rid)
             else:
                 self.waiting.remove(request)
             self._free(request, finished_status)
@@ -224,6 +275,7 @@ class V1Scheduler:
         self._step += 1
         out = V1SchedulerOutput(self._step, finished_req_ids=self._finished_req_ids)
         self._finished_req_ids = []
+        self._release_held()
         budget = self.config.max_num_batched_tokens
         threshold = self.config.long_prefill_token_threshold
         if len(self.running) + len(self.waiting) <= 1:
@@ -231,6 +283,15 @@ class V1Scheduler:
         budget = self._schedule_running(out, budget, threshold)
         if not out.preempted_req_ids:
             self._schedule_waiting(out, budget, threshold)
+        if self.connector is not None:  # before the computed tokens advance, as vLLM
+            out.connector_meta = self.connector.build_connector_meta(
+                ConnectorSchedulerOutput(
+                    out.num_scheduled_tokens, out.finished_req_ids, out.preempted_req_ids
+                )
+            )
+            loads = out.connector_meta.load_jobs
+            self._load_jobs.update((j, job.req_id) for j, job in loads.items())
+            self._release_held()
         for s in out.scheduled:  # vLLM's _update_after_schedule
             request = self.requests[s.request_id]
             request.num_computed_tokens += s.num_scheduled_tokens
@@ -266,8 +327,24 @@ class V1Scheduler:
         return budget
 
     def _schedule_waiting(self, out: V1SchedulerOutput, budget: int, threshold: int) -> None:
-        """Step 2: admit waiting requests first come, first served."""
-        manager, waiting = self.kv_cache_manager, self.waiting
+        """Step 2: admit the requests whose load ended, then waiting requests first
+        come, first served."""
+        for rid, request in list(self.loading.items()):
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                return
+            done = self._load_done.get(rid)
+            if done is None:
+                continue  # its load is in flight
+            if done:
+                used = self._admit_loaded(out, request, budget, threshold)
+            else:  # failed, its blocks freed: admitted afresh (no host-tier hit now)
+                used = self._admit(out, request, budget, threshold)
+            if used is None:
+                return  # FCFS: nobody overtakes it
+            del self.loading[rid]
+            self._forget_load(rid)
+            budget -= used
+        waiting = self.waiting
         while waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = waiting[0]
             reason = self._never_fits(request)
@@ -276,30 +353,152 @@ class V1Scheduler:
                 self._free(request, RequestStatus.FINISHED_IGNORED)
                 out.rejected.append(SchedulerEvent(request.request_id, reason))
                 continue
-            hit_blocks, num_hit, _ = manager.get_computed_blocks(request)
-            num_new = request.num_tokens - num_hit
-            if 0 < threshold < num_new:
-                num_new = threshold
-            num_new = min(num_new, budget)
-            new_blocks = manager.allocate_slots(
-                request,
-                num_new,
-                num_hit,
-                hit_blocks if num_hit else None,
-                has_scheduled_reqs=bool(self.running),
-            )
-            if new_blocks is None:
+            used = self._admit(out, request, budget, threshold)
+            if used is None:
                 break  # FCFS: nobody overtakes it
-            manager.record_prefix_cache_stats(request, num_hit)
             waiting.popleft()
-            kind: ScheduleKind = "resumed" if request.status is _PREEMPTED else "new"
-            request.status = _RUNNING
-            request.num_computed_tokens = num_hit
-            self.running.append(request)
-            self._admitted.add(request.request_id)
-            ids = tuple(map(tuple, manager.get_block_ids(request.request_id)))
-            self._record(out, request, kind, num_new, num_hit, ids)
-            budget -= num_new
+            budget -= used
+
+    def _admit(
+        self, out: V1SchedulerOutput, request: Request, budget: int, threshold: int
+    ) -> int | None:
+        """Admit ``request`` (holding no block) with its prefix-cache hit: the tokens it
+        computes this step; 0 when it went to ``loading`` instead (a host-tier hit);
+        None when it cannot be admitted now (nothing changed but the connector's
+        look-up). The host-tier look-up is reported (``offload_lookups``) only for an
+        admission that holds, so a request retried over several steps counts once."""
+        manager = self.kv_cache_manager
+        hit_blocks, num_hit, _ = manager.get_computed_blocks(request)
+        connector = self.connector
+        if connector is not None:
+            external, _ = connector.get_num_new_matched_tokens(request, num_hit)
+            if external is None:
+                return None  # a job of it, or of its hit, is in flight: ask next step
+            lookup = OffloadLookup(request.request_id, request.num_tokens, num_hit, external)
+            if external:
+                started = self._start_load(connector, request, hit_blocks, num_hit, external)
+                if started is not None:
+                    out.offload_lookups.append(lookup)
+                return started
+        num_new = request.num_tokens - num_hit
+        if 0 < threshold < num_new:
+            num_new = threshold
+        num_new = min(num_new, budget)
+        new_blocks = manager.allocate_slots(
+            request,
+            num_new,
+            num_hit,
+            hit_blocks if num_hit else None,
+            has_scheduled_reqs=bool(self.running),
+        )
+        if new_blocks is None:
+            return None
+        manager.record_prefix_cache_stats(request, num_hit)
+        if connector is not None:  # counted once the admission holds
+            out.offload_lookups.append(lookup)
+        self._run(out, request, num_new, num_hit)
+        return num_new
+
+    def _start_load(
+        self,
+        connector: OffloadingConnectorScheduler,
+        request: Request,
+        hit_blocks: KVCacheBlocks,
+        num_hit: int,
+        external: int,
+    ) -> int | None:
+        """Blocks for the GPU hit and ``external`` loaded tokens, the connector's load
+        job, and ``request`` into ``loading``: 0, or None if the blocks do not fit."""
+        manager, rid = self.kv_cache_manager, request.request_id
+        new_blocks = manager.allocate_slots(
+            request,
+            0,
+            num_hit,
+            hit_blocks if num_hit else None,
+            num_external_computed_tokens=external,
+            delay_cache_blocks=True,
+            has_scheduled_reqs=bool(self.running),
+        )
+        if new_blocks is None:
+            return None
+        manager.record_prefix_cache_stats(request, num_hit)
+        connector.update_state_after_alloc(request, manager.get_blocks(rid), external)
+        self._loads[rid] = (num_hit, external, request.status)
+        self._load_done.pop(rid, None)
+        request.status = _LOADING
+        self.loading[rid] = request
+        return 0
+
+    def _admit_loaded(
+        self, out: V1SchedulerOutput, request: Request, budget: int, threshold: int
+    ) -> int | None:
+        """Admit a request whose load succeeded: its GPU hit and loaded tokens computed
+        (at most all but its last token) and cached; the tokens it computes this step,
+        or None (nothing changed) if its next blocks do not fit."""
+        manager = self.kv_cache_manager
+        num_hit, external, before = self._loads[request.request_id]
+        num_cached = min(num_hit + external, request.num_tokens - 1)
+        num_new = request.num_tokens - num_cached
+        if 0 < threshold < num_new:
+            num_new = threshold
+        num_new = min(num_new, budget)
+        request.num_computed_tokens = num_cached
+        new_blocks = manager.allocate_slots(request, num_new, has_scheduled_reqs=bool(self.running))
+        if new_blocks is None:
+            request.num_computed_tokens = 0
+            return None
+        manager.cache_blocks(request, num_cached)
+        request.status = before
+        self._run(out, request, num_new, num_cached)
+        return num_new
+
+    def _run(self, out: V1SchedulerOutput, request: Request, num_new: int, num_hit: int) -> None:
+        """``request`` (allocated) joins ``running``, recorded in ``out``."""
+        kind: ScheduleKind = "resumed" if request.status is _PREEMPTED else "new"
+        request.status = _RUNNING
+        request.num_computed_tokens = num_hit
+        self.running.append(request)
+        self._admitted.add(request.request_id)
+        ids = tuple(map(tuple, self.kv_cache_manager.get_block_ids(request.request_id)))
+        self._record(out, request, kind, num_new, num_hit, ids)
+
+    def update_kv_transfers(self, report: OffloadingWorkerMetadata) -> None:
+        """The workers' report of finished load and store jobs (vLLM's
+        ``kv_connector_output``): passed to the connector (``update_connector_output``);
+        a request whose load finished is admitted by the next step (loaded, or afresh
+        if the load failed: its blocks freed now); held blocks the connector releases
+        are freed. Without a connector: InvalidSchedulerCallError. A report the
+        connector refuses changes nothing. O(jobs + freed blocks)."""
+        if self.connector is None:
+            raise InvalidSchedulerCallError(
+                "update_kv_transfers() without an offloading connector; build the "
+                "scheduler with connector=..."
+            )
+        self.connector.update_connector_output(report)
+        for job_id in report.completed_jobs:
+            rid = self._load_jobs.pop(job_id, None)
+            if rid is None or rid not in self.loading:
+                continue
+            ok = job_id not in report.failed_jobs
+            self._load_done[rid] = ok
+            if not ok:  # recompute what the load would have brought
+                request = self.loading[rid]
+                self.kv_cache_manager.free(request)
+                request.status = self._loads[rid][2]
+                request.num_computed_tokens = 0
+        self._release_held()
+
+    def _forget_load(self, rid: str) -> None:
+        self._loads.pop(rid, None)
+        self._load_done.pop(rid, None)
+
+    def _release_held(self) -> None:
+        """Free the held blocks of the finished requests the connector releases."""
+        if self.connector is not None:
+            for rid in self.connector.take_finished_sending():
+                request = self._held.pop(rid, None)
+                if request is not None:
+                    self.kv_cache_manager.free(request)
 
     def update_from_output(
         self, scheduler_output: V1SchedulerOutput, sampled_token_ids: Mapping[str, int]
@@ -417,11 +616,20 @@ class V1Scheduler:
         self.waiting.appendleft(request)
 
     def _free(self, request: Request, status: RequestStatus) -> None:
-        """Finish ``request`` with ``status``: free its blocks, forget it (it stays in
+        """Finish ``request`` with ``status``: free its blocks (or, with a connector
+        that holds them, keep them until it releases them), forget it (it stays in
         ``running`` until the caller drops it)."""
-        self.kv_cache_manager.free(request)
         request.status = status
         rid = request.request_id
+        held = False
+        if self.connector is not None:
+            blocks = self.kv_cache_manager.get_blocks(rid).blocks
+            ids = [b.block_id for b in blocks[0]] if blocks else []
+            held, _ = self.connector.request_finished(request, ids)
+        if held:
+            self._held[rid] = request
+        else:
+            self.kv_cache_manager.free(request)
         del self.requests[rid], self._max_tokens[rid], self._arrival[rid]
         self._admitted.discard(rid)
 
@@ -480,7 +688,7 @@ class V1Scheduler:
         return V1SchedulerView(
             tuple(view(r) for r in self.waiting),
             tuple(view(r) for r in self.running),
-            tuple(self.requests),
+            tuple(r for r in self.requests if r not in self.loading),
             tuple(m.block_size for m in manager.coordinator.single_type_managers),
             self.config.max_num_seqs,
             self.config.max_num_batched_tokens,

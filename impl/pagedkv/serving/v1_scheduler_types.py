@@ -13,10 +13,12 @@ from typing import Literal
 from pagedkv._validate import require_int
 from pagedkv.errors import InvalidSchedulerConfigError
 from pagedkv.serving.scheduler_types import SchedulerEvent
+from pagedkv.v1.offload.jobs import OffloadingConnectorMetadata
 from pagedkv.v1.request import RequestStatus
 
 __all__ = [
     "FinishedRequest",
+    "OffloadLookup",
     "ScheduleKind",
     "ScheduledRequest",
     "SchedulerEvent",
@@ -100,6 +102,19 @@ class ScheduledRequest:
         return self.num_computed_tokens + self.num_scheduled_tokens
 
 
+@dataclass(frozen=True)
+class OffloadLookup:
+    """One admission's look-up in the host tier (with an offloading connector): the
+    request's tokens, its GPU prefix-cache hit and the tokens past it the host tier
+    holds (``num_external_tokens``; > 0: a load was issued and the request waits for
+    it, as vLLM's ``WAITING_FOR_REMOTE_KVS``)."""
+
+    request_id: str
+    num_tokens: int
+    num_gpu_hit_tokens: int
+    num_external_tokens: int
+
+
 @dataclass
 class V1SchedulerOutput:
     """The plan of one step (what :meth:`V1Scheduler.schedule` returns).
@@ -118,6 +133,10 @@ class V1SchedulerOutput:
                               step's update (also in its result) or by
                               :meth:`V1Scheduler.finish_requests` (vLLM's name: the
                               worker drops their state)
+    offload_lookups           with an offloading connector: the admissions' host-tier
+                              look-ups (:class:`OffloadLookup`), in order
+    connector_meta            with an offloading connector: the step's load, store and
+                              flush jobs (its ``build_connector_meta``), else None
     """
 
     step: int
@@ -127,6 +146,8 @@ class V1SchedulerOutput:
     preempted_req_ids: list[str] = field(default_factory=list)
     rejected: list[SchedulerEvent] = field(default_factory=list)
     finished_req_ids: list[str] = field(default_factory=list)
+    offload_lookups: list[OffloadLookup] = field(default_factory=list)
+    connector_meta: OffloadingConnectorMetadata | None = None
 
     def _of_kind(self, kind: ScheduleKind) -> list[ScheduledRequest]:
         return [s for s in self.scheduled if s.kind == kind]

@@ -375,7 +375,12 @@ class OffloadingConnectorScheduler:
     ) -> None:
         """Offer the request's chunks complete within ``num_tokens`` and not offered yet;
         a store job for those the tier takes. O(chunks offered + the request's blocks)."""
+        start = state.next_stored
+        if num_tokens // self.tokens_per_chunk <= start:
+            return  # no chunk newly complete (most steps of a decode): nothing to look up
         self._update_keys(state)
+        if len(state.keys) <= start:
+            return
         rid = state.request.request_id
         if block_ids is None:
             num_blocks = len(self.kv_cache_manager.get_blocks(rid).blocks[0])
@@ -383,7 +388,6 @@ class OffloadingConnectorScheduler:
             num_blocks = len(block_ids)
         bpc = self.blocks_per_chunk
         end = min(num_tokens // self.tokens_per_chunk, num_blocks // bpc, len(state.keys))
-        start = state.next_stored
         if end <= start:
             return
         offer = state.keys[start:end]
