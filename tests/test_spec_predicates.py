@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from connector_predicates import CONNECTOR_BAD, CONNECTOR_GOOD
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import REGISTRY, holds
 from pagedkv_spec.scheduler import GroupRef, SchedulerView, SeqRef, StepRecord
@@ -1014,6 +1015,8 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
 
 GOOD |= RADIX_GOOD
 BAD += RADIX_BAD
+GOOD |= CONNECTOR_GOOD
+BAD += CONNECTOR_BAD
 
 
 @pytest.mark.parametrize("invariant_id", sorted(GOOD))
