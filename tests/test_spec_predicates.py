@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from connector_predicates import CONNECTOR_BAD, CONNECTOR_GOOD
 from mamba_checkpoint_predicates import CHECKPOINT_BAD, CHECKPOINT_GOOD
 from pagedkv_spec.device import Device
 from pagedkv_spec.invariants import REGISTRY, holds
@@ -1081,6 +1082,8 @@ BAD += [
     ("OD3", "a job not in flight reported", (frozenset({1}), (1, 4), frozenset())),
     ("OD3", "a complete job not reported", (frozenset({1, 2}), (1,), frozenset({2}))),
 ]
+GOOD |= CONNECTOR_GOOD
+BAD += CONNECTOR_BAD
 
 
 @pytest.mark.parametrize("invariant_id", sorted(GOOD))
