@@ -22,7 +22,6 @@ import collections.abc
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -30,55 +29,20 @@ from typing import Any
 import pytest
 
 from pagedkv_stateful.engines import vllm_offload_connector as voc
+from wheel_fixtures import per_release, wheels
 
 ROOT = Path(__file__).parent.parent
 pytest.importorskip("msgspec", reason="vLLM's connector events need msgspec (the dev extra)")
 
 
-def _version(release: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in release.split("."))
-
-
-#: The wheel of each release this target knows that build/wheels holds, oldest first.
-WHEELS: dict[str, Path] = {
-    release: found[0]
-    for release in sorted(voc.RELEASES, key=_version)
-    if (found := sorted((ROOT / "build" / "wheels").glob(f"vllm-{release}-*.whl")))
-}
-if not WHEELS:
-    pytest.fail(
-        f"no vllm wheel of {', '.join(sorted(voc.RELEASES))} in build/wheels: run make "
-        "conform-vllm-offload (or pip download --no-deps --only-binary :all: vllm==0.34.0 "
-        "-d build/wheels)",
-        pytrace=False,
-    )
-
-
-def _unload_vllm() -> None:
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        del sys.modules[name]
-
-
-@pytest.fixture(scope="module", params=list(WHEELS))
-def release(request: pytest.FixtureRequest) -> str:
-    """A release whose wheel is present (the checks below run once per release)."""
-    version: str = request.param
-    return version
-
-
-@pytest.fixture(scope="module")
-def vllm_dir(release: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The release's files, extracted and imported (unloaded at the end)."""
-    if "vllm" in sys.modules:
-        pytest.fail(f"a vllm is already imported: {sys.modules['vllm']!r}")
-    out = voc.extract(WHEELS[release], tmp_path_factory.mktemp(f"connector-{release}"))
-    path = list(sys.path)
-    voc.use(out)
-    try:
-        yield out.resolve()
-    finally:
-        _unload_vllm()
-        sys.path[:] = path
+#: The wheel of each release this target knows that the wheel directory holds, oldest first.
+WHEELS = wheels(
+    "vllm",
+    voc.RELEASES,
+    "run make conform-vllm-offload (or pip download --no-deps --only-binary :all: "
+    "vllm==0.34.0 -d build/wheels)",
+)
+release, vllm_dir = per_release(WHEELS, voc.extract, voc.use, "vllm")
 
 
 def _wheel_source(release: str, name: str) -> str:

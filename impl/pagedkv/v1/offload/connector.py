@@ -41,6 +41,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from pagedkv.errors import (
     ArgumentTypeError,
@@ -70,6 +71,8 @@ from pagedkv.v1.request import Request, RequestStatus
 __all__ = ["OffloadingConnectorScheduler"]
 
 _HIT, _PENDING = LookupResult.HIT, LookupResult.HIT_PENDING
+#: What make_offload_key appends to a block hash for group 0 (the one group here).
+_GROUP_0 = make_offload_key(b"", 0)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -185,11 +188,19 @@ class OffloadingConnectorScheduler:
         """Extend the request's chunk keys with the chunks its block hashes now cover.
         O(new chunks)."""
         hashes = state.request.block_hashes
-        bpc = self.blocks_per_chunk
-        for chunk in range(len(state.keys), len(hashes) // bpc):
-            key = make_offload_key(hashes[(chunk + 1) * bpc - 1], 0)
-            state.keys.append(key)
-            state.ctx.set_offload_key_position(key, (chunk + 1) * self.tokens_per_chunk)
+        bpc, tpc = self.blocks_per_chunk, self.tokens_per_chunk
+        first, end = len(state.keys), len(hashes) // bpc
+        if first >= end:
+            return
+        # make_offload_key(hash, 0) for each chunk's last block, written out: a call per
+        # key was half of a lookup's cost
+        new = cast(
+            "list[OffloadKey]", [hashes[(c + 1) * bpc - 1] + _GROUP_0 for c in range(first, end)]
+        )
+        state.keys += new
+        record = state.ctx.set_offload_key_position
+        for chunk, key in enumerate(new, first + 1):
+            record(key, chunk * tpc)
 
     def _job_id(self) -> int:
         job_id = self._next_job
@@ -467,10 +478,13 @@ class OffloadingConnectorScheduler:
                 self.manager.complete_store(job.keys, state.ctx, success=not job.failed)
             else:
                 self.manager.complete_load(job.keys, state.ctx)
-                self._loading.subtract(job.keys)
+                loading = self._loading
                 for key in job.keys:
-                    if self._loading[key] <= 0:
-                        del self._loading[key]
+                    left = loading[key] - 1
+                    if left:
+                        loading[key] = left
+                    else:
+                        del loading[key]
                 if job.failed:
                     state.load_failed = True
             state.jobs.discard(job_id)

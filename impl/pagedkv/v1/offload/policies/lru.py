@@ -75,9 +75,11 @@ class LRUCachePolicy(CachePolicy):
         self._order.discard(key)
 
     def mark_evictable(self, keys: Sequence[OffloadKey]) -> None:
-        """O(1) per key ranked above every evictable key, else O(log n)."""
+        """O(1) per key ranked above every evictable key, else O(log n); the keys added
+        lowest rank first (a request's keys come in prefix order, ranks falling), so
+        those above the order's tail all take the O(1) path. O(k log k) for the sort."""
         ranks, add = self._ranks, self._order.add
-        for key in keys:
+        for key in sorted(keys, key=ranks.__getitem__):
             add(key, ranks[key])
 
     def mark_non_evictable(self, keys: Sequence[OffloadKey]) -> None:
@@ -96,7 +98,8 @@ class LRUCachePolicy(CachePolicy):
         request_rank = self._request_rank(req_id)
         if not positions:
             return
-        ranks = self._ranks
+        ranks, order = self._ranks, self._order
+        moved: list[tuple[Rank, OffloadKey]] = []
         for key in keys:
             have = ranks.get(key)
             if have is None:
@@ -106,7 +109,12 @@ class LRUCachePolicy(CachePolicy):
                 continue
             rank = (request_rank, -at)
             if have < rank:
-                self._rerank(key, rank)
+                ranks[key] = rank
+                if order.discard(key):
+                    moved.append((rank, key))
+        # re-added lowest first: the O(1) path for those above the order's tail
+        for rank, key in sorted(moved):
+            order.add(key, rank)
 
     def on_request_finished(
         self,
