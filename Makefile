@@ -61,8 +61,10 @@ fuzz: $(STAMP)
 	$(BIN)/python -m pagedkv_stateful.fuzz --duration $(DURATION) $(FUZZ_ARGS)
 
 # Benchmarks: each figure beside a floor of the same run; the offload tier's also beside
-# vLLM 0.34.0's CPU offloading manager once extracted to $(VLLM_OFFLOAD_DIR) (make
-# conform-vllm-offload does), as the ratio vLLM / pagedkv.
+# vLLM 0.34.0's CPU offloading manager and offloading connector once extracted to
+# $(VLLM_OFFLOAD_DIR) and $(VLLM_OFFLOAD_CONNECTOR_DIR) (make conform-vllm-offload does), as
+# the ratio vLLM / pagedkv.
+VLLM_OFFLOAD_CONNECTOR_DIR ?= build/vllm-offload-connector-0.34.0
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_allocator
 	$(BIN)/python -m benchmarks.bench_v1
@@ -70,6 +72,8 @@ bench: $(STAMP)
 	  $$(test -f $(VLLM_OFFLOAD_DIR)/pagedkv-wheel.json && echo --vllm $(VLLM_OFFLOAD_DIR))
 	$(BIN)/python -m benchmarks.bench_radix
 	$(BIN)/python -m benchmarks.bench_offload_worker --threads 1
+	$(BIN)/python -m benchmarks.bench_offload_connector \
+	  $$(test -f $(VLLM_OFFLOAD_CONNECTOR_DIR)/pagedkv-wheel.json && echo --vllm $(VLLM_OFFLOAD_CONNECTOR_DIR))
 
 # The simulator on an hour of the Azure conversation trace at Llama-3.1-8B's H100 cache
 # (benchmarks/bench_simulator.py; reads ../shared/data when present, else the sample).
