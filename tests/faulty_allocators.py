@@ -1021,6 +1021,18 @@ def lookahead_raises_v1_manager(
     return LookaheadRaises(_v1(config, max_model_len, caching, events, watermark))
 
 
+def no_sink_v1_manager(
+    config: Any, max_model_len: int, caching: bool, events: bool, watermark: float
+) -> Any:
+    """A manager that cannot be built for a sink group (vLLM 0.34.0's TypeError): one
+    finding for that configuration; the search goes on in the others."""
+    from pagedkv.v1 import SinkFullAttentionSpec
+
+    if any(isinstance(g.kv_cache_spec, SinkFullAttentionSpec) for g in config.kv_cache_groups):
+        raise TypeError("__init__() got an unexpected keyword argument 'needs_kv_cache_zeroing'")
+    return _v1(config, max_model_len, caching, events, watermark)
+
+
 class IgnoresReservedBlocks(ManagerThrough):
     """Admits into the blocks the scheduler reserved (its ``reserved_blocks`` dropped)."""
 

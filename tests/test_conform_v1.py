@@ -126,6 +126,18 @@ def test_a_raising_call_and_a_wrong_admission_are_findings_that_replay(
         assert finding.program[-1].startswith("expect_accepted(lambda: mgr.allocate_slots(")
 
 
+def test_a_configuration_whose_manager_cannot_be_built_is_one_finding_that_replays() -> None:
+    report = check("no_sink_v1_manager", examples=150, max_violations=2)
+    (finding,) = report.findings
+    assert finding.root_cause == (
+        "building the manager of full + sink | raises nothing | raised TypeError"
+    )
+    assert finding.reproduced, finding.replay
+    last = "\n".join(finding.program).splitlines()[-1]
+    assert last.startswith("expect_accepted(lambda: no_sink_v1_manager(KVCacheConfig.")
+    assert report.ended != "an unexpected exception"  # the search went on
+
+
 def test_evictions_are_made_in_a_model_of_one_group_only_unless_beyond_callers() -> None:
     """vLLM's scheduler calls ``evict_blocks`` only for a model of one KV cache group: a
     target refusing it in a hybrid passes within that contract (which the report says),

@@ -818,7 +818,8 @@ def _v1_machine(
             return _caching_target(self._result)[0]
 
         def setup_source(self, args: str) -> str:
-            suffix = "[0]" if isinstance(self._result, tuple) else ""
+            # no result when the factory raised (the program ends at that call)
+            suffix = "[0]" if isinstance(getattr(self, "_result", None), tuple) else ""
             return f"mgr = {call}({args}){suffix}"
 
     return ConformV1

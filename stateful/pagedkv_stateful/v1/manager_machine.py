@@ -98,7 +98,7 @@ from pagedkv_spec.v1.manager import (
 )
 from pagedkv_stateful.adapters import Violation
 from pagedkv_stateful.causes import ORDINARY, cause
-from pagedkv_stateful.v1.lockstep import V1LockstepMachine, check_events
+from pagedkv_stateful.v1.lockstep import RAISES_NOTHING, V1LockstepMachine, check_events
 from pagedkv_stateful.v1.program import (
     allocate_source,
     first_difference,
@@ -465,13 +465,22 @@ class V1ManagerMachine(V1LockstepMachine):
             specs = ", ".join(map(_spec_source, groups))
             config_source = f"KVCacheConfig.of_specs({num_blocks}, {specs})"
         self.eagle_options = eagle
-        self.target = self.make_manager(config, max_model_len, caching, events, watermark)
         keywords = "".join(f", {k}={v!r}" for k, v in eagle.items())
-        self._log(
-            self.setup_source(
-                f"{config_source}, {max_model_len}, {caching}, {events}, {watermark}{keywords}"
+        args = f"{config_source}, {max_model_len}, {caching}, {events}, {watermark}{keywords}"
+        # a configuration whose manager cannot be built is a finding of its own (one
+        # cause per configuration), so the search goes on in the others
+        self.situation = (f"building the manager of {name}", "")
+        try:
+            self.target = self.make_manager(config, max_model_len, caching, events, watermark)
+        except Exception as err:
+            built = self.setup_source(args).partition(" = ")[2]
+            self.violate(
+                RAISES_NOTHING,
+                f"{built} raised {err!r}",
+                f"expect_accepted(lambda: {built})",
+                why=f"raised {type(err).__name__}",
             )
-        )
+        self._log(self.setup_source(args))
         self._log(f"hasher = get_request_block_hasher({block_size})")
         self.events_on = events
         self.model: ManagerState = spec.manager_initial(
