@@ -62,7 +62,11 @@ from pagedkv_stateful.engines.wheel import MANIFEST as MANIFEST
 from pagedkv_stateful.engines.wheel import Loader, command_line, stand_ins
 from pagedkv_stateful.engines.wheel import TargetSetupError as TargetSetupError
 from pagedkv_stateful.kit.replay import use_prelude
-from pagedkv_stateful.v1.offload_connector_target import StepOutput, TargetConfig
+from pagedkv_stateful.v1.offload_connector_target import (
+    KVManagerCalls,
+    StepOutput,
+    TargetConfig,
+)
 
 if TYPE_CHECKING:
     from pagedkv.v1.offload import OffloadingEvent, OffloadKey
@@ -554,7 +558,7 @@ def capabilities(release: Release) -> Capabilities:
     )
 
 
-class VLLMConnectorTarget:
+class VLLMConnectorTarget(KVManagerCalls):
     """vLLM's ``OffloadingConnectorScheduler`` (and its ``KVCacheManager`` and
     ``CPUOffloadingManager``) behind the offloading-connector machine's target protocol
     (:class:`pagedkv_stateful.v1.offload_connector_target.ConnectorTarget`).
@@ -612,12 +616,6 @@ class VLLMConnectorTarget:
     def make_request(self, req_id: str, prompt: Sequence[int]) -> Any:
         return self.parts.request(req_id, list(prompt))
 
-    def append_token(self, request: Any, token: int) -> None:
-        request.append_output_token_ids(token)
-
-    def set_num_computed_tokens(self, request: Any, num_computed_tokens: int) -> None:
-        request.num_computed_tokens = num_computed_tokens
-
     def set_finished(self, request: Any, aborted: bool) -> None:
         status = _module("vllm.v1.request").RequestStatus
         request.status = status.FINISHED_ABORTED if aborted else status.FINISHED_STOPPED
@@ -626,49 +624,6 @@ class VLLMConnectorTarget:
 
     def get_computed_blocks(self, request: Any) -> tuple[Any, int]:
         return self.parts.computed_blocks(request)
-
-    def allocate_slots(
-        self,
-        request: Any,
-        num_new_tokens: int,
-        num_new_computed_tokens: int,
-        new_computed_blocks: Any,
-        num_external_computed_tokens: int,
-        delay_cache_blocks: bool,
-    ) -> Any | None:
-        return self.kv.allocate_slots(
-            request,
-            num_new_tokens,
-            num_new_computed_tokens,
-            new_computed_blocks,
-            num_external_computed_tokens=num_external_computed_tokens,
-            delay_cache_blocks=delay_cache_blocks,
-        )
-
-    def get_blocks(self, request: Any) -> Any:
-        return self.kv.get_blocks(request.request_id)
-
-    def block_ids(self, request: Any) -> list[int]:
-        return list(self.kv.get_block_ids(request.request_id)[0])
-
-    def cached_block_ids(self) -> set[int]:
-        return {
-            b.block_id
-            for b in self.kv.block_pool.blocks
-            if b.block_hash is not None and not b.is_null
-        }
-
-    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
-        self.kv.cache_blocks(request, num_computed_tokens)
-
-    def free(self, request: Any) -> None:
-        self.kv.free(request)
-
-    def reset_prefix_cache(self) -> bool:
-        return bool(self.kv.reset_prefix_cache())
-
-    def evict_blocks(self, block_ids: set[int]) -> None:
-        self.kv.evict_blocks(set(block_ids))
 
     # ------------------------------------------------------------------ the connector
 

@@ -187,7 +187,65 @@ class ConnectorTarget(Protocol):
 TargetFactory = Callable[[TargetConfig], ConnectorTarget]
 
 
-class PagedKVConnectorTarget:
+class KVManagerCalls:
+    """The protocol's calls that pass straight through to a vLLM-shaped request and
+    ``KVCacheManager`` (:attr:`kv`): what pagedkv's target and the kit's target over vLLM's
+    own code (``engines.vllm_offload_connector``) share."""
+
+    #: the KV cache manager the calls go to
+    kv: Any
+
+    def append_token(self, request: Any, token: int) -> None:
+        request.append_output_token_ids(token)
+
+    def set_num_computed_tokens(self, request: Any, num_computed_tokens: int) -> None:
+        request.num_computed_tokens = num_computed_tokens
+
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int,
+        new_computed_blocks: Any,
+        num_external_computed_tokens: int,
+        delay_cache_blocks: bool,
+    ) -> Any | None:
+        return self.kv.allocate_slots(
+            request,
+            num_new_tokens,
+            num_new_computed_tokens,
+            new_computed_blocks,
+            num_external_computed_tokens=num_external_computed_tokens,
+            delay_cache_blocks=delay_cache_blocks,
+        )
+
+    def get_blocks(self, request: Any) -> Any:
+        return self.kv.get_blocks(request.request_id)
+
+    def block_ids(self, request: Any) -> list[int]:
+        return list(self.kv.get_block_ids(request.request_id)[0])
+
+    def cached_block_ids(self) -> set[int]:
+        return {
+            b.block_id
+            for b in self.kv.block_pool.blocks
+            if b.block_hash is not None and not b.is_null
+        }
+
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        self.kv.cache_blocks(request, num_computed_tokens)
+
+    def free(self, request: Any) -> None:
+        self.kv.free(request)
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.kv.reset_prefix_cache())
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        self.kv.evict_blocks(set(block_ids))
+
+
+class PagedKVConnectorTarget(KVManagerCalls):
     """pagedkv's connector over pagedkv's KV cache manager and host tier, behind the
     protocol (its calls pass through). ``connector_class``: the connector to build (a
     planted bug's subclass, in the tests)."""
@@ -209,12 +267,6 @@ class PagedKVConnectorTarget:
     def make_request(self, req_id: str, prompt: Sequence[int]) -> Request:
         return Request(req_id, prompt, block_hasher=self._hasher)
 
-    def append_token(self, request: Request, token: int) -> None:
-        request.append_output_token_ids(token)
-
-    def set_num_computed_tokens(self, request: Request, num_computed_tokens: int) -> None:
-        request.num_computed_tokens = num_computed_tokens
-
     def set_finished(self, request: Request, aborted: bool) -> None:
         request.status = (
             RequestStatus.FINISHED_ABORTED if aborted else RequestStatus.FINISHED_STOPPED
@@ -224,49 +276,6 @@ class PagedKVConnectorTarget:
     def get_computed_blocks(self, request: Request) -> tuple[Any, int]:
         blocks, hit, _ = self.kv.get_computed_blocks(request)
         return blocks, hit
-
-    def allocate_slots(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int,
-        new_computed_blocks: Any,
-        num_external_computed_tokens: int,
-        delay_cache_blocks: bool,
-    ) -> Any | None:
-        return self.kv.allocate_slots(
-            request,
-            num_new_tokens,
-            num_new_computed_tokens,
-            new_computed_blocks,
-            num_external_computed_tokens=num_external_computed_tokens,
-            delay_cache_blocks=delay_cache_blocks,
-        )
-
-    def get_blocks(self, request: Request) -> Any:
-        return self.kv.get_blocks(request.request_id)
-
-    def block_ids(self, request: Request) -> list[int]:
-        return self.kv.get_block_ids(request.request_id)[0]
-
-    def cached_block_ids(self) -> set[int]:
-        return {
-            b.block_id
-            for b in self.kv.block_pool.blocks
-            if b.block_hash is not None and not b.is_null
-        }
-
-    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        self.kv.cache_blocks(request, num_computed_tokens)
-
-    def free(self, request: Request) -> None:
-        self.kv.free(request)
-
-    def reset_prefix_cache(self) -> bool:
-        return self.kv.reset_prefix_cache()
-
-    def evict_blocks(self, block_ids: set[int]) -> None:
-        self.kv.evict_blocks(block_ids)
 
     # the connector
     def on_new_request(self, request: Request) -> None:
