@@ -469,7 +469,7 @@ class V1ManagerMachine(V1LockstepMachine):
         args = f"{config_source}, {max_model_len}, {caching}, {events}, {watermark}{keywords}"
         # a configuration whose manager cannot be built is a finding of its own (one
         # cause per configuration), so the search goes on in the others
-        self.situation = (f"building the manager of {name}", "")
+        before, self.situation = self.situation, (f"building the manager of {name}", "")
         try:
             self.target = self.make_manager(config, max_model_len, caching, events, watermark)
         except Exception as err:
@@ -480,6 +480,7 @@ class V1ManagerMachine(V1LockstepMachine):
                 f"expect_accepted(lambda: {built})",
                 why=f"raised {type(err).__name__}",
             )
+        self.situation = before
         self._log(self.setup_source(args))
         self._log(f"hasher = get_request_block_hasher({block_size})")
         self.events_on = events
