@@ -246,6 +246,13 @@ def _only_default(reason: str, what: str, value: object, default: object = None)
         _out(reason, f"{what}={value!r}")
 
 
+def _one_rank(call: str, dcp_world_size: int, pcp_world_size: int) -> None:
+    """Out of scope unless ``call`` runs on one decode and one prefill context-parallel
+    rank (vLLM's DCP/PCP planning)."""
+    _only_default(PLANNING, f"{call}(dcp_world_size", dcp_world_size, 1)
+    _only_default(PLANNING, f"{call}(pcp_world_size", pcp_world_size, 1)
+
+
 def _is_stub_named(value: object, suffix: str) -> bool:
     """Whether ``value`` is the stub of a vLLM name ending in ``suffix`` (vLLM's default
     of a field pagedkv lacks, e.g. ``KVQuantMode.NONE``)."""
@@ -808,8 +815,7 @@ class KVCacheManager(pv1.KVCacheManager):
         watermark: float = 0.0,
         enable_mamba_shared_prefix_checkpoint: bool = False,
     ) -> None:
-        _only_default(PLANNING, "KVCacheManager(dcp_world_size", dcp_world_size, 1)
-        _only_default(PLANNING, "KVCacheManager(pcp_world_size", pcp_world_size, 1)
+        _one_rank("KVCacheManager", dcp_world_size, pcp_world_size)
         _only_default(ENGINE, "KVCacheManager(metrics_collector", metrics_collector)
         _only_default(
             MAMBA,
@@ -921,8 +927,7 @@ class FullAttentionManager(_VllmManagerCalls, pv1.FullAttentionManager):
         needs_kv_cache_zeroing: bool = False,
         max_admission_blocks_per_request: int | None = None,
     ) -> None:
-        _only_default(PLANNING, "FullAttentionManager(dcp_world_size", dcp_world_size, 1)
-        _only_default(PLANNING, "FullAttentionManager(pcp_world_size", pcp_world_size, 1)
+        _one_rank("FullAttentionManager", dcp_world_size, pcp_world_size)
         _only_default(
             ENGINE, "FullAttentionManager(needs_kv_cache_zeroing", needs_kv_cache_zeroing, False
         )
@@ -957,8 +962,7 @@ def _find_longest_cache_hit(
 ) -> tuple[tuple[list[pv1.KVCacheBlock], ...], int]:
     """vLLM's class-level lookup: pagedkv's ``lookup`` of a manager of ``cls`` over
     ``block_pool`` with hits ``alignment_tokens`` aligned."""
-    _only_default(PLANNING, "find_longest_cache_hit(dcp_world_size", dcp_world_size, 1)
-    _only_default(PLANNING, "find_longest_cache_hit(pcp_world_size", pcp_world_size, 1)
+    _one_rank("find_longest_cache_hit", dcp_world_size, pcp_world_size)
     manager = cls(kv_cache_spec, block_pool, True, kv_cache_group_ids[0], alignment_tokens)
     manager.use_eagle = drop_eagle_block
     return manager.lookup(block_hashes, max_length, tuple(kv_cache_group_ids), drop_eagle_block)
@@ -1155,8 +1159,7 @@ class CircularBufferManager(_VllmManagerCalls, pv1.CircularBufferManager):  # ty
         needs_kv_cache_zeroing: bool = False,
         max_admission_blocks_per_request: int | None = None,
     ) -> None:
-        _only_default(PLANNING, "CircularBufferManager(dcp_world_size", dcp_world_size, 1)
-        _only_default(PLANNING, "CircularBufferManager(pcp_world_size", pcp_world_size, 1)
+        _one_rank("CircularBufferManager", dcp_world_size, pcp_world_size)
         super().__init__(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id)
 
     def take_new_block_ids(self) -> list[int]:
