@@ -15,6 +15,7 @@ import heapq
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
+from itertools import repeat
 from typing import Generic, TypeVar
 
 from pagedkv.v1.offload.base import OffloadKey
@@ -42,7 +43,7 @@ class EvictableOrder(Generic[R]):
     front: everything taken ranks below everything left).
     """
 
-    __slots__ = ("_heap", "_late", "_popped", "_run", "_shield", "_tail")
+    __slots__ = ("_aside", "_heap", "_late", "_popped", "_run", "_shield", "_tail")
 
     def __init__(self) -> None:
         self._run: OrderedDict[OffloadKey, R] = OrderedDict()
@@ -51,6 +52,7 @@ class EvictableOrder(Generic[R]):
         self._heap: list[tuple[R, OffloadKey]] = []
         self._popped: list[tuple[OffloadKey, R]] = []  # taken or set aside, in order
         self._shield: set[OffloadKey] = set()  # the last take's protected keys
+        self._aside = 0  # how many of them the takes since the last commit set aside
 
     def __len__(self) -> int:
         return len(self._run) + len(self._late)
@@ -99,9 +101,11 @@ class EvictableOrder(Generic[R]):
         if self._late_min() is None:  # all in the run (taking adds nothing to the heap)
             pop = run.popitem
             while len(out) < n and run:
-                items = [pop(False) for _ in range(min(n - len(out), len(run)))]
+                items = list(map(pop, repeat(False, min(n - len(out), len(run)))))
                 popped += items
-                out += [key for key, _ in items if key not in protected]
+                kept = [key for key, _ in items if key not in protected]
+                self._aside += len(items) - len(kept)
+                out += kept
             return out
         while len(out) < n:
             low = self._late_min()
@@ -120,12 +124,18 @@ class EvictableOrder(Generic[R]):
             else:
                 key, rank = run.popitem(last=False)
             popped.append((key, rank))
-            if key not in protected:
+            if key in protected:
+                self._aside += 1
+            else:
                 out.append(key)
         return out
 
     def commit(self) -> None:
-        """Keep the keys taken; the protected ones set aside return. O(p)."""
+        """Keep the keys taken; the protected ones set aside return. O(k) with any set
+        aside, else O(1)."""
+        if not self._aside:
+            self._popped, self._shield = [], set()
+            return
         shield = self._shield
         self._restore([entry for entry in self._popped if entry[0] in shield])
 
@@ -138,7 +148,7 @@ class EvictableOrder(Generic[R]):
         for key, rank in reversed(entries):
             run[key] = rank
             run.move_to_end(key, last=False)
-        self._popped, self._shield = [], set()
+        self._popped, self._shield, self._aside = [], set(), 0
         if run:
             last = next(reversed(run))
             tail = (run[last], last)
@@ -147,7 +157,7 @@ class EvictableOrder(Generic[R]):
 
     def clear(self) -> None:
         """No evictable key. O(1) (the containers are dropped)."""
-        self._shield = set()
+        self._shield, self._aside = set(), 0
         self._run, self._tail, self._late, self._heap, self._popped = (
             OrderedDict(),
             None,
