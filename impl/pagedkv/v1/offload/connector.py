@@ -38,7 +38,6 @@ hit reported, a report of a job not in flight, a reset in the middle of a step.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -157,7 +156,7 @@ class OffloadingConnectorScheduler:
         self._fence: dict[int, int] = {}  # flushed by a reset: job id -> reports due
         self._step_loads: dict[int, TransferJob] = {}
         self._flush: set[int] = set()
-        self._loading: Counter[OffloadKey] = Counter()  # keys of loads in flight
+        self._loading: dict[OffloadKey, int] = {}  # keys of loads in flight: how many
         self._released: list[str] = []
 
     def __repr__(self) -> str:
@@ -278,7 +277,7 @@ class OffloadingConnectorScheduler:
         if pending:
             return None, False
         loading = self._loading
-        if loading and any(k in loading for k in state.keys[start : start + hits]):
+        if loading and not loading.keys().isdisjoint(state.keys[start : start + hits]):
             return None, False
         state.told = num_hit
         return num_hit, True
@@ -331,7 +330,9 @@ class OffloadingConnectorScheduler:
         )
         state.jobs.add(job_id)
         state.told = None
-        self._loading.update(keys)
+        loading = self._loading
+        for key in keys:
+            loading[key] = loading.get(key, 0) + 1
         state.next_stored = _cdiv(num_cached, tpc)
 
     # ------------------------------------------------------------------ the step
