@@ -354,11 +354,14 @@ class OffloadingConnectorScheduler:
             if state is not None:
                 flush.update(j for j in state.jobs if j not in self._step_loads)
         stores: dict[int, TransferJob] = {}
+        reqs, tpc = self._reqs, self.tokens_per_chunk
         for rid, scheduled in scheduler_output.num_scheduled_tokens.items():
-            state = self._reqs.get(rid)
-            if state is not None and not state.finished:
-                req = state.request
-                self._store(state, req.num_computed_tokens + scheduled, None, stores)
+            state = reqs.get(rid)
+            if state is None or state.finished:
+                continue
+            num_tokens = state.request.num_computed_tokens + scheduled
+            if num_tokens // tpc > state.next_stored:  # (most decode steps complete none)
+                self._store(state, num_tokens, None, stores)
         for rid in scheduler_output.finished_req_ids:
             state = self._reqs.get(rid)
             if state is None or state.signaled:
@@ -395,7 +398,8 @@ class OffloadingConnectorScheduler:
             return
         rid = state.request.request_id
         if block_ids is None:
-            num_blocks = len(self.kv_cache_manager.get_blocks(rid).blocks[0])
+            blocks = self.kv_cache_manager.get_blocks(rid).blocks[0]
+            num_blocks = len(blocks)
         else:
             num_blocks = len(block_ids)
         bpc = self.blocks_per_chunk
@@ -409,16 +413,19 @@ class OffloadingConnectorScheduler:
         state.next_stored = end
         if not output.keys_to_store:
             return
-        ids = (
-            list(block_ids)
-            if block_ids is not None
-            else self.kv_cache_manager.get_block_ids(rid)[0]
-        )
-        index = {key: start + i for i, key in enumerate(offer)}
-        src: list[int] = []
-        for key in output.keys_to_store:
-            chunk = index[key]
-            src += ids[chunk * bpc : (chunk + 1) * bpc]
+        # the offered chunks' block ids only (not the request's whole table)
+        if block_ids is None:
+            ids = [b.block_id for b in blocks[start * bpc : end * bpc]]
+        else:
+            ids = list(block_ids[start * bpc : end * bpc])
+        if len(output.keys_to_store) == len(offer):
+            src = ids
+        else:
+            index = {key: i for i, key in enumerate(offer)}
+            src = []
+            for key in output.keys_to_store:
+                chunk = index[key]
+                src += ids[chunk * bpc : (chunk + 1) * bpc]
         job_id = self._job_id()
         keys = tuple(output.keys_to_store)
         chunks = tuple(getattr(output.store_spec, "block_ids", ()))

@@ -107,22 +107,28 @@ class EvictableOrder(Generic[R]):
                 self._aside += len(items) - len(kept)
                 out += kept
             return out
+        heap, late, pop_heap = self._heap, self._late, heapq.heappop
+        first: tuple[R, OffloadKey] | None = None  # the run's lowest entry, when known
         while len(out) < n:
-            low = self._late_min()
-            if low is not None and run:
-                first = next(iter(run))
-                from_heap = low < (run[first], first)
-            elif low is not None:
+            while heap and late.get(heap[0][1]) != heap[0][0]:
+                pop_heap(heap)  # a stale entry (discarded or re-ranked)
+            if heap and run:
+                if first is None:
+                    key = next(iter(run))
+                    first = (run[key], key)
+                from_heap = heap[0] < first
+            elif heap:
                 from_heap = True
             elif run:
                 from_heap = False
             else:
                 break
             if from_heap:
-                rank, key = heapq.heappop(self._heap)
-                del self._late[key]
+                rank, key = pop_heap(heap)
+                del late[key]
             else:
                 key, rank = run.popitem(last=False)
+                first = None
             popped.append((key, rank))
             if key in protected:
                 self._aside += 1
