@@ -4058,6 +4058,27 @@ def _offload_twice_completed() -> None:
     m.complete_store([_OK], ctx)
 
 
+def _offload_steps(steps: tuple[str, ...]) -> Callable[[], object]:
+    """The calls named in ``steps``, in order, on key ``_OK`` of request 'a' (the last
+    one raises)."""
+
+    def run() -> None:
+        m, ctx = _offload()
+        calls: dict[str, Callable[[], object]] = {
+            "store": lambda: m.prepare_store([_OK], ctx),
+            "complete_store": lambda: m.complete_store([_OK], ctx),
+            "complete_store_twice": lambda: m.complete_store([_OK, _OK], ctx),
+            "load": lambda: m.prepare_load([_OK], ctx),
+            "load_twice": lambda: m.prepare_load([_OK, _OK], ctx),
+            "complete_load": lambda: m.complete_load([_OK], ctx),
+            "complete_load_twice": lambda: m.complete_load([_OK, _OK], ctx),
+        }
+        for name in steps:
+            calls[name]()
+
+    return run
+
+
 OFFLOAD_MESSAGES = [
     case(
         "offload: a negative chunk count",
@@ -4111,6 +4132,84 @@ OFFLOAD_MESSAGES = [
         ChunkNotLoadingError,
         "cannot complete a load of key 010200000000: it is not resident; complete each "
         "prepare_load once, and none prepared before a reset_cache",
+    ),
+    case(
+        "offload: a chunk count of the wrong type",
+        lambda: CPUOffloadingManager("4"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "num_chunks must be int, got str '4'",
+    ),
+    case(
+        "offload: a store threshold below 1",
+        lambda: CPUOffloadingManager(4, "lru", False, 0),
+        InvalidOffloadConfigError,
+        "store_threshold must be at least 1, got 0",
+    ),
+    case(
+        "offload: a tracker size below 1",
+        lambda: CPUOffloadingManager(4, "lru", False, 2, 0),
+        InvalidOffloadConfigError,
+        "max_tracker_size must be at least 1, got 0",
+    ),
+    case(
+        "offload: a key of the wrong type",
+        _offload_call(lambda m, ctx: m.prepare_store(["x"], ctx)),  # type: ignore[list-item]  # deliberately bad
+        ArgumentTypeError,
+        "keys must be bytes (make_offload_key(hash, group)), got str 'x'",
+    ),
+    case(
+        "offload: a store for an unknown request",
+        _offload_call(lambda m, ctx: m.prepare_store([_OK], ReqContext("b"))),
+        UnknownOffloadRequestError,
+        "cannot prepare_store for request 'b': it is not a live request of the tier; call "
+        "on_new_request(ctx) first, and none after on_request_finished(ctx)",
+    ),
+    case(
+        "offload: a load for an unknown request",
+        _offload_call(lambda m, ctx: m.prepare_load([_OK], ReqContext("b"))),
+        UnknownOffloadRequestError,
+        "cannot prepare_load for request 'b': it is not a live request of the tier; call "
+        "on_new_request(ctx) first, and none after on_request_finished(ctx)",
+    ),
+    case(
+        "offload: a load of a key being stored",
+        _offload_steps(("store", "load")),
+        ChunkNotReadyError,
+        "cannot load key 010200000000: it is being stored; load only keys whose lookup() "
+        "answered HIT, in the same step",
+    ),
+    case(
+        "offload: a store completed while a load pins it",
+        _offload_steps(("store", "complete_store", "load", "complete_store")),
+        ChunkNotStoringError,
+        "cannot complete the store of key 010200000000: it is ready, pinned by 1 load(s); "
+        "complete each key of a prepare_store's keys_to_store once, and none prepared before "
+        "a reset_cache",
+    ),
+    case(
+        "offload: a load completed on a ready key",
+        _offload_steps(("store", "complete_store", "complete_load")),
+        ChunkNotLoadingError,
+        "cannot complete a load of key 010200000000: it is ready; complete each prepare_load "
+        "once, and none prepared before a reset_cache",
+    ),
+    case(
+        "offload: a key twice in a store's completion",
+        _offload_steps(("store", "complete_store_twice")),
+        DuplicateOffloadKeyError,
+        "complete_store names key 010200000000 twice; pass each key once per call",
+    ),
+    case(
+        "offload: a key twice in a load",
+        _offload_steps(("store", "complete_store", "load_twice")),
+        DuplicateOffloadKeyError,
+        "prepare_load names key 010200000000 twice; pass each key once per call",
+    ),
+    case(
+        "offload: a key twice in a load's completion",
+        _offload_steps(("store", "complete_store", "load", "complete_load_twice")),
+        DuplicateOffloadKeyError,
+        "complete_load names key 010200000000 twice; pass each key once per call",
     ),
 ]
 
