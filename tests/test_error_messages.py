@@ -4255,6 +4255,29 @@ def _radix_reset_locked() -> None:
     c.reset()
 
 
+def _radix_release_evicted() -> None:
+    c = _radix_tree()
+    node = c.match_prefix(RadixKey([1, 2])).last_device_node
+    c.evict(2)
+    c.cache_finished_req(RadixRequest([1, 2], slots=[], last_node=node))
+
+
+def _radix_release_unlocked() -> None:
+    c = _radix_tree()
+    node = c.match_prefix(RadixKey([1, 2])).last_device_node
+    c.cache_finished_req(RadixRequest([1, 2], slots=[], last_node=node))
+
+
+def _radix_finish_bad_token() -> None:
+    c = RadixCache(PagedTokenAllocator(4, 1), 1)
+    req = RadixRequest([1, 2])
+    req.token_ids.append(-3)  # a decode step's token, appended after the checks
+    slots = c.allocator.alloc(3)
+    assert slots is not None
+    req.slots = slots
+    c.cache_finished_req(req)
+
+
 RADIX_MESSAGES = [
     case(
         "radix allocator: a free page freed again",
@@ -4352,6 +4375,139 @@ RADIX_MESSAGES = [
         ),
         RadixLockError,
         "cache_protected_len 1 but the request locks no node",
+    ),
+    case(
+        "radix allocator: a free of no list",
+        lambda: _radix_held().free(5),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "indices must be a list of int slots, got int 5",
+    ),
+    case(
+        "radix allocator: a free of a slot that is no int",
+        lambda: _radix_held().free([1.5]),  # type: ignore[list-item]  # deliberately bad
+        ArgumentTypeError,
+        "indices (each slot) must be an int, got float 1.5",
+    ),
+    case(
+        "radix cache: a lookup by a token list",
+        lambda: _radix_tree().match_prefix([1, 2]),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "key must be a RadixKey, got list [1, 2]",
+    ),
+    case(
+        "radix cache: an insert by a token list",
+        lambda: _radix_tree().insert([1, 2], [1, 2]),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "key must be a RadixKey, got list [1, 2]",
+    ),
+    case(
+        "radix cache: a priority that is no int",
+        lambda: _radix_tree().insert(RadixKey([3]), [3], priority="x"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "priority must be an int, got str 'x'",
+    ),
+    case(
+        "radix cache: an insert's chunked flag that is no bool",
+        lambda: _radix_tree().insert(RadixKey([3]), [3], chunked=1),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "chunked must be a bool (True or False), got int 1",
+    ),
+    case(
+        "radix cache: values that are no list",
+        lambda: _radix_tree().insert(RadixKey([3]), 5),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "indices must be a list of int slots, got int 5",
+    ),
+    case(
+        "radix cache: a value that is no int",
+        lambda: _radix_tree().insert(RadixKey([3, 4]), [3, 4.0]),  # type: ignore[list-item]  # deliberately bad
+        ArgumentTypeError,
+        "indices (each slot) must be an int, got float 4.0",
+    ),
+    case(
+        "radix cache: a value just past the pool",
+        lambda: _radix_tree().insert(RadixKey([3]), [5]),
+        RadixInsertError,
+        "values must be int slots of pages 1..4; got [5]",
+    ),
+    case(
+        "radix cache: nine values outside the pool",
+        lambda: RadixCache(PagedTokenAllocator(20, 1), 1).insert(RadixKey([*range(9)]), [21] * 9),
+        RadixInsertError,
+        "values must be int slots of pages 1..20; got [21, 21, 21, 21, 21, 21, 21, 21]...",
+    ),
+    case(
+        "radix cache: eight values outside the pool",
+        lambda: RadixCache(PagedTokenAllocator(20, 1), 1).insert(RadixKey([*range(8)]), [21] * 8),
+        RadixInsertError,
+        "values must be int slots of pages 1..20; got [21, 21, 21, 21, 21, 21, 21, 21]",
+    ),
+    case(
+        "radix cache: an aligned page's slots out of order",
+        lambda: RadixCache(PagedTokenAllocator(4, 2), 2).insert(RadixKey([1, 2]), [2, 4]),
+        RadixInsertError,
+        "values [2, 4] are not one whole page's slots in order; insert the slots an alloc returned",
+    ),
+    case(
+        "radix cache: an evict of no int",
+        lambda: _radix_tree().evict("2"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "num_tokens must be an int, got str '2'",
+    ),
+    case(
+        "radix cache: locking no node",
+        lambda: _radix_tree().inc_lock_ref("n"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "node must be a TreeNode, got str 'n'",
+    ),
+    case(
+        "radix cache: finishing no request",
+        lambda: _radix_tree().cache_finished_req("r"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "req must be a RadixRequest, got str 'r'",
+    ),
+    case(
+        "radix cache: a checkpoint's chunked flag that is no bool",
+        lambda: _radix_tree().cache_unfinished_req(RadixRequest([1]), chunked=1),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "chunked must be a bool (True or False), got int 1",
+    ),
+    case(
+        "radix cache: a request whose node was evicted",
+        _radix_release_evicted,
+        RadixLockError,
+        "cannot release TreeNode(key=[1, 2], lock_ref=0): it is not in this tree (evicted, "
+        "reset, or another cache's); lock nodes a match or insert of this cache returned",
+    ),
+    case(
+        "radix cache: a request whose node holds no lock",
+        _radix_release_unlocked,
+        RadixLockError,
+        "the request's TreeNode(key=[1, 2], lock_ref=0) holds no lock",
+    ),
+    case(
+        "radix cache: a request's token appended negative",
+        _radix_finish_bad_token,
+        RadixInsertError,
+        "token_ids: token ids must be ints >= 0, got -3",
+    ),
+    case(
+        "radix request: tokens that are no list",
+        lambda: RadixRequest("ab"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "token_ids must be a list of int token ids, got str 'ab'",
+    ),
+    case(
+        "radix request: a negative token",
+        lambda: RadixRequest([1, -2]),
+        RadixInsertError,
+        "token_ids: token ids must be ints >= 0, got -2",
+    ),
+    case(
+        "radix request: a namespace that is no Namespace",
+        lambda: RadixRequest([1], namespace=("a",)),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "namespace must be a Namespace, got tuple ('a',)",
     ),
 ]
 
