@@ -4268,6 +4268,16 @@ def _radix_release_unlocked() -> None:
     c.cache_finished_req(RadixRequest([1, 2], slots=[], last_node=node))
 
 
+def _radix_finish_str_token() -> None:
+    c = RadixCache(PagedTokenAllocator(4, 1), 1)
+    req = RadixRequest([1, 2])
+    req.token_ids.append("a")  # type: ignore[arg-type]  # deliberately bad, after the checks
+    slots = c.allocator.alloc(3)
+    assert slots is not None
+    req.slots = slots
+    c.cache_finished_req(req)
+
+
 def _radix_finish_bad_token() -> None:
     c = RadixCache(PagedTokenAllocator(4, 1), 1)
     req = RadixRequest([1, 2])
@@ -4493,9 +4503,81 @@ RADIX_MESSAGES = [
     ),
     case(
         "radix request: tokens that are no list",
-        lambda: RadixRequest("ab"),  # type: ignore[arg-type]  # deliberately bad
+        lambda: RadixRequest((1, 2)),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "token_ids must be a list of int token ids, got tuple (1, 2)",
+    ),
+    case(
+        "radix key: tokens that are no sequence of ints",
+        lambda: RadixKey("ab"),  # type: ignore[arg-type]  # deliberately bad
         ArgumentTypeError,
         "token_ids must be a list of int token ids, got str 'ab'",
+    ),
+    case(
+        "radix key: an extra key that is no str",
+        lambda: RadixKey([1], 5),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "extra_key must be a str or None, got int 5",
+    ),
+    case(
+        "radix key: a LoRA id that is no str",
+        lambda: RadixKey([1], lora_id=5),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "lora_id must be a str or None, got int 5",
+    ),
+    case(
+        "radix key: a cache salt that is no str",
+        lambda: RadixKey([1], cache_salt=5),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "cache_salt must be a str or None, got int 5",
+    ),
+    case(
+        "radix key: a token that is no int",
+        lambda: _radix_tree().match_prefix(RadixKey([1, "a"])),  # type: ignore[list-item]  # deliberately bad
+        ArgumentTypeError,
+        "key.token_ids (each token id) must be an int, got str 'a'",
+    ),
+    case(
+        "radix cache: a request's token appended that is no int",
+        _radix_finish_str_token,
+        ArgumentTypeError,
+        "token_ids (each token id) must be an int, got str 'a'",
+    ),
+    case(
+        "radix cache: a page size that is no int",
+        lambda: RadixCache(PagedTokenAllocator(4, 1), "1"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "page_size must be an int, got str '1'",
+    ),
+    case(
+        "radix cache: a page size of 0",
+        lambda: RadixCache(PagedTokenAllocator(4, 1), 0),
+        InvalidRadixConfigError,
+        "page_size must be an int >= 1, got 0",
+    ),
+    case(
+        "radix cache: a policy that is no str",
+        lambda: RadixCache(PagedTokenAllocator(4, 1), 1, 5),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "eviction_policy must be a str, got int 5",
+    ),
+    case(
+        "radix cache: an events flag that is no bool",
+        lambda: RadixCache(PagedTokenAllocator(4, 1), 1, "lru", 1),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "enable_events must be a bool (True or False), got int 1",
+    ),
+    case(
+        "radix allocator: a size that is no int",
+        lambda: PagedTokenAllocator(4, 1).alloc("2"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "need_size must be an int, got str '2'",
+    ),
+    case(
+        "radix cache: an allocator of another kind",
+        lambda: RadixCache("a", 1),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "allocator must be a PagedTokenAllocator, got str 'a'",
     ),
     case(
         "radix request: a negative token",

@@ -550,3 +550,56 @@ def test_a_checkpoint_counts_a_hit_unless_chunked() -> None:
         c.cache_finished_req(req, is_insert=False)  # released: no walk, no hit
         assert c.evict(1) == 1
         assert _slots(c, evicted_first) == []
+
+
+def test_the_cache_s_defaults_are_lru_without_events() -> None:
+    c = RadixCache(PagedTokenAllocator(4, 1), 1)
+    _put(c, [1])
+    assert c.eviction_policy == "lru" and c.take_events() == []
+    assert c.token_to_kv_pool_allocator is c.allocator  # SGLang's name for it
+
+
+def _checkpointed(c: RadixCache, tokens: list[int]) -> RadixRequest:
+    req = RadixRequest(list(tokens), slots=c.allocator.alloc(len(tokens)) or [])
+    c.cache_unfinished_req(req)
+    return req
+
+
+def test_a_finish_touches_its_request_s_path_last() -> None:
+    c = _cache(8, 1)
+    req = _checkpointed(c, [1, 2])
+    _put(c, [7])
+    c.cache_finished_req(req)  # nothing new: the walk only touches [1, 2]
+    assert c.evict(1) == 1 and _slots(c, [7]) == [] and len(_slots(c, [1, 2])) == 2
+
+
+def test_a_finish_counts_a_hit_on_its_request_s_path() -> None:
+    c = _cache(8, 1, "lfu")
+    _put(c, [7])  # one hit, the oldest
+    req = _checkpointed(c, [1, 2])  # [1, 2]: one hit
+    req.token_ids.append(3)
+    req.slots += c.allocator.alloc(1) or []
+    c.cache_finished_req(req)  # [1, 2]: a second hit; [3]: one
+    _put(c, [8])  # one hit, the newest
+    assert c.evict(1) == 1 and c.evict(1) == 1  # [7], then [3]
+    assert c.evict(1) == 1  # [8]: fewer hits than [1, 2]
+    assert len(_slots(c, [1, 2])) == 2 and _slots(c, [8]) == []
+
+
+def test_a_token_appended_after_a_checkpoint_is_checked() -> None:
+    c = _cache(8, 1)
+    req = _checkpointed(c, [1])
+    req.token_ids += [-3, 5, 6]
+    req.slots += c.allocator.alloc(3) or []
+    with pytest.raises(RadixInsertError, match="got -3"):
+        c.cache_finished_req(req)
+
+
+def test_a_stale_node_among_the_heap_s_leaves_is_reported() -> None:
+    c = _cache(8, 1)
+    _put(c, [1])
+    real = _node(c, [1])
+    c._heap.leaves.discard(real)  # a corrupted heap: the real leaf replaced by a
+    c._heap.leaves.add(TreeNode(real.namespace, real.key, [], None, 0))  # detached one
+    with pytest.raises(InvariantViolationError):
+        c.check_invariants()
