@@ -641,3 +641,31 @@ def test_the_spec_state_carries_the_configuration_counts_and_events() -> None:
     assert (state.counted, state.tracker) == ((("a", frozenset({k})),), ())
     assert (state.store_threshold, state.max_tracker_size, state.events_on) == (2, 3, False)
     assert state.events == ()
+
+
+def test_a_later_request_s_access_raises_a_resident_key_skipping_unpositioned_ones() -> None:
+    """LRU: request c's first access raises x (positioned in c) to c's rank, past y
+    (offered too, without a position in c: skipped, its rank kept)."""
+    m, first = _manager(2)
+    x, y = _keys(2)
+    first.set_offload_key_position(x, 16)
+    _stored(m, first, [x])
+    second = ReqContext("b")
+    m.on_new_request(second)
+    second.set_offload_key_position(y, 16)
+    _stored(m, second, [y])
+    late = ReqContext("c")
+    m.on_new_request(late)
+    late.set_offload_key_position(x, 16)
+    assert m.prepare_store([y, x], late) == PrepareStoreOutput([], CPULoadStoreSpec([]), [])
+    out = m.prepare_store(_keys(2, 1), late)
+    assert out is not None and out.evicted_keys == [y, x]
+
+
+def test_arc_inserts_keys_of_which_only_some_are_ghosts() -> None:
+    p = _arc()
+    a, b = _keys(2)
+    _arc_stored(p, [a])
+    assert p.evict(1, set()) == [a]  # a: a ghost in B1
+    p.insert([a, b], "r", {})
+    assert p.view()[0] == (a, b) and p.view()[2] == ()
