@@ -4562,10 +4562,22 @@ RADIX_MESSAGES = [
         "eviction_policy must be a str, got int 5",
     ),
     case(
+        "radix cache: an empty policy name",
+        lambda: RadixCache(PagedTokenAllocator(4, 1), 1, ""),
+        InvalidRadixConfigError,
+        "eviction_policy must be a non-empty str, got ''",
+    ),
+    case(
         "radix cache: an events flag that is no bool",
         lambda: RadixCache(PagedTokenAllocator(4, 1), 1, "lru", 1),  # type: ignore[arg-type]  # deliberately bad
         ArgumentTypeError,
         "enable_events must be a bool (True or False), got int 1",
+    ),
+    case(
+        "radix allocator: a page count that is no int",
+        lambda: PagedTokenAllocator("4", 1),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "num_pages must be an int, got str '4'",
     ),
     case(
         "radix allocator: a size that is no int",

@@ -603,3 +603,26 @@ def test_a_stale_node_among_the_heap_s_leaves_is_reported() -> None:
     c._heap.leaves.add(TreeNode(real.namespace, real.key, [], None, 0))  # detached one
     with pytest.raises(InvariantViolationError):
         c.check_invariants()
+
+
+def test_a_pool_larger_than_the_machine_s_memory_is_refused() -> None:
+    with pytest.raises(
+        InvalidRadixConfigError,
+        match=r"^a pool of 1,000,000,000,000,000 pages needs about 9,000,000,000,000,000 "
+        r"bytes, more than the [\d,]+ bytes of memory this machine has; use fewer pages$",
+    ):
+        PagedTokenAllocator(10**15, 1)
+
+
+def test_an_empty_lookup_ends_on_the_namespace_s_root() -> None:
+    c = _cache(8, 1)
+    assert repr(c.match_prefix(RadixKey([])).last_device_node) == "TreeNode(key=[], lock_ref=1)"
+
+
+def test_a_request_s_priority_raised_after_a_checkpoint_raises_its_path() -> None:
+    c = _cache(8, 1, "priority")
+    req = _checkpointed(c, [1, 2])  # [1, 2]: priority 0
+    c.insert(RadixKey([7]), c.allocator.alloc(1) or [], priority=3)
+    req.priority = 5
+    c.cache_finished_req(req)  # the walk to its node raises [1, 2] to 5
+    assert c.evict(1) == 1 and _slots(c, [7]) == [] and len(_slots(c, [1, 2])) == 2
