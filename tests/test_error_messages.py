@@ -4406,9 +4406,9 @@ RADIX_MESSAGES = [
     ),
     case(
         "radix cache: an insert by a token list",
-        lambda: _radix_tree().insert([1, 2], [1, 2]),  # type: ignore[arg-type]  # deliberately bad
+        lambda: _radix_tree().insert([3], [3]),  # type: ignore[arg-type]  # deliberately bad
         ArgumentTypeError,
-        "key must be a RadixKey, got list [1, 2]",
+        "key must be a RadixKey, got list [3]",
     ),
     case(
         "radix cache: a priority that is no int",
@@ -4424,9 +4424,9 @@ RADIX_MESSAGES = [
     ),
     case(
         "radix cache: values that are no list",
-        lambda: _radix_tree().insert(RadixKey([3]), 5),  # type: ignore[arg-type]  # deliberately bad
+        lambda: _radix_tree().insert(RadixKey([3]), 6),  # type: ignore[arg-type]  # deliberately bad
         ArgumentTypeError,
-        "indices must be a list of int slots, got int 5",
+        "indices must be a list of int slots, got int 6",
     ),
     case(
         "radix cache: a value that is no int",
@@ -4478,9 +4478,9 @@ RADIX_MESSAGES = [
     ),
     case(
         "radix cache: a checkpoint's chunked flag that is no bool",
-        lambda: _radix_tree().cache_unfinished_req(RadixRequest([1]), chunked=1),  # type: ignore[arg-type]  # deliberately bad
+        lambda: _radix_tree().cache_unfinished_req(RadixRequest([1]), chunked=2),  # type: ignore[arg-type]  # deliberately bad
         ArgumentTypeError,
-        "chunked must be a bool (True or False), got int 1",
+        "chunked must be a bool (True or False), got int 2",
     ),
     case(
         "radix cache: a request whose node was evicted",
@@ -4550,10 +4550,10 @@ RADIX_MESSAGES = [
         "page_size must be an int, got str '1'",
     ),
     case(
-        "radix cache: a page size of 0",
-        lambda: RadixCache(PagedTokenAllocator(4, 1), 0),
+        "radix cache: a negative page size",
+        lambda: RadixCache(PagedTokenAllocator(4, 1), -1),
         InvalidRadixConfigError,
-        "page_size must be an int >= 1, got 0",
+        "page_size must be an int >= 1, got -1",
     ),
     case(
         "radix cache: a policy that is no str",
@@ -4593,9 +4593,9 @@ RADIX_MESSAGES = [
     ),
     case(
         "radix request: a negative token",
-        lambda: RadixRequest([1, -2]),
+        lambda: RadixRequest([1, -4]),
         RadixInsertError,
-        "token_ids: token ids must be ints >= 0, got -2",
+        "token_ids: token ids must be ints >= 0, got -4",
     ),
     case(
         "radix request: a namespace that is no Namespace",
