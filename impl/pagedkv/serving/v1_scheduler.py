@@ -50,8 +50,12 @@ leaves ``waiting`` for ``loading`` (WAITING_FOR_REMOTE_KVS) until the workers re
 the load (:meth:`V1Scheduler.update_kv_transfers`): loaded, it is admitted before the
 waiting requests with the loaded tokens computed (all but the last token of the
 request, as vLLM); failed, its blocks are freed and it is admitted afresh, computing
-what the load would have brought. Each step ends with the connector's jobs
-(``build_connector_meta``, in ``V1SchedulerOutput.connector_meta``). A finished
+what the load would have brought. A loaded request whose next blocks do not fit while
+no request runs gives its blocks back (cached, then freed) and is preempted to the front
+of ``waiting``: otherwise requests whose loads ended could hold every block, none able
+to run (a deadlock the V1 scheduler machine with the connector found). Each step ends
+with the connector's jobs (``build_connector_meta``, in
+``V1SchedulerOutput.connector_meta``). A finished
 request's blocks stay held while the connector says so (``request_finished``) and are
 freed when it names them (``take_finished_sending``). The invariants S1-S6 cover the
 queues; requests in ``loading`` and held blocks are the connector's (its own checks).
@@ -337,9 +341,15 @@ class V1Scheduler:
                 continue  # its load is in flight
             if done:
                 used = self._admit_loaded(out, request, budget, threshold)
-            else:  # failed, its blocks freed: admitted afresh (no host-tier hit now)
+            else:  # failed, its blocks freed: admitted afresh
                 used = self._admit(out, request, budget, threshold)
+                if used == 0:
+                    # loading again: a reset flushed the failed load, so the connector
+                    # never counted the failure, and the host tier holds its prefix anew
+                    return  # FCFS: nobody overtakes it
             if used is None:
+                if done and not self.running:
+                    self._unload(request)
                 return  # FCFS: nobody overtakes it
             del self.loading[rid]
             self._forget_load(rid)
@@ -452,6 +462,19 @@ class V1Scheduler:
         self._run(out, request, num_new, num_cached)
         return num_new
 
+    def _unload(self, request: Request) -> None:
+        """A loaded request that cannot be admitted while nothing runs (nothing would
+        free a block: other requests' loads may hold the rest, a deadlock) gives its
+        blocks back: its loaded blocks cached (a later prefix-cache hit while they stay),
+        then preempted (freed, front of ``waiting``)."""
+        rid = request.request_id
+        num_hit, external, _ = self._loads[rid]
+        self.kv_cache_manager.cache_blocks(request, min(num_hit + external, request.num_tokens - 1))
+        del self.loading[rid]
+        self._forget_load(rid)
+        self._preempt(request)
+        self._admitted.add(rid)
+
     def _run(self, out: V1SchedulerOutput, request: Request, num_new: int, num_hit: int) -> None:
         """``request`` (allocated) joins ``running``, recorded in ``out``."""
         kind: ScheduleKind = "resumed" if request.status is _PREEMPTED else "new"
@@ -487,6 +510,32 @@ class V1Scheduler:
                 request.status = self._loads[rid][2]
                 request.num_computed_tokens = 0
         self._release_held()
+
+    def finished_loads(self) -> dict[str, int | None]:
+        """The requests in ``loading`` whose load the workers reported, in ``loading``
+        order: request id -> the tokens it counts as computed when admitted (its GPU hit
+        plus the loaded tokens; capped at all but its last token then), or None if the
+        load failed (it is admitted afresh). O(loading)."""
+        done = self._load_done
+        return {
+            rid: (sum(self._loads[rid][:2]) if done[rid] else None)
+            for rid in self.loading
+            if rid in done
+        }
+
+    def reset_prefix_cache(self, reset_connector: bool = False) -> bool:
+        """Reset the GPU prefix cache (vLLM's ``reset_prefix_cache``): refused (False,
+        nothing changed) while a request holds blocks. With ``reset_connector`` and a
+        connector, the host tier is reset too (``reset_cache``: jobs in flight are
+        flushed, finished requests' held blocks released and freed); True if every
+        reset asked for was done. O(blocks + the connector's reset)."""
+        if not isinstance(reset_connector, bool):
+            raise ArgumentTypeError("reset_connector", reset_connector, "bool")
+        done = self.kv_cache_manager.reset_prefix_cache()
+        if reset_connector and self.connector is not None:
+            self.connector.reset_cache()
+            self._release_held()
+        return done
 
     def _forget_load(self, rid: str) -> None:
         self._loads.pop(rid, None)
