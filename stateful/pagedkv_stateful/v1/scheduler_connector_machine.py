@@ -167,6 +167,7 @@ class V1SchedulerConnectorMachine(V1SchedulerMachine):
         self.ended: dict[str, int | None] = {}  # request -> its reported load (None: failed)
         self.ready: set[bytes] = set()  # the tier's keys, by its events
         self.stored = False  # a store was reported
+        self.fresh_loads: set[int] = set()  # the loads the last step issued
         V1SchedulerMachine.init(
             self,
             block_size,
@@ -267,6 +268,7 @@ class V1SchedulerConnectorMachine(V1SchedulerMachine):
         meta = out.connector_meta
         assert meta is not None
         lookups = {x.request_id: x for x in out.offload_lookups}
+        self.fresh_loads = set(meta.load_jobs)
         for job_id, job in meta.load_jobs.items():
             found = lookups.get(job.req_id)
             start, told = (
@@ -318,11 +320,15 @@ class V1SchedulerConnectorMachine(V1SchedulerMachine):
             brings = self.loads.pop(rid)
             self.ended[rid] = brings if mjob.ok else None
 
-    def _workers_finish(self) -> None:
-        """Every job in flight copied and reported, successfully."""
-        if self.jobs:
+    def _workers_finish(self, last: bool = True) -> None:
+        """The jobs in flight copied and reported, successfully: every one if ``last``,
+        else all but the loads the last step issued (so a teardown's steps run beside
+        loads in flight, as a drain's do)."""
+        keep = set() if last else self.fresh_loads
+        done = [j for j in sorted(self.jobs) if j not in keep]
+        if done:
             report = OffloadingWorkerMetadata()
-            for job_id in sorted(self.jobs):
+            for job_id in done:
                 self._report(job_id, self.jobs.pop(job_id), True, report)
             self._log(f"sched.update_kv_transfers({report!r})")
             self.scheduler.update_kv_transfers(report)

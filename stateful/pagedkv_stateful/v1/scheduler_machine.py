@@ -332,9 +332,9 @@ class V1SchedulerMachine(LockstepBase):
     #: steps a request may take beyond its tokens' (a subclass's loads)
     extra_steps = 0
 
-    def _workers_finish(self) -> None:
-        """At teardown, before each step and after the last: the workers finish every
-        job in flight (none without a connector)."""
+    def _workers_finish(self, last: bool) -> None:
+        """At teardown, before each step and (``last``) after the last: the workers
+        finish jobs in flight (none without a connector)."""
 
     def _may_hold(self, rid: str) -> bool:
         """Whether finished ``rid`` may keep its blocks (never, without a connector)."""
@@ -404,13 +404,13 @@ class V1SchedulerMachine(LockstepBase):
         bound = sum(self.max_model_len + 2 for _ in self.scheduler.requests) + 1
         bound += self.extra_steps * len(self.scheduler.requests)
         for _ in range(bound):
-            self._workers_finish()
+            self._workers_finish(last=False)
             if not self.scheduler.has_unfinished_requests():
                 break
             self.schedule()
             self.update_from_output()
             self.scheduler_and_manager_invariants()
-        self._workers_finish()
+        self._workers_finish(last=True)
         if self.scheduler.has_unfinished_requests():
             self.violate(
                 "liveness",
