@@ -68,7 +68,7 @@ def _machine(
     )
 
 
-def _found(machine: type[V1SchedulerConnectorMachine], examples: int = 300) -> str:
+def _found(machine: type[V1SchedulerConnectorMachine], examples: int = 600) -> str:
     """The check the machine reports (a registry id, or the check's name)."""
     with pytest.raises(AssertionError) as info:
         run_state_machine_as_test(machine, settings=find_fast(examples, CI_STEPS))
@@ -77,11 +77,14 @@ def _found(machine: type[V1SchedulerConnectorMachine], examples: int = 300) -> s
     return found[0] if found else message.split("]")[0].lstrip("[")
 
 
-#: The planted bugs and the check each breaks.
-PLANTED: dict[str, tuple[type[V1SchedulerConnectorMachine], str]] = {
-    "a failed load read": (_machine(_ReadsFailedLoads), "OC5"),
-    "held blocks freed": (_machine(_FreesHeldBlocks), "OC1"),
-    "a load not waited for": (_machine(_SkipsTheLoadWait), "S7"),
+#: The planted bugs and the checks each breaks (a failed load taken as done: admitted
+#: with its loaded tokens counted, S8, where the model knows the load failed; its garbage
+#: read by the request, OC5, or copied by its next store, OC1: the first step that shows
+#: it reports).
+PLANTED: dict[str, tuple[type[V1SchedulerConnectorMachine], tuple[str, ...]]] = {
+    "a failed load read": (_machine(_ReadsFailedLoads), ("S8", "OC5", "OC1")),
+    "held blocks freed": (_machine(_FreesHeldBlocks), ("OC1",)),
+    "a load not waited for": (_machine(_SkipsTheLoadWait), ("S7",)),
 }
 #: Found within a few seconds (the fast tier runs these; the others are slow)
 CHEAP = ("a load not waited for", "held blocks freed")
@@ -89,15 +92,15 @@ CHEAP = ("a load not waited for", "held blocks freed")
 
 @pytest.mark.parametrize("name", CHEAP)
 def test_the_machine_catches_the_cheap_planted_bug(name: str) -> None:
-    machine, check = PLANTED[name]
-    assert _found(machine) == check
+    machine, checks = PLANTED[name]
+    assert _found(machine) in checks
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(PLANTED) - set(CHEAP)))
 def test_the_machine_catches_the_planted_bug(name: str) -> None:
-    machine, check = PLANTED[name]
-    assert _found(machine) == check
+    machine, checks = PLANTED[name]
+    assert _found(machine) in checks
 
 
 def reached_at_ci(examples: int, steps: int = CI_STEPS) -> Counter[str]:

@@ -133,6 +133,8 @@ class V1Scheduler:
         _load_done        request id -> whether its load succeeded, once reported
         _load_jobs        load job id -> its request
         _held             finished requests whose blocks the connector holds
+        _reset_preempted  requests a reset preempted since the last step (the
+                          connector flushes their jobs in the next one)
     """
 
     def __init__(
@@ -174,6 +176,7 @@ class V1Scheduler:
         self._load_done: dict[str, bool] = {}
         self._load_jobs: dict[int, str] = {}
         self._held: dict[str, Request] = {}
+        self._reset_preempted: list[str] = []
 
     # ------------------------------------------------------------------ requests
 
@@ -290,9 +293,12 @@ class V1Scheduler:
         if self.connector is not None:  # before the computed tokens advance, as vLLM
             out.connector_meta = self.connector.build_connector_meta(
                 ConnectorSchedulerOutput(
-                    out.num_scheduled_tokens, out.finished_req_ids, out.preempted_req_ids
+                    out.num_scheduled_tokens,
+                    out.finished_req_ids,
+                    [*self._reset_preempted, *out.preempted_req_ids],
                 )
             )
+            self._reset_preempted = []
             loads = out.connector_meta.load_jobs
             self._load_jobs.update((j, job.req_id) for j, job in loads.items())
             self._release_held()
@@ -523,14 +529,34 @@ class V1Scheduler:
             if rid in done
         }
 
-    def reset_prefix_cache(self, reset_connector: bool = False) -> bool:
-        """Reset the GPU prefix cache (vLLM's ``reset_prefix_cache``): refused (False,
-        nothing changed) while a request holds blocks. With ``reset_connector`` and a
-        connector, the host tier is reset too (``reset_cache``: jobs in flight are
-        flushed, finished requests' held blocks released and freed); True if every
-        reset asked for was done. O(blocks + the connector's reset)."""
-        if not isinstance(reset_connector, bool):
-            raise ArgumentTypeError("reset_connector", reset_connector, "bool")
+    def reset_prefix_cache(
+        self, reset_connector: bool = False, reset_running_requests: bool = False
+    ) -> bool:
+        """Reset the GPU prefix cache (vLLM's ``reset_prefix_cache``): refused (False)
+        while a request holds blocks. With ``reset_running_requests`` every running
+        request is preempted first, newest first (recompute; a connector flushes their
+        jobs in the next step); refused while a step is in flight
+        (InvalidSchedulerCallError, nothing changed: vLLM drops its stale output).
+        With ``reset_connector`` and a connector, the host tier is reset too
+        (``reset_cache``: jobs in flight are flushed, finished requests' held blocks
+        released and freed). True if every reset asked for was done.
+        O(blocks + preempted requests + the connector's reset)."""
+        for name, value in (
+            ("reset_connector", reset_connector),
+            ("reset_running_requests", reset_running_requests),
+        ):
+            if not isinstance(value, bool):
+                raise ArgumentTypeError(name, value, "bool")
+        if reset_running_requests:
+            if self._in_flight is not None:
+                raise InvalidSchedulerCallError(
+                    f"reset_prefix_cache(reset_running_requests=True) while step "
+                    f"{self._in_flight.step} is in flight; call update_from_output() first"
+                )
+            while self.running:
+                victim = self.running.pop()
+                self._preempt(victim)
+                self._reset_preempted.append(victim.request_id)
         done = self.kv_cache_manager.reset_prefix_cache()
         if reset_connector and self.connector is not None:
             self.connector.reset_cache()

@@ -236,15 +236,27 @@ class V1SchedulerMachine(LockstepBase):
             del self.computed[rid]
         self.finished_between += live
 
-    @rule(reset_connector=st.booleans())
-    def reset_prefix_cache(self, reset_connector: bool) -> None:
+    @rule(reset_connector=st.booleans(), reset_running_requests=st.booleans())
+    def reset_prefix_cache(self, reset_connector: bool, reset_running_requests: bool) -> None:
         """``reset_prefix_cache()``: done exactly when no request holds a block (the
-        null block aside)."""
+        null block aside); with ``reset_running_requests`` (between steps) every running
+        request preempted first."""
         pool = self.manager.block_pool
+        preempt = reset_running_requests and self.out is None
+        running = ids_now(self.scheduler.running) if preempt else []
+        call = f"sched.reset_prefix_cache({reset_connector}, {preempt})"
+        done = self.scheduler.reset_prefix_cache(reset_connector, preempt)
+        for rid in running:
+            self.computed[rid] = 0
+            if self.requests[rid].status is not RequestStatus.PREEMPTED:
+                self.violate(
+                    "S2", f"{rid} is {self.requests[rid].status.name} after the reset preempted it"
+                )
+        if running:
+            event("reset_prefix_cache: running requests preempted")
         idle = pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
-        call = f"sched.reset_prefix_cache({reset_connector})"
-        done = self.scheduler.reset_prefix_cache(reset_connector)
-        if done is not idle:
+        # a connector's reset, after the GPU's, may release held blocks: idle only then
+        if done is not idle and (done or not reset_connector):
             self.violate(
                 "V1-15",
                 f"{call} answered {done}; {pool.get_num_free_blocks()} of "
@@ -575,6 +587,11 @@ MISUSE: dict[
         lambda m: True,
         lambda m: "sched.reset_prefix_cache(1)",
         ArgumentTypeError,
+    ),
+    "a reset of running requests while a step is in flight": (
+        _in_flight,
+        lambda m: "sched.reset_prefix_cache(False, True)",
+        InvalidSchedulerCallError,
     ),
 }
 
