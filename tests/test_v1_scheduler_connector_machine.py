@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerOutput
@@ -23,6 +23,7 @@ from pagedkv_stateful.v1.scheduler_connector_machine import (
     SCHEDULER_CONNECTOR_STATE_CLASSES,
     V1SchedulerConnectorMachine,
 )
+from test_offload_connector_machine import _MatchesWithJobsInFlight
 
 TestV1SchedulerConnectorMachine = V1SchedulerConnectorMachine.TestCase
 # its warm-ups run a dozen steps each: a few examples keep the fast tier's run to seconds
@@ -68,10 +69,18 @@ def _machine(
     )
 
 
-def _found(machine: type[V1SchedulerConnectorMachine], examples: int = 600) -> str:
+def _found(
+    machine: type[V1SchedulerConnectorMachine],
+    examples: int = 600,
+    steps: int = CI_STEPS,
+    shrink: bool = True,
+) -> str:
     """The check the machine reports (a registry id, or the check's name)."""
+    budget = find_fast(examples, steps)
+    if not shrink:
+        budget = settings(budget, phases=[Phase.generate])
     with pytest.raises(AssertionError) as info:
-        run_state_machine_as_test(machine, settings=find_fast(examples, CI_STEPS))
+        run_state_machine_as_test(machine, settings=budget)
     message = str(info.value)
     found = [inv.id for inv in REGISTRY.values() if f"[{inv.label}]" in message]
     return found[0] if found else message.split("]")[0].lstrip("[")
@@ -88,6 +97,16 @@ PLANTED: dict[str, tuple[type[V1SchedulerConnectorMachine], tuple[str, ...]]] = 
 }
 #: Found within a few seconds (the fast tier runs these; the others are slow)
 CHEAP = ("a load not waited for", "held blocks freed")
+
+
+@pytest.mark.slow
+def test_the_search_reaches_oc6() -> None:
+    """OC6's planted connector (it matches a request whose jobs are in flight), which the
+    connector machine's search does not reach in a test's budget (its test replays a
+    fixed path): here a search finds it, a request loading beside a store of its own
+    still in flight. Unshrunk: the first failing test case (~30 s on 2 cores)."""
+    machine = _machine(connector=_MatchesWithJobsInFlight)
+    assert _found(machine, 2000, 100, shrink=False) == "OC6"
 
 
 @pytest.mark.parametrize("name", CHEAP)
