@@ -33,8 +33,12 @@ rule                    operation                               checks (beyond t
                         :attr:`failed_jobs` is off)             afresh, OC5)
 ``finish_requests``     an abort, jobs in flight or not         its blocks held while its
                                                                 jobs run (OC1)
-``reset_prefix_cache``  GPU cache, and the host tier's with     the flushed jobs run before
-                        jobs in flight                          the next forward pass
+``reset_prefix_cache``  GPU cache (running requests preempted   the flushed jobs run before
+                        first, if drawn), and the host tier's   the next forward pass
+                        with jobs in flight
+``evict_blocks``        the KV manager forgets every cached     later arrivals hit the host
+                        block                                   tier
+``add_request``         the base's, two families, shorter       (as the base)
 ``take_events``         the host tier's events                  O8: replayed, the tier's
                                                                 ready keys (a failed store
                                                                 never announced)

@@ -35,7 +35,8 @@ rule                    operation                         checks
                                                           freed
 ``finish_requests``     ``finish_requests(ids, status)``  finished, no block left; unknown ids
                                                           skipped; reported by the next step
-``reset_prefix_cache``  ``reset_prefix_cache(connector)``  done iff no request holds a block
+``reset_prefix_cache``  ``reset_prefix_cache(c, running)``  done iff no request holds a block;
+                                                          running requests preempted first
 ``misuse``              a bad call (:data:`MISUSE`)       a typed error, nothing changed
 ======================  ================================  ====================================
 
