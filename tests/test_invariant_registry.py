@@ -53,6 +53,7 @@ from pagedkv_stateful.v1.offload_connector_machine import (
 )
 from pagedkv_stateful.v1.offload_machine import OffloadMachine
 from pagedkv_stateful.v1.pool_machine import V1PoolMachine
+from pagedkv_stateful.v1.scheduler_connector_machine import V1SchedulerConnectorMachine
 from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
 from test_offload_connector_machine import OFFLOAD_CONNECTOR_PLANTED
 from test_offload_kv_machine import OFFLOAD_DATA_PLANTED
@@ -282,6 +283,11 @@ AFTER_EVERY_STEP: dict[type[RuleBasedStateMachine], tuple[set[str], set[str]]] =
     RadixMachine: (set(RADIX_STATE_IDS), set()),
     OffloadKVMachine: ({"OD1", "OD2"}, set()),
     OffloadConnectorMachine: (set(CONNECTOR_INVARIANTS), set()),
+    V1SchedulerConnectorMachine: (
+        {"S1", "S2", "S3", "S4", "S5", "S6", "V1-1", "V1-2", "V1-3", "V1-4", "V1-10", "V1-13"}
+        | set(CONNECTOR_INVARIANTS),
+        set(),
+    ),
 }
 
 
@@ -294,6 +300,7 @@ PROBE_BUDGET: dict[type[RuleBasedStateMachine], tuple[int, int]] = {
     RadixMachine: (30, 20),
     OffloadKVMachine: (30, 20),
     OffloadConnectorMachine: (30, 20),
+    V1SchedulerConnectorMachine: (8, 12),
 }
 
 

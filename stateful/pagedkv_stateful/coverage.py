@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "OFFLOAD_STATE_CLASSES",
+    "SCHEDULER_CONNECTOR_STATE_CLASSES",
     "STATE_CLASSES",
     "V1_POOL_STATE_CLASSES",
     "V1_STATE_CLASSES",
@@ -94,6 +95,18 @@ OFFLOAD_STATE_CLASSES = (
     "ARC ghost hit",
     "threshold admission",
     "reset with jobs in flight",
+)
+
+#: The V1 scheduler machine with the offloading connector's state classes (recorded by
+#: the machine: pagedkv_stateful.v1.scheduler_connector_machine), in table order.
+SCHEDULER_CONNECTOR_STATE_CLASSES = (
+    "load in flight while the scheduler steps",
+    "failed load, then recompute",
+    "failed store",
+    "abort with stores in flight",
+    "preemption with a load in flight",
+    "reset with jobs in flight",
+    "host-tier hit served",
 )
 
 

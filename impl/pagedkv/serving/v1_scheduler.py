@@ -50,8 +50,12 @@ leaves ``waiting`` for ``loading`` (WAITING_FOR_REMOTE_KVS) until the workers re
 the load (:meth:`V1Scheduler.update_kv_transfers`): loaded, it is admitted before the
 waiting requests with the loaded tokens computed (all but the last token of the
 request, as vLLM); failed, its blocks are freed and it is admitted afresh, computing
-what the load would have brought. Each step ends with the connector's jobs
-(``build_connector_meta``, in ``V1SchedulerOutput.connector_meta``). A finished
+what the load would have brought. A loaded request whose next blocks do not fit while
+no request runs gives its blocks back (cached, then freed) and is preempted to the front
+of ``waiting``: otherwise requests whose loads ended could hold every block, none able
+to run (a deadlock the V1 scheduler machine with the connector found). Each step ends
+with the connector's jobs (``build_connector_meta``, in
+``V1SchedulerOutput.connector_meta``). A finished
 request's blocks stay held while the connector says so (``request_finished``) and are
 freed when it names them (``take_finished_sending``). The invariants S1-S6 cover the
 queues; requests in ``loading`` and held blocks are the connector's (its own checks).
@@ -129,6 +133,8 @@ class V1Scheduler:
         _load_done        request id -> whether its load succeeded, once reported
         _load_jobs        load job id -> its request
         _held             finished requests whose blocks the connector holds
+        _reset_preempted  requests a reset preempted since the last step (the
+                          connector flushes their jobs in the next one)
     """
 
     def __init__(
@@ -170,6 +176,7 @@ class V1Scheduler:
         self._load_done: dict[str, bool] = {}
         self._load_jobs: dict[int, str] = {}
         self._held: dict[str, Request] = {}
+        self._reset_preempted: list[str] = []
 
     # ------------------------------------------------------------------ requests
 
@@ -286,9 +293,12 @@ class V1Scheduler:
         if self.connector is not None:  # before the computed tokens advance, as vLLM
             out.connector_meta = self.connector.build_connector_meta(
                 ConnectorSchedulerOutput(
-                    out.num_scheduled_tokens, out.finished_req_ids, out.preempted_req_ids
+                    out.num_scheduled_tokens,
+                    out.finished_req_ids,
+                    [*self._reset_preempted, *out.preempted_req_ids],
                 )
             )
+            self._reset_preempted = []
             loads = out.connector_meta.load_jobs
             self._load_jobs.update((j, job.req_id) for j, job in loads.items())
             self._release_held()
@@ -337,9 +347,15 @@ class V1Scheduler:
                 continue  # its load is in flight
             if done:
                 used = self._admit_loaded(out, request, budget, threshold)
-            else:  # failed, its blocks freed: admitted afresh (no host-tier hit now)
+            else:  # failed, its blocks freed: admitted afresh
                 used = self._admit(out, request, budget, threshold)
+                if used == 0:
+                    # loading again: a reset flushed the failed load, so the connector
+                    # never counted the failure, and the host tier holds its prefix anew
+                    return  # FCFS: nobody overtakes it
             if used is None:
+                if done and not self.running:
+                    self._unload(request)
                 return  # FCFS: nobody overtakes it
             del self.loading[rid]
             self._forget_load(rid)
@@ -452,6 +468,19 @@ class V1Scheduler:
         self._run(out, request, num_new, num_cached)
         return num_new
 
+    def _unload(self, request: Request) -> None:
+        """A loaded request that cannot be admitted while nothing runs (nothing would
+        free a block: other requests' loads may hold the rest, a deadlock) gives its
+        blocks back: its loaded blocks cached (a later prefix-cache hit while they stay),
+        then preempted (freed, front of ``waiting``)."""
+        rid = request.request_id
+        num_hit, external, _ = self._loads[rid]
+        self.kv_cache_manager.cache_blocks(request, min(num_hit + external, request.num_tokens - 1))
+        del self.loading[rid]
+        self._forget_load(rid)
+        self._preempt(request)
+        self._admitted.add(rid)
+
     def _run(self, out: V1SchedulerOutput, request: Request, num_new: int, num_hit: int) -> None:
         """``request`` (allocated) joins ``running``, recorded in ``out``."""
         kind: ScheduleKind = "resumed" if request.status is _PREEMPTED else "new"
@@ -487,6 +516,52 @@ class V1Scheduler:
                 request.status = self._loads[rid][2]
                 request.num_computed_tokens = 0
         self._release_held()
+
+    def finished_loads(self) -> dict[str, int | None]:
+        """The requests in ``loading`` whose load the workers reported, in ``loading``
+        order: request id -> the tokens it counts as computed when admitted (its GPU hit
+        plus the loaded tokens; capped at all but its last token then), or None if the
+        load failed (it is admitted afresh). O(loading)."""
+        done = self._load_done
+        return {
+            rid: (sum(self._loads[rid][:2]) if done[rid] else None)
+            for rid in self.loading
+            if rid in done
+        }
+
+    def reset_prefix_cache(
+        self, reset_connector: bool = False, reset_running_requests: bool = False
+    ) -> bool:
+        """Reset the GPU prefix cache (vLLM's ``reset_prefix_cache``): refused (False)
+        while a request holds blocks. With ``reset_running_requests`` every running
+        request is preempted first, newest first (recompute; a connector flushes their
+        jobs in the next step); refused while a step is in flight
+        (InvalidSchedulerCallError, nothing changed: vLLM drops its stale output).
+        With ``reset_connector`` and a connector, the host tier is reset too
+        (``reset_cache``: jobs in flight are flushed, finished requests' held blocks
+        released and freed). True if every reset asked for was done.
+        O(blocks + preempted requests + the connector's reset)."""
+        for name, value in (
+            ("reset_connector", reset_connector),
+            ("reset_running_requests", reset_running_requests),
+        ):
+            if not isinstance(value, bool):
+                raise ArgumentTypeError(name, value, "bool")
+        if reset_running_requests:
+            if self._in_flight is not None:
+                raise InvalidSchedulerCallError(
+                    f"reset_prefix_cache(reset_running_requests=True) while step "
+                    f"{self._in_flight.step} is in flight; call update_from_output() first"
+                )
+            while self.running:
+                victim = self.running.pop()
+                self._preempt(victim)
+                self._reset_preempted.append(victim.request_id)
+        done = self.kv_cache_manager.reset_prefix_cache()
+        if reset_connector and self.connector is not None:
+            self.connector.reset_cache()
+            self._release_held()
+        return done
 
     def _forget_load(self, rid: str) -> None:
         self._loads.pop(rid, None)

@@ -42,12 +42,20 @@ tokens before it, as the model counts them, and after it, as the target holds th
                              rejected after a preemption; admissions and rejections take
                              a prefix of ``waiting``; a request admitted after a
                              preemption resumes; ``running`` ends as the kept, then the
-                             admitted
+                             admitted. With an offloading connector: the requests whose
+                             load ended are admitted first, in ``loading`` order (a
+                             prefix of them; one left over stops every later admission);
+                             a waiting request whose host-tier hit is loaded leaves
+                             ``waiting`` (in its FCFS turn) for the back of ``loading``;
+                             the first one left over goes to the front of ``waiting``
+                             only when nothing runs
     S8 ``step_computed_ok``  computed tokens are the hits plus the scheduled tokens: a
                              running request goes on from its count, an admitted one
-                             from its hit (block-aligned, below its tokens), a victim
-                             from 0; a request samples iff the step reaches its last
-                             token; the step's token counts add up, in schedule order
+                             from its hit (block-aligned, below its tokens; after a
+                             load, its GPU hit and loaded tokens, at most all but its
+                             last token), a victim from 0; a request samples iff the
+                             step reaches its last token; the step's token counts add
+                             up, in schedule order
     S9 ``rejections_ok``     only a request that can never fit alone is rejected, and it
                              ends FINISHED_IGNORED
 
@@ -128,7 +136,10 @@ class V1StepRecord:
     request after the step; ``never_fit``: the waiting requests that cannot fit in the
     cache alone; ``ignored``: the rejected ones whose status is FINISHED_IGNORED;
     ``token_order`` and ``total``: the step's per-request token counts' keys, in order,
-    and its total."""
+    and its total. With an offloading connector: ``loading_before`` and
+    ``loading_after``, the requests waiting for a load, in order, and ``loads_ended``,
+    each of those whose load the workers reported before the step with the tokens it
+    then counts as computed (its GPU hit plus the loaded tokens), None if it failed."""
 
     running_before: tuple[str, ...]
     waiting_before: tuple[str, ...]
@@ -144,6 +155,9 @@ class V1StepRecord:
     computed_after: tuple[tuple[str, int], ...]
     never_fit: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()
+    loading_before: tuple[str, ...] = ()
+    loading_after: tuple[str, ...] = ()
+    loads_ended: tuple[tuple[str, int | None], ...] = ()
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -218,13 +232,32 @@ def step_order_ok(st: V1StepRecord) -> bool:
         return False
     admitted = [x for x in st.scheduled if x.kind != "running"]
     admitted_ids = [x.request_id for x in admitted]
-    if victims and (admitted or st.rejected):
+    loading = list(st.loading_before)
+    to_loading = [r for r in st.loading_after if r not in loading]
+    if victims and (admitted or st.rejected or to_loading):
         return False
-    gone = [r for r in st.waiting_before if r in st.rejected or r in admitted_ids]
+    ended = [r for r in loading if r in dict(st.loads_ended)]
+    loaded = [r for r in admitted_ids if r in loading]
+    if loaded != ended[: len(loaded)] or admitted_ids[: len(loaded)] != loaded:
+        return False
+    fresh = admitted_ids[len(loaded) :]
+    if len(loaded) < len(ended) and (fresh or st.rejected or to_loading):
+        return False  # a load that ended and was not admitted: nobody overtakes it
+    unloaded = [r for r in loading if r not in st.loading_after and r not in loaded]
+    if unloaded and (
+        unloaded != ended[len(loaded) : len(loaded) + 1]
+        or st.running_after
+        or list(st.waiting_after[:1]) != unloaded
+    ):
+        return False  # given back only by the first left over, when nothing runs
+    gone = [r for r in st.waiting_before if r in st.rejected or r in fresh or r in to_loading]
     return (
-        len(gone) == len(admitted) + len(st.rejected)
+        len(gone) == len(fresh) + len(st.rejected) + len(to_loading)
         and gone == list(st.waiting_before[: len(gone)])
-        and admitted_ids == [r for r in gone if r not in st.rejected]
+        and fresh == [r for r in gone if r not in st.rejected and r not in to_loading]
+        and to_loading == [r for r in gone if r in to_loading]
+        and list(st.loading_after)
+        == [r for r in loading if r not in loaded and r not in unloaded] + to_loading
         and all(x.kind == ("resumed" if x.preempted_before else "new") for x in admitted)
         and list(st.running_after) == kept + admitted_ids
         and list(st.waiting_after[: len(victims)]) == victims[::-1]
@@ -250,6 +283,7 @@ def step_computed(st: V1StepRecord) -> tuple[tuple[str, int], ...]:
 def step_computed_ok(st: V1StepRecord) -> bool:
     """S8: computed tokens are the hits plus the scheduled tokens."""
     before = dict(st.computed_before)
+    ended = dict(st.loads_ended)
     for x in st.scheduled:
         if x.request_id not in before or x.num_scheduled_tokens <= 0:
             return False
@@ -257,8 +291,12 @@ def step_computed_ok(st: V1StepRecord) -> bool:
             start_ok = x.num_cached_tokens == 0 and x.num_computed_tokens == before[x.request_id]
         else:
             hit = x.num_cached_tokens
+            loaded = ended.get(x.request_id)
+            aligned = (
+                hit % st.block_size == 0 if loaded is None else hit == min(loaded, x.num_tokens - 1)
+            )
             start_ok = (
-                hit % st.block_size == 0
+                aligned
                 and hit < x.num_tokens
                 and before[x.request_id] == 0
                 and x.num_computed_tokens == hit

@@ -553,9 +553,6 @@ def v1_offload_connector_machine(
             self.program.append(f"factory = lambda config: {call}(config){suffix}")
             return _caching_target(result)[0]
 
-        def _run(self, mjob: Any, ok: bool) -> None:
-            super()._run(mjob, ok or not self.failed_jobs)
-
     return ConformConnector
 
 

@@ -35,6 +35,8 @@ rule                    operation                         checks
                                                           freed
 ``finish_requests``     ``finish_requests(ids, status)``  finished, no block left; unknown ids
                                                           skipped; reported by the next step
+``reset_prefix_cache``  ``reset_prefix_cache(c, running)``  done iff no request holds a block;
+                                                          running requests preempted first
 ``misuse``              a bad call (:data:`MISUSE`)       a typed error, nothing changed
 ======================  ================================  ====================================
 
@@ -58,10 +60,12 @@ from pagedkv.errors import (
     DuplicateRequestError,
     InvalidSchedulerCallError,
     PagedKVError,
+    UnknownTransferJobError,
 )
 from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerConfig, V1SchedulerOutput
 from pagedkv.v1 import KVCacheConfig, KVCacheManager, Request, RequestStatus
 from pagedkv.v1.hashing import get_request_block_hasher
+from pagedkv.v1.offload import OffloadingWorkerMetadata
 from pagedkv_spec.invariants import holds
 from pagedkv_spec.v1.scheduler import ScheduledRef, V1StepRecord, step_computed
 from pagedkv_stateful.lockstep import EXPECT_ERROR, LockstepBase
@@ -85,6 +89,7 @@ PRELUDE = (
     "from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerConfig, V1SchedulerOutput",
     "from pagedkv.v1 import KVCacheConfig, KVCacheManager, Request, RequestStatus",
     "from pagedkv.v1.hashing import get_request_block_hasher",
+    "from pagedkv.v1.offload import OffloadingWorkerMetadata",
     "from pagedkv_spec.invariants import holds",
     "from pagedkv_stateful.v1.scheduler_machine import before_step, step_record, used",
     EXPECT_ERROR,
@@ -102,6 +107,9 @@ class V1SchedulerMachine(LockstepBase):
     def scheduler_source(self, config: V1SchedulerConfig) -> str:
         """The expression that builds :meth:`make_scheduler`'s target in a program."""
         return f"V1Scheduler(mgr, {config!r})"
+
+    #: a program's lines after :data:`PRELUDE` (a subclass's imports)
+    prelude: tuple[str, ...] = ()
 
     @initialize(
         block_size=st.sampled_from([1, 2, 4]),
@@ -132,6 +140,7 @@ class V1SchedulerMachine(LockstepBase):
         self.scheduler = self.make_scheduler(self.manager, self.config)
         self.program += [
             *PRELUDE,
+            *self.prelude,
             f"mgr = KVCacheManager(KVCacheConfig.full_attention({num_blocks}, {block_size}), "
             f"{max_model_len}, enable_caching={caching})",
             f"sched = {self.scheduler_source(self.config)}",
@@ -216,7 +225,8 @@ class V1SchedulerMachine(LockstepBase):
         self._log(call)
         for rid in live:
             event("finish_requests: an unfinished request")
-            if self.requests[rid].status is not status or any(self.manager.get_blocks(rid).blocks):
+            kept = any(self.manager.get_blocks(rid).blocks)
+            if self.requests[rid].status is not status or (kept and not self._may_hold(rid)):
                 self.violate(
                     "finish_requests",
                     f"{rid} is {self.requests[rid].status.name} with blocks "
@@ -226,6 +236,37 @@ class V1SchedulerMachine(LockstepBase):
                 )
             del self.computed[rid]
         self.finished_between += live
+
+    @rule(reset_connector=st.booleans(), reset_running_requests=st.booleans())
+    def reset_prefix_cache(self, reset_connector: bool, reset_running_requests: bool) -> None:
+        """``reset_prefix_cache()``: done exactly when no request holds a block (the
+        null block aside); with ``reset_running_requests`` (between steps) every running
+        request preempted first."""
+        pool = self.manager.block_pool
+        preempt = reset_running_requests and self.out is None
+        running = ids_now(self.scheduler.running) if preempt else []
+        call = f"sched.reset_prefix_cache({reset_connector}, {preempt})"
+        done = self.scheduler.reset_prefix_cache(reset_connector, preempt)
+        for rid in running:
+            self.computed[rid] = 0
+            if self.requests[rid].status is not RequestStatus.PREEMPTED:
+                self.violate(
+                    "S2", f"{rid} is {self.requests[rid].status.name} after the reset preempted it"
+                )
+        if running:
+            event("reset_prefix_cache: running requests preempted")
+        idle = pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
+        # a connector's reset, after the GPU's, may release held blocks: idle only then
+        if done is not idle and (done or not reset_connector):
+            self.violate(
+                "V1-15",
+                f"{call} answered {done}; {pool.get_num_free_blocks()} of "
+                f"{pool.num_gpu_blocks - 1} blocks free",
+                f"assert {call} is {idle}",
+            )
+        self._log(call)
+        if done:
+            event("reset_prefix_cache: done")
 
     @rule(data=st.data())
     def misuse(self, data: st.DataObject) -> None:
@@ -239,6 +280,7 @@ class V1SchedulerMachine(LockstepBase):
         source = make_source(self)
         names: dict[str, object] = {"sched": self.scheduler, "out": self.out, "used": used}
         names |= {"Request": Request, "RequestStatus": RequestStatus}
+        names["OffloadingWorkerMetadata"] = OffloadingWorkerMetadata
         names["V1SchedulerOutput"] = V1SchedulerOutput
         try:
             eval(source, names)  # the very source the program holds
@@ -278,8 +320,8 @@ class V1SchedulerMachine(LockstepBase):
         the queues before it and the model's counts; the model then steps. A failure's
         program ends in the same predicate over the target (``before_step`` read before
         the step's ``schedule()``)."""
-        running, waiting, _ = before
-        model = (running, waiting, dict(self.computed))
+        running, waiting, _, loading, ended = before
+        model = (running, waiting, dict(self.computed), loading, self._loads_ended(ended))
         never_fit = [r for r in waiting if self._never_fits(self.requests[r])]
         record = step_record(self.scheduler, out, model, self.block_size, never_fit, self.requests)
         for id_ in ("S7", "S8", "S9"):
@@ -294,6 +336,22 @@ class V1SchedulerMachine(LockstepBase):
             if ids:
                 event(f"schedule: {name}")
         self.computed = dict(step_computed(record))
+
+    def _loads_ended(self, target: dict[str, int | None]) -> dict[str, int | None]:
+        """The loads ended before a step, as S7 and S8 judge it: the target's
+        (``before_step``), where the machine models no load."""
+        return target
+
+    #: steps a request may take beyond its tokens' (a subclass's loads)
+    extra_steps = 0
+
+    def _workers_finish(self, last: bool) -> None:
+        """At teardown, before each step and (``last``) after the last: the workers
+        finish jobs in flight (none without a connector)."""
+
+    def _may_hold(self, rid: str) -> bool:
+        """Whether finished ``rid`` may keep its blocks (never, without a connector)."""
+        return False
 
     def _update(self, out: V1SchedulerOutput, tokens: dict[str, int]) -> None:
         before = {r: self.requests[r].num_output_tokens for r in tokens}
@@ -325,7 +383,8 @@ class V1SchedulerMachine(LockstepBase):
             if at_limit:
                 event("update_from_output: a request finished")
                 capped = request.status is RequestStatus.FINISHED_LENGTH_CAPPED
-                if not capped or any(self.manager.get_blocks(rid).blocks):
+                kept = any(self.manager.get_blocks(rid).blocks)
+                if not capped or (kept and not self._may_hold(rid)):
                     self.violate(
                         "update_from_output",
                         f"finished {rid} is {request.status.name} or keeps blocks",
@@ -356,12 +415,15 @@ class V1SchedulerMachine(LockstepBase):
         if self.out is not None:
             self.update_from_output()
         bound = sum(self.max_model_len + 2 for _ in self.scheduler.requests) + 1
+        bound += self.extra_steps * len(self.scheduler.requests)
         for _ in range(bound):
+            self._workers_finish(last=False)
             if not self.scheduler.has_unfinished_requests():
                 break
             self.schedule()
             self.update_from_output()
             self.scheduler_and_manager_invariants()
+        self._workers_finish(last=True)
         if self.scheduler.has_unfinished_requests():
             self.violate(
                 "liveness",
@@ -378,16 +440,24 @@ class V1SchedulerMachine(LockstepBase):
 
 
 #: What :func:`step_record` needs from before a step: ``running`` and ``waiting`` ids,
-#: and every unfinished request's computed tokens.
-Before = tuple[list[str], list[str], dict[str, int]]
+#: every unfinished request's computed tokens, the ``loading`` ids and the loads ended
+#: (:meth:`~pagedkv.serving.v1_scheduler.V1Scheduler.finished_loads`).
+Before = tuple[list[str], list[str], dict[str, int], list[str], dict[str, int | None]]
 
 
 def before_step(scheduler: V1Scheduler) -> Before:
-    """The queues and computed counts before a ``schedule()`` (a program's
-    ``before_step``; the machine's own counts, checked equal by S8, stand in for the
-    last). O(requests)."""
+    """The queues, computed counts and loads before a ``schedule()`` (a program's
+    ``before_step``; the machine's own counts and loads, checked equal by S8, stand
+    in for the target's). O(requests)."""
     counts = {rid: r.num_computed_tokens for rid, r in scheduler.requests.items()}
-    return ids_now(scheduler.running), ids_now(scheduler.waiting), counts
+    loading = list(scheduler.loading)
+    return (
+        ids_now(scheduler.running),
+        ids_now(scheduler.waiting),
+        counts,
+        loading,
+        scheduler.finished_loads(),
+    )
 
 
 def step_record(
@@ -403,7 +473,7 @@ def step_record(
     waiting requests that cannot fit alone) and ``known``, where a rejected request is
     found by its id (the machine's requests; a program's ``globals()``, whose variables
     are named by request id). O(requests)."""
-    running, waiting, computed = before
+    running, waiting, computed, loading, ended = before
     requests = scheduler.requests
     rejected = [e.request_id for e in out.rejected]
     scheduled = tuple(
@@ -434,6 +504,9 @@ def step_record(
         computed_after=tuple((rid, r.num_computed_tokens) for rid, r in requests.items()),
         never_fit=tuple(never_fit),
         ignored=tuple(r for r in rejected if _ignored(known.get(r))),
+        loading_before=tuple(loading),
+        loading_after=tuple(scheduler.loading),
+        loads_ended=tuple(ended.items()),
     )
 
 
@@ -500,6 +573,26 @@ MISUSE: dict[
         lambda m: True,
         lambda m: "sched.add_request(Request('fresh', [1]), 2.0)",
         ArgumentTypeError,
+    ),
+    "update_kv_transfers without a connector": (
+        lambda m: m.scheduler.connector is None,
+        lambda m: "sched.update_kv_transfers(OffloadingWorkerMetadata())",
+        InvalidSchedulerCallError,
+    ),
+    "a report of a job not in flight": (
+        lambda m: m.scheduler.connector is not None,
+        lambda m: "sched.update_kv_transfers(OffloadingWorkerMetadata({10**6: 1}))",
+        UnknownTransferJobError,
+    ),
+    "a reset_connector that is not a bool": (
+        lambda m: True,
+        lambda m: "sched.reset_prefix_cache(1)",
+        ArgumentTypeError,
+    ),
+    "a reset of running requests while a step is in flight": (
+        _in_flight,
+        lambda m: "sched.reset_prefix_cache(False, True)",
+        InvalidSchedulerCallError,
     ),
 }
 
