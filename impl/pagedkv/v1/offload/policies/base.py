@@ -52,7 +52,7 @@ class EvictableOrder(Generic[R]):
         self._heap: list[tuple[R, OffloadKey]] = []
         self._popped: list[tuple[OffloadKey, R]] = []  # taken or set aside, in order
         self._shield: set[OffloadKey] = set()  # the last take's protected keys
-        self._aside = 0  # how many of them the takes since the last commit set aside
+        self._aside = False  # whether a take since the last commit set one aside
 
     def __len__(self) -> int:
         return len(self._run) + len(self._late)
@@ -104,7 +104,8 @@ class EvictableOrder(Generic[R]):
                 items = list(map(pop, repeat(False, min(n - len(out), len(run)))))
                 popped += items
                 kept = [key for key, _ in items if key not in protected]
-                self._aside += len(items) - len(kept)
+                if len(kept) < len(items):
+                    self._aside = True
                 out += kept
             return out
         heap, late, pop_heap = self._heap, self._late, heapq.heappop
@@ -131,7 +132,7 @@ class EvictableOrder(Generic[R]):
                 first = None
             popped.append((key, rank))
             if key in protected:
-                self._aside += 1
+                self._aside = True
             else:
                 out.append(key)
         return out
@@ -154,7 +155,7 @@ class EvictableOrder(Generic[R]):
         for key, rank in reversed(entries):
             run[key] = rank
             run.move_to_end(key, last=False)
-        self._popped, self._shield, self._aside = [], set(), 0
+        self._popped, self._shield, self._aside = [], set(), False
         if run:
             last = next(reversed(run))
             tail = (run[last], last)
@@ -163,7 +164,7 @@ class EvictableOrder(Generic[R]):
 
     def clear(self) -> None:
         """No evictable key. O(1) (the containers are dropped)."""
-        self._shield, self._aside = set(), 0
+        self._shield, self._aside = set(), False
         self._run, self._tail, self._late, self._heap, self._popped = (
             OrderedDict(),
             None,
