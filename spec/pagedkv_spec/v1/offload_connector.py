@@ -123,6 +123,9 @@ class ConnectorState:
     windows: tuple[int | None, ...] = (None,)
     #: the group each key was stored from
     key_group: tuple[tuple[Key, int], ...] = ()
+    #: the null block (a sliding window's pad): a store may copy it as a placeholder for
+    #: a block no hit reads (vLLM's, within a chunk of several blocks)
+    null_block: int | None = None
 
     def block_content(self) -> dict[int, Content]:
         """Content by block id (a block never written is absent). O(blocks)."""
@@ -277,6 +280,8 @@ def stores_read_their_keys(s: ConnectorState) -> bool:
     for job in _live(s):
         if job.is_store and not job.copied:
             for key, index, block in _pairs(s, job):
+                if block == s.null_block:
+                    continue
                 want = prefix.get(key)
                 if want is None or content.get(block) != block_prefix(
                     want, s.block_size, s.blocks_per_chunk, index

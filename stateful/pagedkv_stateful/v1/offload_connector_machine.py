@@ -137,6 +137,10 @@ def _cdiv(a: int, b: int) -> int:
 class OffloadConnectorMachine(LockstepBase):
     """The connector across tiers (module docstring)."""
 
+    #: whether the target drives several KV cache groups (:data:`GROUPS`); otherwise
+    #: every configuration drawn has one full-attention group
+    hybrid_groups = True
+
     def make_target(self, config: TargetConfig) -> ConnectorTarget:
         """The target under test, from the drawn configuration: pagedkv's connector
         (override with another :data:`~pagedkv_stateful.v1.offload_connector_target.TargetFactory`'s
@@ -162,6 +166,8 @@ class OffloadConnectorMachine(LockstepBase):
         budget: int,
         windows: tuple[int | None, ...] = (None,),
     ) -> None:
+        if not self.hybrid_groups:
+            windows = (None,)
         # each group takes its own blocks: a pool as roomy per group as one group's
         num_gpu_blocks = 1 + (num_gpu_blocks - 1) * len(windows)
         self.config = TargetConfig(
@@ -439,9 +445,11 @@ class OffloadConnectorMachine(LockstepBase):
             table = tables[group] if group < len(tables) else []
             where = {b: i for i, b in enumerate(table) if b != NULL_BLOCK}
             for n, key in enumerate(keys):
-                first = blocks[n * job.blocks_per_chunk] if blocks else None
-                if first in where:
-                    chunk = where[first] // self.bpc
+                # the chunk's first real block (a null one is a placeholder: vLLM's)
+                chunk_blocks = blocks[n * job.blocks_per_chunk : (n + 1) * job.blocks_per_chunk]
+                known = [where[b] for b in chunk_blocks if b in where]
+                if known:
+                    chunk = known[0] // self.bpc
                     self.key_prefix.setdefault(key, tuple(req.tokens[: (chunk + 1) * self.tpc]))
 
     @precondition(lambda self: self.jobs)
@@ -596,6 +604,7 @@ class OffloadConnectorMachine(LockstepBase):
             )
             if len(windows) > 1
             else (),
+            NULL_BLOCK if len(windows) > 1 else None,
         )
 
     @invariant()
