@@ -194,6 +194,9 @@ class OffloadConnectorMachine(LockstepBase):
         self.preempted_since: list[str] = []  # preempted between steps (``preempt``)
         self.pending_loads: dict[str, tuple[int, int]] = {}  # the step's loads: (hit, ext)
         self.next_id = 0
+        #: finished requests freed (their tables and tokens), for naming the keys of a
+        #: store issued after the free (vLLM retries a refused offer in a later step)
+        self.freed: dict[str, _Req] = {}
 
     # ------------------------------------------------------------------ helpers
 
@@ -226,6 +229,8 @@ class OffloadConnectorMachine(LockstepBase):
 
     def _free(self, rid: str) -> None:
         req = self.reqs.pop(rid)
+        if req.tables:  # finished: a store issued later (vLLM's) reads these blocks
+            self.freed[rid] = req
         self._call(f"t.free(r[{rid!r}])")
         self.t.free(req.obj)
 
@@ -435,12 +440,16 @@ class OffloadConnectorMachine(LockstepBase):
         request's blocks of the key's group (a block not the request's names nothing)."""
         req = self.reqs.get(job.req_id)
         if req is None:
-            return
-        tables = self._tables(job.req_id)
-        if req.state == "held" and req.tables:
+            req = self.freed.get(job.req_id)
+            if req is None:
+                return
             tables = req.tables
-        if not any(tables):
+        else:
             tables = self._tables(job.req_id)
+            if req.state == "held" and req.tables:
+                tables = req.tables
+            if not any(tables):
+                tables = self._tables(job.req_id)
         for group, keys, blocks, _ in job.group_parts():
             table = tables[group] if group < len(tables) else []
             where = {b: i for i, b in enumerate(table) if b != NULL_BLOCK}
