@@ -155,9 +155,9 @@ class _ArcInsertsOld(ARCCachePolicy):
         self, keys: Sequence[OffloadKey], req_id: str, positions: Mapping[OffloadKey, int]
     ) -> None:
         super().insert(keys, req_id, positions)
-        for key in keys:
-            self.t1.move_to_end(key, last=False)
-            self.t1[key] = -self.t1[key]
+        new = set(keys)
+        front = {key: -self.t1[key] for key in reversed(keys)}
+        self.t1 = front | {key: seq for key, seq in self.t1.items() if key not in new}
 
 
 class _WrongPolicy(CPUOffloadingManager):

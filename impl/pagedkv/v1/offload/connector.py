@@ -58,7 +58,6 @@ hit reported, a report of a job not in flight, a reset in the middle of a step.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import cast
@@ -214,7 +213,7 @@ class OffloadingConnectorScheduler:
         self._fence: dict[int, int] = {}  # flushed by a reset: job id -> reports due
         self._step_loads: dict[int, TransferJob] = {}
         self._flush: set[int] = set()
-        self._loading: Counter[OffloadKey] = Counter()  # keys of loads in flight
+        self._loading: dict[OffloadKey, int] = {}  # keys of loads in flight: how many
         self._released: list[str] = []
 
     def __repr__(self) -> str:
@@ -362,7 +361,7 @@ class OffloadingConnectorScheduler:
         if pending:
             return None, False
         loading = self._loading
-        if loading and any(k in loading for k in state.keys[start : start + hits]):
+        if loading and not loading.keys().isdisjoint(state.keys[start : start + hits]):
             return None, False
         state.told = num_hit
         return num_hit, True
@@ -498,7 +497,9 @@ class OffloadingConnectorScheduler:
         )
         state.jobs.add(job_id)
         state.told = None
-        self._loading.update(keys)
+        loading = self._loading
+        for key in keys:
+            loading[key] = loading.get(key, 0) + 1
         state.next_stored = _cdiv(num_cached, tpc)
 
     def _load_groups(self, state: _Req, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
@@ -569,11 +570,14 @@ class OffloadingConnectorScheduler:
             if state is not None:
                 flush.update(j for j in state.jobs if j not in self._step_loads)
         stores: dict[int, TransferJob] = {}
+        reqs, tpc = self._reqs, self.tokens_per_chunk
         for rid, scheduled in scheduler_output.num_scheduled_tokens.items():
-            state = self._reqs.get(rid)
-            if state is not None and not state.finished:
-                req = state.request
-                self._store(state, req.num_computed_tokens + scheduled, None, stores)
+            state = reqs.get(rid)
+            if state is None or state.finished:
+                continue
+            num_tokens = state.request.num_computed_tokens + scheduled
+            if num_tokens // tpc > state.next_stored:  # (most decode steps complete none)
+                self._store(state, num_tokens, None, stores)
         for rid in scheduler_output.finished_req_ids:
             state = self._reqs.get(rid)
             if state is None or state.signaled:
@@ -613,7 +617,8 @@ class OffloadingConnectorScheduler:
             return
         rid = state.request.request_id
         if block_ids is None:
-            num_blocks = len(self.kv_cache_manager.get_blocks(rid).blocks[0])
+            blocks = self.kv_cache_manager.get_blocks(rid).blocks[0]
+            num_blocks = len(blocks)
         else:
             num_blocks = len(block_ids)
         bpc = self.blocks_per_chunk
@@ -627,16 +632,19 @@ class OffloadingConnectorScheduler:
         state.next_stored = end
         if not output.keys_to_store:
             return
-        ids = (
-            list(block_ids)
-            if block_ids is not None
-            else self.kv_cache_manager.get_block_ids(rid)[0]
-        )
-        index = {key: start + i for i, key in enumerate(offer)}
-        src: list[int] = []
-        for key in output.keys_to_store:
-            chunk = index[key]
-            src += ids[chunk * bpc : (chunk + 1) * bpc]
+        # the offered chunks' block ids only (not the request's whole table)
+        if block_ids is None:
+            ids = [b.block_id for b in blocks[start * bpc : end * bpc]]
+        else:
+            ids = list(block_ids[start * bpc : end * bpc])
+        if len(output.keys_to_store) == len(offer):
+            src = ids
+        else:
+            index = {key: i for i, key in enumerate(offer)}
+            src = []
+            for key in output.keys_to_store:
+                chunk = index[key]
+                src += ids[chunk * bpc : (chunk + 1) * bpc]
         job_id = self._job_id()
         keys = tuple(output.keys_to_store)
         chunks = tuple(getattr(output.store_spec, "block_ids", ()))

@@ -243,22 +243,22 @@ class CPUOffloadingManager:
         UnknownOffloadRequestError. O(k log k) for its k observed keys."""
         req = self._request(req_context, "finish")
         del self._requests[req_context.req_id]
-        positions: dict[OffloadKey, int] = {}
-        for key in req.seen:
-            p = req_context.get_offload_key_position(key)
-            if p is not None:
-                positions[key] = p
-        groups: dict[int, list[OffloadKey]] = {}
-        for key in req.seen:
-            groups.setdefault(get_offload_group_idx(key), []).append(key)
-        order: list[OffloadKey] = []
-        for group in sorted(groups):
-            part = groups[group]
-            if all(k in positions for k in part):
-                part = sorted(part, key=positions.__getitem__)
-            order += part
-        if len(positions) == len(order):
-            order.sort(key=positions.__getitem__)
+        seen, recorded = req.seen, req_context.offload_key_positions()
+        positions = {key: recorded[key] for key in seen if key in recorded}
+        if len(positions) == len(seen):
+            # every position recorded: by position, then group, then first observation
+            order = sorted(seen, key=lambda key: (positions[key], get_offload_group_idx(key)))
+        else:
+            # by group; within a group by position when all of its keys have one
+            groups: dict[int, list[OffloadKey]] = {}
+            for key in seen:
+                groups.setdefault(get_offload_group_idx(key), []).append(key)
+            order = []
+            for group in sorted(groups):
+                part = groups[group]
+                if all(k in positions for k in part):
+                    part = sorted(part, key=positions.__getitem__)
+                order += part
         self._policy.on_request_finished(
             order, req.inserted - req.reused, req.reused, req_context.req_id
         )

@@ -14,8 +14,9 @@ refinement model is :mod:`pagedkv_spec.v1.offload_policy` (O11).
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 
 from pagedkv.v1.offload.base import OffloadKey
 from pagedkv.v1.offload.policies.base import CachePolicy, EvictableOrder
@@ -33,9 +34,10 @@ class ARCCachePolicy(CachePolicy):
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
         self.target_t1_size = 0.0
-        # T1 and T2 map each key to its sequence number (its last move to the recent end)
-        self.t1: OrderedDict[OffloadKey, int] = OrderedDict()
-        self.t2: OrderedDict[OffloadKey, int] = OrderedDict()
+        # T1 and T2 map each key to its sequence number (its last move to the recent end);
+        # plain dicts: a move is a delete and a re-insert, which a dict orders as well
+        self.t1: dict[OffloadKey, int] = {}
+        self.t2: dict[OffloadKey, int] = {}
         self.b1: OrderedDict[OffloadKey, None] = OrderedDict()
         self.b2: OrderedDict[OffloadKey, None] = OrderedDict()
         self._evictable1: EvictableOrder[int] = EvictableOrder()
@@ -68,7 +70,7 @@ class ARCCachePolicy(CachePolicy):
         self._counter += len(keys)
         self.t1.update(zip(keys, range(start, self._counter + 1), strict=True))
         for ghost in (self.b1, self.b2):
-            if not ghost.keys().isdisjoint(keys):
+            if ghost and not ghost.keys().isdisjoint(keys):
                 for key in keys:
                     ghost.pop(key, None)
 
@@ -97,7 +99,8 @@ class ARCCachePolicy(CachePolicy):
 
     def on_store_miss(self, keys: Sequence[OffloadKey]) -> None:
         """A miss found in a ghost list adapts the target, last key first. O(1) per key."""
-        if self.b1.keys().isdisjoint(keys) and self.b2.keys().isdisjoint(keys):
+        b1, b2 = self.b1, self.b2
+        if (not b1 or b1.keys().isdisjoint(keys)) and (not b2 or b2.keys().isdisjoint(keys)):
             return
         for key in reversed(keys):
             if key in self.b1:
@@ -131,37 +134,43 @@ class ARCCachePolicy(CachePolicy):
         list giving what it has outside ``protected``. O(n + p) for p protected keys
         met, O(log m) more per key unpinned out of its list's order."""
         first = min(n, max(0, len(self.t1) - int(self.target_t1_size) + 1))
-        from1 = self._evictable1.take(first, protected)
-        from2 = self._evictable2.take(n - len(from1), protected)
+        e1, e2 = self._evictable1, self._evictable2
+        from1 = e1.take(first, protected)
+        from2 = e2.take(n - len(from1), protected) if len(from1) < n else []
         more1: list[OffloadKey] = []
         if len(from1) == first and len(from1) + len(from2) < n:
-            more1 = self._evictable1.take(n - first - len(from2), protected)
+            more1 = e1.take(n - first - len(from2), protected)
         if len(from1) + len(from2) + len(more1) < n:
-            self._evictable1.rollback()
-            self._evictable2.rollback()
+            e1.rollback()
+            e2.rollback()
             return None
-        self._evictable1.commit()
-        self._evictable2.commit()
-        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        e1.commit()
+        e2.commit()
+        t1, t2 = self.t1, self.t2
         for key in from1:
             del t1[key]
         for key in from2:
             del t2[key]
         for key in more1:
             del t1[key]
-        b1.update(dict.fromkeys(from1))
-        b2.update(dict.fromkeys(from2))
-        b1.update(dict.fromkeys(more1))
-        for ghost in (b1, b2):
-            if len(ghost) > self.cache_capacity:
-                pop = ghost.popitem
-                [pop(False) for _ in range(len(ghost) - self.cache_capacity)]
-        return from1 + from2 + more1
+        self._to_ghost(self.b1, from1 + more1 if more1 else from1)
+        self._to_ghost(self.b2, from2)
+        return from1 + from2 + more1 if from2 or more1 else from1
+
+    def _to_ghost(self, ghost: OrderedDict[OffloadKey, None], keys: list[OffloadKey]) -> None:
+        """``keys`` (none a ghost: they were resident) enter ``ghost``'s recent end, its
+        least recent leaving past the capacity. O(k)."""
+        if not keys:
+            return
+        ghost.update(dict.fromkeys(keys))
+        excess = len(ghost) - self.cache_capacity
+        if excess > 0:
+            deque(map(ghost.popitem, repeat(False, excess)), 0)  # popitem(False) in C
 
     def clear(self) -> None:
         """O(1)."""
         self.target_t1_size = 0.0
-        self.t1, self.t2 = OrderedDict(), OrderedDict()
+        self.t1, self.t2 = {}, {}
         self.b1, self.b2 = OrderedDict(), OrderedDict()
         self._counter = 0
         self._evictable1.clear()

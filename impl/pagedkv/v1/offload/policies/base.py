@@ -15,6 +15,7 @@ import heapq
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
+from itertools import repeat
 from typing import Generic, TypeVar
 
 from pagedkv.v1.offload.base import OffloadKey
@@ -42,7 +43,7 @@ class EvictableOrder(Generic[R]):
     front: everything taken ranks below everything left).
     """
 
-    __slots__ = ("_heap", "_late", "_popped", "_run", "_shield", "_tail")
+    __slots__ = ("_aside", "_heap", "_late", "_popped", "_run", "_shield", "_tail")
 
     def __init__(self) -> None:
         self._run: OrderedDict[OffloadKey, R] = OrderedDict()
@@ -51,6 +52,7 @@ class EvictableOrder(Generic[R]):
         self._heap: list[tuple[R, OffloadKey]] = []
         self._popped: list[tuple[OffloadKey, R]] = []  # taken or set aside, in order
         self._shield: set[OffloadKey] = set()  # the last take's protected keys
+        self._aside = 0  # how many of them the takes since the last commit set aside
 
     def __len__(self) -> int:
         return len(self._run) + len(self._late)
@@ -99,33 +101,47 @@ class EvictableOrder(Generic[R]):
         if self._late_min() is None:  # all in the run (taking adds nothing to the heap)
             pop = run.popitem
             while len(out) < n and run:
-                items = [pop(False) for _ in range(min(n - len(out), len(run)))]
+                items = list(map(pop, repeat(False, min(n - len(out), len(run)))))
                 popped += items
-                out += [key for key, _ in items if key not in protected]
+                kept = [key for key, _ in items if key not in protected]
+                self._aside += len(items) - len(kept)
+                out += kept
             return out
+        heap, late, pop_heap = self._heap, self._late, heapq.heappop
+        first: tuple[R, OffloadKey] | None = None  # the run's lowest entry, when known
         while len(out) < n:
-            low = self._late_min()
-            if low is not None and run:
-                first = next(iter(run))
-                from_heap = low < (run[first], first)
-            elif low is not None:
+            while heap and late.get(heap[0][1]) != heap[0][0]:
+                pop_heap(heap)  # a stale entry (discarded or re-ranked)
+            if heap and run:
+                if first is None:
+                    key = next(iter(run))
+                    first = (run[key], key)
+                from_heap = heap[0] < first
+            elif heap:
                 from_heap = True
             elif run:
                 from_heap = False
             else:
                 break
             if from_heap:
-                rank, key = heapq.heappop(self._heap)
-                del self._late[key]
+                rank, key = pop_heap(heap)
+                del late[key]
             else:
                 key, rank = run.popitem(last=False)
+                first = None
             popped.append((key, rank))
-            if key not in protected:
+            if key in protected:
+                self._aside += 1
+            else:
                 out.append(key)
         return out
 
     def commit(self) -> None:
-        """Keep the keys taken; the protected ones set aside return. O(p)."""
+        """Keep the keys taken; the protected ones set aside return. O(k) with any set
+        aside, else O(1)."""
+        if not self._aside:
+            self._popped, self._shield = [], set()
+            return
         shield = self._shield
         self._restore([entry for entry in self._popped if entry[0] in shield])
 
@@ -138,7 +154,7 @@ class EvictableOrder(Generic[R]):
         for key, rank in reversed(entries):
             run[key] = rank
             run.move_to_end(key, last=False)
-        self._popped, self._shield = [], set()
+        self._popped, self._shield, self._aside = [], set(), 0
         if run:
             last = next(reversed(run))
             tail = (run[last], last)
@@ -147,7 +163,7 @@ class EvictableOrder(Generic[R]):
 
     def clear(self) -> None:
         """No evictable key. O(1) (the containers are dropped)."""
-        self._shield = set()
+        self._shield, self._aside = set(), 0
         self._run, self._tail, self._late, self._heap, self._popped = (
             OrderedDict(),
             None,
