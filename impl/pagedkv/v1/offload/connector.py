@@ -548,7 +548,9 @@ class OffloadingConnectorScheduler:
         )
         state.jobs.add(job_id)
         state.told = None
-        self._loading.update(keys)
+        loading = self._loading
+        for key in keys:
+            loading[key] = loading.get(key, 0) + 1
         state.next_stored = last_chunk
 
     # ------------------------------------------------------------------ the step
