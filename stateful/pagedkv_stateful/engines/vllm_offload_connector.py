@@ -719,15 +719,15 @@ class VLLMConnectorTarget(KVManagerCalls):
             tuple(int(b) for b in gpu.block_ids),
             self.blocks_per_chunk,
             0 if is_store else first % self.blocks_per_chunk,
-            self._segments(gpu, job_keys, indices, is_store),
+            self._segments(gpu, job_keys, indices),
         )
 
-    def _segments(
-        self, gpu: Any, keys: tuple[bytes, ...], indices: list[int], is_store: bool
-    ) -> tuple[Any, ...]:
+    def _segments(self, gpu: Any, keys: tuple[bytes, ...], indices: list[int]) -> tuple[Any, ...]:
         """Over several groups, a segment per group the GPU spec copies (its
         ``group_sizes``; the keys of a group are those ending with its index, in order;
-        a load skips its first chunk's blocks below ``block_indices``); () for one."""
+        the first chunk's blocks below ``block_indices`` skipped: a load's GPU hit, or a
+        store's leading null blocks, which 0.33.0 leaves out and 0.34.0 copies as
+        placeholders); () for one."""
         from pagedkv.v1.offload import GroupSegment, OffloadKey, get_offload_group_idx
 
         sizes = [int(n) for n in getattr(gpu, "group_sizes", ()) or ()]
@@ -739,7 +739,7 @@ class VLLMConnectorTarget(KVManagerCalls):
             per_group[g] = per_group.get(g, 0) + 1
         bpc = self.blocks_per_chunk
         return tuple(
-            GroupSegment(g, per_group.get(g, 0), n, 0 if is_store else indices[g] % bpc)
+            GroupSegment(g, per_group.get(g, 0), n, indices[g] % bpc)
             for g, n in enumerate(sizes)
             if n or per_group.get(g)
         )
