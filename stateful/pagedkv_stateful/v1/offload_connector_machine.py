@@ -460,6 +460,21 @@ class OffloadConnectorMachine(LockstepBase):
                 if known:
                     chunk = known[0] // self.bpc
                     self.key_prefix.setdefault(key, tuple(req.tokens[: (chunk + 1) * self.tpc]))
+                elif key not in self.key_prefix:
+                    self._name_by_hash(req, key)
+
+    def _name_by_hash(self, req: _Req, key: bytes) -> None:
+        """Name ``key`` by the request's chunk whose last block hash it carries (the
+        format both connectors share: the hash, then the group's index in four bytes):
+        a window's block that left the table before its store was issued (vLLM records
+        it, and flushes the store if the block is reallocated) names its chunk still."""
+        hashes = getattr(req.obj, "block_hashes", ())
+        head = key[:-4]
+        for chunk in range(len(req.tokens) // self.tpc):
+            last = (chunk + 1) * self.bpc - 1
+            if last < len(hashes) and bytes(hashes[last]) == head:
+                self.key_prefix[key] = tuple(req.tokens[: (chunk + 1) * self.tpc])
+                return
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data(), ok=st.sampled_from([True, True, True, False]))
