@@ -133,6 +133,11 @@ class OffloadWorkers:
         """Jobs issued and not yet reported. O(1)."""
         return len(self._heap)
 
+    @property
+    def next_end(self) -> float:
+        """When the first job in flight ends (inf with none). O(1)."""
+        return self._heap[0][0] if self._heap else float("inf")
+
     def _seconds(self, job: TransferJob, bandwidth: float) -> float:
         return len(job.gpu_block_ids) * self.block_bytes / bandwidth
 

@@ -271,8 +271,8 @@ class V1Engine:
         """Report the offload jobs ended by ``clock`` to the scheduler; count them.
         O(jobs ended)."""
         workers, figures, model = self.workers, self.offload, self.config.time_model
-        if workers is None or figures is None or not workers.in_flight:
-            return ()
+        if workers is None or figures is None or workers.next_end > clock:
+            return ()  # (most steps: no job ended)
         report, done = workers.due(clock)
         if done:
             self.scheduler.update_kv_transfers(report)
