@@ -132,7 +132,7 @@ def test_a_window_missing_its_chunk_lowers_the_hit() -> None:
             return LookupResult.MISS
         return lookup(key, ctx)
 
-    c.manager.lookup = missing_last_window_chunk  # type: ignore[method-assign]  # a tier missing one key
+    c.manager.lookup = missing_last_window_chunk  # type: ignore[method-assign, assignment]  # a tier missing one key
     told, _ = _load(c, [*prompt, 7, 7])
     assert told == 10
 
