@@ -493,6 +493,20 @@ class OffloadConnectorMachine(LockstepBase):
                 done = min(mjob.start + mjob.told, len(req.tokens) - 1)
                 self._call(f"t.cache_blocks(r[{job.req_id!r}], {done})")
                 self.t.cache_blocks(req.obj, done)
+            elif len(self.config.windows) > 1:
+                # vLLM's scheduler frees a request whose load failed and looks it up
+                # again (_update_waiting_for_remote_kv): over several groups the
+                # tables' window pads assume the loaded prefix, so recomputing in them
+                # would leave a window's blocks unwritten
+                self._reached("load failed")
+                self._call(
+                    f"t.free(r[{job.req_id!r}]); t.set_num_computed_tokens(r[{job.req_id!r}], 0)"
+                )
+                self.t.free(req.obj)
+                self.t.set_num_computed_tokens(req.obj, 0)
+                req.state, req.computed = "waiting", 0
+                self._released()
+                return
             else:
                 self._reached("load failed")
                 done = mjob.start
