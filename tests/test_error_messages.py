@@ -4058,6 +4058,27 @@ def _offload_twice_completed() -> None:
     m.complete_store([_OK], ctx)
 
 
+def _offload_steps(steps: tuple[str, ...]) -> Callable[[], object]:
+    """The calls named in ``steps``, in order, on key ``_OK`` of request 'a' (the last
+    one raises)."""
+
+    def run() -> None:
+        m, ctx = _offload()
+        calls: dict[str, Callable[[], object]] = {
+            "store": lambda: m.prepare_store([_OK], ctx),
+            "complete_store": lambda: m.complete_store([_OK], ctx),
+            "complete_store_twice": lambda: m.complete_store([_OK, _OK], ctx),
+            "load": lambda: m.prepare_load([_OK], ctx),
+            "load_twice": lambda: m.prepare_load([_OK, _OK], ctx),
+            "complete_load": lambda: m.complete_load([_OK], ctx),
+            "complete_load_twice": lambda: m.complete_load([_OK, _OK], ctx),
+        }
+        for name in steps:
+            calls[name]()
+
+    return run
+
+
 OFFLOAD_MESSAGES = [
     case(
         "offload: a negative chunk count",
@@ -4112,6 +4133,84 @@ OFFLOAD_MESSAGES = [
         "cannot complete a load of key 010200000000: it is not resident; complete each "
         "prepare_load once, and none prepared before a reset_cache",
     ),
+    case(
+        "offload: a chunk count of the wrong type",
+        lambda: CPUOffloadingManager("4"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "num_chunks must be int, got str '4'",
+    ),
+    case(
+        "offload: a store threshold below 1",
+        lambda: CPUOffloadingManager(4, "lru", False, 0),
+        InvalidOffloadConfigError,
+        "store_threshold must be at least 1, got 0",
+    ),
+    case(
+        "offload: a tracker size below 1",
+        lambda: CPUOffloadingManager(4, "lru", False, 2, 0),
+        InvalidOffloadConfigError,
+        "max_tracker_size must be at least 1, got 0",
+    ),
+    case(
+        "offload: a key of the wrong type",
+        _offload_call(lambda m, ctx: m.prepare_store(["x"], ctx)),  # type: ignore[list-item]  # deliberately bad
+        ArgumentTypeError,
+        "keys must be bytes (make_offload_key(hash, group)), got str 'x'",
+    ),
+    case(
+        "offload: a store for an unknown request",
+        _offload_call(lambda m, ctx: m.prepare_store([_OK], ReqContext("b"))),
+        UnknownOffloadRequestError,
+        "cannot prepare_store for request 'b': it is not a live request of the tier; call "
+        "on_new_request(ctx) first, and none after on_request_finished(ctx)",
+    ),
+    case(
+        "offload: a load for an unknown request",
+        _offload_call(lambda m, ctx: m.prepare_load([_OK], ReqContext("b"))),
+        UnknownOffloadRequestError,
+        "cannot prepare_load for request 'b': it is not a live request of the tier; call "
+        "on_new_request(ctx) first, and none after on_request_finished(ctx)",
+    ),
+    case(
+        "offload: a load of a key being stored",
+        _offload_steps(("store", "load")),
+        ChunkNotReadyError,
+        "cannot load key 010200000000: it is being stored; load only keys whose lookup() "
+        "answered HIT, in the same step",
+    ),
+    case(
+        "offload: a store completed while a load pins it",
+        _offload_steps(("store", "complete_store", "load", "complete_store")),
+        ChunkNotStoringError,
+        "cannot complete the store of key 010200000000: it is ready, pinned by 1 load(s); "
+        "complete each key of a prepare_store's keys_to_store once, and none prepared before "
+        "a reset_cache",
+    ),
+    case(
+        "offload: a load completed on a ready key",
+        _offload_steps(("store", "complete_store", "complete_load")),
+        ChunkNotLoadingError,
+        "cannot complete a load of key 010200000000: it is ready; complete each prepare_load "
+        "once, and none prepared before a reset_cache",
+    ),
+    case(
+        "offload: a key twice in a store's completion",
+        _offload_steps(("store", "complete_store_twice")),
+        DuplicateOffloadKeyError,
+        "complete_store names key 010200000000 twice; pass each key once per call",
+    ),
+    case(
+        "offload: a key twice in a load",
+        _offload_steps(("store", "complete_store", "load_twice")),
+        DuplicateOffloadKeyError,
+        "prepare_load names key 010200000000 twice; pass each key once per call",
+    ),
+    case(
+        "offload: a key twice in a load's completion",
+        _offload_steps(("store", "complete_store", "load", "complete_load_twice")),
+        DuplicateOffloadKeyError,
+        "complete_load names key 010200000000 twice; pass each key once per call",
+    ),
 ]
 
 
@@ -4154,6 +4253,39 @@ def _radix_reset_locked() -> None:
     c = _radix_tree()
     c.inc_lock_ref(c.match_prefix(RadixKey([1, 2])).last_device_node)
     c.reset()
+
+
+def _radix_release_evicted() -> None:
+    c = _radix_tree()
+    node = c.match_prefix(RadixKey([1, 2])).last_device_node
+    c.evict(2)
+    c.cache_finished_req(RadixRequest([1, 2], slots=[], last_node=node))
+
+
+def _radix_release_unlocked() -> None:
+    c = _radix_tree()
+    node = c.match_prefix(RadixKey([1, 2])).last_device_node
+    c.cache_finished_req(RadixRequest([1, 2], slots=[], last_node=node))
+
+
+def _radix_finish_str_token() -> None:
+    c = RadixCache(PagedTokenAllocator(4, 1), 1)
+    req = RadixRequest([1, 2])
+    req.token_ids.append("a")  # type: ignore[arg-type]  # deliberately bad, after the checks
+    slots = c.allocator.alloc(3)
+    assert slots is not None
+    req.slots = slots
+    c.cache_finished_req(req)
+
+
+def _radix_finish_bad_token() -> None:
+    c = RadixCache(PagedTokenAllocator(4, 1), 1)
+    req = RadixRequest([1, 2])
+    req.token_ids.append(-3)  # a decode step's token, appended after the checks
+    slots = c.allocator.alloc(3)
+    assert slots is not None
+    req.slots = slots
+    c.cache_finished_req(req)
 
 
 RADIX_MESSAGES = [
@@ -4253,6 +4385,223 @@ RADIX_MESSAGES = [
         ),
         RadixLockError,
         "cache_protected_len 1 but the request locks no node",
+    ),
+    case(
+        "radix allocator: a free of no list",
+        lambda: _radix_held().free(5),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "indices must be a list of int slots, got int 5",
+    ),
+    case(
+        "radix allocator: a free of a slot that is no int",
+        lambda: _radix_held().free([1.5]),  # type: ignore[list-item]  # deliberately bad
+        ArgumentTypeError,
+        "indices (each slot) must be an int, got float 1.5",
+    ),
+    case(
+        "radix cache: a lookup by a token list",
+        lambda: _radix_tree().match_prefix([1, 2]),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "key must be a RadixKey, got list [1, 2]",
+    ),
+    case(
+        "radix cache: an insert by a token list",
+        lambda: _radix_tree().insert([3], [3]),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "key must be a RadixKey, got list [3]",
+    ),
+    case(
+        "radix cache: a priority that is no int",
+        lambda: _radix_tree().insert(RadixKey([3]), [3], priority="x"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "priority must be an int, got str 'x'",
+    ),
+    case(
+        "radix cache: an insert's chunked flag that is no bool",
+        lambda: _radix_tree().insert(RadixKey([3]), [3], chunked=1),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "chunked must be a bool (True or False), got int 1",
+    ),
+    case(
+        "radix cache: values that are no list",
+        lambda: _radix_tree().insert(RadixKey([3]), 6),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "indices must be a list of int slots, got int 6",
+    ),
+    case(
+        "radix cache: a value that is no int",
+        lambda: _radix_tree().insert(RadixKey([3, 4]), [3, 4.0]),  # type: ignore[list-item]  # deliberately bad
+        ArgumentTypeError,
+        "indices (each slot) must be an int, got float 4.0",
+    ),
+    case(
+        "radix cache: a value just past the pool",
+        lambda: _radix_tree().insert(RadixKey([3]), [5]),
+        RadixInsertError,
+        "values must be int slots of pages 1..4; got [5]",
+    ),
+    case(
+        "radix cache: nine values outside the pool",
+        lambda: RadixCache(PagedTokenAllocator(20, 1), 1).insert(RadixKey([*range(9)]), [21] * 9),
+        RadixInsertError,
+        "values must be int slots of pages 1..20; got [21, 21, 21, 21, 21, 21, 21, 21]...",
+    ),
+    case(
+        "radix cache: eight values outside the pool",
+        lambda: RadixCache(PagedTokenAllocator(20, 1), 1).insert(RadixKey([*range(8)]), [21] * 8),
+        RadixInsertError,
+        "values must be int slots of pages 1..20; got [21, 21, 21, 21, 21, 21, 21, 21]",
+    ),
+    case(
+        "radix cache: an aligned page's slots out of order",
+        lambda: RadixCache(PagedTokenAllocator(4, 2), 2).insert(RadixKey([1, 2]), [2, 4]),
+        RadixInsertError,
+        "values [2, 4] are not one whole page's slots in order; insert the slots an alloc returned",
+    ),
+    case(
+        "radix cache: an evict of no int",
+        lambda: _radix_tree().evict("2"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "num_tokens must be an int, got str '2'",
+    ),
+    case(
+        "radix cache: locking no node",
+        lambda: _radix_tree().inc_lock_ref("n"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "node must be a TreeNode, got str 'n'",
+    ),
+    case(
+        "radix cache: finishing no request",
+        lambda: _radix_tree().cache_finished_req("r"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "req must be a RadixRequest, got str 'r'",
+    ),
+    case(
+        "radix cache: a checkpoint's chunked flag that is no bool",
+        lambda: _radix_tree().cache_unfinished_req(RadixRequest([1]), chunked=2),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "chunked must be a bool (True or False), got int 2",
+    ),
+    case(
+        "radix cache: a request whose node was evicted",
+        _radix_release_evicted,
+        RadixLockError,
+        "cannot release TreeNode(key=[1, 2], lock_ref=0): it is not in this tree (evicted, "
+        "reset, or another cache's); lock nodes a match or insert of this cache returned",
+    ),
+    case(
+        "radix cache: a request whose node holds no lock",
+        _radix_release_unlocked,
+        RadixLockError,
+        "the request's TreeNode(key=[1, 2], lock_ref=0) holds no lock",
+    ),
+    case(
+        "radix cache: a request's token appended negative",
+        _radix_finish_bad_token,
+        RadixInsertError,
+        "token_ids: token ids must be ints >= 0, got -3",
+    ),
+    case(
+        "radix request: tokens that are no list",
+        lambda: RadixRequest((1, 2)),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "token_ids must be a list of int token ids, got tuple (1, 2)",
+    ),
+    case(
+        "radix key: tokens that are no sequence of ints",
+        lambda: RadixKey("ab"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "token_ids must be a list of int token ids, got str 'ab'",
+    ),
+    case(
+        "radix key: an extra key that is no str",
+        lambda: RadixKey([1], 5),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "extra_key must be a str or None, got int 5",
+    ),
+    case(
+        "radix key: a LoRA id that is no str",
+        lambda: RadixKey([1], lora_id=5),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "lora_id must be a str or None, got int 5",
+    ),
+    case(
+        "radix key: a cache salt that is no str",
+        lambda: RadixKey([1], cache_salt=5),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "cache_salt must be a str or None, got int 5",
+    ),
+    case(
+        "radix key: a token that is no int",
+        lambda: _radix_tree().match_prefix(RadixKey([1, "a"])),  # type: ignore[list-item]  # deliberately bad
+        ArgumentTypeError,
+        "key.token_ids (each token id) must be an int, got str 'a'",
+    ),
+    case(
+        "radix cache: a request's token appended that is no int",
+        _radix_finish_str_token,
+        ArgumentTypeError,
+        "token_ids (each token id) must be an int, got str 'a'",
+    ),
+    case(
+        "radix cache: a page size that is no int",
+        lambda: RadixCache(PagedTokenAllocator(4, 1), "1"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "page_size must be an int, got str '1'",
+    ),
+    case(
+        "radix cache: a negative page size",
+        lambda: RadixCache(PagedTokenAllocator(4, 1), -1),
+        InvalidRadixConfigError,
+        "page_size must be an int >= 1, got -1",
+    ),
+    case(
+        "radix cache: a policy that is no str",
+        lambda: RadixCache(PagedTokenAllocator(4, 1), 1, 5),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "eviction_policy must be a str, got int 5",
+    ),
+    case(
+        "radix cache: an empty policy name",
+        lambda: RadixCache(PagedTokenAllocator(4, 1), 1, ""),
+        InvalidRadixConfigError,
+        "eviction_policy must be a non-empty str, got ''",
+    ),
+    case(
+        "radix cache: an events flag that is no bool",
+        lambda: RadixCache(PagedTokenAllocator(4, 1), 1, "lru", 1),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "enable_events must be a bool (True or False), got int 1",
+    ),
+    case(
+        "radix allocator: a page count that is no int",
+        lambda: PagedTokenAllocator("4", 1),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "num_pages must be an int, got str '4'",
+    ),
+    case(
+        "radix allocator: a size that is no int",
+        lambda: PagedTokenAllocator(4, 1).alloc("2"),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "need_size must be an int, got str '2'",
+    ),
+    case(
+        "radix cache: an allocator of another kind",
+        lambda: RadixCache("a", 1),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "allocator must be a PagedTokenAllocator, got str 'a'",
+    ),
+    case(
+        "radix request: a negative token",
+        lambda: RadixRequest([1, -4]),
+        RadixInsertError,
+        "token_ids: token ids must be ints >= 0, got -4",
+    ),
+    case(
+        "radix request: a namespace that is no Namespace",
+        lambda: RadixRequest([1], namespace=("a",)),  # type: ignore[arg-type]  # deliberately bad
+        ArgumentTypeError,
+        "namespace must be a Namespace, got tuple ('a',)",
     ),
 ]
 

@@ -3,6 +3,8 @@ what SGLang's classic tree does (and where pagedkv is stricter, what it refuses)
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from pagedkv.errors import (
@@ -23,6 +25,8 @@ from pagedkv.radix import (
     RadixKey,
     RadixRequest,
 )
+from pagedkv.radix.events import page_hash
+from pagedkv.radix.node import TreeNode
 
 
 def _cache(
@@ -382,3 +386,243 @@ def test_locks_count_per_node_and_return_the_evictable_change() -> None:
     again = c.match_prefix(RadixKey([1, 2, 3, 4, 5, 6])).last_device_node
     c.inc_lock_ref(again)
     assert c.dec_lock_ref(again) == 6  # three nodes unlocked: their sizes summed
+
+
+# --------------------------------------------------------------------------- behaviour in detail
+
+
+def _node(c: RadixCache, tokens: list[int]) -> TreeNode:
+    return c.match_prefix(RadixKey(tokens)).last_device_node
+
+
+def _slots(c: RadixCache, tokens: list[int]) -> list[int]:
+    return c.match_prefix(RadixKey(tokens)).device_indices
+
+
+def test_a_split_keeps_the_priority_of_the_node_it_splits() -> None:
+    c = _cache(8, 1, "priority")
+    c.insert(RadixKey([1, 2, 3]), c.allocator.alloc(3) or [], priority=5)
+    c.insert(RadixKey([7]), c.allocator.alloc(1) or [], priority=3)
+    b = _node(c, [7])
+    _node(c, [1, 2])  # splits [1, 2, 3]: the upper [1, 2] keeps priority 5
+    c.inc_lock_ref(b)
+    assert c.evict(1) == 1  # [3], the only unlocked leaf
+    c.dec_lock_ref(b)
+    assert c.evict(1) == 1  # [7] (priority 3) before [1, 2] (priority 5)
+    assert len(_slots(c, [1, 2])) == 2 and _slots(c, [7]) == []
+
+
+def test_an_insert_raises_the_priority_of_the_nodes_it_passes_and_splits() -> None:
+    for first in ([1, 2], [1, 2, 3, 4]):  # [1, 2] passed whole, or split off a longer node
+        c = _cache(8, 1, "priority")
+        c.insert(RadixKey(first), c.allocator.alloc(len(first)) or [], priority=0)
+        c.insert(RadixKey([7]), c.allocator.alloc(1) or [], priority=3)
+        b = _node(c, [7])
+        slots = c.allocator.alloc(3) or []
+        c.allocator.free(slots[: c.insert(RadixKey([1, 2, 5]), slots, priority=5)])
+        c.inc_lock_ref(b)
+        while c.match_prefix(RadixKey([1, 2, 3])).device_indices[2:] or _slots(c, [1, 2, 5])[2:]:
+            assert c.evict(1) >= 1  # the leaves below [1, 2]
+        c.dec_lock_ref(b)
+        assert c.evict(1) == 1  # [7] (priority 3) before [1, 2] (raised to 5)
+        assert len(_slots(c, [1, 2])) == 2 and _slots(c, [7]) == []
+
+
+def test_lfu_counts_a_hit_on_the_node_an_insert_splits_off() -> None:
+    c = _cache(8, 1, "lfu")
+    _put(c, [1, 2, 3])  # one hit
+    _put(c, [1, 2])  # splits: [1, 2] two hits, [3] one
+    _put(c, [7])  # one hit, the most recent
+    assert c.evict(1) == 1  # [3]
+    assert c.evict(1) == 1  # [7]: fewer hits than [1, 2]
+    assert len(_slots(c, [1, 2])) == 2 and _slots(c, [7]) == []
+
+
+def test_a_chunked_insert_counts_no_hit() -> None:
+    c = _cache(8, 1, "lfu")
+    _put(c, [2])  # one hit, older
+    c.insert(RadixKey([1]), c.allocator.alloc(1) or [], chunked=True)  # no hit
+    assert c.evict(1) == 1
+    assert _slots(c, [1]) == [] and _slots(c, [2]) != []
+
+
+def test_values_may_be_a_tuple() -> None:
+    c = _cache(8, 2)
+    slots = c.allocator.alloc(2)
+    assert slots is not None
+    assert c.insert(RadixKey([1, 2]), tuple(slots)) == 0
+    assert _slots(c, [1, 2]) == slots
+
+
+def test_an_insert_checks_only_the_values_it_files() -> None:
+    """The values of the cached prefix are the caller's duplicates, never filed."""
+    c = _cache(8, 1)
+    _put(c, [1, 2])
+    slot = c.allocator.alloc(1) or []
+    assert c.insert(RadixKey([1, 2, 3]), [99, 99, *slot]) == 2
+    assert _slots(c, [1, 2, 3])[2:] == slot
+
+
+def test_a_priority_may_be_negative() -> None:
+    c = _cache(8, 1, "priority")
+    c.insert(RadixKey([1]), c.allocator.alloc(1) or [], priority=-1)
+    _put(c, [2])
+    assert c.evict(1) == 1 and _slots(c, [1]) == []
+
+
+def test_an_empty_lookup_does_not_turn_the_clock_back() -> None:
+    c = _cache(8, 1)
+    _put(c, [1])
+    for _ in range(3):
+        c.match_prefix(RadixKey([]))
+    _put(c, [2])
+    assert c.evict(1) == 1 and _slots(c, [1]) == [] and _slots(c, [2]) != []
+
+
+def test_a_node_repr_shows_eight_tokens_and_a_namespace() -> None:
+    c = _cache(20, 1)
+    c.insert(RadixKey([*range(9)], "x"), c.allocator.alloc(9) or [])
+    c.insert(RadixKey([*range(100, 108)]), c.allocator.alloc(8) or [])
+    assert repr(c.match_prefix(RadixKey([*range(9)], "x")).last_device_node) == (
+        "TreeNode(key=[0, 1, 2, 3, 4, 5, 6, 7]..., lock_ref=0, "
+        "namespace=Namespace(extra_key='x', lora_id=None, cache_salt=None))"
+    )
+    assert repr(_node(c, [*range(100, 108)])) == (
+        "TreeNode(key=[100, 101, 102, 103, 104, 105, 106, 107], lock_ref=0)"
+    )
+
+
+def test_a_page_hash_is_blake2b_of_parent_namespace_and_tokens() -> None:
+    text = repr((7, (None, None, None), (1, 2))).encode()
+    want = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+    assert page_hash(7, Namespace(), [1, 2]) == want
+
+
+def test_a_stored_event_carries_the_page_size() -> None:
+    c = _cache(8, 2, events=True)
+    _put(c, [1, 2, 3, 4])
+    stored = [e for e in c.take_events() if isinstance(e, BlockStored)]
+    assert [e.block_size for e in stored] == [2, 2]
+
+
+def test_unlocking_below_a_node_without_a_lock_names_that_node() -> None:
+    c = _cache(8, 1)
+    _put(c, [1, 2])
+    _put(c, [1, 2, 3])
+    leaf = _node(c, [1, 2, 3])
+    c.inc_lock_ref(leaf)
+    upper = leaf.parent
+    assert upper is not None
+    upper.lock_ref = 0  # a corrupted path
+    with pytest.raises(RadixLockError) as info:
+        c.dec_lock_ref(leaf)
+    assert str(info.value) == (
+        "cannot unlock TreeNode(key=[3], lock_ref=1): TreeNode(key=[1, 2], lock_ref=0) on "
+        "its path holds no lock; release only a lock you took"
+    )
+
+
+def test_the_spec_state_reports_leaves_root_lock_policy_clock_and_rows() -> None:
+    c = _cache(8, 1, "lfu")
+    _put(c, [1, 2])
+    _put(c, [1, 5])
+    req = RadixRequest([4])
+    state = c.to_spec([req])
+    assert state.leaves == frozenset({(Namespace(), (1, 2)), (Namespace(), (1, 5))})
+    assert (state.policy, state.clock, state.root_lock) == ("lfu", c._clock, 1)
+    assert state.rows[0].locked == ()
+    c.check_invariants([req])
+    c.root_node.lock_ref = 2  # a corrupted root
+    assert c.to_spec().root_lock == 2
+    with pytest.raises(InvariantViolationError):
+        c.check_invariants()
+
+
+def test_a_checkpoint_counts_a_hit_unless_chunked() -> None:
+    for chunked, evicted_first in ((False, [2]), (True, [1])):
+        c = _cache(8, 1, "lfu")
+        _put(c, [2])  # one hit, older
+        req = RadixRequest([1], slots=c.allocator.alloc(1) or [])
+        if chunked:
+            c.cache_unfinished_req(req, chunked=True)
+        else:
+            c.cache_unfinished_req(req)  # the default: not chunked
+        c.cache_finished_req(req, is_insert=False)  # released: no walk, no hit
+        assert c.evict(1) == 1
+        assert _slots(c, evicted_first) == []
+
+
+def test_the_cache_s_defaults_are_lru_without_events() -> None:
+    c = RadixCache(PagedTokenAllocator(4, 1), 1)
+    _put(c, [1])
+    assert c.eviction_policy == "lru" and c.take_events() == []
+    assert c.token_to_kv_pool_allocator is c.allocator  # SGLang's name for it
+
+
+def _checkpointed(c: RadixCache, tokens: list[int]) -> RadixRequest:
+    req = RadixRequest(list(tokens), slots=c.allocator.alloc(len(tokens)) or [])
+    c.cache_unfinished_req(req)
+    return req
+
+
+def test_a_finish_touches_its_request_s_path_last() -> None:
+    c = _cache(8, 1)
+    req = _checkpointed(c, [1, 2])
+    _put(c, [7])
+    c.cache_finished_req(req)  # nothing new: the walk only touches [1, 2]
+    assert c.evict(1) == 1 and _slots(c, [7]) == [] and len(_slots(c, [1, 2])) == 2
+
+
+def test_a_finish_counts_a_hit_on_its_request_s_path() -> None:
+    c = _cache(8, 1, "lfu")
+    _put(c, [7])  # one hit, the oldest
+    req = _checkpointed(c, [1, 2])  # [1, 2]: one hit
+    req.token_ids.append(3)
+    req.slots += c.allocator.alloc(1) or []
+    c.cache_finished_req(req)  # [1, 2]: a second hit; [3]: one
+    _put(c, [8])  # one hit, the newest
+    assert c.evict(1) == 1 and c.evict(1) == 1  # [7], then [3]
+    assert c.evict(1) == 1  # [8]: fewer hits than [1, 2]
+    assert len(_slots(c, [1, 2])) == 2 and _slots(c, [8]) == []
+
+
+def test_a_token_appended_after_a_checkpoint_is_checked() -> None:
+    c = _cache(8, 1)
+    req = _checkpointed(c, [1])
+    req.token_ids += [-3, 5, 6]
+    req.slots += c.allocator.alloc(3) or []
+    with pytest.raises(RadixInsertError, match="got -3"):
+        c.cache_finished_req(req)
+
+
+def test_a_stale_node_among_the_heap_s_leaves_is_reported() -> None:
+    c = _cache(8, 1)
+    _put(c, [1])
+    real = _node(c, [1])
+    c._heap.leaves.discard(real)  # a corrupted heap: the real leaf replaced by a
+    c._heap.leaves.add(TreeNode(real.namespace, real.key, [], None, 0))  # detached one
+    with pytest.raises(InvariantViolationError):
+        c.check_invariants()
+
+
+def test_a_pool_larger_than_the_machine_s_memory_is_refused() -> None:
+    with pytest.raises(
+        InvalidRadixConfigError,
+        match=r"^a pool of 1,000,000,000,000,000 pages needs about 9,000,000,000,000,000 "
+        r"bytes, more than the [\d,]+ bytes of memory this machine has; use fewer pages$",
+    ):
+        PagedTokenAllocator(10**15, 1)
+
+
+def test_an_empty_lookup_ends_on_the_namespace_s_root() -> None:
+    c = _cache(8, 1)
+    assert repr(c.match_prefix(RadixKey([])).last_device_node) == "TreeNode(key=[], lock_ref=1)"
+
+
+def test_a_request_s_priority_raised_after_a_checkpoint_raises_its_path() -> None:
+    c = _cache(8, 1, "priority")
+    req = _checkpointed(c, [1, 2])  # [1, 2]: priority 0
+    c.insert(RadixKey([7]), c.allocator.alloc(1) or [], priority=3)
+    req.priority = 5
+    c.cache_finished_req(req)  # the walk to its node raises [1, 2] to 5
+    assert c.evict(1) == 1 and _slots(c, [7]) == [] and len(_slots(c, [1, 2])) == 2

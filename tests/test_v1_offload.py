@@ -16,6 +16,7 @@ from pagedkv.errors import (
     DuplicateOffloadKeyError,
     DuplicateOffloadRequestError,
     InvalidOffloadConfigError,
+    InvariantViolationError,
     OffloadError,
     UnknownOffloadRequestError,
 )
@@ -33,6 +34,7 @@ from pagedkv.v1.offload import (
     make_offload_key,
 )
 from pagedkv.v1.offload.policies import ARCCachePolicy, EvictableOrder
+from pagedkv_spec.v1 import offload as spec
 
 HIT, PENDING, MISS = LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.MISS
 
@@ -509,3 +511,161 @@ def test_arc_pinned_t2_key_is_not_a_victim() -> None:
     assert p.evict(1, set()) is None
     p.mark_evictable([a])
     assert p.evict(1, set()) == [a]
+
+
+def test_the_constructors_defaults_are_vllms() -> None:
+    m = CPUOffloadingManager(4)
+    assert (m.cache_policy, m.store_threshold, m.max_tracker_size) == ("lru", 1, 64_000)
+    ctx = ReqContext("a")
+    m.on_new_request(ctx)
+    _stored(m, ctx, _keys(1))
+    assert m.take_events() == []  # events off by default
+    assert CPUOffloadingManager(4, "arc").cache_policy == "arc"
+
+
+def test_a_duplicate_is_named_and_a_wrong_type_is_not_a_duplicate() -> None:
+    m, ctx = _manager()
+    a, b = _keys(2)
+    with pytest.raises(DuplicateOffloadKeyError, match=b.hex()):
+        m.prepare_store([a, b, b], ctx)
+    with pytest.raises(ArgumentTypeError):
+        m.prepare_store([a, "x"], ctx)  # type: ignore[list-item]  # deliberately bad
+
+
+def test_fresh_slots_go_first_then_the_last_freed() -> None:
+    m, ctx = _manager(5)
+    m.prepare_store(_keys(4), ctx)
+    m.complete_store(_keys(4), ctx, success=False)  # slots 0-3 freed in that order
+    out = m.prepare_store(_keys(2, 1), ctx)
+    assert out is not None and out.store_spec == CPULoadStoreSpec([4, 3])
+
+
+def test_a_request_with_every_position_finishes_in_position_order_across_groups() -> None:
+    """Every key positioned: the finished request's order is by position over all its
+    groups (not by group, nor by key), so LRU evicts its tail first."""
+    m, ctx = _manager(3)
+    a = make_offload_key(b"\x09\x00", 0)
+    b = make_offload_key(b"\x01\x00", 1)
+    c = make_offload_key(b"\x05\x00", 0)
+    for key, at in ((a, 16), (b, 32), (c, 48)):
+        ctx.set_offload_key_position(key, at)
+    _stored(m, ctx, [a, b, c])
+    m.on_request_finished(ctx)
+    other = ReqContext("b")
+    m.on_new_request(other)
+    out = m.prepare_store(_keys(3, 7), other)
+    assert out is not None and out.evicted_keys == [c, b, a]
+
+
+def test_only_a_requests_first_access_of_a_key_ranks_it() -> None:
+    """LRU: a request's later offer of a key it has seen (now with a position) does
+    not raise the key again."""
+    m, first = _manager(2)
+    x, y = _keys(2)
+    _stored(m, first, [x, y])
+    again = ReqContext("b")
+    m.on_new_request(again)
+    m.prepare_store([x, y], again)  # seen by b, no positions
+    again.set_offload_key_position(x, 16)
+    m.prepare_store([x], again)  # seen before: not ranked again
+    late = ReqContext("c")
+    m.on_new_request(late)
+    out = m.prepare_store(_keys(1, 1), late)
+    assert out is not None and out.evicted_keys == [x]
+
+
+def test_a_key_offered_while_being_stored_is_not_an_access() -> None:
+    """LRU: offering a key whose store is in flight observes nothing; the key keeps the
+    rank its store gave it."""
+    m, first = _manager(2)
+    (x,) = _keys(1)
+    first.set_offload_key_position(x, 16)
+    m.prepare_store([x], first)  # in flight
+    second = ReqContext("b")
+    m.on_new_request(second)
+    (y,) = _keys(1, 1)
+    second.set_offload_key_position(y, 16)
+    _stored(m, second, [y])
+    late = ReqContext("c")
+    m.on_new_request(late)
+    late.set_offload_key_position(x, 16)
+    assert m.prepare_store([x], late) == PrepareStoreOutput([], CPULoadStoreSpec([]), [])
+    m.complete_store([x], first)
+    out = m.prepare_store(_keys(1, 2), late)
+    assert out is not None and out.evicted_keys == [x]  # ranked by 'a', below 'b'
+
+
+def test_a_corrupted_slot_is_reported_with_the_manager() -> None:
+    m, ctx = _manager(2)
+    m.prepare_store(_keys(1), ctx)
+    m._free_list.append(0)
+    with pytest.raises(InvariantViolationError) as info:
+        m.check_invariants()
+    assert info.value.invariant == "O1"
+    assert f"{m!r} breaks O1" in str(info.value)
+
+
+def test_a_wrong_evictable_count_is_reported_under_o3() -> None:
+    m, ctx = _manager(2)
+    _stored(m, ctx, _keys(1))
+    m._num_evictable = 2
+    with pytest.raises(InvariantViolationError) as info:
+        m.check_invariants()
+    assert info.value.invariant == "O3"
+    assert f"{m!r} counts 2 evictable chunks, holds 1" in str(info.value)
+
+
+def test_an_overfull_tracker_is_reported_under_o12() -> None:
+    m, ctx = _manager(2, store_threshold=2, max_tracker_size=1)
+    m.prepare_store(_keys(1), ctx)
+    assert m._counts is not None
+    m._counts[_keys(1, 1)[0]] = 1
+    with pytest.raises(InvariantViolationError) as info:
+        m.check_invariants()
+    assert info.value.invariant == "O12"
+    assert "2 tracked keys, at most 1" in str(info.value)
+
+
+def test_the_spec_state_carries_the_configuration_counts_and_events() -> None:
+    m, ctx = _manager(4, enable_events=True)
+    (k,) = _keys(1)
+    m.prepare_store([k], ctx)
+    m.complete_store([k], ctx, success=False)
+    state = m.to_spec()
+    assert (state.counted, state.tracker) == ((), ())
+    assert (state.store_threshold, state.max_tracker_size, state.events_on) == (1, 64_000, True)
+    assert state.events == (spec.Event((k,), True, True),)
+    m, ctx = _manager(4, store_threshold=2, max_tracker_size=3)
+    m.prepare_store([k], ctx)
+    state = m.to_spec()
+    assert (state.counted, state.tracker) == ((("a", frozenset({k})),), ())
+    assert (state.store_threshold, state.max_tracker_size, state.events_on) == (2, 3, False)
+    assert state.events == ()
+
+
+def test_a_later_request_s_access_raises_a_resident_key_skipping_unpositioned_ones() -> None:
+    """LRU: request c's first access raises x (positioned in c) to c's rank, past y
+    (offered too, without a position in c: skipped, its rank kept)."""
+    m, first = _manager(2)
+    x, y = _keys(2)
+    first.set_offload_key_position(x, 16)
+    _stored(m, first, [x])
+    second = ReqContext("b")
+    m.on_new_request(second)
+    second.set_offload_key_position(y, 16)
+    _stored(m, second, [y])
+    late = ReqContext("c")
+    m.on_new_request(late)
+    late.set_offload_key_position(x, 16)
+    assert m.prepare_store([y, x], late) == PrepareStoreOutput([], CPULoadStoreSpec([]), [])
+    out = m.prepare_store(_keys(2, 1), late)
+    assert out is not None and out.evicted_keys == [y, x]
+
+
+def test_arc_inserts_keys_of_which_only_some_are_ghosts() -> None:
+    p = _arc()
+    a, b = _keys(2)
+    _arc_stored(p, [a])
+    assert p.evict(1, set()) == [a]  # a: a ghost in B1
+    p.insert([a, b], "r", {})
+    assert p.view()[0] == (a, b) and p.view()[2] == ()
