@@ -1,4 +1,4 @@
-"""Well-formed and broken states for the offloading connector's invariants OC1-OC6
+"""Well-formed and broken states for the offloading connector's invariants OC1-OC7
 (pagedkv_spec.v1.offload_connector), joined into tests/test_spec_predicates.py's GOOD and
 BAD tables: one request ``a`` computed and storing its last two chunks, one request ``b``
 loading ``a``'s first two chunks from the host tier."""
@@ -28,7 +28,28 @@ GOOD_STATE = OC.ConnectorState(
 )
 _S = GOOD_STATE
 
+#: Over two groups (full attention, a window of 2): ``a``'s last two chunks stored in both
+#: groups, each under its own group's keys
+_K1 = tuple(k + b"@" for k in _K)  # group 1's keys (the machine reads a key's group)
+_HSTORE = OC.Job(
+    0, "a", True, _K[2:] + _K1[2:], (3, 4, 9, 10), segments=((0, 2, 2, 0), (1, 2, 2, 0))
+)
+_H = replace(
+    _S,
+    windows=(None, 2),
+    requests=(replace(_S.requests[0], tables=((1, 2, 3, 4), (0, 0, 9, 10)), group_keys=(_K, _K1)),),
+    jobs=(_HSTORE,),
+    tier=None,
+    content=(*_S.content, (9, _A[:3]), (10, _A)),
+    key_prefix=(*_S.key_prefix, *((k, _A[: i + 1]) for i, k in enumerate(_K1))),
+    key_group=(*((k, 0) for k in _K), *((k, 1) for k in _K1)),
+)
+
+#: the hybrid state is well formed under every one of them (tests/test_offload_connector_groups.py)
+HYBRID_GOOD_STATE = _H
+
 CONNECTOR_GOOD: dict[str, tuple[Any, ...]] = {f"OC{i}": (_S,) for i in range(1, 7)}
+CONNECTOR_GOOD["OC7"] = (_H,)
 
 CONNECTOR_BAD: list[tuple[str, str, tuple[Any, ...]]] = [
     (
@@ -83,5 +104,15 @@ CONNECTOR_BAD: list[tuple[str, str, tuple[Any, ...]]] = [
         "OC6",
         "a store beside a load",
         (replace(_S, jobs=(*_S.jobs, OC.Job(2, "b", True, _KB[4:], (6,)))),),
+    ),
+    (
+        "OC7",
+        "a window's blocks stored under full attention's keys",
+        (replace(_H, jobs=(replace(_HSTORE, keys=_K[2:] + _K[2:]),)),),
+    ),
+    (
+        "OC7",
+        "a full-attention segment copying blocks not its request's",
+        (replace(_H, jobs=(replace(_HSTORE, gpu_block_ids=(3, 5, 9, 10)),)),),
     ),
 ]

@@ -1,5 +1,5 @@
 """The offloading-connector machine (pagedkv_stateful.v1.offload_connector_machine) over
-pagedkv's connector, and one planted bug per cross-tier invariant (OC1-OC6), each a
+pagedkv's connector, and one planted bug per cross-tier invariant (OC1-OC7), each a
 buggy connector (or, for OC3, KV cache) behind the target protocol, which the machine
 must report under that invariant. :data:`OFFLOAD_CONNECTOR_PLANTED` joins the
 registry's ``PLANTED`` (tests/test_invariant_registry.py)."""
@@ -17,10 +17,12 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from pagedkv.v1.offload import (
     LookupResult,
+    OffloadingConnectorMetadata,
     OffloadingConnectorScheduler,
     OffloadingWorkerMetadata,
     OffloadKey,
     ReqContext,
+    TransferJob,
 )
 from pagedkv.v1.request import Request
 from pagedkv_spec.invariants import REGISTRY
@@ -118,6 +120,28 @@ class _MatchesWithJobsInFlight(OffloadingConnectorScheduler):
             del self.manager.lookup
             if state is not None:
                 state.jobs |= saved
+
+
+class _MislabelsGroups(OffloadingConnectorScheduler):
+    """OC7: over several groups, a job's segments are labelled in reverse group order
+    (each group's blocks copied as another group's layers under its keys)."""
+
+    def build_connector_meta(self, scheduler_output: Any) -> OffloadingConnectorMetadata:
+        meta = super().build_connector_meta(scheduler_output)
+
+        def relabel(job: TransferJob) -> TransferJob:
+            groups = [seg.group_idx for seg in job.segments][::-1]
+            segments = tuple(
+                dataclasses.replace(seg, group_idx=g)
+                for seg, g in zip(job.segments, groups, strict=True)
+            )
+            return dataclasses.replace(job, segments=segments)
+
+        return OffloadingConnectorMetadata(
+            {j: relabel(job) for j, job in meta.load_jobs.items()},
+            {j: relabel(job) for j, job in meta.store_jobs.items()},
+            meta.jobs_to_flush,
+        )
 
 
 class _CachesLoadingBlocks(PagedKVConnectorTarget):
@@ -219,9 +243,10 @@ OFFLOAD_CONNECTOR_PLANTED: dict[str, Callable[[], str]] = {
     "OC4": lambda: _found(_with_connector(_LoadsOneBlockShort), 300, 80),
     "OC5": lambda: _found(_with_connector(_LoadsWrongChunks), 300, 80),
     "OC6": _oc6_replayed,
+    "OC7": lambda: _found(_with_connector(_MislabelsGroups)),
 }
 #: The planted bugs found within a few seconds (the fast tier runs these)
-CHEAP = ("OC1", "OC2", "OC3", "OC6")
+CHEAP = ("OC1", "OC2", "OC3", "OC6", "OC7")
 
 
 def test_every_connector_invariant_has_a_planted_bug() -> None:

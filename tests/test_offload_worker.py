@@ -7,6 +7,7 @@ is the offload KV machine's (tests/test_offload_kv_machine.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -38,13 +39,13 @@ def engine(gpu: int = 8, chunks: int = 6, device: str = "cpu") -> KVCacheEngine:
     return e
 
 
-def store(job_id: int, blocks: list[int], chunks: list[int], **kw: int) -> TransferJob:
+def store(job_id: int, blocks: list[int], chunks: list[int], **kw: Any) -> TransferJob:
     """A store job: GPU ``blocks`` into host ``chunks`` (one key per chunk)."""
     keys = tuple(make_offload_key(bytes([c]), 0) for c in chunks)
     return TransferJob(job_id, "r", True, keys, tuple(chunks), tuple(blocks), **kw)
 
 
-def load(job_id: int, chunks: list[int], blocks: list[int], **kw: int) -> TransferJob:
+def load(job_id: int, chunks: list[int], blocks: list[int], **kw: Any) -> TransferJob:
     """A load job: host ``chunks`` into GPU ``blocks``."""
     keys = tuple(make_offload_key(bytes([c]), 0) for c in chunks)
     return TransferJob(job_id, "r", False, keys, tuple(chunks), tuple(blocks), **kw)

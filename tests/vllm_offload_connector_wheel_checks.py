@@ -357,7 +357,10 @@ def test_the_kits_probe_takes_the_target(vllm_dir: Path, release: str) -> None:
 
 #: The standalone reproductions in docs/repro/connector/ (vLLM's files and the extracted
 #: directory's stand-ins only), each with the releases where its last line is ``True``.
-REPRODUCTIONS = {"reset_twice_asserts.py": frozenset({"0.27.1", "0.29.0", "0.33.0"})}
+REPRODUCTIONS = {
+    "reset_twice_asserts.py": frozenset({"0.27.1", "0.29.0", "0.33.0"}),
+    "reset_stale_window_block.py": frozenset({"0.27.1", "0.29.0", "0.33.0", "0.34.0"}),
+}
 
 
 @pytest.mark.parametrize("script", sorted(REPRODUCTIONS))

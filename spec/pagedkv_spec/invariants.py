@@ -632,6 +632,12 @@ def _entries() -> Iterable[Invariant]:
             "a request's computed blocks hold its prefix: a failed load is recomputed, never read",
         ),
         ("OC6", v1oc.one_load_alone, "a request with a load in flight has no other job in flight"),
+        (
+            "OC7",
+            v1oc.jobs_keep_groups,
+            "over several KV cache groups a job moves each group's blocks under that group's "
+            "keys only",
+        ),
     )
     for id_, predicate_fn, meaning in connector:
         yield inv(id_, predicate_fn, meaning, "offload-connector", explain=v1oc.explain)

@@ -11,10 +11,17 @@ them ``flushed``: the workers finish them before the next forward pass, and noth
 waits on them), the tier's resident keys (ready, pins) where observable, and the prefix
 each key names (a key is a chunk's last block hash, so one key names one prefix).
 
+Over several KV cache groups (full attention, and sliding windows beside it: ``windows``
+per group, None for full attention) a request has a block table and chunk keys per group,
+a job a segment per group it copies (group, keys, blocks, blocks skipped), and a key the
+group it was stored from (``key_group``): one job moves every group's blocks, each with
+its own group's keys.
+
 The operations are the connector's arithmetic that both sides share:
 :func:`matched_tokens` (the hit a lookup reports), :func:`load_shape` (the blocks and
-chunks a load covers), :func:`store_chunks` (the chunks a step may offer) and
-:func:`block_prefix` (the content a block of a chunk must hold). The invariants,
+chunks a load covers), :func:`group_load_blocks` (the blocks of one group a load writes:
+a sliding window's only those its window reads), :func:`store_chunks` (the chunks a step
+may offer) and :func:`block_prefix` (the content a block of a chunk must hold). The invariants,
 registered in :mod:`pagedkv_spec.invariants` (layer ``offload-connector``) and checked
 after every step by :mod:`pagedkv_stateful.v1.offload_connector_machine`:
 
@@ -23,7 +30,9 @@ after every step by :mod:`pagedkv_stateful.v1.offload_connector_machine`:
 - OC3 ``loading_blocks_not_cached``: blocks being loaded are not offered as cached;
 - OC4 ``load_matches_hit``: a load covers exactly the external hit told;
 - OC5 ``requests_read_their_prefix``: a request's computed blocks hold its prefix;
-- OC6 ``one_load_alone``: a request with a load in flight has no other job.
+- OC6 ``one_load_alone``: a request with a load in flight has no other job;
+- OC7 ``jobs_keep_groups``: every segment of a job moves its own group's keys, and a
+  store copies its request's blocks of that group.
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ __all__ = [
     "Req",
     "block_prefix",
     "explain",
+    "group_load_blocks",
+    "jobs_keep_groups",
     "load_matches_hit",
     "load_shape",
     "loading_blocks_not_cached",
@@ -73,6 +84,8 @@ class Job:
     num_tokens: int = 0
     flushed: bool = False
     copied: bool = False
+    #: per group it copies: (group, keys, blocks, blocks skipped); () for one group
+    segments: tuple[tuple[int, int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,10 @@ class Req:
     block_ids: tuple[int, ...]
     num_computed: int
     loading: bool = False
+    #: per group: its block table and its chunk keys; () for one group (``block_ids``
+    #: and ``keys``)
+    tables: tuple[tuple[int, ...], ...] = ()
+    group_keys: tuple[tuple[Key, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,6 +119,13 @@ class ConnectorState:
     jobs: tuple[Job, ...]
     tier: tuple[tuple[Key, bool, int], ...] | None
     key_prefix: tuple[tuple[Key, tuple[int, ...]], ...]
+    #: per KV cache group: its sliding window, None for full attention
+    windows: tuple[int | None, ...] = (None,)
+    #: the group each key was stored from
+    key_group: tuple[tuple[Key, int], ...] = ()
+    #: the null block (a sliding window's pad): a store may copy it as a placeholder for
+    #: a block no hit reads (vLLM's, within a chunk of several blocks)
+    null_block: int | None = None
 
     def block_content(self) -> dict[int, Content]:
         """Content by block id (a block never written is absent). O(blocks)."""
@@ -166,6 +190,42 @@ def load_shape(
     return out
 
 
+def group_load_blocks(
+    block_size: int, window: int | None, num_local: int, end: int
+) -> tuple[int, int]:
+    """The blocks ``[first, last)`` of a group a load of tokens ``[num_local, end)``
+    writes: from the GPU hit on; for a sliding window of ``window`` tokens only those
+    the next token's window reads (from token ``end - window + 1``: the blocks before
+    are null pads in its table), none for a window of one token."""
+    assert block_size >= 1 and 0 <= num_local <= end and num_local % block_size == 0
+    assert window is None or window >= 1
+    first, last = num_local // block_size, _cdiv(end, block_size)
+    if window is not None:
+        first = last if window == 1 else max(first, max(0, end - window + 1) // block_size)
+    assert num_local // block_size <= first <= last
+    return first, last
+
+
+def _parts(job: Job) -> list[tuple[int, tuple[Key, ...], tuple[int, ...], int]]:
+    """``(group, keys, blocks, skip)`` per group a job copies (group 0 alone without
+    segments)."""
+    if not job.segments:
+        return [(0, job.keys, job.gpu_block_ids, job.skip_blocks)]
+    out, k, b = [], 0, 0
+    for group, num_keys, num_blocks, skip in job.segments:
+        out.append((group, job.keys[k : k + num_keys], job.gpu_block_ids[b : b + num_blocks], skip))
+        k, b = k + num_keys, b + num_blocks
+    return out
+
+
+def _table(req: Req, group: int) -> tuple[int, ...]:
+    return req.tables[group] if req.tables else req.block_ids
+
+
+def _group_keys(req: Req, group: int) -> tuple[Key, ...]:
+    return req.group_keys[group] if req.group_keys else req.keys
+
+
 def store_chunks(
     tokens_per_chunk: int,
     blocks_per_chunk: int,
@@ -199,11 +259,12 @@ def block_prefix(
 def _pairs(s: ConnectorState, job: Job) -> list[tuple[Key, int, int]]:
     """``(key, block index within its chunk, GPU block id)`` for each block of a job."""
     out = []
-    for n, block in enumerate(job.gpu_block_ids):
-        position = job.skip_blocks + n
-        chunk = position // s.blocks_per_chunk
-        if chunk < len(job.keys):
-            out.append((job.keys[chunk], position % s.blocks_per_chunk, block))
+    for _, keys, blocks, skip in _parts(job):
+        for n, block in enumerate(blocks):
+            position = skip + n
+            chunk = position // s.blocks_per_chunk
+            if chunk < len(keys):
+                out.append((keys[chunk], position % s.blocks_per_chunk, block))
     return out
 
 
@@ -219,6 +280,8 @@ def stores_read_their_keys(s: ConnectorState) -> bool:
     for job in _live(s):
         if job.is_store and not job.copied:
             for key, index, block in _pairs(s, job):
+                if block == s.null_block:
+                    continue
                 want = prefix.get(key)
                 if want is None or content.get(block) != block_prefix(
                     want, s.block_size, s.blocks_per_chunk, index
@@ -255,8 +318,9 @@ def loading_blocks_not_cached(s: ConnectorState) -> bool:
 
 def load_matches_hit(s: ConnectorState) -> bool:
     """OC4: a load covers exactly the external hit its request was told: the request's
-    blocks and chunk keys from its GPU hit to the hit plus the external tokens. (A load
-    whose request no longer holds blocks is judged by what it writes: OC5.)"""
+    blocks and chunk keys from its GPU hit to the hit plus the external tokens, in every
+    group the blocks that group keeps (:func:`group_load_blocks`). (A load whose request
+    no longer holds blocks is judged by what it writes: OC5.)"""
     reqs = {r.req_id: r for r in s.requests}
     for job in _live(s):
         if job.is_store or job.req_id not in reqs:
@@ -264,6 +328,10 @@ def load_matches_hit(s: ConnectorState) -> bool:
         req = reqs[job.req_id]
         if job.num_tokens < 1 or job.start_token % s.block_size:
             return False
+        if len(s.windows) > 1:
+            if not _load_matches_groups(s, job, req):
+                return False
+            continue
         shape = load_shape(s.block_size, s.blocks_per_chunk, job.start_token, job.num_tokens)
         if (
             job.gpu_block_ids != req.block_ids[shape.first_block : shape.end_block]
@@ -275,6 +343,20 @@ def load_matches_hit(s: ConnectorState) -> bool:
     return True
 
 
+def _load_matches_groups(s: ConnectorState, job: Job, req: Req) -> bool:
+    """OC4 over several groups: one part per group whose window keeps a block of the
+    hit, each exactly :func:`group_load_blocks`' blocks and their chunks' keys."""
+    end = job.start_token + job.num_tokens
+    tpc = s.block_size * s.blocks_per_chunk
+    want = []
+    for group, window in enumerate(s.windows):
+        first, last = group_load_blocks(s.block_size, window, job.start_token, end)
+        if first < last:
+            keys = _group_keys(req, group)[first // s.blocks_per_chunk : _cdiv(end, tpc)]
+            want.append((group, keys, _table(req, group)[first:last], first % s.blocks_per_chunk))
+    return _parts(job) == want
+
+
 def requests_read_their_prefix(s: ConnectorState) -> bool:
     """OC5: every full block a live request counts as computed (its own, a GPU hit or a
     completed load) holds that request's prefix — a failed load's blocks are never
@@ -284,9 +366,13 @@ def requests_read_their_prefix(s: ConnectorState) -> bool:
     for req in s.requests:
         if req.loading:
             continue
-        for i in range(min(req.num_computed // bs, len(req.block_ids))):
-            if content.get(req.block_ids[i]) != req.tokens[: (i + 1) * bs]:
-                return False
+        for group, window in enumerate(s.windows):
+            table = _table(req, group)
+            # a sliding window reads (and keeps) only the blocks of its last window
+            first = 0 if window is None else max(0, req.num_computed - window + 1) // bs
+            for i in range(first, min(req.num_computed // bs, len(table))):
+                if content.get(table[i]) != req.tokens[: (i + 1) * bs]:
+                    return False
     return True
 
 
@@ -300,6 +386,30 @@ def one_load_alone(s: ConnectorState) -> bool:
         if not job.is_store:
             loads[job.req_id] += 1
     return all(jobs[rid] == 1 for rid in loads)
+
+
+def jobs_keep_groups(s: ConnectorState) -> bool:
+    """OC7: over several groups, every segment of a job in flight moves keys stored from
+    its own group (a load's keys are all known: it loads only what was stored), and a
+    store's segment copies blocks of its request's table of that group: no group's KV
+    is written under another group's key or into another group's blocks."""
+    if len(s.windows) < 2:
+        return True
+    groups = dict(s.key_group)
+    reqs = {r.req_id: r for r in s.requests}
+    for job in _live(s):
+        for group, keys, blocks, _ in _parts(job):
+            if not 0 <= group < len(s.windows):
+                return False
+            if any(groups.get(k, group if job.is_store else -1) != group for k in keys):
+                return False
+            req = reqs.get(job.req_id)
+            # a window's blocks may leave its table (freed, held by the store) meanwhile
+            full = s.windows[group] is None
+            mine = () if req is None or not req.tables or not full else _table(req, group)
+            if job.is_store and not job.copied and mine and not set(blocks) <= set(mine):
+                return False
+    return True
 
 
 @exempt("a report helper: it describes a state for a report, it judges nothing")

@@ -115,6 +115,10 @@ class Release:
     failed_jobs: bool = True
     #: ``init_none_hash`` draws ``NONE_HASH`` at random without ``PYTHONHASHSEED`` (0.27.1)
     random_none_hash: bool = False
+    #: the connector drives full-attention groups beside sliding-window ones (a group
+    #: offload config per group, the hit aligned to full attention's chunk), so the
+    #: machine draws them (:data:`~pagedkv_stateful.v1.offload_connector_machine.GROUPS`)
+    hybrid_groups: bool = True
 
 
 _V1 = vllm_v1.RELEASES
@@ -336,18 +340,27 @@ def vllm_offload_cpu_manager(
     )
 
 
-def kv_cache_config(num_gpu_blocks: int, block_size: int) -> Any:
-    """vLLM's ``KVCacheConfig`` of one full-attention group (one layer; heads and dtype
-    size its pages only). O(1)."""
+def kv_cache_config(
+    num_gpu_blocks: int, block_size: int, windows: Sequence[int | None] = (None,)
+) -> Any:
+    """vLLM's ``KVCacheConfig`` of one group per entry of ``windows`` (None: full
+    attention, else a sliding window of that many tokens), one layer each, all of
+    ``block_size`` (heads and dtype size its pages only). O(groups)."""
     import torch
 
     iface = _module("vllm.v1.kv_cache_interface")
-    spec = iface.FullAttentionSpec(
-        block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float16
-    )
-    group = iface.KVCacheGroupSpec(["model.layers.0.self_attn"], spec)
+    shape = {"block_size": block_size, "num_kv_heads": 1, "head_size": 64, "dtype": torch.float16}
+    groups = [
+        iface.KVCacheGroupSpec(
+            [f"model.layers.{g}.self_attn"],
+            iface.FullAttentionSpec(**shape)
+            if window is None
+            else iface.SlidingWindowSpec(**shape, sliding_window=window),
+        )
+        for g, window in enumerate(windows)
+    ]
     return iface.KVCacheConfig(
-        num_blocks=num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=[group]
+        num_blocks=num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups
     )
 
 
@@ -465,15 +478,17 @@ def connector(
     max_tracker_size: int = 64_000,
     blocks_per_chunk: int = 1,
     offload_prompt_only: bool = False,
+    windows: Sequence[int | None] = (None,),
 ) -> ConnectorParts:
     """vLLM's ``OffloadingConnectorScheduler`` of the loaded release over vLLM's
     ``KVCacheManager`` (``num_gpu_blocks`` blocks of ``block_size`` tokens, one
     full-attention group, prefix caching on) and ``CPUOffloadingManager``
     (``num_chunks`` slots of ``blocks_per_chunk`` blocks; ``cache_policy``, events,
     ``store_threshold``, ``max_tracker_size``); ``offload_prompt_only``: the connector's
-    extra-config switch of that name (0.34.0's default is True). O(num_gpu_blocks)."""
+    extra-config switch of that name (0.34.0's default is True); ``windows``: the KV
+    cache groups (:func:`kv_cache_config`). O(num_gpu_blocks)."""
     release = loaded_release()
-    config = kv_cache_config(num_gpu_blocks, block_size)
+    config = kv_cache_config(num_gpu_blocks, block_size, windows)
     extra = {"blocks_per_chunk": blocks_per_chunk, "offload_prompt_only": offload_prompt_only}
     engine = engine_config(block_size, max_model_len, extra)
     translate = _module(f"{_OFFLOADING[:-1].replace('/', '.')}.config")
@@ -542,6 +557,7 @@ def connector_target(config: TargetConfig) -> tuple[VLLMConnectorTarget, Capabil
         cache_policy=config.cache_policy,
         enable_events=config.enable_events,
         blocks_per_chunk=config.blocks_per_chunk,
+        windows=config.windows,
     )
     return VLLMConnectorTarget(parts, config.blocks_per_chunk), capabilities(parts.release)
 
@@ -599,6 +615,9 @@ class VLLMConnectorTarget(KVManagerCalls):
         self.scheduler = parts.scheduler
         self.manager = parts.manager
         self.blocks_per_chunk = blocks_per_chunk
+        #: whether the machine may draw several KV cache groups (the release's connector
+        #: drives sliding windows beside full attention)
+        self.hybrid_groups = parts.release.hybrid_groups
         self._offload = vllm_offload.RELEASES[parts.release.version]
         #: requests preempted and not scheduled again since (a release before 0.34.0
         #: sends them back as resumed running requests)
@@ -658,14 +677,15 @@ class VLLMConnectorTarget(KVManagerCalls):
         cached: list[tuple[str, tuple[list[int], ...] | None]] = []
         resumed: set[str] = set()
         for rid in step.num_scheduled_tokens:
+            table = step.block_ids_by_group.get(rid) or (step.block_ids.get(rid, ()),)
             if rid in fresh and rid in self._preempted:
                 resumed.add(rid)
-                cached.append((rid, (list(step.block_ids.get(rid, ())),)))
+                cached.append((rid, tuple(list(t) for t in table)))
             elif rid in fresh:
-                new.append((rid, (list(step.block_ids.get(rid, ())),)))
+                new.append((rid, tuple(list(t) for t in table)))
             else:
-                added = list(step.new_block_ids.get(rid, ()))
-                cached.append((rid, (added,) if added else None))
+                added = step.new_block_ids_by_group.get(rid) or (step.new_block_ids.get(rid, ()),)
+                cached.append((rid, tuple(list(t) for t in added) if any(added) else None))
         self._preempted = (self._preempted - resumed - set(step.finished_req_ids)) | preempted
         return self.parts.scheduler_output(
             new=new,
@@ -687,16 +707,41 @@ class VLLMConnectorTarget(KVManagerCalls):
 
         gpu, host = (job.src_spec, job.dst_spec) if is_store else (job.dst_spec, job.src_spec)
         chunks = tuple(int(c) for c in host.block_ids)
-        first = next(iter(getattr(gpu, "block_indices", ()) or (0,)))
+        indices = [int(i) for i in getattr(gpu, "block_indices", ()) or (0,)]
+        first = indices[0]
+        job_keys = tuple(OffloadKey(keys[c]) for c in chunks)  # each resident: pinned or storing
         return TransferJob(
             int(job_id),
             job.req_id,
             is_store,
-            tuple(OffloadKey(keys[c]) for c in chunks),  # each is resident: pinned or storing
+            job_keys,
             chunks,
             tuple(int(b) for b in gpu.block_ids),
             self.blocks_per_chunk,
-            0 if is_store else int(first) % self.blocks_per_chunk,
+            0 if is_store else first % self.blocks_per_chunk,
+            self._segments(gpu, job_keys, indices),
+        )
+
+    def _segments(self, gpu: Any, keys: tuple[bytes, ...], indices: list[int]) -> tuple[Any, ...]:
+        """Over several groups, a segment per group the GPU spec copies (its
+        ``group_sizes``; the keys of a group are those ending with its index, in order;
+        the first chunk's blocks below ``block_indices`` skipped: a load's GPU hit, or a
+        store's leading null blocks, which 0.33.0 leaves out and 0.34.0 copies as
+        placeholders); () for one."""
+        from pagedkv.v1.offload import GroupSegment, OffloadKey, get_offload_group_idx
+
+        sizes = [int(n) for n in getattr(gpu, "group_sizes", ()) or ()]
+        if len(sizes) < 2:
+            return ()
+        per_group: dict[int, int] = {}
+        for key in keys:
+            g = get_offload_group_idx(OffloadKey(key))
+            per_group[g] = per_group.get(g, 0) + 1
+        bpc = self.blocks_per_chunk
+        return tuple(
+            GroupSegment(g, per_group.get(g, 0), n, indices[g] % bpc)
+            for g, n in enumerate(sizes)
+            if n or per_group.get(g)
         )
 
     def update_connector_output(self, connector_output: OffloadingWorkerMetadata) -> None:

@@ -543,8 +543,13 @@ def v1_offload_connector_machine(
     target`` or ``(target, Capabilities)``): a target whose workers report no failed job
     (``Capabilities.failed_stores`` off) has every job it runs succeed."""
 
+    # a target tells whether it drives several KV cache groups (hybrid_groups: the
+    # release's connector does); one without the attribute is drawn them
+    hybrid = bool(getattr(getattr(probe, "target", None), "hybrid_groups", True))
+
     class ConformConnector(OffloadConnectorMachine):
         failed_jobs = caps.failed_stores
+        hybrid_groups = hybrid
 
         def make_target(self, config: TargetConfig) -> Any:
             result = factory(config)

@@ -1,7 +1,12 @@
 """The offloading-connector machine: a connector over a GPU KV cache and a host tier,
 driven through the target protocol (:mod:`pagedkv_stateful.v1.offload_connector_target`)
 by a machine that plays the V1 scheduler and the workers, against the cross-tier
-invariants OC1-OC6 (:mod:`pagedkv_spec.v1.offload_connector`).
+invariants OC1-OC7 (:mod:`pagedkv_spec.v1.offload_connector`).
+
+The configuration drawn is one full-attention KV cache group, or several: full attention
+beside sliding windows (:data:`GROUPS`), where a request's table and keys are per group
+and a job moves every group's blocks, each under its own group's keys (OC7; the group a
+key names is the index its bytes end with, vLLM's and pagedkv's format).
 
 Prompts come from a two-token alphabet, so prefixes repeat and requests hit both the
 GPU prefix cache and the host tier; the GPU pool is small, so blocks are evicted and
@@ -41,7 +46,7 @@ rule                                  drives
 ``take_events``                       the tier's events
 ====================================  =====================================================
 
-After every step: OC1-OC6 over the state the machine observes (its content model, the
+After every step: OC1-OC7 over the state the machine observes (its content model, the
 target's cached blocks and the tier's pins where observable). Drive another connector
 by overriding :meth:`OffloadConnectorMachine.make_target` (the conformance kit does).
 """
@@ -54,7 +59,12 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
-from pagedkv.v1.offload import OffloadingWorkerMetadata, TransferJob
+from pagedkv.v1.offload import (
+    OffloadingWorkerMetadata,
+    OffloadKey,
+    TransferJob,
+    get_offload_group_idx,
+)
 from pagedkv_spec.invariants import holds
 from pagedkv_spec.v1 import offload_connector as oc
 from pagedkv_stateful.lockstep import LockstepBase
@@ -69,12 +79,25 @@ __all__ = ["CONNECTOR_INVARIANTS", "OffloadConnectorMachine"]
 
 #: The invariants checked after every step, causes before effects: a job beside a load
 #: (OC6) or a load of the wrong blocks (OC4) before the bytes they spoil (OC1, OC5).
-CONNECTOR_INVARIANTS = ("OC6", "OC4", "OC2", "OC3", "OC1", "OC5")
+CONNECTOR_INVARIANTS = ("OC6", "OC7", "OC4", "OC2", "OC3", "OC1", "OC5")
 MAX_LIVE = 4
 #: The prompts' shared prefixes (a prompt is a prefix of one, then drawn tokens)
 FAMILIES = ([0, 1, 0, 1, 1, 0, 0, 1], [1, 1, 0, 0, 1, 0, 1, 1])
+#: The KV cache groups drawn (per group its sliding window, None for full attention):
+#: one full-attention group (twice as likely), or full attention beside windows of a
+#: block or a few, in either order, one of them beside two windows
+GROUPS: tuple[tuple[int | None, ...], ...] = (
+    (None,),
+    (None,),
+    (None, 2),
+    (None, 3),
+    (5, None),
+    (None, 4, 2),
+)
 
 Content = tuple[int, ...] | None
+#: The null block's id (pagedkv's and vLLM's): a sliding window's pad, never written
+NULL_BLOCK = 0
 
 
 @dataclass
@@ -90,6 +113,7 @@ class _Req:
     state: str = "waiting"
     computed: int = 0
     blocks: list[int] = field(default_factory=list)
+    tables: tuple[list[int], ...] = ()  # every group's blocks at its finish
 
 
 @dataclass
@@ -116,6 +140,9 @@ class OffloadConnectorMachine(LockstepBase):
     #: whether the workers may report a job failed; off (a target whose workers report
     #: no failure, as vLLM's before 0.34.0), every job they run succeeds
     failed_jobs: bool = True
+    #: whether the target drives several KV cache groups (:data:`GROUPS`); otherwise
+    #: every configuration drawn has one full-attention group
+    hybrid_groups = True
 
     def make_target(self, config: TargetConfig) -> ConnectorTarget:
         """The target under test, from the drawn configuration: pagedkv's connector
@@ -130,6 +157,7 @@ class OffloadConnectorMachine(LockstepBase):
         num_cpu_chunks=st.integers(2, 8),
         cache_policy=st.sampled_from(["lru", "arc"]),
         budget=st.sampled_from([2, 4, 8, 64]),
+        windows=st.sampled_from(GROUPS),
     )
     def init(
         self,
@@ -139,9 +167,20 @@ class OffloadConnectorMachine(LockstepBase):
         num_cpu_chunks: int,
         cache_policy: str,
         budget: int,
+        windows: tuple[int | None, ...] = (None,),
     ) -> None:
+        if not self.hybrid_groups:
+            windows = (None,)
+        # each group takes its own blocks: a pool as roomy per group as one group's
+        num_gpu_blocks = 1 + (num_gpu_blocks - 1) * len(windows)
         self.config = TargetConfig(
-            num_gpu_blocks, block_size, 64, num_cpu_chunks, blocks_per_chunk, cache_policy
+            num_gpu_blocks,
+            block_size,
+            64,
+            num_cpu_chunks * len(windows),
+            blocks_per_chunk,
+            cache_policy,
+            windows=windows,
         )
         self.t: ConnectorTarget = self.make_target(self.config)
         self.program.append(f"t = factory({self.config!r})")
@@ -158,6 +197,9 @@ class OffloadConnectorMachine(LockstepBase):
         self.preempted_since: list[str] = []  # preempted between steps (``preempt``)
         self.pending_loads: dict[str, tuple[int, int]] = {}  # the step's loads: (hit, ext)
         self.next_id = 0
+        #: finished requests freed (their tables and tokens), for naming the keys of a
+        #: store issued after the free (vLLM retries a refused offer in a later step)
+        self.freed: dict[str, _Req] = {}
 
     # ------------------------------------------------------------------ helpers
 
@@ -166,6 +208,12 @@ class OffloadConnectorMachine(LockstepBase):
 
     def _block_ids(self, rid: str) -> list[int]:
         return list(self.t.block_ids(self.reqs[rid].obj))
+
+    def _tables(self, rid: str) -> tuple[list[int], ...]:
+        """The request's blocks per group (one group: its block ids)."""
+        if len(self.config.windows) == 1:
+            return (self._block_ids(rid),)
+        return tuple(list(t) for t in self.t.block_tables(self.reqs[rid].obj))
 
     def _run(self, mjob: _Job, ok: bool) -> None:
         """A worker copies ``mjob`` now (a failed load leaves garbage)."""
@@ -184,6 +232,8 @@ class OffloadConnectorMachine(LockstepBase):
 
     def _free(self, rid: str) -> None:
         req = self.reqs.pop(rid)
+        if req.tables:  # finished: a store issued later (vLLM's) reads these blocks
+            self.freed[rid] = req
         self._call(f"t.free(r[{rid!r}])")
         self.t.free(req.obj)
 
@@ -193,6 +243,7 @@ class OffloadConnectorMachine(LockstepBase):
         self.order.remove(rid)
         self._call(f"t.set_finished(r[{rid!r}], {aborted})")
         self.t.set_finished(req.obj, aborted)
+        req.tables = self._tables(rid)
         blocks = self._block_ids(rid)
         self._call(f"t.request_finished(r[{rid!r}], {blocks})")
         held, _ = self.t.request_finished(req.obj, blocks)
@@ -249,6 +300,7 @@ class OffloadConnectorMachine(LockstepBase):
         scheduled: dict[str, int] = {}
         before: dict[str, int] = {}
         new_blocks: dict[str, list[int]] = {}
+        old_tables: dict[str, tuple[list[int], ...]] = {}
         preempted: list[str] = self.preempted_since
         self.preempted_since = []
         new_ids: list[str] = []
@@ -259,6 +311,7 @@ class OffloadConnectorMachine(LockstepBase):
             req = self.reqs[rid]
             n = min(len(req.tokens) - req.computed, budget)
             old = self._block_ids(rid)
+            old_tables[rid] = self._tables(rid)
             self._call(f"t.allocate_slots(r[{rid!r}], {n}, 0, None, 0, False)")
             if self.t.allocate_slots(req.obj, n, 0, None, 0, False) is None:
                 victim = running.pop()
@@ -277,6 +330,7 @@ class OffloadConnectorMachine(LockstepBase):
             if req.state == "resumed":
                 n = min(len(req.tokens) - req.computed, budget)
                 old = self._block_ids(rid)
+                old_tables[rid] = self._tables(rid)
                 self._call(f"t.allocate_slots(r[{rid!r}], {n}, 0, None, 0, False)")
                 if self.t.allocate_slots(req.obj, n, 0, None, 0, False) is None:
                     break
@@ -323,6 +377,15 @@ class OffloadConnectorMachine(LockstepBase):
             new_blocks[rid] = self._block_ids(rid)
             new_ids.append(rid)
             budget -= n
+        by_group: dict[str, tuple[list[int], ...]] = {}
+        new_by_group: dict[str, tuple[list[int], ...]] = {}
+        if len(self.config.windows) > 1:
+            by_group = {rid: self._tables(rid) for rid in scheduled}
+            for rid in scheduled:
+                had = old_tables.get(rid)
+                new_by_group[rid] = tuple(
+                    t[len(had[g]) :] if had is not None else t for g, t in enumerate(by_group[rid])
+                )
         out = StepOutput(
             dict(scheduled),
             tuple(self.finished_since),
@@ -331,6 +394,8 @@ class OffloadConnectorMachine(LockstepBase):
             new_blocks,
             {rid: self._block_ids(rid) for rid in scheduled},
             before,
+            new_by_group,
+            by_group,
         )
         self.finished_since = []
         self._call(f"meta = t.build_connector_meta({out!r})")
@@ -353,10 +418,11 @@ class OffloadConnectorMachine(LockstepBase):
         # the forward pass writes the scheduled tokens' KV
         for rid, n in scheduled.items():
             req = self.reqs[rid]
-            blocks = self._block_ids(rid)
             end = req.computed + n
-            for i in range(req.computed // self.bs, _cdiv(end, self.bs)):
-                self.content[blocks[i]] = tuple(req.tokens[: min((i + 1) * self.bs, end)])
+            for blocks in self._tables(rid):
+                for i in range(req.computed // self.bs, _cdiv(end, self.bs)):
+                    if blocks[i] != NULL_BLOCK:
+                        self.content[blocks[i]] = tuple(req.tokens[: min((i + 1) * self.bs, end)])
             req.computed = end
             self._call(f"t.set_num_computed_tokens(r[{rid!r}], {end})")
             self.t.set_num_computed_tokens(req.obj, end)
@@ -374,19 +440,44 @@ class OffloadConnectorMachine(LockstepBase):
 
     def _name_keys(self, job: TransferJob) -> None:
         """Record the prefix each key of a store names: its chunk's position in the
-        request's blocks (a block not the request's names nothing)."""
+        request's blocks of the key's group (a block not the request's names nothing)."""
         req = self.reqs.get(job.req_id)
         if req is None:
-            return
-        table = self._block_ids(job.req_id) if req.state != "held" else req.blocks
-        if not table:
-            table = self._block_ids(job.req_id)
-        where = {b: i for i, b in enumerate(table)}
-        for n, key in enumerate(job.keys):
-            first = job.gpu_block_ids[n * job.blocks_per_chunk] if job.gpu_block_ids else None
-            if first in where:
-                chunk = where[first] // self.bpc
-                self.key_prefix.setdefault(key, tuple(req.tokens[: (chunk + 1) * self.tpc]))
+            req = self.freed.get(job.req_id)
+            if req is None:
+                return
+            tables = req.tables
+        else:
+            tables = self._tables(job.req_id)
+            if req.state == "held" and req.tables:
+                tables = req.tables
+            if not any(tables):
+                tables = self._tables(job.req_id)
+        for group, keys, blocks, _ in job.group_parts():
+            table = tables[group] if group < len(tables) else []
+            where = {b: i for i, b in enumerate(table) if b != NULL_BLOCK}
+            for n, key in enumerate(keys):
+                # the chunk's first real block (a null one is a placeholder: vLLM's)
+                chunk_blocks = blocks[n * job.blocks_per_chunk : (n + 1) * job.blocks_per_chunk]
+                known = [where[b] for b in chunk_blocks if b in where]
+                if known:
+                    chunk = known[0] // self.bpc
+                    self.key_prefix.setdefault(key, tuple(req.tokens[: (chunk + 1) * self.tpc]))
+                elif key not in self.key_prefix:
+                    self._name_by_hash(req, key)
+
+    def _name_by_hash(self, req: _Req, key: bytes) -> None:
+        """Name ``key`` by the request's chunk whose last block hash it carries (the
+        format both connectors share: the hash, then the group's index in four bytes):
+        a window's block that left the table before its store was issued (vLLM records
+        it, and flushes the store if the block is reallocated) names its chunk still."""
+        hashes = getattr(req.obj, "block_hashes", ())
+        head = key[:-4]
+        for chunk in range(len(req.tokens) // self.tpc):
+            last = (chunk + 1) * self.bpc - 1
+            if last < len(hashes) and bytes(hashes[last]) == head:
+                self.key_prefix[key] = tuple(req.tokens[: (chunk + 1) * self.tpc])
+                return
 
     @precondition(lambda self: self.jobs)
     @rule(data=st.data(), ok=st.sampled_from([True, True, True, False]))
@@ -405,6 +496,20 @@ class OffloadConnectorMachine(LockstepBase):
                 done = min(mjob.start + mjob.told, len(req.tokens) - 1)
                 self._call(f"t.cache_blocks(r[{job.req_id!r}], {done})")
                 self.t.cache_blocks(req.obj, done)
+            elif len(self.config.windows) > 1:
+                # vLLM's scheduler frees a request whose load failed and looks it up
+                # again (_update_waiting_for_remote_kv): over several groups the
+                # tables' window pads assume the loaded prefix, so recomputing in them
+                # would leave a window's blocks unwritten
+                self._reached("load failed")
+                self._call(
+                    f"t.free(r[{job.req_id!r}]); t.set_num_computed_tokens(r[{job.req_id!r}], 0)"
+                )
+                self.t.free(req.obj)
+                self.t.set_num_computed_tokens(req.obj, 0)
+                req.state, req.computed = "waiting", 0
+                self._released()
+                return
             else:
                 self._reached("load failed")
                 done = mjob.start
@@ -470,22 +575,31 @@ class OffloadConnectorMachine(LockstepBase):
 
     def to_state(self) -> oc.ConnectorState:
         """The cross-tier state the machine observes."""
-        prefix_key = {p: k for k, p in self.key_prefix.items()}
+        windows = self.config.windows
+        prefix_key = {
+            (get_offload_group_idx(OffloadKey(k)), p): k for k, p in self.key_prefix.items()
+        }
         reqs = []
         for rid, req in self.reqs.items():
             n_chunks = len(req.tokens) // self.tpc
-            keys = tuple(
-                prefix_key.get(tuple(req.tokens[: (c + 1) * self.tpc]), b"?")
-                for c in range(n_chunks)
+            group_keys = tuple(
+                tuple(
+                    prefix_key.get((g, tuple(req.tokens[: (c + 1) * self.tpc])), b"?")
+                    for c in range(n_chunks)
+                )
+                for g in range(len(windows))
             )
+            tables = self._tables(rid)
             reqs.append(
                 oc.Req(
                     rid,
                     tuple(req.tokens),
-                    keys,
-                    tuple(self._block_ids(rid)),
+                    group_keys[0],
+                    tuple(tables[0]),
                     req.computed,
                     req.state == "loading",
+                    tuple(tuple(t) for t in tables) if len(windows) > 1 else (),
+                    group_keys if len(windows) > 1 else (),
                 )
             )
         jobs = []
@@ -503,6 +617,9 @@ class OffloadConnectorMachine(LockstepBase):
                     mjob.told,
                     mjob.reset,
                     mjob.ran,
+                    tuple(
+                        (g.group_idx, g.num_keys, g.num_blocks, g.skip_blocks) for g in j.segments
+                    ),
                 )
             )
         chunks = self.t.tier_chunks()
@@ -516,11 +633,24 @@ class OffloadConnectorMachine(LockstepBase):
             tuple(jobs),
             tier,
             tuple(sorted(self.key_prefix.items())),
+            windows,
+            tuple(
+                sorted(
+                    {
+                        (k, get_offload_group_idx(OffloadKey(k)))
+                        for j in self.jobs.values()
+                        for k in j.job.keys
+                    }
+                )
+            )
+            if len(windows) > 1
+            else (),
+            NULL_BLOCK if len(windows) > 1 else None,
         )
 
     @invariant()
     def cross_tier_invariants(self) -> None:
-        """OC1-OC6 after every step."""
+        """OC1-OC7 after every step."""
         if not hasattr(self, "t"):
             return
         state = self.to_state()

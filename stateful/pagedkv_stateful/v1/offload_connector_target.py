@@ -35,7 +35,12 @@ from typing import Any, Protocol
 
 from pagedkv.v1 import KVCacheManager
 from pagedkv.v1.hashing import get_request_block_hasher
-from pagedkv.v1.kv_cache_interface import KVCacheConfig
+from pagedkv.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
 from pagedkv.v1.offload import (
     CPUOffloadingManager,
     OffloadingConnectorMetadata,
@@ -62,7 +67,9 @@ class TargetConfig:
     null block included) of ``block_size`` tokens, one full-attention group, prefix
     caching on, requests at most ``max_model_len`` tokens; a host tier of
     ``num_cpu_chunks`` chunks of ``blocks_per_chunk`` blocks with ``cache_policy``
-    (``"lru"`` or ``"arc"``); one worker."""
+    (``"lru"`` or ``"arc"``); one worker. ``windows``: the KV cache groups, one per entry,
+    None for full attention and a window (tokens) for sliding-window attention, all of
+    ``block_size`` (one full-attention group by default)."""
 
     num_gpu_blocks: int
     block_size: int
@@ -71,6 +78,7 @@ class TargetConfig:
     blocks_per_chunk: int = 1
     cache_policy: str = "lru"
     enable_events: bool = True
+    windows: tuple[int | None, ...] = (None,)
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,9 @@ class StepOutput:
     ``new_req_ids``: the scheduled requests that were waiting (first scheduled, or again
     after a preemption or a load); ``new_block_ids``: per scheduled request, the blocks
     allocated to it in this step; ``block_ids``: per scheduled request, all its blocks;
-    ``num_computed_tokens``: per scheduled request, its computed tokens before the step."""
+    ``num_computed_tokens``: per scheduled request, its computed tokens before the step;
+    ``new_block_ids_by_group`` and ``block_ids_by_group``: the same two per KV cache group
+    (over several groups; the one-group fields hold group 0's)."""
 
     num_scheduled_tokens: Mapping[str, int] = field(default_factory=dict)
     finished_req_ids: Collection[str] = frozenset()
@@ -93,6 +103,8 @@ class StepOutput:
     new_block_ids: Mapping[str, Sequence[int]] = field(default_factory=dict)
     block_ids: Mapping[str, Sequence[int]] = field(default_factory=dict)
     num_computed_tokens: Mapping[str, int] = field(default_factory=dict)
+    new_block_ids_by_group: Mapping[str, tuple[Sequence[int], ...]] = field(default_factory=dict)
+    block_ids_by_group: Mapping[str, tuple[Sequence[int], ...]] = field(default_factory=dict)
 
 
 class ConnectorTarget(Protocol):
@@ -135,6 +147,9 @@ class ConnectorTarget(Protocol):
 
     def block_ids(self, request: Any) -> list[int]:
         """The request's block ids (one group)."""
+
+    def block_tables(self, request: Any) -> tuple[list[int], ...]:
+        """The request's block ids per KV cache group."""
 
     def cached_block_ids(self) -> set[int]:
         """Every block the GPU prefix cache offers as a hit now (those with a hash)."""
@@ -225,6 +240,9 @@ class KVManagerCalls:
     def block_ids(self, request: Any) -> list[int]:
         return list(self.kv.get_block_ids(request.request_id)[0])
 
+    def block_tables(self, request: Any) -> tuple[list[int], ...]:
+        return tuple(list(ids) for ids in self.kv.get_block_ids(request.request_id))
+
     def cached_block_ids(self) -> set[int]:
         return {
             b.block_id
@@ -253,9 +271,13 @@ class PagedKVConnectorTarget(KVManagerCalls):
     connector_class: type[OffloadingConnectorScheduler] = OffloadingConnectorScheduler
 
     def __init__(self, config: TargetConfig) -> None:
+        bs = config.block_size
+        specs: list[KVCacheSpec] = [
+            FullAttentionSpec(bs) if w is None else SlidingWindowSpec(bs, sliding_window=w)
+            for w in config.windows
+        ]
         self.kv = KVCacheManager(
-            KVCacheConfig.full_attention(config.num_gpu_blocks, config.block_size),
-            config.max_model_len,
+            KVCacheConfig.of_specs(config.num_gpu_blocks, *specs), config.max_model_len
         )
         self.tier = CPUOffloadingManager(
             config.num_cpu_chunks, config.cache_policy, config.enable_events
@@ -298,6 +320,9 @@ class PagedKVConnectorTarget(KVManagerCalls):
         self.connector.update_connector_output(connector_output)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, Any]:
+        if len(self.connector.windows) > 1:
+            tables = self.kv.get_block_ids(request.request_id)
+            return self.connector.request_finished_all_groups(request, tables)
         return self.connector.request_finished(request, block_ids)
 
     def take_finished_sending(self) -> list[str]:

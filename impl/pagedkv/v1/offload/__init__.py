@@ -30,6 +30,7 @@ from pagedkv.v1.offload.base import (
 from pagedkv.v1.offload.connector import OffloadingConnectorScheduler
 from pagedkv.v1.offload.jobs import (
     ConnectorSchedulerOutput,
+    GroupSegment,
     OffloadingConnectorMetadata,
     OffloadingWorkerMetadata,
     SchedulerOutputLike,
@@ -44,6 +45,7 @@ __all__ = [
     "CPUOffloadingManager",
     "CachePolicy",
     "ConnectorSchedulerOutput",
+    "GroupSegment",
     "LRUCachePolicy",
     "LoadStoreSpec",
     "LookupResult",

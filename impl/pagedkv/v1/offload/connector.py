@@ -22,9 +22,29 @@ one content. Loads are asynchronous (the request waits for them, as vLLM's
 (``None``: ask later), nor one whose hit chunk another request is loading. A failed
 load makes the request recompute: later lookups of it report no hit.
 
-**Scope.** One full-attention KV cache group (vLLM's connector also drives
-sliding-window, Mamba and EAGLE groups and partial-tail chunks; not yet here: the
-constructor refuses other configurations).
+**Scope.** Full-attention KV cache groups and, beside at least one of them,
+sliding-window groups, all of one block size, without EAGLE's dropped block (vLLM
+0.34.0's connector also drives chunked-local, Mamba and EAGLE draft groups and
+partial-tail chunks; not yet here: the constructor refuses them with
+InvalidOffloadConfigError). Each group's chunk ``c`` has its own key (the same block
+hash, the group's index appended). Over several groups (vLLM's rules, pagedkv's
+arithmetic):
+
+* a hit ends at a boundary every group can serve: the full-attention groups' keys
+  resident from the GPU hit on (a prefix), and each sliding-window group's keys
+  resident over the chunks its window at that boundary reads (the blocks from
+  ``end - window + 1`` on, as pagedkv's ``SlidingWindowManager`` keeps them); lower
+  boundaries are tried, chunk by chunk, until all agree (a fixpoint: a sliding window's
+  rule is not downward closed). The last token is never loaded (vLLM: with a sliding
+  window it is recomputed for its logits);
+* one load job covers every group (:class:`~pagedkv.v1.offload.jobs.GroupSegment` per
+  group): a full-attention group's blocks from the GPU hit on, a sliding-window group's
+  only those its window keeps (the others are null pads in its table);
+* a store offers, per chunk the request completes, each group's key whose blocks are
+  all real (a sliding-window chunk with a freed block is not stored); a sliding-window
+  store's source blocks may leave the window (freed) while it runs, so the connector
+  holds a reference to them (``BlockPool.touch``) until the store ends: no block a store
+  reads is reallocated (vLLM flushes such a store when the block is reallocated).
 
 **Where pagedkv differs on purpose** (vLLM frees a finished request's blocks at once and
 flushes its stores when a block is reallocated): a finished request's blocks are held
@@ -49,7 +69,8 @@ from pagedkv.errors import (
     InvalidOffloadConfigError,
     UnknownTransferJobError,
 )
-from pagedkv.v1.kv_cache_interface import FullAttentionSpec
+from pagedkv.v1.block import KVCacheBlock
+from pagedkv.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 from pagedkv.v1.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from pagedkv.v1.offload.base import (
     LookupResult,
@@ -59,6 +80,7 @@ from pagedkv.v1.offload.base import (
     make_offload_key,
 )
 from pagedkv.v1.offload.jobs import (
+    GroupSegment,
     OffloadingConnectorMetadata,
     OffloadingWorkerMetadata,
     SchedulerOutputLike,
@@ -78,6 +100,36 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _group_windows(kv_cache_manager: KVCacheManager) -> tuple[int | None, ...]:
+    """Each group's sliding window (None: full attention); InvalidOffloadConfigError,
+    saying what is driven, for any other configuration. O(groups)."""
+    groups = kv_cache_manager.kv_cache_config.kv_cache_groups
+    kinds = [type(g.kv_cache_spec).__name__ for g in groups]
+    windows: list[int | None] = []
+    for g in groups:
+        spec = g.kv_cache_spec
+        if type(spec) is FullAttentionSpec:
+            windows.append(None)
+        elif type(spec) is SlidingWindowSpec:
+            windows.append(spec.sliding_window)
+        else:
+            windows = []
+            break
+    sizes = {g.kv_cache_spec.block_size for g in groups}
+    if not windows or None not in windows or len(sizes) != 1:
+        raise InvalidOffloadConfigError(
+            "the offloading connector drives full-attention KV cache groups and, beside at "
+            "least one, sliding-window groups, all of one block size (chunked-local, Mamba "
+            f"and other kinds are not driven); got {kinds} with block sizes {sorted(sizes)}"
+        )
+    if kv_cache_manager.coordinator.drop_eagle_group_ids:
+        raise InvalidOffloadConfigError(
+            "the offloading connector does not drive EAGLE's dropped block (use_eagle): "
+            "build the KV cache manager without use_eagle"
+        )
+    return tuple(windows)
+
+
 @dataclass
 class _Req:
     """What the connector keeps of a request from ``on_new_request`` until it finished
@@ -86,6 +138,7 @@ class _Req:
     request: Request
     ctx: ReqContext
     keys: list[OffloadKey] = field(default_factory=list)
+    more_keys: list[list[OffloadKey]] = field(default_factory=list)  # groups 1.. (hybrid)
     next_stored: int = 0  # the next chunk to offer for storing
     num_local: int = 0  # the GPU hit of the last lookup
     told: int | None = None  # the external hit the last lookup reported
@@ -107,13 +160,15 @@ class _Job:
     is_store: bool
     pending: int
     failed: bool = False
+    pinned: list[KVCacheBlock] = field(default_factory=list)  # held for a store (windows)
 
 
 class OffloadingConnectorScheduler:
     """The connector's scheduler side (module docstring).
 
     Args:
-        kv_cache_manager: the GPU KV cache (one full-attention group).
+        kv_cache_manager: the GPU KV cache (full-attention groups, and sliding-window
+            ones beside them: module docstring).
         offload_manager: the host tier.
         blocks_per_chunk: GPU blocks per host chunk (vLLM: the offloaded block size over
             the GPU block size).
@@ -135,11 +190,7 @@ class OffloadingConnectorScheduler:
             if value < 1:
                 raise InvalidOffloadConfigError(f"{name} must be at least 1, got {value}")
         groups = kv_cache_manager.kv_cache_config.kv_cache_groups
-        if len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec:
-            raise InvalidOffloadConfigError(
-                "the offloading connector drives one full-attention KV cache group; got "
-                f"{[type(g.kv_cache_spec).__name__ for g in groups]}"
-            )
+        windows = _group_windows(kv_cache_manager)
         if not kv_cache_manager.enable_caching:
             raise InvalidOffloadConfigError(
                 "the offloading connector keys chunks by block hash: enable prefix caching"
@@ -150,6 +201,12 @@ class OffloadingConnectorScheduler:
         self.blocks_per_chunk = blocks_per_chunk
         self.tokens_per_chunk = self.block_size * blocks_per_chunk
         self.num_workers = num_workers
+        #: per group: its sliding window, None for full attention
+        self.windows = windows
+        self._hybrid = len(groups) > 1
+        self._suffixes = tuple(make_offload_key(b"", g) for g in range(len(groups)))
+        self._full_groups = tuple(g for g, w in enumerate(windows) if w is None)
+        self._window_groups = tuple(g for g, w in enumerate(windows) if w is not None)
         self._reqs: dict[str, _Req] = {}
         self._jobs: dict[int, _Job] = {}
         self._next_job = 0
@@ -200,6 +257,31 @@ class OffloadingConnectorScheduler:
         record = state.ctx.set_offload_key_position
         for chunk, key in enumerate(new, first + 1):
             record(key, chunk * tpc)
+        if self._hybrid:
+            while len(state.more_keys) < len(self._suffixes) - 1:
+                state.more_keys.append([])
+            for suffix, keys in zip(self._suffixes[1:], state.more_keys, strict=True):
+                more = cast("list[OffloadKey]", [k[:-4] + suffix for k in new])
+                keys += more
+                for chunk, key in enumerate(more, first + 1):
+                    record(key, chunk * tpc)
+
+    def _keys(self, state: _Req, group: int) -> list[OffloadKey]:
+        """The request's chunk keys in ``group``. O(1)."""
+        return state.keys if group == 0 else state.more_keys[group - 1]
+
+    def _load_blocks(self, group: int, num_local: int, end: int) -> tuple[int, int]:
+        """The blocks ``[first, last)`` of ``group`` a load of tokens ``[num_local, end)``
+        writes: from the GPU hit on, for a sliding window only those its window at
+        ``end`` reads (pagedkv's ``SlidingWindowManager``: from ``end - window + 1``).
+        O(1)."""
+        bs, window = self.block_size, self.windows[group]
+        first = num_local // bs
+        if window is None:
+            return first, _cdiv(end, bs)
+        if window == 1:
+            return first, first  # the next token reads no earlier one
+        return max(first, max(0, end - window + 1) // bs), _cdiv(end, bs)
 
     def _job_id(self) -> int:
         job_id = self._next_job
@@ -256,6 +338,8 @@ class OffloadingConnectorScheduler:
         if state.load_failed or request.skip_reading_external_kv:
             state.told = 0
             return 0, False
+        if self._hybrid:
+            return self._match_groups(state, num_computed_tokens)
         tpc = self.tokens_per_chunk
         limit = min(request.num_tokens, len(state.keys) * tpc)
         if limit - num_computed_tokens < tpc:
@@ -282,6 +366,86 @@ class OffloadingConnectorScheduler:
         state.told = num_hit
         return num_hit, True
 
+    def _match_groups(self, state: _Req, num_local: int) -> tuple[int | None, bool]:
+        """:meth:`get_num_new_matched_tokens` over several groups (module docstring):
+        every key from the GPU hit's chunk to the request's last (less its last token)
+        looked up once per group, then the boundary lowered chunk by chunk until every
+        sliding window agrees. O(groups × chunks looked up)."""
+        tpc, request = self.tokens_per_chunk, state.request
+        limit = min(request.num_tokens - 1, len(state.keys) * tpc)
+        if limit - num_local < tpc:
+            state.told = 0
+            return 0, False
+        start, stop = num_local // tpc, _cdiv(limit, tpc)
+        lookup, ctx = self.manager.lookup, state.ctx
+        # per group: the looked-up keys' answers from chunk ``start`` (True: pending)
+        found: dict[int, list[bool]] = {}
+        for group in self._full_groups:
+            answers: list[bool] = []
+            for key in self._keys(state, group)[start:stop]:
+                result = lookup(key, ctx)
+                if result is not _HIT and result is not _PENDING:
+                    break
+                answers.append(result is _PENDING)
+            found[group] = answers
+            stop = start + len(answers)
+        end = min(limit, stop * tpc)
+        # a window's answers: None for a miss
+        windows: dict[int, list[bool | None]] = {}
+        for group in self._window_groups:
+            row: list[bool | None] = []
+            for key in self._keys(state, group)[start : _cdiv(end, tpc)]:
+                result = lookup(key, ctx)
+                row.append(
+                    None if result is not _HIT and result is not _PENDING else result is _PENDING
+                )
+            windows[group] = row
+        settled = False
+        while not settled and end - num_local >= tpc:
+            settled = True
+            for group in self._window_groups:
+                agreed = self._window_end(group, windows[group], num_local, end)
+                if agreed < end:
+                    end, settled = agreed, False
+        if end - num_local < tpc:
+            state.told = 0
+            return 0, False
+        keys: list[OffloadKey] = []
+        for group in range(len(self.windows)):
+            first, last = self._load_blocks(group, num_local, end)
+            if first >= last:
+                continue
+            c0, c1 = first // self.blocks_per_chunk, _cdiv(end, tpc)
+            row_: Sequence[bool | None] = found[group] if group in found else windows[group]
+            if any(row_[c - start] for c in range(c0, c1)):
+                return None, False  # a store of a hit chunk is in flight: ask later
+            keys += self._keys(state, group)[c0:c1]
+        loading = self._loading
+        if loading and any(k in loading for k in keys):
+            return None, False
+        state.told = end - num_local
+        return state.told, True
+
+    def _window_end(self, group: int, row: Sequence[bool | None], num_local: int, end: int) -> int:
+        """The highest boundary at most ``end`` (``end`` itself, then chunk ends) whose
+        window chunks in sliding-window ``group`` all answered a hit (``row``: the
+        answers from the GPU hit's chunk on); below a chunk past ``num_local``: 0.
+        O(chunks) with a running count of misses."""
+        tpc, bpc = self.tokens_per_chunk, self.blocks_per_chunk
+        start = num_local // tpc
+        misses = [0]
+        for answer in row:
+            misses.append(misses[-1] + (answer is None))
+        candidates = [end] + [c * tpc for c in range(_cdiv(end, tpc) - 1, start, -1)]
+        for boundary in candidates:
+            if boundary - num_local < tpc:
+                break
+            first, last = self._load_blocks(group, num_local, boundary)
+            c0, c1 = first // bpc - start, _cdiv(boundary, tpc) - start
+            if first >= last or misses[c1] == misses[c0]:
+                return boundary
+        return 0
+
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
@@ -301,6 +465,9 @@ class OffloadingConnectorScheduler:
                 f"the step's get_num_new_matched_tokens reported {state.told}; pass that hit "
                 "(or 0 to load nothing)"
             )
+        if self._hybrid:
+            self._load_groups(state, blocks, num_external_tokens)
+            return
         group = blocks.blocks[0]
         num_cached = state.num_local + num_external_tokens
         end = _cdiv(num_cached, self.block_size)
@@ -334,6 +501,57 @@ class OffloadingConnectorScheduler:
         for key in keys:
             loading[key] = loading.get(key, 0) + 1
         state.next_stored = _cdiv(num_cached, tpc)
+
+    def _load_groups(self, state: _Req, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        """:meth:`update_state_after_alloc`'s load over several groups: one job, a
+        segment per group that loads a block (module docstring). ConnectorMisuseError
+        (nothing changed) when a group's blocks do not hold the hit. O(blocks loaded)."""
+        request, bpc = state.request, self.blocks_per_chunk
+        end = state.num_local + num_external_tokens
+        last_chunk = _cdiv(end, self.tokens_per_chunk)
+        keys: list[OffloadKey] = []
+        block_ids: list[int] = []
+        segments: list[GroupSegment] = []
+        if len(blocks.blocks) != len(self.windows):
+            raise ConnectorMisuseError(
+                f"request {request.request_id!r}: blocks of {len(blocks.blocks)} groups, the "
+                f"KV cache has {len(self.windows)}; pass every group's blocks"
+            )
+        for group, table in enumerate(blocks.blocks):
+            first, last = self._load_blocks(group, state.num_local, end)
+            if first >= last:
+                continue
+            if len(table) < last or any(b.is_null for b in table[first:last]):
+                raise ConnectorMisuseError(
+                    f"request {request.request_id!r}: group {group}'s blocks do not hold its "
+                    f"{end} cached tokens; pass every block of the request"
+                )
+            group_keys = self._keys(state, group)[first // bpc : last_chunk]
+            keys += group_keys
+            block_ids += (b.block_id for b in table[first:last])
+            segments.append(GroupSegment(group, len(group_keys), last - first, first % bpc))
+        spec = self.manager.prepare_load(keys, state.ctx)  # raises before any change
+        job_id = self._job_id()
+        self._step_loads[job_id] = TransferJob(
+            job_id,
+            request.request_id,
+            False,
+            tuple(keys),
+            tuple(spec.block_ids),
+            tuple(block_ids),
+            bpc,
+            segments[0].skip_blocks,
+            tuple(segments),
+        )
+        self._jobs[job_id] = _Job(
+            request.request_id, tuple(keys), tuple(block_ids), False, self.num_workers
+        )
+        state.jobs.add(job_id)
+        state.told = None
+        loading = self._loading
+        for key in keys:
+            loading[key] = loading.get(key, 0) + 1
+        state.next_stored = last_chunk
 
     # ------------------------------------------------------------------ the step
 
@@ -390,6 +608,9 @@ class OffloadingConnectorScheduler:
     ) -> None:
         """Offer the request's chunks complete within ``num_tokens`` and not offered yet;
         a store job for those the tier takes. O(chunks offered + the request's blocks)."""
+        if self._hybrid:
+            self._store_groups(state, num_tokens, out)
+            return
         start = state.next_stored
         if num_tokens // self.tokens_per_chunk <= start:
             return  # no chunk newly complete (most steps of a decode): nothing to look up
@@ -431,6 +652,76 @@ class OffloadingConnectorScheduler:
         chunks = tuple(getattr(output.store_spec, "block_ids", ()))
         out[job_id] = TransferJob(job_id, rid, True, keys, chunks, tuple(src), bpc, 0)
         self._jobs[job_id] = _Job(rid, keys, tuple(src), True, self.num_workers)
+        state.jobs.add(job_id)
+
+    def _store_groups(self, state: _Req, num_tokens: int, out: dict[int, TransferJob]) -> None:
+        """:meth:`_store` over several groups: per chunk newly complete (within every
+        full-attention group's blocks), each group's key whose blocks are all real; one
+        job, a segment per group; the sliding-window source blocks held until it ends.
+        O(groups × (chunks offered + the request's blocks))."""
+        start, tpc, bpc = state.next_stored, self.tokens_per_chunk, self.blocks_per_chunk
+        if num_tokens // tpc <= start:
+            return
+        self._update_keys(state)
+        if len(state.keys) <= start:
+            return
+        rid = state.request.request_id
+        tables = self.kv_cache_manager.get_blocks(rid).blocks
+        if len(tables) != len(self.windows):
+            return  # holds no blocks (freed): nothing to store from
+        num_blocks = min(len(tables[g]) for g in self._full_groups)
+        end = min(num_tokens // tpc, num_blocks // bpc, len(state.keys))
+        if end <= start:
+            return
+        offer: list[OffloadKey] = []
+        chunks: list[tuple[int, int]] = []  # (group, chunk) of each key offered
+        for group, table in enumerate(tables):
+            keys, window = self._keys(state, group), self.windows[group]
+            for chunk in range(start, end):
+                blocks = table[chunk * bpc : (chunk + 1) * bpc]
+                if window is not None and (len(blocks) < bpc or any(b.is_null for b in blocks)):
+                    continue  # left the window: not stored
+                offer.append(keys[chunk])
+                chunks.append((group, chunk))
+        if not offer:
+            state.next_stored = end
+            return
+        output = self.manager.prepare_store(offer, state.ctx)
+        if output is None:
+            return  # no room now: offered again next step
+        state.next_stored = end
+        if not output.keys_to_store:
+            return
+        slot = dict(
+            zip(output.keys_to_store, getattr(output.store_spec, "block_ids", ()), strict=True)
+        )
+        chosen: list[OffloadKey] = []
+        ids: list[int] = []
+        host: list[int] = []
+        segments: list[GroupSegment] = []
+        pinned: list[KVCacheBlock] = []
+        for key, (group, chunk) in zip(offer, chunks, strict=True):
+            if key not in slot:
+                continue
+            blocks = tables[group][chunk * bpc : (chunk + 1) * bpc]
+            if not segments or segments[-1].group_idx != group:
+                segments.append(GroupSegment(group, 0, 0))
+            seg = segments[-1]
+            segments[-1] = GroupSegment(group, seg.num_keys + 1, seg.num_blocks + bpc)
+            chosen.append(key)
+            host.append(slot[key])
+            ids += (b.block_id for b in blocks)
+            if self.windows[group] is not None:
+                pinned += blocks
+        if pinned:
+            self.kv_cache_manager.block_pool.touch(pinned)
+        job_id = self._job_id()
+        out[job_id] = TransferJob(
+            job_id, rid, True, tuple(chosen), tuple(host), tuple(ids), bpc, 0, tuple(segments)
+        )
+        self._jobs[job_id] = _Job(
+            rid, tuple(chosen), tuple(ids), True, self.num_workers, pinned=pinned
+        )
         state.jobs.add(job_id)
 
     def _maybe_release(self, rid: str, state: _Req) -> None:
@@ -481,6 +772,8 @@ class OffloadingConnectorScheduler:
             if job.pending:
                 continue
             del self._jobs[job_id]
+            if job.pinned:
+                self.kv_cache_manager.block_pool.free_blocks(job.pinned)
             state = self._reqs[job.req_id]
             if job.is_store:
                 self.manager.complete_store(job.keys, state.ctx, success=not job.failed)
@@ -502,7 +795,9 @@ class OffloadingConnectorScheduler:
         self, request: Request, block_ids: Sequence[int] = ()
     ) -> tuple[bool, None]:
         """``request`` finished (stopped, capped or aborted) before its blocks are freed;
-        ``block_ids``: its blocks (one group's ids). True when the blocks must stay held:
+        ``block_ids``: its blocks (one group's ids; over several groups, read from the
+        KV cache manager: see :meth:`request_finished_all_groups`). True when the blocks
+        must stay held:
         a job of it is in flight, or chunks it completed are still to be stored (by the
         next :meth:`build_connector_meta`); :meth:`take_finished_sending` names it once
         they may be freed. Unknown or already finished: ConnectorMisuseError. O(its
@@ -517,11 +812,31 @@ class OffloadingConnectorScheduler:
         done = request.num_computed_tokens
         if request.status != RequestStatus.FINISHED_ABORTED:
             done = min(done, max(request.num_prompt_tokens, request.num_tokens - 1))
-        end = min(done // self.tokens_per_chunk, len(ids) // self.blocks_per_chunk, len(state.keys))
+        num_blocks = len(ids)
+        if self._hybrid:
+            tables = self.kv_cache_manager.get_block_ids(request.request_id)
+            num_blocks = min((len(tables[g]) for g in self._full_groups), default=0)
+        end = min(
+            done // self.tokens_per_chunk, num_blocks // self.blocks_per_chunk, len(state.keys)
+        )
         state.finished = True
         state.final_block_ids = ids
         state.held = bool(state.jobs) or end > state.next_stored
         return state.held, None
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: Sequence[Sequence[int]] = ()
+    ) -> tuple[bool, None]:
+        """:meth:`request_finished` with the request's blocks per group (vLLM's
+        ``SupportsHMA`` call; the connector reads the tables it stores from through the
+        KV cache manager, as vLLM's reads its own). O(its blocks)."""
+        groups = list(block_ids)
+        if groups and len(groups) != len(self.windows):
+            raise ConnectorMisuseError(
+                f"request {request.request_id!r}: block ids of {len(groups)} groups, the KV "
+                f"cache has {len(self.windows)}; pass one list per group"
+            )
+        return self.request_finished(request, groups[0] if groups else ())
 
     def take_finished_sending(self) -> list[str]:
         """The finished requests whose held blocks (``request_finished`` returned True)
@@ -560,6 +875,8 @@ class OffloadingConnectorScheduler:
             state.told = None
         for job_id, job in self._jobs.items():
             self._fence[job_id] = job.pending
+            if job.pinned:  # flushed: the workers finish it before the next forward pass
+                self.kv_cache_manager.block_pool.free_blocks(job.pinned)
         if not self._fence:
             self.manager.on_reset_flushed()
         self._jobs.clear()

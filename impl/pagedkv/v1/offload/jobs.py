@@ -33,11 +33,24 @@ from pagedkv.v1.offload.base import OffloadKey
 
 __all__ = [
     "ConnectorSchedulerOutput",
+    "GroupSegment",
     "OffloadingConnectorMetadata",
     "OffloadingWorkerMetadata",
     "SchedulerOutputLike",
     "TransferJob",
 ]
+
+
+@dataclass(frozen=True)
+class GroupSegment:
+    """One KV cache group's part of a :class:`TransferJob` over several groups: its next
+    ``num_keys`` keys (and chunks) and ``num_blocks`` GPU blocks, the first chunk's
+    ``skip_blocks`` leading blocks not copied."""
+
+    group_idx: int
+    num_keys: int
+    num_blocks: int
+    skip_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,7 +62,13 @@ class TransferJob:
     the GPU blocks copied, in token order: the first chunk's blocks from its
     ``skip_blocks``-th on (a load whose first chunk the GPU prefix cache partly holds
     skips the blocks already there; 0 for stores), then every block of each later chunk.
-    ``is_store``: GPU to host (else host to GPU)."""
+    ``is_store``: GPU to host (else host to GPU).
+
+    A job over several KV cache groups lists its ``segments``, one per group it copies,
+    in order: each takes its keys, chunks and blocks from where the previous one left
+    off and skips its own first blocks (``skip_blocks`` is then unused); no segments:
+    one group, group 0 (vLLM's ``GPULoadStoreSpec`` carries the same as
+    ``group_sizes`` and ``block_indices``)."""
 
     job_id: int
     req_id: str
@@ -59,15 +78,43 @@ class TransferJob:
     gpu_block_ids: tuple[int, ...]
     blocks_per_chunk: int = 1
     skip_blocks: int = 0
+    segments: tuple[GroupSegment, ...] = ()
 
     def block_pairs(self) -> Iterator[tuple[int, int, int]]:
         """``(chunk_id, block index within the chunk, GPU block id)`` for each GPU block
-        the job copies, in token order. O(blocks)."""
-        position = self.skip_blocks
-        for block_id in self.gpu_block_ids:
-            chunk = position // self.blocks_per_chunk
-            yield self.chunk_ids[chunk], position % self.blocks_per_chunk, block_id
-            position += 1
+        the job copies, in token order (group by group). O(blocks)."""
+        bpc = self.blocks_per_chunk
+        if not self.segments:
+            position = self.skip_blocks
+            for block_id in self.gpu_block_ids:
+                yield self.chunk_ids[position // bpc], position % bpc, block_id
+                position += 1
+            return
+        first_key = first_block = 0
+        for seg in self.segments:
+            position = seg.skip_blocks
+            for block_id in self.gpu_block_ids[first_block : first_block + seg.num_blocks]:
+                yield self.chunk_ids[first_key + position // bpc], position % bpc, block_id
+                position += 1
+            first_key += seg.num_keys
+            first_block += seg.num_blocks
+
+    def group_parts(self) -> Iterator[tuple[int, tuple[OffloadKey, ...], tuple[int, ...], int]]:
+        """``(group index, keys, GPU block ids, blocks skipped)`` per group the job
+        copies (one part, group 0, without segments). O(keys + blocks)."""
+        if not self.segments:
+            yield 0, self.keys, self.gpu_block_ids, self.skip_blocks
+            return
+        first_key = first_block = 0
+        for seg in self.segments:
+            yield (
+                seg.group_idx,
+                self.keys[first_key : first_key + seg.num_keys],
+                self.gpu_block_ids[first_block : first_block + seg.num_blocks],
+                seg.skip_blocks,
+            )
+            first_key += seg.num_keys
+            first_block += seg.num_blocks
 
 
 @dataclass(frozen=True)
