@@ -690,7 +690,10 @@ def retained_reachable(before: ManagerState, after: ManagerState, r: RequestView
     """V1-32 (step): every block of a table of r newly keyed in a step, in a
     sliding-window or Mamba group, sits at a position some kept hit end reaches
     (:func:`_cacheable` with r's replay boundaries): a sparse-retention group keys only
-    the blocks it keeps, so a hit never lands on one it did not keep."""
+    the blocks it keeps, so a hit never lands on one it did not keep. Vacuous when dense
+    (no interval): there V1-17 judges Mamba's states, the lockstep the window's tails."""
+    if after.retention is None:
+        return True
     kept = _boundaries(after, r)
     for g, spec in enumerate(after.specs):
         if spec.kind not in (SLIDING, MAMBA):
