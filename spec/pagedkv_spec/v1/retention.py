@@ -102,6 +102,7 @@ def hit_ends(
     every block is kept (the alignment is not whole blocks); the module docstring's
     table. ``final_end`` (blocks): the end of the request's final segment."""
     assert block_size >= 1 and alignment >= 1 and upto >= 0
+    assert interval is None or (interval >= 0 and interval % alignment == 0), "a valid interval"
     if alignment % block_size:
         return None
     segment = alignment if interval is None else interval
@@ -131,6 +132,7 @@ def reachable(
     every block is kept (a segment's tail covers the segment, or the alignment is not
     whole blocks)."""
     assert i >= 0 and block_size >= 1 and need >= 0 and alignment >= 1 and shift >= 0
+    assert interval is None or (interval >= 0 and interval % alignment == 0), "a valid interval"
     segment = alignment if interval is None else interval
     if segment and alignment % block_size == 0 and need >= segment // block_size:
         return True
