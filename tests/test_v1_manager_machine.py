@@ -13,12 +13,7 @@ from pagedkv.v1 import KVCacheManager, Request
 from pagedkv.v1.request import AllocationRecord
 from pagedkv_stateful import profiles
 from pagedkv_stateful.adapters import Violation
-from pagedkv_stateful.v1.manager_machine import (
-    CONFIGURATIONS,
-    RETENTION_CONFIGURATIONS,
-    V1ManagerMachine,
-    V1MisuseMachine,
-)
+from pagedkv_stateful.v1.manager_machine import V1ManagerMachine, V1MisuseMachine
 
 TestV1ManagerMachine = V1ManagerMachine.TestCase
 TestV1MisuseMachine = V1MisuseMachine.TestCase
@@ -59,14 +54,6 @@ class _UncountedSteps(KVCacheManager):
 
 def _misuse_machine(manager_cls: type[KVCacheManager]) -> type[V1MisuseMachine]:
     class Planted(V1MisuseMachine):
-        # NOTE: a search for the misuse alone: the retention configurations (drawn by the
-        # machine's own tests) and "R-SWA + EAGLE" left out; the latter's open V1-4
-        # difference (multi-module MTP with external tokens: pagedkv keys a block its
-        # spec does not, on main too) would be reached before the misuse
-        configurations = tuple(
-            n for n in CONFIGURATIONS if n not in RETENTION_CONFIGURATIONS and n != "R-SWA + EAGLE"
-        )
-
         def make_manager(
             self,
             config: object,
@@ -81,6 +68,8 @@ def _misuse_machine(manager_cls: type[KVCacheManager]) -> type[V1MisuseMachine]:
                 enable_caching=caching,
                 enable_kv_cache_events=events,
                 watermark=watermark,
+                # an EAGLE configuration's keywords, which the spec's model follows
+                **self.eagle_options,
             )
 
     return Planted

@@ -187,6 +187,7 @@ CONFIGURATIONS: dict[str, tuple[tuple[str, int], ...]] = {
     # sparse prefix-cache retention (RETENTION_CONFIGURATIONS): the interval drawn
     "sliding window + retention": ((SLIDING, 1),),
     "full (2x blocks) + sliding window + retention": ((FULL, 2), (SLIDING, 1)),
+    "full + Mamba + retention": ((FULL, 1), (MAMBA, 1)),
     "full (2x blocks) + Mamba + retention": ((FULL, 2), (MAMBA, 1)),
     "full + sliding window + retention + EAGLE": ((FULL, 1), (SLIDING, 1)),
 }
