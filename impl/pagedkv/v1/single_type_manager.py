@@ -93,18 +93,17 @@ def reachable_block_mask(
     if alignment % block_size:
         return None  # the mask is per block: a finer alignment cannot be told apart
     segment = alignment if retention_interval is None else retention_interval
-    mask = [False] * (end - start)
     if segment:
         per = segment // block_size
         if need >= per:
             return None
         low = per - need
-        for i in range(max(start, shift), end):
-            if (i - shift) % per >= low:
-                mask[i - start] = True
+        mask = [i >= shift and (i - shift) % per >= low for i in range(start, end)]
         if final_end is not None and not shift and final_end % per:
             for i in range(max(start, final_end - need), min(end, final_end)):
                 mask[i - start] = True
+    else:
+        mask = [False] * (end - start)
     if retention_interval is not None:
         for b in boundaries:
             e = b // alignment * alignment // block_size + shift
