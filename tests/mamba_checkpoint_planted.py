@@ -7,6 +7,7 @@ V1-16's does."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pagedkv.v1 import BlockPool, MambaManager, MambaSpec, Request, get_request_block_hasher
@@ -31,9 +32,9 @@ class KeysCheckpointAtSlot(MambaManager):
     """Caches the checkpoint block under its slot's key like any state block: a key
     promising the state at the slot's boundary, which was never written (V1-31)."""
 
-    def cache_mask(self, start: int, end: int) -> list[bool] | None:
+    def cache_mask(self, start: int, end: int, boundaries: Sequence[int] = ()) -> list[bool] | None:
         self._unkeyed_slot = -1
-        return super().cache_mask(start, end)
+        return super().cache_mask(start, end, boundaries)
 
 
 def manager(cls: type[MambaManager] = MambaManager, speculative: int = 1) -> MambaManager:

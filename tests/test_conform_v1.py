@@ -70,7 +70,9 @@ def test_hashes_in_another_format_pass_unless_the_bytes_are_promised() -> None:
 
 
 def test_a_lora_keyed_by_its_name_alone_is_found_as_two_keys_sharing_a_hash() -> None:
-    report = check("name_only_v1_manager", max_violations=1)
+    # 100 examples a round: with the retention configurations in the draw, 60 no longer
+    # reach two live LoRA requests of one name in a caching configuration
+    report = check("name_only_v1_manager", examples=100, max_violations=1)
     causes = [f.root_cause for f in report.findings]
     assert causes == ["block hashes: LoRA adapters of one name at two paths"], causes
     assert report.findings[0].reproduced, report.findings[0].replay

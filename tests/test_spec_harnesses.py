@@ -38,6 +38,10 @@ DOMAINS: list[tuple[Callable[..., None], list[range | list[bool]]]] = [
     (V1.prop_v1_hit_then_free_restores_pool, [range(2, 6), range(1, 3), range(1, 7), range(1, 7)]),
     (V1.prop_v1_reset_iff_idle, [range(1, 5), range(1, 3), range(1, 7), [False, True]]),
     (
+        V1.prop_v1_retention_keeps_replay_tails,
+        [range(1, 4), range(1, 7), range(1, 4), range(3), range(1, 13), [False, True]],
+    ),
+    (
         V1.prop_offload_store_refuses_only_when_full,
         [range(5), range(4), range(3), range(3), range(5)],
     ),

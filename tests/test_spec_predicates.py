@@ -170,6 +170,15 @@ V1SK = V1M.manager_initial(
     8, 2, 16, False, groups=(V1M.GroupSpec(V1M.FULL, 2), V1M.GroupSpec(V1M.FULL, 2, sink_len=2))
 )
 V1SK = replace(V1M.allocate_slots(V1SK, _G, 5)[0], requests=(_G,))
+# sparse retention, latest only (0): a sliding window of 3 in blocks of 2; "w" (9 tokens,
+# 8 computed in one step) keys only block 3, the tail before its replay boundary (token 8)
+_W = V1M.RequestView("w", 9, 0, (b"w0", b"w1", b"w2", b"w3"))
+V1RT_EMPTY = V1M.manager_initial(
+    10, 2, 16, True, groups=(V1M.GroupSpec(V1M.SLIDING, 2, 3),), retention=0
+)
+V1RT = V1M.allocate_slots(V1RT_EMPTY, _W, 8)[0]
+# the same step cached densely (every block): blocks 0..2 no kept hit end reaches
+V1RT_DENSE = replace(V1M.allocate_slots(replace(V1RT_EMPTY, retention=None), _W, 8)[0], retention=0)
 
 
 def _v1pool(**kw: Any) -> V1pool.PoolState:
@@ -297,6 +306,7 @@ GOOD: dict[str, tuple[Any, ...]] = {
     "V1-21": (V1RS,),
     "V1-22": (V1RG,),
     "V1-23": (V1SK,),
+    "V1-32": (V1RT_EMPTY, V1RT, _W),
     "V1-11": (V1,),
     "V1-12": (2, 4, 2),
     "V1-13": (V1,),
@@ -959,6 +969,7 @@ BAD: list[tuple[str, str, tuple[Any, ...]]] = [
         (replace(V1SK, groups=(V1SK.groups[0], replace(V1SK.groups[1], sink_len=3))),),
     ),
     ("V1-23", "a sink table with a null slot", (replace(V1SK, tables=(("g@1", (0, 4, 5)),)),)),
+    ("V1-32", "a block no kept hit end reaches keyed", (V1RT_EMPTY, V1RT_DENSE, _W)),
     ("V1-13", "a count above the table", (_v1(num_cached=(("a", 4),)),)),
     ("V1-13", "a count above the hashes", (_v1(num_cached=(("a", 3),)),)),
     ("V1-13", "a block past the count cached", (_v1(num_cached=(("a", 1),)),)),

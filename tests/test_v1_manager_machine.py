@@ -68,6 +68,8 @@ def _misuse_machine(manager_cls: type[KVCacheManager]) -> type[V1MisuseMachine]:
                 enable_caching=caching,
                 enable_kv_cache_events=events,
                 watermark=watermark,
+                # an EAGLE configuration's keywords, which the spec's model follows
+                **self.eagle_options,
             )
 
     return Planted

@@ -11,7 +11,7 @@ test runs each (tests/test_invariant_registry.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -324,8 +324,20 @@ class _CachesEveryState(MambaManager):
     """Caches every full Mamba state block, also those at boundaries no hit can end on
     (hits aligned to several blocks): V1-17."""
 
-    def cache_mask(self, start: int, end: int) -> list[bool] | None:
+    def cache_mask(self, start: int, end: int, boundaries: Sequence[int] = ()) -> list[bool] | None:
         return None
+
+
+class _IgnoresRetention(SlidingWindowManager):
+    """Keeps every aligned boundary's window tail whatever the retention interval (the
+    dense rule): under sparse retention it keys blocks no kept hit end reaches (V1-32)."""
+
+    def cache_mask(self, start: int, end: int, boundaries: Sequence[int] = ()) -> list[bool] | None:
+        interval, self.retention_interval = self.retention_interval, None
+        try:
+            return super().cache_mask(start, end, ())
+        finally:
+            self.retention_interval = interval
 
 
 class _NullEncoderSlot(CrossAttentionManager):
@@ -542,6 +554,12 @@ V1_PLANTED: dict[str, Callable[[], str]] = {
         _machine(_with_variant(_PadsRing), configurations=("full + circular buffer",))
     ),
     "V1-23": _sink_not_whole_blocks,
+    "V1-32": lambda: _found(
+        _machine(
+            _manager_with(windowed_cls=_IgnoresRetention),
+            configurations=("sliding window + retention",),
+        )
+    ),
     # Mamba prefill checkpoints: the fixed scenario of tests/mamba_checkpoint_planted.py
     "V1-30": lambda: mamba_checkpoint_planted.planted(mamba_checkpoint_planted.PadsOverCheckpoint),
     "V1-31": lambda: mamba_checkpoint_planted.planted(

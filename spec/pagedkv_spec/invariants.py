@@ -481,6 +481,15 @@ def _entries() -> Iterable[Invariant]:
         "v1",
         "step",
     )
+    # sparse prefix-cache retention (pagedkv_spec.v1.retention)
+    yield inv(
+        "V1-32",
+        v1m.retained_reachable,
+        "a sparse-retention group keys only blocks a kept hit end reaches: a hit never "
+        "lands on a block it did not keep",
+        "v1",
+        "step",
+    )
     # the reference V1 scheduler (pagedkv.serving.v1_scheduler)
     for id_, fn, meaning in (
         ("S1", v1s.queues_ok, "each tracked request is in exactly one of waiting and running"),

@@ -14,7 +14,7 @@ names and with vLLM 0.34.0's semantics, checked against the executable spec in
   result type :class:`KVCacheBlocks`;
 - KV events (:class:`BlockStored`, :class:`BlockRemoved`, :class:`AllBlocksCleared`).
 
-Torch-free. The invariants are V1-1 .. V1-23 of :mod:`pagedkv_spec.invariants`.
+Torch-free. The invariants are V1-1 .. V1-23, V1-30 .. V1-32 of :mod:`pagedkv_spec.invariants`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pagedkv.v1.block import (
     get_block_hash,
     get_group_id,
     make_block_hash_with_group_id,
+    null_head_len,
 )
 from pagedkv.v1.block_pool import BlockHashToBlockMap, BlockPool
 from pagedkv.v1.coordinator import (
@@ -81,6 +82,7 @@ from pagedkv.v1.single_type_manager import (
     SinkFullAttentionManager,
     SlidingWindowManager,
     get_manager_for_kv_cache_spec,
+    reachable_block_mask,
 )
 
 __all__ = [
@@ -140,6 +142,8 @@ __all__ = [
     "hash_block_tokens",
     "make_block_hash_with_group_id",
     "none_hash",
+    "null_head_len",
+    "reachable_block_mask",
     "replay",
     "sha256",
 ]

@@ -13,6 +13,7 @@ V1-4 (the hash is set once, reset before reuse).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NewType
 
 from pagedkv_spec.errors import BlockPoolError
@@ -24,6 +25,7 @@ __all__ = [
     "get_block_hash",
     "get_group_id",
     "make_block_hash_with_group_id",
+    "null_head_len",
 ]
 
 #: The chained hash of one full block (bytes of the hash function's digest).
@@ -96,3 +98,15 @@ class KVCacheBlock:
             f"block_hash={key}, prev={prev_id}, next={next_id}"
             f"{', null' if self.is_null else ''})"
         )
+
+
+def null_head_len(blocks: Sequence[KVCacheBlock]) -> int:
+    """How many blocks lead ``blocks`` before its first real one (a windowed table's
+    freed prefix, a Mamba table's pads): all of them if none is real. Exact for any
+    sequence, pads past a real block not counted. O(leading null blocks)."""
+    n = 0
+    for block in blocks:
+        if not block.is_null:
+            break
+        n += 1
+    return n

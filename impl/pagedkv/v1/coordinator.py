@@ -37,6 +37,7 @@ group: by the group): V1-20.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
@@ -50,6 +51,7 @@ from pagedkv.v1.kv_cache_interface import (
     KVCacheConfig,
     KVCacheSpec,
     MambaSpec,
+    SlidingWindowSpec,
 )
 from pagedkv.v1.request import Request
 from pagedkv.v1.single_type_manager import (
@@ -62,6 +64,7 @@ from pagedkv.v1.single_type_manager import (
     get_manager_for_kv_cache_spec,
 )
 from pagedkv_spec.errors import InvalidKVCacheManagerConfigError
+from pagedkv_spec.v1.retention import check_retention_interval
 
 __all__ = [
     "HybridKVCacheCoordinator",
@@ -105,6 +108,20 @@ class KVCacheCoordinator(ABC):
         #: multi-module MTP: the computed tokens a draft module may prefill again
         self.num_reprefillable_tokens = max(0, num_prefill_lookahead - 1)
         self._check_eagle(kv_cache_config, scheduler_block_size, num_prefill_lookahead)
+        #: sparse retention's interval (:mod:`pagedkv_spec.v1.retention`; None: dense)
+        self.retention_interval = kv_cache_config.prefix_cache_retention_interval
+        block = scheduler_block_size or math.lcm(
+            *(
+                g.kv_cache_spec.block_size
+                for g in groups
+                if not isinstance(g.kv_cache_spec, CircularBufferSpec)
+            )
+        )
+        check_retention_interval(
+            self.retention_interval,
+            block,
+            any(isinstance(g.kv_cache_spec, SlidingWindowSpec | MambaSpec) for g in groups),
+        )
         enable_caching = self.caching
         self.kv_cache_config = kv_cache_config
         self.enable_caching = enable_caching
@@ -143,6 +160,9 @@ class KVCacheCoordinator(ABC):
         #: the R-SWA groups (their gap follows the prompt length)
         self._rswa = tuple(m for m in self.single_type_managers if isinstance(m, RSWAManager))
         self._setup()
+        for m in self.single_type_managers:  # the sliding-window and Mamba kinds read it
+            m.retention_interval = self.retention_interval
+            m.retention_eagle = bool(self.drop_eagle_group_ids)
         #: whether caching follows the plain rule (every group up to its aligned tokens)
         self._plain_caching = not (
             self.num_reprefillable_tokens or any(m.use_eagle for m in self.single_type_managers)

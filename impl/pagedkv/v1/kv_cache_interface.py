@@ -284,14 +284,26 @@ class KVCacheTensor:
 
 @dataclass(frozen=True)
 class KVCacheConfig:
-    """The pool's size (``num_blocks``, the null block included) and the groups."""
+    """The pool's size (``num_blocks``, the null block included) and the groups, and
+    ``prefix_cache_retention_interval``: which hit ends a sliding-window or Mamba group
+    keeps cached (:mod:`pagedkv_spec.v1.retention`; None: every aligned one, 0: only the
+    latest replay boundary, k > 0: one per k tokens and the replay boundary; checked
+    against the scheduler block size when the manager is built)."""
 
     num_blocks: int
     kv_cache_groups: tuple[KVCacheGroupSpec, ...]
     kv_cache_tensors: tuple[KVCacheTensor, ...] = field(default=())
+    prefix_cache_retention_interval: int | None = None
 
     def __post_init__(self) -> None:
         require_int("num_blocks", self.num_blocks, InvalidKVCacheManagerConfigError, low=1)
+        if self.prefix_cache_retention_interval is not None:
+            require_int(
+                "prefix_cache_retention_interval",
+                self.prefix_cache_retention_interval,
+                InvalidKVCacheManagerConfigError,
+                low=None,  # its sign is judged with the groups (check_retention_interval)
+            )
         if not self.kv_cache_groups:
             raise InvalidKVCacheManagerConfigError(
                 "a KVCacheConfig needs at least one KV cache group"
@@ -308,10 +320,17 @@ class KVCacheConfig:
         return cls(num_blocks, (KVCacheGroupSpec(("layers",), FullAttentionSpec(block_size)),))
 
     @classmethod
-    def of_specs(cls, num_blocks: int, *specs: KVCacheSpec) -> KVCacheConfig:
+    def of_specs(
+        cls,
+        num_blocks: int,
+        *specs: KVCacheSpec,
+        prefix_cache_retention_interval: int | None = None,
+    ) -> KVCacheConfig:
         """One group per spec, in order (group ``g``'s layers named ``"layers.g"``), over
         ``num_blocks``: e.g. ``KVCacheConfig.of_specs(64, FullAttentionSpec(16),
         SlidingWindowSpec(16, sliding_window=512))``."""
         return cls(
-            num_blocks, tuple(KVCacheGroupSpec((f"layers.{g}",), s) for g, s in enumerate(specs))
+            num_blocks,
+            tuple(KVCacheGroupSpec((f"layers.{g}",), s) for g, s in enumerate(specs)),
+            prefix_cache_retention_interval=prefix_cache_retention_interval,
         )

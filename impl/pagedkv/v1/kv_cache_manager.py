@@ -784,6 +784,7 @@ class KVCacheManager:
             alignment=self.scheduler_block_size,
             mamba=tuple(mamba),
             reprefillable=self.coordinator.num_reprefillable_tokens,
+            retention=self.coordinator.retention_interval,
         )
 
     def check_invariants(self) -> None:

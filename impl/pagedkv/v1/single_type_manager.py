@@ -51,6 +51,7 @@ from pagedkv_spec.v1.mamba_checkpoint import (
     checkpoint_slot,
     checkpoint_valid,
 )
+from pagedkv_spec.v1.retention import replay_boundaries
 
 __all__ = [
     "ChunkedLocalAttentionManager",
@@ -63,10 +64,52 @@ __all__ = [
     "SinkFullAttentionManager",
     "SlidingWindowManager",
     "get_manager_for_kv_cache_spec",
+    "reachable_block_mask",
 ]
 
 #: each group's hit blocks (a joint lookup of several groups) and the hit in tokens
 Hit = tuple[tuple[list[KVCacheBlock], ...], int]
+
+
+def reachable_block_mask(
+    start: int,
+    end: int,
+    block_size: int,
+    need: int,
+    alignment: int,
+    retention_interval: int | None = None,
+    boundaries: Sequence[int] = (),
+    final_end: int | None = None,
+    shift: int = 0,
+) -> list[bool] | None:
+    """Which of blocks ``start..end-1`` a sliding-window or Mamba group keeps (V1-32,
+    :mod:`pagedkv_spec.v1.retention`): those in the ``need``-block tail (shifted right by
+    ``shift``: EAGLE's peek) of a kept hit end. ``retention_interval`` None: every
+    ``alignment`` boundary is a hit end; 0: only ``boundaries`` (token positions, aligned
+    down); k > 0: every k-token boundary and ``boundaries``. ``final_end`` (blocks, not
+    with a shift): a final segment shorter than a whole one keeps its tail too. None when
+    every block is kept (the alignment is not whole blocks, or a tail covers its
+    segment). O(end - start + boundaries × need)."""
+    if alignment % block_size:
+        return None  # the mask is per block: a finer alignment cannot be told apart
+    segment = alignment if retention_interval is None else retention_interval
+    if segment:
+        per = segment // block_size
+        if need >= per:
+            return None
+        low = per - need
+        mask = [i >= shift and (i - shift) % per >= low for i in range(start, end)]
+        if final_end is not None and not shift and final_end % per:
+            for i in range(max(start, final_end - need), min(end, final_end)):
+                mask[i - start] = True
+    else:
+        mask = [False] * (end - start)
+    if retention_interval is not None:
+        for b in boundaries:
+            e = b // alignment * alignment // block_size + shift
+            for i in range(max(start, e - need), min(end, e)):
+                mask[i - start] = True
+    return mask
 
 
 class SingleTypeKVCacheManager:
@@ -96,6 +139,11 @@ class SingleTypeKVCacheManager:
         #: EAGLE/MTP: this group's hits drop their last block (set by the coordinator,
         #: vLLM's name); a sliding window also caches the blocks its peek needs
         self.use_eagle = False
+        #: sparse retention (set by the coordinator: the configuration's
+        #: ``prefix_cache_retention_interval``; None: dense) and whether its replay
+        #: boundaries take EAGLE's form (some group drops its hit's last block)
+        self.retention_interval: int | None = None
+        self.retention_eagle = False
         self._null_block = block_pool.null_block
         self._key_suffix = make_block_hash_with_group_id(b"", kv_cache_group_id)
         #: hash-sized pieces per block (block i's key: hash (i + 1) * scale - 1)
@@ -230,7 +278,7 @@ class SingleTypeKVCacheManager:
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache the request's full, hashed blocks up to ``num_tokens`` tokens (those
-        :meth:`cache_mask` keeps)."""
+        :meth:`cache_mask` keeps, given the request's :meth:`reachable_boundaries`)."""
         rid = request.request_id
         done = self.num_cached_block.get(rid, 0)
         hashed = len(request.block_hashes) * self.block_pool.hash_block_size
@@ -244,13 +292,22 @@ class SingleTypeKVCacheManager:
             full,
             self.block_size,
             self.kv_cache_group_id,
-            self.cache_mask(done, full),
+            self.cache_mask(done, full, self.reachable_boundaries(request)),
         )
         self.num_cached_block[rid] = full
 
-    def cache_mask(self, start: int, end: int) -> list[bool] | None:
+    def reachable_boundaries(self, request: Request) -> tuple[int, ...]:
+        """Under sparse retention, the positions a later request replaying ``request``'s
+        prompt can resume at (:func:`~pagedkv_spec.v1.retention.replay_boundaries`, at
+        the hit alignment); none when dense. O(1)."""
+        if self.retention_interval is None:
+            return ()
+        return replay_boundaries(request.num_prompt_tokens, self.alignment, self.retention_eagle)
+
+    def cache_mask(self, start: int, end: int, boundaries: Sequence[int] = ()) -> list[bool] | None:
         """Which of blocks ``start..end-1`` can ever serve a hit (None: all of them, full
-        attention's case); the others are not cached."""
+        attention's case, which ignores retention); the others are not cached.
+        ``boundaries``: the request's :meth:`reachable_boundaries`."""
         return None
 
     def free(self, request_id: str) -> None:
@@ -441,22 +498,22 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         out = tuple(pads + [blocks[g] for blocks in run] for g in range(len(group_ids)))
         return out, end * bs
 
-    def cache_mask(self, start: int, end: int) -> list[bool] | None:
-        """With hits aligned to several blocks, only the last :attr:`window_blocks` of
-        each aligned segment can serve one (EAGLE: one more, the segment shifted by the
-        dropped block); the others are not cached."""
-        if self.alignment % self.block_size:
-            return None
-        per = self.alignment // self.block_size
-        need = self.window_blocks
-        if self.use_eagle:
-            need = cdiv(self.sliding_window - 1, self.block_size) + 1
-            if need >= per:
-                return None
-            return [i >= 1 and (i - 1) % per >= per - need for i in range(start, end)]
-        if need >= per:
-            return None
-        return [i % per >= per - need for i in range(start, end)]
+    def cache_mask(self, start: int, end: int, boundaries: Sequence[int] = ()) -> list[bool] | None:
+        """Only the blocks a hit's window reads at a kept hit end (V1-32,
+        :func:`reachable_block_mask`): the last :attr:`window_blocks` before each aligned
+        boundary (EAGLE: one more, shifted by the dropped block), thinned by the
+        retention interval; the others are not cached. O(end - start)."""
+        need = self.window_blocks + int(self.use_eagle)
+        return reachable_block_mask(
+            start,
+            end,
+            self.block_size,
+            need,
+            self.alignment,
+            self.retention_interval,
+            boundaries,
+            shift=int(self.use_eagle),
+        )
 
 
 class ChunkedLocalAttentionManager(SingleTypeKVCacheManager):
@@ -792,22 +849,44 @@ class MambaManager(SingleTypeKVCacheManager):
                 return tuple([*pads, b] for b in blocks), (i + 1) * bs
         return tuple([] for _ in group_ids), 0
 
-    def cache_mask(self, start: int, end: int) -> list[bool] | None:
-        """With hits aligned to several blocks, only the state at each aligned boundary
-        can serve one; the others are not cached (V1-17). A checkpoint block whose
-        position is not its slot's boundary is never keyed at its slot (V1-31)."""
+    def cache_mask(self, start: int, end: int, boundaries: Sequence[int] = ()) -> list[bool] | None:
+        """Only the states at kept hit ends (V1-17, V1-32, :func:`reachable_block_mask`
+        with a one-block tail): each aligned boundary's, thinned by the retention
+        interval; the others are not cached. A checkpoint block whose position is not its
+        slot's boundary is never keyed at its slot (V1-31). O(end - start)."""
+        mask = reachable_block_mask(
+            start, end, self.block_size, 1, self.alignment, self.retention_interval, boundaries
+        )
         skip = self._unkeyed_slot
-        if self.alignment == self.block_size or self.alignment % self.block_size:
-            if not start <= skip < end:
-                return None
-            return [i != skip for i in range(start, end)]
-        per = self.alignment // self.block_size
-        return [(i + 1) % per == 0 and i != skip for i in range(start, end)]
+        if not start <= skip < end:
+            return mask
+        if mask is None:
+            mask = [True] * (end - start)
+        mask[skip - start] = False
+        return mask
+
+    def reachable_boundaries(self, request: Request) -> tuple[int, ...]:
+        """The base's, and (prefill checkpoints) the prompt's own checkpoint position:
+        the state a replay of the prompt resumes from is kept under sparse retention
+        (V1-32). O(1)."""
+        kept = super().reachable_boundaries(request)
+        if kept and self.has_prefill_checkpoint_blocks:
+            prompt = checkpoint_position(
+                request.num_prompt_tokens,
+                self.alignment,
+                self.drop_eagle_checkpoint_block,
+                self.block_pool.num_hash_lookahead_tokens,
+            )
+            if prompt:
+                kept += (prompt,)
+        return kept
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """The base rule, then (prefill checkpoints) the checkpoint block keyed under
-        its position's hash where the position is a block boundary and hashed (its
-        slot's own key left out: the state there is the position's). O(new blocks)."""
+        its position's hash where the position is a block boundary, hashed, and kept by
+        the retention (:meth:`cache_mask`, V1-32: under sparse retention a transient
+        checkpoint is not keyed); its slot's own key left out: the state there is the
+        position's. O(new blocks)."""
         rid = request.request_id
         checkpoint = self._checkpoints.get(rid)
         if checkpoint is None:
@@ -830,6 +909,9 @@ class MambaManager(SingleTypeKVCacheManager):
             or block.is_null
             or block.block_hash is not None
         ):
+            return
+        kept = self.cache_mask(k, k + 1, self.reachable_boundaries(request))
+        if kept is not None and not kept[0]:
             return
         view = [self._null_block] * k
         view.append(block)

@@ -14,6 +14,7 @@ from pagedkv_spec.errors import PagedKVError
 from pagedkv_spec.v1 import manager as M
 from pagedkv_spec.v1 import offload as O
 from pagedkv_spec.v1 import offload_connector as OC
+from pagedkv_spec.v1 import retention as R
 from pagedkv_spec.v1.manager import ManagerState, RequestView
 from pagedkv_spec.v1.pool import pool_ok
 
@@ -75,6 +76,29 @@ def prop_v1_reset_iff_idle(num_blocks: int, block_size: int, n_tokens: int, free
     out, ok = M.reset_prefix_cache(m)
     assert ok == (not m.tables or not any(m.tables[0][1]))
     assert _ok(out) and out.pool.free == m.pool.free
+
+
+def prop_v1_retention_keeps_replay_tails(
+    block_size: int, window: int, per: int, k: int, prompt: int, eagle: bool
+) -> None:
+    """Sparse retention (V1-32's rule, :mod:`.retention`) keeps every block a replay of
+    the prompt needs: the window's tail (EAGLE: shifted by the peek) before each replay
+    boundary, under any interval; and a positive interval keeps no block the dense rule
+    drops (its hit ends are a subset of the aligned ones)."""
+    assert 1 <= block_size <= 3 and 1 <= window <= 6 and 1 <= per <= 3
+    assert 0 <= k <= 2 and 1 <= prompt <= 12
+    alignment = per * block_size
+    interval = k * alignment
+    shift = int(eagle)
+    need = -(-(window - 1) // block_size) + shift
+    kept = R.replay_boundaries(prompt, alignment, eagle)
+    for b in kept:
+        end = b // alignment * alignment // block_size + shift
+        for i in range(max(0, end - need), end):
+            assert R.reachable(i, block_size, need, alignment, interval, kept, shift=shift)
+    for i in range(12):
+        if R.reachable(i, block_size, need, alignment, interval or None, shift=shift):
+            assert R.reachable(i, block_size, need, alignment, None, shift=shift)
 
 
 # ----------------------------------------------------------------------------- offload tier

@@ -105,6 +105,10 @@ ones judge one transition):
                                       never cached, no cached count
     V1-23 ``sink_whole_blocks``       a sink group's sink_len is a positive multiple of
                                       its block size, and its tables hold no null slot
+    V1-32 ``retained_reachable``      (step) a sliding-window or Mamba group keys only
+                                      blocks a kept hit end reaches, the ends thinned by
+                                      the retention interval (:attr:`ManagerState.retention`,
+                                      :mod:`pagedkv_spec.v1.retention`)
 
 Operations follow vLLM 0.34.0's ``allocate_slots`` in its three stages (freeing what
 left the windows and the capacity check, adopting the hit, allocating and caching),
@@ -137,6 +141,7 @@ from pagedkv_spec.errors import (
     StaleComputedTokensError,
 )
 from pagedkv_spec.v1 import pool as P
+from pagedkv_spec.v1 import retention as R
 from pagedkv_spec.v1.pool import PoolState
 
 __all__ = [
@@ -178,6 +183,7 @@ __all__ = [
     "remove_skipped_blocks",
     "reset_ok",
     "reset_prefix_cache",
+    "retained_reachable",
     "ring_one_block",
     "rswa_gap_only",
     "sink_whole_blocks",
@@ -282,6 +288,8 @@ class ManagerState:
     mamba: tuple[tuple[str, tuple[bool, int]], ...] | None = ()
     holders: tuple[tuple[str, tuple[int, int, int]], ...] = field(default=(), compare=False)
     reprefillable: int = 0
+    #: sparse retention's interval (:mod:`pagedkv_spec.v1.retention`; None: dense)
+    retention: int | None = None
 
     @property
     def specs(self) -> tuple[GroupSpec, ...]:
@@ -348,10 +356,12 @@ def manager_initial(
     hash_block_size: int = 0,
     alignment: int = 0,
     reprefillable: int = 0,
+    retention: int | None = None,
 ) -> ManagerState:
     """A manager over a new pool, holding no request: one full-attention group of
     ``block_size`` unless ``groups`` (then ``block_size`` is group 0's); ``reprefillable``:
-    multi-module MTP's tail never cached (``num_prefill_lookahead - 1``)."""
+    multi-module MTP's tail never cached (``num_prefill_lookahead - 1``); ``retention``:
+    the sparse-retention interval (None: dense)."""
     assert num_blocks >= 1 and block_size >= 1 and max_model_len >= 1, "positive sizes"
     assert all(g.block_size >= 1 for g in groups), "positive block sizes"
     return ManagerState(
@@ -366,6 +376,7 @@ def manager_initial(
         hash_block_size=hash_block_size,
         alignment=alignment,
         reprefillable=reprefillable,
+        retention=retention,
     )
 
 
@@ -675,6 +686,27 @@ def finalized_only(
     return True
 
 
+def retained_reachable(before: ManagerState, after: ManagerState, r: RequestView) -> bool:
+    """V1-32 (step): every block of a table of r newly keyed in a step, in a
+    sliding-window or Mamba group, sits at a position some kept hit end reaches
+    (:func:`_cacheable` with r's replay boundaries): a sparse-retention group keys only
+    the blocks it keeps, so a hit never lands on one it did not keep. Vacuous when dense
+    (no interval): there V1-17 judges Mamba's states, the lockstep the window's tails."""
+    if after.retention is None:
+        return True
+    kept = _boundaries(after, r)
+    for g, spec in enumerate(after.specs):
+        if spec.kind not in (SLIDING, MAMBA):
+            continue
+        t = after.table(r.request_id, g) or ()
+        for i, b in enumerate(t):
+            fresh = b and after.pool.hashes[b] is not None and before.pool.hashes[b] is None
+            at_slot = fresh and after.pool.hashes[b] == after.key_of(r.block_hashes, g, i)
+            if at_slot and not _cacheable(after, g, i, kept):
+                return False
+    return True
+
+
 def reset_ok(before: PoolState, after: PoolState, result: bool) -> bool:
     """V1-15 (step): reset returned True iff only the null block was in use; then no
     key is left and the free order is kept, else nothing changed."""
@@ -890,23 +922,33 @@ def usage(m: ManagerState) -> float:
 # ----------------------------------------------------------------------------- operations
 
 
-def _cacheable(m: ManagerState, g: int, i: int) -> bool:
-    """Whether full block i of group g can ever serve a hit: in a sliding-window group
-    whose hits are aligned to several blocks, only the last cdiv(w - 1, bs) blocks of
-    each aligned segment can (an EAGLE group's: one more, the segment shifted by the
-    peek block); in a Mamba group, only the states at aligned boundaries; in a
-    cross-attention group, none."""
+def _boundaries(m: ManagerState, r: RequestView) -> tuple[int, ...]:
+    """Under sparse retention, the positions a replay of r's prompt resumes at (with
+    EAGLE's form if some group drops its hit's last block); none when dense."""
+    if m.retention is None:
+        return ()
+    prompt = r.num_prompt_tokens if r.num_prompt_tokens is not None else r.num_tokens
+    return R.replay_boundaries(prompt, m.align, any(g.eagle for g in m.specs))
+
+
+def _cacheable(m: ManagerState, g: int, i: int, boundaries: tuple[int, ...] = ()) -> bool:
+    """Whether full block i of group g can ever serve a hit (V1-32,
+    :func:`pagedkv_spec.v1.retention.reachable`): in a sliding-window group, the blocks
+    a hit's window reads at a kept hit end (the last cdiv(w - 1, bs) blocks before it;
+    an EAGLE group's: one more, shifted by the peek block); in a Mamba group, the
+    state ending on a kept hit end; in a cross-attention or ring group, none; in the
+    others, every block. The kept hit ends: the aligned boundaries, thinned by the
+    retention interval (``boundaries``: r's replay boundaries)."""
     spec = m.specs[g]
     if spec.kind == MAMBA:
-        return ((i + 1) * spec.block_size) % m.align == 0
+        return R.reachable(i, spec.block_size, 1, m.align, m.retention, boundaries)
     if spec.kind in (CROSS, RING):
         return False
-    if spec.kind != SLIDING or m.align % spec.block_size:
+    if spec.kind != SLIDING:
         return True
-    per, need = m.align // spec.block_size, _cdiv(spec.window - 1, spec.block_size)
-    if spec.eagle:
-        return need + 1 >= per or (i >= 1 and (i - 1) % per >= per - need - 1)
-    return need >= per or i % per >= per - need
+    shift = int(spec.eagle)
+    need = _cdiv(spec.window - 1, spec.block_size) + shift
+    return R.reachable(i, spec.block_size, need, m.align, m.retention, boundaries, shift=shift)
 
 
 def cacheable_tokens(m: ManagerState, g: int, num_tokens: int) -> int:
@@ -939,10 +981,11 @@ def _cache(
         full = min(upto, len(r.block_hashes) * m.hash_size) // spec.block_size
         if done >= full:
             continue
+        kept = _boundaries(m, r)
         pairs = tuple(
             (t[i], m.key_of(r.block_hashes, g, i) or b"")
             for i in range(done, full)
-            if t[i] != 0 and _cacheable(m, g, i)
+            if t[i] != 0 and _cacheable(m, g, i, kept)
         )
         pool = P.cache_full_blocks(m.pool, pairs)
         stored += [key for _, key in pairs]

@@ -77,7 +77,11 @@ from pagedkv_stateful.engines.wheel import MANIFEST as MANIFEST
 from pagedkv_stateful.engines.wheel import Loader, command_line, stand_ins
 from pagedkv_stateful.engines.wheel import TargetSetupError as TargetSetupError
 from pagedkv_stateful.kit.replay import use_prelude
-from pagedkv_stateful.v1.manager_machine import CONFIGURATIONS, EAGLE_GROUPS
+from pagedkv_stateful.v1.manager_machine import (
+    CONFIGURATIONS,
+    EAGLE_GROUPS,
+    RETENTION_CONFIGURATIONS,
+)
 
 # --------------------------------------------------------------------------- releases
 
@@ -200,6 +204,9 @@ class Release:
     #: buffers) run on it: 0.34.0 (checked); 0.33.0 has the three managers too and
     #: 0.27.1 R-SWA's and the sink's, not run yet.
     swa_variants: bool = True
+    #: Whether the kit's sparse-retention configurations (``prefix_cache_retention_interval``
+    #: drawn: RETENTION_CONFIGURATIONS) run on it: 0.34.0 (its field); the others not run.
+    retention: bool = True
 
     def takes(self, configuration: str) -> bool:
         """Whether the kit's ``configuration`` (a V1 manager machine's) runs on it."""
@@ -207,6 +214,8 @@ class Release:
             return False
         kinds = {kind for kind, _ in CONFIGURATIONS.get(configuration, ())}
         if kinds & set(_VARIANT_KINDS) and not self.swa_variants:
+            return False
+        if configuration in RETENTION_CONFIGURATIONS and not self.retention:
             return False
         return self.mla or "MLA" not in configuration
 
@@ -223,6 +232,7 @@ RELEASES: dict[str, Release] = {
         partial_hit_limit=False,
         eagle=False,
         swa_variants=False,
+        retention=False,
     ),
     "0.27.1": Release(
         "0.27.1",
@@ -236,6 +246,7 @@ RELEASES: dict[str, Release] = {
         eagle=False,
         mla=False,
         swa_variants=False,
+        retention=False,
     ),
 }
 DEFAULT_RELEASE = "0.34.0"
@@ -475,8 +486,10 @@ def hybrid_kv_cache_manager(
             vspec = iface.FullAttentionSpec(**common)
         flag = {"is_eagle_group": True} if group.is_eagle_group else {}
         groups.append(iface.KVCacheGroupSpec([f"model.layers.{g}.self_attn"], vspec, **flag))
+    retention = kv_cache_config.prefix_cache_retention_interval
+    more = {} if retention is None else {"prefix_cache_retention_interval": retention}
     config = iface.KVCacheConfig(
-        num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+        num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups, **more
     )
     sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
     return kvm.KVCacheManager(
@@ -644,6 +657,7 @@ def state_of(target: Any, release: Release | None = None) -> ManagerState:
         hash_block_size=target.block_pool.hash_block_size,
         alignment=getattr(target.coordinator, "scheduler_block_size", 0),
         reprefillable=getattr(target.coordinator, "num_reprefillable_tokens", 0),
+        retention=getattr(target.coordinator, "retention_interval", None),
         mamba=tuple(mamba) if reported else None,
     )
 

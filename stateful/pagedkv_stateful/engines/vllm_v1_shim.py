@@ -655,8 +655,8 @@ class KVCacheTensor(pv1.KVCacheTensor):
 @dataclass(frozen=True, init=False)
 class KVCacheConfig(pv1.KVCacheConfig):
     """vLLM's ``KVCacheConfig(num_blocks, kv_cache_tensors, kv_cache_groups, ...)`` (its
-    argument order); the HiSparse host pool, retention and alignment fields must keep
-    their defaults (:class:`KVCacheManager` checks them)."""
+    argument order, pagedkv's retention interval); the HiSparse host pool and alignment
+    fields must keep their defaults (:class:`KVCacheManager` checks them)."""
 
     prefix_cache_retention_interval: int | None = None
     kv_cache_layout: str | None = None
@@ -772,14 +772,13 @@ _KINDS = (
 
 
 def _check_config(config: pv1.KVCacheConfig, enable_caching: bool) -> None:
-    """Out of scope: the HiSparse pool, retention, alignment, a group of a kind pagedkv
-    does not manage (Mamba, cross-attention, ...)."""
+    """Out of scope: the HiSparse pool, alignment, a group of a kind pagedkv does not
+    manage."""
     if isinstance(config, KVCacheConfig):
         for reason, name, default in (
             (HISPARSE, "hisparse_host_num_blocks", None),
             (HISPARSE, "hisparse_host_block_stride", None),
             (HISPARSE, "hisparse_shared_host_pool", False),
-            (WINDOW, "prefix_cache_retention_interval", None),
             (HYBRID, "cache_hit_alignment_tokens", None),
             (PLANNING, "kv_tp_replicas", 1),
         ):
@@ -981,10 +980,41 @@ class _VllmLookup:
 
 
 class _VllmWindowed(_VllmManagerCalls):
-    """A windowed kind's vLLM constructor arguments over pagedkv's, and vLLM's
-    class-level lookup (:class:`_VllmLookup`)."""
+    """A windowed kind's vLLM constructor arguments over pagedkv's, vLLM's class-level
+    lookup (:class:`_VllmLookup`), and its ``cache_blocks`` keywords (the retention
+    interval and the caller's replay boundaries, in place of those pagedkv's manager
+    derives from the request)."""
 
     find_longest_cache_hit = _VllmLookup()  # vLLM's signature, on the class or an instance
+    #: the replay boundaries of the ``cache_blocks`` call in progress (None: none given)
+    _given_boundaries: tuple[int, ...] | None = None
+
+    def cache_blocks(  # vLLM's keywords
+        self,
+        request: pv1.Request,
+        num_tokens: int,
+        retention_interval: int | None = None,
+        *,
+        replay_boundaries: Sequence[int] = (),
+    ) -> None:
+        """pagedkv's, under ``retention_interval`` with vLLM's caller's boundaries."""
+        before = self.retention_interval
+        self.retention_interval = retention_interval
+        self._given_boundaries = tuple(replay_boundaries)
+        try:
+            super().cache_blocks(request, num_tokens)
+        finally:
+            self.retention_interval = before
+            self._given_boundaries = None
+
+    def reachable_boundaries(self, request: pv1.Request) -> tuple[int, ...]:
+        """pagedkv's, the request's replay boundaries replaced by the caller's."""
+        own = super().reachable_boundaries(request)
+        given = self._given_boundaries
+        if given is None or self.retention_interval is None:
+            return own
+        derived = pv1.SingleTypeKVCacheManager.reachable_boundaries(self, request)
+        return given + own[len(derived) :]
 
     def __init__(
         self,
@@ -1013,6 +1043,39 @@ class _VllmWindowed(_VllmManagerCalls):
 
 class SlidingWindowManager(_VllmWindowed, pv1.SlidingWindowManager):
     """vLLM's ``SlidingWindowManager`` over pagedkv's (:class:`_VllmWindowed`)."""
+
+    @classmethod
+    def reachable_block_mask(
+        cls,
+        start_block: int,
+        end_block: int,
+        alignment_tokens: int | None,
+        kv_cache_spec: Any,
+        use_eagle: bool,
+        retention_interval: int | None = None,
+        reachable_boundaries: Sequence[int] = (),
+        dcp_world_size: int = 1,
+        final_segment_end_block: int | None = None,
+    ) -> list[bool] | None:
+        """pagedkv's :func:`~pagedkv.v1.reachable_block_mask` with the window's tail
+        (EAGLE: one block more, shifted by the peek); no alignment: every block. vLLM's
+        context parallelism shards a block's tokens over the ranks, so its block is
+        ``dcp_world_size`` blocks' tokens (pagedkv takes the block size as given)."""
+        if alignment_tokens is None:
+            return None
+        block = kv_cache_spec.block_size * dcp_world_size
+        eagle = int(use_eagle)
+        return pv1.reachable_block_mask(
+            start_block,
+            end_block,
+            block,
+            -(-(kv_cache_spec.sliding_window - 1) // block) + eagle,
+            alignment_tokens,
+            retention_interval,
+            reachable_boundaries,
+            final_segment_end_block,
+            eagle,
+        )
 
 
 class MambaManager(_VllmWindowed, pv1.MambaManager):
@@ -1044,18 +1107,35 @@ class MambaManager(_VllmWindowed, pv1.MambaManager):
             prefill_end,
         )
 
-    def cache_blocks(  # vLLM's keywords
-        self,
-        request: pv1.Request,
-        num_tokens: int,
+    @classmethod
+    def reachable_block_mask(
+        cls,
+        start_block: int,
+        end_block: int,
+        alignment_tokens: int | None,
+        kv_cache_spec: Any,
+        use_eagle: bool,
         retention_interval: int | None = None,
-        *,
-        replay_boundaries: Sequence[int] = (),
-    ) -> None:
-        """pagedkv's, caching every state (sparse retention is out of scope; the replay
-        boundaries only keep states under it)."""
-        _only_default(MAMBA, "MambaManager.cache_blocks(retention_interval", retention_interval)
-        pv1.MambaManager.cache_blocks(self, request, num_tokens)
+        reachable_boundaries: Sequence[int] = (),
+        dcp_world_size: int = 1,
+        final_segment_end_block: int | None = None,
+    ) -> list[bool] | None:
+        """pagedkv's :func:`~pagedkv.v1.reachable_block_mask` with a one-block tail (a
+        state), never shifted (a draft has no Mamba layer); no alignment: every block.
+        A state block holds the whole state on every rank, so context parallelism does
+        not scale it."""
+        if alignment_tokens is None:
+            return None
+        return pv1.reachable_block_mask(
+            start_block,
+            end_block,
+            kv_cache_spec.block_size,
+            1,
+            alignment_tokens,
+            retention_interval,
+            reachable_boundaries,
+            final_segment_end_block,
+        )
 
     def new_step_starts(self) -> None:
         """vLLM's per-step hook (its same-step deferral): nothing in pagedkv."""
@@ -1510,6 +1590,7 @@ def _fill_kv_cache_utils(module: types.ModuleType) -> None:
         "hash_block_tokens": hash_block_tokens,
         "get_request_block_hasher": get_request_block_hasher,
         "maybe_convert_block_hash": maybe_convert_block_hash,
+        "null_head_len": pv1.null_head_len,
         "tensor_data": tensor_data,
         "sha256": pv1.sha256,
         "sha256_cbor": sha256_cbor,
@@ -1621,7 +1702,6 @@ NAME_REASONS: dict[str, str] = {
     "compute_mamba_prefill_checkpoints": MAMBA,
     "new_mamba_spec": MAMBA,
     "new_mla_spec": MLA,
-    "null_head_len": WINDOW,
     "new_sliding_window_spec": WINDOW,
     "HiSparseHotSpec": HISPARSE,
     "HiSparseResidentSpec": HISPARSE,
@@ -1676,7 +1756,6 @@ VLLM_ONLY: dict[str, str] = {
     "get_computed_blocks_for_connector": CONNECTORS,  # KVCacheManager
     "estimate_cached_tokens": CONNECTORS,  # KVCacheManager: per-block hashed-token counts
     "pop_blocks_for_free": CONNECTORS,  # a manager's deferred free (async P/D consumer)
-    "reachable_block_mask": WINDOW,  # sparse retention (pagedkv: cache_mask, dense only)
     "transfer_group_ids": CONNECTORS,  # KVCacheConfig
     "merge": MERGING,  # KVCacheSpec
     # Mamba align's 0.34.0 machinery pagedkv does not model (docs/design.md, the V1 section)

@@ -208,6 +208,21 @@ DOCUMENTED: tuple[Documented, ...] = (
         "junction detected",
     ),
     Documented(
+        "test_swa_shared_prefix_reuse_under_zero_retention",
+        "not modelled",
+        "the shared-prefix junction (get_computed_blocks' third value) and the sliding-window "
+        "tail kept there under sparse retention: pagedkv detects none (it reports 0)",
+        "junction detected",
+        count=2,
+    ),
+    Documented(
+        "test_hybrid_mamba_retention_mtp_resend_of_aligned_prompt",
+        "not modelled",
+        "use_eagle with prefix caching and a Mamba group (its checkpoints follow the drop): "
+        "InvalidKVCacheManagerConfigError at construction",
+        "use_eagle with prefix caching and a MambaSpec group is not managed",
+    ),
+    Documented(
         "test_lookahead_checkpoint_has_available_hash",
         "not modelled",
         "Mamba's partial-tail state entry (a state cached at a hash-block boundary inside a "

@@ -184,7 +184,16 @@ CONFIGURATIONS: dict[str, tuple[tuple[str, int], ...]] = {
     "sliding window + circular buffer": ((SLIDING, 1), (RING, 1)),
     "R-SWA + EAGLE": ((RSWA, 1),),
     "full + sliding window + circular buffer + EAGLE": ((FULL, 1), (SLIDING, 1), (RING, 1)),
+    # sparse prefix-cache retention (RETENTION_CONFIGURATIONS): the interval drawn
+    "sliding window + retention": ((SLIDING, 1),),
+    "full (2x blocks) + sliding window + retention": ((FULL, 2), (SLIDING, 1)),
+    "full + Mamba + retention": ((FULL, 1), (MAMBA, 1)),
+    "full (2x blocks) + Mamba + retention": ((FULL, 2), (MAMBA, 1)),
+    "full + sliding window + retention + EAGLE": ((FULL, 1), (SLIDING, 1)),
 }
+#: The configurations whose ``prefix_cache_retention_interval`` is drawn: 0 (only the
+#: replay boundary's tail kept) or one or two scheduler blocks (one tail per segment).
+RETENTION_CONFIGURATIONS = frozenset(name for name in CONFIGURATIONS if "retention" in name)
 #: The EAGLE configurations: the groups flagged ``is_eagle_group`` (none: every group
 #: takes the drop), for a manager with ``use_eagle`` and a drawn ``num_prefill_lookahead``.
 EAGLE_GROUPS: dict[str, tuple[int, ...]] = {
@@ -197,6 +206,7 @@ EAGLE_GROUPS: dict[str, tuple[int, ...]] = {
     "sliding window + full + EAGLE draft": (2,),
     "R-SWA + EAGLE": (),
     "full + sliding window + circular buffer + EAGLE": (),
+    "full + sliding window + retention + EAGLE": (),
 }
 #: the kinds a configuration of which runs with caching off (vLLM turns it off)
 UNCACHED_KINDS = (CROSS,)
@@ -443,6 +453,10 @@ class V1ManagerMachine(V1LockstepMachine):
             # keeps more of them
             num_blocks += 8
         num_blocks += 2 * (len(groups) - 1)  # tight: hybrids evict and refuse often
+        retention: int | None = None
+        if name in RETENTION_CONFIGURATIONS:
+            block = math.lcm(*(g.block_size for g in groups))
+            retention = block * data.draw(st.sampled_from((0, 1, 2)), label="retention blocks")
         if groups == (GroupSpec(FULL, block_size),):
             config = KVCacheConfig.full_attention(num_blocks, block_size)
             config_source = f"KVCacheConfig.full_attention({num_blocks}, {block_size})"
@@ -453,17 +467,22 @@ class V1ManagerMachine(V1LockstepMachine):
                     KVCacheGroupSpec((f"layers.{g}",), _kv_spec(group), is_eagle_group=g in flagged)
                     for g, group in enumerate(groups)
                 ),
+                prefix_cache_retention_interval=retention,
             )
             entries = "".join(
                 f"KVCacheGroupSpec(('layers.{g}',), {_spec_source(group)}, "
                 f"is_eagle_group={g in flagged}), "
                 for g, group in enumerate(groups)
             )
-            config_source = f"KVCacheConfig({num_blocks}, ({entries}))"
+            more = "" if retention is None else f", prefix_cache_retention_interval={retention}"
+            config_source = f"KVCacheConfig({num_blocks}, ({entries}){more})"
         else:
-            config = KVCacheConfig.of_specs(num_blocks, *map(_kv_spec, groups))
+            config = KVCacheConfig.of_specs(
+                num_blocks, *map(_kv_spec, groups), prefix_cache_retention_interval=retention
+            )
             specs = ", ".join(map(_spec_source, groups))
-            config_source = f"KVCacheConfig.of_specs({num_blocks}, {specs})"
+            more = "" if retention is None else f", prefix_cache_retention_interval={retention}"
+            config_source = f"KVCacheConfig.of_specs({num_blocks}, {specs}{more})"
         self.eagle_options = eagle
         keywords = "".join(f", {k}={v!r}" for k, v in eagle.items())
         args = f"{config_source}, {max_model_len}, {caching}, {events}, {watermark}{keywords}"
@@ -493,6 +512,7 @@ class V1ManagerMachine(V1LockstepMachine):
             self._group_specs(groups, max_model_len),
             block_size,
             reprefillable=max(0, eagle.get("num_prefill_lookahead", 0) - 1),
+            retention=retention,
         )
         self.hasher = self.make_hasher(block_size)
         self.identity: dict[str, Identity] = {}
@@ -519,6 +539,8 @@ class V1ManagerMachine(V1LockstepMachine):
             self._reached("MLA group")
         if eagle.get("num_prefill_lookahead", 0) > 1:
             event("setup: multi-module MTP")
+        if retention is not None:
+            self._reached("retention latest only" if not retention else "retention interval")
 
     def _group_specs(
         self, groups: tuple[GroupSpec, ...], max_model_len: int
@@ -825,6 +847,7 @@ class V1ManagerMachine(V1LockstepMachine):
                 f"{rid}: cached a block past its verified tokens",
                 first_difference(after, self.model),
             )
+        self._check_retained(before, after, r)
         self._reached("delayed caching")
         # as vLLM's scheduler: a fully loaded prompt recomputes its last token
         if r.num_computed_tokens > r.num_tokens - 1:
@@ -1088,6 +1111,7 @@ class V1ManagerMachine(V1LockstepMachine):
                 f"(less {self.model.reprefillable} reprefillable)",
                 first_difference(after, self.model),
             )
+        self._check_retained(before, after, r)
         # every allocation (vacuous without a hit): the adopted hit blocks keep their keys
         if not holds("V1-16", self._as_spec_keys(after), self.view(r), hit_ids):
             self.violate(
@@ -1232,6 +1256,17 @@ class V1ManagerMachine(V1LockstepMachine):
         self._compare(actual, model)
         self.finished.clear()
         self.situation = ("", ORDINARY)
+
+    def _check_retained(self, before: ManagerState, after: ManagerState, r: Request) -> None:
+        """V1-32 after a step that cached r's blocks: a sliding-window or Mamba group keyed
+        only blocks a kept hit end reaches (vacuous without such a group)."""
+        if not holds("V1-32", before, after, self.view(r)):
+            self.violate(
+                "V1-32",
+                f"{r.request_id}: keyed a block no kept hit end reaches "
+                f"(retention interval {self.model.retention})",
+                first_difference(after, self.model),
+            )
 
     def _check_checkpoints(self, where: str) -> None:
         """V1-30, V1-31 on each Mamba group's prefill checkpoints (vacuous without any)."""
