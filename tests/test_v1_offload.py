@@ -406,6 +406,27 @@ def test_evictable_order_answers_membership() -> None:
     assert a not in order and b in order
 
 
+def test_evictable_order_keeps_its_order_through_a_heap_rebuild() -> None:
+    """Keys added below the run's tail and then discarded leave stale heap entries;
+    once they outnumber the live ones the heap is rebuilt from the live ranks, and
+    taking still gives every live key, lowest rank first."""
+    order: EvictableOrder[int] = EvictableOrder()
+    keys = [make_offload_key(i.to_bytes(4, "big"), 0) for i in range(450)]
+    keys, more = keys[:400], keys[400:]
+    order.add(keys[0], 10_000)  # the run's tail: every later add goes to the heap
+    for i, key in enumerate(keys[1:], 1):
+        order.add(key, 10_000 - i)
+    for key in keys[1:300]:  # 299 stale entries beside 100 live ones
+        order.discard(key)
+    for i, key in enumerate(more):  # these adds trigger the rebuild
+        order.add(key, 5_000 - i)
+    live = [(10_000 - i, k) for i, k in enumerate(keys) if i == 0 or i >= 300]
+    live += [(5_000 - i, k) for i, k in enumerate(more)]
+    assert order.take(len(live), set()) == [k for _, k in sorted(live)]
+    order.commit()
+    assert len(order) == 0
+
+
 def _arc(capacity: int = 8) -> ARCCachePolicy:
     return ARCCachePolicy(capacity)
 
