@@ -508,6 +508,17 @@ def test_arc_takes_t1_then_t2_then_t1_again_exactly_n() -> None:
     assert p.view()[0] == (t1[2],)
 
 
+def test_arc_asks_t2_only_for_what_t1_could_not_give() -> None:
+    p = _arc(16)
+    t1 = _keys(1)
+    t2 = _keys(4, 1)
+    _arc_stored(p, [*t1, *t2])
+    p.on_request_finished(t2, set(), set(t2), "r")  # reused: T2
+    # target 0: T1 may give 2 but holds 1; T2 gives the other 2, not more
+    assert p.evict(3, set()) == [t1[0], t2[3], t2[2]]
+    assert p.view()[1] == (t2[1], t2[0])
+
+
 def test_arc_ghost_hits_move_the_target_by_the_ghost_lists_ratio() -> None:
     p = _arc()
     _arc_with_target(p, 3)  # B1: three ghosts
