@@ -117,7 +117,7 @@ class _Req:
 
 
 @dataclass
-class _Job:
+class WorkerJob:
     """A job the workers hold: the target's record, and for a load its request's GPU hit
     and external tokens; ``ran`` once copied (with ``ok``), ``reset`` once a reset
     flushed it (nothing waits on it)."""
@@ -189,7 +189,7 @@ class OffloadConnectorMachine(LockstepBase):
         self.budget = budget
         self.reqs: dict[str, _Req] = {}
         self.order: list[str] = []  # live requests, in arrival order
-        self.jobs: dict[int, _Job] = {}  # jobs not reported yet
+        self.jobs: dict[int, WorkerJob] = {}  # jobs not reported yet
         self.content: dict[int, Content] = {}  # GPU block -> its KV's prefix
         self.host: dict[int, tuple[Content, ...]] = {}  # host chunk -> its blocks' contents
         self.key_prefix: dict[bytes, tuple[int, ...]] = {}  # key -> the prefix it names
@@ -215,7 +215,7 @@ class OffloadConnectorMachine(LockstepBase):
             return (self._block_ids(rid),)
         return tuple(list(t) for t in self.t.block_tables(self.reqs[rid].obj))
 
-    def _run(self, mjob: _Job, ok: bool) -> None:
+    def _run(self, mjob: WorkerJob, ok: bool) -> None:
         """A worker copies ``mjob`` now (a failed load leaves garbage)."""
         if mjob.ran:
             return
@@ -403,11 +403,11 @@ class OffloadConnectorMachine(LockstepBase):
         for job_id, job in meta.load_jobs.items():
             self._reached("load issued")
             hit, ext = self.pending_loads.get(job.req_id, (0, 0))
-            self.jobs[job_id] = _Job(job, hit, ext)
+            self.jobs[job_id] = WorkerJob(job, hit, ext)
         self.pending_loads = {}
         for job_id, job in meta.store_jobs.items():
             self._reached("store issued")
-            self.jobs[job_id] = _Job(job)
+            self.jobs[job_id] = WorkerJob(job)
             self._name_keys(job)
         # the workers finish the flushed jobs before the forward pass
         for job_id in sorted(meta.jobs_to_flush):

@@ -51,24 +51,22 @@ counts them at the ``ci`` profile (:data:`CI_EXAMPLES` examples).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
+from pagedkv._arith import cdiv
 from pagedkv.serving.v1_scheduler import V1Scheduler, V1SchedulerConfig, V1SchedulerOutput
 from pagedkv.v1 import KVCacheManager
 from pagedkv.v1.offload import (
     CPUOffloadingManager,
     OffloadingConnectorScheduler,
     OffloadingWorkerMetadata,
-    TransferJob,
     make_offload_key,
 )
 from pagedkv_spec.invariants import holds
 from pagedkv_spec.v1 import offload_connector as oc
 from pagedkv_stateful.coverage import SCHEDULER_CONNECTOR_STATE_CLASSES
-from pagedkv_stateful.v1.offload_connector_machine import CONNECTOR_INVARIANTS
+from pagedkv_stateful.v1.offload_connector_machine import CONNECTOR_INVARIANTS, WorkerJob
 from pagedkv_stateful.v1.scheduler_machine import V1SchedulerMachine
 
 __all__ = [
@@ -85,24 +83,6 @@ CI_EXAMPLES = 300
 CI_STEPS = 80
 
 Content = tuple[int, ...] | None
-
-
-@dataclass
-class _Job:
-    """A job the workers hold: the connector's record; for a load its request's GPU hit
-    and external tokens; ``ran`` once copied (with ``ok``); ``reset`` once a reset flushed
-    it (nothing waits on it but its report)."""
-
-    job: TransferJob
-    start: int = 0
-    told: int = 0
-    ran: bool = False
-    ok: bool = True
-    reset: bool = False
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class V1SchedulerConnectorMachine(V1SchedulerMachine):
@@ -163,7 +143,7 @@ class V1SchedulerConnectorMachine(V1SchedulerMachine):
             blocks_per_chunk,
         )
         self.tpc = block_size * blocks_per_chunk
-        self.jobs: dict[int, _Job] = {}  # jobs not reported yet
+        self.jobs: dict[int, WorkerJob] = {}  # jobs not reported yet
         self.content: dict[int, Content] = {}  # GPU block -> its KV's prefix
         self.host: dict[int, tuple[Content, ...]] = {}  # host chunk -> its blocks' contents
         self.key_prefix: dict[bytes, tuple[int, ...]] = {}  # key -> the prefix it names
@@ -215,7 +195,7 @@ class V1SchedulerConnectorMachine(V1SchedulerMachine):
 
     # ------------------------------------------------------------------ the workers
 
-    def _copy(self, mjob: _Job, ok: bool) -> None:
+    def _copy(self, mjob: WorkerJob, ok: bool) -> None:
         """A worker copies ``mjob`` now (a failed load leaves garbage)."""
         if mjob.ran:
             return
@@ -264,7 +244,7 @@ class V1SchedulerConnectorMachine(V1SchedulerMachine):
             tokens = self.requests[rid].all_token_ids
             blocks = self.manager.get_block_ids(rid)[0]
             start, end = x.num_computed_tokens, x.num_computed_tokens + x.num_scheduled_tokens
-            for i in range(start // self.block_size, _cdiv(end, self.block_size)):
+            for i in range(start // self.block_size, cdiv(end, self.block_size)):
                 self.content[blocks[i]] = tuple(tokens[: min((i + 1) * self.block_size, end)])
 
     def _jobs_of(self, out: V1SchedulerOutput, ok: bool) -> None:
@@ -283,11 +263,11 @@ class V1SchedulerConnectorMachine(V1SchedulerMachine):
                     found.num_external_tokens,
                 )
             )
-            self.jobs[job_id] = _Job(job, start, told)
+            self.jobs[job_id] = WorkerJob(job, start, told)
             self.loads[job.req_id] = start + told
             self.ended.pop(job.req_id, None)  # loading again after a failed load
         for job_id, job in meta.store_jobs.items():
-            self.jobs[job_id] = _Job(job)
+            self.jobs[job_id] = WorkerJob(job)
         for job_id, mjob in sorted(self.jobs.items()):
             if job_id in meta.jobs_to_flush or mjob.reset:
                 self._copy(mjob, ok)
@@ -315,7 +295,9 @@ class V1SchedulerConnectorMachine(V1SchedulerMachine):
         self._log(f"sched.update_kv_transfers({report!r})")
         self.scheduler.update_kv_transfers(report)
 
-    def _report(self, job_id: int, mjob: _Job, ok: bool, report: OffloadingWorkerMetadata) -> None:
+    def _report(
+        self, job_id: int, mjob: WorkerJob, ok: bool, report: OffloadingWorkerMetadata
+    ) -> None:
         self._copy(mjob, ok)
         report.mark_completed(job_id, mjob.ok)
         rid = mjob.job.req_id
