@@ -129,6 +129,29 @@ class WorkerJob:
     ok: bool = True
     reset: bool = False
 
+    def run(
+        self,
+        ok: bool,
+        host: dict[int, tuple[Content, ...]],
+        content: dict[int, Content],
+        blocks_per_chunk: int,
+    ) -> None:
+        """A worker copies the job now, once: a store writes its blocks' ``content``
+        into the ``host`` chunks; a load writes the chunks' into its blocks, or, failed
+        (not ``ok``), garbage (None)."""
+        if self.ran:
+            return
+        self.ran, self.ok = True, ok
+        job = self.job
+        for chunk, index, block in job.block_pairs():
+            if job.is_store:
+                row = list(host.get(chunk, (None,) * blocks_per_chunk))
+                row[index] = content.get(block)
+                host[chunk] = tuple(row)
+            else:
+                row_now = host.get(chunk)
+                content[block] = row_now[index] if ok and row_now is not None else None
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -216,19 +239,8 @@ class OffloadConnectorMachine(LockstepBase):
         return tuple(list(t) for t in self.t.block_tables(self.reqs[rid].obj))
 
     def _run(self, mjob: WorkerJob, ok: bool) -> None:
-        """A worker copies ``mjob`` now (a failed load leaves garbage)."""
-        if mjob.ran:
-            return
-        mjob.ran, mjob.ok = True, ok or not self.failed_jobs
-        job = mjob.job
-        for chunk, index, block in job.block_pairs():
-            if job.is_store:
-                row = list(self.host.get(chunk, (None,) * self.bpc))
-                row[index] = self.content.get(block)
-                self.host[chunk] = tuple(row)
-            else:
-                row_now = self.host.get(chunk)
-                self.content[block] = row_now[index] if ok and row_now is not None else None
+        """A worker copies ``mjob`` now (failed, unless ``ok`` or failures are off)."""
+        mjob.run(ok or not self.failed_jobs, self.host, self.content, self.bpc)
 
     def _free(self, rid: str) -> None:
         req = self.reqs.pop(rid)

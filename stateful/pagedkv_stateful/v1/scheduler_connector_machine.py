@@ -196,19 +196,8 @@ class V1SchedulerConnectorMachine(V1SchedulerMachine):
     # ------------------------------------------------------------------ the workers
 
     def _copy(self, mjob: WorkerJob, ok: bool) -> None:
-        """A worker copies ``mjob`` now (a failed load leaves garbage)."""
-        if mjob.ran:
-            return
-        mjob.ran, mjob.ok = True, ok or not self.failed_jobs
-        job = mjob.job
-        for chunk, index, block in job.block_pairs():
-            if job.is_store:
-                row = list(self.host.get(chunk, (None,) * self.bpc))
-                row[index] = self.content.get(block)
-                self.host[chunk] = tuple(row)
-            else:
-                row_now = self.host.get(chunk)
-                self.content[block] = row_now[index] if mjob.ok and row_now else None
+        """A worker copies ``mjob`` now (failed, unless ``ok`` or failures are off)."""
+        mjob.run(ok or not self.failed_jobs, self.host, self.content, self.bpc)
 
     def _live_jobs(self, store: bool) -> set[str]:
         """The requests with a store (or a load) in flight that no reset flushed."""
