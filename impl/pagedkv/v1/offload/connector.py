@@ -479,28 +479,42 @@ class OffloadingConnectorScheduler:
             )
         bpc, tpc = self.blocks_per_chunk, self.tokens_per_chunk
         keys = state.keys[begin // bpc : _cdiv(num_cached, tpc)]
-        spec = self.manager.prepare_load(keys, state.ctx)  # raises before any change
-        job_id = self._job_id()
         block_ids = tuple(b.block_id for b in group[begin:end])
+        self._load(state, keys, block_ids, begin % bpc, (), _cdiv(num_cached, tpc))
+
+    def _load(
+        self,
+        state: _Req,
+        keys: list[OffloadKey],
+        block_ids: tuple[int, ...],
+        skip_blocks: int,
+        segments: tuple[GroupSegment, ...],
+        next_stored: int,
+    ) -> None:
+        """Pin ``keys`` (``prepare_load``, which raises before any change) and issue the
+        request's load job into ``block_ids``; its chunks up to ``next_stored`` are not
+        offered for storing again. O(keys)."""
+        spec = self.manager.prepare_load(keys, state.ctx)
+        job_id = self._job_id()
+        rid = state.request.request_id
         self._step_loads[job_id] = TransferJob(
             job_id,
-            request.request_id,
+            rid,
             False,
             tuple(keys),
             tuple(spec.block_ids),
             block_ids,
-            bpc,
-            begin % bpc,
+            self.blocks_per_chunk,
+            skip_blocks,
+            segments,
         )
-        self._jobs[job_id] = _Job(
-            request.request_id, tuple(keys), block_ids, False, self.num_workers
-        )
+        self._jobs[job_id] = _Job(rid, tuple(keys), block_ids, False, self.num_workers)
         state.jobs.add(job_id)
         state.told = None
         loading = self._loading
         for key in keys:
             loading[key] = loading.get(key, 0) + 1
-        state.next_stored = _cdiv(num_cached, tpc)
+        state.next_stored = next_stored
 
     def _load_groups(self, state: _Req, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         """:meth:`update_state_after_alloc`'s load over several groups: one job, a
@@ -530,28 +544,9 @@ class OffloadingConnectorScheduler:
             keys += group_keys
             block_ids += (b.block_id for b in table[first:last])
             segments.append(GroupSegment(group, len(group_keys), last - first, first % bpc))
-        spec = self.manager.prepare_load(keys, state.ctx)  # raises before any change
-        job_id = self._job_id()
-        self._step_loads[job_id] = TransferJob(
-            job_id,
-            request.request_id,
-            False,
-            tuple(keys),
-            tuple(spec.block_ids),
-            tuple(block_ids),
-            bpc,
-            segments[0].skip_blocks,
-            tuple(segments),
+        self._load(
+            state, keys, tuple(block_ids), segments[0].skip_blocks, tuple(segments), last_chunk
         )
-        self._jobs[job_id] = _Job(
-            request.request_id, tuple(keys), tuple(block_ids), False, self.num_workers
-        )
-        state.jobs.add(job_id)
-        state.told = None
-        loading = self._loading
-        for key in keys:
-            loading[key] = loading.get(key, 0) + 1
-        state.next_stored = last_chunk
 
     # ------------------------------------------------------------------ the step
 
