@@ -463,6 +463,12 @@ def test_an_insert_checks_only_the_values_it_files() -> None:
     assert _slots(c, [1, 2, 3])[2:] == slot
 
 
+def test_a_key_s_array_keeps_a_negative_token_id() -> None:
+    """A lookup key takes any 64-bit int (an insert refuses negative ids): its array
+    holds them unchanged."""
+    assert RadixKey([-5, 7, -(2**63)]).as_array().tolist() == [-5, 7, -(2**63)]
+
+
 def test_a_priority_may_be_negative() -> None:
     c = _cache(8, 1, "priority")
     c.insert(RadixKey([1]), c.allocator.alloc(1) or [], priority=-1)
