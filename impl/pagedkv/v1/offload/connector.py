@@ -642,11 +642,28 @@ class OffloadingConnectorScheduler:
             for key in output.keys_to_store:
                 chunk = index[key]
                 src += ids[chunk * bpc : (chunk + 1) * bpc]
-        job_id = self._job_id()
-        keys = tuple(output.keys_to_store)
-        chunks = tuple(getattr(output.store_spec, "block_ids", ()))
-        out[job_id] = TransferJob(job_id, rid, True, keys, chunks, tuple(src), bpc, 0)
-        self._jobs[job_id] = _Job(rid, keys, tuple(src), True, self.num_workers)
+        chunks = getattr(output.store_spec, "block_ids", ())
+        self._issue_store(state, out, output.keys_to_store, chunks, src)
+
+    def _issue_store(
+        self,
+        state: _Req,
+        out: dict[int, TransferJob],
+        keys: Sequence[OffloadKey],
+        chunks: Sequence[int],
+        block_ids: Sequence[int],
+        segments: tuple[GroupSegment, ...] = (),
+        pinned: list[KVCacheBlock] | None = None,
+    ) -> None:
+        """A store job of the request's ``block_ids`` into host ``chunks`` under
+        ``keys``, into ``out`` (``pinned``: the blocks it holds until it ends). O(keys +
+        blocks)."""
+        job_id, rid = self._job_id(), state.request.request_id
+        keys_t, ids_t = tuple(keys), tuple(block_ids)
+        out[job_id] = TransferJob(
+            job_id, rid, True, keys_t, tuple(chunks), ids_t, self.blocks_per_chunk, 0, segments
+        )
+        self._jobs[job_id] = _Job(rid, keys_t, ids_t, True, self.num_workers, pinned=pinned or [])
         state.jobs.add(job_id)
 
     def _store_groups(self, state: _Req, num_tokens: int, out: dict[int, TransferJob]) -> None:
@@ -710,14 +727,7 @@ class OffloadingConnectorScheduler:
                 pinned += blocks
         if pinned:
             self.kv_cache_manager.block_pool.touch(pinned)
-        job_id = self._job_id()
-        out[job_id] = TransferJob(
-            job_id, rid, True, tuple(chosen), tuple(host), tuple(ids), bpc, 0, tuple(segments)
-        )
-        self._jobs[job_id] = _Job(
-            rid, tuple(chosen), tuple(ids), True, self.num_workers, pinned=pinned
-        )
-        state.jobs.add(job_id)
+        self._issue_store(state, out, chosen, host, ids, tuple(segments), pinned)
 
     def _maybe_release(self, rid: str, state: _Req) -> None:
         """Forget a finished request whose manager context ended and whose jobs all
